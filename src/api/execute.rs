@@ -1,0 +1,292 @@
+//! `POST /execute`: request decoding and validation into an [`ExecPlan`], and the
+//! response object. Running the plan is the reactor's and the sandbox's business.
+
+use super::{Action, App};
+use crate::http::{Request, Response};
+use crate::runtimes::Runtime;
+use crate::sandbox::limits::{Limits, RequestedLimits};
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+/// The spec's exact warning when network was requested but not applied.
+pub const NETWORK_WARNING: &str = "network requested but currently unavailable (egress firewall not verified); ran with network OFF";
+
+/// Most files one request may carry.
+pub const MAX_FILES: usize = 64;
+/// Longest file path (bytes).
+pub const MAX_FILE_PATH_BYTES: usize = 255;
+/// Most args.
+pub const MAX_ARGS: usize = 256;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    language: Option<String>,
+    version: Option<String>,
+    code: Option<String>,
+    files: Option<Vec<FileIn>>,
+    stdin: Option<String>,
+    args: Option<Vec<String>>,
+    limits: Option<RequestedLimits>,
+    network: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileIn {
+    name: String,
+    content: String,
+    encoding: Option<String>,
+}
+
+/// A validated execution, ready for the sandbox.
+#[derive(Debug, Clone)]
+pub struct ExecPlan {
+    /// The resolved runtime.
+    pub runtime: Runtime,
+    /// Files to place in the working directory: (relative path, bytes).
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Which file is the entry point (replaces `source_file` in build/run argv).
+    pub entry: String,
+    /// Fed to stdin.
+    pub stdin: Vec<u8>,
+    /// Appended to the run argv.
+    pub args: Vec<String>,
+    /// Effective limits.
+    pub limits: Limits,
+    /// Whether the client asked for network (explicitly or by default).
+    pub network_requested: bool,
+}
+
+/// Compile stage of a compiled runtime (present only for those).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CompileResult {
+    /// Compiler stdout.
+    pub stdout: String,
+    /// Compiler stderr.
+    pub stderr: String,
+    /// Compiler exit code (137 when killed at the compile time limit).
+    pub exit_code: i32,
+    /// Killed by the compile time limit.
+    pub timed_out: bool,
+    /// Killed by the memory cap while compiling.
+    pub oom_killed: bool,
+    /// Compile wall time.
+    pub duration_ms: u64,
+}
+
+/// The `run` object of the response.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RunResult {
+    /// Captured stdout (at most `outputBytes` bytes of it).
+    pub stdout: String,
+    /// Captured stderr (at most `outputBytes` bytes of it).
+    pub stderr: String,
+    /// Exit code; 137 for a wall-time or memory kill.
+    pub exit_code: i32,
+    /// Killed by the wall-time cap.
+    pub timed_out: bool,
+    /// Killed by the memory cap (read from the cgroup's OOM events).
+    pub oom_killed: bool,
+    /// Output hit the cap.
+    pub truncated: bool,
+    /// Program wall time.
+    pub duration_ms: u64,
+    /// Whether filtered egress was actually applied.
+    pub network: bool,
+}
+
+/// The 200 response of `/execute` (and the `done` event of a stream).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ExecuteResponse {
+    /// Resolved language.
+    pub language: String,
+    /// Resolved version.
+    pub version: String,
+    /// Always `gvisor`.
+    pub backend: &'static str,
+    /// The run.
+    pub run: RunResult,
+    /// Compile stage, for compiled runtimes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile: Option<CompileResult>,
+    /// Present only when network was requested but not applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<&'static str>,
+}
+
+fn bad(code: &str, detail: impl AsRef<str>) -> Response {
+    Response::error(400, code, Some(detail.as_ref()))
+}
+
+/// Whether the client asked for an SSE stream.
+pub fn wants_stream(req: &Request) -> bool {
+    let accept = req.head.header("accept").unwrap_or("");
+    accept.split(',').any(|t| t.trim().split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("text/event-stream"))
+        || matches!(req.head.query_param("stream").as_deref(), Some("1") | Some("true"))
+}
+
+/// Decodes and validates; answers 400/429 itself or returns the plan to run.
+pub fn handle(app: &mut App, req: &Request) -> Action {
+    let plan = match decode(app, &req.body) {
+        Ok(p) => p,
+        Err(resp) => return Action::Respond(resp),
+    };
+    Action::Execute { plan: Box::new(plan), stream: wants_stream(req) }
+}
+
+/// Decodes a request body into a plan (public for fuzzing and tests).
+///
+/// # Errors
+/// The 400 response the spec prescribes.
+pub fn decode(app: &App, body: &[u8]) -> Result<ExecPlan, Response> {
+    let b: Body = serde_json::from_slice(body).map_err(|e| bad("invalid_json", e.to_string()))?;
+    let language = b.language.as_deref().map(str::trim).unwrap_or("");
+    if language.is_empty() {
+        return Err(Response::error(400, "language_required", None));
+    }
+    let runtime = app
+        .runtimes
+        .resolve(language)
+        .ok_or_else(|| bad("unknown_language", format!("{} is not a known runtime; see GET /runtimes", serde_json::Value::from(language))))?;
+    if let Some(v) = b.version.as_deref().filter(|v| !v.is_empty()) {
+        let have = runtime.version.as_deref().unwrap_or("");
+        if v != have {
+            return Err(bad("unknown_version", format!("{} has version {}; see GET /runtimes", serde_json::Value::from(runtime.desc.language.as_str()), serde_json::Value::from(have))));
+        }
+    }
+    if b.code.is_none() && b.files.as_ref().is_none_or(|f| f.is_empty()) {
+        return Err(bad("no_source", "provide `code` or `files`"));
+    }
+    let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    if let Some(code) = b.code {
+        files.push((runtime.desc.source_file.clone(), code.into_bytes()));
+    }
+    for (i, f) in b.files.unwrap_or_default().into_iter().enumerate() {
+        validate_name(&f.name).map_err(|why| bad("invalid_file", format!("files[{i}] ({}): {why}", serde_json::Value::from(f.name.as_str()))))?;
+        let content = match f.encoding.as_deref().unwrap_or("utf8") {
+            "utf8" | "utf-8" => f.content.into_bytes(),
+            "base64" => base64::engine::general_purpose::STANDARD
+                .decode(f.content.trim_end())
+                .map_err(|e| bad("invalid_file", format!("files[{i}] ({}): invalid base64: {e}", serde_json::Value::from(f.name.as_str()))))?,
+            "hex" => decode_hex(f.content.trim()).ok_or_else(|| bad("invalid_file", format!("files[{i}] ({}): invalid hex", serde_json::Value::from(f.name.as_str()))))?,
+            other => return Err(bad("invalid_file", format!("files[{i}] ({}): unknown encoding {}; use utf8, base64 or hex", serde_json::Value::from(f.name.as_str()), serde_json::Value::from(other)))),
+        };
+        files.push((f.name, content));
+    }
+    if files.len() > MAX_FILES {
+        return Err(bad("invalid_file", format!("at most {MAX_FILES} files")));
+    }
+    check_collisions(&files).map_err(|d| bad("invalid_file", d))?;
+    let entry = files[0].0.clone();
+    let args = b.args.unwrap_or_default();
+    if args.len() > MAX_ARGS {
+        return Err(bad("invalid_json", format!("at most {MAX_ARGS} args")));
+    }
+    if args.iter().any(|a| a.contains('\0')) {
+        return Err(bad("invalid_json", "args may not contain NUL"));
+    }
+    let limits = b.limits.unwrap_or_default().resolve(&runtime.desc.limits);
+    Ok(ExecPlan {
+        runtime: runtime.clone(),
+        files,
+        entry,
+        stdin: b.stdin.unwrap_or_default().into_bytes(),
+        args,
+        limits,
+        network_requested: b.network.unwrap_or(true),
+    })
+}
+
+/// A file name is a relative path of plain components: no `..`, `.`, empty parts, NUL,
+/// backslashes or absolute paths, and bounded in length.
+pub fn validate_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("empty name");
+    }
+    if name.len() > MAX_FILE_PATH_BYTES {
+        return Err("name longer than 255 bytes");
+    }
+    if name.starts_with('/') {
+        return Err("absolute paths are not allowed");
+    }
+    if name.bytes().any(|c| c == 0 || c == b'\\' || c < 0x20) {
+        return Err("NUL, control characters and backslashes are not allowed");
+    }
+    for part in name.split('/') {
+        match part {
+            "" => return Err("empty path component"),
+            "." | ".." => return Err("`.` and `..` are not allowed"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn check_collisions(files: &[(String, Vec<u8>)]) -> Result<(), String> {
+    for (i, (a, _)) in files.iter().enumerate() {
+        for (b, _) in &files[..i] {
+            if a == b {
+                return Err(format!("{} given twice", serde_json::Value::from(a.as_str())));
+            }
+            let (short, long) = if a.len() < b.len() { (a, b) } else { (b, a) };
+            if long.starts_with(short.as_str()) && long.as_bytes().get(short.len()) == Some(&b'/') {
+                return Err(format!("{} is both a file and a directory", serde_json::Value::from(short.as_str())));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn decode_hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Builds the response for a finished run.
+pub fn response(plan: &ExecPlan, run: RunResult, compile: Option<CompileResult>) -> ExecuteResponse {
+    let warning = (plan.network_requested && !run.network).then_some(NETWORK_WARNING);
+    ExecuteResponse {
+        language: plan.runtime.desc.language.clone(),
+        version: plan.runtime.version.clone().unwrap_or_default(),
+        backend: "gvisor",
+        run,
+        compile,
+        warning,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_names() {
+        for ok in ["main.py", "pkg/mod.py", ".env", "a b.txt", "-rf"] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a\0b", "a\\b", "a/", &"x".repeat(256)] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn test_collisions() {
+        let f = |n: &str| (n.to_string(), Vec::new());
+        assert!(check_collisions(&[f("a"), f("a")]).is_err());
+        assert!(check_collisions(&[f("a"), f("a/b")]).is_err());
+        assert!(check_collisions(&[f("a/b"), f("a")]).is_err());
+        assert!(check_collisions(&[f("a"), f("ab"), f("a.b/c")]).is_ok());
+    }
+
+    #[test]
+    fn test_hex() {
+        assert_eq!(decode_hex("48690a"), Some(b"Hi\n".to_vec()));
+        assert_eq!(decode_hex("4"), None);
+        assert_eq!(decode_hex("zz"), None);
+    }
+}

@@ -1,0 +1,94 @@
+//! `GET /healthz`, `GET /readyz`, `GET /runtimes`.
+
+use super::{App, ProbeState};
+use crate::http::Response;
+use serde::Serialize;
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Health<'a> {
+    status: &'static str,
+    version: &'static str,
+    in_flight: usize,
+    max_concurrent: usize,
+    counters: &'a super::Counters,
+    open_fds: usize,
+    rss_bytes: u64,
+}
+
+/// Liveness: always 200 while the loop turns, with slot and run figures.
+pub fn healthz(app: &App) -> Response {
+    Response::json(
+        200,
+        &Health {
+            status: "ok",
+            version: crate::VERSION,
+            in_flight: app.in_flight,
+            max_concurrent: app.cfg.max_concurrent,
+            counters: &app.counters,
+            open_fds: crate::sys::open_fd_count(),
+            rss_bytes: crate::sys::rss_bytes(),
+        },
+    )
+}
+
+/// Why the daemon is not ready, or `None` when it is.
+pub fn not_ready_reason(app: &App) -> Option<String> {
+    if app.shutting_down {
+        return Some("shutting down".into());
+    }
+    let Some(h) = &app.cgroups else {
+        return Some(format!("no usable cgroup hierarchy: {}", app.cgroup_error.as_deref().unwrap_or("unknown")));
+    };
+    match h.slice_memory_limit(&app.cfg.instance) {
+        None => {
+            return Some(format!(
+                "protective cgroup slice `{}` ({}) has no memory cap; restart isoboxd or write the cap back",
+                app.cfg.instance,
+                h.version()
+            ))
+        }
+        Some(n) if n != app.cfg.slice_memory_bytes && n > app.cfg.slice_memory_bytes => {
+            return Some(format!("protective slice memory cap is {n}, above the configured {}", app.cfg.slice_memory_bytes))
+        }
+        Some(_) => {}
+    }
+    match &app.probe {
+        ProbeState::Pending => Some("backend self-probe has not finished yet".into()),
+        ProbeState::Failed(why) => Some(format!("backend self-probe failed: {why}")),
+        ProbeState::Passed => None,
+    }
+}
+
+/// Readiness per the spec: slice capped and backend healthy.
+pub fn readyz(app: &App) -> Response {
+    match not_ready_reason(app) {
+        None => Response::json(200, &serde_json::json!({"ready": true, "backend": "gvisor"})),
+        Some(reason) => Response::json(503, &serde_json::json!({"ready": false, "reason": reason})),
+    }
+}
+
+#[derive(Serialize)]
+struct RuntimeInfo<'a> {
+    language: &'a str,
+    version: &'a str,
+    aliases: &'a [String],
+    compiled: bool,
+    backend: &'static str,
+}
+
+/// The installed runtimes.
+pub fn runtimes(app: &App) -> Response {
+    let list: Vec<RuntimeInfo<'_>> = app
+        .runtimes
+        .installed()
+        .map(|r| RuntimeInfo {
+            language: &r.desc.language,
+            version: r.version.as_deref().unwrap_or(""),
+            aliases: &r.desc.aliases,
+            compiled: r.desc.compiled,
+            backend: "gvisor",
+        })
+        .collect();
+    Response::json(200, &list)
+}

@@ -1,0 +1,101 @@
+//! Request handlers, one module per resource, and the state they read.
+//!
+//! Handlers run on the reactor thread and never block: they answer at once or hand an
+//! execution plan back to the reactor, which runs it on the worker pool.
+
+pub mod docs;
+pub mod execute;
+pub mod health;
+
+use crate::config::Config;
+use crate::http::{Request, Response};
+use crate::router::{self, Route, RouteError};
+use crate::runtimes::Runtimes;
+use std::sync::Arc;
+
+/// State of the backend self-probe run at startup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeState {
+    /// Not finished yet.
+    Pending,
+    /// A real sandbox ran and printed what it should.
+    Passed,
+    /// It failed; the reason says how.
+    Failed(String),
+}
+
+/// Counters exposed on `/healthz`.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counters {
+    /// Executions finished since start.
+    pub runs_total: u64,
+    /// Of which ended by the wall-time cap.
+    pub runs_timed_out: u64,
+    /// Of which ended by the memory cap.
+    pub runs_oom_killed: u64,
+    /// Of which cancelled because the client went away.
+    pub runs_cancelled: u64,
+    /// Of which failed inside isobox.
+    pub runs_failed: u64,
+    /// Requests refused for lack of a slot.
+    pub capacity_rejections: u64,
+}
+
+/// What the handlers read and the reactor updates.
+pub struct App {
+    /// Configuration.
+    pub cfg: Arc<Config>,
+    /// Loaded runtimes.
+    pub runtimes: Arc<Runtimes>,
+    /// The cgroup hierarchy, when one was usable.
+    pub cgroups: Option<crate::cgroup::Hierarchy>,
+    /// Why cgroups are unusable, when they are.
+    pub cgroup_error: Option<String>,
+    /// Backend self-probe.
+    pub probe: ProbeState,
+    /// Executions holding a slot now.
+    pub in_flight: usize,
+    /// Counters.
+    pub counters: Counters,
+    /// Set once SIGTERM/SIGINT arrived.
+    pub shutting_down: bool,
+}
+
+/// What the reactor must do for a request.
+pub enum Action {
+    /// Send this response.
+    Respond(Response),
+    /// Run this plan, answering as JSON or as an SSE stream.
+    Execute {
+        /// The validated plan.
+        plan: Box<execute::ExecPlan>,
+        /// Stream as SSE.
+        stream: bool,
+    },
+}
+
+/// Answers for a route error.
+pub fn route_error(e: RouteError) -> Response {
+    match e {
+        RouteError::NotFound => Response::error(404, "not_found", None),
+        RouteError::MethodNotAllowed(allow) => Response::error(405, "method_not_allowed", None).with_header("Allow", allow),
+    }
+}
+
+/// Handles a complete request on an already-resolved route.
+pub fn dispatch(app: &mut App, route: Route, req: &Request) -> Action {
+    match route {
+        Route::Healthz => Action::Respond(health::healthz(app)),
+        Route::Readyz => Action::Respond(health::readyz(app)),
+        Route::Runtimes => Action::Respond(health::runtimes(app)),
+        Route::LlmsTxt => Action::Respond(Response::bytes(200, "text/plain; charset=utf-8", docs::LLMS_TXT.as_bytes().to_vec())),
+        Route::OpenApi => Action::Respond(Response::bytes(200, "application/yaml", docs::OPENAPI_YAML.as_bytes().to_vec())),
+        Route::Execute => execute::handle(app, req),
+    }
+}
+
+/// Resolves the route of a head (used before the body is read, to pick the body cap).
+pub fn resolve(method: &str, path: &str) -> Result<Route, RouteError> {
+    router::route(method, path)
+}

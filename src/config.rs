@@ -1,0 +1,201 @@
+//! Configuration: `ISOBOX_*` environment variables, overridden by command-line flags.
+//!
+//! Loaded once in `main` and passed down by reference. Every setting is listed in
+//! [`SETTINGS`], which also renders `isoboxd --help`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// A configuration error, naming the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A value did not parse or is out of range.
+    #[error("invalid value {value:?} for {name}: {why}")]
+    Invalid {
+        /// The flag or variable.
+        name: String,
+        /// What was given.
+        value: String,
+        /// Why it was refused.
+        why: String,
+    },
+    /// An unknown flag.
+    #[error("unknown flag {0} (see --help)")]
+    UnknownFlag(String),
+}
+
+/// One setting: flag, environment variable, default, meaning.
+pub struct Setting {
+    /// `--flag`.
+    pub flag: &'static str,
+    /// `ISOBOX_*`.
+    pub env: &'static str,
+    /// Default shown in `--help`.
+    pub default: &'static str,
+    /// What it does.
+    pub help: &'static str,
+}
+
+/// Every setting isoboxd reads.
+pub const SETTINGS: &[Setting] = &[
+    Setting { flag: "--listen", env: "ISOBOX_LISTEN", default: "127.0.0.1:8090", help: "address to listen on (port 0 picks a free one)" },
+    Setting { flag: "--data-dir", env: "ISOBOX_DATA_DIR", default: "/var/lib/isobox", help: "state directory (runs, LMDB, workspaces)" },
+    Setting { flag: "--rootfs-dir", env: "ISOBOX_ROOTFS_DIR", default: "/var/lib/isobox/rootfs", help: "where `make runtimes` builds the runtimes' root filesystems" },
+    Setting { flag: "--runtimes-dir", env: "ISOBOX_RUNTIMES_DIR", default: "(embedded)", help: "directory of runtime descriptors (*.toml); default: the ones built into the binary" },
+    Setting { flag: "--instance", env: "ISOBOX_INSTANCE", default: "isobox", help: "name for this daemon's cgroups, runsc root and containers; must start with `isobox`" },
+    Setting { flag: "--runsc", env: "ISOBOX_RUNSC", default: "/usr/bin/runsc", help: "path of the runsc binary" },
+    Setting { flag: "--platform", env: "ISOBOX_PLATFORM", default: "ptrace", help: "gVisor platform (ptrace works everywhere; kvm needs /dev/kvm)" },
+    Setting { flag: "--log", env: "ISOBOX_LOG", default: "info", help: "log level: error, warn, info, debug, trace" },
+    Setting { flag: "--workers", env: "ISOBOX_WORKERS", default: "4", help: "worker threads for blocking work" },
+    Setting { flag: "--max-connections", env: "ISOBOX_MAX_CONNECTIONS", default: "1024", help: "open connections beyond this are answered 503 and closed" },
+    Setting { flag: "--idle-timeout-ms", env: "ISOBOX_IDLE_TIMEOUT_MS", default: "60000", help: "an idle keep-alive connection is closed after this" },
+    Setting { flag: "--head-timeout-ms", env: "ISOBOX_HEAD_TIMEOUT_MS", default: "10000", help: "a request head must arrive within this (slowloris guard)" },
+    Setting { flag: "--max-concurrent", env: "ISOBOX_MAX_CONCURRENT", default: "4", help: "executions at once; the next gets 429 capacity" },
+    Setting { flag: "--slice-memory-bytes", env: "ISOBOX_SLICE_MEMORY_BYTES", default: "(half of host memory)", help: "memory cap of the protective cgroup slice holding every sandbox" },
+    Setting { flag: "--shutdown-grace-ms", env: "ISOBOX_SHUTDOWN_GRACE_MS", default: "10000", help: "on SIGTERM, running executions get this long before they are killed" },
+];
+
+/// The daemon's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// State directory.
+    pub data_dir: PathBuf,
+    /// Root filesystems directory.
+    pub rootfs_dir: PathBuf,
+    /// Runtime descriptors directory; `None` uses the embedded ones.
+    pub runtimes_dir: Option<PathBuf>,
+    /// Instance name (prefix of everything this daemon creates).
+    pub instance: String,
+    /// runsc binary.
+    pub runsc: PathBuf,
+    /// gVisor platform.
+    pub platform: String,
+    /// Log level.
+    pub log_level: String,
+    /// Worker threads.
+    pub workers: usize,
+    /// Connection cap.
+    pub max_connections: usize,
+    /// Keep-alive idle timeout.
+    pub idle_timeout_ms: u64,
+    /// Head deadline.
+    pub head_timeout_ms: u64,
+    /// Concurrent executions.
+    pub max_concurrent: usize,
+    /// Slice memory cap.
+    pub slice_memory_bytes: u64,
+    /// Shutdown grace.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Config {
+    /// Reads the environment, then applies `args` (without argv\[0\]).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first bad setting.
+    pub fn load(args: &[String]) -> Result<Config, ConfigError> {
+        let mut values: Vec<Option<String>> = SETTINGS.iter().map(|s| std::env::var(s.env).ok()).collect();
+        let mut i = 0;
+        while i < args.len() {
+            let arg = &args[i];
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) => (f, Some(v.to_string())),
+                None => (arg.as_str(), None),
+            };
+            let idx = SETTINGS.iter().position(|s| s.flag == flag).ok_or_else(|| ConfigError::UnknownFlag(arg.clone()))?;
+            let value = match inline {
+                Some(v) => v,
+                None => {
+                    i += 1;
+                    args.get(i).cloned().ok_or_else(|| invalid(flag, "", "missing value"))?
+                }
+            };
+            values[idx] = Some(value);
+            i += 1;
+        }
+        let get = |name: &str| -> Option<String> {
+            let idx = SETTINGS.iter().position(|s| s.env == name)?;
+            values[idx].clone().filter(|v| !v.is_empty())
+        };
+        let data_dir = PathBuf::from(get("ISOBOX_DATA_DIR").unwrap_or_else(|| "/var/lib/isobox".into()));
+        let cfg = Config {
+            listen: parse_or("ISOBOX_LISTEN", get("ISOBOX_LISTEN"), "127.0.0.1:8090".parse().expect("constant address parses"))?,
+            rootfs_dir: get("ISOBOX_ROOTFS_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/isobox/rootfs")),
+            data_dir,
+            runtimes_dir: get("ISOBOX_RUNTIMES_DIR").map(PathBuf::from),
+            instance: get("ISOBOX_INSTANCE").unwrap_or_else(|| "isobox".into()),
+            runsc: PathBuf::from(get("ISOBOX_RUNSC").unwrap_or_else(|| "/usr/bin/runsc".into())),
+            platform: get("ISOBOX_PLATFORM").unwrap_or_else(|| "ptrace".into()),
+            log_level: get("ISOBOX_LOG").unwrap_or_else(|| "info".into()),
+            workers: parse_or("ISOBOX_WORKERS", get("ISOBOX_WORKERS"), 4)?,
+            max_connections: parse_or("ISOBOX_MAX_CONNECTIONS", get("ISOBOX_MAX_CONNECTIONS"), 1024)?,
+            idle_timeout_ms: parse_or("ISOBOX_IDLE_TIMEOUT_MS", get("ISOBOX_IDLE_TIMEOUT_MS"), 60_000)?,
+            head_timeout_ms: parse_or("ISOBOX_HEAD_TIMEOUT_MS", get("ISOBOX_HEAD_TIMEOUT_MS"), 10_000)?,
+            max_concurrent: parse_or("ISOBOX_MAX_CONCURRENT", get("ISOBOX_MAX_CONCURRENT"), 4)?,
+            slice_memory_bytes: parse_or("ISOBOX_SLICE_MEMORY_BYTES", get("ISOBOX_SLICE_MEMORY_BYTES"), crate::sys::host_memory_bytes() / 2)?,
+            shutdown_grace_ms: parse_or("ISOBOX_SHUTDOWN_GRACE_MS", get("ISOBOX_SHUTDOWN_GRACE_MS"), 10_000)?,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks ranges and names.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the setting.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let inst_ok = self.instance.starts_with("isobox")
+            && self.instance.len() <= 40
+            && self.instance.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+        if !inst_ok {
+            return Err(invalid("ISOBOX_INSTANCE", &self.instance, "must start with `isobox`, at most 40 of [a-z0-9-]"));
+        }
+        if !["ptrace", "kvm", "systrap"].contains(&self.platform.as_str()) {
+            return Err(invalid("ISOBOX_PLATFORM", &self.platform, "one of ptrace, kvm, systrap"));
+        }
+        if !(1..=64).contains(&self.workers) {
+            return Err(invalid("ISOBOX_WORKERS", &self.workers.to_string(), "between 1 and 64"));
+        }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return Err(invalid("ISOBOX_MAX_CONNECTIONS", &self.max_connections.to_string(), "between 1 and 1000000"));
+        }
+        if !(1..=1024).contains(&self.max_concurrent) {
+            return Err(invalid("ISOBOX_MAX_CONCURRENT", &self.max_concurrent.to_string(), "between 1 and 1024"));
+        }
+        if self.idle_timeout_ms < 100 || self.head_timeout_ms < 100 {
+            return Err(invalid("ISOBOX_IDLE_TIMEOUT_MS/ISOBOX_HEAD_TIMEOUT_MS", "", "at least 100"));
+        }
+        if self.slice_memory_bytes < 64 << 20 {
+            return Err(invalid("ISOBOX_SLICE_MEMORY_BYTES", &self.slice_memory_bytes.to_string(), "at least 64 MiB"));
+        }
+        if !self.data_dir.is_absolute() || !self.rootfs_dir.is_absolute() {
+            return Err(invalid("ISOBOX_DATA_DIR/ISOBOX_ROOTFS_DIR", "", "must be absolute paths"));
+        }
+        Ok(())
+    }
+
+    /// The text of `isoboxd --help`.
+    pub fn help() -> String {
+        let mut s = String::from("isoboxd: run untrusted code in gVisor sandboxes over HTTP\n\nusage: isoboxd [FLAGS]\n\nEvery flag can also be set by its environment variable; flags win.\n\n");
+        for st in SETTINGS {
+            s.push_str(&format!("  {:<22} {:<27} {}\n  {:<22} {:<27} default: {}\n", st.flag, st.env, st.help, "", "", st.default));
+        }
+        s
+    }
+}
+
+fn invalid(name: &str, value: &str, why: &str) -> ConfigError {
+    ConfigError::Invalid { name: name.into(), value: value.into(), why: why.into() }
+}
+
+fn parse_or<T: std::str::FromStr>(name: &str, v: Option<String>, default: T) -> Result<T, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    match v {
+        None => Ok(default),
+        Some(s) => s.trim().parse().map_err(|e: T::Err| invalid(name, &s, &e.to_string())),
+    }
+}

@@ -1,0 +1,20 @@
+//! Every bound of the HTTP layer, named.
+
+/// A request head (request line + headers) larger than this is answered 431.
+pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// A request target longer than this is answered 414.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+/// More header fields than this is answered 431.
+pub const MAX_HEADERS: usize = 100;
+/// Body cap of `POST /execute` (the spec's 256 KiB; over it: 400 invalid_json).
+pub const EXECUTE_BODY_BYTES: usize = 256 * 1024;
+/// Body cap of every route the spec says nothing about (over it: 413).
+pub const DEFAULT_BODY_BYTES: usize = 64 * 1024;
+/// A chunk-size line's extension longer than this is a 400.
+pub const MAX_CHUNK_EXT_BYTES: usize = 4 * 1024;
+/// Trailer section bytes allowed after the last chunk.
+pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
+/// Bytes read ahead of the request being served (pipelined requests wait here).
+pub const MAX_READ_AHEAD_BYTES: usize = 64 * 1024;
+/// Bytes queued for a client before the daemon stops producing more for it.
+pub const MAX_WRITE_BUFFER_BYTES: usize = 256 * 1024;

@@ -1,0 +1,480 @@
+//! One client connection: read buffer, HTTP state machine, write buffer, deadlines.
+//!
+//! Requests on a connection are served strictly one at a time, so pipelined requests
+//! are answered in order: while a run answers one, the next waits in the read buffer
+//! (at most `MAX_READ_AHEAD_BYTES`). Reactor thread only.
+
+use super::{Daemon, Source, TimerKey};
+use crate::api::{self, Action};
+use crate::http::chunked::{ChunkError, ChunkedDecoder};
+use crate::http::limits::{MAX_HEAD_BYTES, MAX_READ_AHEAD_BYTES, MAX_WRITE_BUFFER_BYTES};
+use crate::http::parse::{find_head_end, parse_head};
+use crate::http::{Framing, Head, Request, Response};
+use crate::router::Route;
+use mio::net::TcpStream;
+use mio::{Interest, Token};
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// How the body being read is delimited.
+pub enum BodyState {
+    /// Bytes still expected.
+    Length(u64),
+    /// Chunked decoder.
+    Chunked(ChunkedDecoder),
+}
+
+/// Where a connection is in its request cycle.
+pub enum Phase {
+    /// Waiting for (the rest of) a request head.
+    Head,
+    /// Reading a body.
+    Body {
+        /// The head.
+        head: Head,
+        /// Its route.
+        route: Route,
+        /// Framing state.
+        state: BodyState,
+        /// Decoded so far.
+        body: Vec<u8>,
+    },
+    /// A run will answer with one JSON response.
+    Busy {
+        /// Run key.
+        run: usize,
+    },
+    /// A run is streaming SSE.
+    Stream {
+        /// Run key.
+        run: usize,
+    },
+}
+
+/// A client connection.
+pub struct Conn {
+    pub(crate) stream: TcpStream,
+    pub(crate) token: Token,
+    pub(crate) serial: u64,
+    pub(crate) peer: SocketAddr,
+    pub(crate) rbuf: Vec<u8>,
+    /// INVARIANT: `scan_from <= rbuf.len()`; head bytes before it hold no blank line.
+    pub(crate) scan_from: usize,
+    pub(crate) wbuf: Vec<u8>,
+    /// INVARIANT: `wpos <= wbuf.len()`.
+    pub(crate) wpos: usize,
+    pub(crate) phase: Phase,
+    pub(crate) timer_gen: u64,
+    pub(crate) close_after_flush: bool,
+    pub(crate) read_eof: bool,
+    pub(crate) head_started: Option<Instant>,
+    pub(crate) last_write: Instant,
+    /// Keep-alive of the request being served.
+    pub(crate) keep_alive: bool,
+    /// Method of the request being served was HEAD.
+    pub(crate) head_only: bool,
+}
+
+impl Conn {
+    /// Bytes queued and not yet written.
+    pub fn pending_write(&self) -> usize {
+        self.wbuf.len() - self.wpos
+    }
+}
+
+impl Daemon {
+    pub(crate) fn add_conn(&mut self, mut stream: TcpStream, peer: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        if self.conns.len() >= self.cfg.max_connections || self.app.shutting_down {
+            // Refuse cleanly: one best-effort 503 on the fresh socket, then close.
+            let mut out = Vec::new();
+            let reason = if self.app.shutting_down { "shutting down" } else { "too many open connections" };
+            Response::error(503, "unavailable", Some(reason)).with_header("Retry-After", "1").write_to(&mut out, false, false);
+            let _ = stream.write(&out);
+            crate::warn_limited!("conn refused peer={peer} reason={reason}");
+            return;
+        }
+        self.conn_serial += 1;
+        let entry = self.conns.vacant_entry();
+        let ck = entry.key();
+        let token = Token(self.sources.insert(Source::Conn(ck)) + super::FIRST_SOURCE);
+        if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE | Interest::WRITABLE) {
+            crate::error_limited!("op=register conn err={e}");
+            self.release_token(token);
+            return;
+        }
+        entry.insert(Conn {
+            stream,
+            token,
+            serial: self.conn_serial,
+            peer,
+            rbuf: Vec::new(),
+            scan_from: 0,
+            wbuf: Vec::new(),
+            wpos: 0,
+            phase: Phase::Head,
+            timer_gen: 0,
+            close_after_flush: false,
+            read_eof: false,
+            head_started: None,
+            last_write: Instant::now(),
+            keep_alive: true,
+            head_only: false,
+        });
+        self.arm_conn(ck, Duration::from_millis(self.cfg.idle_timeout_ms));
+        log::debug!("conn={ck} peer={peer} accepted");
+    }
+
+    pub(crate) fn arm_conn(&mut self, ck: usize, after: Duration) {
+        if let Some(c) = self.conns.get_mut(ck) {
+            c.timer_gen += 1;
+            let gen = c.timer_gen;
+            self.timers.insert(Instant::now() + after, TimerKey::Conn(ck, gen));
+        }
+    }
+
+    pub(crate) fn conn_event(&mut self, ck: usize, readable: bool, writable: bool) {
+        if writable {
+            self.conn_flush(ck);
+        }
+        if readable {
+            self.conn_pump(ck);
+        } else {
+            self.conn_after_io(ck);
+        }
+    }
+
+    /// Reads and advances until the socket is drained or the phase stops taking input.
+    pub(crate) fn conn_pump(&mut self, ck: usize) {
+        loop {
+            let full = self.conn_read(ck);
+            self.conn_advance(ck);
+            let Some(c) = self.conns.get(ck) else { return };
+            let takes_input = matches!(c.phase, Phase::Head | Phase::Body { .. }) && !c.close_after_flush;
+            if !(full && takes_input && c.rbuf.len() < MAX_READ_AHEAD_BYTES && c.pending_write() < MAX_WRITE_BUFFER_BYTES) {
+                break;
+            }
+        }
+        self.conn_after_io(ck);
+    }
+
+    /// Reads until WouldBlock, EOF or the read-ahead bound. Returns true when it stopped
+    /// at the bound (more may be waiting in the socket).
+    fn conn_read(&mut self, ck: usize) -> bool {
+        let Some(c) = self.conns.get_mut(ck) else { return false };
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            if c.read_eof {
+                return false;
+            }
+            let room = MAX_READ_AHEAD_BYTES.saturating_sub(c.rbuf.len());
+            if room == 0 {
+                return true;
+            }
+            let want = room.min(buf.len());
+            match c.stream.read(&mut buf[..want]) {
+                Ok(0) => {
+                    c.read_eof = true;
+                    return false;
+                }
+                Ok(n) => c.rbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    c.read_eof = true;
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Parses and dispatches as many requests as the buffer and phase allow.
+    fn conn_advance(&mut self, ck: usize) {
+        loop {
+            let Some(c) = self.conns.get_mut(ck) else { return };
+            if c.close_after_flush || c.pending_write() >= MAX_WRITE_BUFFER_BYTES {
+                return;
+            }
+            match &mut c.phase {
+                Phase::Busy { .. } | Phase::Stream { .. } => return,
+                Phase::Head => {
+                    if c.head_started.is_none() {
+                        // RFC 9112 §2.2: ignore empty lines before a request line.
+                        let skip = c.rbuf.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+                        c.rbuf.drain(..skip);
+                        if c.rbuf.is_empty() {
+                            return;
+                        }
+                        c.head_started = Some(Instant::now());
+                        let t = Duration::from_millis(self.cfg.head_timeout_ms);
+                        self.arm_conn(ck, t);
+                        continue;
+                    }
+                    let Some(end) = find_head_end(&c.rbuf, c.scan_from) else {
+                        if c.rbuf.len() > MAX_HEAD_BYTES {
+                            self.respond_and_close(ck, Response::error(431, "header_too_large", Some("request head larger than 16 KiB")));
+                            return;
+                        }
+                        c.scan_from = c.rbuf.len();
+                        return;
+                    };
+                    let parsed = parse_head(&c.rbuf[..end]);
+                    c.rbuf.drain(..end);
+                    c.scan_from = 0;
+                    c.head_started = None;
+                    match parsed {
+                        Err(e) => {
+                            crate::warn_limited!("conn={ck} peer={} bad request: {e}", c.peer);
+                            let code = match e.status() {
+                                431 => "header_too_large",
+                                414 => "uri_too_long",
+                                505 => "http_version_not_supported",
+                                501 => "not_implemented",
+                                417 => "expectation_failed",
+                                _ => "bad_request",
+                            };
+                            self.respond_and_close(ck, Response::error(e.status(), code, Some(&e.to_string())));
+                            return;
+                        }
+                        Ok(head) => self.start_request(ck, head),
+                    }
+                }
+                Phase::Body { .. } => {
+                    if !self.advance_body(ck) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_request(&mut self, ck: usize, head: Head) {
+        let Some(c) = self.conns.get_mut(ck) else { return };
+        c.keep_alive = head.keep_alive;
+        c.head_only = head.method == "HEAD";
+        let route = match api::resolve(&head.method, &head.path) {
+            Ok(r) => r,
+            Err(e) => {
+                let resp = api::route_error(e);
+                if head.framing == Framing::None {
+                    self.respond(ck, resp);
+                } else {
+                    // Not worth reading a body nobody will use.
+                    self.respond_and_close(ck, resp);
+                }
+                return;
+            }
+        };
+        let cap = route.body_cap();
+        let state = match head.framing {
+            Framing::None => {
+                self.dispatch(ck, route, Request { head, body: Vec::new() });
+                return;
+            }
+            Framing::Length(n) if n > cap as u64 => {
+                // Refused before any `100 Continue`, so a polite client sends nothing.
+                self.respond_and_close(ck, over_cap(route));
+                return;
+            }
+            Framing::Length(n) => BodyState::Length(n),
+            Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new()),
+        };
+        if head.expect_continue {
+            c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        c.phase = Phase::Body { head, route, state, body: Vec::new() };
+        let t = Duration::from_millis(self.cfg.head_timeout_ms);
+        self.arm_conn(ck, t);
+    }
+
+    /// Moves body bytes out of the read buffer. Returns true when the request was
+    /// dispatched (the caller may continue with the next one).
+    fn advance_body(&mut self, ck: usize) -> bool {
+        let Some(c) = self.conns.get_mut(ck) else { return false };
+        let Phase::Body { route, state, body, .. } = &mut c.phase else { return false };
+        let route = *route;
+        let cap = route.body_cap();
+        let done = match state {
+            BodyState::Length(remaining) => {
+                let take = usize::try_from(*remaining).unwrap_or(usize::MAX).min(c.rbuf.len());
+                body.extend(c.rbuf.drain(..take));
+                *remaining -= take as u64;
+                *remaining == 0
+            }
+            BodyState::Chunked(dec) => match dec.feed(&c.rbuf, body, cap) {
+                Ok(n) => {
+                    c.rbuf.drain(..n);
+                    dec.is_done()
+                }
+                Err(ChunkError::TooLarge) => {
+                    self.respond_and_close(ck, over_cap(route));
+                    return false;
+                }
+                Err(e) => {
+                    self.respond_and_close(ck, Response::error(400, "bad_request", Some(&e.to_string())));
+                    return false;
+                }
+            },
+        };
+        if !done {
+            if !c.rbuf.is_empty() {
+                return false;
+            }
+            // Body idle deadline, re-armed on progress.
+            let t = Duration::from_millis(self.cfg.head_timeout_ms);
+            self.arm_conn(ck, t);
+            return false;
+        }
+        let Phase::Body { head, route, body, .. } = std::mem::replace(&mut c.phase, Phase::Head) else { return false };
+        self.dispatch(ck, route, Request { head, body });
+        true
+    }
+
+    fn dispatch(&mut self, ck: usize, route: Route, req: Request) {
+        log::debug!("conn={ck} {} {}", req.head.method, req.head.path);
+        match api::dispatch(&mut self.app, route, &req) {
+            Action::Respond(resp) => self.respond(ck, resp),
+            Action::Execute { plan, stream } => self.start_run(ck, plan, stream),
+        }
+    }
+
+    /// Queues a complete response; the connection goes back to reading heads.
+    pub(crate) fn respond(&mut self, ck: usize, resp: Response) {
+        let shutting_down = self.app.shutting_down;
+        let Some(c) = self.conns.get_mut(ck) else { return };
+        let keep_alive = c.keep_alive && !shutting_down;
+        resp.write_to(&mut c.wbuf, c.head_only, keep_alive);
+        c.phase = Phase::Head;
+        if !keep_alive {
+            c.close_after_flush = true;
+        }
+        let t = Duration::from_millis(self.cfg.idle_timeout_ms);
+        self.arm_conn(ck, t);
+    }
+
+    pub(crate) fn respond_and_close(&mut self, ck: usize, resp: Response) {
+        if let Some(c) = self.conns.get_mut(ck) {
+            c.keep_alive = false;
+        }
+        self.respond(ck, resp);
+    }
+
+    /// Writes what is queued. Returns false when the connection failed.
+    pub(crate) fn conn_flush(&mut self, ck: usize) -> bool {
+        let Some(c) = self.conns.get_mut(ck) else { return false };
+        while c.wpos < c.wbuf.len() {
+            match c.stream.write(&c.wbuf[c.wpos..]) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    c.wpos += n;
+                    c.last_write = Instant::now();
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    c.read_eof = true;
+                    c.close_after_flush = true;
+                    c.wbuf.clear();
+                    c.wpos = 0;
+                    return false;
+                }
+            }
+        }
+        if c.wpos == c.wbuf.len() {
+            c.wbuf.clear();
+            c.wpos = 0;
+        } else if c.wpos > 64 * 1024 {
+            c.wbuf.drain(..c.wpos);
+            c.wpos = 0;
+        }
+        if let Phase::Stream { run } = c.phase {
+            if c.pending_write() < MAX_WRITE_BUFFER_BYTES / 2 {
+                self.run_resume(run);
+            }
+        }
+        true
+    }
+
+    /// After I/O: flush, then close when finished or when the peer left.
+    pub(crate) fn conn_after_io(&mut self, ck: usize) {
+        self.conn_flush(ck);
+        let Some(c) = self.conns.get(ck) else { return };
+        let gone = c.read_eof;
+        match c.phase {
+            Phase::Busy { run } | Phase::Stream { run } if gone => {
+                // The client hung up mid-run: the run is cancelled and its sandbox killed.
+                log::info!("conn={ck} client disconnected during run");
+                self.run_cancel(run);
+                self.close_conn(ck);
+            }
+            Phase::Busy { .. } | Phase::Stream { .. } => {}
+            _ if c.pending_write() == 0 && (c.close_after_flush || gone) => self.close_conn(ck),
+            _ => {}
+        }
+    }
+
+    pub(crate) fn close_conn(&mut self, ck: usize) {
+        if !self.conns.contains(ck) {
+            return;
+        }
+        let mut c = self.conns.remove(ck);
+        let _ = self.poll.registry().deregister(&mut c.stream);
+        self.release_token(c.token);
+        if let Phase::Busy { run } | Phase::Stream { run } = c.phase {
+            self.run_cancel(run);
+        }
+        let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        log::debug!("conn={ck} closed");
+    }
+
+    pub(crate) fn conn_timer(&mut self, ck: usize, gen: u64) {
+        let Some(c) = self.conns.get(ck) else { return };
+        if c.timer_gen != gen {
+            return;
+        }
+        match &c.phase {
+            Phase::Head if c.head_started.is_some() => {
+                crate::warn_limited!("conn={ck} peer={} request head not complete in time", c.peer);
+                self.close_conn(ck);
+            }
+            Phase::Head => self.close_conn(ck),
+            Phase::Body { .. } => {
+                crate::warn_limited!("conn={ck} peer={} request body stalled", c.peer);
+                self.respond_and_close(ck, Response::error(408, "request_timeout", Some("request body not received in time")));
+                self.conn_after_io(ck);
+                // If the client does not read the 408 either, drop it at the next deadline.
+                let t = Duration::from_millis(self.cfg.idle_timeout_ms);
+                self.arm_conn(ck, t);
+            }
+            Phase::Stream { .. } | Phase::Busy { .. } => {
+                let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
+                if c.pending_write() > 0 && c.last_write.elapsed() >= idle {
+                    crate::warn_limited!("conn={ck} peer={} stopped reading; dropping", c.peer);
+                    self.close_conn(ck);
+                } else {
+                    self.arm_conn(ck, idle);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn close_idle_conns(&mut self) {
+        let idle: Vec<usize> = self.conns.iter().filter(|(_, c)| matches!(c.phase, Phase::Head) && c.head_started.is_none() && c.rbuf.is_empty() && c.pending_write() == 0).map(|(k, _)| k).collect();
+        for ck in idle {
+            self.close_conn(ck);
+        }
+    }
+
+    pub(crate) fn conns_all_flushed(&self) -> bool {
+        self.conns.iter().all(|(_, c)| c.pending_write() == 0 && matches!(c.phase, Phase::Head))
+    }
+}
+
+fn over_cap(route: Route) -> Response {
+    match route {
+        // The spec: a body over 256 KiB on /execute is `invalid_json`.
+        Route::Execute => Response::error(400, "invalid_json", Some("request body exceeds 256 KiB")),
+        _ => Response::error(413, "payload_too_large", Some("request body exceeds 64 KiB")),
+    }
+}

@@ -1,0 +1,317 @@
+//! The event loop: one thread owning a `mio::Poll`, the listener, every connection,
+//! every sandbox pipe and pidfd, and a timer wheel. Blocking work goes to the worker
+//! pool; its completions come back through a channel and the `mio::Waker`.
+//!
+//! This module knows sockets, tokens and timers; HTTP framing lives in `http`, the
+//! connection state machine in `conn`, the run state machine in `sandbox::events`.
+
+pub mod conn;
+pub mod pool;
+pub mod timer;
+
+use crate::api::{App, Counters, ProbeState};
+use crate::config::Config;
+use crate::runtimes::Runtimes;
+use crate::sandbox::events::{Completion, Run};
+use crate::sandbox::Backend;
+use conn::Conn;
+use crossbeam_channel::Receiver;
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The listening socket.
+pub const LISTENER: Token = Token(0);
+/// The pool's completion waker.
+pub const WAKER: Token = Token(1);
+/// The signal pipe.
+pub const SIGNALS: Token = Token(2);
+const FIRST_SOURCE: usize = 3;
+
+/// What a registered fd belongs to.
+#[derive(Debug, Clone, Copy)]
+pub enum Source {
+    /// A client connection (key in `conns`).
+    Conn(usize),
+    /// A run's stdout.
+    Stdout(usize),
+    /// A run's stderr.
+    Stderr(usize),
+    /// A run's stdin.
+    Stdin(usize),
+    /// A run's pidfd.
+    Pid(usize),
+}
+
+/// What a timer is for; `gen` must match the owner's current generation to count.
+#[derive(Debug, Clone, Copy)]
+pub enum TimerKey {
+    /// Connection deadline (head, idle or write stall), key and generation.
+    Conn(usize, u64),
+    /// Run deadline (wall time, output drain grace, keep-alive comment).
+    Run(usize, u64),
+    /// SSE keep-alive comment of a streaming run (key, serial).
+    Keepalive(usize, u64),
+    /// Retry accepting after EMFILE.
+    Accept,
+    /// Shutdown grace expired.
+    ShutdownGrace,
+}
+
+/// The daemon: all state owned by the reactor thread.
+pub struct Daemon {
+    pub(crate) cfg: Arc<Config>,
+    pub(crate) poll: Poll,
+    pub(crate) listener: Option<TcpListener>,
+    pub(crate) local_addr: SocketAddr,
+    pub(crate) conns: Slab<Conn>,
+    pub(crate) runs: Slab<Run>,
+    pub(crate) sources: Slab<Source>,
+    pub(crate) timers: timer::TimerWheel<TimerKey>,
+    pub(crate) pool: pool::WorkerPool<Completion>,
+    pub(crate) completions: Receiver<Completion>,
+    pub(crate) app: App,
+    pub(crate) backend: Arc<Backend>,
+    pub(crate) conn_serial: u64,
+    pub(crate) run_serial: u64,
+    signal_rx: mio::net::UnixStream,
+    shutdown_deadline: Option<Instant>,
+}
+
+/// Startup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Binding or polling failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Cause.
+        source: io::Error,
+    },
+    /// Runtime descriptors are broken.
+    #[error(transparent)]
+    Runtimes(#[from] crate::runtimes::RuntimeError),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DaemonError {
+    let what = what.into();
+    move |source| DaemonError::Io { what, source }
+}
+
+impl Daemon {
+    /// Sets everything up: sweep, slice, listener, pool, signals. Does not serve yet.
+    ///
+    /// # Errors
+    /// [`DaemonError`] when the port cannot be bound or descriptors are broken.
+    pub fn new(cfg: Config) -> Result<Daemon, DaemonError> {
+        let cfg = Arc::new(cfg);
+        let runtimes = Arc::new(Runtimes::load(cfg.runtimes_dir.as_deref(), &cfg.rootfs_dir)?);
+        for r in runtimes.all() {
+            match &r.missing {
+                None => log::info!("runtime={} version={} rootfs={}", r.desc.language, r.version.as_deref().unwrap_or("?"), r.rootfs_path.display()),
+                Some(why) => log::warn!("runtime={} not installed: {why}", r.desc.language),
+            }
+        }
+        let (cgroups, cgroup_error) = match crate::cgroup::Hierarchy::detect(std::path::Path::new("/sys/fs/cgroup")) {
+            Ok(h) => (Some(h), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let runs_dir = cfg.data_dir.join("runs");
+        let state_root = std::path::Path::new("/run/isobox").join(&cfg.instance).join("runsc");
+        for d in [&cfg.data_dir, &runs_dir, &state_root] {
+            std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
+        }
+        let backend = Arc::new(Backend {
+            runsc: cfg.runsc.clone(),
+            platform: cfg.platform.clone(),
+            state_root,
+            runs_dir,
+            instance: cfg.instance.clone(),
+            cgroups: cgroups.clone(),
+        });
+        let swept = backend.sweep();
+        if swept > 0 {
+            log::warn!("startup sweep removed {swept} leftovers of a previous instance={}", cfg.instance);
+        }
+        let mut cgroup_error = cgroup_error;
+        if let Some(h) = &cgroups {
+            match h.ensure_slice(&cfg.instance, cfg.slice_memory_bytes) {
+                Ok(()) => log::info!("cgroup={} slice={} memory_cap={}", h.version(), cfg.instance, cfg.slice_memory_bytes),
+                Err(e) => {
+                    log::error!("protective slice: {e}");
+                    cgroup_error = Some(e.to_string());
+                }
+            }
+        }
+        let poll = Poll::new().map_err(io_err("creating poll"))?;
+        let std_listener = std::net::TcpListener::bind(cfg.listen).map_err(io_err(format!("binding {}", cfg.listen)))?;
+        std_listener.set_nonblocking(true).map_err(io_err("listener nonblocking"))?;
+        let local_addr = std_listener.local_addr().map_err(io_err("local_addr"))?;
+        let mut listener = TcpListener::from_std(std_listener);
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(io_err("register listener"))?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err("creating waker"))?);
+        let (tx, rx) = pool::completion_channel();
+        let pool = pool::WorkerPool::start(cfg.workers, tx, waker).map_err(io_err("starting workers"))?;
+        let (sig_tx, sig_rx) = std::os::unix::net::UnixStream::pair().map_err(io_err("signal pipe"))?;
+        sig_tx.set_nonblocking(true).map_err(io_err("signal pipe nonblocking"))?;
+        sig_rx.set_nonblocking(true).map_err(io_err("signal pipe nonblocking"))?;
+        let mut signal_rx = mio::net::UnixStream::from_std(sig_rx);
+        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            let tx = sig_tx.try_clone().map_err(io_err("signal pipe clone"))?;
+            signal_hook::low_level::pipe::register(sig, tx).map_err(io_err("registering signal"))?;
+        }
+        poll.registry().register(&mut signal_rx, SIGNALS, Interest::READABLE).map_err(io_err("register signals"))?;
+        let app = App {
+            cfg: Arc::clone(&cfg),
+            runtimes,
+            cgroups,
+            cgroup_error,
+            probe: ProbeState::Pending,
+            in_flight: 0,
+            counters: Counters::default(),
+            shutting_down: false,
+        };
+        Ok(Daemon {
+            cfg,
+            poll,
+            listener: Some(listener),
+            local_addr,
+            conns: Slab::new(),
+            runs: Slab::new(),
+            sources: Slab::new(),
+            timers: timer::TimerWheel::new(Instant::now()),
+            pool,
+            completions: rx,
+            app,
+            backend,
+            conn_serial: 0,
+            run_serial: 0,
+            signal_rx,
+            shutdown_deadline: None,
+        })
+    }
+
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub(crate) fn token_for(&mut self, s: Source) -> Token {
+        Token(self.sources.insert(s) + FIRST_SOURCE)
+    }
+
+    pub(crate) fn release_token(&mut self, t: Token) {
+        if t.0 >= FIRST_SOURCE && self.sources.contains(t.0 - FIRST_SOURCE) {
+            self.sources.remove(t.0 - FIRST_SOURCE);
+        }
+    }
+
+    /// Serves until SIGTERM/SIGINT and every run has ended.
+    ///
+    /// # Errors
+    /// When polling itself fails.
+    pub fn run(&mut self) -> io::Result<()> {
+        self.start_probe();
+        let mut events = Events::with_capacity(1024);
+        let mut fired = Vec::new();
+        loop {
+            let timeout = self.timers.next_timeout(Instant::now());
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept(),
+                    WAKER => self.drain_completions(),
+                    SIGNALS => self.on_signal(),
+                    t => {
+                        let Some(&src) = self.sources.get(t.0 - FIRST_SOURCE) else { continue };
+                        match src {
+                            Source::Conn(ck) => self.conn_event(ck, ev.is_readable() || ev.is_read_closed() || ev.is_error(), ev.is_writable()),
+                            Source::Stdout(rk) => self.run_pipe_event(rk, false),
+                            Source::Stderr(rk) => self.run_pipe_event(rk, true),
+                            Source::Stdin(rk) => self.run_stdin_event(rk),
+                            Source::Pid(rk) => self.run_exited(rk),
+                        }
+                    }
+                }
+            }
+            // Completions can arrive between wakes; drain them every turn.
+            self.drain_completions();
+            self.timers.advance(Instant::now(), &mut fired);
+            for key in fired.drain(..) {
+                match key {
+                    TimerKey::Conn(ck, gen) => self.conn_timer(ck, gen),
+                    TimerKey::Run(rk, gen) => self.run_timer(rk, gen),
+                    TimerKey::Keepalive(rk, serial) => self.run_keepalive(rk, serial),
+                    TimerKey::Accept => self.accept(),
+                    TimerKey::ShutdownGrace => self.kill_all_runs(),
+                }
+            }
+            if self.shutdown_deadline.is_some() && self.runs.is_empty() && self.conns_all_flushed() {
+                break;
+            }
+        }
+        self.pool.join();
+        log::info!("isoboxd stopped");
+        Ok(())
+    }
+
+    fn drain_completions(&mut self) {
+        while let Ok(c) = self.completions.try_recv() {
+            self.on_completion(c);
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let Some(listener) = &self.listener else { return };
+            match listener.accept() {
+                Ok((stream, peer)) => self.add_conn(stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE/ENFILE: the pending connection stays queued; retry shortly
+                    // instead of spinning on an edge that will not re-fire.
+                    crate::error_limited!("op=accept err={e}");
+                    self.timers.insert(Instant::now() + Duration::from_millis(50), TimerKey::Accept);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_signal(&mut self) {
+        let mut buf = [0u8; 64];
+        loop {
+            match io::Read::read(&mut self.signal_rx, &mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        if self.shutdown_deadline.is_some() {
+            log::warn!("second signal: killing running executions now");
+            self.kill_all_runs();
+            return;
+        }
+        log::info!("shutting down: no new connections, {} running executions get {} ms", self.runs.len(), self.cfg.shutdown_grace_ms);
+        self.app.shutting_down = true;
+        let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);
+        self.shutdown_deadline = Some(deadline);
+        self.timers.insert(deadline, TimerKey::ShutdownGrace);
+        if let Some(mut l) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut l);
+        }
+        self.close_idle_conns();
+    }
+}
+

@@ -1,0 +1,146 @@
+//! The OCI bundle of one execution: `config.json` plus the program's files.
+//!
+//! The root filesystem is the runtime's tree, read-only. `/workspace` (the working
+//! directory) and `/tmp` are tmpfs capped at the run's memory; the program's files are
+//! bound read-only on top of `/workspace`, one bind per top-level entry, so the host copy
+//! can never be written. The process runs as uid 65534 with no capabilities,
+//! `noNewPrivileges`, and RLIMIT_NPROC = `pids` (gVisor enforces it inside the sandbox).
+
+use super::SandboxError;
+use crate::api::execute::ExecPlan;
+use serde_json::{json, Value};
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Unprivileged uid/gid of every sandboxed program.
+pub const SANDBOX_UID: u32 = 65534;
+
+/// What the process inside runs.
+pub struct ProcessSpec<'a> {
+    /// argv.
+    pub args: Vec<String>,
+    /// Environment.
+    pub env: &'a [String],
+}
+
+/// Writes the program's files under `dir/files`, creating `dir` fresh (mode 0700).
+///
+/// # Errors
+/// [`SandboxError::Bundle`] on any I/O error.
+pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf, SandboxError> {
+    let wrap = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SandboxError::Bundle { path, source }
+    };
+    fs::DirBuilder::new().mode(0o700).create(dir).map_err(wrap(dir))?;
+    let src = dir.join("files");
+    fs::create_dir(&src).map_err(wrap(&src))?;
+    for (name, content) in files {
+        // Names were validated (relative, no `..`); the directory is ours and fresh.
+        let path = src.join(name);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(wrap(parent))?;
+        }
+        let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o644).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(wrap(&path))?;
+        f.write_all(content).map_err(wrap(&path))?;
+    }
+    // The sandbox user must be able to read the tree; the run dir itself stays 0700 root.
+    set_tree_readable(&src).map_err(wrap(&src))?;
+    Ok(src)
+}
+
+use std::os::unix::fs::DirBuilderExt;
+
+fn set_tree_readable(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            set_tree_readable(&e.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Top-level entries of the files dir (each becomes one read-only bind).
+pub fn top_level_entries(files: &[(String, Vec<u8>)]) -> Vec<String> {
+    let mut tops: Vec<String> = files.iter().map(|(n, _)| n.split('/').next().unwrap_or(n).to_string()).collect();
+    tops.sort();
+    tops.dedup();
+    tops
+}
+
+/// Builds `config.json` for a run.
+pub fn config(plan: &ExecPlan, proc_spec: &ProcessSpec<'_>, src_dir: &Path, cgroups_path: &str) -> Value {
+    let mem = plan.limits.memory_bytes;
+    let tmpfs = |dest: &str, size: u64| json!({"destination": dest, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={size}")]});
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        tmpfs("/tmp", mem),
+        tmpfs("/workspace", mem),
+    ];
+    for top in top_level_entries(&plan.files) {
+        mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
+    }
+    let mut env = vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_string(), "LANG=C.UTF-8".to_string(), "HOME=/tmp".to_string()];
+    env.extend(proc_spec.env.iter().cloned());
+    json!({
+        "ociVersion": "1.0.0",
+        "process": {
+            "terminal": false,
+            "user": {"uid": SANDBOX_UID, "gid": SANDBOX_UID},
+            "args": proc_spec.args,
+            "env": env,
+            "cwd": "/workspace",
+            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
+                {"type": "RLIMIT_NPROC", "hard": plan.limits.pids, "soft": plan.limits.pids},
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}
+            ],
+            "noNewPrivileges": true
+        },
+        "root": {"path": plan.runtime.rootfs_path, "readonly": true},
+        "hostname": "isobox",
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+            "cgroupsPath": cgroups_path
+        }
+    })
+}
+
+/// Writes `config.json` into `dir`.
+///
+/// # Errors
+/// [`SandboxError::Bundle`] on I/O errors.
+pub fn write_config(dir: &Path, config: &Value) -> Result<(), SandboxError> {
+    let path = dir.join("config.json");
+    let bytes = serde_json::to_vec_pretty(config).unwrap_or_default();
+    fs::write(&path, bytes).map_err(|source| SandboxError::Bundle { path, source })
+}
+
+/// Replaces the descriptor's `source_file` with the plan's entry in an argv.
+pub fn substitute(argv: &[String], source_file: &str, entry: &str) -> Vec<String> {
+    argv.iter().map(|a| if a == source_file { entry.to_string() } else { a.clone() }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_top_level_entries_dedup() {
+        let f = |n: &str| (n.to_string(), Vec::new());
+        assert_eq!(top_level_entries(&[f("main.py"), f("pkg/a.py"), f("pkg/b.py")]), vec!["main.py", "pkg"]);
+    }
+
+    #[test]
+    fn test_substitute_entry() {
+        let argv = vec!["/usr/bin/python3".to_string(), "main.py".to_string()];
+        assert_eq!(substitute(&argv, "main.py", "app.py"), vec!["/usr/bin/python3", "app.py"]);
+    }
+}

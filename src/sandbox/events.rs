@@ -1,0 +1,674 @@
+//! A run on the event loop: its pipes and pidfd, wall-time deadline, output capture,
+//! SSE forwarding with backpressure, cancellation, and the final result.
+//!
+//! Reactor thread only; everything blocking (spawn, kill, cleanup) is a pool job whose
+//! completion comes back as a [`Completion`].
+
+use super::runsc::{Cleanup, Spawned};
+use super::SandboxError;
+use crate::api::execute::{self, ExecPlan, RunResult};
+use crate::api::ProbeState;
+use crate::cgroup::RunCgroup;
+use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
+use crate::http::{sse, Response};
+use crate::reactor::conn::Phase;
+use crate::reactor::{Daemon, Source, TimerKey};
+use mio::unix::pipe;
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Extra wall time allowed for gVisor to boot before the program's own wall time counts.
+pub const BOOT_GRACE: Duration = Duration::from_millis(1000);
+/// After `runsc run` exits, how long the pipes get to reach EOF.
+pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
+/// A stream that keeps writing this much past its cap gets its sandbox killed.
+pub const MAX_DRAIN_PAST_CAP_BYTES: u64 = 16 << 20;
+/// SSE comment interval during silent runs.
+pub const SSE_KEEPALIVE: Duration = Duration::from_secs(10);
+
+/// A finished pool job.
+pub enum Completion {
+    /// The sandbox started (or failed to).
+    Spawned {
+        /// Run key.
+        run: usize,
+        /// Run serial (guards against a reused key).
+        serial: u64,
+        /// Outcome.
+        result: Result<Box<Spawned>, SandboxError>,
+    },
+    /// A kill job ended.
+    Killed,
+    /// Cleanup ended.
+    Cleaned {
+        /// Run key.
+        run: usize,
+        /// Run serial.
+        serial: u64,
+        /// What cleanup found.
+        cleanup: Cleanup,
+    },
+    /// The startup self-probe ended.
+    Probe(Result<(), String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Starting,
+    Running,
+    Cleaning,
+}
+
+/// Captured output of one stream.
+#[derive(Default)]
+pub struct Capture {
+    pipe: Option<(pipe::Receiver, Token)>,
+    kept: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+    drained_past_cap: u64,
+    eof: bool,
+    /// Bytes of an incomplete UTF-8 character held back from the stream.
+    pending_utf8: Vec<u8>,
+}
+
+/// A run's reactor-side state.
+pub struct Run {
+    serial: u64,
+    id: String,
+    conn: Option<(usize, u64)>,
+    stream: bool,
+    plan: Box<ExecPlan>,
+    state: State,
+    out: [Capture; 2],
+    stdin: Option<(pipe::Sender, Token)>,
+    stdin_pos: usize,
+    pid: Option<(OwnedFd, Token)>,
+    child: Option<Child>,
+    cgroup: Option<RunCgroup>,
+    dir: Option<PathBuf>,
+    started: Option<Instant>,
+    exited_at: Option<Instant>,
+    timed_out: bool,
+    cancelled: bool,
+    killing: bool,
+    paused: bool,
+    timer_gen: u64,
+}
+
+/// Takes the longest UTF-8-safe prefix of `buf` as text: invalid bytes become U+FFFD,
+/// an incomplete character at the end is held back unless `last`.
+pub fn take_utf8(buf: &mut Vec<u8>, last: bool) -> String {
+    let mut out = String::new();
+    let mut start = 0;
+    loop {
+        match std::str::from_utf8(&buf[start..]) {
+            Ok(s) => {
+                out.push_str(s);
+                start = buf.len();
+                break;
+            }
+            Err(e) => {
+                let valid = start + e.valid_up_to();
+                out.push_str(std::str::from_utf8(&buf[start..valid]).unwrap_or_default());
+                match e.error_len() {
+                    Some(n) => {
+                        out.push('\u{FFFD}');
+                        start = valid + n;
+                    }
+                    None if last => {
+                        out.push('\u{FFFD}');
+                        start = buf.len();
+                        break;
+                    }
+                    None => {
+                        start = valid;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    buf.drain(..start);
+    out
+}
+
+impl Daemon {
+    pub(crate) fn start_run(&mut self, ck: usize, plan: Box<ExecPlan>, stream: bool) {
+        if self.app.shutting_down {
+            self.respond(ck, Response::error(503, "shutting_down", Some("isoboxd is shutting down")).with_header("Retry-After", "5"));
+            return;
+        }
+        if self.app.in_flight >= self.cfg.max_concurrent {
+            self.app.counters.capacity_rejections += 1;
+            self.respond(ck, Response::error(429, "capacity", Some("no free execution slot")).with_header("Retry-After", "1"));
+            return;
+        }
+        let Some(c) = self.conns.get_mut(ck) else { return };
+        let conn_ref = (ck, c.serial);
+        self.run_serial += 1;
+        let serial = self.run_serial;
+        let id = format!("{}-{:x}-{serial}", self.cfg.instance, std::process::id());
+        let cap = usize::try_from(plan.limits.output_bytes).unwrap_or(usize::MAX);
+        let run = Run {
+            serial,
+            id: id.clone(),
+            conn: Some(conn_ref),
+            stream,
+            plan,
+            state: State::Starting,
+            out: [Capture { cap, ..Default::default() }, Capture { cap, ..Default::default() }],
+            stdin: None,
+            stdin_pos: 0,
+            pid: None,
+            child: None,
+            cgroup: None,
+            dir: None,
+            started: None,
+            exited_at: None,
+            timed_out: false,
+            cancelled: false,
+            killing: false,
+            paused: false,
+            timer_gen: 0,
+        };
+        let plan_for_job = run.plan.clone();
+        let rk = self.runs.insert(run);
+        let backend = Arc::clone(&self.backend);
+        let desc = &plan_for_job.runtime.desc;
+        let mut argv = super::bundle::substitute(&desc.run, &desc.source_file, &plan_for_job.entry);
+        argv.extend(plan_for_job.args.iter().cloned());
+        let env = desc.env.clone();
+        let job = Box::new(move || {
+            let result = backend.spawn(&id, &plan_for_job, argv, &env).map(Box::new);
+            Completion::Spawned { run: rk, serial, result }
+        });
+        if self.pool.submit(job).is_err() {
+            self.runs.remove(rk);
+            self.respond(ck, Response::error(503, "overloaded", Some("worker queue full")).with_header("Retry-After", "1"));
+            return;
+        }
+        self.app.in_flight += 1;
+        let Some(c) = self.conns.get_mut(ck) else { return };
+        if stream {
+            c.phase = Phase::Stream { run: rk };
+            let keep = c.keep_alive && !self.app.shutting_down;
+            let headers = [("Content-Type", "text/event-stream".to_string()), ("Cache-Control", "no-cache".to_string()), ("X-Accel-Buffering", "no".to_string()), ("Transfer-Encoding", "chunked".to_string())];
+            crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
+            if !keep {
+                c.close_after_flush = true;
+            }
+            self.arm_keepalive(rk);
+        } else {
+            c.phase = Phase::Busy { run: rk };
+        }
+    }
+
+    pub(crate) fn on_completion(&mut self, c: Completion) {
+        match c {
+            Completion::Spawned { run, serial, result } => self.run_spawned(run, serial, result),
+            Completion::Killed => {}
+            Completion::Cleaned { run, serial, cleanup } => self.run_cleaned(run, serial, cleanup),
+            Completion::Probe(res) => {
+                self.app.probe = match res {
+                    Ok(()) => {
+                        log::info!("backend self-probe passed");
+                        ProbeState::Passed
+                    }
+                    Err(why) => {
+                        log::error!("backend self-probe failed: {why}");
+                        ProbeState::Failed(why)
+                    }
+                }
+            }
+        }
+    }
+
+    fn run_spawned(&mut self, rk: usize, serial: u64, result: Result<Box<Spawned>, SandboxError>) {
+        let Some(run) = self.runs.get(rk).filter(|r| r.serial == serial) else { return };
+        let _ = run;
+        let s = match result {
+            Ok(s) => s,
+            Err(e) => {
+                crate::error_limited!("run={rk} op=spawn err={e}");
+                self.app.counters.runs_failed += 1;
+                self.run_fail(rk, "sandbox_start_failed", &e.to_string());
+                return;
+            }
+        };
+        let s = *s;
+        let mut tokens = Vec::new();
+        let stdout = pipe::Receiver::from(s.stdout);
+        let stderr = pipe::Receiver::from(s.stderr);
+        let t_out = self.token_for(Source::Stdout(rk));
+        let t_err = self.token_for(Source::Stderr(rk));
+        let t_pid = self.token_for(Source::Pid(rk));
+        tokens.extend([t_out, t_err, t_pid]);
+        let t_in = self.token_for(Source::Stdin(rk));
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        let mut reg_ok = true;
+        for (i, (mut rx, t)) in [(stdout, t_out), (stderr, t_err)].into_iter().enumerate() {
+            reg_ok &= rx.set_nonblocking(true).is_ok() && self.poll.registry().register(&mut rx, t, Interest::READABLE).is_ok();
+            run.out[i].pipe = Some((rx, t));
+        }
+        reg_ok &= self.poll.registry().register(&mut SourceFd(&s.pidfd.as_raw_fd()), t_pid, Interest::READABLE).is_ok();
+        run.pid = Some((s.pidfd, t_pid));
+        match s.stdin {
+            Some(stdin) if !run.plan.stdin.is_empty() => {
+                let mut tx = pipe::Sender::from(stdin);
+                reg_ok &= tx.set_nonblocking(true).is_ok() && self.poll.registry().register(&mut tx, t_in, Interest::WRITABLE).is_ok();
+                run.stdin = Some((tx, t_in));
+            }
+            _ => self.release_token(t_in), // Dropping stdin gives the program EOF at once.
+        }
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        run.child = Some(s.child);
+        run.cgroup = Some(s.cgroup);
+        run.dir = Some(s.dir);
+        run.started = Some(s.started);
+        run.state = State::Running;
+        let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
+        run.timer_gen += 1;
+        let gen = run.timer_gen;
+        self.timers.insert(s.started + BOOT_GRACE + wall, TimerKey::Run(rk, gen));
+        if !reg_ok {
+            crate::error_limited!("run={rk} op=register err=could not watch sandbox fds");
+            self.run_kill(rk);
+        }
+        if self.runs.get(rk).is_some_and(|r| r.cancelled) {
+            self.run_kill(rk);
+        }
+    }
+
+    /// Reads a pipe until WouldBlock/EOF (or until paused by backpressure).
+    pub(crate) fn run_pipe_event(&mut self, rk: usize, is_err: bool) {
+        let idx = usize::from(is_err);
+        let mut buf = [0u8; 32 * 1024];
+        loop {
+            let Some(run) = self.runs.get_mut(rk) else { return };
+            if run.paused {
+                return;
+            }
+            let Some((rx, _)) = run.out[idx].pipe.as_mut() else { return };
+            match rx.read(&mut buf) {
+                Ok(0) => {
+                    self.run_pipe_eof(rk, idx);
+                    break;
+                }
+                Ok(n) => self.run_output(rk, idx, &buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.run_pipe_eof(rk, idx);
+                    break;
+                }
+            }
+        }
+        self.run_check_done(rk);
+    }
+
+    fn run_pipe_eof(&mut self, rk: usize, idx: usize) {
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        if let Some((mut rx, t)) = run.out[idx].pipe.take() {
+            let _ = self.poll.registry().deregister(&mut rx);
+            self.release_token(t);
+        }
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        run.out[idx].eof = true;
+        if run.stream && !run.out[idx].pending_utf8.is_empty() {
+            let text = take_utf8(&mut run.out[idx].pending_utf8, true);
+            self.run_send_chunk(rk, idx, &text);
+        }
+    }
+
+    fn run_output(&mut self, rk: usize, idx: usize, data: &[u8]) {
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        let cap = &mut run.out[idx];
+        let room = cap.cap.saturating_sub(cap.kept.len());
+        let keep = room.min(data.len());
+        cap.kept.extend_from_slice(&data[..keep]);
+        if keep < data.len() {
+            cap.truncated = true;
+            cap.drained_past_cap += (data.len() - keep) as u64;
+        }
+        let flood = cap.drained_past_cap > MAX_DRAIN_PAST_CAP_BYTES;
+        if run.stream && keep > 0 {
+            cap.pending_utf8.extend_from_slice(&data[..keep]);
+            let text = take_utf8(&mut cap.pending_utf8, false);
+            if !text.is_empty() {
+                self.run_send_chunk(rk, idx, &text);
+            }
+        }
+        if flood {
+            self.run_kill(rk);
+        }
+    }
+
+    fn run_send_chunk(&mut self, rk: usize, idx: usize, text: &str) {
+        let Some(run) = self.runs.get(rk) else { return };
+        let event = if idx == 0 { "stdout" } else { "stderr" };
+        let data = serde_json::json!({ "chunk": text }).to_string();
+        let mut frame = Vec::new();
+        sse::write_event(&mut frame, event, &data);
+        if let Some((ck, _)) = run.conn {
+            self.conn_send_chunked(ck, &frame);
+            let over = self.conns.get(ck).is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
+            if over {
+                if let Some(run) = self.runs.get_mut(rk) {
+                    // Backpressure: stop reading the sandbox; its writes block in the pipe.
+                    run.paused = true;
+                }
+            }
+        }
+    }
+
+    /// Queues one chunk of a chunked (SSE) response and tries to write it.
+    pub(crate) fn conn_send_chunked(&mut self, ck: usize, payload: &[u8]) {
+        let Some(c) = self.conns.get_mut(ck) else { return };
+        let _ = write!(c.wbuf, "{:x}\r\n", payload.len());
+        c.wbuf.extend_from_slice(payload);
+        c.wbuf.extend_from_slice(b"\r\n");
+        self.conn_flush(ck);
+    }
+
+    /// Called when a streaming client's buffer drained: read the sandbox again.
+    pub(crate) fn run_resume(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        if !run.paused {
+            return;
+        }
+        run.paused = false;
+        // Edge-triggered: data may be waiting with no new edge coming, so read now.
+        self.run_pipe_event(rk, false);
+        self.run_pipe_event(rk, true);
+    }
+
+    pub(crate) fn run_stdin_event(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some((tx, _)) = run.stdin.as_mut() else { return };
+        let mut done = false;
+        while run.stdin_pos < run.plan.stdin.len() {
+            match tx.write(&run.plan.stdin[run.stdin_pos..]) {
+                Ok(n) => run.stdin_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    done = true; // The program closed stdin (EPIPE): fine.
+                    break;
+                }
+            }
+        }
+        if done || run.stdin_pos >= run.plan.stdin.len() {
+            if let Some((mut tx, t)) = run.stdin.take() {
+                let _ = self.poll.registry().deregister(&mut tx);
+                self.release_token(t);
+            }
+        }
+    }
+
+    pub(crate) fn run_exited(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        if run.exited_at.is_some() {
+            return;
+        }
+        run.exited_at = Some(Instant::now());
+        run.timer_gen += 1;
+        let gen = run.timer_gen;
+        if let Some((fd, t)) = run.pid.take() {
+            let _ = self.poll.registry().deregister(&mut SourceFd(&fd.as_raw_fd()));
+            self.release_token(t);
+        }
+        self.timers.insert(Instant::now() + DRAIN_GRACE, TimerKey::Run(rk, gen));
+        // Output may still sit in the pipes: read it before deciding.
+        self.run_pipe_event(rk, false);
+        self.run_pipe_event(rk, true);
+    }
+
+    fn run_check_done(&mut self, rk: usize) {
+        let Some(run) = self.runs.get(rk) else { return };
+        if run.state == State::Running && run.exited_at.is_some() && run.out.iter().all(|c| c.eof) {
+            self.run_cleanup(rk);
+        }
+    }
+
+    pub(crate) fn run_timer(&mut self, rk: usize, gen: u64) {
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        if run.timer_gen != gen || run.state != State::Running {
+            return;
+        }
+        if run.exited_at.is_some() {
+            // Drain grace over: whatever holds the pipes open is killed with the cgroup.
+            self.run_cleanup(rk);
+        } else {
+            run.timed_out = true;
+            log::debug!("run={rk} wall time reached; killing sandbox");
+            self.run_kill(rk);
+        }
+    }
+
+    fn run_kill(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        if run.killing || run.state != State::Running {
+            return;
+        }
+        run.killing = true;
+        let Some(cg) = run.cgroup.clone() else { return };
+        let backend = Arc::clone(&self.backend);
+        let job = Box::new(move || {
+            backend.kill(&cg);
+            Completion::Killed
+        });
+        if self.pool.submit(job).is_err() {
+            crate::error_limited!("run={rk} op=kill err=worker queue full");
+        }
+    }
+
+    /// The client went away: detach and kill.
+    pub(crate) fn run_cancel(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        if run.conn.is_none() {
+            return;
+        }
+        run.conn = None;
+        run.cancelled = true;
+        if run.state == State::Running {
+            self.run_kill(rk);
+        }
+    }
+
+    fn run_cleanup(&mut self, rk: usize) {
+        // Final read of anything left, then stop watching.
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        if run.state != State::Running {
+            return;
+        }
+        run.paused = false;
+        self.run_pipe_event_final(rk);
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        run.state = State::Cleaning;
+        let mut release = Vec::new();
+        for cap in run.out.iter_mut() {
+            if let Some((mut rx, t)) = cap.pipe.take() {
+                let _ = self.poll.registry().deregister(&mut rx);
+                release.push(t);
+            }
+        }
+        if let Some((mut tx, t)) = run.stdin.take() {
+            let _ = self.poll.registry().deregister(&mut tx);
+            release.push(t);
+        }
+        if let Some((fd, t)) = run.pid.take() {
+            let _ = self.poll.registry().deregister(&mut SourceFd(&fd.as_raw_fd()));
+            release.push(t);
+        }
+        let (child, cg, dir) = (run.child.take(), run.cgroup.take(), run.dir.take());
+        let (id, serial) = (run.id.clone(), run.serial);
+        for t in release {
+            self.release_token(t);
+        }
+        let (Some(child), Some(cg), Some(dir)) = (child, cg, dir) else { return };
+        let backend = Arc::clone(&self.backend);
+        let job = Box::new(move || {
+            let cleanup = backend.cleanup(&id, child, &cg, &dir);
+            Completion::Cleaned { run: rk, serial, cleanup }
+        });
+        if let Err(job) = self.pool.submit(job) {
+            // Never leak a sandbox: do it inline rather than not at all.
+            crate::error_limited!("run={rk} op=cleanup err=worker queue full; cleaning inline");
+            let c = job();
+            self.on_completion(c);
+        }
+    }
+
+    fn run_pipe_event_final(&mut self, rk: usize) {
+        for idx in [0, 1] {
+            self.run_pipe_event(rk, idx == 1);
+            if let Some(run) = self.runs.get_mut(rk) {
+                if run.stream && !run.out[idx].pending_utf8.is_empty() {
+                    let text = take_utf8(&mut run.out[idx].pending_utf8, true);
+                    self.run_send_chunk(rk, idx, &text);
+                }
+            }
+        }
+    }
+
+    fn run_cleaned(&mut self, rk: usize, serial: u64, cleanup: Cleanup) {
+        if !self.runs.get(rk).is_some_and(|r| r.serial == serial) {
+            return;
+        }
+        let run = self.runs.remove(rk);
+        self.app.in_flight -= 1;
+        let c = &mut self.app.counters;
+        c.runs_total += 1;
+        let oom = cleanup.oom_killed && !run.timed_out;
+        if run.timed_out {
+            c.runs_timed_out += 1;
+        }
+        if oom {
+            c.runs_oom_killed += 1;
+        }
+        if run.cancelled {
+            c.runs_cancelled += 1;
+        }
+        let exit_code = if run.timed_out || oom { 128 + libc::SIGKILL } else { cleanup.exit_code };
+        let duration = match (run.started, run.exited_at) {
+            (Some(s), Some(e)) => e.duration_since(s),
+            (Some(s), None) => s.elapsed(),
+            _ => Duration::ZERO,
+        };
+        let result = RunResult {
+            stdout: String::from_utf8_lossy(&run.out[0].kept).into_owned(),
+            stderr: String::from_utf8_lossy(&run.out[1].kept).into_owned(),
+            exit_code,
+            timed_out: run.timed_out,
+            oom_killed: oom,
+            truncated: run.out.iter().any(|c| c.truncated),
+            duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+            network: false,
+        };
+        log::info!(
+            "run={} lang={} exit={} timed_out={} oom={} truncated={} ms={} cancelled={}",
+            run.id,
+            run.plan.runtime.desc.language,
+            result.exit_code,
+            result.timed_out,
+            result.oom_killed,
+            result.truncated,
+            result.duration_ms,
+            run.cancelled
+        );
+        let body = execute::response(&run.plan, result, None);
+        let Some((ck, cserial)) = run.conn else { return };
+        if !self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
+            return;
+        }
+        if run.stream {
+            let data = serde_json::to_string(&body).unwrap_or_default();
+            let mut frame = Vec::new();
+            sse::write_event(&mut frame, "done", &data);
+            self.finish_stream(ck, &frame);
+        } else {
+            self.respond(ck, Response::json(200, &body));
+        }
+        self.conn_resume(ck);
+    }
+
+    /// Fails a run before it produced a result: a 500 (or an SSE `error` event).
+    fn run_fail(&mut self, rk: usize, code: &str, detail: &str) {
+        let run = self.runs.remove(rk);
+        self.app.in_flight -= 1;
+        let Some((ck, cserial)) = run.conn else { return };
+        if !self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
+            return;
+        }
+        if run.stream {
+            let mut frame = Vec::new();
+            sse::write_event(&mut frame, "error", &serde_json::json!({"error": format!("{code}: {detail}")}).to_string());
+            self.finish_stream(ck, &frame);
+        } else {
+            self.respond(ck, Response::error(500, code, Some(detail)));
+        }
+        self.conn_resume(ck);
+    }
+
+    /// Sends the last event and the terminating chunk; the connection reads heads again.
+    fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
+        self.conn_send_chunked(ck, frame);
+        let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
+        let Some(c) = self.conns.get_mut(ck) else { return };
+        c.wbuf.extend_from_slice(b"0\r\n\r\n");
+        c.phase = Phase::Head;
+        if !c.keep_alive || self.app.shutting_down {
+            c.close_after_flush = true;
+        }
+        self.arm_conn(ck, idle);
+    }
+
+    /// A connection whose run ended serves its next (pipelined) request.
+    fn conn_resume(&mut self, ck: usize) {
+        self.conn_pump(ck);
+    }
+
+    fn arm_keepalive(&mut self, rk: usize) {
+        self.timers.insert(Instant::now() + SSE_KEEPALIVE, TimerKey::Keepalive(rk, self.runs.get(rk).map_or(0, |r| r.serial)));
+    }
+
+    pub(crate) fn run_keepalive(&mut self, rk: usize, serial: u64) {
+        let Some(run) = self.runs.get(rk).filter(|r| r.serial == serial) else { return };
+        let Some((ck, _)) = run.conn else { return };
+        let mut frame = Vec::new();
+        sse::write_comment(&mut frame, "keep-alive");
+        self.conn_send_chunked(ck, &frame);
+        self.arm_keepalive(rk);
+    }
+
+    pub(crate) fn kill_all_runs(&mut self) {
+        let keys: Vec<usize> = self.runs.iter().map(|(k, _)| k).collect();
+        for rk in keys {
+            if let Some(run) = self.runs.get_mut(rk) {
+                run.cancelled = true;
+            }
+            self.run_kill(rk);
+        }
+    }
+
+    /// Runs one real sandbox at startup; `/readyz` waits for it.
+    pub(crate) fn start_probe(&mut self) {
+        let Some(rt) = self.app.runtimes.installed().next().cloned() else {
+            self.app.probe = ProbeState::Failed("no runtime is installed (run `make runtimes`)".into());
+            return;
+        };
+        let backend = Arc::clone(&self.backend);
+        let id = format!("{}-{:x}-probe", self.cfg.instance, std::process::id());
+        let job = Box::new(move || Completion::Probe(backend.probe(&id, rt)));
+        if self.pool.submit(job).is_err() {
+            self.app.probe = ProbeState::Failed("worker queue full".into());
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! The gVisor backend: one fresh sandbox per execution.
+//!
+//! Pool side (`bundle`, `runsc`): build the OCI bundle, create the cgroup, spawn
+//! `runsc run` inside it with pipes and a pidfd, and at the end kill, reap and remove
+//! everything. Reactor side (`events`): the run's state while its pipes and pidfd are
+//! on the event loop. `limits` holds the spec's bounds.
+
+pub mod bundle;
+pub mod events;
+pub mod limits;
+pub mod runsc;
+
+pub use runsc::{Backend, Spawned};
+
+/// A sandbox operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// Cgroup setup failed.
+    #[error(transparent)]
+    Cgroup(#[from] crate::cgroup::CgroupError),
+    /// Writing the bundle failed.
+    #[error("bundle {path}: {source}")]
+    Bundle {
+        /// Where.
+        path: std::path::PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Spawning runsc failed.
+    #[error("spawning {runsc}: {source}")]
+    Spawn {
+        /// The runsc path.
+        runsc: std::path::PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// No cgroup hierarchy is usable.
+    #[error("cgroups unavailable: {0}")]
+    NoCgroups(String),
+}
+
+/// Host memory added to the program's `memoryBytes` for gVisor itself (sentry, gofer,
+/// ptrace stubs). Measured at 15-17 MiB for a python `print(1)`; this leaves headroom.
+pub const GVISOR_OVERHEAD_BYTES: u64 = 32 << 20;
+
+/// Host tasks (threads count in v1 pids) allowed per sandbox: gVisor needs ~25 to boot
+/// and ~15 per guest process on ptrace; the guest's own process count is capped inside
+/// by RLIMIT_NPROC, so this is only a backstop.
+pub fn host_pids_for(guest_pids: u64) -> u64 {
+    64 + 20 * guest_pids
+}

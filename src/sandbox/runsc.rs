@@ -1,0 +1,287 @@
+//! Spawning, killing and cleaning up `runsc run`. Runs on the worker pool (blocking).
+//!
+//! Recipe measured on our hosts (vendor-runsc/README.md): we create the run's cgroups
+//! ourselves under the protective slice, write the limits, and point the spec's
+//! `cgroupsPath` at them; runsc moves the sentry, gofer and ptrace stubs into them and
+//! leaves them in place at exit, so the OOM counter can be read afterwards. `runsc run`
+//! (not create/start/wait, whose `wait` polls for ~1.8 s) with `--network=none`.
+
+use super::bundle::{self, ProcessSpec};
+use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
+use crate::api::execute::ExecPlan;
+use crate::cgroup::{Hierarchy, HostLimits, RunCgroup, CPU_PERIOD_US};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Everything the backend needs, shared by the workers.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    /// runsc binary.
+    pub runsc: PathBuf,
+    /// gVisor platform.
+    pub platform: String,
+    /// `runsc --root`: container state of this instance.
+    pub state_root: PathBuf,
+    /// Per-run bundle directories.
+    pub runs_dir: PathBuf,
+    /// Instance name: cgroup slice and container-id prefix.
+    pub instance: String,
+    /// The cgroup hierarchy.
+    pub cgroups: Option<Hierarchy>,
+}
+
+/// A started sandbox, handed to the reactor.
+pub struct Spawned {
+    /// Container id.
+    pub id: String,
+    /// The `runsc run` process (its stdio taken out).
+    pub child: Child,
+    /// Program stdin.
+    pub stdin: Option<ChildStdin>,
+    /// Program stdout.
+    pub stdout: ChildStdout,
+    /// Program stderr.
+    pub stderr: ChildStderr,
+    /// Becomes readable when `runsc run` exits.
+    pub pidfd: OwnedFd,
+    /// The run's cgroup.
+    pub cgroup: RunCgroup,
+    /// The bundle directory.
+    pub dir: PathBuf,
+    /// When runsc was started.
+    pub started: Instant,
+}
+
+/// What cleanup found.
+#[derive(Debug, Clone, Copy)]
+pub struct Cleanup {
+    /// The kernel OOM-killed something in the run's cgroup.
+    pub oom_killed: bool,
+    /// Exit code of `runsc run` (128+signal when signalled).
+    pub exit_code: i32,
+}
+
+impl Backend {
+    /// Starts `argv` for `plan` in a fresh sandbox named `id`.
+    ///
+    /// # Errors
+    /// [`SandboxError`] when any step fails; whatever was created is removed again.
+    pub fn spawn(&self, id: &str, plan: &ExecPlan, argv: Vec<String>, env: &[String]) -> Result<Spawned, SandboxError> {
+        let hier = self.cgroups.as_ref().ok_or_else(|| SandboxError::NoCgroups("no usable cgroup hierarchy".into()))?;
+        let dir = self.runs_dir.join(id);
+        let src = match bundle::write_files(&dir, &plan.files) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let limits = HostLimits {
+            memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
+            cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
+            pids: host_pids_for(plan.limits.pids),
+        };
+        let cgroup = match hier.create_run(&self.instance, id, limits) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.into());
+            }
+        };
+        let cfg = bundle::config(plan, &ProcessSpec { args: argv, env }, &src, &format!("/{}/{}", self.instance, id));
+        let res = bundle::write_config(&dir, &cfg).and_then(|()| self.start(id, &dir, cgroup.clone()));
+        match res {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let _ = cgroup.destroy();
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn runsc_cmd(&self) -> Command {
+        let mut c = Command::new(&self.runsc);
+        c.arg("--root").arg(&self.state_root).arg(format!("--platform={}", self.platform)).arg("--network=none");
+        c.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+        c
+    }
+
+    fn start(&self, id: &str, dir: &Path, cgroup: RunCgroup) -> Result<Spawned, SandboxError> {
+        let mut cmd = self.runsc_cmd();
+        cmd.arg("run").arg("--bundle").arg(dir).arg(id);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // SAFETY: the closure only calls async-signal-safe functions (prctl, setpgid).
+        unsafe {
+            cmd.pre_exec(|| {
+                crate::sys::die_with_parent()?;
+                crate::sys::new_process_group()
+            });
+        }
+        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn { runsc: self.runsc.clone(), source })?;
+        let started = Instant::now();
+        let pidfd = match crate::sys::pidfd_open(child.id()) {
+            Ok(fd) => fd,
+            Err(source) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SandboxError::Spawn { runsc: self.runsc.clone(), source });
+            }
+        };
+        let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+        let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(SandboxError::Spawn { runsc: self.runsc.clone(), source: std::io::Error::other("stdio pipes missing") });
+        };
+        Ok(Spawned { id: id.to_string(), child, stdin, stdout, stderr, pidfd, cgroup, dir: dir.to_path_buf(), started })
+    }
+
+    /// Ends the whole sandbox: every process in its cgroup (sentry, gofer, stubs; stopped
+    /// ones too) is SIGKILLed, which ends `runsc run` with it.
+    pub fn kill(&self, cgroup: &RunCgroup) {
+        if !cgroup.kill_all() {
+            crate::error_limited!("op=kill cgroup={:?} err=processes survived SIGKILL", cgroup.dirs().first());
+        }
+    }
+
+    /// Reaps `runsc run`, removes the container state, cgroup and bundle.
+    pub fn cleanup(&self, id: &str, mut child: Child, cgroup: &RunCgroup, dir: &Path) -> Cleanup {
+        // runsc has exited or is about to (its sandbox is dead); bound the wait anyway.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Ok(None) => {
+                    cgroup.kill_all();
+                    let _ = child.kill();
+                    break child.wait().ok();
+                }
+                Err(_) => break None,
+            }
+        };
+        let exit_code = status.map_or(128 + libc::SIGKILL, |s| {
+            use std::os::unix::process::ExitStatusExt;
+            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
+        });
+        let oom_killed = cgroup.oom_kills() > 0;
+        self.delete(id);
+        if let Err(e) = cgroup.destroy() {
+            crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
+        }
+        self.remove_v1_strays(id);
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
+        }
+        Cleanup { oom_killed, exit_code }
+    }
+
+    /// `runsc delete --force`: idempotent, succeeds for a container already gone.
+    fn delete(&self, id: &str) {
+        let out = self.runsc_cmd().arg("delete").arg("--force").arg(id).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => crate::error_limited!("sandbox={id} op=delete err={}", String::from_utf8_lossy(&o.stderr).trim()),
+            Err(e) => crate::error_limited!("sandbox={id} op=delete err={e}"),
+        }
+    }
+
+    /// On v1, runsc also creates the run's cgroup in hierarchies we do not manage
+    /// (blkio, cpuset, devices, freezer, ...); remove those copies too.
+    fn remove_v1_strays(&self, id: &str) {
+        if let Some(Hierarchy::V1 { memory, .. }) = &self.cgroups {
+            let Some(root) = memory.parent() else { return };
+            let Ok(rd) = std::fs::read_dir(root) else { return };
+            for e in rd.flatten() {
+                let d = e.path().join(&self.instance).join(id);
+                if d.is_dir() {
+                    let _ = std::fs::remove_dir(&d);
+                }
+            }
+        }
+    }
+
+    /// Removes what a crashed instance of this daemon left: its containers, cgroups and
+    /// bundles. Only names under this instance are touched. Returns what was removed.
+    pub fn sweep(&self) -> usize {
+        let mut n = 0;
+        // Containers recorded in this instance's own runsc root.
+        if let Ok(o) = self.runsc_cmd().arg("list").arg("--format=json").stdin(Stdio::null()).stderr(Stdio::null()).output() {
+            if let Ok(serde_json::Value::Array(list)) = serde_json::from_slice::<serde_json::Value>(&o.stdout) {
+                for c in list {
+                    if let Some(id) = c.get("id").and_then(|v| v.as_str()).filter(|id| id.starts_with(&self.instance)) {
+                        self.delete(id);
+                        n += 1;
+                    }
+                }
+            }
+        }
+        if let Some(h) = &self.cgroups {
+            n += h.sweep(&self.instance);
+            if let Hierarchy::V1 { memory, .. } = h {
+                if let Some(root) = memory.parent() {
+                    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+                        let slice = e.path().join(&self.instance);
+                        for c in std::fs::read_dir(&slice).into_iter().flatten().flatten() {
+                            if c.path().is_dir() {
+                                let _ = std::fs::remove_dir(c.path());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for e in std::fs::read_dir(&self.runs_dir).into_iter().flatten().flatten() {
+            if std::fs::remove_dir_all(e.path()).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+
+impl Backend {
+    /// The startup self-probe: a real sandbox on `rt`'s root filesystem must start, read a
+    /// file from its working directory and print it back, within 60 s.
+    ///
+    /// # Errors
+    /// A sentence saying what failed.
+    pub fn probe(&self, id: &str, rt: crate::runtimes::Runtime) -> Result<(), String> {
+        use crate::sandbox::limits::Limits;
+        use std::io::Read;
+        let plan = ExecPlan {
+            runtime: rt,
+            files: vec![("probe.txt".into(), b"isobox-probe-ok\n".to_vec())],
+            entry: "probe.txt".into(),
+            stdin: Vec::new(),
+            args: Vec::new(),
+            limits: Limits { memory_bytes: 64 << 20, cpus: 1.0, pids: 16, output_bytes: 1024, wall_time_ms: 20_000 },
+            network_requested: false,
+        };
+        let s = self.spawn(id, &plan, vec!["/bin/cat".into(), "probe.txt".into()], &[]).map_err(|e| e.to_string())?;
+        let Spawned { mut child, stdin, mut stdout, mut stderr, cgroup, dir, .. } = s;
+        drop(stdin);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if Instant::now() >= deadline {
+            self.kill(&cgroup);
+        }
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let _ = stdout.read_to_end(&mut out);
+        let _ = stderr.read_to_end(&mut err);
+        let c = self.cleanup(id, child, &cgroup, &dir);
+        if out == b"isobox-probe-ok\n" && c.exit_code == 0 {
+            Ok(())
+        } else {
+            let err = String::from_utf8_lossy(&err);
+            Err(format!("sandbox exited {} with stdout {:?}; stderr: {}", c.exit_code, String::from_utf8_lossy(&out), err.chars().take(400).collect::<String>()))
+        }
+    }
+}

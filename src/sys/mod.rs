@@ -1,0 +1,134 @@
+//! All raw libc calls live here, behind safe functions returning `io::Result`.
+//!
+//! Nothing outside `sys/` calls `libc` directly in an `unsafe` block.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+/// Calls a libc function and turns `-1` into `io::Error::last_os_error()`.
+#[macro_export]
+macro_rules! syscall {
+    ($fn: ident ( $($arg: expr),* $(,)* ) ) => {{
+        #[allow(unused_unsafe)]
+        // SAFETY: each call site documents why its arguments are valid.
+        let res = unsafe { libc::$fn($($arg, )*) };
+        if res == -1 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(res)
+        }
+    }};
+}
+
+/// Opens a pidfd for `pid` (Linux 5.3+). The fd becomes readable when the process exits.
+///
+/// # Errors
+/// Fails when the process is gone or the kernel lacks `pidfd_open`.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: pidfd_open takes a pid and flags, touches no memory of ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sends `signal` to the process `pid`. A process that is already gone is not an error.
+///
+/// # Errors
+/// Any error other than `ESRCH`.
+pub fn kill(pid: i32, signal: i32) -> io::Result<()> {
+    if pid <= 0 {
+        // kill(0 or negative) would signal process groups, never what we mean.
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    match syscall!(kill(pid, signal)) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Puts an fd into non-blocking mode.
+///
+/// # Errors
+/// When `fcntl` fails.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let raw = fd.as_raw_fd();
+    let flags = syscall!(fcntl(raw, libc::F_GETFL))?;
+    syscall!(fcntl(raw, libc::F_SETFL, flags | libc::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// Lowers the calling thread's CPU priority (used by background refill work).
+///
+/// # Errors
+/// When `setpriority` fails.
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
+    syscall!(setpriority(libc::PRIO_PROCESS, tid, nice))?;
+    Ok(())
+}
+
+/// The number of open fds of this process (for health figures and leak tests).
+pub fn open_fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}
+
+/// Resident set size of this process in bytes, from `/proc/self/statm`.
+pub fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
+/// Total physical memory of the host in bytes.
+pub fn host_memory_bytes() -> u64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .unwrap_or(0)
+}
+
+/// Writes "0" to an already-open `cgroup.procs` fd, moving the calling process into that cgroup.
+///
+/// Async-signal-safe: meant for `pre_exec`, so it allocates nothing and takes no lock.
+///
+/// # Errors
+/// When the write fails.
+pub fn join_cgroup_in_child(procs_fd: i32) -> io::Result<()> {
+    let buf = b"0";
+    // SAFETY: buf is a valid 1-byte buffer for the duration of the call.
+    syscall!(write(procs_fd, buf.as_ptr().cast(), 1))?;
+    Ok(())
+}
+
+/// Sets the calling process to be killed when its parent thread exits.
+///
+/// Async-signal-safe: meant for `pre_exec`.
+///
+/// # Errors
+/// When `prctl` fails.
+pub fn die_with_parent() -> io::Result<()> {
+    syscall!(prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
+    Ok(())
+}
+
+/// Makes the calling process a new process-group leader (async-signal-safe).
+///
+/// # Errors
+/// When `setpgid` fails.
+pub fn new_process_group() -> io::Result<()> {
+    syscall!(setpgid(0, 0))?;
+    Ok(())
+}
