@@ -82,7 +82,7 @@ pub struct RunCgroup {
 
 fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
     let wrap = |source| CgroupError::Write { path: path.into(), value: value.into(), source };
-    let mut f = fs::OpenOptions::new().write(true).open(path).map_err(wrap)?;
+    let mut f = fs::OpenOptions::new().write(true).truncate(true).open(path).map_err(wrap)?;
     f.write_all(value.as_bytes()).map_err(wrap)
 }
 
@@ -196,6 +196,30 @@ impl Hierarchy {
             return Err(e);
         }
         Ok(cg)
+    }
+
+    /// Removes the slice itself (at shutdown, once every run is gone). On v1 this includes
+    /// the copies runsc made in hierarchies we do not manage.
+    pub fn remove_slice(&self, slice: &str) {
+        self.sweep(slice);
+        let mut dirs = self.slice_dirs(slice);
+        if let Hierarchy::V1 { memory, .. } = self {
+            if let Some(root) = memory.parent() {
+                dirs.extend(fs::read_dir(root).into_iter().flatten().flatten().map(|e| e.path().join(slice)));
+            }
+        }
+        for d in dirs {
+            if d.is_dir() {
+                if let Ok(rd) = fs::read_dir(&d) {
+                    for c in rd.flatten() {
+                        if c.path().is_dir() {
+                            let _ = fs::remove_dir(c.path());
+                        }
+                    }
+                }
+                let _ = fs::remove_dir(&d);
+            }
+        }
     }
 
     /// Removes every child cgroup of the slice: what a crashed daemon left behind.

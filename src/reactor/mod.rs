@@ -260,6 +260,13 @@ impl Daemon {
             }
         }
         self.pool.join();
+        if let Some(h) = &self.app.cgroups {
+            h.remove_slice(&self.cfg.instance);
+        }
+        let _ = std::fs::remove_dir(&self.backend.state_root);
+        if let Some(parent) = self.backend.state_root.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
         log::info!("isoboxd stopped");
         Ok(())
     }

@@ -4,9 +4,10 @@
 //! Reactor thread only; everything blocking (spawn, kill, cleanup) is a pool job whose
 //! completion comes back as a [`Completion`].
 
+use super::build::{self, Feed, FrameParser};
 use super::runsc::{Cleanup, Spawned};
 use super::SandboxError;
-use crate::api::execute::{self, ExecPlan, RunResult};
+use crate::api::execute::{self, CompileResult, ExecPlan, RunResult};
 use crate::api::ProbeState;
 use crate::cgroup::RunCgroup;
 use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
@@ -78,8 +79,18 @@ pub struct Capture {
     pending_utf8: Vec<u8>,
 }
 
+/// The compile stage of a compiled runtime, while and after it runs.
+struct CompileState {
+    parser: FrameParser,
+    done: bool,
+    result: Option<CompileResult>,
+}
+
 /// A run's reactor-side state.
 pub struct Run {
+    compile: Option<CompileState>,
+    /// When the program itself started (after a build, when the frame arrived).
+    program_started: Option<Instant>,
     serial: u64,
     id: String,
     conn: Option<(usize, u64)>,
@@ -156,7 +167,10 @@ impl Daemon {
         let serial = self.run_serial;
         let id = format!("{}-{:x}-{serial}", self.cfg.instance, std::process::id());
         let cap = usize::try_from(plan.limits.output_bytes).unwrap_or(usize::MAX);
+        let compiled = plan.runtime.desc.compiled;
         let run = Run {
+            compile: compiled.then(|| CompileState { parser: FrameParser::default(), done: false, result: None }),
+            program_started: None,
             serial,
             id: id.clone(),
             conn: Some(conn_ref),
@@ -184,6 +198,10 @@ impl Daemon {
         let desc = &plan_for_job.runtime.desc;
         let mut argv = super::bundle::substitute(&desc.run, &desc.source_file, &plan_for_job.entry);
         argv.extend(plan_for_job.args.iter().cloned());
+        if desc.compiled {
+            let build_argv = super::bundle::substitute(&desc.build, &desc.source_file, &plan_for_job.entry);
+            argv = build::wrap(build_argv, argv, self.cfg.compile_timeout_ms, plan_for_job.limits.output_bytes);
+        }
         let env = desc.env.clone();
         let job = Box::new(move || {
             let result = backend.spawn(&id, &plan_for_job, argv, &env).map(Box::new);
@@ -273,7 +291,13 @@ impl Daemon {
         run.dir = Some(s.dir);
         run.started = Some(s.started);
         run.state = State::Running;
-        let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
+        let wall = if run.compile.is_some() {
+            // Until the build frame arrives, the deadline is the compile limit's.
+            Duration::from_millis(self.cfg.compile_timeout_ms) + Duration::from_secs(2)
+        } else {
+            run.program_started = Some(s.started);
+            Duration::from_millis(run.plan.limits.wall_time_ms)
+        };
         run.timer_gen += 1;
         let gen = run.timer_gen;
         self.timers.insert(s.started + BOOT_GRACE + wall, TimerKey::Run(rk, gen));
@@ -329,6 +353,31 @@ impl Daemon {
 
     fn run_output(&mut self, rk: usize, idx: usize, data: &[u8]) {
         let Some(run) = self.runs.get_mut(rk) else { return };
+        if idx == 1 {
+            if let Some(cs) = run.compile.as_mut().filter(|c| !c.done) {
+                match cs.parser.feed(data, self.cfg.compile_timeout_ms) {
+                    Feed::More => return,
+                    Feed::Done(result, rest) => {
+                        cs.done = true;
+                        cs.result = Some(result);
+                        // The program starts now: its own wall time counts from here.
+                        run.program_started = Some(Instant::now());
+                        run.timer_gen += 1;
+                        let gen = run.timer_gen;
+                        self.timers.insert(Instant::now() + Duration::from_millis(run.plan.limits.wall_time_ms), TimerKey::Run(rk, gen));
+                        if !rest.is_empty() {
+                            self.run_output(rk, idx, &rest);
+                        }
+                        return;
+                    }
+                    Feed::Invalid(bytes) => {
+                        cs.done = true;
+                        self.run_output(rk, idx, &bytes);
+                        return;
+                    }
+                }
+            }
+        }
         let cap = &mut run.out[idx];
         let room = cap.cap.saturating_sub(cap.kept.len());
         let keep = room.min(data.len());
@@ -557,16 +606,43 @@ impl Daemon {
             c.runs_cancelled += 1;
         }
         let exit_code = if run.timed_out || oom { 128 + libc::SIGKILL } else { cleanup.exit_code };
-        let duration = match (run.started, run.exited_at) {
+        let mut stderr = String::from_utf8_lossy(&run.out[1].kept).into_owned();
+        let mut run = run;
+        let compile = run.compile.take().map(|mut cs| match cs.result.take() {
+            Some(r) => r,
+            // The build never reported: killed by the compile deadline, OOM or a crash.
+            None => CompileResult {
+                stdout: String::new(),
+                stderr: String::from_utf8_lossy(&cs.parser.take_partial()).into_owned(),
+                exit_code,
+                timed_out: run.timed_out,
+                oom_killed: oom,
+                duration_ms: run.started.map_or(0, |s| u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            },
+        });
+        let build_failed = compile.as_ref().is_some_and(|c| c.exit_code != 0);
+        if build_failed {
+            // The program never ran: report the build's outcome in `run` too.
+            if let Some(c) = &compile {
+                stderr = c.stderr.clone();
+            }
+        }
+        let (timed_out, oom) = if build_failed { (false, false) } else { (run.timed_out, oom) };
+        let exit_code = match &compile {
+            Some(c) if c.exit_code != 0 => c.exit_code,
+            _ => exit_code,
+        };
+        let duration = match (run.program_started, run.exited_at) {
             (Some(s), Some(e)) => e.duration_since(s),
             (Some(s), None) => s.elapsed(),
+            (None, _) if build_failed => Duration::ZERO,
             _ => Duration::ZERO,
         };
         let result = RunResult {
             stdout: String::from_utf8_lossy(&run.out[0].kept).into_owned(),
-            stderr: String::from_utf8_lossy(&run.out[1].kept).into_owned(),
+            stderr,
             exit_code,
-            timed_out: run.timed_out,
+            timed_out,
             oom_killed: oom,
             truncated: run.out.iter().any(|c| c.truncated),
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
@@ -583,7 +659,7 @@ impl Daemon {
             result.duration_ms,
             run.cancelled
         );
-        let body = execute::response(&run.plan, result, None);
+        let body = execute::response(&run.plan, result, compile);
         let Some((ck, cserial)) = run.conn else { return };
         if !self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
             return;

@@ -5,6 +5,7 @@
 //! everything. Reactor side (`events`): the run's state while its pipes and pidfd are
 //! on the event loop. `limits` holds the spec's bounds.
 
+pub mod build;
 pub mod bundle;
 pub mod events;
 pub mod limits;

@@ -11,7 +11,6 @@ use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
 use crate::api::execute::ExecPlan;
 use crate::cgroup::{Hierarchy, HostLimits, RunCgroup, CPU_PERIOD_US};
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -114,13 +113,7 @@ impl Backend {
         let mut cmd = self.runsc_cmd();
         cmd.arg("run").arg("--bundle").arg(dir).arg(id);
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        // SAFETY: the closure only calls async-signal-safe functions (prctl, setpgid).
-        unsafe {
-            cmd.pre_exec(|| {
-                crate::sys::die_with_parent()?;
-                crate::sys::new_process_group()
-            });
-        }
+        crate::sys::die_with_parent_on_spawn(&mut cmd);
         let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn { runsc: self.runsc.clone(), source })?;
         let started = Instant::now();
         let pidfd = match crate::sys::pidfd_open(child.id()) {

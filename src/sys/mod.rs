@@ -132,3 +132,16 @@ pub fn new_process_group() -> io::Result<()> {
     syscall!(setpgid(0, 0))?;
     Ok(())
 }
+
+/// Makes a command's child die with the spawning thread and lead its own process group.
+pub fn die_with_parent_on_spawn(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure only calls async-signal-safe functions (prctl, setpgid); it
+    // allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            die_with_parent()?;
+            new_process_group()
+        });
+    }
+}

@@ -1,0 +1,59 @@
+# isobox — see README.md. Every target works on a fresh Debian 12 machine as root.
+SHELL := /bin/bash
+CARGO ?= cargo
+ROOTFS_DIR ?= /var/lib/isobox/rootfs
+# Root filesystems `make runtimes` builds (runtimes/rootfs/NAME.packages).
+RUNTIMES ?= python-slim python node ruby go rust
+ISOBOX_BUILD_VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+export ISOBOX_BUILD_VERSION
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv
+
+.PHONY: run test build deps runtimes fmt lint check-unsafe fuzz bench openapi-venv clean
+
+## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
+run: deps runtimes build
+	./target/release/isoboxd
+
+## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
+test: deps runtimes openapi-venv
+	$(CARGO) build --release --bins
+	$(CARGO) test --release -- --test-threads=2
+
+build:
+	$(CARGO) build --release
+
+## deps: Debian packages the daemon and its tests need (installed only when missing)
+deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
+
+## runtimes: build (or refresh) the runtimes' root filesystems from Debian packages
+runtimes:
+	@for r in $(RUNTIMES); do runtimes/rootfs/build.sh $$r $(ROOTFS_DIR)/$$r || exit 1; done
+
+openapi-venv:
+	@test -x /tmp/isobox-openapi-venv/bin/python || python3 -m venv /tmp/isobox-openapi-venv
+	@/tmp/isobox-openapi-venv/bin/pip install -q -r tests/openapi/requirements.txt
+
+fmt:
+	$(CARGO) fmt --all
+
+lint:
+	$(CARGO) clippy --all-targets -- -D warnings
+
+## check-unsafe: raw `unsafe` is allowed only in src/sys/ (and src/store/env.rs)
+check-unsafe:
+	@bad=$$(grep -rn 'unsafe' src --include=*.rs | grep -v '^src/sys/' | grep -v '^src/store/env.rs' | grep -vE '^\S+:\s*(//|#!\[deny\(unsafe_op_in_unsafe_fn)' | grep -E 'unsafe *(\{|fn|impl)' || true); \
+	if [ -n "$$bad" ]; then echo "unsafe outside src/sys/:"; echo "$$bad"; exit 1; fi; echo "check-unsafe: ok"
+
+bench:
+	bash bench/run.sh
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,318 @@
+//! Test harness: starts the real `isoboxd` (real runsc, real cgroups) on an ephemeral
+//! loopback port with its own data dir and instance name, talks raw HTTP to it, and
+//! checks on shutdown that nothing it created is left behind.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A running daemon.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub addr: SocketAddr,
+    pub instance: String,
+    pub data_dir: PathBuf,
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    pub fn start() -> Daemon {
+        Self::start_with(&[])
+    }
+
+    /// Starts with extra environment variables.
+    pub fn start_with(env: &[(&str, &str)]) -> Daemon {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let instance = format!("isobox-t{}-{n}", std::process::id());
+        let data_dir = std::env::temp_dir().join(&instance);
+        let _ = std::fs::remove_dir_all(&data_dir);
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_isoboxd"));
+        cmd.env("ISOBOX_LISTEN", "127.0.0.1:0")
+            .env("ISOBOX_DATA_DIR", &data_dir)
+            .env("ISOBOX_INSTANCE", &instance)
+            .env("ISOBOX_LOG", "info")
+            .env("ISOBOX_SLICE_MEMORY_BYTES", (4u64 << 30).to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn isoboxd");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("listening on http://").nth(1) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(rest.trim().to_string());
+                    }
+                }
+                let mut l = log2.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr: SocketAddr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a.parse().unwrap(),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("isoboxd did not start; log:\n{}", log.lock().unwrap());
+            }
+        };
+        let d = Daemon { child: Some(child), addr, instance, data_dir, log };
+        d
+    }
+
+    /// Waits until /readyz says ready (the backend probe ran).
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let r = self.get("/readyz");
+            if r.status == 200 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "never ready: {}\nlog:\n{}", r.text(), self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s.set_nodelay(true).unwrap();
+        s
+    }
+
+    pub fn get(&self, path: &str) -> Resp {
+        self.request("GET", path, &[], b"")
+    }
+
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        let mut s = self.connect();
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        read_response(&mut BufReader::new(s), method == "HEAD").expect("response")
+    }
+
+    pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Resp {
+        self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+    }
+
+    /// POST /execute and return the parsed 200 body (panics on another status).
+    pub fn execute(&self, body: serde_json::Value) -> serde_json::Value {
+        let r = self.post_json("/execute", &body);
+        assert_eq!(r.status, 200, "execute {body}: {}", r.text());
+        r.json()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// What the daemon created that exists now: cgroups under its slice, bundles, runsc
+    /// containers.
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for c in ["memory", "cpu", "pids", "freezer", "blkio", "cpuset", "devices", "cpuacct", "systemd", "unified"] {
+            let d = PathBuf::from("/sys/fs/cgroup").join(c).join(&self.instance);
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.path().is_dir() {
+                        out.push(e.path().display().to_string());
+                    }
+                }
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(self.data_dir.join("runs")) {
+            out.extend(rd.flatten().map(|e| e.path().display().to_string()));
+        }
+        let root = format!("/run/isobox/{}/runsc", self.instance);
+        if let Ok(o) = Command::new("runsc").args(["--root", &root, "list", "-quiet"]).output() {
+            out.extend(String::from_utf8_lossy(&o.stdout).lines().filter(|l| !l.trim().is_empty()).map(|l| format!("container {l}")));
+        }
+        out
+    }
+
+    /// Waits (bounded) for every run to be cleaned up, then asserts nothing is left.
+    pub fn assert_clean(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let h = self.get("/healthz").json();
+            let left = self.leftovers();
+            if h["inFlight"] == 0 && left.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "left behind: {left:?} health {h}\nlog:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, wait for exit, and check the slice and state dirs are gone too.
+    pub fn stop(mut self) {
+        self.stop_inner();
+        for c in ["memory", "cpu", "pids"] {
+            let d = PathBuf::from("/sys/fs/cgroup").join(c).join(&self.instance);
+            assert!(!d.exists(), "slice {} left after shutdown", d.display());
+        }
+        assert!(!PathBuf::from("/run/isobox").join(&self.instance).exists(), "runsc root left after shutdown");
+    }
+
+    fn stop_inner(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY-free: plain kill(2) through the libc crate is not available in tests;
+            // use the kill command instead.
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    assert!(status.success(), "isoboxd exited with {status}; log:\n{}", self.log());
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("isoboxd did not stop on SIGTERM; log:\n{}", self.log());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+/// A parsed response.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+}
+
+/// Reads one response (Content-Length, chunked, or until close).
+pub fn read_response<R: BufRead>(r: &mut R, head_only: bool) -> Option<Resp> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        let status: u16 = line.split_whitespace().nth(1)?.parse().ok()?;
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).ok()?;
+            let h = h.trim_end_matches(['\r', '\n']);
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':')?;
+            headers.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        if status == 100 {
+            continue;
+        }
+        let mut resp = Resp { status, headers, body: Vec::new() };
+        if head_only || status == 204 || status == 304 {
+            return Some(resp);
+        }
+        if resp.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+            loop {
+                let mut size = String::new();
+                r.read_line(&mut size).ok()?;
+                let n = usize::from_str_radix(size.trim(), 16).ok()?;
+                let mut chunk = vec![0; n + 2];
+                r.read_exact(&mut chunk).ok()?;
+                if n == 0 {
+                    break;
+                }
+                resp.body.extend_from_slice(&chunk[..n]);
+            }
+        } else if let Some(n) = resp.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+            resp.body = vec![0; n];
+            r.read_exact(&mut resp.body).ok()?;
+        } else {
+            r.read_to_end(&mut resp.body).ok()?;
+        }
+        return Some(resp);
+    }
+}
+
+/// Sends raw bytes on a fresh connection and reads every response until close.
+pub fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<Resp> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(bytes).unwrap();
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let mut r = BufReader::new(s);
+    let mut out = Vec::new();
+    while let Some(resp) = read_response(&mut r, false) {
+        out.push(resp);
+    }
+    out
+}
+
+/// Whether the peer closed the connection (read returns 0) within `wait`.
+pub fn closed_within(s: &mut TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
