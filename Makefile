@@ -18,6 +18,7 @@ run: deps runtimes build
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
 test: deps runtimes openapi-venv
+	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(CARGO) test --release -- --test-threads=2
 
