@@ -10,14 +10,14 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv
 
-.PHONY: run test build deps runtimes fmt lint check-unsafe fuzz bench openapi-venv clean
+.PHONY: run test build deps runtimes fmt lint check-unsafe fuzz bench test-venv clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
 run: deps runtimes build
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
-test: deps runtimes openapi-venv
+test: deps runtimes test-venv
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(CARGO) test --release -- --test-threads=2
@@ -38,9 +38,10 @@ deps:
 runtimes:
 	@for r in $(RUNTIMES); do runtimes/rootfs/build.sh $$r $(ROOTFS_DIR)/$$r || exit 1; done
 
-openapi-venv:
-	@test -x /tmp/isobox-openapi-venv/bin/python || python3 -m venv /tmp/isobox-openapi-venv
-	@/tmp/isobox-openapi-venv/bin/pip install -q -r tests/openapi/requirements.txt
+## test-venv: Python clients the integration tests use (SSE client, OpenAPI validator)
+test-venv:
+	@test -x /tmp/isobox-test-venv/bin/python || python3 -m venv /tmp/isobox-test-venv
+	@/tmp/isobox-test-venv/bin/pip install -q -r tests/python/requirements.txt -r tests/openapi/requirements.txt
 
 fmt:
 	$(CARGO) fmt --all

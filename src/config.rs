@@ -53,6 +53,7 @@ pub const SETTINGS: &[Setting] = &[
     Setting { flag: "--max-concurrent", env: "ISOBOX_MAX_CONCURRENT", default: "4", help: "executions at once; the next gets 429 capacity" },
     Setting { flag: "--slice-memory-bytes", env: "ISOBOX_SLICE_MEMORY_BYTES", default: "(half of host memory)", help: "memory cap of the protective cgroup slice holding every sandbox" },
     Setting { flag: "--compile-timeout-ms", env: "ISOBOX_COMPILE_TIMEOUT_MS", default: "30000", help: "time limit of the build step of compiled runtimes (go, rust, typescript)" },
+    Setting { flag: "--sse-keepalive-ms", env: "ISOBOX_SSE_KEEPALIVE_MS", default: "10000", help: "interval of `: keep-alive` comments on silent SSE streams" },
     Setting { flag: "--shutdown-grace-ms", env: "ISOBOX_SHUTDOWN_GRACE_MS", default: "10000", help: "on SIGTERM, running executions get this long before they are killed" },
 ];
 
@@ -91,6 +92,8 @@ pub struct Config {
     pub shutdown_grace_ms: u64,
     /// Build-step time limit.
     pub compile_timeout_ms: u64,
+    /// SSE keep-alive comment interval.
+    pub sse_keepalive_ms: u64,
 }
 
 impl Config {
@@ -138,6 +141,7 @@ impl Config {
             head_timeout_ms: parse_or("ISOBOX_HEAD_TIMEOUT_MS", get("ISOBOX_HEAD_TIMEOUT_MS"), 10_000)?,
             max_concurrent: parse_or("ISOBOX_MAX_CONCURRENT", get("ISOBOX_MAX_CONCURRENT"), 4)?,
             slice_memory_bytes: parse_or("ISOBOX_SLICE_MEMORY_BYTES", get("ISOBOX_SLICE_MEMORY_BYTES"), crate::sys::host_memory_bytes() / 2)?,
+            sse_keepalive_ms: parse_or("ISOBOX_SSE_KEEPALIVE_MS", get("ISOBOX_SSE_KEEPALIVE_MS"), 10_000)?,
             compile_timeout_ms: parse_or("ISOBOX_COMPILE_TIMEOUT_MS", get("ISOBOX_COMPILE_TIMEOUT_MS"), 30_000)?,
             shutdown_grace_ms: parse_or("ISOBOX_SHUTDOWN_GRACE_MS", get("ISOBOX_SHUTDOWN_GRACE_MS"), 10_000)?,
         };
@@ -173,6 +177,9 @@ impl Config {
         }
         if !(1000..=600_000).contains(&self.compile_timeout_ms) {
             return Err(invalid("ISOBOX_COMPILE_TIMEOUT_MS", &self.compile_timeout_ms.to_string(), "between 1000 and 600000"));
+        }
+        if !(100..=600_000).contains(&self.sse_keepalive_ms) {
+            return Err(invalid("ISOBOX_SSE_KEEPALIVE_MS", &self.sse_keepalive_ms.to_string(), "between 100 and 600000"));
         }
         if self.slice_memory_bytes < 64 << 20 {
             return Err(invalid("ISOBOX_SLICE_MEMORY_BYTES", &self.slice_memory_bytes.to_string(), "at least 64 MiB"));

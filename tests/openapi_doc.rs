@@ -1,5 +1,5 @@
 //! The served OpenAPI document is valid OpenAPI 3.1 (checked by openapi-spec-validator,
-//! installed by `make test` into /tmp/isobox-openapi-venv) and lists every route the
+//! installed by `make test` into /tmp/isobox-test-venv) and lists every route the
 //! router knows, with its methods, and no route that does not exist.
 
 mod common;
@@ -11,13 +11,13 @@ fn test_openapi_valid_and_complete() {
     let paths = std::env::temp_dir().join(format!("isobox-paths-{}", std::process::id()));
     let text: String = isobox::router::PATHS.iter().map(|(p, m)| format!("{p}\t{m}\n")).collect();
     std::fs::write(&paths, text).unwrap();
-    let venv = std::env::var("ISOBOX_OPENAPI_PYTHON").unwrap_or_else(|_| "/tmp/isobox-openapi-venv/bin/python".into());
+    let venv = std::env::var("ISOBOX_TEST_PYTHON").unwrap_or_else(|_| "/tmp/isobox-test-venv/bin/python".into());
     let out = std::process::Command::new(&venv)
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openapi/check.py"))
         .arg(format!("http://{}", d.addr))
         .arg(&paths)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {venv} (run `make openapi-venv`): {e}"));
+        .unwrap_or_else(|e| panic!("cannot run {venv} (run `make test-venv`): {e}"));
     let _ = std::fs::remove_file(&paths);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "openapi check failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));

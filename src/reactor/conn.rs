@@ -127,9 +127,9 @@ impl Daemon {
     }
 
     pub(crate) fn arm_conn(&mut self, ck: usize, after: Duration) {
+        let gen = self.next_timer_gen();
         if let Some(c) = self.conns.get_mut(ck) {
-            c.timer_gen += 1;
-            let gen = c.timer_gen;
+            c.timer_gen = gen;
             self.timers.insert(Instant::now() + after, TimerKey::Conn(ck, gen));
         }
     }

@@ -78,6 +78,9 @@ pub struct Daemon {
     pub(crate) backend: Arc<Backend>,
     pub(crate) conn_serial: u64,
     pub(crate) run_serial: u64,
+    /// Source of timer generations: one counter for every owner, so a timer armed for
+    /// a connection or run whose slab key was later reused can never match the new one.
+    pub(crate) timer_seq: u64,
     signal_rx: mio::net::UnixStream,
     shutdown_deadline: Option<Instant>,
 }
@@ -191,6 +194,7 @@ impl Daemon {
             backend,
             conn_serial: 0,
             run_serial: 0,
+            timer_seq: 0,
             signal_rx,
             shutdown_deadline: None,
         })
@@ -203,6 +207,12 @@ impl Daemon {
 
     pub(crate) fn token_for(&mut self, s: Source) -> Token {
         Token(self.sources.insert(s) + FIRST_SOURCE)
+    }
+
+    /// A fresh, never reused timer generation.
+    pub(crate) fn next_timer_gen(&mut self) -> u64 {
+        self.timer_seq += 1;
+        self.timer_seq
     }
 
     pub(crate) fn release_token(&mut self, t: Token) {

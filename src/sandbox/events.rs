@@ -30,8 +30,6 @@ pub const BOOT_GRACE: Duration = Duration::from_millis(1000);
 pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// A stream that keeps writing this much past its cap gets its sandbox killed.
 pub const MAX_DRAIN_PAST_CAP_BYTES: u64 = 16 << 20;
-/// SSE comment interval during silent runs.
-pub const SSE_KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// A finished pool job.
 pub enum Completion {
@@ -111,6 +109,8 @@ pub struct Run {
     killing: bool,
     paused: bool,
     timer_gen: u64,
+    /// Last time an SSE event went to the client (keep-alives fill only silences).
+    last_event: Instant,
 }
 
 /// Takes the longest UTF-8-safe prefix of `buf` as text: invalid bytes become U+FFFD,
@@ -191,6 +191,7 @@ impl Daemon {
             killing: false,
             paused: false,
             timer_gen: 0,
+            last_event: Instant::now(),
         };
         let plan_for_job = run.plan.clone();
         let rk = self.runs.insert(run);
@@ -298,9 +299,7 @@ impl Daemon {
             run.program_started = Some(s.started);
             Duration::from_millis(run.plan.limits.wall_time_ms)
         };
-        run.timer_gen += 1;
-        let gen = run.timer_gen;
-        self.timers.insert(s.started + BOOT_GRACE + wall, TimerKey::Run(rk, gen));
+        self.arm_run(rk, s.started + BOOT_GRACE + wall);
         if !reg_ok {
             crate::error_limited!("run={rk} op=register err=could not watch sandbox fds");
             self.run_kill(rk);
@@ -362,9 +361,8 @@ impl Daemon {
                         cs.result = Some(result);
                         // The program starts now: its own wall time counts from here.
                         run.program_started = Some(Instant::now());
-                        run.timer_gen += 1;
-                        let gen = run.timer_gen;
-                        self.timers.insert(Instant::now() + Duration::from_millis(run.plan.limits.wall_time_ms), TimerKey::Run(rk, gen));
+                        let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
+                        self.arm_run(rk, Instant::now() + wall);
                         if !rest.is_empty() {
                             self.run_output(rk, idx, &rest);
                         }
@@ -400,7 +398,8 @@ impl Daemon {
     }
 
     fn run_send_chunk(&mut self, rk: usize, idx: usize, text: &str) {
-        let Some(run) = self.runs.get(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else { return };
+        run.last_event = Instant::now();
         let event = if idx == 0 { "stdout" } else { "stderr" };
         let data = serde_json::json!({ "chunk": text }).to_string();
         let mut frame = Vec::new();
@@ -467,13 +466,11 @@ impl Daemon {
             return;
         }
         run.exited_at = Some(Instant::now());
-        run.timer_gen += 1;
-        let gen = run.timer_gen;
         if let Some((fd, t)) = run.pid.take() {
             let _ = self.poll.registry().deregister(&mut SourceFd(&fd.as_raw_fd()));
             self.release_token(t);
         }
-        self.timers.insert(Instant::now() + DRAIN_GRACE, TimerKey::Run(rk, gen));
+        self.arm_run(rk, Instant::now() + DRAIN_GRACE);
         // Output may still sit in the pipes: read it before deciding.
         self.run_pipe_event(rk, false);
         self.run_pipe_event(rk, true);
@@ -483,6 +480,15 @@ impl Daemon {
         let Some(run) = self.runs.get(rk) else { return };
         if run.state == State::Running && run.exited_at.is_some() && run.out.iter().all(|c| c.eof) {
             self.run_cleanup(rk);
+        }
+    }
+
+    /// Replaces the run's deadline (wall time, or the drain grace after exit).
+    fn arm_run(&mut self, rk: usize, at: Instant) {
+        let gen = self.next_timer_gen();
+        if let Some(run) = self.runs.get_mut(rk) {
+            run.timer_gen = gen;
+            self.timers.insert(at, TimerKey::Run(rk, gen));
         }
     }
 
@@ -712,15 +718,22 @@ impl Daemon {
     }
 
     fn arm_keepalive(&mut self, rk: usize) {
-        self.timers.insert(Instant::now() + SSE_KEEPALIVE, TimerKey::Keepalive(rk, self.runs.get(rk).map_or(0, |r| r.serial)));
+        let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
+        let Some(run) = self.runs.get(rk) else { return };
+        self.timers.insert(run.last_event + every, TimerKey::Keepalive(rk, run.serial));
     }
 
+    /// Sends a comment when the stream has been silent for a whole interval.
     pub(crate) fn run_keepalive(&mut self, rk: usize, serial: u64) {
-        let Some(run) = self.runs.get(rk).filter(|r| r.serial == serial) else { return };
+        let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
+        let Some(run) = self.runs.get_mut(rk).filter(|r| r.serial == serial) else { return };
         let Some((ck, _)) = run.conn else { return };
-        let mut frame = Vec::new();
-        sse::write_comment(&mut frame, "keep-alive");
-        self.conn_send_chunked(ck, &frame);
+        if run.last_event.elapsed() + Duration::from_millis(5) >= every {
+            run.last_event = Instant::now();
+            let mut frame = Vec::new();
+            sse::write_comment(&mut frame, "keep-alive");
+            self.conn_send_chunked(ck, &frame);
+        }
         self.arm_keepalive(rk);
     }
 

@@ -20,7 +20,7 @@ pub const WALL_TIME_MS: (u64, u64) = (100, 20_000);
 
 /// Limits as a request may give them: any JSON number, each optional.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RequestedLimits {
     /// Memory for the program.
     pub memory_bytes: Option<f64>,
