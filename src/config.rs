@@ -54,12 +54,42 @@ pub const SETTINGS: &[Setting] = &[
     Setting { flag: "--slice-memory-bytes", env: "ISOBOX_SLICE_MEMORY_BYTES", default: "(half of host memory)", help: "memory cap of the protective cgroup slice holding every sandbox" },
     Setting { flag: "--compile-timeout-ms", env: "ISOBOX_COMPILE_TIMEOUT_MS", default: "30000", help: "time limit of the build step of compiled runtimes (go, rust, typescript)" },
     Setting { flag: "--sse-keepalive-ms", env: "ISOBOX_SSE_KEEPALIVE_MS", default: "10000", help: "interval of `: keep-alive` comments on silent SSE streams" },
+    Setting { flag: "--api-keys", env: "ISOBOX_API_KEYS", default: "(none: open API)", help: "comma-separated API keys; with keys, requests need X-API-Key or Authorization: Bearer" },
+    Setting { flag: "--api-keys-file", env: "ISOBOX_API_KEYS_FILE", default: "(none)", help: "file with one API key per line, re-read on SIGHUP" },
+    Setting { flag: "--require-auth", env: "ISOBOX_REQUIRE_AUTH", default: "0", help: "1: refuse to start without API keys" },
+    Setting { flag: "--rate-per-min", env: "ISOBOX_RATE_PER_MIN", default: "30", help: "per-client /execute requests per minute (token bucket refill)" },
+    Setting { flag: "--rate-burst", env: "ISOBOX_RATE_BURST", default: "10", help: "per-client token bucket size" },
+    Setting { flag: "--trusted-proxies", env: "ISOBOX_TRUSTED_PROXIES", default: "(none)", help: "comma-separated CIDRs whose X-Forwarded-For is believed" },
     Setting { flag: "--shutdown-grace-ms", env: "ISOBOX_SHUTDOWN_GRACE_MS", default: "10000", help: "on SIGTERM, running executions get this long before they are killed" },
 ];
+
+/// A secret string whose `Debug` never shows it.
+#[derive(Clone, Default)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret.
+    pub fn new(s: String) -> Secret {
+        Secret(s)
+    }
+
+    /// The secret itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
 
 /// The daemon's configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Admission settings (keys, rate limits, proxies).
+    pub admission: crate::admission::AdmissionConfig,
     /// Listen address.
     pub listen: SocketAddr,
     /// State directory.
@@ -126,7 +156,33 @@ impl Config {
             values[idx].clone().filter(|v| !v.is_empty())
         };
         let data_dir = PathBuf::from(get("ISOBOX_DATA_DIR").unwrap_or_else(|| "/var/lib/isobox".into()));
+        let trusted = match get("ISOBOX_TRUSTED_PROXIES") {
+            None => Vec::new(),
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(crate::admission::Cidr::parse)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| invalid("ISOBOX_TRUSTED_PROXIES", &list, &e.to_string()))?,
+        };
+        let flag = |name: &str| -> Result<bool, ConfigError> {
+            match get(name).as_deref() {
+                None | Some("0") | Some("false") => Ok(false),
+                Some("1") | Some("true") => Ok(true),
+                Some(v) => Err(invalid(name, v, "0 or 1")),
+            }
+        };
+        let admission = crate::admission::AdmissionConfig {
+            api_keys: get("ISOBOX_API_KEYS").map(Secret::new),
+            api_keys_file: get("ISOBOX_API_KEYS_FILE").map(PathBuf::from),
+            require_auth: flag("ISOBOX_REQUIRE_AUTH")?,
+            rate_per_min: parse_or("ISOBOX_RATE_PER_MIN", get("ISOBOX_RATE_PER_MIN"), 30)?,
+            rate_burst: parse_or("ISOBOX_RATE_BURST", get("ISOBOX_RATE_BURST"), 10)?,
+            trusted_proxies: trusted,
+        };
         let cfg = Config {
+            admission,
             listen: parse_or("ISOBOX_LISTEN", get("ISOBOX_LISTEN"), "127.0.0.1:8090".parse().expect("constant address parses"))?,
             rootfs_dir: get("ISOBOX_ROOTFS_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/isobox/rootfs")),
             data_dir,
@@ -165,6 +221,9 @@ impl Config {
         }
         if !(1..=64).contains(&self.workers) {
             return Err(invalid("ISOBOX_WORKERS", &self.workers.to_string(), "between 1 and 64"));
+        }
+        if self.admission.rate_burst == 0 || self.admission.rate_burst > 100_000 || self.admission.rate_per_min > 1_000_000 {
+            return Err(invalid("ISOBOX_RATE_BURST/ISOBOX_RATE_PER_MIN", "", "burst between 1 and 100000, rate at most 1000000"));
         }
         if !(1..=1_000_000).contains(&self.max_connections) {
             return Err(invalid("ISOBOX_MAX_CONNECTIONS", &self.max_connections.to_string(), "between 1 and 1000000"));

@@ -5,6 +5,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod admission;
 pub mod api;
 pub mod cgroup;
 pub mod config;

@@ -18,4 +18,6 @@ pub struct Request {
     pub head: Head,
     /// The body, decoded from its framing.
     pub body: Vec<u8>,
+    /// The tenant admission derived for it (server-side, from the key).
+    pub tenant: String,
 }

@@ -35,6 +35,8 @@ pub enum Phase {
         head: Head,
         /// Its route.
         route: Route,
+        /// Tenant from admission.
+        tenant: String,
         /// Framing state.
         state: BodyState,
         /// Decoded so far.
@@ -266,10 +268,23 @@ impl Daemon {
                 return;
             }
         };
+        let peer = c.peer.ip();
+        let tenant = match self.admission.check(route, &head, peer, Instant::now()) {
+            crate::admission::Verdict::Allow { tenant } => tenant,
+            crate::admission::Verdict::Deny(resp) => {
+                if head.framing == Framing::None {
+                    self.respond(ck, resp);
+                } else {
+                    self.respond_and_close(ck, resp);
+                }
+                return;
+            }
+        };
+        let Some(c) = self.conns.get_mut(ck) else { return };
         let cap = route.body_cap();
         let state = match head.framing {
             Framing::None => {
-                self.dispatch(ck, route, Request { head, body: Vec::new() });
+                self.dispatch(ck, route, Request { head, body: Vec::new(), tenant });
                 return;
             }
             Framing::Length(n) if n > cap as u64 => {
@@ -283,7 +298,7 @@ impl Daemon {
         if head.expect_continue {
             c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
         }
-        c.phase = Phase::Body { head, route, state, body: Vec::new() };
+        c.phase = Phase::Body { head, route, tenant, state, body: Vec::new() };
         let t = Duration::from_millis(self.cfg.head_timeout_ms);
         self.arm_conn(ck, t);
     }
@@ -326,8 +341,8 @@ impl Daemon {
             self.arm_conn(ck, t);
             return false;
         }
-        let Phase::Body { head, route, body, .. } = std::mem::replace(&mut c.phase, Phase::Head) else { return false };
-        self.dispatch(ck, route, Request { head, body });
+        let Phase::Body { head, route, body, tenant, .. } = std::mem::replace(&mut c.phase, Phase::Head) else { return false };
+        self.dispatch(ck, route, Request { head, body, tenant });
         true
     }
 

@@ -28,9 +28,11 @@ use std::time::{Duration, Instant};
 pub const LISTENER: Token = Token(0);
 /// The pool's completion waker.
 pub const WAKER: Token = Token(1);
-/// The signal pipe.
+/// The signal pipe (SIGTERM, SIGINT).
 pub const SIGNALS: Token = Token(2);
-const FIRST_SOURCE: usize = 3;
+/// The reload pipe (SIGHUP).
+pub const RELOAD: Token = Token(3);
+const FIRST_SOURCE: usize = 4;
 
 /// What a registered fd belongs to.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +84,8 @@ pub struct Daemon {
     /// a connection or run whose slab key was later reused can never match the new one.
     pub(crate) timer_seq: u64,
     signal_rx: mio::net::UnixStream,
+    reload_rx: mio::net::UnixStream,
+    pub(crate) admission: crate::admission::Admission,
     shutdown_deadline: Option<Instant>,
 }
 
@@ -99,6 +103,9 @@ pub enum DaemonError {
     /// Runtime descriptors are broken.
     #[error(transparent)]
     Runtimes(#[from] crate::runtimes::RuntimeError),
+    /// Keys or proxies are misconfigured.
+    #[error(transparent)]
+    Admission(#[from] crate::admission::AdmissionError),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DaemonError {
@@ -113,6 +120,8 @@ impl Daemon {
     /// [`DaemonError`] when the port cannot be bound or descriptors are broken.
     pub fn new(cfg: Config) -> Result<Daemon, DaemonError> {
         let cfg = Arc::new(cfg);
+        let admission = crate::admission::Admission::new(cfg.admission.clone())?;
+        log::info!("api keys: {}", if admission.keys_configured() { "required" } else { "none configured; the API is open" });
         let runtimes = Arc::new(Runtimes::load(cfg.runtimes_dir.as_deref(), &cfg.rootfs_dir)?);
         for r in runtimes.all() {
             match &r.missing {
@@ -169,6 +178,12 @@ impl Daemon {
             signal_hook::low_level::pipe::register(sig, tx).map_err(io_err("registering signal"))?;
         }
         poll.registry().register(&mut signal_rx, SIGNALS, Interest::READABLE).map_err(io_err("register signals"))?;
+        let (hup_tx, hup_rx) = std::os::unix::net::UnixStream::pair().map_err(io_err("reload pipe"))?;
+        hup_tx.set_nonblocking(true).map_err(io_err("reload pipe nonblocking"))?;
+        hup_rx.set_nonblocking(true).map_err(io_err("reload pipe nonblocking"))?;
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGHUP, hup_tx).map_err(io_err("registering SIGHUP"))?;
+        let mut reload_rx = mio::net::UnixStream::from_std(hup_rx);
+        poll.registry().register(&mut reload_rx, RELOAD, Interest::READABLE).map_err(io_err("register reload"))?;
         let app = App {
             cfg: Arc::clone(&cfg),
             runtimes,
@@ -196,6 +211,8 @@ impl Daemon {
             run_serial: 0,
             timer_seq: 0,
             signal_rx,
+            reload_rx,
+            admission,
             shutdown_deadline: None,
         })
     }
@@ -241,6 +258,10 @@ impl Daemon {
                     LISTENER => self.accept(),
                     WAKER => self.drain_completions(),
                     SIGNALS => self.on_signal(),
+                    RELOAD => {
+                        drain(&mut self.reload_rx);
+                        self.admission.reload();
+                    }
                     t => {
                         let Some(&src) = self.sources.get(t.0 - FIRST_SOURCE) else { continue };
                         match src {
@@ -306,15 +327,7 @@ impl Daemon {
     }
 
     fn on_signal(&mut self) {
-        let mut buf = [0u8; 64];
-        loop {
-            match io::Read::read(&mut self.signal_rx, &mut buf) {
-                Ok(0) => break,
-                Ok(_) => continue,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
-            }
-        }
+        drain(&mut self.signal_rx);
         if self.shutdown_deadline.is_some() {
             log::warn!("second signal: killing running executions now");
             self.kill_all_runs();
@@ -332,3 +345,16 @@ impl Daemon {
     }
 }
 
+
+/// Reads a signal pipe empty.
+fn drain(rx: &mut mio::net::UnixStream) {
+    let mut buf = [0u8; 64];
+    loop {
+        match io::Read::read(rx, &mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+}

@@ -163,6 +163,7 @@ impl Backend {
         });
         let oom_killed = cgroup.oom_kills() > 0;
         self.delete(id);
+        self.remove_state_files(id);
         if let Err(e) = cgroup.destroy() {
             crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
         }
@@ -180,6 +181,17 @@ impl Backend {
             Ok(o) if o.status.success() => {}
             Ok(o) => crate::error_limited!("sandbox={id} op=delete err={}", String::from_utf8_lossy(&o.stderr).trim()),
             Err(e) => crate::error_limited!("sandbox={id} op=delete err={e}"),
+        }
+    }
+
+    /// runsc leaves `<id>_sandbox:<id>.lock` (and `.state` when its own process was
+    /// killed) in its root even after `delete --force`; they are ours to remove.
+    fn remove_state_files(&self, id: &str) {
+        let prefix = format!("{id}_sandbox:");
+        for e in std::fs::read_dir(&self.state_root).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
         }
     }
 
@@ -230,6 +242,12 @@ impl Backend {
         }
         for e in std::fs::read_dir(&self.runs_dir).into_iter().flatten().flatten() {
             if std::fs::remove_dir_all(e.path()).is_ok() {
+                n += 1;
+            }
+        }
+        // Whatever is left in our own runsc root belongs to containers deleted above.
+        for e in std::fs::read_dir(&self.state_root).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&self.instance) && std::fs::remove_file(e.path()).is_ok() {
                 n += 1;
             }
         }

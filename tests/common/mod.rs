@@ -149,6 +149,9 @@ impl Daemon {
             out.extend(rd.flatten().map(|e| e.path().display().to_string()));
         }
         let root = format!("/run/isobox/{}/runsc", self.instance);
+        if let Ok(rd) = std::fs::read_dir(&root) {
+            out.extend(rd.flatten().map(|e| format!("runsc state file {}", e.path().display())));
+        }
         if let Ok(o) = Command::new("runsc").args(["--root", &root, "list", "-quiet"]).output() {
             out.extend(String::from_utf8_lossy(&o.stdout).lines().filter(|l| !l.trim().is_empty()).map(|l| format!("container {l}")));
         }

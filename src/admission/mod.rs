@@ -1,0 +1,313 @@
+//! Admission: the layer every request passes before its handler — API keys, per-client
+//! rate limits, the client's tenant. (The global concurrency cap is checked when a run
+//! is started, in `sandbox::events`, since only runs hold slots.)
+//!
+//! Route policy: `/healthz`, `/readyz`, `/llms.txt`, `/openapi.yaml` are always open;
+//! every other route needs a key when keys are configured; `/execute` is rate limited
+//! per client. Reactor thread only.
+
+pub mod keys;
+pub mod ratelimit;
+
+use crate::http::{Head, Response};
+use crate::router::Route;
+use keys::Key;
+use ratelimit::RateLimiter;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Tenant of every request when no keys are configured.
+pub const PUBLIC_TENANT: &str = "public";
+
+/// Admission could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// `ISOBOX_REQUIRE_AUTH=1` without keys.
+    #[error("ISOBOX_REQUIRE_AUTH=1 but no API keys are configured (ISOBOX_API_KEYS or ISOBOX_API_KEYS_FILE)")]
+    NoKeys,
+    /// The key file could not be read.
+    #[error("reading ISOBOX_API_KEYS_FILE {path}: {source}")]
+    KeyFile {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A CIDR did not parse.
+    #[error("invalid CIDR {0:?} in ISOBOX_TRUSTED_PROXIES")]
+    Cidr(String),
+}
+
+/// An address range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `a.b.c.d/n`, `x::/n` or a bare address.
+    ///
+    /// # Errors
+    /// [`AdmissionError::Cidr`].
+    pub fn parse(s: &str) -> Result<Cidr, AdmissionError> {
+        let bad = || AdmissionError::Cidr(s.to_string());
+        let (a, p) = s.split_once('/').map_or((s, None), |(a, p)| (a, Some(p)));
+        let addr: IpAddr = a.trim().parse().map_err(|_| bad())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => p.trim().parse::<u8>().ok().filter(|&n| n <= max).ok_or_else(bad)?,
+            None => max,
+        };
+        Ok(Cidr { addr, prefix })
+    }
+
+    /// Whether `ip` is inside.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => {
+                let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+                u32::from(a) & mask == u32::from(b) & mask
+            }
+            (IpAddr::V6(a), IpAddr::V6(b)) => {
+                let mask = if self.prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(self.prefix)) };
+                u128::from(a) & mask == u128::from(b) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Admission settings.
+#[derive(Debug, Clone, Default)]
+pub struct AdmissionConfig {
+    /// Inline keys (comma-separated).
+    pub api_keys: Option<crate::config::Secret>,
+    /// Key file, re-read on SIGHUP.
+    pub api_keys_file: Option<PathBuf>,
+    /// Refuse to start without keys.
+    pub require_auth: bool,
+    /// Tokens per minute per client on rate-limited routes.
+    pub rate_per_min: u32,
+    /// Bucket size.
+    pub rate_burst: u32,
+    /// Proxies whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<Cidr>,
+}
+
+/// The admission state.
+pub struct Admission {
+    cfg: AdmissionConfig,
+    keys: Vec<Key>,
+    limiter: RateLimiter,
+}
+
+/// What admission decided.
+pub enum Verdict {
+    /// Go ahead, as this tenant.
+    Allow {
+        /// Server-side tenant.
+        tenant: String,
+    },
+    /// Answer this instead.
+    Deny(Response),
+}
+
+fn open_route(route: Route) -> bool {
+    matches!(route, Route::Healthz | Route::Readyz | Route::LlmsTxt | Route::OpenApi)
+}
+
+fn rate_limited(route: Route) -> bool {
+    matches!(route, Route::Execute)
+}
+
+impl Admission {
+    /// Loads keys and checks the configuration.
+    ///
+    /// # Errors
+    /// [`AdmissionError`] when keys are required but absent, or the file is unreadable.
+    pub fn new(cfg: AdmissionConfig) -> Result<Admission, AdmissionError> {
+        let keys = Self::load_keys(&cfg)?;
+        if cfg.require_auth && keys.is_empty() {
+            return Err(AdmissionError::NoKeys);
+        }
+        let limiter = RateLimiter::new(cfg.rate_per_min, cfg.rate_burst);
+        Ok(Admission { cfg, keys, limiter })
+    }
+
+    fn load_keys(cfg: &AdmissionConfig) -> Result<Vec<Key>, AdmissionError> {
+        let mut keys = cfg.api_keys.as_ref().map(|s| keys::parse_list(s.expose())).unwrap_or_default();
+        if let Some(path) = &cfg.api_keys_file {
+            keys.extend(keys::load_file(path).map_err(|source| AdmissionError::KeyFile { path: path.clone(), source })?);
+        }
+        Ok(keys)
+    }
+
+    /// Re-reads the key file (SIGHUP). On error the old keys stay.
+    pub fn reload(&mut self) {
+        match Self::load_keys(&self.cfg) {
+            Ok(k) if k.is_empty() && self.cfg.require_auth => log::error!("key reload: no keys left; keeping the previous {}", self.keys.len()),
+            Ok(k) => {
+                log::info!("key reload: {} keys", k.len());
+                self.keys = k;
+            }
+            Err(e) => log::error!("key reload failed, keeping the previous keys: {e}"),
+        }
+    }
+
+    /// Whether keys are configured.
+    pub fn keys_configured(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// The client address a request is accounted to: the peer, or behind a trusted
+    /// proxy the right-most `X-Forwarded-For` entry that is not itself a trusted proxy.
+    pub fn client_ip(&self, head: &Head, peer: IpAddr) -> IpAddr {
+        let trusted = |ip: IpAddr| self.cfg.trusted_proxies.iter().any(|c| c.contains(ip));
+        if !trusted(peer) {
+            return peer;
+        }
+        let mut chain: Vec<IpAddr> = Vec::new();
+        for (name, value) in &head.headers {
+            if name == "x-forwarded-for" {
+                for part in String::from_utf8_lossy(value).split(',') {
+                    match part.trim().parse::<IpAddr>() {
+                        Ok(ip) => chain.push(ip),
+                        // A malformed entry ends what can be believed.
+                        Err(_) => chain.clear(),
+                    }
+                }
+            }
+        }
+        chain.into_iter().rev().find(|ip| !trusted(*ip)).unwrap_or(peer)
+    }
+
+    /// Decides a request from its head (before its body is read).
+    pub fn check(&mut self, route: Route, head: &Head, peer: IpAddr, now: Instant) -> Verdict {
+        if open_route(route) {
+            return Verdict::Allow { tenant: PUBLIC_TENANT.to_string() };
+        }
+        if rate_limited(route) {
+            let ip = self.client_ip(head, peer);
+            if let Err(wait) = self.limiter.check(ip, now) {
+                let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+                return Verdict::Deny(Response::error(429, "rate_limited", None).with_header("Retry-After", secs.to_string()));
+            }
+        }
+        if self.keys.is_empty() {
+            return Verdict::Allow { tenant: PUBLIC_TENANT.to_string() };
+        }
+        match presented_key(head) {
+            Err(resp) => Verdict::Deny(resp),
+            Ok(None) => Verdict::Deny(unauthorized()),
+            Ok(Some(k)) => match keys::find(&self.keys, &k) {
+                Some(key) => Verdict::Allow { tenant: key.tenant.clone() },
+                None => Verdict::Deny(unauthorized()),
+            },
+        }
+    }
+
+    /// Periodic upkeep (bucket sweep).
+    pub fn tick(&mut self, now: Instant) {
+        self.limiter.sweep(now);
+    }
+}
+
+fn unauthorized() -> Response {
+    Response::error(401, "unauthorized", None).with_header("WWW-Authenticate", "Bearer")
+}
+
+/// The key a request presents: `X-API-Key: <key>` or `Authorization: Bearer <key>`.
+/// Repeated headers, or both headers with different keys, are ambiguous: 400.
+fn presented_key(head: &Head) -> Result<Option<String>, Response> {
+    let ambiguous = || Response::error(400, "ambiguous_credentials", Some("send one API key, in X-API-Key or Authorization: Bearer"));
+    if head.header_count("x-api-key") > 1 || head.header_count("authorization") > 1 {
+        return Err(ambiguous());
+    }
+    let x = head.headers.iter().find(|(n, _)| n == "x-api-key").map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    let bearer = head.headers.iter().find(|(n, _)| n == "authorization").map(|(_, v)| {
+        let v = String::from_utf8_lossy(v).into_owned();
+        // RFC 6750 §2.1: the scheme is case-insensitive; exactly one token follows.
+        match v.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(' ') => token.to_string(),
+            // Not a usable bearer credential: compare something that can never match.
+            _ => String::from("\u{0}invalid"),
+        }
+    });
+    match (x, bearer) {
+        (Some(a), Some(b)) if a != b => Err(ambiguous()),
+        (Some(a), _) => Ok(Some(a)),
+        (None, b) => Ok(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(headers: &[(&str, &str)]) -> Head {
+        let mut s = String::from("POST /execute HTTP/1.1\r\nHost: x\r\n");
+        for (k, v) in headers {
+            s.push_str(&format!("{k}: {v}\r\n"));
+        }
+        s.push_str("\r\n");
+        crate::http::parse::parse_head(s.as_bytes()).unwrap()
+    }
+
+    fn adm(keys: &str, trusted: &[&str]) -> Admission {
+        Admission::new(AdmissionConfig {
+            api_keys: Some(crate::config::Secret::new(keys.into())),
+            rate_per_min: 60,
+            rate_burst: 100,
+            trusted_proxies: trusted.iter().map(|c| Cidr::parse(c).unwrap()).collect(),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn test_key_forms() {
+        let mut a = adm("k1,k2", &[]);
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let now = Instant::now();
+        let status = |a: &mut Admission, h: &[(&str, &str)]| match a.check(Route::Execute, &head(h), ip, now) {
+            Verdict::Allow { .. } => 200,
+            Verdict::Deny(r) => r.status,
+        };
+        assert_eq!(status(&mut a, &[("X-API-Key", "k1")]), 200);
+        assert_eq!(status(&mut a, &[("Authorization", "Bearer k2")]), 200);
+        assert_eq!(status(&mut a, &[("Authorization", "bearer k2")]), 200);
+        for bad in [vec![], vec![("X-API-Key", "k3")], vec![("Authorization", "Bearer ")], vec![("Authorization", "Bearer k1 x")], vec![("Authorization", "Basic k1")], vec![("Authorization", "k1")]] {
+            assert_eq!(status(&mut a, &bad), 401, "{bad:?}");
+        }
+        assert_eq!(status(&mut a, &[("X-API-Key", "k1"), ("Authorization", "Bearer k2")]), 400);
+        assert_eq!(status(&mut a, &[("X-API-Key", "k1"), ("X-API-Key", "k1")]), 400);
+        assert_eq!(status(&mut a, &[("X-API-Key", "k1"), ("Authorization", "Bearer k1")]), 200);
+        assert!(matches!(a.check(Route::Healthz, &head(&[]), ip, now), Verdict::Allow { .. }));
+    }
+
+    #[test]
+    fn test_forwarded_for_only_from_trusted_proxies() {
+        let a = adm("k", &["10.0.0.0/8"]);
+        let h = head(&[("X-Forwarded-For", "1.2.3.4, 10.1.1.1"), ("X-Real-IP", "9.9.9.9")]);
+        assert_eq!(a.client_ip(&h, "10.0.0.5".parse().unwrap()), "1.2.3.4".parse::<IpAddr>().unwrap());
+        assert_eq!(a.client_ip(&h, "127.0.0.1".parse().unwrap()), "127.0.0.1".parse::<IpAddr>().unwrap());
+        let h = head(&[("X-Forwarded-For", "garbage, 10.1.1.1")]);
+        assert_eq!(a.client_ip(&h, "10.0.0.5".parse().unwrap()), "10.0.0.5".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn test_cidr() {
+        let c = Cidr::parse("192.168.0.0/16").unwrap();
+        assert!(c.contains("192.168.3.4".parse().unwrap()));
+        assert!(!c.contains("192.169.0.1".parse().unwrap()));
+        assert!(c.contains("::ffff:192.168.1.1".parse().unwrap()));
+        assert!(Cidr::parse("1.2.3.4/33").is_err());
+        assert!(Cidr::parse("fd00::/8").unwrap().contains("fd12::1".parse().unwrap()));
+    }
+}
