@@ -209,7 +209,9 @@ fn self_check(desc: &Descriptor, rootfs: &Path) -> (Option<String>, Option<Strin
     let Some(version) = version.filter(|v| !v.is_empty()) else {
         return (None, Some(format!("no `{}` line in {}/.isobox/versions", desc.version_key, rootfs.display())));
     };
-    for bin in [desc.run.first(), desc.build.first()].into_iter().flatten() {
+    // A compiled program's binary is made by the build, in the sandbox's /tmp.
+    let made_by_build = |b: &&String| b.starts_with("/tmp/") || b.starts_with("/workspace/");
+    for bin in [desc.run.first(), desc.build.first()].into_iter().flatten().filter(|b| !made_by_build(b)) {
         let rel = bin.trim_start_matches('/');
         // symlink_metadata on the tree's own path: links inside the tree are resolved by
         // the sandbox, so only existence is checked here.

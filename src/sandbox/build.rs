@@ -3,7 +3,8 @@
 //! The sandbox runs `/bin/sh -c BUILD_SCRIPT` with the build argv and the run argv as
 //! positional parameters (never interpolated into the script, so names and args arrive
 //! literally). The script runs the build under `timeout -s KILL`, with its output to
-//! files in /tmp, then writes ONE frame on stderr — before the program exists, so the
+//! files in /tmp (the shell's own stderr is muted meanwhile, so its "Killed" notice
+//! cannot precede the frame), then writes ONE frame on stderr — before the program exists, so the
 //! program cannot forge it — and `exec`s the program only when the build succeeded:
 //!
 //! ```text
@@ -17,8 +18,10 @@ pub const BUILD_SCRIPT: &str = r#"t=$1; cap=$2; n=$3; shift 3
 m=$(( $# - n ))
 j=0; while [ $j -lt $n ]; do set -- "$@" "$1"; shift; j=$((j+1)); done
 s=$(date +%s%N)
+exec 3>&2 2>/dev/null
 ( shift $m; exec timeout -s KILL "$t" "$@" ) >/tmp/.isobox-build.out 2>/tmp/.isobox-build.err </dev/null
 rc=$?
+exec 2>&3 3>&-
 e=$(date +%s%N)
 o=$(head -c "$cap" /tmp/.isobox-build.out | wc -c); r=$(head -c "$cap" /tmp/.isobox-build.err | wc -c)
 printf '\036ISOBOX-BUILD %s %s %s %s\n' "$rc" $(( (e - s) / 1000000 )) "$o" "$r" >&2

@@ -358,7 +358,11 @@ impl Daemon {
                     Feed::More => return,
                     Feed::Done(result, rest) => {
                         cs.done = true;
+                        let built = result.exit_code == 0;
                         cs.result = Some(result);
+                        if !built {
+                            return; // The script exits with the build's code; no program.
+                        }
                         // The program starts now: its own wall time counts from here.
                         run.program_started = Some(Instant::now());
                         let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
