@@ -30,9 +30,13 @@ impl Daemon {
     /// Starts with extra environment variables.
     pub fn start_with(env: &[(&str, &str)]) -> Daemon {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let instance = format!("isobox-t{}-{n}", std::process::id());
+        // A test may restart an instance (same name and data dir) to check what survives.
+        let reused = env.iter().find(|(k, _)| *k == "ISOBOX_INSTANCE").map(|(_, v)| v.to_string());
+        let instance = reused.clone().unwrap_or_else(|| format!("isobox-t{}-{n}", std::process::id()));
         let data_dir = std::env::temp_dir().join(&instance);
-        let _ = std::fs::remove_dir_all(&data_dir);
+        if reused.is_none() {
+            let _ = std::fs::remove_dir_all(&data_dir);
+        }
         std::fs::create_dir_all(&data_dir).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_isoboxd"));
         cmd.env("ISOBOX_LISTEN", "127.0.0.1:0")

@@ -1,0 +1,80 @@
+//! Daemon lifecycle: graceful shutdown (running work finishes within the grace period,
+//! the rest is killed, nothing is left) and the startup sweep after a crash.
+
+mod common;
+use common::{read_response, Daemon};
+use serde_json::json;
+use std::io::{BufReader, Write};
+use std::time::{Duration, Instant};
+
+fn start_run(d: &Daemon, code: &str) -> std::net::TcpStream {
+    let body = json!({"language": "python-slim", "network": false, "code": code}).to_string();
+    let mut s = d.connect();
+    write!(s, "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    s
+}
+
+fn wait_in_flight(d: &Daemon, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while d.get("/healthz").json()["inFlight"] != n {
+        assert!(Instant::now() < deadline, "inFlight never reached {n}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn test_sigterm_lets_runs_finish_within_grace_then_kills() {
+    let d = Daemon::start_with(&[("ISOBOX_SHUTDOWN_GRACE_MS", "4000")]);
+    d.wait_ready();
+    let short = start_run(&d, "import time\ntime.sleep(1.5)\nprint('finished')");
+    let long = start_run(&d, "import time\ntime.sleep(60)\nprint('never')");
+    wait_in_flight(&d, 2);
+    let t0 = Instant::now();
+    let pid = d.pid();
+    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    // The short run completes normally and is answered.
+    let r = read_response(&mut BufReader::new(short), false).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["run"]["stdout"], "finished\n");
+    assert_eq!(r.header("connection"), Some("close"));
+    // No new connections are accepted meanwhile.
+    assert!(std::net::TcpStream::connect(d.addr).is_err(), "listener closed on SIGTERM");
+    // The long run is killed at the end of the grace period and still answered.
+    let r = read_response(&mut BufReader::new(long), false).unwrap();
+    assert_eq!(r.json()["run"]["exitCode"], 137);
+    assert_eq!(r.json()["run"]["stdout"], "");
+    let took = t0.elapsed();
+    assert!(took >= Duration::from_millis(3500) && took < Duration::from_secs(12), "{took:?}");
+    // `stop` waits for a clean exit and checks the slice and runsc root are gone.
+    assert!(d.leftovers().is_empty() || { std::thread::sleep(Duration::from_secs(2)); d.leftovers().is_empty() });
+    d.stop();
+}
+
+#[test]
+fn test_crash_leftovers_are_swept_at_startup() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let _held = start_run(&d, "import time\ntime.sleep(60)");
+    wait_in_flight(&d, 1);
+    let instance = d.instance.clone();
+    let data_dir = d.data_dir.clone();
+    // kill -9: the run's cgroups, bundle and runsc state stay behind.
+    let mut d = d;
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let slice = std::path::Path::new("/sys/fs/cgroup/memory").join(&instance);
+    let stale: Vec<_> = std::fs::read_dir(&slice).unwrap().flatten().filter(|e| e.path().is_dir()).collect();
+    assert_eq!(stale.len(), 1, "the crashed run's cgroup is still there");
+    assert_eq!(std::fs::read_dir(data_dir.join("runs")).unwrap().count(), 1, "and its bundle");
+    // A new daemon with the same instance name and data dir sweeps them before serving.
+    let d2 = Daemon::start_with(&[("ISOBOX_INSTANCE", instance.as_str())]);
+    d2.wait_ready();
+    assert!(d2.leftovers().is_empty(), "swept at startup: {:?}", d2.leftovers());
+    assert!(d2.log().contains("startup sweep removed"), "{}", d2.log());
+    assert_eq!(d2.execute(json!({"language": "python-slim", "network": false, "code": "print(1)"}))["run"]["stdout"], "1\n");
+    // No process of the crashed instance survives.
+    let ps = std::process::Command::new("pgrep").args(["-f", &format!("{instance}-")]).output().unwrap();
+    assert!(String::from_utf8_lossy(&ps.stdout).trim().is_empty(), "processes of the old instance remain");
+    d2.stop();
+}
