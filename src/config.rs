@@ -38,29 +38,145 @@ pub struct Setting {
 
 /// Every setting isoboxd reads.
 pub const SETTINGS: &[Setting] = &[
-    Setting { flag: "--listen", env: "ISOBOX_LISTEN", default: "127.0.0.1:8090", help: "address to listen on (port 0 picks a free one)" },
-    Setting { flag: "--data-dir", env: "ISOBOX_DATA_DIR", default: "/var/lib/isobox", help: "state directory (runs, LMDB, workspaces)" },
-    Setting { flag: "--rootfs-dir", env: "ISOBOX_ROOTFS_DIR", default: "/var/lib/isobox/rootfs", help: "where `make runtimes` builds the runtimes' root filesystems" },
-    Setting { flag: "--runtimes-dir", env: "ISOBOX_RUNTIMES_DIR", default: "(embedded)", help: "directory of runtime descriptors (*.toml); default: the ones built into the binary" },
-    Setting { flag: "--instance", env: "ISOBOX_INSTANCE", default: "isobox", help: "name for this daemon's cgroups, runsc root and containers; must start with `isobox`" },
-    Setting { flag: "--runsc", env: "ISOBOX_RUNSC", default: "/usr/bin/runsc", help: "path of the runsc binary" },
-    Setting { flag: "--platform", env: "ISOBOX_PLATFORM", default: "ptrace", help: "gVisor platform (ptrace works everywhere; kvm needs /dev/kvm)" },
-    Setting { flag: "--log", env: "ISOBOX_LOG", default: "info", help: "log level: error, warn, info, debug, trace" },
-    Setting { flag: "--workers", env: "ISOBOX_WORKERS", default: "4", help: "worker threads for blocking work" },
-    Setting { flag: "--max-connections", env: "ISOBOX_MAX_CONNECTIONS", default: "1024", help: "open connections beyond this are answered 503 and closed" },
-    Setting { flag: "--idle-timeout-ms", env: "ISOBOX_IDLE_TIMEOUT_MS", default: "60000", help: "an idle keep-alive connection is closed after this" },
-    Setting { flag: "--head-timeout-ms", env: "ISOBOX_HEAD_TIMEOUT_MS", default: "10000", help: "a request head must arrive within this (slowloris guard)" },
-    Setting { flag: "--max-concurrent", env: "ISOBOX_MAX_CONCURRENT", default: "4", help: "executions at once; the next gets 429 capacity" },
-    Setting { flag: "--slice-memory-bytes", env: "ISOBOX_SLICE_MEMORY_BYTES", default: "(half of host memory)", help: "memory cap of the protective cgroup slice holding every sandbox" },
-    Setting { flag: "--compile-timeout-ms", env: "ISOBOX_COMPILE_TIMEOUT_MS", default: "30000", help: "time limit of the build step of compiled runtimes (go, rust, typescript)" },
-    Setting { flag: "--sse-keepalive-ms", env: "ISOBOX_SSE_KEEPALIVE_MS", default: "10000", help: "interval of `: keep-alive` comments on silent SSE streams" },
-    Setting { flag: "--api-keys", env: "ISOBOX_API_KEYS", default: "(none: open API)", help: "comma-separated API keys; with keys, requests need X-API-Key or Authorization: Bearer" },
-    Setting { flag: "--api-keys-file", env: "ISOBOX_API_KEYS_FILE", default: "(none)", help: "file with one API key per line, re-read on SIGHUP" },
-    Setting { flag: "--require-auth", env: "ISOBOX_REQUIRE_AUTH", default: "0", help: "1: refuse to start without API keys" },
-    Setting { flag: "--rate-per-min", env: "ISOBOX_RATE_PER_MIN", default: "30", help: "per-client /execute requests per minute (token bucket refill)" },
-    Setting { flag: "--rate-burst", env: "ISOBOX_RATE_BURST", default: "10", help: "per-client token bucket size" },
-    Setting { flag: "--trusted-proxies", env: "ISOBOX_TRUSTED_PROXIES", default: "(none)", help: "comma-separated CIDRs whose X-Forwarded-For is believed" },
-    Setting { flag: "--shutdown-grace-ms", env: "ISOBOX_SHUTDOWN_GRACE_MS", default: "10000", help: "on SIGTERM, running executions get this long before they are killed" },
+    Setting {
+        flag: "--listen",
+        env: "ISOBOX_LISTEN",
+        default: "127.0.0.1:8090",
+        help: "address to listen on (port 0 picks a free one)",
+    },
+    Setting {
+        flag: "--data-dir",
+        env: "ISOBOX_DATA_DIR",
+        default: "/var/lib/isobox",
+        help: "state directory (runs, LMDB, workspaces)",
+    },
+    Setting {
+        flag: "--rootfs-dir",
+        env: "ISOBOX_ROOTFS_DIR",
+        default: "/var/lib/isobox/rootfs",
+        help: "where `make runtimes` builds the runtimes' root filesystems",
+    },
+    Setting {
+        flag: "--runtimes-dir",
+        env: "ISOBOX_RUNTIMES_DIR",
+        default: "(embedded)",
+        help: "directory of runtime descriptors (*.toml); default: the ones built into the binary",
+    },
+    Setting {
+        flag: "--instance",
+        env: "ISOBOX_INSTANCE",
+        default: "isobox",
+        help: "name for this daemon's cgroups, runsc root and containers; must start with `isobox`",
+    },
+    Setting {
+        flag: "--runsc",
+        env: "ISOBOX_RUNSC",
+        default: "/usr/bin/runsc",
+        help: "path of the runsc binary",
+    },
+    Setting {
+        flag: "--platform",
+        env: "ISOBOX_PLATFORM",
+        default: "ptrace",
+        help: "gVisor platform (ptrace works everywhere; kvm needs /dev/kvm)",
+    },
+    Setting {
+        flag: "--log",
+        env: "ISOBOX_LOG",
+        default: "info",
+        help: "log level: error, warn, info, debug, trace",
+    },
+    Setting {
+        flag: "--workers",
+        env: "ISOBOX_WORKERS",
+        default: "4",
+        help: "worker threads for blocking work",
+    },
+    Setting {
+        flag: "--max-connections",
+        env: "ISOBOX_MAX_CONNECTIONS",
+        default: "1024",
+        help: "open connections beyond this are answered 503 and closed",
+    },
+    Setting {
+        flag: "--idle-timeout-ms",
+        env: "ISOBOX_IDLE_TIMEOUT_MS",
+        default: "60000",
+        help: "an idle keep-alive connection is closed after this",
+    },
+    Setting {
+        flag: "--head-timeout-ms",
+        env: "ISOBOX_HEAD_TIMEOUT_MS",
+        default: "10000",
+        help: "a request head must arrive within this (slowloris guard)",
+    },
+    Setting {
+        flag: "--max-concurrent",
+        env: "ISOBOX_MAX_CONCURRENT",
+        default: "4",
+        help: "executions at once; the next gets 429 capacity",
+    },
+    Setting {
+        flag: "--slice-memory-bytes",
+        env: "ISOBOX_SLICE_MEMORY_BYTES",
+        default: "(half of host memory)",
+        help: "memory cap of the protective cgroup slice holding every sandbox",
+    },
+    Setting {
+        flag: "--compile-timeout-ms",
+        env: "ISOBOX_COMPILE_TIMEOUT_MS",
+        default: "30000",
+        help: "time limit of the build step of compiled runtimes (go, rust, typescript)",
+    },
+    Setting {
+        flag: "--sse-keepalive-ms",
+        env: "ISOBOX_SSE_KEEPALIVE_MS",
+        default: "10000",
+        help: "interval of `: keep-alive` comments on silent SSE streams",
+    },
+    Setting {
+        flag: "--api-keys",
+        env: "ISOBOX_API_KEYS",
+        default: "(none: open API)",
+        help:
+            "comma-separated API keys; with keys, requests need X-API-Key or Authorization: Bearer",
+    },
+    Setting {
+        flag: "--api-keys-file",
+        env: "ISOBOX_API_KEYS_FILE",
+        default: "(none)",
+        help: "file with one API key per line, re-read on SIGHUP",
+    },
+    Setting {
+        flag: "--require-auth",
+        env: "ISOBOX_REQUIRE_AUTH",
+        default: "0",
+        help: "1: refuse to start without API keys",
+    },
+    Setting {
+        flag: "--rate-per-min",
+        env: "ISOBOX_RATE_PER_MIN",
+        default: "30",
+        help: "per-client /execute requests per minute (token bucket refill)",
+    },
+    Setting {
+        flag: "--rate-burst",
+        env: "ISOBOX_RATE_BURST",
+        default: "10",
+        help: "per-client token bucket size",
+    },
+    Setting {
+        flag: "--trusted-proxies",
+        env: "ISOBOX_TRUSTED_PROXIES",
+        default: "(none)",
+        help: "comma-separated CIDRs whose X-Forwarded-For is believed",
+    },
+    Setting {
+        flag: "--shutdown-grace-ms",
+        env: "ISOBOX_SHUTDOWN_GRACE_MS",
+        default: "10000",
+        help: "on SIGTERM, running executions get this long before they are killed",
+    },
 ];
 
 /// A secret string whose `Debug` never shows it.
@@ -132,7 +248,8 @@ impl Config {
     /// # Errors
     /// [`ConfigError`] naming the first bad setting.
     pub fn load(args: &[String]) -> Result<Config, ConfigError> {
-        let mut values: Vec<Option<String>> = SETTINGS.iter().map(|s| std::env::var(s.env).ok()).collect();
+        let mut values: Vec<Option<String>> =
+            SETTINGS.iter().map(|s| std::env::var(s.env).ok()).collect();
         let mut i = 0;
         while i < args.len() {
             let arg = &args[i];
@@ -140,12 +257,17 @@ impl Config {
                 Some((f, v)) => (f, Some(v.to_string())),
                 None => (arg.as_str(), None),
             };
-            let idx = SETTINGS.iter().position(|s| s.flag == flag).ok_or_else(|| ConfigError::UnknownFlag(arg.clone()))?;
+            let idx = SETTINGS
+                .iter()
+                .position(|s| s.flag == flag)
+                .ok_or_else(|| ConfigError::UnknownFlag(arg.clone()))?;
             let value = match inline {
                 Some(v) => v,
                 None => {
                     i += 1;
-                    args.get(i).cloned().ok_or_else(|| invalid(flag, "", "missing value"))?
+                    args.get(i)
+                        .cloned()
+                        .ok_or_else(|| invalid(flag, "", "missing value"))?
                 }
             };
             values[idx] = Some(value);
@@ -155,7 +277,8 @@ impl Config {
             let idx = SETTINGS.iter().position(|s| s.env == name)?;
             values[idx].clone().filter(|v| !v.is_empty())
         };
-        let data_dir = PathBuf::from(get("ISOBOX_DATA_DIR").unwrap_or_else(|| "/var/lib/isobox".into()));
+        let data_dir =
+            PathBuf::from(get("ISOBOX_DATA_DIR").unwrap_or_else(|| "/var/lib/isobox".into()));
         let trusted = match get("ISOBOX_TRUSTED_PROXIES") {
             None => Vec::new(),
             Some(list) => list
@@ -183,8 +306,14 @@ impl Config {
         };
         let cfg = Config {
             admission,
-            listen: parse_or("ISOBOX_LISTEN", get("ISOBOX_LISTEN"), "127.0.0.1:8090".parse().expect("constant address parses"))?,
-            rootfs_dir: get("ISOBOX_ROOTFS_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/isobox/rootfs")),
+            listen: parse_or(
+                "ISOBOX_LISTEN",
+                get("ISOBOX_LISTEN"),
+                "127.0.0.1:8090".parse().expect("constant address parses"),
+            )?,
+            rootfs_dir: get("ISOBOX_ROOTFS_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/var/lib/isobox/rootfs")),
             data_dir,
             runtimes_dir: get("ISOBOX_RUNTIMES_DIR").map(PathBuf::from),
             instance: get("ISOBOX_INSTANCE").unwrap_or_else(|| "isobox".into()),
@@ -192,14 +321,42 @@ impl Config {
             platform: get("ISOBOX_PLATFORM").unwrap_or_else(|| "ptrace".into()),
             log_level: get("ISOBOX_LOG").unwrap_or_else(|| "info".into()),
             workers: parse_or("ISOBOX_WORKERS", get("ISOBOX_WORKERS"), 4)?,
-            max_connections: parse_or("ISOBOX_MAX_CONNECTIONS", get("ISOBOX_MAX_CONNECTIONS"), 1024)?,
-            idle_timeout_ms: parse_or("ISOBOX_IDLE_TIMEOUT_MS", get("ISOBOX_IDLE_TIMEOUT_MS"), 60_000)?,
-            head_timeout_ms: parse_or("ISOBOX_HEAD_TIMEOUT_MS", get("ISOBOX_HEAD_TIMEOUT_MS"), 10_000)?,
+            max_connections: parse_or(
+                "ISOBOX_MAX_CONNECTIONS",
+                get("ISOBOX_MAX_CONNECTIONS"),
+                1024,
+            )?,
+            idle_timeout_ms: parse_or(
+                "ISOBOX_IDLE_TIMEOUT_MS",
+                get("ISOBOX_IDLE_TIMEOUT_MS"),
+                60_000,
+            )?,
+            head_timeout_ms: parse_or(
+                "ISOBOX_HEAD_TIMEOUT_MS",
+                get("ISOBOX_HEAD_TIMEOUT_MS"),
+                10_000,
+            )?,
             max_concurrent: parse_or("ISOBOX_MAX_CONCURRENT", get("ISOBOX_MAX_CONCURRENT"), 4)?,
-            slice_memory_bytes: parse_or("ISOBOX_SLICE_MEMORY_BYTES", get("ISOBOX_SLICE_MEMORY_BYTES"), crate::sys::host_memory_bytes() / 2)?,
-            sse_keepalive_ms: parse_or("ISOBOX_SSE_KEEPALIVE_MS", get("ISOBOX_SSE_KEEPALIVE_MS"), 10_000)?,
-            compile_timeout_ms: parse_or("ISOBOX_COMPILE_TIMEOUT_MS", get("ISOBOX_COMPILE_TIMEOUT_MS"), 30_000)?,
-            shutdown_grace_ms: parse_or("ISOBOX_SHUTDOWN_GRACE_MS", get("ISOBOX_SHUTDOWN_GRACE_MS"), 10_000)?,
+            slice_memory_bytes: parse_or(
+                "ISOBOX_SLICE_MEMORY_BYTES",
+                get("ISOBOX_SLICE_MEMORY_BYTES"),
+                crate::sys::host_memory_bytes() / 2,
+            )?,
+            sse_keepalive_ms: parse_or(
+                "ISOBOX_SSE_KEEPALIVE_MS",
+                get("ISOBOX_SSE_KEEPALIVE_MS"),
+                10_000,
+            )?,
+            compile_timeout_ms: parse_or(
+                "ISOBOX_COMPILE_TIMEOUT_MS",
+                get("ISOBOX_COMPILE_TIMEOUT_MS"),
+                30_000,
+            )?,
+            shutdown_grace_ms: parse_or(
+                "ISOBOX_SHUTDOWN_GRACE_MS",
+                get("ISOBOX_SHUTDOWN_GRACE_MS"),
+                10_000,
+            )?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -212,39 +369,89 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let inst_ok = self.instance.starts_with("isobox")
             && self.instance.len() <= 40
-            && self.instance.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+            && self
+                .instance
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
         if !inst_ok {
-            return Err(invalid("ISOBOX_INSTANCE", &self.instance, "must start with `isobox`, at most 40 of [a-z0-9-]"));
+            return Err(invalid(
+                "ISOBOX_INSTANCE",
+                &self.instance,
+                "must start with `isobox`, at most 40 of [a-z0-9-]",
+            ));
         }
         if !["ptrace", "kvm", "systrap"].contains(&self.platform.as_str()) {
-            return Err(invalid("ISOBOX_PLATFORM", &self.platform, "one of ptrace, kvm, systrap"));
+            return Err(invalid(
+                "ISOBOX_PLATFORM",
+                &self.platform,
+                "one of ptrace, kvm, systrap",
+            ));
         }
         if !(1..=64).contains(&self.workers) {
-            return Err(invalid("ISOBOX_WORKERS", &self.workers.to_string(), "between 1 and 64"));
+            return Err(invalid(
+                "ISOBOX_WORKERS",
+                &self.workers.to_string(),
+                "between 1 and 64",
+            ));
         }
-        if self.admission.rate_burst == 0 || self.admission.rate_burst > 100_000 || self.admission.rate_per_min > 1_000_000 {
-            return Err(invalid("ISOBOX_RATE_BURST/ISOBOX_RATE_PER_MIN", "", "burst between 1 and 100000, rate at most 1000000"));
+        if self.admission.rate_burst == 0
+            || self.admission.rate_burst > 100_000
+            || self.admission.rate_per_min > 1_000_000
+        {
+            return Err(invalid(
+                "ISOBOX_RATE_BURST/ISOBOX_RATE_PER_MIN",
+                "",
+                "burst between 1 and 100000, rate at most 1000000",
+            ));
         }
         if !(1..=1_000_000).contains(&self.max_connections) {
-            return Err(invalid("ISOBOX_MAX_CONNECTIONS", &self.max_connections.to_string(), "between 1 and 1000000"));
+            return Err(invalid(
+                "ISOBOX_MAX_CONNECTIONS",
+                &self.max_connections.to_string(),
+                "between 1 and 1000000",
+            ));
         }
         if !(1..=1024).contains(&self.max_concurrent) {
-            return Err(invalid("ISOBOX_MAX_CONCURRENT", &self.max_concurrent.to_string(), "between 1 and 1024"));
+            return Err(invalid(
+                "ISOBOX_MAX_CONCURRENT",
+                &self.max_concurrent.to_string(),
+                "between 1 and 1024",
+            ));
         }
         if self.idle_timeout_ms < 100 || self.head_timeout_ms < 100 {
-            return Err(invalid("ISOBOX_IDLE_TIMEOUT_MS/ISOBOX_HEAD_TIMEOUT_MS", "", "at least 100"));
+            return Err(invalid(
+                "ISOBOX_IDLE_TIMEOUT_MS/ISOBOX_HEAD_TIMEOUT_MS",
+                "",
+                "at least 100",
+            ));
         }
         if !(1000..=600_000).contains(&self.compile_timeout_ms) {
-            return Err(invalid("ISOBOX_COMPILE_TIMEOUT_MS", &self.compile_timeout_ms.to_string(), "between 1000 and 600000"));
+            return Err(invalid(
+                "ISOBOX_COMPILE_TIMEOUT_MS",
+                &self.compile_timeout_ms.to_string(),
+                "between 1000 and 600000",
+            ));
         }
         if !(100..=600_000).contains(&self.sse_keepalive_ms) {
-            return Err(invalid("ISOBOX_SSE_KEEPALIVE_MS", &self.sse_keepalive_ms.to_string(), "between 100 and 600000"));
+            return Err(invalid(
+                "ISOBOX_SSE_KEEPALIVE_MS",
+                &self.sse_keepalive_ms.to_string(),
+                "between 100 and 600000",
+            ));
         }
         if self.slice_memory_bytes < 64 << 20 {
-            return Err(invalid("ISOBOX_SLICE_MEMORY_BYTES", &self.slice_memory_bytes.to_string(), "at least 64 MiB"));
+            return Err(invalid(
+                "ISOBOX_SLICE_MEMORY_BYTES",
+                &self.slice_memory_bytes.to_string(),
+                "at least 64 MiB",
+            ));
         }
         if !self.data_dir.is_absolute() || !self.rootfs_dir.is_absolute() {
-            return Err(invalid("ISOBOX_DATA_DIR/ISOBOX_ROOTFS_DIR", "", "must be absolute paths"));
+            return Err(invalid(
+                "ISOBOX_DATA_DIR/ISOBOX_ROOTFS_DIR",
+                "",
+                "must be absolute paths",
+            ));
         }
         Ok(())
     }
@@ -253,22 +460,36 @@ impl Config {
     pub fn help() -> String {
         let mut s = String::from("isoboxd: run untrusted code in gVisor sandboxes over HTTP\n\nusage: isoboxd [FLAGS]\n\nEvery flag can also be set by its environment variable; flags win.\n\n");
         for st in SETTINGS {
-            s.push_str(&format!("  {:<22} {:<27} {}\n  {:<22} {:<27} default: {}\n", st.flag, st.env, st.help, "", "", st.default));
+            s.push_str(&format!(
+                "  {:<22} {:<27} {}\n  {:<22} {:<27} default: {}\n",
+                st.flag, st.env, st.help, "", "", st.default
+            ));
         }
         s
     }
 }
 
 fn invalid(name: &str, value: &str, why: &str) -> ConfigError {
-    ConfigError::Invalid { name: name.into(), value: value.into(), why: why.into() }
+    ConfigError::Invalid {
+        name: name.into(),
+        value: value.into(),
+        why: why.into(),
+    }
 }
 
-fn parse_or<T: std::str::FromStr>(name: &str, v: Option<String>, default: T) -> Result<T, ConfigError>
+fn parse_or<T: std::str::FromStr>(
+    name: &str,
+    v: Option<String>,
+    default: T,
+) -> Result<T, ConfigError>
 where
     T::Err: std::fmt::Display,
 {
     match v {
         None => Ok(default),
-        Some(s) => s.trim().parse().map_err(|e: T::Err| invalid(name, &s, &e.to_string())),
+        Some(s) => s
+            .trim()
+            .parse()
+            .map_err(|e: T::Err| invalid(name, &s, &e.to_string())),
     }
 }

@@ -17,12 +17,17 @@ const PER_SECOND: u64 = 5;
 impl CallsiteLimiter {
     /// A limiter with nothing logged yet.
     pub const fn new() -> Self {
-        CallsiteLimiter { window: AtomicU64::new(0) }
+        CallsiteLimiter {
+            window: AtomicU64::new(0),
+        }
     }
 
     /// Whether one more line may be logged now.
     pub fn allow(&self) -> bool {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
         // The high 48 bits hold the second, the low 16 bits the count in it.
         let cur = self.window.load(Ordering::Relaxed);
         let (sec, count) = (cur >> 16, cur & 0xffff);

@@ -20,7 +20,10 @@ fn main() {
             std::process::exit(2);
         }
     };
-    env_logger::Builder::new().parse_filters(&cfg.log_level).format_timestamp_millis().init();
+    env_logger::Builder::new()
+        .parse_filters(&cfg.log_level)
+        .format_timestamp_millis()
+        .init();
     let mut daemon = match Daemon::new(cfg) {
         Ok(d) => d,
         Err(e) => {
@@ -35,7 +38,11 @@ fn main() {
         }
     };
     // The ready line tests and scripts wait for; it carries the bound address.
-    log::info!("isoboxd {} listening on http://{}", isobox::VERSION, daemon.local_addr());
+    log::info!(
+        "isoboxd {} listening on http://{}",
+        isobox::VERSION,
+        daemon.local_addr()
+    );
     if let Err(e) = daemon.run() {
         eprintln!("isoboxd: event loop failed: {e}");
         std::process::exit(1);

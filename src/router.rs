@@ -54,7 +54,10 @@ pub fn route(method: &str, path: &str) -> Result<Route, RouteError> {
     if allowed {
         Ok(route)
     } else {
-        let allow = PATHS.iter().find(|(p, _)| *p == path).map_or("", |(_, m)| *m);
+        let allow = PATHS
+            .iter()
+            .find(|(p, _)| *p == path)
+            .map_or("", |(_, m)| *m);
         Err(RouteError::MethodNotAllowed(allow))
     }
 }
@@ -78,8 +81,14 @@ mod tests {
         assert_eq!(route("GET", "/healthz"), Ok(Route::Healthz));
         assert_eq!(route("HEAD", "/healthz"), Ok(Route::Healthz));
         assert_eq!(route("POST", "/execute"), Ok(Route::Execute));
-        assert_eq!(route("GET", "/execute"), Err(RouteError::MethodNotAllowed("POST")));
-        assert_eq!(route("get", "/healthz"), Err(RouteError::MethodNotAllowed("GET, HEAD")));
+        assert_eq!(
+            route("GET", "/execute"),
+            Err(RouteError::MethodNotAllowed("POST"))
+        );
+        assert_eq!(
+            route("get", "/healthz"),
+            Err(RouteError::MethodNotAllowed("GET, HEAD"))
+        );
         assert_eq!(route("GET", "/nope"), Err(RouteError::NotFound));
         assert_eq!(route("GET", "/healthz/"), Err(RouteError::NotFound));
     }

@@ -122,13 +122,27 @@ impl Runtimes {
     pub fn load(dir: Option<&Path>, rootfs_dir: &Path) -> Result<Runtimes, RuntimeError> {
         let mut sources: Vec<(String, String)> = Vec::new();
         match dir {
-            None => sources.extend(EMBEDDED_RUNTIMES.iter().map(|(n, c)| (n.to_string(), c.to_string()))),
+            None => sources.extend(
+                EMBEDDED_RUNTIMES
+                    .iter()
+                    .map(|(n, c)| (n.to_string(), c.to_string())),
+            ),
             Some(d) => {
-                let rd = std::fs::read_dir(d).map_err(|source| RuntimeError::Dir { path: d.into(), source })?;
-                let mut paths: Vec<PathBuf> = rd.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "toml")).collect();
+                let rd = std::fs::read_dir(d).map_err(|source| RuntimeError::Dir {
+                    path: d.into(),
+                    source,
+                })?;
+                let mut paths: Vec<PathBuf> = rd
+                    .filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+                    .collect();
                 paths.sort();
                 for p in paths {
-                    let text = std::fs::read_to_string(&p).map_err(|source| RuntimeError::Dir { path: p.clone(), source })?;
+                    let text = std::fs::read_to_string(&p).map_err(|source| RuntimeError::Dir {
+                        path: p.clone(),
+                        source,
+                    })?;
                     sources.push((p.display().to_string(), text));
                 }
             }
@@ -141,17 +155,28 @@ impl Runtimes {
             let idx = rts.list.len();
             for name in std::iter::once(&desc.language).chain(desc.aliases.iter()) {
                 if rts.by_name.insert(name.clone(), idx).is_some() {
-                    return Err(RuntimeError::Invalid { file: file.clone(), message: format!("name {name:?} is used by two runtimes") });
+                    return Err(RuntimeError::Invalid {
+                        file: file.clone(),
+                        message: format!("name {name:?} is used by two runtimes"),
+                    });
                 }
             }
-            rts.list.push(Runtime { desc, version, rootfs_path, missing });
+            rts.list.push(Runtime {
+                desc,
+                version,
+                rootfs_path,
+                missing,
+            });
         }
         Ok(rts)
     }
 
     /// Resolves a name or alias to an installed runtime's index.
     pub fn resolve(&self, name: &str) -> Option<&Runtime> {
-        self.by_name.get(name).map(|&i| &self.list[i]).filter(|r| r.is_installed())
+        self.by_name
+            .get(name)
+            .map(|&i| &self.list[i])
+            .filter(|r| r.is_installed())
     }
 
     /// Every runtime, installed or not.
@@ -168,13 +193,23 @@ impl Runtimes {
 fn parse_descriptor(file: &str, text: &str) -> Result<Descriptor, RuntimeError> {
     let desc: Descriptor = toml::from_str(text).map_err(|e| {
         let (line, col) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
-        RuntimeError::Parse { file: file.to_string(), line, col, message: e.message().to_string() }
+        RuntimeError::Parse {
+            file: file.to_string(),
+            line,
+            col,
+            message: e.message().to_string(),
+        }
     })?;
-    let bad = |m: &str| Err(RuntimeError::Invalid { file: file.to_string(), message: m.to_string() });
+    let bad = |m: &str| {
+        Err(RuntimeError::Invalid {
+            file: file.to_string(),
+            message: m.to_string(),
+        })
+    };
     if desc.run.is_empty() || !desc.run[0].starts_with('/') {
         return bad("`run` must start with an absolute path");
     }
-    if desc.compiled != !desc.build.is_empty() {
+    if desc.compiled == desc.build.is_empty() {
         return bad("`compiled = true` needs a `build` command, and only then");
     }
     if !desc.build.is_empty() && !desc.build[0].starts_with('/') {
@@ -203,20 +238,45 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 fn self_check(desc: &Descriptor, rootfs: &Path) -> (Option<String>, Option<String>) {
     let versions = match std::fs::read_to_string(rootfs.join(".isobox/versions")) {
         Ok(v) => v,
-        Err(_) => return (None, Some(format!("root filesystem {} not built (run `make runtimes`)", rootfs.display()))),
+        Err(_) => {
+            return (
+                None,
+                Some(format!(
+                    "root filesystem {} not built (run `make runtimes`)",
+                    rootfs.display()
+                )),
+            )
+        }
     };
-    let version = versions.lines().find_map(|l| l.strip_prefix(&format!("{}=", desc.version_key))).map(|v| v.trim().to_string());
+    let version = versions
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{}=", desc.version_key)))
+        .map(|v| v.trim().to_string());
     let Some(version) = version.filter(|v| !v.is_empty()) else {
-        return (None, Some(format!("no `{}` line in {}/.isobox/versions", desc.version_key, rootfs.display())));
+        return (
+            None,
+            Some(format!(
+                "no `{}` line in {}/.isobox/versions",
+                desc.version_key,
+                rootfs.display()
+            )),
+        );
     };
     // A compiled program's binary is made by the build, in the sandbox's /tmp.
     let made_by_build = |b: &&String| b.starts_with("/tmp/") || b.starts_with("/workspace/");
-    for bin in [desc.run.first(), desc.build.first()].into_iter().flatten().filter(|b| !made_by_build(b)) {
+    for bin in [desc.run.first(), desc.build.first()]
+        .into_iter()
+        .flatten()
+        .filter(|b| !made_by_build(b))
+    {
         let rel = bin.trim_start_matches('/');
         // symlink_metadata on the tree's own path: links inside the tree are resolved by
         // the sandbox, so only existence is checked here.
         if std::fs::symlink_metadata(rootfs.join(rel)).is_err() {
-            return (None, Some(format!("{bin} missing from {}", rootfs.display())));
+            return (
+                None,
+                Some(format!("{bin} missing from {}", rootfs.display())),
+            );
         }
     }
     (Some(version), None)
@@ -245,6 +305,9 @@ mod tests {
         for (file, text) in EMBEDDED_RUNTIMES {
             parse_descriptor(file, text).unwrap();
         }
-        assert!(EMBEDDED_RUNTIMES.len() >= 7, "all seven runtimes are described");
+        assert!(
+            EMBEDDED_RUNTIMES.len() >= 7,
+            "all seven runtimes are described"
+        );
     }
 }

@@ -17,7 +17,12 @@ fn test_api_keys_both_forms_open_routes_and_no_secret_in_logs() {
     let d = Daemon::start_with(&[("ISOBOX_API_KEYS", "s3cret-key-one,s3cret-key-two")]);
     d.wait_ready();
     let body = exec_body().to_string();
-    for (h, v) in [("X-API-Key", "wrong"), ("Authorization", "Bearer wrong"), ("Authorization", "Bearer "), ("Authorization", "Basic s3cret-key-one")] {
+    for (h, v) in [
+        ("X-API-Key", "wrong"),
+        ("Authorization", "Bearer wrong"),
+        ("Authorization", "Bearer "),
+        ("Authorization", "Basic s3cret-key-one"),
+    ] {
         let r = d.request("POST", "/execute", &[(h, v)], body.as_bytes());
         assert_eq!(r.status, 401, "{h}: {v}");
         assert_eq!(r.json(), json!({"error": "unauthorized"}));
@@ -28,17 +33,59 @@ fn test_api_keys_both_forms_open_routes_and_no_secret_in_logs() {
     assert_eq!(d.request("GET", "/runtimes", &[], b"").status, 401);
     // Optional whitespace around a header value is not part of it (RFC 9110 §5.5); a NUL
     // inside is a malformed request.
-    assert_eq!(d.request("GET", "/runtimes", &[("X-API-Key", "s3cret-key-one ")], b"").status, 200);
-    assert_eq!(d.request("GET", "/runtimes", &[("X-API-Key", "s3cret-key-one\0")], b"").status, 400);
-    assert_eq!(d.get("/healthz").json()["counters"]["runsTotal"], 0, "no sandbox for a refused request");
+    assert_eq!(
+        d.request("GET", "/runtimes", &[("X-API-Key", "s3cret-key-one ")], b"")
+            .status,
+        200
+    );
+    assert_eq!(
+        d.request(
+            "GET",
+            "/runtimes",
+            &[("X-API-Key", "s3cret-key-one\0")],
+            b""
+        )
+        .status,
+        400
+    );
+    assert_eq!(
+        d.get("/healthz").json()["counters"]["runsTotal"],
+        0,
+        "no sandbox for a refused request"
+    );
     // Right keys, both forms.
-    let r = d.request("POST", "/execute", &[("X-API-Key", "s3cret-key-one")], body.as_bytes());
-    assert_eq!((r.status, r.json()["run"]["stdout"].as_str()), (200, Some("7\n")));
-    let r = d.request("POST", "/execute", &[("Authorization", "Bearer s3cret-key-two")], body.as_bytes());
+    let r = d.request(
+        "POST",
+        "/execute",
+        &[("X-API-Key", "s3cret-key-one")],
+        body.as_bytes(),
+    );
+    assert_eq!(
+        (r.status, r.json()["run"]["stdout"].as_str()),
+        (200, Some("7\n"))
+    );
+    let r = d.request(
+        "POST",
+        "/execute",
+        &[("Authorization", "Bearer s3cret-key-two")],
+        body.as_bytes(),
+    );
     assert_eq!(r.status, 200);
-    assert_eq!(d.request("GET", "/runtimes", &[("X-API-Key", "s3cret-key-two")], b"").status, 200);
+    assert_eq!(
+        d.request("GET", "/runtimes", &[("X-API-Key", "s3cret-key-two")], b"")
+            .status,
+        200
+    );
     // Two different keys at once are ambiguous.
-    let r = d.request("POST", "/execute", &[("X-API-Key", "s3cret-key-one"), ("Authorization", "Bearer s3cret-key-two")], body.as_bytes());
+    let r = d.request(
+        "POST",
+        "/execute",
+        &[
+            ("X-API-Key", "s3cret-key-one"),
+            ("Authorization", "Bearer s3cret-key-two"),
+        ],
+        body.as_bytes(),
+    );
     assert_eq!(r.status, 400);
     // Health, readiness and the docs stay open.
     for p in ["/healthz", "/readyz", "/llms.txt", "/openapi.yaml"] {
@@ -57,10 +104,16 @@ fn test_key_file_reloads_on_sighup_and_required_auth() {
     let file = dir.join("keys");
     std::fs::write(&file, "first-key\n").unwrap();
     let d = Daemon::start_with(&[("ISOBOX_API_KEYS_FILE", file.to_str().unwrap())]);
-    let get = |k: &str| d.request("GET", "/runtimes", &[("X-API-Key", k)], b"").status;
+    let get = |k: &str| {
+        d.request("GET", "/runtimes", &[("X-API-Key", k)], b"")
+            .status
+    };
     assert_eq!((get("first-key"), get("second-key")), (200, 401));
     std::fs::write(&file, "# rotated\nsecond-key\n").unwrap();
-    std::process::Command::new("kill").args(["-HUP", &d.pid().to_string()]).status().unwrap();
+    std::process::Command::new("kill")
+        .args(["-HUP", &d.pid().to_string()])
+        .status()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while get("second-key") != 200 {
         assert!(Instant::now() < deadline, "reload not applied");
@@ -72,13 +125,20 @@ fn test_key_file_reloads_on_sighup_and_required_auth() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_isoboxd"))
         .env("ISOBOX_REQUIRE_AUTH", "1")
         .env("ISOBOX_LISTEN", "127.0.0.1:0")
-        .env("ISOBOX_INSTANCE", format!("isobox-t{}-noauth", std::process::id()))
+        .env(
+            "ISOBOX_INSTANCE",
+            format!("isobox-t{}-noauth", std::process::id()),
+        )
         .env("ISOBOX_DATA_DIR", dir.join("data"))
         .env_remove("ISOBOX_API_KEYS")
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("ISOBOX_REQUIRE_AUTH=1 but no API keys"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ISOBOX_REQUIRE_AUTH=1 but no API keys"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -96,7 +156,12 @@ fn test_rate_limit_burst_retry_after_and_spoofed_headers() {
     let wait: u64 = r.header("retry-after").unwrap().parse().unwrap();
     assert_eq!(wait, 1, "one token per second");
     // A spoofed header never buys a fresh bucket.
-    for (h, v) in [("X-Forwarded-For", "1.2.3.4"), ("X-Real-IP", "1.2.3.5"), ("True-Client-IP", "1.2.3.6"), ("Forwarded", "for=1.2.3.7")] {
+    for (h, v) in [
+        ("X-Forwarded-For", "1.2.3.4"),
+        ("X-Real-IP", "1.2.3.5"),
+        ("True-Client-IP", "1.2.3.6"),
+        ("Forwarded", "for=1.2.3.7"),
+    ] {
         assert_eq!(cheap(&[(h, v)]), 429, "{h}");
     }
     // Waiting Retry-After admits the next request.
@@ -111,10 +176,24 @@ fn test_rate_limit_burst_retry_after_and_spoofed_headers() {
 
 #[test]
 fn test_trusted_proxy_forwarded_for_separates_clients() {
-    let d = Daemon::start_with(&[("ISOBOX_RATE_PER_MIN", "1"), ("ISOBOX_RATE_BURST", "2"), ("ISOBOX_TRUSTED_PROXIES", "127.0.0.0/8")]);
-    let st = |xff: &str| d.request("POST", "/execute", &[("X-Forwarded-For", xff)], b"{}").status;
-    assert_eq!((st("203.0.113.1"), st("203.0.113.1"), st("203.0.113.1")), (400, 400, 429));
-    assert_eq!(st("203.0.113.2"), 400, "another client behind the proxy has its own bucket");
+    let d = Daemon::start_with(&[
+        ("ISOBOX_RATE_PER_MIN", "1"),
+        ("ISOBOX_RATE_BURST", "2"),
+        ("ISOBOX_TRUSTED_PROXIES", "127.0.0.0/8"),
+    ]);
+    let st = |xff: &str| {
+        d.request("POST", "/execute", &[("X-Forwarded-For", xff)], b"{}")
+            .status
+    };
+    assert_eq!(
+        (st("203.0.113.1"), st("203.0.113.1"), st("203.0.113.1")),
+        (400, 400, 429)
+    );
+    assert_eq!(
+        st("203.0.113.2"),
+        400,
+        "another client behind the proxy has its own bucket"
+    );
     // The right-most untrusted entry counts: a client cannot prepend its way out.
     assert_eq!(st("198.51.100.9, 203.0.113.1"), 429);
     d.stop();
@@ -122,7 +201,10 @@ fn test_trusted_proxy_forwarded_for_separates_clients() {
 
 #[test]
 fn test_capacity_and_exact_slot_accounting() {
-    let d = Daemon::start_with(&[("ISOBOX_RATE_PER_MIN", "100000"), ("ISOBOX_RATE_BURST", "1000")]);
+    let d = Daemon::start_with(&[
+        ("ISOBOX_RATE_PER_MIN", "100000"),
+        ("ISOBOX_RATE_BURST", "1000"),
+    ]);
     d.wait_ready();
     // 4 long runs hold the 4 default slots; the fifth gets 429 capacity at once, and is
     // admitted after one finishes.
@@ -140,7 +222,10 @@ fn test_capacity_and_exact_slot_accounting() {
         }
         let r = d.post_json("/execute", &exec_body());
         assert_eq!(r.status, 429);
-        assert_eq!(r.json(), json!({"error": "capacity", "detail": "no free execution slot"}));
+        assert_eq!(
+            r.json(),
+            json!({"error": "capacity", "detail": "no free execution slot"})
+        );
         assert!(r.header("retry-after").is_some());
         while d.get("/healthz").json()["inFlight"] == 4 {
             std::thread::sleep(Duration::from_millis(20));
@@ -210,15 +295,30 @@ fn test_capacity_and_exact_slot_accounting() {
 fn test_readiness_follows_the_slice_cap() {
     let d = Daemon::start();
     d.wait_ready();
-    let file = std::path::Path::new("/sys/fs/cgroup/memory").join(&d.instance).join("memory.limit_in_bytes");
-    let v2 = std::path::Path::new("/sys/fs/cgroup").join(&d.instance).join("memory.max");
-    let (path, unlimited) = if file.exists() { (file, "-1") } else { (v2, "max") };
+    let file = std::path::Path::new("/sys/fs/cgroup/memory")
+        .join(&d.instance)
+        .join("memory.limit_in_bytes");
+    let v2 = std::path::Path::new("/sys/fs/cgroup")
+        .join(&d.instance)
+        .join("memory.max");
+    let (path, unlimited) = if file.exists() {
+        (file, "-1")
+    } else {
+        (v2, "max")
+    };
     let cap = std::fs::read_to_string(&path).unwrap();
     std::fs::write(&path, unlimited).unwrap();
     let r = d.get("/readyz");
     assert_eq!(r.status, 503);
     assert_eq!(r.json()["ready"], false);
-    assert!(r.json()["reason"].as_str().unwrap().contains("no memory cap"), "{}", r.text());
+    assert!(
+        r.json()["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no memory cap"),
+        "{}",
+        r.text()
+    );
     std::fs::write(&path, cap.trim()).unwrap();
     assert_eq!(d.get("/readyz").status, 200);
     d.stop();

@@ -30,7 +30,8 @@ fn test_keepalive_pipelining_and_split_writes() {
     assert_eq!(c.json(), serde_json::json!({"error": "not_found"}));
     assert_eq!(a.header("connection"), Some("keep-alive"));
     // The same connection keeps serving.
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     assert_eq!(read_response(&mut r, false).unwrap().status, 200);
 
     // One request split byte by byte across writes.
@@ -60,12 +61,20 @@ fn test_chunked_bodies_expect_continue_head_and_get_body() {
     let rs = raw_exchange(d.addr, b"POST /execute HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\n{\"cod\r\n7\r\ne\":\"1\"}\r\n0\r\nX-Trailer: y\r\n\r\n");
     assert_eq!(rs.len(), 1);
     assert_eq!(rs[0].status, 400);
-    assert_eq!(rs[0].json(), serde_json::json!({"error": "language_required"}));
+    assert_eq!(
+        rs[0].json(),
+        serde_json::json!({"error": "language_required"})
+    );
 
     // Expect: 100-continue: interim 100, then the final answer after the body.
     let mut s = d.connect();
     let body = br#"{"language":"cobol","code":"x"}"#;
-    write!(s, "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n", body.len()).unwrap();
+    write!(
+        s,
+        "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     let mut line = String::new();
     std::io::BufRead::read_line(&mut r, &mut line).unwrap();
@@ -75,18 +84,29 @@ fn test_chunked_bodies_expect_continue_head_and_get_body() {
     s.write_all(body).unwrap();
     let resp = read_response(&mut r, false).unwrap();
     assert_eq!(resp.status, 400);
-    assert_eq!(resp.json(), serde_json::json!({"error":"unknown_language","detail":"\"cobol\" is not a known runtime; see GET /runtimes"}));
+    assert_eq!(
+        resp.json(),
+        serde_json::json!({"error":"unknown_language","detail":"\"cobol\" is not a known runtime; see GET /runtimes"})
+    );
 
     // Expect: 100-continue with a body over the cap: refused before any 100.
     let mut s = d.connect();
-    write!(s, "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n", 256 * 1024 + 1).unwrap();
+    write!(
+        s,
+        "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        256 * 1024 + 1
+    )
+    .unwrap();
     let resp = read_response(&mut BufReader::new(s), false).unwrap();
     assert_eq!(resp.status, 400);
     assert_eq!(resp.json()["error"], "invalid_json");
 
     // HEAD: headers with the GET's length, no body bytes; the connection stays in sync.
     let mut s = d.connect();
-    s.write_all(b"HEAD /llms.txt HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(
+        b"HEAD /llms.txt HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .unwrap();
     let mut r = BufReader::new(s);
     let h = read_response(&mut r, true).unwrap();
     assert_eq!(h.status, 200);
@@ -109,7 +129,10 @@ fn test_limits_just_below_and_above() {
     // Head: 16 KiB is accepted, one byte more is 431.
     let head_with = |total: usize| {
         let base = "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: \r\n\r\n";
-        format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n", "a".repeat(total - base.len()))
+        format!(
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(total - base.len())
+        )
     };
     let at = raw_exchange(d.addr, head_with(16 * 1024).as_bytes());
     assert_eq!(at[0].status, 200);
@@ -129,17 +152,25 @@ fn test_limits_just_below_and_above() {
     // /execute body: exactly 256 KiB is read and parsed; one byte more is invalid_json.
     let body_of = |size: usize| {
         let base = r#"{"language":"cobol","code":""}"#;
-        format!(r#"{{"language":"cobol","code":"{}"}}"#, "x".repeat(size - base.len()))
+        format!(
+            r#"{{"language":"cobol","code":"{}"}}"#,
+            "x".repeat(size - base.len())
+        )
     };
     let at = d.request("POST", "/execute", &[], body_of(256 * 1024).as_bytes());
     assert_eq!(at.status, 400);
-    assert_eq!(at.json()["error"], "unknown_language", "a 256 KiB body is accepted");
+    assert_eq!(
+        at.json()["error"],
+        "unknown_language",
+        "a 256 KiB body is accepted"
+    );
     let over = d.request("POST", "/execute", &[], body_of(256 * 1024 + 1).as_bytes());
     assert_eq!(over.status, 400);
     assert_eq!(over.json()["error"], "invalid_json");
     assert!(over.json()["detail"].as_str().unwrap().contains("256 KiB"));
     // Chunked over the cap: the same answer.
-    let mut chunked = b"POST /execute HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let mut chunked =
+        b"POST /execute HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
     let big = body_of(256 * 1024 + 1);
     chunked.extend_from_slice(format!("{:x}\r\n", big.len()).as_bytes());
     chunked.extend_from_slice(big.as_bytes());
@@ -156,9 +187,19 @@ fn test_limits_just_below_and_above() {
     assert_eq!(big.json()["error"], "payload_too_large");
 
     // URI: 8 KiB fine (404), longer is 414.
-    let rs = raw_exchange(d.addr, format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(8 * 1024 - 1)).as_bytes());
+    let rs = raw_exchange(
+        d.addr,
+        format!(
+            "GET /{} HTTP/1.1\r\nHost: x\r\n\r\n",
+            "a".repeat(8 * 1024 - 1)
+        )
+        .as_bytes(),
+    );
     assert_eq!(rs[0].status, 404);
-    let rs = raw_exchange(d.addr, format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(8 * 1024)).as_bytes());
+    let rs = raw_exchange(
+        d.addr,
+        format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(8 * 1024)).as_bytes(),
+    );
     assert_eq!(rs[0].status, 414);
 
     // 100 header fields are fine, 101 are 431.
@@ -203,10 +244,25 @@ fn test_malformed_requests_get_errors_and_daemon_keeps_serving() {
     ];
     for (bytes, status) in cases {
         let rs = raw_exchange(d.addr, bytes);
-        assert_eq!(rs.len(), 1, "exactly one response to {:?}", String::from_utf8_lossy(bytes));
-        assert_eq!(rs[0].status, *status, "{:?}: {}", String::from_utf8_lossy(bytes), rs[0].text());
+        assert_eq!(
+            rs.len(),
+            1,
+            "exactly one response to {:?}",
+            String::from_utf8_lossy(bytes)
+        );
+        assert_eq!(
+            rs[0].status,
+            *status,
+            "{:?}: {}",
+            String::from_utf8_lossy(bytes),
+            rs[0].text()
+        );
         let j = rs[0].json();
-        assert!(j["error"].is_string(), "JSON error body for {:?}", String::from_utf8_lossy(bytes));
+        assert!(
+            j["error"].is_string(),
+            "JSON error body for {:?}",
+            String::from_utf8_lossy(bytes)
+        );
         healthy(&d);
     }
     // Request smuggling: CL + TE is refused, the connection closed, the smuggled GET
@@ -216,12 +272,21 @@ fn test_malformed_requests_get_errors_and_daemon_keeps_serving() {
     assert_eq!(rs[0].status, 400);
     assert_eq!(rs[0].header("connection"), Some("close"));
     // A valid request followed by garbage: one 200, then one 400, then close.
-    let rs = raw_exchange(d.addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n");
-    assert_eq!(rs.iter().map(|r| r.status).collect::<Vec<_>>(), vec![200, 400]);
+    let rs = raw_exchange(
+        d.addr,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n",
+    );
+    assert_eq!(
+        rs.iter().map(|r| r.status).collect::<Vec<_>>(),
+        vec![200, 400]
+    );
 
     // Unknown path and wrong method.
     let r = d.get("/nope");
-    assert_eq!((r.status, r.json()), (404, serde_json::json!({"error": "not_found"})));
+    assert_eq!(
+        (r.status, r.json()),
+        (404, serde_json::json!({"error": "not_found"}))
+    );
     let r = d.get("/execute");
     assert_eq!(r.status, 405);
     assert_eq!(r.header("allow"), Some("POST"));
@@ -234,13 +299,20 @@ fn test_malformed_requests_get_errors_and_daemon_keeps_serving() {
 
 #[test]
 fn test_timeouts_and_connection_cap() {
-    let d = Daemon::start_with(&[("ISOBOX_HEAD_TIMEOUT_MS", "600"), ("ISOBOX_IDLE_TIMEOUT_MS", "800"), ("ISOBOX_MAX_CONNECTIONS", "4")]);
+    let d = Daemon::start_with(&[
+        ("ISOBOX_HEAD_TIMEOUT_MS", "600"),
+        ("ISOBOX_IDLE_TIMEOUT_MS", "800"),
+        ("ISOBOX_MAX_CONNECTIONS", "4"),
+    ]);
     // Slowloris: a head trickled a byte at a time is cut at the total deadline, not reset
     // by each byte.
     let mut s = d.connect();
     let t0 = Instant::now();
     let mut closed = false;
-    for b in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".iter() {
+    for b in
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+            .iter()
+    {
         if s.write_all(&[*b]).is_err() {
             closed = true;
             break;
@@ -250,16 +322,30 @@ fn test_timeouts_and_connection_cap() {
             break;
         }
     }
-    assert!(closed || closed_within(&mut s, Duration::from_secs(2)), "slow head not cut");
-    assert!(t0.elapsed() < Duration::from_secs(3), "cut at the head deadline: {:?}", t0.elapsed());
+    assert!(
+        closed || closed_within(&mut s, Duration::from_secs(2)),
+        "slow head not cut"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "cut at the head deadline: {:?}",
+        t0.elapsed()
+    );
 
     // Idle keep-alive connection is closed after the idle timeout, not before.
     let mut s = d.connect();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
     let mut r = BufReader::new(s.try_clone().unwrap());
     assert_eq!(read_response(&mut r, false).unwrap().status, 200);
-    assert!(!closed_within(&mut s, Duration::from_millis(300)), "closed too early");
-    assert!(closed_within(&mut s, Duration::from_secs(3)), "idle connection not closed");
+    assert!(
+        !closed_within(&mut s, Duration::from_millis(300)),
+        "closed too early"
+    );
+    assert!(
+        closed_within(&mut s, Duration::from_secs(3)),
+        "idle connection not closed"
+    );
 
     // Connection cap: 4 open, the 5th is refused with 503 and closed; after closing one,
     // a new client is served.
@@ -287,7 +373,10 @@ fn test_health_readiness_runtimes_and_docs() {
     assert!(j["version"].is_string());
     let r = d.get("/readyz");
     assert_eq!(r.status, 200);
-    assert_eq!(r.json(), serde_json::json!({"ready": true, "backend": "gvisor"}));
+    assert_eq!(
+        r.json(),
+        serde_json::json!({"ready": true, "backend": "gvisor"})
+    );
     let rt = d.get("/runtimes").json();
     let list = rt.as_array().unwrap();
     assert!(!list.is_empty(), "at least one runtime is installed");
@@ -298,7 +387,10 @@ fn test_health_readiness_runtimes_and_docs() {
         assert!(r["compiled"].is_boolean());
     }
     let llms = d.get("/llms.txt");
-    assert!(llms.header("content-type").unwrap().starts_with("text/plain"));
+    assert!(llms
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain"));
     assert!(llms.text().starts_with("# isobox"));
     let oa = d.get("/openapi.yaml");
     assert_eq!(oa.header("content-type"), Some("application/yaml"));

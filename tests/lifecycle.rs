@@ -10,7 +10,12 @@ use std::time::{Duration, Instant};
 fn start_run(d: &Daemon, code: &str) -> std::net::TcpStream {
     let body = json!({"language": "python-slim", "network": false, "code": code}).to_string();
     let mut s = d.connect();
-    write!(s, "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(
+        s,
+        "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
     s
 }
 
@@ -31,22 +36,36 @@ fn test_sigterm_lets_runs_finish_within_grace_then_kills() {
     wait_in_flight(&d, 2);
     let t0 = Instant::now();
     let pid = d.pid();
-    std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
     // The short run completes normally and is answered.
     let r = read_response(&mut BufReader::new(short), false).unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["run"]["stdout"], "finished\n");
     assert_eq!(r.header("connection"), Some("close"));
     // No new connections are accepted meanwhile.
-    assert!(std::net::TcpStream::connect(d.addr).is_err(), "listener closed on SIGTERM");
+    assert!(
+        std::net::TcpStream::connect(d.addr).is_err(),
+        "listener closed on SIGTERM"
+    );
     // The long run is killed at the end of the grace period and still answered.
     let r = read_response(&mut BufReader::new(long), false).unwrap();
     assert_eq!(r.json()["run"]["exitCode"], 137);
     assert_eq!(r.json()["run"]["stdout"], "");
     let took = t0.elapsed();
-    assert!(took >= Duration::from_millis(3500) && took < Duration::from_secs(12), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(3500) && took < Duration::from_secs(12),
+        "{took:?}"
+    );
     // `stop` waits for a clean exit and checks the slice and runsc root are gone.
-    assert!(d.leftovers().is_empty() || { std::thread::sleep(Duration::from_secs(2)); d.leftovers().is_empty() });
+    assert!(
+        d.leftovers().is_empty() || {
+            std::thread::sleep(Duration::from_secs(2));
+            d.leftovers().is_empty()
+        }
+    );
     d.stop();
 }
 
@@ -64,17 +83,39 @@ fn test_crash_leftovers_are_swept_at_startup() {
     child.kill().unwrap();
     child.wait().unwrap();
     let slice = std::path::Path::new("/sys/fs/cgroup/memory").join(&instance);
-    let stale: Vec<_> = std::fs::read_dir(&slice).unwrap().flatten().filter(|e| e.path().is_dir()).collect();
+    let stale: Vec<_> = std::fs::read_dir(&slice)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .collect();
     assert_eq!(stale.len(), 1, "the crashed run's cgroup is still there");
-    assert_eq!(std::fs::read_dir(data_dir.join("runs")).unwrap().count(), 1, "and its bundle");
+    assert_eq!(
+        std::fs::read_dir(data_dir.join("runs")).unwrap().count(),
+        1,
+        "and its bundle"
+    );
     // A new daemon with the same instance name and data dir sweeps them before serving.
     let d2 = Daemon::start_with(&[("ISOBOX_INSTANCE", instance.as_str())]);
     d2.wait_ready();
-    assert!(d2.leftovers().is_empty(), "swept at startup: {:?}", d2.leftovers());
+    assert!(
+        d2.leftovers().is_empty(),
+        "swept at startup: {:?}",
+        d2.leftovers()
+    );
     assert!(d2.log().contains("startup sweep removed"), "{}", d2.log());
-    assert_eq!(d2.execute(json!({"language": "python-slim", "network": false, "code": "print(1)"}))["run"]["stdout"], "1\n");
+    assert_eq!(
+        d2.execute(json!({"language": "python-slim", "network": false, "code": "print(1)"}))["run"]
+            ["stdout"],
+        "1\n"
+    );
     // No process of the crashed instance survives.
-    let ps = std::process::Command::new("pgrep").args(["-f", &format!("{instance}-")]).output().unwrap();
-    assert!(String::from_utf8_lossy(&ps.stdout).trim().is_empty(), "processes of the old instance remain");
+    let ps = std::process::Command::new("pgrep")
+        .args(["-f", &format!("{instance}-")])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&ps.stdout).trim().is_empty(),
+        "processes of the old instance remain"
+    );
     d2.stop();
 }

@@ -9,18 +9,29 @@ use common::Daemon;
 fn test_openapi_valid_and_complete() {
     let d = Daemon::start();
     let paths = std::env::temp_dir().join(format!("isobox-paths-{}", std::process::id()));
-    let text: String = isobox::router::PATHS.iter().map(|(p, m)| format!("{p}\t{m}\n")).collect();
+    let text: String = isobox::router::PATHS
+        .iter()
+        .map(|(p, m)| format!("{p}\t{m}\n"))
+        .collect();
     std::fs::write(&paths, text).unwrap();
-    let venv = std::env::var("ISOBOX_TEST_PYTHON").unwrap_or_else(|_| "/tmp/isobox-test-venv/bin/python".into());
+    let venv = std::env::var("ISOBOX_TEST_PYTHON")
+        .unwrap_or_else(|_| "/tmp/isobox-test-venv/bin/python".into());
     let out = std::process::Command::new(&venv)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openapi/check.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/openapi/check.py"
+        ))
         .arg(format!("http://{}", d.addr))
         .arg(&paths)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {venv} (run `make test-venv`): {e}"));
     let _ = std::fs::remove_file(&paths);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "openapi check failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "openapi check failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
     d.stop();
 }

@@ -38,7 +38,16 @@ fn test_hello_world_in_every_installed_runtime_and_aliases() {
     for rt in runtimes.as_array().unwrap() {
         let lang = rt["language"].as_str().unwrap();
         let code = hello_for(lang).unwrap_or_else(|| panic!("no hello world for {lang}"));
-        for name in std::iter::once(lang.to_string()).chain(rt["aliases"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string())).take(2) {
+        for name in std::iter::once(lang.to_string())
+            .chain(
+                rt["aliases"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_string()),
+            )
+            .take(2)
+        {
             let r = d.execute(json!({"language": name, "code": code, "network": false}));
             assert_eq!(r["language"], lang, "{name}");
             assert_eq!(r["version"], rt["version"]);
@@ -46,15 +55,31 @@ fn test_hello_world_in_every_installed_runtime_and_aliases() {
             assert_eq!(r["run"]["stdout"], "hello\n", "{lang}: {r}");
             assert_eq!(r["run"]["exitCode"], 0, "{lang}: {r}");
             assert_eq!(r["run"]["network"], false);
-            assert!(r.get("warning").is_none(), "no warning when network was not requested");
-            assert_eq!(r.get("compile").is_some(), rt["compiled"].as_bool().unwrap(), "{lang}: compile stage only for compiled runtimes");
+            assert!(
+                r.get("warning").is_none(),
+                "no warning when network was not requested"
+            );
+            assert_eq!(
+                r.get("compile").is_some(),
+                rt["compiled"].as_bool().unwrap(),
+                "{lang}: compile stage only for compiled runtimes"
+            );
         }
     }
     // Pinning the real version works; another version is refused.
-    let v = runtimes.as_array().unwrap().iter().find(|r| r["language"] == PY).unwrap()["version"].clone();
+    let v = runtimes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["language"] == PY)
+        .unwrap()["version"]
+        .clone();
     let r = d.execute(json!({"language": PY, "version": v, "code": "print(1)", "network": false}));
     assert_eq!(r["run"]["stdout"], "1\n");
-    let r = d.post_json("/execute", &json!({"language": PY, "version": "0.0.1", "code": "print(1)"}));
+    let r = d.post_json(
+        "/execute",
+        &json!({"language": PY, "version": "0.0.1", "code": "print(1)"}),
+    );
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"], "unknown_version");
     d.assert_clean();
@@ -65,9 +90,19 @@ fn test_hello_world_in_every_installed_runtime_and_aliases() {
 fn test_stdin_args_files_exits_and_network_warning() {
     let d = Daemon::start();
     // args arrive literally: no shell between.
-    let args = json!(["a b", "it's \"quoted\"", "$(touch /tmp/pwned)", "`id`", "*", ""]);
+    let args = json!([
+        "a b",
+        "it's \"quoted\"",
+        "$(touch /tmp/pwned)",
+        "`id`",
+        "*",
+        ""
+    ]);
     let r = run(&d, "import sys,os\nprint(sys.argv[1:])\nprint(os.path.exists('/tmp/pwned'))\nprint(sys.stdin.read())", json!({"args": args, "stdin": "line1\nline2"}));
-    let expected = format!("{}\nFalse\nline1\nline2\n", "['a b', 'it\\'s \"quoted\"', '$(touch /tmp/pwned)', '`id`', '*', '']");
+    let expected = format!(
+        "{}\nFalse\nline1\nline2\n",
+        "['a b', 'it\\'s \"quoted\"', '$(touch /tmp/pwned)', '`id`', '*', '']"
+    );
     assert_eq!(r["run"]["stdout"], expected);
     // Multi-file programs, base64 and hex; the first file is the entry without `code`.
     let r = d.execute(json!({"language": PY, "network": false, "files": [
@@ -78,16 +113,33 @@ fn test_stdin_args_files_exits_and_network_warning() {
     ]}));
     assert_eq!(r["run"]["stdout"], "42 b'\\x00\\xffA'\n", "{r}");
     // Non-zero exits and stderr.
-    let r = run(&d, "import sys\nprint('oops', file=sys.stderr)\nsys.exit(3)", json!({}));
-    assert_eq!((r["run"]["exitCode"].as_i64(), r["run"]["stderr"].as_str()), (Some(3), Some("oops\n")));
+    let r = run(
+        &d,
+        "import sys\nprint('oops', file=sys.stderr)\nsys.exit(3)",
+        json!({}),
+    );
+    assert_eq!(
+        (r["run"]["exitCode"].as_i64(), r["run"]["stderr"].as_str()),
+        (Some(3), Some("oops\n"))
+    );
     let r = run(&d, "raise ValueError('boom')", json!({}));
     assert_eq!(r["run"]["exitCode"], 1);
-    assert!(r["run"]["stderr"].as_str().unwrap().contains("ValueError: boom"));
-    let r = run(&d, "import os,signal\nos.kill(os.getpid(), signal.SIGSEGV)", json!({}));
+    assert!(r["run"]["stderr"]
+        .as_str()
+        .unwrap()
+        .contains("ValueError: boom"));
+    let r = run(
+        &d,
+        "import os,signal\nos.kill(os.getpid(), signal.SIGSEGV)",
+        json!({}),
+    );
     assert_eq!(r["run"]["exitCode"], 139);
     assert_eq!(r["run"]["timedOut"], false);
     // Network requested (or defaulted on) but not applied: run.network false + warning.
-    for body in [json!({"language": PY, "code": "print(1)"}), json!({"language": PY, "code": "print(1)", "network": true})] {
+    for body in [
+        json!({"language": PY, "code": "print(1)"}),
+        json!({"language": PY, "code": "print(1)", "network": true}),
+    ] {
         let r = d.execute(body);
         assert_eq!(r["run"]["network"], false);
         assert_eq!(r["warning"], "network requested but currently unavailable (egress firewall not verified); ran with network OFF");
@@ -101,18 +153,62 @@ fn test_request_errors() {
     let d = Daemon::start();
     let cases = [
         (json!({"code": "print(1)"}), "language_required", None),
-        (json!({"language": "", "code": "print(1)"}), "language_required", None),
-        (json!({"language": "cobol", "code": "x"}), "unknown_language", Some("\"cobol\" is not a known runtime; see GET /runtimes")),
-        (json!({"language": PY}), "no_source", Some("provide `code` or `files`")),
-        (json!({"language": PY, "files": []}), "no_source", Some("provide `code` or `files`")),
-        (json!({"language": PY, "code": "x", "bogus": 1}), "invalid_json", None),
+        (
+            json!({"language": "", "code": "print(1)"}),
+            "language_required",
+            None,
+        ),
+        (
+            json!({"language": "cobol", "code": "x"}),
+            "unknown_language",
+            Some("\"cobol\" is not a known runtime; see GET /runtimes"),
+        ),
+        (
+            json!({"language": PY}),
+            "no_source",
+            Some("provide `code` or `files`"),
+        ),
+        (
+            json!({"language": PY, "files": []}),
+            "no_source",
+            Some("provide `code` or `files`"),
+        ),
+        (
+            json!({"language": PY, "code": "x", "bogus": 1}),
+            "invalid_json",
+            None,
+        ),
         (json!({"language": PY, "code": 5}), "invalid_json", None),
-        (json!({"language": PY, "code": "x", "limits": {"wallTimeMs": "NaN"}}), "invalid_json", None),
-        (json!({"language": PY, "files": [{"name": "../x.py", "content": ""}]}), "invalid_file", None),
-        (json!({"language": PY, "files": [{"name": "/etc/passwd", "content": ""}]}), "invalid_file", None),
-        (json!({"language": PY, "files": [{"name": "a.py", "content": "!!", "encoding": "base64"}]}), "invalid_file", None),
-        (json!({"language": PY, "files": [{"name": "a.py", "content": "zz", "encoding": "hex"}]}), "invalid_file", None),
-        (json!({"language": PY, "files": [{"name": "a.py", "content": "", "encoding": "rot13"}]}), "invalid_file", None),
+        (
+            json!({"language": PY, "code": "x", "limits": {"wallTimeMs": "NaN"}}),
+            "invalid_json",
+            None,
+        ),
+        (
+            json!({"language": PY, "files": [{"name": "../x.py", "content": ""}]}),
+            "invalid_file",
+            None,
+        ),
+        (
+            json!({"language": PY, "files": [{"name": "/etc/passwd", "content": ""}]}),
+            "invalid_file",
+            None,
+        ),
+        (
+            json!({"language": PY, "files": [{"name": "a.py", "content": "!!", "encoding": "base64"}]}),
+            "invalid_file",
+            None,
+        ),
+        (
+            json!({"language": PY, "files": [{"name": "a.py", "content": "zz", "encoding": "hex"}]}),
+            "invalid_file",
+            None,
+        ),
+        (
+            json!({"language": PY, "files": [{"name": "a.py", "content": "", "encoding": "rot13"}]}),
+            "invalid_file",
+            None,
+        ),
     ];
     for (body, code, detail) in cases {
         let r = d.post_json("/execute", &body);
@@ -124,12 +220,25 @@ fn test_request_errors() {
         }
     }
     let r = d.post_json("/execute", &json!({"language": PY, "files": [{"name": "ok.py", "content": ""}, {"name": "a\\b", "content": ""}]}));
-    assert!(r.json()["detail"].as_str().unwrap().starts_with("files[1]"), "detail names the file: {}", r.text());
+    assert!(
+        r.json()["detail"].as_str().unwrap().starts_with("files[1]"),
+        "detail names the file: {}",
+        r.text()
+    );
     for bad in ["{", "[", "null", "\"x\"", &"[".repeat(100_000)] {
         let r = d.request("POST", "/execute", &[], bad.as_bytes());
-        assert_eq!((r.status, r.json()["error"].as_str()), (400, Some("invalid_json")), "{}", &bad[..bad.len().min(20)]);
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (400, Some("invalid_json")),
+            "{}",
+            &bad[..bad.len().min(20)]
+        );
     }
-    assert_eq!(d.get("/healthz").json()["counters"]["runsTotal"], 0, "no sandbox was started");
+    assert_eq!(
+        d.get("/healthz").json()["counters"]["runsTotal"],
+        0,
+        "no sandbox was started"
+    );
     d.stop();
 }
 
@@ -137,44 +246,129 @@ fn test_request_errors() {
 fn test_timeout_oom_truncation_and_flood() {
     let d = Daemon::start();
     let t0 = Instant::now();
-    let r = run(&d, "while True: pass", json!({"limits": {"wallTimeMs": 500}}));
-    assert_eq!((r["run"]["exitCode"].as_i64(), r["run"]["timedOut"].as_bool(), r["run"]["oomKilled"].as_bool()), (Some(137), Some(true), Some(false)), "{r}");
+    let r = run(
+        &d,
+        "while True: pass",
+        json!({"limits": {"wallTimeMs": 500}}),
+    );
+    assert_eq!(
+        (
+            r["run"]["exitCode"].as_i64(),
+            r["run"]["timedOut"].as_bool(),
+            r["run"]["oomKilled"].as_bool()
+        ),
+        (Some(137), Some(true), Some(false)),
+        "{r}"
+    );
     assert!(t0.elapsed() < Duration::from_secs(5));
     // Output printed before a timeout kill is kept (line-buffered or unbuffered).
-    let r = run(&d, "print('before')\nimport time\ntime.sleep(100)", json!({"limits": {"wallTimeMs": 300}}));
-    assert_eq!((r["run"]["stdout"].as_str(), r["run"]["timedOut"].as_bool()), (Some("before\n"), Some(true)));
+    let r = run(
+        &d,
+        "print('before')\nimport time\ntime.sleep(100)",
+        json!({"limits": {"wallTimeMs": 300}}),
+    );
+    assert_eq!(
+        (r["run"]["stdout"].as_str(), r["run"]["timedOut"].as_bool()),
+        (Some("before\n"), Some(true))
+    );
     // A stopped process group still dies at the wall time.
     let r = run(&d, "import os,signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nos.kill(0, signal.SIGSTOP)", json!({"limits": {"wallTimeMs": 300}}));
     assert_eq!(r["run"]["timedOut"], true);
     // 1 GiB under a 64 MiB limit: OOM, read from the cgroup.
-    let r = run(&d, "b = bytearray(1 << 30)\nprint(len(b))", json!({"limits": {"memoryBytes": 67108864}}));
-    assert_eq!((r["run"]["exitCode"].as_i64(), r["run"]["oomKilled"].as_bool(), r["run"]["timedOut"].as_bool()), (Some(137), Some(true), Some(false)), "{r}");
-    let r = run(&d, "b=[]\nwhile True: b.append(bytearray(8 << 20))", json!({"limits": {"memoryBytes": 67108864}}));
+    let r = run(
+        &d,
+        "b = bytearray(1 << 30)\nprint(len(b))",
+        json!({"limits": {"memoryBytes": 67108864}}),
+    );
+    assert_eq!(
+        (
+            r["run"]["exitCode"].as_i64(),
+            r["run"]["oomKilled"].as_bool(),
+            r["run"]["timedOut"].as_bool()
+        ),
+        (Some(137), Some(true), Some(false)),
+        "{r}"
+    );
+    let r = run(
+        &d,
+        "b=[]\nwhile True: b.append(bytearray(8 << 20))",
+        json!({"limits": {"memoryBytes": 67108864}}),
+    );
     assert_eq!(r["run"]["oomKilled"], true, "{r}");
     // A program SIGKILLed by itself is not an OOM.
-    let r = run(&d, "import os,signal\nos.kill(os.getpid(), signal.SIGKILL)", json!({}));
-    assert_eq!((r["run"]["exitCode"].as_i64(), r["run"]["oomKilled"].as_bool(), r["run"]["timedOut"].as_bool()), (Some(137), Some(false), Some(false)));
+    let r = run(
+        &d,
+        "import os,signal\nos.kill(os.getpid(), signal.SIGKILL)",
+        json!({}),
+    );
+    assert_eq!(
+        (
+            r["run"]["exitCode"].as_i64(),
+            r["run"]["oomKilled"].as_bool(),
+            r["run"]["timedOut"].as_bool()
+        ),
+        (Some(137), Some(false), Some(false))
+    );
     // 10 MiB printed, 4096 kept per stream, truncated; the program finishes normally.
-    let r = run(&d, "import sys\nsys.stdout.write('x' * (10 << 20))\nsys.stderr.write('e' * 5000)", json!({"limits": {"outputBytes": 4096}}));
+    let r = run(
+        &d,
+        "import sys\nsys.stdout.write('x' * (10 << 20))\nsys.stderr.write('e' * 5000)",
+        json!({"limits": {"outputBytes": 4096}}),
+    );
     assert_eq!(r["run"]["stdout"].as_str().unwrap().len(), 4096);
     assert_eq!(r["run"]["stderr"].as_str().unwrap().len(), 4096);
-    assert_eq!((r["run"]["truncated"].as_bool(), r["run"]["exitCode"].as_i64()), (Some(true), Some(0)));
+    assert_eq!(
+        (
+            r["run"]["truncated"].as_bool(),
+            r["run"]["exitCode"].as_i64()
+        ),
+        (Some(true), Some(0))
+    );
     // Exactly at the cap is not truncated.
-    let r = run(&d, "import sys\nsys.stdout.write('y' * 4096)", json!({"limits": {"outputBytes": 4096}}));
-    assert_eq!((r["run"]["stdout"].as_str().unwrap().len(), r["run"]["truncated"].as_bool()), (4096, Some(false)));
+    let r = run(
+        &d,
+        "import sys\nsys.stdout.write('y' * 4096)",
+        json!({"limits": {"outputBytes": 4096}}),
+    );
+    assert_eq!(
+        (
+            r["run"]["stdout"].as_str().unwrap().len(),
+            r["run"]["truncated"].as_bool()
+        ),
+        (4096, Some(false))
+    );
     // An endless flood is killed once it wrote 16 MiB past the cap, long before the wall time.
     let t0 = Instant::now();
-    let r = run(&d, "while True: print('Piston is secure' * 100)", json!({"limits": {"outputBytes": 1024, "wallTimeMs": 20000}}));
+    let r = run(
+        &d,
+        "while True: print('Piston is secure' * 100)",
+        json!({"limits": {"outputBytes": 1024, "wallTimeMs": 20000}}),
+    );
     assert_eq!(r["run"]["truncated"], true);
     assert_eq!(r["run"]["timedOut"], false);
     assert_eq!(r["run"]["exitCode"], 137);
     assert_eq!(r["run"]["stdout"].as_str().unwrap().len(), 1024);
-    assert!(t0.elapsed() < Duration::from_secs(15), "flood killed early: {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "flood killed early: {:?}",
+        t0.elapsed()
+    );
     // Both streams drain concurrently: 2 MB on stderr does not deadlock.
-    let r = run(&d, "import os\nos.write(2, b'e' * 2_000_000)\nprint('done')", json!({"limits": {"outputBytes": 262144}}));
-    assert_eq!((r["run"]["stdout"].as_str(), r["run"]["timedOut"].as_bool()), (Some("done\n"), Some(false)));
+    let r = run(
+        &d,
+        "import os\nos.write(2, b'e' * 2_000_000)\nprint('done')",
+        json!({"limits": {"outputBytes": 262144}}),
+    );
+    assert_eq!(
+        (r["run"]["stdout"].as_str(), r["run"]["timedOut"].as_bool()),
+        (Some("done\n"), Some(false))
+    );
     // Invalid UTF-8 becomes U+FFFD in valid JSON.
-    let r = run(&d, "import sys\nsys.stdout.buffer.write(b'a\\xff\\xfe\\x00b')", json!({}));
+    let r = run(
+        &d,
+        "import sys\nsys.stdout.buffer.write(b'a\\xff\\xfe\\x00b')",
+        json!({}),
+    );
     assert_eq!(r["run"]["stdout"], "a\u{FFFD}\u{FFFD}\u{0}b");
     let h = d.get("/healthz").json();
     assert_eq!(h["counters"]["runsOomKilled"], 2);
@@ -187,17 +381,36 @@ fn test_isolation_fork_bomb_and_background_processes() {
     let d = Daemon::start();
     // Fork bomb with pids 16: contained by RLIMIT_NPROC inside the sandbox.
     let r = run(&d, "import os\nn=0\nfor _ in range(200):\n try:\n  if os.fork()==0:\n   import time; time.sleep(5); os._exit(0)\n  n+=1\n except OSError: pass\nprint(n)", json!({"limits": {"pids": 16, "wallTimeMs": 3000}}));
-    let forked: i64 = r["run"]["stdout"].as_str().unwrap().trim().parse().unwrap_or(-1);
+    let forked: i64 = r["run"]["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or(-1);
     assert!((1..16).contains(&forked), "forks capped below 16: {r}");
-    let r = run(&d, "import os\nwhile True:\n try: os.fork()\n except OSError: pass", json!({"limits": {"pids": 16, "wallTimeMs": 2000}}));
+    let r = run(
+        &d,
+        "import os\nwhile True:\n try: os.fork()\n except OSError: pass",
+        json!({"limits": {"pids": 16, "wallTimeMs": 2000}}),
+    );
     assert_eq!(r["run"]["timedOut"], true, "{r}");
-    assert_eq!(run(&d, "print(1)", json!({}))["run"]["stdout"], "1\n", "daemon healthy after the bomb");
+    assert_eq!(
+        run(&d, "print(1)", json!({}))["run"]["stdout"],
+        "1\n",
+        "daemon healthy after the bomb"
+    );
     // Writing to / fails; /tmp and the working directory are writable.
     let r = run(&d, "import os\nfor p in ['/x', '/etc/x', '/usr/x']:\n try: open(p,'w'); print('wrote', p)\n except OSError as e: print(type(e).__name__)\nopen('/tmp/t','w').write('1'); open('w.txt','w').write('2'); print(os.getcwd(), os.getuid())", json!({}));
-    assert_eq!(r["run"]["stdout"], "PermissionError\nPermissionError\nPermissionError\n/workspace 65534\n", "{r}");
+    assert_eq!(
+        r["run"]["stdout"], "PermissionError\nPermissionError\nPermissionError\n/workspace 65534\n",
+        "{r}"
+    );
     // The working directory is capped at memoryBytes.
     let r = run(&d, "f=open('big','wb')\ntry:\n for _ in range(100): f.write(b'x'*(1<<20)); f.flush()\nexcept OSError as e: print('ENOSPC' if e.errno==28 else e)", json!({"limits": {"memoryBytes": 33554432}}));
-    assert!(r["run"]["stdout"] == "ENOSPC\n" || r["run"]["oomKilled"] == true, "{r}");
+    assert!(
+        r["run"]["stdout"] == "ENOSPC\n" || r["run"]["oomKilled"] == true,
+        "{r}"
+    );
     // The host's files are not visible.
     let canary = std::env::temp_dir().join(format!("hostcanary-{}", std::process::id()));
     std::fs::write(&canary, "secret-canary").unwrap();
@@ -219,25 +432,55 @@ fn test_clamping_at_both_ends() {
     let d = Daemon::start_with(&[("ISOBOX_MAX_CONCURRENT", "8")]);
     let probe = "import resource\nm=[l for l in open('/proc/meminfo') if l.startswith('MemTotal')][0].split()[1]\nprint(m, resource.getrlimit(resource.RLIMIT_NPROC)[0])";
     let overhead_kib = 32 * 1024;
-    for (mem, pids, want_mem, want_pids) in [(0.0, -5.0, 8 * 1024, 1), (1e20, 1e9, 512 * 1024, 256), (134217728.0, 64.0, 128 * 1024, 64)] {
-        let r = run(&d, probe, json!({"limits": {"memoryBytes": mem, "pids": pids}}));
-        assert_eq!(r["run"]["stdout"], format!("{} {}\n", want_mem + overhead_kib, want_pids), "{r}");
+    for (mem, pids, want_mem, want_pids) in [
+        (0.0, -5.0, 8 * 1024, 1),
+        (1e20, 1e9, 512 * 1024, 256),
+        (134217728.0, 64.0, 128 * 1024, 64),
+    ] {
+        let r = run(
+            &d,
+            probe,
+            json!({"limits": {"memoryBytes": mem, "pids": pids}}),
+        );
+        assert_eq!(
+            r["run"]["stdout"],
+            format!("{} {}\n", want_mem + overhead_kib, want_pids),
+            "{r}"
+        );
     }
     // outputBytes: below the minimum keeps 1024, above the maximum keeps 262144.
     for (asked, kept) in [(1.0, 1024), (-1.0, 1024), (1e12, 262144)] {
-        let r = run(&d, "print('z' * 300000, end='')", json!({"limits": {"outputBytes": asked}}));
-        assert_eq!(r["run"]["stdout"].as_str().unwrap().len(), kept, "outputBytes {asked}");
+        let r = run(
+            &d,
+            "print('z' * 300000, end='')",
+            json!({"limits": {"outputBytes": asked}}),
+        );
+        assert_eq!(
+            r["run"]["stdout"].as_str().unwrap().len(),
+            kept,
+            "outputBytes {asked}"
+        );
     }
     // wallTimeMs: 0 is never unlimited; it becomes 100 ms (plus the boot grace).
     let t0 = Instant::now();
-    let r = run(&d, "import time\ntime.sleep(60)", json!({"limits": {"wallTimeMs": 0}}));
+    let r = run(
+        &d,
+        "import time\ntime.sleep(60)",
+        json!({"limits": {"wallTimeMs": 0}}),
+    );
     assert_eq!(r["run"]["timedOut"], true);
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // cpus: the cgroup quota is written clamped (read on the host while the run sleeps).
     for (cpus, quota) in [(0.0, 10_000), (64.0, 200_000)] {
         let d2 = &d;
         let handle = std::thread::scope(|s| {
-            let h = s.spawn(move || run(d2, "import time\ntime.sleep(1.5)", json!({"limits": {"cpus": cpus}})));
+            let h = s.spawn(move || {
+                run(
+                    d2,
+                    "import time\ntime.sleep(1.5)",
+                    json!({"limits": {"cpus": cpus}}),
+                )
+            });
             let deadline = Instant::now() + Duration::from_secs(10);
             let mut seen = None;
             while seen.is_none() && Instant::now() < deadline {
@@ -256,10 +499,17 @@ fn test_clamping_at_both_ends() {
     }
     // wallTimeMs above the maximum is 20 s: a 25 s sleep is cut at ~21 s.
     let t0 = Instant::now();
-    let r = run(&d, "import time\ntime.sleep(25)\nprint('not reached')", json!({"limits": {"wallTimeMs": 1e12}}));
+    let r = run(
+        &d,
+        "import time\ntime.sleep(25)\nprint('not reached')",
+        json!({"limits": {"wallTimeMs": 1e12}}),
+    );
     assert_eq!(r["run"]["timedOut"], true);
     let took = t0.elapsed();
-    assert!(took >= Duration::from_secs(20) && took < Duration::from_secs(24), "{took:?}");
+    assert!(
+        took >= Duration::from_secs(20) && took < Duration::from_secs(24),
+        "{took:?}"
+    );
     d.assert_clean();
     d.stop();
 }
@@ -269,10 +519,18 @@ fn test_parallel_runs_all_correct() {
     let d = Daemon::start_with(&[("ISOBOX_MAX_CONCURRENT", "8")]);
     d.wait_ready();
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8).map(|i| {
-            let d = &d;
-            s.spawn(move || run(d, &format!("import sys\nprint({i} * 7)\nprint('e{i}', file=sys.stderr)"), json!({})))
-        }).collect();
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let d = &d;
+                s.spawn(move || {
+                    run(
+                        d,
+                        &format!("import sys\nprint({i} * 7)\nprint('e{i}', file=sys.stderr)"),
+                        json!({}),
+                    )
+                })
+            })
+            .collect();
         for (i, h) in handles.into_iter().enumerate() {
             let r = h.join().unwrap();
             assert_eq!(r["run"]["stdout"], format!("{}\n", i * 7));
@@ -288,20 +546,28 @@ fn test_capacity_cap_answers_429_and_frees_slots() {
     let d = Daemon::start_with(&[("ISOBOX_MAX_CONCURRENT", "2")]);
     d.wait_ready();
     std::thread::scope(|s| {
-        let long: Vec<_> = (0..2).map(|_| {
-            let d = &d;
-            s.spawn(move || run(d, "import time\ntime.sleep(2)\nprint('ok')", json!({})))
-        }).collect();
+        let long: Vec<_> = (0..2)
+            .map(|_| {
+                let d = &d;
+                s.spawn(move || run(d, "import time\ntime.sleep(2)\nprint('ok')", json!({})))
+            })
+            .collect();
         let deadline = Instant::now() + Duration::from_secs(10);
         while d.get("/healthz").json()["inFlight"] != 2 {
             assert!(Instant::now() < deadline);
             std::thread::sleep(Duration::from_millis(20));
         }
         let t0 = Instant::now();
-        let r = d.post_json("/execute", &json!({"language": PY, "code": "print(1)", "network": false}));
+        let r = d.post_json(
+            "/execute",
+            &json!({"language": PY, "code": "print(1)", "network": false}),
+        );
         assert!(t0.elapsed() < Duration::from_millis(500), "refused at once");
         assert_eq!(r.status, 429);
-        assert_eq!(r.json(), json!({"error": "capacity", "detail": "no free execution slot"}));
+        assert_eq!(
+            r.json(),
+            json!({"error": "capacity", "detail": "no free execution slot"})
+        );
         assert!(r.header("retry-after").is_some());
         for h in long {
             assert_eq!(h.join().unwrap()["run"]["stdout"], "ok\n");

@@ -30,7 +30,13 @@ impl Key {
     pub fn new(secret: &str) -> Key {
         let d = sha256(secret.as_bytes());
         let t = sha256(&d);
-        let tenant = format!("key-{}", t[..8].iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let tenant = format!(
+            "key-{}",
+            t[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
         Key { digest: d, tenant }
     }
 }
@@ -85,7 +91,10 @@ mod tests {
         assert!(find(&keys, "beta ").is_none());
         assert!(find(&keys, "bet").is_none());
         assert!(find(&keys, "").is_none());
-        assert_ne!(find(&keys, "alpha").unwrap().tenant, find(&keys, "gamma").unwrap().tenant);
+        assert_ne!(
+            find(&keys, "alpha").unwrap().tenant,
+            find(&keys, "gamma").unwrap().tenant
+        );
         assert!(find(&keys, "alpha").unwrap().tenant.starts_with("key-"));
         assert!(!format!("{:?}", keys[0]).contains("alpha"));
     }

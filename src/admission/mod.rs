@@ -57,7 +57,12 @@ impl Cidr {
         let addr: IpAddr = a.trim().parse().map_err(|_| bad())?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match p {
-            Some(p) => p.trim().parse::<u8>().ok().filter(|&n| n <= max).ok_or_else(bad)?,
+            Some(p) => p
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|&n| n <= max)
+                .ok_or_else(bad)?,
             None => max,
         };
         Ok(Cidr { addr, prefix })
@@ -71,11 +76,19 @@ impl Cidr {
         };
         match (self.addr, ip) {
             (IpAddr::V4(a), IpAddr::V4(b)) => {
-                let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+                let mask = if self.prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - u32::from(self.prefix))
+                };
                 u32::from(a) & mask == u32::from(b) & mask
             }
             (IpAddr::V6(a), IpAddr::V6(b)) => {
-                let mask = if self.prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(self.prefix)) };
+                let mask = if self.prefix == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - u32::from(self.prefix))
+                };
                 u128::from(a) & mask == u128::from(b) & mask
             }
             _ => false,
@@ -119,7 +132,10 @@ pub enum Verdict {
 }
 
 fn open_route(route: Route) -> bool {
-    matches!(route, Route::Healthz | Route::Readyz | Route::LlmsTxt | Route::OpenApi)
+    matches!(
+        route,
+        Route::Healthz | Route::Readyz | Route::LlmsTxt | Route::OpenApi
+    )
 }
 
 fn rate_limited(route: Route) -> bool {
@@ -141,9 +157,18 @@ impl Admission {
     }
 
     fn load_keys(cfg: &AdmissionConfig) -> Result<Vec<Key>, AdmissionError> {
-        let mut keys = cfg.api_keys.as_ref().map(|s| keys::parse_list(s.expose())).unwrap_or_default();
+        let mut keys = cfg
+            .api_keys
+            .as_ref()
+            .map(|s| keys::parse_list(s.expose()))
+            .unwrap_or_default();
         if let Some(path) = &cfg.api_keys_file {
-            keys.extend(keys::load_file(path).map_err(|source| AdmissionError::KeyFile { path: path.clone(), source })?);
+            keys.extend(
+                keys::load_file(path).map_err(|source| AdmissionError::KeyFile {
+                    path: path.clone(),
+                    source,
+                })?,
+            );
         }
         Ok(keys)
     }
@@ -151,7 +176,10 @@ impl Admission {
     /// Re-reads the key file (SIGHUP). On error the old keys stay.
     pub fn reload(&mut self) {
         match Self::load_keys(&self.cfg) {
-            Ok(k) if k.is_empty() && self.cfg.require_auth => log::error!("key reload: no keys left; keeping the previous {}", self.keys.len()),
+            Ok(k) if k.is_empty() && self.cfg.require_auth => log::error!(
+                "key reload: no keys left; keeping the previous {}",
+                self.keys.len()
+            ),
             Ok(k) => {
                 log::info!("key reload: {} keys", k.len());
                 self.keys = k;
@@ -184,29 +212,42 @@ impl Admission {
                 }
             }
         }
-        chain.into_iter().rev().find(|ip| !trusted(*ip)).unwrap_or(peer)
+        chain
+            .into_iter()
+            .rev()
+            .find(|ip| !trusted(*ip))
+            .unwrap_or(peer)
     }
 
     /// Decides a request from its head (before its body is read).
     pub fn check(&mut self, route: Route, head: &Head, peer: IpAddr, now: Instant) -> Verdict {
         if open_route(route) {
-            return Verdict::Allow { tenant: PUBLIC_TENANT.to_string() };
+            return Verdict::Allow {
+                tenant: PUBLIC_TENANT.to_string(),
+            };
         }
         if rate_limited(route) {
             let ip = self.client_ip(head, peer);
             if let Err(wait) = self.limiter.check(ip, now) {
                 let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
-                return Verdict::Deny(Response::error(429, "rate_limited", None).with_header("Retry-After", secs.to_string()));
+                return Verdict::Deny(
+                    Response::error(429, "rate_limited", None)
+                        .with_header("Retry-After", secs.to_string()),
+                );
             }
         }
         if self.keys.is_empty() {
-            return Verdict::Allow { tenant: PUBLIC_TENANT.to_string() };
+            return Verdict::Allow {
+                tenant: PUBLIC_TENANT.to_string(),
+            };
         }
         match presented_key(head) {
             Err(resp) => Verdict::Deny(resp),
             Ok(None) => Verdict::Deny(unauthorized()),
             Ok(Some(k)) => match keys::find(&self.keys, &k) {
-                Some(key) => Verdict::Allow { tenant: key.tenant.clone() },
+                Some(key) => Verdict::Allow {
+                    tenant: key.tenant.clone(),
+                },
                 None => Verdict::Deny(unauthorized()),
             },
         }
@@ -225,20 +266,40 @@ fn unauthorized() -> Response {
 /// The key a request presents: `X-API-Key: <key>` or `Authorization: Bearer <key>`.
 /// Repeated headers, or both headers with different keys, are ambiguous: 400.
 fn presented_key(head: &Head) -> Result<Option<String>, Response> {
-    let ambiguous = || Response::error(400, "ambiguous_credentials", Some("send one API key, in X-API-Key or Authorization: Bearer"));
+    let ambiguous = || {
+        Response::error(
+            400,
+            "ambiguous_credentials",
+            Some("send one API key, in X-API-Key or Authorization: Bearer"),
+        )
+    };
     if head.header_count("x-api-key") > 1 || head.header_count("authorization") > 1 {
         return Err(ambiguous());
     }
-    let x = head.headers.iter().find(|(n, _)| n == "x-api-key").map(|(_, v)| String::from_utf8_lossy(v).into_owned());
-    let bearer = head.headers.iter().find(|(n, _)| n == "authorization").map(|(_, v)| {
-        let v = String::from_utf8_lossy(v).into_owned();
-        // RFC 6750 §2.1: the scheme is case-insensitive; exactly one token follows.
-        match v.split_once(' ') {
-            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(' ') => token.to_string(),
-            // Not a usable bearer credential: compare something that can never match.
-            _ => String::from("\u{0}invalid"),
-        }
-    });
+    let x = head
+        .headers
+        .iter()
+        .find(|(n, _)| n == "x-api-key")
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    let bearer = head
+        .headers
+        .iter()
+        .find(|(n, _)| n == "authorization")
+        .map(|(_, v)| {
+            let v = String::from_utf8_lossy(v).into_owned();
+            // RFC 6750 §2.1: the scheme is case-insensitive; exactly one token follows.
+            match v.split_once(' ') {
+                Some((scheme, token))
+                    if scheme.eq_ignore_ascii_case("bearer")
+                        && !token.is_empty()
+                        && !token.contains(' ') =>
+                {
+                    token.to_string()
+                }
+                // Not a usable bearer credential: compare something that can never match.
+                _ => String::from("\u{0}invalid"),
+            }
+        });
     match (x, bearer) {
         (Some(a), Some(b)) if a != b => Err(ambiguous()),
         (Some(a), _) => Ok(Some(a)),
@@ -275,30 +336,72 @@ mod tests {
         let mut a = adm("k1,k2", &[]);
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let now = Instant::now();
-        let status = |a: &mut Admission, h: &[(&str, &str)]| match a.check(Route::Execute, &head(h), ip, now) {
+        let status = |a: &mut Admission, h: &[(&str, &str)]| match a.check(
+            Route::Execute,
+            &head(h),
+            ip,
+            now,
+        ) {
             Verdict::Allow { .. } => 200,
             Verdict::Deny(r) => r.status,
         };
         assert_eq!(status(&mut a, &[("X-API-Key", "k1")]), 200);
         assert_eq!(status(&mut a, &[("Authorization", "Bearer k2")]), 200);
         assert_eq!(status(&mut a, &[("Authorization", "bearer k2")]), 200);
-        for bad in [vec![], vec![("X-API-Key", "k3")], vec![("Authorization", "Bearer ")], vec![("Authorization", "Bearer k1 x")], vec![("Authorization", "Basic k1")], vec![("Authorization", "k1")]] {
+        for bad in [
+            vec![],
+            vec![("X-API-Key", "k3")],
+            vec![("Authorization", "Bearer ")],
+            vec![("Authorization", "Bearer k1 x")],
+            vec![("Authorization", "Basic k1")],
+            vec![("Authorization", "k1")],
+        ] {
             assert_eq!(status(&mut a, &bad), 401, "{bad:?}");
         }
-        assert_eq!(status(&mut a, &[("X-API-Key", "k1"), ("Authorization", "Bearer k2")]), 400);
-        assert_eq!(status(&mut a, &[("X-API-Key", "k1"), ("X-API-Key", "k1")]), 400);
-        assert_eq!(status(&mut a, &[("X-API-Key", "k1"), ("Authorization", "Bearer k1")]), 200);
-        assert!(matches!(a.check(Route::Healthz, &head(&[]), ip, now), Verdict::Allow { .. }));
+        assert_eq!(
+            status(
+                &mut a,
+                &[("X-API-Key", "k1"), ("Authorization", "Bearer k2")]
+            ),
+            400
+        );
+        assert_eq!(
+            status(&mut a, &[("X-API-Key", "k1"), ("X-API-Key", "k1")]),
+            400
+        );
+        assert_eq!(
+            status(
+                &mut a,
+                &[("X-API-Key", "k1"), ("Authorization", "Bearer k1")]
+            ),
+            200
+        );
+        assert!(matches!(
+            a.check(Route::Healthz, &head(&[]), ip, now),
+            Verdict::Allow { .. }
+        ));
     }
 
     #[test]
     fn test_forwarded_for_only_from_trusted_proxies() {
         let a = adm("k", &["10.0.0.0/8"]);
-        let h = head(&[("X-Forwarded-For", "1.2.3.4, 10.1.1.1"), ("X-Real-IP", "9.9.9.9")]);
-        assert_eq!(a.client_ip(&h, "10.0.0.5".parse().unwrap()), "1.2.3.4".parse::<IpAddr>().unwrap());
-        assert_eq!(a.client_ip(&h, "127.0.0.1".parse().unwrap()), "127.0.0.1".parse::<IpAddr>().unwrap());
+        let h = head(&[
+            ("X-Forwarded-For", "1.2.3.4, 10.1.1.1"),
+            ("X-Real-IP", "9.9.9.9"),
+        ]);
+        assert_eq!(
+            a.client_ip(&h, "10.0.0.5".parse().unwrap()),
+            "1.2.3.4".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            a.client_ip(&h, "127.0.0.1".parse().unwrap()),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
         let h = head(&[("X-Forwarded-For", "garbage, 10.1.1.1")]);
-        assert_eq!(a.client_ip(&h, "10.0.0.5".parse().unwrap()), "10.0.0.5".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            a.client_ip(&h, "10.0.0.5".parse().unwrap()),
+            "10.0.0.5".parse::<IpAddr>().unwrap()
+        );
     }
 
     #[test]
@@ -308,6 +411,8 @@ mod tests {
         assert!(!c.contains("192.169.0.1".parse().unwrap()));
         assert!(c.contains("::ffff:192.168.1.1".parse().unwrap()));
         assert!(Cidr::parse("1.2.3.4/33").is_err());
-        assert!(Cidr::parse("fd00::/8").unwrap().contains("fd12::1".parse().unwrap()));
+        assert!(Cidr::parse("fd00::/8")
+            .unwrap()
+            .contains("fd12::1".parse().unwrap()));
     }
 }

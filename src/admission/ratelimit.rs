@@ -49,7 +49,12 @@ impl RateLimiter {
 
     /// As `new`, with a custom table bound.
     pub fn with_capacity(per_min: u32, burst: u32, max_clients: usize) -> RateLimiter {
-        RateLimiter { per_sec: f64::from(per_min) / 60.0, burst: f64::from(burst.max(1)), clients: HashMap::new(), max_clients: max_clients.max(1) }
+        RateLimiter {
+            per_sec: f64::from(per_min) / 60.0,
+            burst: f64::from(burst.max(1)),
+            clients: HashMap::new(),
+            max_clients: max_clients.max(1),
+        }
     }
 
     /// Takes a token for `ip`; `Err(retry_after)` when there is none.
@@ -58,13 +63,21 @@ impl RateLimiter {
         if !self.clients.contains_key(&key) && self.clients.len() >= self.max_clients {
             self.sweep(now);
             if self.clients.len() >= self.max_clients {
-                if let Some(oldest) = self.clients.iter().min_by_key(|(_, b)| b.last).map(|(k, _)| *k) {
+                if let Some(oldest) = self
+                    .clients
+                    .iter()
+                    .min_by_key(|(_, b)| b.last)
+                    .map(|(k, _)| *k)
+                {
                     self.clients.remove(&oldest);
                 }
             }
         }
         let (per_sec, burst) = (self.per_sec, self.burst);
-        let b = self.clients.entry(key).or_insert(Bucket { tokens: burst, last: now });
+        let b = self.clients.entry(key).or_insert(Bucket {
+            tokens: burst,
+            last: now,
+        });
         let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
         b.tokens = (b.tokens + elapsed * per_sec).min(burst);
         b.last = now;
@@ -81,7 +94,9 @@ impl RateLimiter {
     /// Drops buckets that have refilled completely.
     pub fn sweep(&mut self, now: Instant) {
         let (per_sec, burst) = (self.per_sec, self.burst);
-        self.clients.retain(|_, b| b.tokens + now.saturating_duration_since(b.last).as_secs_f64() * per_sec < burst);
+        self.clients.retain(|_, b| {
+            b.tokens + now.saturating_duration_since(b.last).as_secs_f64() * per_sec < burst
+        });
     }
 
     /// Clients tracked now.
@@ -108,7 +123,10 @@ mod tests {
             assert!(rl.check(ip, t).is_ok());
         }
         let wait = rl.check(ip, t).unwrap_err();
-        assert!(wait <= Duration::from_secs(1) && wait > Duration::from_millis(900), "{wait:?}");
+        assert!(
+            wait <= Duration::from_secs(1) && wait > Duration::from_millis(900),
+            "{wait:?}"
+        );
         assert!(rl.check(ip, t + Duration::from_millis(1001)).is_ok());
     }
 

@@ -124,8 +124,17 @@ fn bad(code: &str, detail: impl AsRef<str>) -> Response {
 /// Whether the client asked for an SSE stream.
 pub fn wants_stream(req: &Request) -> bool {
     let accept = req.head.header("accept").unwrap_or("");
-    accept.split(',').any(|t| t.trim().split(';').next().unwrap_or("").trim().eq_ignore_ascii_case("text/event-stream"))
-        || matches!(req.head.query_param("stream").as_deref(), Some("1") | Some("true"))
+    accept.split(',').any(|t| {
+        t.trim()
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .eq_ignore_ascii_case("text/event-stream")
+    }) || matches!(
+        req.head.query_param("stream").as_deref(),
+        Some("1") | Some("true")
+    )
 }
 
 /// Decodes and validates; answers 400/429 itself or returns the plan to run.
@@ -134,7 +143,10 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
         Ok(p) => p,
         Err(resp) => return Action::Respond(resp),
     };
-    Action::Execute { plan: Box::new(plan), stream: wants_stream(req) }
+    Action::Execute {
+        plan: Box::new(plan),
+        stream: wants_stream(req),
+    }
 }
 
 /// Decodes a request body into a plan (public for fuzzing and tests).
@@ -147,14 +159,26 @@ pub fn decode(app: &App, body: &[u8]) -> Result<ExecPlan, Response> {
     if language.is_empty() {
         return Err(Response::error(400, "language_required", None));
     }
-    let runtime = app
-        .runtimes
-        .resolve(language)
-        .ok_or_else(|| bad("unknown_language", format!("{} is not a known runtime; see GET /runtimes", serde_json::Value::from(language))))?;
+    let runtime = app.runtimes.resolve(language).ok_or_else(|| {
+        bad(
+            "unknown_language",
+            format!(
+                "{} is not a known runtime; see GET /runtimes",
+                serde_json::Value::from(language)
+            ),
+        )
+    })?;
     if let Some(v) = b.version.as_deref().filter(|v| !v.is_empty()) {
         let have = runtime.version.as_deref().unwrap_or("");
         if v != have {
-            return Err(bad("unknown_version", format!("{} has version {}; see GET /runtimes", serde_json::Value::from(runtime.desc.language.as_str()), serde_json::Value::from(have))));
+            return Err(bad(
+                "unknown_version",
+                format!(
+                    "{} has version {}; see GET /runtimes",
+                    serde_json::Value::from(runtime.desc.language.as_str()),
+                    serde_json::Value::from(have)
+                ),
+            ));
         }
     }
     if b.code.is_none() && b.files.as_ref().is_none_or(|f| f.is_empty()) {
@@ -165,14 +189,47 @@ pub fn decode(app: &App, body: &[u8]) -> Result<ExecPlan, Response> {
         files.push((runtime.desc.source_file.clone(), code.into_bytes()));
     }
     for (i, f) in b.files.unwrap_or_default().into_iter().enumerate() {
-        validate_name(&f.name).map_err(|why| bad("invalid_file", format!("files[{i}] ({}): {why}", serde_json::Value::from(f.name.as_str()))))?;
+        validate_name(&f.name).map_err(|why| {
+            bad(
+                "invalid_file",
+                format!(
+                    "files[{i}] ({}): {why}",
+                    serde_json::Value::from(f.name.as_str())
+                ),
+            )
+        })?;
         let content = match f.encoding.as_deref().unwrap_or("utf8") {
             "utf8" | "utf-8" => f.content.into_bytes(),
             "base64" => base64::engine::general_purpose::STANDARD
                 .decode(f.content.trim_end())
-                .map_err(|e| bad("invalid_file", format!("files[{i}] ({}): invalid base64: {e}", serde_json::Value::from(f.name.as_str()))))?,
-            "hex" => decode_hex(f.content.trim()).ok_or_else(|| bad("invalid_file", format!("files[{i}] ({}): invalid hex", serde_json::Value::from(f.name.as_str()))))?,
-            other => return Err(bad("invalid_file", format!("files[{i}] ({}): unknown encoding {}; use utf8, base64 or hex", serde_json::Value::from(f.name.as_str()), serde_json::Value::from(other)))),
+                .map_err(|e| {
+                    bad(
+                        "invalid_file",
+                        format!(
+                            "files[{i}] ({}): invalid base64: {e}",
+                            serde_json::Value::from(f.name.as_str())
+                        ),
+                    )
+                })?,
+            "hex" => decode_hex(f.content.trim()).ok_or_else(|| {
+                bad(
+                    "invalid_file",
+                    format!(
+                        "files[{i}] ({}): invalid hex",
+                        serde_json::Value::from(f.name.as_str())
+                    ),
+                )
+            })?,
+            other => {
+                return Err(bad(
+                    "invalid_file",
+                    format!(
+                        "files[{i}] ({}): unknown encoding {}; use utf8, base64 or hex",
+                        serde_json::Value::from(f.name.as_str()),
+                        serde_json::Value::from(other)
+                    ),
+                ))
+            }
         };
         files.push((f.name, content));
     }
@@ -229,11 +286,17 @@ fn check_collisions(files: &[(String, Vec<u8>)]) -> Result<(), String> {
     for (i, (a, _)) in files.iter().enumerate() {
         for (b, _) in &files[..i] {
             if a == b {
-                return Err(format!("{} given twice", serde_json::Value::from(a.as_str())));
+                return Err(format!(
+                    "{} given twice",
+                    serde_json::Value::from(a.as_str())
+                ));
             }
             let (short, long) = if a.len() < b.len() { (a, b) } else { (b, a) };
             if long.starts_with(short.as_str()) && long.as_bytes().get(short.len()) == Some(&b'/') {
-                return Err(format!("{} is both a file and a directory", serde_json::Value::from(short.as_str())));
+                return Err(format!(
+                    "{} is both a file and a directory",
+                    serde_json::Value::from(short.as_str())
+                ));
             }
         }
     }
@@ -241,14 +304,21 @@ fn check_collisions(files: &[(String, Vec<u8>)]) -> Result<(), String> {
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 /// Builds the response for a finished run.
-pub fn response(plan: &ExecPlan, run: RunResult, compile: Option<CompileResult>) -> ExecuteResponse {
+pub fn response(
+    plan: &ExecPlan,
+    run: RunResult,
+    compile: Option<CompileResult>,
+) -> ExecuteResponse {
     let warning = (plan.network_requested && !run.network).then_some(NETWORK_WARNING);
     ExecuteResponse {
         language: plan.runtime.desc.language.clone(),
@@ -269,7 +339,18 @@ mod tests {
         for ok in ["main.py", "pkg/mod.py", ".env", "a b.txt", "-rf"] {
             assert!(validate_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a\0b", "a\\b", "a/", &"x".repeat(256)] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "./a",
+            "a\0b",
+            "a\\b",
+            "a/",
+            &"x".repeat(256),
+        ] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
     }

@@ -38,7 +38,10 @@ pub fn not_ready_reason(app: &App) -> Option<String> {
         return Some("shutting down".into());
     }
     let Some(h) = &app.cgroups else {
-        return Some(format!("no usable cgroup hierarchy: {}", app.cgroup_error.as_deref().unwrap_or("unknown")));
+        return Some(format!(
+            "no usable cgroup hierarchy: {}",
+            app.cgroup_error.as_deref().unwrap_or("unknown")
+        ));
     };
     match h.slice_memory_limit(&app.cfg.instance) {
         None => {
@@ -63,7 +66,10 @@ pub fn not_ready_reason(app: &App) -> Option<String> {
 /// Readiness per the spec: slice capped and backend healthy.
 pub fn readyz(app: &App) -> Response {
     match not_ready_reason(app) {
-        None => Response::json(200, &serde_json::json!({"ready": true, "backend": "gvisor"})),
+        None => Response::json(
+            200,
+            &serde_json::json!({"ready": true, "backend": "gvisor"}),
+        ),
         Some(reason) => Response::json(503, &serde_json::json!({"ready": false, "reason": reason})),
     }
 }

@@ -79,7 +79,9 @@ pub enum Action {
 pub fn route_error(e: RouteError) -> Response {
     match e {
         RouteError::NotFound => Response::error(404, "not_found", None),
-        RouteError::MethodNotAllowed(allow) => Response::error(405, "method_not_allowed", None).with_header("Allow", allow),
+        RouteError::MethodNotAllowed(allow) => {
+            Response::error(405, "method_not_allowed", None).with_header("Allow", allow)
+        }
     }
 }
 
@@ -89,8 +91,16 @@ pub fn dispatch(app: &mut App, route: Route, req: &Request) -> Action {
         Route::Healthz => Action::Respond(health::healthz(app)),
         Route::Readyz => Action::Respond(health::readyz(app)),
         Route::Runtimes => Action::Respond(health::runtimes(app)),
-        Route::LlmsTxt => Action::Respond(Response::bytes(200, "text/plain; charset=utf-8", docs::LLMS_TXT.as_bytes().to_vec())),
-        Route::OpenApi => Action::Respond(Response::bytes(200, "application/yaml", docs::OPENAPI_YAML.as_bytes().to_vec())),
+        Route::LlmsTxt => Action::Respond(Response::bytes(
+            200,
+            "text/plain; charset=utf-8",
+            docs::LLMS_TXT.as_bytes().to_vec(),
+        )),
+        Route::OpenApi => Action::Respond(Response::bytes(
+            200,
+            "application/yaml",
+            docs::OPENAPI_YAML.as_bytes().to_vec(),
+        )),
         Route::Execute => execute::handle(app, req),
     }
 }

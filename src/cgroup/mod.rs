@@ -81,20 +81,36 @@ pub struct RunCgroup {
 }
 
 fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
-    let wrap = |source| CgroupError::Write { path: path.into(), value: value.into(), source };
-    let mut f = fs::OpenOptions::new().write(true).truncate(true).open(path).map_err(wrap)?;
+    let wrap = |source| CgroupError::Write {
+        path: path.into(),
+        value: value.into(),
+        source,
+    };
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(wrap)?;
     f.write_all(value.as_bytes()).map_err(wrap)
 }
 
 fn read_file(path: &Path) -> Result<String, CgroupError> {
-    fs::read_to_string(path).map_err(|source| CgroupError::Io { op: "read", path: path.into(), source })
+    fs::read_to_string(path).map_err(|source| CgroupError::Io {
+        op: "read",
+        path: path.into(),
+        source,
+    })
 }
 
 fn mkdir(path: &Path) -> Result<(), CgroupError> {
     match fs::create_dir(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(source) => Err(CgroupError::Io { op: "mkdir", path: path.into(), source }),
+        Err(source) => Err(CgroupError::Io {
+            op: "mkdir",
+            path: path.into(),
+            source,
+        }),
     }
 }
 
@@ -111,7 +127,10 @@ impl Hierarchy {
             }
         }
         let (memory, cpu, pids) = (root.join("memory"), root.join("cpu"), root.join("pids"));
-        if memory.join("cgroup.procs").exists() && cpu.join("cgroup.procs").exists() && pids.join("cgroup.procs").exists() {
+        if memory.join("cgroup.procs").exists()
+            && cpu.join("cgroup.procs").exists()
+            && pids.join("cgroup.procs").exists()
+        {
             return Ok(Hierarchy::V1 { memory, cpu, pids });
         }
         Err(CgroupError::NoHierarchy(root.into()))
@@ -127,7 +146,9 @@ impl Hierarchy {
 
     fn slice_dirs(&self, slice: &str) -> Vec<PathBuf> {
         match self {
-            Hierarchy::V1 { memory, cpu, pids } => vec![memory.join(slice), cpu.join(slice), pids.join(slice)],
+            Hierarchy::V1 { memory, cpu, pids } => {
+                vec![memory.join(slice), cpu.join(slice), pids.join(slice)]
+            }
             Hierarchy::V2 { root } => vec![root.join(slice)],
         }
     }
@@ -182,9 +203,21 @@ impl Hierarchy {
     ///
     /// # Errors
     /// When creating or writing fails; what was created is removed again.
-    pub fn create_run(&self, slice: &str, name: &str, limits: HostLimits) -> Result<RunCgroup, CgroupError> {
-        let dirs: Vec<PathBuf> = self.slice_dirs(slice).into_iter().map(|d| d.join(name)).collect();
-        let cg = RunCgroup { hier: self.clone(), dirs };
+    pub fn create_run(
+        &self,
+        slice: &str,
+        name: &str,
+        limits: HostLimits,
+    ) -> Result<RunCgroup, CgroupError> {
+        let dirs: Vec<PathBuf> = self
+            .slice_dirs(slice)
+            .into_iter()
+            .map(|d| d.join(name))
+            .collect();
+        let cg = RunCgroup {
+            hier: self.clone(),
+            dirs,
+        };
         let res = (|| {
             for d in &cg.dirs {
                 mkdir(d)?;
@@ -205,7 +238,13 @@ impl Hierarchy {
         let mut dirs = self.slice_dirs(slice);
         if let Hierarchy::V1 { memory, .. } = self {
             if let Some(root) = memory.parent() {
-                dirs.extend(fs::read_dir(root).into_iter().flatten().flatten().map(|e| e.path().join(slice)));
+                dirs.extend(
+                    fs::read_dir(root)
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .map(|e| e.path().join(slice)),
+                );
             }
         }
         for d in dirs {
@@ -237,7 +276,14 @@ impl Hierarchy {
         }
         let mut n = 0;
         for name in names {
-            let cg = RunCgroup { hier: self.clone(), dirs: self.slice_dirs(slice).into_iter().map(|d| d.join(&name)).collect() };
+            let cg = RunCgroup {
+                hier: self.clone(),
+                dirs: self
+                    .slice_dirs(slice)
+                    .into_iter()
+                    .map(|d| d.join(&name))
+                    .collect(),
+            };
             if cg.destroy().is_ok() {
                 n += 1;
             }
@@ -251,7 +297,10 @@ impl RunCgroup {
         match &self.hier {
             Hierarchy::V1 { .. } => {
                 let (m, c, p) = (&self.dirs[0], &self.dirs[1], &self.dirs[2]);
-                write_file(&m.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?;
+                write_file(
+                    &m.join("memory.limit_in_bytes"),
+                    &l.memory_bytes.to_string(),
+                )?;
                 // No swap escape hatch where swap accounting exists.
                 let memsw = m.join("memory.memsw.limit_in_bytes");
                 if memsw.exists() {
@@ -268,7 +317,10 @@ impl RunCgroup {
                 if swap.exists() {
                     write_file(&swap, "0")?;
                 }
-                write_file(&d.join("cpu.max"), &format!("{} {}", l.cpu_quota_us, CPU_PERIOD_US))?;
+                write_file(
+                    &d.join("cpu.max"),
+                    &format!("{} {}", l.cpu_quota_us, CPU_PERIOD_US),
+                )?;
                 write_file(&d.join("pids.max"), &l.pids.to_string())?;
             }
         }
@@ -284,7 +336,15 @@ impl RunCgroup {
             .iter()
             .map(|d| {
                 let p = d.join("cgroup.procs");
-                fs::OpenOptions::new().write(true).open(&p).map(OwnedFd::from).map_err(|source| CgroupError::Io { op: "open", path: p, source })
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map(OwnedFd::from)
+                    .map_err(|source| CgroupError::Io {
+                        op: "open",
+                        path: p,
+                        source,
+                    })
             })
             .collect()
     }
@@ -299,7 +359,11 @@ impl RunCgroup {
 
     /// Pids of every process in the cgroup.
     pub fn procs(&self) -> Vec<i32> {
-        fs::read_to_string(self.dirs[0].join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+        fs::read_to_string(self.dirs[0].join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
     }
 
     /// How many times the kernel's OOM killer fired in this cgroup.
@@ -309,7 +373,10 @@ impl RunCgroup {
             Hierarchy::V2 { .. } => "memory.events",
         };
         let text = fs::read_to_string(self.dirs[0].join(file)).unwrap_or_default();
-        text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// Peak memory use in bytes, where the kernel reports it.
@@ -318,7 +385,11 @@ impl RunCgroup {
             Hierarchy::V1 { .. } => "memory.max_usage_in_bytes",
             Hierarchy::V2 { .. } => "memory.peak",
         };
-        fs::read_to_string(self.dirs[0].join(file)).ok()?.trim().parse().ok()
+        fs::read_to_string(self.dirs[0].join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// SIGKILLs every process in the cgroup until it is empty (stopped ones die too:
@@ -335,7 +406,11 @@ impl RunCgroup {
             for pid in pids {
                 let _ = crate::sys::kill(pid, libc::SIGKILL);
             }
-            std::thread::sleep(std::time::Duration::from_millis(if attempt < 10 { 2 } else { 10 }));
+            std::thread::sleep(std::time::Duration::from_millis(if attempt < 10 {
+                2
+            } else {
+                10
+            }));
         }
         self.procs().is_empty()
     }
@@ -361,7 +436,11 @@ impl RunCgroup {
                 res = fs::remove_dir(d);
             }
             if let Err(source) = res {
-                first_err.get_or_insert(CgroupError::Io { op: "rmdir", path: d.clone(), source });
+                first_err.get_or_insert(CgroupError::Io {
+                    op: "rmdir",
+                    path: d.clone(),
+                    source,
+                });
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -391,7 +470,11 @@ mod tests {
         pub struct Dir(pub std::path::PathBuf);
         impl Dir {
             pub fn new() -> Dir {
-                let p = std::env::temp_dir().join(format!("isobox-cgtest-{}-{:?}", std::process::id(), std::thread::current().id()));
+                let p = std::env::temp_dir().join(format!(
+                    "isobox-cgtest-{}-{:?}",
+                    std::process::id(),
+                    std::thread::current().id()
+                ));
                 let _ = std::fs::remove_dir_all(&p);
                 std::fs::create_dir_all(&p).unwrap();
                 Dir(p)
@@ -415,10 +498,17 @@ mod tests {
         fs::write(m.join("memory.limit_in_bytes"), "9223372036854771712").unwrap();
         fs::create_dir_all(t.0.join("cpu/isobox-t")).unwrap();
         fs::write(t.0.join("cpu/isobox-t/cpu.shares"), "1024").unwrap();
-        assert_eq!(h.slice_memory_limit("isobox-t"), None, "an unlimited slice has no cap");
+        assert_eq!(
+            h.slice_memory_limit("isobox-t"),
+            None,
+            "an unlimited slice has no cap"
+        );
         h.ensure_slice("isobox-t", 1 << 30).unwrap();
         assert_eq!(h.slice_memory_limit("isobox-t"), Some(1 << 30));
-        assert_eq!(fs::read_to_string(m.join("memory.use_hierarchy")).unwrap(), "1");
+        assert_eq!(
+            fs::read_to_string(m.join("memory.use_hierarchy")).unwrap(),
+            "1"
+        );
     }
 
     #[test]
@@ -433,8 +523,15 @@ mod tests {
     #[test]
     fn test_oom_counter_parsed() {
         let t = tempdir::Dir::new();
-        let cg = RunCgroup { hier: Hierarchy::V2 { root: t.0.clone() }, dirs: vec![t.0.clone()] };
-        fs::write(t.0.join("memory.events"), "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n").unwrap();
+        let cg = RunCgroup {
+            hier: Hierarchy::V2 { root: t.0.clone() },
+            dirs: vec![t.0.clone()],
+        };
+        fs::write(
+            t.0.join("memory.events"),
+            "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n",
+        )
+        .unwrap();
         assert_eq!(cg.oom_kills(), 1);
     }
 }

@@ -50,7 +50,13 @@ impl Default for ChunkedDecoder {
 impl ChunkedDecoder {
     /// A decoder at the start of a body.
     pub fn new() -> Self {
-        ChunkedDecoder { state: State::Size { digits: 0 }, size: 0, ext_bytes: 0, trailer_bytes: 0, decoded: 0 }
+        ChunkedDecoder {
+            state: State::Size { digits: 0 },
+            size: 0,
+            ext_bytes: 0,
+            trailer_bytes: 0,
+            decoded: 0,
+        }
     }
 
     /// Whether the terminating chunk and trailers have been read.
@@ -63,7 +69,12 @@ impl ChunkedDecoder {
     ///
     /// # Errors
     /// [`ChunkError`] on malformed framing or when the body would exceed `cap`.
-    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>, cap: usize) -> Result<usize, ChunkError> {
+    pub fn feed(
+        &mut self,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        cap: usize,
+    ) -> Result<usize, ChunkError> {
         let mut i = 0;
         while i < input.len() && self.state != State::Done {
             let c = input[i];
@@ -104,7 +115,9 @@ impl ChunkedDecoder {
                     self.end_size_line();
                 }
                 State::Data => {
-                    let want = usize::try_from(self.size).unwrap_or(usize::MAX).min(input.len() - i);
+                    let want = usize::try_from(self.size)
+                        .unwrap_or(usize::MAX)
+                        .min(input.len() - i);
                     if self.decoded + want > cap {
                         return Err(ChunkError::TooLarge);
                     }
@@ -146,7 +159,11 @@ impl ChunkedDecoder {
                     if c != b'\n' {
                         return Err(ChunkError::Malformed("expected LF in trailer"));
                     }
-                    self.state = if blank { State::Done } else { State::TrailerLineStart };
+                    self.state = if blank {
+                        State::Done
+                    } else {
+                        State::TrailerLineStart
+                    };
                 }
                 State::Done => break,
             }
@@ -156,7 +173,11 @@ impl ChunkedDecoder {
     }
 
     fn end_size_line(&mut self) {
-        self.state = if self.size == 0 { State::TrailerLineStart } else { State::Data };
+        self.state = if self.size == 0 {
+            State::TrailerLineStart
+        } else {
+            State::Data
+        };
     }
 
     fn count_trailer(&mut self) -> Result<(), ChunkError> {
@@ -182,7 +203,11 @@ mod tests {
 
     #[test]
     fn test_decodes_and_stops_at_end() {
-        let (out, n) = decode_all(b"4\r\nWiki\r\n5;ext=1\r\npedia\r\n0\r\nX-T: y\r\n\r\nNEXT", 100).unwrap();
+        let (out, n) = decode_all(
+            b"4\r\nWiki\r\n5;ext=1\r\npedia\r\n0\r\nX-T: y\r\n\r\nNEXT",
+            100,
+        )
+        .unwrap();
         assert_eq!(out, b"Wikipedia");
         assert_eq!(n, 38);
     }
@@ -203,7 +228,10 @@ mod tests {
 
     #[test]
     fn test_overflow_and_garbage_rejected() {
-        assert!(matches!(decode_all(b"f0000000000000003\r\nabc\r\n0\r\n\r\n", 100), Err(ChunkError::Malformed(_))));
+        assert!(matches!(
+            decode_all(b"f0000000000000003\r\nabc\r\n0\r\n\r\n", 100),
+            Err(ChunkError::Malformed(_))
+        ));
         let mut d = ChunkedDecoder::new();
         assert!(d.feed(b"1\r\nZ\r\n\r\n", &mut Vec::new(), 100).is_err());
         assert!(decode_all(b"zz\r\n", 100).is_err());
@@ -212,17 +240,26 @@ mod tests {
 
     #[test]
     fn test_limits() {
-        assert_eq!(decode_all(b"5\r\nhello\r\n0\r\n\r\n", 4), Err(ChunkError::TooLarge));
+        assert_eq!(
+            decode_all(b"5\r\nhello\r\n0\r\n\r\n", 4),
+            Err(ChunkError::TooLarge)
+        );
         assert!(decode_all(b"5\r\nhello\r\n0\r\n\r\n", 5).is_ok());
         let mut ext = b"1;".to_vec();
         ext.extend(std::iter::repeat_n(b'a', MAX_CHUNK_EXT_BYTES + 1));
         let mut d = ChunkedDecoder::new();
-        assert_eq!(d.feed(&ext, &mut Vec::new(), 100), Err(ChunkError::Malformed("chunk extension too long")));
+        assert_eq!(
+            d.feed(&ext, &mut Vec::new(), 100),
+            Err(ChunkError::Malformed("chunk extension too long"))
+        );
         let mut trailers = b"0\r\n".to_vec();
         for _ in 0..10_000 {
             trailers.extend_from_slice(b"X-i: 1\r\n");
         }
         let mut d = ChunkedDecoder::new();
-        assert_eq!(d.feed(&trailers, &mut Vec::new(), 100), Err(ChunkError::Malformed("trailer section too large")));
+        assert_eq!(
+            d.feed(&trailers, &mut Vec::new(), 100),
+            Err(ChunkError::Malformed("trailer section too large"))
+        );
     }
 }

@@ -84,7 +84,10 @@ pub struct Head {
 impl Head {
     /// The first value of header `name` (lower-case), as text if it is valid UTF-8.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).and_then(|(_, v)| std::str::from_utf8(v).ok())
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
     }
 
     /// How many times header `name` occurs.
@@ -97,7 +100,9 @@ impl Head {
         let q = self.query.as_deref()?;
         q.split('&').find_map(|kv| {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (percent_decode(k)? == key).then(|| percent_decode(v)).flatten()
+            (percent_decode(k)? == key)
+                .then(|| percent_decode(v))
+                .flatten()
         })
     }
 }
@@ -136,7 +141,11 @@ pub fn find_head_end(buf: &[u8], scan_from: usize) -> Option<usize> {
     let crlf = memmem::find(hay, b"\r\n\r\n").map(|i| i + 4);
     let lf = memmem::find(hay, b"\n\n").map(|i| i + 2);
     let lfcrlf = memmem::find(hay, b"\n\r\n").map(|i| i + 3);
-    [crlf, lf, lfcrlf].into_iter().flatten().min().map(|end| start + end)
+    [crlf, lf, lfcrlf]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|end| start + end)
 }
 
 /// Parses one complete head (`buf` ends with the blank line found by [`find_head_end`]).
@@ -159,7 +168,10 @@ pub fn parse_head(buf: &[u8]) -> Result<Head, HttpError> {
         Err(httparse::Error::Token) => return Err(HttpError::Bad("invalid method")),
         Err(_) => return Err(HttpError::Bad("malformed request line")),
     }
-    let method = req.method.ok_or(HttpError::Bad("missing method"))?.to_string();
+    let method = req
+        .method
+        .ok_or(HttpError::Bad("missing method"))?
+        .to_string();
     let target = req.path.ok_or(HttpError::Bad("missing request target"))?;
     let minor_version = req.version.ok_or(HttpError::Version)?;
     if target.len() > MAX_URI_BYTES {
@@ -176,7 +188,10 @@ pub fn parse_head(buf: &[u8]) -> Result<Head, HttpError> {
     let mut headers = Vec::with_capacity(req.headers.len());
     for h in req.headers.iter() {
         // httparse lets obs-text and DEL through; we refuse control bytes except HTAB.
-        if h.value.iter().any(|&c| (c < 0x20 && c != b'\t') || c == 0x7f) {
+        if h.value
+            .iter()
+            .any(|&c| (c < 0x20 && c != b'\t') || c == 0x7f)
+        {
             return Err(HttpError::Bad("control character in header value"));
         }
         headers.push((h.name.to_ascii_lowercase(), trim_ows(h.value).to_vec()));
@@ -224,8 +239,18 @@ pub fn parse_head(buf: &[u8]) -> Result<Head, HttpError> {
 }
 
 fn framing(head: &Head) -> Result<Framing, HttpError> {
-    let te: Vec<&[u8]> = head.headers.iter().filter(|(n, _)| n == "transfer-encoding").map(|(_, v)| v.as_slice()).collect();
-    let cl: Vec<&[u8]> = head.headers.iter().filter(|(n, _)| n == "content-length").map(|(_, v)| v.as_slice()).collect();
+    let te: Vec<&[u8]> = head
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "transfer-encoding")
+        .map(|(_, v)| v.as_slice())
+        .collect();
+    let cl: Vec<&[u8]> = head
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "content-length")
+        .map(|(_, v)| v.as_slice())
+        .collect();
     if !te.is_empty() {
         // RFC 9112 §6.1: a message with both is a smuggling vector; refuse it outright.
         if !cl.is_empty() {
@@ -235,13 +260,25 @@ fn framing(head: &Head) -> Result<Framing, HttpError> {
             return Err(HttpError::Bad("Transfer-Encoding on HTTP/1.0"));
         }
         if te.len() > 1 || te[0].contains(&b',') {
-            return Err(HttpError::Bad("only a single chunked transfer coding is accepted"));
+            return Err(HttpError::Bad(
+                "only a single chunked transfer coding is accepted",
+            ));
         }
-        return if te[0].eq_ignore_ascii_case(b"chunked") { Ok(Framing::Chunked) } else { Err(HttpError::UnsupportedCoding) };
+        return if te[0].eq_ignore_ascii_case(b"chunked") {
+            Ok(Framing::Chunked)
+        } else {
+            Err(HttpError::UnsupportedCoding)
+        };
     }
     match cl.as_slice() {
         [] => Ok(Framing::None),
-        [v] => parse_content_length(v).map(|n| if n == 0 { Framing::None } else { Framing::Length(n) }),
+        [v] => parse_content_length(v).map(|n| {
+            if n == 0 {
+                Framing::None
+            } else {
+                Framing::Length(n)
+            }
+        }),
         _ => Err(HttpError::Bad("repeated Content-Length")),
     }
 }
@@ -251,12 +288,22 @@ fn parse_content_length(v: &[u8]) -> Result<u64, HttpError> {
     if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
         return Err(HttpError::Bad("invalid Content-Length"));
     }
-    v.iter().try_fold(0u64, |acc, &d| acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))).ok_or(HttpError::Bad("invalid Content-Length"))
+    v.iter()
+        .try_fold(0u64, |acc, &d| {
+            acc.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })
+        .ok_or(HttpError::Bad("invalid Content-Length"))
 }
 
 fn trim_ows(v: &[u8]) -> &[u8] {
-    let start = v.iter().position(|&c| c != b' ' && c != b'\t').unwrap_or(v.len());
-    let end = v.iter().rposition(|&c| c != b' ' && c != b'\t').map_or(start, |i| i + 1);
+    let start = v
+        .iter()
+        .position(|&c| c != b' ' && c != b'\t')
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|&c| c != b' ' && c != b'\t')
+        .map_or(start, |i| i + 1);
     &v[start..end]
 }
 
@@ -288,17 +335,35 @@ mod tests {
 
     #[test]
     fn test_cl_and_te_together_rejected() {
-        let e = parse("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap_err();
+        let e = parse(
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .unwrap_err();
         assert_eq!(e.status(), 400);
     }
 
     #[test]
     fn test_bad_content_lengths_rejected() {
-        for v in ["+5", "-1", "0x10", "5a", "1_0", "99999999999999999999", "foo", "5, 6", ""] {
-            let e = parse(&format!("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {v}\r\n\r\n")).unwrap_err();
+        for v in [
+            "+5",
+            "-1",
+            "0x10",
+            "5a",
+            "1_0",
+            "99999999999999999999",
+            "foo",
+            "5, 6",
+            "",
+        ] {
+            let e = parse(&format!(
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: {v}\r\n\r\n"
+            ))
+            .unwrap_err();
             assert_eq!(e, HttpError::Bad("invalid Content-Length"), "{v}");
         }
-        let e = parse("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n").unwrap_err();
+        let e =
+            parse("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n")
+                .unwrap_err();
         assert_eq!(e, HttpError::Bad("repeated Content-Length"));
     }
 
@@ -307,16 +372,23 @@ mod tests {
         let ok = parse("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n").unwrap();
         assert_eq!(ok.framing, Framing::Chunked);
         for v in ["chunked, identity", "gzip, chunked"] {
-            let e = parse(&format!("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {v}\r\n\r\n")).unwrap_err();
+            let e = parse(&format!(
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {v}\r\n\r\n"
+            ))
+            .unwrap_err();
             assert_eq!(e.status(), 400, "{v}");
         }
         for v in ["gzip", "xchunked"] {
-            let e = parse(&format!("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {v}\r\n\r\n")).unwrap_err();
+            let e = parse(&format!(
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: {v}\r\n\r\n"
+            ))
+            .unwrap_err();
             assert_eq!(e, HttpError::UnsupportedCoding, "{v}");
         }
         let e = parse("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap_err();
         assert_eq!(e, HttpError::Bad("Transfer-Encoding on HTTP/1.0"));
-        let e = parse("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\x0b\r\n\r\n").unwrap_err();
+        let e = parse("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\x0b\r\n\r\n")
+            .unwrap_err();
         assert_eq!(e.status(), 400);
     }
 
@@ -333,11 +405,20 @@ mod tests {
     fn test_targets_and_versions() {
         assert!(parse("GET http://evil/ HTTP/1.1\r\nHost: a\r\n\r\n").is_err());
         assert!(parse("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n").is_err());
-        assert_eq!(parse("GET / HTTP/9.9\r\nHost: a\r\n\r\n").unwrap_err(), HttpError::Version);
-        assert!(parse("GET / HTTP/1.1\r\n\r\n").is_err(), "HTTP/1.1 without Host");
+        assert_eq!(
+            parse("GET / HTTP/9.9\r\nHost: a\r\n\r\n").unwrap_err(),
+            HttpError::Version
+        );
+        assert!(
+            parse("GET / HTTP/1.1\r\n\r\n").is_err(),
+            "HTTP/1.1 without Host"
+        );
         let h = parse("GET / HTTP/1.0\r\n\r\n").unwrap();
         assert!(!h.keep_alive);
-        let long = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(MAX_URI_BYTES));
+        let long = format!(
+            "GET /{} HTTP/1.1\r\nHost: a\r\n\r\n",
+            "a".repeat(MAX_URI_BYTES)
+        );
         assert_eq!(parse(&long).unwrap_err(), HttpError::UriTooLong);
     }
 
@@ -347,7 +428,10 @@ mod tests {
         assert!(!h.keep_alive);
         assert!(h.expect_continue);
         assert_eq!(h.framing, Framing::Length(3));
-        assert_eq!(parse("GET / HTTP/1.1\r\nHost: a\r\nExpect: foo\r\n\r\n").unwrap_err(), HttpError::Expectation);
+        assert_eq!(
+            parse("GET / HTTP/1.1\r\nHost: a\r\nExpect: foo\r\n\r\n").unwrap_err(),
+            HttpError::Expectation
+        );
     }
 
     #[test]

@@ -24,17 +24,31 @@ impl Response {
     /// A JSON response of `value`.
     pub fn json<T: Serialize + ?Sized>(status: u16, value: &T) -> Response {
         let body = serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec());
-        Response { status, headers: vec![("Content-Type", "application/json".into())], body }
+        Response {
+            status,
+            headers: vec![("Content-Type", "application/json".into())],
+            body,
+        }
     }
 
     /// A JSON error body `{"error":code}` or `{"error":code,"detail":detail}`.
     pub fn error(status: u16, code: &str, detail: Option<&str>) -> Response {
-        Response::json(status, &ErrorBody { error: code, detail })
+        Response::json(
+            status,
+            &ErrorBody {
+                error: code,
+                detail,
+            },
+        )
     }
 
     /// A body of `content_type`.
     pub fn bytes(status: u16, content_type: &str, body: Vec<u8>) -> Response {
-        Response { status, headers: vec![("Content-Type", content_type.to_string())], body }
+        Response {
+            status,
+            headers: vec![("Content-Type", content_type.to_string())],
+            body,
+        }
     }
 
     /// Adds a header.
@@ -45,7 +59,13 @@ impl Response {
 
     /// Appends the response to `out`; `head_only` omits the body (HEAD requests).
     pub fn write_to(&self, out: &mut Vec<u8>, head_only: bool, keep_alive: bool) {
-        write_head(out, self.status, &self.headers, Some(self.body.len()), keep_alive);
+        write_head(
+            out,
+            self.status,
+            &self.headers,
+            Some(self.body.len()),
+            keep_alive,
+        );
         if !head_only {
             out.extend_from_slice(&self.body);
         }
@@ -54,7 +74,13 @@ impl Response {
 
 /// Writes a status line and headers. `content_length: None` means the body is streamed
 /// until the connection closes (SSE).
-pub fn write_head(out: &mut Vec<u8>, status: u16, headers: &[(&'static str, String)], content_length: Option<usize>, keep_alive: bool) {
+pub fn write_head(
+    out: &mut Vec<u8>,
+    status: u16,
+    headers: &[(&'static str, String)],
+    content_length: Option<usize>,
+    keep_alive: bool,
+) {
     use std::io::Write;
     let _ = write!(out, "HTTP/1.1 {} {}\r\n", status, reason(status));
     for (k, v) in headers {
@@ -63,7 +89,11 @@ pub fn write_head(out: &mut Vec<u8>, status: u16, headers: &[(&'static str, Stri
     if let Some(n) = content_length {
         let _ = write!(out, "Content-Length: {n}\r\n");
     }
-    out.extend_from_slice(if keep_alive { b"Connection: keep-alive\r\n\r\n" } else { b"Connection: close\r\n\r\n" });
+    out.extend_from_slice(if keep_alive {
+        b"Connection: keep-alive\r\n\r\n"
+    } else {
+        b"Connection: close\r\n\r\n"
+    });
 }
 
 /// The reason phrase of a status code.

@@ -32,7 +32,7 @@ pub enum Phase {
     /// Reading a body.
     Body {
         /// The head.
-        head: Head,
+        head: Box<Head>,
         /// Its route.
         route: Route,
         /// Tenant from admission.
@@ -91,8 +91,14 @@ impl Daemon {
         if self.conns.len() >= self.cfg.max_connections || self.app.shutting_down {
             // Refuse cleanly: one best-effort 503 on the fresh socket, then close.
             let mut out = Vec::new();
-            let reason = if self.app.shutting_down { "shutting down" } else { "too many open connections" };
-            Response::error(503, "unavailable", Some(reason)).with_header("Retry-After", "1").write_to(&mut out, false, false);
+            let reason = if self.app.shutting_down {
+                "shutting down"
+            } else {
+                "too many open connections"
+            };
+            Response::error(503, "unavailable", Some(reason))
+                .with_header("Retry-After", "1")
+                .write_to(&mut out, false, false);
             let _ = stream.write(&out);
             crate::warn_limited!("conn refused peer={peer} reason={reason}");
             return;
@@ -101,7 +107,11 @@ impl Daemon {
         let entry = self.conns.vacant_entry();
         let ck = entry.key();
         let token = Token(self.sources.insert(Source::Conn(ck)) + super::FIRST_SOURCE);
-        if let Err(e) = self.poll.registry().register(&mut stream, token, Interest::READABLE | Interest::WRITABLE) {
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
             crate::error_limited!("op=register conn err={e}");
             self.release_token(token);
             return;
@@ -132,7 +142,8 @@ impl Daemon {
         let gen = self.next_timer_gen();
         if let Some(c) = self.conns.get_mut(ck) {
             c.timer_gen = gen;
-            self.timers.insert(Instant::now() + after, TimerKey::Conn(ck, gen));
+            self.timers
+                .insert(Instant::now() + after, TimerKey::Conn(ck, gen));
         }
     }
 
@@ -153,8 +164,13 @@ impl Daemon {
             let full = self.conn_read(ck);
             self.conn_advance(ck);
             let Some(c) = self.conns.get(ck) else { return };
-            let takes_input = matches!(c.phase, Phase::Head | Phase::Body { .. }) && !c.close_after_flush;
-            if !(full && takes_input && c.rbuf.len() < MAX_READ_AHEAD_BYTES && c.pending_write() < MAX_WRITE_BUFFER_BYTES) {
+            let takes_input =
+                matches!(c.phase, Phase::Head | Phase::Body { .. }) && !c.close_after_flush;
+            if !(full
+                && takes_input
+                && c.rbuf.len() < MAX_READ_AHEAD_BYTES
+                && c.pending_write() < MAX_WRITE_BUFFER_BYTES)
+            {
                 break;
             }
         }
@@ -164,7 +180,9 @@ impl Daemon {
     /// Reads until WouldBlock, EOF or the read-ahead bound. Returns true when it stopped
     /// at the bound (more may be waiting in the socket).
     fn conn_read(&mut self, ck: usize) -> bool {
-        let Some(c) = self.conns.get_mut(ck) else { return false };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return false;
+        };
         let mut buf = [0u8; 16 * 1024];
         loop {
             if c.read_eof {
@@ -194,7 +212,9 @@ impl Daemon {
     /// Parses and dispatches as many requests as the buffer and phase allow.
     fn conn_advance(&mut self, ck: usize) {
         loop {
-            let Some(c) = self.conns.get_mut(ck) else { return };
+            let Some(c) = self.conns.get_mut(ck) else {
+                return;
+            };
             if c.close_after_flush || c.pending_write() >= MAX_WRITE_BUFFER_BYTES {
                 return;
             }
@@ -203,7 +223,11 @@ impl Daemon {
                 Phase::Head => {
                     if c.head_started.is_none() {
                         // RFC 9112 §2.2: ignore empty lines before a request line.
-                        let skip = c.rbuf.iter().take_while(|&&b| b == b'\r' || b == b'\n').count();
+                        let skip = c
+                            .rbuf
+                            .iter()
+                            .take_while(|&&b| b == b'\r' || b == b'\n')
+                            .count();
                         c.rbuf.drain(..skip);
                         if c.rbuf.is_empty() {
                             return;
@@ -215,7 +239,14 @@ impl Daemon {
                     }
                     let Some(end) = find_head_end(&c.rbuf, c.scan_from) else {
                         if c.rbuf.len() > MAX_HEAD_BYTES {
-                            self.respond_and_close(ck, Response::error(431, "header_too_large", Some("request head larger than 16 KiB")));
+                            self.respond_and_close(
+                                ck,
+                                Response::error(
+                                    431,
+                                    "header_too_large",
+                                    Some("request head larger than 16 KiB"),
+                                ),
+                            );
                             return;
                         }
                         c.scan_from = c.rbuf.len();
@@ -236,7 +267,10 @@ impl Daemon {
                                 417 => "expectation_failed",
                                 _ => "bad_request",
                             };
-                            self.respond_and_close(ck, Response::error(e.status(), code, Some(&e.to_string())));
+                            self.respond_and_close(
+                                ck,
+                                Response::error(e.status(), code, Some(&e.to_string())),
+                            );
                             return;
                         }
                         Ok(head) => self.start_request(ck, head),
@@ -252,7 +286,9 @@ impl Daemon {
     }
 
     fn start_request(&mut self, ck: usize, head: Head) {
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         c.keep_alive = head.keep_alive;
         c.head_only = head.method == "HEAD";
         let route = match api::resolve(&head.method, &head.path) {
@@ -280,11 +316,21 @@ impl Daemon {
                 return;
             }
         };
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         let cap = route.body_cap();
         let state = match head.framing {
             Framing::None => {
-                self.dispatch(ck, route, Request { head, body: Vec::new(), tenant });
+                self.dispatch(
+                    ck,
+                    route,
+                    Request {
+                        head,
+                        body: Vec::new(),
+                        tenant,
+                    },
+                );
                 return;
             }
             Framing::Length(n) if n > cap as u64 => {
@@ -298,7 +344,13 @@ impl Daemon {
         if head.expect_continue {
             c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
         }
-        c.phase = Phase::Body { head, route, tenant, state, body: Vec::new() };
+        c.phase = Phase::Body {
+            head: Box::new(head),
+            route,
+            tenant,
+            state,
+            body: Vec::new(),
+        };
         let t = Duration::from_millis(self.cfg.head_timeout_ms);
         self.arm_conn(ck, t);
     }
@@ -306,13 +358,22 @@ impl Daemon {
     /// Moves body bytes out of the read buffer. Returns true when the request was
     /// dispatched (the caller may continue with the next one).
     fn advance_body(&mut self, ck: usize) -> bool {
-        let Some(c) = self.conns.get_mut(ck) else { return false };
-        let Phase::Body { route, state, body, .. } = &mut c.phase else { return false };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return false;
+        };
+        let Phase::Body {
+            route, state, body, ..
+        } = &mut c.phase
+        else {
+            return false;
+        };
         let route = *route;
         let cap = route.body_cap();
         let done = match state {
             BodyState::Length(remaining) => {
-                let take = usize::try_from(*remaining).unwrap_or(usize::MAX).min(c.rbuf.len());
+                let take = usize::try_from(*remaining)
+                    .unwrap_or(usize::MAX)
+                    .min(c.rbuf.len());
                 body.extend(c.rbuf.drain(..take));
                 *remaining -= take as u64;
                 *remaining == 0
@@ -327,7 +388,10 @@ impl Daemon {
                     return false;
                 }
                 Err(e) => {
-                    self.respond_and_close(ck, Response::error(400, "bad_request", Some(&e.to_string())));
+                    self.respond_and_close(
+                        ck,
+                        Response::error(400, "bad_request", Some(&e.to_string())),
+                    );
                     return false;
                 }
             },
@@ -341,8 +405,25 @@ impl Daemon {
             self.arm_conn(ck, t);
             return false;
         }
-        let Phase::Body { head, route, body, tenant, .. } = std::mem::replace(&mut c.phase, Phase::Head) else { return false };
-        self.dispatch(ck, route, Request { head, body, tenant });
+        let Phase::Body {
+            head,
+            route,
+            body,
+            tenant,
+            ..
+        } = std::mem::replace(&mut c.phase, Phase::Head)
+        else {
+            return false;
+        };
+        self.dispatch(
+            ck,
+            route,
+            Request {
+                head: *head,
+                body,
+                tenant,
+            },
+        );
         true
     }
 
@@ -357,7 +438,9 @@ impl Daemon {
     /// Queues a complete response; the connection goes back to reading heads.
     pub(crate) fn respond(&mut self, ck: usize, resp: Response) {
         let shutting_down = self.app.shutting_down;
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         let keep_alive = c.keep_alive && !shutting_down;
         resp.write_to(&mut c.wbuf, c.head_only, keep_alive);
         c.phase = Phase::Head;
@@ -377,7 +460,9 @@ impl Daemon {
 
     /// Writes what is queued. Returns false when the connection failed.
     pub(crate) fn conn_flush(&mut self, ck: usize) -> bool {
-        let Some(c) = self.conns.get_mut(ck) else { return false };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return false;
+        };
         while c.wpos < c.wbuf.len() {
             match c.stream.write(&c.wbuf[c.wpos..]) {
                 Ok(0) => return false,
@@ -450,13 +535,23 @@ impl Daemon {
         }
         match &c.phase {
             Phase::Head if c.head_started.is_some() => {
-                crate::warn_limited!("conn={ck} peer={} request head not complete in time", c.peer);
+                crate::warn_limited!(
+                    "conn={ck} peer={} request head not complete in time",
+                    c.peer
+                );
                 self.close_conn(ck);
             }
             Phase::Head => self.close_conn(ck),
             Phase::Body { .. } => {
                 crate::warn_limited!("conn={ck} peer={} request body stalled", c.peer);
-                self.respond_and_close(ck, Response::error(408, "request_timeout", Some("request body not received in time")));
+                self.respond_and_close(
+                    ck,
+                    Response::error(
+                        408,
+                        "request_timeout",
+                        Some("request body not received in time"),
+                    ),
+                );
                 self.conn_after_io(ck);
                 // If the client does not read the 408 either, drop it at the next deadline.
                 let t = Duration::from_millis(self.cfg.idle_timeout_ms);
@@ -475,21 +570,39 @@ impl Daemon {
     }
 
     pub(crate) fn close_idle_conns(&mut self) {
-        let idle: Vec<usize> = self.conns.iter().filter(|(_, c)| matches!(c.phase, Phase::Head) && c.head_started.is_none() && c.rbuf.is_empty() && c.pending_write() == 0).map(|(k, _)| k).collect();
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                matches!(c.phase, Phase::Head)
+                    && c.head_started.is_none()
+                    && c.rbuf.is_empty()
+                    && c.pending_write() == 0
+            })
+            .map(|(k, _)| k)
+            .collect();
         for ck in idle {
             self.close_conn(ck);
         }
     }
 
     pub(crate) fn conns_all_flushed(&self) -> bool {
-        self.conns.iter().all(|(_, c)| c.pending_write() == 0 && matches!(c.phase, Phase::Head))
+        self.conns
+            .iter()
+            .all(|(_, c)| c.pending_write() == 0 && matches!(c.phase, Phase::Head))
     }
 }
 
 fn over_cap(route: Route) -> Response {
     match route {
         // The spec: a body over 256 KiB on /execute is `invalid_json`.
-        Route::Execute => Response::error(400, "invalid_json", Some("request body exceeds 256 KiB")),
-        _ => Response::error(413, "payload_too_large", Some("request body exceeds 64 KiB")),
+        Route::Execute => {
+            Response::error(400, "invalid_json", Some("request body exceeds 256 KiB"))
+        }
+        _ => Response::error(
+            413,
+            "payload_too_large",
+            Some("request body exceeds 64 KiB"),
+        ),
     }
 }

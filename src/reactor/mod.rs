@@ -121,20 +121,38 @@ impl Daemon {
     pub fn new(cfg: Config) -> Result<Daemon, DaemonError> {
         let cfg = Arc::new(cfg);
         let admission = crate::admission::Admission::new(cfg.admission.clone())?;
-        log::info!("api keys: {}", if admission.keys_configured() { "required" } else { "none configured; the API is open" });
-        let runtimes = Arc::new(Runtimes::load(cfg.runtimes_dir.as_deref(), &cfg.rootfs_dir)?);
+        log::info!(
+            "api keys: {}",
+            if admission.keys_configured() {
+                "required"
+            } else {
+                "none configured; the API is open"
+            }
+        );
+        let runtimes = Arc::new(Runtimes::load(
+            cfg.runtimes_dir.as_deref(),
+            &cfg.rootfs_dir,
+        )?);
         for r in runtimes.all() {
             match &r.missing {
-                None => log::info!("runtime={} version={} rootfs={}", r.desc.language, r.version.as_deref().unwrap_or("?"), r.rootfs_path.display()),
+                None => log::info!(
+                    "runtime={} version={} rootfs={}",
+                    r.desc.language,
+                    r.version.as_deref().unwrap_or("?"),
+                    r.rootfs_path.display()
+                ),
                 Some(why) => log::warn!("runtime={} not installed: {why}", r.desc.language),
             }
         }
-        let (cgroups, cgroup_error) = match crate::cgroup::Hierarchy::detect(std::path::Path::new("/sys/fs/cgroup")) {
-            Ok(h) => (Some(h), None),
-            Err(e) => (None, Some(e.to_string())),
-        };
+        let (cgroups, cgroup_error) =
+            match crate::cgroup::Hierarchy::detect(std::path::Path::new("/sys/fs/cgroup")) {
+                Ok(h) => (Some(h), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
         let runs_dir = cfg.data_dir.join("runs");
-        let state_root = std::path::Path::new("/run/isobox").join(&cfg.instance).join("runsc");
+        let state_root = std::path::Path::new("/run/isobox")
+            .join(&cfg.instance)
+            .join("runsc");
         for d in [&cfg.data_dir, &runs_dir, &state_root] {
             std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
         }
@@ -148,12 +166,20 @@ impl Daemon {
         });
         let swept = backend.sweep();
         if swept > 0 {
-            log::warn!("startup sweep removed {swept} leftovers of a previous instance={}", cfg.instance);
+            log::warn!(
+                "startup sweep removed {swept} leftovers of a previous instance={}",
+                cfg.instance
+            );
         }
         let mut cgroup_error = cgroup_error;
         if let Some(h) = &cgroups {
             match h.ensure_slice(&cfg.instance, cfg.slice_memory_bytes) {
-                Ok(()) => log::info!("cgroup={} slice={} memory_cap={}", h.version(), cfg.instance, cfg.slice_memory_bytes),
+                Ok(()) => log::info!(
+                    "cgroup={} slice={} memory_cap={}",
+                    h.version(),
+                    cfg.instance,
+                    cfg.slice_memory_bytes
+                ),
                 Err(e) => {
                     log::error!("protective slice: {e}");
                     cgroup_error = Some(e.to_string());
@@ -161,29 +187,51 @@ impl Daemon {
             }
         }
         let poll = Poll::new().map_err(io_err("creating poll"))?;
-        let std_listener = std::net::TcpListener::bind(cfg.listen).map_err(io_err(format!("binding {}", cfg.listen)))?;
-        std_listener.set_nonblocking(true).map_err(io_err("listener nonblocking"))?;
+        let std_listener = std::net::TcpListener::bind(cfg.listen)
+            .map_err(io_err(format!("binding {}", cfg.listen)))?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(io_err("listener nonblocking"))?;
         let local_addr = std_listener.local_addr().map_err(io_err("local_addr"))?;
         let mut listener = TcpListener::from_std(std_listener);
-        poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(io_err("register listener"))?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)
+            .map_err(io_err("register listener"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err("creating waker"))?);
         let (tx, rx) = pool::completion_channel();
-        let pool = pool::WorkerPool::start(cfg.workers, tx, waker).map_err(io_err("starting workers"))?;
-        let (sig_tx, sig_rx) = std::os::unix::net::UnixStream::pair().map_err(io_err("signal pipe"))?;
-        sig_tx.set_nonblocking(true).map_err(io_err("signal pipe nonblocking"))?;
-        sig_rx.set_nonblocking(true).map_err(io_err("signal pipe nonblocking"))?;
+        let pool =
+            pool::WorkerPool::start(cfg.workers, tx, waker).map_err(io_err("starting workers"))?;
+        let (sig_tx, sig_rx) =
+            std::os::unix::net::UnixStream::pair().map_err(io_err("signal pipe"))?;
+        sig_tx
+            .set_nonblocking(true)
+            .map_err(io_err("signal pipe nonblocking"))?;
+        sig_rx
+            .set_nonblocking(true)
+            .map_err(io_err("signal pipe nonblocking"))?;
         let mut signal_rx = mio::net::UnixStream::from_std(sig_rx);
         for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
             let tx = sig_tx.try_clone().map_err(io_err("signal pipe clone"))?;
-            signal_hook::low_level::pipe::register(sig, tx).map_err(io_err("registering signal"))?;
+            signal_hook::low_level::pipe::register(sig, tx)
+                .map_err(io_err("registering signal"))?;
         }
-        poll.registry().register(&mut signal_rx, SIGNALS, Interest::READABLE).map_err(io_err("register signals"))?;
-        let (hup_tx, hup_rx) = std::os::unix::net::UnixStream::pair().map_err(io_err("reload pipe"))?;
-        hup_tx.set_nonblocking(true).map_err(io_err("reload pipe nonblocking"))?;
-        hup_rx.set_nonblocking(true).map_err(io_err("reload pipe nonblocking"))?;
-        signal_hook::low_level::pipe::register(signal_hook::consts::SIGHUP, hup_tx).map_err(io_err("registering SIGHUP"))?;
+        poll.registry()
+            .register(&mut signal_rx, SIGNALS, Interest::READABLE)
+            .map_err(io_err("register signals"))?;
+        let (hup_tx, hup_rx) =
+            std::os::unix::net::UnixStream::pair().map_err(io_err("reload pipe"))?;
+        hup_tx
+            .set_nonblocking(true)
+            .map_err(io_err("reload pipe nonblocking"))?;
+        hup_rx
+            .set_nonblocking(true)
+            .map_err(io_err("reload pipe nonblocking"))?;
+        signal_hook::low_level::pipe::register(signal_hook::consts::SIGHUP, hup_tx)
+            .map_err(io_err("registering SIGHUP"))?;
         let mut reload_rx = mio::net::UnixStream::from_std(hup_rx);
-        poll.registry().register(&mut reload_rx, RELOAD, Interest::READABLE).map_err(io_err("register reload"))?;
+        poll.registry()
+            .register(&mut reload_rx, RELOAD, Interest::READABLE)
+            .map_err(io_err("register reload"))?;
         let app = App {
             cfg: Arc::clone(&cfg),
             runtimes,
@@ -263,9 +311,15 @@ impl Daemon {
                         self.admission.reload();
                     }
                     t => {
-                        let Some(&src) = self.sources.get(t.0 - FIRST_SOURCE) else { continue };
+                        let Some(&src) = self.sources.get(t.0 - FIRST_SOURCE) else {
+                            continue;
+                        };
                         match src {
-                            Source::Conn(ck) => self.conn_event(ck, ev.is_readable() || ev.is_read_closed() || ev.is_error(), ev.is_writable()),
+                            Source::Conn(ck) => self.conn_event(
+                                ck,
+                                ev.is_readable() || ev.is_read_closed() || ev.is_error(),
+                                ev.is_writable(),
+                            ),
                             Source::Stdout(rk) => self.run_pipe_event(rk, false),
                             Source::Stderr(rk) => self.run_pipe_event(rk, true),
                             Source::Stdin(rk) => self.run_stdin_event(rk),
@@ -286,7 +340,8 @@ impl Daemon {
                     TimerKey::ShutdownGrace => self.kill_all_runs(),
                 }
             }
-            if self.shutdown_deadline.is_some() && self.runs.is_empty() && self.conns_all_flushed() {
+            if self.shutdown_deadline.is_some() && self.runs.is_empty() && self.conns_all_flushed()
+            {
                 break;
             }
         }
@@ -310,7 +365,9 @@ impl Daemon {
 
     fn accept(&mut self) {
         loop {
-            let Some(listener) = &self.listener else { return };
+            let Some(listener) = &self.listener else {
+                return;
+            };
             match listener.accept() {
                 Ok((stream, peer)) => self.add_conn(stream, peer),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -319,7 +376,8 @@ impl Daemon {
                     // EMFILE/ENFILE: the pending connection stays queued; retry shortly
                     // instead of spinning on an edge that will not re-fire.
                     crate::error_limited!("op=accept err={e}");
-                    self.timers.insert(Instant::now() + Duration::from_millis(50), TimerKey::Accept);
+                    self.timers
+                        .insert(Instant::now() + Duration::from_millis(50), TimerKey::Accept);
                     return;
                 }
             }
@@ -333,7 +391,11 @@ impl Daemon {
             self.kill_all_runs();
             return;
         }
-        log::info!("shutting down: no new connections, {} running executions get {} ms", self.runs.len(), self.cfg.shutdown_grace_ms);
+        log::info!(
+            "shutting down: no new connections, {} running executions get {} ms",
+            self.runs.len(),
+            self.cfg.shutdown_grace_ms
+        );
         self.app.shutting_down = true;
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);
         self.shutdown_deadline = Some(deadline);
@@ -344,7 +406,6 @@ impl Daemon {
         self.close_idle_conns();
     }
 }
-
 
 /// Reads a signal pipe empty.
 fn drain(rx: &mut mio::net::UnixStream) {

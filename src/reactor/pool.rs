@@ -32,19 +32,26 @@ impl<C: Send + 'static> WorkerPool<C> {
             let rx = rx.clone();
             let done = done.clone();
             let wake = Arc::clone(&wake);
-            threads.push(std::thread::Builder::new().name(format!("isobox-worker-{i}")).spawn(move || {
-                for job in rx.iter() {
-                    let c = job();
-                    if done.send(c).is_err() {
-                        break;
-                    }
-                    if let Err(e) = wake.wake() {
-                        log::error!("op=wake err={e}");
-                    }
-                }
-            })?);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("isobox-worker-{i}"))
+                    .spawn(move || {
+                        for job in rx.iter() {
+                            let c = job();
+                            if done.send(c).is_err() {
+                                break;
+                            }
+                            if let Err(e) = wake.wake() {
+                                log::error!("op=wake err={e}");
+                            }
+                        }
+                    })?,
+            );
         }
-        Ok(WorkerPool { jobs: Some(tx), threads })
+        Ok(WorkerPool {
+            jobs: Some(tx),
+            threads,
+        })
     }
 
     /// Queues a job. Returns it back when the queue is full or the pool is stopping.

@@ -28,7 +28,12 @@ pub struct TimerWheel<T> {
 impl<T> TimerWheel<T> {
     /// An empty wheel whose tick 0 is `now`.
     pub fn new(now: Instant) -> Self {
-        TimerWheel { slots: (0..SLOTS).map(|_| Vec::new()).collect(), start: now, cursor: 0, len: 0 }
+        TimerWheel {
+            slots: (0..SLOTS).map(|_| Vec::new()).collect(),
+            start: now,
+            cursor: 0,
+            len: 0,
+        }
     }
 
     fn tick_of(&self, t: Instant) -> u64 {
@@ -41,7 +46,10 @@ impl<T> TimerWheel<T> {
     pub fn insert(&mut self, deadline: Instant, value: T) {
         let tick = self.tick_of(deadline).max(self.cursor + 1);
         let slot = (tick % SLOTS as u64) as usize;
-        self.slots[slot].push(Entry { deadline_tick: tick, value });
+        self.slots[slot].push(Entry {
+            deadline_tick: tick,
+            value,
+        });
         self.len += 1;
     }
 
@@ -134,7 +142,10 @@ mod tests {
         assert_eq!(w.next_timeout(t0), None);
         w.insert(t0 + Duration::from_millis(100), ());
         let d = w.next_timeout(t0).unwrap();
-        assert!(d >= Duration::from_millis(95) && d <= Duration::from_millis(105), "{d:?}");
+        assert!(
+            d >= Duration::from_millis(95) && d <= Duration::from_millis(105),
+            "{d:?}"
+        );
     }
 
     #[test]

@@ -38,7 +38,12 @@ const MAX_HEADER: usize = 128;
 
 /// The sandbox argv for a compiled runtime.
 pub fn wrap(build: Vec<String>, run: Vec<String>, timeout_ms: u64, cap: u64) -> Vec<String> {
-    let mut argv = vec!["/bin/sh".to_string(), "-c".to_string(), BUILD_SCRIPT.to_string(), "isobox-build".to_string()];
+    let mut argv = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        BUILD_SCRIPT.to_string(),
+        "isobox-build".to_string(),
+    ];
     argv.push(timeout_ms.div_ceil(1000).to_string());
     argv.push(cap.to_string());
     argv.push(build.len().to_string());
@@ -75,19 +80,33 @@ impl FrameParser {
                 return Feed::Invalid(std::mem::take(&mut self.buf));
             }
             let Some(nl) = self.buf.iter().position(|&b| b == b'\n') else {
-                return if self.buf.len() > MAX_HEADER { Feed::Invalid(std::mem::take(&mut self.buf)) } else { Feed::More };
+                return if self.buf.len() > MAX_HEADER {
+                    Feed::Invalid(std::mem::take(&mut self.buf))
+                } else {
+                    Feed::More
+                };
             };
             let line = String::from_utf8_lossy(&self.buf[MAGIC.len()..nl]).into_owned();
             let f: Vec<&str> = line.split(' ').collect();
             let parsed = match f.as_slice() {
-                [rc, ms, o, e] => rc.parse().ok().zip(ms.parse().ok()).zip(o.parse().ok()).zip(e.parse().ok()).map(|(((a, b), c), d)| (a, b, c, d)),
+                [rc, ms, o, e] => rc
+                    .parse()
+                    .ok()
+                    .zip(ms.parse().ok())
+                    .zip(o.parse().ok())
+                    .zip(e.parse().ok())
+                    .map(|(((a, b), c), d)| (a, b, c, d)),
                 _ => None,
             };
-            let Some(h) = parsed else { return Feed::Invalid(std::mem::take(&mut self.buf)) };
+            let Some(h) = parsed else {
+                return Feed::Invalid(std::mem::take(&mut self.buf));
+            };
             self.header = Some(h);
             self.buf.drain(..=nl);
         }
-        let Some((rc, ms, o, e)) = self.header else { return Feed::More };
+        let Some((rc, ms, o, e)) = self.header else {
+            return Feed::More;
+        };
         if self.buf.len() < o + e {
             return Feed::More;
         }
@@ -127,8 +146,18 @@ mod tests {
                 }
                 _ => p.feed(&frame[split..], 30_000),
             };
-            let Feed::Done(r, rest) = done else { panic!("split {split}: {done:?}") };
-            assert_eq!((r.exit_code, r.duration_ms, r.stdout.as_str(), r.stderr.as_str()), (2, 1234, "out\n", "err!"));
+            let Feed::Done(r, rest) = done else {
+                panic!("split {split}: {done:?}")
+            };
+            assert_eq!(
+                (
+                    r.exit_code,
+                    r.duration_ms,
+                    r.stdout.as_str(),
+                    r.stderr.as_str()
+                ),
+                (2, 1234, "out\n", "err!")
+            );
             assert!(!r.timed_out);
             assert_eq!(rest, b"program stderr");
         }
@@ -137,10 +166,15 @@ mod tests {
     #[test]
     fn test_timeout_and_invalid() {
         let mut p = FrameParser::default();
-        let Feed::Done(r, _) = p.feed(b"\x1eISOBOX-BUILD 137 30001 0 0\n", 30_000) else { panic!() };
+        let Feed::Done(r, _) = p.feed(b"\x1eISOBOX-BUILD 137 30001 0 0\n", 30_000) else {
+            panic!()
+        };
         assert!(r.timed_out);
         assert_eq!(r.exit_code, 137);
         let mut p = FrameParser::default();
-        assert_eq!(p.feed(b"sh: 1: timeout: not found\n", 30_000), Feed::Invalid(b"sh: 1: timeout: not found\n".to_vec()));
+        assert_eq!(
+            p.feed(b"sh: 1: timeout: not found\n", 30_000),
+            Feed::Invalid(b"sh: 1: timeout: not found\n".to_vec())
+        );
     }
 }

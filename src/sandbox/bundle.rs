@@ -34,7 +34,10 @@ pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf, S
         let path = path.to_path_buf();
         move |source| SandboxError::Bundle { path, source }
     };
-    fs::DirBuilder::new().mode(0o700).create(dir).map_err(wrap(dir))?;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(wrap(dir))?;
     let src = dir.join("files");
     fs::create_dir(&src).map_err(wrap(&src))?;
     for (name, content) in files {
@@ -43,7 +46,13 @@ pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf, S
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(wrap(parent))?;
         }
-        let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o644).custom_flags(libc::O_NOFOLLOW).open(&path).map_err(wrap(&path))?;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(wrap(&path))?;
         f.write_all(content).map_err(wrap(&path))?;
     }
     // The sandbox user must be able to read the tree; the run dir itself stays 0700 root.
@@ -67,14 +76,22 @@ fn set_tree_readable(dir: &Path) -> std::io::Result<()> {
 
 /// Top-level entries of the files dir (each becomes one read-only bind).
 pub fn top_level_entries(files: &[(String, Vec<u8>)]) -> Vec<String> {
-    let mut tops: Vec<String> = files.iter().map(|(n, _)| n.split('/').next().unwrap_or(n).to_string()).collect();
+    let mut tops: Vec<String> = files
+        .iter()
+        .map(|(n, _)| n.split('/').next().unwrap_or(n).to_string())
+        .collect();
     tops.sort();
     tops.dedup();
     tops
 }
 
 /// Builds `config.json` for a run.
-pub fn config(plan: &ExecPlan, proc_spec: &ProcessSpec<'_>, src_dir: &Path, cgroups_path: &str) -> Value {
+pub fn config(
+    plan: &ExecPlan,
+    proc_spec: &ProcessSpec<'_>,
+    src_dir: &Path,
+    cgroups_path: &str,
+) -> Value {
     let mem = plan.limits.memory_bytes;
     let tmpfs = |dest: &str, size: u64| json!({"destination": dest, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={size}")]});
     let mut mounts = vec![
@@ -85,7 +102,11 @@ pub fn config(plan: &ExecPlan, proc_spec: &ProcessSpec<'_>, src_dir: &Path, cgro
     for top in top_level_entries(&plan.files) {
         mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
     }
-    let mut env = vec!["PATH=/usr/local/bin:/usr/bin:/bin".to_string(), "LANG=C.UTF-8".to_string(), "HOME=/tmp".to_string()];
+    let mut env = vec![
+        "PATH=/usr/local/bin:/usr/bin:/bin".to_string(),
+        "LANG=C.UTF-8".to_string(),
+        "HOME=/tmp".to_string(),
+    ];
     env.extend(proc_spec.env.iter().cloned());
     json!({
         "ociVersion": "1.0.0",
@@ -125,7 +146,15 @@ pub fn write_config(dir: &Path, config: &Value) -> Result<(), SandboxError> {
 
 /// Replaces the descriptor's `source_file` with the plan's entry in an argv.
 pub fn substitute(argv: &[String], source_file: &str, entry: &str) -> Vec<String> {
-    argv.iter().map(|a| if a == source_file { entry.to_string() } else { a.clone() }).collect()
+    argv.iter()
+        .map(|a| {
+            if a == source_file {
+                entry.to_string()
+            } else {
+                a.clone()
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -135,12 +164,18 @@ mod tests {
     #[test]
     fn test_top_level_entries_dedup() {
         let f = |n: &str| (n.to_string(), Vec::new());
-        assert_eq!(top_level_entries(&[f("main.py"), f("pkg/a.py"), f("pkg/b.py")]), vec!["main.py", "pkg"]);
+        assert_eq!(
+            top_level_entries(&[f("main.py"), f("pkg/a.py"), f("pkg/b.py")]),
+            vec!["main.py", "pkg"]
+        );
     }
 
     #[test]
     fn test_substitute_entry() {
         let argv = vec!["/usr/bin/python3".to_string(), "main.py".to_string()];
-        assert_eq!(substitute(&argv, "main.py", "app.py"), vec!["/usr/bin/python3", "app.py"]);
+        assert_eq!(
+            substitute(&argv, "main.py", "app.py"),
+            vec!["/usr/bin/python3", "app.py"]
+        );
     }
 }

@@ -153,15 +153,25 @@ pub fn take_utf8(buf: &mut Vec<u8>, last: bool) -> String {
 impl Daemon {
     pub(crate) fn start_run(&mut self, ck: usize, plan: Box<ExecPlan>, stream: bool) {
         if self.app.shutting_down {
-            self.respond(ck, Response::error(503, "shutting_down", Some("isoboxd is shutting down")).with_header("Retry-After", "5"));
+            self.respond(
+                ck,
+                Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
+                    .with_header("Retry-After", "5"),
+            );
             return;
         }
         if self.app.in_flight >= self.cfg.max_concurrent {
             self.app.counters.capacity_rejections += 1;
-            self.respond(ck, Response::error(429, "capacity", Some("no free execution slot")).with_header("Retry-After", "1"));
+            self.respond(
+                ck,
+                Response::error(429, "capacity", Some("no free execution slot"))
+                    .with_header("Retry-After", "1"),
+            );
             return;
         }
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         let conn_ref = (ck, c.serial);
         self.run_serial += 1;
         let serial = self.run_serial;
@@ -169,7 +179,11 @@ impl Daemon {
         let cap = usize::try_from(plan.limits.output_bytes).unwrap_or(usize::MAX);
         let compiled = plan.runtime.desc.compiled;
         let run = Run {
-            compile: compiled.then(|| CompileState { parser: FrameParser::default(), done: false, result: None }),
+            compile: compiled.then(|| CompileState {
+                parser: FrameParser::default(),
+                done: false,
+                result: None,
+            }),
             program_started: None,
             serial,
             id: id.clone(),
@@ -177,7 +191,16 @@ impl Daemon {
             stream,
             plan,
             state: State::Starting,
-            out: [Capture { cap, ..Default::default() }, Capture { cap, ..Default::default() }],
+            out: [
+                Capture {
+                    cap,
+                    ..Default::default()
+                },
+                Capture {
+                    cap,
+                    ..Default::default()
+                },
+            ],
             stdin: None,
             stdin_pos: 0,
             pid: None,
@@ -200,25 +223,46 @@ impl Daemon {
         let mut argv = super::bundle::substitute(&desc.run, &desc.source_file, &plan_for_job.entry);
         argv.extend(plan_for_job.args.iter().cloned());
         if desc.compiled {
-            let build_argv = super::bundle::substitute(&desc.build, &desc.source_file, &plan_for_job.entry);
-            argv = build::wrap(build_argv, argv, self.cfg.compile_timeout_ms, plan_for_job.limits.output_bytes);
+            let build_argv =
+                super::bundle::substitute(&desc.build, &desc.source_file, &plan_for_job.entry);
+            argv = build::wrap(
+                build_argv,
+                argv,
+                self.cfg.compile_timeout_ms,
+                plan_for_job.limits.output_bytes,
+            );
         }
         let env = desc.env.clone();
         let job = Box::new(move || {
             let result = backend.spawn(&id, &plan_for_job, argv, &env).map(Box::new);
-            Completion::Spawned { run: rk, serial, result }
+            Completion::Spawned {
+                run: rk,
+                serial,
+                result,
+            }
         });
         if self.pool.submit(job).is_err() {
             self.runs.remove(rk);
-            self.respond(ck, Response::error(503, "overloaded", Some("worker queue full")).with_header("Retry-After", "1"));
+            self.respond(
+                ck,
+                Response::error(503, "overloaded", Some("worker queue full"))
+                    .with_header("Retry-After", "1"),
+            );
             return;
         }
         self.app.in_flight += 1;
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         if stream {
             c.phase = Phase::Stream { run: rk };
             let keep = c.keep_alive && !self.app.shutting_down;
-            let headers = [("Content-Type", "text/event-stream".to_string()), ("Cache-Control", "no-cache".to_string()), ("X-Accel-Buffering", "no".to_string()), ("Transfer-Encoding", "chunked".to_string())];
+            let headers = [
+                ("Content-Type", "text/event-stream".to_string()),
+                ("Cache-Control", "no-cache".to_string()),
+                ("X-Accel-Buffering", "no".to_string()),
+                ("Transfer-Encoding", "chunked".to_string()),
+            ];
             crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
             if !keep {
                 c.close_after_flush = true;
@@ -231,9 +275,17 @@ impl Daemon {
 
     pub(crate) fn on_completion(&mut self, c: Completion) {
         match c {
-            Completion::Spawned { run, serial, result } => self.run_spawned(run, serial, result),
+            Completion::Spawned {
+                run,
+                serial,
+                result,
+            } => self.run_spawned(run, serial, result),
             Completion::Killed => {}
-            Completion::Cleaned { run, serial, cleanup } => self.run_cleaned(run, serial, cleanup),
+            Completion::Cleaned {
+                run,
+                serial,
+                cleanup,
+            } => self.run_cleaned(run, serial, cleanup),
             Completion::Probe(res) => {
                 self.app.probe = match res {
                     Ok(()) => {
@@ -250,7 +302,9 @@ impl Daemon {
     }
 
     fn run_spawned(&mut self, rk: usize, serial: u64, result: Result<Box<Spawned>, SandboxError>) {
-        let Some(run) = self.runs.get(rk).filter(|r| r.serial == serial) else { return };
+        let Some(run) = self.runs.get(rk).filter(|r| r.serial == serial) else {
+            return;
+        };
         let _ = run;
         let s = match result {
             Ok(s) => s,
@@ -270,23 +324,45 @@ impl Daemon {
         let t_pid = self.token_for(Source::Pid(rk));
         tokens.extend([t_out, t_err, t_pid]);
         let t_in = self.token_for(Source::Stdin(rk));
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         let mut reg_ok = true;
         for (i, (mut rx, t)) in [(stdout, t_out), (stderr, t_err)].into_iter().enumerate() {
-            reg_ok &= rx.set_nonblocking(true).is_ok() && self.poll.registry().register(&mut rx, t, Interest::READABLE).is_ok();
+            reg_ok &= rx.set_nonblocking(true).is_ok()
+                && self
+                    .poll
+                    .registry()
+                    .register(&mut rx, t, Interest::READABLE)
+                    .is_ok();
             run.out[i].pipe = Some((rx, t));
         }
-        reg_ok &= self.poll.registry().register(&mut SourceFd(&s.pidfd.as_raw_fd()), t_pid, Interest::READABLE).is_ok();
+        reg_ok &= self
+            .poll
+            .registry()
+            .register(
+                &mut SourceFd(&s.pidfd.as_raw_fd()),
+                t_pid,
+                Interest::READABLE,
+            )
+            .is_ok();
         run.pid = Some((s.pidfd, t_pid));
         match s.stdin {
             Some(stdin) if !run.plan.stdin.is_empty() => {
                 let mut tx = pipe::Sender::from(stdin);
-                reg_ok &= tx.set_nonblocking(true).is_ok() && self.poll.registry().register(&mut tx, t_in, Interest::WRITABLE).is_ok();
+                reg_ok &= tx.set_nonblocking(true).is_ok()
+                    && self
+                        .poll
+                        .registry()
+                        .register(&mut tx, t_in, Interest::WRITABLE)
+                        .is_ok();
                 run.stdin = Some((tx, t_in));
             }
             _ => self.release_token(t_in), // Dropping stdin gives the program EOF at once.
         }
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         run.child = Some(s.child);
         run.cgroup = Some(s.cgroup);
         run.dir = Some(s.dir);
@@ -314,11 +390,15 @@ impl Daemon {
         let idx = usize::from(is_err);
         let mut buf = [0u8; 32 * 1024];
         loop {
-            let Some(run) = self.runs.get_mut(rk) else { return };
+            let Some(run) = self.runs.get_mut(rk) else {
+                return;
+            };
             if run.paused {
                 return;
             }
-            let Some((rx, _)) = run.out[idx].pipe.as_mut() else { return };
+            let Some((rx, _)) = run.out[idx].pipe.as_mut() else {
+                return;
+            };
             match rx.read(&mut buf) {
                 Ok(0) => {
                     self.run_pipe_eof(rk, idx);
@@ -337,12 +417,16 @@ impl Daemon {
     }
 
     fn run_pipe_eof(&mut self, rk: usize, idx: usize) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         if let Some((mut rx, t)) = run.out[idx].pipe.take() {
             let _ = self.poll.registry().deregister(&mut rx);
             self.release_token(t);
         }
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         run.out[idx].eof = true;
         if run.stream && !run.out[idx].pending_utf8.is_empty() {
             let text = take_utf8(&mut run.out[idx].pending_utf8, true);
@@ -351,7 +435,9 @@ impl Daemon {
     }
 
     fn run_output(&mut self, rk: usize, idx: usize, data: &[u8]) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         if idx == 1 {
             if let Some(cs) = run.compile.as_mut().filter(|c| !c.done) {
                 match cs.parser.feed(data, self.cfg.compile_timeout_ms) {
@@ -402,7 +488,9 @@ impl Daemon {
     }
 
     fn run_send_chunk(&mut self, rk: usize, idx: usize, text: &str) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         run.last_event = Instant::now();
         let event = if idx == 0 { "stdout" } else { "stderr" };
         let data = serde_json::json!({ "chunk": text }).to_string();
@@ -410,7 +498,10 @@ impl Daemon {
         sse::write_event(&mut frame, event, &data);
         if let Some((ck, _)) = run.conn {
             self.conn_send_chunked(ck, &frame);
-            let over = self.conns.get(ck).is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
+            let over = self
+                .conns
+                .get(ck)
+                .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
             if over {
                 if let Some(run) = self.runs.get_mut(rk) {
                     // Backpressure: stop reading the sandbox; its writes block in the pipe.
@@ -422,7 +513,9 @@ impl Daemon {
 
     /// Queues one chunk of a chunked (SSE) response and tries to write it.
     pub(crate) fn conn_send_chunked(&mut self, ck: usize, payload: &[u8]) {
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         let _ = write!(c.wbuf, "{:x}\r\n", payload.len());
         c.wbuf.extend_from_slice(payload);
         c.wbuf.extend_from_slice(b"\r\n");
@@ -431,7 +524,9 @@ impl Daemon {
 
     /// Called when a streaming client's buffer drained: read the sandbox again.
     pub(crate) fn run_resume(&mut self, rk: usize) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         if !run.paused {
             return;
         }
@@ -442,8 +537,12 @@ impl Daemon {
     }
 
     pub(crate) fn run_stdin_event(&mut self, rk: usize) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
-        let Some((tx, _)) = run.stdin.as_mut() else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        let Some((tx, _)) = run.stdin.as_mut() else {
+            return;
+        };
         let mut done = false;
         while run.stdin_pos < run.plan.stdin.len() {
             match tx.write(&run.plan.stdin[run.stdin_pos..]) {
@@ -465,13 +564,18 @@ impl Daemon {
     }
 
     pub(crate) fn run_exited(&mut self, rk: usize) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         if run.exited_at.is_some() {
             return;
         }
         run.exited_at = Some(Instant::now());
         if let Some((fd, t)) = run.pid.take() {
-            let _ = self.poll.registry().deregister(&mut SourceFd(&fd.as_raw_fd()));
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
             self.release_token(t);
         }
         self.arm_run(rk, Instant::now() + DRAIN_GRACE);
@@ -497,7 +601,9 @@ impl Daemon {
     }
 
     pub(crate) fn run_timer(&mut self, rk: usize, gen: u64) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         if run.timer_gen != gen || run.state != State::Running {
             return;
         }
@@ -512,7 +618,9 @@ impl Daemon {
     }
 
     fn run_kill(&mut self, rk: usize) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         if run.killing || run.state != State::Running {
             return;
         }
@@ -530,7 +638,9 @@ impl Daemon {
 
     /// The client went away: detach and kill.
     pub(crate) fn run_cancel(&mut self, rk: usize) {
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         if run.conn.is_none() {
             return;
         }
@@ -543,13 +653,17 @@ impl Daemon {
 
     fn run_cleanup(&mut self, rk: usize) {
         // Final read of anything left, then stop watching.
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         if run.state != State::Running {
             return;
         }
         run.paused = false;
         self.run_pipe_event_final(rk);
-        let Some(run) = self.runs.get_mut(rk) else { return };
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         run.state = State::Cleaning;
         let mut release = Vec::new();
         for cap in run.out.iter_mut() {
@@ -563,7 +677,10 @@ impl Daemon {
             release.push(t);
         }
         if let Some((fd, t)) = run.pid.take() {
-            let _ = self.poll.registry().deregister(&mut SourceFd(&fd.as_raw_fd()));
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
             release.push(t);
         }
         let (child, cg, dir) = (run.child.take(), run.cgroup.take(), run.dir.take());
@@ -571,11 +688,17 @@ impl Daemon {
         for t in release {
             self.release_token(t);
         }
-        let (Some(child), Some(cg), Some(dir)) = (child, cg, dir) else { return };
+        let (Some(child), Some(cg), Some(dir)) = (child, cg, dir) else {
+            return;
+        };
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || {
             let cleanup = backend.cleanup(&id, child, &cg, &dir);
-            Completion::Cleaned { run: rk, serial, cleanup }
+            Completion::Cleaned {
+                run: rk,
+                serial,
+                cleanup,
+            }
         });
         if let Err(job) = self.pool.submit(job) {
             // Never leak a sandbox: do it inline rather than not at all.
@@ -598,7 +721,7 @@ impl Daemon {
     }
 
     fn run_cleaned(&mut self, rk: usize, serial: u64, cleanup: Cleanup) {
-        if !self.runs.get(rk).is_some_and(|r| r.serial == serial) {
+        if self.runs.get(rk).is_none_or(|r| r.serial != serial) {
             return;
         }
         let run = self.runs.remove(rk);
@@ -615,7 +738,11 @@ impl Daemon {
         if run.cancelled {
             c.runs_cancelled += 1;
         }
-        let exit_code = if run.timed_out || oom { 128 + libc::SIGKILL } else { cleanup.exit_code };
+        let exit_code = if run.timed_out || oom {
+            128 + libc::SIGKILL
+        } else {
+            cleanup.exit_code
+        };
         let mut stderr = String::from_utf8_lossy(&run.out[1].kept).into_owned();
         let mut run = run;
         let compile = run.compile.take().map(|mut cs| match cs.result.take() {
@@ -627,7 +754,9 @@ impl Daemon {
                 exit_code,
                 timed_out: run.timed_out,
                 oom_killed: oom,
-                duration_ms: run.started.map_or(0, |s| u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX)),
+                duration_ms: run.started.map_or(0, |s| {
+                    u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX)
+                }),
             },
         });
         let build_failed = compile.as_ref().is_some_and(|c| c.exit_code != 0);
@@ -637,7 +766,11 @@ impl Daemon {
                 stderr = c.stderr.clone();
             }
         }
-        let (timed_out, oom) = if build_failed { (false, false) } else { (run.timed_out, oom) };
+        let (timed_out, oom) = if build_failed {
+            (false, false)
+        } else {
+            (run.timed_out, oom)
+        };
         let exit_code = match &compile {
             Some(c) if c.exit_code != 0 => c.exit_code,
             _ => exit_code,
@@ -670,8 +803,10 @@ impl Daemon {
             run.cancelled
         );
         let body = execute::response(&run.plan, result, compile);
-        let Some((ck, cserial)) = run.conn else { return };
-        if !self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
+        let Some((ck, cserial)) = run.conn else {
+            return;
+        };
+        if self.conns.get(ck).is_none_or(|c| c.serial != cserial) {
             return;
         }
         if run.stream {
@@ -689,13 +824,19 @@ impl Daemon {
     fn run_fail(&mut self, rk: usize, code: &str, detail: &str) {
         let run = self.runs.remove(rk);
         self.app.in_flight -= 1;
-        let Some((ck, cserial)) = run.conn else { return };
-        if !self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
+        let Some((ck, cserial)) = run.conn else {
+            return;
+        };
+        if self.conns.get(ck).is_none_or(|c| c.serial != cserial) {
             return;
         }
         if run.stream {
             let mut frame = Vec::new();
-            sse::write_event(&mut frame, "error", &serde_json::json!({"error": format!("{code}: {detail}")}).to_string());
+            sse::write_event(
+                &mut frame,
+                "error",
+                &serde_json::json!({"error": format!("{code}: {detail}")}).to_string(),
+            );
             self.finish_stream(ck, &frame);
         } else {
             self.respond(ck, Response::error(500, code, Some(detail)));
@@ -707,7 +848,9 @@ impl Daemon {
     fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
         self.conn_send_chunked(ck, frame);
         let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         c.wbuf.extend_from_slice(b"0\r\n\r\n");
         c.phase = Phase::Head;
         if !c.keep_alive || self.app.shutting_down {
@@ -724,13 +867,16 @@ impl Daemon {
     fn arm_keepalive(&mut self, rk: usize) {
         let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
         let Some(run) = self.runs.get(rk) else { return };
-        self.timers.insert(run.last_event + every, TimerKey::Keepalive(rk, run.serial));
+        self.timers
+            .insert(run.last_event + every, TimerKey::Keepalive(rk, run.serial));
     }
 
     /// Sends a comment when the stream has been silent for a whole interval.
     pub(crate) fn run_keepalive(&mut self, rk: usize, serial: u64) {
         let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
-        let Some(run) = self.runs.get_mut(rk).filter(|r| r.serial == serial) else { return };
+        let Some(run) = self.runs.get_mut(rk).filter(|r| r.serial == serial) else {
+            return;
+        };
         let Some((ck, _)) = run.conn else { return };
         if run.last_event.elapsed() + Duration::from_millis(5) >= every {
             run.last_event = Instant::now();
@@ -754,7 +900,8 @@ impl Daemon {
     /// Runs one real sandbox at startup; `/readyz` waits for it.
     pub(crate) fn start_probe(&mut self) {
         let Some(rt) = self.app.runtimes.installed().next().cloned() else {
-            self.app.probe = ProbeState::Failed("no runtime is installed (run `make runtimes`)".into());
+            self.app.probe =
+                ProbeState::Failed("no runtime is installed (run `make runtimes`)".into());
             return;
         };
         let backend = Arc::clone(&self.backend);

@@ -83,26 +83,84 @@ mod tests {
     use super::*;
 
     fn defaults() -> DefaultLimits {
-        DefaultLimits { memory_bytes: 384 << 20, cpus: 1.5, wall_time_ms: 15_000 }
+        DefaultLimits {
+            memory_bytes: 384 << 20,
+            cpus: 1.5,
+            wall_time_ms: 15_000,
+        }
     }
 
     #[test]
     fn test_defaults_apply_when_omitted() {
         let l = RequestedLimits::default().resolve(&defaults());
-        assert_eq!(l, Limits { memory_bytes: 384 << 20, cpus: 1.5, pids: 128, output_bytes: 65536, wall_time_ms: 15_000 });
+        assert_eq!(
+            l,
+            Limits {
+                memory_bytes: 384 << 20,
+                cpus: 1.5,
+                pids: 128,
+                output_bytes: 65536,
+                wall_time_ms: 15_000
+            }
+        );
     }
 
     #[test]
     fn test_clamped_at_both_ends() {
-        let low = RequestedLimits { memory_bytes: Some(0.0), cpus: Some(0.0), pids: Some(-1.0), output_bytes: Some(1.0), wall_time_ms: Some(0.0) };
-        assert_eq!(low.resolve(&defaults()), Limits { memory_bytes: 8 << 20, cpus: 0.1, pids: 1, output_bytes: 1024, wall_time_ms: 100 });
-        let high = RequestedLimits { memory_bytes: Some(1e20), cpus: Some(64.0), pids: Some(1e9), output_bytes: Some(18446744073709551616.0), wall_time_ms: Some(1e20) };
-        assert_eq!(high.resolve(&defaults()), Limits { memory_bytes: 512 << 20, cpus: 2.0, pids: 256, output_bytes: 256 << 10, wall_time_ms: 20_000 });
+        let low = RequestedLimits {
+            memory_bytes: Some(0.0),
+            cpus: Some(0.0),
+            pids: Some(-1.0),
+            output_bytes: Some(1.0),
+            wall_time_ms: Some(0.0),
+        };
+        assert_eq!(
+            low.resolve(&defaults()),
+            Limits {
+                memory_bytes: 8 << 20,
+                cpus: 0.1,
+                pids: 1,
+                output_bytes: 1024,
+                wall_time_ms: 100
+            }
+        );
+        let high = RequestedLimits {
+            memory_bytes: Some(1e20),
+            cpus: Some(64.0),
+            pids: Some(1e9),
+            output_bytes: Some(18446744073709551616.0),
+            wall_time_ms: Some(1e20),
+        };
+        assert_eq!(
+            high.resolve(&defaults()),
+            Limits {
+                memory_bytes: 512 << 20,
+                cpus: 2.0,
+                pids: 256,
+                output_bytes: 256 << 10,
+                wall_time_ms: 20_000
+            }
+        );
     }
 
     #[test]
     fn test_values_at_bounds_kept() {
-        let at = RequestedLimits { memory_bytes: Some(8388608.0), cpus: Some(2.0), pids: Some(256.0), output_bytes: Some(1024.0), wall_time_ms: Some(20000.0) };
-        assert_eq!(at.resolve(&defaults()), Limits { memory_bytes: 8 << 20, cpus: 2.0, pids: 256, output_bytes: 1024, wall_time_ms: 20_000 });
+        let at = RequestedLimits {
+            memory_bytes: Some(8388608.0),
+            cpus: Some(2.0),
+            pids: Some(256.0),
+            output_bytes: Some(1024.0),
+            wall_time_ms: Some(20000.0),
+        };
+        assert_eq!(
+            at.resolve(&defaults()),
+            Limits {
+                memory_bytes: 8 << 20,
+                cpus: 2.0,
+                pids: 256,
+                output_bytes: 1024,
+                wall_time_ms: 20_000
+            }
+        );
     }
 }

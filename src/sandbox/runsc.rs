@@ -68,8 +68,17 @@ impl Backend {
     ///
     /// # Errors
     /// [`SandboxError`] when any step fails; whatever was created is removed again.
-    pub fn spawn(&self, id: &str, plan: &ExecPlan, argv: Vec<String>, env: &[String]) -> Result<Spawned, SandboxError> {
-        let hier = self.cgroups.as_ref().ok_or_else(|| SandboxError::NoCgroups("no usable cgroup hierarchy".into()))?;
+    pub fn spawn(
+        &self,
+        id: &str,
+        plan: &ExecPlan,
+        argv: Vec<String>,
+        env: &[String],
+    ) -> Result<Spawned, SandboxError> {
+        let hier = self
+            .cgroups
+            .as_ref()
+            .ok_or_else(|| SandboxError::NoCgroups("no usable cgroup hierarchy".into()))?;
         let dir = self.runs_dir.join(id);
         let src = match bundle::write_files(&dir, &plan.files) {
             Ok(s) => s,
@@ -90,8 +99,14 @@ impl Backend {
                 return Err(e.into());
             }
         };
-        let cfg = bundle::config(plan, &ProcessSpec { args: argv, env }, &src, &format!("/{}/{}", self.instance, id));
-        let res = bundle::write_config(&dir, &cfg).and_then(|()| self.start(id, &dir, cgroup.clone()));
+        let cfg = bundle::config(
+            plan,
+            &ProcessSpec { args: argv, env },
+            &src,
+            &format!("/{}/{}", self.instance, id),
+        );
+        let res =
+            bundle::write_config(&dir, &cfg).and_then(|()| self.start(id, &dir, cgroup.clone()));
         match res {
             Ok(s) => Ok(s),
             Err(e) => {
@@ -104,7 +119,10 @@ impl Backend {
 
     fn runsc_cmd(&self) -> Command {
         let mut c = Command::new(&self.runsc);
-        c.arg("--root").arg(&self.state_root).arg(format!("--platform={}", self.platform)).arg("--network=none");
+        c.arg("--root")
+            .arg(&self.state_root)
+            .arg(format!("--platform={}", self.platform))
+            .arg("--network=none");
         c.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
         c
     }
@@ -112,32 +130,57 @@ impl Backend {
     fn start(&self, id: &str, dir: &Path, cgroup: RunCgroup) -> Result<Spawned, SandboxError> {
         let mut cmd = self.runsc_cmd();
         cmd.arg("run").arg("--bundle").arg(dir).arg(id);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         crate::sys::die_with_parent_on_spawn(&mut cmd);
-        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn { runsc: self.runsc.clone(), source })?;
+        let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+            runsc: self.runsc.clone(),
+            source,
+        })?;
         let started = Instant::now();
         let pidfd = match crate::sys::pidfd_open(child.id()) {
             Ok(fd) => fd,
             Err(source) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(SandboxError::Spawn { runsc: self.runsc.clone(), source });
+                return Err(SandboxError::Spawn {
+                    runsc: self.runsc.clone(),
+                    source,
+                });
             }
         };
-        let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+        let (stdin, stdout, stderr) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take());
         let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(SandboxError::Spawn { runsc: self.runsc.clone(), source: std::io::Error::other("stdio pipes missing") });
+            return Err(SandboxError::Spawn {
+                runsc: self.runsc.clone(),
+                source: std::io::Error::other("stdio pipes missing"),
+            });
         };
-        Ok(Spawned { id: id.to_string(), child, stdin, stdout, stderr, pidfd, cgroup, dir: dir.to_path_buf(), started })
+        Ok(Spawned {
+            id: id.to_string(),
+            child,
+            stdin,
+            stdout,
+            stderr,
+            pidfd,
+            cgroup,
+            dir: dir.to_path_buf(),
+            started,
+        })
     }
 
     /// Ends the whole sandbox: every process in its cgroup (sentry, gofer, stubs; stopped
     /// ones too) is SIGKILLed, which ends `runsc run` with it.
     pub fn kill(&self, cgroup: &RunCgroup) {
         if !cgroup.kill_all() {
-            crate::error_limited!("op=kill cgroup={:?} err=processes survived SIGKILL", cgroup.dirs().first());
+            crate::error_limited!(
+                "op=kill cgroup={:?} err=processes survived SIGKILL",
+                cgroup.dirs().first()
+            );
         }
     }
 
@@ -148,7 +191,9 @@ impl Backend {
         let status = loop {
             match child.try_wait() {
                 Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
                 Ok(None) => {
                     cgroup.kill_all();
                     let _ = child.kill();
@@ -159,7 +204,8 @@ impl Backend {
         };
         let exit_code = status.map_or(128 + libc::SIGKILL, |s| {
             use std::os::unix::process::ExitStatusExt;
-            s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
+            s.code()
+                .unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
         });
         let oom_killed = cgroup.oom_kills() > 0;
         self.delete(id);
@@ -171,15 +217,29 @@ impl Backend {
         if let Err(e) = std::fs::remove_dir_all(dir) {
             crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
         }
-        Cleanup { oom_killed, exit_code }
+        Cleanup {
+            oom_killed,
+            exit_code,
+        }
     }
 
     /// `runsc delete --force`: idempotent, succeeds for a container already gone.
     fn delete(&self, id: &str) {
-        let out = self.runsc_cmd().arg("delete").arg("--force").arg(id).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).output();
+        let out = self
+            .runsc_cmd()
+            .arg("delete")
+            .arg("--force")
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output();
         match out {
             Ok(o) if o.status.success() => {}
-            Ok(o) => crate::error_limited!("sandbox={id} op=delete err={}", String::from_utf8_lossy(&o.stderr).trim()),
+            Ok(o) => crate::error_limited!(
+                "sandbox={id} op=delete err={}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
             Err(e) => crate::error_limited!("sandbox={id} op=delete err={e}"),
         }
     }
@@ -188,7 +248,11 @@ impl Backend {
     /// killed) in its root even after `delete --force`; they are ours to remove.
     fn remove_state_files(&self, id: &str) {
         let prefix = format!("{id}_sandbox:");
-        for e in std::fs::read_dir(&self.state_root).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(&self.state_root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -200,7 +264,9 @@ impl Backend {
     fn remove_v1_strays(&self, id: &str) {
         if let Some(Hierarchy::V1 { memory, .. }) = &self.cgroups {
             let Some(root) = memory.parent() else { return };
-            let Ok(rd) = std::fs::read_dir(root) else { return };
+            let Ok(rd) = std::fs::read_dir(root) else {
+                return;
+            };
             for e in rd.flatten() {
                 let d = e.path().join(&self.instance).join(id);
                 if d.is_dir() {
@@ -215,10 +281,23 @@ impl Backend {
     pub fn sweep(&self) -> usize {
         let mut n = 0;
         // Containers recorded in this instance's own runsc root.
-        if let Ok(o) = self.runsc_cmd().arg("list").arg("--format=json").stdin(Stdio::null()).stderr(Stdio::null()).output() {
-            if let Ok(serde_json::Value::Array(list)) = serde_json::from_slice::<serde_json::Value>(&o.stdout) {
+        if let Ok(o) = self
+            .runsc_cmd()
+            .arg("list")
+            .arg("--format=json")
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+        {
+            if let Ok(serde_json::Value::Array(list)) =
+                serde_json::from_slice::<serde_json::Value>(&o.stdout)
+            {
                 for c in list {
-                    if let Some(id) = c.get("id").and_then(|v| v.as_str()).filter(|id| id.starts_with(&self.instance)) {
+                    if let Some(id) = c
+                        .get("id")
+                        .and_then(|v| v.as_str())
+                        .filter(|id| id.starts_with(&self.instance))
+                    {
                         self.delete(id);
                         n += 1;
                     }
@@ -240,21 +319,30 @@ impl Backend {
                 }
             }
         }
-        for e in std::fs::read_dir(&self.runs_dir).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(&self.runs_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if std::fs::remove_dir_all(e.path()).is_ok() {
                 n += 1;
             }
         }
         // Whatever is left in our own runsc root belongs to containers deleted above.
-        for e in std::fs::read_dir(&self.state_root).into_iter().flatten().flatten() {
-            if e.file_name().to_string_lossy().starts_with(&self.instance) && std::fs::remove_file(e.path()).is_ok() {
+        for e in std::fs::read_dir(&self.state_root)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().starts_with(&self.instance)
+                && std::fs::remove_file(e.path()).is_ok()
+            {
                 n += 1;
             }
         }
         n
     }
 }
-
 
 impl Backend {
     /// The startup self-probe: a real sandbox on `rt`'s root filesystem must start, read a
@@ -271,11 +359,27 @@ impl Backend {
             entry: "probe.txt".into(),
             stdin: Vec::new(),
             args: Vec::new(),
-            limits: Limits { memory_bytes: 64 << 20, cpus: 1.0, pids: 16, output_bytes: 1024, wall_time_ms: 20_000 },
+            limits: Limits {
+                memory_bytes: 64 << 20,
+                cpus: 1.0,
+                pids: 16,
+                output_bytes: 1024,
+                wall_time_ms: 20_000,
+            },
             network_requested: false,
         };
-        let s = self.spawn(id, &plan, vec!["/bin/cat".into(), "probe.txt".into()], &[]).map_err(|e| e.to_string())?;
-        let Spawned { mut child, stdin, mut stdout, mut stderr, cgroup, dir, .. } = s;
+        let s = self
+            .spawn(id, &plan, vec!["/bin/cat".into(), "probe.txt".into()], &[])
+            .map_err(|e| e.to_string())?;
+        let Spawned {
+            mut child,
+            stdin,
+            mut stdout,
+            mut stderr,
+            cgroup,
+            dir,
+            ..
+        } = s;
         drop(stdin);
         let deadline = Instant::now() + Duration::from_secs(60);
         while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
@@ -292,7 +396,12 @@ impl Backend {
             Ok(())
         } else {
             let err = String::from_utf8_lossy(&err);
-            Err(format!("sandbox exited {} with stdout {:?}; stderr: {}", c.exit_code, String::from_utf8_lossy(&out), err.chars().take(400).collect::<String>()))
+            Err(format!(
+                "sandbox exited {} with stdout {:?}; stderr: {}",
+                c.exit_code,
+                String::from_utf8_lossy(&out),
+                err.chars().take(400).collect::<String>()
+            ))
         }
     }
 }

@@ -9,8 +9,8 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 #[macro_export]
 macro_rules! syscall {
     ($fn: ident ( $($arg: expr),* $(,)* ) ) => {{
-        #[allow(unused_unsafe)]
-        // SAFETY: each call site documents why its arguments are valid.
+        #[allow(unused_unsafe, clippy::macro_metavars_in_unsafe)]
+        // SAFETY: each call site passes plain values or pointers valid for the call.
         let res = unsafe { libc::$fn($($arg, )*) };
         if res == -1 {
             Err(std::io::Error::last_os_error())
@@ -25,7 +25,8 @@ macro_rules! syscall {
 /// # Errors
 /// Fails when the process is gone or the kernel lacks `pidfd_open`.
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let pid =
+        libc::pid_t::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: pidfd_open takes a pid and flags, touches no memory of ours.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
@@ -77,13 +78,19 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
 
 /// The number of open fds of this process (for health figures and leak tests).
 pub fn open_fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Resident set size of this process in bytes, from `/proc/self/statm`.
 pub fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     pages * u64::try_from(page).unwrap_or(4096)
@@ -95,7 +102,13 @@ pub fn host_memory_bytes() -> u64 {
     meminfo
         .lines()
         .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
         .map(|kb| kb * 1024)
         .unwrap_or(0)
 }
@@ -120,7 +133,13 @@ pub fn join_cgroup_in_child(procs_fd: i32) -> io::Result<()> {
 /// # Errors
 /// When `prctl` fails.
 pub fn die_with_parent() -> io::Result<()> {
-    syscall!(prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0))?;
+    syscall!(prctl(
+        libc::PR_SET_PDEATHSIG,
+        libc::SIGKILL as libc::c_ulong,
+        0,
+        0,
+        0
+    ))?;
     Ok(())
 }
 

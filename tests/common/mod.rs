@@ -31,8 +31,13 @@ impl Daemon {
     pub fn start_with(env: &[(&str, &str)]) -> Daemon {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         // A test may restart an instance (same name and data dir) to check what survives.
-        let reused = env.iter().find(|(k, _)| *k == "ISOBOX_INSTANCE").map(|(_, v)| v.to_string());
-        let instance = reused.clone().unwrap_or_else(|| format!("isobox-t{}-{n}", std::process::id()));
+        let reused = env
+            .iter()
+            .find(|(k, _)| *k == "ISOBOX_INSTANCE")
+            .map(|(_, v)| v.to_string());
+        let instance = reused
+            .clone()
+            .unwrap_or_else(|| format!("isobox-t{}-{n}", std::process::id()));
         let data_dir = std::env::temp_dir().join(&instance);
         if reused.is_none() {
             let _ = std::fs::remove_dir_all(&data_dir);
@@ -76,8 +81,13 @@ impl Daemon {
                 panic!("isoboxd did not start; log:\n{}", log.lock().unwrap());
             }
         };
-        let d = Daemon { child: Some(child), addr, instance, data_dir, log };
-        d
+        Daemon {
+            child: Some(child),
+            addr,
+            instance,
+            data_dir,
+            log,
+        }
     }
 
     /// Waits until /readyz says ready (the backend probe ran).
@@ -88,7 +98,12 @@ impl Daemon {
             if r.status == 200 {
                 return;
             }
-            assert!(Instant::now() < deadline, "never ready: {}\nlog:\n{}", r.text(), self.log());
+            assert!(
+                Instant::now() < deadline,
+                "never ready: {}\nlog:\n{}",
+                r.text(),
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -110,7 +125,10 @@ impl Daemon {
 
     pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
         let mut s = self.connect();
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+        let mut req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n",
+            body.len()
+        );
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -121,7 +139,12 @@ impl Daemon {
     }
 
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Resp {
-        self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+        self.request(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        )
     }
 
     /// POST /execute and return the parsed 200 body (panics on another status).
@@ -139,7 +162,10 @@ impl Daemon {
     /// containers.
     pub fn leftovers(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for c in ["memory", "cpu", "pids", "freezer", "blkio", "cpuset", "devices", "cpuacct", "systemd", "unified"] {
+        for c in [
+            "memory", "cpu", "pids", "freezer", "blkio", "cpuset", "devices", "cpuacct", "systemd",
+            "unified",
+        ] {
             let d = PathBuf::from("/sys/fs/cgroup").join(c).join(&self.instance);
             if let Ok(rd) = std::fs::read_dir(&d) {
                 for e in rd.flatten() {
@@ -154,10 +180,21 @@ impl Daemon {
         }
         let root = format!("/run/isobox/{}/runsc", self.instance);
         if let Ok(rd) = std::fs::read_dir(&root) {
-            out.extend(rd.flatten().map(|e| format!("runsc state file {}", e.path().display())));
+            out.extend(
+                rd.flatten()
+                    .map(|e| format!("runsc state file {}", e.path().display())),
+            );
         }
-        if let Ok(o) = Command::new("runsc").args(["--root", &root, "list", "-quiet"]).output() {
-            out.extend(String::from_utf8_lossy(&o.stdout).lines().filter(|l| !l.trim().is_empty()).map(|l| format!("container {l}")));
+        if let Ok(o) = Command::new("runsc")
+            .args(["--root", &root, "list", "-quiet"])
+            .output()
+        {
+            out.extend(
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(|l| format!("container {l}")),
+            );
         }
         out
     }
@@ -171,7 +208,11 @@ impl Daemon {
             if h["inFlight"] == 0 && left.is_empty() {
                 return;
             }
-            assert!(Instant::now() < deadline, "left behind: {left:?} health {h}\nlog:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "left behind: {left:?} health {h}\nlog:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -183,18 +224,28 @@ impl Daemon {
             let d = PathBuf::from("/sys/fs/cgroup").join(c).join(&self.instance);
             assert!(!d.exists(), "slice {} left after shutdown", d.display());
         }
-        assert!(!PathBuf::from("/run/isobox").join(&self.instance).exists(), "runsc root left after shutdown");
+        assert!(
+            !PathBuf::from("/run/isobox").join(&self.instance).exists(),
+            "runsc root left after shutdown"
+        );
     }
 
     fn stop_inner(&mut self) {
         if let Some(mut child) = self.child.take() {
             // SAFETY-free: plain kill(2) through the libc crate is not available in tests;
             // use the kill command instead.
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
             let deadline = Instant::now() + Duration::from_secs(30);
             loop {
                 if let Ok(Some(status)) = child.try_wait() {
-                    assert!(status.success(), "isoboxd exited with {status}; log:\n{}", self.log());
+                    assert!(
+                        status.success(),
+                        "isoboxd exited with {status}; log:\n{}",
+                        self.log()
+                    );
                     break;
                 }
                 if Instant::now() > deadline {
@@ -212,7 +263,10 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
             let deadline = Instant::now() + Duration::from_secs(20);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = child.try_wait() {
@@ -237,13 +291,17 @@ pub struct Resp {
 
 impl Resp {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 }
 
@@ -270,11 +328,18 @@ pub fn read_response<R: BufRead>(r: &mut R, head_only: bool) -> Option<Resp> {
         if status == 100 {
             continue;
         }
-        let mut resp = Resp { status, headers, body: Vec::new() };
+        let mut resp = Resp {
+            status,
+            headers,
+            body: Vec::new(),
+        };
         if head_only || status == 204 || status == 304 {
             return Some(resp);
         }
-        if resp.header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        if resp
+            .header("transfer-encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+        {
             loop {
                 let mut size = String::new();
                 r.read_line(&mut size).ok()?;
@@ -286,7 +351,10 @@ pub fn read_response<R: BufRead>(r: &mut R, head_only: bool) -> Option<Resp> {
                 }
                 resp.body.extend_from_slice(&chunk[..n]);
             }
-        } else if let Some(n) = resp.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        } else if let Some(n) = resp
+            .header("content-length")
+            .and_then(|v| v.parse::<usize>().ok())
+        {
             resp.body = vec![0; n];
             r.read_exact(&mut resp.body).ok()?;
         } else {
