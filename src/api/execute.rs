@@ -3,7 +3,7 @@
 
 use super::{Action, App};
 use crate::http::{Request, Response};
-use crate::runtimes::Runtime;
+use crate::runtimes::{Runtime, Runtimes};
 use crate::sandbox::limits::{Limits, RequestedLimits};
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -139,7 +139,7 @@ pub fn wants_stream(req: &Request) -> bool {
 
 /// Decodes and validates; answers 400/429 itself or returns the plan to run.
 pub fn handle(app: &mut App, req: &Request) -> Action {
-    let plan = match decode(app, &req.body) {
+    let plan = match decode(&app.runtimes, &req.body) {
         Ok(p) => p,
         Err(resp) => return Action::Respond(resp),
     };
@@ -153,13 +153,13 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
 ///
 /// # Errors
 /// The 400 response the spec prescribes.
-pub fn decode(app: &App, body: &[u8]) -> Result<ExecPlan, Response> {
+pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
     let b: Body = serde_json::from_slice(body).map_err(|e| bad("invalid_json", e.to_string()))?;
     let language = b.language.as_deref().map(str::trim).unwrap_or("");
     if language.is_empty() {
         return Err(Response::error(400, "language_required", None));
     }
-    let runtime = app.runtimes.resolve(language).ok_or_else(|| {
+    let runtime = runtimes.resolve(language).ok_or_else(|| {
         bad(
             "unknown_language",
             format!(
