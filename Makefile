@@ -20,7 +20,7 @@ run: deps runtimes build
 test: deps runtimes test-venv
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
-	$(CARGO) test --release -- --test-threads=2
+	$(CARGO) test --release --no-fail-fast -- --test-threads=2
 
 build:
 	$(CARGO) build --release

@@ -26,8 +26,8 @@ pub fn healthz(app: &App) -> Response {
             in_flight: app.in_flight,
             max_concurrent: app.cfg.max_concurrent,
             counters: &app.counters,
-            open_fds: crate::sys::open_fd_count(),
-            rss_bytes: crate::sys::rss_bytes(),
+            open_fds: app.process_figures.0,
+            rss_bytes: app.process_figures.1,
         },
     )
 }

@@ -60,6 +60,9 @@ pub struct App {
     pub counters: Counters,
     /// Set once SIGTERM/SIGINT arrived.
     pub shutting_down: bool,
+    /// (open fds, RSS bytes) of this process, refreshed by the reactor once a second
+    /// rather than per request (reading /proc per /healthz dominated its cost).
+    pub process_figures: (usize, u64),
 }
 
 /// What the reactor must do for a request.

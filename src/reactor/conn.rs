@@ -68,6 +68,10 @@ pub struct Conn {
     pub(crate) wpos: usize,
     pub(crate) phase: Phase,
     pub(crate) timer_gen: u64,
+    /// The current deadline (head, body, idle or write stall).
+    pub(crate) deadline: Instant,
+    /// Deadline of the live wheel entry, if one is scheduled.
+    pub(crate) scheduled: Option<Instant>,
     pub(crate) close_after_flush: bool,
     pub(crate) read_eof: bool,
     pub(crate) head_started: Option<Instant>,
@@ -127,6 +131,8 @@ impl Daemon {
             wpos: 0,
             phase: Phase::Head,
             timer_gen: 0,
+            deadline: Instant::now(),
+            scheduled: None,
             close_after_flush: false,
             read_eof: false,
             head_started: None,
@@ -138,13 +144,21 @@ impl Daemon {
         log::debug!("conn={ck} peer={peer} accepted");
     }
 
+    /// Sets the connection's deadline. At most one wheel entry per connection is live:
+    /// a later deadline reuses the entry already scheduled (it re-arms itself when it
+    /// fires early), so a busy keep-alive connection does not pile entries up.
     pub(crate) fn arm_conn(&mut self, ck: usize, after: Duration) {
-        let gen = self.next_timer_gen();
-        if let Some(c) = self.conns.get_mut(ck) {
-            c.timer_gen = gen;
-            self.timers
-                .insert(Instant::now() + after, TimerKey::Conn(ck, gen));
+        let deadline = Instant::now() + after;
+        let Some(c) = self.conns.get_mut(ck) else { return };
+        c.deadline = deadline;
+        if c.scheduled.is_some_and(|at| at <= deadline) {
+            return;
         }
+        let gen = self.next_timer_gen();
+        let Some(c) = self.conns.get_mut(ck) else { return };
+        c.timer_gen = gen;
+        c.scheduled = Some(deadline);
+        self.timers.insert(deadline, TimerKey::Conn(ck, gen));
     }
 
     pub(crate) fn conn_event(&mut self, ck: usize, readable: bool, writable: bool) {
@@ -529,10 +543,19 @@ impl Daemon {
     }
 
     pub(crate) fn conn_timer(&mut self, ck: usize, gen: u64) {
-        let Some(c) = self.conns.get(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else { return };
         if c.timer_gen != gen {
             return;
         }
+        c.scheduled = None;
+        let now = Instant::now();
+        if now < c.deadline {
+            // The deadline moved later since this entry was scheduled.
+            let left = c.deadline - now;
+            self.arm_conn(ck, left);
+            return;
+        }
+        let Some(c) = self.conns.get(ck) else { return };
         match &c.phase {
             Phase::Head if c.head_started.is_some() => {
                 crate::warn_limited!(

@@ -62,6 +62,8 @@ pub enum TimerKey {
     Accept,
     /// Shutdown grace expired.
     ShutdownGrace,
+    /// Once a second: refresh process figures, sweep rate-limit buckets.
+    Housekeeping,
 }
 
 /// The daemon: all state owned by the reactor thread.
@@ -241,6 +243,7 @@ impl Daemon {
             in_flight: 0,
             counters: Counters::default(),
             shutting_down: false,
+            process_figures: (crate::sys::open_fd_count(), crate::sys::rss_bytes()),
         };
         Ok(Daemon {
             cfg,
@@ -292,6 +295,7 @@ impl Daemon {
     /// When polling itself fails.
     pub fn run(&mut self) -> io::Result<()> {
         self.start_probe();
+        self.timers.insert(Instant::now() + Duration::from_secs(1), TimerKey::Housekeeping);
         let mut events = Events::with_capacity(1024);
         let mut fired = Vec::new();
         loop {
@@ -338,6 +342,7 @@ impl Daemon {
                     TimerKey::Keepalive(rk, serial) => self.run_keepalive(rk, serial),
                     TimerKey::Accept => self.accept(),
                     TimerKey::ShutdownGrace => self.kill_all_runs(),
+                    TimerKey::Housekeeping => self.housekeeping(),
                 }
             }
             if self.shutdown_deadline.is_some() && self.runs.is_empty() && self.conns_all_flushed()
@@ -355,6 +360,13 @@ impl Daemon {
         }
         log::info!("isoboxd stopped");
         Ok(())
+    }
+
+    fn housekeeping(&mut self) {
+        let now = Instant::now();
+        self.app.process_figures = (crate::sys::open_fd_count(), crate::sys::rss_bytes());
+        self.admission.tick(now);
+        self.timers.insert(now + Duration::from_secs(1), TimerKey::Housekeeping);
     }
 
     fn drain_completions(&mut self) {

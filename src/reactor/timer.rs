@@ -95,6 +95,10 @@ impl<T> TimerWheel<T> {
                 i += 1;
             }
         }
+        // Give memory back after a burst.
+        if slot.capacity() > 64 && slot.len() < slot.capacity() / 4 {
+            slot.shrink_to(slot.len().max(8));
+        }
     }
 
     /// How long the reactor may sleep before the next slot that holds anything.

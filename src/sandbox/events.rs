@@ -579,9 +579,12 @@ impl Daemon {
             self.release_token(t);
         }
         self.arm_run(rk, Instant::now() + DRAIN_GRACE);
-        // Output may still sit in the pipes: read it before deciding.
+        // Output may still sit in the pipes: read it before deciding. When both pipes
+        // closed before the exit was seen (the usual order), nothing else would notice
+        // that the run is complete, so check here.
         self.run_pipe_event(rk, false);
         self.run_pipe_event(rk, true);
+        self.run_check_done(rk);
     }
 
     fn run_check_done(&mut self, rk: usize) {

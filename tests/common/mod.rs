@@ -49,6 +49,9 @@ impl Daemon {
             .env("ISOBOX_INSTANCE", &instance)
             .env("ISOBOX_LOG", "info")
             .env("ISOBOX_SLICE_MEMORY_BYTES", (4u64 << 30).to_string())
+            // Rate limits get their own tests; elsewhere they would only throttle the suite.
+            .env("ISOBOX_RATE_PER_MIN", "1000000")
+            .env("ISOBOX_RATE_BURST", "100000")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

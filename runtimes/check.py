@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""Check isobox runtime descriptors against their built root filesystems.
+
+    runtimes/check.py [--rootfs-dir /var/lib/isobox/rootfs] [--extras] [LANGUAGE...]
+
+For every runtimes/<language>.toml (or the languages named) this
+
+  * validates the descriptor the way the daemon parses it (exact key set,
+    types, limits),
+  * checks that the rootfs tree exists, is stamped, and that its
+    .isobox/versions has the descriptor's version_key,
+  * writes a hello-world program as `source_file` into a fresh /workspace,
+    runs `build` (compiled runtimes) and then `run` + args with stdin, as uid
+    and gid 65534, with the descriptor's env only, chrooted into the tree
+    mounted read-only, /tmp and /workspace writable, /proc mounted,
+  * compares the output, and prints timings and peak RSS.
+
+With --extras it also runs per-language extra programs (python: matplotlib Agg
++ the bundled libraries; node: a process.exit() flush test; ...).
+
+Everything happens in a private mount namespace (unshare -m): no mount
+outlives the check. Needs root, util-linux (unshare), coreutils (chroot), /usr/bin/time
+(package time).
+Exit status: 0 when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+UID = GID = 65534
+
+# ---------------------------------------------------------------- descriptor
+
+FIELDS = {
+    "language": str,
+    "aliases": list,
+    "rootfs": str,
+    "version_key": str,
+    "compiled": bool,
+    "source_file": str,
+    "build": list,
+    "run": list,
+    "env": list,
+    "limits": dict,
+}
+LIMIT_FIELDS = {"memory_bytes": int, "cpus": (int, float), "wall_time_ms": int}
+
+
+def validate(path: Path) -> tuple[dict, list[str]]:
+    errs: list[str] = []
+    with path.open("rb") as f:
+        d = tomllib.load(f)
+    for k in d:
+        if k not in FIELDS:
+            errs.append(f"unknown key {k!r}")
+    for k, t in FIELDS.items():
+        if k not in d:
+            errs.append(f"missing key {k!r}")
+        elif not isinstance(d[k], t):
+            errs.append(f"{k!r} must be {t.__name__}")
+    if errs:
+        return d, errs
+    for k in ("aliases", "build", "run", "env"):
+        if not all(isinstance(x, str) for x in d[k]):
+            errs.append(f"{k!r} must be an array of strings")
+    if d["language"] != path.stem:
+        errs.append(f"language {d['language']!r} != file name {path.stem!r}")
+    if not (HERE / "rootfs" / f"{d['rootfs']}.packages").is_file():
+        errs.append(f"no runtimes/rootfs/{d['rootfs']}.packages")
+    if d["compiled"] != bool(d["build"]):
+        errs.append("compiled must be true exactly when build is non-empty")
+    if not d["run"] or not d["run"][0].startswith("/"):
+        errs.append("run[0] must be an absolute path")
+    if d["build"] and not d["build"][0].startswith("/"):
+        errs.append("build[0] must be an absolute path")
+    if "/" in d["source_file"]:
+        errs.append("source_file must be a plain file name")
+    for e in d["env"]:
+        if "=" not in e or e.startswith("="):
+            errs.append(f"env entry {e!r} is not NAME=VALUE")
+    lim = d["limits"]
+    for k in lim:
+        if k not in LIMIT_FIELDS:
+            errs.append(f"unknown key limits.{k}")
+    for k, t in LIMIT_FIELDS.items():
+        if k not in lim:
+            errs.append(f"missing key limits.{k}")
+        elif not isinstance(lim[k], t) or isinstance(lim[k], bool) or lim[k] <= 0:
+            errs.append(f"limits.{k} must be a positive number")
+    return d, errs
+
+
+# ---------------------------------------------------------------- programs
+
+ARGS = ["a", "b c", "ünï"]
+STDIN = "first line\nsecond line\n"
+EXPECTED = "hello from {lang}\nargs=a|b c|ünï\nstdin lines=2 first=first line\n"
+
+HELLO = {
+    "python": """\
+import sys
+print("hello from python")
+print("args=" + "|".join(sys.argv[1:]))
+lines = sys.stdin.read().splitlines()
+print(f"stdin lines={len(lines)} first={lines[0] if lines else ''}")
+""",
+    "javascript": """\
+const fs = require("fs");
+console.log("hello from javascript");
+console.log("args=" + process.argv.slice(2).join("|"));
+const lines = fs.readFileSync(0, "utf8").split("\\n").filter((l) => l.length > 0);
+console.log(`stdin lines=${lines.length} first=${lines[0] ?? ""}`);
+""",
+    "typescript": """\
+import * as fs from "fs";
+const greet = (who: string): string => `hello from ${who}`;
+console.log(greet("typescript"));
+console.log("args=" + process.argv.slice(2).join("|"));
+const lines: string[] = fs.readFileSync(0, "utf8").split("\\n").filter((l) => l.length > 0);
+console.log(`stdin lines=${lines.length} first=${lines[0] ?? ""}`);
+""",
+    "ruby": """\
+puts "hello from ruby"
+puts "args=" + ARGV.join("|")
+lines = $stdin.read.lines.map(&:chomp)
+puts "stdin lines=#{lines.size} first=#{lines.first}"
+""",
+    "go": """\
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strings"
+)
+
+func main() {
+	fmt.Println("hello from go")
+	fmt.Println("args=" + strings.Join(os.Args[1:], "|"))
+	sc := bufio.NewScanner(os.Stdin)
+	n, first := 0, ""
+	for sc.Scan() {
+		if n == 0 {
+			first = sc.Text()
+		}
+		n++
+	}
+	fmt.Printf("stdin lines=%d first=%s\\n", n, first)
+}
+""",
+    "rust": """\
+use std::io::Read;
+
+// async fn only compiles with edition >= 2018: proves --edition is passed.
+#[allow(dead_code)]
+async fn edition_check() {}
+
+fn main() {
+    println!("hello from rust");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    println!("args={}", args.join("|"));
+    let mut s = String::new();
+    std::io::stdin().read_to_string(&mut s).unwrap();
+    let lines: Vec<&str> = s.lines().collect();
+    println!("stdin lines={} first={}", lines.len(), lines.first().unwrap_or(&""));
+}
+""",
+}
+HELLO["python-slim"] = HELLO["python"].replace("hello from python", "hello from python-slim")
+
+# (name, source, expected stdout substring)
+EXTRAS: dict[str, list[tuple[str, str, str]]] = {
+    "python": [
+        ("matplotlib-agg", """\
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+plt.plot([1, 2])
+plt.savefig("/tmp/x.png")
+import os
+print("png-bytes>0", os.path.getsize("/tmp/x.png") > 0, matplotlib.get_backend())
+""", "png-bytes>0 True agg"),
+        ("libraries", """\
+import requests, httpx, bs4, lxml, pandas, numpy, yt_dlp
+from yt_dlp.version import __version__ as ytv
+df = pandas.DataFrame({"a": [1, 2, 3]})
+soup = bs4.BeautifulSoup("<p>hi</p>", "lxml")
+print("libs", soup.p.text, int(df.a.sum()), int(numpy.arange(4).sum()), requests.__version__, httpx.__version__, ytv)
+""", "libs hi 6 6"),
+        ("ssl-trust-store", "import ssl; c = ssl.create_default_context(); print('ca-certs', c.cert_store_stats()['x509_ca'] > 100)\n",
+         "ca-certs True"),
+    ],
+    "python-slim": [
+        ("stdlib", "import ssl, sqlite3, json, zlib, decimal, ctypes; print('stdlib ok', ssl.OPENSSL_VERSION.split()[0])\n",
+         "stdlib ok OpenSSL"),
+        ("no-numpy", "try:\n    import numpy\n    print('numpy present')\nexcept ImportError:\n    print('numpy absent')\n",
+         "numpy absent"),
+    ],
+    "javascript": [
+        ("error-exit", "console.log('before');\nthrow new Error('boom');\n", "before"),
+        ("is-main", "console.log('main=' + (require.main === module), require('path').basename(__filename));\n", "main=true main.js"),
+        ("exit-flush", "process.stdout.write('x'.repeat(1 << 20) + '\\n'); process.stdout.write('END\\n'); process.exit(3);\n",
+         "END"),
+    ],
+    "typescript": [
+        ("type-error-fails-build", "const n: number = 'not a number';\nconsole.log(n);\n", "<build-fails>"),
+    ],
+    "ruby": [
+        ("file-is-main", "puts \"main=#{__FILE__ == $0} file=#{File.basename(__FILE__)}\"\nputs \"utf8=#{\"ünï\".encoding} #{Encoding.default_external}\"\n", "main=true file=main.rb\nutf8=UTF-8 UTF-8"),
+        ("error-exit", "$stdout.puts 'before'\nraise 'boom'\n", "before"),
+    ],
+    "go": [
+        ("net-http-import", """\
+package main
+
+import (
+	"fmt"
+	"net/http"
+)
+
+func main() { fmt.Println("status", http.StatusText(404)) }
+""", "status Not Found"),
+    ],
+    "rust": [
+        ("collections", """\
+use std::collections::HashMap;
+fn main() {
+    let mut m = HashMap::new();
+    for w in "a b a".split(' ') { *m.entry(w).or_insert(0) += 1; }
+    println!("count a={}", m["a"]);
+}
+""", "count a=2"),
+    ],
+}
+
+# ---------------------------------------------------------------- sandbox-ish runner
+
+DRIVER = r"""
+set -eu
+root="$1"; ws="$2"; tmp="$3"; shift 3
+mount --bind "$root" "$root"
+mount -o remount,bind,ro "$root"
+mount --bind "$ws" "$root/workspace"
+mount --bind "$tmp" "$root/tmp"
+mount -t proc proc "$root/proc"
+exec chroot --userspec=65534:65534 --groups=65534 "$root" "$@"
+"""
+
+
+def phase(root: Path, ws: Path, tmp: Path, env: list[str], argv: list[str],
+          stdin: bytes, timeout: float) -> dict:
+    """Run argv in /workspace of the tree as 65534 with exactly env."""
+    rss_file = tmp.parent / "maxrss"
+    cmd = ["/usr/bin/time", "-f", "%M", "-o", str(rss_file),
+           "unshare", "--mount", "--propagation", "private", "--fork", "--",
+           "/bin/sh", "-c", DRIVER, "driver", str(root), str(ws), str(tmp),
+           "/usr/bin/env", "-i", *env, "/bin/sh", "-c", 'cd /workspace && exec "$@"', "sh", *argv]
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    try:
+        out, err = p.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        return {"rc": None, "out": out.decode(errors="replace"), "err": err.decode(errors="replace") + "\n<timeout>",
+                "secs": time.monotonic() - t0, "maxrss_mb": 0.0}
+    secs = time.monotonic() - t0
+    # /usr/bin/time reports the peak RSS (KiB) of the largest process in the tree.
+    try:
+        rss = int(rss_file.read_text().split()[-1]) / 1024
+    except (OSError, ValueError, IndexError):
+        rss = 0.0
+    return {"rc": p.returncode, "out": out.decode(errors="replace"), "err": err.decode(errors="replace"),
+            "secs": secs, "maxrss_mb": rss}
+
+
+def run_program(d: dict, root: Path, source: str, args: list[str], stdin: str,
+                scratch: Path, timeout_factor: float) -> dict:
+    ws = scratch / "workspace"
+    tmp = scratch / "tmp"
+    for p in (ws, tmp):
+        if p.exists():
+            shutil.rmtree(p)
+        p.mkdir(parents=True)
+    os.chown(ws, UID, GID)
+    os.chmod(tmp, 0o1777)
+    src = ws / d["source_file"]
+    src.write_text(source)
+    os.chown(src, UID, GID)
+    limit = d["limits"]["wall_time_ms"] / 1000 * timeout_factor
+    res: dict = {"build": None}
+    if d["build"]:
+        res["build"] = phase(root, ws, tmp, d["env"], d["build"], b"", limit)
+        if res["build"]["rc"] != 0:
+            return res
+    res["run"] = phase(root, ws, tmp, d["env"], d["run"] + args, stdin.encode(), limit)
+    return res
+
+
+def short(s: str, n: int = 600) -> str:
+    s = s.strip()
+    return s if len(s) <= n else s[:n] + " ...[cut]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("languages", nargs="*")
+    ap.add_argument("--rootfs-dir", default="/var/lib/isobox/rootfs", type=Path)
+    ap.add_argument("--extras", action="store_true", help="also run the per-language extra programs")
+    ap.add_argument("--timeout-factor", type=float, default=1.0,
+                    help="multiply each descriptor's wall_time_ms by this (default 1)")
+    ap.add_argument("--validate-only", action="store_true", help="only check the descriptors' format")
+    a = ap.parse_args()
+
+    files = sorted(HERE.glob("*.toml"))
+    if a.languages:
+        files = [HERE / f"{l}.toml" for l in a.languages]
+    failures = 0
+    seen_names: dict[str, str] = {}
+    scratch_base = Path(tempfile.mkdtemp(prefix="isobox-check-", dir="/var/tmp"))
+    os.chmod(scratch_base, 0o755)
+    try:
+        for f in files:
+            if not f.is_file():
+                print(f"FAIL {f.stem}: no descriptor {f}")
+                failures += 1
+                continue
+            d, errs = validate(f)
+            for n in [d.get("language", "")] + list(d.get("aliases", [])):
+                if n in seen_names:
+                    errs.append(f"name {n!r} also used by {seen_names[n]}")
+                seen_names[n] = f.stem
+            if errs:
+                print(f"FAIL {f.stem}: descriptor: " + "; ".join(errs))
+                failures += 1
+                continue
+            if a.validate_only:
+                print(f"ok   {f.stem}: descriptor")
+                continue
+            lang = d["language"]
+            root = a.rootfs_dir / d["rootfs"]
+            versions = {}
+            vf = root / ".isobox" / "versions"
+            if not (root / ".isobox" / "stamp").is_file() or not vf.is_file():
+                print(f"FAIL {lang}: rootfs {root} not built (runtimes/rootfs/build.sh {d['rootfs']} {root})")
+                failures += 1
+                continue
+            for line in vf.read_text().splitlines():
+                k, _, v = line.partition("=")
+                versions[k] = v
+            if d["version_key"] not in versions:
+                print(f"FAIL {lang}: {vf} has no {d['version_key']!r} line")
+                failures += 1
+                continue
+            if lang not in HELLO:
+                print(f"FAIL {lang}: check.py has no hello-world program for it")
+                failures += 1
+                continue
+            cases = [("hello+args+stdin", HELLO[lang], ARGS, STDIN, EXPECTED.format(lang=lang), "exact")]
+            if a.extras:
+                cases += [(n, s, [], "", e, "contains") for n, s, e in EXTRAS.get(lang, [])]
+            for name, src, args, stdin, expected, mode in cases:
+                res = run_program(d, root, src, args, stdin, scratch_base / lang, a.timeout_factor)
+                b, r = res["build"], res.get("run")
+                timing = (f"build {b['secs']:.2f}s/{b['maxrss_mb']:.0f}MiB, " if b else "") + (
+                    f"run {r['secs']:.2f}s/{r['maxrss_mb']:.0f}MiB" if r else "")
+                if expected == "<build-fails>":
+                    ok = b is not None and b["rc"] not in (0, None)
+                    detail = short(b["out"] + b["err"], 200) if b else ""
+                elif r is None:
+                    ok = False
+                    detail = f"build failed rc={b['rc']}: {short(b['out'] + b['err'])}"
+                else:
+                    got = r["out"]
+                    ok = (got == expected) if mode == "exact" else (expected in got)
+                    if name.startswith("error-exit"):
+                        ok = ok and r["rc"] == 1 and "boom" in r["err"]
+                    elif name == "exit-flush":
+                        ok = ok and len(got) > (1 << 20) and r["rc"] == 3
+                    else:
+                        ok = ok and r["rc"] == 0
+                    detail = "" if ok else f"rc={r['rc']} stdout={short(got)!r} stderr={short(r['err'])!r}"
+                status = "ok  " if ok else "FAIL"
+                failures += 0 if ok else 1
+                print(f"{status} {lang} [{name}] ({timing}) {versions[d['version_key']] if name.startswith('hello') else ''} {detail}".rstrip())
+                sys.stdout.flush()
+    finally:
+        shutil.rmtree(scratch_base, ignore_errors=True)
+    print(f"{len(files)} descriptors checked, {failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
