@@ -1,0 +1,419 @@
+#!/usr/bin/env python3
+"""POST /execute latency and throughput, side by side with its two references.
+
+For each runtime whose root filesystem is built (python-slim always; javascript when the
+`node` tree exists), one hello-world program is run three ways, at concurrency 1 and 4:
+
+  native      chroot ROOTFS INTERPRETER -c/-e PROGRAM       (the interpreter alone)
+  bare runsc  runsc --root /tmp/bench-runsc --platform=ptrace --network=none
+              run --bundle B ID                              (gVisor alone, no daemon)
+  isoboxd     POST /execute {"language", "code", "network": false}, one connection each
+
+The bare-runsc bundle mirrors what isoboxd writes (src/sandbox/bundle.rs): read-only
+root = the runtime's rootfs, uid/gid 65534, no capabilities, noNewPrivileges, tmpfs /tmp
+and /workspace, the program bound read-only at /workspace/<source_file>, the
+descriptor's argv and env, pid/net/ipc/uts/mount namespaces. It has no cgroupsPath:
+isoboxd's per-run cgroup setup/teardown and `runsc delete` are part of what it adds.
+
+Reports p50/p99/mean latency and runs/s per mode, the ratios isoboxd/bare runsc and
+isoboxd/native, and isoboxd's own run.durationMs (program start to exit) so the
+daemon's share is visible. Every bare runsc container is deleted afterwards; the script
+fails if `runsc --root /tmp/bench-runsc list` is not empty at the end.
+
+Usage (root): python3 bench/load/execute.py [--runs1 30] [--runs4 40]
+Python 3.11 standard library only.
+"""
+
+import argparse
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUNSC = os.environ.get("ISOBOX_RUNSC", "/usr/bin/runsc")
+RUNSC_ROOT = "/tmp/bench-runsc"
+ROOTFS_DIR = os.environ.get("ISOBOX_ROOTFS_DIR", "/var/lib/isobox/rootfs")
+PORT = int(os.environ.get("BENCH_PORT", "18099"))
+INSTANCE = os.environ.get("BENCH_INSTANCE", "isobox-bench")
+DATA_DIR = os.environ.get("BENCH_DATA_DIR", "/tmp/bench-data")
+ISOBOXD = os.environ.get("ISOBOXD", os.path.join(ROOT, "target/release/isoboxd"))
+TIMEOUT_S = 60
+CHROOT = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin") or "/usr/sbin/chroot"
+
+# language -> (program, native argv flag); each prints "1\n".
+PROGRAMS = {
+    "python-slim": ("print(1)", "-c"),
+    "javascript": ("console.log(1)", "-e"),
+}
+EXPECTED = "1\n"
+
+
+def descriptor(language):
+    with open(os.path.join(ROOT, "runtimes", f"{language}.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+class Failure(Exception):
+    pass
+
+
+# --- the three ways to run a program ------------------------------------------------
+
+
+def run_native(rt):
+    argv = [CHROOT, rt["rootfs_path"], rt["run"][0], rt["flag"], rt["code"]]
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True, env=rt["env_dict"], timeout=TIMEOUT_S)
+    dt = time.perf_counter() - t0
+    if p.returncode != 0 or p.stdout.decode() != EXPECTED:
+        raise Failure(f"native exit {p.returncode} stdout {p.stdout[:80]!r} stderr {p.stderr[:200]!r}")
+    return dt, None
+
+
+def bundle_config(rt, src_file):
+    mem = 256 << 20
+
+    def tmpfs(dest):
+        return {
+            "destination": dest,
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=1777", f"size={mem}"],
+        }
+
+    return {
+        "ociVersion": "1.0.0",
+        "process": {
+            "terminal": False,
+            "user": {"uid": 65534, "gid": 65534},
+            "args": rt["run"],
+            "env": rt["env"],
+            "cwd": "/workspace",
+            "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
+                {"type": "RLIMIT_NPROC", "hard": 128, "soft": 128},
+                {"type": "RLIMIT_CORE", "hard": 0, "soft": 0},
+            ],
+            "noNewPrivileges": True,
+        },
+        "root": {"path": rt["rootfs_path"], "readonly": True},
+        "hostname": "isobox",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            tmpfs("/tmp"),
+            tmpfs("/workspace"),
+            {"destination": f"/workspace/{rt['source_file']}", "type": "bind", "source": src_file, "options": ["rbind", "ro"]},
+        ],
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+    }
+
+
+def runsc_base():
+    return [RUNSC, "--root", RUNSC_ROOT, "--platform=ptrace", "--network=none"]
+
+
+def run_bare_runsc(rt):
+    cid = "isobox-benchref-" + uuid.uuid4().hex[:12]
+    bundle = tempfile.mkdtemp(prefix="isobox-bench-bundle-")
+    try:
+        src = os.path.join(bundle, rt["source_file"])
+        with open(src, "w") as f:
+            f.write(rt["code"])
+        os.chmod(src, 0o644)
+        with open(os.path.join(bundle, "config.json"), "w") as f:
+            json.dump(bundle_config(rt, src), f)
+        t0 = time.perf_counter()
+        p = subprocess.run(
+            runsc_base() + ["run", "--bundle", bundle, cid],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=TIMEOUT_S,
+        )
+        dt = time.perf_counter() - t0
+        if p.returncode != 0 or p.stdout.decode() != EXPECTED:
+            raise Failure(f"runsc exit {p.returncode} stdout {p.stdout[:80]!r} stderr {p.stderr[-300:]!r}")
+        return dt, None
+    finally:
+        shutil.rmtree(bundle, ignore_errors=True)
+
+
+def run_isoboxd(rt):
+    body = json.dumps({"language": rt["language"], "code": rt["code"], "network": False})
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=TIMEOUT_S)
+    try:
+        conn.request("POST", "/execute", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    dt = time.perf_counter() - t0
+    if resp.status != 200:
+        raise Failure(f"isoboxd HTTP {resp.status}: {data[:300]!r}")
+    run = json.loads(data)["run"]
+    if run["exitCode"] != 0 or run["stdout"] != EXPECTED:
+        raise Failure(f"isoboxd run {run}")
+    return dt, run["durationMs"]
+
+
+MODES = [("native", run_native), ("bare runsc", run_bare_runsc), ("isoboxd", run_isoboxd)]
+
+
+# --- measurement ----------------------------------------------------------------------
+
+
+def percentile(xs, q):
+    """Nearest-rank percentile (with 30 samples, p99 is the maximum)."""
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, -(-len(s) * q // 100) - 1))
+    return s[int(k)]
+
+
+def measure(fn, rt, runs, conc):
+    lat, durs, errors = [], [], []
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=conc) as ex:
+        for fut in [ex.submit(fn, rt) for _ in range(runs)]:
+            try:
+                dt, dur = fut.result()
+                lat.append(dt * 1000)
+                if dur is not None:
+                    durs.append(dur)
+            except Exception as e:  # noqa: BLE001 - every failure is reported
+                errors.append(str(e))
+    wall = time.perf_counter() - t0
+    return {"lat": lat, "durs": durs, "errors": errors, "rps": len(lat) / wall if wall > 0 else 0.0, "runs": runs}
+
+
+# --- isoboxd and runsc state ----------------------------------------------------------
+
+
+def port_in_use(port):
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_isoboxd():
+    if not os.access(ISOBOXD, os.X_OK):
+        sys.exit(f"error: {ISOBOXD} missing: run cargo build --release")
+    if port_in_use(PORT):
+        sys.exit(f"error: 127.0.0.1:{PORT} is already in use")
+    os.makedirs(DATA_DIR, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        ISOBOX_DATA_DIR=DATA_DIR,
+        ISOBOX_INSTANCE=INSTANCE,
+        ISOBOX_LISTEN=f"127.0.0.1:{PORT}",
+        ISOBOX_LOG="warn",
+        ISOBOX_MAX_CONCURRENT="16",
+        ISOBOX_SHUTDOWN_GRACE_MS="2000",
+        # Every request comes from 127.0.0.1: lift the per-client /execute rate limit.
+        ISOBOX_RATE_PER_MIN="1000000",
+        ISOBOX_RATE_BURST="100000",
+    )
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the daemon
+    proc = subprocess.Popen([ISOBOXD], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            sys.exit(f"error: isoboxd exited during startup:\n{log.read().decode(errors='replace')}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", PORT, timeout=2)
+            c.request("GET", "/readyz")
+            if c.getresponse().status == 200:
+                c.close()
+                return proc, log
+            c.close()
+        except OSError:
+            pass
+        time.sleep(0.1)
+    stop_isoboxd(proc)
+    log.seek(0)
+    sys.exit(f"error: isoboxd not ready after 60 s:\n{log.read().decode(errors='replace')}")
+
+
+def stop_isoboxd(proc):
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        print("warning: isoboxd ignored SIGTERM for 20 s; sending SIGKILL", file=sys.stderr)
+        proc.kill()
+        proc.wait()
+    for _ in range(20):
+        left = [d for d in os.listdir("/sys/fs/cgroup") if os.path.isdir(f"/sys/fs/cgroup/{d}/{INSTANCE}")]
+        if not left:
+            return
+        time.sleep(0.1)
+    print(f"warning: cgroup slice {INSTANCE} left behind in {left}", file=sys.stderr)
+
+
+def runsc_list():
+    p = subprocess.run(runsc_base() + ["list", "-quiet"], check=False, capture_output=True, text=True, timeout=30)
+    return [line for line in p.stdout.split() if line]
+
+
+def delete_bare_containers():
+    for cid in runsc_list():
+        subprocess.run(runsc_base() + ["delete", "--force", cid], check=False, capture_output=True, timeout=30)
+    return runsc_list()
+
+
+def time_runsc_delete(n=10):
+    """What `runsc delete --force` of an already-gone container costs (isoboxd runs it per execution)."""
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(runsc_base() + ["delete", "--force", "isobox-benchref-gone"], check=False, capture_output=True, timeout=30)
+        lat.append((time.perf_counter() - t0) * 1000)
+    return percentile(lat, 50)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+# --- main -----------------------------------------------------------------------------
+
+
+def runtimes_to_bench():
+    out = []
+    for language, (code, flag) in PROGRAMS.items():
+        d = descriptor(language)
+        path = os.path.join(ROOTFS_DIR, d["rootfs"])
+        if not os.path.isdir(path):
+            print(f"(skipping {language}: {path} not built)")
+            continue
+        env = list(d["env"])
+        out.append(
+            {
+                "language": language,
+                "code": code,
+                "flag": flag,
+                "rootfs_path": path,
+                "run": list(d["run"]),
+                "source_file": d["source_file"],
+                "env": env,
+                "env_dict": dict(e.split("=", 1) for e in env),
+            }
+        )
+    return out
+
+
+def fmt_row(name, conc, r):
+    lat = r["lat"]
+    ok = len(lat)
+    if ok == 0:
+        return f"{name:<11} {conc:>2} {r['runs']:>5} {ok:>4}   (all runs failed)"
+    mean = sum(lat) / ok
+    extra = ""
+    if r["durs"]:
+        extra = f"   durationMs p50 {percentile(r['durs'], 50)}"
+    return f"{name:<11} {conc:>2} {r['runs']:>5} {ok:>4} {percentile(lat, 50):>9.1f} {percentile(lat, 99):>9.1f} {mean:>9.1f} {r['rps']:>7.2f}{extra}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs1", type=int, default=int(os.environ.get("RUNS1", "30")), help="runs at concurrency 1")
+    ap.add_argument("--runs4", type=int, default=int(os.environ.get("RUNS4", "40")), help="runs at concurrency 4")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("error: run as root (chroot, runsc and isoboxd need it)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.makedirs(RUNSC_ROOT, exist_ok=True)
+    rts = runtimes_to_bench()
+    if not rts:
+        sys.exit("error: no runtime root filesystem is built (make runtimes)")
+    proc = None
+    failures = 0
+    leftover = []
+    try:
+        proc, _log = start_isoboxd()
+        rss_start = rss_kib(proc.pid)
+        for rt in rts:
+            print(
+                f"== /execute: {rt['language']} `{rt['code']}` (network false), isoboxd vs bare runsc vs native; "
+                f"load average before: {loadavg()}"
+            )
+            # Warm the page cache and runsc's binary for every mode; not counted.
+            for _, fn in MODES:
+                for _ in range(2):
+                    fn(rt)
+            print(f"{'mode':<11} {'c':>2} {'runs':>5} {'ok':>4} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'runs/s':>7}")
+            results = {}
+            for conc, runs in ((1, args.runs1), (4, args.runs4)):
+                for name, fn in MODES:
+                    r = measure(fn, rt, runs, conc)
+                    if proc.poll() is not None:
+                        sys.exit(
+                            f"error: isoboxd exited (status {proc.returncode}) during the benchmark; was it signalled from outside?"
+                        )
+                    results[(name, conc)] = r
+                    print(fmt_row(name, conc, r), flush=True)
+                    failures += len(r["errors"])
+                    for e in r["errors"][:3]:
+                        print(f"   failure: {e}")
+            for conc in (1, 4):
+                iso = results[("isoboxd", conc)]
+                parts = []
+                for ref in ("bare runsc", "native"):
+                    r = results[(ref, conc)]
+                    if iso["lat"] and r["lat"]:
+                        parts.append(
+                            f"isoboxd/{ref}: p50 {percentile(iso['lat'], 50) / percentile(r['lat'], 50):.2f}x "
+                            f"p99 {percentile(iso['lat'], 99) / percentile(r['lat'], 99):.2f}x "
+                            f"runs/s {iso['rps'] / r['rps']:.2f}x"
+                        )
+                print(f"ratios c={conc}: " + "; ".join(parts))
+                if iso["durs"] and len(iso["durs"]) == len(iso["lat"]):
+                    outside = [lat - dur for lat, dur in zip(iso["lat"], iso["durs"])]
+                    print(
+                        f"   isoboxd time outside run.durationMs (HTTP, bundle, cgroups, cleanup, waits) c={conc}: "
+                        f"p50 {percentile(outside, 50):.0f} ms"
+                    )
+            print()
+        print(f"isoboxd RSS: {rss_start} KiB after startup, {rss_kib(proc.pid)} KiB after the runs")
+        print(
+            f"`runsc delete --force` of a finished container (isoboxd runs one per execution): p50 {time_runsc_delete():.1f} ms"
+        )
+    finally:
+        stop_isoboxd(proc)
+        leftover = delete_bare_containers()
+    if leftover:
+        print(f"error: bare runsc containers left in {RUNSC_ROOT}: {leftover}", file=sys.stderr)
+        return 1
+    print(f"bare runsc containers left in {RUNSC_ROOT}: none")
+    if failures:
+        print(f"error: {failures} runs failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
