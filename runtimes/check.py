@@ -202,6 +202,18 @@ print("libs", soup.p.text, int(df.a.sum()), int(numpy.arange(4).sum()), requests
          "ca-certs True"),
     ],
     "python-slim": [
+        ("sandbox-layout", """\
+import errno, os
+def w(p):
+    try:
+        with open(p, "a") as f:
+            f.write("x")
+        return "rw"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print("layout", os.getuid(), os.getgid(), os.getcwd(), os.path.expanduser("~"),
+      "main.py:" + w("main.py"), "new:" + w("new.txt"), "tmp:" + w("/tmp/x"), "etc:" + w("/etc/x"))
+""", "layout 65534 65534 /workspace /tmp main.py:EROFS new:rw tmp:rw etc:EROFS"),
         ("stdlib", "import ssl, sqlite3, json, zlib, decimal, ctypes; print('stdlib ok', ssl.OPENSSL_VERSION.split()[0])\n",
          "stdlib ok OpenSSL"),
         ("no-numpy", "try:\n    import numpy\n    print('numpy present')\nexcept ImportError:\n    print('numpy absent')\n",
@@ -244,28 +256,94 @@ fn main() {
     ],
 }
 
+# ---------------------------------------------------------------- multi-file programs
+
+# (name, {path: content} with the entry FIRST, expected stdout substring)
+MULTI: dict[str, list[tuple[str, dict[str, str], str]]] = {
+    "python": [
+        ("multi-file", {
+            "app.py": "from pkg.mod import f\nprint('multi', f())\n",
+            "pkg/__init__.py": "",
+            "pkg/mod.py": "def f():\n    return 42\n",
+        }, "multi 42"),
+    ],
+    "javascript": [
+        ("multi-file", {
+            "src/app.js": "const u = require('../lib/u.js');\nconsole.log('multi', u.f(), require.main === module);\n",
+            "lib/u.js": "exports.f = () => 42;\n",
+        }, "multi 42 true"),
+    ],
+    "typescript": [
+        ("multi-file", {
+            "src/app.ts": 'import { twice } from "../lib/util";\nimport * as h from "../lib/helper.js";\n'
+                          'import data from "../lib/data.json";\n'
+                          'console.log("multi", twice(21), h.hi(), data.n, require.main === module);\n',
+            "lib/util.ts": "export function twice(n: number): number { return n * 2; }\n",
+            "lib/helper.js": "exports.hi = () => 'hi';\n",
+            "lib/data.json": '{"n": 7}\n',
+        }, "multi 42 hi 7 true"),
+    ],
+    "ruby": [
+        ("multi-file", {
+            "main.rb": "require_relative 'lib/u'\nputs \"multi #{U.f}\"\n",
+            "lib/u.rb": "module U\n  def self.f = 42\nend\n",
+        }, "multi 42"),
+    ],
+    "go": [
+        ("multi-file", {
+            "main.go": 'package main\n\nimport "fmt"\n\nfunc main() { fmt.Println("multi", helper()) }\n',
+            "helper.go": "package main\n\nfunc helper() int { return 42 }\n",
+        }, "multi 42"),
+        ("go.mod-module", {
+            "main.go": 'package main\n\nimport (\n\t"fmt"\n\n\t"example.com/app/util"\n)\n\n'
+                       'func main() { fmt.Println("module", util.X()) }\n',
+            "go.mod": "module example.com/app\n\ngo 1.19\n",
+            "util/u.go": "package util\n\nfunc X() int { return 42 }\n",
+        }, "module 42"),
+    ],
+    "rust": [
+        ("multi-file", {
+            "main.rs": "mod util;\nfn main() { println!(\"multi {}\", util::f()); }\n",
+            "util.rs": "pub fn f() -> i32 { 42 }\n",
+        }, "multi 42"),
+    ],
+}
+
 # ---------------------------------------------------------------- sandbox-ish runner
 
+# Mirrors the daemon's bundle (src/sandbox/bundle.rs): the tree read-only as /,
+# /workspace writable (a tmpfs there) with each top-level entry of the request's
+# files bound read-only on top, /tmp writable, /proc, uid/gid 65534,
+# RLIMIT_NOFILE 1024, only the descriptor's env (+ PATH, LANG, HOME).
 DRIVER = r"""
 set -eu
-root="$1"; ws="$2"; tmp="$3"; shift 3
+root="$1"; src="$2"; ws="$3"; tmp="$4"; shift 4
 mount --bind "$root" "$root"
 mount -o remount,bind,ro "$root"
 mount --bind "$ws" "$root/workspace"
+for top in "$src"/* "$src"/.[!.]*; do
+    [ -e "$top" ] || continue
+    name="${top##*/}"
+    if [ -d "$top" ]; then mkdir -p "$root/workspace/$name"; else : >"$root/workspace/$name"; fi
+    mount --rbind "$top" "$root/workspace/$name"
+    mount -o remount,bind,ro "$root/workspace/$name"
+done
 mount --bind "$tmp" "$root/tmp"
 mount -t proc proc "$root/proc"
-exec chroot --userspec=65534:65534 --groups=65534 "$root" "$@"
+exec prlimit --nofile=1024:1024 chroot --userspec=65534:65534 --groups=65534 "$root" "$@"
 """
 
 
-def phase(root: Path, ws: Path, tmp: Path, env: list[str], argv: list[str],
+def phase(root: Path, scratch: Path, env: list[str], argv: list[str],
           stdin: bytes, timeout: float) -> dict:
     """Run argv in /workspace of the tree as 65534 with exactly env."""
-    rss_file = tmp.parent / "maxrss"
+    rss_file = scratch / "maxrss"
+    full_env = ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/tmp", *env]
     cmd = ["/usr/bin/time", "-f", "%M", "-o", str(rss_file),
            "unshare", "--mount", "--propagation", "private", "--fork", "--",
-           "/bin/sh", "-c", DRIVER, "driver", str(root), str(ws), str(tmp),
-           "/usr/bin/env", "-i", *env, "/bin/sh", "-c", 'cd /workspace && exec "$@"', "sh", *argv]
+           "/bin/sh", "-c", DRIVER, "driver", str(root),
+           str(scratch / "src"), str(scratch / "ws"), str(scratch / "tmp"),
+           "/usr/bin/env", "-i", *full_env, "/bin/sh", "-c", 'cd /workspace && exec "$@"', "sh", *argv]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
@@ -286,26 +364,40 @@ def phase(root: Path, ws: Path, tmp: Path, env: list[str], argv: list[str],
             "secs": secs, "maxrss_mb": rss}
 
 
-def run_program(d: dict, root: Path, source: str, args: list[str], stdin: str,
-                scratch: Path, timeout_factor: float) -> dict:
-    ws = scratch / "workspace"
-    tmp = scratch / "tmp"
-    for p in (ws, tmp):
-        if p.exists():
-            shutil.rmtree(p)
-        p.mkdir(parents=True)
-    os.chown(ws, UID, GID)
-    os.chmod(tmp, 0o1777)
-    src = ws / d["source_file"]
-    src.write_text(source)
-    os.chown(src, UID, GID)
+def substitute(argv: list[str], source_file: str, entry: str) -> list[str]:
+    """As the daemon does: argv elements equal to source_file become the entry."""
+    return [entry if a == source_file else a for a in argv]
+
+
+def run_program(d: dict, root: Path, files: dict[str, str], args: list[str], stdin: str,
+                scratch: Path, timeout_factor: float, compile_timeout: float) -> dict:
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    for sub in ("src", "ws", "tmp"):
+        (scratch / sub).mkdir(parents=True)
+    os.chmod(scratch / "ws", 0o1777)
+    os.chmod(scratch / "tmp", 0o1777)
+    for rel, content in files.items():
+        path = scratch / "src" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    for dirpath, dirnames, filenames in os.walk(scratch / "src"):
+        for n in dirnames:
+            os.chmod(os.path.join(dirpath, n), 0o755)
+        for n in filenames:
+            os.chmod(os.path.join(dirpath, n), 0o644)
+            # Owned by the sandbox user, so only the read-only mount stops writes.
+            os.chown(os.path.join(dirpath, n), UID, GID)
+    entry = next(iter(files))
     limit = d["limits"]["wall_time_ms"] / 1000 * timeout_factor
     res: dict = {"build": None}
     if d["build"]:
-        res["build"] = phase(root, ws, tmp, d["env"], d["build"], b"", limit)
+        argv = substitute(d["build"], d["source_file"], entry)
+        res["build"] = phase(root, scratch, d["env"], argv, b"", compile_timeout)
         if res["build"]["rc"] != 0:
             return res
-    res["run"] = phase(root, ws, tmp, d["env"], d["run"] + args, stdin.encode(), limit)
+    argv = substitute(d["run"], d["source_file"], entry) + args
+    res["run"] = phase(root, scratch, d["env"], argv, stdin.encode(), limit)
     return res
 
 
@@ -321,6 +413,8 @@ def main() -> int:
     ap.add_argument("--extras", action="store_true", help="also run the per-language extra programs")
     ap.add_argument("--timeout-factor", type=float, default=1.0,
                     help="multiply each descriptor's wall_time_ms by this (default 1)")
+    ap.add_argument("--compile-timeout-ms", type=int, default=30000,
+                    help="limit of the build step (the daemon's ISOBOX_COMPILE_TIMEOUT_MS, default 30000)")
     ap.add_argument("--validate-only", action="store_true", help="only check the descriptors' format")
     a = ap.parse_args()
 
@@ -368,11 +462,14 @@ def main() -> int:
                 print(f"FAIL {lang}: check.py has no hello-world program for it")
                 failures += 1
                 continue
-            cases = [("hello+args+stdin", HELLO[lang], ARGS, STDIN, EXPECTED.format(lang=lang), "exact")]
+            sf = d["source_file"]
+            cases = [("hello+args+stdin", {sf: HELLO[lang]}, ARGS, STDIN, EXPECTED.format(lang=lang), "exact")]
             if a.extras:
-                cases += [(n, s, [], "", e, "contains") for n, s, e in EXTRAS.get(lang, [])]
-            for name, src, args, stdin, expected, mode in cases:
-                res = run_program(d, root, src, args, stdin, scratch_base / lang, a.timeout_factor)
+                cases += [(n, {sf: s}, [], "", e, "contains") for n, s, e in EXTRAS.get(lang, [])]
+                cases += [(n, fs, [], "", e, "contains") for n, fs, e in MULTI.get(lang, [])]
+            for name, srcs, args, stdin, expected, mode in cases:
+                res = run_program(d, root, srcs, args, stdin, scratch_base / lang,
+                                  a.timeout_factor, a.compile_timeout_ms / 1000)
                 b, r = res["build"], res.get("run")
                 timing = (f"build {b['secs']:.2f}s/{b['maxrss_mb']:.0f}MiB, " if b else "") + (
                     f"run {r['secs']:.2f}s/{r['maxrss_mb']:.0f}MiB" if r else "")

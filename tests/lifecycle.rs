@@ -79,6 +79,7 @@ fn test_crash_leftovers_are_swept_at_startup() {
     let data_dir = d.data_dir.clone();
     // kill -9: the run's cgroups, bundle and runsc state stay behind.
     let mut d = d;
+    let old_pid = d.pid();
     let mut child = d.child.take().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();

@@ -472,6 +472,8 @@ fn test_clamping_at_both_ends() {
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     // cpus: the cgroup quota is written clamped (read on the host while the run sleeps).
     for (cpus, quota) in [(0.0, 10_000), (64.0, 200_000)] {
+        // Earlier runs' cgroups are removed after their responses: wait until none is left.
+        d.assert_clean();
         let d2 = &d;
         let handle = std::thread::scope(|s| {
             let h = s.spawn(move || {

@@ -149,13 +149,17 @@ impl Daemon {
     /// fires early), so a busy keep-alive connection does not pile entries up.
     pub(crate) fn arm_conn(&mut self, ck: usize, after: Duration) {
         let deadline = Instant::now() + after;
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         c.deadline = deadline;
         if c.scheduled.is_some_and(|at| at <= deadline) {
             return;
         }
         let gen = self.next_timer_gen();
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         c.timer_gen = gen;
         c.scheduled = Some(deadline);
         self.timers.insert(deadline, TimerKey::Conn(ck, gen));
@@ -543,7 +547,9 @@ impl Daemon {
     }
 
     pub(crate) fn conn_timer(&mut self, ck: usize, gen: u64) {
-        let Some(c) = self.conns.get_mut(ck) else { return };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         if c.timer_gen != gen {
             return;
         }

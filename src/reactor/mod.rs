@@ -295,7 +295,10 @@ impl Daemon {
     /// When polling itself fails.
     pub fn run(&mut self) -> io::Result<()> {
         self.start_probe();
-        self.timers.insert(Instant::now() + Duration::from_secs(1), TimerKey::Housekeeping);
+        self.timers.insert(
+            Instant::now() + Duration::from_secs(1),
+            TimerKey::Housekeeping,
+        );
         let mut events = Events::with_capacity(1024);
         let mut fired = Vec::new();
         loop {
@@ -366,7 +369,8 @@ impl Daemon {
         let now = Instant::now();
         self.app.process_figures = (crate::sys::open_fd_count(), crate::sys::rss_bytes());
         self.admission.tick(now);
-        self.timers.insert(now + Duration::from_secs(1), TimerKey::Housekeeping);
+        self.timers
+            .insert(now + Duration::from_secs(1), TimerKey::Housekeeping);
     }
 
     fn drain_completions(&mut self) {

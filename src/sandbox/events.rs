@@ -44,15 +44,17 @@ pub enum Completion {
     },
     /// A kill job ended.
     Killed,
-    /// Cleanup ended.
-    Cleaned {
+    /// `runsc run` was reaped and the result's facts read.
+    Reaped {
         /// Run key.
         run: usize,
         /// Run serial.
         serial: u64,
-        /// What cleanup found.
+        /// What was found.
         cleanup: Cleanup,
     },
+    /// A finished run's container, cgroups and bundle are gone; its slot is free.
+    Removed,
     /// The startup self-probe ended.
     Probe(Result<(), String>),
 }
@@ -281,11 +283,12 @@ impl Daemon {
                 result,
             } => self.run_spawned(run, serial, result),
             Completion::Killed => {}
-            Completion::Cleaned {
+            Completion::Reaped {
                 run,
                 serial,
                 cleanup,
             } => self.run_cleaned(run, serial, cleanup),
+            Completion::Removed => {}
             Completion::Probe(res) => {
                 self.app.probe = match res {
                     Ok(()) => {
@@ -686,18 +689,18 @@ impl Daemon {
                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
             release.push(t);
         }
-        let (child, cg, dir) = (run.child.take(), run.cgroup.take(), run.dir.take());
-        let (id, serial) = (run.id.clone(), run.serial);
+        let (child, cg) = (run.child.take(), run.cgroup.clone());
+        let serial = run.serial;
         for t in release {
             self.release_token(t);
         }
-        let (Some(child), Some(cg), Some(dir)) = (child, cg, dir) else {
+        let (Some(child), Some(cg)) = (child, cg) else {
             return;
         };
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || {
-            let cleanup = backend.cleanup(&id, child, &cg, &dir);
-            Completion::Cleaned {
+            let cleanup = backend.reap(child, &cg);
+            Completion::Reaped {
                 run: rk,
                 serial,
                 cleanup,
@@ -727,8 +730,23 @@ impl Daemon {
         if self.runs.get(rk).is_none_or(|r| r.serial != serial) {
             return;
         }
-        let run = self.runs.remove(rk);
+        let mut run = self.runs.remove(rk);
+        // The sandbox is dead: its slot is free and the response goes out now, while the
+        // container state, cgroups and bundle are removed on the pool.
         self.app.in_flight -= 1;
+        if let (Some(cg), Some(dir)) = (run.cgroup.take(), run.dir.take()) {
+            let backend = Arc::clone(&self.backend);
+            let id = run.id.clone();
+            let job = Box::new(move || {
+                backend.remove(&id, &cg, &dir);
+                Completion::Removed
+            });
+            if let Err(job) = self.pool.submit(job) {
+                crate::error_limited!("run={rk} op=remove err=worker queue full; removing inline");
+                let c = job();
+                self.on_completion(c);
+            }
+        }
         let c = &mut self.app.counters;
         c.runs_total += 1;
         let oom = cleanup.oom_killed && !run.timed_out;
@@ -747,7 +765,6 @@ impl Daemon {
             cleanup.exit_code
         };
         let mut stderr = String::from_utf8_lossy(&run.out[1].kept).into_owned();
-        let mut run = run;
         let compile = run.compile.take().map(|mut cs| match cs.result.take() {
             Some(r) => r,
             // The build never reported: killed by the compile deadline, OOM or a crash.

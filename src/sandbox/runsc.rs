@@ -185,7 +185,16 @@ impl Backend {
     }
 
     /// Reaps `runsc run`, removes the container state, cgroup and bundle.
-    pub fn cleanup(&self, id: &str, mut child: Child, cgroup: &RunCgroup, dir: &Path) -> Cleanup {
+    pub fn cleanup(&self, id: &str, child: Child, cgroup: &RunCgroup, dir: &Path) -> Cleanup {
+        let c = self.reap(child, cgroup);
+        self.remove(id, cgroup, dir);
+        c
+    }
+
+    /// Waits for `runsc run` (it has exited or is about to) and reads what the result
+    /// needs: its exit status and the cgroup's OOM counter. Fast; the response can go
+    /// out right after, while [`remove`](Self::remove) tears the rest down.
+    pub fn reap(&self, mut child: Child, cgroup: &RunCgroup) -> Cleanup {
         // runsc has exited or is about to (its sandbox is dead); bound the wait anyway.
         let deadline = Instant::now() + Duration::from_secs(5);
         let status = loop {
@@ -208,6 +217,15 @@ impl Backend {
                 .unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
         });
         let oom_killed = cgroup.oom_kills() > 0;
+        Cleanup {
+            oom_killed,
+            exit_code,
+        }
+    }
+
+    /// Removes the container state, the cgroups (killing anything left in them) and the
+    /// bundle.
+    pub fn remove(&self, id: &str, cgroup: &RunCgroup, dir: &Path) {
         self.delete(id);
         self.remove_state_files(id);
         if let Err(e) = cgroup.destroy() {
@@ -216,10 +234,6 @@ impl Backend {
         self.remove_v1_strays(id);
         if let Err(e) = std::fs::remove_dir_all(dir) {
             crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
-        }
-        Cleanup {
-            oom_killed,
-            exit_code,
         }
     }
 
