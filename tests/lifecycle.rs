@@ -109,9 +109,10 @@ fn test_crash_leftovers_are_swept_at_startup() {
             ["stdout"],
         "1\n"
     );
-    // No process of the crashed instance survives.
+    // No process of the crashed instance survives (container ids carry the daemon's
+    // pid: `<instance>-<pid hex>-<serial>`).
     let ps = std::process::Command::new("pgrep")
-        .args(["-f", &format!("{instance}-")])
+        .args(["-f", &format!("{instance}-{old_pid:x}-")])
         .output()
         .unwrap();
     assert!(
