@@ -580,3 +580,38 @@ fn test_capacity_cap_answers_429_and_frees_slots() {
     d.assert_clean();
     d.stop();
 }
+
+#[test]
+fn test_python_batteries_importable_and_matplotlib_headless() {
+    let d = Daemon::start();
+    let code = "import requests, httpx, bs4, lxml, pandas, numpy, matplotlib, yt_dlp\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3]); plt.savefig('/tmp/p.png')\nimport os\nprint(numpy.arange(10).sum(), pandas.DataFrame({'a': [1, 2]}).a.sum(), os.path.getsize('/tmp/p.png') > 1000, bs4.BeautifulSoup('<b>x</b>', 'lxml').b.text)";
+    let r = d.execute(json!({"language": "python", "network": false, "code": code}));
+    assert_eq!(r["run"]["stdout"], "45 3 True x\n", "{r}");
+    assert_eq!(r["run"]["exitCode"], 0);
+    d.stop();
+}
+
+#[test]
+fn test_broken_descriptor_stops_startup_naming_file_and_line() {
+    let dir = std::env::temp_dir().join(format!("isobox-badrt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("broken.toml"),
+        "language = \"x\"\naliases = [\"y\"\nrootfs = 3\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_isoboxd"))
+        .env("ISOBOX_RUNTIMES_DIR", &dir)
+        .env("ISOBOX_LISTEN", "127.0.0.1:0")
+        .env(
+            "ISOBOX_INSTANCE",
+            format!("isobox-t{}-badrt", std::process::id()),
+        )
+        .env("ISOBOX_DATA_DIR", dir.join("data"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broken.toml:3:"), "names file and line: {err}");
+}
