@@ -234,51 +234,43 @@ impl Daemon {
     }
 
     fn stop_inner(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY-free: plain kill(2) through the libc crate is not available in tests;
-            // use the kill command instead.
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                if let Ok(Some(status)) = child.try_wait() {
-                    assert!(
-                        status.success(),
-                        "isoboxd exited with {status}; log:\n{}",
-                        self.log()
-                    );
-                    break;
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("isoboxd did not stop on SIGTERM; log:\n{}", self.log());
-                }
-                std::thread::sleep(Duration::from_millis(20));
+        if let Some(child) = self.child.take() {
+            match terminate(child, Duration::from_secs(30)) {
+                Some(status) => assert!(
+                    status.success(),
+                    "isoboxd exited with {status}; log:\n{}",
+                    self.log()
+                ),
+                None => panic!("isoboxd did not stop on SIGTERM; log:\n{}", self.log()),
             }
         }
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
 
+/// SIGTERM, then wait up to `grace` for the exit status; SIGKILL (and `None`) past it.
+fn terminate(mut child: Child, grace: Duration) -> Option<std::process::ExitStatus> {
+    // The kill command: the tests do not link libc.
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            let _ = terminate(child, Duration::from_secs(20));
         }
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
