@@ -78,12 +78,25 @@ fn test_crash_leftovers_are_swept_at_startup() {
     let instance = d.instance.clone();
     let data_dir = d.data_dir.clone();
     // kill -9: the run's cgroups, bundle and runsc state stay behind.
+    // In flight is counted from admission; wait until the sandbox really exists.
+    let slice = std::path::Path::new("/sys/fs/cgroup/memory").join(&d.instance);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::fs::read_dir(&slice)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .count()
+        == 0
+    {
+        assert!(Instant::now() < deadline, "the run's cgroup never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
     let mut d = d;
     let old_pid = d.pid();
     let mut child = d.child.take().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
-    let slice = std::path::Path::new("/sys/fs/cgroup/memory").join(&instance);
     let stale: Vec<_> = std::fs::read_dir(&slice)
         .unwrap()
         .flatten()
