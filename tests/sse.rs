@@ -197,7 +197,7 @@ fn test_query_stream_framing_keepalive_and_reuse() {
     // `?stream=1` with no Accept header; raw bytes to check the framing itself.
     let mut s = d.connect();
     let b = body(
-        "import time\nprint('a\\nb', flush=True)\ntime.sleep(1)",
+        "import sys, time\nsys.stdout.write('a\\nb\\n'); sys.stdout.flush()\ntime.sleep(1)",
         json!({}),
     )
     .to_string();
