@@ -240,6 +240,8 @@ pub struct Config {
     pub compile_timeout_ms: u64,
     /// SSE keep-alive comment interval.
     pub sse_keepalive_ms: u64,
+    /// Confine the reactor thread with seccomp.
+    pub seccomp: bool,
 }
 
 impl Config {
@@ -342,6 +344,7 @@ impl Config {
                 get("ISOBOX_SLICE_MEMORY_BYTES"),
                 crate::sys::host_memory_bytes() / 2,
             )?,
+            seccomp: !matches!(get("ISOBOX_SECCOMP").as_deref(), Some("0") | Some("false")),
             sse_keepalive_ms: parse_or(
                 "ISOBOX_SSE_KEEPALIVE_MS",
                 get("ISOBOX_SSE_KEEPALIVE_MS"),

@@ -134,3 +134,36 @@ fn test_crash_leftovers_are_swept_at_startup() {
     );
     d2.stop();
 }
+
+#[test]
+fn test_reactor_thread_runs_under_its_seccomp_filter() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let pid = d.pid();
+    // The main thread is the reactor: filtered (mode 2). Workers, which spawn runsc,
+    // are not.
+    let main = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).unwrap();
+    assert!(main.lines().any(|l| l == "Seccomp:\t2"), "{main}");
+    let workers: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|t| *t != pid.to_string())
+        .collect();
+    assert!(!workers.is_empty());
+    for t in workers {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/task/{t}/status")).unwrap();
+        assert!(
+            st.lines().any(|l| l == "Seccomp:\t0"),
+            "worker {t} unfiltered"
+        );
+    }
+    // Still serving everything under the filter, including a run and a clean shutdown.
+    assert_eq!(
+        d.execute(json!({"language": "python-slim", "network": false, "code": "print(2)"}))["run"]
+            ["stdout"],
+        "2\n"
+    );
+    assert!(d.log().contains("seccomp: reactor thread limited to"));
+    d.stop();
+}

@@ -85,6 +85,9 @@ pub struct Daemon {
     /// Source of timer generations: one counter for every owner, so a timer armed for
     /// a connection or run whose slab key was later reused can never match the new one.
     pub(crate) timer_seq: u64,
+    /// Jobs that must run (kills, cleanups) but found the pool queue full; retried
+    /// every turn of the loop, so nothing is ever dropped or run on this thread.
+    overflow: std::collections::VecDeque<pool::Job<Completion>>,
     signal_rx: mio::net::UnixStream,
     reload_rx: mio::net::UnixStream,
     pub(crate) admission: crate::admission::Admission,
@@ -261,6 +264,7 @@ impl Daemon {
             conn_serial: 0,
             run_serial: 0,
             timer_seq: 0,
+            overflow: std::collections::VecDeque::new(),
             signal_rx,
             reload_rx,
             admission,
@@ -275,6 +279,26 @@ impl Daemon {
 
     pub(crate) fn token_for(&mut self, s: Source) -> Token {
         Token(self.sources.insert(s) + FIRST_SOURCE)
+    }
+
+    /// Queues a job that must not be lost: into the pool, or the overflow when full.
+    pub(crate) fn submit_must(&mut self, job: pool::Job<Completion>) {
+        if let Err(job) = self.pool.submit(job) {
+            crate::warn_limited!(
+                "op=submit worker queue full; {} jobs waiting",
+                self.overflow.len() + 1
+            );
+            self.overflow.push_back(job);
+        }
+    }
+
+    fn flush_overflow(&mut self) {
+        while let Some(job) = self.overflow.pop_front() {
+            if let Err(job) = self.pool.submit(job) {
+                self.overflow.push_front(job);
+                break;
+            }
+        }
     }
 
     /// A fresh, never reused timer generation.
@@ -299,6 +323,13 @@ impl Daemon {
             Instant::now() + Duration::from_secs(1),
             TimerKey::Housekeeping,
         );
+        if self.cfg.seccomp {
+            // From here on this thread only polls, reads, writes and allocates.
+            let nrs = crate::sys::seccomp::parse_allowlist(crate::sys::seccomp::REACTOR_ALLOWLIST)
+                .map_err(io::Error::other)?;
+            crate::sys::seccomp::install_thread_filter(&nrs)?;
+            log::info!("seccomp: reactor thread limited to {} syscalls", nrs.len());
+        }
         let mut events = Events::with_capacity(1024);
         let mut fired = Vec::new();
         loop {
@@ -337,6 +368,7 @@ impl Daemon {
             }
             // Completions can arrive between wakes; drain them every turn.
             self.drain_completions();
+            self.flush_overflow();
             self.timers.advance(Instant::now(), &mut fired);
             for key in fired.drain(..) {
                 match key {
@@ -348,19 +380,38 @@ impl Daemon {
                     TimerKey::Housekeeping => self.housekeeping(),
                 }
             }
-            if self.shutdown_deadline.is_some() && self.runs.is_empty() && self.conns_all_flushed()
+            if self.shutdown_deadline.is_some()
+                && self.runs.is_empty()
+                && self.overflow.is_empty()
+                && self.conns_all_flushed()
             {
                 break;
             }
         }
+        // The slice goes last, after every queued removal; on a worker, since this
+        // thread may not rmdir.
+        let (cgroups, instance, state_root) = (
+            self.app.cgroups.clone(),
+            self.cfg.instance.clone(),
+            self.backend.state_root.clone(),
+        );
+        self.submit_must(Box::new(move || {
+            if let Some(h) = &cgroups {
+                h.remove_slice(&instance);
+            }
+            let _ = std::fs::remove_dir(&state_root);
+            if let Some(parent) = state_root.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+            Completion::Removed
+        }));
+        // Nothing queued may be lost: wait for the pool to take every overflowed job
+        // (yielding: this thread may not sleep).
+        while !self.overflow.is_empty() {
+            self.flush_overflow();
+            std::thread::yield_now();
+        }
         self.pool.join();
-        if let Some(h) = &self.app.cgroups {
-            h.remove_slice(&self.cfg.instance);
-        }
-        let _ = std::fs::remove_dir(&self.backend.state_root);
-        if let Some(parent) = self.backend.state_root.parent() {
-            let _ = std::fs::remove_dir(parent);
-        }
         log::info!("isoboxd stopped");
         Ok(())
     }

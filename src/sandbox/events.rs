@@ -637,9 +637,7 @@ impl Daemon {
             backend.kill(&cg);
             Completion::Killed
         });
-        if self.pool.submit(job).is_err() {
-            crate::error_limited!("run={rk} op=kill err=worker queue full");
-        }
+        self.submit_must(job);
     }
 
     /// The client went away: detach and kill.
@@ -706,12 +704,7 @@ impl Daemon {
                 cleanup,
             }
         });
-        if let Err(job) = self.pool.submit(job) {
-            // Never leak a sandbox: do it inline rather than not at all.
-            crate::error_limited!("run={rk} op=cleanup err=worker queue full; cleaning inline");
-            let c = job();
-            self.on_completion(c);
-        }
+        self.submit_must(job);
     }
 
     fn run_pipe_event_final(&mut self, rk: usize) {
@@ -741,11 +734,7 @@ impl Daemon {
                 backend.remove(&id, &cg, &dir);
                 Completion::Removed
             });
-            if let Err(job) = self.pool.submit(job) {
-                crate::error_limited!("run={rk} op=remove err=worker queue full; removing inline");
-                let c = job();
-                self.on_completion(c);
-            }
+            self.submit_must(job);
         }
         let c = &mut self.app.counters;
         c.runs_total += 1;

@@ -2,6 +2,8 @@
 //!
 //! Nothing outside `sys/` calls `libc` directly in an `unsafe` block.
 
+pub mod seccomp;
+
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
