@@ -380,7 +380,7 @@ fn test_timeout_oom_truncation_and_flood() {
 fn test_isolation_fork_bomb_and_background_processes() {
     let d = Daemon::start();
     // Fork bomb with pids 16: contained by RLIMIT_NPROC inside the sandbox.
-    let r = run(&d, "import os\nn=0\nfor _ in range(200):\n try:\n  if os.fork()==0:\n   import time; time.sleep(5); os._exit(0)\n  n+=1\n except OSError: pass\nprint(n)", json!({"limits": {"pids": 16, "wallTimeMs": 3000}}));
+    let r = run(&d, "import os\nn=0\nfor _ in range(40):\n try:\n  if os.fork()==0:\n   import time; time.sleep(3); os._exit(0)\n  n+=1\n except OSError: pass\nprint(n)", json!({"limits": {"pids": 16, "wallTimeMs": 15000}}));
     let forked: i64 = r["run"]["stdout"]
         .as_str()
         .unwrap()

@@ -318,6 +318,7 @@ impl Daemon {
     /// # Errors
     /// When polling itself fails.
     pub fn run(&mut self) -> io::Result<()> {
+        let teardown = Some(self.spawn_teardown()?);
         self.start_probe();
         self.timers.insert(
             Instant::now() + Duration::from_secs(1),
@@ -388,32 +389,49 @@ impl Daemon {
                 break;
             }
         }
-        // The slice goes last, after every queued removal; on a worker, since this
-        // thread may not rmdir.
-        let (cgroups, instance, state_root) = (
-            self.app.cgroups.clone(),
-            self.cfg.instance.clone(),
-            self.backend.state_root.clone(),
-        );
-        self.submit_must(Box::new(move || {
-            if let Some(h) = &cgroups {
-                h.remove_slice(&instance);
-            }
-            let _ = std::fs::remove_dir(&state_root);
-            if let Some(parent) = state_root.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
-            Completion::Removed
-        }));
         // Nothing queued may be lost: wait for the pool to take every overflowed job
-        // (yielding: this thread may not sleep).
+        // (yielding: this thread may not sleep), then for every job to finish.
         while !self.overflow.is_empty() {
             self.flush_overflow();
             std::thread::yield_now();
         }
         self.pool.join();
+        // Only now is the slice empty. Its removal runs on the teardown thread, made
+        // before the seccomp filter, since this thread may not rmdir.
+        if let Some((go, handle)) = teardown {
+            let _ = go.send(());
+            let _ = handle.join();
+        }
         log::info!("isoboxd stopped");
         Ok(())
+    }
+
+    /// A thread, unfiltered because it exists before the reactor's seccomp filter, that
+    /// removes the slice and the runsc root once told to (at the very end).
+    fn spawn_teardown(
+        &self,
+    ) -> io::Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>)> {
+        let (go, wait) = crossbeam_channel::bounded::<()>(1);
+        let (cgroups, instance, state_root) = (
+            self.app.cgroups.clone(),
+            self.cfg.instance.clone(),
+            self.backend.state_root.clone(),
+        );
+        let handle = std::thread::Builder::new()
+            .name("isobox-teardown".into())
+            .spawn(move || {
+                if wait.recv().is_err() {
+                    return;
+                }
+                if let Some(h) = &cgroups {
+                    h.remove_slice(&instance);
+                }
+                let _ = std::fs::remove_dir(&state_root);
+                if let Some(parent) = state_root.parent() {
+                    let _ = std::fs::remove_dir(parent);
+                }
+            })?;
+        Ok((go, handle))
     }
 
     fn housekeeping(&mut self) {
