@@ -304,7 +304,8 @@ fn check_collisions(files: &[(String, Vec<u8>)]) -> Result<(), String> {
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
+    // from_str_radix alone would accept a sign ("+f").
+    if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..s.len())
@@ -369,5 +370,7 @@ mod tests {
         assert_eq!(decode_hex("48690a"), Some(b"Hi\n".to_vec()));
         assert_eq!(decode_hex("4"), None);
         assert_eq!(decode_hex("zz"), None);
+        // Found by fuzzing (fuzz/regressions/execute_decode/hex-plus-sign).
+        assert_eq!(decode_hex("+f"), None);
     }
 }

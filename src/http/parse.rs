@@ -116,6 +116,10 @@ pub fn percent_decode(s: &str) -> Option<String> {
         match b[i] {
             b'%' => {
                 let hex = s.get(i + 1..i + 3)?;
+                // from_str_radix alone would accept a sign ("%+f").
+                if !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+                    return None;
+                }
                 out.push(u8::from_str_radix(hex, 16).ok()?);
                 i += 3;
             }
@@ -449,5 +453,8 @@ mod tests {
         assert_eq!(h.query_param("path").as_deref(), Some("a/b c"));
         assert_eq!(h.query_param("format").as_deref(), Some("zip"));
         assert_eq!(h.query_param("nope"), None);
+        // Found by fuzzing (fuzz/regressions/http_request/percent-plus-sign).
+        assert_eq!(percent_decode("%+f"), None);
+        assert_eq!(percent_decode("%2"), None);
     }
 }

@@ -35,6 +35,8 @@ exec "$@"
 
 const MAGIC: &[u8] = b"\x1eISOBOX-BUILD ";
 const MAX_HEADER: usize = 128;
+/// Largest compile output length a frame may announce (the wrapper caps at outputBytes).
+const MAX_OUTPUT: usize = 1 << 20;
 
 /// The sandbox argv for a compiled runtime.
 pub fn wrap(build: Vec<String>, run: Vec<String>, timeout_ms: u64, cap: u64) -> Vec<String> {
@@ -79,7 +81,13 @@ impl FrameParser {
             if self.buf[..n] != MAGIC[..n] {
                 return Feed::Invalid(std::mem::take(&mut self.buf));
             }
-            let Some(nl) = self.buf.iter().position(|&b| b == b'\n') else {
+            // The same bound whether the header arrives whole or in pieces.
+            let nl = self
+                .buf
+                .iter()
+                .take(MAX_HEADER + 1)
+                .position(|&b| b == b'\n');
+            let Some(nl) = nl else {
                 return if self.buf.len() > MAX_HEADER {
                     Feed::Invalid(std::mem::take(&mut self.buf))
                 } else {
@@ -98,7 +106,10 @@ impl FrameParser {
                     .map(|(((a, b), c), d)| (a, b, c, d)),
                 _ => None,
             };
-            let Some(h) = parsed else {
+            // Lengths are capped by the wrapper's `head -c`; anything larger is not ours.
+            let Some(h) = parsed.filter(|&(_, _, o, e): &(i32, u64, usize, usize)| {
+                o <= MAX_OUTPUT && e <= MAX_OUTPUT
+            }) else {
                 return Feed::Invalid(std::mem::take(&mut self.buf));
             };
             self.header = Some(h);
@@ -111,7 +122,7 @@ impl FrameParser {
             return Feed::More;
         }
         let rest = self.buf.split_off(o + e);
-        let timed_out = (rc == 124 || rc == 137) && ms + 50 >= timeout_ms;
+        let timed_out = (rc == 124 || rc == 137) && ms.saturating_add(50) >= timeout_ms;
         let result = CompileResult {
             stdout: String::from_utf8_lossy(&self.buf[..o]).into_owned(),
             stderr: String::from_utf8_lossy(&self.buf[o..o + e]).into_owned(),
@@ -176,5 +187,42 @@ mod tests {
             p.feed(b"sh: 1: timeout: not found\n", 30_000),
             Feed::Invalid(b"sh: 1: timeout: not found\n".to_vec())
         );
+    }
+
+    /// Inputs found by fuzzing (fuzz/regressions/build_frame): no panic, and the same
+    /// outcome whole or split anywhere.
+    #[test]
+    fn test_fuzz_regressions_same_outcome_in_any_split() {
+        let long = format!("\x1eISOBOX-BUILD 0 0 {}\n", "0".repeat(115));
+        let cases: Vec<Vec<u8>> = vec![
+            b"\x1eISOBOX-BUILD 124 18446744073709551615 0 0\n".to_vec(),
+            b"\x1eISOBOX-BUILD 4 3 5 18446744073709551615\n".to_vec(),
+            b"\x1eISOBOX-BUILD 0 0 5 18446744073709551615\nabcd".to_vec(),
+            long.into_bytes(),
+        ];
+        for input in cases {
+            let whole = FrameParser::default().feed(&input, 30_000);
+            for split in 0..=input.len() {
+                let mut p = FrameParser::default();
+                let first = p.feed(&input[..split], 30_000);
+                let outcome = match first {
+                    Feed::More => p.feed(&input[split..], 30_000),
+                    Feed::Done(r, mut rest) => {
+                        rest.extend_from_slice(&input[split..]);
+                        Feed::Done(r, rest)
+                    }
+                    Feed::Invalid(mut b) => {
+                        b.extend_from_slice(&input[split..]);
+                        Feed::Invalid(b)
+                    }
+                };
+                assert_eq!(
+                    outcome,
+                    whole,
+                    "split at {split} of {:?}",
+                    String::from_utf8_lossy(&input)
+                );
+            }
+        }
     }
 }
