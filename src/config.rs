@@ -99,6 +99,12 @@ pub const SETTINGS: &[Setting] = &[
         help: "open connections beyond this are answered 503 and closed",
     },
     Setting {
+        flag: "--max-connections-per-ip",
+        env: "ISOBOX_MAX_CONNECTIONS_PER_IP",
+        default: "256",
+        help: "open connections from one address (IPv6: one /64) beyond this are answered 503 and closed",
+    },
+    Setting {
         flag: "--idle-timeout-ms",
         env: "ISOBOX_IDLE_TIMEOUT_MS",
         default: "60000",
@@ -226,6 +232,8 @@ pub struct Config {
     pub workers: usize,
     /// Connection cap.
     pub max_connections: usize,
+    /// Connection cap per client address.
+    pub max_connections_per_ip: usize,
     /// Keep-alive idle timeout.
     pub idle_timeout_ms: u64,
     /// Head deadline.
@@ -328,6 +336,11 @@ impl Config {
                 get("ISOBOX_MAX_CONNECTIONS"),
                 1024,
             )?,
+            max_connections_per_ip: parse_or(
+                "ISOBOX_MAX_CONNECTIONS_PER_IP",
+                get("ISOBOX_MAX_CONNECTIONS_PER_IP"),
+                256,
+            )?,
             idle_timeout_ms: parse_or(
                 "ISOBOX_IDLE_TIMEOUT_MS",
                 get("ISOBOX_IDLE_TIMEOUT_MS"),
@@ -413,6 +426,9 @@ impl Config {
                 &self.max_connections.to_string(),
                 "between 1 and 1000000",
             ));
+        }
+        if self.max_connections_per_ip == 0 {
+            return Err(invalid("ISOBOX_MAX_CONNECTIONS_PER_IP", "0", "at least 1"));
         }
         if !(1..=1024).contains(&self.max_concurrent) {
             return Err(invalid(

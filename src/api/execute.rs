@@ -154,7 +154,19 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
 /// # Errors
 /// The 400 response the spec prescribes.
 pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
-    let b: Body = serde_json::from_slice(body).map_err(|e| bad("invalid_json", e.to_string()))?;
+    // The error names the field at fault (e.g. `limits.wallTimeMs: invalid type: ...`).
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let b: Body = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let detail = if path == "." || path.is_empty() {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        };
+        bad("invalid_json", detail)
+    })?;
+    de.end().map_err(|e| bad("invalid_json", e.to_string()))?;
     let language = b.language.as_deref().map(str::trim).unwrap_or("");
     if language.is_empty() {
         return Err(Response::error(400, "language_required", None));

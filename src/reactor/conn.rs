@@ -92,14 +92,20 @@ impl Conn {
 impl Daemon {
     pub(crate) fn add_conn(&mut self, mut stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
-        if self.conns.len() >= self.cfg.max_connections || self.app.shutting_down {
+        let client = crate::admission::ratelimit::client_key(peer.ip());
+        let per_ip = self.conns_per_ip.get(&client).copied().unwrap_or(0);
+        let refuse = if self.app.shutting_down {
+            Some("shutting down")
+        } else if self.conns.len() >= self.cfg.max_connections {
+            Some("too many open connections")
+        } else if per_ip >= self.cfg.max_connections_per_ip {
+            Some("too many open connections from this address")
+        } else {
+            None
+        };
+        if let Some(reason) = refuse {
             // Refuse cleanly: one best-effort 503 on the fresh socket, then close.
             let mut out = Vec::new();
-            let reason = if self.app.shutting_down {
-                "shutting down"
-            } else {
-                "too many open connections"
-            };
             Response::error(503, "unavailable", Some(reason))
                 .with_header("Retry-After", "1")
                 .write_to(&mut out, false, false);
@@ -108,6 +114,7 @@ impl Daemon {
             return;
         }
         self.conn_serial += 1;
+        *self.conns_per_ip.entry(client).or_insert(0) += 1;
         let entry = self.conns.vacant_entry();
         let ck = entry.key();
         let token = Token(self.sources.insert(Source::Conn(ck)) + super::FIRST_SOURCE);
@@ -166,10 +173,16 @@ impl Daemon {
     }
 
     pub(crate) fn conn_event(&mut self, ck: usize, readable: bool, writable: bool) {
+        let was_full = self
+            .conns
+            .get(ck)
+            .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
         if writable {
             self.conn_flush(ck);
         }
-        if readable {
+        // Requests already read may have been held back while the write buffer was full:
+        // once it drains, parse them (edge-triggered: no new readable edge will come).
+        if readable || was_full {
             self.conn_pump(ck);
         } else {
             self.conn_after_io(ck);
@@ -180,15 +193,21 @@ impl Daemon {
     pub(crate) fn conn_pump(&mut self, ck: usize) {
         loop {
             let full = self.conn_read(ck);
+            let before = self.conns.get(ck).map(|c| c.rbuf.len());
             self.conn_advance(ck);
+            let blocked = self
+                .conns
+                .get(ck)
+                .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
+            // Write as we go: pipelined requests stop being parsed while the write buffer
+            // is full, and a write the kernel takes at once brings no writable edge later.
+            self.conn_flush(ck);
             let Some(c) = self.conns.get(ck) else { return };
             let takes_input =
                 matches!(c.phase, Phase::Head | Phase::Body { .. }) && !c.close_after_flush;
-            if !(full
-                && takes_input
-                && c.rbuf.len() < MAX_READ_AHEAD_BYTES
-                && c.pending_write() < MAX_WRITE_BUFFER_BYTES)
-            {
+            let progressed = before.is_some_and(|b| b != c.rbuf.len());
+            let held_back = (progressed || blocked) && !c.rbuf.is_empty();
+            if !((full || held_back) && takes_input && c.pending_write() < MAX_WRITE_BUFFER_BYTES) {
                 break;
             }
         }
@@ -257,14 +276,21 @@ impl Daemon {
                     }
                     let Some(end) = find_head_end(&c.rbuf, c.scan_from) else {
                         if c.rbuf.len() > MAX_HEAD_BYTES {
-                            self.respond_and_close(
-                                ck,
+                            // Still in the request line: the target is what is too long.
+                            let resp = if !c.rbuf.contains(&b'\n') {
+                                Response::error(
+                                    414,
+                                    "uri_too_long",
+                                    Some("request target longer than 8 KiB"),
+                                )
+                            } else {
                                 Response::error(
                                     431,
                                     "header_too_large",
                                     Some("request head larger than 16 KiB"),
-                                ),
-                            );
+                                )
+                            };
+                            self.respond_and_close(ck, resp);
                             return;
                         }
                         c.scan_from = c.rbuf.len();
@@ -537,6 +563,13 @@ impl Daemon {
             return;
         }
         let mut c = self.conns.remove(ck);
+        let client = crate::admission::ratelimit::client_key(c.peer.ip());
+        if let Some(n) = self.conns_per_ip.get_mut(&client) {
+            *n -= 1;
+            if *n == 0 {
+                self.conns_per_ip.remove(&client);
+            }
+        }
         let _ = self.poll.registry().deregister(&mut c.stream);
         self.release_token(c.token);
         if let Phase::Busy { run } | Phase::Stream { run } = c.phase {

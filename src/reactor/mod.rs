@@ -85,6 +85,8 @@ pub struct Daemon {
     /// Source of timer generations: one counter for every owner, so a timer armed for
     /// a connection or run whose slab key was later reused can never match the new one.
     pub(crate) timer_seq: u64,
+    /// Open connections per client address (IPv6 by /64).
+    pub(crate) conns_per_ip: std::collections::HashMap<std::net::IpAddr, usize>,
     /// Jobs that must run (kills, cleanups) but found the pool queue full; retried
     /// every turn of the loop, so nothing is ever dropped or run on this thread.
     overflow: std::collections::VecDeque<pool::Job<Completion>>,
@@ -264,6 +266,7 @@ impl Daemon {
             conn_serial: 0,
             run_serial: 0,
             timer_seq: 0,
+            conns_per_ip: std::collections::HashMap::new(),
             overflow: std::collections::VecDeque::new(),
             signal_rx,
             reload_rx,

@@ -19,7 +19,7 @@ m=$(( $# - n ))
 j=0; while [ $j -lt $n ]; do set -- "$@" "$1"; shift; j=$((j+1)); done
 s=$(date +%s%N)
 exec 3>&2 2>/dev/null
-( shift $m; exec timeout -s KILL "$t" "$@" ) >/tmp/.isobox-build.out 2>/tmp/.isobox-build.err </dev/null
+( shift $m; exec timeout -s KILL "$t" "$@" ) >/tmp/.isobox-build.out 2>/tmp/.isobox-build.err </dev/null 3>&-
 rc=$?
 exec 2>&3 3>&-
 e=$(date +%s%N)

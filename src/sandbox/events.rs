@@ -314,7 +314,12 @@ impl Daemon {
             Err(e) => {
                 crate::error_limited!("run={rk} op=spawn err={e}");
                 self.app.counters.runs_failed += 1;
-                self.run_fail(rk, "sandbox_start_failed", &e.to_string());
+                // The detail stays generic: the error names host paths; the log has it.
+                self.run_fail(
+                    rk,
+                    "sandbox_start_failed",
+                    "the sandbox could not be started; see the daemon log",
+                );
                 return;
             }
         };
@@ -632,9 +637,12 @@ impl Daemon {
         }
         run.killing = true;
         let Some(cg) = run.cgroup.clone() else { return };
+        // runsc itself is not in the run's cgroup; a runsc that hangs must die too. Its
+        // pid cannot be reused meanwhile: we hold the unreaped Child.
+        let runsc_pid = run.child.as_ref().and_then(|c| i32::try_from(c.id()).ok());
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || {
-            backend.kill(&cg);
+            backend.kill(&cg, runsc_pid);
             Completion::Killed
         });
         self.submit_must(job);

@@ -175,7 +175,10 @@ impl Backend {
 
     /// Ends the whole sandbox: every process in its cgroup (sentry, gofer, stubs; stopped
     /// ones too) is SIGKILLed, which ends `runsc run` with it.
-    pub fn kill(&self, cgroup: &RunCgroup) {
+    pub fn kill(&self, cgroup: &RunCgroup, runsc_pid: Option<i32>) {
+        if let Some(pid) = runsc_pid {
+            let _ = crate::sys::kill(pid, libc::SIGKILL);
+        }
         if !cgroup.kill_all() {
             crate::error_limited!(
                 "op=kill cgroup={:?} err=processes survived SIGKILL",
@@ -400,7 +403,7 @@ impl Backend {
             std::thread::sleep(Duration::from_millis(10));
         }
         if Instant::now() >= deadline {
-            self.kill(&cgroup);
+            self.kill(&cgroup, i32::try_from(child.id()).ok());
         }
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let _ = stdout.read_to_end(&mut out);
