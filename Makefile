@@ -57,5 +57,12 @@ check-unsafe:
 bench:
 	bash bench/run.sh
 
+FUZZ_SECONDS ?= 60
+
+## fuzz: build the libFuzzer targets on stable (RUSTC_BOOTSTRAP=1) and run each FUZZ_SECONDS
+fuzz:
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	fuzz/run.sh $(FUZZ_SECONDS)
+
 clean:
 	$(CARGO) clean
