@@ -167,3 +167,33 @@ fn test_reactor_thread_runs_under_its_seccomp_filter() {
     assert!(d.log().contains("seccomp: reactor thread limited to"));
     d.stop();
 }
+
+#[test]
+fn test_a_daemon_that_cannot_bind_creates_nothing() {
+    let d = Daemon::start();
+    let instance = format!("isobox-t{}-nobind", std::process::id());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_isoboxd"))
+        .env("ISOBOX_LISTEN", d.addr.to_string())
+        .env("ISOBOX_INSTANCE", &instance)
+        .env("ISOBOX_DATA_DIR", std::env::temp_dir().join(&instance))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("binding"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !std::path::Path::new("/sys/fs/cgroup/memory")
+            .join(&instance)
+            .exists(),
+        "no slice"
+    );
+    assert!(
+        !std::path::Path::new("/run/isobox").join(&instance).exists(),
+        "no runsc root"
+    );
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&instance));
+    d.stop();
+}

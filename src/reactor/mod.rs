@@ -151,6 +151,10 @@ impl Daemon {
                 Some(why) => log::warn!("runtime={} not installed: {why}", r.desc.language),
             }
         }
+        // Bind first: a daemon that cannot have its port must not create (or sweep)
+        // anything.
+        let std_listener = std::net::TcpListener::bind(cfg.listen)
+            .map_err(io_err(format!("binding {}", cfg.listen)))?;
         let (cgroups, cgroup_error) =
             match crate::cgroup::Hierarchy::detect(std::path::Path::new("/sys/fs/cgroup")) {
                 Ok(h) => (Some(h), None),
@@ -194,8 +198,6 @@ impl Daemon {
             }
         }
         let poll = Poll::new().map_err(io_err("creating poll"))?;
-        let std_listener = std::net::TcpListener::bind(cfg.listen)
-            .map_err(io_err(format!("binding {}", cfg.listen)))?;
         std_listener
             .set_nonblocking(true)
             .map_err(io_err("listener nonblocking"))?;
