@@ -51,7 +51,7 @@ pub fn not_ready_reason(app: &App) -> Option<String> {
                 h.version()
             ))
         }
-        Some(n) if n != app.cfg.slice_memory_bytes && n > app.cfg.slice_memory_bytes => {
+        Some(n) if n > app.cfg.slice_memory_bytes => {
             return Some(format!("protective slice memory cap is {n}, above the configured {}", app.cfg.slice_memory_bytes))
         }
         Some(_) => {}

@@ -235,10 +235,6 @@ pub fn parse_head(buf: &[u8]) -> Result<Head, HttpError> {
             _ => {}
         }
     }
-    // A close-delimited request is impossible, so any explicit "close" still lets us answer.
-    if head.header_count("connection") > 0 && head.header("connection").is_none() {
-        head.keep_alive = false;
-    }
     Ok(head)
 }
 

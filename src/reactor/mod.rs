@@ -115,6 +115,20 @@ pub enum DaemonError {
     Admission(#[from] crate::admission::AdmissionError),
 }
 
+/// A pipe the handlers of `signals` write a byte to, registered on `poll` as `token`.
+fn signal_pipe(signals: &[i32], poll: &Poll, token: Token) -> io::Result<mio::net::UnixStream> {
+    let (tx, rx) = std::os::unix::net::UnixStream::pair()?;
+    tx.set_nonblocking(true)?;
+    rx.set_nonblocking(true)?;
+    for &sig in signals {
+        signal_hook::low_level::pipe::register(sig, tx.try_clone()?)?;
+    }
+    let mut rx = mio::net::UnixStream::from_std(rx);
+    poll.registry()
+        .register(&mut rx, token, Interest::READABLE)?;
+    Ok(rx)
+}
+
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DaemonError {
     let what = what.into();
     move |source| DaemonError::Io { what, source }
@@ -210,37 +224,10 @@ impl Daemon {
         let (tx, rx) = pool::completion_channel();
         let pool =
             pool::WorkerPool::start(cfg.workers, tx, waker).map_err(io_err("starting workers"))?;
-        let (sig_tx, sig_rx) =
-            std::os::unix::net::UnixStream::pair().map_err(io_err("signal pipe"))?;
-        sig_tx
-            .set_nonblocking(true)
-            .map_err(io_err("signal pipe nonblocking"))?;
-        sig_rx
-            .set_nonblocking(true)
-            .map_err(io_err("signal pipe nonblocking"))?;
-        let mut signal_rx = mio::net::UnixStream::from_std(sig_rx);
-        for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-            let tx = sig_tx.try_clone().map_err(io_err("signal pipe clone"))?;
-            signal_hook::low_level::pipe::register(sig, tx)
-                .map_err(io_err("registering signal"))?;
-        }
-        poll.registry()
-            .register(&mut signal_rx, SIGNALS, Interest::READABLE)
-            .map_err(io_err("register signals"))?;
-        let (hup_tx, hup_rx) =
-            std::os::unix::net::UnixStream::pair().map_err(io_err("reload pipe"))?;
-        hup_tx
-            .set_nonblocking(true)
-            .map_err(io_err("reload pipe nonblocking"))?;
-        hup_rx
-            .set_nonblocking(true)
-            .map_err(io_err("reload pipe nonblocking"))?;
-        signal_hook::low_level::pipe::register(signal_hook::consts::SIGHUP, hup_tx)
-            .map_err(io_err("registering SIGHUP"))?;
-        let mut reload_rx = mio::net::UnixStream::from_std(hup_rx);
-        poll.registry()
-            .register(&mut reload_rx, RELOAD, Interest::READABLE)
-            .map_err(io_err("register reload"))?;
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let signal_rx =
+            signal_pipe(&[SIGTERM, SIGINT], &poll, SIGNALS).map_err(io_err("signal pipe"))?;
+        let reload_rx = signal_pipe(&[SIGHUP], &poll, RELOAD).map_err(io_err("reload pipe"))?;
         let app = App {
             cfg: Arc::clone(&cfg),
             runtimes,

@@ -42,8 +42,8 @@ pub enum Completion {
         /// Outcome.
         result: Result<Box<Spawned>, SandboxError>,
     },
-    /// A kill job ended.
-    Killed,
+    /// A job with nothing to report (a kill, a removal) ended.
+    Done,
     /// `runsc run` was reaped and the result's facts read.
     Reaped {
         /// Run key.
@@ -53,8 +53,7 @@ pub enum Completion {
         /// What was found.
         cleanup: Cleanup,
     },
-    /// A finished run's container, cgroups and bundle are gone; its slot is free.
-    Removed,
+
     /// The startup self-probe ended.
     Probe(Result<(), String>),
 }
@@ -282,13 +281,12 @@ impl Daemon {
                 serial,
                 result,
             } => self.run_spawned(run, serial, result),
-            Completion::Killed => {}
+            Completion::Done => {}
             Completion::Reaped {
                 run,
                 serial,
                 cleanup,
             } => self.run_cleaned(run, serial, cleanup),
-            Completion::Removed => {}
             Completion::Probe(res) => {
                 self.app.probe = match res {
                     Ok(()) => {
@@ -643,7 +641,7 @@ impl Daemon {
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || {
             backend.kill(&cg, runsc_pid);
-            Completion::Killed
+            Completion::Done
         });
         self.submit_must(job);
     }
@@ -740,7 +738,7 @@ impl Daemon {
             let id = run.id.clone();
             let job = Box::new(move || {
                 backend.remove(&id, &cg, &dir);
-                Completion::Removed
+                Completion::Done
             });
             self.submit_must(job);
         }
