@@ -1,0 +1,223 @@
+//! Durable state in one LMDB environment (heed): the session registry now, memory KV,
+//! volumes and kernels later. Every write is one transaction, committed (fsynced)
+//! before the client hears about it. Callers run on the worker pool, never on the
+//! reactor thread.
+
+pub mod env;
+
+use heed::types::{Bytes, Str};
+use heed::{Database, Env};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// LMDB refused.
+    #[error("lmdb: {0}")]
+    Lmdb(#[from] heed::Error),
+    /// A record did not decode.
+    #[error("corrupt record {key}: {source}")]
+    Corrupt {
+        /// Its key.
+        key: String,
+        /// Cause.
+        source: serde_json::Error,
+    },
+}
+
+/// Schema version written at open; a future layout migrates from it.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One filesystem session, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRecord {
+    /// Owning tenant (`public` or `key-<hex>`).
+    pub tenant: String,
+    /// SHA-256 of the capability token, hex.
+    pub token_sha256: String,
+    /// Runtime name.
+    pub runtime: String,
+    /// `filesystem` (kernel sessions come later).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Creation time, Unix milliseconds.
+    pub created_at_ms: u64,
+    /// Idle time after which the session is reaped, seconds.
+    pub ttl_sec: u64,
+    /// Last time a call used it, Unix milliseconds.
+    pub last_used_ms: u64,
+    /// Disk quota of its workspace.
+    pub quota_bytes: u64,
+}
+
+impl SessionRecord {
+    /// When it expires, Unix milliseconds.
+    pub fn expires_at_ms(&self) -> u64 {
+        self.last_used_ms
+            .saturating_add(self.ttl_sec.saturating_mul(1000))
+    }
+}
+
+/// The environment and its tables.
+pub struct Store {
+    env: Env,
+    sessions: Database<Str, Bytes>,
+}
+
+impl Store {
+    /// Opens the environment under `dir` and its tables.
+    ///
+    /// # Errors
+    /// [`StoreError`] when LMDB cannot open or create them.
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let env = env::open(dir)?;
+        let mut wtxn = env.write_txn()?;
+        let meta: Database<Str, Bytes> = env.create_database(&mut wtxn, Some("meta"))?;
+        if meta.get(&wtxn, "schema")?.is_none() {
+            meta.put(&mut wtxn, "schema", &SCHEMA_VERSION.to_le_bytes())?;
+        }
+        let sessions = env.create_database(&mut wtxn, Some("sessions"))?;
+        wtxn.commit()?;
+        Ok(Store { env, sessions })
+    }
+
+    /// Inserts a new session; fails when the id exists (ids are random: never expected).
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn insert_session(&self, id: &str, rec: &SessionRecord) -> Result<bool, StoreError> {
+        let bytes = serde_json::to_vec(rec).map_err(|source| StoreError::Corrupt {
+            key: id.to_string(),
+            source,
+        })?;
+        let mut wtxn = self.env.write_txn()?;
+        if self.sessions.get(&wtxn, id)?.is_some() {
+            return Ok(false);
+        }
+        self.sessions.put(&mut wtxn, id, &bytes)?;
+        wtxn.commit()?;
+        Ok(true)
+    }
+
+    /// Reads one session.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors or a corrupt record.
+    pub fn session(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        let Some(bytes) = self.sessions.get(&rtxn, id)? else {
+            return Ok(None);
+        };
+        decode(id, bytes).map(Some)
+    }
+
+    /// Updates `last_used_ms` of a session (no-op when it is gone).
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn touch_session(&self, id: &str, now_ms: u64) -> Result<(), StoreError> {
+        let mut wtxn = self.env.write_txn()?;
+        let Some(bytes) = self.sessions.get(&wtxn, id)? else {
+            return Ok(());
+        };
+        let mut rec = decode(id, bytes)?;
+        rec.last_used_ms = rec.last_used_ms.max(now_ms);
+        let bytes = serde_json::to_vec(&rec).map_err(|source| StoreError::Corrupt {
+            key: id.to_string(),
+            source,
+        })?;
+        self.sessions.put(&mut wtxn, id, &bytes)?;
+        wtxn.commit()?;
+        Ok(())
+    }
+
+    /// Deletes a session record. Returns whether it existed.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        let mut wtxn = self.env.write_txn()?;
+        let existed = self.sessions.delete(&mut wtxn, id)?;
+        wtxn.commit()?;
+        Ok(existed)
+    }
+
+    /// Every session (id, record). Corrupt records are logged and skipped.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn sessions(&self) -> Result<Vec<(String, SessionRecord)>, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        let mut out = Vec::new();
+        for item in self.sessions.iter(&rtxn)? {
+            let (id, bytes) = item?;
+            match decode(id, bytes) {
+                Ok(rec) => out.push((id.to_string(), rec)),
+                Err(e) => log::error!("store: {e}"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Number of sessions.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn session_count(&self) -> Result<u64, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        Ok(self.sessions.len(&rtxn)?)
+    }
+}
+
+fn decode(id: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
+    serde_json::from_slice(bytes).map_err(|source| StoreError::Corrupt {
+        key: id.to_string(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(tenant: &str) -> SessionRecord {
+        SessionRecord {
+            tenant: tenant.into(),
+            token_sha256: "00".repeat(32),
+            runtime: "python".into(),
+            kind: "filesystem".into(),
+            created_at_ms: 1,
+            ttl_sec: 10,
+            last_used_ms: 1000,
+            quota_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn test_sessions_roundtrip_and_reopen() {
+        let dir = std::env::temp_dir().join(format!("isobox-store-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        {
+            let s = Store::open(&dir).unwrap();
+            assert!(s.insert_session("a", &rec("public")).unwrap());
+            assert!(!s.insert_session("a", &rec("other")).unwrap());
+            s.touch_session("a", 5000).unwrap();
+            s.touch_session("a", 10).unwrap();
+            let got = s.session("a").unwrap().unwrap();
+            assert_eq!(got.tenant, "public");
+            assert_eq!(got.last_used_ms, 5000);
+            assert_eq!(got.expires_at_ms(), 15_000);
+            assert_eq!(s.session_count().unwrap(), 1);
+        }
+        // Durable across a reopen (what a daemon restart does).
+        let s = Store::open(&dir).unwrap();
+        assert_eq!(s.sessions().unwrap().len(), 1);
+        assert!(s.delete_session("a").unwrap());
+        assert!(!s.delete_session("a").unwrap());
+        assert!(s.session("a").unwrap().is_none());
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
