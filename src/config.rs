@@ -178,6 +178,36 @@ pub const SETTINGS: &[Setting] = &[
         help: "comma-separated CIDRs whose X-Forwarded-For is believed",
     },
     Setting {
+        flag: "--session-quota-bytes",
+        env: "ISOBOX_SESSION_QUOTA_BYTES",
+        default: "536870912",
+        help: "disk quota of each session's /workspace (its own filesystem)",
+    },
+    Setting {
+        flag: "--max-sessions",
+        env: "ISOBOX_MAX_SESSIONS",
+        default: "1000",
+        help: "sessions that may exist at once (429 too_many_sessions above)",
+    },
+    Setting {
+        flag: "--storage-max-bytes",
+        env: "ISOBOX_STORAGE_MAX_BYTES",
+        default: "34359738368",
+        help: "disk all session workspaces may really use together (507 storage_full above)",
+    },
+    Setting {
+        flag: "--storage-reserve-bytes",
+        env: "ISOBOX_STORAGE_RESERVE_BYTES",
+        default: "2147483648",
+        help: "free disk kept on the data dir's filesystem (507 storage_full below)",
+    },
+    Setting {
+        flag: "--session-ttl-max-sec",
+        env: "ISOBOX_SESSION_TTL_MAX_SEC",
+        default: "604800",
+        help: "largest ttlSec a session may ask for (larger values are clamped)",
+    },
+    Setting {
         flag: "--shutdown-grace-ms",
         env: "ISOBOX_SHUTDOWN_GRACE_MS",
         default: "10000",
@@ -250,6 +280,23 @@ pub struct Config {
     pub sse_keepalive_ms: u64,
     /// Confine the reactor thread with seccomp.
     pub seccomp: bool,
+    /// Session settings.
+    pub sessions: SessionConfig,
+}
+
+/// Settings of filesystem sessions.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Disk quota of each workspace.
+    pub quota_bytes: u64,
+    /// Most sessions at once.
+    pub max_sessions: usize,
+    /// Ceiling on the disk all workspaces really use.
+    pub storage_max_bytes: u64,
+    /// Free disk to keep on the data dir's filesystem.
+    pub storage_reserve_bytes: u64,
+    /// Largest TTL (seconds).
+    pub ttl_max_sec: u64,
 }
 
 impl Config {
@@ -373,6 +420,29 @@ impl Config {
                 get("ISOBOX_SHUTDOWN_GRACE_MS"),
                 10_000,
             )?,
+            sessions: SessionConfig {
+                quota_bytes: parse_or(
+                    "ISOBOX_SESSION_QUOTA_BYTES",
+                    get("ISOBOX_SESSION_QUOTA_BYTES"),
+                    512 << 20,
+                )?,
+                max_sessions: parse_or("ISOBOX_MAX_SESSIONS", get("ISOBOX_MAX_SESSIONS"), 1000)?,
+                storage_max_bytes: parse_or(
+                    "ISOBOX_STORAGE_MAX_BYTES",
+                    get("ISOBOX_STORAGE_MAX_BYTES"),
+                    32 << 30,
+                )?,
+                storage_reserve_bytes: parse_or(
+                    "ISOBOX_STORAGE_RESERVE_BYTES",
+                    get("ISOBOX_STORAGE_RESERVE_BYTES"),
+                    2 << 30,
+                )?,
+                ttl_max_sec: parse_or(
+                    "ISOBOX_SESSION_TTL_MAX_SEC",
+                    get("ISOBOX_SESSION_TTL_MAX_SEC"),
+                    7 * 86_400,
+                )?,
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -401,6 +471,28 @@ impl Config {
                 "ISOBOX_PLATFORM",
                 &self.platform,
                 "one of ptrace, kvm, systrap",
+            ));
+        }
+        let s = &self.sessions;
+        if !(16 << 20..=1 << 40).contains(&s.quota_bytes) {
+            return Err(invalid(
+                "ISOBOX_SESSION_QUOTA_BYTES",
+                &s.quota_bytes.to_string(),
+                "between 16 MiB and 1 TiB",
+            ));
+        }
+        if !(1..=1_000_000).contains(&s.max_sessions) {
+            return Err(invalid(
+                "ISOBOX_MAX_SESSIONS",
+                &s.max_sessions.to_string(),
+                "between 1 and 1000000",
+            ));
+        }
+        if !(1..=366 * 86_400).contains(&s.ttl_max_sec) {
+            return Err(invalid(
+                "ISOBOX_SESSION_TTL_MAX_SEC",
+                &s.ttl_max_sec.to_string(),
+                "between 1 and 31622400",
             ));
         }
         if !(1..=64).contains(&self.workers) {

@@ -15,7 +15,9 @@ pub mod reactor;
 pub mod router;
 pub mod runtimes;
 pub mod sandbox;
+pub mod store;
 pub mod sys;
+pub mod workspace;
 
 /// The build-stamped version (`ISOBOX_BUILD_VERSION` at compile time), or `dev`.
 pub const VERSION: &str = match option_env!("ISOBOX_BUILD_VERSION") {

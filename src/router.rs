@@ -15,6 +15,14 @@ pub enum Route {
     OpenApi,
     /// `POST /execute`
     Execute,
+    /// `POST /v1/sessions`
+    SessionCreate,
+    /// `DELETE /v1/sessions/{id}`
+    Session,
+    /// `POST /v1/sessions/{id}/exec`
+    SessionExec,
+    /// `GET`, `PUT`, `DELETE /v1/sessions/{id}/fs`
+    SessionFs,
 }
 
 /// Why no route matched.
@@ -34,7 +42,33 @@ pub const PATHS: &[(&str, &str)] = &[
     ("/llms.txt", "GET, HEAD"),
     ("/openapi.yaml", "GET, HEAD"),
     ("/execute", "POST"),
+    ("/v1/sessions", "POST"),
+    ("/v1/sessions/{id}", "DELETE"),
+    ("/v1/sessions/{id}/exec", "POST"),
+    ("/v1/sessions/{id}/fs", "GET, HEAD, PUT, DELETE"),
 ];
+
+/// The `{id}` of a `/v1/sessions/{id}...` path (not validated here).
+pub fn session_id(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/v1/sessions/")?;
+    let id = rest.split('/').next()?;
+    (!id.is_empty()).then_some(id)
+}
+
+/// The PATHS pattern a concrete path matches (`{id}` standing for one segment).
+fn pattern(path: &str) -> Option<&'static str> {
+    if let Some(p) = PATHS.iter().map(|(p, _)| *p).find(|p| *p == path) {
+        return Some(p);
+    }
+    let id = session_id(path)?;
+    let tail = &path["/v1/sessions/".len() + id.len()..];
+    match tail {
+        "" => Some("/v1/sessions/{id}"),
+        "/exec" => Some("/v1/sessions/{id}/exec"),
+        "/fs" => Some("/v1/sessions/{id}/fs"),
+        _ => None,
+    }
+}
 
 /// Resolves a request. `HEAD` is accepted wherever `GET` is.
 ///
@@ -42,13 +76,21 @@ pub const PATHS: &[(&str, &str)] = &[
 /// [`RouteError`] when the path is unknown or the method is not allowed on it.
 pub fn route(method: &str, path: &str) -> Result<Route, RouteError> {
     let get = method == "GET" || method == "HEAD";
-    let (route, allowed) = match path {
+    let pat = pattern(path).ok_or(RouteError::NotFound)?;
+    let (route, allowed) = match pat {
         "/healthz" => (Route::Healthz, get),
         "/readyz" => (Route::Readyz, get),
         "/runtimes" => (Route::Runtimes, get),
         "/llms.txt" => (Route::LlmsTxt, get),
         "/openapi.yaml" => (Route::OpenApi, get),
         "/execute" => (Route::Execute, method == "POST"),
+        "/v1/sessions" => (Route::SessionCreate, method == "POST"),
+        "/v1/sessions/{id}" => (Route::Session, method == "DELETE"),
+        "/v1/sessions/{id}/exec" => (Route::SessionExec, method == "POST"),
+        "/v1/sessions/{id}/fs" => (
+            Route::SessionFs,
+            get || method == "PUT" || method == "DELETE",
+        ),
         _ => return Err(RouteError::NotFound),
     };
     if allowed {
@@ -56,7 +98,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, RouteError> {
     } else {
         let allow = PATHS
             .iter()
-            .find(|(p, _)| *p == path)
+            .find(|(p, _)| *p == pat)
             .map_or("", |(_, m)| *m);
         Err(RouteError::MethodNotAllowed(allow))
     }
@@ -66,7 +108,8 @@ impl Route {
     /// The body cap of this route and the status answered above it.
     pub fn body_cap(self) -> usize {
         match self {
-            Route::Execute => crate::http::limits::EXECUTE_BODY_BYTES,
+            Route::Execute | Route::SessionExec => crate::http::limits::EXECUTE_BODY_BYTES,
+            Route::SessionFs => crate::http::limits::UPLOAD_BODY_BYTES,
             _ => crate::http::limits::DEFAULT_BODY_BYTES,
         }
     }
@@ -96,8 +139,36 @@ mod tests {
     #[test]
     fn test_every_path_routes() {
         for (p, methods) in PATHS {
-            let m = methods.split(", ").next().unwrap();
-            assert!(route(m, p).is_ok(), "{m} {p}");
+            let p = p.replace("{id}", "0123abcd");
+            for m in methods.split(", ") {
+                assert!(route(m, &p).is_ok(), "{m} {p}");
+            }
         }
+    }
+
+    #[test]
+    fn test_session_paths() {
+        assert_eq!(route("POST", "/v1/sessions"), Ok(Route::SessionCreate));
+        assert_eq!(route("DELETE", "/v1/sessions/ab"), Ok(Route::Session));
+        assert_eq!(
+            route("POST", "/v1/sessions/ab/exec"),
+            Ok(Route::SessionExec)
+        );
+        assert_eq!(route("PUT", "/v1/sessions/ab/fs"), Ok(Route::SessionFs));
+        assert_eq!(
+            route("GET", "/v1/sessions/ab"),
+            Err(RouteError::MethodNotAllowed("DELETE"))
+        );
+        assert_eq!(route("GET", "/v1/sessions/"), Err(RouteError::NotFound));
+        assert_eq!(route("GET", "/v1/sessions//fs"), Err(RouteError::NotFound));
+        assert_eq!(
+            route("GET", "/v1/sessions/a/b/fs"),
+            Err(RouteError::NotFound)
+        );
+        assert_eq!(
+            route("GET", "/v1/sessions/a/fs/"),
+            Err(RouteError::NotFound)
+        );
+        assert_eq!(session_id("/v1/sessions/ab/fs"), Some("ab"));
     }
 }

@@ -138,8 +138,12 @@ fn open_route(route: Route) -> bool {
     )
 }
 
+/// Routes that start sandboxes or workspaces count against the per-client rate.
 fn rate_limited(route: Route) -> bool {
-    matches!(route, Route::Execute)
+    matches!(
+        route,
+        Route::Execute | Route::SessionCreate | Route::SessionExec
+    )
 }
 
 impl Admission {

@@ -56,6 +56,9 @@ pub struct ExecPlan {
     pub limits: Limits,
     /// Whether the client asked for network (explicitly or by default).
     pub network_requested: bool,
+    /// A session step: the session's mounted workspace, bound read-write at
+    /// `/workspace` (the files are already in it). Dropping the last clone ends the lease.
+    pub workspace: Option<std::sync::Arc<crate::workspace::Lease>>,
 }
 
 /// Compile stage of a compiled runtime (present only for those).
@@ -154,6 +157,27 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
 /// # Errors
 /// The 400 response the spec prescribes.
 pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
+    decode_with(runtimes, body, None)
+}
+
+/// Decodes a session step: the `/execute` body minus `language` (which, if given
+/// anyway, must name the session's runtime).
+///
+/// # Errors
+/// The 400 response.
+pub fn decode_for_session(
+    runtimes: &Runtimes,
+    body: &[u8],
+    runtime: &str,
+) -> Result<ExecPlan, Response> {
+    decode_with(runtimes, body, Some(runtime))
+}
+
+fn decode_with(
+    runtimes: &Runtimes,
+    body: &[u8],
+    session_runtime: Option<&str>,
+) -> Result<ExecPlan, Response> {
     // The error names the field at fault (e.g. `limits.wallTimeMs: invalid type: ...`).
     let mut de = serde_json::Deserializer::from_slice(body);
     let b: Body = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -167,7 +191,24 @@ pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
         bad("invalid_json", detail)
     })?;
     de.end().map_err(|e| bad("invalid_json", e.to_string()))?;
-    let language = b.language.as_deref().map(str::trim).unwrap_or("");
+    if let Some(fixed) = session_runtime {
+        let given = b.language.as_deref().map(str::trim).unwrap_or("");
+        if !given.is_empty()
+            && runtimes.resolve(given).map(|r| r.desc.language.as_str()) != Some(fixed)
+        {
+            return Err(bad(
+                "invalid_json",
+                format!(
+                    "language: the session's runtime is {}; omit language",
+                    serde_json::Value::from(fixed)
+                ),
+            ));
+        }
+    }
+    let language = session_runtime
+        .or(b.language.as_deref())
+        .map(str::trim)
+        .unwrap_or("");
     if language.is_empty() {
         return Err(Response::error(400, "language_required", None));
     }
@@ -266,6 +307,7 @@ pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
         args,
         limits,
         network_requested: b.network.unwrap_or(true),
+        workspace: None,
     })
 }
 

@@ -6,6 +6,7 @@
 pub mod docs;
 pub mod execute;
 pub mod health;
+pub mod sessions;
 
 use crate::config::Config;
 use crate::http::{Request, Response};
@@ -63,6 +64,8 @@ pub struct App {
     /// (open fds, RSS bytes) of this process, refreshed by the reactor once a second
     /// rather than per request (reading /proc per /healthz dominated its cost).
     pub process_figures: (usize, u64),
+    /// Filesystem sessions.
+    pub sessions: Arc<crate::workspace::Sessions>,
 }
 
 /// What the reactor must do for a request.
@@ -76,7 +79,54 @@ pub enum Action {
         /// Stream as SSE.
         stream: bool,
     },
+    /// Run this on the worker pool and act on its outcome.
+    Job(Job),
 }
+
+/// Blocking work of a request (LMDB, mounts, files), run on the pool.
+pub type Job = Box<dyn FnOnce() -> Outcome + Send + 'static>;
+
+/// What a [`Job`] found.
+pub enum Outcome {
+    /// Send this response.
+    Respond(Response),
+    /// Run this plan (a session step).
+    Execute {
+        /// The validated plan, holding its session lease.
+        plan: Box<execute::ExecPlan>,
+        /// Stream as SSE.
+        stream: bool,
+    },
+    /// Send this head, then the bytes a transfer thread writes into `rx`.
+    Download(Box<Download>),
+}
+
+/// A response body streamed from a transfer thread.
+pub struct Download {
+    /// Status and headers (its body is ignored).
+    pub head: Response,
+    /// `Some(n)`: exactly n bytes, with `Content-Length`; `None`: chunked.
+    pub length: Option<u64>,
+    /// Read end of the pipe (`None` for HEAD).
+    pub rx: Option<std::os::fd::OwnedFd>,
+    /// `sessions::XFER_*`, set by the thread before it closes the pipe.
+    pub status: Arc<std::sync::atomic::AtomicU8>,
+}
+
+/// An upload ready to receive its body.
+pub struct UploadTarget {
+    /// The temporary file and its final name.
+    pub upload: crate::workspace::fs::Upload,
+    /// Keeps the workspace mounted.
+    pub lease: crate::workspace::Lease,
+    /// The normalised path, for the response.
+    pub path: String,
+    /// Free bytes in the workspace when the upload began.
+    pub avail_bytes: u64,
+}
+
+/// The head-time job of an upload.
+pub type UploadJob = Box<dyn FnOnce() -> Result<Box<UploadTarget>, Response> + Send + 'static>;
 
 /// Answers for a route error.
 pub fn route_error(e: RouteError) -> Response {
@@ -105,6 +155,12 @@ pub fn dispatch(app: &mut App, route: Route, req: &Request) -> Action {
             docs::OPENAPI_YAML.as_bytes().to_vec(),
         )),
         Route::Execute => execute::handle(app, req),
+        Route::SessionCreate => sessions::create(app, req),
+        Route::Session => sessions::delete(app, req),
+        Route::SessionExec => sessions::exec(app, req),
+        Route::SessionFs if req.head.method == "DELETE" => sessions::fs_delete(app, req),
+        // PUT is handled at head time (`sessions::upload_begin`).
+        Route::SessionFs => sessions::fs_get(app, req),
     }
 }
 

@@ -18,3 +18,6 @@ pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
 pub const MAX_READ_AHEAD_BYTES: usize = 64 * 1024;
 /// Bytes queued for a client before the daemon stops producing more for it.
 pub const MAX_WRITE_BUFFER_BYTES: usize = 256 * 1024;
+/// Body cap of `PUT /v1/sessions/{id}/fs` (the spec's 16 MiB; streamed to disk, never
+/// held whole).
+pub const UPLOAD_BODY_BYTES: usize = 16 * 1024 * 1024;

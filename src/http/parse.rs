@@ -105,10 +105,27 @@ impl Head {
                 .flatten()
         })
     }
+
+    /// The raw bytes of query parameter `key`, percent-decoded (any bytes, not only
+    /// UTF-8: file names made inside a sandbox can be anything).
+    pub fn query_param_bytes(&self, key: &str) -> Option<Vec<u8>> {
+        let q = self.query.as_deref()?;
+        q.split('&').find_map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (percent_decode(k)? == key)
+                .then(|| percent_decode_bytes(v))
+                .flatten()
+        })
+    }
 }
 
 /// Decodes `%XX` escapes and `+` in a query component; `None` when malformed or not UTF-8.
 pub fn percent_decode(s: &str) -> Option<String> {
+    String::from_utf8(percent_decode_bytes(s)?).ok()
+}
+
+/// Decodes `%XX` escapes and `+` into raw bytes; `None` when an escape is malformed.
+pub fn percent_decode_bytes(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -133,7 +150,7 @@ pub fn percent_decode(s: &str) -> Option<String> {
             }
         }
     }
-    String::from_utf8(out).ok()
+    Some(out)
 }
 
 /// Finds the end of a head in `buf`, scanning only from `scan_from` (so a growing head is

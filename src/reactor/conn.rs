@@ -52,6 +52,24 @@ pub enum Phase {
         /// Run key.
         run: usize,
     },
+    /// A pool job works on this request (its outcome comes back as a completion).
+    Job,
+    /// An upload's session check runs; the body waits unread in the socket.
+    UploadWait {
+        /// The head.
+        head: Box<Head>,
+    },
+    /// An upload's body is being written to its temporary file.
+    Upload {
+        /// Framing state.
+        state: BodyState,
+        /// The file being written (taken out to commit or abort it on the pool).
+        target: Option<Box<api::UploadTarget>>,
+        /// Bytes written.
+        written: u64,
+    },
+    /// A response body is being forwarded from a transfer thread's pipe.
+    Transfer(Box<super::transfer::Transfer>),
 }
 
 /// A client connection.
@@ -73,6 +91,10 @@ pub struct Conn {
     /// Deadline of the live wheel entry, if one is scheduled.
     pub(crate) scheduled: Option<Instant>,
     pub(crate) close_after_flush: bool,
+    /// Response sent and our side shut down; reading and discarding what the client
+    /// still sends (an unread body), so our close does not reset the connection and
+    /// destroy the response before the client reads it.
+    pub(crate) lingering: bool,
     pub(crate) read_eof: bool,
     pub(crate) head_started: Option<Instant>,
     pub(crate) last_write: Instant,
@@ -141,6 +163,7 @@ impl Daemon {
             deadline: Instant::now(),
             scheduled: None,
             close_after_flush: false,
+            lingering: false,
             read_eof: false,
             head_started: None,
             last_write: Instant::now(),
@@ -179,6 +202,13 @@ impl Daemon {
             .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
         if writable {
             self.conn_flush(ck);
+            if self
+                .conns
+                .get(ck)
+                .is_some_and(|c| matches!(c.phase, Phase::Transfer(_)))
+            {
+                self.transfer_pump(ck);
+            }
         }
         // Requests already read may have been held back while the write buffer was full:
         // once it drains, parse them (edge-triggered: no new readable edge will come).
@@ -203,8 +233,10 @@ impl Daemon {
             // is full, and a write the kernel takes at once brings no writable edge later.
             self.conn_flush(ck);
             let Some(c) = self.conns.get(ck) else { return };
-            let takes_input =
-                matches!(c.phase, Phase::Head | Phase::Body { .. }) && !c.close_after_flush;
+            let takes_input = matches!(
+                c.phase,
+                Phase::Head | Phase::Body { .. } | Phase::Upload { .. }
+            ) && !c.close_after_flush;
             let progressed = before.is_some_and(|b| b != c.rbuf.len());
             let held_back = (progressed || blocked) && !c.rbuf.is_empty();
             if !((full || held_back) && takes_input && c.pending_write() < MAX_WRITE_BUFFER_BYTES) {
@@ -223,6 +255,16 @@ impl Daemon {
         let mut buf = [0u8; 16 * 1024];
         loop {
             if c.read_eof {
+                return false;
+            }
+            if c.lingering {
+                match c.stream.read(&mut buf) {
+                    Ok(0) => c.read_eof = true,
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(_) => c.read_eof = true,
+                }
                 return false;
             }
             let room = MAX_READ_AHEAD_BYTES.saturating_sub(c.rbuf.len());
@@ -256,7 +298,16 @@ impl Daemon {
                 return;
             }
             match &mut c.phase {
-                Phase::Busy { .. } | Phase::Stream { .. } => return,
+                Phase::Busy { .. }
+                | Phase::Stream { .. }
+                | Phase::Job
+                | Phase::UploadWait { .. }
+                | Phase::Transfer(_) => return,
+                Phase::Upload { .. } => {
+                    if !self.advance_upload(ck) {
+                        return;
+                    }
+                }
                 Phase::Head => {
                     if c.head_started.is_none() {
                         // RFC 9112 §2.2: ignore empty lines before a request line.
@@ -360,6 +411,10 @@ impl Daemon {
                 return;
             }
         };
+        if route == Route::SessionFs && head.method == "PUT" {
+            self.begin_upload(ck, head, tenant);
+            return;
+        }
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
@@ -476,6 +531,7 @@ impl Daemon {
         match api::dispatch(&mut self.app, route, &req) {
             Action::Respond(resp) => self.respond(ck, resp),
             Action::Execute { plan, stream } => self.start_run(ck, plan, stream),
+            Action::Job(job) => self.start_job(ck, job),
         }
     }
 
@@ -553,6 +609,26 @@ impl Daemon {
                 self.close_conn(ck);
             }
             Phase::Busy { .. } | Phase::Stream { .. } => {}
+            Phase::Job | Phase::UploadWait { .. } | Phase::Upload { .. } | Phase::Transfer(_)
+                if gone =>
+            {
+                self.close_conn(ck);
+            }
+            _ if c.lingering && !gone => {}
+            _ if c.pending_write() == 0 && c.close_after_flush && !gone => {
+                // Half-close and drain for a moment (bounded by LINGER): closing with
+                // unread input would send a reset that can destroy our response.
+                let _ = c.stream.shutdown(std::net::Shutdown::Write);
+                if let Some(c) = self.conns.get_mut(ck) {
+                    c.lingering = true;
+                    c.rbuf.clear();
+                }
+                self.arm_conn(ck, LINGER);
+                self.conn_read(ck);
+                if self.conns.get(ck).is_some_and(|c| c.read_eof) {
+                    self.close_conn(ck);
+                }
+            }
             _ if c.pending_write() == 0 && (c.close_after_flush || gone) => self.close_conn(ck),
             _ => {}
         }
@@ -572,8 +648,11 @@ impl Daemon {
         }
         let _ = self.poll.registry().deregister(&mut c.stream);
         self.release_token(c.token);
-        if let Phase::Busy { run } | Phase::Stream { run } = c.phase {
-            self.run_cancel(run);
+        match std::mem::replace(&mut c.phase, Phase::Head) {
+            Phase::Busy { run } | Phase::Stream { run } => self.run_cancel(run),
+            Phase::Upload { target, .. } => self.abort_upload(target),
+            Phase::Transfer(t) => self.transfer_release(*t),
+            _ => {}
         }
         let _ = c.stream.shutdown(std::net::Shutdown::Both);
         log::debug!("conn={ck} closed");
@@ -595,6 +674,10 @@ impl Daemon {
             return;
         }
         let Some(c) = self.conns.get(ck) else { return };
+        if c.lingering {
+            self.close_conn(ck);
+            return;
+        }
         match &c.phase {
             Phase::Head if c.head_started.is_some() => {
                 crate::warn_limited!(
@@ -604,8 +687,9 @@ impl Daemon {
                 self.close_conn(ck);
             }
             Phase::Head => self.close_conn(ck),
-            Phase::Body { .. } => {
+            Phase::Body { .. } | Phase::Upload { .. } => {
                 crate::warn_limited!("conn={ck} peer={} request body stalled", c.peer);
+                self.take_upload(ck);
                 self.respond_and_close(
                     ck,
                     Response::error(
@@ -619,7 +703,11 @@ impl Daemon {
                 let t = Duration::from_millis(self.cfg.idle_timeout_ms);
                 self.arm_conn(ck, t);
             }
-            Phase::Stream { .. } | Phase::Busy { .. } => {
+            Phase::Job | Phase::UploadWait { .. } => {
+                let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
+                self.arm_conn(ck, idle);
+            }
+            Phase::Stream { .. } | Phase::Busy { .. } | Phase::Transfer(_) => {
                 let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
                 if c.pending_write() > 0 && c.last_write.elapsed() >= idle {
                     crate::warn_limited!("conn={ck} peer={} stopped reading; dropping", c.peer);
@@ -654,6 +742,9 @@ impl Daemon {
             .all(|(_, c)| c.pending_write() == 0 && matches!(c.phase, Phase::Head))
     }
 }
+
+/// How long a closing connection keeps draining what the client still sends.
+const LINGER: Duration = Duration::from_secs(2);
 
 fn over_cap(route: Route) -> Response {
     match route {

@@ -8,6 +8,7 @@
 pub mod conn;
 pub mod pool;
 pub mod timer;
+pub mod transfer;
 
 use crate::api::{App, Counters, ProbeState};
 use crate::config::Config;
@@ -47,6 +48,8 @@ pub enum Source {
     Stdin(usize),
     /// A run's pidfd.
     Pid(usize),
+    /// A download's pipe (key in `conns`).
+    Transfer(usize),
 }
 
 /// What a timer is for; `gen` must match the owner's current generation to count.
@@ -94,6 +97,10 @@ pub struct Daemon {
     reload_rx: mio::net::UnixStream,
     pub(crate) admission: crate::admission::Admission,
     shutdown_deadline: Option<Instant>,
+    /// A session upkeep job is queued or running.
+    pub(crate) upkeep_running: bool,
+    /// When the next session upkeep is due.
+    next_upkeep: Instant,
 }
 
 /// Startup failed.
@@ -211,6 +218,10 @@ impl Daemon {
                 }
             }
         }
+        let sessions = Arc::new(
+            crate::workspace::Sessions::open(&cfg.data_dir, cfg.sessions.clone())
+                .map_err(|e| io_err("opening sessions")(io::Error::other(e.to_string())))?,
+        );
         let poll = Poll::new().map_err(io_err("creating poll"))?;
         std_listener
             .set_nonblocking(true)
@@ -238,6 +249,7 @@ impl Daemon {
             counters: Counters::default(),
             shutting_down: false,
             process_figures: (crate::sys::open_fd_count(), crate::sys::rss_bytes()),
+            sessions,
         };
         Ok(Daemon {
             cfg,
@@ -261,6 +273,8 @@ impl Daemon {
             reload_rx,
             admission,
             shutdown_deadline: None,
+            upkeep_running: false,
+            next_upkeep: Instant::now(),
         })
     }
 
@@ -355,6 +369,7 @@ impl Daemon {
                             Source::Stderr(rk) => self.run_pipe_event(rk, true),
                             Source::Stdin(rk) => self.run_stdin_event(rk),
                             Source::Pid(rk) => self.run_exited(rk),
+                            Source::Transfer(ck) => self.transfer_event(ck),
                         }
                     }
                 }
@@ -404,10 +419,11 @@ impl Daemon {
         &self,
     ) -> io::Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>)> {
         let (go, wait) = crossbeam_channel::bounded::<()>(1);
-        let (cgroups, instance, state_root) = (
+        let (cgroups, instance, state_root, sessions) = (
             self.app.cgroups.clone(),
             self.cfg.instance.clone(),
             self.backend.state_root.clone(),
+            Arc::clone(&self.app.sessions),
         );
         let handle = std::thread::Builder::new()
             .name("isobox-teardown".into())
@@ -415,6 +431,7 @@ impl Daemon {
                 if wait.recv().is_err() {
                     return;
                 }
+                sessions.unmount_all();
                 if let Some(h) = &cgroups {
                     h.remove_slice(&instance);
                 }
@@ -430,6 +447,24 @@ impl Daemon {
         let now = Instant::now();
         self.app.process_figures = (crate::sys::open_fd_count(), crate::sys::rss_bytes());
         self.admission.tick(now);
+        // Session upkeep (last-use times, idle unmounts, TTL reaping) every 5 s, or at
+        // once when the earliest expiry has passed.
+        let expired = self.app.sessions.next_expiry_ms() <= crate::workspace::now_ms();
+        if !self.upkeep_running && (now >= self.next_upkeep || expired) {
+            let sessions = Arc::clone(&self.app.sessions);
+            let job = Box::new(move || {
+                match sessions.upkeep() {
+                    Ok(0) => {}
+                    Ok(n) => log::info!("sessions: reaped {n} idle past their ttl"),
+                    Err(e) => log::error!("session upkeep: {e}"),
+                }
+                crate::sandbox::events::Completion::Upkeep
+            });
+            if self.pool.submit(job).is_ok() {
+                self.upkeep_running = true;
+                self.next_upkeep = now + Duration::from_secs(5);
+            }
+        }
         self.timers
             .insert(now + Duration::from_secs(1), TimerKey::Housekeeping);
     }

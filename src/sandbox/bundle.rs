@@ -5,6 +5,7 @@
 //! bound read-only on top of `/workspace`, one bind per top-level entry, so the host copy
 //! can never be written. The process runs as uid 65534 with no capabilities,
 //! `noNewPrivileges`, and RLIMIT_NPROC = `pids` (gVisor enforces it inside the sandbox).
+//! A session step instead gets its session's workspace filesystem bound read-write.
 
 use super::SandboxError;
 use crate::api::execute::ExecPlan;
@@ -97,10 +98,16 @@ pub fn config(
     let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc"}),
         tmpfs("/tmp", mem),
-        tmpfs("/workspace", mem),
     ];
-    for top in top_level_entries(&plan.files) {
-        mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
+    if let Some(ws) = &plan.workspace {
+        // A session step: the session's own filesystem, read-write. Its size is the
+        // quota, so writes past it fail inside with ENOSPC.
+        mounts.push(json!({"destination": "/workspace", "type": "bind", "source": ws.mount(), "options": ["rbind", "rw", "nosuid", "nodev"]}));
+    } else {
+        mounts.push(tmpfs("/workspace", mem));
+        for top in top_level_entries(&plan.files) {
+            mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
+        }
     }
     let mut env = vec![
         "PATH=/usr/local/bin:/usr/bin:/bin".to_string(),

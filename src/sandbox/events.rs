@@ -56,6 +56,26 @@ pub enum Completion {
 
     /// The startup self-probe ended.
     Probe(Result<(), String>),
+    /// A request's pool job finished.
+    Outcome {
+        /// Connection key.
+        conn: usize,
+        /// Connection serial (guards against a reused key).
+        serial: u64,
+        /// What it found.
+        outcome: crate::api::Outcome,
+    },
+    /// An upload's file is open, or it was refused.
+    UploadReady {
+        /// Connection key.
+        conn: usize,
+        /// Connection serial.
+        serial: u64,
+        /// The target, or the refusal.
+        result: Result<Box<crate::api::UploadTarget>, Response>,
+    },
+    /// Session upkeep ended.
+    Upkeep,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,6 +302,17 @@ impl Daemon {
                 result,
             } => self.run_spawned(run, serial, result),
             Completion::Done => {}
+            Completion::Outcome {
+                conn,
+                serial,
+                outcome,
+            } => self.on_outcome(conn, serial, outcome),
+            Completion::UploadReady {
+                conn,
+                serial,
+                result,
+            } => self.on_upload_ready(conn, serial, result),
+            Completion::Upkeep => self.upkeep_running = false,
             Completion::Reaped {
                 run,
                 serial,

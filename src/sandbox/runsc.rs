@@ -80,7 +80,13 @@ impl Backend {
             .as_ref()
             .ok_or_else(|| SandboxError::NoCgroups("no usable cgroup hierarchy".into()))?;
         let dir = self.runs_dir.join(id);
-        let src = match bundle::write_files(&dir, &plan.files) {
+        // A session step's files are already in its workspace.
+        let files: &[(String, Vec<u8>)] = if plan.workspace.is_some() {
+            &[]
+        } else {
+            &plan.files
+        };
+        let src = match bundle::write_files(&dir, files) {
             Ok(s) => s,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -384,6 +390,7 @@ impl Backend {
                 wall_time_ms: 20_000,
             },
             network_requested: false,
+            workspace: None,
         };
         let s = self
             .spawn(id, &plan, vec!["/bin/cat".into(), "probe.txt".into()], &[])

@@ -2,6 +2,8 @@
 //!
 //! Nothing outside `sys/` calls `libc` directly in an `unsafe` block.
 
+pub mod fsat;
+pub mod loopdev;
 pub mod seccomp;
 
 use std::io;

@@ -222,7 +222,10 @@ impl Daemon {
 
     /// SIGTERM, wait for exit, and check the slice and state dirs are gone too.
     pub fn stop(mut self) {
+        let data_dir = self.data_dir.clone();
         self.stop_inner();
+        let left = mounts_under(&data_dir);
+        assert!(left.is_empty(), "mounts left after shutdown: {left:?}");
         for c in ["memory", "cpu", "pids"] {
             let d = PathBuf::from("/sys/fs/cgroup").join(c).join(&self.instance);
             assert!(!d.exists(), "slice {} left after shutdown", d.display());
@@ -231,6 +234,21 @@ impl Daemon {
             !PathBuf::from("/run/isobox").join(&self.instance).exists(),
             "runsc root left after shutdown"
         );
+    }
+
+    /// SIGTERM and wait for a clean exit, keeping the data dir (for a restart with the
+    /// same `ISOBOX_INSTANCE`).
+    pub fn stop_keep_data(&mut self) {
+        if let Some(child) = self.child.take() {
+            let status = terminate(child, Duration::from_secs(30));
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "isoboxd did not stop cleanly ({status:?}); log:\n{}",
+                self.log()
+            );
+        }
+        let left = mounts_under(&self.data_dir);
+        assert!(left.is_empty(), "mounts left after shutdown: {left:?}");
     }
 
     fn stop_inner(&mut self) {
@@ -246,6 +264,18 @@ impl Daemon {
         }
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
+}
+
+/// Mount points under `dir` (from /proc/self/mountinfo).
+pub fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let prefix = format!("{}/", dir.display());
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
 }
 
 /// SIGTERM, then wait up to `grace` for the exit status; SIGKILL (and `None`) past it.

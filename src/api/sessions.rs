@@ -1,0 +1,739 @@
+//! `/v1/sessions`: create, exec, the file API, delete.
+//!
+//! Handlers run on the reactor thread and only validate what needs no I/O; the rest
+//! (LMDB, mounting, file operations) is returned as a pool job whose [`Outcome`] the
+//! reactor then acts on. Uploads are set up at head time, before the body is read, so
+//! a refusal comes before `100 Continue`; downloads stream from a transfer thread
+//! through a pipe the reactor forwards.
+
+use super::{Action, App, Download, Outcome, UploadTarget};
+use crate::http::{Head, Request, Response};
+use crate::workspace::fs::{self as wfs, FsError};
+use crate::workspace::{self, SessionError, Sessions};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// Entries listed for one directory at most (`"truncated": true` beyond).
+pub const MAX_LIST_ENTRIES: usize = 10_000;
+/// Largest zip archive of a directory (the spec's 256 MiB), counted on file bytes.
+pub const MAX_ZIP_BYTES: u64 = 256 << 20;
+/// Most entries in one zip archive (no ZIP64).
+pub const MAX_ZIP_ENTRIES: usize = workspace::zip::MAX_ENTRIES;
+/// Transfer status: still running.
+pub const XFER_RUNNING: u8 = 0;
+/// Transfer status: every byte was written.
+pub const XFER_OK: u8 = 1;
+/// Transfer status: it failed midway; the connection must be closed, not finished.
+pub const XFER_FAILED: u8 = 2;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CreateBody {
+    runtime: Option<String>,
+    ttl_sec: Option<serde_json::Number>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    volume_id: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CreatedBody<'a> {
+    id: &'a str,
+    token: &'a str,
+    runtime: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    created_at: String,
+    ttl_sec: u64,
+    expires_at: String,
+}
+
+/// The response of a session error.
+pub fn session_error(e: &SessionError) -> Response {
+    match e {
+        SessionError::NotFound => Response::error(404, "session_not_found", None),
+        SessionError::BadToken => Response::error(
+            401,
+            "invalid_session_token",
+            Some("missing or wrong X-Session-Token"),
+        ),
+        SessionError::Busy => Response::error(
+            409,
+            "session_busy",
+            Some("a step is already running in this session; retry when it ends"),
+        ),
+        SessionError::TooMany => Response::error(429, "too_many_sessions", None),
+        SessionError::StorageFull(why) => Response::error(507, "storage_full", Some(why)),
+        SessionError::TransfersBusy => {
+            Response::error(503, "busy", Some("too many downloads in progress"))
+                .with_header("Retry-After", "1")
+        }
+        SessionError::Workspace(why) => Response::error(500, "workspace_error", Some(why)),
+        SessionError::Store(e) => {
+            log::error!("session store: {e}");
+            Response::error(
+                500,
+                "internal_error",
+                Some("the state store failed; see the daemon log"),
+            )
+        }
+    }
+}
+
+/// The response of a file API error.
+pub fn fs_error(e: &FsError) -> Response {
+    match e {
+        FsError::InvalidPath(why) => Response::error(400, "invalid_path", Some(why)),
+        FsError::NotFound => Response::error(404, "file_not_found", None),
+        FsError::NotADirectory => Response::error(
+            400,
+            "invalid_path",
+            Some("a component of the path is not a directory"),
+        ),
+        FsError::NotAFile => {
+            Response::error(400, "invalid_path", Some("not a regular file or directory"))
+        }
+        FsError::IsADirectory => Response::error(400, "invalid_path", Some("is a directory")),
+        FsError::NoSpace => Response::error(
+            413,
+            "quota_exceeded",
+            Some("the session's disk quota is exhausted"),
+        ),
+        FsError::Io(e) => {
+            log::error!("workspace io: {e}");
+            Response::error(
+                500,
+                "io_error",
+                Some("file operation failed; see the daemon log"),
+            )
+        }
+    }
+}
+
+fn sessions(app: &App) -> Arc<Sessions> {
+    Arc::clone(&app.sessions)
+}
+
+fn token(head: &Head) -> Option<String> {
+    if head.header_count("x-session-token") != 1 {
+        return None;
+    }
+    head.header("x-session-token").map(|t| t.trim().to_string())
+}
+
+/// `POST /v1/sessions`.
+pub fn create(app: &mut App, req: &Request) -> Action {
+    let mut de = serde_json::Deserializer::from_slice(&req.body);
+    let b: CreateBody = match serde_path_to_error::deserialize(&mut de) {
+        Ok(b) => b,
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let detail = if path == "." || path.is_empty() {
+                inner.to_string()
+            } else {
+                format!("{path}: {inner}")
+            };
+            return Action::Respond(Response::error(400, "invalid_json", Some(&detail)));
+        }
+    };
+    if let Err(e) = de.end() {
+        return Action::Respond(Response::error(400, "invalid_json", Some(&e.to_string())));
+    }
+    match b.kind.as_deref() {
+        None | Some("filesystem") => {}
+        Some("kernel") => {
+            return Action::Respond(Response::error(
+                501,
+                "not_implemented",
+                Some("kernel sessions are not available in this build"),
+            ))
+        }
+        Some(other) => {
+            return Action::Respond(Response::error(
+                400,
+                "invalid_json",
+                Some(&format!(
+                    "type: unknown session type {}; use \"filesystem\"",
+                    serde_json::Value::from(other)
+                )),
+            ))
+        }
+    }
+    if b.volume_id.is_some() {
+        return Action::Respond(Response::error(
+            501,
+            "not_implemented",
+            Some("volumes are not available in this build"),
+        ));
+    }
+    let runtime = b.runtime.as_deref().map(str::trim).unwrap_or("");
+    if runtime.is_empty() {
+        return Action::Respond(Response::error(
+            400,
+            "runtime_required",
+            Some("runtime: required"),
+        ));
+    }
+    let Some(rt) = app.runtimes.resolve(runtime) else {
+        return Action::Respond(Response::error(
+            400,
+            "unknown_language",
+            Some(&format!(
+                "runtime: {} is not a known runtime; see GET /runtimes",
+                serde_json::Value::from(runtime)
+            )),
+        ));
+    };
+    let max = app.cfg.sessions.ttl_max_sec;
+    let ttl = match &b.ttl_sec {
+        None => 86_400.min(max),
+        Some(n) => match n.as_u64() {
+            Some(t) if t >= 1 => t.min(max),
+            _ => {
+                return Action::Respond(Response::error(
+                    400,
+                    "invalid_json",
+                    Some(&format!("ttlSec: must be a whole number of seconds from 1 to {max} (larger values are clamped)")),
+                ))
+            }
+        },
+    };
+    let language = rt.desc.language.clone();
+    let sessions = sessions(app);
+    let tenant = req.tenant.clone();
+    Action::Job(Box::new(move || {
+        let c = match sessions.create(&tenant, &language, ttl) {
+            Ok(c) => c,
+            Err(e) => return Outcome::Respond(session_error(&e)),
+        };
+        log::info!(
+            "session {} created runtime={language} tenant={tenant}",
+            c.id
+        );
+        Outcome::Respond(Response::json(
+            201,
+            &CreatedBody {
+                id: &c.id,
+                token: &c.token,
+                runtime: &c.record.runtime,
+                kind: &c.record.kind,
+                created_at: rfc3339(c.record.created_at_ms),
+                ttl_sec: c.record.ttl_sec,
+                expires_at: rfc3339(c.record.expires_at_ms()),
+            },
+        ))
+    }))
+}
+
+/// `DELETE /v1/sessions/{id}`.
+pub fn delete(app: &mut App, req: &Request) -> Action {
+    let sessions = sessions(app);
+    let (tenant, tok) = (req.tenant.clone(), token(&req.head));
+    let id = crate::router::session_id(&req.head.path)
+        .unwrap_or("")
+        .to_string();
+    Action::Job(Box::new(move || {
+        let r = sessions
+            .authorize(&tenant, &id, tok.as_deref())
+            .and_then(|_| sessions.delete(&id));
+        Outcome::Respond(match r {
+            Ok(()) => Response::bytes(204, "application/json", Vec::new()),
+            Err(e) => session_error(&e),
+        })
+    }))
+}
+
+/// `POST /v1/sessions/{id}/exec`: the `/execute` body minus `language`.
+pub fn exec(app: &mut App, req: &Request) -> Action {
+    if app.in_flight >= app.cfg.max_concurrent {
+        app.counters.capacity_rejections += 1;
+        return Action::Respond(
+            Response::error(429, "capacity", Some("no free execution slot"))
+                .with_header("Retry-After", "1"),
+        );
+    }
+    let sessions = sessions(app);
+    let runtimes = Arc::clone(&app.runtimes);
+    let (tenant, tok) = (req.tenant.clone(), token(&req.head));
+    let id = crate::router::session_id(&req.head.path)
+        .unwrap_or("")
+        .to_string();
+    let body = req.body.clone();
+    let stream = super::execute::wants_stream(req);
+    Action::Job(Box::new(move || {
+        let rec = match sessions.authorize(&tenant, &id, tok.as_deref()) {
+            Ok(r) => r,
+            Err(e) => return Outcome::Respond(session_error(&e)),
+        };
+        let mut plan = match super::execute::decode_for_session(&runtimes, &body, &rec.runtime) {
+            Ok(p) => p,
+            Err(resp) => return Outcome::Respond(resp),
+        };
+        let lease = match sessions.acquire(&id, true) {
+            Ok(l) => l,
+            Err(e) => return Outcome::Respond(session_error(&e)),
+        };
+        // The step's files land in the workspace (they persist, and count against
+        // the quota), written as the sandbox user.
+        let placed = wfs::Root::open(lease.mount())
+            .map_err(FsError::Io)
+            .and_then(|root| {
+                for (name, bytes) in &plan.files {
+                    let rel = wfs::normalize(name.as_bytes())?;
+                    wfs::write_file(
+                        &root,
+                        &rel,
+                        bytes,
+                        workspace::WORKSPACE_UID,
+                        workspace::WORKSPACE_UID,
+                    )?;
+                }
+                Ok(())
+            });
+        if let Err(e) = placed {
+            return Outcome::Respond(fs_error(&e));
+        }
+        plan.workspace = Some(Arc::new(lease));
+        Outcome::Execute {
+            plan: Box::new(plan),
+            stream,
+        }
+    }))
+}
+
+/// The path and format of a file API call.
+fn fs_target(head: &Head) -> Result<(wfs::RelPath, bool), Response> {
+    let raw = match head.query.as_deref() {
+        None => Vec::new(),
+        Some(_) => match head.query_param_bytes("path") {
+            Some(p) => p,
+            None if head
+                .query
+                .as_deref()
+                .is_some_and(|q| q.split('&').any(|kv| kv.split('=').next() == Some("path"))) =>
+            {
+                return Err(Response::error(
+                    400,
+                    "invalid_path",
+                    Some("path: malformed percent-encoding"),
+                ))
+            }
+            None => Vec::new(),
+        },
+    };
+    let rel = wfs::normalize(&raw).map_err(|e| fs_error(&e))?;
+    let zip = match head.query_param("format").as_deref() {
+        None | Some("") | Some("raw") => false,
+        Some("zip") => true,
+        Some(other) => {
+            return Err(Response::error(
+                400,
+                "invalid_format",
+                Some(&format!(
+                    "format: {} is not supported; use zip",
+                    serde_json::Value::from(other)
+                )),
+            ))
+        }
+    };
+    Ok((rel, zip))
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListingBody {
+    path: String,
+    dir: bool,
+    entries: Vec<EntryBody>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    truncated: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EntryBody {
+    name: String,
+    /// Percent-encoded raw bytes, only for names that are not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name_encoded: Option<String>,
+    size: u64,
+    dir: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    symlink: bool,
+    mod_time: String,
+}
+
+/// Percent-encodes every byte outside unreserved ASCII.
+pub fn pct_encode(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len());
+    for &c in b {
+        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/') {
+            s.push(char::from(c));
+        } else {
+            s.push_str(&format!("%{c:02X}"));
+        }
+    }
+    s
+}
+
+/// `GET`/`HEAD /v1/sessions/{id}/fs`: a listing, a file, or a zip of a directory.
+pub fn fs_get(app: &mut App, req: &Request) -> Action {
+    let (rel, zip) = match fs_target(&req.head) {
+        Ok(t) => t,
+        Err(r) => return Action::Respond(r),
+    };
+    let sessions = sessions(app);
+    let (tenant, tok) = (req.tenant.clone(), token(&req.head));
+    let id = crate::router::session_id(&req.head.path)
+        .unwrap_or("")
+        .to_string();
+    let head_only = req.head.method == "HEAD";
+    Action::Job(Box::new(move || {
+        match fs_get_job(
+            &sessions,
+            &tenant,
+            &id,
+            tok.as_deref(),
+            &rel,
+            zip,
+            head_only,
+        ) {
+            Ok(o) => o,
+            Err(r) => Outcome::Respond(r),
+        }
+    }))
+}
+
+fn fs_get_job(
+    sessions: &Arc<Sessions>,
+    tenant: &str,
+    id: &str,
+    tok: Option<&str>,
+    rel: &wfs::RelPath,
+    zip: bool,
+    head_only: bool,
+) -> Result<Outcome, Response> {
+    sessions
+        .authorize(tenant, id, tok)
+        .map_err(|e| session_error(&e))?;
+    let lease = sessions.acquire(id, false).map_err(|e| session_error(&e))?;
+    let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
+    let kind = wfs::stat(&root, rel).map_err(|e| fs_error(&e))?;
+    let name = rel.file_name().unwrap_or(b"workspace").to_vec();
+    match kind {
+        wfs::Kind::Dir { .. } if !zip => {
+            let l = wfs::list_dir(&root, rel, MAX_LIST_ENTRIES).map_err(|e| fs_error(&e))?;
+            let entries = l
+                .entries
+                .into_iter()
+                .map(|e| {
+                    let utf8 = std::str::from_utf8(&e.name).is_ok();
+                    EntryBody {
+                        name: String::from_utf8_lossy(&e.name).into_owned(),
+                        name_encoded: (!utf8).then(|| pct_encode(&e.name)),
+                        size: e.size,
+                        dir: e.dir,
+                        symlink: e.symlink,
+                        mod_time: rfc3339(e.mod_time_ms),
+                    }
+                })
+                .collect();
+            Ok(Outcome::Respond(Response::json(
+                200,
+                &ListingBody {
+                    path: rel.display(),
+                    dir: true,
+                    entries,
+                    truncated: l.truncated,
+                },
+            )))
+        }
+        wfs::Kind::Dir { .. } => {
+            let size = wfs::tree_size(&root, rel, MAX_ZIP_ENTRIES).map_err(|e| fs_error(&e))?;
+            if size.truncated || size.bytes > MAX_ZIP_BYTES {
+                return Err(Response::error(
+                    413,
+                    "archive_too_large",
+                    Some("a zip is capped at 256 MiB of files and 65534 entries; download a subdirectory"),
+                ));
+            }
+            let mut zip_name = name;
+            zip_name.extend_from_slice(b".zip");
+            let head = download_head("application/zip", &zip_name);
+            if head_only {
+                return Ok(Outcome::Download(Box::new(Download {
+                    head,
+                    length: None,
+                    rx: None,
+                    status: Arc::new(AtomicU8::new(XFER_OK)),
+                })));
+            }
+            let slot = sessions.transfer_slot().map_err(|e| session_error(&e))?;
+            let rel = rel.clone();
+            spawn_transfer(head, None, move |w| {
+                let _slot = slot;
+                let _lease = lease;
+                zip_tree(&root, &rel, w)
+            })
+        }
+        wfs::Kind::File { .. } if zip => Err(Response::error(
+            400,
+            "invalid_format",
+            Some("format=zip applies to directories; this path is a file"),
+        )),
+        wfs::Kind::File { .. } => {
+            let (mut file, size) = wfs::open_read(&root, rel).map_err(|e| fs_error(&e))?;
+            let head = download_head("application/octet-stream", &name);
+            if head_only {
+                return Ok(Outcome::Download(Box::new(Download {
+                    head,
+                    length: Some(size),
+                    rx: None,
+                    status: Arc::new(AtomicU8::new(XFER_OK)),
+                })));
+            }
+            let slot = sessions.transfer_slot().map_err(|e| session_error(&e))?;
+            spawn_transfer(head, Some(size), move |w| {
+                let _slot = slot;
+                let _lease = lease;
+                let n = std::io::copy(&mut std::io::Read::take(&mut file, size), w)?;
+                if n != size {
+                    return Err(std::io::Error::other("file shrank while being sent"));
+                }
+                Ok(())
+            })
+        }
+        _ => Err(fs_error(&FsError::NotAFile)),
+    }
+}
+
+/// Writes the zip of `rel` to `w`, stopping at the cap if files grew meanwhile.
+fn zip_tree(root: &wfs::Root, rel: &wfs::RelPath, w: &mut dyn Write) -> std::io::Result<()> {
+    let mut z =
+        workspace::zip::ZipStreamWriter::new(std::io::BufWriter::with_capacity(64 * 1024, w));
+    let mut total = 0u64;
+    wfs::walk_files(root, rel, MAX_ZIP_ENTRIES, |path, entry, file| {
+        match (entry, file) {
+            (wfs::WalkEntry::Dir { mtime }, _) => {
+                let mut name = path.to_vec();
+                name.push(b'/');
+                z.add_dir(&name, mtime).map_err(std::io::Error::other)?;
+            }
+            (wfs::WalkEntry::File { mtime, mode, size }, Some(mut f)) => {
+                total += size;
+                if total > MAX_ZIP_BYTES {
+                    return Err(std::io::Error::other("archive grew past its cap"));
+                }
+                let mut limited = std::io::Read::take(&mut f, size);
+                z.add_file(path, mtime, mode, &mut limited)
+                    .map_err(std::io::Error::other)?;
+            }
+            _ => {}
+        }
+        Ok(())
+    })
+    .map_err(|e| std::io::Error::other(e.to_string()))?;
+    z.finish().map_err(std::io::Error::other)?.flush()
+}
+
+fn download_head(content_type: &str, name: &[u8]) -> Response {
+    // An ASCII fallback name plus the exact one (RFC 6266 / RFC 5987).
+    let ascii: String = String::from_utf8_lossy(name)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' || c == ' ' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    Response::bytes(200, content_type, Vec::new()).with_header(
+        "Content-Disposition",
+        format!(
+            "attachment; filename=\"{ascii}\"; filename*=UTF-8''{}",
+            pct_encode(name).replace('/', "%2F")
+        ),
+    )
+}
+
+/// Starts a thread that writes the body into a pipe the reactor forwards.
+fn spawn_transfer(
+    head: Response,
+    length: Option<u64>,
+    produce: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + 'static,
+) -> Result<Outcome, Response> {
+    let fail = |e: std::io::Error| {
+        log::error!("transfer: {e}");
+        Response::error(500, "io_error", Some("could not start the transfer"))
+    };
+    let (rx, mut tx) = std::io::pipe().map_err(fail)?;
+    let status = Arc::new(AtomicU8::new(XFER_RUNNING));
+    let st = Arc::clone(&status);
+    std::thread::Builder::new()
+        .name("isobox-xfer".into())
+        .spawn(move || {
+            let r = produce(&mut tx);
+            if let Err(e) = &r {
+                // A client that went away shows up as EPIPE: not worth a warning.
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    crate::warn_limited!("transfer failed: {e}");
+                }
+            }
+            st.store(
+                if r.is_ok() { XFER_OK } else { XFER_FAILED },
+                Ordering::Release,
+            );
+            drop(tx);
+        })
+        .map_err(fail)?;
+    Ok(Outcome::Download(Box::new(Download {
+        head,
+        length,
+        rx: Some(std::os::fd::OwnedFd::from(rx)),
+        status,
+    })))
+}
+
+/// `DELETE /v1/sessions/{id}/fs?path=`.
+pub fn fs_delete(app: &mut App, req: &Request) -> Action {
+    let (rel, _) = match fs_target(&req.head) {
+        Ok(t) => t,
+        Err(r) => return Action::Respond(r),
+    };
+    let sessions = sessions(app);
+    let (tenant, tok) = (req.tenant.clone(), token(&req.head));
+    let id = crate::router::session_id(&req.head.path)
+        .unwrap_or("")
+        .to_string();
+    Action::Job(Box::new(move || {
+        let r = (|| {
+            sessions
+                .authorize(&tenant, &id, tok.as_deref())
+                .map_err(|e| session_error(&e))?;
+            let lease = sessions
+                .acquire(&id, false)
+                .map_err(|e| session_error(&e))?;
+            let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
+            wfs::remove(&root, &rel).map_err(|e| fs_error(&e))
+        })();
+        Outcome::Respond(match r {
+            Ok(()) => Response::bytes(204, "application/json", Vec::new()),
+            Err(r) => r,
+        })
+    }))
+}
+
+/// `PUT /v1/sessions/{id}/fs?path=`, at head time: a job that checks the session and
+/// opens the temporary file the body will be written to, or the refusal.
+pub fn upload_begin(
+    app: &mut App,
+    head: &Head,
+    tenant: &str,
+) -> Result<super::UploadJob, Response> {
+    let (rel, zip) = fs_target(head)?;
+    if zip {
+        return Err(Response::error(
+            400,
+            "invalid_format",
+            Some("format applies to downloads only"),
+        ));
+    }
+    let sessions = sessions(app);
+    let (tenant, tok) = (tenant.to_string(), token(head));
+    let id = crate::router::session_id(&head.path)
+        .unwrap_or("")
+        .to_string();
+    Ok(Box::new(move || {
+        sessions
+            .authorize(&tenant, &id, tok.as_deref())
+            .map_err(|e| session_error(&e))?;
+        let lease = sessions
+            .acquire(&id, false)
+            .map_err(|e| session_error(&e))?;
+        let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
+        let avail = workspace::image::usage(lease.mount())
+            .map(|u| u.avail_bytes)
+            .unwrap_or(u64::MAX);
+        let upload = wfs::create_upload(
+            &root,
+            &rel,
+            workspace::WORKSPACE_UID,
+            workspace::WORKSPACE_UID,
+        )
+        .map_err(|e| fs_error(&e))?;
+        Ok(Box::new(UploadTarget {
+            upload,
+            lease,
+            path: rel.display(),
+            avail_bytes: avail,
+        }))
+    }))
+}
+
+#[derive(Serialize)]
+struct UploadedBody<'a> {
+    path: &'a str,
+    bytes: u64,
+}
+
+/// Finishes an upload whose body was written whole (a pool job).
+pub fn upload_commit(t: UploadTarget) -> Response {
+    let UploadTarget {
+        upload,
+        lease,
+        path,
+        ..
+    } = t;
+    let r = upload.commit();
+    drop(lease);
+    match r {
+        Ok(bytes) => Response::json(200, &UploadedBody { path: &path, bytes }),
+        Err(e) => fs_error(&e),
+    }
+}
+
+/// RFC 3339 UTC with milliseconds, from Unix milliseconds.
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_796_054_399_000), "2026-11-30T15:59:59.000Z");
+    }
+
+    #[test]
+    fn test_pct_encode() {
+        assert_eq!(pct_encode(b"a b/\xff\n"), "a%20b/%FF%0A");
+    }
+}

@@ -1,0 +1,495 @@
+//! Reactor glue for requests whose work is a pool job (session calls), for uploads
+//! streamed to a file as they arrive, and for downloads forwarded from a transfer
+//! thread's pipe.
+//!
+//! An upload body is written to its temporary file from this thread as it is decoded
+//! (as nginx writes request bodies to temp files from its event loop: page-cache
+//! writes), so it is never held whole; opening, `fsync`, rename and abort run on the
+//! pool. A download is produced by its own thread into a pipe registered here, with
+//! the usual write-buffer backpressure: when the client does not read, the pipe is
+//! not read, and the thread blocks.
+
+use super::conn::{BodyState, Phase};
+use super::{Daemon, Source};
+use crate::api::sessions::{self as sapi, XFER_OK};
+use crate::api::{self, Download, Outcome, UploadTarget};
+use crate::http::chunked::{ChunkError, ChunkedDecoder};
+use crate::http::limits::{MAX_WRITE_BUFFER_BYTES, UPLOAD_BODY_BYTES};
+use crate::http::{Framing, Head, Response};
+use crate::sandbox::events::Completion;
+use mio::unix::pipe;
+use mio::{Interest, Token};
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A download being forwarded.
+pub struct Transfer {
+    rx: pipe::Receiver,
+    token: Token,
+    /// Chunked framing (length unknown in advance).
+    chunked: bool,
+    /// Bytes still owed under `Content-Length`.
+    remaining: u64,
+    status: Arc<AtomicU8>,
+}
+
+impl Daemon {
+    /// Hands a request's blocking work to the pool; the connection waits in `Job`.
+    pub(crate) fn start_job(&mut self, ck: usize, job: api::Job) {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        c.phase = Phase::Job;
+        let serial = c.serial;
+        let wrapped = Box::new(move || Completion::Outcome {
+            conn: ck,
+            serial,
+            outcome: job(),
+        });
+        if self.pool.submit(wrapped).is_err() {
+            self.respond(
+                ck,
+                Response::error(503, "overloaded", Some("worker queue full"))
+                    .with_header("Retry-After", "1"),
+            );
+        }
+    }
+
+    /// Whether connection `ck` is still the one (by serial) in `phase`.
+    fn conn_waiting(&self, ck: usize, serial: u64, upload: bool) -> bool {
+        self.conns.get(ck).is_some_and(|c| {
+            c.serial == serial
+                && if upload {
+                    matches!(c.phase, Phase::UploadWait { .. })
+                } else {
+                    matches!(c.phase, Phase::Job)
+                }
+        })
+    }
+
+    /// A job's outcome. If the client left meanwhile, it is dropped (a lease it holds
+    /// ends; a transfer thread sees its pipe closed).
+    pub(crate) fn on_outcome(&mut self, ck: usize, serial: u64, outcome: Outcome) {
+        if !self.conn_waiting(ck, serial, false) {
+            return;
+        }
+        match outcome {
+            Outcome::Respond(resp) => {
+                self.respond(ck, resp);
+                self.conn_pump(ck);
+            }
+            Outcome::Execute { plan, stream } => self.start_run(ck, plan, stream),
+            Outcome::Download(d) => self.start_transfer(ck, *d),
+        }
+    }
+
+    // ---- uploads ----
+
+    pub(crate) fn begin_upload(&mut self, ck: usize, head: Head, tenant: String) {
+        if let Framing::Length(n) = head.framing {
+            if n > UPLOAD_BODY_BYTES as u64 {
+                self.respond_and_close(ck, too_large());
+                return;
+            }
+        }
+        let job = match api::sessions::upload_begin(&mut self.app, &head, &tenant) {
+            Ok(j) => j,
+            Err(resp) => {
+                if head.framing == Framing::None {
+                    self.respond(ck, resp);
+                } else {
+                    self.respond_and_close(ck, resp);
+                }
+                return;
+            }
+        };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        let serial = c.serial;
+        c.phase = Phase::UploadWait {
+            head: Box::new(head),
+        };
+        let wrapped = Box::new(move || Completion::UploadReady {
+            conn: ck,
+            serial,
+            result: job(),
+        });
+        if self.pool.submit(wrapped).is_err() {
+            self.respond_and_close(
+                ck,
+                Response::error(503, "overloaded", Some("worker queue full"))
+                    .with_header("Retry-After", "1"),
+            );
+        }
+    }
+
+    /// The upload's file is open (or it was refused): now read the body, after the
+    /// `100 Continue` when the client waits for one.
+    pub(crate) fn on_upload_ready(
+        &mut self,
+        ck: usize,
+        serial: u64,
+        result: Result<Box<UploadTarget>, Response>,
+    ) {
+        if !self.conn_waiting(ck, serial, true) {
+            if let Ok(t) = result {
+                self.abort_upload(Some(t));
+            }
+            return;
+        }
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        let Phase::UploadWait { head } = std::mem::replace(&mut c.phase, Phase::Job) else {
+            return;
+        };
+        let target = match result {
+            Ok(t) => t,
+            Err(resp) => {
+                if head.framing == Framing::None {
+                    self.respond(ck, resp);
+                    self.conn_pump(ck);
+                } else {
+                    self.respond_and_close(ck, resp);
+                    self.conn_after_io(ck);
+                }
+                return;
+            }
+        };
+        if let Framing::Length(n) = head.framing {
+            if n > target.avail_bytes {
+                self.abort_upload(Some(target));
+                self.respond_and_close(
+                    ck,
+                    Response::error(
+                        413,
+                        "quota_exceeded",
+                        Some("the upload is larger than the free space of the session's workspace"),
+                    ),
+                );
+                self.conn_after_io(ck);
+                return;
+            }
+        }
+        let state = match head.framing {
+            Framing::None => BodyState::Length(0),
+            Framing::Length(n) => BodyState::Length(n),
+            Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new()),
+        };
+        if head.expect_continue && head.framing != Framing::None {
+            c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+        c.phase = Phase::Upload {
+            state,
+            target: Some(target),
+            written: 0,
+        };
+        let t = Duration::from_millis(self.cfg.head_timeout_ms);
+        self.arm_conn(ck, t);
+        self.conn_pump(ck);
+    }
+
+    /// Writes body bytes from the read buffer to the file. Returns true when the body
+    /// is complete and its commit was handed to the pool.
+    pub(crate) fn advance_upload(&mut self, ck: usize) -> bool {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return false;
+        };
+        let Phase::Upload {
+            state,
+            target,
+            written,
+        } = &mut c.phase
+        else {
+            return false;
+        };
+        let Some(t) = target.as_mut() else {
+            return false;
+        };
+        let mut err: Option<Response> = None;
+        let mut progressed = false;
+        let done = match state {
+            BodyState::Length(remaining) => {
+                let take = usize::try_from(*remaining)
+                    .unwrap_or(usize::MAX)
+                    .min(c.rbuf.len());
+                if take > 0 {
+                    if let Err(e) = t.upload.file().write_all(&c.rbuf[..take]) {
+                        err = Some(write_error(&e));
+                    }
+                    c.rbuf.drain(..take);
+                    *remaining -= take as u64;
+                    *written += take as u64;
+                    progressed = true;
+                }
+                *remaining == 0
+            }
+            BodyState::Chunked(dec) => {
+                let mut out = Vec::new();
+                let cap = UPLOAD_BODY_BYTES
+                    .saturating_sub(usize::try_from(*written).unwrap_or(usize::MAX));
+                match dec.feed(&c.rbuf, &mut out, cap) {
+                    Ok(n) => {
+                        c.rbuf.drain(..n);
+                        progressed = n > 0;
+                        if !out.is_empty() {
+                            if let Err(e) = t.upload.file().write_all(&out) {
+                                err = Some(write_error(&e));
+                            }
+                            *written += out.len() as u64;
+                        }
+                        dec.is_done()
+                    }
+                    Err(ChunkError::TooLarge) => {
+                        err = Some(too_large());
+                        false
+                    }
+                    Err(e) => {
+                        err = Some(Response::error(400, "bad_request", Some(&e.to_string())));
+                        false
+                    }
+                }
+            }
+        };
+        if let Some(resp) = err {
+            self.take_upload(ck);
+            self.respond_and_close(ck, resp);
+            return false;
+        }
+        if !done {
+            if progressed {
+                let t = Duration::from_millis(self.cfg.head_timeout_ms);
+                self.arm_conn(ck, t);
+            }
+            return false;
+        }
+        let Some(c) = self.conns.get_mut(ck) else {
+            return false;
+        };
+        let Phase::Upload { target, .. } = std::mem::replace(&mut c.phase, Phase::Job) else {
+            return false;
+        };
+        let Some(target) = target else {
+            return false;
+        };
+        let serial = c.serial;
+        let job = Box::new(move || Completion::Outcome {
+            conn: ck,
+            serial,
+            outcome: Outcome::Respond(sapi::upload_commit(*target)),
+        });
+        self.submit_must(job);
+        false
+    }
+
+    /// Takes the upload out of the connection (if it has one) and aborts it.
+    pub(crate) fn take_upload(&mut self, ck: usize) {
+        let t = match self.conns.get_mut(ck).map(|c| &mut c.phase) {
+            Some(Phase::Upload { target, .. }) => target.take(),
+            _ => None,
+        };
+        self.abort_upload(t);
+    }
+
+    /// Removes an unfinished upload's temporary file on the pool (never here: this
+    /// thread may not unlink).
+    pub(crate) fn abort_upload(&mut self, t: Option<Box<UploadTarget>>) {
+        if let Some(t) = t {
+            self.submit_must(Box::new(move || {
+                drop(t);
+                Completion::Done
+            }));
+        }
+    }
+
+    // ---- downloads ----
+
+    fn start_transfer(&mut self, ck: usize, d: Download) {
+        let shutting_down = self.app.shutting_down;
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        let keep = c.keep_alive && !shutting_down;
+        let Download {
+            head,
+            length,
+            rx,
+            status,
+        } = d;
+        let mut headers = head.headers.clone();
+        if length.is_none() {
+            headers.push(("Transfer-Encoding", "chunked".into()));
+        }
+        headers.push(("Cache-Control", "no-store".into()));
+        crate::http::response::write_head(
+            &mut c.wbuf,
+            head.status,
+            &headers,
+            length.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            keep,
+        );
+        let rx = match rx {
+            Some(fd) if !c.head_only => fd,
+            _ => {
+                // HEAD: the head alone.
+                c.phase = Phase::Head;
+                if !keep {
+                    c.close_after_flush = true;
+                }
+                let t = Duration::from_millis(self.cfg.idle_timeout_ms);
+                self.arm_conn(ck, t);
+                self.conn_pump(ck);
+                return;
+            }
+        };
+        let mut rx = pipe::Receiver::from(rx);
+        if rx.set_nonblocking(true).is_err() {
+            c.keep_alive = false;
+            c.close_after_flush = true;
+            c.phase = Phase::Head;
+            self.conn_after_io(ck);
+            return;
+        }
+        let token = self.token_for(Source::Transfer(ck));
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut rx, token, Interest::READABLE)
+        {
+            crate::error_limited!("op=register transfer err={e}");
+            self.release_token(token);
+            if let Some(c) = self.conns.get_mut(ck) {
+                c.keep_alive = false;
+                c.close_after_flush = true;
+                c.phase = Phase::Head;
+            }
+            self.conn_after_io(ck);
+            return;
+        }
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        c.phase = Phase::Transfer(Box::new(Transfer {
+            rx,
+            token,
+            chunked: length.is_none(),
+            remaining: length.unwrap_or(0),
+            status,
+        }));
+        let t = Duration::from_millis(self.cfg.idle_timeout_ms);
+        self.arm_conn(ck, t);
+        self.transfer_pump(ck);
+    }
+
+    /// Moves pipe bytes into the write buffer until the pipe is empty or the buffer full.
+    pub(crate) fn transfer_pump(&mut self, ck: usize) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let Some(c) = self.conns.get_mut(ck) else {
+                return;
+            };
+            if c.pending_write() >= MAX_WRITE_BUFFER_BYTES {
+                break;
+            }
+            let Phase::Transfer(t) = &mut c.phase else {
+                return;
+            };
+            match t.rx.read(&mut buf) {
+                Ok(0) => {
+                    self.finish_transfer(ck);
+                    return;
+                }
+                Ok(n) => {
+                    if t.chunked {
+                        let _ = write!(c.wbuf, "{n:x}\r\n");
+                        c.wbuf.extend_from_slice(&buf[..n]);
+                        c.wbuf.extend_from_slice(b"\r\n");
+                    } else {
+                        let take = usize::try_from(t.remaining).unwrap_or(usize::MAX).min(n);
+                        c.wbuf.extend_from_slice(&buf[..take]);
+                        t.remaining -= take as u64;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.finish_transfer(ck);
+                    return;
+                }
+            }
+        }
+        self.conn_flush(ck);
+    }
+
+    /// The pipe reached EOF: finish the response, or cut the connection if the thread
+    /// failed or delivered less than promised (the client must not take a truncated
+    /// body for a whole one).
+    fn finish_transfer(&mut self, ck: usize) {
+        let shutting_down = self.app.shutting_down;
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        let Phase::Transfer(t) = std::mem::replace(&mut c.phase, Phase::Head) else {
+            return;
+        };
+        let ok = t.status.load(Ordering::Acquire) == XFER_OK && (t.chunked || t.remaining == 0);
+        let chunked = t.chunked;
+        self.transfer_release(*t);
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        if ok {
+            if chunked {
+                c.wbuf.extend_from_slice(b"0\r\n\r\n");
+            }
+            if !c.keep_alive || shutting_down {
+                c.close_after_flush = true;
+            }
+            let t = Duration::from_millis(self.cfg.idle_timeout_ms);
+            self.arm_conn(ck, t);
+            self.conn_pump(ck);
+        } else {
+            crate::warn_limited!("conn={ck} download ended early; closing the connection");
+            c.keep_alive = false;
+            c.close_after_flush = true;
+            self.conn_after_io(ck);
+        }
+    }
+
+    /// Deregisters a transfer's pipe; dropping it tells the thread to stop.
+    pub(crate) fn transfer_release(&mut self, mut t: Transfer) {
+        let _ = self.poll.registry().deregister(&mut t.rx);
+        self.release_token(t.token);
+    }
+
+    /// The transfer pipe of `ck` became readable.
+    pub(crate) fn transfer_event(&mut self, ck: usize) {
+        self.transfer_pump(ck);
+        self.conn_after_io(ck);
+    }
+}
+
+fn too_large() -> Response {
+    Response::error(
+        413,
+        "payload_too_large",
+        Some("an upload is at most 16 MiB"),
+    )
+}
+
+fn write_error(e: &io::Error) -> Response {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => Response::error(
+            413,
+            "quota_exceeded",
+            Some("the session's disk quota is exhausted"),
+        ),
+        _ => {
+            crate::error_limited!("op=upload write err={e}");
+            Response::error(500, "io_error", Some("writing the upload failed"))
+        }
+    }
+}
