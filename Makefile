@@ -8,7 +8,7 @@ ISOBOX_BUILD_VERSION ?= $(shell git describe --always --dirty 2>/dev/null || ech
 export ISOBOX_BUILD_VERSION
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv
+SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
 .PHONY: run test build deps runtimes fmt lint check-unsafe fuzz bench test-venv clean
 

@@ -110,6 +110,15 @@ fn test_spec_two_steps_files_and_delete() {
         (Some(2), Some(false))
     );
     assert!(x["modTime"].as_str().unwrap().ends_with('Z'));
+    // A binary placed in the workspace runs there (the workspace is not noexec).
+    let v = exec_ok(
+        &d,
+        &s,
+        "import os,shutil,subprocess\n\
+         shutil.copy('/bin/echo','e'); os.chmod('e',0o755)\n\
+         print(subprocess.run(['./e','bin-ran'],capture_output=True,text=True).stdout, end='')",
+    );
+    assert_eq!(v["run"]["stdout"], "bin-ran\n", "{v}");
     // language, if given, must be the session's.
     let r = exec(&d, &s, json!({"language": "ruby", "code": "puts 1"}));
     assert_eq!(r.status, 400, "{}", r.text());
@@ -613,4 +622,120 @@ fn test_streamed_step() {
     assert_eq!(fs(&d, "GET", &s, "path=s.txt", b"").body, b"x");
     d.assert_clean();
     d.stop();
+}
+
+#[test]
+fn test_odd_names_and_parallel_uploads() {
+    let d = Daemon::start_with(&[("ISOBOX_SESSION_QUOTA_BYTES", &(16 * MIB).to_string())]);
+    d.wait_ready();
+    let s = create(&d, json!({"runtime": "python-slim"}));
+    // F8: names the sandbox makes are listed as valid JSON and fetchable by their name.
+    let v = exec_ok(
+        &d,
+        &s,
+        "import os\n\
+         for n in ['a\\nb', 'q\"uote', 'back\\\\slash', '..foo', '-rf', 'x'*255, 'sp ace+plus']:\n    open(n,'w').write('N:'+n)\n\
+         open(os.fsencode('\\udcff\\udcfe'), 'w').write('raw')",
+    );
+    assert_eq!(v["run"]["exitCode"], 0, "{v}");
+    let l = fs(&d, "GET", &s, "path=", b"").json();
+    let entries = l["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 9, "{l}");
+    for e in entries {
+        let name = e["name"].as_str().unwrap();
+        if name == "main.py" {
+            continue;
+        }
+        let q = match e["nameEncoded"].as_str() {
+            Some(enc) => enc.to_string(),
+            None => pct(name.as_bytes()),
+        };
+        let r = fs(&d, "GET", &s, &format!("path={q}"), b"");
+        assert_eq!(r.status, 200, "{name:?}: {}", r.text());
+        if e["nameEncoded"].is_null() {
+            assert_eq!(r.text(), format!("N:{name}"));
+        } else {
+            assert_eq!(r.text(), "raw");
+            assert_eq!(e["nameEncoded"], "%FF%FE");
+        }
+    }
+    let r = fs(&d, "GET", &s, "path=&format=zip", b"");
+    assert_eq!(r.status, 200);
+    let zpath = d.data_dir.join("odd.zip");
+    std::fs::write(&zpath, &r.body).unwrap();
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import sys,zipfile; z=zipfile.ZipFile(sys.argv[1]); assert z.testzip() is None; n=z.namelist(); assert len(n)==8 and not any(chr(92) in x for x in n), n"])
+        .arg(&zpath)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    // F9: parallel uploads, each 6 MiB, into a 16 MiB workspace: only what fits is
+    // stored, the rest are 413, and no partial file remains.
+    for e in entries {
+        let q = e["nameEncoded"].as_str().map_or_else(
+            || pct(e["name"].as_str().unwrap().as_bytes()),
+            str::to_string,
+        );
+        assert_eq!(fs(&d, "DELETE", &s, &format!("path={q}"), b"").status, 204);
+    }
+    let results: Vec<u16> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..12)
+            .map(|i| {
+                let (d, s) = (&d, &s);
+                sc.spawn(move || {
+                    let mut c = d.connect();
+                    write!(
+                        c,
+                        "PUT /v1/sessions/{}/fs?path=p{i} HTTP/1.1\r\nHost: t\r\nX-Session-Token: {}\r\nTransfer-Encoding: chunked\r\n\r\n",
+                        s.id, s.token
+                    )
+                    .unwrap();
+                    let chunk = vec![b'p'; 512 * 1024];
+                    for _ in 0..12 {
+                        if write!(c, "{:x}\r\n", chunk.len()).is_err()
+                            || c.write_all(&chunk).is_err()
+                            || c.write_all(b"\r\n").is_err()
+                        {
+                            break;
+                        }
+                    }
+                    let _ = c.write_all(b"0\r\n\r\n");
+                    common::read_response(&mut BufReader::new(c), false).map_or(0, |r| r.status)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let stored = results.iter().filter(|&&s| s == 200).count();
+    assert!(
+        results.iter().all(|s| matches!(s, 200 | 413)),
+        "{results:?}"
+    );
+    assert!((1..=2).contains(&stored), "{results:?}");
+    let l = fs(&d, "GET", &s, "path=", b"").json();
+    let sizes: Vec<u64> = l["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        sizes,
+        vec![6 * MIB as u64; stored],
+        "no partial uploads: {l}"
+    );
+    d.assert_clean();
+    d.stop();
+}
+
+fn pct(b: &[u8]) -> String {
+    b.iter()
+        .map(|&c| {
+            if c.is_ascii_alphanumeric() {
+                (c as char).to_string()
+            } else {
+                format!("%{c:02X}")
+            }
+        })
+        .collect()
 }

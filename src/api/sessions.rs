@@ -9,6 +9,7 @@
 use super::{Action, App, Download, Outcome, UploadTarget};
 use crate::http::{Head, Request, Response};
 use crate::workspace::fs::{self as wfs, FsError};
+use crate::workspace::zip::ZipError;
 use crate::workspace::{self, SessionError, Sessions};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -521,7 +522,13 @@ fn zip_tree(root: &wfs::Root, rel: &wfs::RelPath, w: &mut dyn Write) -> std::io:
             (wfs::WalkEntry::Dir { mtime }, _) => {
                 let mut name = path.to_vec();
                 name.push(b'/');
-                z.add_dir(&name, mtime).map_err(std::io::Error::other)?;
+                match z.add_dir(&name, mtime) {
+                    Ok(()) => {}
+                    // A name a zip cannot carry safely (a backslash would be a path
+                    // separator to some unzippers): left out, like symlinks.
+                    Err(ZipError::BadName(_)) => {}
+                    Err(e) => return Err(std::io::Error::other(e)),
+                }
             }
             (wfs::WalkEntry::File { mtime, mode, size }, Some(mut f)) => {
                 total += size;
@@ -529,8 +536,10 @@ fn zip_tree(root: &wfs::Root, rel: &wfs::RelPath, w: &mut dyn Write) -> std::io:
                     return Err(std::io::Error::other("archive grew past its cap"));
                 }
                 let mut limited = std::io::Read::take(&mut f, size);
-                z.add_file(path, mtime, mode, &mut limited)
-                    .map_err(std::io::Error::other)?;
+                match z.add_file(path, mtime, mode, &mut limited) {
+                    Ok(_) | Err(ZipError::BadName(_)) => {}
+                    Err(e) => return Err(std::io::Error::other(e)),
+                }
             }
             _ => {}
         }

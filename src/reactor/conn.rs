@@ -749,13 +749,16 @@ const LINGER: Duration = Duration::from_secs(2);
 fn over_cap(route: Route) -> Response {
     match route {
         // The spec: a body over 256 KiB on /execute is `invalid_json`.
-        Route::Execute => {
+        Route::Execute | Route::SessionExec => {
             Response::error(400, "invalid_json", Some("request body exceeds 256 KiB"))
         }
         _ => Response::error(
             413,
             "payload_too_large",
-            Some("request body exceeds 64 KiB"),
+            Some(&format!(
+                "request body exceeds {} KiB",
+                route.body_cap() / 1024
+            )),
         ),
     }
 }

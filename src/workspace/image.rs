@@ -516,7 +516,7 @@ fn attach(image: &Path, backing: &File) -> io::Result<(u32, File, bool)> {
 
 /// Mounts the workspace image `image` on `mountpoint` (created with mode 0700 if
 /// missing): binds a free loop device with autoclear (retrying when another process
-/// takes the offered device), mounts ext4 with `nosuid,nodev,noexec,noatime` and
+/// takes the offered device), mounts ext4 with `nosuid,nodev,noatime` and
 /// `errors=remount-ro,noinit_itable`, then closes the loop fd so the kernel releases
 /// the device at unmount. An unclean filesystem (after a crash) has its journal
 /// replayed by the kernel here. An empty `lost+found` is removed (users should not
@@ -550,7 +550,10 @@ pub fn mount(image: &Path, mountpoint: &Path) -> Result<Mounted, ImageError> {
     // The loop device holds its own reference to the image.
     drop(backing);
     let loop_device = loopdev::device_path(n);
-    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_NOATIME;
+    // Not `noexec`: gVisor maps the sandbox's executables from the host file, and a
+    // binary built or copied into the workspace must run there (it crashed with SIGSEGV
+    // under noexec). The host never executes anything in a workspace.
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME;
     if let Err(source) = loopdev::mount(&loop_device, mountpoint, "ext4", flags, MOUNT_DATA) {
         // Detach now; with autoclear the kernel also would at our close.
         if let Err(e) = loopdev::clear(dev.as_fd()) {
