@@ -49,6 +49,10 @@ rc=0
 bash bench/load/http.sh || rc=1
 echo
 python3 bench/load/execute.py || rc=1
+echo
+python3 bench/load/sessions.py || rc=1
+echo
+cargo bench --bench store || rc=1
 
 # Nothing of ours may be left running.
 port=${BENCH_PORT:-18099}

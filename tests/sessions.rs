@@ -556,13 +556,23 @@ fn test_sessions_survive_restart_and_crash() {
     d.wait_ready();
     let s = create(&d, json!({"runtime": "python-slim"}));
     exec_ok(&d, &s, "open('keep.txt','w').write('kept')");
+    let lost = create(&d, json!({"runtime": "python-slim"}));
     // A graceful restart keeps the session and its files.
     let instance = d.instance.clone();
     d.stop_keep_data();
+    // A workspace that vanished while the daemon was down is reported, not crashed on.
+    std::fs::remove_file(d.data_dir.join("sessions").join(&lost.id).join("ws.img")).unwrap();
     let mut d = Daemon::start_with(&[("ISOBOX_INSTANCE", instance.as_str())]);
     d.wait_ready();
     let v = exec_ok(&d, &s, "print(open('keep.txt').read())");
     assert_eq!(v["run"]["stdout"], "kept\n");
+    assert!(
+        d.log()
+            .contains(&format!("session {}: workspace image missing", lost.id)),
+        "{}",
+        d.log()
+    );
+    assert_eq!(fs(&d, "GET", &lost, "path=", b"").status, 404);
     // A crash (SIGKILL) with the workspace mounted: the next start unmounts it, drops
     // half-created workspaces, and the session still works.
     assert!(
