@@ -124,6 +124,7 @@ fn record(rng: &mut Rng, now_ms: u64) -> SessionRecord {
         ttl_sec: 86_400,
         last_used_ms: now_ms,
         quota_bytes: 512 << 20,
+        volume_id: None,
     }
 }
 

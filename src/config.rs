@@ -157,7 +157,13 @@ pub const SETTINGS: &[Setting] = &[
         flag: "--require-auth",
         env: "ISOBOX_REQUIRE_AUTH",
         default: "0",
-        help: "1: refuse to start without API keys",
+        help: "1: every route but health and docs needs an API key (and keys must exist)",
+    },
+    Setting {
+        flag: "--memory-require-key",
+        env: "ISOBOX_MEMORY_REQUIRE_KEY",
+        default: "0",
+        help: "1: /v1/memory and /v1/volumes need an API key even when other routes do not",
     },
     Setting {
         flag: "--rate-per-min",
@@ -206,6 +212,18 @@ pub const SETTINGS: &[Setting] = &[
         env: "ISOBOX_SESSION_TTL_MAX_SEC",
         default: "604800",
         help: "largest ttlSec a session may ask for (larger values are clamped)",
+    },
+    Setting {
+        flag: "--volume-quota-bytes",
+        env: "ISOBOX_VOLUME_QUOTA_BYTES",
+        default: "536870912",
+        help: "disk quota of each volume (its own filesystem, mounted at /memory)",
+    },
+    Setting {
+        flag: "--max-volumes",
+        env: "ISOBOX_MAX_VOLUMES",
+        default: "1000",
+        help: "volumes that may exist at once (429 too_many_volumes above)",
     },
     Setting {
         flag: "--shutdown-grace-ms",
@@ -297,6 +315,10 @@ pub struct SessionConfig {
     pub storage_reserve_bytes: u64,
     /// Largest TTL (seconds).
     pub ttl_max_sec: u64,
+    /// Disk quota of each volume.
+    pub volume_quota_bytes: u64,
+    /// Most volumes at once.
+    pub max_volumes: usize,
 }
 
 impl Config {
@@ -357,6 +379,7 @@ impl Config {
             api_keys: get("ISOBOX_API_KEYS").map(Secret::new),
             api_keys_file: get("ISOBOX_API_KEYS_FILE").map(PathBuf::from),
             require_auth: flag("ISOBOX_REQUIRE_AUTH")?,
+            memory_require_key: flag("ISOBOX_MEMORY_REQUIRE_KEY")?,
             rate_per_min: parse_or("ISOBOX_RATE_PER_MIN", get("ISOBOX_RATE_PER_MIN"), 30)?,
             rate_burst: parse_or("ISOBOX_RATE_BURST", get("ISOBOX_RATE_BURST"), 10)?,
             trusted_proxies: trusted,
@@ -442,6 +465,12 @@ impl Config {
                     get("ISOBOX_SESSION_TTL_MAX_SEC"),
                     7 * 86_400,
                 )?,
+                volume_quota_bytes: parse_or(
+                    "ISOBOX_VOLUME_QUOTA_BYTES",
+                    get("ISOBOX_VOLUME_QUOTA_BYTES"),
+                    512 << 20,
+                )?,
+                max_volumes: parse_or("ISOBOX_MAX_VOLUMES", get("ISOBOX_MAX_VOLUMES"), 1000)?,
             },
         };
         cfg.validate()?;
@@ -479,6 +508,20 @@ impl Config {
                 "ISOBOX_SESSION_QUOTA_BYTES",
                 &s.quota_bytes.to_string(),
                 "between 16 MiB and 1 TiB",
+            ));
+        }
+        if !(16 << 20..=1 << 40).contains(&s.volume_quota_bytes) {
+            return Err(invalid(
+                "ISOBOX_VOLUME_QUOTA_BYTES",
+                &s.volume_quota_bytes.to_string(),
+                "between 16 MiB and 1 TiB",
+            ));
+        }
+        if !(1..=1_000_000).contains(&s.max_volumes) {
+            return Err(invalid(
+                "ISOBOX_MAX_VOLUMES",
+                &s.max_volumes.to_string(),
+                "between 1 and 1000000",
             ));
         }
         if !(1..=1_000_000).contains(&s.max_sessions) {

@@ -23,6 +23,14 @@ pub enum Route {
     SessionExec,
     /// `GET`, `PUT`, `DELETE /v1/sessions/{id}/fs`
     SessionFs,
+    /// `GET /v1/memory/{namespace}`: list keys.
+    MemoryList,
+    /// `GET`, `PUT`, `DELETE /v1/memory/{namespace}/{key}` (the key may contain `/`).
+    MemoryKey,
+    /// `GET`, `POST /v1/volumes`
+    Volumes,
+    /// `GET`, `DELETE /v1/volumes/{id}`
+    Volume,
 }
 
 /// Why no route matched.
@@ -46,7 +54,27 @@ pub const PATHS: &[(&str, &str)] = &[
     ("/v1/sessions/{id}", "DELETE"),
     ("/v1/sessions/{id}/exec", "POST"),
     ("/v1/sessions/{id}/fs", "GET, HEAD, PUT, DELETE"),
+    ("/v1/memory/{namespace}", "GET, HEAD"),
+    ("/v1/memory/{namespace}/{key}", "GET, HEAD, PUT, DELETE"),
+    ("/v1/volumes", "GET, HEAD, POST"),
+    ("/v1/volumes/{id}", "GET, HEAD, DELETE"),
 ];
+
+/// `(namespace, key)` of a `/v1/memory/...` path, still percent-encoded; the key is
+/// everything after the namespace's slash (it may contain `/`).
+pub fn memory_parts(path: &str) -> Option<(&str, Option<&str>)> {
+    let rest = path.strip_prefix("/v1/memory/")?;
+    match rest.split_once('/') {
+        None => (!rest.is_empty()).then_some((rest, None)),
+        Some((ns, key)) => (!ns.is_empty() && !key.is_empty()).then_some((ns, Some(key))),
+    }
+}
+
+/// The `{id}` of a `/v1/volumes/{id}` path.
+pub fn volume_id(path: &str) -> Option<&str> {
+    let id = path.strip_prefix("/v1/volumes/")?;
+    (!id.is_empty() && !id.contains('/')).then_some(id)
+}
 
 /// The `{id}` of a `/v1/sessions/{id}...` path (not validated here).
 pub fn session_id(path: &str) -> Option<&str> {
@@ -59,6 +87,16 @@ pub fn session_id(path: &str) -> Option<&str> {
 fn pattern(path: &str) -> Option<&'static str> {
     if let Some(p) = PATHS.iter().map(|(p, _)| *p).find(|p| *p == path) {
         return Some(p);
+    }
+    if let Some((_, key)) = memory_parts(path) {
+        return Some(if key.is_some() {
+            "/v1/memory/{namespace}/{key}"
+        } else {
+            "/v1/memory/{namespace}"
+        });
+    }
+    if volume_id(path).is_some() {
+        return Some("/v1/volumes/{id}");
     }
     let id = session_id(path)?;
     let tail = &path["/v1/sessions/".len() + id.len()..];
@@ -91,6 +129,13 @@ pub fn route(method: &str, path: &str) -> Result<Route, RouteError> {
             Route::SessionFs,
             get || method == "PUT" || method == "DELETE",
         ),
+        "/v1/memory/{namespace}" => (Route::MemoryList, get),
+        "/v1/memory/{namespace}/{key}" => (
+            Route::MemoryKey,
+            get || method == "PUT" || method == "DELETE",
+        ),
+        "/v1/volumes" => (Route::Volumes, get || method == "POST"),
+        "/v1/volumes/{id}" => (Route::Volume, get || method == "DELETE"),
         _ => return Err(RouteError::NotFound),
     };
     if allowed {
@@ -110,6 +155,7 @@ impl Route {
         match self {
             Route::Execute | Route::SessionExec => crate::http::limits::EXECUTE_BODY_BYTES,
             Route::SessionFs => crate::http::limits::UPLOAD_BODY_BYTES,
+            Route::MemoryKey => crate::http::limits::KV_VALUE_BODY_BYTES,
             _ => crate::http::limits::DEFAULT_BODY_BYTES,
         }
     }
@@ -170,5 +216,23 @@ mod tests {
             Err(RouteError::NotFound)
         );
         assert_eq!(session_id("/v1/sessions/ab/fs"), Some("ab"));
+    }
+
+    #[test]
+    fn test_memory_and_volume_paths() {
+        assert_eq!(route("GET", "/v1/memory/facts"), Ok(Route::MemoryList));
+        assert_eq!(route("PUT", "/v1/memory/facts/pi"), Ok(Route::MemoryKey));
+        assert_eq!(route("GET", "/v1/memory/facts/a/b/c"), Ok(Route::MemoryKey));
+        assert_eq!(memory_parts("/v1/memory/f/a/b"), Some(("f", Some("a/b"))));
+        assert_eq!(route("GET", "/v1/memory/"), Err(RouteError::NotFound));
+        assert_eq!(route("GET", "/v1/memory/f/"), Err(RouteError::NotFound));
+        assert_eq!(route("GET", "/v1/memory//k"), Err(RouteError::NotFound));
+        assert_eq!(
+            route("PUT", "/v1/memory/f"),
+            Err(RouteError::MethodNotAllowed("GET, HEAD"))
+        );
+        assert_eq!(route("POST", "/v1/volumes"), Ok(Route::Volumes));
+        assert_eq!(route("DELETE", "/v1/volumes/v1"), Ok(Route::Volume));
+        assert_eq!(route("GET", "/v1/volumes/v1/x"), Err(RouteError::NotFound));
     }
 }

@@ -14,7 +14,10 @@ fn exec_body() -> Value {
 
 #[test]
 fn test_api_keys_both_forms_open_routes_and_no_secret_in_logs() {
-    let d = Daemon::start_with(&[("ISOBOX_API_KEYS", "s3cret-key-one,s3cret-key-two")]);
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "s3cret-key-one,s3cret-key-two"),
+        ("ISOBOX_REQUIRE_AUTH", "1"),
+    ]);
     d.wait_ready();
     let body = exec_body().to_string();
     for (h, v) in [
@@ -103,7 +106,10 @@ fn test_key_file_reloads_on_sighup_and_required_auth() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("keys");
     std::fs::write(&file, "first-key\n").unwrap();
-    let d = Daemon::start_with(&[("ISOBOX_API_KEYS_FILE", file.to_str().unwrap())]);
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS_FILE", file.to_str().unwrap()),
+        ("ISOBOX_REQUIRE_AUTH", "1"),
+    ]);
     let get = |k: &str| {
         d.request("GET", "/runtimes", &[("X-API-Key", k)], b"")
             .status
@@ -322,4 +328,60 @@ fn test_readiness_follows_the_slice_cap() {
     std::fs::write(&path, cap.trim()).unwrap();
     assert_eq!(d.get("/readyz").status, 200);
     d.stop();
+}
+
+/// The spec: with keys configured, keys are optional unless `ISOBOX_REQUIRE_AUTH=1`
+/// (a request without one is the shared public tenant); a key that is presented must
+/// be valid; `ISOBOX_MEMORY_REQUIRE_KEY=1` without keys refuses to start.
+#[test]
+fn test_keys_optional_unless_required() {
+    let d = Daemon::start_with(&[("ISOBOX_API_KEYS", "opt-key-one")]);
+    d.wait_ready();
+    assert!(d.log().contains("api keys: optional"), "{}", d.log());
+    assert_eq!(d.request("GET", "/runtimes", &[], b"").status, 200);
+    let r = d.request("POST", "/execute", &[], exec_body().to_string().as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        d.request("GET", "/runtimes", &[("X-API-Key", "opt-key-one")], b"")
+            .status,
+        200
+    );
+    let r = d.request("GET", "/runtimes", &[("X-API-Key", "not-a-key")], b"");
+    assert_eq!(
+        r.status, 401,
+        "a wrong key never falls back to the public tenant"
+    );
+    // The keyed tenant and the public tenant are distinct.
+    assert_eq!(
+        d.request(
+            "PUT",
+            "/v1/memory/t/k",
+            &[("X-API-Key", "opt-key-one")],
+            b"keyed"
+        )
+        .status,
+        204
+    );
+    assert_eq!(d.request("GET", "/v1/memory/t/k", &[], b"").status, 404);
+    d.stop();
+    let dir = std::env::temp_dir().join(format!("isobox-t{}-memkey", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_isoboxd"))
+        .env("ISOBOX_MEMORY_REQUIRE_KEY", "1")
+        .env("ISOBOX_LISTEN", "127.0.0.1:0")
+        .env(
+            "ISOBOX_INSTANCE",
+            format!("isobox-t{}-memkey", std::process::id()),
+        )
+        .env("ISOBOX_DATA_DIR", &dir)
+        .env_remove("ISOBOX_API_KEYS")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("ISOBOX_MEMORY_REQUIRE_KEY=1 but no API keys"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

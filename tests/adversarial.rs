@@ -333,6 +333,10 @@ impl Adv {
                 (key.clone(), vec![key.clone()])
             }
         };
+        // Keys are optional unless required (the spec); these cases test required keys.
+        if !env2.iter().any(|(k, _)| *k == "ISOBOX_REQUIRE_AUTH") {
+            env2.push(("ISOBOX_REQUIRE_AUTH", "1"));
+        }
         secrets.push(canary.clone());
         let d = Daemon::start_with(&env2);
         d.wait_ready();

@@ -414,6 +414,7 @@ fn test_quota_by_code_and_by_upload() {
 fn test_tokens_tenants_and_limits() {
     let d = Daemon::start_with(&[
         ("ISOBOX_API_KEYS", "key-one,key-two"),
+        ("ISOBOX_REQUIRE_AUTH", "1"),
         ("ISOBOX_MAX_SESSIONS", "2"),
     ]);
     d.wait_ready();

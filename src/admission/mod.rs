@@ -24,8 +24,8 @@ pub const PUBLIC_TENANT: &str = "public";
 #[derive(Debug, thiserror::Error)]
 pub enum AdmissionError {
     /// `ISOBOX_REQUIRE_AUTH=1` without keys.
-    #[error("ISOBOX_REQUIRE_AUTH=1 but no API keys are configured (ISOBOX_API_KEYS or ISOBOX_API_KEYS_FILE)")]
-    NoKeys,
+    #[error("{0}=1 but no API keys are configured (ISOBOX_API_KEYS or ISOBOX_API_KEYS_FILE)")]
+    NoKeys(&'static str),
     /// The key file could not be read.
     #[error("reading ISOBOX_API_KEYS_FILE {path}: {source}")]
     KeyFile {
@@ -103,8 +103,10 @@ pub struct AdmissionConfig {
     pub api_keys: Option<crate::config::Secret>,
     /// Key file, re-read on SIGHUP.
     pub api_keys_file: Option<PathBuf>,
-    /// Refuse to start without keys.
+    /// Every route (but the open ones) needs a key; refuse to start without keys.
     pub require_auth: bool,
+    /// Memory and volume routes need a key; refuse to start without keys.
+    pub memory_require_key: bool,
     /// Tokens per minute per client on rate-limited routes.
     pub rate_per_min: u32,
     /// Bucket size.
@@ -138,6 +140,14 @@ fn open_route(route: Route) -> bool {
     )
 }
 
+/// Routes of the durable per-tenant memory.
+fn memory_route(route: Route) -> bool {
+    matches!(
+        route,
+        Route::MemoryList | Route::MemoryKey | Route::Volumes | Route::Volume
+    )
+}
+
 /// Routes that start sandboxes or workspaces count against the per-client rate.
 fn rate_limited(route: Route) -> bool {
     matches!(
@@ -153,8 +163,13 @@ impl Admission {
     /// [`AdmissionError`] when keys are required but absent, or the file is unreadable.
     pub fn new(cfg: AdmissionConfig) -> Result<Admission, AdmissionError> {
         let keys = Self::load_keys(&cfg)?;
-        if cfg.require_auth && keys.is_empty() {
-            return Err(AdmissionError::NoKeys);
+        if keys.is_empty() {
+            if cfg.require_auth {
+                return Err(AdmissionError::NoKeys("ISOBOX_REQUIRE_AUTH"));
+            }
+            if cfg.memory_require_key {
+                return Err(AdmissionError::NoKeys("ISOBOX_MEMORY_REQUIRE_KEY"));
+            }
         }
         let limiter = RateLimiter::new(cfg.rate_per_min, cfg.rate_burst);
         Ok(Admission { cfg, keys, limiter })
@@ -180,10 +195,12 @@ impl Admission {
     /// Re-reads the key file (SIGHUP). On error the old keys stay.
     pub fn reload(&mut self) {
         match Self::load_keys(&self.cfg) {
-            Ok(k) if k.is_empty() && self.cfg.require_auth => log::error!(
-                "key reload: no keys left; keeping the previous {}",
-                self.keys.len()
-            ),
+            Ok(k) if k.is_empty() && (self.cfg.require_auth || self.cfg.memory_require_key) => {
+                log::error!(
+                    "key reload: no keys left; keeping the previous {}",
+                    self.keys.len()
+                )
+            }
             Ok(k) => {
                 log::info!("key reload: {} keys", k.len());
                 self.keys = k;
@@ -245,8 +262,16 @@ impl Admission {
                 tenant: PUBLIC_TENANT.to_string(),
             };
         }
+        // The spec: keys are optional (no key = the shared public tenant) unless
+        // ISOBOX_REQUIRE_AUTH=1 (every route) or ISOBOX_MEMORY_REQUIRE_KEY=1 (memory
+        // and volumes). A key that is presented must be valid, always.
+        let key_required =
+            self.cfg.require_auth || (self.cfg.memory_require_key && memory_route(route));
         match presented_key(head) {
             Err(resp) => Verdict::Deny(resp),
+            Ok(None) if !key_required => Verdict::Allow {
+                tenant: PUBLIC_TENANT.to_string(),
+            },
             Ok(None) => Verdict::Deny(unauthorized()),
             Ok(Some(k)) => match keys::find(&self.keys, &k) {
                 Some(key) => Verdict::Allow {
@@ -330,9 +355,47 @@ mod tests {
             rate_per_min: 60,
             rate_burst: 100,
             trusted_proxies: trusted.iter().map(|c| Cidr::parse(c).unwrap()).collect(),
+            require_auth: true,
             ..Default::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn test_keys_optional_and_memory_required() {
+        let mut a = Admission::new(AdmissionConfig {
+            api_keys: Some(crate::config::Secret::new("k1".into())),
+            rate_per_min: 60,
+            rate_burst: 100,
+            memory_require_key: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let now = Instant::now();
+        let mut check = |route: Route, h: &[(&str, &str)]| match a.check(route, &head(h), ip, now) {
+            Verdict::Allow { tenant } => tenant,
+            Verdict::Deny(r) => r.status.to_string(),
+        };
+        assert_eq!(check(Route::Execute, &[]), PUBLIC_TENANT);
+        assert!(check(Route::Execute, &[("X-API-Key", "k1")]).starts_with("key-"));
+        assert_eq!(check(Route::Execute, &[("X-API-Key", "k2")]), "401");
+        for r in [
+            Route::MemoryKey,
+            Route::MemoryList,
+            Route::Volumes,
+            Route::Volume,
+        ] {
+            assert_eq!(check(r, &[]), "401");
+            assert!(check(r, &[("X-API-Key", "k1")]).starts_with("key-"));
+        }
+        assert!(matches!(
+            Admission::new(AdmissionConfig {
+                memory_require_key: true,
+                ..Default::default()
+            }),
+            Err(AdmissionError::NoKeys("ISOBOX_MEMORY_REQUIRE_KEY"))
+        ));
     }
 
     #[test]

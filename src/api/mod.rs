@@ -6,7 +6,9 @@
 pub mod docs;
 pub mod execute;
 pub mod health;
+pub mod memory;
 pub mod sessions;
+pub mod volumes;
 
 use crate::config::Config;
 use crate::http::{Request, Response};
@@ -161,6 +163,10 @@ pub fn dispatch(app: &mut App, route: Route, req: &Request) -> Action {
         Route::SessionFs if req.head.method == "DELETE" => sessions::fs_delete(app, req),
         // PUT is handled at head time (`sessions::upload_begin`).
         Route::SessionFs => sessions::fs_get(app, req),
+        Route::MemoryList => memory::list(app, req),
+        Route::MemoryKey => memory::key(app, req),
+        Route::Volumes => volumes::collection(app, req),
+        Route::Volume => volumes::item(app, req),
     }
 }
 

@@ -50,6 +50,8 @@ struct CreatedBody<'a> {
     created_at: String,
     ttl_sec: u64,
     expires_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    volume_id: Option<&'a str>,
 }
 
 /// The response of a session error.
@@ -68,6 +70,13 @@ pub fn session_error(e: &SessionError) -> Response {
         ),
         SessionError::TooMany => Response::error(429, "too_many_sessions", None),
         SessionError::StorageFull(why) => Response::error(507, "storage_full", Some(why)),
+        SessionError::VolumeNotFound => Response::error(404, "volume_not_found", None),
+        SessionError::VolumeBusy => Response::error(
+            409,
+            "volume_busy",
+            Some("the volume is attached to another session; end that session first"),
+        ),
+        SessionError::TooManyVolumes => Response::error(429, "too_many_volumes", None),
         SessionError::TransfersBusy => {
             Response::error(503, "busy", Some("too many downloads in progress"))
                 .with_header("Retry-After", "1")
@@ -164,12 +173,10 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             ))
         }
     }
-    if b.volume_id.is_some() {
-        return Action::Respond(Response::error(
-            501,
-            "not_implemented",
-            Some("volumes are not available in this build"),
-        ));
+    if let Some(v) = &b.volume_id {
+        if !workspace::valid_id(v) {
+            return Action::Respond(Response::error(404, "volume_not_found", None));
+        }
     }
     let runtime = b.runtime.as_deref().map(str::trim).unwrap_or("");
     if runtime.is_empty() {
@@ -206,8 +213,9 @@ pub fn create(app: &mut App, req: &Request) -> Action {
     let language = rt.desc.language.clone();
     let sessions = sessions(app);
     let tenant = req.tenant.clone();
+    let volume_id = b.volume_id;
     Action::Job(Box::new(move || {
-        let c = match sessions.create(&tenant, &language, ttl) {
+        let c = match sessions.create(&tenant, &language, ttl, volume_id) {
             Ok(c) => c,
             Err(e) => return Outcome::Respond(session_error(&e)),
         };
@@ -225,6 +233,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
                 created_at: rfc3339(c.record.created_at_ms),
                 ttl_sec: c.record.ttl_sec,
                 expires_at: rfc3339(c.record.expires_at_ms()),
+                volume_id: c.record.volume_id.as_deref(),
             },
         ))
     }))
@@ -242,7 +251,7 @@ pub fn delete(app: &mut App, req: &Request) -> Action {
             .authorize(&tenant, &id, tok.as_deref())
             .and_then(|_| sessions.delete(&id));
         Outcome::Respond(match r {
-            Ok(()) => Response::bytes(204, "application/json", Vec::new()),
+            Ok(()) => Response::no_content(),
             Err(e) => session_error(&e),
         })
     }))
@@ -274,7 +283,7 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             Ok(p) => p,
             Err(resp) => return Outcome::Respond(resp),
         };
-        let lease = match sessions.acquire(&id, true) {
+        let lease = match sessions.acquire(&id, true, rec.volume_id.as_deref()) {
             Ok(l) => l,
             Err(e) => return Outcome::Respond(session_error(&e)),
         };
@@ -421,7 +430,9 @@ fn fs_get_job(
     sessions
         .authorize(tenant, id, tok)
         .map_err(|e| session_error(&e))?;
-    let lease = sessions.acquire(id, false).map_err(|e| session_error(&e))?;
+    let lease = sessions
+        .acquire(id, false, None)
+        .map_err(|e| session_error(&e))?;
     let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
     let kind = wfs::stat(&root, rel).map_err(|e| fs_error(&e))?;
     let name = rel.file_name().unwrap_or(b"workspace").to_vec();
@@ -625,13 +636,13 @@ pub fn fs_delete(app: &mut App, req: &Request) -> Action {
                 .authorize(&tenant, &id, tok.as_deref())
                 .map_err(|e| session_error(&e))?;
             let lease = sessions
-                .acquire(&id, false)
+                .acquire(&id, false, None)
                 .map_err(|e| session_error(&e))?;
             let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
             wfs::remove(&root, &rel).map_err(|e| fs_error(&e))
         })();
         Outcome::Respond(match r {
-            Ok(()) => Response::bytes(204, "application/json", Vec::new()),
+            Ok(()) => Response::no_content(),
             Err(r) => r,
         })
     }))
@@ -662,7 +673,7 @@ pub fn upload_begin(
             .authorize(&tenant, &id, tok.as_deref())
             .map_err(|e| session_error(&e))?;
         let lease = sessions
-            .acquire(&id, false)
+            .acquire(&id, false, None)
             .map_err(|e| session_error(&e))?;
         let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
         let avail = workspace::image::usage(lease.mount())

@@ -21,3 +21,5 @@ pub const MAX_WRITE_BUFFER_BYTES: usize = 256 * 1024;
 /// Body cap of `PUT /v1/sessions/{id}/fs` (the spec's 16 MiB; streamed to disk, never
 /// held whole).
 pub const UPLOAD_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Body cap of `PUT /v1/memory/{namespace}/{key}`: the largest value (1 MiB).
+pub const KV_VALUE_BODY_BYTES: usize = 1024 * 1024;

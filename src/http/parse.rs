@@ -124,6 +124,24 @@ pub fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(percent_decode_bytes(s)?).ok()
 }
 
+/// Decodes the `%XX` escapes of a path segment (`+` stays `+`); `None` when one is
+/// malformed.
+pub fn percent_decode_path(s: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find('%') {
+        out.extend_from_slice(&rest.as_bytes()[..i]);
+        let hex = rest.get(i + 1..i + 3)?;
+        if !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return None;
+        }
+        out.push(u8::from_str_radix(hex, 16).ok()?);
+        rest = &rest[i + 3..];
+    }
+    out.extend_from_slice(rest.as_bytes());
+    Some(out)
+}
+
 /// Decodes `%XX` escapes and `+` into raw bytes; `None` when an escape is malformed.
 pub fn percent_decode_bytes(s: &str) -> Option<Vec<u8>> {
     let b = s.as_bytes();

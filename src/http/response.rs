@@ -42,6 +42,15 @@ impl Response {
         )
     }
 
+    /// `204 No Content`.
+    pub fn no_content() -> Response {
+        Response {
+            status: 204,
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+
     /// A body of `content_type`.
     pub fn bytes(status: u16, content_type: &str, body: Vec<u8>) -> Response {
         Response {
@@ -59,14 +68,16 @@ impl Response {
 
     /// Appends the response to `out`; `head_only` omits the body (HEAD requests).
     pub fn write_to(&self, out: &mut Vec<u8>, head_only: bool, keep_alive: bool) {
+        // RFC 9110 §8.6: no Content-Length (and no body) on 204; a 304 has none either.
+        let bodiless = matches!(self.status, 204 | 304);
         write_head(
             out,
             self.status,
             &self.headers,
-            Some(self.body.len()),
+            (!bodiless).then_some(self.body.len()),
             keep_alive,
         );
-        if !head_only {
+        if !head_only && !bodiless {
             out.extend_from_slice(&self.body);
         }
     }

@@ -149,14 +149,20 @@ impl Daemon {
     pub fn new(cfg: Config) -> Result<Daemon, DaemonError> {
         let cfg = Arc::new(cfg);
         let admission = crate::admission::Admission::new(cfg.admission.clone())?;
-        log::info!(
-            "api keys: {}",
-            if admission.keys_configured() {
-                "required"
-            } else {
-                "none configured; the API is open"
-            }
-        );
+        if !admission.keys_configured() {
+            log::info!("api keys: none configured; the API is open (one public tenant)");
+        } else if cfg.admission.require_auth {
+            log::info!("api keys: required on every route");
+        } else {
+            log::warn!(
+                "api keys: optional (ISOBOX_REQUIRE_AUTH=0): requests without a key run as the shared public tenant{}; set ISOBOX_REQUIRE_AUTH=1 to require keys",
+                if cfg.admission.memory_require_key {
+                    ", except /v1/memory and /v1/volumes, which need one"
+                } else {
+                    ""
+                }
+            );
+        }
         let runtimes = Arc::new(Runtimes::load(
             cfg.runtimes_dir.as_deref(),
             &cfg.rootfs_dir,

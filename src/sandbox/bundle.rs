@@ -103,6 +103,9 @@ pub fn config(
         // A session step: the session's own filesystem, read-write. Its size is the
         // quota, so writes past it fail inside with ENOSPC.
         mounts.push(json!({"destination": "/workspace", "type": "bind", "source": ws.mount(), "options": ["rbind", "rw", "nosuid", "nodev"]}));
+        if let Some(vol) = ws.volume_mount() {
+            mounts.push(json!({"destination": "/memory", "type": "bind", "source": vol, "options": ["rbind", "rw", "nosuid", "nodev"]}));
+        }
     } else {
         mounts.push(tmpfs("/workspace", mem));
         for top in top_level_entries(&plan.files) {

@@ -4,6 +4,8 @@
 //! reactor thread.
 
 pub mod env;
+pub mod kv;
+pub mod volumes;
 
 use heed::types::{Bytes, Str};
 use heed::{Database, Env};
@@ -50,6 +52,9 @@ pub struct SessionRecord {
     pub last_used_ms: u64,
     /// Disk quota of its workspace.
     pub quota_bytes: u64,
+    /// The volume it holds read-write at `/memory`, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
 }
 
 impl SessionRecord {
@@ -62,8 +67,18 @@ impl SessionRecord {
 
 /// The environment and its tables.
 pub struct Store {
-    env: Env,
+    pub(crate) env: Env,
     sessions: Database<Str, Bytes>,
+    /// Memory KV values: `tenant \0 namespace \0 key` → header + value (see `kv`).
+    pub(crate) kv: Database<Bytes, Bytes>,
+    /// Expiry index: `expires_at_ms (big-endian u64) ++ kv key` → empty.
+    pub(crate) kv_exp: Database<Bytes, Bytes>,
+    /// Per-tenant KV usage: tenant → `bytes u64 LE ++ keys u64 LE`.
+    pub(crate) kv_usage: Database<Bytes, Bytes>,
+    /// Meta values (schema version, the KV version counter).
+    pub(crate) meta: Database<Str, Bytes>,
+    /// Volumes: id → JSON record.
+    pub(crate) volumes: Database<Str, Bytes>,
 }
 
 impl Store {
@@ -79,8 +94,20 @@ impl Store {
             meta.put(&mut wtxn, "schema", &SCHEMA_VERSION.to_le_bytes())?;
         }
         let sessions = env.create_database(&mut wtxn, Some("sessions"))?;
+        let kv = env.create_database(&mut wtxn, Some("kv"))?;
+        let kv_exp = env.create_database(&mut wtxn, Some("kv_exp"))?;
+        let kv_usage = env.create_database(&mut wtxn, Some("kv_usage"))?;
+        let volumes = env.create_database(&mut wtxn, Some("volumes"))?;
         wtxn.commit()?;
-        Ok(Store { env, sessions })
+        Ok(Store {
+            env,
+            sessions,
+            kv,
+            kv_exp,
+            kv_usage,
+            meta,
+            volumes,
+        })
     }
 
     /// Inserts a new session; fails when the id exists (ids are random: never expected).
@@ -122,7 +149,7 @@ impl Store {
         let Some(bytes) = self.sessions.get(&wtxn, id)? else {
             return Ok(());
         };
-        let mut rec = decode(id, bytes)?;
+        let mut rec: SessionRecord = decode(id, bytes)?;
         rec.last_used_ms = rec.last_used_ms.max(now_ms);
         let bytes = serde_json::to_vec(&rec).map_err(|source| StoreError::Corrupt {
             key: id.to_string(),
@@ -133,15 +160,30 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes a session record. Returns whether it existed.
+    /// Deletes a session record, releasing the volume it holds in the same
+    /// transaction. Returns whether it existed.
     ///
     /// # Errors
     /// [`StoreError`] on LMDB errors.
     pub fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
         let mut wtxn = self.env.write_txn()?;
-        let existed = self.sessions.delete(&mut wtxn, id)?;
+        let Some(bytes) = self.sessions.get(&wtxn, id)? else {
+            return Ok(false);
+        };
+        let rec: SessionRecord = decode(id, bytes)?;
+        if let Some(vid) = &rec.volume_id {
+            if let Some(vb) = self.volumes.get(&wtxn, vid)? {
+                let mut v: volumes::VolumeRecord = decode(vid, vb)?;
+                if v.held_by.as_deref() == Some(id) {
+                    v.held_by = None;
+                    let b = encode(vid, &v)?;
+                    self.volumes.put(&mut wtxn, vid, &b)?;
+                }
+            }
+        }
+        self.sessions.delete(&mut wtxn, id)?;
         wtxn.commit()?;
-        Ok(existed)
+        Ok(true)
     }
 
     /// Every session (id, record). Corrupt records are logged and skipped.
@@ -171,8 +213,15 @@ impl Store {
     }
 }
 
-fn decode(id: &str, bytes: &[u8]) -> Result<SessionRecord, StoreError> {
+fn decode<T: serde::de::DeserializeOwned>(id: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|source| StoreError::Corrupt {
+        key: id.to_string(),
+        source,
+    })
+}
+
+fn encode<T: Serialize>(id: &str, rec: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(rec).map_err(|source| StoreError::Corrupt {
         key: id.to_string(),
         source,
     })
@@ -192,6 +241,7 @@ mod tests {
             ttl_sec: 10,
             last_used_ms: 1000,
             quota_bytes: 1 << 20,
+            volume_id: None,
         }
     }
 

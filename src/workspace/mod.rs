@@ -14,6 +14,7 @@
 
 pub mod fs;
 pub mod image;
+pub mod volumes;
 pub mod zip;
 
 use crate::config::SessionConfig;
@@ -60,6 +61,15 @@ pub enum SessionError {
     /// Too many downloads at once.
     #[error("too many downloads in progress")]
     TransfersBusy,
+    /// No such volume for this tenant.
+    #[error("volume not found")]
+    VolumeNotFound,
+    /// The volume is attached to another session.
+    #[error("the volume is attached to another session")]
+    VolumeBusy,
+    /// The volume count is at its maximum.
+    #[error("too many volumes")]
+    TooManyVolumes,
     /// The workspace is gone or unusable.
     #[error("workspace unavailable: {0}")]
     Workspace(String),
@@ -89,12 +99,17 @@ struct Live {
     last_used_ms: AtomicU64,
     /// `last_used_ms` changed since it was written to LMDB.
     dirty: AtomicBool,
+    /// Mount point of the volume this session holds, while mounted (under `mounted`'s
+    /// lock for every change).
+    volume: Mutex<Option<PathBuf>>,
 }
 
 /// The session service (shared by the reactor, the pool and transfer threads).
 pub struct Sessions {
     store: Store,
     root: PathBuf,
+    /// `<data>/volumes`.
+    vol_root: PathBuf,
     cfg: SessionConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// Serialises creates, so the session count and storage checks hold.
@@ -112,6 +127,7 @@ pub struct Lease {
     live: Arc<Live>,
     mount: PathBuf,
     step: bool,
+    volume: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -129,6 +145,12 @@ impl Lease {
     /// The session id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Host path of the mounted volume (bound at `/memory`), for a step of a session
+    /// holding one.
+    pub fn volume_mount(&self) -> Option<&Path> {
+        self.volume.as_deref()
     }
 }
 
@@ -193,12 +215,16 @@ impl Sessions {
     /// When LMDB or the sessions directory cannot be opened.
     pub fn open(data_dir: &Path, cfg: SessionConfig) -> Result<Sessions, SessionError> {
         let root = data_dir.join("sessions");
-        std::fs::create_dir_all(&root)
-            .map_err(|e| SessionError::Workspace(format!("{}: {e}", root.display())))?;
+        let vol_root = data_dir.join("volumes");
+        for d in [&root, &vol_root] {
+            std::fs::create_dir_all(d)
+                .map_err(|e| SessionError::Workspace(format!("{}: {e}", d.display())))?;
+        }
         let store = Store::open(&data_dir.join("state"))?;
         let s = Sessions {
             store,
             root,
+            vol_root,
             cfg,
             live: Mutex::new(HashMap::new()),
             create_lock: Mutex::new(()),
@@ -213,6 +239,7 @@ impl Sessions {
     }
 
     fn sweep(&self) -> Result<(), SessionError> {
+        self.sweep_volumes()?;
         for m in image::mounts_under(&self.root) {
             log::warn!("sweep: unmounting leftover {}", m.display());
             if let Err(e) = image::unmount_lazy(&m) {
@@ -251,14 +278,24 @@ impl Sessions {
             }
             next = next.min(rec.expires_at_ms());
         }
-        self.storage_used.store(used, Ordering::Relaxed);
+        self.storage_used
+            .store(used + self.volumes_allocated(), Ordering::Relaxed);
         self.next_expiry_ms.store(next, Ordering::Relaxed);
+        let released = self.store.release_orphan_holds()?;
+        if released > 0 {
+            log::warn!("sweep: released {released} volume holds of sessions that are gone");
+        }
         log::info!(
             "sessions: {} in the registry, {} bytes of workspace on disk",
             records.len(),
             used
         );
         Ok(())
+    }
+
+    /// The state store (the memory KV lives there too).
+    pub fn store(&self) -> &Store {
+        &self.store
     }
 
     /// The session settings.
@@ -290,6 +327,7 @@ impl Sessions {
         tenant: &str,
         runtime: &str,
         ttl_sec: u64,
+        volume_id: Option<String>,
     ) -> Result<Created, SessionError> {
         let _g = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
         let count = self.store.session_count()?;
@@ -346,8 +384,9 @@ impl Sessions {
             ttl_sec,
             last_used_ms: now,
             quota_bytes: quota,
+            volume_id,
         };
-        match self.store.insert_session(&id, &record) {
+        match self.store.insert_session_holding(&id, &record) {
             Ok(true) => {}
             Ok(false) => {
                 remove_session_dir(&dir);
@@ -355,7 +394,11 @@ impl Sessions {
             }
             Err(e) => {
                 remove_session_dir(&dir);
-                return Err(e.into());
+                return Err(match e {
+                    crate::store::volumes::HoldError::NotFound => SessionError::VolumeNotFound,
+                    crate::store::volumes::HoldError::Held => SessionError::VolumeBusy,
+                    crate::store::volumes::HoldError::Store(e) => e.into(),
+                });
             }
         }
         self.storage_used.fetch_add(allocated, Ordering::Relaxed);
@@ -411,7 +454,12 @@ impl Sessions {
     /// # Errors
     /// [`SessionError::Busy`], [`SessionError::NotFound`] when deleted meanwhile, or
     /// [`SessionError::Workspace`] when it cannot be mounted.
-    pub fn acquire(&self, id: &str, step: bool) -> Result<Lease, SessionError> {
+    pub fn acquire(
+        &self,
+        id: &str,
+        step: bool,
+        volume: Option<&str>,
+    ) -> Result<Lease, SessionError> {
         let live = self.live_in_use(id);
         let mount = self.root.join(id).join(MOUNT);
         // From here the lease owns the count (and the step flag once set): dropping it
@@ -421,6 +469,7 @@ impl Sessions {
             live: Arc::clone(&live),
             mount: mount.clone(),
             step: false,
+            volume: None,
         };
         if step {
             if live
@@ -448,6 +497,13 @@ impl Sessions {
                 SessionError::Workspace("the workspace could not be mounted".into())
             })?;
             *mounted = true;
+        }
+        if let (true, Some(vid)) = (step, volume) {
+            let mut vol = live.volume.lock().unwrap_or_else(|p| p.into_inner());
+            if vol.is_none() {
+                *vol = Some(self.mount_volume(vid)?);
+            }
+            lease.volume = vol.clone();
         }
         drop(mounted);
         Ok(lease)
@@ -480,6 +536,7 @@ impl Sessions {
             }
             *mounted = false;
         }
+        self.unmount_volume_of(id, live, true);
         drop(mounted);
         let freed = image::allocated_bytes(&dir.join(IMAGE)).unwrap_or(0);
         remove_session_dir(&dir);
@@ -510,6 +567,12 @@ impl Sessions {
             .map(|(k, v)| (k.clone(), Arc::clone(v)))
             .collect();
         let now = now_ms();
+        // Expired memory KV entries (reads already treat them as absent).
+        match self.store.kv_purge_expired(now, 10_000) {
+            Ok(0) => {}
+            Ok(n) => log::debug!("kv: purged {n} expired entries"),
+            Err(e) => log::error!("kv purge: {e}"),
+        }
         for (id, live) in &lives {
             if live.dirty.swap(false, Ordering::AcqRel) {
                 self.store
@@ -520,6 +583,9 @@ impl Sessions {
                 && idle_ms >= u64::try_from(UNMOUNT_IDLE.as_millis()).unwrap_or(u64::MAX)
             {
                 let mut mounted = live.mounted.lock().unwrap_or_else(|p| p.into_inner());
+                if live.users.load(Ordering::Acquire) == 0 {
+                    self.unmount_volume_of(id, live, false);
+                }
                 if *mounted && live.users.load(Ordering::Acquire) == 0 {
                     let mnt = self.root.join(id).join(MOUNT);
                     // Give deleted files' blocks back to the host before it goes to rest.
@@ -581,7 +647,8 @@ impl Sessions {
             used += image::allocated_bytes(&self.root.join(&id).join(IMAGE)).unwrap_or(0);
         }
         self.next_expiry_ms.store(next, Ordering::Relaxed);
-        self.storage_used.store(used, Ordering::Relaxed);
+        self.storage_used
+            .store(used + self.volumes_allocated(), Ordering::Relaxed);
         Ok(reaped)
     }
 
@@ -606,6 +673,7 @@ impl Sessions {
                 }
                 *mounted = false;
             }
+            self.unmount_volume_of(&id, &live, true);
         }
     }
 

@@ -1,0 +1,269 @@
+//! `/v1/memory/{namespace}/{key}`: the per-tenant KV, with ETags, conditional
+//! requests, TTLs and cursor pagination. Storage is `store::kv`; every call is a pool
+//! job (one LMDB transaction).
+
+use super::sessions::rfc3339;
+use super::{Action, App, Outcome};
+use crate::http::parse::percent_decode_path;
+use crate::http::{Head, Request, Response};
+use crate::store::kv::{self, KvError, Precondition};
+use crate::workspace::now_ms;
+use serde::Serialize;
+use std::sync::Arc;
+
+/// The response of a KV error.
+pub fn kv_error(e: &KvError) -> Response {
+    let d = e.to_string();
+    match e {
+        KvError::InvalidNamespace(_) => Response::error(400, "invalid_namespace", Some(&d)),
+        KvError::InvalidKey(_) => Response::error(400, "invalid_key", Some(&d)),
+        KvError::ValueTooLarge { .. } => Response::error(413, "value_too_large", Some(&d)),
+        KvError::InvalidTtl(_) => Response::error(400, "invalid_ttl", Some(&d)),
+        KvError::Quota { .. } => Response::error(413, "quota_exceeded", Some(&d)),
+        KvError::PreconditionFailed => Response::error(412, "precondition_failed", None),
+        KvError::BadCursor => Response::error(400, "invalid_cursor", Some(&d)),
+        KvError::Store(e) => {
+            log::error!("kv store: {e}");
+            Response::error(
+                500,
+                "internal_error",
+                Some("the state store failed; see the daemon log"),
+            )
+        }
+    }
+}
+
+fn decoded(raw: &str, what: &str) -> Result<String, Response> {
+    percent_decode_path(raw)
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| {
+            Response::error(
+                400,
+                if what == "namespace" {
+                    "invalid_namespace"
+                } else {
+                    "invalid_key"
+                },
+                Some(&format!("{what}: malformed percent-encoding or not UTF-8")),
+            )
+        })
+}
+
+/// ETags of an `If-Match` / `If-None-Match` header (`*` kept as is).
+fn etags(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn precondition(head: &Head) -> Precondition {
+    if let Some(v) = head.header("if-match") {
+        Precondition::IfMatch(etags(v))
+    } else if let Some(v) = head.header("if-none-match") {
+        Precondition::IfNoneMatch(etags(v))
+    } else {
+        Precondition::None
+    }
+}
+
+/// `GET`, `HEAD`, `PUT`, `DELETE /v1/memory/{namespace}/{key}`.
+pub fn key(app: &mut App, req: &Request) -> Action {
+    let Some((ns_raw, Some(key_raw))) = crate::router::memory_parts(&req.head.path) else {
+        return Action::Respond(Response::error(404, "not_found", None));
+    };
+    let (ns, key) = match (decoded(ns_raw, "namespace"), decoded(key_raw, "key")) {
+        (Ok(n), Ok(k)) => (n, k),
+        (Err(r), _) | (_, Err(r)) => return Action::Respond(r),
+    };
+    if let Err(e) = kv::validate_namespace(&ns).and_then(|()| kv::validate_key(&key)) {
+        return Action::Respond(kv_error(&e));
+    }
+    let sessions = Arc::clone(&app.sessions);
+    let tenant = req.tenant.clone();
+    let cond = precondition(&req.head);
+    match req.head.method.as_str() {
+        "PUT" => {
+            let ttl = match req.head.header("x-ttl-seconds").map(str::trim) {
+                None => None,
+                Some(v) => match v.parse::<u64>() {
+                    Ok(t) if (1..=kv::MAX_TTL_SEC).contains(&t) => Some(t),
+                    _ => {
+                        return Action::Respond(Response::error(
+                            400,
+                            "invalid_ttl",
+                            Some(&format!(
+                                "X-TTL-Seconds: a whole number of seconds from 1 to {}",
+                                kv::MAX_TTL_SEC
+                            )),
+                        ))
+                    }
+                },
+            };
+            let value = req.body.clone();
+            Action::Job(Box::new(move || {
+                Outcome::Respond(
+                    match sessions
+                        .store()
+                        .kv_put(&tenant, &ns, &key, &value, ttl, cond, now_ms())
+                    {
+                        Ok(p) => {
+                            let mut r = Response::no_content().with_header("ETag", p.etag);
+                            if let Some(at) = p.expires_at_ms {
+                                r = r.with_header("X-Expires-At", rfc3339(at));
+                            }
+                            r
+                        }
+                        Err(e) => kv_error(&e),
+                    },
+                )
+            }))
+        }
+        "DELETE" => Action::Job(Box::new(move || {
+            Outcome::Respond(
+                match sessions
+                    .store()
+                    .kv_delete(&tenant, &ns, &key, cond, now_ms())
+                {
+                    Ok(_) => Response::no_content(),
+                    Err(e) => kv_error(&e),
+                },
+            )
+        })),
+        _ => Action::Job(Box::new(move || {
+            Outcome::Respond(
+                match sessions.store().kv_get(&tenant, &ns, &key, now_ms()) {
+                    Ok(None) => Response::error(404, "key_not_found", None),
+                    Ok(Some(e)) => {
+                        let not_modified = match &cond {
+                            Precondition::IfNoneMatch(tags) => {
+                                tags.iter().any(|t| t == "*" || *t == e.etag)
+                            }
+                            _ => false,
+                        };
+                        let mut r = if not_modified {
+                            Response::bytes(304, "application/octet-stream", Vec::new())
+                        } else {
+                            Response::bytes(200, "application/octet-stream", e.value)
+                        };
+                        r = r
+                            .with_header("ETag", e.etag)
+                            .with_header("Cache-Control", "no-cache");
+                        if let Some(at) = e.expires_at_ms {
+                            r = r.with_header("X-Expires-At", rfc3339(at));
+                        }
+                        r
+                    }
+                    Err(e) => kv_error(&e),
+                },
+            )
+        })),
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListBody {
+    namespace: String,
+    keys: Vec<String>,
+    items: Vec<ItemBody>,
+    cursor: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ItemBody {
+    key: String,
+    size: u64,
+    etag: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
+}
+
+/// `GET /v1/memory/{namespace}?prefix=&limit=&cursor=`.
+pub fn list(app: &mut App, req: &Request) -> Action {
+    let Some((ns_raw, None)) = crate::router::memory_parts(&req.head.path) else {
+        return Action::Respond(Response::error(404, "not_found", None));
+    };
+    let ns = match decoded(ns_raw, "namespace") {
+        Ok(n) => n,
+        Err(r) => return Action::Respond(r),
+    };
+    if let Err(e) = kv::validate_namespace(&ns) {
+        return Action::Respond(kv_error(&e));
+    }
+    let q = |k: &str| req.head.query_param(k);
+    let prefix = q("prefix").unwrap_or_default();
+    let limit = match q("limit").as_deref().map(str::parse::<usize>) {
+        None => kv::DEFAULT_LIST_LIMIT,
+        Some(Ok(n)) if (1..=kv::MAX_LIST_LIMIT).contains(&n) => n,
+        Some(_) => {
+            return Action::Respond(Response::error(
+                400,
+                "invalid_limit",
+                Some(&format!("limit: 1 to {}", kv::MAX_LIST_LIMIT)),
+            ))
+        }
+    };
+    let cursor = q("cursor").filter(|c| !c.is_empty());
+    if req.head.query.is_some()
+        && (q("prefix").is_none() && has_param(&req.head, "prefix")
+            || cursor.is_none()
+                && has_param(&req.head, "cursor")
+                && !empty_param(&req.head, "cursor"))
+    {
+        return Action::Respond(Response::error(
+            400,
+            "invalid_query",
+            Some("prefix/cursor: malformed percent-encoding"),
+        ));
+    }
+    let sessions = Arc::clone(&app.sessions);
+    let tenant = req.tenant.clone();
+    Action::Job(Box::new(move || {
+        Outcome::Respond(
+            match sessions.store().kv_list(
+                &tenant,
+                &ns,
+                &prefix,
+                limit,
+                cursor.as_deref(),
+                now_ms(),
+            ) {
+                Ok(page) => Response::json(
+                    200,
+                    &ListBody {
+                        namespace: ns,
+                        keys: page.keys.iter().map(|k| k.key.clone()).collect(),
+                        items: page
+                            .keys
+                            .into_iter()
+                            .map(|k| ItemBody {
+                                key: k.key,
+                                size: k.size,
+                                etag: k.etag,
+                                expires_at: k.expires_at_ms.map(rfc3339),
+                            })
+                            .collect(),
+                        cursor: page.next_cursor,
+                    },
+                ),
+                Err(e) => kv_error(&e),
+            },
+        )
+    }))
+}
+
+fn has_param(head: &Head, key: &str) -> bool {
+    head.query
+        .as_deref()
+        .is_some_and(|q| q.split('&').any(|kv| kv.split('=').next() == Some(key)))
+}
+
+fn empty_param(head: &Head, key: &str) -> bool {
+    head.query.as_deref().is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv == key || kv.strip_prefix(key).is_some_and(|r| r == "="))
+    })
+}

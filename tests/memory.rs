@@ -1,0 +1,426 @@
+//! Persistent memory against the real daemon: the per-tenant KV (LMDB) and volumes
+//! (ext4 images mounted at `/memory` in session steps).
+
+mod common;
+
+use common::{Daemon, Resp};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn kv(d: &Daemon, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+    d.request(method, &format!("/v1/memory/{path}"), headers, body)
+}
+
+#[test]
+fn test_kv_spec_example_etags_ttl_and_errors() {
+    let d = Daemon::start();
+    d.wait_ready();
+    // The spec's example.
+    let r = kv(&d, "PUT", "facts/pi", &[], b"3.14159");
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert!(r.body.is_empty() && r.header("content-length").is_none());
+    let tag1 = r.header("etag").unwrap().to_string();
+    assert!(tag1.starts_with('"') && tag1.ends_with('"'), "{tag1}");
+    let r = kv(&d, "GET", "facts/pi", &[], b"");
+    assert_eq!((r.status, r.body.as_slice()), (200, b"3.14159".as_slice()));
+    assert_eq!(r.header("etag"), Some(tag1.as_str()));
+    assert!(r.header("x-expires-at").is_none());
+    // Conditionals.
+    let r = kv(&d, "GET", "facts/pi", &[("If-None-Match", &tag1)], b"");
+    assert_eq!((r.status, r.body.len()), (304, 0));
+    let r = kv(
+        &d,
+        "PUT",
+        "facts/pi",
+        &[("If-Match", "\"0000000000000000\"")],
+        b"3",
+    );
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (412, Some("precondition_failed"))
+    );
+    let r = kv(&d, "PUT", "facts/pi", &[("If-Match", &tag1)], b"3.1416");
+    assert_eq!(r.status, 204);
+    let tag2 = r.header("etag").unwrap().to_string();
+    assert_ne!(tag1, tag2);
+    assert_eq!(
+        kv(&d, "GET", "facts/pi", &[("If-None-Match", &tag1)], b"").status,
+        200
+    );
+    assert_eq!(
+        kv(&d, "PUT", "facts/pi", &[("If-None-Match", "*")], b"x").status,
+        412
+    );
+    assert_eq!(
+        kv(&d, "PUT", "facts/e", &[("If-None-Match", "*")], b"2.718").status,
+        204
+    );
+    assert_eq!(
+        kv(&d, "DELETE", "facts/pi", &[("If-Match", &tag1)], b"").status,
+        412
+    );
+    assert_eq!(
+        kv(&d, "DELETE", "facts/pi", &[("If-Match", &tag2)], b"").status,
+        204
+    );
+    let r = kv(&d, "GET", "facts/pi", &[], b"");
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (404, Some("key_not_found"))
+    );
+    assert_eq!(
+        kv(&d, "DELETE", "facts/pi", &[], b"").status,
+        204,
+        "idempotent"
+    );
+    // HEAD: headers only.
+    let r = kv(&d, "HEAD", "facts/e", &[], b"");
+    assert_eq!((r.status, r.header("content-length")), (200, Some("5")));
+    // TTL: X-Expires-At, then gone.
+    let r = kv(
+        &d,
+        "PUT",
+        "facts/tmp",
+        &[("X-TTL-Seconds", "1")],
+        b"soon gone",
+    );
+    assert_eq!(r.status, 204);
+    assert!(r.header("x-expires-at").unwrap().ends_with('Z'));
+    assert!(kv(&d, "GET", "facts/tmp", &[], b"")
+        .header("x-expires-at")
+        .is_some());
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(kv(&d, "GET", "facts/tmp", &[], b"").status, 404);
+    for bad in ["0", "-1", "1.5", "abc", "99999999999"] {
+        let r = kv(&d, "PUT", "facts/t", &[("X-TTL-Seconds", bad)], b"x");
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (400, Some("invalid_ttl")),
+            "{bad}"
+        );
+    }
+    // Keys are opaque (never paths); bad keys and namespaces are 400s.
+    for k in ["..%2F..%2Fetc%2Fpasswd", "a/../../b", ".", "%2F%2F%2F"] {
+        assert_eq!(
+            kv(&d, "PUT", &format!("odd/{k}"), &[], k.as_bytes()).status,
+            204,
+            "{k}"
+        );
+        let r = kv(&d, "GET", &format!("odd/{k}"), &[], b"");
+        assert_eq!((r.status, r.body.as_slice()), (200, k.as_bytes()), "{k}");
+    }
+    assert!(!std::path::Path::new("/etc/passwd.isobox").exists());
+    let long = "k".repeat(513);
+    for (path, code) in [
+        ("odd/a%00b", "invalid_key"),
+        (&format!("odd/{long}")[..], "invalid_key"),
+        ("odd/%ff", "invalid_key"),
+        ("bad%20ns/k", "invalid_namespace"),
+        ("..//k", "invalid_namespace"),
+    ] {
+        let r = kv(&d, "PUT", path, &[], b"x");
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (400, Some(code)),
+            "{path}"
+        );
+    }
+    // A value at the 1 MiB cap fits, one byte more is refused.
+    assert_eq!(
+        kv(&d, "PUT", "big/v", &[], &vec![b'v'; 1 << 20]).status,
+        204
+    );
+    let r = kv(&d, "PUT", "big/v", &[], &vec![b'v'; (1 << 20) + 1]);
+    assert_eq!(r.status, 413, "{}", r.text());
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_kv_quota_pagination_tenants_and_restart() {
+    let mut d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "tenant-a,tenant-b"),
+        ("ISOBOX_MEMORY_REQUIRE_KEY", "1"),
+    ]);
+    d.wait_ready();
+    let a = [("X-API-Key", "tenant-a")];
+    let b = [("X-API-Key", "tenant-b")];
+    // Memory needs a key here; /execute does not (keys optional elsewhere).
+    assert_eq!(kv(&d, "GET", "n/k", &[], b"").status, 401);
+    assert_eq!(d.get("/v1/volumes").status, 401);
+    let r = d.post_json(
+        "/execute",
+        &json!({"language": "python-slim", "network": false, "code": "print(1)"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        kv(&d, "GET", "n/k", &[("X-API-Key", "wrong")], b"").status,
+        401
+    );
+    // Pagination over 1 000 keys while another client writes and deletes in between.
+    let mut conn = d.connect();
+    for i in 0..1000 {
+        let body = format!("v{i}");
+        let req = format!(
+            "PUT /v1/memory/list/k{i:04} HTTP/1.1\r\nHost: t\r\nX-API-Key: tenant-a\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        std::io::Write::write_all(&mut conn, req.as_bytes()).unwrap();
+        if i % 100 == 99 {
+            let mut r = std::io::BufReader::new(conn.try_clone().unwrap());
+            for _ in 0..100 {
+                assert_eq!(common::read_response(&mut r, false).unwrap().status, 204);
+            }
+        }
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut page = 0;
+    loop {
+        let q = match &cursor {
+            Some(c) => format!("list?prefix=k&limit=37&cursor={c}"),
+            None => "list?prefix=k&limit=37".to_string(),
+        };
+        let r = kv(&d, "GET", &q, &a, b"");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        seen.extend(
+            v["keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k.as_str().unwrap().to_string()),
+        );
+        // Meanwhile: keys appear and disappear around the page boundary.
+        let churn = format!("k{:04}x", (page * 37 + 40) % 1000);
+        assert_eq!(
+            kv(&d, "PUT", &format!("list/{churn}"), &a, b"c").status,
+            204
+        );
+        if page > 0 {
+            let old = format!("k{:04}x", ((page - 1) * 37 + 40) % 1000);
+            assert_eq!(
+                kv(&d, "DELETE", &format!("list/{old}"), &a, b"").status,
+                204
+            );
+        }
+        page += 1;
+        match v["cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    let originals: Vec<String> = seen.iter().filter(|k| k.len() == 5).cloned().collect();
+    let want: Vec<String> = (0..1000).map(|i| format!("k{i:04}")).collect();
+    assert_eq!(originals, want, "every key once, in order");
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(seen, sorted, "pages in key order");
+    // Tenants: b sees none of a's keys (404 and an empty list), and has its own.
+    assert_eq!(kv(&d, "GET", "list/k0001", &b, b"").status, 404);
+    let v = kv(&d, "GET", "list", &b, b"").json();
+    assert_eq!(v["keys"], json!([]));
+    assert_eq!(kv(&d, "PUT", "list/k0001", &b, b"mine").status, 204);
+    assert_eq!(kv(&d, "GET", "list/k0001", &a, b"").body, b"v1");
+    // Quota: 10 MiB of key + value bytes per tenant.
+    for i in 0..9 {
+        assert_eq!(
+            kv(&d, "PUT", &format!("q/v{i}"), &b, &vec![b'q'; 1 << 20]).status,
+            204
+        );
+    }
+    let r = kv(&d, "PUT", "q/v9", &b, &vec![b'q'; 1 << 20]);
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (413, Some("quota_exceeded")),
+        "{}",
+        r.text()
+    );
+    assert!(
+        r.json()["detail"].as_str().unwrap().contains("bytes"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        kv(&d, "GET", "q/v9", &b, b"").status,
+        404,
+        "nothing stored on refusal"
+    );
+    assert_eq!(
+        kv(&d, "PUT", "q/v8", &b, &vec![b'r'; 1 << 20]).status,
+        204,
+        "replacing fits"
+    );
+    // Everything survives a restart.
+    let instance = d.instance.clone();
+    d.stop_keep_data();
+    let d = Daemon::start_with(&[
+        ("ISOBOX_INSTANCE", instance.as_str()),
+        ("ISOBOX_API_KEYS", "tenant-a,tenant-b"),
+        ("ISOBOX_MEMORY_REQUIRE_KEY", "1"),
+    ]);
+    d.wait_ready();
+    assert_eq!(kv(&d, "GET", "list/k0999", &a, b"").body, b"v999");
+    assert_eq!(kv(&d, "GET", "list/k0001", &b, b"").body, b"mine");
+    assert_eq!(kv(&d, "GET", "q/v8", &b, b"").body.len(), 1 << 20);
+    d.assert_clean();
+    d.stop();
+}
+
+fn vol_create(d: &Daemon, key: &[(&str, &str)], name: &str) -> Value {
+    let r = d.request(
+        "POST",
+        "/v1/volumes",
+        key,
+        json!({ "name": name }).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    r.json()
+}
+
+fn session(d: &Daemon, key: &[(&str, &str)], body: Value) -> Resp {
+    d.request("POST", "/v1/sessions", key, body.to_string().as_bytes())
+}
+
+/// A step (sessions belong to the tenant that made them: the key goes along).
+fn step(d: &Daemon, s: &Value, code: &str) -> Value {
+    let r = d.request(
+        "POST",
+        &format!("/v1/sessions/{}/exec", s["id"].as_str().unwrap()),
+        &[
+            ("X-Session-Token", s["token"].as_str().unwrap()),
+            ("X-API-Key", "vol-a"),
+        ],
+        json!({"code": code, "network": false})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+fn end(d: &Daemon, s: &Value) {
+    let r = d.request(
+        "DELETE",
+        &format!("/v1/sessions/{}", s["id"].as_str().unwrap()),
+        &[
+            ("X-Session-Token", s["token"].as_str().unwrap()),
+            ("X-API-Key", "vol-a"),
+        ],
+        b"",
+    );
+    assert_eq!(r.status, 204);
+}
+
+#[test]
+fn test_volumes_across_sessions_exclusive_and_restart() {
+    let mut d = Daemon::start_with(&[("ISOBOX_API_KEYS", "vol-a,vol-b")]);
+    d.wait_ready();
+    let a = [("X-API-Key", "vol-a")];
+    let b = [("X-API-Key", "vol-b")];
+    let v = vol_create(&d, &a, "mem");
+    let vid = v["id"].as_str().unwrap().to_string();
+    assert_eq!(v["name"], "mem");
+    assert_eq!(v["attachedSession"], Value::Null);
+    assert!(v["createdAt"].as_str().unwrap().ends_with('Z'));
+    // The spec's example: one session writes /memory, a later one reads it.
+    let s1 = session(&d, &a, json!({"runtime": "python-slim", "volumeId": vid})).json();
+    assert_eq!(s1["volumeId"], vid.as_str());
+    let out = step(
+        &d,
+        &s1,
+        "open('/memory/note.txt','w').write('recall me later'); import os; print(os.getcwd())",
+    );
+    assert_eq!(out["run"]["stdout"], "/workspace\n", "{out}");
+    // Only one session holds it: the next gets 409 until the first ends.
+    let r = session(&d, &a, json!({"runtime": "python-slim", "volumeId": vid}));
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (409, Some("volume_busy"))
+    );
+    let got = d
+        .request("GET", &format!("/v1/volumes/{vid}"), &a, b"")
+        .json();
+    assert_eq!(got["attachedSession"], s1["id"]);
+    let r = d.request("DELETE", &format!("/v1/volumes/{vid}"), &a, b"");
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (409, Some("volume_busy"))
+    );
+    end(&d, &s1);
+    // A session without the volume has no /memory.
+    let plain = session(&d, &a, json!({"runtime": "python-slim"})).json();
+    let out = step(
+        &d,
+        &plain,
+        "import os; print(os.path.exists('/memory/note.txt'))",
+    );
+    assert_eq!(out["run"]["stdout"], "False\n");
+    end(&d, &plain);
+    // Another tenant sees nothing: 404 on get, attach and delete; an empty list.
+    assert_eq!(
+        d.request("GET", &format!("/v1/volumes/{vid}"), &b, b"")
+            .status,
+        404
+    );
+    let r = session(&d, &b, json!({"runtime": "python-slim", "volumeId": vid}));
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (404, Some("volume_not_found"))
+    );
+    assert_eq!(
+        d.request("DELETE", &format!("/v1/volumes/{vid}"), &b, b"")
+            .status,
+        404
+    );
+    assert_eq!(
+        d.request("GET", "/v1/volumes", &b, b"").json()["volumes"],
+        json!([])
+    );
+    // Bad bodies.
+    for body in [
+        json!({}),
+        json!({"name": ""}),
+        json!({"name": "x".repeat(129)}),
+        json!({"name": "m", "size": 1}),
+    ] {
+        let r = d.request("POST", "/v1/volumes", &a, body.to_string().as_bytes());
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (400, Some("invalid_json")),
+            "{body}"
+        );
+    }
+    // After a restart the volume, its file and its (released) state are intact.
+    let instance = d.instance.clone();
+    d.stop_keep_data();
+    let d = Daemon::start_with(&[
+        ("ISOBOX_INSTANCE", instance.as_str()),
+        ("ISOBOX_API_KEYS", "vol-a,vol-b"),
+    ]);
+    d.wait_ready();
+    let list = d.request("GET", "/v1/volumes", &a, b"").json();
+    assert_eq!(list["volumes"].as_array().unwrap().len(), 1, "{list}");
+    let s2 = session(&d, &a, json!({"runtime": "python-slim", "volumeId": vid})).json();
+    let out = step(&d, &s2, "print(open('/memory/note.txt').read())");
+    assert_eq!(out["run"]["stdout"], "recall me later\n", "{out}");
+    end(&d, &s2);
+    assert_eq!(
+        d.request("DELETE", &format!("/v1/volumes/{vid}"), &a, b"")
+            .status,
+        204
+    );
+    assert_eq!(
+        d.request("GET", &format!("/v1/volumes/{vid}"), &a, b"")
+            .status,
+        404
+    );
+    assert_eq!(
+        std::fs::read_dir(d.data_dir.join("volumes"))
+            .unwrap()
+            .count(),
+        0
+    );
+    d.assert_clean();
+    d.stop();
+}
