@@ -424,3 +424,93 @@ fn test_volumes_across_sessions_exclusive_and_restart() {
     d.assert_clean();
     d.stop();
 }
+
+/// K4: every acknowledged write survives `kill -9` in the middle of a write storm,
+/// byte-exact, and the store opens as it is.
+#[test]
+fn test_kv_acknowledged_writes_survive_kill_9() {
+    let mut d = Daemon::start();
+    d.wait_ready();
+    for i in 0..200 {
+        assert_eq!(
+            kv(
+                &d,
+                "PUT",
+                &format!("k4/base{i}"),
+                &[],
+                format!("b{i}").as_bytes()
+            )
+            .status,
+            204
+        );
+    }
+    let acked = std::sync::Mutex::new(Vec::new());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut child = d.child.take().unwrap();
+    let addr = d.addr;
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            let (acked, stop) = (&acked, &stop);
+            sc.spawn(move || {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let key = format!("storm{t}-{i}");
+                    let value = format!("{key}:{}", "v".repeat(i % 700));
+                    // Raw write: once the daemon is gone, requests fail instead of panicking.
+                    let Ok(mut c) = std::net::TcpStream::connect(addr) else { break };
+                    let req = format!(
+                        "PUT /v1/memory/k4/{key} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{value}",
+                        value.len()
+                    );
+                    if std::io::Write::write_all(&mut c, req.as_bytes()).is_err() {
+                        break;
+                    }
+                    let mut r = std::io::BufReader::new(c);
+                    match common::read_response(&mut r, false) {
+                        Some(resp) if resp.status == 204 => acked.lock().unwrap().push((key, value)),
+                        _ => break,
+                    }
+                    i += 1;
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let acked = acked.into_inner().unwrap();
+    assert!(
+        acked.len() > 20,
+        "the storm wrote only {} keys",
+        acked.len()
+    );
+    let instance = d.instance.clone();
+    // Not dropped: the harness's Drop would delete the data dir.
+    std::mem::forget(d);
+    let d = Daemon::start_with(&[("ISOBOX_INSTANCE", instance.as_str())]);
+    d.wait_ready();
+    for i in 0..200 {
+        assert_eq!(
+            kv(&d, "GET", &format!("k4/base{i}"), &[], b"").body,
+            format!("b{i}").as_bytes()
+        );
+    }
+    for (key, value) in &acked {
+        let r = kv(&d, "GET", &format!("k4/{key}"), &[], b"");
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (200, value.as_bytes()),
+            "{key}"
+        );
+    }
+    let state: Vec<String> = std::fs::read_dir(d.data_dir.join("state"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut state = state;
+    state.sort();
+    assert_eq!(state, vec!["data.mdb", "lock.mdb"], "no stray files");
+    d.assert_clean();
+    d.stop();
+}

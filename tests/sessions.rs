@@ -498,6 +498,12 @@ fn test_tokens_tenants_and_limits() {
         (r.status, r.json()["error"].as_str()),
         (429, Some("too_many_sessions"))
     );
+    // I6: neither the capability token nor the keys reach the log.
+    let log = d.log();
+    assert!(
+        !log.contains(token) && !log.contains("key-one"),
+        "secret in log"
+    );
     d.assert_clean();
     d.stop();
 }
