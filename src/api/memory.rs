@@ -49,20 +49,11 @@ fn decoded(raw: &str, what: &str) -> Result<String, Response> {
         })
 }
 
-/// ETags of an `If-Match` / `If-None-Match` header (`*` kept as is).
-fn etags(v: &str) -> Vec<String> {
-    v.split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(str::to_string)
-        .collect()
-}
-
 fn precondition(head: &Head) -> Precondition {
     if let Some(v) = head.header("if-match") {
-        Precondition::IfMatch(etags(v))
+        Precondition::IfMatch(kv::parse_etag_list(v))
     } else if let Some(v) = head.header("if-none-match") {
-        Precondition::IfNoneMatch(etags(v))
+        Precondition::IfNoneMatch(kv::parse_etag_list(v))
     } else {
         Precondition::None
     }
@@ -136,12 +127,10 @@ pub fn key(app: &mut App, req: &Request) -> Action {
                 match sessions.store().kv_get(&tenant, &ns, &key, now_ms()) {
                     Ok(None) => Response::error(404, "key_not_found", None),
                     Ok(Some(e)) => {
-                        let not_modified = match &cond {
-                            Precondition::IfNoneMatch(tags) => {
-                                tags.iter().any(|t| t == "*" || *t == e.etag)
-                            }
-                            _ => false,
-                        };
+                        // RFC 9110 §13.1.2: a GET whose If-None-Match fails (weak
+                        // comparison) is a 304.
+                        let not_modified = matches!(cond, Precondition::IfNoneMatch(_))
+                            && !cond.holds(Some(&e.etag));
                         let mut r = if not_modified {
                             Response::bytes(304, "application/octet-stream", Vec::new())
                         } else {
