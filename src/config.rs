@@ -157,13 +157,13 @@ pub const SETTINGS: &[Setting] = &[
         flag: "--require-auth",
         env: "ISOBOX_REQUIRE_AUTH",
         default: "0",
-        help: "1: every route but health and docs needs an API key (and keys must exist)",
+        help: "1: refuse to start without API keys; keys required everywhere even with --memory-require-key",
     },
     Setting {
         flag: "--memory-require-key",
         env: "ISOBOX_MEMORY_REQUIRE_KEY",
         default: "0",
-        help: "1: /v1/memory and /v1/volumes need an API key even when other routes do not",
+        help: "1: with keys, require them only on /v1/memory and /v1/volumes (the public demo's setup)",
     },
     Setting {
         flag: "--rate-per-min",

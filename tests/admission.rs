@@ -330,14 +330,24 @@ fn test_readiness_follows_the_slice_cap() {
     d.stop();
 }
 
-/// The spec: with keys configured, keys are optional unless `ISOBOX_REQUIRE_AUTH=1`
-/// (a request without one is the shared public tenant); a key that is presented must
-/// be valid; `ISOBOX_MEMORY_REQUIRE_KEY=1` without keys refuses to start.
+/// The public demo's setup (the spec): with keys configured and
+/// `ISOBOX_MEMORY_REQUIRE_KEY=1`, only memory and volumes need a key; a request without
+/// one elsewhere is the shared public tenant; a key that is presented must be valid;
+/// `ISOBOX_MEMORY_REQUIRE_KEY=1` without keys refuses to start. (Without that flag, keys
+/// are required everywhere: the tests above.)
 #[test]
-fn test_keys_optional_unless_required() {
-    let d = Daemon::start_with(&[("ISOBOX_API_KEYS", "opt-key-one")]);
+fn test_memory_only_keys_demo_mode() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "opt-key-one"),
+        ("ISOBOX_MEMORY_REQUIRE_KEY", "1"),
+    ]);
     d.wait_ready();
-    assert!(d.log().contains("api keys: optional"), "{}", d.log());
+    assert!(
+        d.log()
+            .contains("required on /v1/memory and /v1/volumes only"),
+        "{}",
+        d.log()
+    );
     assert_eq!(d.request("GET", "/runtimes", &[], b"").status, 200);
     let r = d.request("POST", "/execute", &[], exec_body().to_string().as_bytes());
     assert_eq!(r.status, 200, "{}", r.text());
@@ -351,7 +361,7 @@ fn test_keys_optional_unless_required() {
         r.status, 401,
         "a wrong key never falls back to the public tenant"
     );
-    // The keyed tenant and the public tenant are distinct.
+    // Memory needs the key; sessions stay open.
     assert_eq!(
         d.request(
             "PUT",
@@ -362,7 +372,10 @@ fn test_keys_optional_unless_required() {
         .status,
         204
     );
-    assert_eq!(d.request("GET", "/v1/memory/t/k", &[], b"").status, 404);
+    assert_eq!(d.request("GET", "/v1/memory/t/k", &[], b"").status, 401);
+    assert_eq!(d.request("GET", "/v1/volumes", &[], b"").status, 401);
+    let r = d.request("POST", "/v1/sessions", &[], br#"{"runtime":"python-slim"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
     d.stop();
     let dir = std::env::temp_dir().join(format!("isobox-t{}-memkey", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_isoboxd"))

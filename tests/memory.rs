@@ -30,11 +30,20 @@ fn test_kv_spec_example_etags_ttl_and_errors() {
     assert_eq!((r.status, r.body.len()), (304, 0));
     // Weak comparison for If-None-Match (RFC 9110 §13.1.2), and lists.
     let weak = format!("W/{tag1}");
-    assert_eq!(kv(&d, "GET", "facts/pi", &[("If-None-Match", &weak)], b"").status, 304);
+    assert_eq!(
+        kv(&d, "GET", "facts/pi", &[("If-None-Match", &weak)], b"").status,
+        304
+    );
     let list = format!("\"00\", {tag1}");
-    assert_eq!(kv(&d, "GET", "facts/pi", &[("If-None-Match", &list)], b"").status, 304);
+    assert_eq!(
+        kv(&d, "GET", "facts/pi", &[("If-None-Match", &list)], b"").status,
+        304
+    );
     // If-Match is strong: a weak tag never matches.
-    assert_eq!(kv(&d, "PUT", "facts/pi", &[("If-Match", &weak)], b"3").status, 412);
+    assert_eq!(
+        kv(&d, "PUT", "facts/pi", &[("If-Match", &weak)], b"3").status,
+        412
+    );
     let r = kv(
         &d,
         "PUT",

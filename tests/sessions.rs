@@ -536,6 +536,17 @@ fn test_storage_ceiling_busy_step_and_ttl() {
             "{}",
             r.text()
         );
+        // Ending the session while a step runs is refused too.
+        let r = d.request(
+            "DELETE",
+            &format!("/v1/sessions/{}", s.id),
+            &[("X-Session-Token", &s.token)],
+            b"",
+        );
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (409, Some("session_busy"))
+        );
         h.join().unwrap()
     });
     assert_eq!(slow.json()["run"]["stdout"], "slow\n");

@@ -148,12 +148,12 @@ fn memory_route(route: Route) -> bool {
     )
 }
 
-/// Routes that start sandboxes or workspaces count against the per-client rate.
-fn rate_limited(route: Route) -> bool {
+/// Calls that start sandboxes or create filesystems count against the per-client rate.
+fn rate_limited(route: Route, method: &str) -> bool {
     matches!(
         route,
         Route::Execute | Route::SessionCreate | Route::SessionExec
-    )
+    ) || (route == Route::Volumes && method == "POST")
 }
 
 impl Admission {
@@ -247,7 +247,7 @@ impl Admission {
                 tenant: PUBLIC_TENANT.to_string(),
             };
         }
-        if rate_limited(route) {
+        if rate_limited(route, &head.method) {
             let ip = self.client_ip(head, peer);
             if let Err(wait) = self.limiter.check(ip, now) {
                 let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
@@ -262,11 +262,12 @@ impl Admission {
                 tenant: PUBLIC_TENANT.to_string(),
             };
         }
-        // The spec: keys are optional (no key = the shared public tenant) unless
-        // ISOBOX_REQUIRE_AUTH=1 (every route) or ISOBOX_MEMORY_REQUIRE_KEY=1 (memory
-        // and volumes). A key that is presented must be valid, always.
+        // The spec: with keys configured, a missing key is a 401 — except in the public
+        // demo's setup (ISOBOX_MEMORY_REQUIRE_KEY=1 without ISOBOX_REQUIRE_AUTH=1), where
+        // only memory and volumes need one and everything else is open to the shared
+        // public tenant. A key that is presented must be valid, always.
         let key_required =
-            self.cfg.require_auth || (self.cfg.memory_require_key && memory_route(route));
+            self.cfg.require_auth || !self.cfg.memory_require_key || memory_route(route);
         match presented_key(head) {
             Err(resp) => Verdict::Deny(resp),
             Ok(None) if !key_required => Verdict::Allow {
@@ -359,6 +360,29 @@ mod tests {
             ..Default::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn test_keys_required_by_default() {
+        let mut a = Admission::new(AdmissionConfig {
+            api_keys: Some(crate::config::Secret::new("k1".into())),
+            rate_per_min: 60,
+            rate_burst: 100,
+            ..Default::default()
+        })
+        .unwrap();
+        let ip: IpAddr = "127.0.0.1".parse().unwrap();
+        for r in [
+            Route::Execute,
+            Route::SessionCreate,
+            Route::MemoryKey,
+            Route::Runtimes,
+        ] {
+            assert!(matches!(
+                a.check(r, &head(&[]), ip, Instant::now()),
+                Verdict::Deny(_)
+            ));
+        }
     }
 
     #[test]

@@ -77,6 +77,10 @@ pub fn session_error(e: &SessionError) -> Response {
             Some("the volume is attached to another session; end that session first"),
         ),
         SessionError::TooManyVolumes => Response::error(429, "too_many_volumes", None),
+        SessionError::CreatesBusy => {
+            Response::error(503, "busy", Some("too many creates in progress"))
+                .with_header("Retry-After", "1")
+        }
         SessionError::TransfersBusy => {
             Response::error(503, "busy", Some("too many downloads in progress"))
                 .with_header("Retry-After", "1")
@@ -283,6 +287,9 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             Ok(p) => p,
             Err(resp) => return Outcome::Respond(resp),
         };
+        if let Err(e) = sessions.check_reserve() {
+            return Outcome::Respond(session_error(&e));
+        }
         let lease = match sessions.acquire(&id, true, rec.volume_id.as_deref()) {
             Ok(l) => l,
             Err(e) => return Outcome::Respond(session_error(&e)),
@@ -675,6 +682,7 @@ pub fn upload_begin(
         let lease = sessions
             .acquire(&id, false, None)
             .map_err(|e| session_error(&e))?;
+        sessions.check_reserve().map_err(|e| session_error(&e))?;
         let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
         let avail = workspace::image::usage(lease.mount())
             .map(|u| u.avail_bytes)

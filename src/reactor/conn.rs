@@ -253,6 +253,7 @@ impl Daemon {
             return false;
         };
         let mut buf = [0u8; 16 * 1024];
+        let mut drained = 0usize;
         loop {
             if c.read_eof {
                 return false;
@@ -260,7 +261,12 @@ impl Daemon {
             if c.lingering {
                 match c.stream.read(&mut buf) {
                     Ok(0) => c.read_eof = true,
-                    Ok(_) => continue,
+                    // Bounded per event: the LINGER timer must get its turn.
+                    Ok(n) if drained < MAX_READ_AHEAD_BYTES * 4 => {
+                        drained += n;
+                        continue;
+                    }
+                    Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(_) => c.read_eof = true,
@@ -609,11 +615,11 @@ impl Daemon {
                 self.close_conn(ck);
             }
             Phase::Busy { .. } | Phase::Stream { .. } => {}
-            Phase::Job | Phase::UploadWait { .. } | Phase::Upload { .. } | Phase::Transfer(_)
-                if gone =>
-            {
-                self.close_conn(ck);
-            }
+            // A client that half-closed after its request still gets the answer of a
+            // pool job (a failed write closes the connection then); an upload or a
+            // download ends with its peer.
+            Phase::Job | Phase::UploadWait { .. } => {}
+            Phase::Upload { .. } | Phase::Transfer(_) if gone => self.close_conn(ck),
             _ if c.lingering && !gone => {}
             _ if c.pending_write() == 0 && c.close_after_flush && !gone => {
                 // Half-close and drain for a moment (bounded by LINGER): closing with

@@ -151,17 +151,12 @@ impl Daemon {
         let admission = crate::admission::Admission::new(cfg.admission.clone())?;
         if !admission.keys_configured() {
             log::info!("api keys: none configured; the API is open (one public tenant)");
-        } else if cfg.admission.require_auth {
-            log::info!("api keys: required on every route");
-        } else {
+        } else if cfg.admission.memory_require_key && !cfg.admission.require_auth {
             log::warn!(
-                "api keys: optional (ISOBOX_REQUIRE_AUTH=0): requests without a key run as the shared public tenant{}; set ISOBOX_REQUIRE_AUTH=1 to require keys",
-                if cfg.admission.memory_require_key {
-                    ", except /v1/memory and /v1/volumes, which need one"
-                } else {
-                    ""
-                }
+                "api keys: required on /v1/memory and /v1/volumes only (ISOBOX_MEMORY_REQUIRE_KEY=1): every other route is open to the shared public tenant; set ISOBOX_REQUIRE_AUTH=1 to require keys everywhere"
             );
+        } else {
+            log::info!("api keys: required on every route but health and docs");
         }
         let runtimes = Arc::new(Runtimes::load(
             cfg.runtimes_dir.as_deref(),

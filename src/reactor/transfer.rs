@@ -80,7 +80,11 @@ impl Daemon {
                 self.respond(ck, resp);
                 self.conn_pump(ck);
             }
-            Outcome::Execute { plan, stream } => self.start_run(ck, plan, stream),
+            Outcome::Execute { plan, stream } => {
+                self.start_run(ck, plan, stream);
+                // A refusal (capacity, shutdown) or the SSE head is queued: send it.
+                self.conn_after_io(ck);
+            }
             Outcome::Download(d) => self.start_transfer(ck, *d),
         }
     }

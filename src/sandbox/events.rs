@@ -764,11 +764,19 @@ impl Daemon {
         // The sandbox is dead: its slot is free and the response goes out now, while the
         // container state, cgroups and bundle are removed on the pool.
         self.app.in_flight -= 1;
+        // A session step's lease (its workspace and volume mounts) lasts until runsc has
+        // deleted the container and every gVisor process is gone: only then may the
+        // volume be mounted for another session.
+        let lease = run.plan.workspace.take();
+        if let Some(l) = &lease {
+            l.end_step();
+        }
         if let (Some(cg), Some(dir)) = (run.cgroup.take(), run.dir.take()) {
             let backend = Arc::clone(&self.backend);
             let id = run.id.clone();
             let job = Box::new(move || {
                 backend.remove(&id, &cg, &dir);
+                drop(lease);
                 Completion::Done
             });
             self.submit_must(job);

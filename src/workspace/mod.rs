@@ -61,6 +61,9 @@ pub enum SessionError {
     /// Too many downloads at once.
     #[error("too many downloads in progress")]
     TransfersBusy,
+    /// Too many creates at once.
+    #[error("too many sessions or volumes being created at once")]
+    CreatesBusy,
     /// No such volume for this tenant.
     #[error("volume not found")]
     VolumeNotFound,
@@ -114,6 +117,9 @@ pub struct Sessions {
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// Serialises creates, so the session count and storage checks hold.
     create_lock: Mutex<()>,
+    /// Creates waiting for `create_lock`: bounded, so creates (each an `mkfs`) can
+    /// never take every pool worker.
+    creates_waiting: AtomicUsize,
     storage_used: AtomicU64,
     next_expiry_ms: AtomicU64,
     transfers: AtomicUsize,
@@ -127,6 +133,8 @@ pub struct Lease {
     live: Arc<Live>,
     mount: PathBuf,
     step: bool,
+    /// The step flag was already given back ([`Lease::end_step`]).
+    step_ended: AtomicBool,
     volume: Option<PathBuf>,
 }
 
@@ -147,6 +155,14 @@ impl Lease {
         &self.id
     }
 
+    /// The step is over (its response is out): another step may start, while the
+    /// mounts stay until the lease is dropped (after runsc has deleted the container).
+    pub fn end_step(&self) {
+        if self.step && !self.step_ended.swap(true, Ordering::AcqRel) {
+            self.live.step.store(false, Ordering::Release);
+        }
+    }
+
     /// Host path of the mounted volume (bound at `/memory`), for a step of a session
     /// holding one.
     pub fn volume_mount(&self) -> Option<&Path> {
@@ -158,9 +174,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         self.live.last_used_ms.store(now_ms(), Ordering::Relaxed);
         self.live.dirty.store(true, Ordering::Relaxed);
-        if self.step {
-            self.live.step.store(false, Ordering::Release);
-        }
+        self.end_step();
         self.live.users.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -228,6 +242,7 @@ impl Sessions {
             cfg,
             live: Mutex::new(HashMap::new()),
             create_lock: Mutex::new(()),
+            creates_waiting: AtomicUsize::new(0),
             storage_used: AtomicU64::new(0),
             next_expiry_ms: AtomicU64::new(u64::MAX),
             transfers: AtomicUsize::new(0),
@@ -308,6 +323,17 @@ impl Sessions {
         self.next_expiry_ms.load(Ordering::Relaxed)
     }
 
+    /// Takes the create lock, waiting behind at most one other create.
+    pub(super) fn create_guard(&self) -> Result<std::sync::MutexGuard<'_, ()>, SessionError> {
+        if self.creates_waiting.fetch_add(1, Ordering::AcqRel) >= 1 {
+            self.creates_waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(SessionError::CreatesBusy);
+        }
+        let g = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.creates_waiting.fetch_sub(1, Ordering::AcqRel);
+        Ok(g)
+    }
+
     fn random(&self, n: usize) -> Result<Vec<u8>, SessionError> {
         let mut b = vec![0u8; n];
         self.rng
@@ -329,7 +355,7 @@ impl Sessions {
         ttl_sec: u64,
         volume_id: Option<String>,
     ) -> Result<Created, SessionError> {
-        let _g = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.create_guard()?;
         let count = self.store.session_count()?;
         if count >= self.cfg.max_sessions as u64 {
             return Err(SessionError::TooMany);
@@ -364,6 +390,9 @@ impl Sessions {
                 .map_err(|e| e.to_string())?;
             std::fs::create_dir(partial.join(MOUNT)).map_err(|e| e.to_string())?;
             std::fs::rename(&partial, &dir).map_err(|e| e.to_string())?;
+            // The rename must be durable before the record is: after a power loss the
+            // sweep would otherwise delete the `.partial` of an acknowledged session.
+            sync_dir(&self.root).map_err(|e| e.to_string())?;
             image::allocated_bytes(&dir.join(IMAGE)).map_err(|e| e.to_string())
         })();
         let allocated = match made {
@@ -371,7 +400,11 @@ impl Sessions {
             Err(e) => {
                 remove_session_dir(&partial);
                 remove_session_dir(&dir);
-                return Err(SessionError::Workspace(e));
+                // The detail names host paths: it stays in the log.
+                log::error!("session {id}: creating the workspace: {e}");
+                return Err(SessionError::Workspace(
+                    "the workspace could not be created; see the daemon log".into(),
+                ));
             }
         };
         let now = now_ms();
@@ -469,6 +502,7 @@ impl Sessions {
             live: Arc::clone(&live),
             mount: mount.clone(),
             step: false,
+            step_ended: AtomicBool::new(false),
             volume: None,
         };
         if step {
@@ -515,14 +549,36 @@ impl Sessions {
     /// [`SessionError::Busy`] while a step runs.
     pub fn delete(&self, id: &str) -> Result<(), SessionError> {
         let live = self.live(id);
-        if live.step.load(Ordering::Acquire) {
-            return Err(SessionError::Busy);
-        }
-        if !self.store.delete_session(id)? {
-            return Err(SessionError::NotFound);
-        }
+        self.retire(id, &live, |l| l.step.load(Ordering::Acquire))?;
         self.destroy(id, &live);
         Ok(())
+    }
+
+    /// Deletes `id`'s record unless `busy` (checked under the mount lock, where
+    /// `acquire` checks `deleted` after counting itself: either the step or fs call
+    /// is seen here and the session stays, or it sees `deleted` and backs off).
+    fn retire(
+        &self,
+        id: &str,
+        live: &Live,
+        busy: impl Fn(&Live) -> bool,
+    ) -> Result<(), SessionError> {
+        let _mounted = live.mounted.lock().unwrap_or_else(|p| p.into_inner());
+        if busy(live) {
+            return Err(SessionError::Busy);
+        }
+        live.deleted.store(true, Ordering::Release);
+        match self.store.delete_session(id) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                live.deleted.store(false, Ordering::Release);
+                Err(SessionError::NotFound)
+            }
+            Err(e) => {
+                live.deleted.store(false, Ordering::Release);
+                Err(e.into())
+            }
+        }
     }
 
     fn destroy(&self, id: &str, live: &Live) {
@@ -575,8 +631,13 @@ impl Sessions {
         }
         for (id, live) in &lives {
             if live.dirty.swap(false, Ordering::AcqRel) {
-                self.store
-                    .touch_session(id, live.last_used_ms.load(Ordering::Relaxed))?;
+                if let Err(e) = self
+                    .store
+                    .touch_session(id, live.last_used_ms.load(Ordering::Relaxed))
+                {
+                    live.dirty.store(true, Ordering::Release);
+                    log::error!("session {id}: recording last use: {e}");
+                }
             }
             let idle_ms = now.saturating_sub(live.last_used_ms.load(Ordering::Relaxed));
             if live.users.load(Ordering::Acquire) == 0
@@ -635,16 +696,27 @@ impl Sessions {
             });
             let expires = last.saturating_add(rec.ttl_sec.saturating_mul(1000));
             if expires <= now && !in_use {
-                if self.store.delete_session(&id)? {
-                    log::info!("session {id} idle past its ttl of {} s", rec.ttl_sec);
-                    let live = live.unwrap_or_default();
-                    self.destroy(&id, &live);
-                    reaped += 1;
+                let live = self.live(&id);
+                match self.retire(&id, &live, |l| l.users.load(Ordering::Acquire) > 0) {
+                    Ok(()) => {
+                        log::info!("session {id} idle past its ttl of {} s", rec.ttl_sec);
+                        self.destroy(&id, &live);
+                        reaped += 1;
+                        continue;
+                    }
+                    Err(SessionError::Busy | SessionError::NotFound) => continue,
+                    Err(e) => {
+                        log::error!("session {id}: reaping: {e}");
+                        continue;
+                    }
                 }
+            }
+            used += image::allocated_bytes(&self.root.join(&id).join(IMAGE)).unwrap_or(0);
+            if in_use && expires <= now {
+                // Re-checked at the next periodic scan, not every second.
                 continue;
             }
             next = next.min(expires);
-            used += image::allocated_bytes(&self.root.join(&id).join(IMAGE)).unwrap_or(0);
         }
         self.next_expiry_ms.store(next, Ordering::Relaxed);
         self.storage_used
@@ -696,6 +768,31 @@ impl Sessions {
     /// [`SessionError::Store`].
     pub fn count(&self) -> Result<u64, SessionError> {
         Ok(self.store.session_count()?)
+    }
+}
+
+/// fsyncs a directory (its entries: a rename into it).
+pub(super) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Whether the data dir's filesystem still has its reserve free; steps and uploads are
+/// refused below it (workspaces are thinly provisioned: their quotas can add up to
+/// more than the disk).
+impl Sessions {
+    /// 507 when the host disk is below the reserve.
+    ///
+    /// # Errors
+    /// [`SessionError::StorageFull`].
+    pub fn check_reserve(&self) -> Result<(), SessionError> {
+        let free = image::free_bytes(&self.root).unwrap_or(u64::MAX);
+        if free < self.cfg.storage_reserve_bytes {
+            log::warn!("storage: {free} bytes free, below the reserve; refusing writes");
+            return Err(SessionError::StorageFull(
+                "the server's disk is nearly full".into(),
+            ));
+        }
+        Ok(())
     }
 }
 

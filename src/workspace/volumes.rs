@@ -25,6 +25,11 @@ impl Sessions {
     pub(super) fn mount_volume(&self, vid: &str) -> Result<PathBuf, SessionError> {
         let dir = self.vol_dir(vid);
         let mnt = dir.join(MOUNT);
+        // Never two live mounts of one image: a previous holder's detached mount may
+        // outlive it for a moment (until its last gVisor process is gone).
+        if image_attached(&dir.join(IMAGE)) {
+            return Err(SessionError::VolumeBusy);
+        }
         image::mount(&dir.join(IMAGE), &mnt).map_err(|e| {
             log::error!("volume {vid}: mount: {e}");
             SessionError::Workspace("the session's volume could not be mounted".into())
@@ -103,7 +108,7 @@ impl Sessions {
         tenant: &str,
         name: &str,
     ) -> Result<(String, VolumeRecord), SessionError> {
-        let _g = self.create_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.create_guard()?;
         if self.store.volumes()?.len() >= self.cfg.max_volumes {
             return Err(SessionError::TooManyVolumes);
         }
@@ -139,6 +144,7 @@ impl Sessions {
             .map_err(|e| e.to_string())?;
             std::fs::create_dir(partial.join(MOUNT)).map_err(|e| e.to_string())?;
             std::fs::rename(&partial, &dir).map_err(|e| e.to_string())?;
+            super::sync_dir(&self.vol_root).map_err(|e| e.to_string())?;
             image::allocated_bytes(&dir.join(IMAGE)).map_err(|e| e.to_string())
         })();
         let allocated = match made {
@@ -146,7 +152,10 @@ impl Sessions {
             Err(e) => {
                 remove_volume_dir(&partial);
                 remove_volume_dir(&dir);
-                return Err(SessionError::Workspace(e));
+                log::error!("volume {id}: creating: {e}");
+                return Err(SessionError::Workspace(
+                    "the volume could not be created; see the daemon log".into(),
+                ));
             }
         };
         let rec = VolumeRecord {
@@ -227,6 +236,17 @@ impl Sessions {
         log::info!("volume {id} deleted");
         Ok(())
     }
+}
+
+/// Whether some loop device is still backed by `img`.
+fn image_attached(img: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir("/sys/block") else {
+        return false;
+    };
+    rd.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .any(|b| Path::new(b.trim_end()) == img)
 }
 
 fn remove_volume_dir(dir: &Path) {
