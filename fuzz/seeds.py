@@ -4,8 +4,12 @@
 Seeds are real inputs: requests the way curl and the test suite send them, the
 malformed ones from tests/http_conformance.rs, the /execute bodies from
 tests/sandbox_execute.rs, chunked bodies, program output with multi-byte text and
-compile-stage frames as the build wrapper prints them.
+compile-stage frames as the build wrapper prints them; session file API paths
+(traversal, duplicate slashes, the 255/256-byte name limit, NUL, non-UTF-8); memory KV
+listing requests (prefix, limit, clock, namespace and cursor as the fuzz target lays
+them out) and If-Match / If-None-Match headers.
 """
+import base64
 import hashlib
 import json
 import os
@@ -189,6 +193,101 @@ FRAMES = [
     ("utf8-payload", "\x1eISOBOX-BUILD 0 5 3 4\n\u00e9\u00e8\u20acrest".encode("utf-8", "surrogatepass")),
 ]
 
+NAME_255 = b"n" * 255
+FS_PATHS = [
+    ("passwd", b"../../etc/passwd"),
+    ("climb", b"a/../../b"),
+    ("slashes", b"//etc//passwd"),
+    ("dots", b"./x/./y"),
+    ("percent", b"%2e%2e"),
+    ("percent-path", b"%2e%2e/%2fetc/passwd"),
+    ("name-255", NAME_255),
+    ("name-256", b"n" * 256),
+    ("dir-name-255", b"d/" + NAME_255 + b"/../" + NAME_255),
+    ("nul", b"\x00"),
+    ("nul-inside", b"a/b\x00c"),
+    ("non-utf8", b"caf\xc3\xa9/\xff\xfe/\x80.txt"),
+    ("root", b"/"),
+    ("empty", b""),
+    ("dot", b"."),
+    ("dotdot", b".."),
+    ("dots-3", b".../....//. ./.. "),
+    ("trailing", b"dir/sub/"),
+    ("backslash", b"..\\..\\windows\\win.ini"),
+    ("control", b"a\nb/\x1b[31mred\r/\x7f"),
+    ("deep", b"a/" * 2047 + b"b"),
+    ("max-len", b"a/" * 2047 + b"bc"),
+    ("over-len", b"/" * 4097),
+    ("upload-temp", b"/.isobox-upload-1234/x"),
+]
+
+B64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=")
+NS = {"l": 0, "lm": 1, "void": 2, "..": 3}
+CLOCK = {"0": 0, "T0": 1, "T0+1s": 2, "T0+25h": 3}
+
+
+def kv_list(ns="l", clock="T0", limit=10, prefix=b"", cursor=None, encode=False, pad=0):
+    """[mode 0][flags][limit][prefix length] prefix cursor-text (see kv_cursor.rs)."""
+    flags = (NS[ns] << 6) | (CLOCK[clock] << 4) | (pad << 2)
+    if cursor is not None:
+        flags |= 1 | (2 if encode else 0)
+    return bytes([0, flags, limit, len(prefix)]) + prefix + (cursor or b"")
+
+
+def etag_header(header, version=0):
+    """[mode 1][current: 0..3 a version, 4 absent] header (see kv_cursor.rs)."""
+    return bytes([1, version]) + header
+
+
+KV = [
+    ("all", kv_list(limit=253)),
+    ("all-max", kv_list(limit=255)),
+    ("limit-0", kv_list(limit=0)),
+    ("limit-1001", kv_list(limit=254)),
+    ("prefix-a", kv_list(prefix=b"a", limit=2)),
+    ("prefix-a-cursor", kv_list(prefix=b"a", limit=2, cursor=B64(b"ab"))),
+    ("prefix-a-cursor-text", kv_list(prefix=b"a", limit=2, cursor=b"ab", encode=True)),
+    ("cursor-padded", kv_list(prefix=b"a", limit=2, cursor=B64(b"a") + b"==")),
+    ("cursor-padded-flag", kv_list(limit=3, cursor=b"a", encode=True, pad=2)),
+    ("cursor-deleted-key", kv_list(limit=3, cursor=B64(b"aa"))),
+    ("cursor-outside-prefix", kv_list(prefix=b"b", cursor=B64(b"a"))),
+    ("cursor-bang", kv_list(prefix=b"a", cursor=b"!!!")),
+    ("cursor-empty", kv_list(prefix=b"a", cursor=b"")),
+    ("cursor-not-utf8", kv_list(prefix=b"a", cursor=B64(b"\xff\xfe"))),
+    ("cursor-nul", kv_list(prefix=b"a", cursor=B64(b"a\x00b"))),
+    ("cursor-newline", kv_list(cursor=b"a\nb", encode=True)),
+    ("cursor-std-alphabet", kv_list(cursor=base64.b64encode("ключ 🙂".encode()))),
+    ("cursor-url-alphabet", kv_list(cursor=B64("ключ 🙂".encode()))),
+    ("cursor-trailing-bits", kv_list(cursor=b"YR")),
+    ("cursor-too-long", kv_list(cursor=b"A" * 2000)),
+    ("cursor-512", kv_list(limit=2, cursor=b"k" * 512, encode=True)),
+    ("cursor-512-pad1", kv_list(limit=2, cursor=b"k" * 512, encode=True, pad=1)),
+    ("cursor-512-pad2", kv_list(limit=2, cursor=b"k" * 512, encode=True, pad=2)),
+    ("cursor-513", kv_list(cursor=b"k" * 513, encode=True)),
+    ("cursor-e-acute", kv_list(prefix="é".encode(), cursor="é".encode(), encode=True)),
+    ("prefix-unicode", kv_list(prefix="ключ".encode())),
+    ("prefix-nul", kv_list(prefix=b"a\x00")),
+    ("prefix-newline", kv_list(prefix=b"\n")),
+    ("prefix-del", kv_list(prefix=b"\x7f")),
+    ("prefix-slash", kv_list(prefix=b"../")),
+    ("prefix-not-utf8", kv_list(prefix=b"\xc3")),
+    ("ns-lm", kv_list(ns="lm", limit=1)),
+    ("ns-lm-cursor", kv_list(ns="lm", limit=1, cursor=B64(b"a"))),
+    ("ns-void", kv_list(ns="void")),
+    ("ns-invalid", kv_list(ns="..", cursor=b"!!")),
+    ("ttl-expired", kv_list(clock="T0+1s", prefix=b"ab", limit=1)),
+    ("ttl-all-expired", kv_list(clock="T0+25h", prefix=b"z", limit=1)),
+    ("ttl-clock-0", kv_list(clock="0", prefix=b"z", limit=1)),
+    ("ttl-cursor-expired", kv_list(clock="T0+1s", cursor=B64(b"ab-ttl"), limit=2)),
+]
+for tag in [b"*", b'"0000000000000001"', b'W/"000000000000002a"', b'"000000000000002a"',
+            b"0123456789abcdef", b'"ffffffffffffffff", W/"0000000000000001"',
+            b'"a", "b,c", *', b'"a,*", "b"', b"W/*", b'"*"', b' , ,, ', b'"unterminated, *',
+            b'W/ "0000000000000001"', b'  "0000000000000001"  ', b'"', b'""', b'W/""',
+            b'"0000000000000001"garbage', "\u00a0*\u3000".encode()]:
+    for v in range(5):
+        KV.append((f"etag-v{v}", etag_header(tag, v)))
+
 
 def main():
     write("http_request", HTTP + [(f"malformed-{i:02}", m) for i, m in enumerate(MALFORMED)]
@@ -198,6 +297,8 @@ def main():
     write("execute_decode", execute_bodies())
     write("sse_utf8", SSE)
     write("build_frame", FRAMES)
+    write("fs_normalize", FS_PATHS)
+    write("kv_cursor", KV)
 
 
 if __name__ == "__main__":
