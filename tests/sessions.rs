@@ -162,7 +162,7 @@ fn test_upload_read_by_code_and_zip_download() {
     d.wait_ready();
     let s = create(&d, json!({"runtime": "python-slim"}));
     // Upload (with 100-continue) into a new subdirectory.
-    let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let body: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
     let mut c = d.connect();
     write!(
         c,
@@ -178,7 +178,7 @@ fn test_upload_read_by_code_and_zip_download() {
     c.write_all(&body).unwrap();
     let up = common::read_response(&mut r, false).unwrap();
     assert_eq!(up.status, 200, "{}", up.text());
-    assert_eq!(up.json(), json!({"path": "/data/in.bin", "bytes": 200_000}));
+    assert_eq!(up.json(), json!({"path": "/data/in.bin", "bytes": 700_000}));
     // Code reads it and writes a tree.
     let v = exec_ok(
         &d,
@@ -190,7 +190,7 @@ fn test_upload_read_by_code_and_zip_download() {
          open('out/deep/b.txt','w').write('beta'*1000)\n\
          os.symlink('/etc/passwd', 'out/link')",
     );
-    let want = format!("200000 {}\n", sha256_hex(&body));
+    let want = format!("700000 {}\n", sha256_hex(&body));
     assert_eq!(v["run"]["stdout"], want.as_str(), "{v}");
     // Chunked upload.
     let mut c = d.connect();

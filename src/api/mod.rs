@@ -92,6 +92,8 @@ pub type Job = Box<dyn FnOnce() -> Outcome + Send + 'static>;
 pub enum Outcome {
     /// Send this response.
     Respond(Response),
+    /// Send this response and close (a request body may be left unread).
+    RespondClose(Response),
     /// Run this plan (a session step).
     Execute {
         /// The validated plan, holding its session lease.

@@ -59,14 +59,15 @@ pub enum Phase {
         /// The head.
         head: Box<Head>,
     },
-    /// An upload's body is being written to its temporary file.
+    /// An upload's body is being received; the pool writes it to its temporary file
+    /// in chunks (this thread never writes to disk).
     Upload {
         /// Framing state.
         state: BodyState,
-        /// The file being written (taken out to commit or abort it on the pool).
+        /// The file being written; `None` while a pool job is writing a chunk to it.
         target: Option<Box<api::UploadTarget>>,
-        /// Bytes written.
-        written: u64,
+        /// Decoded bytes not yet handed to the pool.
+        buf: Vec<u8>,
     },
     /// A response body is being forwarded from a transfer thread's pipe.
     Transfer(Box<super::transfer::Transfer>),
@@ -233,9 +234,15 @@ impl Daemon {
             // is full, and a write the kernel takes at once brings no writable edge later.
             self.conn_flush(ck);
             let Some(c) = self.conns.get(ck) else { return };
+            // An upload whose chunk is being written takes nothing until it is back.
             let takes_input = matches!(
                 c.phase,
-                Phase::Head | Phase::Body { .. } | Phase::Upload { .. }
+                Phase::Head
+                    | Phase::Body { .. }
+                    | Phase::Upload {
+                        target: Some(_),
+                        ..
+                    }
             ) && !c.close_after_flush;
             let progressed = before.is_some_and(|b| b != c.rbuf.len());
             let held_back = (progressed || blocked) && !c.rbuf.is_empty();
@@ -738,6 +745,21 @@ impl Daemon {
             .map(|(k, _)| k)
             .collect();
         for ck in idle {
+            self.close_conn(ck);
+        }
+    }
+
+    /// Closes every connection not waiting for a run (uploads, downloads, pool jobs,
+    /// bodies, unread responses) at the end of the shutdown grace. Runs end by being
+    /// killed, and their connections then.
+    pub(crate) fn close_unfinished_conns(&mut self) {
+        let stuck: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !matches!(c.phase, Phase::Busy { .. } | Phase::Stream { .. }))
+            .map(|(k, _)| k)
+            .collect();
+        for ck in stuck {
             self.close_conn(ck);
         }
     }

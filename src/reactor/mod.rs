@@ -385,7 +385,11 @@ impl Daemon {
                     TimerKey::Run(rk, gen) => self.run_timer(rk, gen),
                     TimerKey::Keepalive(rk, serial) => self.run_keepalive(rk, serial),
                     TimerKey::Accept => self.accept(),
-                    TimerKey::ShutdownGrace => self.kill_all_runs(),
+                    TimerKey::ShutdownGrace => {
+                        self.kill_all_runs();
+                        // Uploads, downloads and jobs still going get no more time.
+                        self.close_unfinished_conns();
+                    }
                     TimerKey::Housekeeping => self.housekeeping(),
                 }
             }

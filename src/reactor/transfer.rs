@@ -2,10 +2,11 @@
 //! streamed to a file as they arrive, and for downloads forwarded from a transfer
 //! thread's pipe.
 //!
-//! An upload body is written to its temporary file from this thread as it is decoded
-//! (as nginx writes request bodies to temp files from its event loop: page-cache
-//! writes), so it is never held whole; opening, `fsync`, rename and abort run on the
-//! pool. A download is produced by its own thread into a pipe registered here, with
+//! An upload body is decoded here and written to its temporary file by pool jobs, one
+//! 256 KiB chunk at a time: while a chunk is being written, nothing more is read from
+//! the client (the read-ahead bound pushes back), so the body is never held whole and
+//! this thread never waits on a disk. Opening, the last write, `fsync`, rename and abort
+//! run on the pool too. A download is produced by its own thread into a pipe registered here, with
 //! the usual write-buffer backpressure: when the client does not read, the pipe is
 //! not read, and the thread blocks.
 
@@ -15,6 +16,9 @@ use crate::api::sessions::{self as sapi, XFER_OK};
 use crate::api::{self, Download, Outcome, UploadTarget};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::limits::{MAX_WRITE_BUFFER_BYTES, UPLOAD_BODY_BYTES};
+
+/// Upload bytes gathered before a pool job writes them to the file.
+pub const UPLOAD_CHUNK_BYTES: usize = 256 * 1024;
 use crate::http::{Framing, Head, Response};
 use crate::sandbox::events::Completion;
 use mio::unix::pipe;
@@ -79,6 +83,10 @@ impl Daemon {
             Outcome::Respond(resp) => {
                 self.respond(ck, resp);
                 self.conn_pump(ck);
+            }
+            Outcome::RespondClose(resp) => {
+                self.respond_and_close(ck, resp);
+                self.conn_after_io(ck);
             }
             Outcome::Execute { plan, stream } => {
                 self.start_run(ck, plan, stream);
@@ -189,62 +197,56 @@ impl Daemon {
         c.phase = Phase::Upload {
             state,
             target: Some(target),
-            written: 0,
+            buf: Vec::new(),
         };
         let t = Duration::from_millis(self.cfg.head_timeout_ms);
         self.arm_conn(ck, t);
         self.conn_pump(ck);
     }
 
-    /// Writes body bytes from the read buffer to the file. Returns true when the body
-    /// is complete and its commit was handed to the pool.
+    /// Decodes body bytes from the read buffer and hands them to the pool in chunks of
+    /// [`UPLOAD_CHUNK_BYTES`]; while a chunk is being written nothing more is consumed,
+    /// so the read-ahead bound pushes back on the client. Returns true when the request
+    /// is finished (its commit handed to the pool) and the next may be parsed.
     pub(crate) fn advance_upload(&mut self, ck: usize) -> bool {
         let Some(c) = self.conns.get_mut(ck) else {
             return false;
         };
-        let Phase::Upload {
-            state,
-            target,
-            written,
-        } = &mut c.phase
-        else {
+        let Phase::Upload { state, target, buf } = &mut c.phase else {
             return false;
         };
-        let Some(t) = target.as_mut() else {
-            return false;
-        };
+        if target.is_none() {
+            return false; // a chunk is being written
+        }
         let mut err: Option<Response> = None;
         let mut progressed = false;
         let done = match state {
             BodyState::Length(remaining) => {
+                let room = UPLOAD_CHUNK_BYTES.saturating_sub(buf.len());
                 let take = usize::try_from(*remaining)
                     .unwrap_or(usize::MAX)
-                    .min(c.rbuf.len());
+                    .min(c.rbuf.len())
+                    .min(room);
                 if take > 0 {
-                    if let Err(e) = t.upload.file().write_all(&c.rbuf[..take]) {
-                        err = Some(write_error(&e));
-                    }
-                    c.rbuf.drain(..take);
+                    buf.extend(c.rbuf.drain(..take));
                     *remaining -= take as u64;
-                    *written += take as u64;
                     progressed = true;
                 }
                 *remaining == 0
             }
             BodyState::Chunked(dec) => {
-                let mut out = Vec::new();
-                let cap = UPLOAD_BODY_BYTES
-                    .saturating_sub(usize::try_from(*written).unwrap_or(usize::MAX));
-                match dec.feed(&c.rbuf, &mut out, cap) {
+                // The decoder counts the whole body against the cap itself.
+                let cap = UPLOAD_BODY_BYTES;
+                // The decoder stops at the end of the input; bound what is fed so the
+                // chunk buffer stays near UPLOAD_CHUNK_BYTES.
+                let feed = c
+                    .rbuf
+                    .len()
+                    .min(UPLOAD_CHUNK_BYTES.saturating_sub(buf.len()) + 64);
+                match dec.feed(&c.rbuf[..feed], buf, cap) {
                     Ok(n) => {
                         c.rbuf.drain(..n);
                         progressed = n > 0;
-                        if !out.is_empty() {
-                            if let Err(e) = t.upload.file().write_all(&out) {
-                                err = Some(write_error(&e));
-                            }
-                            *written += out.len() as u64;
-                        }
                         dec.is_done()
                     }
                     Err(ChunkError::TooLarge) => {
@@ -263,30 +265,99 @@ impl Daemon {
             self.respond_and_close(ck, resp);
             return false;
         }
-        if !done {
-            if progressed {
-                let t = Duration::from_millis(self.cfg.head_timeout_ms);
-                self.arm_conn(ck, t);
-            }
-            return false;
+        if progressed {
+            let t = Duration::from_millis(self.cfg.head_timeout_ms);
+            self.arm_conn(ck, t);
         }
         let Some(c) = self.conns.get_mut(ck) else {
             return false;
         };
-        let Phase::Upload { target, .. } = std::mem::replace(&mut c.phase, Phase::Job) else {
-            return false;
-        };
-        let Some(target) = target else {
-            return false;
-        };
         let serial = c.serial;
-        let job = Box::new(move || Completion::Outcome {
-            conn: ck,
-            serial,
-            outcome: Outcome::Respond(sapi::upload_commit(*target)),
-        });
-        self.submit_must(job);
+        let Phase::Upload { target, buf, .. } = &mut c.phase else {
+            return false;
+        };
+        if done {
+            let Phase::Upload {
+                target: Some(t),
+                buf,
+                ..
+            } = std::mem::replace(&mut c.phase, Phase::Job)
+            else {
+                return false;
+            };
+            // The last chunk and the commit (fsync, rename) in one job.
+            let job = Box::new(move || {
+                let mut t = t;
+                let resp = match t.upload.file().write_all(&buf) {
+                    Ok(()) => sapi::upload_commit(*t),
+                    Err(e) => {
+                        drop(t);
+                        write_error(&e)
+                    }
+                };
+                let close = resp.status >= 400;
+                Completion::Outcome {
+                    conn: ck,
+                    serial,
+                    outcome: if close {
+                        Outcome::RespondClose(resp)
+                    } else {
+                        Outcome::Respond(resp)
+                    },
+                }
+            });
+            self.submit_must(job);
+            return false;
+        }
+        if buf.len() >= UPLOAD_CHUNK_BYTES {
+            let (Some(mut t), chunk) = (target.take(), std::mem::take(buf)) else {
+                return false;
+            };
+            let job = Box::new(move || {
+                let result = t
+                    .upload
+                    .file()
+                    .write_all(&chunk)
+                    .map_err(|e| write_error(&e));
+                Completion::UploadWrote {
+                    conn: ck,
+                    serial,
+                    target: t,
+                    result,
+                }
+            });
+            self.submit_must(job);
+        }
         false
+    }
+
+    /// A chunk of an upload was written (or failed).
+    pub(crate) fn on_upload_wrote(
+        &mut self,
+        ck: usize,
+        serial: u64,
+        target: Box<UploadTarget>,
+        result: Result<(), Response>,
+    ) {
+        let live = self.conns.get(ck).is_some_and(|c| {
+            c.serial == serial && matches!(c.phase, Phase::Upload { target: None, .. })
+        });
+        if !live {
+            self.abort_upload(Some(target));
+            return;
+        }
+        if let Err(resp) = result {
+            self.abort_upload(Some(target));
+            self.respond_and_close(ck, resp);
+            self.conn_after_io(ck);
+            return;
+        }
+        if let Some(Phase::Upload { target: slot, .. }) =
+            self.conns.get_mut(ck).map(|c| &mut c.phase)
+        {
+            *slot = Some(target);
+        }
+        self.conn_pump(ck);
     }
 
     /// Takes the upload out of the connection (if it has one) and aborts it.

@@ -74,6 +74,17 @@ pub enum Completion {
         /// The target, or the refusal.
         result: Result<Box<crate::api::UploadTarget>, Response>,
     },
+    /// A chunk of an upload was written to its file (the target comes back).
+    UploadWrote {
+        /// Connection key.
+        conn: usize,
+        /// Connection serial.
+        serial: u64,
+        /// The upload, returned to the connection.
+        target: Box<crate::api::UploadTarget>,
+        /// The write's outcome (an error response: quota, I/O).
+        result: Result<(), Response>,
+    },
     /// Session upkeep ended.
     Upkeep,
 }
@@ -313,6 +324,12 @@ impl Daemon {
                 result,
             } => self.on_upload_ready(conn, serial, result),
             Completion::Upkeep => self.upkeep_running = false,
+            Completion::UploadWrote {
+                conn,
+                serial,
+                target,
+                result,
+            } => self.on_upload_wrote(conn, serial, target, result),
             Completion::Reaped {
                 run,
                 serial,
