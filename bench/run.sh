@@ -52,6 +52,7 @@ python3 bench/load/execute.py || rc=1
 echo
 python3 bench/load/sessions.py || rc=1
 echo
+python3 bench/load/kv.py || rc=1; echo
 cargo bench --bench store || rc=1
 
 # Nothing of ours may be left running.
