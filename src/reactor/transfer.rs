@@ -206,8 +206,9 @@ impl Daemon {
 
     /// Decodes body bytes from the read buffer and hands them to the pool in chunks of
     /// [`UPLOAD_CHUNK_BYTES`]; while a chunk is being written nothing more is consumed,
-    /// so the read-ahead bound pushes back on the client. Returns true when the request
-    /// is finished (its commit handed to the pool) and the next may be parsed.
+    /// so the read-ahead bound pushes back on the client. Always returns false: once the
+    /// body is complete the connection waits in `Job` for the commit's outcome, which
+    /// resumes parsing.
     pub(crate) fn advance_upload(&mut self, ck: usize) -> bool {
         let Some(c) = self.conns.get_mut(ck) else {
             return false;
