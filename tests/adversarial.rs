@@ -663,12 +663,18 @@ fn test_r3_r4_memory_bombs_and_tmpfs_count_as_memory() {
     // R4, written in 1 MiB steps so the tmpfs (not Python's heap) is what fills up.
     let code = "import os\nfor d in ['/dev/shm', '/tmp']:\n n = 0\n try:\n  f = open(d + '/x', 'wb')\n  for _ in range(4096):\n   f.write(b'\\0' * (1 << 20)); f.flush(); n += 1\n  print(d, 'wrote', n, flush=True)\n except OSError as e:\n  print(d, 'errno', e.errno, n, flush=True)";
     let instance = a.d.instance.clone();
+    // Earlier runs' cgroups may still be there for a moment (they are removed on the
+    // pool after their responses): only this run's cgroup counts.
+    let earlier: HashSet<PathBuf> = run_cgroups("memory", &instance).into_iter().collect();
     let (r, caps) = std::thread::scope(|s| {
         let a2 = &a;
         let h = s.spawn(move || a2.exec(code, json!({"memoryBytes": mib64})));
         let mut caps = HashSet::new();
         while !h.is_finished() {
-            for dir in run_cgroups("memory", &instance) {
+            for dir in run_cgroups("memory", &instance)
+                .into_iter()
+                .filter(|d| !earlier.contains(d))
+            {
                 if let Ok(v) = std::fs::read_to_string(dir.join("memory.limit_in_bytes")) {
                     caps.insert(v.trim().parse::<u64>().unwrap_or(0));
                 }
