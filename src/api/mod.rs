@@ -132,6 +132,28 @@ pub struct UploadTarget {
 /// The head-time job of an upload.
 pub type UploadJob = Box<dyn FnOnce() -> Result<Box<UploadTarget>, Response> + Send + 'static>;
 
+/// Decodes a JSON body whole (trailing bytes refused); the 400 `invalid_json` names the
+/// field at fault (e.g. `ttlSec: invalid type: ...`).
+///
+/// # Errors
+/// The 400 response.
+pub fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let v: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let detail = if path == "." || path.is_empty() {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        };
+        Response::error(400, "invalid_json", Some(&detail))
+    })?;
+    de.end()
+        .map_err(|e| Response::error(400, "invalid_json", Some(&e.to_string())))?;
+    Ok(v)
+}
+
 /// Answers for a route error.
 pub fn route_error(e: RouteError) -> Response {
     match e {

@@ -140,23 +140,10 @@ fn token(head: &Head) -> Option<String> {
 
 /// `POST /v1/sessions`.
 pub fn create(app: &mut App, req: &Request) -> Action {
-    let mut de = serde_json::Deserializer::from_slice(&req.body);
-    let b: CreateBody = match serde_path_to_error::deserialize(&mut de) {
+    let b: CreateBody = match super::decode_json(&req.body) {
         Ok(b) => b,
-        Err(e) => {
-            let path = e.path().to_string();
-            let inner = e.into_inner();
-            let detail = if path == "." || path.is_empty() {
-                inner.to_string()
-            } else {
-                format!("{path}: {inner}")
-            };
-            return Action::Respond(Response::error(400, "invalid_json", Some(&detail)));
-        }
+        Err(r) => return Action::Respond(r),
     };
-    if let Err(e) = de.end() {
-        return Action::Respond(Response::error(400, "invalid_json", Some(&e.to_string())));
-    }
     match b.kind.as_deref() {
         None | Some("filesystem") => {}
         Some("kernel") => {

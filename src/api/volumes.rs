@@ -43,19 +43,9 @@ pub fn collection(app: &mut App, req: &Request) -> Action {
     let sessions = Arc::clone(&app.sessions);
     let tenant = req.tenant.clone();
     if req.head.method == "POST" {
-        let mut de = serde_json::Deserializer::from_slice(&req.body);
-        let b: CreateBody = match serde_path_to_error::deserialize(&mut de) {
+        let b: CreateBody = match super::decode_json(&req.body) {
             Ok(b) => b,
-            Err(e) => {
-                let path = e.path().to_string();
-                let inner = e.into_inner();
-                let detail = if path == "." || path.is_empty() {
-                    inner.to_string()
-                } else {
-                    format!("{path}: {inner}")
-                };
-                return Action::Respond(Response::error(400, "invalid_json", Some(&detail)));
-            }
+            Err(r) => return Action::Respond(r),
         };
         let name = b.name.unwrap_or_default();
         let name = name.trim();
