@@ -226,6 +226,36 @@ pub const SETTINGS: &[Setting] = &[
         help: "volumes that may exist at once (429 too_many_volumes above)",
     },
     Setting {
+        flag: "--egress",
+        env: "ISOBOX_EGRESS",
+        default: "on",
+        help: "`on`: runs asking for network get filtered egress (public internet only) while the firewall is verified; `off`: every run is offline",
+    },
+    Setting {
+        flag: "--net-pool",
+        env: "ISOBOX_NET_POOL",
+        default: "10.200.0.0/16",
+        help: "private IPv4 range the sandboxes' links are numbered from (a /30 each); must not overlap the host's networks",
+    },
+    Setting {
+        flag: "--net-dns",
+        env: "ISOBOX_NET_DNS",
+        default: "1.1.1.1,8.8.8.8",
+        help: "resolvers written to the sandbox's /etc/resolv.conf (public addresses: private ones are blocked)",
+    },
+    Setting {
+        flag: "--egress-deny",
+        env: "ISOBOX_EGRESS_DENY",
+        default: "",
+        help: "extra IPv4 ranges sandboxes may not reach (comma-separated CIDRs), beside the built-in private and special ranges",
+    },
+    Setting {
+        flag: "--egress-verify-sec",
+        env: "ISOBOX_EGRESS_VERIFY_SEC",
+        default: "10",
+        help: "how often the firewall is read back and, when it is found wrong, programmed again",
+    },
+    Setting {
         flag: "--shutdown-grace-ms",
         env: "ISOBOX_SHUTDOWN_GRACE_MS",
         default: "10000",
@@ -300,6 +330,23 @@ pub struct Config {
     pub seccomp: bool,
     /// Session settings.
     pub sessions: SessionConfig,
+    /// Egress settings.
+    pub egress: EgressConfig,
+}
+
+/// Settings of filtered egress.
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    /// Give runs network at all.
+    pub enabled: bool,
+    /// Address pool of the sandboxes' links.
+    pub pool: crate::netfilter::Cidr,
+    /// Resolvers for the sandbox.
+    pub dns: Vec<std::net::Ipv4Addr>,
+    /// Extra denied ranges.
+    pub deny: Vec<crate::netfilter::Cidr>,
+    /// Re-verification interval.
+    pub verify_sec: u64,
 }
 
 /// Settings of filesystem sessions.
@@ -472,6 +519,25 @@ impl Config {
                 )?,
                 max_volumes: parse_or("ISOBOX_MAX_VOLUMES", get("ISOBOX_MAX_VOLUMES"), 1000)?,
             },
+            egress: EgressConfig {
+                enabled: match get("ISOBOX_EGRESS").as_deref().map(str::trim) {
+                    None | Some("on" | "1" | "true") => true,
+                    Some("off" | "0" | "false") => false,
+                    Some(v) => return Err(invalid("ISOBOX_EGRESS", v, "on or off")),
+                },
+                pool: parse_or(
+                    "ISOBOX_NET_POOL",
+                    get("ISOBOX_NET_POOL"),
+                    crate::netfilter::Cidr::DEFAULT_POOL,
+                )?,
+                dns: parse_list("ISOBOX_NET_DNS", get("ISOBOX_NET_DNS"), "1.1.1.1,8.8.8.8")?,
+                deny: parse_list("ISOBOX_EGRESS_DENY", get("ISOBOX_EGRESS_DENY"), "")?,
+                verify_sec: parse_or(
+                    "ISOBOX_EGRESS_VERIFY_SEC",
+                    get("ISOBOX_EGRESS_VERIFY_SEC"),
+                    10,
+                )?,
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -536,6 +602,24 @@ impl Config {
                 "ISOBOX_SESSION_TTL_MAX_SEC",
                 &s.ttl_max_sec.to_string(),
                 "between 1 and 31622400",
+            ));
+        }
+        let e = &self.egress;
+        if !(16..=30).contains(&e.pool.prefix_len()) {
+            return Err(invalid(
+                "ISOBOX_NET_POOL",
+                &e.pool.to_string(),
+                "a prefix between /16 and /30 (a /30 per sandbox)",
+            ));
+        }
+        if e.dns.len() > 3 {
+            return Err(invalid("ISOBOX_NET_DNS", "", "at most 3 resolvers"));
+        }
+        if !(1..=86_400).contains(&e.verify_sec) {
+            return Err(invalid(
+                "ISOBOX_EGRESS_VERIFY_SEC",
+                &e.verify_sec.to_string(),
+                "between 1 and 86400",
             ));
         }
         if !(1..=64).contains(&self.workers) {
@@ -629,6 +713,26 @@ fn invalid(name: &str, value: &str, why: &str) -> ConfigError {
         value: value.into(),
         why: why.into(),
     }
+}
+
+/// A comma-separated list, each item parsed; empty items are skipped.
+fn parse_list<T: std::str::FromStr>(
+    name: &str,
+    v: Option<String>,
+    default: &str,
+) -> Result<Vec<T>, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    let s = v.unwrap_or_else(|| default.to_string());
+    s.split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .map(|i| {
+            i.parse()
+                .map_err(|e: T::Err| invalid(name, i, &e.to_string()))
+        })
+        .collect()
 }
 
 fn parse_or<T: std::str::FromStr>(

@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod config;
 pub mod http;
 pub mod log;
+pub mod netfilter;
 pub mod reactor;
 pub mod router;
 pub mod runtimes;

@@ -14,6 +14,17 @@ struct Health<'a> {
     counters: &'a super::Counters,
     open_fds: usize,
     rss_bytes: u64,
+    egress: serde_json::Value,
+}
+
+/// `{"state": "verified" | "unverified" | "off", "reason"?}`.
+pub fn egress_json(app: &App) -> serde_json::Value {
+    use crate::netfilter::State;
+    match app.egress.state() {
+        State::Off => serde_json::json!({"state": "off"}),
+        State::Verified => serde_json::json!({"state": "verified"}),
+        State::Unverified(why) => serde_json::json!({"state": "unverified", "reason": why}),
+    }
 }
 
 /// Liveness: always 200 while the loop turns, with slot and run figures.
@@ -28,6 +39,7 @@ pub fn healthz(app: &App) -> Response {
             counters: &app.counters,
             open_fds: app.process_figures.0,
             rss_bytes: app.process_figures.1,
+            egress: egress_json(app),
         },
     )
 }
@@ -66,11 +78,16 @@ pub fn not_ready_reason(app: &App) -> Option<String> {
 /// Readiness per the spec: slice capped and backend healthy.
 pub fn readyz(app: &App) -> Response {
     match not_ready_reason(app) {
+        // Unverified egress does not make the daemon unready: runs still work, offline,
+        // and say so; the state is here for operators and monitors.
         None => Response::json(
             200,
-            &serde_json::json!({"ready": true, "backend": "gvisor"}),
+            &serde_json::json!({"ready": true, "backend": "gvisor", "egress": egress_json(app)}),
         ),
-        Some(reason) => Response::json(503, &serde_json::json!({"ready": false, "reason": reason})),
+        Some(reason) => Response::json(
+            503,
+            &serde_json::json!({"ready": false, "reason": reason, "egress": egress_json(app)}),
+        ),
     }
 }
 

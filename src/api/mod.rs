@@ -68,6 +68,8 @@ pub struct App {
     pub process_figures: (usize, u64),
     /// Filesystem sessions.
     pub sessions: Arc<crate::workspace::Sessions>,
+    /// Filtered egress.
+    pub egress: Arc<crate::netfilter::Egress>,
 }
 
 /// What the reactor must do for a request.

@@ -33,7 +33,9 @@ pub const WAKER: Token = Token(1);
 pub const SIGNALS: Token = Token(2);
 /// The reload pipe (SIGHUP).
 pub const RELOAD: Token = Token(3);
-const FIRST_SOURCE: usize = 4;
+/// The netlink socket announcing nftables changes (egress re-verification).
+pub const EGRESS: Token = Token(4);
+const FIRST_SOURCE: usize = 5;
 
 /// What a registered fd belongs to.
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +103,14 @@ pub struct Daemon {
     pub(crate) upkeep_running: bool,
     /// When the next session upkeep is due.
     next_upkeep: Instant,
+    /// An egress check is queued or running.
+    pub(crate) egress_running: bool,
+    /// A ruleset change was announced while a check ran: check again after it.
+    pub(crate) egress_dirty: bool,
+    /// When the next periodic egress check (and repair) is due.
+    next_egress: Instant,
+    /// Subscribed to nftables changes.
+    egress_monitor: Option<crate::sys::netlink::NlSocket>,
 }
 
 /// Startup failed.
@@ -196,6 +206,7 @@ impl Daemon {
             runs_dir,
             instance: cfg.instance.clone(),
             cgroups: cgroups.clone(),
+            egress: None,
         });
         let swept = backend.sweep();
         if swept > 0 {
@@ -223,7 +234,33 @@ impl Daemon {
             crate::workspace::Sessions::open(&cfg.data_dir, cfg.sessions.clone())
                 .map_err(|e| io_err("opening sessions")(io::Error::other(e.to_string())))?,
         );
+        // After the sessions' sweep: egress makes the data dir a shared mount, which
+        // would hide mounts a crash left below it.
+        let egress = crate::netfilter::Egress::new(&cfg);
+        egress.start();
         let poll = Poll::new().map_err(io_err("creating poll"))?;
+        let egress_monitor = if egress.enabled() {
+            match egress.monitor() {
+                Ok(s) => {
+                    poll.registry()
+                        .register(
+                            &mut mio::unix::SourceFd(&std::os::fd::AsRawFd::as_raw_fd(s.fd())),
+                            EGRESS,
+                            Interest::READABLE,
+                        )
+                        .map_err(io_err("register egress monitor"))?;
+                    Some(s)
+                }
+                Err(e) => {
+                    // Periodic checks still run; changes are only seen later.
+                    log::warn!("egress: cannot subscribe to nftables changes: {e}");
+                    None
+                }
+            }
+        } else {
+            log::info!("egress: off (ISOBOX_EGRESS=off); every run is offline");
+            None
+        };
         std_listener
             .set_nonblocking(true)
             .map_err(io_err("listener nonblocking"))?;
@@ -251,7 +288,14 @@ impl Daemon {
             shutting_down: false,
             process_figures: (crate::sys::open_fd_count(), crate::sys::rss_bytes()),
             sessions,
+            egress: Arc::clone(&egress),
         };
+        // Runs lease their networks through the backend.
+        let backend = Arc::new(Backend {
+            egress: egress.enabled().then_some(egress),
+            ..(*backend).clone()
+        });
+        let egress_verify_sec = cfg.egress.verify_sec;
         Ok(Daemon {
             cfg,
             poll,
@@ -276,6 +320,10 @@ impl Daemon {
             shutdown_deadline: None,
             upkeep_running: false,
             next_upkeep: Instant::now(),
+            egress_running: false,
+            egress_dirty: false,
+            next_egress: Instant::now() + Duration::from_secs(egress_verify_sec),
+            egress_monitor,
         })
     }
 
@@ -355,6 +403,16 @@ impl Daemon {
                     RELOAD => {
                         drain(&mut self.reload_rx);
                         self.admission.reload();
+                        // An operator's repair: program the table again and check it.
+                        self.start_egress_check(true);
+                    }
+                    EGRESS => {
+                        if let Some(m) = &self.egress_monitor {
+                            let mut buf = [0u8; 8192];
+                            while m.recv(&mut buf).is_ok() {}
+                        }
+                        self.egress_dirty = true;
+                        self.start_egress_check(false);
                     }
                     t => {
                         let Some(&src) = self.sources.get(t.0 - FIRST_SOURCE) else {
@@ -424,11 +482,12 @@ impl Daemon {
         &self,
     ) -> io::Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>)> {
         let (go, wait) = crossbeam_channel::bounded::<()>(1);
-        let (cgroups, instance, state_root, sessions) = (
+        let (cgroups, instance, state_root, sessions, egress) = (
             self.app.cgroups.clone(),
             self.cfg.instance.clone(),
             self.backend.state_root.clone(),
             Arc::clone(&self.app.sessions),
+            Arc::clone(&self.app.egress),
         );
         let handle = std::thread::Builder::new()
             .name("isobox-teardown".into())
@@ -437,6 +496,7 @@ impl Daemon {
                     return;
                 }
                 sessions.unmount_all();
+                egress.stop();
                 if let Some(h) = &cgroups {
                     h.remove_slice(&instance);
                 }
@@ -470,8 +530,40 @@ impl Daemon {
                 self.next_upkeep = now + Duration::from_secs(5);
             }
         }
+        if now >= self.next_egress || self.egress_dirty {
+            self.start_egress_check(false);
+        }
         self.timers
             .insert(now + Duration::from_secs(1), TimerKey::Housekeeping);
+    }
+
+    /// Queues an egress check on the pool: `repair` programs the table first (SIGHUP);
+    /// the periodic check re-programs only a table found wrong; a netlink change only
+    /// reads it back. One at a time; a change seen meanwhile is checked after.
+    pub(crate) fn start_egress_check(&mut self, repair: bool) {
+        if !self.app.egress.enabled() || self.egress_running || self.app.shutting_down {
+            return;
+        }
+        let now = Instant::now();
+        let periodic = now >= self.next_egress;
+        let egress = Arc::clone(&self.app.egress);
+        let job = Box::new(move || {
+            if repair {
+                egress.program_and_verify();
+            } else if periodic {
+                egress.tick();
+            } else {
+                egress.verify();
+            }
+            crate::sandbox::events::Completion::EgressChecked
+        });
+        if self.pool.submit(job).is_ok() {
+            self.egress_running = true;
+            self.egress_dirty = false;
+            if periodic || repair {
+                self.next_egress = now + Duration::from_secs(self.cfg.egress.verify_sec);
+            }
+        }
     }
 
     fn drain_completions(&mut self) {

@@ -92,6 +92,7 @@ pub fn config(
     proc_spec: &ProcessSpec<'_>,
     src_dir: &Path,
     cgroups_path: &str,
+    net: Option<&crate::netfilter::NetLease>,
 ) -> Value {
     let mem = plan.limits.memory_bytes;
     let tmpfs = |dest: &str, size: u64| json!({"destination": dest, "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={size}")]});
@@ -112,6 +113,15 @@ pub fn config(
             mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
         }
     }
+    // A networked run joins the namespace built for it, with our resolvers; an offline
+    // one gets a fresh namespace that runsc leaves empty (`--network=none`).
+    let network = match net {
+        Some(n) => {
+            mounts.push(json!({"destination": "/etc/resolv.conf", "type": "bind", "source": n.resolv_conf(), "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]}));
+            json!({"type": "network", "path": n.ns_path()})
+        }
+        None => json!({"type": "network"}),
+    };
     let mut env = vec![
         "PATH=/usr/local/bin:/usr/bin:/bin".to_string(),
         "LANG=C.UTF-8".to_string(),
@@ -138,7 +148,7 @@ pub fn config(
         "hostname": "isobox",
         "mounts": mounts,
         "linux": {
-            "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
+            "namespaces": [{"type": "pid"}, network, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}],
             "cgroupsPath": cgroups_path
         }
     })

@@ -87,6 +87,8 @@ pub enum Completion {
     },
     /// Session upkeep ended.
     Upkeep,
+    /// An egress check (and maybe repair) finished.
+    EgressChecked,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +136,8 @@ pub struct Run {
     child: Option<Child>,
     cgroup: Option<RunCgroup>,
     dir: Option<PathBuf>,
+    /// The run's network namespace and link, when it got filtered egress.
+    net: Option<crate::netfilter::NetLease>,
     started: Option<Instant>,
     exited_at: Option<Instant>,
     timed_out: bool,
@@ -239,6 +243,7 @@ impl Daemon {
             child: None,
             cgroup: None,
             dir: None,
+            net: None,
             started: None,
             exited_at: None,
             timed_out: false,
@@ -324,6 +329,12 @@ impl Daemon {
                 result,
             } => self.on_upload_ready(conn, serial, result),
             Completion::Upkeep => self.upkeep_running = false,
+            Completion::EgressChecked => {
+                self.egress_running = false;
+                if self.egress_dirty {
+                    self.start_egress_check(false);
+                }
+            }
             Completion::UploadWrote {
                 conn,
                 serial,
@@ -420,6 +431,7 @@ impl Daemon {
         run.child = Some(s.child);
         run.cgroup = Some(s.cgroup);
         run.dir = Some(s.dir);
+        run.net = s.net;
         run.started = Some(s.started);
         run.state = State::Running;
         let wall = if run.compile.is_some() {
@@ -788,12 +800,16 @@ impl Daemon {
         if let Some(l) = &lease {
             l.end_step();
         }
+        // Likewise the network: its namespace and link go once the container is gone.
+        let network = run.net.is_some();
+        let net = run.net.take();
         if let (Some(cg), Some(dir)) = (run.cgroup.take(), run.dir.take()) {
             let backend = Arc::clone(&self.backend);
             let id = run.id.clone();
             let job = Box::new(move || {
                 backend.remove(&id, &cg, &dir);
                 drop(lease);
+                drop(net);
                 Completion::Done
             });
             self.submit_must(job);
@@ -860,7 +876,7 @@ impl Daemon {
             oom_killed: oom,
             truncated: run.out.iter().any(|c| c.truncated),
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
-            network: false,
+            network,
         };
         log::info!(
             "run={} lang={} exit={} timed_out={} oom={} truncated={} ms={} cancelled={}",

@@ -4,7 +4,8 @@
 //! ourselves under the protective slice, write the limits, and point the spec's
 //! `cgroupsPath` at them; runsc moves the sentry, gofer and ptrace stubs into them and
 //! leaves them in place at exit, so the OOM counter can be read afterwards. `runsc run`
-//! (not create/start/wait, whose `wait` polls for ~1.8 s) with `--network=none`.
+//! (not create/start/wait, whose `wait` polls for ~1.8 s), with `--network=none` for an
+//! offline run and gVisor's own netstack on the run's namespace (`netfilter`) otherwise.
 
 use super::bundle::{self, ProcessSpec};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
@@ -30,6 +31,8 @@ pub struct Backend {
     pub instance: String,
     /// The cgroup hierarchy.
     pub cgroups: Option<Hierarchy>,
+    /// Filtered egress, for runs that ask for a network.
+    pub egress: Option<std::sync::Arc<crate::netfilter::Egress>>,
 }
 
 /// A started sandbox, handed to the reactor.
@@ -52,6 +55,8 @@ pub struct Spawned {
     pub dir: PathBuf,
     /// When runsc was started.
     pub started: Instant,
+    /// The run's network, when it has one (released after the container is deleted).
+    pub net: Option<crate::netfilter::NetLease>,
 }
 
 /// What cleanup found.
@@ -105,14 +110,27 @@ impl Backend {
                 return Err(e.into());
             }
         };
+        // Network only while egress is verified; otherwise the run goes offline and
+        // its result says so.
+        let net = match (&self.egress, plan.network_requested) {
+            (Some(e), true) if e.verified() => match e.lease(id) {
+                Ok(l) => Some(l),
+                Err(why) => {
+                    crate::warn_limited!("sandbox={id} op=network err={why}; running offline");
+                    None
+                }
+            },
+            _ => None,
+        };
         let cfg = bundle::config(
             plan,
             &ProcessSpec { args: argv, env },
             &src,
             &format!("/{}/{}", self.instance, id),
+            net.as_ref(),
         );
-        let res =
-            bundle::write_config(&dir, &cfg).and_then(|()| self.start(id, &dir, cgroup.clone()));
+        let res = bundle::write_config(&dir, &cfg)
+            .and_then(|()| self.start(id, &dir, cgroup.clone(), net));
         match res {
             Ok(s) => Ok(s),
             Err(e) => {
@@ -127,19 +145,35 @@ impl Backend {
         let mut c = Command::new(&self.runsc);
         c.arg("--root")
             .arg(&self.state_root)
-            .arg(format!("--platform={}", self.platform))
-            .arg("--network=none");
+            .arg(format!("--platform={}", self.platform));
         c.env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
         c
     }
 
-    fn start(&self, id: &str, dir: &Path, cgroup: RunCgroup) -> Result<Spawned, SandboxError> {
+    fn start(
+        &self,
+        id: &str,
+        dir: &Path,
+        cgroup: RunCgroup,
+        net: Option<crate::netfilter::NetLease>,
+    ) -> Result<Spawned, SandboxError> {
         let mut cmd = self.runsc_cmd();
+        // gVisor's netstack on the run's namespace (raw sockets stay off, the default),
+        // or no network at all.
+        cmd.arg(if net.is_some() {
+            "--network=sandbox"
+        } else {
+            "--network=none"
+        });
         cmd.arg("run").arg("--bundle").arg(dir).arg(id);
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        crate::sys::die_with_parent_on_spawn(&mut cmd);
+        if net.is_some() {
+            crate::sys::die_with_parent_on_spawn_netstack(&mut cmd);
+        } else {
+            crate::sys::die_with_parent_on_spawn(&mut cmd);
+        }
         let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
             runsc: self.runsc.clone(),
             source,
@@ -176,6 +210,7 @@ impl Backend {
             cgroup,
             dir: dir.to_path_buf(),
             started,
+            net,
         })
     }
 
@@ -250,6 +285,7 @@ impl Backend {
     fn delete(&self, id: &str) {
         let out = self
             .runsc_cmd()
+            .arg("--network=none")
             .arg("delete")
             .arg("--force")
             .arg(id)

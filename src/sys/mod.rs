@@ -4,6 +4,7 @@
 
 pub mod fsat;
 pub mod loopdev;
+pub mod netlink;
 pub mod seccomp;
 
 use std::io;
@@ -154,6 +155,22 @@ pub fn die_with_parent() -> io::Result<()> {
 pub fn new_process_group() -> io::Result<()> {
     syscall!(setpgid(0, 0))?;
     Ok(())
+}
+
+/// [`die_with_parent_on_spawn`] for a `runsc` that sets up gVisor's netstack from a
+/// network namespace: the child also gets the mount namespace of
+/// [`netlink::hide_proc_sys_net_in_child`].
+pub fn die_with_parent_on_spawn_netstack(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure only calls async-signal-safe functions (prctl, setpgid,
+    // unshare, mount on static strings); it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            die_with_parent()?;
+            new_process_group()?;
+            netlink::hide_proc_sys_net_in_child()
+        });
+    }
 }
 
 /// Makes a command's child die with the spawning thread and lead its own process group.

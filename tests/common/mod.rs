@@ -20,6 +20,27 @@ pub struct Daemon {
     pub instance: String,
     pub data_dir: PathBuf,
     pub log: Arc<Mutex<String>>,
+    /// The network namespace (a name under /run/netns) the daemon runs in, if not the
+    /// test's own; `connect()` then connects from inside it.
+    pub netns: Option<String>,
+}
+
+/// Runs `f` on a fresh thread that has joined the network namespace
+/// `/run/netns/<netns>` (sockets it creates stay in that namespace).
+pub fn in_netns<T: Send + 'static>(netns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = format!("/run/netns/{netns}");
+    let h = std::thread::spawn(move || {
+        use std::os::fd::AsRawFd;
+        let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        // SAFETY: setns on a valid open fd; it changes only this thread's network namespace.
+        let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    });
+    match h.join() {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e),
+    }
 }
 
 impl Daemon {
@@ -27,8 +48,20 @@ impl Daemon {
         Self::start_with(&[])
     }
 
-    /// Starts with extra environment variables.
+    /// Starts with extra environment variables. Egress is off unless `env` turns it on:
+    /// these daemons run in the test's own network namespace.
     pub fn start_with(env: &[(&str, &str)]) -> Daemon {
+        Self::spawn(None, env)
+    }
+
+    /// Starts inside the network namespace `/run/netns/<netns>` (via `nsenter`, which
+    /// execs isoboxd, so `pid()` is still the daemon's), listening on 0.0.0.0 there.
+    /// Egress keeps the daemon's default unless `env` sets `ISOBOX_EGRESS`.
+    pub fn start_in_netns(netns: &str, env: &[(&str, &str)]) -> Daemon {
+        Self::spawn(Some(netns), env)
+    }
+
+    fn spawn(netns: Option<&str>, env: &[(&str, &str)]) -> Daemon {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         // A test may restart an instance (same name and data dir) to check what survives.
         let reused = env
@@ -43,9 +76,22 @@ impl Daemon {
             let _ = std::fs::remove_dir_all(&data_dir);
         }
         std::fs::create_dir_all(&data_dir).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_isoboxd"));
-        cmd.env("ISOBOX_LISTEN", "127.0.0.1:0")
-            .env("ISOBOX_DATA_DIR", &data_dir)
+        let mut cmd = match netns {
+            None => {
+                let mut c = Command::new(env!("CARGO_BIN_EXE_isoboxd"));
+                c.env("ISOBOX_LISTEN", "127.0.0.1:0")
+                    .env("ISOBOX_EGRESS", "off");
+                c
+            }
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}"))
+                    .arg(env!("CARGO_BIN_EXE_isoboxd"))
+                    .env("ISOBOX_LISTEN", "0.0.0.0:0");
+                c
+            }
+        };
+        cmd.env("ISOBOX_DATA_DIR", &data_dir)
             .env("ISOBOX_INSTANCE", &instance)
             .env("ISOBOX_LOG", "info")
             .env("ISOBOX_SLICE_MEMORY_BYTES", (4u64 << 30).to_string())
@@ -77,19 +123,23 @@ impl Daemon {
                 l.push('\n');
             }
         });
-        let addr: SocketAddr = match rx.recv_timeout(Duration::from_secs(30)) {
+        let mut addr: SocketAddr = match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(a) => a.parse().unwrap(),
             Err(_) => {
                 let _ = child.kill();
                 panic!("isoboxd did not start; log:\n{}", log.lock().unwrap());
             }
         };
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
         Daemon {
             child: Some(child),
             addr,
             instance,
             data_dir,
             log,
+            netns: netns.map(str::to_string),
         }
     }
 
@@ -116,7 +166,11 @@ impl Daemon {
     }
 
     pub fn connect(&self) -> TcpStream {
-        let s = TcpStream::connect(self.addr).unwrap();
+        let addr = self.addr;
+        let s = match &self.netns {
+            None => TcpStream::connect(addr).unwrap(),
+            Some(ns) => in_netns(ns, move || TcpStream::connect(addr)).unwrap(),
+        };
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         s.set_nodelay(true).unwrap();
         s

@@ -1,0 +1,596 @@
+//! Filtered egress: a network namespace and veth pair per networked run, numbered from
+//! a private pool, NATed out of the host's uplink, behind an nftables table of
+//! isobox's own that allows the public internet and nothing else.
+//!
+//! Fail-closed: the table is read back from the kernel after it is programmed, again
+//! every `ISOBOX_EGRESS_VERIFY_SEC` and whenever netlink announces a ruleset change.
+//! Only while the last check passed does a run get a network; otherwise it runs
+//! offline and says so (`run.network: false` and the spec's warning).
+
+pub mod nft;
+pub mod nl;
+pub mod rtnl;
+
+use crate::sys::netlink as sys;
+use std::fmt;
+use std::io;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// An IPv4 prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    net: u32,
+    len: u8,
+}
+
+impl Cidr {
+    /// The default pool.
+    pub const DEFAULT_POOL: Cidr = Cidr {
+        net: 0x0ac8_0000,
+        len: 16,
+    };
+
+    /// The netmask.
+    pub fn mask(self) -> u32 {
+        if self.len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(self.len))
+        }
+    }
+
+    /// The network address.
+    pub fn net(self) -> u32 {
+        self.net
+    }
+
+    /// The prefix length.
+    pub fn prefix_len(self) -> u8 {
+        self.len
+    }
+
+    /// Whether `ip` is inside.
+    pub fn contains(self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & self.mask() == self.net
+    }
+
+    /// Whether the two ranges share an address.
+    pub fn overlaps(self, other: Cidr) -> bool {
+        let m = self.mask() & other.mask();
+        self.net & m == other.net & m
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Cidr, String> {
+        let (a, l) = s.split_once('/').ok_or("expected a.b.c.d/len")?;
+        let ip: Ipv4Addr = a.trim().parse().map_err(|_| format!("bad address {a:?}"))?;
+        let len: u8 = l
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad prefix length {l:?}"))?;
+        if len > 32 {
+            return Err("prefix length above 32".into());
+        }
+        let c = Cidr { net: 0, len };
+        let net = u32::from(ip) & c.mask();
+        if net != u32::from(ip) {
+            return Err(format!("{s} has host bits set"));
+        }
+        Ok(Cidr { net, len })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", Ipv4Addr::from(self.net), self.len)
+    }
+}
+
+/// What sandboxes may never reach, beside the host itself (dropped on input) and the
+/// pool (added at run time): "this network", RFC 1918, CGNAT (Alibaba's metadata),
+/// loopback, link-local (every cloud's metadata), IETF protocol assignments,
+/// benchmarking, multicast, reserved and broadcast.
+pub const DENIED: &[&str] = &[
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "198.18.0.0/15",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+];
+
+/// The egress state as `/readyz` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// `ISOBOX_EGRESS=off`.
+    Off,
+    /// The last check found the table exactly as programmed.
+    Verified,
+    /// Not (or no longer) verified, and why.
+    Unverified(String),
+}
+
+/// The egress service.
+#[derive(Debug)]
+pub struct Egress {
+    enabled: bool,
+    pool: Cidr,
+    prefix: String,
+    ruleset: nft::Ruleset,
+    dns: Vec<Ipv4Addr>,
+    data_dir: PathBuf,
+    ns_dir: PathBuf,
+    resolv: PathBuf,
+    verified: AtomicBool,
+    state: Mutex<State>,
+    slots: Mutex<Vec<u64>>,
+}
+
+/// One run's network: its namespace (bind-mounted at `ns_path`) and veth pair.
+#[derive(Debug)]
+pub struct NetLease {
+    egress: Arc<Egress>,
+    slot: u32,
+    host_if: String,
+    ns_path: PathBuf,
+    released: bool,
+}
+
+impl NetLease {
+    /// The namespace file for the OCI spec.
+    pub fn ns_path(&self) -> &Path {
+        &self.ns_path
+    }
+
+    /// The sandbox's address.
+    pub fn sandbox_addr(&self) -> Ipv4Addr {
+        self.egress.addr(self.slot, 2)
+    }
+
+    /// The resolv.conf to bind into the sandbox.
+    pub fn resolv_conf(&self) -> &Path {
+        &self.egress.resolv
+    }
+
+    /// Removes the veth pair and the namespace, and frees the slot.
+    pub fn release(mut self) {
+        self.release_inner();
+    }
+
+    fn release_inner(&mut self) {
+        if std::mem::replace(&mut self.released, true) {
+            return;
+        }
+        let e = &self.egress;
+        if let Err(err) = rtnl::Rtnl::open().and_then(|mut r| r.del_link(&self.host_if)) {
+            log::warn!("egress: deleting link {}: {err}", self.host_if);
+        }
+        remove_ns_file(&self.ns_path);
+        e.free(self.slot);
+    }
+}
+
+impl Drop for NetLease {
+    fn drop(&mut self) {
+        self.release_inner();
+    }
+}
+
+fn remove_ns_file(path: &Path) {
+    let _ = crate::sys::loopdev::umount2(path, libc::MNT_DETACH);
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != io::ErrorKind::NotFound {
+            log::warn!("egress: removing {}: {e}", path.display());
+        }
+    }
+}
+
+fn ctx(what: &'static str) -> impl Fn(io::Error) -> io::Error {
+    move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// A short tag of the instance name for interface names (`ib` + 5 characters; the
+/// kernel allows 15 in all).
+fn if_prefix(instance: &str) -> String {
+    // FNV-1a: stable across builds, no dependency.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in instance.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut s = String::from("ib");
+    for i in 0..5 {
+        s.push(ALPHABET[((h >> (i * 5)) & 31) as usize] as char);
+    }
+    s
+}
+
+/// Whether `path` is a mount point, from `/proc/self/mountinfo`.
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|m| m == want)
+}
+
+impl Egress {
+    /// The service for `cfg` (nothing is touched until [`Egress::start`]).
+    pub fn new(cfg: &crate::config::Config) -> Arc<Egress> {
+        let e = &cfg.egress;
+        let prefix = if_prefix(&cfg.instance);
+        let mut deny: Vec<Cidr> = DENIED.iter().filter_map(|s| s.parse().ok()).collect();
+        deny.push(e.pool);
+        deny.extend(e.deny.iter().copied());
+        let table = cfg.instance.replace('-', "_");
+        let slots = 1usize << (32 - u32::from(e.pool.prefix_len()) - 2);
+        let net_dir = cfg.data_dir.join("net");
+        Arc::new(Egress {
+            enabled: e.enabled,
+            pool: e.pool,
+            ruleset: nft::Ruleset::egress(&table, &prefix, e.pool, &deny),
+            prefix,
+            dns: e.dns.clone(),
+            data_dir: cfg.data_dir.clone(),
+            ns_dir: net_dir.join("ns"),
+            resolv: net_dir.join("resolv.conf"),
+            verified: AtomicBool::new(false),
+            state: Mutex::new(if e.enabled {
+                State::Unverified("not yet programmed".into())
+            } else {
+                State::Off
+            }),
+            slots: Mutex::new(vec![0u64; slots.div_ceil(64)]),
+        })
+    }
+
+    /// Whether runs may get a network right now.
+    pub fn verified(&self) -> bool {
+        self.verified.load(Ordering::Acquire)
+    }
+
+    /// The state for `/readyz`.
+    pub fn state(&self) -> State {
+        self.state.lock().map(|s| s.clone()).unwrap_or(State::Off)
+    }
+
+    /// Whether egress is configured on.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The nftables table's name.
+    pub fn table(&self) -> &str {
+        self.ruleset.table()
+    }
+
+    fn set(&self, s: State) {
+        let ok = s == State::Verified;
+        if let Ok(mut cur) = self.state.lock() {
+            if *cur != s {
+                match &s {
+                    State::Verified => log::info!(
+                        "egress: verified (table inet {}, {} rules)",
+                        self.table(),
+                        self.ruleset.rule_count()
+                    ),
+                    State::Unverified(why) => {
+                        log::error!("egress: NOT verified, runs are offline: {why}")
+                    }
+                    State::Off => {}
+                }
+            }
+            *cur = s;
+        }
+        self.verified.store(ok, Ordering::Release);
+    }
+
+    fn addr(&self, slot: u32, host: u32) -> Ipv4Addr {
+        Ipv4Addr::from(self.pool.net() + slot * 4 + host)
+    }
+
+    fn free(&self, slot: u32) {
+        if let Ok(mut s) = self.slots.lock() {
+            s[slot as usize / 64] &= !(1u64 << (slot % 64));
+        }
+    }
+
+    fn alloc(&self) -> Option<u32> {
+        let mut s = self.slots.lock().ok()?;
+        let total = 1u32 << (32 - u32::from(self.pool.prefix_len()) - 2);
+        for (i, word) in s.iter_mut().enumerate() {
+            if *word != u64::MAX {
+                let bit = word.trailing_ones();
+                let slot = u32::try_from(i).ok()? * 64 + bit;
+                if slot >= total {
+                    return None;
+                }
+                *word |= 1u64 << bit;
+                return Some(slot);
+            }
+        }
+        None
+    }
+
+    /// Startup: sweeps what a crash left (namespaces, links, the table), prepares the
+    /// mount propagation and resolv.conf, enables forwarding, then programs and
+    /// verifies. Never fails: problems leave egress unverified, with the reason.
+    pub fn start(&self) {
+        if !self.enabled {
+            return;
+        }
+        self.sweep();
+        if let Err(why) = self.prepare() {
+            self.set(State::Unverified(why));
+            return;
+        }
+        self.program_and_verify();
+    }
+
+    fn prepare(&self) -> Result<(), String> {
+        std::fs::create_dir_all(&self.ns_dir)
+            .map_err(|e| format!("creating {}: {e}", self.ns_dir.display()))?;
+        let mut conf = String::new();
+        for d in &self.dns {
+            conf.push_str(&format!("nameserver {d}\n"));
+        }
+        conf.push_str("options timeout:2 attempts:2\n");
+        std::fs::write(&self.resolv, conf.as_bytes())
+            .map_err(|e| format!("writing {}: {e}", self.resolv.display()))?;
+        // A networked runsc lives in a mount namespace copied from ours; for unmounts
+        // of workspaces and namespaces under the data dir to reach that copy, the data
+        // dir must be a shared mount (and the copy its slave).
+        if !is_mount_point(&self.data_dir) {
+            sys::bind_mount(&self.data_dir, &self.data_dir)
+                .map_err(|e| format!("bind-mounting {}: {e}", self.data_dir.display()))?;
+        }
+        sys::make_shared(&self.data_dir)
+            .map_err(|e| format!("making {} shared: {e}", self.data_dir.display()))?;
+        let fwd = "/proc/sys/net/ipv4/ip_forward";
+        if !std::fs::read_to_string(fwd).is_ok_and(|s| s.trim() == "1") {
+            std::fs::write(fwd, "1").map_err(|e| format!("enabling {fwd}: {e}"))?;
+            log::info!("egress: enabled IPv4 forwarding ({fwd})");
+        }
+        let mut r = rtnl::Rtnl::open().map_err(|e| format!("rtnetlink: {e}"))?;
+        let links = r.links().map_err(|e| format!("listing links: {e}"))?;
+        for a in r.addrs().map_err(|e| format!("listing addresses: {e}"))? {
+            let name = links
+                .iter()
+                .find(|l| l.index == a.index)
+                .map_or("?", |l| l.name.as_str());
+            let net = Cidr {
+                net: u32::from(a.addr)
+                    & Cidr {
+                        net: 0,
+                        len: a.prefix,
+                    }
+                    .mask(),
+                len: a.prefix,
+            };
+            if !name.starts_with(&self.prefix) && net.overlaps(self.pool) {
+                return Err(format!(
+                    "ISOBOX_NET_POOL {} overlaps {}/{} on {name}",
+                    self.pool, a.addr, a.prefix
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes namespaces and links a previous run of this instance left.
+    fn sweep(&self) {
+        if let Ok(rd) = std::fs::read_dir(&self.ns_dir) {
+            for e in rd.flatten() {
+                log::info!("egress: sweeping namespace {}", e.path().display());
+                remove_ns_file(&e.path());
+            }
+        }
+        if let Ok(mut r) = rtnl::Rtnl::open() {
+            for l in r.links().unwrap_or_default() {
+                if l.name.starts_with(&self.prefix) {
+                    log::info!("egress: sweeping link {}", l.name);
+                    let _ = r.del_link(&l.name);
+                }
+            }
+        }
+    }
+
+    /// Programs the table and reads it back.
+    pub fn program_and_verify(&self) {
+        if !self.enabled {
+            return;
+        }
+        let r = nft::Nft::open().and_then(|mut n| n.apply(&self.ruleset));
+        if let Err(e) = r {
+            self.set(State::Unverified(format!("programming nftables: {e}")));
+            return;
+        }
+        self.verify();
+    }
+
+    /// Reads the table back and updates the state; also checks that forwarding is on.
+    pub fn verify(&self) {
+        if !self.enabled {
+            return;
+        }
+        let fwd = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default();
+        let s = if fwd.trim() != "1" {
+            State::Unverified("IPv4 forwarding (net.ipv4.ip_forward) is off".into())
+        } else {
+            match nft::Nft::open().and_then(|mut n| n.verify(&self.ruleset)) {
+                Ok(None) => State::Verified,
+                Ok(Some(diff)) => State::Unverified(diff),
+                Err(e) => State::Unverified(format!("reading nftables back: {e}")),
+            }
+        };
+        self.set(s);
+    }
+
+    /// The periodic check: re-program when the last check failed, then verify.
+    pub fn tick(&self) {
+        if !self.verified() {
+            self.program_and_verify();
+        } else {
+            self.verify();
+        }
+    }
+
+    /// A socket that becomes readable on every nftables change (for the event loop).
+    ///
+    /// # Errors
+    /// Socket failures.
+    pub fn monitor(&self) -> io::Result<sys::NlSocket> {
+        let s = sys::NlSocket::open(sys::NETLINK_NETFILTER, std::time::Duration::from_secs(1))?;
+        s.add_membership(nft::GROUP_NFTABLES)?;
+        crate::sys::set_nonblocking(std::os::fd::AsFd::as_fd(s.fd()))?;
+        Ok(s)
+    }
+
+    /// A network for one run, or why there is none (the run then goes offline).
+    ///
+    /// # Errors
+    /// Not verified, no free slot, or a netlink failure (everything made is undone).
+    pub fn lease(self: &Arc<Egress>, run_id: &str) -> Result<NetLease, String> {
+        if !self.verified() {
+            return Err("egress not verified".into());
+        }
+        let slot = self.alloc().ok_or("no free address in ISOBOX_NET_POOL")?;
+        let lease = NetLease {
+            egress: Arc::clone(self),
+            slot,
+            host_if: format!("{}{slot:x}", self.prefix),
+            ns_path: self.ns_dir.join(run_id),
+            released: false,
+        };
+        // On error, dropping the lease undoes whatever was made.
+        self.build(&lease)
+            .map_err(|e| format!("network setup: {e}"))?;
+        Ok(lease)
+    }
+
+    fn build(&self, l: &NetLease) -> io::Result<()> {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&l.ns_path)?;
+        let ns_path = l.ns_path.clone();
+        // A fresh thread enters a new namespace, pins it with a bind mount, and opens
+        // an rtnetlink socket there (sockets stay in the namespace they were made in).
+        let mut inner = std::thread::Builder::new()
+            .name("isobox-netns".into())
+            .spawn(move || -> io::Result<rtnl::Rtnl> {
+                sys::unshare_netns().map_err(ctx("unshare"))?;
+                sys::bind_mount(Path::new("/proc/thread-self/ns/net"), &ns_path)
+                    .map_err(ctx("pinning the namespace"))?;
+                let mut r = rtnl::Rtnl::open()?;
+                let lo = r.index_of("lo").map_err(ctx("finding lo"))?;
+                r.set_up(lo).map_err(ctx("bringing lo up"))?;
+                Ok(r)
+            })?
+            .join()
+            .map_err(|_| io::Error::other("netns thread panicked"))??;
+        let ns = sys::open_netns(&l.ns_path)?;
+        let mut host = rtnl::Rtnl::open()?;
+        host.add_veth(&l.host_if, "eth0", &ns)
+            .map_err(ctx("creating the veth pair"))?;
+        let idx = host.index_of(&l.host_if)?;
+        host.add_addr(idx, self.addr(l.slot, 1), 30)
+            .map_err(ctx("host address"))?;
+        host.set_up(idx).map_err(ctx("host link up"))?;
+        let eth0 = inner.index_of("eth0").map_err(ctx("finding eth0"))?;
+        inner.set_up(eth0).map_err(ctx("sandbox link up"))?;
+        inner
+            .add_addr(eth0, self.addr(l.slot, 2), 30)
+            .map_err(ctx("sandbox address"))?;
+        inner
+            .add_default_route(eth0, self.addr(l.slot, 1))
+            .map_err(ctx("default route"))?;
+        Ok(())
+    }
+
+    /// Shutdown: removes the table, leftover namespaces, and the data dir's bind mount.
+    pub fn stop(&self) {
+        if !self.enabled {
+            return;
+        }
+        self.verified.store(false, Ordering::Release);
+        self.sweep();
+        if let Err(e) = nft::Nft::open().and_then(|mut n| n.delete_table(self.table())) {
+            log::warn!("egress: deleting table inet {}: {e}", self.table());
+        }
+        let _ = std::fs::remove_dir(&self.ns_dir);
+        let _ = std::fs::remove_file(&self.resolv);
+        let _ = std::fs::remove_dir(self.ns_dir.parent().unwrap_or(&self.ns_dir));
+        if is_mount_point(&self.data_dir) {
+            if let Err(e) = crate::sys::loopdev::umount2(&self.data_dir, 0) {
+                log::warn!("egress: unmounting {}: {e}", self.data_dir.display());
+                let _ = crate::sys::loopdev::umount2(&self.data_dir, libc::MNT_DETACH);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr_parse_contains_overlaps() {
+        let p: Cidr = "10.200.0.0/16".parse().unwrap();
+        assert_eq!(p, Cidr::DEFAULT_POOL);
+        assert_eq!(p.to_string(), "10.200.0.0/16");
+        assert!(p.contains("10.200.255.1".parse().unwrap()));
+        assert!(!p.contains("10.201.0.1".parse().unwrap()));
+        let ten: Cidr = "10.0.0.0/8".parse().unwrap();
+        assert!(ten.overlaps(p) && p.overlaps(ten));
+        assert!(!p.overlaps("192.168.0.0/16".parse().unwrap()));
+        assert!("10.200.0.1/16".parse::<Cidr>().is_err());
+        assert!("10.200.0.0/33".parse::<Cidr>().is_err());
+        assert!("10.200.0.0".parse::<Cidr>().is_err());
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert_eq!(all.mask(), 0);
+        assert!(all.contains("8.8.8.8".parse().unwrap()));
+    }
+
+    #[test]
+    fn denied_ranges_parse_and_keep_test_nets_public() {
+        let d: Vec<Cidr> = DENIED.iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(d.len(), DENIED.len());
+        for ip in [
+            "169.254.169.254",
+            "100.100.100.200",
+            "172.31.1.1",
+            "255.255.255.255",
+            "127.0.0.53",
+        ] {
+            assert!(d.iter().any(|c| c.contains(ip.parse().unwrap())), "{ip}");
+        }
+        for ip in ["198.51.100.7", "203.0.113.9", "1.1.1.1", "8.8.8.8"] {
+            assert!(!d.iter().any(|c| c.contains(ip.parse().unwrap())), "{ip}");
+        }
+    }
+
+    #[test]
+    fn interface_prefix_is_short_stable_and_per_instance() {
+        let a = if_prefix("isobox");
+        assert_eq!(a.len(), 7);
+        assert_eq!(a, if_prefix("isobox"));
+        assert_ne!(a, if_prefix("isobox-t1-0"));
+        // The longest name: prefix + slot of a /16 pool in hex.
+        assert!(format!("{a}{:x}", (1u32 << 14) - 1).len() <= 15);
+    }
+}

@@ -1,0 +1,582 @@
+//! nftables over netlink: the egress ruleset, applied as one atomic batch, read back
+//! from the kernel and compared with what was meant.
+//!
+//! Expressions are encoded here and decoded by the same normaliser on the way back, so
+//! verification compares meaning (attribute values, order of rules) rather than the
+//! incidental layout of the kernel's dump.
+
+use super::nl::{self, Conn, Msg};
+use super::Cidr;
+use crate::sys::netlink::{NlSocket, NETLINK_NETFILTER};
+use std::collections::BTreeMap;
+use std::io;
+use std::time::Duration;
+
+const SUBSYS: u16 = 10 << 8;
+const MSG_NEWTABLE: u16 = 0;
+const MSG_GETTABLE: u16 = 1;
+const MSG_DELTABLE: u16 = 2;
+const MSG_NEWCHAIN: u16 = 3;
+const MSG_GETCHAIN: u16 = 4;
+const MSG_NEWRULE: u16 = 6;
+const MSG_GETRULE: u16 = 7;
+const BATCH_BEGIN: u16 = 0x10;
+const BATCH_END: u16 = 0x11;
+const NFPROTO_INET: u8 = 1;
+/// `NFNLGRP_NFTABLES`: the multicast group announcing every ruleset change.
+pub const GROUP_NFTABLES: u32 = 7;
+
+const TABLE_NAME: u16 = 1;
+const CHAIN_TABLE: u16 = 1;
+const CHAIN_NAME: u16 = 3;
+const CHAIN_HOOK: u16 = 4;
+const CHAIN_POLICY: u16 = 5;
+const CHAIN_TYPE: u16 = 7;
+const HOOK_NUM: u16 = 1;
+const HOOK_PRIORITY: u16 = 2;
+const RULE_TABLE: u16 = 1;
+const RULE_CHAIN: u16 = 2;
+const RULE_EXPRESSIONS: u16 = 4;
+const LIST_ELEM: u16 = 1;
+const EXPR_NAME: u16 = 1;
+const EXPR_DATA: u16 = 2;
+const DATA_VALUE: u16 = 1;
+const DATA_VERDICT: u16 = 2;
+const VERDICT_CODE: u16 = 1;
+
+const HOOK_INPUT: u32 = 1;
+const HOOK_FORWARD: u32 = 2;
+const HOOK_POSTROUTING: u32 = 4;
+const NF_DROP: u32 = 0;
+const NF_ACCEPT: u32 = 1;
+const REG_VERDICT: u32 = 0;
+const REG_1: u32 = 1;
+const META_NFPROTO: u32 = 15;
+const META_L4PROTO: u32 = 16;
+const META_IIFNAME: u32 = 6;
+const META_OIFNAME: u32 = 7;
+const CT_STATE: u32 = 0;
+const CMP_EQ: u32 = 0;
+const CMP_NEQ: u32 = 1;
+const BASE_NETWORK: u32 = 1;
+const BASE_TRANSPORT: u32 = 2;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+const IPPROTO_TCP: u8 = 6;
+/// `ct state established,related` as conntrack's state bits.
+const CT_ESTABLISHED_RELATED: u32 = 0x2 | 0x4;
+
+/// One nftables expression.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Expr {
+    Meta(u32),
+    Cmp(u32, Vec<u8>),
+    Payload(u32, u32, u32),
+    Bitwise(u32, Vec<u8>),
+    Ct(u32),
+    Verdict(u32),
+    Masq,
+}
+
+impl Expr {
+    fn encode(&self, m: &mut Msg) {
+        m.begin(LIST_ELEM);
+        let name = match self {
+            Expr::Meta(_) => "meta",
+            Expr::Cmp(..) => "cmp",
+            Expr::Payload(..) => "payload",
+            Expr::Bitwise(..) => "bitwise",
+            Expr::Ct(_) => "ct",
+            Expr::Verdict(_) => "immediate",
+            Expr::Masq => "masq",
+        };
+        m.attr_str(EXPR_NAME, name).begin(EXPR_DATA);
+        match self {
+            Expr::Meta(key) => {
+                m.attr_be32(2, *key).attr_be32(1, REG_1);
+            }
+            Expr::Cmp(op, data) => {
+                m.attr_be32(1, REG_1).attr_be32(2, *op);
+                m.begin(3).attr(DATA_VALUE, data).end();
+            }
+            Expr::Payload(base, off, len) => {
+                m.attr_be32(1, REG_1)
+                    .attr_be32(2, *base)
+                    .attr_be32(3, *off)
+                    .attr_be32(4, *len);
+            }
+            Expr::Bitwise(len, mask) => {
+                m.attr_be32(1, REG_1)
+                    .attr_be32(2, REG_1)
+                    .attr_be32(3, *len)
+                    .attr_be32(6, 0);
+                m.begin(4).attr(DATA_VALUE, mask).end();
+                m.begin(5).attr(DATA_VALUE, &vec![0u8; mask.len()]).end();
+            }
+            Expr::Ct(key) => {
+                m.attr_be32(2, *key).attr_be32(1, REG_1);
+            }
+            Expr::Verdict(code) => {
+                m.attr_be32(1, REG_VERDICT);
+                m.begin(2)
+                    .begin(DATA_VERDICT)
+                    .attr_be32(VERDICT_CODE, *code)
+                    .end()
+                    .end();
+            }
+            Expr::Masq => {}
+        }
+        m.end().end();
+    }
+}
+
+/// A base chain of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Chain {
+    name: &'static str,
+    kind: &'static str,
+    hook: u32,
+    priority: i32,
+    rules: Vec<Vec<Expr>>,
+}
+
+/// The whole table isobox owns.
+#[derive(Debug, Clone)]
+pub struct Ruleset {
+    table: String,
+    chains: Vec<Chain>,
+}
+
+fn iif(prefix: &str, op: u32) -> [Expr; 2] {
+    [
+        Expr::Meta(META_IIFNAME),
+        Expr::Cmp(op, prefix.as_bytes().to_vec()),
+    ]
+}
+
+fn oif(prefix: &str, op: u32) -> [Expr; 2] {
+    [
+        Expr::Meta(META_OIFNAME),
+        Expr::Cmp(op, prefix.as_bytes().to_vec()),
+    ]
+}
+
+fn ipv4() -> [Expr; 2] {
+    [
+        Expr::Meta(META_NFPROTO),
+        Expr::Cmp(CMP_EQ, vec![NFPROTO_IPV4]),
+    ]
+}
+
+/// `ip {saddr|daddr} & mask == net` (offset 12 = source, 16 = destination).
+fn addr_in(offset: u32, c: Cidr) -> [Expr; 3] {
+    [
+        Expr::Payload(BASE_NETWORK, offset, 4),
+        Expr::Bitwise(4, c.mask().to_be_bytes().to_vec()),
+        Expr::Cmp(CMP_EQ, c.net().to_be_bytes().to_vec()),
+    ]
+}
+
+impl Ruleset {
+    /// The egress policy for sandbox links named `prefix*` with addresses from `pool`:
+    /// no IPv6, none of `deny` (which must include the pool), no SMTP, nothing into a
+    /// sandbox but replies, nothing to the host itself, and masquerade out.
+    pub fn egress(table: &str, prefix: &str, pool: Cidr, deny: &[Cidr]) -> Ruleset {
+        let drop = || Expr::Verdict(NF_DROP);
+        let mut fwd: Vec<Vec<Expr>> = Vec::new();
+        let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        r.extend([
+            Expr::Meta(META_NFPROTO),
+            Expr::Cmp(CMP_NEQ, vec![NFPROTO_IPV4]),
+            drop(),
+        ]);
+        fwd.push(r);
+        for &c in deny {
+            let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+            r.extend(addr_in(16, c));
+            r.push(drop());
+            fwd.push(r);
+        }
+        for port in [25u16, 465, 587] {
+            let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+            r.extend([
+                Expr::Meta(META_L4PROTO),
+                Expr::Cmp(CMP_EQ, vec![IPPROTO_TCP]),
+                Expr::Payload(BASE_TRANSPORT, 2, 2),
+                Expr::Cmp(CMP_EQ, port.to_be_bytes().to_vec()),
+                drop(),
+            ]);
+            fwd.push(r);
+        }
+        let mut r: Vec<Expr> = oif(prefix, CMP_EQ).to_vec();
+        r.extend([
+            Expr::Ct(CT_STATE),
+            Expr::Bitwise(4, CT_ESTABLISHED_RELATED.to_ne_bytes().to_vec()),
+            Expr::Cmp(CMP_NEQ, vec![0; 4]),
+            Expr::Verdict(NF_ACCEPT),
+        ]);
+        fwd.push(r);
+        let mut r: Vec<Expr> = oif(prefix, CMP_EQ).to_vec();
+        r.push(drop());
+        fwd.push(r);
+
+        let mut input: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        input.push(drop());
+
+        let mut masq: Vec<Expr> = ipv4().to_vec();
+        masq.extend(addr_in(12, pool));
+        masq.extend(oif(prefix, CMP_NEQ));
+        masq.push(Expr::Masq);
+
+        let _ = NFPROTO_IPV6;
+        Ruleset {
+            table: table.to_string(),
+            chains: vec![
+                Chain {
+                    name: "forward",
+                    kind: "filter",
+                    hook: HOOK_FORWARD,
+                    priority: 0,
+                    rules: fwd,
+                },
+                Chain {
+                    name: "input",
+                    kind: "filter",
+                    hook: HOOK_INPUT,
+                    priority: 0,
+                    rules: vec![input],
+                },
+                Chain {
+                    name: "postrouting",
+                    kind: "nat",
+                    hook: HOOK_POSTROUTING,
+                    priority: 100,
+                    rules: vec![masq],
+                },
+            ],
+        }
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// How many rules the table holds.
+    pub fn rule_count(&self) -> usize {
+        self.chains.iter().map(|c| c.rules.len()).sum()
+    }
+}
+
+/// An nftables netlink connection in the calling thread's network namespace.
+#[derive(Debug)]
+pub struct Nft {
+    conn: Conn,
+}
+
+fn nfgen(family: u8, res_id: u16) -> [u8; 4] {
+    let r = res_id.to_be_bytes();
+    [family, 0, r[0], r[1]]
+}
+
+impl Nft {
+    /// Opens a connection.
+    ///
+    /// # Errors
+    /// Socket failures.
+    pub fn open() -> io::Result<Nft> {
+        Ok(Nft {
+            conn: Conn::new(NlSocket::open(NETLINK_NETFILTER, Duration::from_secs(5))?),
+        })
+    }
+
+    fn batch(
+        &mut self,
+        body: impl FnOnce(&mut Vec<u8>, &mut Vec<u32>, &mut Conn),
+    ) -> io::Result<()> {
+        let mut bytes = Vec::new();
+        let mut seqs = Vec::new();
+        let s = self.conn.next_seq();
+        let mut m = Msg::new(BATCH_BEGIN, nl::F_REQUEST, s);
+        m.header(&nfgen(0, 10));
+        bytes.extend(m.finish());
+        body(&mut bytes, &mut seqs, &mut self.conn);
+        let s = self.conn.next_seq();
+        let mut m = Msg::new(BATCH_END, nl::F_REQUEST, s);
+        m.header(&nfgen(0, 10));
+        bytes.extend(m.finish());
+        self.conn.transact(&bytes, &seqs)
+    }
+
+    /// Replaces the table with `rs` in one transaction: add (no-op if present), delete,
+    /// add again with its chains and rules. Nothing else on the host is touched.
+    ///
+    /// # Errors
+    /// The kernel's error (the transaction is then rolled back whole).
+    pub fn apply(&mut self, rs: &Ruleset) -> io::Result<()> {
+        self.batch(|bytes, seqs, conn| {
+            let mut msg = |ty: u16, flags: u16| {
+                let s = conn.next_seq();
+                seqs.push(s);
+                let mut m = Msg::new(SUBSYS | ty, nl::F_REQUEST | nl::F_ACK | flags, s);
+                m.header(&nfgen(NFPROTO_INET, 0));
+                m
+            };
+            for (ty, flags) in [
+                (MSG_NEWTABLE, nl::F_CREATE),
+                (MSG_DELTABLE, 0),
+                (MSG_NEWTABLE, nl::F_CREATE),
+            ] {
+                let mut m = msg(ty, flags);
+                m.attr_str(TABLE_NAME, &rs.table);
+                bytes.extend(m.finish());
+            }
+            for c in &rs.chains {
+                let mut m = msg(MSG_NEWCHAIN, nl::F_CREATE);
+                m.attr_str(CHAIN_TABLE, &rs.table)
+                    .attr_str(CHAIN_NAME, c.name)
+                    .begin(CHAIN_HOOK)
+                    .attr_be32(HOOK_NUM, c.hook)
+                    .attr_be32(HOOK_PRIORITY, c.priority as u32)
+                    .end()
+                    .attr_be32(CHAIN_POLICY, NF_ACCEPT)
+                    .attr_str(CHAIN_TYPE, c.kind);
+                bytes.extend(m.finish());
+            }
+            for c in &rs.chains {
+                for rule in &c.rules {
+                    let mut m = msg(MSG_NEWRULE, nl::F_CREATE | 0x800 /* APPEND */);
+                    m.attr_str(RULE_TABLE, &rs.table)
+                        .attr_str(RULE_CHAIN, c.name)
+                        .begin(RULE_EXPRESSIONS);
+                    for e in rule {
+                        e.encode(&mut m);
+                    }
+                    m.end();
+                    bytes.extend(m.finish());
+                }
+            }
+        })
+    }
+
+    /// Deletes the table `name` of family inet; a missing table is fine.
+    ///
+    /// # Errors
+    /// Other kernel errors.
+    pub fn delete_table(&mut self, name: &str) -> io::Result<()> {
+        let r = self.batch(|bytes, seqs, conn| {
+            let s = conn.next_seq();
+            seqs.push(s);
+            let mut m = Msg::new(SUBSYS | MSG_DELTABLE, nl::F_REQUEST | nl::F_ACK, s);
+            m.header(&nfgen(NFPROTO_INET, 0)).attr_str(TABLE_NAME, name);
+            bytes.extend(m.finish());
+        });
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            r => r,
+        }
+    }
+
+    fn dump(&mut self, ty: u16) -> io::Result<Vec<Vec<u8>>> {
+        let s = self.conn.next_seq();
+        let mut m = Msg::new(SUBSYS | ty, nl::F_REQUEST | nl::F_DUMP, s);
+        m.header(&nfgen(NFPROTO_INET, 0));
+        Ok(self.conn.dump(m, s)?.into_iter().map(|(_, p)| p).collect())
+    }
+
+    /// Reads the table back and says how it differs from `rs`; `Ok(None)` when it is
+    /// exactly `rs` (same chains with the same hooks, priorities, types and policies;
+    /// the same rules in the same order; nothing more).
+    ///
+    /// # Errors
+    /// Netlink failures.
+    pub fn verify(&mut self, rs: &Ruleset) -> io::Result<Option<String>> {
+        let tables: Vec<String> = self
+            .dump(MSG_GETTABLE)?
+            .iter()
+            .filter_map(|p| nl::find(&nl::attrs(p, 4), TABLE_NAME).map(|d| nl::text(&d)))
+            .collect();
+        if !tables.contains(&rs.table) {
+            return Ok(Some(format!("table inet {} is missing", rs.table)));
+        }
+        let mut chains: BTreeMap<String, String> = BTreeMap::new();
+        for p in self.dump(MSG_GETCHAIN)? {
+            let a = nl::attrs(&p, 4);
+            if nl::find(&a, CHAIN_TABLE).map(|d| nl::text(&d)).as_deref() != Some(&rs.table) {
+                continue;
+            }
+            let name = nl::find(&a, CHAIN_NAME)
+                .map(|d| nl::text(&d))
+                .unwrap_or_default();
+            chains.insert(name, chain_signature(&a));
+        }
+        let want: BTreeMap<String, String> = rs
+            .chains
+            .iter()
+            .map(|c| (c.name.to_string(), expected_signature(c)))
+            .collect();
+        if chains != want {
+            return Ok(Some(format!(
+                "chains differ: kernel has {chains:?}, expected {want:?}"
+            )));
+        }
+        let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for p in self.dump(MSG_GETRULE)? {
+            let a = nl::attrs(&p, 4);
+            if nl::find(&a, RULE_TABLE).map(|d| nl::text(&d)).as_deref() != Some(&rs.table) {
+                continue;
+            }
+            let chain = nl::find(&a, RULE_CHAIN)
+                .map(|d| nl::text(&d))
+                .unwrap_or_default();
+            let exprs = nl::find(&a, RULE_EXPRESSIONS).unwrap_or_default();
+            rules.entry(chain).or_default().push(normalise_rule(&exprs));
+        }
+        for c in &rs.chains {
+            let got = rules.remove(c.name).unwrap_or_default();
+            let want: Vec<String> = c
+                .rules
+                .iter()
+                .map(|r| normalise_rule(&encode_rule(r)))
+                .collect();
+            if got != want {
+                let at = got.iter().zip(&want).position(|(g, w)| g != w);
+                return Ok(Some(format!(
+                    "chain {} has {} rules, expected {}{}",
+                    c.name,
+                    got.len(),
+                    want.len(),
+                    at.map(|i| format!("; rule {i} is `{}`, expected `{}`", got[i], want[i]))
+                        .unwrap_or_default()
+                )));
+            }
+        }
+        if let Some((chain, _)) = rules.into_iter().next() {
+            return Ok(Some(format!("unexpected rules in chain {chain}")));
+        }
+        Ok(None)
+    }
+}
+
+fn expected_signature(c: &Chain) -> String {
+    format!(
+        "hook={} prio={} type={} policy={}",
+        c.hook, c.priority, c.kind, NF_ACCEPT
+    )
+}
+
+fn chain_signature(a: &[(u16, &[u8])]) -> String {
+    let be = |d: &[u8]| {
+        d.get(..4)
+            .map_or(0, |b| u32::from_be_bytes(b.try_into().unwrap_or_default()))
+    };
+    let hook = nl::find(a, CHAIN_HOOK).unwrap_or_default();
+    let h = nl::attrs(&hook, 0);
+    format!(
+        "hook={} prio={} type={} policy={}",
+        nl::find(&h, HOOK_NUM).map_or(u32::MAX, |d| be(&d)),
+        nl::find(&h, HOOK_PRIORITY).map_or(i32::MIN, |d| be(&d) as i32),
+        nl::find(a, CHAIN_TYPE)
+            .map(|d| nl::text(&d))
+            .unwrap_or_default(),
+        nl::find(a, CHAIN_POLICY).map_or(u32::MAX, |d| be(&d)),
+    )
+}
+
+fn encode_rule(rule: &[Expr]) -> Vec<u8> {
+    let mut m = Msg::new(0, 0, 0);
+    for e in rule {
+        e.encode(&mut m);
+    }
+    m.finish()[16..].to_vec()
+}
+
+/// Which attributes of an expression are nests (data values or verdicts).
+fn is_nest(expr: &str, ty: u16) -> bool {
+    matches!(
+        (expr, ty),
+        ("cmp", 3) | ("bitwise", 4 | 5 | 7) | ("immediate", 2) | ("data", DATA_VERDICT)
+    )
+}
+
+fn normalise_attrs(expr: &str, data: &[u8]) -> String {
+    let mut parts: Vec<String> = nl::attrs(data, 0)
+        .into_iter()
+        .map(|(ty, d)| {
+            if is_nest(expr, ty) {
+                let inner = if expr == "data" { "verdict" } else { "data" };
+                format!("{ty}{{{}}}", normalise_attrs(inner, d))
+            } else {
+                let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+                format!("{ty}={hex}")
+            }
+        })
+        .collect();
+    parts.sort();
+    parts.join(",")
+}
+
+/// A rule's expressions as text that is the same for our encoding and the kernel's dump.
+fn normalise_rule(exprs: &[u8]) -> String {
+    nl::attrs(exprs, 0)
+        .into_iter()
+        .filter(|(ty, _)| *ty == LIST_ELEM)
+        .map(|(_, e)| {
+            let a = nl::attrs(e, 0);
+            let name = nl::find(&a, EXPR_NAME)
+                .map(|d| nl::text(&d))
+                .unwrap_or_default();
+            let data = nl::find(&a, EXPR_DATA).unwrap_or_default();
+            format!("{name}({})", normalise_attrs(&name, &data))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rs() -> Ruleset {
+        let pool: Cidr = "10.200.0.0/16".parse().unwrap();
+        Ruleset::egress(
+            "isobox_t",
+            "ibabcde",
+            pool,
+            &[pool, "10.0.0.0/8".parse().unwrap()],
+        )
+    }
+
+    #[test]
+    fn normalising_our_own_encoding_is_stable_and_readable() {
+        let r = rs();
+        assert_eq!(r.rule_count(), 1 + 2 + 3 + 2 + 1 + 1);
+        let fwd = &r.chains[0].rules;
+        let text = normalise_rule(&encode_rule(&fwd[1]));
+        // iifname "ibabcde*" ip daddr 10.200.0.0/16 drop
+        assert_eq!(
+            text,
+            "meta(1=00000001,2=00000006) cmp(1=00000001,2=00000000,3{1=69626162636465}) \
+             payload(1=00000001,2=00000001,3=00000010,4=00000004) \
+             bitwise(1=00000001,2=00000001,3=00000004,4{1=ffff0000},5{1=00000000},6=00000000) \
+             cmp(1=00000001,2=00000000,3{1=0ac80000}) immediate(1=00000000,2{2{1=00000000}})"
+        );
+    }
+
+    #[test]
+    fn attribute_order_does_not_matter_but_values_do() {
+        let mut a = Msg::new(0, 0, 0);
+        a.begin(LIST_ELEM)
+            .attr_str(EXPR_NAME, "meta")
+            .begin(EXPR_DATA)
+            .attr_be32(1, 1)
+            .attr_be32(2, 6)
+            .end()
+            .end();
+        let a = a.finish()[16..].to_vec();
+        let b = encode_rule(&[Expr::Meta(META_IIFNAME)]);
+        assert_eq!(normalise_rule(&a), normalise_rule(&b));
+        let c = encode_rule(&[Expr::Meta(META_OIFNAME)]);
+        assert_ne!(normalise_rule(&a), normalise_rule(&c));
+    }
+}
