@@ -612,8 +612,15 @@ impl Config {
                 "a prefix between /16 and /30 (a /30 per sandbox)",
             ));
         }
-        if e.dns.len() > 3 {
-            return Err(invalid("ISOBOX_NET_DNS", "", "at most 3 resolvers"));
+        if e.dns.is_empty() || e.dns.len() > 3 {
+            return Err(invalid("ISOBOX_NET_DNS", "", "1 to 3 resolvers"));
+        }
+        if let Some(ip) = e.dns.iter().find(|ip| crate::netfilter::is_denied(**ip)) {
+            return Err(invalid(
+                "ISOBOX_NET_DNS",
+                &ip.to_string(),
+                "a private or special address, which sandboxes may not reach; use a public resolver",
+            ));
         }
         if !(1..=86_400).contains(&e.verify_sec) {
             return Err(invalid(

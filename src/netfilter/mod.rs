@@ -110,6 +110,14 @@ pub const DENIED: &[&str] = &[
     "240.0.0.0/4",
 ];
 
+/// Whether `ip` is in one of the [`DENIED`] ranges.
+pub fn is_denied(ip: Ipv4Addr) -> bool {
+    DENIED
+        .iter()
+        .filter_map(|s| s.parse::<Cidr>().ok())
+        .any(|c| c.contains(ip))
+}
+
 /// The egress state as `/readyz` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
@@ -281,6 +289,13 @@ impl Egress {
     fn set(&self, s: State) {
         let ok = s == State::Verified;
         if let Ok(mut cur) = self.state.lock() {
+            if *cur == State::Verified && !ok {
+                // Fail closed for runs already going too: without the table their
+                // traffic is unfiltered, so their links go now (the leases' own
+                // removal later finds them gone, which is fine).
+                self.verified.store(false, Ordering::Release);
+                self.cut_links();
+            }
             if *cur != s {
                 match &s {
                     State::Verified => log::info!(
@@ -330,17 +345,21 @@ impl Egress {
     /// mount propagation and resolv.conf, enables forwarding, then programs and
     /// verifies. Never fails: problems leave egress unverified, with the reason.
     pub fn start(&self) {
-        if !self.enabled {
-            return;
-        }
         self.sweep();
-        if let Err(why) = self.prepare() {
-            self.set(State::Unverified(why));
+        if !self.enabled {
+            // What an earlier egress-on daemon of this instance may have left.
+            self.teardown();
             return;
         }
         self.program_and_verify();
     }
 
+    fn bind_marker(&self) -> PathBuf {
+        self.resolv.with_file_name("data-dir-bind")
+    }
+
+    /// Idempotent set-up, redone before every programming (so a repair also restores
+    /// forwarding, and a pool that has come to overlap a host network is caught).
     fn prepare(&self) -> Result<(), String> {
         std::fs::create_dir_all(&self.ns_dir)
             .map_err(|e| format!("creating {}: {e}", self.ns_dir.display()))?;
@@ -354,7 +373,12 @@ impl Egress {
         // A networked runsc lives in a mount namespace copied from ours; for unmounts
         // of workspaces and namespaces under the data dir to reach that copy, the data
         // dir must be a shared mount (and the copy its slave).
+        // The marker, written first, says the bind mount is ours to remove at exit
+        // (or after a crash); a data dir that is already some other mount point is
+        // only marked shared, never unmounted.
         if !is_mount_point(&self.data_dir) {
+            std::fs::write(self.bind_marker(), b"")
+                .map_err(|e| format!("writing {}: {e}", self.bind_marker().display()))?;
             sys::bind_mount(&self.data_dir, &self.data_dir)
                 .map_err(|e| format!("bind-mounting {}: {e}", self.data_dir.display()))?;
         }
@@ -391,6 +415,17 @@ impl Egress {
         Ok(())
     }
 
+    /// Deletes every link of this instance (ending the network of running sandboxes).
+    fn cut_links(&self) {
+        if let Ok(mut r) = rtnl::Rtnl::open() {
+            for l in r.links().unwrap_or_default() {
+                if l.name.starts_with(&self.prefix) {
+                    let _ = r.del_link(&l.name);
+                }
+            }
+        }
+    }
+
     /// Removes namespaces and links a previous run of this instance left.
     fn sweep(&self) {
         if let Ok(rd) = std::fs::read_dir(&self.ns_dir) {
@@ -412,6 +447,10 @@ impl Egress {
     /// Programs the table and reads it back.
     pub fn program_and_verify(&self) {
         if !self.enabled {
+            return;
+        }
+        if let Err(why) = self.prepare() {
+            self.set(State::Unverified(why));
             return;
         }
         let r = nft::Nft::open().and_then(|mut n| n.apply(&self.ruleset));
@@ -524,23 +563,30 @@ impl Egress {
 
     /// Shutdown: removes the table, leftover namespaces, and the data dir's bind mount.
     pub fn stop(&self) {
-        if !self.enabled {
-            return;
-        }
         self.verified.store(false, Ordering::Release);
         self.sweep();
+        self.teardown();
+    }
+
+    /// Deletes the table, resolv.conf and our bind mount of the data dir (only when the
+    /// marker says it is ours).
+    fn teardown(&self) {
         if let Err(e) = nft::Nft::open().and_then(|mut n| n.delete_table(self.table())) {
             log::warn!("egress: deleting table inet {}: {e}", self.table());
         }
         let _ = std::fs::remove_dir(&self.ns_dir);
         let _ = std::fs::remove_file(&self.resolv);
-        let _ = std::fs::remove_dir(self.ns_dir.parent().unwrap_or(&self.ns_dir));
-        if is_mount_point(&self.data_dir) {
-            if let Err(e) = crate::sys::loopdev::umount2(&self.data_dir, 0) {
-                log::warn!("egress: unmounting {}: {e}", self.data_dir.display());
-                let _ = crate::sys::loopdev::umount2(&self.data_dir, libc::MNT_DETACH);
+        let marker = self.bind_marker();
+        if marker.exists() {
+            if is_mount_point(&self.data_dir) {
+                if let Err(e) = crate::sys::loopdev::umount2(&self.data_dir, 0) {
+                    log::warn!("egress: unmounting {}: {e}", self.data_dir.display());
+                    let _ = crate::sys::loopdev::umount2(&self.data_dir, libc::MNT_DETACH);
+                }
             }
+            let _ = std::fs::remove_file(&marker);
         }
+        let _ = std::fs::remove_dir(self.ns_dir.parent().unwrap_or(&self.ns_dir));
     }
 }
 
