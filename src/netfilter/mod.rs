@@ -204,6 +204,17 @@ fn remove_ns_file(path: &Path) {
     }
 }
 
+/// Turns IPv6 off on `link` (or `all`/`default`) in the calling thread's namespace.
+/// A kernel without IPv6 has nothing to turn off.
+fn disable_ipv6(link: &str) {
+    let path = format!("/proc/sys/net/ipv6/conf/{link}/disable_ipv6");
+    if let Err(e) = std::fs::write(&path, "1") {
+        if e.kind() != io::ErrorKind::NotFound {
+            log::warn!("egress: writing {path}: {e}");
+        }
+    }
+}
+
 fn ctx(what: &'static str) -> impl Fn(io::Error) -> io::Error {
     move |e| io::Error::new(e.kind(), format!("{what}: {e}"))
 }
@@ -533,6 +544,10 @@ impl Egress {
             .name("isobox-netns".into())
             .spawn(move || -> io::Result<rtnl::Rtnl> {
                 sys::unshare_netns().map_err(ctx("unshare"))?;
+                // No IPv6 at all in the sandbox's namespace (links made later inherit
+                // `default`); the table drops IPv6 too, this keeps even link-local away.
+                disable_ipv6("all");
+                disable_ipv6("default");
                 sys::bind_mount(Path::new("/proc/thread-self/ns/net"), &ns_path)
                     .map_err(ctx("pinning the namespace"))?;
                 let mut r = rtnl::Rtnl::open()?;
@@ -546,6 +561,7 @@ impl Egress {
         let mut host = rtnl::Rtnl::open()?;
         host.add_veth(&l.host_if, "eth0", &ns)
             .map_err(ctx("creating the veth pair"))?;
+        disable_ipv6(&l.host_if);
         let idx = host.index_of(&l.host_if)?;
         host.add_addr(idx, self.addr(l.slot, 1), 30)
             .map_err(ctx("host address"))?;

@@ -1,0 +1,1167 @@
+//! Filtered egress ("network": true) against a fake internet: each test creates its own
+//! pair of network namespaces (tests/common/fakenet.rs), runs isoboxd inside the
+//! "harness" one, whose only uplink leads to "fakenet", and checks what a user would:
+//! the public stand-ins are reachable, nothing denied is (a connection logged by a denied
+//! fake host fails the case), the report (`run.network`, `warning`, `egress` in
+//! /readyz) is honest, tampering with the firewall is noticed and repaired, and nothing
+//! is left behind. No traffic ever leaves the namespaces the test created.
+
+mod common;
+#[path = "common/fakenet.rs"]
+mod fakenet;
+
+use common::{in_netns, Daemon};
+use fakenet::{
+    try_sh, FakeNet, Hit, DNS, HARNESS_UPLINK, PUBLIC, PUBLIC2, PUBLIC_BODY, SECRET_BODY, SMTP,
+};
+use serde_json::{json, Map, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+const WARNING: &str =
+    "network requested but currently unavailable (egress firewall not verified); ran with network OFF";
+
+/// Python helpers every probe script starts with. `probe({name: (fn, *args)})` runs the
+/// cases concurrently and prints one `RESULT {json}` line: "OK ..." when a TCP connect
+/// succeeded (then what the peer sent) or a UDP answer arrived, "ERR ..." otherwise.
+const PRELUDE: &str = r#"
+import socket, json, time, concurrent.futures as _cf
+def _err(e): return 'ERR ' + type(e).__name__ + ': ' + str(e)
+def tcp(h, p, send=b'', t=2.0):
+    try:
+        s = socket.create_connection((h, p), t)
+    except Exception as e:
+        return _err(e)
+    out = b''
+    try:
+        s.settimeout(t)
+        if send: s.sendall(send)
+        while len(out) < 4096:
+            d = s.recv(4096)
+            if not d: break
+            out += d
+    except Exception as e:
+        pass
+    finally:
+        s.close()
+    return 'OK ' + out.decode('latin1')
+def http(h, p=80, path='/'):
+    return tcp(h, p, ('GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' % (path, h)).encode())
+def urlopen(url):
+    import urllib.request
+    try:
+        return 'OK ' + urllib.request.urlopen(url, timeout=3).read().decode('latin1')
+    except Exception as e:
+        return _err(e)
+def dnsq(name, qid=0x1234):
+    q = qid.to_bytes(2, 'big') + b'\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00'
+    for l in name.split('.'): q += bytes([len(l)]) + l.encode()
+    return q + b'\x00\x00\x01\x00\x01'
+def udp(h, p, payload=b'probe', t=2.0, bcast=False):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(t)
+    try:
+        if bcast: s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        s.sendto(payload, (h, p))
+        d, a = s.recvfrom(2048)
+        return 'OK ' + a[0] + ' ' + d.hex()
+    except Exception as e:
+        return _err(e)
+    finally:
+        s.close()
+def dns(server, name): return udp(server, 53, dnsq(name))
+def resolve(name):
+    try: return 'OK ' + socket.gethostbyname(name)
+    except Exception as e: return _err(e)
+def myaddr():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(('198.51.100.7', 9)); return s.getsockname()[0]
+    except Exception as e: return _err(e)
+    finally: s.close()
+def me():
+    a = myaddr()
+    return a if a.startswith('ERR') else 'OK ' + a
+def probe(cases):
+    with _cf.ThreadPoolExecutor(max(1, min(64, len(cases)))) as ex:
+        futs = {k: ex.submit(c[0], *c[1:]) for k, c in cases.items()}
+        res = {k: f.result() for k, f in futs.items()}
+    print('RESULT ' + json.dumps(res, sort_keys=True), flush=True)
+"#;
+
+// ---------------------------------------------------------------------------------------
+// Harness helpers
+// ---------------------------------------------------------------------------------------
+
+/// The fake internet plus a daemon in its harness namespace, egress verified (unless
+/// `env` turns it off).
+fn setup(env: &[(&str, &str)]) -> (FakeNet, Daemon) {
+    let fake = FakeNet::new();
+    let mut e = vec![("ISOBOX_NET_DNS", DNS)];
+    e.extend_from_slice(env);
+    let d = Daemon::start_in_netns(&fake.harness, &e);
+    // nsenter execs: the child's pid is isoboxd's own.
+    let exe = std::fs::read_link(format!("/proc/{}/exe", d.pid())).unwrap();
+    assert!(
+        exe.to_string_lossy().ends_with("isoboxd"),
+        "pid() is isoboxd: {}",
+        exe.display()
+    );
+    d.wait_ready();
+    (fake, d)
+}
+
+fn table(d: &Daemon) -> String {
+    d.instance.replace('-', "_")
+}
+
+/// The `egress` object of /readyz (asserting /readyz is 200 and carries it).
+fn egress(d: &Daemon, path: &str) -> Value {
+    let r = d.get(path);
+    assert_eq!(r.status, 200, "{path}: {}", r.text());
+    let v = r.json();
+    assert!(v["egress"].is_object(), "{path} has no egress object: {v}");
+    v["egress"].clone()
+}
+
+/// Polls /readyz until egress is in `state`; returns how long it took.
+fn wait_egress(d: &Daemon, state: &str, within: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let e = egress(d, "/readyz");
+        if e["state"] == state {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < within,
+            "egress never became {state} within {within:?}: {e}\nlog:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `PRELUDE + code` in `language: python` with `extra` merged into the body;
+/// returns the response and the `RESULT` map.
+fn run(d: &Daemon, code: &str, extra: Value) -> (Value, Map<String, Value>) {
+    let mut body = json!({"language": "python", "code": format!("{PRELUDE}\n{code}")});
+    if let Value::Object(m) = extra {
+        for (k, v) in m {
+            body[k] = v;
+        }
+    }
+    let r = d.execute(body);
+    let res = result_of(&r);
+    (r, res)
+}
+
+fn result_of(r: &Value) -> Map<String, Value> {
+    let out = r["run"]["stdout"].as_str().unwrap_or("");
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("no RESULT line: {r}"));
+    serde_json::from_str::<Value>(line)
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .clone()
+}
+
+fn ok(res: &Map<String, Value>, k: &str) -> bool {
+    res[k].as_str().unwrap().starts_with("OK")
+}
+
+/// Asserts every named probe failed, and no secret came back.
+fn assert_all_err(res: &Map<String, Value>, keys: &[String], ctx: &Value) {
+    let reached: Vec<String> = keys
+        .iter()
+        .filter(|k| ok(res, k))
+        .map(|k| format!("{k} => {}", res[k.as_str()]))
+        .collect();
+    assert!(
+        reached.is_empty(),
+        "denied destinations reached: {reached:#?}\nrun: {ctx}"
+    );
+    assert!(
+        !ctx.to_string().contains(SECRET_BODY),
+        "secret leaked: {ctx}"
+    );
+}
+
+fn assert_no_denied_hits(fake: &FakeNet, d: &Daemon) {
+    let hits: Vec<Hit> = fake.denied_hits();
+    assert!(
+        hits.is_empty(),
+        "denied fake hosts logged connections: {hits:#?}\nlog:\n{}",
+        d.log()
+    );
+}
+
+/// Runs the command in the harness namespace, asserting success.
+fn harness(fake: &FakeNet, args: &[&str]) -> String {
+    let (ok, out) = fake.in_harness(args);
+    assert!(ok, "{args:?} in {}: {out}", fake.harness);
+    out
+}
+
+fn nft_table_exists(fake: &FakeNet, d: &Daemon) -> bool {
+    fake.in_harness(&["nft", "list", "table", "inet", &table(d)])
+        .0
+}
+
+fn poll(what: &str, within: Duration, mut f: impl FnMut() -> Result<(), String>) {
+    let t0 = Instant::now();
+    loop {
+        match f() {
+            Ok(()) => return,
+            Err(e) => assert!(t0.elapsed() < within, "{what} (after {within:?}): {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The end of every egress test: nothing of the runs is left (runsc, cgroups, the
+/// per-run netns files, veths), and on stop the daemon's nft table goes too.
+fn finish(fake: FakeNet, d: Daemon, egress_on: bool) {
+    d.assert_clean();
+    // The brief put them under /run/isobox/<instance>/netns; the daemon keeps them under
+    // <data dir>/net/ns. Check both, and any nsfs mount naming the instance.
+    let nsdirs = [
+        std::path::PathBuf::from(format!("/run/isobox/{}/netns", d.instance)),
+        d.data_dir.join("net/ns"),
+    ];
+    poll(
+        "per-run netns files removed",
+        Duration::from_secs(10),
+        || {
+            let mut left: Vec<String> = nsdirs
+                .iter()
+                .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+                .map(|e| e.path().display().to_string())
+                .collect();
+            left.extend(nsfs_mounts(&d.instance));
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    let run_dir = std::path::PathBuf::from(format!("/run/isobox/{}", d.instance));
+    poll(
+        "no mounts left under the run dir",
+        Duration::from_secs(10),
+        || {
+            let left = common::mounts_under(&run_dir);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    poll("per-run veths removed", Duration::from_secs(10), || {
+        let links = fake.harness_links();
+        if links.iter().any(|l| l.starts_with("ib")) {
+            Err(format!("{links:?}"))
+        } else {
+            Ok(())
+        }
+    });
+    assert_eq!(
+        nft_table_exists(&fake, &d),
+        egress_on,
+        "nft table inet {} present while running",
+        table(&d)
+    );
+    let (name, instance) = (table(&d), d.instance.clone());
+    d.stop();
+    let (exists, out) = fake.in_harness(&["nft", "list", "table", "inet", &name]);
+    assert!(!exists, "nft table inet {name} left after stop: {out}");
+    let links = fake.harness_links();
+    assert_eq!(
+        links,
+        vec!["lo", "uplink0"],
+        "links left in the harness netns"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/run/isobox/{instance}")).exists(),
+        "state dir left"
+    );
+    drop(fake);
+}
+
+/// Mount points of network namespace files (nsfs) whose path names the instance.
+fn nsfs_mounts(instance: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mp = left.split(' ').nth(4)?;
+            (right.split(' ').next() == Some("nsfs") && mp.contains(instance))
+                .then(|| format!("nsfs mount {mp}"))
+        })
+        .collect()
+}
+
+/// From a thread in `ns`: TCP connect (2 s), send, read until close.
+fn tcp_from(ns: &str, addr: &str, send: &'static [u8]) -> Result<String, String> {
+    let addr: SocketAddr = addr.parse().unwrap();
+    in_netns(ns, move || {
+        let mut s =
+            TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s.write_all(send).map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    })
+}
+
+/// From a thread in `ns`: one UDP datagram, the answer (2 s).
+fn udp_from(ns: &str, addr: &str, payload: Vec<u8>) -> Result<Vec<u8>, String> {
+    let addr: SocketAddr = addr.parse().unwrap();
+    in_netns(ns, move || {
+        let any: SocketAddr = if addr.is_ipv4() {
+            "0.0.0.0:0".parse().unwrap()
+        } else {
+            "[::]:0".parse().unwrap()
+        };
+        let u = UdpSocket::bind(any).map_err(|e| e.to_string())?;
+        u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        u.send_to(&payload, addr).map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 1500];
+        let (n, _) = u.recv_from(&mut buf).map_err(|e| e.to_string())?;
+        Ok(buf[..n].to_vec())
+    })
+}
+
+fn dns_query(name: &str) -> Vec<u8> {
+    let mut q = vec![0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+    for l in name.split('.') {
+        q.push(l.len() as u8);
+        q.extend_from_slice(l.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
+// ---------------------------------------------------------------------------------------
+// The fake internet itself (no daemon)
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn test_fake_internet_reachable_from_harness_and_logged() {
+    let fake = FakeNet::new();
+    let (h, f) = (fake.harness.clone(), fake.fakenet.clone());
+    // Public stand-ins answer HTTP; the request is logged with the uplink as source.
+    for host in [PUBLIC, PUBLIC2] {
+        let body = tcp_from(&h, &format!("{host}:80"), b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        assert!(body.contains(PUBLIC_BODY), "{host}: {body}");
+    }
+    let banner = tcp_from(&h, &format!("{PUBLIC}:443"), b"").unwrap();
+    assert!(banner.starts_with("fake-tls"), "{banner}");
+    let hits = fake.hits_to(PUBLIC);
+    assert_eq!(hits.len(), 2, "{hits:?}");
+    assert!(hits
+        .iter()
+        .all(|h| h.peer.ip() == std::net::IpAddr::V4(HARNESS_UPLINK) && h.ns == "fakenet"));
+    // The fake resolver answers from its map.
+    let a = udp_from(&h, &format!("{DNS}:53"), dns_query("public.test")).unwrap();
+    assert_eq!(&a[a.len() - 4..], &[198, 51, 100, 7], "{a:?}");
+    let a = udp_from(&h, &format!("{DNS}:53"), dns_query("rebind.test")).unwrap();
+    assert_eq!(&a[a.len() - 4..], &[10, 0, 0, 1], "{a:?}");
+    let a = udp_from(&h, &format!("{DNS}:53"), dns_query("nx.test")).unwrap();
+    assert_eq!(a[3] & 0x0f, 3, "NXDOMAIN");
+    assert!(fake
+        .hits_to(DNS)
+        .iter()
+        .any(|h| h.detail == "public.test type 1"));
+    // Every denied fake host exists (so a failure from a sandbox is the firewall's
+    // doing) and logs what reaches it; the same for SMTP and v6.
+    fake.clear();
+    for a in fakenet::DENIED_V4 {
+        let body = tcp_from(&h, &format!("{a}:80"), b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        assert!(body.contains(SECRET_BODY), "{a}: {body}");
+        assert!(
+            udp_from(&h, &format!("{a}:53"), dns_query("public.test")).is_ok(),
+            "{a}"
+        );
+    }
+    for p in [25, 465, 587] {
+        let b = tcp_from(&h, &format!("{SMTP}:{p}"), b"").unwrap();
+        assert!(b.starts_with("220 "), "{b}");
+    }
+    let b = tcp_from(&h, "[2001:db8::7]:443", b"").unwrap();
+    assert!(b.starts_with("fake-tls-v6"), "{b}");
+    assert_eq!(
+        fake.denied_hits().len(),
+        fakenet::DENIED_V4.len() * 2 + 3 + 1,
+        "{:#?}",
+        fake.denied_hits()
+    );
+    // The harness namespace's own listeners log too (as seen from fakenet).
+    fake.clear();
+    let b = tcp_from(
+        &f,
+        &format!("{HARNESS_UPLINK}:{}", fake.host_port),
+        b"GET / HTTP/1.0\r\n\r\n",
+    )
+    .unwrap();
+    assert!(b.contains(SECRET_BODY));
+    assert!(udp_from(
+        &f,
+        &format!("{HARNESS_UPLINK}:53"),
+        dns_query("public.test")
+    )
+    .is_ok());
+    let hits = fake.hits();
+    assert_eq!(hits.len(), 2, "{hits:?}");
+    assert!(hits.iter().all(|h| h.ns == "harness"));
+    // ... over IPv6 too (the listeners are dual-stack).
+    let b = tcp_from(
+        &f,
+        &format!("[2001:db8:ff::2]:{}", fake.host_port),
+        b"GET / HTTP/1.0\r\n\r\n",
+    )
+    .unwrap();
+    assert!(b.contains(SECRET_BODY));
+    assert_eq!(fake.hits().len(), 3);
+    // What the test publishes, the public stand-in serves.
+    fake.publish("/v6-target", "fe80::1");
+    let b = tcp_from(
+        &h,
+        &format!("{PUBLIC}:80"),
+        b"GET /v6-target HTTP/1.0\r\n\r\n",
+    )
+    .unwrap();
+    assert!(b.ends_with("\r\n\r\nfe80::1"), "{b}");
+    // External tools run in the harness netns through nsenter (as the daemon will).
+    let out = harness(
+        &fake,
+        &["curl", "-s", "-m", "3", &format!("http://{PUBLIC}/")],
+    );
+    assert_eq!(out, PUBLIC_BODY);
+    // The harness netns has only the uplink and loopback, and one default route.
+    assert_eq!(fake.harness_links(), vec!["lo", "uplink0"]);
+    let routes = harness(&fake, &["ip", "-4", "route", "show", "default"]);
+    assert_eq!(
+        routes.trim(),
+        "default via 192.0.2.1 dev uplink0",
+        "{routes}"
+    );
+    // Both namespaces are gone after drop.
+    drop(fake);
+    for ns in [h, f] {
+        assert!(
+            !std::path::Path::new(&format!("/run/netns/{ns}")).exists(),
+            "{ns} left"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Against the daemon
+// ---------------------------------------------------------------------------------------
+
+fn is_sandbox_addr(a: &str) -> bool {
+    match a.parse::<Ipv4Addr>() {
+        Ok(ip) => {
+            let o = ip.octets();
+            o[0] == 10 && o[1] == 200 && o[3] % 4 == 2
+        }
+        Err(_) => false,
+    }
+}
+
+/// N10 (positive control) by address and by name, the resolver, N11 (names resolving to
+/// denied addresses), and `"network": false` (no network at all, no warning).
+#[test]
+fn test_public_reachable_by_ip_and_name_and_network_false_is_offline() {
+    let (fake, d) = setup(&[]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    assert!(egress(&d, "/readyz").get("reason").is_none());
+    assert_eq!(egress(&d, "/healthz")["state"], "verified");
+    fake.clear();
+    let code = r#"
+print('RESOLV ' + json.dumps(open('/etc/resolv.conf').read()))
+probe({
+    'tcp443': (tcp, '198.51.100.7', 443),
+    'http80': (http, '198.51.100.7'),
+    'http_public2': (http, '203.0.113.9'),
+    'urllib': (urlopen, 'http://198.51.100.7/'),
+    'resolve_public': (resolve, 'public.test'),
+    'url_by_name': (urlopen, 'http://public.test/'),
+    'resolve_meta': (resolve, 'meta.evil.test'),
+    'resolve_rebind': (resolve, 'rebind.test'),
+    'url_meta': (urlopen, 'http://meta.evil.test/latest/meta-data/'),
+    'url_rebind': (urlopen, 'http://rebind.test/'),
+    'me': (me,),
+})
+"#;
+    let (r, res) = run(&d, code, json!({}));
+    assert_eq!(r["run"]["exitCode"], 0, "{r}");
+    assert_eq!(
+        r["run"]["network"],
+        true,
+        "network defaults to on: {r}\nlog:\n{}",
+        d.log()
+    );
+    assert!(r.get("warning").is_none(), "{r}");
+    for k in ["tcp443", "http80", "http_public2", "urllib", "url_by_name"] {
+        assert!(ok(&res, k), "{k}: {res:#?}");
+    }
+    for k in ["http80", "http_public2", "urllib", "url_by_name"] {
+        assert!(
+            res[k].as_str().unwrap().contains(PUBLIC_BODY),
+            "{k}: {res:#?}"
+        );
+    }
+    assert_eq!(res["resolve_public"], "OK 198.51.100.7");
+    assert_eq!(res["resolve_meta"], "OK 169.254.169.254");
+    assert_eq!(res["resolve_rebind"], "OK 10.0.0.1");
+    assert_all_err(&res, &["url_meta".into(), "url_rebind".into()], &r);
+    let me = res["me"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("OK ")
+        .to_string();
+    assert!(
+        is_sandbox_addr(&me),
+        "sandbox address {me} is .2 of a /30 in 10.200.0.0/16"
+    );
+    // resolv.conf names exactly the configured resolver.
+    let stdout = r["run"]["stdout"].as_str().unwrap();
+    let resolv: String = serde_json::from_str(
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("RESOLV "))
+            .unwrap(),
+    )
+    .unwrap();
+    let ns: Vec<&str> = resolv
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(ns, vec![DNS], "resolv.conf: {resolv:?}");
+    // What the fake hosts saw: masqueraded connections from the harness uplink, the
+    // resolver asked for every name, and no denied host reached.
+    let public = fake.hits_to(PUBLIC);
+    assert!(public.len() >= 4, "{public:#?}");
+    for h in public.iter().chain(fake.hits_to(PUBLIC2).iter()) {
+        assert_eq!(
+            h.peer.ip(),
+            std::net::IpAddr::V4(HARNESS_UPLINK),
+            "masquerade: {h:?}"
+        );
+    }
+    let asked: Vec<String> = fake.hits_to(DNS).iter().map(|h| h.detail.clone()).collect();
+    for name in ["public.test", "meta.evil.test", "rebind.test"] {
+        assert!(
+            asked.contains(&format!("{name} type 1")),
+            "{name}: {asked:?}"
+        );
+    }
+    assert_no_denied_hits(&fake, &d);
+
+    // "network": false: nothing is reachable, nothing logged, no warning.
+    fake.clear();
+    let code = r#"
+probe({
+    'tcp443': (tcp, '198.51.100.7', 443),
+    'http80': (http, '198.51.100.7'),
+    'resolve_public': (resolve, 'public.test'),
+    'dns': (dns, '198.51.100.53', 'public.test'),
+    'me': (me,),
+})
+"#;
+    let (r, res) = run(&d, code, json!({"network": false}));
+    assert_eq!(r["run"]["exitCode"], 0, "{r}");
+    assert_eq!(r["run"]["network"], false, "{r}");
+    assert!(
+        r.get("warning").is_none(),
+        "no warning when network is not asked: {r}"
+    );
+    let keys: Vec<String> = res.keys().cloned().collect();
+    assert_all_err(&res, &keys, &r);
+    let hits = fake.hits();
+    assert!(
+        hits.is_empty(),
+        "an offline run reached the fake net: {hits:#?}"
+    );
+    // An explicit "network": true is the default's twin.
+    let (r, res) = run(
+        &d,
+        "probe({'http80': (http, '198.51.100.7')})",
+        json!({"network": true}),
+    );
+    assert_eq!(r["run"]["network"], true, "{r}");
+    assert!(r.get("warning").is_none(), "{r}");
+    assert!(
+        res["http80"].as_str().unwrap().contains(PUBLIC_BODY),
+        "{res:?}"
+    );
+    finish(fake, d, true);
+}
+
+/// N1, N2, N3 (metadata, link-local, private and CGNAT ranges, to their far ends), N4
+/// (the daemon's host through the gateway and the uplink), N8 (IPv6 and v4-mapped), N9
+/// (SMTP), N12 (the gateway's DNS), all in one run beside the positive control.
+#[test]
+fn test_denied_destinations_fail_and_no_fake_host_sees_them() {
+    let (fake, d) = setup(&[]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    fake.clear();
+    let denied: Vec<String> = fakenet::DENIED_V4
+        .iter()
+        .map(|s| format!("'{s}'"))
+        .collect();
+    let code = format!(
+        r#"
+me = myaddr()
+o = [int(x) for x in me.split('.')]
+gw = '%d.%d.%d.%d' % (o[0], o[1], o[2], o[3] - 1)
+print('ME', me, 'GW', gw)
+DP, HP, UP = {dp}, {hp}, '{up}'
+cases = {{}}
+for h in [{denied}]:
+    cases['N3 tcp80 ' + h] = (http, h)
+    cases['N3 udp53 ' + h] = (dns, h, 'public.test')
+cases['N1 urllib metadata'] = (urlopen, 'http://169.254.169.254/latest/meta-data/')
+cases['N4 gw daemon port'] = (http, gw, DP, '/healthz')
+cases['N4 gw host tcp'] = (http, gw, HP)
+cases['N4 gw host udp'] = (udp, gw, HP)
+cases['N4 uplink daemon port'] = (http, UP, DP, '/healthz')
+cases['N4 uplink host tcp'] = (http, UP, HP)
+cases['N4 uplink host udp'] = (udp, UP, HP)
+cases['N4 own loopback daemon port'] = (http, '127.0.0.1', DP, '/healthz')
+cases['N8 v6 443'] = (tcp, '2001:db8::7', 443)
+cases['N8 v6 80'] = (http, '2001:db8::7', 80)
+cases['N8 v4-mapped metadata'] = (http, '::ffff:169.254.169.254', 80)
+for p in (25, 465, 587):
+    cases['N9 smtp %d' % p] = (tcp, '198.51.100.25', p)
+cases['N12 gw dns udp'] = (dns, gw, 'public.test')
+cases['N12 gw dns tcp'] = (tcp, gw, 53)
+cases['N12 uplink dns udp'] = (dns, UP, 'public.test')
+cases['allowed http'] = (http, '198.51.100.7')
+cases['allowed dns'] = (dns, '198.51.100.53', 'public.test')
+probe(cases)
+"#,
+        dp = d.addr.port(),
+        hp = fake.host_port,
+        up = HARNESS_UPLINK,
+        denied = denied.join(", "),
+    );
+    let t0 = Instant::now();
+    let (r, res) = run(&d, &code, json!({"limits": {"pids": 256}}));
+    eprintln!("denied-destinations run took {:?}", t0.elapsed());
+    assert_eq!(r["run"]["exitCode"], 0, "{r}");
+    assert_eq!(r["run"]["network"], true, "{r}\nlog:\n{}", d.log());
+    assert!(r.get("warning").is_none(), "{r}");
+    assert!(
+        res["allowed http"].as_str().unwrap().contains(PUBLIC_BODY),
+        "positive control in the same run: {res:#?}"
+    );
+    assert!(
+        ok(&res, "allowed dns"),
+        "configured resolver answers: {res:#?}"
+    );
+    let denied_keys: Vec<String> = res
+        .keys()
+        .filter(|k| !k.starts_with("allowed"))
+        .cloned()
+        .collect();
+    assert!(denied_keys.len() > 40, "{denied_keys:?}");
+    assert_all_err(&res, &denied_keys, &r);
+    assert_eq!(fake.hits_to(SMTP).len(), 0, "fake SMTP logged a connection");
+    assert_no_denied_hits(&fake, &d);
+    assert!(!fake.hits_to(PUBLIC).is_empty());
+
+    // N4/N8 over IPv6 link-local: the sandbox's interface has an fe80:: address, and so
+    // has the host end of its veth (the kernel adds both). The sandbox cannot guess the
+    // latter (it derives from a MAC), so the test reads it in the harness netns once the
+    // run is up and hands it over through the public stand-in. Limited power: with the
+    // daemon's input chain turned to accept (a mutation tried by hand), gVisor's
+    // neighbour discovery towards the host still failed in most runs, so this probe
+    // mainly guards against a future where it does not.
+    fake.clear();
+    let code = format!(
+        r#"
+import urllib.request
+ifname = [n for i, n in socket.if_nameindex() if n != 'lo'][0]
+scope = socket.if_nametoindex(ifname)
+ll = None
+end = time.time() + 15
+while ll is None and time.time() < end:
+    try:
+        b = urllib.request.urlopen('http://198.51.100.7/v6-target', timeout=2).read().decode()
+        if b != 'fake-public-ok': ll = b
+    except Exception:
+        pass
+    time.sleep(0.2)
+print('LL', ll, ifname, flush=True)
+def tcp6(a, p, t=2.0):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM); s.settimeout(t)
+    try:
+        s.connect((a, p, 0, scope))
+        s.sendall(b'GET / HTTP/1.0\r\n\r\n')
+        return 'OK ' + s.recv(4096).decode('latin1')
+    except Exception as e:
+        return _err(e)
+    finally:
+        s.close()
+def udp6(a, p, payload, t=2.0):
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM); s.settimeout(t)
+    try:
+        s.sendto(payload, (a, p, 0, scope))
+        return 'OK ' + s.recvfrom(2048)[0].hex()
+    except Exception as e:
+        return _err(e)
+    finally:
+        s.close()
+cases = {{}}
+if ll and ll != 'none':
+    cases['v6 ll host tcp'] = (tcp6, ll, {hp})
+    cases['v6 ll host udp'] = (udp6, ll, {hp}, b'v6-probe')
+    cases['v6 ll dns udp'] = (udp6, ll, 53, dnsq('public.test'))
+    cases['v6 ll dns tcp'] = (tcp6, ll, 53)
+    cases['v6 ll daemon port'] = (tcp6, ll, {dp})
+probe(cases)
+"#,
+        hp = fake.host_port,
+        dp = d.addr.port(),
+    );
+    let (r, res) = std::thread::scope(|s| {
+        let h = s.spawn(|| run(&d, &code, json!({})));
+        let ll = host_link_local(&fake);
+        eprintln!("host end of the run's veth: {ll}");
+        fake.publish("/v6-target", &ll);
+        h.join().unwrap()
+    });
+    assert_eq!(r["run"]["network"], true, "{r}");
+    let out = r["run"]["stdout"].as_str().unwrap();
+    // The daemon turns IPv6 off on both ends of the veth: the host end has no
+    // link-local address to probe (the probes above stay for a daemon that would not).
+    assert!(out.starts_with("LL none"), "IPv6 left on the host end: {r}");
+    assert!(res.is_empty(), "{res:?}");
+    let keys: Vec<String> = res.keys().cloned().collect();
+    assert_all_err(&res, &keys, &r);
+    assert_no_denied_hits(&fake, &d);
+    finish(fake, d, true);
+}
+
+/// The link-local address of the host end of the (only) per-run veth in the harness
+/// netns, once DAD is done (a tentative address drops everything, which would make a
+/// probe fail for the wrong reason); "none" if the link has no IPv6 at all.
+fn host_link_local(fake: &FakeNet) -> String {
+    let t0 = Instant::now();
+    let mut link_seen: Option<Instant> = None;
+    loop {
+        let (_, out) = try_sh(&[
+            "ip",
+            "-n",
+            &fake.harness,
+            "-6",
+            "-o",
+            "addr",
+            "show",
+            "scope",
+            "link",
+        ]);
+        let links = fake.harness_links();
+        if link_seen.is_none() && links.iter().any(|l| l.starts_with("ib")) {
+            link_seen = Some(Instant::now());
+        }
+        for l in out.lines() {
+            // "3: ibxxxx@if2    inet6 fe80::.../64 scope link \       valid_lft ..."
+            let mut f = l.split_whitespace();
+            let dev = f.nth(1).unwrap_or("").split('@').next().unwrap_or("");
+            if !dev.starts_with("ib") || l.contains("tentative") {
+                continue;
+            }
+            if let Some(a) = l.split_whitespace().skip_while(|w| *w != "inet6").nth(1) {
+                return a.split('/').next().unwrap().to_string();
+            }
+        }
+        if let Some(seen) = link_seen {
+            if !out.lines().any(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|d| d.starts_with("ib"))
+            }) && seen.elapsed() > Duration::from_secs(3)
+            {
+                return "none".into();
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "no per-run veth with a usable fe80 address: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A streamed (SSE) /execute whose stdout can be watched while it runs.
+struct Sse {
+    r: BufReader<TcpStream>,
+    chunked: bool,
+    pending: String,
+    stdout: String,
+    done: Option<Value>,
+}
+
+impl Sse {
+    fn start(d: &Daemon, body: &Value) -> Sse {
+        let mut s = d.connect();
+        let b = body.to_string();
+        write!(
+            s,
+            "POST /execute HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+        .unwrap();
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert!(line.contains(" 200 "), "SSE status: {line}");
+        let mut chunked = false;
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).unwrap();
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let l = h.to_ascii_lowercase();
+            if l.starts_with("transfer-encoding:") && l.contains("chunked") {
+                chunked = true;
+            }
+        }
+        Sse {
+            r,
+            chunked,
+            pending: String::new(),
+            stdout: String::new(),
+            done: None,
+        }
+    }
+
+    /// Reads more of the stream; false at its end.
+    fn more(&mut self) -> bool {
+        let mut data = Vec::new();
+        if self.chunked {
+            let mut size = String::new();
+            if self.r.read_line(&mut size).unwrap_or(0) == 0 {
+                return false;
+            }
+            let n = usize::from_str_radix(size.trim(), 16).unwrap();
+            let mut c = vec![0; n + 2];
+            self.r.read_exact(&mut c).unwrap();
+            if n == 0 {
+                return false;
+            }
+            data.extend_from_slice(&c[..n]);
+        } else {
+            let mut c = [0u8; 4096];
+            match self.r.read(&mut c) {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => data.extend_from_slice(&c[..n]),
+            }
+        }
+        self.pending.push_str(&String::from_utf8_lossy(&data));
+        while let Some(i) = self.pending.find("\n\n") {
+            let ev: String = self.pending.drain(..i + 2).collect();
+            let mut name = "";
+            let mut payload = None;
+            for l in ev.lines() {
+                if let Some(x) = l.strip_prefix("event: ") {
+                    name = x;
+                } else if let Some(x) = l.strip_prefix("data: ") {
+                    payload = serde_json::from_str::<Value>(x).ok();
+                }
+            }
+            match (name, payload) {
+                ("stdout", Some(p)) => self.stdout.push_str(p["chunk"].as_str().unwrap_or("")),
+                ("done", Some(p)) => self.done = Some(p),
+                _ => {}
+            }
+        }
+        true
+    }
+
+    /// Reads until stdout has a line starting with `prefix`; returns the rest of it.
+    fn wait_line(&mut self, prefix: &str) -> String {
+        loop {
+            if let Some(l) = self.stdout.lines().find_map(|l| l.strip_prefix(prefix)) {
+                if self.stdout.contains(&format!("{prefix}{l}\n")) {
+                    return l.to_string();
+                }
+            }
+            assert!(
+                self.more(),
+                "stream ended before {prefix:?}: {}",
+                self.stdout
+            );
+        }
+    }
+
+    /// Reads to the end; the `done` event's data (the non-streaming response).
+    fn finish(mut self) -> Value {
+        while self.done.is_none() && self.more() {}
+        self.done.expect("no done event")
+    }
+}
+
+/// N6: a sandbox cannot reach another one (its listening address, its gateway, UDP,
+/// broadcasts), while both have working egress.
+#[test]
+fn test_sandboxes_cannot_reach_each_other() {
+    let (fake, d) = setup(&[]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    fake.clear();
+    let window = 12;
+    let a_code = format!(
+        r#"
+import select
+me = myaddr()
+t = socket.create_server(('0.0.0.0', 8000)); t.setblocking(False)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+u.bind(('0.0.0.0', 8000)); u.setblocking(False)
+# The listener works: the sandbox reaches itself.
+c = socket.create_connection((me, 8000), 2); time.sleep(0.2)
+print('SELF', t.accept()[1][0], flush=True); c.close()
+print('ADDR ' + me, flush=True)
+got = []
+end = time.time() + {window}
+while time.time() < end:
+    r, _, _ = select.select([t, u], [], [], 0.2)
+    for s in r:
+        try:
+            if s is t:
+                c, a = t.accept(); got.append(['tcp', a[0]]); c.close()
+            else:
+                data, a = u.recvfrom(256); got.append(['udp', a[0], data.decode('latin1')])
+        except BlockingIOError:
+            pass
+print('GOT ' + json.dumps(got), flush=True)
+"#
+    );
+    let mut a = Sse::start(
+        &d,
+        &json!({"language": "python", "code": format!("{PRELUDE}\n{a_code}"),
+                "limits": {"wallTimeMs": 20000}}),
+    );
+    let a_ip = a.wait_line("ADDR ");
+    let t_addr = Instant::now();
+    assert!(is_sandbox_addr(&a_ip), "A's address {a_ip}: {}", a.stdout);
+    // While A runs, its namespace and veth exist (so the cleanup checks in `finish` are
+    // not vacuous).
+    assert!(
+        !nsfs_mounts(&d.instance).is_empty(),
+        "no nsfs mount for a running sandbox; mounts:\n{}",
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap()
+    );
+    assert!(
+        fake.harness_links().iter().any(|l| l.starts_with("ib")),
+        "{:?}",
+        fake.harness_links()
+    );
+    let b_code = format!(
+        r#"
+a = '{a_ip}'
+o = [int(x) for x in a.split('.')]
+gw_a = '%d.%d.%d.%d' % (o[0], o[1], o[2], o[3] - 1)
+bc_a = '%d.%d.%d.%d' % (o[0], o[1], o[2], o[3] | 3)
+probe({{
+    'tcp A': (tcp, a, 8000),
+    'udp A': (udp, a, 8000, b'udp-from-b'),
+    'broadcast': (udp, '255.255.255.255', 8000, b'bcast-from-b', 2.0, True),
+    'subnet broadcast of A': (udp, bc_a, 8000, b'sbcast-from-b', 2.0, True),
+    'tcp A gateway': (tcp, gw_a, 8000),
+    'allowed http': (http, '198.51.100.7'),
+    'me': (me,),
+}})
+"#
+    );
+    let (rb, res) = run(&d, &b_code, json!({}));
+    let b_took = t_addr.elapsed();
+    let ra = a.finish();
+    assert_eq!(ra["run"]["network"], true, "{ra}");
+    assert_eq!(rb["run"]["network"], true, "{rb}");
+    assert!(
+        b_took < Duration::from_secs(window - 2),
+        "B finished {b_took:?} after A listened; A only listens {window} s"
+    );
+    let a_out = ra["run"]["stdout"].as_str().unwrap();
+    assert!(
+        a_out.contains(&format!("SELF {a_ip}\n")),
+        "A's listener works: {ra}"
+    );
+    let got = a_out
+        .lines()
+        .find_map(|l| l.strip_prefix("GOT "))
+        .unwrap_or_else(|| panic!("A did not report: {ra}"));
+    assert_eq!(got, "[]", "A received something from B: {got}\nB: {rb}");
+    let b_ip = res["me"].as_str().unwrap().trim_start_matches("OK ");
+    assert!(is_sandbox_addr(b_ip) && b_ip != a_ip, "B {b_ip}, A {a_ip}");
+    assert!(
+        res["allowed http"].as_str().unwrap().contains(PUBLIC_BODY),
+        "{res:#?}"
+    );
+    let keys: Vec<String> = ["tcp A", "tcp A gateway"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_all_err(&res, &keys, &rb);
+    assert_no_denied_hits(&fake, &d);
+    finish(fake, d, true);
+}
+
+/// Deleting the daemon's nft table behind its back: noticed at once (not at the next
+/// periodic check, which is an hour away here), runs go offline with the warning,
+/// /readyz says why, and SIGHUP restores filtered egress.
+#[test]
+fn test_deleted_table_is_noticed_and_sighup_restores() {
+    let (fake, d) = setup(&[("ISOBOX_EGRESS_VERIFY_SEC", "3600")]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    let probe_public =
+        "probe({'http80': (http, '198.51.100.7'), 'tcp443': (tcp, '198.51.100.7', 443)})";
+    let (r, res) = run(&d, probe_public, json!({}));
+    assert_eq!(r["run"]["network"], true, "{r}");
+    assert!(ok(&res, "http80") && ok(&res, "tcp443"), "{res:?}");
+
+    harness(&fake, &["nft", "delete", "table", "inet", &table(&d)]);
+    let took = wait_egress(&d, "unverified", Duration::from_secs(10));
+    eprintln!("table deletion noticed after {took:?}");
+    let e = egress(&d, "/readyz");
+    eprintln!("/readyz egress after the deletion: {e}");
+    assert!(
+        e["reason"].as_str().is_some_and(|s| !s.is_empty()),
+        "unverified carries a reason: {e}"
+    );
+    assert_eq!(egress(&d, "/healthz")["state"], "unverified");
+    fake.clear();
+    let (r, res) = run(&d, probe_public, json!({}));
+    assert_eq!(r["run"]["exitCode"], 0, "{r}");
+    assert_eq!(r["run"]["network"], false, "{r}");
+    assert_eq!(r["warning"], WARNING, "{r}");
+    let keys: Vec<String> = res.keys().cloned().collect();
+    assert_all_err(&res, &keys, &r);
+    assert!(fake.hits().is_empty(), "{:#?}", fake.hits());
+    // Still nothing after a moment: the daemon does not repair on its own before the
+    // periodic check (an hour here); only SIGHUP does.
+    assert_eq!(egress(&d, "/readyz")["state"], "unverified");
+
+    let out = std::process::Command::new("kill")
+        .args(["-HUP", &d.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(out.success());
+    let took = wait_egress(&d, "verified", Duration::from_secs(10));
+    eprintln!("SIGHUP restored egress after {took:?}");
+    assert!(egress(&d, "/readyz").get("reason").is_none());
+    assert!(nft_table_exists(&fake, &d), "table is back");
+    let (r, res) = run(&d, probe_public, json!({}));
+    assert_eq!(r["run"]["network"], true, "{r}\nlog:\n{}", d.log());
+    assert!(r.get("warning").is_none(), "{r}");
+    assert!(
+        res["http80"].as_str().unwrap().contains(PUBLIC_BODY),
+        "{res:?}"
+    );
+    assert_no_denied_hits(&fake, &d);
+    finish(fake, d, true);
+}
+
+/// `ISOBOX_EGRESS=off`: no firewall is programmed, /readyz says "off", and a run that
+/// asks for network runs offline with the warning.
+#[test]
+fn test_egress_off_runs_offline_with_warning_and_programs_nothing() {
+    let (fake, d) = setup(&[("ISOBOX_EGRESS", "off")]);
+    let e = egress(&d, "/readyz");
+    assert_eq!(e["state"], "off", "{e}");
+    assert!(e.get("reason").is_none(), "{e}");
+    assert!(!nft_table_exists(&fake, &d));
+    let (r, res) = run(&d, "probe({'http80': (http, '198.51.100.7')})", json!({}));
+    assert_eq!(r["run"]["network"], false, "{r}");
+    assert_eq!(r["warning"], WARNING, "{r}");
+    assert!(!ok(&res, "http80"), "{res:?}");
+    assert!(fake.hits().is_empty(), "{:#?}", fake.hits());
+    finish(fake, d, false);
+}
+
+/// A run that already has filtered egress when the table disappears goes offline at
+/// once (its link is deleted): it is never left with unfiltered network. N15 in the
+/// same daemon: raw and packet sockets are refused inside a networked sandbox.
+#[test]
+fn test_running_sandbox_cut_off_when_table_goes_and_raw_sockets_refused() {
+    let (fake, d) = setup(&[("ISOBOX_EGRESS_VERIFY_SEC", "3600")]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    let raw = r#"
+import errno
+out = {}
+for name, args in [('packet', (socket.AF_PACKET, socket.SOCK_RAW, 0)),
+                   ('raw icmp', (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)),
+                   ('raw tcp', (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP))]:
+    try:
+        socket.socket(*args).close(); out[name] = 'OK created'
+    except Exception as e:
+        out[name] = _err(e)
+print('RESULT ' + json.dumps(out), flush=True)
+"#;
+    let (r, res) = run(&d, raw, json!({}));
+    assert_eq!(r["run"]["network"], true, "{r}");
+    for (k, v) in &res {
+        let v = v.as_str().unwrap();
+        assert!(
+            v.contains("PermissionError") || v.contains("Operation not permitted"),
+            "N15 {k}: {v}\n{r}"
+        );
+    }
+
+    // Connects every 0.2 s and says what happened, until told the table is gone.
+    let code = r#"
+import os
+for i in range(150):
+    r = tcp('198.51.100.7', 443, t=0.5)
+    print('TRY %d %s' % (i, r.split(':')[0].strip()), flush=True)
+    time.sleep(0.2)
+"#;
+    let mut s = Sse::start(
+        &d,
+        &json!({"language": "python", "code": format!("{PRELUDE}\n{code}"),
+                "limits": {"wallTimeMs": 60000}}),
+    );
+    s.wait_line("TRY 1 OK");
+    harness(&fake, &["nft", "delete", "table", "inet", &table(&d)]);
+    wait_egress(&d, "unverified", Duration::from_secs(10));
+    // Attempts already under way at the cut may end either way; every one that starts
+    // two attempts later must fail, for as long as we watch (8 more).
+    let at_cut = s.stdout.lines().filter(|l| l.starts_with("TRY")).count();
+    s.wait_line(&format!("TRY {} ", at_cut + 10));
+    let after: Vec<&str> = s
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("TRY"))
+        .skip(at_cut + 2)
+        .collect();
+    assert!(after.len() >= 8, "{}", s.stdout);
+    assert!(
+        after.iter().all(|l| l.contains(" ERR")),
+        "attempts after the table went still connected: {after:?}\nlog:\n{}",
+        d.log()
+    );
+    let kill = std::process::Command::new("kill")
+        .args(["-HUP", &d.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    wait_egress(&d, "verified", Duration::from_secs(10));
+    drop(s);
+    assert_no_denied_hits(&fake, &d);
+    finish(fake, d, true);
+}
