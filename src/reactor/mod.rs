@@ -523,6 +523,9 @@ impl Daemon {
                     Ok(n) => log::info!("sessions: reaped {n} idle past their ttl"),
                     Err(e) => log::error!("session upkeep: {e}"),
                 }
+                // Freed memory (a burst of connections, a large response) goes back to
+                // the kernel rather than staying in glibc's arenas.
+                crate::sys::malloc_trim();
                 crate::sandbox::events::Completion::Upkeep
             });
             if self.pool.submit(job).is_ok() {

@@ -173,6 +173,23 @@ pub fn die_with_parent_on_spawn_netstack(cmd: &mut std::process::Command) {
     }
 }
 
+/// Caps glibc's malloc arenas (by default 8 per core, each keeping freed memory). Call
+/// before other threads exist.
+pub fn limit_malloc_arenas(n: i32) {
+    // SAFETY: mallopt takes two integers and touches no memory of ours.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, n);
+    }
+}
+
+/// Gives memory glibc holds free (in every arena) back to the kernel.
+pub fn malloc_trim() {
+    // SAFETY: malloc_trim takes an integer; it only releases free heap pages.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Makes a command's child die with the spawning thread and lead its own process group.
 pub fn die_with_parent_on_spawn(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
