@@ -1165,3 +1165,77 @@ for i in range(150):
     assert_no_denied_hits(&fake, &d);
     finish(fake, d, true);
 }
+
+/// S2 for egress: `kill -9` with a networked run in flight leaves its namespace, veth,
+/// table and the data dir's bind mount; a restart of the same instance sweeps them,
+/// and its firewall is verified before it answers anything (the ready line comes after
+/// programming), so the first run after the restart has filtered egress.
+#[test]
+fn test_crash_leftovers_swept_and_rules_verified_before_first_run() {
+    let instance = format!("isobox-egc{}", std::process::id());
+    let (fake, mut d) = setup(&[("ISOBOX_INSTANCE", instance.as_str())]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    let mut s = Sse::start(
+        &d,
+        &json!({"language": "python",
+                "code": format!("{PRELUDE}\nprint('UP', tcp('198.51.100.7', 443)[:2], flush=True)\ntime.sleep(60)"),
+                "limits": {"wallTimeMs": 60000}}),
+    );
+    assert_eq!(s.wait_line("UP "), "OK");
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(s);
+    // What the crash left: the run's namespace file, its veth, the table, the bind mount.
+    let ns_dir = d.data_dir.join("net/ns");
+    let left_ns = std::fs::read_dir(&ns_dir).map(|r| r.count()).unwrap_or(0);
+    assert_eq!(left_ns, 1, "the crash left the run's namespace");
+    assert!(
+        fake.harness_links().iter().any(|l| l.starts_with("ib")),
+        "{:?}",
+        fake.harness_links()
+    );
+    assert!(nft_table_exists(&fake, &d));
+    assert!(is_mount_point(&d.data_dir), "the data dir's bind mount");
+    let data_dir = d.data_dir.clone();
+    // Not dropped: the harness's Drop would delete the data dir.
+    std::mem::forget(d);
+
+    let d = Daemon::start_in_netns(
+        &fake.harness,
+        &[
+            ("ISOBOX_NET_DNS", DNS),
+            ("ISOBOX_INSTANCE", instance.as_str()),
+        ],
+    );
+    assert_eq!(d.data_dir, data_dir);
+    // The first thing asked: egress is already verified.
+    assert_eq!(egress(&d, "/healthz")["state"], "verified", "{}", d.log());
+    assert_eq!(
+        std::fs::read_dir(&ns_dir).map(|r| r.count()).unwrap_or(0),
+        0,
+        "the crashed run's namespace was swept"
+    );
+    assert!(
+        !fake.harness_links().iter().any(|l| l.starts_with("ib")),
+        "{:?}",
+        fake.harness_links()
+    );
+    d.wait_ready();
+    fake.clear();
+    let (r, res) = run(&d, "probe({'http80': (http, '198.51.100.7')})", json!({}));
+    assert_eq!(r["run"]["network"], true, "{r}");
+    assert!(ok(&res, "http80"), "{res:?}");
+    assert_no_denied_hits(&fake, &d);
+    finish(fake, d, true);
+    assert!(!is_mount_point(&data_dir), "bind mount left after stop");
+    assert!(common::mounts_under(&data_dir).is_empty());
+}
+
+fn is_mount_point(p: &std::path::Path) -> bool {
+    let want = p.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+}
