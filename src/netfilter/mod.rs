@@ -529,6 +529,12 @@ impl Egress {
         // On error, dropping the lease undoes whatever was made.
         self.build(&lease)
             .map_err(|e| format!("network setup: {e}"))?;
+        // A check that failed while we built may have cut the links before ours
+        // existed: look again now that it does. (`set` clears the flag before cutting,
+        // so either we see it cleared here, or the cut sees our link.)
+        if !self.verified() {
+            return Err("egress stopped verifying during network setup".into());
+        }
         Ok(lease)
     }
 
