@@ -1073,6 +1073,27 @@ fn test_deleted_table_is_noticed_and_sighup_restores() {
         res["http80"].as_str().unwrap().contains(PUBLIC_BODY),
         "{res:?}"
     );
+    // A dormant table keeps its rules in the dump but filters nothing: not verified.
+    let t = table(&d);
+    harness(
+        &fake,
+        &["nft", &format!("add table inet {t} {{ flags dormant; }}")],
+    );
+    wait_egress(&d, "unverified", Duration::from_secs(10));
+    let e = egress(&d, "/readyz");
+    assert!(
+        e["reason"].as_str().unwrap_or("").contains("dormant"),
+        "{e}"
+    );
+    let (r, _) = run(&d, probe_public, json!({}));
+    assert_eq!(r["run"]["network"], false, "{r}");
+    assert_eq!(r["warning"], WARNING, "{r}");
+    let kill = std::process::Command::new("kill")
+        .args(["-HUP", &d.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    wait_egress(&d, "verified", Duration::from_secs(10));
     assert_no_denied_hits(&fake, &d);
     finish(fake, d, true);
 }

@@ -96,6 +96,7 @@ impl fmt::Display for Cidr {
 /// pool (added at run time): "this network", RFC 1918, CGNAT (Alibaba's metadata),
 /// loopback, link-local (every cloud's metadata), IETF protocol assignments,
 /// benchmarking, multicast, reserved and broadcast.
+/// Azure's WireServer is denied too, though its address is not special.
 pub const DENIED: &[&str] = &[
     "0.0.0.0/8",
     "10.0.0.0/8",
@@ -108,6 +109,8 @@ pub const DENIED: &[&str] = &[
     "198.18.0.0/15",
     "224.0.0.0/4",
     "240.0.0.0/4",
+    // Azure's WireServer (host agent, metadata): a public-looking address.
+    "168.63.129.16/32",
 ];
 
 /// Whether `ip` is in one of the [`DENIED`] ranges.
@@ -143,6 +146,9 @@ pub struct Egress {
     verified: AtomicBool,
     state: Mutex<State>,
     slots: Mutex<Vec<u64>>,
+    /// Where the next slot search starts: round-robin, so a freed /30 (and whatever
+    /// conntrack still remembers of it) is reused as late as possible.
+    next_slot: std::sync::atomic::AtomicU32,
 }
 
 /// One run's network: its namespace (bind-mounted at `ns_path`) and veth pair.
@@ -204,6 +210,15 @@ fn remove_ns_file(path: &Path) {
     }
 }
 
+fn same_file(a: &std::os::fd::OwnedFd, b: &std::os::fd::OwnedFd) -> io::Result<bool> {
+    use std::os::fd::AsFd;
+    let (x, y) = (
+        crate::sys::fsat::fstat(a.as_fd())?,
+        crate::sys::fsat::fstat(b.as_fd())?,
+    );
+    Ok((x.dev, x.ino) == (y.dev, y.ino))
+}
+
 /// Turns IPv6 off on `link` (or `all`/`default`) in the calling thread's namespace.
 /// A kernel without IPv6 has nothing to turn off.
 fn disable_ipv6(link: &str) {
@@ -236,15 +251,10 @@ fn if_prefix(instance: &str) -> String {
     s
 }
 
-/// Whether `path` is a mount point, from `/proc/self/mountinfo`.
+/// Whether `path` is a mount point (resolved, so a trailing slash or a symlink in the
+/// configured path does not hide it; mountinfo's escapes are undone).
 fn is_mount_point(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = path.to_string_lossy();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|m| m == want)
+    crate::workspace::image::is_mounted(path)
 }
 
 impl Egress {
@@ -274,6 +284,7 @@ impl Egress {
                 State::Off
             }),
             slots: Mutex::new(vec![0u64; slots.div_ceil(64)]),
+            next_slot: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -299,14 +310,16 @@ impl Egress {
 
     fn set(&self, s: State) {
         let ok = s == State::Verified;
+        if !ok {
+            // Fail closed for runs already going too: without the table their traffic
+            // is unfiltered, so their links go now (the leases' own removal later finds
+            // them gone, which is fine). On every failed check, not only the first: it
+            // is idempotent. The flag is cleared first, so a lease being built either
+            // sees it cleared or has its link cut here (see `lease`).
+            self.verified.store(false, Ordering::Release);
+            self.cut_links();
+        }
         if let Ok(mut cur) = self.state.lock() {
-            if *cur == State::Verified && !ok {
-                // Fail closed for runs already going too: without the table their
-                // traffic is unfiltered, so their links go now (the leases' own
-                // removal later finds them gone, which is fine).
-                self.verified.store(false, Ordering::Release);
-                self.cut_links();
-            }
             if *cur != s {
                 match &s {
                     State::Verified => log::info!(
@@ -338,14 +351,13 @@ impl Egress {
     fn alloc(&self) -> Option<u32> {
         let mut s = self.slots.lock().ok()?;
         let total = 1u32 << (32 - u32::from(self.pool.prefix_len()) - 2);
-        for (i, word) in s.iter_mut().enumerate() {
-            if *word != u64::MAX {
-                let bit = word.trailing_ones();
-                let slot = u32::try_from(i).ok()? * 64 + bit;
-                if slot >= total {
-                    return None;
-                }
-                *word |= 1u64 << bit;
+        let start = self.next_slot.load(Ordering::Relaxed) % total;
+        for k in 0..total {
+            let slot = (start + k) % total;
+            let (w, b) = (slot as usize / 64, slot % 64);
+            if s[w] & (1u64 << b) == 0 {
+                s[w] |= 1u64 << b;
+                self.next_slot.store(slot + 1, Ordering::Relaxed);
                 return Some(slot);
             }
         }
@@ -481,7 +493,17 @@ impl Egress {
         let s = if fwd.trim() != "1" {
             State::Unverified("IPv4 forwarding (net.ipv4.ip_forward) is off".into())
         } else {
-            match nft::Nft::open().and_then(|mut n| n.verify(&self.ruleset)) {
+            // A dump interrupted by someone else's change is asked again.
+            let mut r = nft::Nft::open().and_then(|mut n| n.verify(&self.ruleset));
+            for _ in 0..3 {
+                match &r {
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                        r = nft::Nft::open().and_then(|mut n| n.verify(&self.ruleset));
+                    }
+                    _ => break,
+                }
+            }
+            match r {
                 Ok(None) => State::Verified,
                 Ok(Some(diff)) => State::Unverified(diff),
                 Err(e) => State::Unverified(format!("reading nftables back: {e}")),
@@ -564,6 +586,12 @@ impl Egress {
             .join()
             .map_err(|_| io::Error::other("netns thread panicked"))??;
         let ns = sys::open_netns(&l.ns_path)?;
+        // The tmpfs over /proc/sys/net also hides runsc's own guard against the host's
+        // namespace: make sure the pinned namespace is not ours.
+        let ours = sys::open_thread_netns()?;
+        if same_file(&ns, &ours)? {
+            return Err(io::Error::other("the run's namespace is the daemon's own"));
+        }
         let mut host = rtnl::Rtnl::open()?;
         host.add_veth(&l.host_if, "eth0", &ns)
             .map_err(ctx("creating the veth pair"))?;

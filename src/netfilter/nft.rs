@@ -27,6 +27,7 @@ const NFPROTO_INET: u8 = 1;
 pub const GROUP_NFTABLES: u32 = 7;
 
 const TABLE_NAME: u16 = 1;
+const TABLE_FLAGS: u16 = 2;
 const CHAIN_TABLE: u16 = 1;
 const CHAIN_NAME: u16 = 3;
 const CHAIN_HOOK: u16 = 4;
@@ -188,6 +189,15 @@ impl Ruleset {
         r.extend([
             Expr::Meta(META_NFPROTO),
             Expr::Cmp(CMP_NEQ, vec![NFPROTO_IPV4]),
+            drop(),
+        ]);
+        fwd.push(r);
+        // A sandbox link only ever sends from the pool (anti-spoofing).
+        let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        r.extend([
+            Expr::Payload(BASE_NETWORK, 12, 4),
+            Expr::Bitwise(4, pool.mask().to_be_bytes().to_vec()),
+            Expr::Cmp(CMP_NEQ, pool.net().to_be_bytes().to_vec()),
             drop(),
         ]);
         fwd.push(r);
@@ -391,13 +401,26 @@ impl Nft {
     /// # Errors
     /// Netlink failures.
     pub fn verify(&mut self, rs: &Ruleset) -> io::Result<Option<String>> {
-        let tables: Vec<String> = self
-            .dump(MSG_GETTABLE)?
-            .iter()
-            .filter_map(|p| nl::find(&nl::attrs(p, 4), TABLE_NAME).map(|d| nl::text(&d)))
-            .collect();
-        if !tables.contains(&rs.table) {
-            return Ok(Some(format!("table inet {} is missing", rs.table)));
+        let mut found = None;
+        for p in self.dump(MSG_GETTABLE)? {
+            let a = nl::attrs(&p, 4);
+            if nl::find(&a, TABLE_NAME).map(|d| nl::text(&d)).as_deref() == Some(&rs.table) {
+                found = Some(nl::find(&a, TABLE_FLAGS).map_or(0, |d| {
+                    d.get(..4)
+                        .map_or(0, |b| u32::from_be_bytes(b.try_into().unwrap_or_default()))
+                }));
+            }
+        }
+        match found {
+            None => return Ok(Some(format!("table inet {} is missing", rs.table))),
+            // Dormant (flag 1) keeps the rules in the dump but filters nothing.
+            Some(f) if f & 1 != 0 => {
+                return Ok(Some(format!(
+                    "table inet {} is dormant (flags {f:#x})",
+                    rs.table
+                )))
+            }
+            Some(_) => {}
         }
         let mut chains: BTreeMap<String, String> = BTreeMap::new();
         for p in self.dump(MSG_GETCHAIN)? {
@@ -550,9 +573,9 @@ mod tests {
     #[test]
     fn normalising_our_own_encoding_is_stable_and_readable() {
         let r = rs();
-        assert_eq!(r.rule_count(), 1 + 2 + 3 + 2 + 1 + 1);
+        assert_eq!(r.rule_count(), 2 + 2 + 3 + 2 + 1 + 1);
         let fwd = &r.chains[0].rules;
-        let text = normalise_rule(&encode_rule(&fwd[1]));
+        let text = normalise_rule(&encode_rule(&fwd[2]));
         // iifname "ibabcde*" ip daddr 10.200.0.0/16 drop
         assert_eq!(
             text,

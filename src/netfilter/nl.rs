@@ -233,9 +233,12 @@ impl Conn {
             let n = self.sock.recv(&mut self.buf)?;
             for m in messages(&self.buf[..n]) {
                 if m.ty == MSG_ERROR {
+                    // An error under any sequence number of ours fails the whole
+                    // exchange (nftables reports a refused batch under the batch
+                    // header's number, which is not acked on success).
+                    ack_result(m.payload)?;
                     if let Some(i) = pending.iter().position(|&s| s == m.seq) {
                         pending.swap_remove(i);
-                        ack_result(m.payload)?;
                     }
                 }
             }
@@ -258,13 +261,23 @@ impl Conn {
     pub fn dump(&mut self, msg: Msg, seq: u32) -> io::Result<Vec<(u16, Vec<u8>)>> {
         self.sock.send(&msg.finish())?;
         let mut out = Vec::new();
+        let mut interrupted = false;
         loop {
             let n = self.sock.recv(&mut self.buf)?;
             for m in messages(&self.buf[..n]) {
                 if m.seq != seq {
                     continue;
                 }
+                // NLM_F_DUMP_INTR: the set changed during the dump, which may then
+                // miss or repeat entries; the caller should ask again.
+                interrupted |= m.flags & 0x10 != 0;
                 match m.ty {
+                    MSG_DONE if interrupted => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::Interrupted,
+                            "dump interrupted by a concurrent change",
+                        ))
+                    }
                     MSG_DONE => return Ok(out),
                     MSG_ERROR => {
                         ack_result(m.payload)?;

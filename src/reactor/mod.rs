@@ -107,6 +107,8 @@ pub struct Daemon {
     pub(crate) egress_running: bool,
     /// A ruleset change was announced while a check ran: check again after it.
     pub(crate) egress_dirty: bool,
+    /// A SIGHUP repair came while a check ran: program again after it.
+    pub(crate) egress_repair: bool,
     /// When the next periodic egress check (and repair) is due.
     next_egress: Instant,
     /// Subscribed to nftables changes.
@@ -322,6 +324,7 @@ impl Daemon {
             next_upkeep: Instant::now(),
             egress_running: false,
             egress_dirty: false,
+            egress_repair: false,
             next_egress: Instant::now() + Duration::from_secs(egress_verify_sec),
             egress_monitor,
         })
@@ -544,9 +547,15 @@ impl Daemon {
     /// the periodic check re-programs only a table found wrong; a netlink change only
     /// reads it back. One at a time; a change seen meanwhile is checked after.
     pub(crate) fn start_egress_check(&mut self, repair: bool) {
-        if !self.app.egress.enabled() || self.egress_running || self.app.shutting_down {
+        if !self.app.egress.enabled() || self.app.shutting_down {
             return;
         }
+        if self.egress_running {
+            self.egress_repair |= repair;
+            self.egress_dirty = true;
+            return;
+        }
+        let repair = repair || std::mem::take(&mut self.egress_repair);
         let now = Instant::now();
         let periodic = now >= self.next_egress;
         let egress = Arc::clone(&self.app.egress);

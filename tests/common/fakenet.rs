@@ -243,6 +243,9 @@ impl FakeNet {
             &format!("{PUBLIC_V6}/128"),
             "dev",
             "lo",
+            // Without it the address is tentative until the kernel's DAD work runs
+            // (even on lo), and binding it fails with EADDRNOTAVAIL on a loaded host.
+            "nodad",
         ]);
 
         // fakenet never forwards: it only answers for its own fake hosts.
