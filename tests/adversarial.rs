@@ -1097,8 +1097,9 @@ fn test_r19_busy_neighbours_do_not_starve_canary() {
             shares.len() == 4 && shares.iter().all(|&c| c <= 0.25 * 1.2),
             || format!("R19: hogs used {shares:?} of a CPU each, quota 0.25"),
         );
-        let loaded: Vec<Duration> = (0..3).map(|_| sample(&a)).collect();
-        // Read while the hogs still run (the canary's own cgroup may be there too).
+        // Read while the hogs surely run, before the canary samples (on a loaded host
+        // those can outlast the hogs' 15 s wall time; an earlier canary's cgroup, being
+        // removed, may be here too: only the 25000 quotas count).
         let mut quotas = Vec::new();
         let mut throttled = Vec::new();
         for dir in run_cgroups("cpu", &instance) {
@@ -1115,6 +1116,7 @@ fn test_r19_busy_neighbours_do_not_starve_canary() {
             }
             quotas.push(q);
         }
+        let loaded: Vec<Duration> = (0..3).map(|_| sample(&a)).collect();
         for h in hogs {
             let r = h.join().unwrap();
             a.expect(run_of(&r)["timedOut"] == true, || format!("R19 hog: {r}"));

@@ -373,10 +373,12 @@ fn test_health_readiness_runtimes_and_docs() {
     assert!(j["version"].is_string());
     let r = d.get("/readyz");
     assert_eq!(r.status, 200);
+    // The suite's daemons run with ISOBOX_EGRESS=off (tests/common).
     assert_eq!(
         r.json(),
-        serde_json::json!({"ready": true, "backend": "gvisor"})
+        serde_json::json!({"ready": true, "backend": "gvisor", "egress": {"state": "off"}})
     );
+    assert_eq!(j["egress"], serde_json::json!({"state": "off"}));
     let rt = d.get("/runtimes").json();
     let list = rt.as_array().unwrap();
     assert!(!list.is_empty(), "at least one runtime is installed");
