@@ -393,7 +393,7 @@ fn test_isolation_fork_bomb_and_background_processes() {
         "import os\nwhile True:\n try: os.fork()\n except OSError: pass",
         json!({"limits": {"pids": 16, "wallTimeMs": 2000}}),
     );
-    assert_eq!(r["run"]["timedOut"], true, "{r}");
+    assert_eq!(r["run"]["timedOut"], true, "{r}\nLOG:\n{}", d.log());
     assert_eq!(
         run(&d, "print(1)", json!({}))["run"]["stdout"],
         "1\n",

@@ -45,8 +45,11 @@ pub enum SandboxError {
 pub const GVISOR_OVERHEAD_BYTES: u64 = 32 << 20;
 
 /// Host tasks (threads count in v1 pids) allowed per sandbox: gVisor needs ~25 to boot
-/// and ~15 per guest process on ptrace; the guest's own process count is capped inside
-/// by RLIMIT_NPROC, so this is only a backstop.
+/// and ~15 per guest process on ptrace, and more when the host is loaded (the sentry's
+/// Go runtime adds threads for blocked syscalls). At 64 + 20 per guest process a fork
+/// bomb on a busy host made the sentry fail to create a thread and exit 2 (1 in 8 runs
+/// under 4 busy loops; 0 in 14 at this value). The guest's own process count is capped
+/// inside by RLIMIT_NPROC, so this is only a backstop.
 pub fn host_pids_for(guest_pids: u64) -> u64 {
-    64 + 20 * guest_pids
+    128 + 40 * guest_pids
 }
