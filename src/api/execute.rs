@@ -179,18 +179,7 @@ fn decode_with(
     session_runtime: Option<&str>,
 ) -> Result<ExecPlan, Response> {
     // The error names the field at fault (e.g. `limits.wallTimeMs: invalid type: ...`).
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let b: Body = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let detail = if path == "." || path.is_empty() {
-            inner.to_string()
-        } else {
-            format!("{path}: {inner}")
-        };
-        bad("invalid_json", detail)
-    })?;
-    de.end().map_err(|e| bad("invalid_json", e.to_string()))?;
+    let b: Body = super::decode_json(body)?;
     if let Some(fixed) = session_runtime {
         let given = b.language.as_deref().map(str::trim).unwrap_or("");
         if !given.is_empty()

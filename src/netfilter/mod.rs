@@ -439,14 +439,17 @@ impl Egress {
     }
 
     /// Deletes every link of this instance (ending the network of running sandboxes).
-    fn cut_links(&self) {
-        if let Ok(mut r) = rtnl::Rtnl::open() {
-            for l in r.links().unwrap_or_default() {
-                if l.name.starts_with(&self.prefix) {
-                    let _ = r.del_link(&l.name);
-                }
-            }
-        }
+    /// Returns how many it deleted.
+    fn cut_links(&self) -> usize {
+        let Ok(mut r) = rtnl::Rtnl::open() else {
+            return 0;
+        };
+        r.links()
+            .unwrap_or_default()
+            .iter()
+            .filter(|l| l.name.starts_with(&self.prefix))
+            .filter(|l| r.del_link(&l.name).is_ok())
+            .count()
     }
 
     /// Removes namespaces and links a previous run of this instance left.
@@ -457,13 +460,9 @@ impl Egress {
                 remove_ns_file(&e.path());
             }
         }
-        if let Ok(mut r) = rtnl::Rtnl::open() {
-            for l in r.links().unwrap_or_default() {
-                if l.name.starts_with(&self.prefix) {
-                    log::info!("egress: sweeping link {}", l.name);
-                    let _ = r.del_link(&l.name);
-                }
-            }
+        let n = self.cut_links();
+        if n > 0 {
+            log::info!("egress: swept {n} links of this instance");
         }
     }
 
