@@ -256,6 +256,18 @@ pub const SETTINGS: &[Setting] = &[
         help: "how often the firewall is read back and, when it is found wrong, programmed again",
     },
     Setting {
+        flag: "--kernels-max",
+        env: "ISOBOX_KERNELS_MAX",
+        default: "4",
+        help: "live-kernel sessions that may run at once (429 too_many_kernels above; 0 disables kernel sessions)",
+    },
+    Setting {
+        flag: "--kernel-idle-sec",
+        env: "ISOBOX_KERNEL_IDLE_SEC",
+        default: "1800",
+        help: "a kernel with no step for this long is ended (its session's files stay until the session's TTL)",
+    },
+    Setting {
         flag: "--shutdown-grace-ms",
         env: "ISOBOX_SHUTDOWN_GRACE_MS",
         default: "10000",
@@ -332,6 +344,10 @@ pub struct Config {
     pub sessions: SessionConfig,
     /// Egress settings.
     pub egress: EgressConfig,
+    /// Live kernels at once (0: kernel sessions disabled).
+    pub kernels_max: usize,
+    /// Idle time after which a kernel is ended.
+    pub kernel_idle_sec: u64,
 }
 
 /// Settings of filtered egress.
@@ -538,6 +554,12 @@ impl Config {
                     10,
                 )?,
             },
+            kernels_max: parse_or("ISOBOX_KERNELS_MAX", get("ISOBOX_KERNELS_MAX"), 4)?,
+            kernel_idle_sec: parse_or(
+                "ISOBOX_KERNEL_IDLE_SEC",
+                get("ISOBOX_KERNEL_IDLE_SEC"),
+                1800,
+            )?,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -627,6 +649,20 @@ impl Config {
                 "ISOBOX_EGRESS_VERIFY_SEC",
                 &e.verify_sec.to_string(),
                 "between 1 and 86400",
+            ));
+        }
+        if self.kernels_max > 256 {
+            return Err(invalid(
+                "ISOBOX_KERNELS_MAX",
+                &self.kernels_max.to_string(),
+                "between 0 and 256",
+            ));
+        }
+        if !(1..=7 * 86_400).contains(&self.kernel_idle_sec) {
+            return Err(invalid(
+                "ISOBOX_KERNEL_IDLE_SEC",
+                &self.kernel_idle_sec.to_string(),
+                "between 1 and 604800",
             ));
         }
         if !(1..=64).contains(&self.workers) {

@@ -476,15 +476,17 @@ fn test_tokens_tenants_and_limits() {
         (json!({"runtime": "python", "ttlSec": "60"}), "invalid_json"),
         (json!({"runtime": "python", "bogus": 1}), "invalid_json"),
         (json!({"runtime": "python", "type": "vm"}), "invalid_json"),
+        // Kernels run Python only (tests/kernels.rs has the rest).
+        (json!({"runtime": "ruby", "type": "kernel"}), "invalid_json"),
+        (
+            json!({"runtime": "python", "network": true}),
+            "invalid_json",
+        ),
     ] {
         let r = post("key-one", body.clone());
         assert_eq!(r.status, 400, "{body}: {}", r.text());
         assert_eq!(r.json()["error"], code, "{body}");
     }
-    assert_eq!(
-        post("key-one", json!({"runtime": "python", "type": "kernel"})).status,
-        501
-    );
     // ttlSec above the ceiling is clamped (default ceiling 7 days).
     let r = post(
         "key-two",

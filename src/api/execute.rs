@@ -56,6 +56,8 @@ pub struct ExecPlan {
     pub limits: Limits,
     /// Whether the client asked for network (explicitly or by default).
     pub network_requested: bool,
+    /// `files[0]` is the request's `code` (not one of its `files`).
+    pub code_given: bool,
     /// A session step: the session's mounted workspace, bound read-write at
     /// `/workspace` (the files are already in it). Dropping the last clone ends the lease.
     pub workspace: Option<std::sync::Arc<crate::workspace::Lease>>,
@@ -118,6 +120,29 @@ pub struct ExecuteResponse {
     /// Present only when network was requested but not applied.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<&'static str>,
+    /// Rich outputs of a kernel step (figures, a trailing expression's HTML or PNG);
+    /// omitted when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+}
+
+/// One rich output of a kernel step.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "type")]
+pub enum Artifact {
+    /// A PNG image, base64.
+    #[serde(rename = "image/png")]
+    Png {
+        /// The image, standard base64.
+        #[serde(rename = "dataB64")]
+        data_b64: String,
+    },
+    /// An HTML fragment.
+    #[serde(rename = "text/html")]
+    Html {
+        /// The HTML.
+        data: String,
+    },
 }
 
 fn bad(code: &str, detail: impl AsRef<str>) -> Response {
@@ -227,6 +252,7 @@ fn decode_with(
         return Err(bad("no_source", "provide `code` or `files`"));
     }
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    let code_given = b.code.is_some();
     if let Some(code) = b.code {
         files.push((runtime.desc.source_file.clone(), code.into_bytes()));
     }
@@ -296,6 +322,7 @@ fn decode_with(
         args,
         limits,
         network_requested: b.network.unwrap_or(true),
+        code_given,
         workspace: None,
     })
 }
@@ -371,6 +398,7 @@ pub fn response(
         run,
         compile,
         warning,
+        artifacts: Vec::new(),
     }
 }
 

@@ -15,6 +15,15 @@ struct Health<'a> {
     open_fds: usize,
     rss_bytes: u64,
     egress: serde_json::Value,
+    /// Kernel slot occupancy, when kernel sessions are enabled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kernels: Option<Kernels>,
+}
+
+#[derive(Serialize)]
+struct Kernels {
+    used: usize,
+    max: usize,
 }
 
 /// `{"state": "verified" | "unverified" | "off", "reason"?}`.
@@ -40,6 +49,10 @@ pub fn healthz(app: &App) -> Response {
             open_fds: app.process_figures.0,
             rss_bytes: app.process_figures.1,
             egress: egress_json(app),
+            kernels: (app.cfg.kernels_max > 0).then_some(Kernels {
+                used: app.kernels_used,
+                max: app.cfg.kernels_max,
+            }),
         },
     )
 }

@@ -70,6 +70,8 @@ pub struct App {
     pub sessions: Arc<crate::workspace::Sessions>,
     /// Filtered egress.
     pub egress: Arc<crate::netfilter::Egress>,
+    /// Kernel slots in use (running, starting, or reserved by a create in progress).
+    pub kernels_used: usize,
 }
 
 /// What the reactor must do for a request.
@@ -105,6 +107,38 @@ pub enum Outcome {
     },
     /// Send this head, then the bytes a transfer thread writes into `rx`.
     Download(Box<Download>),
+    /// A kernel session's record and workspace exist (start its kernel), or the
+    /// refusal (the kernel slot reserved at the request goes back either way).
+    KernelCreated(Result<Box<KernelCreated>, Response>),
+    /// Run code in the session's kernel.
+    KernelStep {
+        /// Session id.
+        session: String,
+        /// The step's plan (its limits: wall time and output).
+        plan: Box<execute::ExecPlan>,
+        /// The code.
+        code: String,
+        /// Stream as SSE.
+        stream: bool,
+    },
+    /// End the session's kernel, then delete the session.
+    KernelDelete {
+        /// Session id.
+        session: String,
+    },
+}
+
+/// A kernel session ready for its kernel.
+pub struct KernelCreated {
+    /// Session id.
+    pub session: String,
+    /// The 201 to send once the kernel is ready.
+    pub response: Response,
+    /// Runtime, the kernel's limits, the network asked for, and the workspace lease
+    /// (held for the kernel's life).
+    pub plan: Box<execute::ExecPlan>,
+    /// The session's TTL: a kernel idle that long ends sooner than the kernel idle limit.
+    pub ttl_sec: u64,
 }
 
 /// A response body streamed from a transfer thread.

@@ -37,6 +37,7 @@ struct CreateBody {
     #[serde(rename = "type")]
     kind: Option<String>,
     volume_id: Option<String>,
+    network: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -144,25 +145,26 @@ pub fn create(app: &mut App, req: &Request) -> Action {
         Ok(b) => b,
         Err(r) => return Action::Respond(r),
     };
-    match b.kind.as_deref() {
-        None | Some("filesystem") => {}
-        Some("kernel") => {
-            return Action::Respond(Response::error(
-                501,
-                "not_implemented",
-                Some("kernel sessions are not available in this build"),
-            ))
-        }
+    let kernel = match b.kind.as_deref() {
+        None | Some("filesystem") => false,
+        Some("kernel") => true,
         Some(other) => {
             return Action::Respond(Response::error(
                 400,
                 "invalid_json",
                 Some(&format!(
-                    "type: unknown session type {}; use \"filesystem\"",
+                    "type: unknown session type {}; use \"filesystem\" or \"kernel\"",
                     serde_json::Value::from(other)
                 )),
             ))
         }
+    };
+    if b.network.is_some() && !kernel {
+        return Action::Respond(Response::error(
+            400,
+            "invalid_json",
+            Some("network: fixed at create for kernel sessions only; a filesystem session's steps each give their own"),
+        ));
     }
     if let Some(v) = &b.volume_id {
         if !workspace::valid_id(v) {
@@ -201,20 +203,61 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             }
         },
     };
+    let kernel_plan = if kernel {
+        if !is_python(rt) {
+            return Action::Respond(Response::error(
+                400,
+                "invalid_json",
+                Some(&format!(
+                    "type: kernel sessions run Python; {} is not a Python runtime",
+                    serde_json::Value::from(rt.desc.language.as_str())
+                )),
+            ));
+        }
+        if app.cfg.kernels_max == 0 {
+            return Action::Respond(Response::error(
+                501,
+                "kernels_disabled",
+                Some("kernel sessions are disabled on this server (ISOBOX_KERNELS_MAX=0)"),
+            ));
+        }
+        if app.kernels_used >= app.cfg.kernels_max {
+            return Action::Respond(crate::sandbox::kernel::too_many_kernels(
+                app.cfg.kernels_max,
+            ));
+        }
+        Some(Box::new(super::execute::ExecPlan {
+            runtime: rt.clone(),
+            files: Vec::new(),
+            entry: String::new(),
+            stdin: Vec::new(),
+            args: Vec::new(),
+            limits: crate::sandbox::limits::RequestedLimits::default().resolve(&rt.desc.limits),
+            network_requested: b.network.unwrap_or(true),
+            code_given: false,
+            workspace: None,
+        }))
+    } else {
+        None
+    };
     let language = rt.desc.language.clone();
     let sessions = sessions(app);
     let tenant = req.tenant.clone();
     let volume_id = b.volume_id;
+    let kind = if kernel { "kernel" } else { "filesystem" };
     Action::Job(Box::new(move || {
-        let c = match sessions.create(&tenant, &language, ttl, volume_id) {
+        let c = match sessions.create(&tenant, &language, ttl, volume_id, kind) {
             Ok(c) => c,
+            Err(e) if kernel_plan.is_some() => {
+                return Outcome::KernelCreated(Err(session_error(&e)))
+            }
             Err(e) => return Outcome::Respond(session_error(&e)),
         };
         log::info!(
-            "session {} created runtime={language} tenant={tenant}",
+            "session {} created runtime={language} type={kind} tenant={tenant}",
             c.id
         );
-        Outcome::Respond(Response::json(
+        let resp = Response::json(
             201,
             &CreatedBody {
                 id: &c.id,
@@ -226,8 +269,39 @@ pub fn create(app: &mut App, req: &Request) -> Action {
                 expires_at: rfc3339(c.record.expires_at_ms()),
                 volume_id: c.record.volume_id.as_deref(),
             },
-        ))
+        );
+        let Some(mut plan) = kernel_plan else {
+            return Outcome::Respond(resp);
+        };
+        // The kernel holds its workspace (and volume) mounted, and the session's step
+        // flag, for its whole life.
+        match sessions.acquire(&c.id, true, c.record.volume_id.as_deref()) {
+            Ok(lease) => {
+                plan.workspace = Some(Arc::new(lease));
+                Outcome::KernelCreated(Ok(Box::new(super::KernelCreated {
+                    session: c.id,
+                    response: resp,
+                    plan,
+                    ttl_sec: c.record.ttl_sec,
+                })))
+            }
+            Err(e) => {
+                if let Err(d) = sessions.delete(&c.id) {
+                    log::error!("session {}: delete after a failed kernel start: {d}", c.id);
+                }
+                Outcome::KernelCreated(Err(session_error(&e)))
+            }
+        }
     }))
+}
+
+/// Whether `rt` is a Python runtime (kernel sessions run the Python harness).
+fn is_python(rt: &crate::runtimes::Runtime) -> bool {
+    rt.desc
+        .run
+        .first()
+        .and_then(|p| p.rsplit('/').next())
+        .is_some_and(|b| b == "python3" || b == "python")
 }
 
 /// `DELETE /v1/sessions/{id}`.
@@ -238,9 +312,12 @@ pub fn delete(app: &mut App, req: &Request) -> Action {
         .unwrap_or("")
         .to_string();
     Action::Job(Box::new(move || {
-        let r = sessions
-            .authorize(&tenant, &id, tok.as_deref())
-            .and_then(|_| sessions.delete(&id));
+        let r = match sessions.authorize(&tenant, &id, tok.as_deref()) {
+            // A kernel session's kernel ends first (on the reactor).
+            Ok(rec) if rec.kind == "kernel" => return Outcome::KernelDelete { session: id },
+            Ok(_) => sessions.delete(&id),
+            Err(e) => Err(e),
+        };
         Outcome::Respond(match r {
             Ok(()) => Response::no_content(),
             Err(e) => session_error(&e),
@@ -277,6 +354,9 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
         if let Err(e) = sessions.check_reserve() {
             return Outcome::Respond(session_error(&e));
         }
+        if rec.kind == "kernel" {
+            return kernel_step(&sessions, id, plan, stream);
+        }
         let lease = match sessions.acquire(&id, true, rec.volume_id.as_deref()) {
             Ok(l) => l,
             Err(e) => return Outcome::Respond(session_error(&e)),
@@ -307,6 +387,70 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             stream,
         }
     }))
+}
+
+/// A kernel session's step: its files go into the workspace (the kernel holds it
+/// mounted), the code goes to the kernel.
+fn kernel_step(
+    sessions: &Sessions,
+    id: String,
+    mut plan: super::execute::ExecPlan,
+    stream: bool,
+) -> Outcome {
+    let refuse = |why: &str| Outcome::Respond(Response::error(400, "invalid_json", Some(why)));
+    if !plan.stdin.is_empty() {
+        return refuse(
+            "stdin: a kernel step has no stdin (its code runs in the kernel's interpreter)",
+        );
+    }
+    if !plan.args.is_empty() {
+        return refuse(
+            "args: a kernel step takes no args (its code runs in the kernel's interpreter)",
+        );
+    }
+    // The code runs as given: from `code`, or else the first file's text.
+    let files = std::mem::take(&mut plan.files);
+    let code = match files.first() {
+        Some((_, bytes)) => match std::str::from_utf8(bytes) {
+            Ok(s) => s.to_string(),
+            Err(_) => return refuse("files[0]: the code a kernel runs must be UTF-8 text"),
+        },
+        None => String::new(),
+    };
+    let to_write = if plan.code_given {
+        &files[1..]
+    } else {
+        &files[..]
+    };
+    if !to_write.is_empty() {
+        let placed = sessions
+            .acquire(&id, false, None)
+            .map_err(|e| session_error(&e))
+            .and_then(|lease| {
+                let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
+                for (name, bytes) in to_write {
+                    let rel = wfs::normalize(name.as_bytes()).map_err(|e| fs_error(&e))?;
+                    wfs::write_file(
+                        &root,
+                        &rel,
+                        bytes,
+                        workspace::WORKSPACE_UID,
+                        workspace::WORKSPACE_UID,
+                    )
+                    .map_err(|e| fs_error(&e))?;
+                }
+                Ok(())
+            });
+        if let Err(r) = placed {
+            return Outcome::Respond(r);
+        }
+    }
+    Outcome::KernelStep {
+        session: id,
+        plan: Box::new(plan),
+        code,
+        stream,
+    }
 }
 
 /// The path and format of a file API call.

@@ -52,6 +52,12 @@ pub enum Source {
     Pid(usize),
     /// A download's pipe (key in `conns`).
     Transfer(usize),
+    /// A kernel's control socket (key in `kernels`).
+    KernelCtl(usize),
+    /// A kernel's stdout or stderr between steps (nothing reads it then).
+    KernelOut(usize),
+    /// A kernel's pidfd.
+    KernelPid(usize),
 }
 
 /// What a timer is for; `gen` must match the owner's current generation to count.
@@ -69,6 +75,8 @@ pub enum TimerKey {
     ShutdownGrace,
     /// Once a second: refresh process figures, sweep rate-limit buckets.
     Housekeeping,
+    /// A kernel's boot deadline or idle check (key, generation).
+    Kernel(usize, u64),
 }
 
 /// The daemon: all state owned by the reactor thread.
@@ -113,6 +121,13 @@ pub struct Daemon {
     next_egress: Instant,
     /// Subscribed to nftables changes.
     egress_monitor: Option<crate::sys::netlink::NlSocket>,
+    /// Live kernels.
+    pub(crate) kernels: Slab<crate::sandbox::kernel::Kernel>,
+    /// Session id -> its kernel's key.
+    pub(crate) kernel_of: std::collections::HashMap<String, usize>,
+    pub(crate) kernel_serial: u64,
+    /// Why a session's kernel ended (bounded), for the next call's error.
+    pub(crate) kernel_dead: std::collections::HashMap<String, String>,
 }
 
 /// Startup failed.
@@ -291,6 +306,7 @@ impl Daemon {
             process_figures: (crate::sys::open_fd_count(), crate::sys::rss_bytes()),
             sessions,
             egress: Arc::clone(&egress),
+            kernels_used: 0,
         };
         // Runs lease their networks through the backend.
         let backend = Arc::new(Backend {
@@ -327,6 +343,10 @@ impl Daemon {
             egress_repair: false,
             next_egress: Instant::now() + Duration::from_secs(egress_verify_sec),
             egress_monitor,
+            kernels: Slab::new(),
+            kernel_of: std::collections::HashMap::new(),
+            kernel_serial: 0,
+            kernel_dead: std::collections::HashMap::new(),
         })
     }
 
@@ -363,6 +383,16 @@ impl Daemon {
     pub(crate) fn next_timer_gen(&mut self) -> u64 {
         self.timer_seq += 1;
         self.timer_seq
+    }
+
+    /// Points a registered fd's token at a new owner (a kernel's pipes, lent to a step).
+    pub(crate) fn retarget(&mut self, t: Token, s: Source) {
+        if let Some(slot) =
+            t.0.checked_sub(FIRST_SOURCE)
+                .and_then(|i| self.sources.get_mut(i))
+        {
+            *slot = s;
+        }
     }
 
     pub(crate) fn release_token(&mut self, t: Token) {
@@ -432,6 +462,9 @@ impl Daemon {
                             Source::Stdin(rk) => self.run_stdin_event(rk),
                             Source::Pid(rk) => self.run_exited(rk),
                             Source::Transfer(ck) => self.transfer_event(ck),
+                            Source::KernelCtl(kk) => self.kernel_ctl_event(kk),
+                            Source::KernelOut(_) => {}
+                            Source::KernelPid(kk) => self.kernel_exited(kk),
                         }
                     }
                 }
@@ -452,10 +485,12 @@ impl Daemon {
                         self.close_unfinished_conns();
                     }
                     TimerKey::Housekeeping => self.housekeeping(),
+                    TimerKey::Kernel(kk, gen) => self.kernel_timer(kk, gen),
                 }
             }
             if self.shutdown_deadline.is_some()
                 && self.runs.is_empty()
+                && self.kernels.is_empty()
                 && self.overflow.is_empty()
                 && self.conns_all_flushed()
             {
@@ -618,6 +653,8 @@ impl Daemon {
             self.cfg.shutdown_grace_ms
         );
         self.app.shutting_down = true;
+        // Idle kernels have nothing to finish; busy ones get the grace with the runs.
+        self.kill_idle_kernels("the daemon is shutting down");
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);
         self.shutdown_deadline = Some(deadline);
         self.timers.insert(deadline, TimerKey::ShutdownGrace);

@@ -62,7 +62,7 @@ impl Daemon {
     }
 
     /// Whether connection `ck` is still the one (by serial) in `phase`.
-    fn conn_waiting(&self, ck: usize, serial: u64, upload: bool) -> bool {
+    pub(crate) fn conn_waiting(&self, ck: usize, serial: u64, upload: bool) -> bool {
         self.conns.get(ck).is_some_and(|c| {
             c.serial == serial
                 && if upload {
@@ -76,6 +76,11 @@ impl Daemon {
     /// A job's outcome. If the client left meanwhile, it is dropped (a lease it holds
     /// ends; a transfer thread sees its pipe closed).
     pub(crate) fn on_outcome(&mut self, ck: usize, serial: u64, outcome: Outcome) {
+        // A kernel create holds a slot and a session: acted on even if the client left.
+        if let Outcome::KernelCreated(created) = outcome {
+            self.kernel_create(ck, serial, created);
+            return;
+        }
         if !self.conn_waiting(ck, serial, false) {
             return;
         }
@@ -94,6 +99,20 @@ impl Daemon {
                 self.conn_after_io(ck);
             }
             Outcome::Download(d) => self.start_transfer(ck, *d),
+            Outcome::KernelCreated(_) => {}
+            Outcome::KernelStep {
+                session,
+                plan,
+                code,
+                stream,
+            } => {
+                self.kernel_step(ck, &session, plan, code, stream);
+                self.conn_after_io(ck);
+            }
+            Outcome::KernelDelete { session } => {
+                self.kernel_delete(ck, serial, &session);
+                self.conn_after_io(ck);
+            }
         }
     }
 

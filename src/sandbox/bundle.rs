@@ -127,7 +127,15 @@ pub fn config(
         "LANG=C.UTF-8".to_string(),
         "HOME=/tmp".to_string(),
     ];
-    env.extend(proc_spec.env.iter().cloned());
+    // A later setting of a name replaces an earlier one (in its place): programs
+    // disagree on which duplicate wins.
+    for e in proc_spec.env {
+        let key = e.split('=').next().unwrap_or("");
+        match env.iter_mut().find(|x| x.split('=').next() == Some(key)) {
+            Some(slot) => slot.clone_from(e),
+            None => env.push(e.clone()),
+        }
+    }
     json!({
         "ociVersion": "1.0.0",
         "process": {

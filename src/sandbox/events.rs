@@ -89,10 +89,28 @@ pub enum Completion {
     Upkeep,
     /// An egress check (and maybe repair) finished.
     EgressChecked,
+    /// A kernel's sandbox started (or failed to).
+    KernelSpawned {
+        /// Kernel key.
+        kernel: usize,
+        /// Kernel serial.
+        serial: u64,
+        /// Outcome.
+        result: Result<Box<Spawned>, SandboxError>,
+    },
+    /// A kernel's `runsc run` was reaped.
+    KernelReaped {
+        /// Kernel key.
+        kernel: usize,
+        /// Kernel serial.
+        serial: u64,
+        /// What was found.
+        cleanup: Cleanup,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+pub(super) enum State {
     Starting,
     Running,
     Cleaning,
@@ -101,18 +119,18 @@ enum State {
 /// Captured output of one stream.
 #[derive(Default)]
 pub struct Capture {
-    pipe: Option<(pipe::Receiver, Token)>,
-    kept: Vec<u8>,
-    cap: usize,
-    truncated: bool,
-    drained_past_cap: u64,
-    eof: bool,
+    pub(super) pipe: Option<(pipe::Receiver, Token)>,
+    pub(super) kept: Vec<u8>,
+    pub(super) cap: usize,
+    pub(super) truncated: bool,
+    pub(super) drained_past_cap: u64,
+    pub(super) eof: bool,
     /// Bytes of an incomplete UTF-8 character held back from the stream.
-    pending_utf8: Vec<u8>,
+    pub(super) pending_utf8: Vec<u8>,
 }
 
 /// The compile stage of a compiled runtime, while and after it runs.
-struct CompileState {
+pub(super) struct CompileState {
     parser: FrameParser,
     done: bool,
     result: Option<CompileResult>,
@@ -120,33 +138,41 @@ struct CompileState {
 
 /// A run's reactor-side state.
 pub struct Run {
-    compile: Option<CompileState>,
+    pub(super) compile: Option<CompileState>,
     /// When the program itself started (after a build, when the frame arrived).
-    program_started: Option<Instant>,
-    serial: u64,
-    id: String,
-    conn: Option<(usize, u64)>,
-    stream: bool,
-    plan: Box<ExecPlan>,
-    state: State,
-    out: [Capture; 2],
-    stdin: Option<(pipe::Sender, Token)>,
-    stdin_pos: usize,
-    pid: Option<(OwnedFd, Token)>,
-    child: Option<Child>,
-    cgroup: Option<RunCgroup>,
-    dir: Option<PathBuf>,
+    pub(super) program_started: Option<Instant>,
+    pub(super) serial: u64,
+    pub(super) id: String,
+    pub(super) conn: Option<(usize, u64)>,
+    pub(super) stream: bool,
+    pub(super) plan: Box<ExecPlan>,
+    pub(super) state: State,
+    pub(super) out: [Capture; 2],
+    pub(super) stdin: Option<(pipe::Sender, Token)>,
+    pub(super) stdin_pos: usize,
+    pub(super) pid: Option<(OwnedFd, Token)>,
+    pub(super) child: Option<Child>,
+    pub(super) cgroup: Option<RunCgroup>,
+    pub(super) dir: Option<PathBuf>,
     /// The run's network namespace and link, when it got filtered egress.
-    net: Option<crate::netfilter::NetLease>,
-    started: Option<Instant>,
-    exited_at: Option<Instant>,
-    timed_out: bool,
-    cancelled: bool,
-    killing: bool,
-    paused: bool,
-    timer_gen: u64,
+    pub(super) net: Option<crate::netfilter::NetLease>,
+    pub(super) started: Option<Instant>,
+    pub(super) exited_at: Option<Instant>,
+    pub(super) timed_out: bool,
+    pub(super) cancelled: bool,
+    pub(super) killing: bool,
+    pub(super) paused: bool,
+    pub(super) timer_gen: u64,
     /// Last time an SSE event went to the client (keep-alives fill only silences).
-    last_event: Instant,
+    pub(super) last_event: Instant,
+    /// A kernel session's step: the kernel (key, serial) whose pipes it borrows.
+    pub(super) kernel: Option<(usize, u64)>,
+    /// A kernel step's network (the kernel's, fixed at create).
+    pub(super) kernel_network: bool,
+    /// A kernel step's rich outputs.
+    pub(super) artifacts: Vec<execute::Artifact>,
+    /// Artifacts were dropped (over the count or size cap).
+    pub(super) artifacts_truncated: bool,
 }
 
 /// Takes the longest UTF-8-safe prefix of `buf` as text: invalid bytes become U+FFFD,
@@ -252,6 +278,10 @@ impl Daemon {
             paused: false,
             timer_gen: 0,
             last_event: Instant::now(),
+            kernel: None,
+            kernel_network: false,
+            artifacts: Vec::new(),
+            artifacts_truncated: false,
         };
         let plan_for_job = run.plan.clone();
         let rk = self.runs.insert(run);
@@ -271,7 +301,9 @@ impl Daemon {
         }
         let env = desc.env.clone();
         let job = Box::new(move || {
-            let result = backend.spawn(&id, &plan_for_job, argv, &env).map(Box::new);
+            let result = backend
+                .spawn(&id, &plan_for_job, argv, &env, super::runsc::Stdin::Pipe)
+                .map(Box::new);
             Completion::Spawned {
                 run: rk,
                 serial,
@@ -288,6 +320,11 @@ impl Daemon {
             return;
         }
         self.app.in_flight += 1;
+        self.run_attach(ck, rk, stream);
+    }
+
+    /// The connection waits for run `rk`: plain, or with the SSE head sent at once.
+    pub(super) fn run_attach(&mut self, ck: usize, rk: usize, stream: bool) {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
@@ -329,6 +366,16 @@ impl Daemon {
                 result,
             } => self.on_upload_ready(conn, serial, result),
             Completion::Upkeep => self.upkeep_running = false,
+            Completion::KernelSpawned {
+                kernel,
+                serial,
+                result,
+            } => self.kernel_spawned(kernel, serial, result),
+            Completion::KernelReaped {
+                kernel,
+                serial,
+                cleanup,
+            } => self.kernel_reaped(kernel, serial, cleanup),
             Completion::EgressChecked => {
                 self.egress_running = false;
                 if self.egress_dirty {
@@ -686,11 +733,27 @@ impl Daemon {
         }
     }
 
-    fn run_kill(&mut self, rk: usize) {
+    pub(super) fn run_kill(&mut self, rk: usize) {
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
         if run.killing || run.state != State::Running {
+            return;
+        }
+        if let Some((kk, ks)) = run.kernel {
+            // A kernel step is ended by ending its kernel (the whole sandbox).
+            let why = if run.timed_out {
+                format!(
+                    "a step ran past its wall time ({} ms)",
+                    run.plan.limits.wall_time_ms
+                )
+            } else if run.cancelled {
+                "the daemon is shutting down".to_string()
+            } else {
+                "a step wrote far past its output cap".to_string()
+            };
+            run.killing = true;
+            self.kernel_kill(kk, ks, &why);
             return;
         }
         run.killing = true;
@@ -716,6 +779,10 @@ impl Daemon {
         }
         run.conn = None;
         run.cancelled = true;
+        if run.kernel.is_some() {
+            // The step finishes (its wall time bounds it); the kernel and its state live on.
+            return;
+        }
         if run.state == State::Running {
             self.run_kill(rk);
         }
@@ -773,7 +840,7 @@ impl Daemon {
         self.submit_must(job);
     }
 
-    fn run_pipe_event_final(&mut self, rk: usize) {
+    pub(super) fn run_pipe_event_final(&mut self, rk: usize) {
         for idx in [0, 1] {
             self.run_pipe_event(rk, idx == 1);
             if let Some(run) = self.runs.get_mut(rk) {
@@ -814,18 +881,7 @@ impl Daemon {
             });
             self.submit_must(job);
         }
-        let c = &mut self.app.counters;
-        c.runs_total += 1;
         let oom = cleanup.oom_killed && !run.timed_out;
-        if run.timed_out {
-            c.runs_timed_out += 1;
-        }
-        if oom {
-            c.runs_oom_killed += 1;
-        }
-        if run.cancelled {
-            c.runs_cancelled += 1;
-        }
         let exit_code = if run.timed_out || oom {
             128 + libc::SIGKILL
         } else {
@@ -878,6 +934,27 @@ impl Daemon {
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             network,
         };
+        self.run_deliver(run, result, compile);
+    }
+
+    /// Counts a finished run and sends its result (JSON, or the SSE `done` event).
+    pub(super) fn run_deliver(
+        &mut self,
+        mut run: Run,
+        result: RunResult,
+        compile: Option<CompileResult>,
+    ) {
+        let c = &mut self.app.counters;
+        c.runs_total += 1;
+        if result.timed_out {
+            c.runs_timed_out += 1;
+        }
+        if result.oom_killed {
+            c.runs_oom_killed += 1;
+        }
+        if run.cancelled {
+            c.runs_cancelled += 1;
+        }
         log::info!(
             "run={} lang={} exit={} timed_out={} oom={} truncated={} ms={} cancelled={}",
             run.id,
@@ -889,7 +966,8 @@ impl Daemon {
             result.duration_ms,
             run.cancelled
         );
-        let body = execute::response(&run.plan, result, compile);
+        let mut body = execute::response(&run.plan, result, compile);
+        body.artifacts = std::mem::take(&mut run.artifacts);
         let Some((ck, cserial)) = run.conn else {
             return;
         };
@@ -982,6 +1060,7 @@ impl Daemon {
             }
             self.run_kill(rk);
         }
+        self.kill_all_kernels("the daemon is shutting down");
     }
 
     /// Runs one real sandbox at startup; `/readyz` waits for it.

@@ -8,6 +8,7 @@
 pub mod build;
 pub mod bundle;
 pub mod events;
+pub mod kernel;
 pub mod limits;
 pub mod runsc;
 

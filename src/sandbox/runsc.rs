@@ -57,6 +57,17 @@ pub struct Spawned {
     pub started: Instant,
     /// The run's network, when it has one (released after the container is deleted).
     pub net: Option<crate::netfilter::NetLease>,
+    /// Host end of the control socket that is the sandbox's stdin (kernels only).
+    pub ctl: Option<std::os::unix::net::UnixStream>,
+}
+
+/// What the sandbox's stdin is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stdin {
+    /// A pipe the reactor feeds the request's `stdin` into.
+    Pipe,
+    /// One end of a socket pair: a kernel harness's framed control channel.
+    Control,
 }
 
 /// What cleanup found.
@@ -79,6 +90,7 @@ impl Backend {
         plan: &ExecPlan,
         argv: Vec<String>,
         env: &[String],
+        stdin: Stdin,
     ) -> Result<Spawned, SandboxError> {
         let hier = self
             .cgroups
@@ -130,7 +142,7 @@ impl Backend {
             net.as_ref(),
         );
         let res = bundle::write_config(&dir, &cfg)
-            .and_then(|()| self.start(id, &dir, cgroup.clone(), net));
+            .and_then(|()| self.start(id, &dir, cgroup.clone(), net, stdin));
         match res {
             Ok(s) => Ok(s),
             Err(e) => {
@@ -156,6 +168,7 @@ impl Backend {
         dir: &Path,
         cgroup: RunCgroup,
         net: Option<crate::netfilter::NetLease>,
+        stdin: Stdin,
     ) -> Result<Spawned, SandboxError> {
         let mut cmd = self.runsc_cmd();
         // gVisor's netstack on the run's namespace (raw sockets stay off, the default),
@@ -166,9 +179,24 @@ impl Backend {
             "--network=none"
         });
         cmd.arg("run").arg("--bundle").arg(dir).arg(id);
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        // gVisor imports a donated socket as a connected socket: both directions work.
+        let ctl = match stdin {
+            Stdin::Pipe => {
+                cmd.stdin(Stdio::piped());
+                None
+            }
+            Stdin::Control => {
+                let (host, sandbox) = std::os::unix::net::UnixStream::pair().map_err(|source| {
+                    SandboxError::Spawn {
+                        runsc: self.runsc.clone(),
+                        source,
+                    }
+                })?;
+                cmd.stdin(Stdio::from(OwnedFd::from(sandbox)));
+                Some(host)
+            }
+        };
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         if net.is_some() {
             crate::sys::die_with_parent_on_spawn_netstack(&mut cmd);
         } else {
@@ -178,6 +206,8 @@ impl Backend {
             runsc: self.runsc.clone(),
             source,
         })?;
+        // Our copy of the sandbox's end goes now, so its exit reads as EOF here.
+        drop(cmd);
         let started = Instant::now();
         let pidfd = match crate::sys::pidfd_open(child.id()) {
             Ok(fd) => fd,
@@ -211,6 +241,7 @@ impl Backend {
             dir: dir.to_path_buf(),
             started,
             net,
+            ctl,
         })
     }
 
@@ -426,10 +457,17 @@ impl Backend {
                 wall_time_ms: 20_000,
             },
             network_requested: false,
+            code_given: false,
             workspace: None,
         };
         let s = self
-            .spawn(id, &plan, vec!["/bin/cat".into(), "probe.txt".into()], &[])
+            .spawn(
+                id,
+                &plan,
+                vec!["/bin/cat".into(), "probe.txt".into()],
+                &[],
+                Stdin::Pipe,
+            )
             .map_err(|e| e.to_string())?;
         let Spawned {
             mut child,

@@ -41,7 +41,7 @@ pub struct SessionRecord {
     pub token_sha256: String,
     /// Runtime name.
     pub runtime: String,
-    /// `filesystem` (kernel sessions come later).
+    /// `filesystem` or `kernel`.
     #[serde(rename = "type")]
     pub kind: String,
     /// Creation time, Unix milliseconds.

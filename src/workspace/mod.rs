@@ -163,6 +163,12 @@ impl Lease {
         }
     }
 
+    /// Records a use now (a kernel's step: the kernel holds one lease for its life).
+    pub fn touch(&self) {
+        self.live.last_used_ms.store(now_ms(), Ordering::Relaxed);
+        self.live.dirty.store(true, Ordering::Relaxed);
+    }
+
     /// Host path of the mounted volume (bound at `/memory`), for a step of a session
     /// holding one.
     pub fn volume_mount(&self) -> Option<&Path> {
@@ -354,6 +360,7 @@ impl Sessions {
         runtime: &str,
         ttl_sec: u64,
         volume_id: Option<String>,
+        kind: &str,
     ) -> Result<Created, SessionError> {
         let _g = self.create_guard()?;
         let count = self.store.session_count()?;
@@ -412,7 +419,7 @@ impl Sessions {
             tenant: tenant.to_string(),
             token_sha256: sha256_hex(token.as_bytes()),
             runtime: runtime.to_string(),
-            kind: "filesystem".into(),
+            kind: kind.to_string(),
             created_at_ms: now,
             ttl_sec,
             last_used_ms: now,
