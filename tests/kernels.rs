@@ -631,3 +631,39 @@ fn test_streaming_user_site_volume_and_restart() {
     d.assert_clean();
     d.stop();
 }
+
+#[test]
+fn test_writing_to_the_harness_channel_ends_only_that_kernel() {
+    let d = Daemon::start_with(&[("ISOBOX_KERNELS_MAX", "3")]);
+    d.wait_ready();
+    // The channel is a socket among the kernel's fds; code that finds it and writes to
+    // it breaks the protocol: its own kernel is ended, nothing else.
+    let find = "import os, stat, struct\nctl = []\nfor fd in range(3, 64):\n    try:\n        if stat.S_ISSOCK(os.fstat(fd).st_mode):\n            ctl.append(fd)\n    except OSError:\n        pass\nassert ctl, 'no socket fd'\n";
+    let cases = [
+        ("oversized", "os.write(ctl[0], struct.pack('>I', 0xFFFFFFF0))\nimport time; time.sleep(5)"),
+        ("ready", "f = b'{\"ev\":\"ready\"}'\nos.write(ctl[0], struct.pack('>I', len(f)) + f)\nimport time; time.sleep(5)"),
+        ("garbage", "f = b'not json at all'\nos.write(ctl[0], struct.pack('>I', len(f)) + f)\nimport time; time.sleep(5)"),
+    ];
+    let bystander = kernel(&d);
+    step(&d, &bystander, "y = 5");
+    let mut sessions = Vec::new();
+    for (name, code) in cases {
+        let s = kernel(&d);
+        let t0 = Instant::now();
+        let v = exec(&d, &s, json!({"code": format!("{find}{code}"), "limits": {"wallTimeMs": 20000}})).json();
+        assert_eq!(v["run"]["exitCode"], 137, "{name}: {v}");
+        assert_eq!(v["run"]["timedOut"], false, "{name}: {v}");
+        assert!(t0.elapsed() < Duration::from_secs(4), "{name}: ended at once, not at the sleep's end");
+        let r = exec(&d, &s, json!({"code": "1"}));
+        assert_eq!(r.status, 410, "{name}: {}", r.text());
+        assert!(r.json()["detail"].as_str().unwrap().contains("protocol"), "{name}: {}", r.text());
+        sessions.push(s);
+    }
+    // Daemon and the other kernel are unaffected.
+    assert_eq!(step(&d, &bystander, "print(y)")["run"]["stdout"], "5\n");
+    for s in sessions.iter().chain([&bystander]) {
+        assert_eq!(delete(&d, s).status, 204);
+    }
+    d.assert_clean();
+    d.stop();
+}

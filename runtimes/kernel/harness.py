@@ -54,7 +54,7 @@ def _recv():
 
 
 def _send(obj):
-    data = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode()
+    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
     view = memoryview(struct.pack(">I", len(data)) + data)
     while view:
         n = os.write(CTL, view)

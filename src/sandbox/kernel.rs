@@ -35,8 +35,9 @@ use std::time::{Duration, Instant};
 
 /// The harness, run as `python3 -c`.
 pub const HARNESS: &str = include_str!("../../runtimes/kernel/harness.py");
-/// Largest frame the harness may send: one artifact (2 MiB of payload, JSON-escaped).
-pub const MAX_FRAME_BYTES: usize = 16 << 20;
+/// Largest frame the harness may send: one artifact (2 MiB of payload, JSON-escaped:
+/// at worst 6 bytes for a control byte) and a little framing.
+pub const MAX_FRAME_BYTES: usize = (12 << 20) + (64 << 10);
 /// Most artifacts one step returns.
 pub const MAX_ARTIFACTS: usize = 8;
 /// Largest artifact payload (base64 length for PNG, byte length for HTML).
@@ -88,6 +89,9 @@ pub struct Kernel {
     exited: bool,
     /// The harness closed the control channel.
     ctl_closed: bool,
+    /// Artifact frames in the current step (the harness sends at most 8: more is a
+    /// broken protocol, and would only cost the event loop parsing time).
+    step_artifacts: usize,
     idle_limit: Duration,
     last_used: Instant,
     timer_gen: u64,
@@ -205,6 +209,7 @@ impl Daemon {
             killing: false,
             exited: false,
             ctl_closed: false,
+            step_artifacts: 0,
             idle_limit: idle,
             last_used: Instant::now(),
             timer_gen: 0,
@@ -417,6 +422,18 @@ impl Daemon {
             let frame: Result<Frame, _> = serde_json::from_slice(&k.rbuf[4..4 + n]);
             k.rbuf.drain(..4 + n);
             let state = k.state;
+            if matches!(frame, Ok(Frame::Artifact { .. })) {
+                k.step_artifacts += 1;
+                if k.step_artifacts > MAX_ARTIFACTS {
+                    self.kernel_close_ctl(kk);
+                    self.kernel_kill(
+                        kk,
+                        serial,
+                        "the kernel broke its protocol (too many artifacts)",
+                    );
+                    return false;
+                }
+            }
             match (frame, state) {
                 (Ok(Frame::Ready {}), KState::Booting) => self.kernel_ready(kk),
                 (
@@ -566,6 +583,7 @@ impl Daemon {
             }
         }
         plan.network_requested = k.plan.network_requested;
+        k.step_artifacts = 0;
         if let Some(l) = &k.plan.workspace {
             l.touch();
         }

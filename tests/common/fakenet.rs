@@ -127,7 +127,7 @@ pub struct FakeNet {
     threads: Vec<JoinHandle<()>>,
 }
 
-type Published = Arc<Mutex<Vec<(String, String)>>>;
+type Published = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
 
 /// Runs a command, panicking with its output when it fails.
 pub fn sh(args: &[&str]) -> String {
@@ -310,10 +310,15 @@ impl FakeNet {
 
     /// From now on `GET <path>` on the public stand-in's port 80 answers `body`.
     pub fn publish(&self, path: &str, body: &str) {
+        self.publish_bytes(path, body.as_bytes());
+    }
+
+    /// Like [`publish`](Self::publish), with any bytes (a wheel for pip, say).
+    pub fn publish_bytes(&self, path: &str, body: &[u8]) {
         self.published
             .lock()
             .unwrap()
-            .push((path.to_string(), body.to_string()));
+            .push((path.to_string(), body.to_vec()));
     }
 
     /// Everything logged so far.
@@ -511,22 +516,22 @@ fn answer_tcp(mut s: TcpStream, kind: Kind, published: Published) {
             let head = String::from_utf8_lossy(&req);
             let path = head.split_whitespace().nth(1).unwrap_or("/");
             let body = match kind {
-                Kind::Http(b) => b.to_string(),
+                Kind::Http(b) => b.as_bytes().to_vec(),
                 _ => published
                     .lock()
                     .unwrap()
                     .iter()
                     .rev()
                     .find(|(p, _)| p == path)
-                    .map_or_else(|| PUBLIC_BODY.to_string(), |(_, b)| b.clone()),
+                    .map_or_else(|| PUBLIC_BODY.as_bytes().to_vec(), |(_, b)| b.clone()),
             };
-            let _ = s.write_all(
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-                .as_bytes(),
-            );
+            let mut resp = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            resp.extend_from_slice(&body);
+            let _ = s.write_all(&resp);
         }
         Kind::Dns | Kind::Sink => {}
     }
