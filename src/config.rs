@@ -256,6 +256,12 @@ pub const SETTINGS: &[Setting] = &[
         help: "how often the firewall is read back and, when it is found wrong, programmed again",
     },
     Setting {
+        flag: "--warm-pool",
+        env: "ISOBOX_WARM_POOL",
+        default: "python=2,python-slim=1",
+        help: "sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python runtimes; empty or `off` disables): each serves one offline /execute with the runtime's default memory and pids",
+    },
+    Setting {
         flag: "--kernels-max",
         env: "ISOBOX_KERNELS_MAX",
         default: "4",
@@ -346,6 +352,8 @@ pub struct Config {
     pub egress: EgressConfig,
     /// Live kernels at once (0: kernel sessions disabled).
     pub kernels_max: usize,
+    /// Warm pool size per runtime name (as given; resolved against the runtimes later).
+    pub warm_pool: Vec<(String, usize)>,
     /// Idle time after which a kernel is ended.
     pub kernel_idle_sec: u64,
 }
@@ -555,6 +563,11 @@ impl Config {
                 )?,
             },
             kernels_max: parse_or("ISOBOX_KERNELS_MAX", get("ISOBOX_KERNELS_MAX"), 4)?,
+            warm_pool: parse_warm_pool(
+                get("ISOBOX_WARM_POOL")
+                    .as_deref()
+                    .unwrap_or("python=2,python-slim=1"),
+            )?,
             kernel_idle_sec: parse_or(
                 "ISOBOX_KERNEL_IDLE_SEC",
                 get("ISOBOX_KERNEL_IDLE_SEC"),
@@ -776,6 +789,31 @@ where
                 .map_err(|e: T::Err| invalid(name, i, &e.to_string()))
         })
         .collect()
+}
+
+/// `name=N,name=N` (empty or `off`: none).
+fn parse_warm_pool(v: &str) -> Result<Vec<(String, usize)>, ConfigError> {
+    let v = v.trim();
+    if v.is_empty() || v == "off" || v == "0" {
+        return Ok(Vec::new());
+    }
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for item in v.split(',') {
+        let (name, n) = item
+            .split_once('=')
+            .map(|(a, b)| (a.trim(), b.trim()))
+            .ok_or_else(|| invalid("ISOBOX_WARM_POOL", item, "name=N pairs, e.g. python=2"))?;
+        let n: usize = n
+            .parse()
+            .ok()
+            .filter(|n| *n <= 16)
+            .ok_or_else(|| invalid("ISOBOX_WARM_POOL", item, "a size from 0 to 16"))?;
+        if name.is_empty() || out.iter().any(|(x, _)| x == name) {
+            return Err(invalid("ISOBOX_WARM_POOL", item, "each runtime once"));
+        }
+        out.push((name.to_string(), n));
+    }
+    Ok(out)
 }
 
 fn parse_or<T: std::str::FromStr>(

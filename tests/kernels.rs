@@ -650,13 +650,25 @@ fn test_writing_to_the_harness_channel_ends_only_that_kernel() {
     for (name, code) in cases {
         let s = kernel(&d);
         let t0 = Instant::now();
-        let v = exec(&d, &s, json!({"code": format!("{find}{code}"), "limits": {"wallTimeMs": 20000}})).json();
+        let v = exec(
+            &d,
+            &s,
+            json!({"code": format!("{find}{code}"), "limits": {"wallTimeMs": 20000}}),
+        )
+        .json();
         assert_eq!(v["run"]["exitCode"], 137, "{name}: {v}");
         assert_eq!(v["run"]["timedOut"], false, "{name}: {v}");
-        assert!(t0.elapsed() < Duration::from_secs(4), "{name}: ended at once, not at the sleep's end");
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "{name}: ended at once, not at the sleep's end"
+        );
         let r = exec(&d, &s, json!({"code": "1"}));
         assert_eq!(r.status, 410, "{name}: {}", r.text());
-        assert!(r.json()["detail"].as_str().unwrap().contains("protocol"), "{name}: {}", r.text());
+        assert!(
+            r.json()["detail"].as_str().unwrap().contains("protocol"),
+            "{name}: {}",
+            r.text()
+        );
         sessions.push(s);
     }
     // Daemon and the other kernel are unaffected.

@@ -18,6 +18,9 @@ struct Health<'a> {
     /// Kernel slot occupancy, when kernel sessions are enabled.
     #[serde(skip_serializing_if = "Option::is_none")]
     kernels: Option<Kernels>,
+    /// Warm pool occupancy, hits and misses, when a pool is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_pool: Option<&'a super::WarmFigures>,
 }
 
 #[derive(Serialize)]
@@ -53,6 +56,7 @@ pub fn healthz(app: &App) -> Response {
                 used: app.kernels_used,
                 max: app.cfg.kernels_max,
             }),
+            warm_pool: app.warm.as_ref(),
         },
     )
 }

@@ -72,6 +72,32 @@ pub struct App {
     pub egress: Arc<crate::netfilter::Egress>,
     /// Kernel slots in use (running, starting, or reserved by a create in progress).
     pub kernels_used: usize,
+    /// The warm pool's figures (`None`: no pool), kept current by the reactor.
+    pub warm: Option<WarmFigures>,
+}
+
+/// The warm pool on `/healthz`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct WarmFigures {
+    /// Per runtime: sandboxes ready and the target.
+    pub runtimes: std::collections::BTreeMap<String, WarmRuntime>,
+    /// Runs served by a pooled sandbox.
+    pub hits: u64,
+    /// Runs of a pooled runtime that found its pool empty (they started cold).
+    pub misses: u64,
+    /// Sandboxes booted into the pool.
+    pub refills: u64,
+    /// Boots that failed.
+    pub failures: u64,
+}
+
+/// One runtime's pool.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct WarmRuntime {
+    /// Booted and waiting.
+    pub ready: usize,
+    /// Configured size.
+    pub target: usize,
 }
 
 /// What the reactor must do for a request.

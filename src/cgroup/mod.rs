@@ -357,6 +357,24 @@ impl RunCgroup {
         self.apply(limits)
     }
 
+    /// The run's CPU weight among its siblings: the lowest (a pooled sandbox booting in
+    /// the background yields to every running execution) or the default.
+    ///
+    /// # Errors
+    /// When the control file cannot be written.
+    pub fn set_cpu_low(&self, low: bool) -> Result<(), CgroupError> {
+        match &self.hier {
+            Hierarchy::V1 { .. } => write_file(
+                &self.dirs[1].join("cpu.shares"),
+                if low { "2" } else { "1024" },
+            ),
+            Hierarchy::V2 { .. } => write_file(
+                &self.dirs[0].join("cpu.weight"),
+                if low { "1" } else { "100" },
+            ),
+        }
+    }
+
     /// Pids of every process in the cgroup.
     pub fn procs(&self) -> Vec<i32> {
         fs::read_to_string(self.dirs[0].join("cgroup.procs"))

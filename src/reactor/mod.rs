@@ -128,6 +128,8 @@ pub struct Daemon {
     pub(crate) kernel_serial: u64,
     /// Why a session's kernel ended (bounded), for the next call's error.
     pub(crate) kernel_dead: std::collections::HashMap<String, String>,
+    /// Sandboxes booted ahead of time.
+    pub(crate) warm: crate::sandbox::warm::WarmPool,
 }
 
 /// Startup failed.
@@ -307,6 +309,7 @@ impl Daemon {
             sessions,
             egress: Arc::clone(&egress),
             kernels_used: 0,
+            warm: None,
         };
         // Runs lease their networks through the backend.
         let backend = Arc::new(Backend {
@@ -314,6 +317,23 @@ impl Daemon {
             ..(*backend).clone()
         });
         let egress_verify_sec = cfg.egress.verify_sec;
+        // Pools by canonical runtime name; a name that is not an installed Python
+        // runtime is refused at startup rather than ignored.
+        let mut targets = Vec::new();
+        for (name, n) in &cfg.warm_pool {
+            let Some(rt) = app.runtimes.resolve(name) else {
+                log::warn!("warm pool: {name} is not an installed runtime; no pool for it");
+                continue;
+            };
+            let run = &rt.desc.run;
+            if rt.desc.compiled || run.len() != 2 || !run[0].ends_with("/python3") {
+                return Err(io_err("ISOBOX_WARM_POOL")(io::Error::other(format!(
+                    "{name}: warm pools exist for Python runtimes only"
+                ))));
+            }
+            targets.push((rt.desc.language.clone(), *n));
+        }
+        let warm = crate::sandbox::warm::WarmPool::new(targets);
         Ok(Daemon {
             cfg,
             poll,
@@ -347,6 +367,7 @@ impl Daemon {
             kernel_of: std::collections::HashMap::new(),
             kernel_serial: 0,
             kernel_dead: std::collections::HashMap::new(),
+            warm,
         })
     }
 
@@ -407,6 +428,7 @@ impl Daemon {
     /// When polling itself fails.
     pub fn run(&mut self) -> io::Result<()> {
         let teardown = Some(self.spawn_teardown()?);
+        self.warm_publish();
         self.start_probe();
         self.timers.insert(
             Instant::now() + Duration::from_secs(1),
@@ -491,6 +513,7 @@ impl Daemon {
             if self.shutdown_deadline.is_some()
                 && self.runs.is_empty()
                 && self.kernels.is_empty()
+                && self.warm.idle()
                 && self.overflow.is_empty()
                 && self.conns_all_flushed()
             {
@@ -571,6 +594,8 @@ impl Daemon {
                 self.next_upkeep = now + Duration::from_secs(5);
             }
         }
+        // Refills after a failed boot wait out their pause; retried from here.
+        self.warm_fill();
         if now >= self.next_egress || self.egress_dirty {
             self.start_egress_check(false);
         }
@@ -655,6 +680,7 @@ impl Daemon {
         self.app.shutting_down = true;
         // Idle kernels have nothing to finish; busy ones get the grace with the runs.
         self.kill_idle_kernels("the daemon is shutting down");
+        self.warm_drain();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);
         self.shutdown_deadline = Some(deadline);
         self.timers.insert(deadline, TimerKey::ShutdownGrace);

@@ -98,6 +98,13 @@ pub enum Completion {
         /// Outcome.
         result: Result<Box<Spawned>, SandboxError>,
     },
+    /// A pooled sandbox booted (or failed to).
+    WarmBooted {
+        /// Its runtime.
+        runtime: String,
+        /// The sandbox, ready for a claim.
+        result: Result<Box<Spawned>, SandboxError>,
+    },
     /// A kernel's `runsc run` was reaped.
     KernelReaped {
         /// Kernel key.
@@ -300,17 +307,49 @@ impl Daemon {
             );
         }
         let env = desc.env.clone();
+        // A pooled sandbox, when one may serve this run; the cold start otherwise (and
+        // when the claim fails).
+        let handoff: super::warm::Handoff =
+            Arc::new(std::sync::Mutex::new(self.warm_take(&plan_for_job)));
+        let job_handoff = Arc::clone(&handoff);
         let job = Box::new(move || {
-            let result = backend
-                .spawn(&id, &plan_for_job, argv, &env, super::runsc::Stdin::Pipe)
-                .map(Box::new);
+            let warm = job_handoff.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let claimed =
+                warm.and_then(
+                    |w| match backend.claim_warm(*w, &plan_for_job, &argv[1..]) {
+                        Ok(s) => Some(s),
+                        Err(e) => {
+                            crate::warn_limited!("run={id} op=warm-claim err={e}; starting cold");
+                            None
+                        }
+                    },
+                );
+            let result = match claimed {
+                Some(s) => Ok(Box::new(s)),
+                None => backend
+                    .spawn(&id, &plan_for_job, argv, &env, super::runsc::Stdin::Pipe)
+                    .map(Box::new),
+            };
             Completion::Spawned {
                 run: rk,
                 serial,
                 result,
             }
         });
-        if self.pool.submit(job).is_err() {
+        let submitted = self.pool.submit(job).is_ok();
+        if submitted {
+            self.warm_fill();
+        } else {
+            // The job was dropped unrun: a sandbox it was given goes back to the pool.
+            let unused = handoff.lock().unwrap_or_else(|p| p.into_inner()).take();
+            if let Some(w) = unused {
+                let lang = self
+                    .runs
+                    .get(rk)
+                    .map(|r| r.plan.runtime.desc.language.clone())
+                    .unwrap_or_default();
+                self.warm_put_back(w, &lang);
+            }
             self.runs.remove(rk);
             self.respond(
                 ck,
@@ -366,6 +405,7 @@ impl Daemon {
                 result,
             } => self.on_upload_ready(conn, serial, result),
             Completion::Upkeep => self.upkeep_running = false,
+            Completion::WarmBooted { runtime, result } => self.warm_booted(runtime, result),
             Completion::KernelSpawned {
                 kernel,
                 serial,
@@ -397,6 +437,8 @@ impl Daemon {
                 self.app.probe = match res {
                     Ok(()) => {
                         log::info!("backend self-probe passed");
+                        self.app.probe = ProbeState::Passed;
+                        self.warm_fill();
                         ProbeState::Passed
                     }
                     Err(why) => {
@@ -475,6 +517,8 @@ impl Daemon {
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
+        // A claimed pooled sandbox keeps its own container id; removal needs it.
+        run.id = s.id;
         run.child = Some(s.child);
         run.cgroup = Some(s.cgroup);
         run.dir = Some(s.dir);
@@ -488,7 +532,9 @@ impl Daemon {
             run.program_started = Some(s.started);
             Duration::from_millis(run.plan.limits.wall_time_ms)
         };
-        self.arm_run(rk, s.started + BOOT_GRACE + wall);
+        // A claimed pooled sandbox has booted already: its wall time starts at hand-over.
+        let grace = if s.warm { Duration::ZERO } else { BOOT_GRACE };
+        self.arm_run(rk, s.started + grace + wall);
         if !reg_ok {
             crate::error_limited!("run={rk} op=register err=could not watch sandbox fds");
             self.run_kill(rk);

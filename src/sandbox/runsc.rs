@@ -59,6 +59,9 @@ pub struct Spawned {
     pub net: Option<crate::netfilter::NetLease>,
     /// Host end of the control socket that is the sandbox's stdin (kernels only).
     pub ctl: Option<std::os::unix::net::UnixStream>,
+    /// A pooled sandbox claimed for this run: `started` is the hand-over, the
+    /// interpreter was already running.
+    pub warm: bool,
 }
 
 /// What the sandbox's stdin is.
@@ -242,6 +245,7 @@ impl Backend {
             started,
             net,
             ctl,
+            warm: false,
         })
     }
 

@@ -91,7 +91,10 @@ impl Daemon {
                 c
             }
         };
-        cmd.env("ISOBOX_DATA_DIR", &data_dir)
+        // The warm pool has its own tests (warm.rs); elsewhere its background boots
+        // would only load the machine.
+        cmd.env("ISOBOX_WARM_POOL", "off")
+            .env("ISOBOX_DATA_DIR", &data_dir)
             .env("ISOBOX_INSTANCE", &instance)
             .env("ISOBOX_LOG", "info")
             .env("ISOBOX_SLICE_MEMORY_BYTES", (4u64 << 30).to_string())
@@ -256,6 +259,45 @@ impl Daemon {
         out
     }
 
+    /// Container ids of this daemon's warm pool (`<instance>-<pid>-w<n>`).
+    pub fn pool_containers(&self) -> Vec<String> {
+        let root = format!("/run/isobox/{}/runsc", self.instance);
+        Command::new("runsc")
+            .args(["--root", &root, "list", "-quiet"])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| is_pool_id(l))
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// [`assert_clean`](Self::assert_clean), except for the warm pool's own sandboxes.
+    pub fn assert_clean_except_pool(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let h = self.get("/healthz").json();
+            let left: Vec<String> = self
+                .leftovers()
+                .into_iter()
+                .filter(|l| !l.split(['/', ' ', ':', '_']).any(is_pool_id))
+                .collect();
+            if h["inFlight"] == 0 && left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "left behind: {left:?} health {h}\nlog:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits (bounded) for every run to be cleaned up, then asserts nothing is left.
     pub fn assert_clean(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -284,9 +326,11 @@ impl Daemon {
             let d = PathBuf::from("/sys/fs/cgroup").join(c).join(&self.instance);
             assert!(!d.exists(), "slice {} left after shutdown", d.display());
         }
+        let root = PathBuf::from("/run/isobox").join(&self.instance);
         assert!(
-            !PathBuf::from("/run/isobox").join(&self.instance).exists(),
-            "runsc root left after shutdown"
+            !root.exists(),
+            "runsc root left after shutdown: {:?}",
+            walk(&root)
         );
     }
 
@@ -318,6 +362,26 @@ impl Daemon {
         }
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
+}
+
+/// Every path under `dir` (for failure messages).
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(e.path().display().to_string());
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
+}
+
+/// Whether a container id is a warm pool's (`...-w<digits>`).
+fn is_pool_id(id: &str) -> bool {
+    id.starts_with("isobox")
+        && id
+            .rsplit_once("-w")
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Mount points under `dir` (from /proc/self/mountinfo).

@@ -1,0 +1,388 @@
+//! The warm pool: sandboxes booted ahead of time with the interpreter already started
+//! (`runtimes/warm/python.py`), each serving exactly one `/execute` and destroyed after.
+//!
+//! A pooled sandbox is an ordinary `runsc run` whose stdin is a socket pair (like a
+//! kernel's), booted in the background on the worker pool with the lowest CPU weight
+//! (so refills yield to running executions), one boot at a time. A request that a pooled
+//! sandbox can honour exactly as a cold one would — a Python runtime with a pool, the
+//! runtime's default memory and pids (the boot fixed the tmpfs sizes and
+//! `RLIMIT_NPROC`), offline (the run would be offline anyway when egress is not
+//! verified), not a session step — claims one: the claim job writes the request's host
+//! limits and the normal CPU weight into its cgroup, then hands over the files and argv;
+//! the socket then carries the request's stdin. From there it is a [`Run`] like any
+//! other, so output caps, SSE, timeouts, OOM and the result object are the cold path's;
+//! only `durationMs` differs (it counts from the hand-over, not from `runsc run`).
+
+use super::events::Completion;
+use super::runsc::{Backend, Spawned, Stdin};
+use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
+use crate::api::execute::ExecPlan;
+use crate::cgroup::{HostLimits, CPU_PERIOD_US};
+use crate::reactor::Daemon;
+use base64::Engine;
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The Python harness, run as `python3 -c`.
+pub const PYTHON_HARNESS: &str = include_str!("../../runtimes/warm/python.py");
+/// A pooled sandbox must say it is ready within this.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+/// After a failed boot, refills of that runtime pause this long.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
+
+/// Pool state, owned by the reactor.
+#[derive(Default)]
+pub struct WarmPool {
+    /// Target size per runtime language.
+    targets: Vec<(String, usize)>,
+    ready: HashMap<String, VecDeque<Box<Spawned>>>,
+    /// The runtime whose sandbox is booting (one at a time).
+    booting: Option<String>,
+    retry_at: HashMap<String, Instant>,
+    serial: u64,
+    /// Figures for `/healthz`.
+    pub hits: u64,
+    /// Requests of a pooled runtime that found the pool empty.
+    pub misses: u64,
+    /// Sandboxes booted into the pool.
+    pub refills: u64,
+    /// Boots that failed.
+    pub failures: u64,
+}
+
+impl WarmPool {
+    /// A pool with these targets (runtime languages).
+    pub fn new(targets: Vec<(String, usize)>) -> WarmPool {
+        WarmPool {
+            targets: targets.into_iter().filter(|(_, n)| *n > 0).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Whether any runtime has a pool.
+    pub fn enabled(&self) -> bool {
+        !self.targets.is_empty()
+    }
+
+    /// (runtime, ready, target) for each pooled runtime.
+    pub fn occupancy(&self) -> Vec<(String, usize, usize)> {
+        self.targets
+            .iter()
+            .map(|(r, n)| (r.clone(), self.ready.get(r).map_or(0, VecDeque::len), *n))
+            .collect()
+    }
+
+    /// No boot is in flight.
+    pub fn idle(&self) -> bool {
+        self.booting.is_none()
+    }
+
+    fn target(&self, runtime: &str) -> usize {
+        self.targets
+            .iter()
+            .find(|(r, _)| r == runtime)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// Whether `plan` runs exactly as it would cold in a sandbox booted by [`boot_plan`].
+fn eligible(plan: &ExecPlan, offline_anyway: bool) -> bool {
+    let desc = &plan.runtime.desc;
+    let d = boot_plan(plan.runtime.clone()).limits;
+    is_python(desc)
+        && !desc.compiled
+        && plan.workspace.is_none()
+        && (!plan.network_requested || offline_anyway)
+        && plan.limits.memory_bytes == d.memory_bytes
+        && plan.limits.pids == d.pids
+}
+
+fn is_python(desc: &crate::runtimes::Descriptor) -> bool {
+    desc.run.len() == 2
+        && desc
+            .run
+            .first()
+            .and_then(|p| p.rsplit('/').next())
+            .is_some_and(|b| b == "python3")
+}
+
+/// What a pooled sandbox of `runtime` is booted with: the runtime's defaults, offline.
+fn boot_plan(runtime: crate::runtimes::Runtime) -> ExecPlan {
+    let limits = crate::sandbox::limits::RequestedLimits::default().resolve(&runtime.desc.limits);
+    ExecPlan {
+        runtime,
+        files: Vec::new(),
+        entry: String::new(),
+        stdin: Vec::new(),
+        args: Vec::new(),
+        limits,
+        network_requested: false,
+        code_given: false,
+        workspace: None,
+    }
+}
+
+fn read_frame(s: &mut std::os::unix::net::UnixStream) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let n = u32::from_be_bytes(len) as usize;
+    if n > 4096 {
+        return Err(std::io::Error::other("oversized frame"));
+    }
+    let mut buf = vec![0; n];
+    s.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+impl Backend {
+    /// Boots a pooled sandbox and waits for its harness to say it is ready.
+    ///
+    /// # Errors
+    /// When it cannot be started or does not become ready (it is removed again).
+    pub fn boot_warm(
+        &self,
+        id: &str,
+        runtime: crate::runtimes::Runtime,
+    ) -> Result<Spawned, SandboxError> {
+        let plan = boot_plan(runtime);
+        let desc = &plan.runtime.desc;
+        let argv = vec![desc.run[0].clone(), "-c".into(), PYTHON_HARNESS.into()];
+        let mut s = self.spawn(id, &plan, argv, &desc.env, Stdin::Control)?;
+        let ready = (|| {
+            s.cgroup
+                .set_cpu_low(true)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let ctl = s
+                .ctl
+                .as_mut()
+                .ok_or_else(|| std::io::Error::other("no control socket"))?;
+            ctl.set_read_timeout(Some(BOOT_TIMEOUT))?;
+            let f = read_frame(ctl)?;
+            let v: serde_json::Value = serde_json::from_slice(&f)?;
+            if v["ev"] != "ready" {
+                return Err(std::io::Error::other(format!("unexpected frame {v}")));
+            }
+            ctl.set_read_timeout(None)
+        })();
+        match ready {
+            Ok(()) => Ok(s),
+            Err(source) => {
+                self.discard(s);
+                Err(SandboxError::Spawn {
+                    runsc: self.runsc.clone(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Hands a pooled sandbox to `plan`: its limits, then its files and argv. The
+    /// control socket becomes the program's stdin.
+    ///
+    /// # Errors
+    /// When the sandbox cannot take it (it is removed; the caller runs cold).
+    pub fn claim_warm(
+        &self,
+        mut s: Spawned,
+        plan: &ExecPlan,
+        argv: &[String],
+    ) -> Result<Spawned, SandboxError> {
+        let limits = HostLimits {
+            memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
+            cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
+            pids: host_pids_for(plan.limits.pids),
+        };
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let files: Vec<(&str, String)> = plan
+            .files
+            .iter()
+            .map(|(n, b)| (n.as_str(), b64.encode(b)))
+            .collect();
+        let frame = serde_json::json!({"files": files, "argv": argv}).to_string();
+        let sent = (|| {
+            s.cgroup
+                .set_limits(limits)
+                .and_then(|()| s.cgroup.set_cpu_low(false))
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let ctl = s
+                .ctl
+                .as_mut()
+                .ok_or_else(|| std::io::Error::other("no control socket"))?;
+            ctl.set_write_timeout(Some(Duration::from_secs(10)))?;
+            let len = u32::try_from(frame.len()).map_err(std::io::Error::other)?;
+            ctl.write_all(&len.to_be_bytes())?;
+            ctl.write_all(frame.as_bytes())?;
+            ctl.set_write_timeout(None)
+        })();
+        if let Err(source) = sent {
+            self.discard(s);
+            return Err(SandboxError::Spawn {
+                runsc: self.runsc.clone(),
+                source,
+            });
+        }
+        let ctl = s.ctl.take().map(std::os::fd::OwnedFd::from);
+        s.stdin = ctl.map(std::process::ChildStdin::from);
+        s.started = Instant::now();
+        s.warm = true;
+        Ok(s)
+    }
+
+    /// Kills and removes a pooled sandbox that will not be used.
+    pub fn discard(&self, s: Spawned) {
+        let Spawned {
+            id,
+            child,
+            cgroup,
+            dir,
+            net,
+            ..
+        } = s;
+        self.kill(&cgroup, i32::try_from(child.id()).ok());
+        self.cleanup(&id, child, &cgroup, &dir);
+        drop(net);
+    }
+}
+
+impl Daemon {
+    /// Publishes the pool's figures for `/healthz`.
+    pub(crate) fn warm_publish(&mut self) {
+        self.app.warm = self.warm.enabled().then(|| crate::api::WarmFigures {
+            runtimes: self
+                .warm
+                .occupancy()
+                .into_iter()
+                .map(|(r, ready, target)| (r, crate::api::WarmRuntime { ready, target }))
+                .collect(),
+            hits: self.warm.hits,
+            misses: self.warm.misses,
+            refills: self.warm.refills,
+            failures: self.warm.failures,
+        });
+    }
+
+    /// Starts a background boot if a pool is below its target (one at a time).
+    pub(crate) fn warm_fill(&mut self) {
+        if self.app.shutting_down
+            || !self.warm.enabled()
+            || self.warm.booting.is_some()
+            || self.app.probe != crate::api::ProbeState::Passed
+        {
+            return;
+        }
+        let now = Instant::now();
+        let next = self
+            .warm
+            .occupancy()
+            .into_iter()
+            .find(|(r, ready, target)| {
+                ready < target && self.warm.retry_at.get(r).is_none_or(|t| now >= *t)
+            });
+        let Some((lang, _, _)) = next else { return };
+        let Some(rt) = self.app.runtimes.resolve(&lang).cloned() else {
+            return;
+        };
+        self.warm.serial += 1;
+        let id = format!(
+            "{}-{:x}-w{}",
+            self.cfg.instance,
+            std::process::id(),
+            self.warm.serial
+        );
+        let backend = Arc::clone(&self.backend);
+        let job_lang = lang.clone();
+        let job = Box::new(move || Completion::WarmBooted {
+            runtime: job_lang,
+            result: backend.boot_warm(&id, rt).map(Box::new),
+        });
+        if self.pool.submit(job).is_ok() {
+            self.warm.booting = Some(lang);
+        }
+        self.warm_publish();
+    }
+
+    pub(crate) fn warm_booted(
+        &mut self,
+        runtime: String,
+        result: Result<Box<Spawned>, SandboxError>,
+    ) {
+        self.warm.booting = None;
+        match result {
+            Ok(s) if !self.app.shutting_down && self.warm.target(&runtime) > 0 => {
+                self.warm.refills += 1;
+                self.warm.ready.entry(runtime).or_default().push_back(s);
+            }
+            Ok(s) => {
+                let backend = Arc::clone(&self.backend);
+                self.submit_must(Box::new(move || {
+                    backend.discard(*s);
+                    Completion::Done
+                }));
+            }
+            Err(e) => {
+                self.warm.failures += 1;
+                crate::warn_limited!("warm pool: booting a {runtime} sandbox failed: {e}");
+                self.warm
+                    .retry_at
+                    .insert(runtime, Instant::now() + RETRY_AFTER_FAILURE);
+            }
+        }
+        self.warm_publish();
+        self.warm_fill();
+    }
+
+    /// A pooled sandbox for `plan`, if one may serve it; counts hits and misses.
+    pub(crate) fn warm_take(&mut self, plan: &ExecPlan) -> Option<Box<Spawned>> {
+        let lang = &plan.runtime.desc.language;
+        if self.warm.target(lang) == 0 {
+            return None;
+        }
+        let offline_anyway = self.backend.egress.as_ref().is_none_or(|e| !e.verified());
+        if !eligible(plan, offline_anyway) {
+            return None;
+        }
+        let s = self.warm.ready.get_mut(lang).and_then(VecDeque::pop_front);
+        if s.is_some() {
+            self.warm.hits += 1;
+        } else {
+            self.warm.misses += 1;
+        }
+        self.warm_publish();
+        s
+    }
+
+    /// Puts back a sandbox taken for a run that could not be queued.
+    pub(crate) fn warm_put_back(&mut self, s: Box<Spawned>, runtime: &str) {
+        self.warm.hits = self.warm.hits.saturating_sub(1);
+        self.warm
+            .ready
+            .entry(runtime.to_string())
+            .or_default()
+            .push_front(s);
+        self.warm_publish();
+    }
+
+    /// Removes every pooled sandbox (shutdown).
+    pub(crate) fn warm_drain(&mut self) {
+        let all: Vec<Box<Spawned>> = self
+            .warm
+            .ready
+            .values_mut()
+            .flat_map(std::mem::take)
+            .collect();
+        for s in all {
+            let backend = Arc::clone(&self.backend);
+            self.submit_must(Box::new(move || {
+                backend.discard(*s);
+                Completion::Done
+            }));
+        }
+        self.warm_publish();
+    }
+}
+
+/// The claim's hand-off cell: the job takes the sandbox; if the job never runs, the
+/// reactor takes it back.
+pub type Handoff = Arc<Mutex<Option<Box<Spawned>>>>;

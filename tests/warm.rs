@@ -1,0 +1,273 @@
+//! The warm pool against the real daemon: pooled gVisor sandboxes with the interpreter
+//! already started, each serving one `/execute`; results compared with the cold path
+//! of a second daemon without a pool.
+
+mod common;
+
+use common::Daemon;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+const POOL: &str = "python-slim=2";
+
+fn warm_daemon(pool: &str) -> Daemon {
+    let d = Daemon::start_with(&[("ISOBOX_WARM_POOL", pool)]);
+    d.wait_ready();
+    d
+}
+
+fn pool(d: &Daemon) -> Value {
+    d.get("/healthz").json()["warmPool"].clone()
+}
+
+/// Waits until the python-slim pool holds `n` ready sandboxes.
+fn wait_ready(d: &Daemon, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let p = pool(d);
+        if p["runtimes"]["python-slim"]["ready"].as_u64() == Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pool never reached {n}: {p}\nlog:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn hits(d: &Daemon) -> u64 {
+    pool(d)["hits"].as_u64().unwrap()
+}
+
+/// The result without what legitimately differs (durations).
+fn comparable(mut v: Value) -> Value {
+    v["run"].as_object_mut().unwrap().remove("durationMs");
+    v
+}
+
+/// SSE `/execute`: the stdout and stderr chunks joined, and the `done` event.
+fn sse(d: &Daemon, body: &Value) -> (String, String, Value) {
+    let mut s = d.connect();
+    let b = body.to_string();
+    write!(
+        s,
+        "POST /execute HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{b}",
+        b.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (mut out, mut err, mut done) = (String::new(), String::new(), Value::Null);
+    let mut event = String::new();
+    for line in text.lines() {
+        if let Some(e) = line.strip_prefix("event: ") {
+            event = e.to_string();
+        } else if let Some(data) = line.strip_prefix("data: ") {
+            let v: Value = serde_json::from_str(data).unwrap();
+            match event.as_str() {
+                "stdout" => out.push_str(v["chunk"].as_str().unwrap()),
+                "stderr" => err.push_str(v["chunk"].as_str().unwrap()),
+                "done" => done = v,
+                _ => {}
+            }
+        }
+    }
+    (out, err, done)
+}
+
+#[test]
+fn test_warm_and_cold_give_the_same_result() {
+    let warm = warm_daemon(POOL);
+    let cold = Daemon::start();
+    cold.wait_ready();
+    assert!(cold.get("/healthz").json().get("warmPool").is_none());
+    let cases = [
+        (
+            "success with files, stdin and args",
+            json!({"language": "python-slim", "code": "import sys, os\nimport helper\nprint(sys.argv, __name__, __file__ == os.path.abspath('main.py'))\nprint(helper.X, input(), sys.stdin.read())\nprint(sorted(os.listdir('.')), os.getcwd(), os.getuid())\ntry:\n    open('helper.py', 'a')\nexcept OSError as e:\n    print('read-only', e.errno in (13, 30))", "files": [{"name": "helper.py", "content": "X = 'from helper'"}, {"name": "data/in.txt", "content": "x"}], "stdin": "line one\nrest\n", "args": ["a", "b c"], "network": false}),
+        ),
+        (
+            "exception",
+            json!({"language": "python-slim", "code": "def f():\n    raise ValueError('bad')\nf()", "network": false}),
+        ),
+        (
+            "syntax error",
+            json!({"language": "python-slim", "code": "def (:", "network": false}),
+        ),
+        (
+            "sys.exit and threads joined at exit",
+            json!({"language": "python-slim", "code": "import sys, threading, time, atexit\natexit.register(lambda: print('atexit ran'))\nt = threading.Thread(target=lambda: (time.sleep(0.3), print('thread done')))\nt.start()\nsys.exit(3)", "network": false}),
+        ),
+        (
+            "exit with a message",
+            json!({"language": "python-slim", "code": "raise SystemExit('goodbye')", "network": false}),
+        ),
+        (
+            "timeout",
+            json!({"language": "python-slim", "code": "print('start', flush=True)\nwhile True: pass", "limits": {"wallTimeMs": 700}, "network": false}),
+        ),
+        (
+            "oom",
+            json!({"language": "python-slim", "code": "x = []\nwhile True: x.append(bytearray(16 << 20))", "network": false}),
+        ),
+        (
+            "truncation",
+            json!({"language": "python-slim", "code": "import sys\nprint('y' * 5000)\nprint('e' * 3000, file=sys.stderr)", "limits": {"outputBytes": 1024}, "network": false}),
+        ),
+        (
+            "network asked for while egress is off",
+            json!({"language": "python-slim", "code": "print(1)"}),
+        ),
+    ];
+    for (name, body) in &cases {
+        wait_ready(&warm, 2);
+        let before = hits(&warm);
+        let w = warm.execute(body.clone());
+        assert_eq!(hits(&warm), before + 1, "{name}: served warm");
+        let c = cold.execute(body.clone());
+        assert_eq!(
+            comparable(w.clone()),
+            comparable(c.clone()),
+            "{name}:\nwarm {w}\ncold {c}"
+        );
+    }
+    // The cases above really ran.
+    let ok = warm.execute(cases[0].1.clone());
+    assert_eq!(
+        ok["run"]["stdout"],
+        "['main.py', 'a', 'b c'] __main__ True\nfrom helper line one rest\n\n['data', 'helper.py', 'main.py'] /workspace 65534\nread-only True\n",
+        "{ok}"
+    );
+    // Streaming: the same chunks and the same done event.
+    let body = json!({"language": "python-slim", "code": "import sys, time\nfor i in range(3):\n    print(i, flush=True); print('e', i, file=sys.stderr, flush=True); time.sleep(0.1)\nsys.exit(2)", "network": false});
+    wait_ready(&warm, 2);
+    let before = hits(&warm);
+    let (wo, we, wd) = sse(&warm, &body);
+    assert_eq!(hits(&warm), before + 1);
+    let (co, ce, cd) = sse(&cold, &body);
+    assert_eq!((wo.as_str(), we.as_str()), ("0\n1\n2\n", "e 0\ne 1\ne 2\n"));
+    assert_eq!((wo, we), (co, ce));
+    assert_eq!(comparable(wd), comparable(cd));
+    warm.assert_clean_except_pool();
+    cold.assert_clean();
+    warm.stop();
+    cold.stop();
+}
+
+#[test]
+fn test_requests_a_pool_cannot_honour_start_cold() {
+    let d = warm_daemon(POOL);
+    wait_ready(&d, 2);
+    for body in [
+        // Not the runtime's default memory or pids: the pool booted with those.
+        json!({"language": "python-slim", "code": "print(1)", "limits": {"memoryBytes": 100_000_000}, "network": false}),
+        json!({"language": "python-slim", "code": "print(1)", "limits": {"pids": 8}, "network": false}),
+        // Another runtime.
+        json!({"language": "ruby", "code": "puts 1", "network": false}),
+    ] {
+        let v = d.execute(body.clone());
+        assert_eq!(v["run"]["exitCode"], 0, "{body}: {v}");
+        assert_eq!(v["run"]["stdout"], "1\n", "{body}: {v}");
+    }
+    let p = pool(&d);
+    assert_eq!(
+        (p["hits"].as_u64(), p["misses"].as_u64()),
+        (Some(0), Some(0)),
+        "{p}"
+    );
+    // A pooled run honours a different CPU quota and wall time (written at claim).
+    let v = d.execute(json!({"language": "python-slim", "code": "print(1)", "limits": {"cpus": 0.5, "wallTimeMs": 3000}, "network": false}));
+    assert_eq!(v["run"]["stdout"], "1\n", "{v}");
+    assert_eq!(pool(&d)["hits"], 1);
+    d.stop();
+}
+
+#[test]
+fn test_never_handed_out_twice_burst_drains_and_refills() {
+    let d = warm_daemon(POOL);
+    wait_ready(&d, 2);
+    // Each run leaves marks; a sandbox handed out twice would find them.
+    let code = "import os\nseen = [p for p in ('/tmp/mark', '/workspace/mark') if os.path.exists(p)]\nopen('/tmp/mark', 'w').write('x')\nopen('/workspace/mark', 'w').write('x')\nprint('seen', seen)";
+    for _ in 0..4 {
+        wait_ready(&d, 2);
+        let v = d.execute(json!({"language": "python-slim", "code": code, "network": false}));
+        assert_eq!(v["run"]["stdout"], "seen []\n", "{v}");
+    }
+    assert_eq!(hits(&d), 4);
+    // A burst of 4 at once drains the pool of 2: at least 2 hits and a cold start.
+    wait_ready(&d, 2);
+    let before = pool(&d);
+    let results: Vec<Value> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                sc.spawn(|| {
+                    d.execute(json!({"language": "python-slim", "code": code, "network": false}))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for v in &results {
+        assert_eq!(v["run"]["stdout"], "seen []\n", "{v}");
+    }
+    let after = pool(&d);
+    let dh = after["hits"].as_u64().unwrap() - before["hits"].as_u64().unwrap();
+    let dm = after["misses"].as_u64().unwrap() - before["misses"].as_u64().unwrap();
+    assert_eq!(dh + dm, 4, "{after}");
+    assert!(
+        dh >= 2 && dm >= 1,
+        "the burst drained the pool: {before} -> {after}"
+    );
+    // ...and it refills in the background.
+    wait_ready(&d, 2);
+    let p = pool(&d);
+    assert_eq!(p["failures"], 0, "{p}");
+    assert_eq!(
+        p["refills"].as_u64().unwrap(),
+        2 + p["hits"].as_u64().unwrap(),
+        "{p}"
+    );
+    d.assert_clean_except_pool();
+    d.stop();
+}
+
+#[test]
+fn test_pool_removed_at_shutdown_and_swept_after_a_crash() {
+    let instance = format!("isobox-warm{}", std::process::id());
+    let env = [
+        ("ISOBOX_WARM_POOL", POOL),
+        ("ISOBOX_INSTANCE", instance.as_str()),
+    ];
+    let mut d = Daemon::start_with(&env);
+    d.wait_ready();
+    wait_ready(&d, 2);
+    let old = d.pool_containers();
+    assert_eq!(old.len(), 2, "{old:?}");
+    // kill -9: the pooled sandboxes are orphans now.
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let d = Daemon::start_with(&env);
+    d.wait_ready();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = d.pool_containers();
+        if !now.iter().any(|c| old.contains(c)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "old pool not swept: {old:?} in {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The new instance fills its own pool, and a clean stop removes it (stop() checks
+    // the slice and the runsc root are gone).
+    wait_ready(&d, 2);
+    assert_eq!(d.pool_containers().len(), 2);
+    d.stop();
+}
