@@ -370,10 +370,64 @@ print('real end')"#;
         let r = exec(d2, &s, json!({"code": "print(1)"}));
         assert_eq!(r.status, 409, "{}", r.text());
         assert_eq!(r.json()["error"], "session_busy");
+        // A refused step does not touch the workspace the running one uses.
+        let r = exec(
+            d2,
+            &s,
+            json!({"code": "print(1)", "files": [{"name": "refused.txt", "content": "x"}]}),
+        );
+        assert_eq!(r.status, 409, "{}", r.text());
         // Deleting a session whose kernel runs a step: 409 too.
         assert_eq!(delete(d2, &s).status, 409);
         assert_eq!(h.join().unwrap()["run"]["stdout"], "slow\n");
     });
+    let v = step(
+        &d,
+        &s,
+        "import os; print(os.path.exists('/workspace/refused.txt'))",
+    );
+    assert_eq!(v["run"]["stdout"], "False\n", "{v}");
+    // A file that cannot be placed refuses the step (400) and frees the kernel.
+    step(&d, &s, "import os; os.makedirs('adir', exist_ok=True)");
+    let r = exec(
+        &d,
+        &s,
+        json!({"code": "print('ran')", "files": [{"name": "adir", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"], "invalid_path");
+    // A streaming client that stops reading and leaves does not cost the kernel: the
+    // step's output is still drained, the step ends, the kernel lives.
+    {
+        let body = json!({"code": "for i in range(20000):\n    print('x' * 200)\nprint('end')", "limits": {"wallTimeMs": 20000}}).to_string();
+        let mut c = d.connect();
+        write!(
+            c,
+            "POST /v1/sessions/{}/exec?stream=1 HTTP/1.1\r\nHost: t\r\nX-Session-Token: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            s.id, s.token, body.len()
+        )
+        .unwrap();
+        let mut first = [0u8; 256];
+        let _ = c.read(&mut first).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        drop(c);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = exec(&d, &s, json!({"code": "print('after the leaver')"}));
+        if r.status == 200 {
+            assert_eq!(
+                r.json()["run"]["stdout"],
+                "after the leaver\n",
+                "{}",
+                r.text()
+            );
+            break;
+        }
+        assert_eq!(r.status, 409, "{}", r.text());
+        assert!(Instant::now() < deadline, "the left step never ended");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // A kernel step has no stdin or args; a bad session type, a non-Python kernel and
     // `network` on a filesystem session are refused.
     for (body, code) in [
@@ -399,7 +453,18 @@ print('real end')"#;
         assert_eq!(r.json()["error"], "invalid_json", "{body}");
     }
     assert_eq!(step(&d, &s, "print('alive')")["run"]["stdout"], "alive\n");
-    assert_eq!(delete(&d, &s).status, 204);
+    // Two deletes at once: one ends the kernel and deletes (204), the other is told
+    // (409 while it is being deleted, or 404 once it is gone); both are answered.
+    let statuses: Vec<u16> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..2).map(|_| sc.spawn(|| delete(&d, &s).status)).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(statuses.contains(&204), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| [204, 404, 409].contains(s)),
+        "{statuses:?}"
+    );
+    assert_eq!(delete(&d, &s).status, 404);
     d.assert_clean();
     d.stop();
 }

@@ -101,8 +101,10 @@ def _user_site():
     try:
         us = site.getusersitepackages()
         if os.path.isdir(us) and us not in sys.path:
+            # Before the system's site-packages, as Python puts it; then its .pth files.
             at = next((i for i, p in enumerate(sys.path) if p.endswith("-packages")), len(sys.path))
             sys.path.insert(at, us)
+            site.addsitedir(us)
         importlib.invalidate_caches()
     except BaseException:
         pass
@@ -194,6 +196,9 @@ def _rich(value, arts):
     return False
 
 
+_SOURCES = []
+_SOURCE_BYTES = 0
+
 MAIN = types.ModuleType("__main__")
 MAIN.__dict__["__builtins__"] = builtins
 sys.modules["__main__"] = MAIN
@@ -206,6 +211,15 @@ def _step(code, n):
     _user_site()
     name = "<step %d>" % n
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    # Tracebacks show the source of recent steps; older sources are let go, so a long
+    # session's memory does not grow with all the code it was ever sent.
+    _SOURCES.append((name, len(code)))
+    global _SOURCE_BYTES
+    _SOURCE_BYTES += len(code)
+    while len(_SOURCES) > 1 and (len(_SOURCES) > 1000 or _SOURCE_BYTES > 8 << 20):
+        old, size = _SOURCES.pop(0)
+        _SOURCE_BYTES -= size
+        linecache.cache.pop(old, None)
     exit_code = 0
     has_value, value = False, None
     try:
@@ -243,6 +257,11 @@ def _serve():
             msg = _recv()
         except EOFError:
             return
+        except BaseException:
+            # A signal handler or a thread of an earlier step raised while we waited:
+            # not this harness's business. (A frame cut in half by it cannot be
+            # resynchronised: isoboxd ends the kernel when the next frame is invalid.)
+            continue
         if msg.get("op") != "exec":
             continue
         n += 1
@@ -255,10 +274,20 @@ def _serve():
             except BaseException:
                 pass
             exit_code, arts = 1, _Artifacts()
-        for a in arts.items:
-            a["ev"] = "artifact"
-            _send(a)
-        _send({"ev": "done", "exit": exit_code, "truncated": arts.truncated})
+        while True:
+            try:
+                for a in arts.items:
+                    a["ev"] = "artifact"
+                    _send(a)
+                arts.items = []
+                _send({"ev": "done", "exit": exit_code, "truncated": arts.truncated})
+                break
+            except InterruptedError:
+                continue
+            except BaseException:
+                # Interrupted mid-frame: the channel is out of step; isoboxd ends the
+                # kernel when it sees the broken frame.
+                raise
 
 
 _serve()

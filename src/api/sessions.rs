@@ -277,6 +277,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
         // flag, for its whole life.
         match sessions.acquire(&c.id, true, c.record.volume_id.as_deref()) {
             Ok(lease) => {
+                lease.no_touch_on_drop();
                 plan.workspace = Some(Arc::new(lease));
                 Outcome::KernelCreated(Ok(Box::new(super::KernelCreated {
                     session: c.id,
@@ -355,7 +356,7 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             return Outcome::Respond(session_error(&e));
         }
         if rec.kind == "kernel" {
-            return kernel_step(&sessions, id, plan, stream);
+            return kernel_step(id, plan, stream);
         }
         let lease = match sessions.acquire(&id, true, rec.volume_id.as_deref()) {
             Ok(l) => l,
@@ -389,14 +390,9 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
     }))
 }
 
-/// A kernel session's step: its files go into the workspace (the kernel holds it
-/// mounted), the code goes to the kernel.
-fn kernel_step(
-    sessions: &Sessions,
-    id: String,
-    mut plan: super::execute::ExecPlan,
-    stream: bool,
-) -> Outcome {
+/// A kernel session's step, checked: the reactor gives it to the kernel, which writes
+/// its files into the workspace first.
+fn kernel_step(id: String, mut plan: super::execute::ExecPlan, stream: bool) -> Outcome {
     let refuse = |why: &str| Outcome::Respond(Response::error(400, "invalid_json", Some(why)));
     if !plan.stdin.is_empty() {
         return refuse(
@@ -417,40 +413,44 @@ fn kernel_step(
         },
         None => String::new(),
     };
-    let to_write = if plan.code_given {
-        &files[1..]
-    } else {
-        &files[..]
-    };
-    if !to_write.is_empty() {
-        let placed = sessions
-            .acquire(&id, false, None)
-            .map_err(|e| session_error(&e))
-            .and_then(|lease| {
-                let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
-                for (name, bytes) in to_write {
-                    let rel = wfs::normalize(name.as_bytes()).map_err(|e| fs_error(&e))?;
-                    wfs::write_file(
-                        &root,
-                        &rel,
-                        bytes,
-                        workspace::WORKSPACE_UID,
-                        workspace::WORKSPACE_UID,
-                    )
-                    .map_err(|e| fs_error(&e))?;
-                }
-                Ok(())
-            });
-        if let Err(r) = placed {
-            return Outcome::Respond(r);
-        }
-    }
+    // The files are written only once the kernel has taken the step (a refused step
+    // must not touch the workspace a running one uses).
+    let skip = usize::from(plan.code_given);
+    plan.files = files.into_iter().skip(skip).collect();
     Outcome::KernelStep {
         session: id,
         plan: Box::new(plan),
         code,
         stream,
     }
+}
+
+/// Writes a kernel step's files into its session's workspace (a pool job, after the
+/// kernel took the step).
+///
+/// # Errors
+/// The response for a file that cannot be placed.
+pub fn write_step_files(
+    sessions: &Sessions,
+    id: &str,
+    files: &[(String, Vec<u8>)],
+) -> Result<(), Response> {
+    let lease = sessions
+        .acquire(id, false, None)
+        .map_err(|e| session_error(&e))?;
+    let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
+    for (name, bytes) in files {
+        let rel = wfs::normalize(name.as_bytes()).map_err(|e| fs_error(&e))?;
+        wfs::write_file(
+            &root,
+            &rel,
+            bytes,
+            workspace::WORKSPACE_UID,
+            workspace::WORKSPACE_UID,
+        )
+        .map_err(|e| fs_error(&e))?;
+    }
+    Ok(())
 }
 
 /// The path and format of a file API call.

@@ -144,6 +144,9 @@ pub struct Egress {
     ns_dir: PathBuf,
     resolv: PathBuf,
     verified: AtomicBool,
+    /// Failed checks so far (each cut every sandbox link): a long-lived sandbox whose
+    /// network predates a cut has none.
+    cuts: std::sync::atomic::AtomicU64,
     state: Mutex<State>,
     slots: Mutex<Vec<u64>>,
     /// Where the next slot search starts: round-robin, so a freed /30 (and whatever
@@ -278,6 +281,7 @@ impl Egress {
             ns_dir: net_dir.join("ns"),
             resolv: net_dir.join("resolv.conf"),
             verified: AtomicBool::new(false),
+            cuts: std::sync::atomic::AtomicU64::new(0),
             state: Mutex::new(if e.enabled {
                 State::Unverified("not yet programmed".into())
             } else {
@@ -291,6 +295,11 @@ impl Egress {
     /// Whether runs may get a network right now.
     pub fn verified(&self) -> bool {
         self.verified.load(Ordering::Acquire)
+    }
+
+    /// How many failed checks have cut the sandboxes' links so far.
+    pub fn cuts(&self) -> u64 {
+        self.cuts.load(Ordering::Acquire)
     }
 
     /// The state for `/readyz`.
@@ -317,6 +326,7 @@ impl Egress {
             // is idempotent. The flag is cleared first, so a lease being built either
             // sees it cleared or has its link cut here (see `lease`).
             self.verified.store(false, Ordering::Release);
+            self.cuts.fetch_add(1, Ordering::AcqRel);
             self.cut_links();
         }
         if let Ok(mut cur) = self.state.lock() {

@@ -105,6 +105,17 @@ pub enum Completion {
         /// The sandbox, ready for a claim.
         result: Result<Box<Spawned>, SandboxError>,
     },
+    /// A kernel step's files were written (or could not be).
+    KernelFiles {
+        /// Kernel key.
+        kernel: usize,
+        /// Kernel serial.
+        serial: u64,
+        /// The step's run key.
+        run: usize,
+        /// The refusal, when a file could not be placed.
+        result: Result<(), Response>,
+    },
     /// A kernel's `runsc run` was reaped.
     KernelReaped {
         /// Kernel key.
@@ -416,6 +427,12 @@ impl Daemon {
                 serial,
                 cleanup,
             } => self.kernel_reaped(kernel, serial, cleanup),
+            Completion::KernelFiles {
+                kernel,
+                serial,
+                run,
+                result,
+            } => self.kernel_files_written(kernel, serial, run, result),
             Completion::EgressChecked => {
                 self.egress_running = false;
                 if self.egress_dirty {
@@ -793,7 +810,7 @@ impl Daemon {
                     "a step ran past its wall time ({} ms)",
                     run.plan.limits.wall_time_ms
                 )
-            } else if run.cancelled {
+            } else if self.app.shutting_down {
                 "the daemon is shutting down".to_string()
             } else {
                 "a step wrote far past its output cap".to_string()
@@ -827,6 +844,11 @@ impl Daemon {
         run.cancelled = true;
         if run.kernel.is_some() {
             // The step finishes (its wall time bounds it); the kernel and its state live on.
+            // Nobody reads the stream now: keep draining the pipes, or a paused step
+            // would block on a full pipe until its wall time ended the kernel.
+            run.paused = false;
+            self.run_pipe_event(rk, false);
+            self.run_pipe_event(rk, true);
             return;
         }
         if run.state == State::Running {
@@ -1056,7 +1078,7 @@ impl Daemon {
     }
 
     /// Sends the last event and the terminating chunk; the connection reads heads again.
-    fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
+    pub(super) fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
         self.conn_send_chunked(ck, frame);
         let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         let Some(c) = self.conns.get_mut(ck) else {

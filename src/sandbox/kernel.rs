@@ -89,6 +89,10 @@ pub struct Kernel {
     exited: bool,
     /// The harness closed the control channel.
     ctl_closed: bool,
+    /// Egress cuts when its network was made: a later cut took its link.
+    net_cuts: u64,
+    /// A step's exec frame, held while its files are written.
+    pending: Option<Vec<u8>>,
     /// Artifact frames in the current step (the harness sends at most 8: more is a
     /// broken protocol, and would only cost the event loop parsing time).
     step_artifacts: usize,
@@ -173,6 +177,9 @@ impl Daemon {
             )
         } else if self.app.kernels_used >= self.cfg.kernels_max {
             Some(too_many_kernels(self.cfg.kernels_max))
+        } else if !self.conn_waiting(ck, cserial, false) {
+            // The creator left: nobody has the token, so no kernel; the session goes.
+            Some(Response::error(503, "client_closed", None))
         } else {
             None
         };
@@ -209,6 +216,8 @@ impl Daemon {
             killing: false,
             exited: false,
             ctl_closed: false,
+            net_cuts: self.backend.egress.as_ref().map_or(0, |e| e.cuts()),
+            pending: None,
             step_artifacts: 0,
             idle_limit: idle,
             last_used: Instant::now(),
@@ -255,7 +264,13 @@ impl Daemon {
                 return;
             }
         };
-        let Some(ctl) = s.ctl else {
+        let mut s = s;
+        let Some(ctl) = s.ctl.take() else {
+            let backend = Arc::clone(&self.backend);
+            self.submit_must(Box::new(move || {
+                backend.discard(s);
+                Completion::Done
+            }));
             self.kernel_remove(kk, "the kernel could not be started".into());
             return;
         };
@@ -315,6 +330,9 @@ impl Daemon {
         if !ok {
             crate::error_limited!("kernel={kk} op=register err=could not watch kernel fds");
             self.kernel_kill(kk, serial, "the kernel could not be started");
+            // Its exit may never be seen: reap it now (the reap waits for the kill).
+            self.kernel_exited(kk);
+            return;
         } else if killing {
             // Ended while it was being started.
             if let Some(k) = self.kernels.get_mut(kk) {
@@ -402,7 +420,15 @@ impl Daemon {
             let Some(k) = self.kernels.get_mut(kk) else {
                 return false;
             };
+            if k.killing {
+                // Being ended: what it still says changes nothing.
+                k.rbuf = Vec::new();
+                return false;
+            }
             if k.rbuf.len() < 4 {
+                if k.rbuf.capacity() > 1 << 20 {
+                    k.rbuf.shrink_to(64 << 10);
+                }
                 return true;
             }
             let n = u32::from_be_bytes([k.rbuf[0], k.rbuf[1], k.rbuf[2], k.rbuf[3]]) as usize;
@@ -611,9 +637,22 @@ impl Daemon {
         }
         let frame = serde_json::json!({"op": "exec", "code": code}).to_string();
         let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
-        k.wbuf.extend_from_slice(&len.to_be_bytes());
-        k.wbuf.extend_from_slice(frame.as_bytes());
-        let network = k.net.is_some();
+        let mut bytes = len.to_be_bytes().to_vec();
+        bytes.extend_from_slice(frame.as_bytes());
+        let files = std::mem::take(&mut plan.files);
+        if files.is_empty() {
+            k.wbuf.extend_from_slice(&bytes);
+        } else {
+            k.pending = Some(bytes);
+        }
+        // Its link went with any failed egress check since it was made; it runs
+        // offline then, and the step says so.
+        let network = k.net.is_some()
+            && self
+                .backend
+                .egress
+                .as_ref()
+                .is_some_and(|e| e.cuts() == k.net_cuts);
         let kserial = k.serial;
         let wall = Duration::from_millis(plan.limits.wall_time_ms);
         self.run_serial += 1;
@@ -662,16 +701,81 @@ impl Daemon {
         }
         if let Some(k) = self.kernels.get_mut(kk) {
             k.state = KState::Busy(rk);
-            // The idle timer sleeps while a step runs.
-            k.timer_gen = 0;
         }
         self.app.in_flight += 1;
-        self.arm_step(rk, now + wall);
         self.run_attach(ck, rk, stream);
-        self.kernel_flush(kk);
+        if files.is_empty() {
+            self.arm_step(rk, now + wall);
+            self.kernel_flush(kk);
+        } else {
+            let sessions = Arc::clone(&self.app.sessions);
+            let session = session.to_string();
+            self.submit_must(Box::new(move || Completion::KernelFiles {
+                kernel: kk,
+                serial: kserial,
+                run: rk,
+                result: crate::api::sessions::write_step_files(&sessions, &session, &files),
+            }));
+        }
         // Output may already wait in the pipes with no edge to come.
         self.run_pipe_event(rk, false);
         self.run_pipe_event(rk, true);
+    }
+
+    /// A step's files are in place: hand its code to the kernel (or refuse the step).
+    pub(crate) fn kernel_files_written(
+        &mut self,
+        kk: usize,
+        serial: u64,
+        rk: usize,
+        result: Result<(), Response>,
+    ) {
+        let Some(k) = self.kernels.get_mut(kk).filter(|k| k.serial == serial) else {
+            return;
+        };
+        if k.state != KState::Busy(rk) || k.killing {
+            return;
+        }
+        let Some(frame) = k.pending.take() else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                k.wbuf.extend_from_slice(&frame);
+                let wall = self.runs.get(rk).map_or(0, |r| r.plan.limits.wall_time_ms);
+                if let Some(run) = self.runs.get_mut(rk) {
+                    run.program_started = Some(Instant::now());
+                }
+                self.arm_step(rk, Instant::now() + Duration::from_millis(wall));
+                self.kernel_flush(kk);
+            }
+            Err(resp) => {
+                // Nothing ran: the kernel is free again, and the client hears why.
+                self.kernel_take_pipes(kk, rk);
+                if let Some(k) = self.kernels.get_mut(kk) {
+                    k.state = KState::Idle;
+                }
+                let Some(run) = self.runs.try_remove(rk) else {
+                    return;
+                };
+                self.app.in_flight -= 1;
+                let Some((ck, cserial)) = run.conn else {
+                    return;
+                };
+                if self.conns.get(ck).is_none_or(|c| c.serial != cserial) {
+                    return;
+                }
+                if run.stream {
+                    let mut frame = Vec::new();
+                    let detail = String::from_utf8_lossy(&resp.body).into_owned();
+                    crate::http::sse::write_event(&mut frame, "error", &detail);
+                    self.finish_stream(ck, &frame);
+                } else {
+                    self.respond(ck, resp);
+                }
+                self.conn_pump(ck);
+            }
+        }
     }
 
     fn arm_step(&mut self, rk: usize, at: Instant) {
@@ -713,7 +817,6 @@ impl Daemon {
         }
         self.run_pipe_event_final(rk);
         self.kernel_take_pipes(kk, rk);
-        let gen = self.next_timer_gen();
         let Some(k) = self.kernels.get_mut(kk) else {
             return;
         };
@@ -723,18 +826,22 @@ impl Daemon {
         }
         k.state = KState::Idle;
         k.last_used = Instant::now();
-        k.timer_gen = gen;
         if let Some(l) = &k.plan.workspace {
             l.touch();
         }
-        let at = k.last_used + k.idle_limit;
-        self.timers.insert(at, TimerKey::Kernel(kk, gen));
+        // The idle timer armed at ready re-arms itself from `last_used`: one pending
+        // timer per kernel, however many steps it runs.
+        let serial = k.serial;
         let Some(run) = self.runs.try_remove(rk) else {
             return;
         };
         self.app.in_flight -= 1;
         let exit_code = i32::try_from(exit.clamp(0, 255)).unwrap_or(1);
         self.kernel_deliver(run, exit_code, false, false, truncated);
+        if self.app.shutting_down {
+            // Its step was what the shutdown waited for.
+            self.kernel_kill(kk, serial, "the daemon is shutting down");
+        }
     }
 
     /// Sends a finished step's result.
@@ -776,7 +883,7 @@ impl Daemon {
             // Still being spawned: killed once it is (kernel_spawned).
             return;
         };
-        log::info!("kernel={} session={} ending: {}", k.id, k.session, why);
+        log::debug!("kernel={} session={} ending: {}", k.id, k.session, why);
         let runsc_pid = k.child.as_ref().and_then(|c| i32::try_from(c.id()).ok());
         let backend = Arc::clone(&self.backend);
         self.submit_must(Box::new(move || {
@@ -1008,6 +1115,16 @@ impl Daemon {
                     crate::api::sessions::session_error(&crate::workspace::SessionError::Busy),
                 );
             }
+            _ if k.delete.is_some() => {
+                self.respond(
+                    ck,
+                    Response::error(
+                        409,
+                        "session_busy",
+                        Some("the session is being deleted already"),
+                    ),
+                );
+            }
             _ => {
                 k.delete = Some(Some((ck, cserial)));
                 let serial = k.serial;
@@ -1038,7 +1155,12 @@ impl Daemon {
                 let at = k.last_used + k.idle_limit;
                 self.timers.insert(at, TimerKey::Kernel(kk, gen));
             }
-            _ => {}
+            KState::Busy(_) => {
+                // A step runs: look again one idle limit after it could have ended.
+                let at = Instant::now() + k.idle_limit;
+                self.timers.insert(at, TimerKey::Kernel(kk, gen));
+            }
+            KState::Spawning => {}
         }
     }
 

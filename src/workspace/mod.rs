@@ -135,6 +135,8 @@ pub struct Lease {
     step: bool,
     /// The step flag was already given back ([`Lease::end_step`]).
     step_ended: AtomicBool,
+    /// Dropping it counts as a use (not for a kernel's lease: its steps touch it).
+    touch_on_drop: AtomicBool,
     volume: Option<PathBuf>,
 }
 
@@ -163,6 +165,11 @@ impl Lease {
         }
     }
 
+    /// The lease's end is not a use (a kernel's: the idle time counts from its last step).
+    pub fn no_touch_on_drop(&self) {
+        self.touch_on_drop.store(false, Ordering::Relaxed);
+    }
+
     /// Records a use now (a kernel's step: the kernel holds one lease for its life).
     pub fn touch(&self) {
         self.live.last_used_ms.store(now_ms(), Ordering::Relaxed);
@@ -178,8 +185,10 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.live.last_used_ms.store(now_ms(), Ordering::Relaxed);
-        self.live.dirty.store(true, Ordering::Relaxed);
+        if self.touch_on_drop.load(Ordering::Relaxed) {
+            self.live.last_used_ms.store(now_ms(), Ordering::Relaxed);
+            self.live.dirty.store(true, Ordering::Relaxed);
+        }
         self.end_step();
         self.live.users.fetch_sub(1, Ordering::AcqRel);
     }
@@ -510,6 +519,7 @@ impl Sessions {
             mount: mount.clone(),
             step: false,
             step_ended: AtomicBool::new(false),
+            touch_on_drop: AtomicBool::new(true),
             volume: None,
         };
         if step {
