@@ -55,6 +55,7 @@ echo
 python3 bench/load/kv.py || rc=1; echo
 python3 bench/load/egress.py || rc=1; echo
 python3 bench/load/kernel.py || rc=1; echo
+python3 bench/load/warm.py || rc=1; echo
 cargo bench --bench store || rc=1
 
 # Nothing of ours may be left running.
