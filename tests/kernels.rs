@@ -744,3 +744,74 @@ fn test_writing_to_the_harness_channel_ends_only_that_kernel() {
     d.assert_clean();
     d.stop();
 }
+
+#[test]
+fn test_kill_9_with_kernels_then_restart_sweeps_them() {
+    let instance = format!("isobox-kern{}", std::process::id());
+    let env = [("ISOBOX_INSTANCE", instance.as_str())];
+    let mut d = Daemon::start_with(&env);
+    d.wait_ready();
+    let idle = kernel(&d);
+    step(&d, &idle, "x = 1");
+    let busy = kernel(&d);
+    // One kernel mid-step when the daemon dies.
+    let (id, token, addr) = (busy.id.clone(), busy.token.clone(), d.addr);
+    let h = std::thread::spawn(move || {
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        let body = json!({"code": "import time; time.sleep(30)", "limits": {"wallTimeMs": 60000}})
+            .to_string();
+        write!(
+            c,
+            "POST /v1/sessions/{id}/exec HTTP/1.1\r\nHost: t\r\nX-Session-Token: {token}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut buf = Vec::new();
+        let _ = c.read_to_end(&mut buf);
+        buf
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let old: Vec<String> = d
+        .leftovers()
+        .into_iter()
+        .filter(|l| l.starts_with("container "))
+        .collect();
+    assert_eq!(old.len(), 2, "two kernels running: {old:?}");
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The in-flight client sees its connection closed, with no answer.
+    assert!(h.join().unwrap().is_empty());
+    let d = Daemon::start_with(&env);
+    d.wait_ready();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = d.leftovers();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not swept after the restart: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Both sessions survive without their kernels, and say why; slots are free.
+    for s in [&idle, &busy] {
+        let r = exec(&d, s, json!({"code": "print(1)"}));
+        assert_eq!(r.status, 410, "{}", r.text());
+        assert!(
+            r.json()["detail"].as_str().unwrap().contains("restarted"),
+            "{}",
+            r.text()
+        );
+    }
+    assert_eq!(kernels_used(&d), 0);
+    let fresh = kernel(&d);
+    assert_eq!(step(&d, &fresh, "print(2)")["run"]["stdout"], "2\n");
+    for s in [&idle, &busy, &fresh] {
+        assert_eq!(delete(&d, s).status, 204);
+    }
+    d.assert_clean();
+    d.stop();
+}
