@@ -258,8 +258,8 @@ pub const SETTINGS: &[Setting] = &[
     Setting {
         flag: "--warm-pool",
         env: "ISOBOX_WARM_POOL",
-        default: "python=2,python-slim=1",
-        help: "sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python runtimes; empty or `off` disables): each serves one offline /execute with the runtime's default memory and pids",
+        default: "python=2,python-slim=1,javascript=1",
+        help: "sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python and JavaScript runtimes; empty or `off` disables): each serves one offline /execute with the runtime's default memory and pids",
     },
     Setting {
         flag: "--kernels-max",
@@ -566,7 +566,7 @@ impl Config {
             warm_pool: parse_warm_pool(
                 get("ISOBOX_WARM_POOL")
                     .as_deref()
-                    .unwrap_or("python=2,python-slim=1"),
+                    .unwrap_or("python=2,python-slim=1,javascript=1"),
             )?,
             kernel_idle_sec: parse_or(
                 "ISOBOX_KERNEL_IDLE_SEC",

@@ -23,10 +23,15 @@ fn pool(d: &Daemon) -> Value {
 
 /// Waits until the python-slim pool holds `n` ready sandboxes.
 fn wait_ready(d: &Daemon, n: u64) {
+    wait_ready_of(d, "python-slim", n)
+}
+
+/// Waits until `runtime`'s pool holds `n` ready sandboxes.
+fn wait_ready_of(d: &Daemon, runtime: &str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let p = pool(d);
-        if p["runtimes"]["python-slim"]["ready"].as_u64() == Some(n) {
+        if p["runtimes"][runtime]["ready"].as_u64() == Some(n) {
             return;
         }
         assert!(
@@ -270,4 +275,55 @@ fn test_pool_removed_at_shutdown_and_swept_after_a_crash() {
     wait_ready(&d, 2);
     assert_eq!(d.pool_containers().len(), 2);
     d.stop();
+}
+
+#[test]
+fn test_javascript_warm_and_cold_give_the_same_result() {
+    let warm = warm_daemon("javascript=1");
+    let cold = Daemon::start();
+    cold.wait_ready();
+    let cases = [
+        (
+            "success with files, stdin and args",
+            json!({"language": "javascript", "code": "const h = require('./helper');\nconsole.log(process.argv.slice(2), require.main === module, __filename, h.X);\nconsole.log(require('fs').readdirSync('.').sort(), process.cwd(), process.getuid());\ntry { require('fs').appendFileSync('helper.js', 'x'); } catch (e) { console.log('read-only', e.code === 'EROFS' || e.code === 'EACCES'); }\nlet d = ''; process.stdin.on('data', c => d += c); process.stdin.on('end', () => console.log('stdin', JSON.stringify(d)));", "files": [{"name": "helper.js", "content": "exports.X = 'from helper';"}], "stdin": "line one\nrest\n", "args": ["a", "b c"], "network": false}),
+        ),
+        (
+            "uncaught exception",
+            json!({"language": "javascript", "code": "function f() { throw new Error('bad'); }\nf();", "network": false}),
+        ),
+        (
+            "exit code",
+            json!({"language": "javascript", "code": "console.log('bye'); process.exit(3);", "network": false}),
+        ),
+        (
+            "timeout",
+            json!({"language": "javascript", "code": "console.log('start'); while (true) {}", "limits": {"wallTimeMs": 1500}, "network": false}),
+        ),
+        (
+            "truncation",
+            json!({"language": "javascript", "code": "console.log('y'.repeat(5000)); console.error('e'.repeat(3000));", "limits": {"outputBytes": 1024}, "network": false}),
+        ),
+    ];
+    for (name, body) in &cases {
+        wait_ready_of(&warm, "javascript", 1);
+        let before = hits(&warm);
+        let w = warm.execute(body.clone());
+        assert_eq!(hits(&warm), before + 1, "{name}: served warm");
+        let c = cold.execute(body.clone());
+        assert_eq!(
+            comparable(w.clone()),
+            comparable(c.clone()),
+            "{name}:\nwarm {w}\ncold {c}"
+        );
+    }
+    let ok = warm.execute(cases[0].1.clone());
+    assert_eq!(
+        ok["run"]["stdout"],
+        "[ 'a', 'b c' ] true /workspace/main.js from helper\n[ 'helper.js', 'main.js' ] /workspace 65534\nread-only true\nstdin \"line one\\nrest\\n\"\n",
+        "{ok}"
+    );
+    warm.assert_clean_except_pool();
+    cold.assert_clean();
+    warm.stop();
+    cold.stop();
 }

@@ -7,7 +7,7 @@ tree is built), at concurrency 1, 4 and 16, each of:
   native       chroot ROOTFS INTERPRETER -c/-e PROGRAM      (bench/load/execute.py)
   bare runsc   runsc run of the same bundle isoboxd writes  (bench/load/execute.py)
   cold         POST /execute on an isoboxd with ISOBOX_WARM_POOL=off
-  warm         POST /execute on an isoboxd with ISOBOX_WARM_POOL=python-slim=POOL,
+  warm         POST /execute on an isoboxd with ISOBOX_WARM_POOL=python-slim=POOL,javascript=POOL,
                back to back (sustained: the pool drains when refills cannot keep up)
   warm idle    the same at concurrency 1, waiting (untimed) before each run until the
                pool is full again: what a request sees after a pause
@@ -18,7 +18,7 @@ until it has refilled, so the refill's CPU is inside the block's CPU figure. Col
 p50 and p99 latency (ms, connect to last byte), sustained runs/s (runs / wall time of
 the block), CPU seconds per execution (the whole host's, from /proc/stat, over the
 block, refill included), and for warm the pool's hits in the block. Ratios to native
-and to bare runsc follow. JavaScript has no pool: its warm row is absent.
+and to bare runsc follow.
 
 Usage (root): python3 bench/load/warm.py [--runs 40] [--pool 2]
 """
@@ -61,7 +61,7 @@ def wait_pool(d, n, timeout=120):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         w = health(d).get("warmPool", {})
-        if w.get("runtimes", {}).get("python-slim", {}).get("ready") == n:
+        if all(r.get("ready") == n for r in w.get("runtimes", {}).values()):
             return w
         time.sleep(0.05)
     raise ex.Failure(f"pool did not reach {n}: {health(d).get('warmPool')}")
@@ -119,7 +119,7 @@ def main():
     args = ap.parse_args()
     daemons, problems, results = [], [], {}
     try:
-        warm = start("isobox-bench-warm", f"python-slim={args.pool}")
+        warm = start("isobox-bench-warm", f"python-slim={args.pool},javascript={args.pool}")
         daemons.append(warm)
         cold = start("isobox-bench-cold", "off")
         daemons.append(cold)
@@ -128,7 +128,7 @@ def main():
         wait_pool(warm, args.pool)
         rts = ex.runtimes_to_bench()
         print(
-            f"== warm pool: /execute hello world, {args.runs} runs per block, pool python-slim={args.pool}; "
+            f"== warm pool: /execute hello world, {args.runs} runs per block, pools python-slim={args.pool} and javascript={args.pool}; "
             f"load average before: {ex.loadavg()}"
         )
         print(f"{'runtime':<12} {'mode':<11} {'c':>3} {'ok':>4} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>7} {'cpu s':>7}")
@@ -136,7 +136,7 @@ def main():
             for conc in (1, 4, 16):
                 runs = max(args.runs, conc * 2)
                 modes = [("native", ex.run_native, None, None), ("bare runsc", ex.run_bare_runsc, None, None), ("cold", via(cold), None, None)]
-                if rt["language"] == "python-slim":
+                if rt["language"] in ("python-slim", "javascript"):
                     hits0 = {}
 
                     def before(hits0=hits0):

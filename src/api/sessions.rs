@@ -235,6 +235,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             limits: crate::sandbox::limits::RequestedLimits::default().resolve(&rt.desc.limits),
             network_requested: b.network.unwrap_or(true),
             code_given: false,
+            preload: None,
             workspace: None,
         }))
     } else {

@@ -325,10 +325,9 @@ impl Daemon {
                 log::warn!("warm pool: {name} is not an installed runtime; no pool for it");
                 continue;
             };
-            let run = &rt.desc.run;
-            if rt.desc.compiled || run.len() != 2 || !run[0].ends_with("/python3") {
+            if crate::sandbox::warm::kind(&rt.desc).is_none() {
                 return Err(io_err("ISOBOX_WARM_POOL")(io::Error::other(format!(
-                    "{name}: warm pools exist for Python runtimes only"
+                    "{name}: warm pools exist for Python and JavaScript (node) runtimes only"
                 ))));
             }
             targets.push((rt.desc.language.clone(), *n));

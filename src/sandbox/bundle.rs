@@ -61,6 +61,23 @@ pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf, S
     Ok(src)
 }
 
+/// Writes a warm-pool preload harness as `dir/warm/warm.js` (bound at /opt/isobox-warm).
+///
+/// # Errors
+/// [`SandboxError::Bundle`] on any I/O error.
+pub fn write_preload(dir: &Path, code: &str) -> Result<(), SandboxError> {
+    let d = dir.join("warm");
+    let wrap = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SandboxError::Bundle { path, source }
+    };
+    fs::create_dir(&d).map_err(wrap(&d))?;
+    fs::write(d.join("warm.js"), code).map_err(wrap(&d))?;
+    set_tree_readable(&d).map_err(wrap(&d))?;
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(d.join("warm.js"), fs::Permissions::from_mode(0o644)).map_err(wrap(&d))
+}
+
 use std::os::unix::fs::DirBuilderExt;
 
 fn set_tree_readable(dir: &Path) -> std::io::Result<()> {
@@ -111,6 +128,13 @@ pub fn config(
         mounts.push(tmpfs("/workspace", mem));
         for top in top_level_entries(&plan.files) {
             mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
+        }
+    }
+    // A pooled node sandbox's preload harness, outside /workspace and /tmp (a
+    // debootstrap tree's /opt is empty), so the program's own directories look as cold.
+    if plan.preload.is_some() {
+        if let Some(dir) = src_dir.parent() {
+            mounts.push(json!({"destination": "/opt/isobox-warm", "type": "bind", "source": dir.join("warm"), "options": ["rbind", "ro", "nosuid", "nodev"]}));
         }
     }
     // A networked run joins the namespace built for it, with our resolvers; an offline

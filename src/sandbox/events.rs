@@ -325,9 +325,11 @@ impl Daemon {
         let job_handoff = Arc::clone(&handoff);
         let job = Box::new(move || {
             let warm = job_handoff.lock().unwrap_or_else(|p| p.into_inner()).take();
+            // The harness gets the program's argv from its source file on.
+            let at = plan_for_job.runtime.desc.run.len().saturating_sub(1);
             let claimed =
                 warm.and_then(
-                    |w| match backend.claim_warm(*w, &plan_for_job, &argv[1..]) {
+                    |w| match backend.claim_warm(*w, &plan_for_job, &argv[at..]) {
                         Ok(s) => Some(s),
                         Err(e) => {
                             crate::warn_limited!("run={id} op=warm-claim err={e}; starting cold");

@@ -106,7 +106,12 @@ impl Backend {
         } else {
             &plan.files
         };
-        let src = match bundle::write_files(&dir, files) {
+        let src = match bundle::write_files(&dir, files).and_then(|s| {
+            if let Some(code) = plan.preload {
+                bundle::write_preload(&dir, code)?;
+            }
+            Ok(s)
+        }) {
             Ok(s) => s,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -462,6 +467,7 @@ impl Backend {
             },
             network_requested: false,
             code_given: false,
+            preload: None,
             workspace: None,
         };
         let s = self

@@ -27,6 +27,32 @@ use std::time::{Duration, Instant};
 
 /// The Python harness, run as `python3 -c`.
 pub const PYTHON_HARNESS: &str = include_str!("../../runtimes/warm/python.py");
+/// The node harness, preloaded with `node -r` before the runtime's own launcher.
+pub const NODE_PRELOAD: &str = include_str!("../../runtimes/warm/node.js");
+/// Where a pooled node sandbox finds [`NODE_PRELOAD`].
+const NODE_PRELOAD_PATH: &str = "/opt/isobox-warm/warm.js";
+
+/// How a runtime's pooled sandboxes hold their interpreter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `python3 -c HARNESS`: the program runs in the harness's interpreter.
+    Python,
+    /// `node -r PRELOAD <the runtime's argv>`: the launcher runs after the claim.
+    Node,
+}
+
+/// Whether (and how) `desc` can have a warm pool: an interpreted runtime whose argv
+/// ends with its source file, run by `python3` or `node`.
+pub fn kind(desc: &crate::runtimes::Descriptor) -> Option<Kind> {
+    if desc.compiled || desc.run.last() != Some(&desc.source_file) {
+        return None;
+    }
+    match desc.run.first().and_then(|p| p.rsplit('/').next()) {
+        Some("python3") if desc.run.len() == 2 => Some(Kind::Python),
+        Some("node") => Some(Kind::Node),
+        _ => None,
+    }
+}
 /// A pooled sandbox must say it is ready within this.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 /// After a failed boot, refills of that runtime pause this long.
@@ -91,7 +117,7 @@ impl WarmPool {
 fn eligible(plan: &ExecPlan, offline_anyway: bool) -> bool {
     let desc = &plan.runtime.desc;
     let d = boot_plan(plan.runtime.clone()).limits;
-    is_python(desc)
+    kind(desc).is_some()
         && !desc.compiled
         && plan.workspace.is_none()
         && (!plan.network_requested || offline_anyway)
@@ -99,18 +125,10 @@ fn eligible(plan: &ExecPlan, offline_anyway: bool) -> bool {
         && plan.limits.pids == d.pids
 }
 
-fn is_python(desc: &crate::runtimes::Descriptor) -> bool {
-    desc.run.len() == 2
-        && desc
-            .run
-            .first()
-            .and_then(|p| p.rsplit('/').next())
-            .is_some_and(|b| b == "python3")
-}
-
 /// What a pooled sandbox of `runtime` is booted with: the runtime's defaults, offline.
 fn boot_plan(runtime: crate::runtimes::Runtime) -> ExecPlan {
     let limits = crate::sandbox::limits::RequestedLimits::default().resolve(&runtime.desc.limits);
+    let node = kind(&runtime.desc) == Some(Kind::Node);
     ExecPlan {
         runtime,
         files: Vec::new(),
@@ -120,6 +138,7 @@ fn boot_plan(runtime: crate::runtimes::Runtime) -> ExecPlan {
         limits,
         network_requested: false,
         code_given: false,
+        preload: node.then_some(NODE_PRELOAD),
         workspace: None,
     }
 }
@@ -148,7 +167,14 @@ impl Backend {
     ) -> Result<Spawned, SandboxError> {
         let plan = boot_plan(runtime);
         let desc = &plan.runtime.desc;
-        let argv = vec![desc.run[0].clone(), "-c".into(), PYTHON_HARNESS.into()];
+        let argv = match kind(desc) {
+            Some(Kind::Node) => {
+                let mut a = vec![desc.run[0].clone(), "-r".into(), NODE_PRELOAD_PATH.into()];
+                a.extend(desc.run[1..].iter().cloned());
+                a
+            }
+            _ => vec![desc.run[0].clone(), "-c".into(), PYTHON_HARNESS.into()],
+        };
         let mut s = self.spawn(id, &plan, argv, &desc.env, Stdin::Control)?;
         let ready = (|| {
             s.cgroup

@@ -1,0 +1,53 @@
+// isobox warm-pool harness for node runtimes: preloaded (`node -r`) in a sandbox booted
+// ahead of time, before the runtime's own `-e` launcher runs the program.
+//
+// fd 0 is a socket to isoboxd. This sends one frame (a 4-byte big-endian length, then
+// JSON) when node is ready, then blocks for the claim:
+//   {"files": [["main.js", "<base64>"], ...], "argv": ["main.js", "arg1", ...]}
+// writes the files into /workspace (read-only, like the cold path's bind mounts), sets
+// process.argv as `node ... main.js arg1 ...` would have it, and returns: node then runs
+// the runtime's launcher and the program exactly as on the cold path. Whatever follows
+// the frame on fd 0 is the program's stdin. One execution per sandbox.
+'use strict';
+const fs = require('fs');
+const path = require('path');
+
+function readExact(n) {
+  const buf = Buffer.alloc(n);
+  let off = 0;
+  while (off < n) {
+    let r;
+    try {
+      r = fs.readSync(0, buf, off, n - off, null);
+    } catch (e) {
+      if (e.code === 'EAGAIN') {
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5);
+        continue;
+      }
+      throw e;
+    }
+    if (r === 0) process.exit(0); // isoboxd discarded this sandbox
+    off += r;
+  }
+  return buf;
+}
+
+function send(obj) {
+  const body = Buffer.from(JSON.stringify(obj));
+  const head = Buffer.alloc(4);
+  head.writeUInt32BE(body.length, 0);
+  const all = Buffer.concat([head, body]);
+  let off = 0;
+  while (off < all.length) off += fs.writeSync(0, all, off);
+}
+
+send({ ev: 'ready' });
+const n = readExact(4).readUInt32BE(0);
+const msg = JSON.parse(readExact(n).toString('utf8'));
+for (const [name, data] of msg.files) {
+  const p = path.join('/workspace', name);
+  fs.mkdirSync(path.dirname(p), { recursive: true });
+  fs.writeFileSync(p, Buffer.from(data, 'base64'), { mode: 0o444, flag: 'wx' });
+}
+process.argv[1] = msg.argv[0];
+process.argv.push(...msg.argv.slice(1));
