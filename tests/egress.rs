@@ -1383,3 +1383,90 @@ fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
     assert_no_denied_hits(&fake, &d);
     finish(fake, d, true);
 }
+
+fn warm_pool(d: &Daemon) -> Value {
+    d.get("/healthz").json()["warmPool"].clone()
+}
+
+fn wait_pools(d: &Daemon, keys: &[&str]) {
+    poll("warm pools full", Duration::from_secs(60), || {
+        let p = warm_pool(d);
+        if keys
+            .iter()
+            .all(|k| p["runtimes"][*k]["ready"] == p["runtimes"][*k]["target"])
+        {
+            Ok(())
+        } else {
+            Err(p.to_string())
+        }
+    });
+}
+
+#[test]
+fn test_warm_pool_networked_sandboxes_are_filtered_and_never_stale() {
+    let (fake, d) = setup(&[
+        ("ISOBOX_WARM_POOL", "python-slim=1"),
+        ("ISOBOX_EGRESS_VERIFY_SEC", "3600"),
+    ]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    wait_pools(&d, &["python-slim", "python-slim+net"]);
+    let fetch = json!({"language": "python-slim", "code": "import urllib.request\ntry:\n    print('GOT', urllib.request.urlopen('http://198.51.100.7/', timeout=3).read().decode().strip())\nexcept Exception as e:\n    print('ERR', type(e).__name__)"});
+    let with_net = |net: bool| {
+        let mut b = fetch.clone();
+        b["network"] = json!(net);
+        b
+    };
+    // A networked request takes a networked pooled sandbox: filtered egress works.
+    let h0 = warm_pool(&d)["hits"].as_u64().unwrap();
+    let r = d.execute(with_net(true));
+    assert_eq!(
+        r["run"]["stdout"],
+        format!("GOT {}\n", PUBLIC_BODY.trim()),
+        "{r}"
+    );
+    assert_eq!(r["run"]["network"], true, "{r}");
+    assert_eq!(warm_pool(&d)["hits"].as_u64().unwrap(), h0 + 1);
+    // Still filtered from a pooled sandbox: metadata and SMTP blocked.
+    wait_pools(&d, &["python-slim+net"]);
+    let r = d.execute(json!({"language": "python-slim", "network": true, "code": "import socket\nfor a in [('169.254.169.254', 80), ('198.51.100.7', 25)]:\n    try:\n        socket.create_connection(a, timeout=2); print('OPEN', a)\n    except OSError:\n        print('blocked')"}));
+    assert_eq!(r["run"]["stdout"], "blocked\nblocked\n", "{r}");
+    // An offline request takes an offline one: nothing is reached.
+    wait_pools(&d, &["python-slim", "python-slim+net"]);
+    let h1 = warm_pool(&d)["hits"].as_u64().unwrap();
+    let r = d.execute(with_net(false));
+    assert_eq!(r["run"]["stdout"], "ERR URLError\n", "{r}");
+    assert_eq!(r["run"]["network"], false, "{r}");
+    assert_eq!(warm_pool(&d)["hits"].as_u64().unwrap(), h1 + 1);
+    // The table goes: pooled networked sandboxes lose their links; after the repair
+    // they are stale and never handed out (the run gets a fresh, working network).
+    wait_pools(&d, &["python-slim", "python-slim+net"]);
+    harness(&fake, &["nft", "delete", "table", "inet", &table(&d)]);
+    wait_egress(&d, "unverified", Duration::from_secs(10));
+    let r = d.execute(with_net(true));
+    assert_eq!(r["run"]["network"], false, "{r}");
+    assert_eq!(r["warning"], WARNING, "{r}");
+    let out = std::process::Command::new("kill")
+        .args(["-HUP", &d.pid().to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    wait_egress(&d, "verified", Duration::from_secs(10));
+    let r = d.execute(with_net(true));
+    assert_eq!(
+        r["run"]["stdout"],
+        format!("GOT {}\n", PUBLIC_BODY.trim()),
+        "{r}\nlog:\n{}",
+        d.log()
+    );
+    assert_eq!(r["run"]["network"], true, "{r}");
+    assert_no_denied_hits(&fake, &d);
+    d.assert_clean_except_pool();
+    // finish() checks links and namespaces; pooled sandboxes hold some until stop.
+    let (name, instance) = (table(&d), d.instance.clone());
+    d.stop();
+    let (exists, out) = fake.in_harness(&["nft", "list", "table", "inet", &name]);
+    assert!(!exists, "nft table inet {name} left after stop: {out}");
+    assert_eq!(fake.harness_links(), vec!["lo", "uplink0"], "links left");
+    assert!(nsfs_mounts(&instance).is_empty(), "namespaces left");
+    drop(fake);
+}

@@ -332,7 +332,7 @@ impl Daemon {
             }
             targets.push((rt.desc.language.clone(), *n));
         }
-        let warm = crate::sandbox::warm::WarmPool::new(targets);
+        let warm = crate::sandbox::warm::WarmPool::new(targets, cfg.egress.enabled);
         Ok(Daemon {
             cfg,
             poll,

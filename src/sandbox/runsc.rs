@@ -62,6 +62,9 @@ pub struct Spawned {
     /// A pooled sandbox claimed for this run: `started` is the hand-over, the
     /// interpreter was already running.
     pub warm: bool,
+    /// Egress cuts when its network was made (a pooled networked sandbox whose link a
+    /// later failed check cut is not handed out).
+    pub net_cuts: u64,
 }
 
 /// What the sandbox's stdin is.
@@ -251,6 +254,7 @@ impl Backend {
             net,
             ctl,
             warm: false,
+            net_cuts: 0,
         })
     }
 

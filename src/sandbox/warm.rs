@@ -55,14 +55,28 @@ pub fn kind(desc: &crate::runtimes::Descriptor) -> Option<Kind> {
 }
 /// A pooled sandbox must say it is ready within this.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Suffix of a runtime's networked pool.
+const NET_SUFFIX: &str = "+net";
+
+/// The pool a sandbox belongs to.
+fn pool_of(s: &Spawned, runtime: &str) -> String {
+    if s.net.is_some() {
+        format!("{runtime}{NET_SUFFIX}")
+    } else {
+        runtime.to_string()
+    }
+}
+
 /// After a failed boot, refills of that runtime pause this long.
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
 /// Pool state, owned by the reactor.
 #[derive(Default)]
 pub struct WarmPool {
-    /// Target size per runtime language.
+    /// Target size per runtime language (for each of its pools).
     targets: Vec<(String, usize)>,
+    /// Egress is on: each runtime also has a pool of networked sandboxes (`<name>+net`).
+    net: bool,
     ready: HashMap<String, VecDeque<Box<Spawned>>>,
     /// The runtime whose sandbox is booting (one at a time).
     booting: Option<String>,
@@ -79,10 +93,11 @@ pub struct WarmPool {
 }
 
 impl WarmPool {
-    /// A pool with these targets (runtime languages).
-    pub fn new(targets: Vec<(String, usize)>) -> WarmPool {
+    /// A pool with these targets (runtime languages); `net`: networked pools too.
+    pub fn new(targets: Vec<(String, usize)>, net: bool) -> WarmPool {
         WarmPool {
             targets: targets.into_iter().filter(|(_, n)| *n > 0).collect(),
+            net,
             ..Default::default()
         }
     }
@@ -92,12 +107,19 @@ impl WarmPool {
         !self.targets.is_empty()
     }
 
-    /// (runtime, ready, target) for each pooled runtime.
+    /// (pool, ready, target) for each pool: `<runtime>` (offline) and, with egress
+    /// on, `<runtime>+net`.
     pub fn occupancy(&self) -> Vec<(String, usize, usize)> {
-        self.targets
-            .iter()
-            .map(|(r, n)| (r.clone(), self.ready.get(r).map_or(0, VecDeque::len), *n))
-            .collect()
+        let mut out = Vec::new();
+        for (r, n) in &self.targets {
+            out.push((r.clone(), self.ready.get(r).map_or(0, VecDeque::len), *n));
+            if self.net {
+                let k = format!("{r}{NET_SUFFIX}");
+                let ready = self.ready.get(&k).map_or(0, VecDeque::len);
+                out.push((k, ready, *n));
+            }
+        }
+        out
     }
 
     /// No boot is in flight.
@@ -105,7 +127,11 @@ impl WarmPool {
         self.booting.is_none()
     }
 
-    fn target(&self, runtime: &str) -> usize {
+    fn target(&self, pool: &str) -> usize {
+        let runtime = pool.strip_suffix(NET_SUFFIX).unwrap_or(pool);
+        if runtime != pool && !self.net {
+            return 0;
+        }
         self.targets
             .iter()
             .find(|(r, _)| r == runtime)
@@ -114,19 +140,19 @@ impl WarmPool {
 }
 
 /// Whether `plan` runs exactly as it would cold in a sandbox booted by [`boot_plan`].
-fn eligible(plan: &ExecPlan, offline_anyway: bool) -> bool {
+fn eligible(plan: &ExecPlan) -> bool {
     let desc = &plan.runtime.desc;
-    let d = boot_plan(plan.runtime.clone()).limits;
+    let d = boot_plan(plan.runtime.clone(), false).limits;
     kind(desc).is_some()
         && !desc.compiled
         && plan.workspace.is_none()
-        && (!plan.network_requested || offline_anyway)
         && plan.limits.memory_bytes == d.memory_bytes
         && plan.limits.pids == d.pids
 }
 
-/// What a pooled sandbox of `runtime` is booted with: the runtime's defaults, offline.
-fn boot_plan(runtime: crate::runtimes::Runtime) -> ExecPlan {
+/// What a pooled sandbox of `runtime` is booted with: the runtime's defaults, offline or
+/// with filtered egress.
+fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> ExecPlan {
     let limits = crate::sandbox::limits::RequestedLimits::default().resolve(&runtime.desc.limits);
     let node = kind(&runtime.desc) == Some(Kind::Node);
     ExecPlan {
@@ -136,7 +162,7 @@ fn boot_plan(runtime: crate::runtimes::Runtime) -> ExecPlan {
         stdin: Vec::new(),
         args: Vec::new(),
         limits,
-        network_requested: false,
+        network_requested: network,
         code_given: false,
         preload: node.then_some(NODE_PRELOAD),
         workspace: None,
@@ -164,8 +190,11 @@ impl Backend {
         &self,
         id: &str,
         runtime: crate::runtimes::Runtime,
+        network: bool,
     ) -> Result<Spawned, SandboxError> {
-        let plan = boot_plan(runtime);
+        let plan = boot_plan(runtime, network);
+        // Read before the lease is made: a cut after it makes this sandbox stale.
+        let cuts = self.egress.as_ref().map_or(0, |e| e.cuts());
         let desc = &plan.runtime.desc;
         let argv = match kind(desc) {
             Some(Kind::Node) => {
@@ -176,7 +205,13 @@ impl Backend {
             _ => vec![desc.run[0].clone(), "-c".into(), PYTHON_HARNESS.into()],
         };
         let mut s = self.spawn(id, &plan, argv, &desc.env, Stdin::Control)?;
+        s.net_cuts = cuts;
         let ready = (|| {
+            if network && s.net.is_none() {
+                return Err(std::io::Error::other(
+                    "egress is not verified: no networked sandbox now",
+                ));
+            }
             s.cgroup
                 .set_cpu_low(true)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -304,10 +339,16 @@ impl Daemon {
             .occupancy()
             .into_iter()
             .find(|(r, ready, target)| {
-                ready < target && self.warm.retry_at.get(r).is_none_or(|t| now >= *t)
+                ready < target
+                    && self.warm.retry_at.get(r).is_none_or(|t| now >= *t)
+                    // A networked sandbox only while egress is verified.
+                    && (!r.ends_with(NET_SUFFIX)
+                        || self.backend.egress.as_ref().is_some_and(|e| e.verified()))
             });
         let Some((lang, _, _)) = next else { return };
-        let Some(rt) = self.app.runtimes.resolve(&lang).cloned() else {
+        let network = lang.ends_with(NET_SUFFIX);
+        let runtime = lang.strip_suffix(NET_SUFFIX).unwrap_or(&lang);
+        let Some(rt) = self.app.runtimes.resolve(runtime).cloned() else {
             return;
         };
         self.warm.serial += 1;
@@ -321,7 +362,7 @@ impl Daemon {
         let job_lang = lang.clone();
         let job = Box::new(move || Completion::WarmBooted {
             runtime: job_lang,
-            result: backend.boot_warm(&id, rt).map(Box::new),
+            result: backend.boot_warm(&id, rt, network).map(Box::new),
         });
         if self.pool.submit(job).is_ok() {
             self.warm.booting = Some(lang);
@@ -362,14 +403,34 @@ impl Daemon {
     /// A pooled sandbox for `plan`, if one may serve it; counts hits and misses.
     pub(crate) fn warm_take(&mut self, plan: &ExecPlan) -> Option<Box<Spawned>> {
         let lang = &plan.runtime.desc.language;
-        if self.warm.target(lang) == 0 {
+        if self.warm.target(lang) == 0 || !eligible(plan) {
             return None;
         }
-        let offline_anyway = self.backend.egress.as_ref().is_none_or(|e| !e.verified());
-        if !eligible(plan, offline_anyway) {
-            return None;
+        // The run gets network only if egress is verified now (as a cold run would);
+        // then only a networked sandbox whose link no failed check has cut will do.
+        let egress = self.backend.egress.clone();
+        let networked = plan.network_requested && egress.as_ref().is_some_and(|e| e.verified());
+        let key = if networked {
+            format!("{lang}{NET_SUFFIX}")
+        } else {
+            lang.clone()
+        };
+        let mut s = None;
+        let mut stale = Vec::new();
+        while let Some(c) = self.warm.ready.get_mut(&key).and_then(VecDeque::pop_front) {
+            if !networked || egress.as_ref().is_some_and(|e| e.cuts() == c.net_cuts) {
+                s = Some(c);
+                break;
+            }
+            stale.push(c);
         }
-        let s = self.warm.ready.get_mut(lang).and_then(VecDeque::pop_front);
+        for c in stale {
+            let backend = Arc::clone(&self.backend);
+            self.submit_must(Box::new(move || {
+                backend.discard(*c);
+                Completion::Done
+            }));
+        }
         if s.is_some() {
             self.warm.hits += 1;
         } else {
@@ -382,11 +443,8 @@ impl Daemon {
     /// Puts back a sandbox taken for a run that could not be queued.
     pub(crate) fn warm_put_back(&mut self, s: Box<Spawned>, runtime: &str) {
         self.warm.hits = self.warm.hits.saturating_sub(1);
-        self.warm
-            .ready
-            .entry(runtime.to_string())
-            .or_default()
-            .push_front(s);
+        let key = pool_of(&s, runtime);
+        self.warm.ready.entry(key).or_default().push_front(s);
         self.warm_publish();
     }
 
