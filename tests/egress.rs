@@ -1451,7 +1451,15 @@ fn test_warm_pool_networked_sandboxes_are_filtered_and_never_stale() {
         .unwrap();
     assert!(out.status.success());
     wait_egress(&d, "verified", Duration::from_secs(10));
+    // The cut sandbox was discarded and the pool refilled with a working one.
+    wait_pools(&d, &["python-slim+net"]);
+    let h2 = warm_pool(&d)["hits"].as_u64().unwrap();
     let r = d.execute(with_net(true));
+    assert_eq!(
+        warm_pool(&d)["hits"].as_u64().unwrap(),
+        h2 + 1,
+        "served warm"
+    );
     assert_eq!(
         r["run"]["stdout"],
         format!("GOT {}\n", PUBLIC_BODY.trim()),

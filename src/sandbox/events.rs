@@ -437,6 +437,7 @@ impl Daemon {
             } => self.kernel_files_written(kernel, serial, run, result),
             Completion::EgressChecked => {
                 self.egress_running = false;
+                self.warm_purge_stale();
                 if self.egress_dirty {
                     self.start_egress_check(false);
                 }

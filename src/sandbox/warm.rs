@@ -448,6 +448,36 @@ impl Daemon {
         self.warm_publish();
     }
 
+    /// Discards networked pooled sandboxes whose links a failed egress check cut (after
+    /// every check), so the pool refills with working ones once egress is verified.
+    pub(crate) fn warm_purge_stale(&mut self) {
+        let Some(cuts) = self.backend.egress.as_ref().map(|e| e.cuts()) else {
+            return;
+        };
+        let mut stale = Vec::new();
+        for (key, q) in self.warm.ready.iter_mut() {
+            if key.ends_with(NET_SUFFIX) {
+                let (keep, drop): (VecDeque<_>, VecDeque<_>) = std::mem::take(q)
+                    .into_iter()
+                    .partition(|s| s.net_cuts == cuts);
+                *q = keep;
+                stale.extend(drop);
+            }
+        }
+        if stale.is_empty() {
+            return;
+        }
+        for s in stale {
+            let backend = Arc::clone(&self.backend);
+            self.submit_must(Box::new(move || {
+                backend.discard(*s);
+                Completion::Done
+            }));
+        }
+        self.warm_publish();
+        self.warm_fill();
+    }
+
     /// Removes every pooled sandbox (shutdown).
     pub(crate) fn warm_drain(&mut self) {
         let all: Vec<Box<Spawned>> = self
