@@ -741,7 +741,10 @@ fn test_odd_names_and_parallel_uploads() {
         results.iter().all(|s| matches!(s, 200 | 413)),
         "{results:?}"
     );
-    assert!((1..=2).contains(&stored), "{results:?}");
+    // At most two fit. Interleaved streams can also fill the quota between them so
+    // that none completes (each then fails and its partial file is removed): zero is
+    // a legitimate outcome, and was seen under load.
+    assert!(stored <= 2, "{results:?}");
     let l = fs(&d, "GET", &s, "path=", b"").json();
     let sizes: Vec<u64> = l["entries"]
         .as_array()

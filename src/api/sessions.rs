@@ -367,19 +367,7 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
         // the quota), written as the sandbox user.
         let placed = wfs::Root::open(lease.mount())
             .map_err(FsError::Io)
-            .and_then(|root| {
-                for (name, bytes) in &plan.files {
-                    let rel = wfs::normalize(name.as_bytes())?;
-                    wfs::write_file(
-                        &root,
-                        &rel,
-                        bytes,
-                        workspace::WORKSPACE_UID,
-                        workspace::WORKSPACE_UID,
-                    )?;
-                }
-                Ok(())
-            });
+            .and_then(|root| place_files(&root, &plan.files));
         if let Err(e) = placed {
             return Outcome::Respond(fs_error(&e));
         }
@@ -440,16 +428,20 @@ pub fn write_step_files(
         .acquire(id, false, None)
         .map_err(|e| session_error(&e))?;
     let root = wfs::Root::open(lease.mount()).map_err(|e| fs_error(&FsError::Io(e)))?;
+    place_files(&root, files).map_err(|e| fs_error(&e))
+}
+
+/// Writes a step's files into a workspace, owned by the sandbox user.
+fn place_files(root: &wfs::Root, files: &[(String, Vec<u8>)]) -> Result<(), FsError> {
     for (name, bytes) in files {
-        let rel = wfs::normalize(name.as_bytes()).map_err(|e| fs_error(&e))?;
+        let rel = wfs::normalize(name.as_bytes())?;
         wfs::write_file(
-            &root,
+            root,
             &rel,
             bytes,
             workspace::WORKSPACE_UID,
             workspace::WORKSPACE_UID,
-        )
-        .map_err(|e| fs_error(&e))?;
+        )?;
     }
     Ok(())
 }

@@ -231,14 +231,15 @@ pub fn take_utf8(buf: &mut Vec<u8>, last: bool) -> String {
 }
 
 impl Daemon {
-    pub(crate) fn start_run(&mut self, ck: usize, plan: Box<ExecPlan>, stream: bool) {
+    /// Whether a run (or a kernel step) may start now; answers 503 or 429 when not.
+    pub(super) fn run_admit(&mut self, ck: usize) -> bool {
         if self.app.shutting_down {
             self.respond(
                 ck,
                 Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
                     .with_header("Retry-After", "5"),
             );
-            return;
+            return false;
         }
         if self.app.in_flight >= self.cfg.max_concurrent {
             self.app.counters.capacity_rejections += 1;
@@ -247,6 +248,13 @@ impl Daemon {
                 Response::error(429, "capacity", Some("no free execution slot"))
                     .with_header("Retry-After", "1"),
             );
+            return false;
+        }
+        true
+    }
+
+    pub(crate) fn start_run(&mut self, ck: usize, plan: Box<ExecPlan>, stream: bool) {
+        if !self.run_admit(ck) {
             return;
         }
         let Some(c) = self.conns.get_mut(ck) else {

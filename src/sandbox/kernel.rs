@@ -543,21 +543,7 @@ impl Daemon {
         code: String,
         stream: bool,
     ) {
-        if self.app.shutting_down {
-            self.respond(
-                ck,
-                Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
-                    .with_header("Retry-After", "5"),
-            );
-            return;
-        }
-        if self.app.in_flight >= self.cfg.max_concurrent {
-            self.app.counters.capacity_rejections += 1;
-            self.respond(
-                ck,
-                Response::error(429, "capacity", Some("no free execution slot"))
-                    .with_header("Retry-After", "1"),
-            );
+        if !self.run_admit(ck) {
             return;
         }
         let Some(&kk) = self.kernel_of.get(session) else {
