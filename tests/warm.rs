@@ -53,6 +53,29 @@ fn comparable(mut v: Value) -> Value {
     v
 }
 
+/// Runs each case on `warm` (served by its full `runtime` pool of `n`) and on `cold`,
+/// and asserts the two results are the same but for durations.
+fn same_warm_and_cold(
+    warm: &Daemon,
+    cold: &Daemon,
+    runtime: &str,
+    n: u64,
+    cases: &[(&str, Value)],
+) {
+    for (name, body) in cases {
+        wait_ready_of(warm, runtime, n);
+        let before = hits(warm);
+        let w = warm.execute(body.clone());
+        assert_eq!(hits(warm), before + 1, "{name}: served warm");
+        let c = cold.execute(body.clone());
+        assert_eq!(
+            comparable(w.clone()),
+            comparable(c.clone()),
+            "{name}:\nwarm {w}\ncold {c}"
+        );
+    }
+}
+
 /// SSE `/execute`: the stdout and stderr chunks joined, and the `done` event.
 fn sse(d: &Daemon, body: &Value) -> (String, String, Value) {
     let mut s = d.connect();
@@ -128,18 +151,7 @@ fn test_warm_and_cold_give_the_same_result() {
             json!({"language": "python-slim", "code": "print(1)"}),
         ),
     ];
-    for (name, body) in &cases {
-        wait_ready(&warm, 2);
-        let before = hits(&warm);
-        let w = warm.execute(body.clone());
-        assert_eq!(hits(&warm), before + 1, "{name}: served warm");
-        let c = cold.execute(body.clone());
-        assert_eq!(
-            comparable(w.clone()),
-            comparable(c.clone()),
-            "{name}:\nwarm {w}\ncold {c}"
-        );
-    }
+    same_warm_and_cold(&warm, &cold, "python-slim", 2, &cases);
     // The cases above really ran.
     let ok = warm.execute(cases[0].1.clone());
     assert_eq!(
@@ -304,18 +316,7 @@ fn test_javascript_warm_and_cold_give_the_same_result() {
             json!({"language": "javascript", "code": "console.log('y'.repeat(5000)); console.error('e'.repeat(3000));", "limits": {"outputBytes": 1024}, "network": false}),
         ),
     ];
-    for (name, body) in &cases {
-        wait_ready_of(&warm, "javascript", 1);
-        let before = hits(&warm);
-        let w = warm.execute(body.clone());
-        assert_eq!(hits(&warm), before + 1, "{name}: served warm");
-        let c = cold.execute(body.clone());
-        assert_eq!(
-            comparable(w.clone()),
-            comparable(c.clone()),
-            "{name}:\nwarm {w}\ncold {c}"
-        );
-    }
+    same_warm_and_cold(&warm, &cold, "javascript", 1, &cases);
     let ok = warm.execute(cases[0].1.clone());
     assert_eq!(
         ok["run"]["stdout"],

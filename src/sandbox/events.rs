@@ -782,7 +782,7 @@ impl Daemon {
     }
 
     /// Replaces the run's deadline (wall time, or the drain grace after exit).
-    fn arm_run(&mut self, rk: usize, at: Instant) {
+    pub(super) fn arm_run(&mut self, rk: usize, at: Instant) {
         let gen = self.next_timer_gen();
         if let Some(run) = self.runs.get_mut(rk) {
             run.timer_gen = gen;
@@ -1066,7 +1066,15 @@ impl Daemon {
 
     /// Fails a run before it produced a result: a 500 (or an SSE `error` event).
     fn run_fail(&mut self, rk: usize, code: &str, detail: &str) {
-        let run = self.runs.remove(rk);
+        self.run_refuse(rk, Response::error(500, code, Some(detail)));
+    }
+
+    /// Ends a run that produced no result with `resp`: as is, or, on a stream whose
+    /// head already said 200, as an SSE `error` event `{"error": "<code>: <detail>"}`.
+    pub(super) fn run_refuse(&mut self, rk: usize, resp: Response) {
+        let Some(run) = self.runs.try_remove(rk) else {
+            return;
+        };
         self.app.in_flight -= 1;
         let Some((ck, cserial)) = run.conn else {
             return;
@@ -1075,21 +1083,27 @@ impl Daemon {
             return;
         }
         if run.stream {
+            let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+            let code = v["error"].as_str().unwrap_or("error");
+            let msg = match v["detail"].as_str() {
+                Some(d) => format!("{code}: {d}"),
+                None => code.to_string(),
+            };
             let mut frame = Vec::new();
             sse::write_event(
                 &mut frame,
                 "error",
-                &serde_json::json!({"error": format!("{code}: {detail}")}).to_string(),
+                &serde_json::json!({ "error": msg }).to_string(),
             );
             self.finish_stream(ck, &frame);
         } else {
-            self.respond(ck, Response::error(500, code, Some(detail)));
+            self.respond(ck, resp);
         }
         self.conn_resume(ck);
     }
 
     /// Sends the last event and the terminating chunk; the connection reads heads again.
-    pub(super) fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
+    fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
         self.conn_send_chunked(ck, frame);
         let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         let Some(c) = self.conns.get_mut(ck) else {

@@ -691,7 +691,7 @@ impl Daemon {
         self.app.in_flight += 1;
         self.run_attach(ck, rk, stream);
         if files.is_empty() {
-            self.arm_step(rk, now + wall);
+            self.arm_run(rk, now + wall);
             self.kernel_flush(kk);
         } else {
             let sessions = Arc::clone(&self.app.sessions);
@@ -732,7 +732,7 @@ impl Daemon {
                 if let Some(run) = self.runs.get_mut(rk) {
                     run.program_started = Some(Instant::now());
                 }
-                self.arm_step(rk, Instant::now() + Duration::from_millis(wall));
+                self.arm_run(rk, Instant::now() + Duration::from_millis(wall));
                 self.kernel_flush(kk);
             }
             Err(resp) => {
@@ -741,34 +741,8 @@ impl Daemon {
                 if let Some(k) = self.kernels.get_mut(kk) {
                     k.state = KState::Idle;
                 }
-                let Some(run) = self.runs.try_remove(rk) else {
-                    return;
-                };
-                self.app.in_flight -= 1;
-                let Some((ck, cserial)) = run.conn else {
-                    return;
-                };
-                if self.conns.get(ck).is_none_or(|c| c.serial != cserial) {
-                    return;
-                }
-                if run.stream {
-                    let mut frame = Vec::new();
-                    let detail = String::from_utf8_lossy(&resp.body).into_owned();
-                    crate::http::sse::write_event(&mut frame, "error", &detail);
-                    self.finish_stream(ck, &frame);
-                } else {
-                    self.respond(ck, resp);
-                }
-                self.conn_pump(ck);
+                self.run_refuse(rk, resp);
             }
-        }
-    }
-
-    fn arm_step(&mut self, rk: usize, at: Instant) {
-        let gen = self.next_timer_gen();
-        if let Some(run) = self.runs.get_mut(rk) {
-            run.timer_gen = gen;
-            self.timers.insert(at, TimerKey::Run(rk, gen));
         }
     }
 
@@ -1019,25 +993,7 @@ impl Daemon {
             drop(plan);
             match delete {
                 None => Completion::Done,
-                Some(conn) => {
-                    let r = sessions.delete(&session);
-                    if let Err(e) = &r {
-                        if !matches!(e, crate::workspace::SessionError::NotFound) {
-                            log::error!("session {session}: delete after its kernel: {e}");
-                        }
-                    }
-                    match conn {
-                        Some((ck, cserial)) => Completion::Outcome {
-                            conn: ck,
-                            serial: cserial,
-                            outcome: Outcome::Respond(answer.unwrap_or_else(|| match r {
-                                Ok(()) => Response::no_content(),
-                                Err(e) => crate::api::sessions::session_error(&e),
-                            })),
-                        },
-                        None => Completion::Done,
-                    }
-                }
+                Some(conn) => delete_and_answer(&sessions, &session, conn, answer),
             }
         });
         self.submit_must(job);
@@ -1059,18 +1015,7 @@ impl Daemon {
                 l.end_step();
             }
             drop(plan);
-            let r = sessions.delete(&session);
-            match conn {
-                Some((ck, cserial)) => Completion::Outcome {
-                    conn: ck,
-                    serial: cserial,
-                    outcome: Outcome::Respond(resp.unwrap_or_else(|| match r {
-                        Ok(()) => Response::no_content(),
-                        Err(e) => crate::api::sessions::session_error(&e),
-                    })),
-                },
-                None => Completion::Done,
-            }
+            delete_and_answer(&sessions, &session, conn, resp)
         }));
     }
 
@@ -1081,13 +1026,8 @@ impl Daemon {
             // No kernel (ended, or the daemon restarted): delete like any session.
             let sessions = Arc::clone(&self.app.sessions);
             let session = session.to_string();
-            self.submit_must(Box::new(move || Completion::Outcome {
-                conn: ck,
-                serial: cserial,
-                outcome: Outcome::Respond(match sessions.delete(&session) {
-                    Ok(()) => Response::no_content(),
-                    Err(e) => crate::api::sessions::session_error(&e),
-                }),
+            self.submit_must(Box::new(move || {
+                delete_and_answer(&sessions, &session, Some((ck, cserial)), None)
             }));
             return;
         };
@@ -1169,6 +1109,33 @@ impl Daemon {
         for (kk, s) in all {
             self.kernel_kill(kk, s, why);
         }
+    }
+}
+
+/// Deletes `session` (on the pool) and says what `conn` gets: `answer` if given, else
+/// the delete's own outcome (204, or the session error).
+fn delete_and_answer(
+    sessions: &crate::workspace::Sessions,
+    session: &str,
+    conn: Option<(usize, u64)>,
+    answer: Option<Response>,
+) -> Completion {
+    let r = sessions.delete(session);
+    if let Err(e) = &r {
+        if !matches!(e, crate::workspace::SessionError::NotFound) {
+            log::warn!("session {session}: delete: {e}");
+        }
+    }
+    match conn {
+        Some((conn, serial)) => Completion::Outcome {
+            conn,
+            serial,
+            outcome: Outcome::Respond(answer.unwrap_or_else(|| match r {
+                Ok(()) => Response::no_content(),
+                Err(e) => crate::api::sessions::session_error(&e),
+            })),
+        },
+        None => Completion::Done,
     }
 }
 

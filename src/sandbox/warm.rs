@@ -142,7 +142,8 @@ impl WarmPool {
 /// Whether `plan` runs exactly as it would cold in a sandbox booted by [`boot_plan`].
 fn eligible(plan: &ExecPlan) -> bool {
     let desc = &plan.runtime.desc;
-    let d = boot_plan(plan.runtime.clone(), false).limits;
+    // The limits a pooled sandbox was booted with: the runtime's defaults.
+    let d = crate::sandbox::limits::RequestedLimits::default().resolve(&desc.limits);
     kind(desc).is_some()
         && !desc.compiled
         && plan.workspace.is_none()
