@@ -10,14 +10,14 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build deps runtimes fmt lint check-unsafe fuzz bench test-venv clean
+.PHONY: run test build deps runtimes fmt lint check-unsafe fuzz bench test-venv test-ui-deps clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
 run: deps runtimes build
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
-test: deps runtimes test-venv
+test: deps runtimes test-venv test-ui-deps
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(CARGO) test --release --no-fail-fast -- --test-threads=2
@@ -42,6 +42,21 @@ runtimes:
 test-venv:
 	@test -x /tmp/isobox-test-venv/bin/python || python3 -m venv /tmp/isobox-test-venv
 	@/tmp/isobox-test-venv/bin/pip install -q -r tests/python/requirements.txt -r tests/openapi/requirements.txt
+
+## test-ui-deps: what the UI's browser test needs: Debian's chromium, node and npm (kept
+## when already installed, e.g. NodeSource's nodejs, which bundles npm), and
+## playwright-core from npm, pinned by tests/ui/package-lock.json
+test-ui-deps:
+	@missing=""; dpkg -s chromium >/dev/null 2>&1 || missing="chromium"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+	@if [ ! -f tests/ui/node_modules/.package-lock.json ] || [ tests/ui/package-lock.json -nt tests/ui/node_modules/.package-lock.json ]; then \
+		npm ci --prefix tests/ui --no-audit --no-fund; \
+	fi
 
 fmt:
 	$(CARGO) fmt --all

@@ -274,6 +274,66 @@ pub const SETTINGS: &[Setting] = &[
         help: "a kernel with no step for this long is ended (its session's files stay until the session's TTL)",
     },
     Setting {
+        flag: "--ai-base",
+        env: "ISOBOX_AI_BASE",
+        default: "",
+        help: "OpenAI-compatible endpoint of the server-side agent, e.g. https://api.openai.com/v1 (POST {base}/chat/completions); unset: /v1/agent is off",
+    },
+    Setting {
+        flag: "--ai-key",
+        env: "ISOBOX_AI_KEY",
+        default: "",
+        help: "the upstream's key, sent as Authorization: Bearer (never logged, never sent to a client; prefer the environment to the flag)",
+    },
+    Setting {
+        flag: "--ai-model",
+        env: "ISOBOX_AI_MODEL",
+        default: "",
+        help: "the model the agent asks for (required with ISOBOX_AI_BASE)",
+    },
+    Setting {
+        flag: "--ai-max-iters",
+        env: "ISOBOX_AI_MAX_ITERS",
+        default: "8",
+        help: "model calls per agent loop at most (a request's maxIters is clamped to it)",
+    },
+    Setting {
+        flag: "--ai-rate-per-min",
+        env: "ISOBOX_AI_RATE_PER_MIN",
+        default: "6",
+        help: "agent loops a client address may start per minute (429 rate_limited above)",
+    },
+    Setting {
+        flag: "--ai-search",
+        env: "ISOBOX_AI_SEARCH",
+        default: "on",
+        help: "offer the agent the server-side web_search tool (on or off)",
+    },
+    Setting {
+        flag: "--ai-search-url",
+        env: "ISOBOX_AI_SEARCH_URL",
+        default: "https://html.duckduckgo.com/html/",
+        help: "where web_search asks (DuckDuckGo's HTML results; GET ?q=)",
+    },
+    Setting {
+        flag: "--ai-timeout-sec",
+        env: "ISOBOX_AI_TIMEOUT_SEC",
+        default: "120",
+        help: "longest silence of the agent's upstream before the loop ends with upstream_error",
+    },
+    Setting {
+        flag: "--ai-python-wall-sec",
+        env: "ISOBOX_AI_PYTHON_WALL_SEC",
+        default: "60",
+        help: "wall time of the agent's run_python steps (past it the kernel ends, as any kernel step's wall time does)",
+    },
+    Setting {
+        flag: "--ai-shell-wall-sec",
+        env: "ISOBOX_AI_SHELL_WALL_SEC",
+        default: "180",
+        help: "wall time of the agent's run_shell commands (then killed in place: exit 124, the kernel survives)",
+    },
+    Setting {
         flag: "--shutdown-grace-ms",
         env: "ISOBOX_SHUTDOWN_GRACE_MS",
         default: "10000",
@@ -356,6 +416,33 @@ pub struct Config {
     pub warm_pool: Vec<(String, usize)>,
     /// Idle time after which a kernel is ended.
     pub kernel_idle_sec: u64,
+    /// The server-side agent.
+    pub ai: AiConfig,
+}
+
+/// Settings of the server-side agent (`/v1/agent`).
+#[derive(Debug, Clone)]
+pub struct AiConfig {
+    /// The OpenAI-compatible upstream, without a trailing `/` (`None`: the agent is off).
+    pub base: Option<String>,
+    /// Its key, sent as `Authorization: Bearer` (never logged, never sent to a client).
+    pub key: Option<Secret>,
+    /// The model asked for.
+    pub model: String,
+    /// Ceiling of a request's `maxIters` (and its default).
+    pub max_iters: u32,
+    /// Loop starts per client address per minute.
+    pub rate_per_min: u32,
+    /// Offer the server-side `web_search` tool.
+    pub search: bool,
+    /// Where `web_search` asks (DuckDuckGo's HTML endpoint).
+    pub search_url: String,
+    /// Longest silence of the upstream before the loop fails with `upstream_error`.
+    pub timeout_sec: u64,
+    /// Wall time of a `run_python` step.
+    pub python_wall_sec: u64,
+    /// Wall time of a `run_shell` command (then killed in place: exit 124).
+    pub shell_wall_sec: u64,
 }
 
 /// Settings of filtered egress.
@@ -454,7 +541,9 @@ impl Config {
             rate_per_min: parse_or("ISOBOX_RATE_PER_MIN", get("ISOBOX_RATE_PER_MIN"), 30)?,
             rate_burst: parse_or("ISOBOX_RATE_BURST", get("ISOBOX_RATE_BURST"), 10)?,
             trusted_proxies: trusted,
+            ai_rate_per_min: parse_or("ISOBOX_AI_RATE_PER_MIN", get("ISOBOX_AI_RATE_PER_MIN"), 6)?,
         };
+        let ai_rate_per_min = admission.ai_rate_per_min;
         let cfg = Config {
             admission,
             listen: parse_or(
@@ -573,6 +662,38 @@ impl Config {
                 get("ISOBOX_KERNEL_IDLE_SEC"),
                 1800,
             )?,
+            ai: AiConfig {
+                base: get("ISOBOX_AI_BASE")
+                    .map(|b| b.trim().trim_end_matches('/').to_string())
+                    .filter(|b| !b.is_empty()),
+                key: get("ISOBOX_AI_KEY")
+                    .filter(|k| !k.trim().is_empty())
+                    .map(|k| Secret::new(k.trim().to_string())),
+                model: get("ISOBOX_AI_MODEL")
+                    .map(|m| m.trim().to_string())
+                    .unwrap_or_default(),
+                max_iters: parse_or("ISOBOX_AI_MAX_ITERS", get("ISOBOX_AI_MAX_ITERS"), 8)?,
+                rate_per_min: ai_rate_per_min,
+                search: match get("ISOBOX_AI_SEARCH").as_deref().map(str::trim) {
+                    None | Some("on" | "1" | "true") => true,
+                    Some("off" | "0" | "false") => false,
+                    Some(v) => return Err(invalid("ISOBOX_AI_SEARCH", v, "on or off")),
+                },
+                search_url: get("ISOBOX_AI_SEARCH_URL")
+                    .map(|u| u.trim().to_string())
+                    .unwrap_or_else(|| "https://html.duckduckgo.com/html/".into()),
+                timeout_sec: parse_or("ISOBOX_AI_TIMEOUT_SEC", get("ISOBOX_AI_TIMEOUT_SEC"), 120)?,
+                python_wall_sec: parse_or(
+                    "ISOBOX_AI_PYTHON_WALL_SEC",
+                    get("ISOBOX_AI_PYTHON_WALL_SEC"),
+                    60,
+                )?,
+                shell_wall_sec: parse_or(
+                    "ISOBOX_AI_SHELL_WALL_SEC",
+                    get("ISOBOX_AI_SHELL_WALL_SEC"),
+                    180,
+                )?,
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -671,6 +792,7 @@ impl Config {
                 "between 0 and 256",
             ));
         }
+        self.ai.validate()?;
         if !(1..=7 * 86_400).contains(&self.kernel_idle_sec) {
             return Err(invalid(
                 "ISOBOX_KERNEL_IDLE_SEC",
@@ -830,5 +952,64 @@ where
             .trim()
             .parse()
             .map_err(|e: T::Err| invalid(name, &s, &e.to_string())),
+    }
+}
+
+impl AiConfig {
+    /// Whether `/v1/agent` runs loops.
+    pub fn enabled(&self) -> bool {
+        self.base.is_some()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let url_ok = |u: &str| {
+            (u.starts_with("http://") || u.starts_with("https://"))
+                && u.len() <= 2048
+                && !u.bytes().any(|b| b <= b' ' || b == 0x7f)
+        };
+        if let Some(base) = &self.base {
+            if !url_ok(base) {
+                return Err(invalid(
+                    "ISOBOX_AI_BASE",
+                    base,
+                    "an http:// or https:// URL (e.g. https://api.openai.com/v1)",
+                ));
+            }
+            if self.model.is_empty() {
+                return Err(invalid(
+                    "ISOBOX_AI_MODEL",
+                    "",
+                    "the model to ask for is required when ISOBOX_AI_BASE is set",
+                ));
+            }
+        }
+        if !url_ok(&self.search_url) {
+            return Err(invalid(
+                "ISOBOX_AI_SEARCH_URL",
+                &self.search_url,
+                "an http:// or https:// URL",
+            ));
+        }
+        for (name, v, lo, hi) in [
+            ("ISOBOX_AI_MAX_ITERS", u64::from(self.max_iters), 1, 64),
+            (
+                "ISOBOX_AI_RATE_PER_MIN",
+                u64::from(self.rate_per_min),
+                1,
+                100_000,
+            ),
+            ("ISOBOX_AI_TIMEOUT_SEC", self.timeout_sec, 1, 3600),
+            ("ISOBOX_AI_PYTHON_WALL_SEC", self.python_wall_sec, 1, 3600),
+            ("ISOBOX_AI_SHELL_WALL_SEC", self.shell_wall_sec, 1, 3600),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                return Err(invalid(
+                    name,
+                    &v.to_string(),
+                    &format!("between {lo} and {hi}"),
+                ));
+            }
+        }
+        Ok(())
     }
 }

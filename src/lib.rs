@@ -6,6 +6,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod admission;
+pub mod agent;
 pub mod api;
 pub mod cgroup;
 pub mod config;

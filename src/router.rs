@@ -3,6 +3,8 @@
 /// Every route the daemon serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
+    /// `GET /`: the web UI.
+    Ui,
     /// `GET /healthz`
     Healthz,
     /// `GET /readyz`
@@ -31,6 +33,8 @@ pub enum Route {
     Volumes,
     /// `GET`, `DELETE /v1/volumes/{id}`
     Volume,
+    /// `GET /v1/agent` (availability), `POST /v1/agent` (the tool-calling loop).
+    Agent,
 }
 
 /// Why no route matched.
@@ -44,6 +48,7 @@ pub enum RouteError {
 
 /// Every (path, methods) pair, for `Allow`, the OpenAPI coverage test and docs.
 pub const PATHS: &[(&str, &str)] = &[
+    ("/", "GET, HEAD"),
     ("/healthz", "GET, HEAD"),
     ("/readyz", "GET, HEAD"),
     ("/runtimes", "GET, HEAD"),
@@ -58,6 +63,7 @@ pub const PATHS: &[(&str, &str)] = &[
     ("/v1/memory/{namespace}/{key}", "GET, HEAD, PUT, DELETE"),
     ("/v1/volumes", "GET, HEAD, POST"),
     ("/v1/volumes/{id}", "GET, HEAD, DELETE"),
+    ("/v1/agent", "GET, HEAD, POST"),
 ];
 
 /// `(namespace, key)` of a `/v1/memory/...` path, still percent-encoded; the key is
@@ -116,6 +122,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, RouteError> {
     let get = method == "GET" || method == "HEAD";
     let pat = pattern(path).ok_or(RouteError::NotFound)?;
     let (route, allowed) = match pat {
+        "/" => (Route::Ui, get),
         "/healthz" => (Route::Healthz, get),
         "/readyz" => (Route::Readyz, get),
         "/runtimes" => (Route::Runtimes, get),
@@ -136,6 +143,7 @@ pub fn route(method: &str, path: &str) -> Result<Route, RouteError> {
         ),
         "/v1/volumes" => (Route::Volumes, get || method == "POST"),
         "/v1/volumes/{id}" => (Route::Volume, get || method == "DELETE"),
+        "/v1/agent" => (Route::Agent, get || method == "POST"),
         _ => return Err(RouteError::NotFound),
     };
     if allowed {
@@ -156,6 +164,7 @@ impl Route {
             Route::Execute | Route::SessionExec => crate::http::limits::EXECUTE_BODY_BYTES,
             Route::SessionFs => crate::http::limits::UPLOAD_BODY_BYTES,
             Route::MemoryKey => crate::http::limits::KV_VALUE_BODY_BYTES,
+            Route::Agent => crate::http::limits::AGENT_BODY_BYTES,
             _ => crate::http::limits::DEFAULT_BODY_BYTES,
         }
     }

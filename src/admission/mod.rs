@@ -113,6 +113,8 @@ pub struct AdmissionConfig {
     pub rate_burst: u32,
     /// Proxies whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<Cidr>,
+    /// Agent loops per minute per client (the bucket holds as many).
+    pub ai_rate_per_min: u32,
 }
 
 /// The admission state.
@@ -120,6 +122,8 @@ pub struct Admission {
     cfg: AdmissionConfig,
     keys: Vec<Key>,
     limiter: RateLimiter,
+    /// The stricter per-client limit of agent loops (`ISOBOX_AI_RATE_PER_MIN`).
+    ai_limiter: RateLimiter,
 }
 
 /// What admission decided.
@@ -136,7 +140,7 @@ pub enum Verdict {
 fn open_route(route: Route) -> bool {
     matches!(
         route,
-        Route::Healthz | Route::Readyz | Route::LlmsTxt | Route::OpenApi
+        Route::Ui | Route::Healthz | Route::Readyz | Route::LlmsTxt | Route::OpenApi
     )
 }
 
@@ -172,7 +176,13 @@ impl Admission {
             }
         }
         let limiter = RateLimiter::new(cfg.rate_per_min, cfg.rate_burst);
-        Ok(Admission { cfg, keys, limiter })
+        let ai_limiter = RateLimiter::new(cfg.ai_rate_per_min, cfg.ai_rate_per_min.max(1));
+        Ok(Admission {
+            cfg,
+            keys,
+            limiter,
+            ai_limiter,
+        })
     }
 
     fn load_keys(cfg: &AdmissionConfig) -> Result<Vec<Key>, AdmissionError> {
@@ -217,39 +227,28 @@ impl Admission {
     /// The client address a request is accounted to: the peer, or behind a trusted
     /// proxy the right-most `X-Forwarded-For` entry that is not itself a trusted proxy.
     pub fn client_ip(&self, head: &Head, peer: IpAddr) -> IpAddr {
-        let trusted = |ip: IpAddr| self.cfg.trusted_proxies.iter().any(|c| c.contains(ip));
-        if !trusted(peer) {
-            return peer;
-        }
-        let mut chain: Vec<IpAddr> = Vec::new();
-        for (name, value) in &head.headers {
-            if name == "x-forwarded-for" {
-                for part in String::from_utf8_lossy(value).split(',') {
-                    match part.trim().parse::<IpAddr>() {
-                        Ok(ip) => chain.push(ip),
-                        // A malformed entry ends what can be believed.
-                        Err(_) => chain.clear(),
-                    }
-                }
-            }
-        }
-        chain
-            .into_iter()
-            .rev()
-            .find(|ip| !trusted(*ip))
-            .unwrap_or(peer)
+        client_ip(&self.cfg.trusted_proxies, head, peer)
     }
 
     /// Decides a request from its head (before its body is read).
     pub fn check(&mut self, route: Route, head: &Head, peer: IpAddr, now: Instant) -> Verdict {
-        if open_route(route) {
+        // `GET /v1/agent` is the spec's availability probe: no auth.
+        if open_route(route) || (route == Route::Agent && head.method != "POST") {
             return Verdict::Allow {
                 tenant: PUBLIC_TENANT.to_string(),
             };
         }
-        if rate_limited(route, &head.method) {
-            let ip = self.client_ip(head, peer);
-            if let Err(wait) = self.limiter.check(ip, now) {
+        let limiter = if route == Route::Agent {
+            // Each loop may run a model for minutes: a stricter bucket of its own.
+            Some(&mut self.ai_limiter)
+        } else if rate_limited(route, &head.method) {
+            Some(&mut self.limiter)
+        } else {
+            None
+        };
+        if let Some(limiter) = limiter {
+            let ip = client_ip(&self.cfg.trusted_proxies, head, peer);
+            if let Err(wait) = limiter.check(ip, now) {
                 let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
                 return Verdict::Deny(
                     Response::error(429, "rate_limited", None)
@@ -286,7 +285,34 @@ impl Admission {
     /// Periodic upkeep (bucket sweep).
     pub fn tick(&mut self, now: Instant) {
         self.limiter.sweep(now);
+        self.ai_limiter.sweep(now);
     }
+}
+
+/// The client address of a request: the peer, or behind a trusted proxy the right-most
+/// `X-Forwarded-For` entry that is not itself a trusted proxy.
+fn client_ip(trusted_proxies: &[Cidr], head: &Head, peer: IpAddr) -> IpAddr {
+    let trusted = |ip: IpAddr| trusted_proxies.iter().any(|c| c.contains(ip));
+    if !trusted(peer) {
+        return peer;
+    }
+    let mut chain: Vec<IpAddr> = Vec::new();
+    for (name, value) in &head.headers {
+        if name == "x-forwarded-for" {
+            for part in String::from_utf8_lossy(value).split(',') {
+                match part.trim().parse::<IpAddr>() {
+                    Ok(ip) => chain.push(ip),
+                    // A malformed entry ends what can be believed.
+                    Err(_) => chain.clear(),
+                }
+            }
+        }
+    }
+    chain
+        .into_iter()
+        .rev()
+        .find(|ip| !trusted(*ip))
+        .unwrap_or(peer)
 }
 
 fn unauthorized() -> Response {

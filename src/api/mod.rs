@@ -3,6 +3,7 @@
 //! Handlers run on the reactor thread and never block: they answer at once or hand an
 //! execution plan back to the reactor, which runs it on the worker pool.
 
+pub mod agent;
 pub mod docs;
 pub mod execute;
 pub mod health;
@@ -113,6 +114,8 @@ pub enum Action {
     },
     /// Run this on the worker pool and act on its outcome.
     Job(Job),
+    /// Start this agent loop, streaming SSE.
+    Agent(Box<crate::agent::AgentStart>),
 }
 
 /// Blocking work of a request (LMDB, mounts, files), run on the pool.
@@ -229,6 +232,7 @@ pub fn route_error(e: RouteError) -> Response {
 /// Handles a complete request on an already-resolved route.
 pub fn dispatch(app: &mut App, route: Route, req: &Request) -> Action {
     match route {
+        Route::Ui => Action::Respond(docs::ui()),
         Route::Healthz => Action::Respond(health::healthz(app)),
         Route::Readyz => Action::Respond(health::readyz(app)),
         Route::Runtimes => Action::Respond(health::runtimes(app)),
@@ -253,6 +257,7 @@ pub fn dispatch(app: &mut App, route: Route, req: &Request) -> Action {
         Route::MemoryKey => memory::key(app, req),
         Route::Volumes => volumes::collection(app, req),
         Route::Volume => volumes::item(app, req),
+        Route::Agent => agent::handle(app, req),
     }
 }
 

@@ -23,3 +23,5 @@ pub const MAX_WRITE_BUFFER_BYTES: usize = 256 * 1024;
 pub const UPLOAD_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// Body cap of `PUT /v1/memory/{namespace}/{key}`: the largest value (1 MiB).
 pub const KV_VALUE_BODY_BYTES: usize = 1024 * 1024;
+/// Body cap of `POST /v1/agent` (the spec's 1 MiB: the whole conversation so far).
+pub const AGENT_BODY_BYTES: usize = 1024 * 1024;

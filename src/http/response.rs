@@ -121,6 +121,7 @@ pub fn reason(status: u16) -> &'static str {
         405 => "Method Not Allowed",
         408 => "Request Timeout",
         409 => "Conflict",
+        410 => "Gone",
         412 => "Precondition Failed",
         413 => "Content Too Large",
         414 => "URI Too Long",

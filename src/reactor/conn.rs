@@ -71,6 +71,13 @@ pub enum Phase {
     },
     /// A response body is being forwarded from a transfer thread's pipe.
     Transfer(Box<super::transfer::Transfer>),
+    /// An agent loop streams SSE from its thread, which stops once `cancel` is set.
+    Agent {
+        /// Tells the loop's thread to stop.
+        cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        /// Last time an event or keep-alive went out.
+        last_event: Instant,
+    },
 }
 
 /// A client connection.
@@ -315,7 +322,8 @@ impl Daemon {
                 | Phase::Stream { .. }
                 | Phase::Job
                 | Phase::UploadWait { .. }
-                | Phase::Transfer(_) => return,
+                | Phase::Transfer(_)
+                | Phase::Agent { .. } => return,
                 Phase::Upload { .. } => {
                     if !self.advance_upload(ck) {
                         return;
@@ -543,6 +551,7 @@ impl Daemon {
         log::debug!("conn={ck} {} {}", req.head.method, req.head.path);
         match api::dispatch(&mut self.app, route, &req) {
             Action::Respond(resp) => self.respond(ck, resp),
+            Action::Agent(start) => self.agent_start(ck, start),
             Action::Execute { plan, stream } => self.start_run(ck, plan, stream),
             Action::Job(job) => self.start_job(ck, job),
         }
@@ -622,6 +631,11 @@ impl Daemon {
                 self.close_conn(ck);
             }
             Phase::Busy { .. } | Phase::Stream { .. } => {}
+            Phase::Agent { .. } if gone => {
+                log::info!("conn={ck} client disconnected during an agent loop");
+                self.close_conn(ck);
+            }
+            Phase::Agent { .. } => {}
             // A client that half-closed after its request still gets the answer of a
             // pool job (a failed write closes the connection then); an upload or a
             // download ends with its peer.
@@ -665,6 +679,9 @@ impl Daemon {
             Phase::Busy { run } | Phase::Stream { run } => self.run_cancel(run),
             Phase::Upload { target, .. } => self.abort_upload(target),
             Phase::Transfer(t) => self.transfer_release(*t),
+            Phase::Agent { cancel, .. } => {
+                cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             _ => {}
         }
         let _ = c.stream.shutdown(std::net::Shutdown::Both);
@@ -720,7 +737,10 @@ impl Daemon {
                 let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
                 self.arm_conn(ck, idle);
             }
-            Phase::Stream { .. } | Phase::Busy { .. } | Phase::Transfer(_) => {
+            Phase::Stream { .. }
+            | Phase::Busy { .. }
+            | Phase::Transfer(_)
+            | Phase::Agent { .. } => {
                 let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
                 if c.pending_write() > 0 && c.last_write.elapsed() >= idle {
                     crate::warn_limited!("conn={ck} peer={} stopped reading; dropping", c.peer);

@@ -77,6 +77,8 @@ pub enum TimerKey {
     Housekeeping,
     /// A kernel's boot deadline or idle check (key, generation).
     Kernel(usize, u64),
+    /// SSE keep-alive comment of an agent loop's stream (connection key, serial).
+    AgentKeepalive(usize, u64),
 }
 
 /// The daemon: all state owned by the reactor thread.
@@ -130,6 +132,14 @@ pub struct Daemon {
     pub(crate) kernel_dead: std::collections::HashMap<String, String>,
     /// Sandboxes booted ahead of time.
     pub(crate) warm: crate::sandbox::warm::WarmPool,
+    /// What agent loops share (settings, sessions, runtimes, how many run).
+    pub(crate) agent: Arc<crate::agent::Shared>,
+    /// Where agent threads send their messages (the pool's completion channel).
+    pub(crate) agent_tx: crossbeam_channel::Sender<Completion>,
+    /// Wakes the reactor (agent threads use it after sending).
+    pub(crate) waker: Arc<Waker>,
+    /// The threads agent loops run on (`None`: the agent is off).
+    pub(crate) agent_threads: Option<crate::agent::AgentThreads>,
 }
 
 /// Startup failed.
@@ -290,8 +300,9 @@ impl Daemon {
             .map_err(io_err("register listener"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err("creating waker"))?);
         let (tx, rx) = pool::completion_channel();
-        let pool =
-            pool::WorkerPool::start(cfg.workers, tx, waker).map_err(io_err("starting workers"))?;
+        let agent_tx = tx.clone();
+        let pool = pool::WorkerPool::start(cfg.workers, tx, Arc::clone(&waker))
+            .map_err(io_err("starting workers"))?;
         use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
         let signal_rx =
             signal_pipe(&[SIGTERM, SIGINT], &poll, SIGNALS).map_err(io_err("signal pipe"))?;
@@ -333,6 +344,20 @@ impl Daemon {
             targets.push((rt.desc.language.clone(), *n));
         }
         let warm = crate::sandbox::warm::WarmPool::new(targets, cfg.egress.enabled);
+        let agent = Arc::new(crate::agent::Shared {
+            cfg: cfg.ai.clone(),
+            sessions: Arc::clone(&app.sessions),
+            runtimes: Arc::clone(&app.runtimes),
+            running: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let agent_threads = if cfg.ai.enabled() {
+            Some(
+                crate::agent::AgentThreads::start(Daemon::agents_max(&cfg))
+                    .map_err(io_err("starting agent threads"))?,
+            )
+        } else {
+            None
+        };
         Ok(Daemon {
             cfg,
             poll,
@@ -367,6 +392,10 @@ impl Daemon {
             kernel_serial: 0,
             kernel_dead: std::collections::HashMap::new(),
             warm,
+            agent,
+            agent_tx,
+            waker,
+            agent_threads,
         })
     }
 
@@ -499,6 +528,7 @@ impl Daemon {
                     TimerKey::Conn(ck, gen) => self.conn_timer(ck, gen),
                     TimerKey::Run(rk, gen) => self.run_timer(rk, gen),
                     TimerKey::Keepalive(rk, serial) => self.run_keepalive(rk, serial),
+                    TimerKey::AgentKeepalive(ck, serial) => self.agent_keepalive(ck, serial),
                     TimerKey::Accept => self.accept(),
                     TimerKey::ShutdownGrace => {
                         self.kill_all_runs();

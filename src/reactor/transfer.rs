@@ -106,7 +106,13 @@ impl Daemon {
                 code,
                 stream,
             } => {
-                self.kernel_step(ck, &session, plan, code, stream);
+                self.kernel_step(
+                    crate::sandbox::kernel::StepSink::Conn(ck),
+                    &session,
+                    plan,
+                    code,
+                    stream,
+                );
                 self.conn_after_io(ck);
             }
             Outcome::KernelDelete { session } => {

@@ -125,6 +125,15 @@ pub enum Completion {
         /// What was found.
         cleanup: Cleanup,
     },
+    /// An agent loop's thread asks something of the reactor.
+    Agent {
+        /// The loop's connection key.
+        conn: usize,
+        /// Its serial.
+        serial: u64,
+        /// What it asks.
+        msg: crate::agent::AgentMsg,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +200,8 @@ pub struct Run {
     pub(super) artifacts: Vec<execute::Artifact>,
     /// Artifacts were dropped (over the count or size cap).
     pub(super) artifacts_truncated: bool,
+    /// An agent's tool step: its result goes to the loop's thread, not a connection.
+    pub(super) agent: Option<crossbeam_channel::Sender<crate::agent::StepReply>>,
 }
 
 /// Takes the longest UTF-8-safe prefix of `buf` as text: invalid bytes become U+FFFD,
@@ -233,24 +244,31 @@ pub fn take_utf8(buf: &mut Vec<u8>, last: bool) -> String {
 impl Daemon {
     /// Whether a run (or a kernel step) may start now; answers 503 or 429 when not.
     pub(super) fn run_admit(&mut self, ck: usize) -> bool {
+        match self.admit_refusal() {
+            Some(resp) => {
+                self.respond(ck, resp);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// The 503 or 429 a run (or a kernel step) gets now, if any.
+    pub(super) fn admit_refusal(&mut self) -> Option<Response> {
         if self.app.shutting_down {
-            self.respond(
-                ck,
+            return Some(
                 Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
                     .with_header("Retry-After", "5"),
             );
-            return false;
         }
         if self.app.in_flight >= self.cfg.max_concurrent {
             self.app.counters.capacity_rejections += 1;
-            self.respond(
-                ck,
+            return Some(
                 Response::error(429, "capacity", Some("no free execution slot"))
                     .with_header("Retry-After", "1"),
             );
-            return false;
         }
-        true
+        None
     }
 
     pub(crate) fn start_run(&mut self, ck: usize, plan: Box<ExecPlan>, stream: bool) {
@@ -308,6 +326,7 @@ impl Daemon {
             kernel_network: false,
             artifacts: Vec::new(),
             artifacts_truncated: false,
+            agent: None,
         };
         let plan_for_job = run.plan.clone();
         let rk = self.runs.insert(run);
@@ -437,6 +456,7 @@ impl Daemon {
                 serial,
                 cleanup,
             } => self.kernel_reaped(kernel, serial, cleanup),
+            Completion::Agent { conn, serial, msg } => self.agent_msg(conn, serial, msg),
             Completion::KernelFiles {
                 kernel,
                 serial,
@@ -1047,6 +1067,15 @@ impl Daemon {
         );
         let mut body = execute::response(&run.plan, result, compile);
         body.artifacts = std::mem::take(&mut run.artifacts);
+        if let Some(reply) = run.agent.take() {
+            // The kernel lives on unless this step ended it (it is being reaped then).
+            let kernel_alive = run.kernel.is_some_and(|(kk, ks)| self.kernel_alive(kk, ks));
+            let _ = reply.send(crate::agent::StepReply::Ran {
+                result: Box::new(body),
+                kernel_alive,
+            });
+            return;
+        }
         let Some((ck, cserial)) = run.conn else {
             return;
         };
@@ -1076,6 +1105,10 @@ impl Daemon {
             return;
         };
         self.app.in_flight -= 1;
+        if let Some(reply) = run.agent {
+            let _ = reply.send(crate::agent::StepReply::Refused(resp));
+            return;
+        }
         let Some((ck, cserial)) = run.conn else {
             return;
         };
@@ -1103,7 +1136,7 @@ impl Daemon {
     }
 
     /// Sends the last event and the terminating chunk; the connection reads heads again.
-    fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
+    pub(crate) fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
         self.conn_send_chunked(ck, frame);
         let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         let Some(c) = self.conns.get_mut(ck) else {
@@ -1118,7 +1151,7 @@ impl Daemon {
     }
 
     /// A connection whose run ended serves its next (pipelined) request.
-    fn conn_resume(&mut self, ck: usize) {
+    pub(crate) fn conn_resume(&mut self, ck: usize) {
         self.conn_pump(ck);
     }
 

@@ -61,6 +61,14 @@ enum KState {
     Busy(usize),
 }
 
+/// Who hears a kernel step's result.
+pub(crate) enum StepSink {
+    /// The client connection that asked (JSON or SSE).
+    Conn(usize),
+    /// An agent loop's thread, which waits on this channel.
+    Agent(crossbeam_channel::Sender<crate::agent::StepReply>),
+}
+
 /// A kernel's reactor-side state.
 pub struct Kernel {
     serial: u64,
@@ -534,53 +542,71 @@ impl Daemon {
         }
     }
 
-    /// Runs `code` in the session's kernel.
-    pub(crate) fn kernel_step(
-        &mut self,
-        ck: usize,
-        session: &str,
-        mut plan: Box<ExecPlan>,
-        code: String,
-        stream: bool,
-    ) {
-        if !self.run_admit(ck) {
-            return;
+    /// Whether kernel `kk` (of serial `serial`) can still take steps.
+    pub(super) fn kernel_alive(&self, kk: usize, serial: u64) -> bool {
+        self.kernels
+            .get(kk)
+            .is_some_and(|k| k.serial == serial && !k.killing && !k.exited)
+    }
+
+    /// Why a step of `session`'s kernel cannot start now, if it cannot; else its key.
+    fn kernel_step_check(&mut self, session: &str) -> Result<usize, Response> {
+        if let Some(resp) = self.admit_refusal() {
+            return Err(resp);
         }
         let Some(&kk) = self.kernel_of.get(session) else {
             let why = self.kernel_dead.get(session).cloned().unwrap_or_else(|| {
                 "the kernel is not running (isoboxd restarted since it started)".into()
             });
-            self.respond(ck, kernel_dead(&why));
-            return;
+            return Err(kernel_dead(&why));
         };
-        let Some(k) = self.kernels.get_mut(kk) else {
-            return;
+        let Some(k) = self.kernels.get(kk) else {
+            return Err(kernel_dead("the kernel is not running"));
         };
         if k.killing || k.exited {
             let why = k
                 .why
                 .clone()
                 .unwrap_or_else(|| "the kernel is ending".into());
-            self.respond(ck, kernel_dead(&why));
-            return;
+            return Err(kernel_dead(&why));
         }
         match k.state {
-            KState::Idle => {}
-            KState::Busy(_) => {
-                self.respond(
-                    ck,
-                    crate::api::sessions::session_error(&crate::workspace::SessionError::Busy),
-                );
-                return;
-            }
-            KState::Spawning | KState::Booting => {
-                self.respond(
-                    ck,
-                    Response::error(409, "session_busy", Some("the kernel is still starting")),
-                );
-                return;
-            }
+            KState::Idle => Ok(kk),
+            KState::Busy(_) => Err(crate::api::sessions::session_error(
+                &crate::workspace::SessionError::Busy,
+            )),
+            KState::Spawning | KState::Booting => Err(Response::error(
+                409,
+                "session_busy",
+                Some("the kernel is still starting"),
+            )),
         }
+    }
+
+    /// Runs `code` in the session's kernel; the result goes to `sink`.
+    pub(crate) fn kernel_step(
+        &mut self,
+        sink: StepSink,
+        session: &str,
+        mut plan: Box<ExecPlan>,
+        code: String,
+        stream: bool,
+    ) {
+        let kk = match self.kernel_step_check(session) {
+            Ok(kk) => kk,
+            Err(resp) => {
+                match sink {
+                    StepSink::Conn(ck) => self.respond(ck, resp),
+                    StepSink::Agent(reply) => {
+                        let _ = reply.send(crate::agent::StepReply::Refused(resp));
+                    }
+                }
+                return;
+            }
+        };
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
         // Whatever background output sat in the pipes since the last step is not this
         // step's: read it away (bounded; a writer that never stops has the rest counted).
         let mut buf = [0u8; 64 * 1024];
@@ -644,7 +670,10 @@ impl Daemon {
         self.run_serial += 1;
         let serial = self.run_serial;
         let id = k.id.clone();
-        let conn = self.conns.get(ck).map(|c| (ck, c.serial));
+        let (conn, agent) = match sink {
+            StepSink::Conn(ck) => (self.conns.get(ck).map(|c| (ck, c.serial)), None),
+            StepSink::Agent(reply) => (None, Some(reply)),
+        };
         let rk = self.runs.insert(Run {
             compile: None,
             program_started: Some(now),
@@ -674,6 +703,7 @@ impl Daemon {
             kernel_network: network,
             artifacts: Vec::new(),
             artifacts_truncated: false,
+            agent,
         });
         for (t, i) in moved {
             self.retarget(
@@ -689,7 +719,9 @@ impl Daemon {
             k.state = KState::Busy(rk);
         }
         self.app.in_flight += 1;
-        self.run_attach(ck, rk, stream);
+        if let Some((ck, _)) = conn {
+            self.run_attach(ck, rk, stream);
+        }
         if files.is_empty() {
             self.arm_run(rk, now + wall);
             self.kernel_flush(kk);

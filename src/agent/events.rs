@@ -1,0 +1,196 @@
+//! The reactor's side of agent loops: starting one on a connection, forwarding its
+//! frames to the client, running its tool steps in the session's kernel, and ending
+//! its stream. Reactor thread only.
+
+use super::{AgentMsg, AgentStart, Loop, Outbox, StepReply};
+use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
+use crate::http::{sse, Response};
+use crate::reactor::conn::Phase;
+use crate::reactor::{Daemon, TimerKey};
+use crate::sandbox::kernel::StepSink;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A client this far behind on a loop's stream is dropped (the loop then stops).
+const MAX_AGENT_BACKLOG_BYTES: usize = 4 * MAX_WRITE_BUFFER_BYTES;
+
+impl Daemon {
+    /// Starts a checked loop on connection `ck`: the SSE head goes out, the loop's
+    /// thread starts. Past the cap of loops at once: 429.
+    pub(crate) fn agent_start(&mut self, ck: usize, start: Box<AgentStart>) {
+        let max = Self::agents_max(&self.cfg);
+        if self.app.shutting_down {
+            self.respond(
+                ck,
+                Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
+                    .with_header("Retry-After", "5"),
+            );
+            return;
+        }
+        if self.agent.running.load(Ordering::Acquire) >= max {
+            self.respond(
+                ck,
+                Response::error(
+                    429,
+                    "too_many_agents",
+                    Some(&format!("{max} agent loops are running; retry shortly")),
+                )
+                .with_header("Retry-After", "5"),
+            );
+            return;
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        let keep = self.conns.get(ck).is_some_and(|c| c.keep_alive) && !self.app.shutting_down;
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        let serial = c.serial;
+        c.phase = Phase::Agent {
+            cancel: Arc::clone(&cancel),
+            last_event: Instant::now(),
+        };
+        let headers = [
+            ("Content-Type", "text/event-stream".to_string()),
+            ("Cache-Control", "no-cache".to_string()),
+            ("X-Accel-Buffering", "no".to_string()),
+            ("Transfer-Encoding", "chunked".to_string()),
+        ];
+        crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
+        if !keep {
+            c.close_after_flush = true;
+        }
+        self.agent.running.fetch_add(1, Ordering::AcqRel);
+        let lp = Loop {
+            shared: Arc::clone(&self.agent),
+            start,
+            out: Outbox {
+                tx: self.agent_tx.clone(),
+                waker: Arc::clone(&self.waker),
+                conn: (ck, serial),
+            },
+            cancel,
+        };
+        let handed = match &self.agent_threads {
+            Some(t) => t.submit(lp).map_err(|lp| {
+                // Never counted by a thread: uncount it here.
+                lp.shared.running.fetch_sub(1, Ordering::AcqRel);
+            }),
+            None => {
+                self.agent.running.fetch_sub(1, Ordering::AcqRel);
+                Err(())
+            }
+        };
+        if handed.is_err() {
+            log::error!("conn={ck} op=start-agent err=no agent thread free");
+            let mut frame = Vec::new();
+            sse::write_event(
+                &mut frame,
+                "error",
+                &serde_json::json!({"code": "internal", "message": "the agent could not start"})
+                    .to_string(),
+            );
+            sse::write_event(
+                &mut frame,
+                "done",
+                &serde_json::json!({"finishReason": "error", "iterations": 0}).to_string(),
+            );
+            self.finish_stream(ck, &frame);
+            self.conn_after_io(ck);
+            return;
+        }
+        self.conn_flush(ck);
+        let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
+        self.arm_conn(ck, idle);
+        self.arm_agent_keepalive(ck, serial);
+    }
+
+    /// Loops at once: one per kernel slot (each drives its own kernel session).
+    pub(crate) fn agents_max(cfg: &crate::config::Config) -> usize {
+        cfg.kernels_max.max(1)
+    }
+
+    /// Whether `ck` is still the client of the loop that sent a message.
+    fn agent_live(&self, ck: usize, serial: u64) -> bool {
+        self.conns
+            .get(ck)
+            .is_some_and(|c| c.serial == serial && matches!(c.phase, Phase::Agent { .. }))
+    }
+
+    /// A message from a loop's thread.
+    pub(crate) fn agent_msg(&mut self, ck: usize, serial: u64, msg: AgentMsg) {
+        let live = self.agent_live(ck, serial);
+        match msg {
+            AgentMsg::Event(frame) if live => {
+                self.conn_send_chunked(ck, &frame);
+                if let Some(c) = self.conns.get_mut(ck) {
+                    if let Phase::Agent { last_event, .. } = &mut c.phase {
+                        *last_event = Instant::now();
+                    }
+                    if c.pending_write() > MAX_AGENT_BACKLOG_BYTES {
+                        crate::warn_limited!("conn={ck} agent client stopped reading; dropping");
+                        self.close_conn(ck);
+                        return;
+                    }
+                }
+                self.conn_after_io(ck);
+            }
+            AgentMsg::End(frame) if live => {
+                self.finish_stream(ck, &frame);
+                self.conn_after_io(ck);
+                self.conn_resume(ck);
+            }
+            AgentMsg::Event(_) | AgentMsg::End(_) => {}
+            AgentMsg::Step {
+                session,
+                plan,
+                code,
+                reply,
+            } => {
+                if !live {
+                    let _ = reply.send(StepReply::Refused(Response::error(
+                        503,
+                        "client_closed",
+                        None,
+                    )));
+                    return;
+                }
+                self.kernel_step(StepSink::Agent(reply), &session, plan, code, false);
+            }
+        }
+    }
+
+    fn arm_agent_keepalive(&mut self, ck: usize, serial: u64) {
+        let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
+        let Some(Phase::Agent { last_event, .. }) = self.conns.get(ck).map(|c| &c.phase) else {
+            return;
+        };
+        let at = *last_event + every;
+        self.timers.insert(at, TimerKey::AgentKeepalive(ck, serial));
+    }
+
+    /// A comment on a loop's stream when it has been silent a whole interval (the
+    /// model thinking, a long tool step), so proxies keep it open.
+    pub(crate) fn agent_keepalive(&mut self, ck: usize, serial: u64) {
+        if !self.agent_live(ck, serial) {
+            return;
+        }
+        let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
+        let silent = matches!(
+            self.conns.get(ck).map(|c| &c.phase),
+            Some(Phase::Agent { last_event, .. }) if last_event.elapsed() + Duration::from_millis(5) >= every
+        );
+        if silent {
+            let mut frame = Vec::new();
+            sse::write_comment(&mut frame, "keep-alive");
+            self.conn_send_chunked(ck, &frame);
+            if let Some(Phase::Agent { last_event, .. }) =
+                self.conns.get_mut(ck).map(|c| &mut c.phase)
+            {
+                *last_event = Instant::now();
+            }
+            self.conn_after_io(ck);
+        }
+        self.arm_agent_keepalive(ck, serial);
+    }
+}
