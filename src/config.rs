@@ -163,7 +163,7 @@ pub const SETTINGS: &[Setting] = &[
         flag: "--memory-require-key",
         env: "ISOBOX_MEMORY_REQUIRE_KEY",
         default: "0",
-        help: "1: with keys, require them only on /v1/memory and /v1/volumes (the public demo's setup)",
+        help: "1: with keys, require them only on /v1/memory, /v1/volumes and POST /v1/agent (the public demo's setup)",
     },
     Setting {
         flag: "--rate-per-min",
@@ -497,7 +497,10 @@ impl Config {
             let idx = SETTINGS
                 .iter()
                 .position(|s| s.flag == flag)
-                .ok_or_else(|| ConfigError::UnknownFlag(arg.clone()))?;
+                // Only the flag's name: a mistyped `--ai-kye=sk-...` must not print the key.
+                .ok_or_else(|| {
+                    ConfigError::UnknownFlag(arg.split('=').next().unwrap_or("").to_string())
+                })?;
             let value = match inline {
                 Some(v) => v,
                 None => {

@@ -357,6 +357,27 @@ fn test_probe_and_disabled() {
     assert_eq!(r.status, 413, "{}", r.text());
     assert!(fake.seen().is_empty());
     d.stop();
+
+    // The public demo's setup (keys only on memory routes): the agent still needs one.
+    let d = agent_daemon(
+        &fake,
+        &[
+            ("ISOBOX_API_KEYS", "client-key-1"),
+            ("ISOBOX_MEMORY_REQUIRE_KEY", "1"),
+        ],
+    );
+    assert_eq!(d.get("/v1/agent").status, 200);
+    let r = post_agent(
+        &d,
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(
+        d.get("/runtimes").status,
+        200,
+        "other routes stay open there"
+    );
+    d.stop();
 }
 
 #[test]
@@ -963,4 +984,44 @@ fn test_web_search_rate_limit_and_disconnect() {
     let tools = fake.requests()[0]["tools"].as_array().unwrap().len();
     assert_eq!(tools, 2);
     d.stop();
+}
+
+#[test]
+fn test_shutdown_ends_running_loops_at_once() {
+    let fake = Fake::start(vec![Reply::Hang]);
+    let d = agent_daemon(&fake, &[("ISOBOX_SHUTDOWN_GRACE_MS", "20000")]);
+    let s = kernel(&d);
+    let mut c = d.connect();
+    let body = json!({"messages": [{"role": "user", "content": "x"}],
+        "session": {"id": s.id, "token": s.token}})
+    .to_string();
+    write!(
+        c,
+        "POST /v1/agent HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fake.requests().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fake.requests().len(), 1);
+    // The model is "thinking" (the upstream never answers): a SIGTERM ends the stream
+    // with shutting_down at once, and the daemon exits long before its 20 s grace.
+    let t = Instant::now();
+    let reader = std::thread::spawn(move || {
+        let mut r = BufReader::new(c);
+        common::read_response(&mut r, false)
+    });
+    d.stop();
+    let took = t.elapsed();
+    let r = reader
+        .join()
+        .unwrap()
+        .expect("the stream ended with a response");
+    let ev = events(&r);
+    assert_eq!(names(&ev), ["error", "done"], "{ev:?}");
+    assert_eq!(ev[0].1["code"], "shutting_down");
+    assert_eq!(ev[1].1, json!({"finishReason": "error", "iterations": 1}));
+    assert!(took < Duration::from_secs(10), "shutdown took {took:?}");
 }

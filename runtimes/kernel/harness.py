@@ -242,6 +242,7 @@ NS = MAIN.__dict__
 
 def _step(code, n):
     _restore_stdio()
+    sys.modules["_isobox"] = _ISOBOX  # a step may have removed or replaced it
     _user_site()
     name = "<step %d>" % n
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)

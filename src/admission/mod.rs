@@ -265,8 +265,12 @@ impl Admission {
         // demo's setup (ISOBOX_MEMORY_REQUIRE_KEY=1 without ISOBOX_REQUIRE_AUTH=1), where
         // only memory and volumes need one and everything else is open to the shared
         // public tenant. A key that is presented must be valid, always.
-        let key_required =
-            self.cfg.require_auth || !self.cfg.memory_require_key || memory_route(route);
+        // The agent spends the operator's model budget: with keys configured it always
+        // needs one, as memory does.
+        let key_required = self.cfg.require_auth
+            || !self.cfg.memory_require_key
+            || memory_route(route)
+            || route == Route::Agent;
         match presented_key(head) {
             Err(resp) => Verdict::Deny(resp),
             Ok(None) if !key_required => Verdict::Allow {

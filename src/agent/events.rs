@@ -3,17 +3,18 @@
 //! its stream. Reactor thread only.
 
 use super::{AgentMsg, AgentStart, Loop, Outbox, StepReply};
-use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
 use crate::http::{sse, Response};
 use crate::reactor::conn::Phase;
 use crate::reactor::{Daemon, TimerKey};
 use crate::sandbox::kernel::StepSink;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A client this far behind on a loop's stream is dropped (the loop then stops).
-const MAX_AGENT_BACKLOG_BYTES: usize = 4 * MAX_WRITE_BUFFER_BYTES;
+/// A client this far behind on a loop's stream is dropped (the loop then stops): well
+/// above the largest single frame (a `tool_result` with 8 artifacts of 2 MiB). A client
+/// that reads nothing at all is dropped sooner, by the connection's write-stall timer.
+const MAX_AGENT_BACKLOG_BYTES: usize = 64 << 20;
 
 impl Daemon {
     /// Starts a checked loop on connection `ck`: the SSE head goes out, the loop's
@@ -28,7 +29,14 @@ impl Daemon {
             );
             return;
         }
-        if self.agent.running.load(Ordering::Acquire) >= max {
+        // Loops are counted by their streams (one ends the moment its `done` is sent);
+        // threads by the loops still on them (a cancelled one may be finishing a read).
+        let live = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.phase, Phase::Agent { .. }))
+            .count();
+        if live >= max || self.agent.running.load(Ordering::Acquire) >= 2 * max {
             self.respond(
                 ck,
                 Response::error(
@@ -41,14 +49,19 @@ impl Daemon {
             return;
         }
         let cancel = Arc::new(AtomicBool::new(false));
+        let iterations = Arc::new(AtomicU32::new(0));
         let keep = self.conns.get(ck).is_some_and(|c| c.keep_alive) && !self.app.shutting_down;
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
         let serial = c.serial;
+        self.agent_serial += 1;
+        let id = self.agent_serial;
         c.phase = Phase::Agent {
+            id,
             cancel: Arc::clone(&cancel),
             last_event: Instant::now(),
+            iterations: Arc::clone(&iterations),
         };
         let headers = [
             ("Content-Type", "text/event-stream".to_string()),
@@ -70,6 +83,7 @@ impl Daemon {
                 conn: (ck, serial),
             },
             cancel,
+            iterations,
         };
         let handed = match &self.agent_threads {
             Some(t) => t.submit(lp).map_err(|lp| {
@@ -83,18 +97,7 @@ impl Daemon {
         };
         if handed.is_err() {
             log::error!("conn={ck} op=start-agent err=no agent thread free");
-            let mut frame = Vec::new();
-            sse::write_event(
-                &mut frame,
-                "error",
-                &serde_json::json!({"code": "internal", "message": "the agent could not start"})
-                    .to_string(),
-            );
-            sse::write_event(
-                &mut frame,
-                "done",
-                &serde_json::json!({"finishReason": "error", "iterations": 0}).to_string(),
-            );
+            let frame = super::fail_frames("internal", "the agent could not start", 0);
             self.finish_stream(ck, &frame);
             self.conn_after_io(ck);
             return;
@@ -102,7 +105,7 @@ impl Daemon {
         self.conn_flush(ck);
         let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         self.arm_conn(ck, idle);
-        self.arm_agent_keepalive(ck, serial);
+        self.arm_agent_keepalive(ck, id);
     }
 
     /// Loops at once: one per kernel slot (each drives its own kernel session).
@@ -160,19 +163,24 @@ impl Daemon {
         }
     }
 
-    fn arm_agent_keepalive(&mut self, ck: usize, serial: u64) {
+    fn arm_agent_keepalive(&mut self, ck: usize, id: u64) {
         let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
         let Some(Phase::Agent { last_event, .. }) = self.conns.get(ck).map(|c| &c.phase) else {
             return;
         };
         let at = *last_event + every;
-        self.timers.insert(at, TimerKey::AgentKeepalive(ck, serial));
+        self.timers.insert(at, TimerKey::AgentKeepalive(ck, id));
     }
 
     /// A comment on a loop's stream when it has been silent a whole interval (the
     /// model thinking, a long tool step), so proxies keep it open.
-    pub(crate) fn agent_keepalive(&mut self, ck: usize, serial: u64) {
-        if !self.agent_live(ck, serial) {
+    pub(crate) fn agent_keepalive(&mut self, ck: usize, id: u64) {
+        // Only the loop that armed it: one pending timer per loop.
+        let mine = matches!(
+            self.conns.get(ck).map(|c| &c.phase),
+            Some(Phase::Agent { id: i, .. }) if *i == id
+        );
+        if !mine {
             return;
         }
         let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
@@ -191,6 +199,32 @@ impl Daemon {
             }
             self.conn_after_io(ck);
         }
-        self.arm_agent_keepalive(ck, serial);
+        self.arm_agent_keepalive(ck, id);
+    }
+}
+
+impl Daemon {
+    /// At shutdown: every loop is told to stop and its stream ends now with
+    /// `error: shutting_down` (a loop waiting on its model would otherwise hold the
+    /// shutdown for the whole grace). A tool step already in a kernel ends with the runs.
+    pub(crate) fn agent_stop_all(&mut self) {
+        let loops: Vec<(usize, u32)> = self
+            .conns
+            .iter()
+            .filter_map(|(ck, c)| match &c.phase {
+                Phase::Agent {
+                    cancel, iterations, ..
+                } => {
+                    cancel.store(true, Ordering::Relaxed);
+                    Some((ck, iterations.load(Ordering::Relaxed)))
+                }
+                _ => None,
+            })
+            .collect();
+        for (ck, n) in loops {
+            let frame = super::fail_frames("shutting_down", "isoboxd is shutting down", n);
+            self.finish_stream(ck, &frame);
+            self.conn_after_io(ck);
+        }
     }
 }

@@ -20,12 +20,14 @@ use crate::http::{sse, Response};
 use crate::sandbox::events::Completion;
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A tool result fed back to the model (stdout and stderr together) is cut to this.
 pub const RESULT_CUT_BYTES: usize = 16 * 1024;
+/// The conversation a loop holds (and sends the model) at most.
+pub const MAX_CONVERSATION_BYTES: usize = 16 << 20;
 /// What `run_shell` gets on top of its own wall time before the kernel's step is
 /// killed from outside (the in-place kill at the wall comes first).
 const SHELL_BACKSTOP: Duration = Duration::from_secs(10);
@@ -142,9 +144,24 @@ impl Outbox {
 
     /// An `error` event, then `done` with `finishReason: error`.
     fn fail(&self, code: &str, message: &str, iterations: u32) {
-        self.event("error", &json!({"code": code, "message": message}));
-        self.end("error", iterations);
+        self.send(AgentMsg::End(fail_frames(code, message, iterations)));
     }
+}
+
+/// An `error` event and the `done` (`finishReason: error`) that follows it.
+pub fn fail_frames(code: &str, message: &str, iterations: u32) -> Vec<u8> {
+    let mut frame = Vec::new();
+    sse::write_event(
+        &mut frame,
+        "error",
+        &json!({"code": code, "message": message}).to_string(),
+    );
+    sse::write_event(
+        &mut frame,
+        "done",
+        &json!({"finishReason": "error", "iterations": iterations}).to_string(),
+    );
+    frame
 }
 
 /// The tools offered to the model.
@@ -279,8 +296,10 @@ pub struct Loop {
     pub start: Box<AgentStart>,
     /// The way back.
     pub out: Outbox,
-    /// Set by the reactor when the client left.
+    /// Set by the reactor when the client left (or the daemon is stopping).
     pub cancel: Arc<AtomicBool>,
+    /// Model calls made so far, read by the reactor when it ends the stream itself.
+    pub iterations: Arc<AtomicU32>,
 }
 
 /// How a tool call went, for the loop.
@@ -375,12 +394,15 @@ impl Loop {
         let tools = tools(cfg.search);
         let mut messages = vec![json!({"role": "system", "content": system_prompt(cfg.search)})];
         messages.extend(self.start.messages.iter().cloned());
+        // Grows by at most a completion (bounded) and its results per iteration.
+        let mut size: usize = messages.iter().map(|m| m.to_string().len()).sum();
         let mut iterations = 0;
         while iterations < self.start.max_iters {
             if self.cancelled() {
                 return;
             }
             iterations += 1;
+            self.iterations.store(iterations, Ordering::Relaxed);
             let mut on_text = |t: &str| self.out.event("token", &json!({ "text": t }));
             let completion = match up.complete(&messages, &tools, &self.cancel, &mut on_text) {
                 Ok(c) => c,
@@ -404,11 +426,13 @@ impl Loop {
                         "function": {"name": c.name, "arguments": c.arguments}})
                 })
                 .collect();
-            messages.push(json!({
+            let assistant = json!({
                 "role": "assistant",
                 "content": if completion.text.is_empty() { Value::Null } else { Value::String(completion.text.clone()) },
                 "tool_calls": calls,
-            }));
+            });
+            size += assistant.to_string().len();
+            messages.push(assistant);
             for call in &completion.tool_calls {
                 if self.cancelled() {
                     return;
@@ -432,11 +456,21 @@ impl Loop {
                     }
                 };
                 self.emit_result(&call.id, &result, &artifacts);
-                messages.push(json!({
+                let tool = json!({
                     "role": "tool",
                     "tool_call_id": call.id,
                     "content": result.for_model(),
-                }));
+                });
+                size += tool.to_string().len();
+                messages.push(tool);
+            }
+            if size > MAX_CONVERSATION_BYTES && iterations < self.start.max_iters {
+                self.out.fail(
+                    "upstream_error",
+                    "the conversation exceeds 16 MiB; start a new one",
+                    iterations,
+                );
+                return;
             }
         }
         self.out.end("max_iterations", iterations);
@@ -552,10 +586,18 @@ impl Loop {
         ) {
             Ok(r) => r.runtime,
             Err(e) => {
+                // Deleted or expired since the loop began.
                 let resp = crate::api::sessions::session_error(&e);
-                return Ran::KernelDead(None, response_message(&resp));
+                return Ran::Stop("session_invalid".into(), response_message(&resp));
             }
         };
+        // As for `/exec`: no step while the disk is below its reserve.
+        if let Err(e) = self.shared.sessions.check_reserve() {
+            let resp = crate::api::sessions::session_error(&e);
+            let v: Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+            let code = v["error"].as_str().unwrap_or("storage_full").to_string();
+            return Ran::Stop(code, response_message(&resp));
+        }
         let mut plan = match crate::api::execute::decode_for_session(
             &self.shared.runtimes,
             br#"{"code":""}"#,
@@ -575,10 +617,19 @@ impl Loop {
         }) {
             return Ran::Stop("shutting_down".into(), "isoboxd is shutting down".into());
         }
-        // The reactor always answers (or drops the sender when it stops).
-        let reply = match rx.recv() {
-            Ok(r) => r,
-            Err(_) => return Ran::Stop("shutting_down".into(), "isoboxd is shutting down".into()),
+        // The reactor always answers (or drops the sender when it stops); a client that
+        // left stops the wait (the step itself ends in the kernel, bounded by its wall).
+        let reply = loop {
+            match rx.recv_timeout(Duration::from_millis(250)) {
+                Ok(r) => break r,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) if !self.cancelled() => {}
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    return Ran::Stop("cancelled".into(), "the client left".into())
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Ran::Stop("shutting_down".into(), "isoboxd is shutting down".into())
+                }
+            }
         };
         match reply {
             StepReply::Ran {

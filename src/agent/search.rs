@@ -11,6 +11,8 @@ use std::time::Duration;
 pub const MAX_RESULTS: usize = 10;
 /// Results when the model does not say.
 pub const DEFAULT_RESULTS: usize = 5;
+/// The longest query.
+pub const MAX_QUERY_BYTES: usize = 1024;
 /// The most of a results page that is read.
 const MAX_PAGE_BYTES: u64 = 2 << 20;
 
@@ -30,6 +32,9 @@ pub struct Hit {
 /// # Errors
 /// A message saying why the endpoint gave nothing usable.
 pub fn search(endpoint: &str, query: &str, max: usize) -> Result<Vec<Hit>, String> {
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(format!("the query exceeds {MAX_QUERY_BYTES} bytes"));
+    }
     let agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(10))
         .timeout(Duration::from_secs(20))
@@ -40,7 +45,13 @@ pub fn search(endpoint: &str, query: &str, max: usize) -> Result<Vec<Hit>, Strin
     let url = format!("{endpoint}{sep}q={}", percent_encode(query));
     let resp = agent.get(&url).call().map_err(|e| match e {
         ureq::Error::Status(code, _) => format!("the search engine answered {code}"),
-        ureq::Error::Transport(t) => format!("the search engine could not be reached: {t}"),
+        ureq::Error::Transport(t) => format!(
+            "the search engine could not be reached: {}{}",
+            t.kind(),
+            std::error::Error::source(&t)
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default()
+        ),
     })?;
     let mut page = String::new();
     resp.into_reader()
@@ -99,8 +110,8 @@ pub fn parse_results(page: &str, max: usize) -> Vec<Hit> {
                 .iter()
                 .filter_map(|t| rest[open..].find(t))
                 .min()
-                .map_or(next, |c| open + c);
-            Some(text_of(&rest[open..close.min(rest.len())]))
+                .map_or(rest.len(), |c| open + c);
+            Some(text_of(rest.get(open..close)?))
         });
         if let Some(url) = href.filter(|u| u.starts_with("http://") || u.starts_with("https://")) {
             if !title.is_empty() {
@@ -176,7 +187,8 @@ fn decode_entities(s: &str) -> String {
     while let Some(i) = rest.find('&') {
         out.push_str(&rest[..i]);
         rest = &rest[i..];
-        let Some(end) = rest[..rest.len().min(12)].find(';') else {
+        // Byte search: the 12th byte may fall inside a character.
+        let Some(end) = rest.bytes().take(12).position(|b| b == b';') else {
             out.push('&');
             rest = &rest[1..];
             continue;
@@ -307,6 +319,23 @@ mod tests {
             "1. Example & Co\n   https://example.com/a?x=1&y=2\n   The example domain's page.\n"
         );
         assert_eq!(format_hits(&[]), "no results\n");
+    }
+
+    #[test]
+    fn test_odd_pages_never_panic() {
+        // Entities before multi-byte text (a CJK or Cyrillic results page).
+        assert_eq!(decode_entities("&amp;日本語"), "&日本語");
+        assert_eq!(decode_entities("&quot; Привет мир"), "\" Привет мир");
+        assert_eq!(decode_entities("&日本語;"), "&日本語;");
+        // A snippet whose link holds `result__a` and no closing tag after it.
+        let page = "<a class=\"result__a\" href=\"https://a.example/\">A</a>\
+                    <a class=\"result__snippet\" href=\"https://x/result__a\">never closed";
+        let _ = parse_results(page, 5);
+        // Every prefix of a real-looking page (a page cut at the read limit).
+        let page = PAGE.replace("Example", "例え&amp;日本");
+        for i in (0..page.len()).filter(|&i| page.is_char_boundary(i)) {
+            let _ = parse_results(&page[..i], 10);
+        }
     }
 
     #[test]

@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 pub const MAX_TEXT_BYTES: usize = 1 << 20;
 /// Tool calls in one completion.
 pub const MAX_TOOL_CALLS: usize = 16;
-/// One tool call's arguments.
+/// The arguments of one completion's tool calls together.
 pub const MAX_ARGUMENT_BYTES: usize = 1 << 20;
+/// A tool call's name and id.
+const MAX_NAME_BYTES: usize = 256;
 /// One line of the event stream.
 const MAX_LINE_BYTES: usize = 4 << 20;
 /// One completion, start to end.
@@ -111,17 +113,29 @@ impl Upstream {
         let resp = match req.send_string(&body.to_string()) {
             Ok(r) => r,
             Err(ureq::Error::Status(code, r)) => {
-                let mut text = String::new();
-                let _ = r.into_reader().take(2048).read_to_string(&mut text);
-                let text = text.trim();
+                // Its reason helps ("model not found", "quota exceeded"): the start of
+                // the body, scrubbed of the key before it is cut (a key straddling the
+                // cut must not leave a prefix behind).
+                let mut raw = Vec::new();
+                let _ = r.into_reader().take(2048).read_to_end(&mut raw);
+                let text = self.scrub(&String::from_utf8_lossy(&raw));
+                let text: String = text.trim().chars().take(500).collect();
                 return Err(self.err(&format!(
-                    "the model endpoint answered {code}{}{}",
+                    "the model endpoint answered {code}{}{text}",
                     if text.is_empty() { "" } else { ": " },
-                    text.chars().take(500).collect::<String>()
                 )));
             }
             Err(ureq::Error::Transport(t)) => {
-                return Err(self.err(&format!("the model endpoint could not be reached: {t}")))
+                // Its kind and message, not its Display: that starts with the URL, which
+                // may carry credentials or name an internal host.
+                let cause = std::error::Error::source(&t)
+                    .map(|s| format!(" ({s})"))
+                    .unwrap_or_default();
+                return Err(self.err(&format!(
+                    "the model endpoint could not be reached: {}{}{cause}",
+                    t.kind(),
+                    t.message().map(|m| format!(": {m}")).unwrap_or_default()
+                )));
             }
         };
         let streamed = resp.content_type().starts_with("text/event-stream");
@@ -222,6 +236,7 @@ fn read_line<R: BufRead>(r: &mut R, out: &mut Vec<u8>) -> std::io::Result<bool> 
 struct Accumulator {
     text: String,
     calls: Vec<ToolCall>,
+    argument_bytes: usize,
     finished: bool,
     done: bool,
 }
@@ -269,9 +284,13 @@ impl Accumulator {
             if let Some(n) = f["name"].as_str() {
                 call.name.push_str(n);
             }
+            if call.id.len() > MAX_NAME_BYTES || call.name.len() > MAX_NAME_BYTES {
+                return Err("a tool call's name or id exceeds 256 bytes".into());
+            }
             if let Some(a) = f["arguments"].as_str() {
-                if call.arguments.len() + a.len() > MAX_ARGUMENT_BYTES {
-                    return Err("a tool call's arguments exceed 1 MiB".into());
+                self.argument_bytes += a.len();
+                if self.argument_bytes > MAX_ARGUMENT_BYTES {
+                    return Err("the tool calls' arguments exceed 1 MiB".into());
                 }
                 call.arguments.push_str(a);
             }

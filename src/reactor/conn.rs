@@ -73,10 +73,14 @@ pub enum Phase {
     Transfer(Box<super::transfer::Transfer>),
     /// An agent loop streams SSE from its thread, which stops once `cancel` is set.
     Agent {
+        /// The loop's id (its keep-alive timer names it).
+        id: u64,
         /// Tells the loop's thread to stop.
         cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
         /// Last time an event or keep-alive went out.
         last_event: Instant,
+        /// Model calls the loop has made (for the `done` a shutdown sends for it).
+        iterations: std::sync::Arc<std::sync::atomic::AtomicU32>,
     },
 }
 

@@ -77,7 +77,7 @@ pub enum TimerKey {
     Housekeeping,
     /// A kernel's boot deadline or idle check (key, generation).
     Kernel(usize, u64),
-    /// SSE keep-alive comment of an agent loop's stream (connection key, serial).
+    /// SSE keep-alive comment of an agent loop's stream (connection key, loop id).
     AgentKeepalive(usize, u64),
 }
 
@@ -140,6 +140,8 @@ pub struct Daemon {
     pub(crate) waker: Arc<Waker>,
     /// The threads agent loops run on (`None`: the agent is off).
     pub(crate) agent_threads: Option<crate::agent::AgentThreads>,
+    /// Source of agent loop ids.
+    pub(crate) agent_serial: u64,
 }
 
 /// Startup failed.
@@ -351,8 +353,24 @@ impl Daemon {
             running: std::sync::atomic::AtomicUsize::new(0),
         });
         let agent_threads = if cfg.ai.enabled() {
+            if let Some(base) = cfg
+                .ai
+                .base
+                .as_deref()
+                .and_then(|b| b.strip_prefix("http://"))
+            {
+                let host = base.split(['/', '@']).next().unwrap_or("");
+                if !(host.starts_with("127.")
+                    || host.starts_with("localhost")
+                    || host.starts_with("[::1]"))
+                {
+                    log::warn!("agent: ISOBOX_AI_BASE is plain http to another host: the model key travels unencrypted");
+                }
+            }
+            // Twice the loops that may run: a loop whose client left may still be
+            // finishing its current upstream read (bounded by ISOBOX_AI_TIMEOUT_SEC).
             Some(
-                crate::agent::AgentThreads::start(Daemon::agents_max(&cfg))
+                crate::agent::AgentThreads::start(2 * Daemon::agents_max(&cfg))
                     .map_err(io_err("starting agent threads"))?,
             )
         } else {
@@ -396,6 +414,7 @@ impl Daemon {
             agent_tx,
             waker,
             agent_threads,
+            agent_serial: 0,
         })
     }
 
@@ -709,6 +728,7 @@ impl Daemon {
         self.app.shutting_down = true;
         // Idle kernels have nothing to finish; busy ones get the grace with the runs.
         self.kill_idle_kernels("the daemon is shutting down");
+        self.agent_stop_all();
         self.warm_drain();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);
         self.shutdown_deadline = Some(deadline);
