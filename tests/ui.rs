@@ -1,20 +1,39 @@
 //! The web UI (`GET /`) in a real browser: the real daemon (with an API key configured)
-//! serves the page, and `tests/ui/notebook.test.mjs` drives Debian's headless Chromium
-//! through it with playwright-core (notebook cells on a kernel session, streaming,
-//! artifacts, one-shot runs, the file panel, the chat pane against a fake model
-//! endpoint, the key field, a narrow screen). Needs `node`, `/usr/bin/chromium` and
-//! `tests/ui/node_modules` (`make test` installs all three); without them this test
-//! FAILS, it never skips.
+//! serves the page, and node scripts drive Debian's headless Chromium through it with
+//! playwright-core:
+//! - `tests/ui/notebook.test.mjs`: notebook cells on a kernel session, streaming,
+//!   artifacts, one-shot runs, the file panel, the chat pane against a fake model
+//!   endpoint (browser-direct) and a mocked `/v1/agent`, the key field, a narrow screen;
+//! - `tests/ui/agent.test.mjs`: the chat in server-agent mode against the daemon's real
+//!   agent, whose OpenAI-compatible upstream is a scripted fake model server started
+//!   here (tool calls run in the page's own kernel session).
+//!
+//! Needs `node`, `/usr/bin/chromium` and `tests/ui/node_modules` (`make test` installs
+//! all three); without them these tests FAIL, they never skip. The two browser runs
+//! take turns (timing checks in the notebook script should not share 2 cores with a
+//! second browser).
 
 mod common;
 
 use common::Daemon;
-use std::io::Read;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const KEY: &str = "ui-test-key";
+
+/// One browser at a time.
+static BROWSER: Mutex<()> = Mutex::new(());
+
+fn one_browser() -> MutexGuard<'static, ()> {
+    // A failed test poisons the lock; the next one may still run.
+    BROWSER.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn manifest() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -54,9 +73,79 @@ fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
     })
 }
 
+/// Runs `node tests/ui/<script> http://<daemon>` with these extra environment
+/// variables (and `ISOBOX_UI_ARTIFACTS`), prints its output, and fails the test (with
+/// its output and the daemon's log) unless it exits 0. Returns its stdout.
+fn run_browser(d: &Daemon, node: &str, script: &str, env: &[(&str, &str)]) -> String {
+    let started = Instant::now();
+    let mut cmd = Command::new(node);
+    cmd.arg(manifest().join("tests/ui").join(script))
+        .arg(format!("http://{}", d.addr))
+        .env(
+            "ISOBOX_UI_ARTIFACTS",
+            manifest().join("target/ui-artifacts"),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("start node");
+    let out = drain(child.stdout.take().unwrap());
+    let err = drain(child.stderr.take().unwrap());
+    // The scripts have their own ceilings (100 s, 60 s); this one only guards against a
+    // wedged node.
+    let deadline = started + Duration::from_secs(150);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    println!(
+        "browser test {script} ({:.1} s):\n{out}{err}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the browser test {script} failed ({status:?}):\n--- stdout\n{out}\n--- stderr\n{err}\n--- isoboxd log\n{}",
+        d.log()
+    );
+    out
+}
+
+/// No kernel and no session workspace is left (waits a bounded while for the page's
+/// DELETEs to land).
+fn assert_sessions_ended(d: &Daemon) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let used = d.get("/healthz").json()["kernels"]["used"].as_u64();
+        let sessions = std::fs::read_dir(d.data_dir.join("sessions"))
+            .map(|r| r.count())
+            .unwrap_or(0);
+        if used == Some(0) && sessions == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left by the page: {used:?} kernels, {sessions} session workspaces\nlog:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn test_notebook_in_a_real_browser() {
     let (node, chromium) = prerequisites();
+    let _turn = one_browser();
     let d = Daemon::start_with(&[("ISOBOX_API_KEYS", KEY)]);
     d.wait_ready();
     // The page itself needs no key (the API behind it does) and carries its policy.
@@ -78,64 +167,325 @@ fn test_notebook_in_a_real_browser() {
     let artifacts: PathBuf = manifest().join("target/ui-artifacts");
     let shot = artifacts.join("notebook.png");
     let _ = std::fs::remove_file(&shot);
-    let started = Instant::now();
-    let mut child = Command::new(&node)
-        .arg(manifest().join("tests/ui/notebook.test.mjs"))
-        .arg(format!("http://{}", d.addr))
-        .env("ISOBOX_UI_KEY", KEY)
-        .env("CHROMIUM", &chromium)
-        .env("ISOBOX_UI_ARTIFACTS", &artifacts)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start node");
-    let out = drain(child.stdout.take().unwrap());
-    let err = drain(child.stderr.take().unwrap());
-    // The script has its own 100 s ceiling; this one only guards against a wedged node.
-    let deadline = started + Duration::from_secs(150);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let (out, err) = (out.join().unwrap(), err.join().unwrap());
-    println!(
-        "browser test ({:.1} s):\n{out}{err}",
-        started.elapsed().as_secs_f64()
-    );
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "the browser test failed ({status:?}):\n--- stdout\n{out}\n--- stderr\n{err}\n--- isoboxd log\n{}",
-        d.log()
+    run_browser(
+        &d,
+        &node,
+        "notebook.test.mjs",
+        &[("CHROMIUM", &chromium), ("ISOBOX_UI_KEY", KEY)],
     );
     let png = std::fs::read(&shot).expect("the screenshot was saved");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG screenshot");
-
     // The page ended its kernel sessions (End session, and the ended kernel it replaced):
     // no kernel, no workspace is left.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    assert_sessions_ended(&d);
+    d.assert_clean();
+    d.stop();
+}
+
+// ---------- the chat against the real server-side agent ----------
+
+/// The model key the daemon's agent sends upstream: it must never reach the browser.
+const AI_KEY: &str = "sk-ui-agent-7f3e9d1c5b2a4e6f8091";
+const MODEL: &str = "fake-agent-model";
+/// The user's two chat messages (tests/ui/agent.test.mjs sends the same).
+const ASK1: &str = "What is 6*7? Use Python, then try the shell.";
+const ASK2: &str = "And once more?";
+/// The first tool call: a figure, kernel state the notebook reads later, a file for the
+/// file panel, and a line of output.
+const PY_CODE: &str = "import matplotlib.pyplot as plt\n\
+plt.plot([1, 2, 3], [1, 4, 9])\n\
+answer = 6 * 7\n\
+open(\"agent-note.txt\", \"w\").write(str(answer))\n\
+print(\"six times seven is\", answer)";
+const SH_CODE: &str = "echo from-shell; exit 3";
+
+/// One scripted answer of the fake model endpoint.
+enum Reply {
+    /// 200 `text/event-stream` with these `data:` payloads (`gap` apart), then `[DONE]`.
+    Stream(Vec<Value>, Duration),
+    /// This status and a text body (`{auth}` in it: the request's Authorization, as a
+    /// careless upstream might echo it).
+    Status(u16, String),
+}
+
+/// What the fake endpoint received.
+#[derive(Clone)]
+struct Seen {
+    path: String,
+    authorization: Option<String>,
+    body: Value,
+}
+
+/// A scripted OpenAI-compatible server on 127.0.0.1 (as in tests/agent.rs): each
+/// request gets the next reply; past the script, 599.
+struct Fake {
+    addr: SocketAddr,
+    script: Arc<Mutex<VecDeque<Reply>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Fake {
+    fn start(script: Vec<Reply>) -> Fake {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let script = Arc::new(Mutex::new(VecDeque::from(script)));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (s2, seen2) = (Arc::clone(&script), Arc::clone(&seen));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let (s3, seen3) = (Arc::clone(&s2), Arc::clone(&seen2));
+                std::thread::spawn(move || serve(conn, &s3, &seen3));
+            }
+        });
+        Fake { addr, script, seen }
+    }
+
+    fn base(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Scripted replies not yet given.
+    fn unused(&self) -> usize {
+        self.script.lock().unwrap().len()
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn serve(mut conn: TcpStream, script: &Mutex<VecDeque<Reply>>, seen: &Mutex<Vec<Seen>>) {
+    let mut r = BufReader::new(conn.try_clone().unwrap());
+    let mut line = String::new();
+    if r.read_line(&mut line).unwrap_or(0) == 0 {
+        return;
+    }
+    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+    let (mut len, mut auth) = (0usize, None);
     loop {
-        let used = d.get("/healthz").json()["kernels"]["used"].as_u64();
-        let sessions = std::fs::read_dir(d.data_dir.join("sessions"))
-            .map(|r| r.count())
-            .unwrap_or(0);
-        if used == Some(0) && sessions == 0 {
+        let mut h = String::new();
+        r.read_line(&mut h).unwrap();
+        let h = h.trim_end();
+        if h.is_empty() {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "left by the page: {used:?} kernels, {sessions} session workspaces\nlog:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
+        let (k, v) = h.split_once(':').unwrap();
+        match k.to_ascii_lowercase().as_str() {
+            "content-length" => len = v.trim().parse().unwrap(),
+            "authorization" => auth = Some(v.trim().to_string()),
+            _ => {}
+        }
     }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body).unwrap();
+    seen.lock().unwrap().push(Seen {
+        path,
+        authorization: auth.clone(),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    });
+    let reply = script.lock().unwrap().pop_front();
+    let _ = match reply {
+        Some(Reply::Stream(chunks, gap)) => {
+            let head =
+                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
+            conn.write_all(head.as_bytes()).unwrap();
+            for c in chunks {
+                let _ = conn.write_all(format!("data: {c}\n\n").as_bytes());
+                std::thread::sleep(gap);
+            }
+            conn.write_all(b": done\n\ndata: [DONE]\n\n")
+        }
+        Some(Reply::Status(code, text)) => {
+            let text = text.replace("{auth}", auth.as_deref().unwrap_or(""));
+            conn.write_all(
+                format!(
+                    "HTTP/1.1 {code} Oops\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                    text.len()
+                )
+                .as_bytes(),
+            )
+        }
+        None => conn.write_all(
+            b"HTTP/1.1 599 Script Ended\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        ),
+    };
+}
+
+/// A completion that says `text`, a word per delta, `gap` apart, and stops.
+fn say(text: &str, gap: Duration) -> Reply {
+    let mut chunks: Vec<Value> = text
+        .split_inclusive(' ')
+        .map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]}))
+        .collect();
+    chunks.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+    Reply::Stream(chunks, gap)
+}
+
+/// A completion that says `text` (if any) and asks for these tools (arguments sent in
+/// two deltas each).
+fn call(text: &str, calls: &[(&str, &str, Value)]) -> Reply {
+    let mut chunks = Vec::new();
+    if !text.is_empty() {
+        chunks.push(
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}]}),
+        );
+    }
+    for (i, (id, name, args)) in calls.iter().enumerate() {
+        let args = args.to_string();
+        let (a, b) = args.split_at(args.len() / 2);
+        chunks.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": a}}]}}]}));
+        chunks.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": i, "function": {"arguments": b}}]}}]}));
+    }
+    chunks.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}));
+    Reply::Stream(chunks, Duration::from_millis(20))
+}
+
+/// A tool message's content: the JSON result the agent fed the model.
+fn fed(msg: &Value) -> Value {
+    assert_eq!(msg["role"], "tool", "{msg}");
+    let content = msg["content"].as_str().expect("a text content");
+    serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content}"))
+}
+
+#[test]
+fn test_chat_with_the_real_server_agent() {
+    let (node, chromium) = prerequisites();
+    let _turn = one_browser();
+    let fake = Fake::start(vec![
+        // The first message: text and a Python step, a shell step, a streamed answer.
+        call(
+            "Let me compute that in Python.",
+            &[("call_py", "run_python", json!({ "code": PY_CODE }))],
+        ),
+        call(
+            "",
+            &[("call_sh", "run_shell", json!({ "command": SH_CODE }))],
+        ),
+        say(
+            "The answer is 42; the shell step exited with code 3.",
+            Duration::from_millis(150),
+        ),
+        // The second message: the upstream fails, echoing the key it was sent.
+        Reply::Status(500, "upstream overloaded; you sent {auth}".into()),
+    ]);
+    let base = fake.base();
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", KEY),
+        ("ISOBOX_AI_BASE", &base),
+        ("ISOBOX_AI_MODEL", MODEL),
+        ("ISOBOX_AI_KEY", AI_KEY),
+        // Only the two tools the script uses; nothing leaves 127.0.0.1.
+        ("ISOBOX_AI_SEARCH", "off"),
+        ("ISOBOX_LOG", "debug"),
+    ]);
+    d.wait_ready();
+    assert_eq!(
+        d.get("/v1/agent").json(),
+        json!({"enabled": true, "model": MODEL})
+    );
+
+    let shot = manifest().join("target/ui-artifacts/agent.png");
+    let _ = std::fs::remove_file(&shot);
+    let started = Instant::now();
+    let out = run_browser(
+        &d,
+        &node,
+        "agent.test.mjs",
+        &[
+            ("CHROMIUM", &chromium),
+            ("ISOBOX_UI_KEY", KEY),
+            ("ISOBOX_UI_MODEL", MODEL),
+            ("ISOBOX_UI_SECRET", AI_KEY),
+        ],
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the agent browser test took {:?}",
+        started.elapsed()
+    );
+    let png = std::fs::read(&shot).expect("the screenshot was saved");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG screenshot");
+    // The script scanned what the browser received for the model key (and found none).
+    let scan = out
+        .lines()
+        .find_map(|l| l.strip_prefix("key scan: "))
+        .expect("the script reports its key scan");
+    assert!(scan.ends_with(" 0 hits"), "{scan}");
+
+    // What the model endpoint was sent: four completions, each with the model key.
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 4, "four model requests");
+    assert_eq!(fake.unused(), 0);
+    for (i, s) in seen.iter().enumerate() {
+        assert_eq!(s.path, "/v1/chat/completions", "request {i}");
+        assert_eq!(
+            s.authorization.as_deref(),
+            Some(&*format!("Bearer {AI_KEY}")),
+            "request {i}"
+        );
+        assert_eq!(s.body["model"], MODEL, "request {i}");
+        assert_eq!(s.body["stream"], true, "request {i}");
+    }
+    let msgs = |i: usize| seen[i].body["messages"].as_array().unwrap().clone();
+    let tools: Vec<&str> = seen[0].body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["run_python", "run_shell"]);
+    // 1: the system prompt and the user's message, as the page sent it.
+    let m = msgs(0);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert_eq!(m[0]["role"], "system");
+    assert_eq!(m[1], json!({"role": "user", "content": ASK1}));
+    // 2: + the assistant's text and call, and the Python result (without the figure).
+    let m = msgs(1);
+    assert_eq!(m.len(), 4, "{m:?}");
+    assert_eq!(m[2]["role"], "assistant");
+    assert_eq!(m[2]["content"], "Let me compute that in Python.");
+    assert_eq!(m[2]["tool_calls"][0]["id"], "call_py");
+    assert_eq!(m[2]["tool_calls"][0]["function"]["name"], "run_python");
+    assert_eq!(m[3]["tool_call_id"], "call_py");
+    let content = m[3]["content"].as_str().unwrap();
+    assert!(content.contains("six times seven is 42"), "{content}");
+    assert!(
+        !content.contains("iVBOR"),
+        "the figure is not fed to the model"
+    );
+    let py = fed(&m[3]);
+    assert_eq!(py["stdout"], "six times seven is 42\n", "{py}");
+    assert_eq!(py["exitCode"], 0, "{py}");
+    // 3: + the shell call and its result, exit code 3.
+    let m = msgs(2);
+    assert_eq!(m.len(), 6, "{m:?}");
+    assert_eq!(m[4]["tool_calls"][0]["function"]["name"], "run_shell");
+    assert_eq!(m[5]["tool_call_id"], "call_sh");
+    let sh = fed(&m[5]);
+    assert_eq!(sh["exitCode"], 3, "{sh}");
+    assert_eq!(sh["stdout"], "from-shell\n", "{sh}");
+    // 4: the second message with the history the page kept: its text, not the tools.
+    let m = msgs(3);
+    assert_eq!(m.len(), 4, "{m:?}");
+    assert_eq!(m[1], json!({"role": "user", "content": ASK1}));
+    assert_eq!(m[2]["role"], "assistant");
+    let said = m[2]["content"].as_str().unwrap();
+    assert!(
+        said.starts_with("Let me compute that in Python.")
+            && said.ends_with("The answer is 42; the shell step exited with code 3."),
+        "{said}"
+    );
+    assert_eq!(m[3], json!({"role": "user", "content": ASK2}));
+
+    // The model key is in no log line (debug level), as in no response (the script).
+    let log = d.log();
+    assert!(log.contains(" DEBUG "), "a debug-level log:\n{log}");
+    assert!(!log.contains(AI_KEY), "the model key is in the log:\n{log}");
+
+    assert_sessions_ended(&d);
     d.assert_clean();
     d.stop();
 }
