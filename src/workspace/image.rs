@@ -840,6 +840,22 @@ mod tests {
         written
     }
 
+    /// Unmounts, retrying while busy: something else (udev probing a loop device, a
+    /// child another test forked before its exec) can hold the filesystem for a moment;
+    /// the daemon retries a busy unmount, and so do the tests.
+    fn unmount_settled(mp: &Path) {
+        let start = Instant::now();
+        loop {
+            match unmount(mp) {
+                Ok(()) => return,
+                Err(ImageError::Busy { .. }) if start.elapsed() < Duration::from_secs(5) => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("unmount: {e}"),
+            }
+        }
+    }
+
     fn check_fill(mp: &Path, size: u64) -> u64 {
         let t = Instant::now();
         let file = mp.join("big");
@@ -920,18 +936,7 @@ mod tests {
         let open = File::create(mp.join("open")).unwrap();
         assert!(matches!(unmount(&mp), Err(ImageError::Busy { .. })));
         drop(open);
-        // Something else (udev probing a loop device, another test's mkfs) can hold the
-        // filesystem for a moment: the daemon retries a busy unmount, and so does this.
-        let start = Instant::now();
-        loop {
-            match unmount(&mp) {
-                Ok(()) => break,
-                Err(ImageError::Busy { .. }) if start.elapsed() < Duration::from_secs(5) => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(e) => panic!("unmount: {e}"),
-            }
-        }
+        unmount_settled(&mp);
         assert!(!is_mounted(&mp));
         assert!(matches!(unmount(&mp), Err(ImageError::NotMounted { .. })));
         // Autoclear released the device (another process may have taken it since).
@@ -967,12 +972,12 @@ mod tests {
         loopdev::ext4_shutdown_nologflush(root.as_fd()).unwrap();
         drop(root);
         assert!(fs::write(mp.join("late"), b"x").is_err());
-        unmount(&mp).unwrap();
+        unmount_settled(&mp);
         assert_no_loop(&img);
         mount(&img, &mp).unwrap();
         assert_eq!(fs::read(mp.join("synced")).unwrap(), b"durable");
         fs::write(mp.join("late"), b"x").unwrap();
-        unmount(&mp).unwrap();
+        unmount_settled(&mp);
     }
 
     #[test]
@@ -993,7 +998,7 @@ mod tests {
         );
         eprintln!("512 MiB usage: {:?}", usage(&mp).unwrap());
         check_fill(&mp, size);
-        unmount(&mp).unwrap();
+        unmount_settled(&mp);
         assert_no_loop(&img);
     }
 
@@ -1021,7 +1026,7 @@ mod tests {
             );
             assert!(u.avail_bytes >= size && u.avail_bytes <= size + size / 100);
             assert!(alloc < 4 * MIB, "new image allocates {alloc}");
-            unmount(&mp).unwrap();
+            unmount_settled(&mp);
             fs::remove_file(&img).unwrap();
         }
     }
@@ -1036,7 +1041,7 @@ mod tests {
         fs::create_dir(mp.join("sub")).unwrap();
         fs::write(mp.join("sub/data"), b"persist me").unwrap();
         fs::write(mp.join("bulk"), vec![7u8; 8 * MIB as usize]).unwrap();
-        unmount(&mp).unwrap();
+        unmount_settled(&mp);
         let mode = fs::metadata(dir.path("a")).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
         let full = allocated_bytes(&img).unwrap();
@@ -1048,7 +1053,7 @@ mod tests {
         fs::remove_file(mp.join("bulk")).unwrap();
         File::open(&mp).unwrap().sync_all().unwrap();
         let trimmed = trim(&mp).unwrap();
-        unmount(&mp).unwrap();
+        unmount_settled(&mp);
         let after = allocated_bytes(&img).unwrap();
         eprintln!("trim: {trimmed} bytes, allocated {full} -> {after}");
         assert!(after + 7 * MIB <= full, "allocated {full} -> {after}");
@@ -1134,7 +1139,7 @@ mod tests {
         assert!(u.avail_bytes >= size && u.avail_bytes <= size + size / 100);
         assert!(u.inodes_free >= inodes);
         assert!(allocated_bytes(&img).unwrap() < MIB);
-        unmount(&mp).unwrap();
+        unmount_settled(&mp);
     }
 
     #[test]
