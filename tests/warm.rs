@@ -183,7 +183,7 @@ fn test_requests_a_pool_cannot_honour_start_cold() {
         // Not the runtime's default memory or pids: the pool booted with those.
         json!({"language": "python-slim", "code": "print(1)", "limits": {"memoryBytes": 100_000_000}, "network": false}),
         json!({"language": "python-slim", "code": "print(1)", "limits": {"pids": 8}, "network": false}),
-        // Another runtime.
+        // A runtime with no pool on this daemon.
         json!({"language": "ruby", "code": "puts 1", "network": false}),
     ] {
         let v = d.execute(body.clone());
@@ -323,6 +323,58 @@ fn test_javascript_warm_and_cold_give_the_same_result() {
         "[ 'a', 'b c' ] true /workspace/main.js from helper\n[ 'helper.js', 'main.js' ] /workspace 65534\nread-only true\nstdin \"line one\\nrest\\n\"\n",
         "{ok}"
     );
+    warm.assert_clean_except_pool();
+    cold.assert_clean();
+    warm.stop();
+    cold.stop();
+}
+
+#[test]
+fn test_ruby_warm_and_cold_give_the_same_result() {
+    let warm = warm_daemon("ruby=1");
+    let cold = Daemon::start();
+    cold.wait_ready();
+    let cases = [
+        (
+            "success with files, stdin and args",
+            json!({"language": "ruby", "code": "require_relative 'helper'\nputs ARGV.inspect, $0, __FILE__ == File.expand_path('main.rb'), H\nputs Dir.children('.').sort.inspect, Dir.pwd, Process.uid\nbegin\n  File.open('helper.rb', 'a') { |f| f.write('x') }\nrescue SystemCallError => e\n  puts \"read-only #{e.is_a?(Errno::EROFS) || e.is_a?(Errno::EACCES)}\"\nend\nputs \"stdin #{$stdin.read.inspect}\"", "files": [{"name": "helper.rb", "content": "H = 'from helper'"}], "stdin": "line one\nrest\n", "args": ["a", "b c"], "network": false}),
+        ),
+        (
+            "uncaught exception",
+            json!({"language": "ruby", "code": "def f\n  raise ArgumentError, 'bad'\nend\nf", "network": false}),
+        ),
+        (
+            "syntax error",
+            json!({"language": "ruby", "code": "def (", "network": false}),
+        ),
+        (
+            "exit code and at_exit",
+            json!({"language": "ruby", "code": "at_exit { puts 'at_exit ran' }\nputs 'bye'\nexit 3", "network": false}),
+        ),
+        (
+            "timeout",
+            json!({"language": "ruby", "code": "puts 'start'\nloop {}", "limits": {"wallTimeMs": 1500}, "network": false}),
+        ),
+        (
+            "truncation",
+            json!({"language": "ruby", "code": "puts 'y' * 5000\nwarn 'e' * 3000", "limits": {"outputBytes": 1024}, "network": false}),
+        ),
+    ];
+    same_warm_and_cold(&warm, &cold, "ruby", 1, &cases);
+    let ok = warm.execute(cases[0].1.clone());
+    assert_eq!(
+        ok["run"]["stdout"],
+        "[\"a\", \"b c\"]\n/workspace/main.rb\ntrue\nfrom helper\n[\"helper.rb\", \"main.rb\"]\n/workspace\n65534\nread-only true\nstdin \"line one\\nrest\\n\"\n",
+        "{ok}"
+    );
+    // Streaming is the cold path's too.
+    wait_ready_of(&warm, "ruby", 1);
+    let body = json!({"language": "ruby", "code": "3.times { |i| puts i; warn \"e#{i}\"; sleep 0.1 }\nexit 2", "network": false});
+    let (wo, we, wd) = sse(&warm, &body);
+    let (co, ce, cd) = sse(&cold, &body);
+    assert_eq!((wo.as_str(), we.as_str()), ("0\n1\n2\n", "e0\ne1\ne2\n"));
+    assert_eq!((wo, we), (co, ce));
+    assert_eq!(comparable(wd), comparable(cd));
     warm.assert_clean_except_pool();
     cold.assert_clean();
     warm.stop();

@@ -58,9 +58,9 @@ pub struct ExecPlan {
     pub network_requested: bool,
     /// `files[0]` is the request's `code` (not one of its `files`).
     pub code_given: bool,
-    /// A warm-pool harness to bind read-only at `/opt/isobox-warm/warm.js` (node
+    /// A warm-pool harness to bind read-only under `/opt/isobox-warm/` (node and ruby
     /// pooled sandboxes preload it); `None` for every ordinary run.
-    pub preload: Option<&'static str>,
+    pub preload: Option<crate::sandbox::warm::Preload>,
     /// A session step: the session's mounted workspace, bound read-write at
     /// `/workspace` (the files are already in it). Dropping the last clone ends the lease.
     pub workspace: Option<std::sync::Arc<crate::workspace::Lease>>,

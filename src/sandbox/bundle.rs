@@ -61,21 +61,25 @@ pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf, S
     Ok(src)
 }
 
-/// Writes a warm-pool preload harness as `dir/warm/warm.js` (bound at /opt/isobox-warm).
+/// Writes a warm-pool preload harness as `dir/warm/<file>` (bound at /opt/isobox-warm).
 ///
 /// # Errors
 /// [`SandboxError::Bundle`] on any I/O error.
-pub fn write_preload(dir: &Path, code: &str) -> Result<(), SandboxError> {
+pub fn write_preload(
+    dir: &Path,
+    preload: crate::sandbox::warm::Preload,
+) -> Result<(), SandboxError> {
+    let (file, code) = (preload.file, preload.code);
     let d = dir.join("warm");
     let wrap = |path: &Path| {
         let path = path.to_path_buf();
         move |source| SandboxError::Bundle { path, source }
     };
     fs::create_dir(&d).map_err(wrap(&d))?;
-    fs::write(d.join("warm.js"), code).map_err(wrap(&d))?;
+    fs::write(d.join(file), code).map_err(wrap(&d))?;
     set_tree_readable(&d).map_err(wrap(&d))?;
     use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(d.join("warm.js"), fs::Permissions::from_mode(0o644)).map_err(wrap(&d))
+    fs::set_permissions(d.join(file), fs::Permissions::from_mode(0o644)).map_err(wrap(&d))
 }
 
 use std::os::unix::fs::DirBuilderExt;
@@ -130,7 +134,7 @@ pub fn config(
             mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
         }
     }
-    // A pooled node sandbox's preload harness, outside /workspace and /tmp (a
+    // A pooled node or ruby sandbox's preload harness, outside /workspace and /tmp (a
     // debootstrap tree's /opt is empty), so the program's own directories look as cold.
     if plan.preload.is_some() {
         if let Some(dir) = src_dir.parent() {

@@ -110,8 +110,8 @@ impl Backend {
             &plan.files
         };
         let src = match bundle::write_files(&dir, files).and_then(|s| {
-            if let Some(code) = plan.preload {
-                bundle::write_preload(&dir, code)?;
+            if let Some(preload) = plan.preload {
+                bundle::write_preload(&dir, preload)?;
             }
             Ok(s)
         }) {

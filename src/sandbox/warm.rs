@@ -27,10 +27,28 @@ use std::time::{Duration, Instant};
 
 /// The Python harness, run as `python3 -c`.
 pub const PYTHON_HARNESS: &str = include_str!("../../runtimes/warm/python.py");
-/// The node harness, preloaded with `node -r` before the runtime's own launcher.
-pub const NODE_PRELOAD: &str = include_str!("../../runtimes/warm/node.js");
-/// Where a pooled node sandbox finds [`NODE_PRELOAD`].
-const NODE_PRELOAD_PATH: &str = "/opt/isobox-warm/warm.js";
+/// A harness a pooled sandbox's interpreter loads before the runtime's own launcher,
+/// bound read-only at `/opt/isobox-warm/<file>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Preload {
+    /// Its file name (the interpreter needs the right extension).
+    pub file: &'static str,
+    /// Its code.
+    pub code: &'static str,
+}
+
+/// The node harness, preloaded with `node -r`.
+pub const NODE_PRELOAD: Preload = Preload {
+    file: "warm.js",
+    code: include_str!("../../runtimes/warm/node.js"),
+};
+/// The ruby harness, preloaded with `ruby -r`.
+pub const RUBY_PRELOAD: Preload = Preload {
+    file: "warm.rb",
+    code: include_str!("../../runtimes/warm/ruby.rb"),
+};
+/// Where pooled sandboxes find their preload.
+const PRELOAD_DIR: &str = "/opt/isobox-warm";
 
 /// How a runtime's pooled sandboxes hold their interpreter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,10 +57,12 @@ pub enum Kind {
     Python,
     /// `node -r PRELOAD <the runtime's argv>`: the launcher runs after the claim.
     Node,
+    /// `ruby -r PRELOAD <the runtime's argv>`: likewise.
+    Ruby,
 }
 
 /// Whether (and how) `desc` can have a warm pool: an interpreted runtime whose argv
-/// ends with its source file, run by `python3` or `node`.
+/// ends with its source file, run by `python3`, `node` or `ruby`.
 pub fn kind(desc: &crate::runtimes::Descriptor) -> Option<Kind> {
     if desc.compiled || desc.run.last() != Some(&desc.source_file) {
         return None;
@@ -50,6 +70,7 @@ pub fn kind(desc: &crate::runtimes::Descriptor) -> Option<Kind> {
     match desc.run.first().and_then(|p| p.rsplit('/').next()) {
         Some("python3") if desc.run.len() == 2 => Some(Kind::Python),
         Some("node") => Some(Kind::Node),
+        Some("ruby") => Some(Kind::Ruby),
         _ => None,
     }
 }
@@ -155,7 +176,11 @@ fn eligible(plan: &ExecPlan) -> bool {
 /// with filtered egress.
 fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> ExecPlan {
     let limits = crate::sandbox::limits::RequestedLimits::default().resolve(&runtime.desc.limits);
-    let node = kind(&runtime.desc) == Some(Kind::Node);
+    let preload = match kind(&runtime.desc) {
+        Some(Kind::Node) => Some(NODE_PRELOAD),
+        Some(Kind::Ruby) => Some(RUBY_PRELOAD),
+        _ => None,
+    };
     ExecPlan {
         runtime,
         files: Vec::new(),
@@ -165,7 +190,7 @@ fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> ExecPlan {
         limits,
         network_requested: network,
         code_given: false,
-        preload: node.then_some(NODE_PRELOAD),
+        preload,
         workspace: None,
     }
 }
@@ -198,8 +223,17 @@ impl Backend {
         let cuts = self.egress.as_ref().map_or(0, |e| e.cuts());
         let desc = &plan.runtime.desc;
         let argv = match kind(desc) {
-            Some(Kind::Node) => {
-                let mut a = vec![desc.run[0].clone(), "-r".into(), NODE_PRELOAD_PATH.into()];
+            Some(k @ (Kind::Node | Kind::Ruby)) => {
+                let file = if k == Kind::Node {
+                    NODE_PRELOAD.file
+                } else {
+                    RUBY_PRELOAD.file
+                };
+                let mut a = vec![
+                    desc.run[0].clone(),
+                    "-r".into(),
+                    format!("{PRELOAD_DIR}/{file}"),
+                ];
                 a.extend(desc.run[1..].iter().cloned());
                 a
             }
