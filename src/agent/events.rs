@@ -50,7 +50,6 @@ impl Daemon {
         }
         let cancel = Arc::new(AtomicBool::new(false));
         let iterations = Arc::new(AtomicU32::new(0));
-        let keep = self.conns.get(ck).is_some_and(|c| c.keep_alive) && !self.app.shutting_down;
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
@@ -63,16 +62,7 @@ impl Daemon {
             last_event: Instant::now(),
             iterations: Arc::clone(&iterations),
         };
-        let headers = [
-            ("Content-Type", "text/event-stream".to_string()),
-            ("Cache-Control", "no-cache".to_string()),
-            ("X-Accel-Buffering", "no".to_string()),
-            ("Transfer-Encoding", "chunked".to_string()),
-        ];
-        crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
-        if !keep {
-            c.close_after_flush = true;
-        }
+        crate::sandbox::events::start_sse(c, self.app.shutting_down);
         self.agent.running.fetch_add(1, Ordering::AcqRel);
         let lp = Loop {
             shared: Arc::clone(&self.agent),

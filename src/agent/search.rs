@@ -236,40 +236,13 @@ pub fn percent_encode(s: &str) -> String {
     out
 }
 
+/// A percent-encoded value decoded (`+` is a space), or as given when it is not valid
+/// percent-encoding.
 fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let byte = b
-                    .get(i + 1..i + 3)
-                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match byte {
-                    Some(v) => {
-                        out.push(v);
-                        i += 3;
-                    }
-                    None => {
-                        out.push(b'%');
-                        i += 1;
-                    }
-                }
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::http::parse::percent_decode_bytes(s).map_or_else(
+        || s.to_string(),
+        |b| String::from_utf8_lossy(&b).into_owned(),
+    )
 }
 
 #[cfg(test)]

@@ -204,6 +204,22 @@ pub struct Run {
     pub(super) agent: Option<crossbeam_channel::Sender<crate::agent::StepReply>>,
 }
 
+/// Queues the head of an SSE response (chunked; kept alive unless the client or a
+/// shutdown says otherwise) on `c`.
+pub(crate) fn start_sse(c: &mut crate::reactor::conn::Conn, shutting_down: bool) {
+    let keep = c.keep_alive && !shutting_down;
+    let headers = [
+        ("Content-Type", "text/event-stream".to_string()),
+        ("Cache-Control", "no-cache".to_string()),
+        ("X-Accel-Buffering", "no".to_string()),
+        ("Transfer-Encoding", "chunked".to_string()),
+    ];
+    crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
+    if !keep {
+        c.close_after_flush = true;
+    }
+}
+
 /// Takes the longest UTF-8-safe prefix of `buf` as text: invalid bytes become U+FFFD,
 /// an incomplete character at the end is held back unless `last`.
 pub fn take_utf8(buf: &mut Vec<u8>, last: bool) -> String {
@@ -409,17 +425,7 @@ impl Daemon {
         };
         if stream {
             c.phase = Phase::Stream { run: rk };
-            let keep = c.keep_alive && !self.app.shutting_down;
-            let headers = [
-                ("Content-Type", "text/event-stream".to_string()),
-                ("Cache-Control", "no-cache".to_string()),
-                ("X-Accel-Buffering", "no".to_string()),
-                ("Transfer-Encoding", "chunked".to_string()),
-            ];
-            crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
-            if !keep {
-                c.close_after_flush = true;
-            }
+            start_sse(c, self.app.shutting_down);
             self.arm_keepalive(rk);
         } else {
             c.phase = Phase::Busy { run: rk };
