@@ -14,15 +14,16 @@
 //! second browser).
 
 mod common;
+#[path = "common/fakemodel.rs"]
+mod fakemodel;
 
 use common::Daemon;
+use fakemodel::{call, say_paced, Fake, Reply};
 use serde_json::{json, Value};
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const KEY: &str = "ui-test-key";
@@ -199,150 +200,6 @@ open(\"agent-note.txt\", \"w\").write(str(answer))\n\
 print(\"six times seven is\", answer)";
 const SH_CODE: &str = "echo from-shell; exit 3";
 
-/// One scripted answer of the fake model endpoint.
-enum Reply {
-    /// 200 `text/event-stream` with these `data:` payloads (`gap` apart), then `[DONE]`.
-    Stream(Vec<Value>, Duration),
-    /// This status and a text body (`{auth}` in it: the request's Authorization, as a
-    /// careless upstream might echo it).
-    Status(u16, String),
-}
-
-/// What the fake endpoint received.
-#[derive(Clone)]
-struct Seen {
-    path: String,
-    authorization: Option<String>,
-    body: Value,
-}
-
-/// A scripted OpenAI-compatible server on 127.0.0.1 (as in tests/agent.rs): each
-/// request gets the next reply; past the script, 599.
-struct Fake {
-    addr: SocketAddr,
-    script: Arc<Mutex<VecDeque<Reply>>>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-}
-
-impl Fake {
-    fn start(script: Vec<Reply>) -> Fake {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let script = Arc::new(Mutex::new(VecDeque::from(script)));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let (s2, seen2) = (Arc::clone(&script), Arc::clone(&seen));
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { return };
-                let (s3, seen3) = (Arc::clone(&s2), Arc::clone(&seen2));
-                std::thread::spawn(move || serve(conn, &s3, &seen3));
-            }
-        });
-        Fake { addr, script, seen }
-    }
-
-    fn base(&self) -> String {
-        format!("http://{}/v1", self.addr)
-    }
-
-    /// Scripted replies not yet given.
-    fn unused(&self) -> usize {
-        self.script.lock().unwrap().len()
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-fn serve(mut conn: TcpStream, script: &Mutex<VecDeque<Reply>>, seen: &Mutex<Vec<Seen>>) {
-    let mut r = BufReader::new(conn.try_clone().unwrap());
-    let mut line = String::new();
-    if r.read_line(&mut line).unwrap_or(0) == 0 {
-        return;
-    }
-    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-    let (mut len, mut auth) = (0usize, None);
-    loop {
-        let mut h = String::new();
-        r.read_line(&mut h).unwrap();
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        let (k, v) = h.split_once(':').unwrap();
-        match k.to_ascii_lowercase().as_str() {
-            "content-length" => len = v.trim().parse().unwrap(),
-            "authorization" => auth = Some(v.trim().to_string()),
-            _ => {}
-        }
-    }
-    let mut body = vec![0; len];
-    r.read_exact(&mut body).unwrap();
-    seen.lock().unwrap().push(Seen {
-        path,
-        authorization: auth.clone(),
-        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
-    });
-    let reply = script.lock().unwrap().pop_front();
-    let _ = match reply {
-        Some(Reply::Stream(chunks, gap)) => {
-            let head =
-                "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n";
-            conn.write_all(head.as_bytes()).unwrap();
-            for c in chunks {
-                let _ = conn.write_all(format!("data: {c}\n\n").as_bytes());
-                std::thread::sleep(gap);
-            }
-            conn.write_all(b": done\n\ndata: [DONE]\n\n")
-        }
-        Some(Reply::Status(code, text)) => {
-            let text = text.replace("{auth}", auth.as_deref().unwrap_or(""));
-            conn.write_all(
-                format!(
-                    "HTTP/1.1 {code} Oops\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
-                    text.len()
-                )
-                .as_bytes(),
-            )
-        }
-        None => conn.write_all(
-            b"HTTP/1.1 599 Script Ended\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-        ),
-    };
-}
-
-/// A completion that says `text`, a word per delta, `gap` apart, and stops.
-fn say(text: &str, gap: Duration) -> Reply {
-    let mut chunks: Vec<Value> = text
-        .split_inclusive(' ')
-        .map(|w| json!({"choices": [{"index": 0, "delta": {"content": w}}]}))
-        .collect();
-    chunks.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
-    Reply::Stream(chunks, gap)
-}
-
-/// A completion that says `text` (if any) and asks for these tools (arguments sent in
-/// two deltas each).
-fn call(text: &str, calls: &[(&str, &str, Value)]) -> Reply {
-    let mut chunks = Vec::new();
-    if !text.is_empty() {
-        chunks.push(
-            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": text}}]}),
-        );
-    }
-    for (i, (id, name, args)) in calls.iter().enumerate() {
-        let args = args.to_string();
-        let (a, b) = args.split_at(args.len() / 2);
-        chunks.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": a}}]}}]}));
-        chunks.push(json!({"choices": [{"index": 0, "delta": {"tool_calls": [
-            {"index": i, "function": {"arguments": b}}]}}]}));
-    }
-    chunks.push(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}));
-    Reply::Stream(chunks, Duration::from_millis(20))
-}
-
 /// A tool message's content: the JSON result the agent fed the model.
 fn fed(msg: &Value) -> Value {
     assert_eq!(msg["role"], "tool", "{msg}");
@@ -364,7 +221,7 @@ fn test_chat_with_the_real_server_agent() {
             "",
             &[("call_sh", "run_shell", json!({ "command": SH_CODE }))],
         ),
-        say(
+        say_paced(
             "The answer is 42; the shell step exited with code 3.",
             Duration::from_millis(150),
         ),
