@@ -256,6 +256,18 @@ pub const SETTINGS: &[Setting] = &[
         help: "how often the firewall is read back and, when it is found wrong, programmed again",
     },
     Setting {
+        flag: "--egress-max-conns",
+        env: "ISOBOX_EGRESS_MAX_CONNS",
+        default: "256",
+        help: "connections one networked sandbox may have open at once (conntrack entries, TCP, UDP and ICMP alike); a new one beyond it is dropped (1-65536)",
+    },
+    Setting {
+        flag: "--egress-rate",
+        env: "ISOBOX_EGRESS_RATE",
+        default: "12500000",
+        help: "bytes per second one networked sandbox may send, and separately receive (100 Mbit/s by default); packets beyond it are dropped, bursts of up to a second's worth pass (65536-10000000000)",
+    },
+    Setting {
         flag: "--warm-pool",
         env: "ISOBOX_WARM_POOL",
         default: "python=2,python-slim=1,javascript=1",
@@ -458,6 +470,10 @@ pub struct EgressConfig {
     pub deny: Vec<crate::netfilter::Cidr>,
     /// Re-verification interval.
     pub verify_sec: u64,
+    /// Connections per sandbox at once.
+    pub max_conns: u32,
+    /// Bytes per second per sandbox, each way.
+    pub rate_bytes: u64,
 }
 
 /// Settings of filesystem sessions.
@@ -653,6 +669,12 @@ impl Config {
                     get("ISOBOX_EGRESS_VERIFY_SEC"),
                     10,
                 )?,
+                max_conns: parse_or(
+                    "ISOBOX_EGRESS_MAX_CONNS",
+                    get("ISOBOX_EGRESS_MAX_CONNS"),
+                    256,
+                )?,
+                rate_bytes: parse_or("ISOBOX_EGRESS_RATE", get("ISOBOX_EGRESS_RATE"), 12_500_000)?,
             },
             kernels_max: parse_or("ISOBOX_KERNELS_MAX", get("ISOBOX_KERNELS_MAX"), 4)?,
             warm_pool: parse_warm_pool(
@@ -786,6 +808,21 @@ impl Config {
                 "ISOBOX_EGRESS_VERIFY_SEC",
                 &e.verify_sec.to_string(),
                 "between 1 and 86400",
+            ));
+        }
+        if !(1..=65_536).contains(&e.max_conns) {
+            return Err(invalid(
+                "ISOBOX_EGRESS_MAX_CONNS",
+                &e.max_conns.to_string(),
+                "between 1 and 65536",
+            ));
+        }
+        // A second's worth must hold one whole offloaded (64 KiB) packet.
+        if !(65_536..=10_000_000_000).contains(&e.rate_bytes) {
+            return Err(invalid(
+                "ISOBOX_EGRESS_RATE",
+                &e.rate_bytes.to_string(),
+                "bytes per second between 65536 and 10000000000",
             ));
         }
         if self.kernels_max > 256 {
@@ -1014,5 +1051,40 @@ impl AiConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(args: &[&str]) -> Result<Config, ConfigError> {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        Config::load(&args)
+    }
+
+    #[test]
+    fn egress_limits_have_defaults_and_bounds() {
+        // Run under whatever ISOBOX_* the environment has; flags override it.
+        let c = load(&["--egress-max-conns", "256", "--egress-rate", "12500000"]).unwrap();
+        assert_eq!((c.egress.max_conns, c.egress.rate_bytes), (256, 12_500_000));
+        for (v, ok) in [("0", false), ("1", true), ("65536", true), ("65537", false)] {
+            let r = load(&["--egress-max-conns", v]);
+            assert_eq!(r.is_ok(), ok, "max conns {v}: {r:?}");
+        }
+        for (v, ok) in [
+            ("65535", false),
+            ("65536", true),
+            ("10000000000", true),
+            ("10000000001", false),
+            ("-1", false),
+            ("1e6", false),
+        ] {
+            let r = load(&["--egress-rate", v]);
+            assert_eq!(r.is_ok(), ok, "rate {v}: {r:?}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains("ISOBOX_EGRESS_RATE"), "{e}");
+            }
+        }
     }
 }

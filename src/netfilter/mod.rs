@@ -7,6 +7,7 @@
 //! Only while the last check passed does a run get a network; otherwise it runs
 //! offline and says so (`run.network: false` and the spec's warning).
 
+pub mod ct;
 pub mod nft;
 pub mod nl;
 pub mod rtnl;
@@ -193,6 +194,9 @@ impl NetLease {
         if let Err(err) = rtnl::Rtnl::open().and_then(|mut r| r.del_link(&self.host_if)) {
             log::warn!("egress: deleting link {}: {err}", self.host_if);
         }
+        // With the link gone nothing new arrives; what conntrack still holds of the run
+        // would otherwise stay for days and count against the link's next user.
+        ct::forget_addr(self.sandbox_addr());
         remove_ns_file(&self.ns_path);
         e.free(self.slot);
     }
@@ -274,7 +278,17 @@ impl Egress {
         Arc::new(Egress {
             enabled: e.enabled,
             pool: e.pool,
-            ruleset: nft::Ruleset::egress(&table, &prefix, e.pool, &deny),
+            ruleset: nft::Ruleset::egress(
+                &table,
+                &prefix,
+                e.pool,
+                &deny,
+                nft::Limits {
+                    max_conns: e.max_conns,
+                    rate_bytes: e.rate_bytes,
+                    links: u32::try_from(slots).unwrap_or(u32::MAX),
+                },
+            ),
             prefix,
             dns: e.dns.clone(),
             data_dir: cfg.data_dir.clone(),
@@ -474,6 +488,7 @@ impl Egress {
         if n > 0 {
             log::info!("egress: swept {n} links of this instance");
         }
+        ct::forget_pool(self.pool);
     }
 
     /// Programs the table and reads it back.

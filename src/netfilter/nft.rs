@@ -20,6 +20,8 @@ const MSG_NEWCHAIN: u16 = 3;
 const MSG_GETCHAIN: u16 = 4;
 const MSG_NEWRULE: u16 = 6;
 const MSG_GETRULE: u16 = 7;
+const MSG_NEWSET: u16 = 9;
+const MSG_GETSET: u16 = 10;
 const BATCH_BEGIN: u16 = 0x10;
 const BATCH_END: u16 = 0x11;
 const NFPROTO_INET: u8 = 1;
@@ -44,6 +46,28 @@ const EXPR_DATA: u16 = 2;
 const DATA_VALUE: u16 = 1;
 const DATA_VERDICT: u16 = 2;
 const VERDICT_CODE: u16 = 1;
+const SET_TABLE: u16 = 1;
+const SET_NAME: u16 = 2;
+const SET_FLAGS: u16 = 3;
+const SET_KEY_TYPE: u16 = 4;
+const SET_KEY_LEN: u16 = 5;
+const SET_DESC: u16 = 9;
+const SET_ID: u16 = 10;
+const SET_DESC_SIZE: u16 = 1;
+/// `NFT_SET_EVAL`: elements are added from the packet path (`flags dynamic`).
+const SET_F_EVAL: u32 = 0x20;
+/// nft's datatype number for `ifname` (only shown by `nft list`; the kernel keeps it).
+const TYPE_IFNAME: u32 = 41;
+const IFNAMSIZ: u32 = 16;
+const DYNSET_SET_NAME: u16 = 1;
+const DYNSET_SET_ID: u16 = 2;
+const DYNSET_OP: u16 = 3;
+const DYNSET_SREG_KEY: u16 = 4;
+const DYNSET_EXPR: u16 = 7;
+const DYNSET_OP_ADD: u32 = 0;
+/// `NFT_CONNLIMIT_F_INV` / `NFT_LIMIT_F_INV`: match when over.
+const F_INV: u32 = 1;
+const NFT_LIMIT_PKT_BYTES: u32 = 1;
 
 const HOOK_INPUT: u32 = 1;
 const HOOK_FORWARD: u32 = 2;
@@ -66,6 +90,8 @@ const NFPROTO_IPV6: u8 = 10;
 const IPPROTO_TCP: u8 = 6;
 /// `ct state established,related` as conntrack's state bits.
 const CT_ESTABLISHED_RELATED: u32 = 0x2 | 0x4;
+/// `ct state new`.
+const CT_NEW: u32 = 0x8;
 
 /// One nftables expression.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,11 +103,23 @@ enum Expr {
     Ct(u32),
     Verdict(u32),
     Masq,
+    /// `add @set { <reg 1> <expr> }`: the element's stateful expression decides.
+    Dynset(&'static str, u32, Box<Expr>),
+    /// `ct count over N` (only inside a dynset).
+    Connlimit(u32),
+    /// `limit rate over N bytes/second` (only inside a dynset).
+    LimitBytes(u64),
 }
 
 impl Expr {
     fn encode(&self, m: &mut Msg) {
         m.begin(LIST_ELEM);
+        self.encode_body(m);
+        m.end();
+    }
+
+    /// The expression's name and data, without the list element around them.
+    fn encode_body(&self, m: &mut Msg) {
         let name = match self {
             Expr::Meta(_) => "meta",
             Expr::Cmp(..) => "cmp",
@@ -90,6 +128,9 @@ impl Expr {
             Expr::Ct(_) => "ct",
             Expr::Verdict(_) => "immediate",
             Expr::Masq => "masq",
+            Expr::Dynset(..) => "dynset",
+            Expr::Connlimit(_) => "connlimit",
+            Expr::LimitBytes(_) => "limit",
         };
         m.attr_str(EXPR_NAME, name).begin(EXPR_DATA);
         match self {
@@ -126,8 +167,27 @@ impl Expr {
                     .end();
             }
             Expr::Masq => {}
+            Expr::Dynset(set, id, inner) => {
+                m.attr_str(DYNSET_SET_NAME, set)
+                    .attr_be32(DYNSET_SET_ID, *id)
+                    .attr_be32(DYNSET_OP, DYNSET_OP_ADD)
+                    .attr_be32(DYNSET_SREG_KEY, REG_1);
+                m.begin(DYNSET_EXPR);
+                inner.encode_body(m);
+                m.end();
+            }
+            Expr::Connlimit(count) => {
+                m.attr_be32(1, *count).attr_be32(2, F_INV);
+            }
+            Expr::LimitBytes(rate) => {
+                m.attr(1, &rate.to_be_bytes())
+                    .attr(2, &1u64.to_be_bytes())
+                    .attr_be32(3, 0)
+                    .attr_be32(4, NFT_LIMIT_PKT_BYTES)
+                    .attr_be32(5, F_INV);
+            }
         }
-        m.end().end();
+        m.end();
     }
 }
 
@@ -141,10 +201,31 @@ struct Chain {
     rules: Vec<Vec<Expr>>,
 }
 
+/// A dynamic set keyed by interface name: one element per sandbox link, holding that
+/// link's connection count or byte bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Set {
+    name: &'static str,
+    id: u32,
+    size: u32,
+}
+
+/// Per-sandbox network limits (catalogue N14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections (conntrack entries) a sandbox link may have at once.
+    pub max_conns: u32,
+    /// Bytes per second each way, per sandbox link.
+    pub rate_bytes: u64,
+    /// Sandbox links that can exist at once (the sets' size).
+    pub links: u32,
+}
+
 /// The whole table isobox owns.
 #[derive(Debug, Clone)]
 pub struct Ruleset {
     table: String,
+    sets: Vec<Set>,
     chains: Vec<Chain>,
 }
 
@@ -181,8 +262,9 @@ fn addr_in(offset: u32, c: Cidr) -> [Expr; 3] {
 impl Ruleset {
     /// The egress policy for sandbox links named `prefix*` with addresses from `pool`:
     /// no IPv6, none of `deny` (which must include the pool), no SMTP, nothing into a
-    /// sandbox but replies, nothing to the host itself, and masquerade out.
-    pub fn egress(table: &str, prefix: &str, pool: Cidr, deny: &[Cidr]) -> Ruleset {
+    /// sandbox but replies, nothing to the host itself, no more than `limits` per sandbox
+    /// link, and masquerade out.
+    pub fn egress(table: &str, prefix: &str, pool: Cidr, deny: &[Cidr], limits: Limits) -> Ruleset {
         let drop = || Expr::Verdict(NF_DROP);
         let mut fwd: Vec<Vec<Expr>> = Vec::new();
         let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
@@ -218,6 +300,51 @@ impl Ruleset {
             ]);
             fwd.push(r);
         }
+        // Per link: a new connection beyond `max_conns` tracked ones is dropped (before
+        // conntrack confirms it, so a flood cannot fill the host's table), and bytes
+        // beyond `rate_bytes` a second are dropped each way. Keyed by the link, not the
+        // address, so a forged source address does not escape its sandbox's budget.
+        let sets = vec![
+            Set {
+                name: "conns",
+                id: 1,
+                size: limits.links,
+            },
+            Set {
+                name: "up",
+                id: 2,
+                size: limits.links,
+            },
+            Set {
+                name: "down",
+                id: 3,
+                size: limits.links,
+            },
+        ];
+        let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        r.extend([
+            Expr::Ct(CT_STATE),
+            Expr::Bitwise(4, CT_NEW.to_ne_bytes().to_vec()),
+            Expr::Cmp(CMP_NEQ, vec![0; 4]),
+            Expr::Meta(META_IIFNAME),
+            Expr::Dynset("conns", 1, Box::new(Expr::Connlimit(limits.max_conns))),
+            drop(),
+        ]);
+        fwd.push(r);
+        let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        r.extend([
+            Expr::Meta(META_IIFNAME),
+            Expr::Dynset("up", 2, Box::new(Expr::LimitBytes(limits.rate_bytes))),
+            drop(),
+        ]);
+        fwd.push(r);
+        let mut r: Vec<Expr> = oif(prefix, CMP_EQ).to_vec();
+        r.extend([
+            Expr::Meta(META_OIFNAME),
+            Expr::Dynset("down", 3, Box::new(Expr::LimitBytes(limits.rate_bytes))),
+            drop(),
+        ]);
+        fwd.push(r);
         let mut r: Vec<Expr> = oif(prefix, CMP_EQ).to_vec();
         r.extend([
             Expr::Ct(CT_STATE),
@@ -241,6 +368,7 @@ impl Ruleset {
         let _ = NFPROTO_IPV6;
         Ruleset {
             table: table.to_string(),
+            sets,
             chains: vec![
                 Chain {
                     name: "forward",
@@ -339,6 +467,19 @@ impl Nft {
             ] {
                 let mut m = msg(ty, flags);
                 m.attr_str(TABLE_NAME, &rs.table);
+                bytes.extend(m.finish());
+            }
+            for s in &rs.sets {
+                let mut m = msg(MSG_NEWSET, nl::F_CREATE);
+                m.attr_str(SET_TABLE, &rs.table)
+                    .attr_str(SET_NAME, s.name)
+                    .attr_be32(SET_FLAGS, SET_F_EVAL)
+                    .attr_be32(SET_KEY_TYPE, TYPE_IFNAME)
+                    .attr_be32(SET_KEY_LEN, IFNAMSIZ)
+                    .attr_be32(SET_ID, s.id)
+                    .begin(SET_DESC)
+                    .attr_be32(SET_DESC_SIZE, s.size)
+                    .end();
                 bytes.extend(m.finish());
             }
             for c in &rs.chains {
@@ -443,6 +584,32 @@ impl Nft {
                 "chains differ: kernel has {chains:?}, expected {want:?}"
             )));
         }
+        let mut sets: BTreeMap<String, String> = BTreeMap::new();
+        for p in self.dump(MSG_GETSET)? {
+            let a = nl::attrs(&p, 4);
+            if nl::find(&a, SET_TABLE).map(|d| nl::text(&d)).as_deref() != Some(&rs.table) {
+                continue;
+            }
+            let name = nl::find(&a, SET_NAME)
+                .map(|d| nl::text(&d))
+                .unwrap_or_default();
+            sets.insert(name, set_signature(&a));
+        }
+        let want: BTreeMap<String, String> = rs
+            .sets
+            .iter()
+            .map(|s| {
+                (
+                    s.name.to_string(),
+                    format!("flags={SET_F_EVAL:#x} keylen={IFNAMSIZ} size={}", s.size),
+                )
+            })
+            .collect();
+        if sets != want {
+            return Ok(Some(format!(
+                "sets differ: kernel has {sets:?}, expected {want:?}"
+            )));
+        }
         let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for p in self.dump(MSG_GETRULE)? {
             let a = nl::attrs(&p, 4);
@@ -506,6 +673,27 @@ fn chain_signature(a: &[(u16, &[u8])]) -> String {
     )
 }
 
+fn set_signature(a: &[(u16, &[u8])]) -> String {
+    let be = |ty: u16| {
+        nl::find(a, ty).map_or(u32::MAX, |d| {
+            d.get(..4).map_or(u32::MAX, |b| {
+                u32::from_be_bytes(b.try_into().unwrap_or_default())
+            })
+        })
+    };
+    let desc = nl::find(a, SET_DESC).unwrap_or_default();
+    let size = nl::find(&nl::attrs(&desc, 0), SET_DESC_SIZE).map_or(u32::MAX, |d| {
+        d.get(..4).map_or(u32::MAX, |b| {
+            u32::from_be_bytes(b.try_into().unwrap_or_default())
+        })
+    });
+    format!(
+        "flags={:#x} keylen={} size={size}",
+        be(SET_FLAGS),
+        be(SET_KEY_LEN)
+    )
+}
+
 fn encode_rule(rule: &[Expr]) -> Vec<u8> {
     let mut m = Msg::new(0, 0, 0);
     for e in rule {
@@ -525,8 +713,22 @@ fn is_nest(expr: &str, ty: u16) -> bool {
 fn normalise_attrs(expr: &str, data: &[u8]) -> String {
     let mut parts: Vec<String> = nl::attrs(data, 0)
         .into_iter()
+        .filter(|(ty, d)| match (expr, *ty) {
+            // A set id only links a rule to a set in the same batch; the kernel's dump
+            // names the set instead. It also dumps a zero timeout and zero flags.
+            ("dynset", DYNSET_SET_ID) => false,
+            ("dynset", 6 | 9) => d.iter().any(|b| *b != 0),
+            _ => true,
+        })
         .map(|(ty, d)| {
-            if is_nest(expr, ty) {
+            if (expr, ty) == ("dynset", DYNSET_EXPR) {
+                let a = nl::attrs(d, 0);
+                let name = nl::find(&a, EXPR_NAME)
+                    .map(|d| nl::text(&d))
+                    .unwrap_or_default();
+                let data = nl::find(&a, EXPR_DATA).unwrap_or_default();
+                format!("{ty}{{{name}({})}}", normalise_attrs(&name, &data))
+            } else if is_nest(expr, ty) {
                 let inner = if expr == "data" { "verdict" } else { "data" };
                 format!("{ty}{{{}}}", normalise_attrs(inner, d))
             } else {
@@ -567,13 +769,18 @@ mod tests {
             "ibabcde",
             pool,
             &[pool, "10.0.0.0/8".parse().unwrap()],
+            Limits {
+                max_conns: 16,
+                rate_bytes: 1 << 20,
+                links: 16384,
+            },
         )
     }
 
     #[test]
     fn normalising_our_own_encoding_is_stable_and_readable() {
         let r = rs();
-        assert_eq!(r.rule_count(), 2 + 2 + 3 + 2 + 1 + 1);
+        assert_eq!(r.rule_count(), 2 + 2 + 3 + 3 + 2 + 1 + 1);
         let fwd = &r.chains[0].rules;
         let text = normalise_rule(&encode_rule(&fwd[2]));
         // iifname "ibabcde*" ip daddr 10.200.0.0/16 drop
