@@ -1478,3 +1478,277 @@ fn test_warm_pool_networked_sandboxes_are_filtered_and_never_stale() {
     assert!(nsfs_mounts(&instance).is_empty(), "namespaces left");
     drop(fake);
 }
+
+/// Test-only servers on the fake public host, for N14: tcp 9100 accepts and holds every
+/// connection (counting them), udp 9101 counts the bytes it receives, tcp 9102 sends
+/// as fast as it may to whoever connects. All stop with the returned guard.
+struct N14Servers {
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    udp_bytes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl N14Servers {
+    fn start(fake: &FakeNet) -> N14Servers {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let (hold, udp, source) = in_netns(&fake.fakenet, || {
+            (
+                std::net::TcpListener::bind((PUBLIC, 9100)).unwrap(),
+                UdpSocket::bind((PUBLIC, 9101)).unwrap(),
+                std::net::TcpListener::bind((PUBLIC, 9102)).unwrap(),
+            )
+        });
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let udp_bytes = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        hold.set_nonblocking(true).unwrap();
+        let (a, st) = (Arc::clone(&accepted), Arc::clone(&stop));
+        threads.push(std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !st.load(Ordering::SeqCst) {
+                match hold.accept() {
+                    Ok((s, _)) => {
+                        a.fetch_add(1, Ordering::SeqCst);
+                        held.push(s);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }));
+        udp.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let (b, st) = (Arc::clone(&udp_bytes), Arc::clone(&stop));
+        threads.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 65536];
+            while !st.load(Ordering::SeqCst) {
+                if let Ok((n, _)) = udp.recv_from(&mut buf) {
+                    b.fetch_add(n, Ordering::SeqCst);
+                }
+            }
+        }));
+        source.set_nonblocking(true).unwrap();
+        let st = Arc::clone(&stop);
+        threads.push(std::thread::spawn(move || {
+            let chunk = vec![b'd'; 65536];
+            while !st.load(Ordering::SeqCst) {
+                let Ok((mut s, _)) = source.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                s.set_nonblocking(false).unwrap();
+                s.set_write_timeout(Some(Duration::from_millis(200)))
+                    .unwrap();
+                while !st.load(Ordering::SeqCst) {
+                    match s.write(&chunk) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+        }));
+        N14Servers {
+            accepted,
+            udp_bytes,
+            stop,
+            threads,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for N14Servers {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The host's conntrack entries in the harness namespace (where the daemon forwards).
+fn conntrack_count(fake: &FakeNet) -> usize {
+    in_netns(&fake.harness, || {
+        std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_count")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    })
+}
+
+/// N14: per-sandbox connection and bandwidth limits. With `ISOBOX_EGRESS_MAX_CONNS=16`,
+/// a sandbox opening 64 connections gets exactly 16 and a flood of 900 more attempts
+/// leaves the host's conntrack table near 16; meanwhile another sandbox has its own 16
+/// and fetches over HTTP (N10). With `ISOBOX_EGRESS_RATE` at 128 KiB/s, a UDP blast
+/// delivers no more than the rate plus one second's bucket, while the sandbox sent far
+/// more, and a download is held to the rate too. The firewall stays verified.
+#[test]
+fn test_n14_connection_and_bandwidth_limits_per_sandbox() {
+    const RATE: usize = 131_072;
+    let rate = RATE.to_string();
+    let (fake, d) = setup(&[
+        ("ISOBOX_EGRESS_MAX_CONNS", "16"),
+        ("ISOBOX_EGRESS_RATE", &rate),
+    ]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    let servers = N14Servers::start(&fake);
+    let ct_before = conntrack_count(&fake);
+    let hold = |n: usize, then: &str| {
+        format!(
+            r#"
+socks = []
+for i in range({n}):
+    s = socket.socket(); s.setblocking(False)
+    s.connect_ex(('{PUBLIC}', 9100)); socks.append(s)
+time.sleep(3)
+n = 0
+for s in socks:
+    try:
+        s.getpeername(); n += 1
+    except OSError:
+        pass
+print('CONNECTED', n, flush=True)
+{then}
+"#
+        )
+    };
+    let a_then = r#"
+tried = 0
+try:
+    for i in range(900):
+        t = socket.socket(); t.setblocking(False)
+        t.connect_ex(('198.51.100.7', 20000 + i)); socks.append(t); tried += 1
+except OSError as e:
+    print('FLOOD STOPPED', tried, e, flush=True)
+time.sleep(1)
+print('FLOODED', tried, flush=True)
+time.sleep(10)
+"#;
+    let mut a = Sse::start(
+        &d,
+        &json!({"language": "python", "code": format!("{PRELUDE}\n{}", hold(64, a_then)),
+                "network": true, "limits": {"wallTimeMs": 30000}}),
+    );
+    assert_eq!(a.wait_line("CONNECTED "), "16", "{}", a.stdout);
+    assert_eq!(servers.accepted(), 16, "the server accepted");
+    assert_eq!(a.wait_line("FLOODED "), "900", "{}", a.stdout);
+    let ct = conntrack_count(&fake);
+    assert!(
+        ct <= ct_before + 16 + 8,
+        "conntrack holds {ct} entries after a flood of 900 attempts (before: {ct_before})"
+    );
+    // Another sandbox has its own budget while A holds all of its own: 15 held, and
+    // the 16th is an HTTP fetch.
+    let (rb, res) = run(
+        &d,
+        &format!("{}\nprobe({{'http': (http, '{PUBLIC}')}})", hold(15, "")),
+        json!({"network": true}),
+    );
+    assert!(
+        rb["run"]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("CONNECTED 15\n"),
+        "{rb}"
+    );
+    assert!(res["http"].as_str().unwrap().contains(PUBLIC_BODY), "{rb}");
+    assert_eq!(servers.accepted(), 31, "A's 16 and B's 15");
+    // A's connections are tracked while it holds them; once it ends they are forgotten
+    // (the server still holds its ends open: left alone, conntrack would keep them as
+    // established for days).
+    let held = conntrack_count(&fake);
+    assert!(held >= ct_before + 16, "A holds 16, conntrack has {held}");
+    let ra = a.finish();
+    assert_eq!(ra["run"]["network"], true, "{ra}");
+    assert_eq!(ra["run"]["exitCode"], 0, "{ra}");
+    poll(
+        "conntrack forgets the finished runs' connections",
+        Duration::from_secs(5),
+        || {
+            let n = conntrack_count(&fake);
+            if n <= ct_before + 4 {
+                Ok(())
+            } else {
+                Err(format!("{n} entries, {ct_before} before the runs"))
+            }
+        },
+    );
+
+    // Bandwidth, both ways.
+    let (rc, res) = run(
+        &d,
+        &format!(
+            r#"
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.setblocking(False)
+payload = b'x' * 1400
+sent = 0
+end = time.time() + 2
+while time.time() < end:
+    try:
+        u.sendto(payload, ('{PUBLIC}', 9101)); sent += len(payload)
+    except OSError:
+        time.sleep(0.001)
+print('UDP', sent, flush=True)
+s = socket.create_connection(('{PUBLIC}', 9102), 3)
+s.settimeout(0.5)
+got, t0 = 0, time.time()
+while time.time() - t0 < 3:
+    try:
+        d = s.recv(65536)
+    except socket.timeout:
+        continue
+    if not d:
+        break
+    got += len(d)
+took = time.time() - t0
+s.close()
+time.sleep(0.5)
+print('RESULT ' + json.dumps({{'sent': sent, 'got': got, 'took': took}}), flush=True)
+"#
+        ),
+        json!({"network": true, "limits": {"wallTimeMs": 20000}}),
+    );
+    assert_eq!(rc["run"]["exitCode"], 0, "{rc}");
+    let sent = res["sent"].as_u64().unwrap() as usize;
+    let got = res["got"].as_u64().unwrap() as usize;
+    let took = res["took"].as_f64().unwrap();
+    let received = servers.udp_bytes.load(std::sync::atomic::Ordering::SeqCst);
+    // Two seconds at the rate plus the bucket (one second's worth), 10 % for headers
+    // (the rate counts IP and UDP headers too, the receiver counts payload) and timing.
+    let up_bound = RATE * 3 * 11 / 10;
+    assert!(
+        received <= up_bound,
+        "UDP delivered {received} bytes in 2 s at {RATE} B/s (bound {up_bound})"
+    );
+    assert!(
+        received >= RATE / 2,
+        "UDP delivered only {received} bytes: the limit should pass the rate"
+    );
+    assert!(
+        sent >= 2 * up_bound,
+        "the sandbox sent only {sent} bytes, too little to show the limit ({up_bound})"
+    );
+    let down_bound = (RATE as f64 * (took + 1.0) * 1.1) as usize;
+    assert!(
+        got <= down_bound,
+        "downloaded {got} bytes in {took:.2} s at {RATE} B/s (bound {down_bound})"
+    );
+    assert!(
+        got >= RATE / 2,
+        "downloaded only {got} bytes in {took:.2} s"
+    );
+    eprintln!("N14: udp sent {sent} delivered {received}; tcp down {got} in {took:.2} s");
+    assert_eq!(egress(&d, "/readyz")["state"], "verified");
+    drop(servers);
+    assert_no_denied_hits(&fake, &d);
+    finish(fake, d, true);
+}
