@@ -191,6 +191,70 @@ fn still_alive(p: (u32, u64)) -> Option<char> {
         .map(|s| s.1)
 }
 
+/// The kernel log from the moment it is opened (/dev/kmsg, root only). Each read()
+/// returns one record (`prio,seq,usec,flags;message`, then ` KEY=value` lines); EAGAIN
+/// when none is left; EPIPE once when records were overwritten before being read, after
+/// which reading goes on with the oldest record still there.
+struct Kmsg(std::fs::File);
+
+impl Kmsg {
+    /// Opens non-blocking and skips the history (`lseek(fd, 0, SEEK_END)`).
+    fn open_at_end() -> Kmsg {
+        use std::io::{Seek, SeekFrom};
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .expect("open /dev/kmsg (needs root)");
+        f.seek(SeekFrom::End(0))
+            .expect("lseek /dev/kmsg to its end");
+        Kmsg(f)
+    }
+
+    /// The first line of every record logged since the last call (or the open).
+    fn drain(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            match self.0.read(&mut buf) {
+                Ok(0) => return out,
+                Ok(n) => out.push(
+                    String::from_utf8_lossy(&buf[..n])
+                        .lines()
+                        .next()
+                        .unwrap_or("")
+                        .to_string(),
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return out,
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => panic!("read /dev/kmsg: {e}"),
+            }
+        }
+    }
+}
+
+/// The memory cgroup an `oom-kill:` record says ran out (`oom_memcg=`; absent for a
+/// global OOM).
+fn oom_memcg(record: &str) -> Option<&str> {
+    let msg = record.split_once(';').map_or(record, |(_, m)| m);
+    msg.strip_prefix("oom-kill:")?
+        .split(',')
+        .find_map(|f| f.strip_prefix("oom_memcg="))
+}
+
+/// Whether a memory cgroup path lies in some isobox instance's tree: its first
+/// component is an instance slice (`isobox`, the default, or `isobox-…`, the tests').
+fn in_isobox_tree(memcg: &str) -> bool {
+    let first = memcg
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or("");
+    first == "isobox" || first.starts_with("isobox-")
+}
+
 // ---------------------------------------------------------------------------------------
 // Raw sockets.
 // ---------------------------------------------------------------------------------------
@@ -642,6 +706,19 @@ fn test_r1_r2_fork_and_thread_bombs_bounded() {
 fn test_r3_r4_memory_bombs_and_tmpfs_count_as_memory() {
     let a = Adv::start("r4", &[]);
     let mib64 = 64u64 << 20;
+    // The record parser on the kernel's two forms (memcg OOM, global OOM) and a memcg
+    // outside isobox (this machine's own process cgroup).
+    let memcg_oom = "6,171739,53055630129,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=isobox-t1-9-2190-7,mems_allowed=0,oom_memcg=/isobox-t1-9/isobox-t1-9-2190-7,task_memcg=/isobox-t1-9/isobox-t1-9-2190-7,task=exe,pid=9889,uid=65534";
+    let global_oom = "6,5,9,-;oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/,task=python3,pid=7,uid=0";
+    let host_oom = "6,6,9,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/process_api/x,task_memcg=/process_api/x,task=cargo,pid=8,uid=0";
+    assert_eq!(
+        oom_memcg(memcg_oom),
+        Some("/isobox-t1-9/isobox-t1-9-2190-7")
+    );
+    assert!(oom_memcg(memcg_oom).is_some_and(in_isobox_tree));
+    assert!(!oom_memcg(global_oom).is_some_and(in_isobox_tree));
+    assert!(!oom_memcg(host_oom).is_some_and(in_isobox_tree));
+    let mut kmsg = Kmsg::open_at_end();
     std::thread::scope(|s| {
         let a2 = &a;
         let bomb = s.spawn(move || {
@@ -660,9 +737,29 @@ fn test_r3_r4_memory_bombs_and_tmpfs_count_as_memory() {
             || format!("R3: not an OOM kill: {r}"),
         );
     });
+    // The kernel's OOM killer acted on this instance's own cgroup tree: the record is
+    // written when the victim is chosen, before the response; polled briefly anyway.
+    let instance = a.d.instance.clone();
+    let own = |memcg: &str| {
+        memcg == format!("/{instance}") || memcg.starts_with(&format!("/{instance}/"))
+    };
+    let mut records = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        records.extend(kmsg.drain());
+        if records.iter().any(|r| oom_memcg(r).is_some_and(own)) || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    a.expect(records.iter().any(|r| oom_memcg(r).is_some_and(own)), || {
+        format!(
+            "R3: no oom-kill record for a cgroup under /{instance} in the kernel log; OOM records seen: {:?}",
+            records.iter().filter(|r| r.contains("oom")).collect::<Vec<_>>()
+        )
+    });
     // R4, written in 1 MiB steps so the tmpfs (not Python's heap) is what fills up.
     let code = "import os\nfor d in ['/dev/shm', '/tmp']:\n n = 0\n try:\n  f = open(d + '/x', 'wb')\n  for _ in range(4096):\n   f.write(b'\\0' * (1 << 20)); f.flush(); n += 1\n  print(d, 'wrote', n, flush=True)\n except OSError as e:\n  print(d, 'errno', e.errno, n, flush=True)";
-    let instance = a.d.instance.clone();
     // Earlier runs' cgroups may still be there for a moment (they are removed on the
     // pool after their responses): only this run's cgroup counts.
     let earlier: HashSet<PathBuf> = run_cgroups("memory", &instance).into_iter().collect();
@@ -706,6 +803,26 @@ fn test_r3_r4_memory_bombs_and_tmpfs_count_as_memory() {
     a.expect(
         run_of(&r)["oomKilled"] == true || run_of(&r)["exitCode"] != 0,
         || format!("R4 one-liner: {r}"),
+    );
+    // R3's host half, over every record since before the bomb: no OOM kill outside an
+    // isobox sandbox tree (parallel tests' sandboxes OOM too, and may), and no global
+    // "Out of memory" (the memcg form says "Memory cgroup out of memory").
+    records.extend(kmsg.drain());
+    let mut ooms = 0;
+    for r in &records {
+        if r.contains("oom-kill:") {
+            ooms += 1;
+            a.expect(oom_memcg(r).is_some_and(in_isobox_tree), || {
+                format!("R3: a host OOM kill outside the sandbox cgroups: {r}")
+            });
+        }
+        a.expect(!r.contains("Out of memory"), || {
+            format!("R3: a global OOM in the kernel log: {r}")
+        });
+    }
+    eprintln!(
+        "R3: {} kernel records while the test ran, {ooms} oom-kill",
+        records.len()
     );
     a.finish();
 }
@@ -1743,6 +1860,339 @@ fn test_a1_bad_credentials_401_and_no_sandbox() {
     }
     a.expect(a.counter("runsTotal") == runs0, || {
         "A1: a refused request spawned a sandbox".into()
+    });
+    a.finish();
+}
+
+// ---------------------------------------------------------------------------------------
+// A2's statistics: a seeded generator, Spearman's rank correlation.
+// ---------------------------------------------------------------------------------------
+
+/// splitmix64: the test's random numbers (seeded from /dev/urandom, the seed printed).
+struct Rng(u64);
+
+impl Rng {
+    fn seeded() -> Rng {
+        Rng(u64::from_str_radix(&random_hex(8), 16).unwrap())
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (the modulo bias of a 64-bit draw is far below anything here).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}
+
+/// Ranks from 1; tied values share the mean of the ranks they span.
+fn average_ranks(v: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    let mut ranks = vec![0.0; v.len()];
+    let mut i = 0;
+    while i < idx.len() {
+        let mut j = i;
+        while j + 1 < idx.len() && v[idx[j + 1]] == v[idx[i]] {
+            j += 1;
+        }
+        let mean = (i + j) as f64 / 2.0 + 1.0;
+        for &t in &idx[i..=j] {
+            ranks[t] = mean;
+        }
+        i = j + 1;
+    }
+    ranks
+}
+
+/// Pearson's correlation; NaN when either series is constant (so `|ρ| < x` fails).
+fn pearson(x: &[f64], y: &[f64]) -> f64 {
+    let n = x.len() as f64;
+    let (mx, my) = (x.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let (mut sxy, mut sxx, mut syy) = (0.0, 0.0, 0.0);
+    for (a, b) in x.iter().zip(y) {
+        sxy += (a - mx) * (b - my);
+        sxx += (a - mx) * (a - mx);
+        syy += (b - my) * (b - my);
+    }
+    sxy / (sxx * syy).sqrt()
+}
+
+/// Spearman's ρ: Pearson's correlation of the average ranks (the tie-corrected form).
+fn spearman(x: &[f64], y: &[f64]) -> f64 {
+    assert_eq!(x.len(), y.len());
+    pearson(&average_ranks(x), &average_ranks(y))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// The statistic must be able to fail: exact values (one with ties, checked against
+/// scipy.stats.spearmanr), ±1 for monotone series, ≈ 0 for a shuffled one.
+fn check_spearman(rng: &mut Rng) {
+    let r = spearman(&[1.0, 2.0, 2.0, 3.0], &[1.0, 3.0, 2.0, 4.0]);
+    assert!((r - 0.948_683_298_050_513_8).abs() < 1e-12, "ties: {r}");
+    let x: Vec<f64> = (0..10_000).map(f64::from).collect();
+    let cubes: Vec<f64> = x.iter().map(|v| v * v * v).collect();
+    let back: Vec<f64> = x.iter().rev().copied().collect();
+    assert!((spearman(&x, &cubes) - 1.0).abs() < 1e-9, "monotone");
+    assert!((spearman(&x, &back) + 1.0).abs() < 1e-9, "reversed");
+    // 41 tied groups (as many as A2's prefix lengths) against a monotone series.
+    let grouped: Vec<f64> = x.iter().map(|v| (v / 244.0).floor()).collect();
+    assert!(spearman(&grouped, &x) > 0.99, "tied groups");
+    let mut shuffled = x.clone();
+    rng.shuffle(&mut shuffled);
+    let r = spearman(&x, &shuffled);
+    // Under independence ρ is ~N(0, 1/√9999): |ρ| ≥ 0.05 is a 5σ event.
+    assert!(r.abs() < 0.05, "shuffled: {r}");
+    assert!(spearman(&x, &[1.0; 10_000]).is_nan(), "constant");
+}
+
+/// A2's wrong keys for `key`: for each, `k` leading bytes shared with the key, then a
+/// differing byte, then random bytes to a total length `len`. Half have the key's own
+/// length (where a length-first comparison would go on to compare bytes), the others a
+/// length uniform in 1..=2·len(key); `k` is uniform in 0..=min(len, len(key)), never
+/// the key itself. Returns (key, k, len).
+fn prefix_keys(key: &str, n: usize, rng: &mut Rng) -> Vec<(String, usize, usize)> {
+    let alphabet = b"0123456789abcdefghijklmnopqrstuvwxyz-";
+    let real = key.as_bytes();
+    let kl = real.len();
+    (0..n)
+        .map(|_| {
+            let len = if rng.below(2) == 0 {
+                kl
+            } else {
+                1 + rng.below(2 * kl)
+            };
+            let k = rng.below(len.min(kl) + 1 - usize::from(len == kl));
+            let mut b = real[..k].to_vec();
+            while b.len() < len {
+                let c = alphabet[rng.below(alphabet.len())];
+                if b.len() == k && b.len() < kl && c == real[k] {
+                    continue;
+                }
+                b.push(c);
+            }
+            (String::from_utf8(b).unwrap(), k, len)
+        })
+        .collect()
+}
+
+/// Latency with the length's own cost taken out: each sample minus the median of every
+/// sample of the same key length. The attacker picks the length, so a length-dependent
+/// cost (SHA-256 blocks, bytes parsed) is no leak — and `k` depends on the length (a
+/// key cannot share more bytes than it has), so without this a length cost would show
+/// as a trend in `k`.
+fn length_residuals(lat: &[f64], lens: &[usize]) -> Vec<f64> {
+    let mut by_len: std::collections::HashMap<usize, Vec<f64>> = Default::default();
+    for (&t, &l) in lat.iter().zip(lens) {
+        by_len.entry(l).or_default().push(t);
+    }
+    let med: std::collections::HashMap<usize, f64> = by_len
+        .into_iter()
+        .map(|(l, mut v)| (l, median(&mut v)))
+        .collect();
+    lat.iter().zip(lens).map(|(t, l)| t - med[l]).collect()
+}
+
+/// What the design can see: the smallest injected leak of `d` ns per shared byte (added
+/// to the measured latencies) that pushes ρ to 0.05 — the test's sensitivity.
+fn detectable_leak_ns(ks: &[f64], resid: &[f64]) -> f64 {
+    let mut d = 0.001;
+    while d < 1e7 {
+        let y: Vec<f64> = resid.iter().zip(ks).map(|(t, k)| t + d * k).collect();
+        if spearman(ks, &y) >= 0.05 {
+            return d;
+        }
+        d *= 1.25;
+    }
+    f64::INFINITY
+}
+
+/// Times `f` on every key in-process: 16 calls a sample, `reps` samples a key, each
+/// round in a fresh random order; returns each key's median time per call (ns). Every
+/// key must be refused.
+fn time_calls(keys: &[&str], reps: usize, rng: &mut Rng, f: impl Fn(&str) -> bool) -> Vec<f64> {
+    let mut samples: Vec<Vec<f64>> = keys.iter().map(|_| Vec::with_capacity(reps)).collect();
+    for _ in 0..reps {
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        rng.shuffle(&mut order);
+        for i in order {
+            let k = std::hint::black_box(keys[i]);
+            let t = Instant::now();
+            for _ in 0..16 {
+                assert!(!std::hint::black_box(f(k)), "a wrong key was accepted: {k}");
+            }
+            samples[i].push(t.elapsed().as_nanos() as f64 / 16.0);
+        }
+    }
+    samples.iter_mut().map(|v| median(v)).collect()
+}
+
+/// A2: 10,000 wrong keys sharing 0…len(key) leading bytes with the configured key, at
+/// varied lengths, on `/runtimes` (key-checked, not rate limited) over one keep-alive
+/// loopback connection. Every key is sent 5 times, each round in a fresh random order
+/// (so drift and neighbours' load cannot line up with `k`); a key's latency is the
+/// median of its 5 (request written → whole response read). Every answer is 401; the
+/// Spearman correlation between `k` and the latency (less its length's median, see
+/// `length_residuals`) is |ρ| < 0.05. The same criterion holds for
+/// `isobox::admission::keys::find` timed in-process. The statistic is checked to be
+/// able to fail: exact values, ±1 for monotone series, a leak the size of the measured
+/// jitter injected into the measured data is detected, and an early-exit byte-by-byte
+/// comparison timed in-process the same way fails the criterion.
+#[test]
+fn test_a2_key_check_latency_has_no_prefix_trend() {
+    const N: usize = 10_000;
+    const REPS: usize = 5;
+    let mut rng = Rng::seeded();
+    eprintln!("A2: seed {:#x}", rng.0);
+    check_spearman(&mut rng);
+    let a = Adv::start("a2", &[]);
+    let runs0 = a.counter("runsTotal");
+    let keys = prefix_keys(&a.key, N, &mut rng);
+    for (k, ..) in keys.iter().filter(|(k, ..)| k.len() >= 16).take(20) {
+        a.add_secret(k);
+    }
+    let ks: Vec<f64> = keys.iter().map(|&(_, k, _)| k as f64).collect();
+    let lens: Vec<usize> = keys.iter().map(|&(_, _, l)| l).collect();
+    let reqs: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|(k, ..)| {
+            format!("GET /runtimes HTTP/1.1\r\nHost: x\r\nX-API-Key: {k}\r\n\r\n").into_bytes()
+        })
+        .collect();
+    let s = TcpStream::connect(a.addr()).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let mut send = |req: &[u8]| -> (Duration, Resp) {
+        let t0 = Instant::now();
+        w.write_all(req).unwrap();
+        let resp = read_response(&mut r, false).expect("A2: no response");
+        (t0.elapsed(), resp)
+    };
+    for req in reqs.iter().take(2000) {
+        send(req); // warm-up: connection, caches, the CPU's frequency
+    }
+    let t0 = Instant::now();
+    let mut samples: Vec<Vec<f64>> = (0..N).map(|_| Vec::with_capacity(REPS)).collect();
+    let mut bad = Vec::new();
+    for _ in 0..REPS {
+        let mut order: Vec<usize> = (0..N).collect();
+        rng.shuffle(&mut order);
+        for i in order {
+            let (took, resp) = send(&reqs[i]);
+            samples[i].push(took.as_nanos() as f64);
+            if resp.status != 401 || resp.header("www-authenticate").is_none() {
+                bad.push(format!("{} {}", resp.status, resp.text()));
+            }
+            a.scan(&resp.body, "A2 request");
+        }
+    }
+    let wire_took = t0.elapsed();
+    a.expect(bad.is_empty(), || {
+        format!(
+            "A2: {} of {} answers not 401 + WWW-Authenticate, e.g. {:?}",
+            bad.len(),
+            N * REPS,
+            bad.first()
+        )
+    });
+    let lat: Vec<f64> = samples.iter_mut().map(|v| median(v)).collect();
+    let resid = length_residuals(&lat, &lens);
+    let rho = spearman(&ks, &resid);
+    let raw = spearman(&ks, &lat);
+    let same: Vec<usize> = (0..N).filter(|&i| lens[i] == a.key.len()).collect();
+    let rho_same = spearman(
+        &same.iter().map(|&i| ks[i]).collect::<Vec<_>>(),
+        &same.iter().map(|&i| lat[i]).collect::<Vec<_>>(),
+    );
+    let mut sorted = lat.clone();
+    let med = median(&mut sorted);
+    let (p25, p75) = (sorted[N / 4], sorted[3 * N / 4]);
+    let leak = detectable_leak_ns(&ks, &resid);
+    eprintln!(
+        "A2 HTTP: {} requests in {wire_took:?}; latency median {:.1} µs (IQR {:.1}–{:.1}); \
+         ρ(k, latency − length median) = {rho:+.4}, raw ρ(k, latency) = {raw:+.4}, \
+         ρ among the {} same-length keys = {rho_same:+.4}; detectable: {leak:.1} ns per byte",
+        N * REPS,
+        med / 1e3,
+        p25 / 1e3,
+        p75 / 1e3,
+        same.len()
+    );
+    a.expect(rho.abs() < 0.05, || {
+        format!("A2: latency trends with the shared prefix over HTTP: Spearman ρ = {rho:+.4}")
+    });
+    // Power: a leak whose whole range (0 → len(key) bytes) is one interquartile range
+    // of the measured jitter must be seen by this very pipeline.
+    let d = (p75 - p25) / a.key.len() as f64;
+    let injected: Vec<f64> = resid.iter().zip(&ks).map(|(t, k)| t + d * k).collect();
+    let seen = spearman(&ks, &injected);
+    a.expect(seen >= 0.05, || {
+        format!("A2: an injected leak of {d:.0} ns per byte gave only ρ = {seen:+.4}")
+    });
+    // In-process: `find` itself, with the configured key list the daemon builds.
+    let configured = isobox::admission::keys::parse_list(&a.key);
+    assert_eq!(configured.len(), 1);
+    assert!(isobox::admission::keys::find(&configured, &a.key).is_some());
+    let wrong: Vec<&str> = keys.iter().map(|(k, ..)| k.as_str()).collect();
+    let t0 = Instant::now();
+    let lat = time_calls(&wrong, REPS, &mut rng, |k| {
+        isobox::admission::keys::find(std::hint::black_box(&configured), k).is_some()
+    });
+    let resid = length_residuals(&lat, &lens);
+    let rho_fn = spearman(&ks, &resid);
+    eprintln!(
+        "A2 find: {} samples of 16 calls in {:?}; {:.0} ns a call; ρ(k, time − length \
+         median) = {rho_fn:+.4}, raw ρ = {:+.4}; detectable: {:.3} ns per byte",
+        N * REPS,
+        t0.elapsed(),
+        median(&mut lat.clone()),
+        spearman(&ks, &lat),
+        detectable_leak_ns(&ks, &resid)
+    );
+    a.expect(rho_fn.abs() < 0.05, || {
+        format!("A2: keys::find's time trends with the shared prefix: Spearman ρ = {rho_fn:+.4}")
+    });
+    // Positive control, timed the same way: an early-exit byte-by-byte comparison of the
+    // raw key (the leak A2 is about) must fail the same criterion.
+    let real = a.key.as_bytes().to_vec();
+    let lat = time_calls(&wrong, REPS, &mut rng, |k| {
+        let (x, y) = (std::hint::black_box(real.as_slice()), k.as_bytes());
+        for i in 0..x.len().min(y.len()) {
+            if std::hint::black_box(x[i]) != y[i] {
+                return false;
+            }
+        }
+        x.len() == y.len()
+    });
+    let rho_leaky = spearman(&ks, &length_residuals(&lat, &lens));
+    eprintln!("A2 positive control (early-exit comparison): ρ = {rho_leaky:+.4}");
+    a.expect(rho_leaky >= 0.05, || {
+        format!("A2: the timing cannot see an early-exit comparison: ρ = {rho_leaky:+.4}")
+    });
+    a.expect(a.counter("runsTotal") == runs0, || {
+        "A2: a sandbox was started".into()
     });
     a.finish();
 }
