@@ -2821,15 +2821,37 @@ fn test_s3_runsc_start_failure_is_sandbox_start_failed() {
     let t0 = Instant::now();
     let r = a.req("POST", "/execute", &[], body.to_string().as_bytes());
     let took = t0.elapsed();
-    // Open (tests/ADVERSARIAL.md, S3): a runsc that starts and then fails is reported
-    // as the run's own result (200, its exit code, runsc's message on stderr), not yet as
-    // 5xx sandbox_start_failed. What is held here: a bounded answer and a freed slot.
-    a.expect(r.status == 200 || (500..600).contains(&r.status), || {
-        format!("S3: runsc run exiting 1 answered {} {}", r.status, r.text())
+    // No start frame came from inside the sandbox: a start failure, not a program
+    // result; runsc's words go to the log only.
+    a.expect(
+        r.status == 500 && r.json()["error"] == "sandbox_start_failed",
+        || format!("S3: runsc run exiting 1 answered {} {}", r.status, r.text()),
+    );
+    a.expect(!r.text().contains("injected failure"), || {
+        format!("S3: runsc's own message reached the client: {}", r.text())
     });
     a.expect(took < Duration::from_secs(10), || {
         format!("S3: answered after {took:?}")
     });
+    // The same over SSE: an `error` event naming sandbox_start_failed, no `done`.
+    let sse = a.req(
+        "POST",
+        "/execute",
+        &[("Accept", "text/event-stream")],
+        body.to_string().as_bytes(),
+    );
+    a.expect(
+        sse.status == 200
+            && sse.text().contains("event: error")
+            && sse.text().contains("sandbox_start_failed")
+            && !sse.text().contains("event: done"),
+        || format!("S3 (SSE): {} {}", sse.status, sse.text()),
+    );
+    a.expect(a.d.log().contains("injected failure"), || {
+        "S3: runsc's message is not in the daemon log".into()
+    });
+    let h = a.health();
+    a.expect(h["inFlight"] == 0, || format!("S3: slot held: {h}"));
     a.settle_clean(Duration::from_secs(10));
     // runsc missing altogether: 500 sandbox_start_failed, and the error names no host
     // path (the catalogue's error hygiene).
@@ -2881,14 +2903,12 @@ fn test_s3_runsc_hang_is_bounded() {
     let resp = read_response(&mut BufReader::new(s.try_clone().unwrap()), false);
     let took = t0.elapsed();
     match &resp {
-        // A hung runsc cannot be told from a hung program before the program starts: it
-        // is killed at the wall time (runsc itself too, not only the run's cgroup) and
-        // reported as timed out. Open: 5xx sandbox_start_failed (tests/ADVERSARIAL.md).
+        // No start frame by the start deadline (boot grace 1 s + wall time 1 s): runsc is
+        // killed with the sandbox and the run is a start failure.
         Some(r) => a.expect(
-            ((500..600).contains(&r.status) && r.text().contains("sandbox_start_failed"))
-                || (r.status == 200
-                    && r.json()["run"]["timedOut"] == true
-                    && took < Duration::from_secs(6)),
+            r.status == 500
+                && r.text().contains("sandbox_start_failed")
+                && took < Duration::from_secs(6),
             || format!("S3 hang: answered {} {} after {took:?}", r.status, r.text()),
         ),
         None => a.finding(format!(

@@ -14,7 +14,8 @@
 use crate::api::execute::CompileResult;
 
 /// The wrapper script. `$1` compile timeout (s), `$2` output cap, `$3` build word count.
-pub const BUILD_SCRIPT: &str = r#"t=$1; cap=$2; n=$3; shift 3
+pub const BUILD_SCRIPT: &str = r#"printf '\036ISOBOX-START\n' >&2
+t=$1; cap=$2; n=$3; shift 3
 m=$(( $# - n ))
 j=0; while [ $j -lt $n ]; do set -- "$@" "$1"; shift; j=$((j+1)); done
 s=$(date +%s%N)
@@ -30,6 +31,7 @@ rm -f /tmp/.isobox-build.out /tmp/.isobox-build.err
 [ "$rc" -eq 0 ] || exit "$rc"
 j=0; while [ $j -lt $m ]; do set -- "$@" "$1"; shift; j=$((j+1)); done
 shift $n
+unset PWD
 exec "$@"
 "#;
 

@@ -165,6 +165,8 @@ pub(super) struct CompileState {
 
 /// A run's reactor-side state.
 pub struct Run {
+    /// Whether the sandbox has said it started (cold runs: `start.rs`).
+    pub(super) gate: super::start::StartGate,
     pub(super) compile: Option<CompileState>,
     /// When the program itself started (after a build, when the frame arrived).
     pub(super) program_started: Option<Instant>,
@@ -301,6 +303,7 @@ impl Daemon {
         let cap = usize::try_from(plan.limits.output_bytes).unwrap_or(usize::MAX);
         let compiled = plan.runtime.desc.compiled;
         let run = Run {
+            gate: super::start::StartGate::default(),
             compile: compiled.then(|| CompileState {
                 parser: FrameParser::default(),
                 done: false,
@@ -382,9 +385,17 @@ impl Daemon {
                 );
             let result = match claimed {
                 Some(s) => Ok(Box::new(s)),
-                None => backend
-                    .spawn(&id, &plan_for_job, argv, &env, super::runsc::Stdin::Pipe)
-                    .map(Box::new),
+                None => {
+                    // The build script prints the start frame itself.
+                    let argv = if plan_for_job.runtime.desc.compiled {
+                        argv
+                    } else {
+                        super::start::wrap(argv)
+                    };
+                    backend
+                        .spawn(&id, &plan_for_job, argv, &env, super::runsc::Stdin::Pipe)
+                        .map(Box::new)
+                }
             };
             Completion::Spawned {
                 run: rk,
@@ -579,11 +590,16 @@ impl Daemon {
         run.net = s.net;
         run.started = Some(s.started);
         run.state = State::Running;
+        if s.warm {
+            // The pooled sandbox's harness said `ready` before the claim.
+            run.gate = super::start::StartGate::open();
+            run.program_started = Some(s.started);
+        }
+        // Until the start frame (cold) or the build frame arrives, this is the deadline
+        // for getting there; the program's own wall time is armed when it starts.
         let wall = if run.compile.is_some() {
-            // Until the build frame arrives, the deadline is the compile limit's.
             Duration::from_millis(self.cfg.compile_timeout_ms) + Duration::from_secs(2)
         } else {
-            run.program_started = Some(s.started);
             Duration::from_millis(run.plan.limits.wall_time_ms)
         };
         // A claimed pooled sandbox has booted already: its wall time starts at hand-over.
@@ -651,6 +667,25 @@ impl Daemon {
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
+        if idx == 1 && !run.gate.began() {
+            let Some(rest) = run.gate.feed(data) else {
+                return;
+            };
+            if run.compile.is_none() {
+                // The program starts now: its wall time counts from here (unless it has
+                // already exited and the drain grace runs).
+                let now = Instant::now();
+                run.program_started = Some(now);
+                if run.exited_at.is_none() {
+                    let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
+                    self.arm_run(rk, now + wall);
+                }
+            }
+            if !rest.is_empty() {
+                self.run_output(rk, idx, &rest);
+            }
+            return;
+        }
         if idx == 1 {
             if let Some(cs) = run.compile.as_mut().filter(|c| !c.done) {
                 match cs.parser.feed(data, self.cfg.compile_timeout_ms) {
@@ -986,6 +1021,35 @@ impl Daemon {
             });
             self.submit_must(job);
         }
+        if !run.gate.began() {
+            // No start frame: runsc failed (or hung) before the program existed. What
+            // it said goes to the log; the client gets no host detail.
+            if !run.cancelled {
+                self.app.counters.runs_failed += 1;
+            }
+            let said = String::from_utf8_lossy(&run.gate.noise()).into_owned();
+            let (why, detail) = if run.timed_out {
+                (
+                    "no start signal by the deadline",
+                    "the sandbox did not start in time; see the daemon log",
+                )
+            } else {
+                (
+                    "exited without a start signal",
+                    "the sandbox could not be started; see the daemon log",
+                )
+            };
+            crate::error_limited!(
+                "run={} op=start err={why} exit={} runsc={said:?}",
+                run.id,
+                cleanup.exit_code
+            );
+            self.refuse_removed(
+                run,
+                Response::error(500, "sandbox_start_failed", Some(detail)),
+            );
+            return;
+        }
         let oom = cleanup.oom_killed && !run.timed_out;
         let exit_code = if run.timed_out || oom {
             128 + libc::SIGKILL
@@ -1111,6 +1175,11 @@ impl Daemon {
             return;
         };
         self.app.in_flight -= 1;
+        self.refuse_removed(run, resp);
+    }
+
+    /// [`Reactor::run_refuse`] for a run already out of the table (its slot freed).
+    fn refuse_removed(&mut self, run: Run, resp: Response) {
         if let Some(reply) = run.agent {
             let _ = reply.send(crate::agent::StepReply::Refused(resp));
             return;

@@ -677,6 +677,7 @@ impl Daemon {
         let rk = self.runs.insert(Run {
             compile: None,
             program_started: Some(now),
+            gate: super::start::StartGate::open(),
             serial,
             id,
             conn,

@@ -11,6 +11,7 @@ pub mod events;
 pub mod kernel;
 pub mod limits;
 pub mod runsc;
+pub mod start;
 pub mod warm;
 
 pub use runsc::{Backend, Spawned};
