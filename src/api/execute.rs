@@ -129,6 +129,28 @@ pub struct ExecuteResponse {
     pub artifacts: Vec<Artifact>,
 }
 
+impl ExecuteResponse {
+    /// The body for a JSON response, its outputs escaped as the socket drains
+    /// (`http/lazy.rs`): a client that stops reading holds the raw strings, not up to
+    /// six times their size.
+    pub fn into_lazy(mut self) -> crate::http::lazy::LazyBody {
+        let mut d = crate::http::lazy::Deferred::new();
+        d.take(&mut self.run.stdout);
+        d.take(&mut self.run.stderr);
+        if let Some(c) = self.compile.as_mut() {
+            d.take(&mut c.stdout);
+            d.take(&mut c.stderr);
+        }
+        for a in &mut self.artifacts {
+            match a {
+                Artifact::Png { data_b64 } => d.take(data_b64),
+                Artifact::Html { data } => d.take(data),
+            }
+        }
+        d.body(&self)
+    }
+}
+
 /// One rich output of a kernel step.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(tag = "type")]

@@ -71,6 +71,8 @@ pub enum Phase {
     },
     /// A response body is being forwarded from a transfer thread's pipe.
     Transfer(Box<super::transfer::Transfer>),
+    /// A JSON response body is being encoded as the socket drains (`http/lazy.rs`).
+    Json(Box<crate::http::lazy::LazyBody>),
     /// An agent loop streams SSE from its thread, which stops once `cancel` is set.
     Agent {
         /// The loop's id (its keep-alive timer names it).
@@ -208,10 +210,10 @@ impl Daemon {
     }
 
     pub(crate) fn conn_event(&mut self, ck: usize, readable: bool, writable: bool) {
-        let was_full = self
-            .conns
-            .get(ck)
-            .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
+        // A lazy body holds pipelined requests back too: once it is out, parse them.
+        let was_full = self.conns.get(ck).is_some_and(|c| {
+            c.pending_write() >= MAX_WRITE_BUFFER_BYTES || matches!(c.phase, Phase::Json(_))
+        });
         if writable {
             self.conn_flush(ck);
             if self
@@ -243,8 +245,11 @@ impl Daemon {
                 .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
             // Write as we go: pipelined requests stop being parsed while the write buffer
             // is full, and a write the kernel takes at once brings no writable edge later.
+            let was_lazy = self.conn_is_lazy(ck);
             self.conn_flush(ck);
             let Some(c) = self.conns.get(ck) else { return };
+            // A lazy body that just finished held requests back as a full buffer does.
+            let lazy_done = was_lazy && !matches!(c.phase, Phase::Json(_));
             // An upload whose chunk is being written takes nothing until it is back.
             let takes_input = matches!(
                 c.phase,
@@ -256,7 +261,7 @@ impl Daemon {
                     }
             ) && !c.close_after_flush;
             let progressed = before.is_some_and(|b| b != c.rbuf.len());
-            let held_back = (progressed || blocked) && !c.rbuf.is_empty();
+            let held_back = (progressed || blocked || lazy_done) && !c.rbuf.is_empty();
             if !((full || held_back) && takes_input && c.pending_write() < MAX_WRITE_BUFFER_BYTES) {
                 break;
             }
@@ -327,6 +332,7 @@ impl Daemon {
                 | Phase::Job
                 | Phase::UploadWait { .. }
                 | Phase::Transfer(_)
+                | Phase::Json(_)
                 | Phase::Agent { .. } => return,
                 Phase::Upload { .. } => {
                     if !self.advance_upload(ck) {
@@ -577,6 +583,35 @@ impl Daemon {
         self.arm_conn(ck, t);
     }
 
+    /// A 200 JSON response whose body is encoded as the socket drains.
+    pub(crate) fn respond_lazy(&mut self, ck: usize, mut body: crate::http::lazy::LazyBody) {
+        let shutting_down = self.app.shutting_down;
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        let keep_alive = c.keep_alive && !shutting_down;
+        crate::http::response::write_head(
+            &mut c.wbuf,
+            200,
+            &[("Content-Type", "application/json".into())],
+            Some(body.len()),
+            keep_alive,
+        );
+        c.phase = Phase::Head;
+        if !c.head_only {
+            let upto = c.wbuf.len() - c.wpos + MAX_WRITE_BUFFER_BYTES / 2;
+            body.fill(&mut c.wbuf, c.wpos + upto);
+            if !body.done() {
+                c.phase = Phase::Json(Box::new(body));
+            }
+        }
+        if !keep_alive {
+            c.close_after_flush = true;
+        }
+        let t = Duration::from_millis(self.cfg.idle_timeout_ms);
+        self.arm_conn(ck, t);
+    }
+
     pub(crate) fn respond_and_close(&mut self, ck: usize, resp: Response) {
         if let Some(c) = self.conns.get_mut(ck) {
             c.keep_alive = false;
@@ -589,7 +624,24 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return false;
         };
-        while c.wpos < c.wbuf.len() {
+        loop {
+            // A lazy body keeps at most half the write bound queued, topped up as the
+            // socket takes it (written bytes are dropped first, so the buffer stays
+            // within that bound plus one escape).
+            if let Phase::Json(body) = &mut c.phase {
+                let window = MAX_WRITE_BUFFER_BYTES / 2;
+                if c.wbuf.len() - c.wpos < window {
+                    c.wbuf.drain(..c.wpos);
+                    c.wpos = 0;
+                    body.fill(&mut c.wbuf, window);
+                    if body.done() {
+                        c.phase = Phase::Head;
+                    }
+                }
+            }
+            if c.wpos == c.wbuf.len() {
+                break;
+            }
             match c.stream.write(&c.wbuf[c.wpos..]) {
                 Ok(0) => return false,
                 Ok(n) => {
@@ -622,10 +674,23 @@ impl Daemon {
         true
     }
 
+    fn conn_is_lazy(&self, ck: usize) -> bool {
+        self.conns
+            .get(ck)
+            .is_some_and(|c| matches!(c.phase, Phase::Json(_)))
+    }
+
     /// After I/O: flush, then close when finished or when the peer left.
     pub(crate) fn conn_after_io(&mut self, ck: usize) {
+        let was_lazy = self.conn_is_lazy(ck);
         self.conn_flush(ck);
         let Some(c) = self.conns.get(ck) else { return };
+        if was_lazy && matches!(c.phase, Phase::Head) && !c.rbuf.is_empty() {
+            // The lazy body is out: requests pipelined behind it are parsed now (no
+            // readable edge will come for bytes already read).
+            self.conn_pump(ck);
+            return;
+        }
         let gone = c.read_eof;
         match c.phase {
             Phase::Busy { run } | Phase::Stream { run } if gone => {
@@ -640,6 +705,8 @@ impl Daemon {
                 self.close_conn(ck);
             }
             Phase::Agent { .. } => {}
+            Phase::Json(_) if gone => self.close_conn(ck),
+            Phase::Json(_) => {}
             // A client that half-closed after its request still gets the answer of a
             // pool job (a failed write closes the connection then); an upload or a
             // download ends with its peer.
@@ -744,6 +811,7 @@ impl Daemon {
             Phase::Stream { .. }
             | Phase::Busy { .. }
             | Phase::Transfer(_)
+            | Phase::Json(_)
             | Phase::Agent { .. } => {
                 let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
                 if c.pending_write() > 0 && c.last_write.elapsed() >= idle {

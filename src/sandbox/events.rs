@@ -1158,7 +1158,7 @@ impl Daemon {
             sse::write_event(&mut frame, "done", &data);
             self.finish_stream(ck, &frame);
         } else {
-            self.respond(ck, Response::json(200, &body));
+            self.respond_lazy(ck, body.into_lazy());
         }
         self.conn_resume(ck);
     }
