@@ -2969,3 +2969,324 @@ fn test_s3_runsc_hang_is_bounded() {
         findings.join("\n- ")
     );
 }
+
+/// Sends `reqs` one at a time over keep-alive connections, opening a new one whenever
+/// the daemon answers `Connection: close` (it does after refusing a request whose body
+/// it did not read, e.g. a 429), and returns every response.
+fn one_by_one(a: &Adv, reqs: &[String]) -> Vec<Resp> {
+    let mut out = Vec::new();
+    let mut conn: Option<(TcpStream, BufReader<TcpStream>)> = None;
+    for req in reqs {
+        let (w, r) = conn.get_or_insert_with(|| {
+            let s = TcpStream::connect(a.addr()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            (s.try_clone().unwrap(), BufReader::new(s))
+        });
+        w.write_all(req.as_bytes()).unwrap();
+        let resp = read_response(r, false).expect("one-by-one response");
+        a.scan(&resp.body, "one-by-one request");
+        if resp
+            .header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"))
+        {
+            conn = None;
+        }
+        out.push(resp);
+    }
+    out
+}
+
+/// Creates a filesystem session with the harness's key: (id, token).
+fn a5_session(a: &Adv) -> (String, String) {
+    let r = a.req(
+        "POST",
+        "/v1/sessions",
+        &[("Content-Type", "application/json")],
+        json!({"runtime": PY}).to_string().as_bytes(),
+    );
+    assert_eq!(r.status, 201, "create a session: {}", r.text());
+    let v = r.json();
+    (
+        v["id"].as_str().unwrap().to_string(),
+        v["token"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Every `n`-character window of every run of base64url characters in `text`: the
+/// strings a token could appear as (a token is a whole run, or part of a longer one).
+fn base64url_windows(text: &str, n: usize) -> HashSet<&str> {
+    let b = text.as_bytes();
+    let is_b64 = |c: u8| c.is_ascii_alphanumeric() || c == b'-' || c == b'_';
+    let mut out = HashSet::new();
+    let mut i = 0;
+    while i < b.len() {
+        if !is_b64(b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && is_b64(b[i]) {
+            i += 1;
+        }
+        if i - start >= n {
+            for s in start..=i - n {
+                out.insert(&text[s..s + n]);
+            }
+        }
+    }
+    out
+}
+
+/// A5 with capability tokens: 10,000 random tokens (43 base64url characters, like the
+/// real ones) against one real session. On the file API (not rate limited) every one
+/// is 401 `invalid_session_token` and no file content comes back; on the session's
+/// exec route (rate limited) the burst gets 401 and the rest 429 `rate_limited` +
+/// Retry-After; no sandbox starts; the real token still works and the session is
+/// unchanged; no tried token and no real token reaches the log. The entropy audit: two
+/// sessions' tokens are distinct and decode to 32 bytes (256 bits), and the state store
+/// holds the token's SHA-256, never the token.
+#[test]
+fn test_a5_random_session_tokens_all_401_then_rate_limited() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let a = Adv::start(
+        "a5tok",
+        &[("ISOBOX_RATE_PER_MIN", "600"), ("ISOBOX_RATE_BURST", "50")],
+    );
+    let key = a.key.clone();
+    let data_dir = a.d.data_dir.display().to_string();
+    // Two sessions; the first gets a file.
+    let (id, token) = a5_session(&a);
+    let (id2, token2) = a5_session(&a);
+    let created = Instant::now();
+    a.add_secret(&token);
+    a.add_secret(&token2);
+    let content = format!("a5-session-file-{}", random_hex(16));
+    a.add_secret(&content);
+    let file = format!("/v1/sessions/{id}/fs?path=notes/secret.txt");
+    let listing = format!("/v1/sessions/{id}/fs?path=notes");
+    let r = a.req(
+        "PUT",
+        &file,
+        &[("X-Session-Token", token.as_str())],
+        content.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "upload: {}", r.text());
+    let list0 = a.req("GET", &listing, &[("X-Session-Token", token.as_str())], b"");
+    assert_eq!(list0.status, 200, "listing: {}", list0.text());
+    let list0 = list0.json();
+
+    // (5) The entropy audit, as far as a client can see it.
+    for (i, t) in [(&id, &token), (&id2, &token2)] {
+        let raw = b64.decode(t.as_bytes());
+        a.expect(
+            t.len() == 43
+                && t.bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+                && raw.as_ref().is_ok_and(|r| r.len() == 32),
+            || format!("A5: session {i}'s token {t:?} is not 43 base64url chars of 32 bytes"),
+        );
+        a.expect(
+            i.len() == 32
+                && i.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+            || format!("A5: session id {i:?} is not 32 lowercase hex chars"),
+        );
+    }
+    a.expect(token != token2 && id != id2, || {
+        "A5: two sessions share a token or an id".into()
+    });
+    // Stored only as its SHA-256: the state store has the digest, never the token.
+    let digest: String = ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut state = Vec::new();
+    for e in std::fs::read_dir(a.d.data_dir.join("state"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.metadata()
+            .is_ok_and(|m| m.is_file() && m.len() < 256 << 20)
+        {
+            state.extend(std::fs::read(e.path()).unwrap_or_default());
+        }
+    }
+    a.expect(
+        !state.is_empty() && contains(&state, digest.as_bytes()),
+        || "A5: the state store does not hold the token's SHA-256".into(),
+    );
+    a.expect(!contains(&state, token.as_bytes()), || {
+        "A5: the state store holds the raw capability token".into()
+    });
+
+    // Random tokens, the real ones' format.
+    let mut bytes = vec![0u8; 10_000 * 32];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut bytes)
+        .unwrap();
+    let tokens: Vec<String> = bytes
+        .chunks(32)
+        .map(|c| b64.encode(c))
+        .filter(|t| *t != token && *t != token2)
+        .collect();
+    assert!(tokens.iter().all(|t| t.len() == 43));
+    for t in tokens.iter().take(20) {
+        a.add_secret(t);
+    }
+    let runs0 = a.counter("runsTotal");
+
+    // (1) The file API, not rate limited: every random token is 401.
+    let want =
+        json!({"error": "invalid_session_token", "detail": "missing or wrong X-Session-Token"});
+    let reqs: Vec<String> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let path = if i % 2 == 0 { &file } else { &listing };
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\nX-Session-Token: {t}\r\n\r\n")
+        })
+        .collect();
+    let t0 = Instant::now();
+    let rs = pipelined(&a, &reqs, 200);
+    let fs_took = t0.elapsed();
+    let bad: Vec<String> = rs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            let text = r.text();
+            r.status != 401
+                || serde_json::from_slice::<Value>(&r.body).ok().as_ref() != Some(&want)
+                || text.contains(&content)
+                || leaky(&text, &[&token, &token2, &key], &data_dir).is_some()
+        })
+        .map(|(i, r)| format!("#{i}: {} {}", r.status, r.text()))
+        .collect();
+    a.expect(rs.len() == tokens.len() && bad.is_empty(), || {
+        format!(
+            "A5: {} answers to {} random tokens on the file API, {} not a plain 401 invalid_session_token; e.g. {:?}",
+            rs.len(),
+            tokens.len(),
+            bad.len(),
+            &bad[..bad.len().min(5)]
+        )
+    });
+    eprintln!(
+        "A5: {} random tokens on the file API in {fs_took:?}",
+        rs.len()
+    );
+
+    // (2) The exec route, rate limited: the burst reaches the token check, then 429.
+    // Three bucket tokens went to the warm-up and the creates; at 10/s they are back.
+    std::thread::sleep(Duration::from_millis(500).saturating_sub(created.elapsed()));
+    let body = json!({"code": format!("print({:?})", content), "network": false}).to_string();
+    let exec = format!("/v1/sessions/{id}/exec");
+    let reqs: Vec<String> = tokens[..300]
+        .iter()
+        .map(|t| {
+            format!(
+                "POST {exec} HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\nX-Session-Token: {t}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        })
+        .collect();
+    let t0 = Instant::now();
+    let rs = one_by_one(&a, &reqs);
+    let exec_took = t0.elapsed();
+    // The bucket refills at 10/s while the requests go out.
+    let max401 = 50 + (exec_took.as_secs_f64() * 10.0).ceil() as usize + 1;
+    let s401: Vec<&Resp> = rs.iter().filter(|r| r.status == 401).collect();
+    let s429: Vec<&Resp> = rs.iter().filter(|r| r.status == 429).collect();
+    eprintln!(
+        "A5: {} random tokens on exec in {exec_took:?}: {} × 401, {} × 429",
+        rs.len(),
+        s401.len(),
+        s429.len()
+    );
+    a.expect(
+        rs.len() == 300 && s401.len() + s429.len() == rs.len(),
+        || {
+            let other: Vec<String> = rs
+                .iter()
+                .filter(|r| r.status != 401 && r.status != 429)
+                .take(5)
+                .map(|r| format!("{} {}", r.status, r.text()))
+                .collect();
+            format!(
+                "A5 exec: {} answers, statuses other than 401/429: {other:?}",
+                rs.len()
+            )
+        },
+    );
+    a.expect(
+        (50..=max401).contains(&s401.len()) && rs.iter().take(50).all(|r| r.status == 401),
+        || {
+            format!(
+                "A5 exec: {} random tokens reached the token check (burst 50, at most {max401} with the refill), first 50: {:?}",
+                s401.len(),
+                rs.iter().take(50).map(|r| r.status).collect::<Vec<_>>()
+            )
+        },
+    );
+    a.expect(s401.iter().all(|r| r.json() == want), || {
+        "A5 exec: a 401 that is not invalid_session_token".into()
+    });
+    a.expect(
+        s429.iter().all(|r| {
+            r.json()["error"] == "rate_limited"
+                && r.header("retry-after")
+                    .is_some_and(|v| v.parse::<u64>().is_ok_and(|s| s >= 1))
+        }),
+        || "A5 exec: a 429 without rate_limited / Retry-After".into(),
+    );
+    a.expect(
+        rs.iter().all(|r| !contains(&r.body, content.as_bytes())),
+        || "A5 exec: the file's content came back".into(),
+    );
+    a.expect(a.counter("runsTotal") == runs0, || {
+        "A5: a random session token started a sandbox".into()
+    });
+
+    // (3) The real token still works, and the session is as it was.
+    let r = a.req("GET", &file, &[("X-Session-Token", token.as_str())], b"");
+    a.expect(r.status == 200 && r.body == content.as_bytes(), || {
+        format!(
+            "A5: the real token after the attack: {} {}",
+            r.status,
+            r.text()
+        )
+    });
+    let r = a.req("GET", &listing, &[("X-Session-Token", token.as_str())], b"");
+    a.expect(r.status == 200 && r.json() == list0, || {
+        format!(
+            "A5: the listing changed: {} {} (was {list0})",
+            r.status,
+            r.text()
+        )
+    });
+    let r = a.req(
+        "GET",
+        &format!("/v1/sessions/{id2}/fs?path="),
+        &[("X-Session-Token", token2.as_str())],
+        b"",
+    );
+    a.expect(r.status == 200, || {
+        format!(
+            "A5: the second session after the attack: {} {}",
+            r.status,
+            r.text()
+        )
+    });
+
+    // (4) No tried token in the log (the real ones and 20 tried are `finish`'s secrets).
+    let log = a.d.log();
+    let seen = base64url_windows(&log, 43);
+    let logged = tokens.iter().filter(|t| seen.contains(t.as_str())).count();
+    a.expect(logged == 0, || {
+        format!("I6: {logged} of the tried session tokens are in the daemon log")
+    });
+    a.finish();
+}
