@@ -1752,3 +1752,60 @@ print('RESULT ' + json.dumps({{'sent': sent, 'got': got, 'took': took}}), flush=
     assert_no_denied_hits(&fake, &d);
     finish(fake, d, true);
 }
+
+/// The conntrack sweep touches only what is isobox's: a flow from an address inside
+/// the default pool that is not a sandbox's (another network using 10.200/16 on this
+/// host) survives a daemon's start and stop with egress off. (With egress on, such an
+/// address makes the pool overlap a host network, and egress stays unverified.)
+#[test]
+fn test_foreign_conntrack_entries_in_the_pool_range_survive() {
+    let fake = FakeNet::new();
+    let foreign = "10.200.77.5";
+    harness(
+        &fake,
+        &["ip", "addr", "add", &format!("{foreign}/32"), "dev", "lo"],
+    );
+    // Connection tracking is on in a namespace only once something uses it.
+    harness(&fake, &["nft", "add", "table", "inet", "isobox_test_ct"]);
+    harness(
+        &fake,
+        &[
+            "nft",
+            "add chain inet isobox_test_ct out { type filter hook output priority 0 ; }",
+        ],
+    );
+    harness(
+        &fake,
+        &[
+            "nft",
+            "add rule inet isobox_test_ct out ct state new counter",
+        ],
+    );
+    let tracked = |fake: &FakeNet| -> bool {
+        let ns = fake.harness.clone();
+        in_netns(&ns, || {
+            std::fs::read_to_string("/proc/thread-self/net/nf_conntrack")
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains("src=10.200.77.5 ") && l.contains("dport=9 "))
+        })
+    };
+    in_netns(&fake.harness, move || {
+        let u = UdpSocket::bind((foreign, 0)).unwrap();
+        u.send_to(b"x", (PUBLIC, 9)).unwrap();
+    });
+    assert!(tracked(&fake), "the test's own flow is not tracked");
+    let d = Daemon::start_in_netns(
+        &fake.harness,
+        &[("ISOBOX_EGRESS", "off"), ("ISOBOX_NET_DNS", DNS)],
+    );
+    d.wait_ready();
+    let r = d.execute(json!({"language": "python-slim", "code": "print(1)", "network": false}));
+    assert_eq!(r["run"]["stdout"], "1\n", "{r}");
+    d.stop();
+    assert!(
+        tracked(&fake),
+        "a daemon's start or stop deleted a conntrack entry that was not isobox's"
+    );
+    harness(&fake, &["nft", "delete", "table", "inet", "isobox_test_ct"]);
+}

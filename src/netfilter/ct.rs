@@ -73,7 +73,9 @@ impl Conntrack {
     /// The IPv4 entries, only those from `src` when given (filtered by the kernel where
     /// it can, since Linux 5.9; by us in any case).
     fn list(&mut self, src: Option<Ipv4Addr>) -> io::Result<Vec<Entry>> {
-        let dump = |conn: &mut Conn, filtered: bool| {
+        // Entries are filtered as they arrive: a kernel that ignores the filter (before
+        // 5.9) sends the whole table, which is never held at once.
+        let dump = |conn: &mut Conn, filtered: bool| -> io::Result<Vec<Entry>> {
             let s = conn.next_seq();
             let mut m = Msg::new(SUBSYS_CTNETLINK | CT_GET, nl::F_REQUEST | nl::F_DUMP, s);
             m.header(&header());
@@ -88,20 +90,23 @@ impl Conntrack {
                     .attr_u32(CTA_FILTER_REPLY_FLAGS, 0)
                     .end();
             }
-            conn.dump(m, s)
+            let mut out = Vec::new();
+            conn.dump_each(m, s, |_, p| {
+                if let Some(e) = parse(p).filter(|e| src.is_none() || e.src == src) {
+                    out.push(e);
+                }
+            })?;
+            Ok(out)
         };
-        let replies = match dump(&mut self.conn, src.is_some()) {
+        match dump(&mut self.conn, src.is_some()) {
             Err(e) if src.is_some() && e.kind() != io::ErrorKind::Interrupted => {
                 log::debug!("conntrack: filtered dump refused ({e}), listing all");
-                dump(&mut self.conn, false)?
+                // A fresh socket: the refused dump may still be running on the old one.
+                self.conn = Self::open()?.conn;
+                dump(&mut self.conn, false)
             }
-            r => r?,
-        };
-        Ok(replies
-            .iter()
-            .filter_map(|(_, p)| parse(p))
-            .filter(|e| src.is_none() || e.src == src)
-            .collect())
+            r => r,
+        }
     }
 
     /// Deletes every entry whose original source `matches`; returns how many went.
@@ -118,7 +123,11 @@ impl Conntrack {
         // An interrupted dump (the table changed under it) is simply asked again.
         for _ in 0..3 {
             let entries = match self.list(hint) {
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                    // Asked again on a fresh socket (the old one may be mid-dump).
+                    self.conn = Self::open()?.conn;
+                    continue;
+                }
                 r => r?,
             };
             for e in entries.iter().filter(|e| e.src.is_some_and(&matches)) {

@@ -153,6 +153,8 @@ pub struct Egress {
     /// Where the next slot search starts: round-robin, so a freed /30 (and whatever
     /// conntrack still remembers of it) is reused as late as possible.
     next_slot: std::sync::atomic::AtomicU32,
+    /// The startup sweep of the pool's conntrack entries has run.
+    ct_swept: AtomicBool,
 }
 
 /// One run's network: its namespace (bind-mounted at `ns_path`) and veth pair.
@@ -303,6 +305,7 @@ impl Egress {
             }),
             slots: Mutex::new(vec![0u64; slots.div_ceil(64)]),
             next_slot: std::sync::atomic::AtomicU32::new(0),
+            ct_swept: AtomicBool::new(false),
         })
     }
 
@@ -488,7 +491,6 @@ impl Egress {
         if n > 0 {
             log::info!("egress: swept {n} links of this instance");
         }
-        ct::forget_pool(self.pool);
     }
 
     /// Programs the table and reads it back.
@@ -499,6 +501,12 @@ impl Egress {
         if let Err(why) = self.prepare() {
             self.set(State::Unverified(why));
             return;
+        }
+        // Once, and only with egress on and the pool checked not to overlap any host
+        // network: then every tracked flow from the pool was one of our sandboxes' (a
+        // crash left them; a release forgets its own).
+        if !self.ct_swept.swap(true, Ordering::AcqRel) {
+            ct::forget_pool(self.pool);
         }
         let r = nft::Nft::open().and_then(|mut n| n.apply(&self.ruleset));
         if let Err(e) = r {

@@ -718,6 +718,9 @@ fn normalise_attrs(expr: &str, data: &[u8]) -> String {
             // names the set instead. It also dumps a zero timeout and zero flags.
             ("dynset", DYNSET_SET_ID) => false,
             ("dynset", 6 | 9) => d.iter().any(|b| *b != 0),
+            // Alignment padding before 64-bit values (NFTA_DYNSET_PAD, NFTA_LIMIT_PAD),
+            // which kernels add on CPUs without efficient unaligned access.
+            ("dynset", 8) | ("limit", 6) => false,
             _ => true,
         })
         .map(|(ty, d)| {

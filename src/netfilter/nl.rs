@@ -259,8 +259,23 @@ impl Conn {
     /// # Errors
     /// The kernel's error, or an I/O error.
     pub fn dump(&mut self, msg: Msg, seq: u32) -> io::Result<Vec<(u16, Vec<u8>)>> {
-        self.sock.send(&msg.finish())?;
         let mut out = Vec::new();
+        self.dump_each(msg, seq, |ty, p| out.push((ty, p.to_vec())))?;
+        Ok(out)
+    }
+
+    /// [`Conn::dump`], handing each reply's `(type, payload)` to `f` as it arrives
+    /// instead of keeping them all.
+    ///
+    /// # Errors
+    /// The kernel's error, or an I/O error.
+    pub fn dump_each(
+        &mut self,
+        msg: Msg,
+        seq: u32,
+        mut f: impl FnMut(u16, &[u8]),
+    ) -> io::Result<()> {
+        self.sock.send(&msg.finish())?;
         let mut interrupted = false;
         loop {
             let n = self.sock.recv(&mut self.buf)?;
@@ -278,12 +293,12 @@ impl Conn {
                             "dump interrupted by a concurrent change",
                         ))
                     }
-                    MSG_DONE => return Ok(out),
+                    MSG_DONE => return Ok(()),
                     MSG_ERROR => {
                         ack_result(m.payload)?;
-                        return Ok(out);
+                        return Ok(());
                     }
-                    _ => out.push((m.ty, m.payload.to_vec())),
+                    _ => f(m.ty, m.payload),
                 }
             }
         }
