@@ -112,6 +112,14 @@ impl LazyBody {
         self.len == 0
     }
 
+    /// The same body between `prefix` and `suffix` (e.g. an SSE event in a chunk).
+    pub fn wrapped(mut self, prefix: Vec<u8>, suffix: Vec<u8>) -> LazyBody {
+        self.len += prefix.len() + suffix.len();
+        self.parts.push_front(Part::Raw(prefix, 0));
+        self.parts.push_back(Part::Raw(suffix, 0));
+        self
+    }
+
     /// Whether everything has been written out.
     pub fn done(&self) -> bool {
         self.parts.is_empty()

@@ -584,7 +584,7 @@ impl Daemon {
     }
 
     /// A 200 JSON response whose body is encoded as the socket drains.
-    pub(crate) fn respond_lazy(&mut self, ck: usize, mut body: crate::http::lazy::LazyBody) {
+    pub(crate) fn respond_lazy(&mut self, ck: usize, body: crate::http::lazy::LazyBody) {
         let shutting_down = self.app.shutting_down;
         let Some(c) = self.conns.get_mut(ck) else {
             return;
@@ -597,19 +597,38 @@ impl Daemon {
             Some(body.len()),
             keep_alive,
         );
-        c.phase = Phase::Head;
-        if !c.head_only {
-            let upto = c.wbuf.len() - c.wpos + MAX_WRITE_BUFFER_BYTES / 2;
-            body.fill(&mut c.wbuf, c.wpos + upto);
-            if !body.done() {
-                c.phase = Phase::Json(Box::new(body));
-            }
+        if c.head_only {
+            c.phase = Phase::Head;
+        } else {
+            queue_lazy(c, body);
         }
         if !keep_alive {
             c.close_after_flush = true;
         }
         let t = Duration::from_millis(self.cfg.idle_timeout_ms);
         self.arm_conn(ck, t);
+    }
+
+    /// Ends an SSE stream with a `done` event whose data is `json`, encoded as the
+    /// socket drains like a JSON response, then the last chunk.
+    pub(crate) fn finish_stream_lazy(&mut self, ck: usize, json: crate::http::lazy::LazyBody) {
+        let prefix = b"event: done\ndata: ";
+        let event_len = prefix.len() + json.len() + 2;
+        let body = json.wrapped(
+            [format!("{event_len:x}\r\n").as_bytes(), prefix].concat(),
+            b"\n\n\r\n0\r\n\r\n".to_vec(),
+        );
+        let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
+        let shutting_down = self.app.shutting_down;
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        queue_lazy(c, body);
+        if !c.keep_alive || shutting_down {
+            c.close_after_flush = true;
+        }
+        self.arm_conn(ck, idle);
+        self.conn_flush(ck);
     }
 
     pub(crate) fn respond_and_close(&mut self, ck: usize, resp: Response) {
@@ -655,6 +674,9 @@ impl Daemon {
                     c.close_after_flush = true;
                     c.wbuf.clear();
                     c.wpos = 0;
+                    if matches!(c.phase, Phase::Json(_)) {
+                        c.phase = Phase::Head;
+                    }
                     return false;
                 }
             }
@@ -705,7 +727,8 @@ impl Daemon {
                 self.close_conn(ck);
             }
             Phase::Agent { .. } => {}
-            Phase::Json(_) if gone => self.close_conn(ck),
+            // A client that half-closed still gets the rest of the body (a failed write
+            // ends the body and closes).
             Phase::Json(_) => {}
             // A client that half-closed after its request still gets the answer of a
             // pool job (a failed write closes the connection then); an upload or a
@@ -861,6 +884,17 @@ impl Daemon {
             .iter()
             .all(|(_, c)| c.pending_write() == 0 && matches!(c.phase, Phase::Head))
     }
+}
+
+/// Queues the first window of `body`; the rest follows as the socket drains.
+fn queue_lazy(c: &mut Conn, mut body: crate::http::lazy::LazyBody) {
+    let upto = c.wbuf.len() - c.wpos + MAX_WRITE_BUFFER_BYTES / 2;
+    body.fill(&mut c.wbuf, c.wpos + upto);
+    c.phase = if body.done() {
+        Phase::Head
+    } else {
+        Phase::Json(Box::new(body))
+    };
 }
 
 /// How long a closing connection keeps draining what the client still sends.

@@ -622,7 +622,9 @@ impl Daemon {
             let Some(run) = self.runs.get_mut(rk) else {
                 return;
             };
-            if run.paused {
+            // Backpressure pauses reading, except stderr before the start frame (a
+            // bounded read: the gate keeps at most 4 KiB), which must not stay unseen.
+            if run.paused && (idx != 1 || run.gate.began()) {
                 return;
             }
             let Some((rx, _)) = run.out[idx].pipe.as_mut() else {
@@ -697,10 +699,13 @@ impl Daemon {
                         if !built {
                             return; // The script exits with the build's code; no program.
                         }
-                        // The program starts now: its own wall time counts from here.
+                        // The program starts now: its own wall time counts from here
+                        // (unless it has exited already and the drain grace runs).
                         run.program_started = Some(Instant::now());
-                        let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
-                        self.arm_run(rk, Instant::now() + wall);
+                        if run.exited_at.is_none() {
+                            let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
+                            self.arm_run(rk, Instant::now() + wall);
+                        }
                         if !rest.is_empty() {
                             self.run_output(rk, idx, &rest);
                         }
@@ -1024,9 +1029,14 @@ impl Daemon {
         if !run.gate.began() {
             // No start frame: runsc failed (or hung) before the program existed. What
             // it said goes to the log; the client gets no host detail.
-            if !run.cancelled {
-                self.app.counters.runs_failed += 1;
+            if run.cancelled {
+                // The client left (or the daemon is stopping) while it booted.
+                self.app.counters.runs_total += 1;
+                self.app.counters.runs_cancelled += 1;
+                log::debug!("run={} cancelled before it started", run.id);
+                return;
             }
+            self.app.counters.runs_failed += 1;
             let said = String::from_utf8_lossy(&run.gate.noise()).into_owned();
             let (why, detail) = if run.timed_out {
                 (
@@ -1153,10 +1163,8 @@ impl Daemon {
             return;
         }
         if run.stream {
-            let data = serde_json::to_string(&body).unwrap_or_default();
-            let mut frame = Vec::new();
-            sse::write_event(&mut frame, "done", &data);
-            self.finish_stream(ck, &frame);
+            // One `data:` line: serialised JSON holds no raw line breaks.
+            self.finish_stream_lazy(ck, body.into_lazy());
         } else {
             self.respond_lazy(ck, body.into_lazy());
         }
