@@ -224,6 +224,9 @@ def start_isoboxd():
         # Every request comes from 127.0.0.1: lift the per-client /execute rate limit.
         ISOBOX_RATE_PER_MIN="1000000",
         ISOBOX_RATE_BURST="100000",
+        # Cold starts are what this compares with a bare `runsc run`; the warm pool
+        # (on by default) has its own benchmark, bench/load/warm.py.
+        ISOBOX_WARM_POOL="off",
     )
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the daemon
     proc = subprocess.Popen([ISOBOXD], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
