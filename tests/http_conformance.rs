@@ -399,3 +399,95 @@ fn test_health_readiness_runtimes_and_docs() {
     assert!(oa.text().starts_with("openapi: 3.1"));
     d.stop();
 }
+
+/// A client that reads a result slowly but steadily is never cut off: the idle
+/// (write-stall) timeout counts from the last byte it took, not from the response's
+/// start. A ~280 KB result is read through a 4 KiB receive buffer at ~64 KB/s with a 1 s
+/// idle timeout, so its last 128 KiB window alone takes ~2 s; it must arrive whole.
+#[test]
+fn test_slow_steady_reader_gets_the_whole_result() {
+    use std::os::fd::FromRawFd;
+    let d = Daemon::start_with(&[("ISOBOX_IDLE_TIMEOUT_MS", "1000")]);
+    let body = serde_json::json!({
+        "language": "python-slim", "network": false,
+        "code": "import sys\nsys.stdout.write('x'*140000); sys.stderr.write('y'*140000)",
+        "limits": {"outputBytes": 262144}
+    })
+    .to_string();
+    // A small receive buffer, set before connecting so the window stays small.
+    let addr = match d.addr {
+        std::net::SocketAddr::V4(a) => a,
+        other => panic!("IPv4 expected: {other}"),
+    };
+    // SAFETY: plain socket calls on a fresh fd, owned by the TcpStream afterwards.
+    let mut s = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let size: libc::c_int = 4096;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: addr.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*addr.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let r = libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
+        std::net::TcpStream::from_raw_fd(fd)
+    };
+    write!(
+        s,
+        "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 8 * 1024];
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    loop {
+        // 8 KiB per 125 ms: ~64 KB/s, never pausing for a whole second.
+        std::thread::sleep(Duration::from_millis(125));
+        match std::io::Read::read(&mut s, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("read after {} bytes: {e}", got.len()),
+        }
+    }
+    let took = t0.elapsed();
+    let text = String::from_utf8_lossy(&got);
+    let (head, json) = text.split_once("\r\n\r\n").expect("a response head");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("Content-Length: "))
+        .expect("Content-Length")
+        .parse()
+        .unwrap();
+    assert_eq!(
+        json.len(),
+        len,
+        "cut off after {} of {len} body bytes ({took:?})",
+        json.len()
+    );
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(v["run"]["stdout"].as_str().unwrap().len(), 140_000);
+    assert_eq!(v["run"]["stderr"].as_str().unwrap().len(), 140_000);
+    assert!(
+        took > Duration::from_millis(2000),
+        "read too fast to test: {took:?}"
+    );
+    healthy(&d);
+}

@@ -802,7 +802,14 @@ impl Daemon {
             self.close_conn(ck);
             return;
         }
+        let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         match &c.phase {
+            // A response still being taken, slowly but steadily: the stall counts from
+            // the last write, not from the response's start.
+            Phase::Head if c.pending_write() > 0 && c.last_write.elapsed() < idle => {
+                let left = idle - c.last_write.elapsed();
+                self.arm_conn(ck, left);
+            }
             Phase::Head if c.head_started.is_some() => {
                 crate::warn_limited!(
                     "conn={ck} peer={} request head not complete in time",
