@@ -26,6 +26,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -396,7 +397,16 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, max(0, int(round(p / 100 * len(xs) + 0.5)) - 1))]
 
 
-def leftovers(instance, data_dir, pid):
+def pool_target(h):
+    """How many pooled sandboxes the daemon may hold at once (its warm pool's targets)."""
+    pools = (h.get("warmPool") or {}).get("runtimes") or {}
+    return sum(int(p.get("target", 0)) for p in pools.values())
+
+
+def leftovers(instance, data_dir, pid, pooled=0):
+    """What is left once the load has stopped. The warm pool's own sandboxes (ids ending
+    in `-w<N>`) are live, not left over, as long as there are no more of them than the
+    pool's targets."""
     out = []
     if instance:
         d = f"/sys/fs/cgroup/memory/{instance}"
@@ -416,6 +426,10 @@ def leftovers(instance, data_dir, pid):
     if pid:
         r = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid=,stat=,args="], capture_output=True, text=True)
         out += [f"child {l.strip()}" for l in r.stdout.splitlines() if l.split()[1].startswith("Z")]
+    pool = re.compile(r"^(cgroup .*/|runsc container )(.*-w[0-9]+)$")
+    pool_ids = {m.group(2) for m in map(pool.match, out) if m}
+    if len(pool_ids) <= pooled:
+        out = [l for l in out if not pool.match(l)]
     return out
 
 
@@ -482,7 +496,7 @@ def main():
     settle = time.monotonic() + 45
     while True:
         h1 = health(cl)
-        left = leftovers(a.instance, a.data_dir, a.pid)
+        left = leftovers(a.instance, a.data_dir, a.pid, pool_target(h1))
         if (h1["inFlight"] == 0 and h1["openFds"] <= base_fds and not left) or time.monotonic() > settle:
             break
         time.sleep(1)
