@@ -36,7 +36,7 @@ impl Deferred {
         let mut b = [0u8; 16];
         if crate::sys::fsat::getrandom(&mut b).is_err() {
             // Without randomness the placeholder could in principle be forged by the
-            // content; fall back to the address of a fresh allocation and the time.
+            // content; fall back to the clock, which a program cannot predict exactly.
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos());

@@ -52,8 +52,8 @@ const SET_FLAGS: u16 = 3;
 const SET_KEY_TYPE: u16 = 4;
 const SET_KEY_LEN: u16 = 5;
 const SET_DESC: u16 = 9;
-const SET_ID: u16 = 10;
 const SET_DESC_SIZE: u16 = 1;
+const SET_ID: u16 = 10;
 /// `NFT_SET_EVAL`: elements are added from the packet path (`flags dynamic`).
 const SET_F_EVAL: u32 = 0x20;
 /// nft's datatype number for `ifname` (only shown by `nft list`; the kernel keeps it).
@@ -104,7 +104,7 @@ enum Expr {
     Verdict(u32),
     Masq,
     /// `add @set { <reg 1> <expr> }`: the element's stateful expression decides.
-    Dynset(&'static str, u32, Box<Expr>),
+    Dynset(&'static str, Box<Expr>),
     /// `ct count over N` (only inside a dynset).
     Connlimit(u32),
     /// `limit rate over N bytes/second` (only inside a dynset).
@@ -167,9 +167,10 @@ impl Expr {
                     .end();
             }
             Expr::Masq => {}
-            Expr::Dynset(set, id, inner) => {
+            Expr::Dynset(set, inner) => {
+                // The kernel finds a set added in the same batch only by its id.
                 m.attr_str(DYNSET_SET_NAME, set)
-                    .attr_be32(DYNSET_SET_ID, *id)
+                    .attr_be32(DYNSET_SET_ID, set_id(set))
                     .attr_be32(DYNSET_OP, DYNSET_OP_ADD)
                     .attr_be32(DYNSET_SREG_KEY, REG_1);
                 m.begin(DYNSET_EXPR);
@@ -201,13 +202,14 @@ struct Chain {
     rules: Vec<Vec<Expr>>,
 }
 
-/// A dynamic set keyed by interface name: one element per sandbox link, holding that
-/// link's connection count or byte bucket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Set {
-    name: &'static str,
-    id: u32,
-    size: u32,
+/// The per-link sets (N14), in the order they are created.
+const SETS: [&str; 3] = ["conns", "up", "down"];
+
+/// A set's id within the batch that creates it (what links a rule to it there).
+fn set_id(name: &str) -> u32 {
+    SETS.iter()
+        .position(|s| *s == name)
+        .map_or(0, |i| i as u32 + 1)
 }
 
 /// Per-sandbox network limits (catalogue N14).
@@ -225,7 +227,11 @@ pub struct Limits {
 #[derive(Debug, Clone)]
 pub struct Ruleset {
     table: String,
-    sets: Vec<Set>,
+    /// Dynamic sets keyed by interface name: one element per sandbox link, holding
+    /// that link's connection count or byte bucket.
+    sets: Vec<&'static str>,
+    /// Their size: as many elements as sandbox links can exist.
+    set_size: u32,
     chains: Vec<Chain>,
 }
 
@@ -304,44 +310,27 @@ impl Ruleset {
         // conntrack confirms it, so a flood cannot fill the host's table), and bytes
         // beyond `rate_bytes` a second are dropped each way. Keyed by the link, not the
         // address, so a forged source address does not escape its sandbox's budget.
-        let sets = vec![
-            Set {
-                name: "conns",
-                id: 1,
-                size: limits.links,
-            },
-            Set {
-                name: "up",
-                id: 2,
-                size: limits.links,
-            },
-            Set {
-                name: "down",
-                id: 3,
-                size: limits.links,
-            },
-        ];
         let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
         r.extend([
             Expr::Ct(CT_STATE),
             Expr::Bitwise(4, CT_NEW.to_ne_bytes().to_vec()),
             Expr::Cmp(CMP_NEQ, vec![0; 4]),
             Expr::Meta(META_IIFNAME),
-            Expr::Dynset("conns", 1, Box::new(Expr::Connlimit(limits.max_conns))),
+            Expr::Dynset("conns", Box::new(Expr::Connlimit(limits.max_conns))),
             drop(),
         ]);
         fwd.push(r);
         let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
         r.extend([
             Expr::Meta(META_IIFNAME),
-            Expr::Dynset("up", 2, Box::new(Expr::LimitBytes(limits.rate_bytes))),
+            Expr::Dynset("up", Box::new(Expr::LimitBytes(limits.rate_bytes))),
             drop(),
         ]);
         fwd.push(r);
         let mut r: Vec<Expr> = oif(prefix, CMP_EQ).to_vec();
         r.extend([
             Expr::Meta(META_OIFNAME),
-            Expr::Dynset("down", 3, Box::new(Expr::LimitBytes(limits.rate_bytes))),
+            Expr::Dynset("down", Box::new(Expr::LimitBytes(limits.rate_bytes))),
             drop(),
         ]);
         fwd.push(r);
@@ -368,7 +357,8 @@ impl Ruleset {
         let _ = NFPROTO_IPV6;
         Ruleset {
             table: table.to_string(),
-            sets,
+            sets: SETS.to_vec(),
+            set_size: limits.links,
             chains: vec![
                 Chain {
                     name: "forward",
@@ -469,16 +459,16 @@ impl Nft {
                 m.attr_str(TABLE_NAME, &rs.table);
                 bytes.extend(m.finish());
             }
-            for s in &rs.sets {
+            for name in &rs.sets {
                 let mut m = msg(MSG_NEWSET, nl::F_CREATE);
                 m.attr_str(SET_TABLE, &rs.table)
-                    .attr_str(SET_NAME, s.name)
+                    .attr_str(SET_NAME, name)
+                    .attr_be32(SET_ID, set_id(name))
                     .attr_be32(SET_FLAGS, SET_F_EVAL)
                     .attr_be32(SET_KEY_TYPE, TYPE_IFNAME)
                     .attr_be32(SET_KEY_LEN, IFNAMSIZ)
-                    .attr_be32(SET_ID, s.id)
                     .begin(SET_DESC)
-                    .attr_be32(SET_DESC_SIZE, s.size)
+                    .attr_be32(SET_DESC_SIZE, rs.set_size)
                     .end();
                 bytes.extend(m.finish());
             }
@@ -598,10 +588,13 @@ impl Nft {
         let want: BTreeMap<String, String> = rs
             .sets
             .iter()
-            .map(|s| {
+            .map(|name| {
                 (
-                    s.name.to_string(),
-                    format!("flags={SET_F_EVAL:#x} keylen={IFNAMSIZ} size={}", s.size),
+                    name.to_string(),
+                    format!(
+                        "flags={SET_F_EVAL:#x} keylen={IFNAMSIZ} size={}",
+                        rs.set_size
+                    ),
                 )
             })
             .collect();
