@@ -150,6 +150,40 @@ fn test_warm_and_cold_give_the_same_result() {
             "network asked for while egress is off",
             json!({"language": "python-slim", "code": "print(1)"}),
         ),
+        // The exit report (a warm run is answered when the harness reports the status,
+        // before the sandbox's teardown) must not lose or change anything.
+        (
+            "large output written just before the end",
+            json!({"language": "python-slim", "code": "import sys\nsys.stdout.write('o' * 300000)\nsys.stderr.write('e' * 200000)\nprint('end')", "network": false}),
+        ),
+        (
+            "finalisers and atexit at shutdown",
+            json!({"language": "python-slim", "code": "import atexit\nclass A:\n    def __init__(self, n): self.n = n\n    def __del__(self): print('del', self.n)\na = A('a')\n_b = A('_b')\natexit.register(print, 'atexit ran')\nprint('main done')", "network": false}),
+        ),
+        (
+            "stdin closed by the program",
+            json!({"language": "python-slim", "code": "import sys\nsys.stdin.close()\nprint('closed')", "stdin": "unread", "network": false}),
+        ),
+        (
+            "os._exit",
+            json!({"language": "python-slim", "code": "import os\nprint('x', flush=True)\nos._exit(4)", "network": false}),
+        ),
+        (
+            "a daemon thread still running at the end",
+            json!({"language": "python-slim", "code": "import threading, time\nthreading.Thread(target=lambda: time.sleep(10), daemon=True).start()\nprint('main done')", "network": false}),
+        ),
+        (
+            "exit status above 255",
+            json!({"language": "python-slim", "code": "import sys\nsys.exit(300)", "network": false}),
+        ),
+        (
+            "negative exit status",
+            json!({"language": "python-slim", "code": "import sys\nsys.exit(-1)", "network": false}),
+        ),
+        (
+            "KeyboardInterrupt",
+            json!({"language": "python-slim", "code": "raise KeyboardInterrupt", "network": false}),
+        ),
     ];
     same_warm_and_cold(&warm, &cold, "python-slim", 2, &cases);
     // The cases above really ran.
@@ -315,6 +349,23 @@ fn test_javascript_warm_and_cold_give_the_same_result() {
             "truncation",
             json!({"language": "javascript", "code": "console.log('y'.repeat(5000)); console.error('e'.repeat(3000));", "limits": {"outputBytes": 1024}, "network": false}),
         ),
+        // The exit report (see test_exit_report_answers_before_teardown).
+        (
+            "large output written just before the end",
+            json!({"language": "javascript", "code": "process.stdout.write('o'.repeat(300000)); process.stderr.write('e'.repeat(200000)); console.log('end');", "network": false}),
+        ),
+        (
+            "exit listeners and process.exitCode",
+            json!({"language": "javascript", "code": "process.on('exit', (c) => { console.log('exit', c); process.exitCode = 300; });\nsetTimeout(() => console.log('timer'), 50);\nprocess.exitCode = 4;", "network": false}),
+        ),
+        (
+            "unhandled rejection",
+            json!({"language": "javascript", "code": "process.on('exit', (c) => console.log('exit', c));\nPromise.reject(new Error('nope'));", "network": false}),
+        ),
+        (
+            "process.exit with no code after an error was handled",
+            json!({"language": "javascript", "code": "process.on('uncaughtException', (e) => { console.log('handled', e.message); process.exit(); });\nthrow new Error('x');", "network": false}),
+        ),
     ];
     same_warm_and_cold(&warm, &cold, "javascript", 1, &cases);
     let ok = warm.execute(cases[0].1.clone());
@@ -379,4 +430,69 @@ fn test_ruby_warm_and_cold_give_the_same_result() {
     cold.assert_clean();
     warm.stop();
     cold.stop();
+}
+
+/// A claimed Python sandbox is answered when its harness reports the exit status, not
+/// when the sandbox has been torn down; whenever the status is not known exactly, the
+/// run ends the cold way. Either way nothing is left behind.
+#[test]
+fn test_exit_report_answers_before_teardown() {
+    let d = Daemon::start_with(&[("ISOBOX_WARM_POOL", "python-slim=1")]);
+    d.wait_ready();
+    let reports = |d: &Daemon| pool(d)["exitReports"].as_u64().unwrap();
+    // (program, reported, exit code, stdout)
+    let cases = [
+        ("print(1)", true, 0, "1\n"),
+        ("import sys\nprint('x')\nsys.exit(5)", true, 5, "x\n"),
+        // Not known exactly: the cold way.
+        ("import os\nprint('x', flush=True)\nos._exit(4)", false, 4, "x\n"),
+        ("import threading, time\nthreading.Thread(target=lambda: time.sleep(10), daemon=True).start()\nprint('y')", false, 0, "y\n"),
+        // Bytes on its stdin socket that are not the harness's frame: ignored (the
+        // channel is closed; on a cold run fd 0 is a pipe's reading end anyway).
+        ("import os, sys\nos.write(0, b'\\x00\\x00\\x00\\x02{}junk')\nsys.exit(3)", false, 3, ""),
+        // A program that forges the frame only ends its own run early: the answer is
+        // what it claimed, and its sandbox is killed (the clean check below).
+        ("import os, struct, time\nb = b'{\"ev\":\"exit\",\"code\":0}'\nos.write(0, struct.pack('>I', len(b)) + b)\nprint('forged', flush=True)\ntime.sleep(30)", true, 0, "forged\n"),
+    ];
+    for (code, reported, exit, stdout) in cases {
+        wait_ready(&d, 1);
+        let (h, r) = (hits(&d), reports(&d));
+        let v = d.execute(json!({"language": "python-slim", "code": code, "limits": {"wallTimeMs": 20000}, "network": false}));
+        assert_eq!(hits(&d), h + 1, "{code}: served warm");
+        assert_eq!(reports(&d), r + u64::from(reported), "{code}: {v}");
+        assert_eq!(v["run"]["exitCode"], exit, "{code}: {v}");
+        assert_eq!(v["run"]["stdout"], stdout, "{code}: {v}");
+        assert_eq!(v["run"]["timedOut"], false, "{code}: {v}");
+        // Far from the 20 s wall time: the forged run did not wait for its sleep.
+        assert!(
+            v["run"]["durationMs"].as_u64().unwrap() < 5000,
+            "{code}: {v}"
+        );
+    }
+    // The sandboxes, the forger's included, are gone.
+    d.assert_clean_except_pool();
+    let p = pool(&d);
+    assert_eq!(p["failures"], 0, "{p}");
+    d.stop();
+    // node reports after every 'exit' listener, except when an uncaught exception is
+    // still to be printed.
+    let d = Daemon::start_with(&[("ISOBOX_WARM_POOL", "javascript=1")]);
+    d.wait_ready();
+    for (code, reported, exit, stderr_has) in [
+        ("console.log(1)", true, 0, ""),
+        ("process.exitCode = 7", true, 7, ""),
+        ("throw new Error('late')", false, 1, "Error: late"),
+    ] {
+        wait_ready_of(&d, "javascript", 1);
+        let r = reports(&d);
+        let v = d.execute(json!({"language": "javascript", "code": code, "network": false}));
+        assert_eq!(reports(&d), r + u64::from(reported), "{code}: {v}");
+        assert_eq!(v["run"]["exitCode"], exit, "{code}: {v}");
+        assert!(
+            v["run"]["stderr"].as_str().unwrap().contains(stderr_has),
+            "{code}: {v}"
+        );
+    }
+    d.assert_clean_except_pool();
+    d.stop();
 }

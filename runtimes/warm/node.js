@@ -51,3 +51,30 @@ for (const [name, data] of msg.files) {
 }
 process.argv[1] = msg.argv[0];
 process.argv.push(...msg.argv.slice(1));
+
+// Exit report: once node has emitted 'exit' to every listener (the program's included),
+// the status it is about to exit with is known and stdout and stderr, synchronous on
+// pipes, hold everything; one more frame on fd 0 says so:
+//   {"ev": "exit", "code": <status>}
+// and isoboxd answers without waiting for the sandbox's teardown. An uncaught exception
+// or rejection is printed only after 'exit' has been emitted, so a run that had one (the
+// 'uncaughtExceptionMonitor' event goes first) sends no frame and ends the cold way, as
+// do a status that is not an integer, a failed write and any exit without 'exit'.
+const realEmit = process.emit;
+let fatal = false;
+process.emit = function emit(ev, ...args) {
+  if (ev === 'uncaughtExceptionMonitor') fatal = true;
+  const r = Reflect.apply(realEmit, this, [ev, ...args]);
+  if (ev === 'exit' && !fatal) {
+    // As node computes it: process.exitCode when set, else the emitted code.
+    const c = process.exitCode === undefined ? args[0] : process.exitCode;
+    if (Number.isInteger(c) && c >= -(2 ** 31) && c < 2 ** 31) {
+      try {
+        send({ ev: 'exit', code: c & 0xff });
+      } catch (e) {
+        // The cold way then.
+      }
+    }
+  }
+  return r;
+};

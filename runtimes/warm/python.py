@@ -9,9 +9,24 @@
 # and argv[0] runs as `python3 argv[0] argv[1:]` would run it: as __main__, with
 # sys.argv, sys.path[0] and __file__ as Python sets them, uncaught exceptions printed by
 # sys.excepthook, SystemExit and interpreter shutdown left to Python itself. Whatever
-# follows the frame on fd 0 is the program's stdin (isoboxd closes its end after it).
+# follows the frame on fd 0 is the program's stdin (isoboxd shuts its writing half after
+# it).
+#
+# When the program has ended — the last atexit handler, registered here first, runs after
+# the program's own handlers and after Python has joined its threads — the harness clears
+# __main__'s globals as Python's shutdown would (so module-level finalisers print as they
+# do on a cold run), flushes stdout and stderr and sends one more frame on a duplicate of fd 0:
+#   {"ev": "exit", "code": <the exit status Python is about to exit with>}
+# isoboxd then answers at once instead of waiting for the sandbox's teardown (the pipes
+# reach EOF only when `runsc run` exits, ~20 ms later under ptrace). Whenever the status
+# is not known exactly — os._exit, a signal, a flush that fails (Python would exit 120),
+# threads still running — no frame is sent and isoboxd waits for the exit as on a cold
+# run. A program that forges the frame only ends its own run early.
 # The sandbox serves exactly this one execution and is destroyed after it.
+import atexit
 import base64
+import fcntl
+import gc
 import json
 import os
 import struct
@@ -29,11 +44,11 @@ def _read_exact(n):
     return bytes(buf)
 
 
-def _send(obj):
+def _send(obj, fd=0):
     data = json.dumps(obj).encode()
     view = memoryview(struct.pack(">I", len(data)) + data)
     while view:
-        view = view[os.write(0, view):]
+        view = view[os.write(fd, view):]
 
 
 def _claim():
@@ -54,6 +69,45 @@ def _claim():
 
 
 _argv = _claim()
+# The exit frame's channel: fd 0 itself may be closed by the program (sys.stdin.close()).
+# A high number, close-on-exec: the program's own first open still gets fd 3.
+_ctl = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 100)
+# The status Python will exit with, once known exactly; None: no frame.
+_status = None
+
+
+def _exit_status(e):
+    # As Python's handle_system_exit computes it from a SystemExit.
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if -(2**31) <= code < 2**31 else None
+    return 1  # Python prints the object to stderr and exits 1
+
+
+def _finish():
+    if _status is None or len(sys._current_frames()) > 1:
+        return
+    main = sys.modules.get("__main__")
+    d = getattr(main, "__dict__", None)
+    if isinstance(d, dict):
+        # At shutdown Python drops __main__ from sys.modules and its globals die with
+        # it, in the order they were made (the dict is cleared, or collected with the
+        # functions that refer to it); finalisers that print do so then.
+        d.clear()
+        d = main = None
+        gc.collect()
+    try:
+        for f in (sys.stdout, sys.stderr):
+            if f is not None:
+                f.flush()
+        _send({"ev": "exit", "code": _status}, _ctl)
+    except BaseException:
+        pass
+
+
+atexit.register(_finish)
 _path = os.path.join("/workspace", _argv[0])
 sys.argv = list(_argv)
 sys.path[0] = os.path.dirname(_path)
@@ -64,13 +118,18 @@ _main.__cached__ = None
 sys.modules["__main__"] = _main
 with open(_path, "rb") as _f:
     _source = _f.read()
-del _claim, _read_exact, _send, _f
+del _claim, _read_exact, _f
 try:
     exec(compile(_source, _path, "exec"), _main.__dict__)
-except SystemExit:
+    _status = 0
+except SystemExit as _e:
+    _status = _exit_status(_e)
     raise
 except BaseException as _e:
     # Printed as the interpreter would, without this harness's frame.
     _e.__traceback__ = _e.__traceback__.tb_next
     sys.excepthook(type(_e), _e, _e.__traceback__)
-    sys.exit(1)
+    # An uncaught KeyboardInterrupt ends Python by SIGINT after its shutdown; the
+    # sandbox reports that as 130 (and PID 1 ignores the signal and exits 130).
+    _status = 130 if isinstance(_e, KeyboardInterrupt) else 1
+    sys.exit(_status)

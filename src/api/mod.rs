@@ -79,6 +79,7 @@ pub struct App {
 
 /// The warm pool on `/healthz`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct WarmFigures {
     /// Per runtime: sandboxes ready and the target.
     pub runtimes: std::collections::BTreeMap<String, WarmRuntime>,
@@ -90,6 +91,9 @@ pub struct WarmFigures {
     pub refills: u64,
     /// Boots that failed.
     pub failures: u64,
+    /// Pooled runs answered on the harness's exit report, before the sandbox's
+    /// teardown (the others ended the cold way, at `runsc run`'s exit).
+    pub exit_reports: u64,
 }
 
 /// One runtime's pool.

@@ -58,6 +58,8 @@ pub enum Source {
     KernelOut(usize),
     /// A kernel's pidfd.
     KernelPid(usize),
+    /// A claimed pooled sandbox's exit channel (key in `runs`).
+    RunCtl(usize),
 }
 
 /// What a timer is for; `gen` must match the owner's current generation to count.
@@ -534,6 +536,7 @@ impl Daemon {
                             Source::KernelCtl(kk) => self.kernel_ctl_event(kk),
                             Source::KernelOut(_) => {}
                             Source::KernelPid(kk) => self.kernel_exited(kk),
+                            Source::RunCtl(rk) => self.run_ctl_event(rk),
                         }
                     }
                 }

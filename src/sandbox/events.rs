@@ -18,7 +18,7 @@ use mio::unix::pipe;
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Child;
 use std::sync::Arc;
@@ -204,6 +204,12 @@ pub struct Run {
     pub(super) artifacts_truncated: bool,
     /// An agent's tool step: its result goes to the loop's thread, not a connection.
     pub(super) agent: Option<crossbeam_channel::Sender<crate::agent::StepReply>>,
+    /// A claimed pooled sandbox's exit channel, and what it has said so far.
+    pub(super) exit_ctl: Option<(mio::net::UnixStream, Token)>,
+    pub(super) exit_buf: Vec<u8>,
+    /// The harness reported the program's exit status: the pipes hold all its output,
+    /// and the result need not wait for the sandbox's teardown.
+    pub(super) early_exit: Option<i32>,
 }
 
 /// Queues the head of an SSE response (chunked; kept alive unless the client or a
@@ -346,6 +352,9 @@ impl Daemon {
             artifacts: Vec::new(),
             artifacts_truncated: false,
             agent: None,
+            exit_ctl: None,
+            exit_buf: Vec::new(),
+            early_exit: None,
         };
         let plan_for_job = run.plan.clone();
         let rk = self.runs.insert(run);
@@ -577,7 +586,32 @@ impl Daemon {
                         .is_ok();
                 run.stdin = Some((tx, t_in));
             }
-            _ => self.release_token(t_in), // Dropping stdin gives the program EOF at once.
+            Some(stdin) => {
+                // No stdin: EOF at once (a pooled sandbox's stdin is a socket whose
+                // reading half stays open for the exit frame, so it is shut, not closed).
+                crate::sys::shutdown_write(stdin.as_fd());
+                self.release_token(t_in);
+            }
+            None => self.release_token(t_in),
+        }
+        if let Some(ctl) = s.exit_ctl {
+            let t_ctl = self.token_for(Source::RunCtl(rk));
+            let nonblocking = ctl.set_nonblocking(true).is_ok();
+            let mut ctl = mio::net::UnixStream::from_std(ctl);
+            let ok = nonblocking
+                && self
+                    .poll
+                    .registry()
+                    .register(&mut ctl, t_ctl, Interest::READABLE)
+                    .is_ok();
+            if ok {
+                if let Some(run) = self.runs.get_mut(rk) {
+                    run.exit_ctl = Some((ctl, t_ctl));
+                }
+            } else {
+                // Not fatal: the run ends when runsc exits, as a cold one does.
+                self.release_token(t_ctl);
+            }
         }
         let Some(run) = self.runs.get_mut(rk) else {
             return;
@@ -636,7 +670,14 @@ impl Daemon {
                     break;
                 }
                 Ok(n) => self.run_output(rk, idx, &buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // After the harness's exit frame, an empty pipe is a drained one:
+                    // the program flushed everything before it sent the frame.
+                    if self.runs.get(rk).is_some_and(|r| r.early_exit.is_some()) {
+                        self.run_pipe_eof(rk, idx);
+                    }
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => {
                     self.run_pipe_eof(rk, idx);
@@ -810,10 +851,71 @@ impl Daemon {
         }
         if done || run.stdin_pos >= run.plan.stdin.len() {
             if let Some((mut tx, t)) = run.stdin.take() {
+                crate::sys::shutdown_write(tx.as_fd());
                 let _ = self.poll.registry().deregister(&mut tx);
                 self.release_token(t);
             }
         }
+    }
+
+    /// Reads a claimed pooled sandbox's exit channel (`warm.rs`).
+    pub(crate) fn run_ctl_event(&mut self, rk: usize) {
+        let mut buf = [0u8; 128];
+        loop {
+            let Some(run) = self.runs.get_mut(rk) else {
+                return;
+            };
+            let Some((ctl, _)) = run.exit_ctl.as_mut() else {
+                return;
+            };
+            match ctl.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    run.exit_buf.extend_from_slice(&buf[..n]);
+                    match super::warm::exit_frame(&run.exit_buf) {
+                        super::warm::ExitFrame::More => continue,
+                        super::warm::ExitFrame::Exit(code) => {
+                            self.run_close_ctl(rk);
+                            self.run_exited_early(rk, code);
+                            return;
+                        }
+                        super::warm::ExitFrame::Invalid => break,
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        // Closed, or not the harness's frame: the run ends when runsc exits.
+        self.run_close_ctl(rk);
+    }
+
+    fn run_close_ctl(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        run.exit_buf = Vec::new();
+        if let Some((mut ctl, t)) = run.exit_ctl.take() {
+            let _ = self.poll.registry().deregister(&mut ctl);
+            self.release_token(t);
+        }
+    }
+
+    /// The harness said the program ended with `code`: finish as at runsc's exit, with
+    /// an empty pipe counting as a drained one; the sandbox is torn down after the
+    /// response.
+    fn run_exited_early(&mut self, rk: usize, code: i32) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        if run.state != State::Running || run.killing || run.exited_at.is_some() {
+            return;
+        }
+        run.early_exit = Some(code);
+        self.warm.exit_reports += 1;
+        self.warm_publish();
+        self.run_exited(rk);
     }
 
     pub(crate) fn run_exited(&mut self, rk: usize) {
@@ -958,6 +1060,10 @@ impl Daemon {
             let _ = self.poll.registry().deregister(&mut tx);
             release.push(t);
         }
+        if let Some((mut ctl, t)) = run.exit_ctl.take() {
+            let _ = self.poll.registry().deregister(&mut ctl);
+            release.push(t);
+        }
         if let Some((fd, t)) = run.pid.take() {
             let _ = self
                 .poll
@@ -965,17 +1071,34 @@ impl Daemon {
                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
             release.push(t);
         }
-        let (child, cg) = (run.child.take(), run.cgroup.clone());
+        let early = run.early_exit;
+        // After an exit frame, runsc is still tearing the sandbox down: it stays with the
+        // run, and is killed and reaped after the response (`run_cleaned`).
+        let child = if early.is_some() {
+            None
+        } else {
+            run.child.take()
+        };
+        let cg = run.cgroup.clone();
         let serial = run.serial;
         for t in release {
             self.release_token(t);
         }
-        let (Some(child), Some(cg)) = (child, cg) else {
+        let Some(cg) = cg else {
             return;
         };
+        if early.is_none() && child.is_none() {
+            return;
+        }
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || {
-            let cleanup = backend.reap(child, &cg);
+            let cleanup = match (child, early) {
+                (Some(child), _) => backend.reap(child, &cg),
+                (None, code) => super::runsc::Cleanup {
+                    oom_killed: cg.oom_kills() > 0,
+                    exit_code: code.unwrap_or(128 + libc::SIGKILL),
+                },
+            };
             Completion::Reaped {
                 run: rk,
                 serial,
@@ -1015,10 +1138,20 @@ impl Daemon {
         // Likewise the network: its namespace and link go once the container is gone.
         let network = run.net.is_some();
         let net = run.net.take();
+        // After an exit frame, runsc has not been reaped: the sandbox's processes are
+        // killed (the harness is on its way out anyway; a program that forged the frame
+        // must not run on past its slot), and `runsc run` then tears down as after any
+        // exit. Killing runsc itself would leave its state for `runsc delete`, which
+        // then takes over a second.
+        let child = run.child.take();
         if let (Some(cg), Some(dir)) = (run.cgroup.take(), run.dir.take()) {
             let backend = Arc::clone(&self.backend);
             let id = run.id.clone();
             let job = Box::new(move || {
+                if let Some(child) = child {
+                    cg.kill_all();
+                    backend.reap(child, &cg);
+                }
                 backend.remove(&id, &cg, &dir);
                 drop(lease);
                 drop(net);

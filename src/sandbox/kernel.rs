@@ -705,6 +705,9 @@ impl Daemon {
             artifacts: Vec::new(),
             artifacts_truncated: false,
             agent,
+            exit_ctl: None,
+            exit_buf: Vec::new(),
+            early_exit: None,
         });
         for (t, i) in moved {
             self.retarget(

@@ -62,6 +62,9 @@ pub struct Spawned {
     /// A pooled sandbox claimed for this run: `started` is the hand-over, the
     /// interpreter was already running.
     pub warm: bool,
+    /// A claimed pooled sandbox: a second handle on its control socket, on which the
+    /// harness reports the program's exit status (`warm.rs`).
+    pub exit_ctl: Option<std::os::unix::net::UnixStream>,
     /// Egress cuts when its network was made (a pooled networked sandbox whose link a
     /// later failed check cut is not handed out).
     pub net_cuts: u64,
@@ -254,6 +257,7 @@ impl Backend {
             net,
             ctl,
             warm: false,
+            exit_ctl: None,
             net_cuts: 0,
         })
     }

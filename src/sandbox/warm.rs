@@ -111,6 +111,8 @@ pub struct WarmPool {
     pub refills: u64,
     /// Boots that failed.
     pub failures: u64,
+    /// Claimed runs that ended on the harness's exit frame.
+    pub exit_reports: u64,
 }
 
 impl WarmPool {
@@ -319,8 +321,10 @@ impl Backend {
                 source,
             });
         }
-        let ctl = s.ctl.take().map(std::os::fd::OwnedFd::from);
-        s.stdin = ctl.map(std::process::ChildStdin::from);
+        let ctl = s.ctl.take();
+        // Without the exit channel the run just ends the cold way, at runsc's exit.
+        s.exit_ctl = ctl.as_ref().and_then(|c| c.try_clone().ok());
+        s.stdin = ctl.map(|c| std::process::ChildStdin::from(std::os::fd::OwnedFd::from(c)));
         s.started = Instant::now();
         s.warm = true;
         Ok(s)
@@ -356,6 +360,7 @@ impl Daemon {
             misses: self.warm.misses,
             refills: self.warm.refills,
             failures: self.warm.failures,
+            exit_reports: self.warm.exit_reports,
         });
     }
 
@@ -532,6 +537,95 @@ impl Daemon {
     }
 }
 
+/// What the bytes read so far from a claimed sandbox's exit channel say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitFrame {
+    /// Not a whole frame yet.
+    More,
+    /// The harness's `{"ev": "exit", "code": N}`: the program ended with status N.
+    Exit(i32),
+    /// Anything else (the program wrote on its stdin socket): the channel is ignored
+    /// and the run ends the cold way, when `runsc run` exits.
+    Invalid,
+}
+
+/// The largest exit frame's JSON.
+const MAX_EXIT_FRAME: usize = 64;
+
+/// Reads the harness's exit frame from `buf` (all the channel has given so far):
+/// exactly one frame and nothing else, with a status in 0..=255.
+pub fn exit_frame(buf: &[u8]) -> ExitFrame {
+    let Some(head) = buf.first_chunk::<4>() else {
+        return ExitFrame::More;
+    };
+    let n = u32::from_be_bytes(*head) as usize;
+    if n > MAX_EXIT_FRAME || buf.len() > 4 + n {
+        return ExitFrame::Invalid;
+    }
+    if buf.len() < 4 + n {
+        return ExitFrame::More;
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Msg {
+        ev: String,
+        code: u8,
+    }
+    match serde_json::from_slice::<Msg>(&buf[4..]) {
+        Ok(m) if m.ev == "exit" => ExitFrame::Exit(i32::from(m.code)),
+        _ => ExitFrame::Invalid,
+    }
+}
+
 /// The claim's hand-off cell: the job takes the sandbox; if the job never runs, the
 /// reactor takes it back.
 pub type Handoff = Arc<Mutex<Option<Box<Spawned>>>>;
+
+#[cfg(test)]
+mod tests {
+    use super::{exit_frame, ExitFrame};
+
+    fn frame(json: &str) -> Vec<u8> {
+        let mut v = u32::try_from(json.len()).unwrap().to_be_bytes().to_vec();
+        v.extend_from_slice(json.as_bytes());
+        v
+    }
+
+    #[test]
+    fn exit_frame_is_read_whole_and_strictly() {
+        let f = frame(r#"{"ev": "exit", "code": 3}"#);
+        for cut in 0..f.len() {
+            assert_eq!(exit_frame(&f[..cut]), ExitFrame::More, "cut at {cut}");
+        }
+        assert_eq!(exit_frame(&f), ExitFrame::Exit(3));
+        assert_eq!(
+            exit_frame(&frame(r#"{"ev":"exit","code":0}"#)),
+            ExitFrame::Exit(0)
+        );
+        assert_eq!(
+            exit_frame(&frame(r#"{"ev":"exit","code":255}"#)),
+            ExitFrame::Exit(255)
+        );
+        // Out of range, wrong type, other events, extra fields, junk after the frame, a
+        // frame over the size bound: the channel is ignored.
+        for bad in [
+            r#"{"ev":"exit","code":256}"#,
+            r#"{"ev":"exit","code":-1}"#,
+            r#"{"ev":"exit","code":"0"}"#,
+            r#"{"ev":"exit"}"#,
+            r#"{"ev":"ready","code":0}"#,
+            r#"{"ev":"exit","code":0,"x":1}"#,
+            "not json",
+        ] {
+            assert_eq!(exit_frame(&frame(bad)), ExitFrame::Invalid, "{bad}");
+        }
+        let mut trailing = f.clone();
+        trailing.push(b'x');
+        assert_eq!(exit_frame(&trailing), ExitFrame::Invalid);
+        // Padded with JSON whitespace to exactly the bound, and one byte over it.
+        let padded = |len: usize| format!(r#"{{"ev":"exit","code":1{}}}"#, " ".repeat(len - 22));
+        assert_eq!(padded(64).len(), 64);
+        assert_eq!(exit_frame(&frame(&padded(64))), ExitFrame::Exit(1));
+        assert_eq!(exit_frame(&frame(&padded(65))[..4]), ExitFrame::Invalid);
+    }
+}

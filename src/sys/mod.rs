@@ -69,6 +69,13 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// Shuts the writing half of a socket (the peer reads EOF while we may still read); on
+/// anything but a socket it does nothing.
+pub fn shutdown_write(fd: BorrowedFd<'_>) {
+    // SAFETY: plain syscall on a borrowed fd; ENOTSOCK on a pipe is the expected no-op.
+    let _ = unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) };
+}
+
 /// Lowers the calling thread's CPU priority (used by background refill work).
 ///
 /// # Errors
