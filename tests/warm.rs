@@ -50,6 +50,9 @@ fn hits(d: &Daemon) -> u64 {
 /// The result without what legitimately differs (durations).
 fn comparable(mut v: Value) -> Value {
     v["run"].as_object_mut().unwrap().remove("durationMs");
+    if let Some(c) = v.get_mut("compile").and_then(Value::as_object_mut) {
+        c.remove("durationMs");
+    }
     v
 }
 
@@ -495,4 +498,58 @@ fn test_exit_report_answers_before_teardown() {
     }
     d.assert_clean_except_pool();
     d.stop();
+}
+
+/// Compiled runtimes: the pooled sandbox's harness writes the files and execs the cold
+/// path's own build wrapper, so the build, its frame and the program are the cold
+/// path's (the program is PID 1 either way).
+#[test]
+fn test_compiled_warm_and_cold_give_the_same_result() {
+    let warm = warm_daemon("go=1,rust=1,typescript=1");
+    let cold = Daemon::start();
+    cold.wait_ready();
+    let go = [
+        (
+            "success with files, stdin, args and an exit code",
+            json!({"language": "go", "code": "package main\nimport (\"bufio\"; \"fmt\"; \"os\")\nfunc main() {\n\ts := bufio.NewScanner(os.Stdin)\n\ts.Scan()\n\tb, err := os.ReadFile(\"data/in.txt\")\n\tfmt.Println(os.Args[1:], s.Text(), helper(), string(b), err, os.Getpid())\n\t_, err = os.OpenFile(\"helper.go\", os.O_WRONLY, 0)\n\tfmt.Println(\"read-only\", err != nil)\n\tos.Exit(3)\n}", "files": [{"name": "helper.go", "content": "package main\nfunc helper() string { return \"from helper\" }"}, {"name": "data/in.txt", "content": "x"}], "stdin": "line one\nrest\n", "args": ["a", "b c"], "network": false}),
+        ),
+        (
+            "build error",
+            json!({"language": "go", "code": "package main\nfunc main() { x := }", "network": false}),
+        ),
+        (
+            "timeout",
+            json!({"language": "go", "code": "package main\nimport \"fmt\"\nfunc main() { fmt.Println(\"start\"); for {} }", "limits": {"wallTimeMs": 1500}, "network": false}),
+        ),
+    ];
+    same_warm_and_cold(&warm, &cold, "go", 1, &go);
+    let ok = warm.execute(go[0].1.clone());
+    assert_eq!(
+        (ok["run"]["stdout"].as_str(), ok["run"]["exitCode"].as_i64()),
+        (
+            Some("[a b c] line one from helper x <nil> 1\nread-only true\n"),
+            Some(3)
+        ),
+        "{ok}"
+    );
+    let rust = [(
+        "success with stdin and args",
+        json!({"language": "rust", "code": "use std::io::Read;\nfn main() {\n    let mut s = String::new();\n    std::io::stdin().read_to_string(&mut s).unwrap();\n    println!(\"{:?} {:?} {}\", std::env::args().skip(1).collect::<Vec<_>>(), s, std::process::id());\n}", "stdin": "in\n", "args": ["x"], "network": false}),
+    )];
+    same_warm_and_cold(&warm, &cold, "rust", 1, &rust);
+    let ts = [
+        (
+            "success",
+            json!({"language": "typescript", "code": "const x: number = 1;\nconsole.log(x, process.argv.slice(2), process.pid);", "args": ["a"], "network": false}),
+        ),
+        (
+            "type error",
+            json!({"language": "typescript", "code": "const x: number = 's';", "network": false}),
+        ),
+    ];
+    same_warm_and_cold(&warm, &cold, "typescript", 1, &ts);
+    warm.assert_clean_except_pool();
+    cold.assert_clean();
+    warm.stop();
+    cold.stop();
 }

@@ -342,7 +342,7 @@ impl Daemon {
             };
             if crate::sandbox::warm::kind(&rt.desc).is_none() {
                 return Err(io_err("ISOBOX_WARM_POOL")(io::Error::other(format!(
-                    "{name}: warm pools exist for Python, JavaScript (node) and Ruby runtimes only"
+                    "{name}: warm pools exist for Python, JavaScript (node), Ruby and compiled runtimes only"
                 ))));
             }
             targets.push((rt.desc.language.clone(), *n));

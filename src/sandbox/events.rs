@@ -380,8 +380,13 @@ impl Daemon {
         let job_handoff = Arc::clone(&handoff);
         let job = Box::new(move || {
             let warm = job_handoff.lock().unwrap_or_else(|p| p.into_inner()).take();
-            // The harness gets the program's argv from its source file on.
-            let at = plan_for_job.runtime.desc.run.len().saturating_sub(1);
+            // An interpreter's harness gets the program's argv from its source file on;
+            // a compiled runtime's gets the whole build wrapper, which it execs.
+            let at = if plan_for_job.runtime.desc.compiled {
+                0
+            } else {
+                plan_for_job.runtime.desc.run.len().saturating_sub(1)
+            };
             let claimed =
                 warm.and_then(
                     |w| match backend.claim_warm(*w, &plan_for_job, &argv[at..]) {
@@ -624,8 +629,9 @@ impl Daemon {
         run.net = s.net;
         run.started = Some(s.started);
         run.state = State::Running;
-        if s.warm {
-            // The pooled sandbox's harness said `ready` before the claim.
+        if s.warm && run.compile.is_none() {
+            // The pooled sandbox's harness said `ready` before the claim. (A compiled
+            // runtime's harness execs the cold path's build wrapper, which says it.)
             run.gate = super::start::StartGate::open();
             run.program_started = Some(s.started);
         }

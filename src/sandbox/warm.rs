@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 
 /// The Python harness, run as `python3 -c`.
 pub const PYTHON_HARNESS: &str = include_str!("../../runtimes/warm/python.py");
+/// The compiled runtimes' harness, run as `perl -e`: it writes the files and execs the
+/// cold path's build wrapper.
+pub const BUILD_HARNESS: &str = include_str!("../../runtimes/warm/build.pl");
 /// A harness a pooled sandbox's interpreter loads before the runtime's own launcher,
 /// bound read-only at `/opt/isobox-warm/<file>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,12 +62,17 @@ pub enum Kind {
     Node,
     /// `ruby -r PRELOAD <the runtime's argv>`: likewise.
     Ruby,
+    /// A compiled runtime: `perl -e BUILD_HARNESS`, which execs the build wrapper.
+    Build,
 }
 
-/// Whether (and how) `desc` can have a warm pool: an interpreted runtime whose argv
-/// ends with its source file, run by `python3`, `node` or `ruby`.
+/// Whether (and how) `desc` can have a warm pool: a compiled runtime, or an interpreted
+/// one whose argv ends with its source file, run by `python3`, `node` or `ruby`.
 pub fn kind(desc: &crate::runtimes::Descriptor) -> Option<Kind> {
-    if desc.compiled || desc.run.last() != Some(&desc.source_file) {
+    if desc.compiled {
+        return Some(Kind::Build);
+    }
+    if desc.run.last() != Some(&desc.source_file) {
         return None;
     }
     match desc.run.first().and_then(|p| p.rsplit('/').next()) {
@@ -168,7 +176,6 @@ fn eligible(plan: &ExecPlan) -> bool {
     // The limits a pooled sandbox was booted with: the runtime's defaults.
     let d = crate::sandbox::limits::RequestedLimits::default().resolve(&desc.limits);
     kind(desc).is_some()
-        && !desc.compiled
         && plan.workspace.is_none()
         && plan.limits.memory_bytes == d.memory_bytes
         && plan.limits.pids == d.pids
@@ -239,6 +246,7 @@ impl Backend {
                 a.extend(desc.run[1..].iter().cloned());
                 a
             }
+            Some(Kind::Build) => vec!["/usr/bin/perl".into(), "-e".into(), BUILD_HARNESS.into()],
             _ => vec![desc.run[0].clone(), "-c".into(), PYTHON_HARNESS.into()],
         };
         let mut s = self.spawn(id, &plan, argv, &desc.env, Stdin::Control)?;
@@ -292,13 +300,19 @@ impl Backend {
             cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
             pids: host_pids_for(plan.limits.pids),
         };
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let files: Vec<(&str, String)> = plan
-            .files
-            .iter()
-            .map(|(n, b)| (n.as_str(), b64.encode(b)))
-            .collect();
-        let frame = serde_json::json!({"files": files, "argv": argv}).to_string();
+        let frame = if plan.runtime.desc.compiled {
+            build_claim(&plan.files, argv)
+        } else {
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let files: Vec<(&str, String)> = plan
+                .files
+                .iter()
+                .map(|(n, b)| (n.as_str(), b64.encode(b)))
+                .collect();
+            Ok(serde_json::json!({"files": files, "argv": argv})
+                .to_string()
+                .into_bytes())
+        };
         let sent = (|| {
             s.cgroup
                 .set_limits(limits)
@@ -309,9 +323,10 @@ impl Backend {
                 .as_mut()
                 .ok_or_else(|| std::io::Error::other("no control socket"))?;
             ctl.set_write_timeout(Some(Duration::from_secs(10)))?;
+            let frame = frame?;
             let len = u32::try_from(frame.len()).map_err(std::io::Error::other)?;
             ctl.write_all(&len.to_be_bytes())?;
-            ctl.write_all(frame.as_bytes())?;
+            ctl.write_all(&frame)?;
             ctl.set_write_timeout(None)
         })();
         if let Err(source) = sent {
@@ -535,6 +550,31 @@ impl Daemon {
         }
         self.warm_publish();
     }
+}
+
+/// The compiled runtimes' claim (`runtimes/warm/build.pl`): the files, then the argv,
+/// each a 4-byte big-endian count, each item a 4-byte length and its bytes.
+fn build_claim(files: &[(String, Vec<u8>)], argv: &[String]) -> std::io::Result<Vec<u8>> {
+    fn len(n: usize) -> std::io::Result<[u8; 4]> {
+        u32::try_from(n)
+            .map(u32::to_be_bytes)
+            .map_err(std::io::Error::other)
+    }
+    let mut out = Vec::new();
+    out.extend_from_slice(&len(files.len())?);
+    let items = files
+        .iter()
+        .flat_map(|(name, data)| [name.as_bytes(), data.as_slice()]);
+    for b in items {
+        out.extend_from_slice(&len(b.len())?);
+        out.extend_from_slice(b);
+    }
+    out.extend_from_slice(&len(argv.len())?);
+    for a in argv {
+        out.extend_from_slice(&len(a.len())?);
+        out.extend_from_slice(a.as_bytes());
+    }
+    Ok(out)
 }
 
 /// What the bytes read so far from a claimed sandbox's exit channel say.
