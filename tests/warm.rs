@@ -187,6 +187,18 @@ fn test_warm_and_cold_give_the_same_result() {
             "KeyboardInterrupt",
             json!({"language": "python-slim", "code": "raise KeyboardInterrupt", "network": false}),
         ),
+        (
+            "a forked child's exit is not the program's",
+            json!({"language": "python-slim", "code": "import os, sys\npid = os.fork()\nif pid == 0:\n    print('child', flush=True)\n    sys.exit(0)\nos.waitpid(pid, 0)\nprint('parent')\nsys.exit(3)", "network": false}),
+        ),
+        (
+            "a finaliser that reads a global",
+            json!({"language": "python-slim", "code": "name = 'world'\nclass A:\n    def __del__(self): print('bye', name)\na = A()\nimport json\njson.keep = A()", "network": false}),
+        ),
+        (
+            "a file object left open",
+            json!({"language": "python-slim", "code": "f = open(1, 'w', closefd=False)\nf.write('buffered\\n')\nl = [f]\nl.append(l)\nprint('first')", "network": false}),
+        ),
     ];
     same_warm_and_cold(&warm, &cold, "python-slim", 2, &cases);
     // The cases above really ran.
@@ -366,6 +378,18 @@ fn test_javascript_warm_and_cold_give_the_same_result() {
             json!({"language": "javascript", "code": "process.on('exit', (c) => console.log('exit', c));\nPromise.reject(new Error('nope'));", "network": false}),
         ),
         (
+            "an exit listener unsets process.exitCode",
+            json!({"language": "javascript", "code": "process.on('exit', () => { process.exitCode = undefined; });\nprocess.exitCode = 4;", "network": false}),
+        ),
+        (
+            "'exit' emitted by the program",
+            json!({"language": "javascript", "code": "process.emit('exit', 0);\nsetTimeout(() => { console.log('later'); process.exitCode = 3; }, 200);", "network": false}),
+        ),
+        (
+            "worker thread and forked child",
+            json!({"language": "javascript", "code": "const { Worker } = require('worker_threads');\nnew Worker(\"console.log('in worker')\", { eval: true }).on('exit', () => {\n  require('child_process').fork('child.js').on('exit', (c) => console.log('child exit', c));\n});", "files": [{"name": "child.js", "content": "console.log('child ran', process.execArgv.length);"}], "network": false}),
+        ),
+        (
             "process.exit with no code after an error was handled",
             json!({"language": "javascript", "code": "process.on('uncaughtException', (e) => { console.log('handled', e.message); process.exit(); });\nthrow new Error('x');", "network": false}),
         ),
@@ -455,7 +479,7 @@ fn test_exit_report_answers_before_teardown() {
         ("import os, sys\nos.write(0, b'\\x00\\x00\\x00\\x02{}junk')\nsys.exit(3)", false, 3, ""),
         // A program that forges the frame only ends its own run early: the answer is
         // what it claimed, and its sandbox is killed (the clean check below).
-        ("import os, struct, time\nb = b'{\"ev\":\"exit\",\"code\":0}'\nos.write(0, struct.pack('>I', len(b)) + b)\nprint('forged', flush=True)\ntime.sleep(30)", true, 0, "forged\n"),
+        ("import os, struct, time\nprint('forged', flush=True)\nb = b'{\"ev\":\"exit\",\"code\":0}'\nos.write(0, struct.pack('>I', len(b)) + b)\ntime.sleep(30)", true, 0, "forged\n"),
     ];
     for (code, reported, exit, stdout) in cases {
         wait_ready(&d, 1);

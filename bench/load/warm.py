@@ -20,7 +20,13 @@ the block), CPU seconds per execution (the whole host's, from /proc/stat, over t
 block, refill included), and for warm the pool's hits in the block. Ratios to native
 and to bare runsc follow.
 
-Usage (root): python3 bench/load/warm.py [--runs 40] [--pool 2]
+With --compiled N, a second table: go, rust and typescript programs printing 1, N runs
+each at concurrency 1, cold against "warm idle" on a third isoboxd with
+ISOBOX_WARM_POOL=go=1,rust=1,typescript=1 (the pooled sandbox saves the boot; the
+compile still runs per request).
+
+Usage (root): python3 bench/load/warm.py [--runs 40] [--pool 2] [--compiled 8]
+(--runs 0: only the compiled table)
 """
 
 import argparse
@@ -112,10 +118,51 @@ def row(lang, mode, conc, r):
     )
 
 
+COMPILED = {
+    "go": 'package main\nimport "fmt"\nfunc main() { fmt.Println(1) }',
+    "rust": 'fn main() { println!("1"); }',
+    "typescript": "const x: number = 1;\nconsole.log(x);",
+}
+
+
+def compiled(runs, cold, daemons, problems):
+    """Compiled runtimes, c=1: cold against a full pool of one per runtime."""
+    # Offline runs only: no networked pools to wait for (and no second firewall).
+    os.environ["ISOBOX_EGRESS"] = "off"
+    try:
+        warm = start("isobox-bench-wcomp", "go=1,rust=1,typescript=1")
+    finally:
+        del os.environ["ISOBOX_EGRESS"]
+    daemons.append(warm)
+    wait_ready(warm)
+    wait_pool(warm, 1)
+    print(f"== compiled runtimes: {runs} runs each at c=1; load average before: {ex.loadavg()}")
+    print(f"{'runtime':<12} {'mode':<11} {'c':>3} {'ok':>4} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>7} {'cpu s':>7}")
+    run_warm = via(warm)
+
+    def idle(rt):
+        wait_pool(warm, 1)
+        return run_warm(rt)
+
+    for lang, code in COMPILED.items():
+        rt = {"language": lang, "code": code}
+        p50 = {}
+        for mode, fn in (("cold", via(cold)), ("warm idle", idle)):
+            r = block(fn, rt, runs, 1)
+            print(row(lang, mode, 1, r), flush=True)
+            problems += [f"{lang} {mode}: {e}" for e in r["errors"][:3]]
+            if r["lat"]:
+                p50[mode] = ex.percentile(r["lat"], 50)
+        if len(p50) == 2:
+            print(f"   {lang:<12} warm idle /cold {p50['warm idle'] / p50['cold']:.2f}x (saves {p50['cold'] - p50['warm idle']:.0f} ms at p50)")
+    print(f"compiled pool at the end: {health(warm).get('warmPool')}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=int(os.environ.get("WARM_RUNS", "40")))
     ap.add_argument("--pool", type=int, default=int(os.environ.get("WARM_POOL", "2")))
+    ap.add_argument("--compiled", type=int, default=0, help="runs per compiled runtime (0: skip)")
     args = ap.parse_args()
     daemons, problems, results = [], [], {}
     try:
@@ -132,7 +179,7 @@ def main():
             f"load average before: {ex.loadavg()}"
         )
         print(f"{'runtime':<12} {'mode':<11} {'c':>3} {'ok':>4} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>7} {'cpu s':>7}")
-        for rt in rts:
+        for rt in rts if args.runs > 0 else []:
             for conc in (1, 4, 16):
                 runs = max(args.runs, conc * 2)
                 modes = [("native", ex.run_native, None, None), ("bare runsc", ex.run_bare_runsc, None, None), ("cold", via(cold), None, None)]
@@ -183,6 +230,8 @@ def main():
                 parts.append(f"/cold {p / ex.percentile(cold_r['lat'], 50):.2f}x")
             print(f"   {lang:<12} {mode:<9} c={conc:<3} " + "  ".join(parts))
         print(f"warm pool at the end: {health(warm).get('warmPool')}")
+        if args.compiled:
+            compiled(args.compiled, cold, daemons, problems)
         print(f"load average after: {ex.loadavg()}")
     except ex.Failure as e:
         problems.append(str(e))

@@ -12,6 +12,9 @@
 const fs = require('fs');
 const path = require('path');
 
+// A preload also runs in worker threads; they are the program's, not a sandbox's.
+if (!require('worker_threads').isMainThread) return;
+
 function readExact(n) {
   const buf = Buffer.alloc(n);
   let off = 0;
@@ -51,10 +54,16 @@ for (const [name, data] of msg.files) {
 }
 process.argv[1] = msg.argv[0];
 process.argv.push(...msg.argv.slice(1));
+// Processes the program forks (child_process.fork) take process.execArgv: not this.
+const pre = process.execArgv.indexOf('-r');
+if (pre >= 0 && process.execArgv[pre + 1] === __filename) process.execArgv.splice(pre, 2);
+// The exit frame goes on fd 0 only if fd 0 is still the socket (the program may close
+// it and open something else there).
+const ctlStat = fs.fstatSync(0);
 
 // Exit report: once node has emitted 'exit' to every listener (the program's included),
 // the status it is about to exit with is known and stdout and stderr, synchronous on
-// pipes, hold everything; one more frame on fd 0 says so:
+// pipes, hold everything; one more frame on fd 0 (if it is still the socket) says so:
 //   {"ev": "exit", "code": <status>}
 // and isoboxd answers without waiting for the sandbox's teardown. An uncaught exception
 // or rejection is printed only after 'exit' has been emitted, so a run that had one (the
@@ -62,18 +71,25 @@ process.argv.push(...msg.argv.slice(1));
 // do a status that is not an integer, a failed write and any exit without 'exit'.
 const realEmit = process.emit;
 let fatal = false;
+let reported = false;
 process.emit = function emit(ev, ...args) {
   if (ev === 'uncaughtExceptionMonitor') fatal = true;
   const r = Reflect.apply(realEmit, this, [ev, ...args]);
-  if (ev === 'exit' && !fatal) {
-    // As node computes it: process.exitCode when set, else the emitted code.
-    const c = process.exitCode === undefined ? args[0] : process.exitCode;
-    if (Number.isInteger(c) && c >= -(2 ** 31) && c < 2 ** 31) {
-      try {
+  // Only node's own 'exit' (it sets process._exiting first), once.
+  if (ev === 'exit' && process._exiting === true && !fatal && !reported) {
+    reported = true;
+    // What node exits with after 'exit': process.exitCode || 0.
+    const c = process.exitCode || 0;
+    try {
+      const now = fs.fstatSync(0);
+      if (
+        Number.isInteger(c) && c >= -(2 ** 31) && c < 2 ** 31 &&
+        now.dev === ctlStat.dev && now.ino === ctlStat.ino
+      ) {
         send({ ev: 'exit', code: c & 0xff });
-      } catch (e) {
-        // The cold way then.
       }
+    } catch (e) {
+      // The cold way then.
     }
   }
   return r;

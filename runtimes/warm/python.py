@@ -13,20 +13,22 @@
 # it).
 #
 # When the program has ended — the last atexit handler, registered here first, runs after
-# the program's own handlers and after Python has joined its threads — the harness clears
-# __main__'s globals as Python's shutdown would (so module-level finalisers print as they
-# do on a cold run), flushes stdout and stderr and sends one more frame on a duplicate of fd 0:
+# the program's own handlers and after Python has joined its threads — the harness
+# flushes stdout and stderr and sends one more frame on a duplicate of fd 0:
 #   {"ev": "exit", "code": <the exit status Python is about to exit with>}
 # isoboxd then answers at once instead of waiting for the sandbox's teardown (the pipes
 # reach EOF only when `runsc run` exits, ~20 ms later under ptrace). Whenever the status
 # is not known exactly — os._exit, a signal, a flush that fails (Python would exit 120),
-# threads still running — no frame is sent and isoboxd waits for the exit as on a cold
-# run. A program that forges the frame only ends its own run early.
+# threads still running, a forked child's exit — or Python's teardown could still write
+# (a live object whose class has __del__, a file object not closed), no frame is sent
+# and isoboxd waits for the exit as on a cold run. A program that forges the frame only
+# ends its own run early.
 # The sandbox serves exactly this one execution and is destroyed after it.
 import atexit
 import base64
 import fcntl
 import gc
+import io
 import json
 import os
 import struct
@@ -86,18 +88,38 @@ def _exit_status(e):
     return 1  # Python prints the object to stderr and exits 1
 
 
+_pid = os.getpid()
+
+
+def _teardown_may_run_code():
+    # What Python's own teardown, after this handler, could still run or write: an
+    # instance of a class with __del__, a file object not closed (buffered data is
+    # written when it dies) other than the standard streams.
+    std = set()
+    for f in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__):
+        for o in (f, getattr(f, "buffer", None), getattr(getattr(f, "buffer", None), "raw", None)):
+            std.add(id(o))
+    objs = gc.get_objects()
+    kinds = {type(o) for o in objs}
+    files = {k for k in kinds if issubclass(k, io.IOBase)}
+    # (io's classes have __del__ too: they count only when not closed.)
+    finalised = {k for k in kinds - files if getattr(k, "__del__", None) is not None}
+    for o in objs:
+        k = type(o)
+        if k in finalised:
+            return True
+        if k in files and id(o) not in std and not o.closed:
+            return True
+    return False
+
+
 def _finish():
-    if _status is None or len(sys._current_frames()) > 1:
+    # A forked child's own exit is not the program's; threads still running may write;
+    # finalisers run after this handler could write (they end the run the cold way).
+    if _status is None or os.getpid() != _pid or len(sys._current_frames()) > 1:
         return
-    main = sys.modules.get("__main__")
-    d = getattr(main, "__dict__", None)
-    if isinstance(d, dict):
-        # At shutdown Python drops __main__ from sys.modules and its globals die with
-        # it, in the order they were made (the dict is cleared, or collected with the
-        # functions that refer to it); finalisers that print do so then.
-        d.clear()
-        d = main = None
-        gc.collect()
+    if _teardown_may_run_code():
+        return
     try:
         for f in (sys.stdout, sys.stderr):
             if f is not None:
@@ -128,6 +150,8 @@ except SystemExit as _e:
 except BaseException as _e:
     # Printed as the interpreter would, without this harness's frame.
     _e.__traceback__ = _e.__traceback__.tb_next
+    # Kept as PyErr_Print keeps them (their frames live until the teardown).
+    sys.last_type, sys.last_value, sys.last_traceback = type(_e), _e, _e.__traceback__
     sys.excepthook(type(_e), _e, _e.__traceback__)
     # An uncaught KeyboardInterrupt ends Python by SIGINT after its shutdown; the
     # sandbox reports that as 130 (and PID 1 ignores the signal and exits 130).

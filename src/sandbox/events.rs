@@ -1100,10 +1100,16 @@ impl Daemon {
         let job = Box::new(move || {
             let cleanup = match (child, early) {
                 (Some(child), _) => backend.reap(child, &cg),
-                (None, code) => super::runsc::Cleanup {
-                    oom_killed: cg.oom_kills() > 0,
-                    exit_code: code.unwrap_or(128 + libc::SIGKILL),
-                },
+                (None, code) => {
+                    let oom_killed = cg.oom_kills() > 0;
+                    // The slot is freed with the response: nothing may run on in it (a
+                    // program that forged the frame); the reap comes after.
+                    cg.kill_now();
+                    super::runsc::Cleanup {
+                        oom_killed,
+                        exit_code: code.unwrap_or(128 + libc::SIGKILL),
+                    }
+                }
             };
             Completion::Reaped {
                 run: rk,
@@ -1144,11 +1150,11 @@ impl Daemon {
         // Likewise the network: its namespace and link go once the container is gone.
         let network = run.net.is_some();
         let net = run.net.take();
-        // After an exit frame, runsc has not been reaped: the sandbox's processes are
-        // killed (the harness is on its way out anyway; a program that forged the frame
-        // must not run on past its slot), and `runsc run` then tears down as after any
-        // exit. Killing runsc itself would leave its state for `runsc delete`, which
-        // then takes over a second.
+        // After an exit frame, runsc has not been reaped: the sandbox's processes were
+        // sent SIGKILL before the response (a program that forged the frame must not
+        // run on past its slot); here they are killed until none is left, and `runsc
+        // run` then tears down as after any exit. Killing runsc itself would leave its
+        // state for `runsc delete`, which then takes over a second.
         let child = run.child.take();
         if let (Some(cg), Some(dir)) = (run.cgroup.take(), run.dir.take()) {
             let backend = Arc::clone(&self.backend);
