@@ -68,15 +68,18 @@ const ctlStat = fs.fstatSync(0);
 // and isoboxd answers without waiting for the sandbox's teardown. An uncaught exception
 // or rejection is printed only after 'exit' has been emitted, so a run that had one (the
 // 'uncaughtExceptionMonitor' event goes first) sends no frame and ends the cold way, as
-// do a status that is not an integer, a failed write and any exit without 'exit'.
+// do a status that is not an integer, a failed write, any exit without 'exit', and a
+// process.emit that something else has wrapped since.
 const realEmit = process.emit;
 let fatal = false;
 let reported = false;
 process.emit = function emit(ev, ...args) {
   if (ev === 'uncaughtExceptionMonitor') fatal = true;
   const r = Reflect.apply(realEmit, this, [ev, ...args]);
-  // Only node's own 'exit' (it sets process._exiting first), once.
-  if (ev === 'exit' && process._exiting === true && !fatal && !reported) {
+  // Only node's own 'exit' (it sets process._exiting first), once, and not when
+  // something wrapped process.emit after us (signal-exit runs its handlers after
+  // ours: their output would come after the frame).
+  if (ev === 'exit' && process._exiting === true && !fatal && !reported && process.emit === emit) {
     reported = true;
     // What node exits with after 'exit': process.exitCode || 0.
     const c = process.exitCode || 0;

@@ -20,7 +20,8 @@
 # reach EOF only when `runsc run` exits, ~20 ms later under ptrace). Whenever the status
 # is not known exactly — os._exit, a signal, a flush that fails (Python would exit 120),
 # threads still running, a forked child's exit — or Python's teardown could still write
-# (a live object whose class has __del__, a file object not closed), no frame is sent
+# (a live object whose class has __del__, generators and coroutines included, a file
+# object not closed), no frame is sent
 # and isoboxd waits for the exit as on a cold run. A program that forges the frame only
 # ends its own run early.
 # The sandbox serves exactly this one execution and is destroyed after it.
@@ -93,8 +94,9 @@ _pid = os.getpid()
 
 def _teardown_may_run_code():
     # What Python's own teardown, after this handler, could still run or write: an
-    # instance of a class with __del__, a file object not closed (buffered data is
-    # written when it dies) other than the standard streams.
+    # instance of a class with __del__ (generators and coroutines have one too: closing
+    # runs their `finally` blocks, or warns "never awaited"), a file object not closed
+    # (buffered data is written when it dies) other than the standard streams.
     std = set()
     for f in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__):
         for o in (f, getattr(f, "buffer", None), getattr(getattr(f, "buffer", None), "raw", None)):
