@@ -271,7 +271,7 @@ pub const SETTINGS: &[Setting] = &[
         flag: "--warm-pool",
         env: "ISOBOX_WARM_POOL",
         default: "python=2,python-slim=1,javascript=1",
-        help: "sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python, JavaScript, Ruby and the compiled runtimes; empty or `off` disables): each serves one offline /execute with the runtime's default memory and pids",
+        help: "sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python, JavaScript, Ruby and the compiled runtimes; empty or `off` disables): each serves one /execute with the runtime's default memory and pids (offline, or with filtered egress from the `<runtime>+net` pool)",
     },
     Setting {
         flag: "--kernels-max",

@@ -480,6 +480,9 @@ fn test_exit_report_answers_before_teardown() {
     let cases = [
         ("print(1)", true, 0, "1\n"),
         ("import sys\nprint('x')\nsys.exit(5)", true, 5, "x\n"),
+        // What dies quietly does not stop the report: in-memory files, generators
+        // never started.
+        ("import io\nb = io.StringIO('s')\ng = (i for i in range(3))\nprint(b.read())", true, 0, "s\n"),
         // Not known exactly: the cold way.
         ("import os\nprint('x', flush=True)\nos._exit(4)", false, 4, "x\n"),
         ("import threading, time\nthreading.Thread(target=lambda: time.sleep(10), daemon=True).start()\nprint('y')", false, 0, "y\n"),
@@ -517,6 +520,8 @@ fn test_exit_report_answers_before_teardown() {
     for (code, reported, exit, stderr_has) in [
         ("console.log(1)", true, 0, ""),
         ("process.exitCode = 7", true, 7, ""),
+        // An exception the program handles: an ordinary exit after it.
+        ("process.on('uncaughtException', () => { process.exitCode = 2; });\nthrow new Error('handled');", true, 2, ""),
         ("throw new Error('late')", false, 1, "Error: late"),
     ] {
         wait_ready_of(&d, "javascript", 1);

@@ -56,6 +56,8 @@ $pos += 4;
 for (1 .. $nfiles) {
     my $name = $take->();
     my $data = $take->();
+    # isoboxd validated the names; a second line of defence all the same.
+    die "bad name\n" if grep { $_ eq '' || $_ eq '.' || $_ eq '..' } split m{/}, $name, -1;
     my $path = "/workspace/$name";
     my $dir = '/workspace';
     my @parts = split m{/}, $name;

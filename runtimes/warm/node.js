@@ -68,13 +68,20 @@ const ctlStat = fs.fstatSync(0);
 // and isoboxd answers without waiting for the sandbox's teardown. An uncaught exception
 // or rejection is printed only after 'exit' has been emitted, so a run that had one (the
 // 'uncaughtExceptionMonitor' event goes first) sends no frame and ends the cold way, as
-// do a status that is not an integer, a failed write, any exit without 'exit', and a
-// process.emit that something else has wrapped since.
+// do a status that is not an integer, a failed write, any exit without 'exit', other
+// processes still alive, and a process.emit that something else has wrapped since.
 const realEmit = process.emit;
 let fatal = false;
 let reported = false;
 process.emit = function emit(ev, ...args) {
-  if (ev === 'uncaughtExceptionMonitor') fatal = true;
+  // Fatal unless the program handles it (then the exit to come is an ordinary one).
+  if (
+    ev === 'uncaughtExceptionMonitor' &&
+    process.listenerCount('uncaughtException') === 0 &&
+    !process.hasUncaughtExceptionCaptureCallback()
+  ) {
+    fatal = true;
+  }
   const r = Reflect.apply(realEmit, this, [ev, ...args]);
   // Only node's own 'exit' (it sets process._exiting first), once, and not when
   // something wrapped process.emit after us (signal-exit runs its handlers after
@@ -85,8 +92,10 @@ process.emit = function emit(ev, ...args) {
     const c = process.exitCode || 0;
     try {
       const now = fs.fstatSync(0);
+      // Processes the program started and left running may still write to the pipes.
+      const others = fs.readdirSync('/proc').some((p) => /^\d+$/.test(p) && +p !== process.pid);
       if (
-        Number.isInteger(c) && c >= -(2 ** 31) && c < 2 ** 31 &&
+        Number.isInteger(c) && c >= -(2 ** 31) && c < 2 ** 31 && !others &&
         now.dev === ctlStat.dev && now.ino === ctlStat.ino
       ) {
         send({ ev: 'exit', code: c & 0xff });

@@ -19,9 +19,9 @@
 # isoboxd then answers at once instead of waiting for the sandbox's teardown (the pipes
 # reach EOF only when `runsc run` exits, ~20 ms later under ptrace). Whenever the status
 # is not known exactly — os._exit, a signal, a flush that fails (Python would exit 120),
-# threads still running, a forked child's exit — or Python's teardown could still write
-# (a live object whose class has __del__, generators and coroutines included, a file
-# object not closed), no frame is sent
+# threads or other processes still running, a forked child's exit — or Python's teardown
+# could still write (a live object whose class has __del__, a suspended generator, an
+# unfinished coroutine, a file object not closed), no frame is sent
 # and isoboxd waits for the exit as on a cold run. A program that forges the frame only
 # ends its own run early.
 # The sandbox serves exactly this one execution and is destroyed after it.
@@ -92,38 +92,72 @@ def _exit_status(e):
 _pid = os.getpid()
 
 
+# What a live object of a type means for the teardown (see _teardown_may_run_code).
+_QUIET, _RUNS, _FILE, _GEN, _CORO = range(5)
+# In-memory files write nothing anywhere when they die.
+_MEMORY_FILES = (io.StringIO, io.BytesIO)
+
+
+def _kind_of(k):
+    if k is types.GeneratorType:
+        return _GEN
+    if k is types.CoroutineType:
+        return _CORO
+    if issubclass(k, io.IOBase):
+        if issubclass(k, _MEMORY_FILES):
+            return _QUIET
+        # io's own classes write buffered data when they die, if not closed; a file
+        # class written in Python may run anything (even its `closed`).
+        return _FILE if k.__module__ in ("_io", "io") else _RUNS
+    return _RUNS if getattr(k, "__del__", None) is not None else _QUIET
+
+
 def _teardown_may_run_code():
     # What Python's own teardown, after this handler, could still run or write: an
-    # instance of a class with __del__ (generators and coroutines have one too: closing
-    # runs their `finally` blocks, or warns "never awaited"), a file object not closed
-    # (buffered data is written when it dies) other than the standard streams.
+    # instance of a class with __del__ (async generators included), a file object not
+    # closed other than the standard streams, a generator suspended inside its body
+    # (closing it runs its `finally` blocks), an unfinished coroutine ("never awaited").
     std = set()
     for f in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__):
         for o in (f, getattr(f, "buffer", None), getattr(getattr(f, "buffer", None), "raw", None)):
             std.add(id(o))
-    objs = gc.get_objects()
-    kinds = {type(o) for o in objs}
-    files = {k for k in kinds if issubclass(k, io.IOBase)}
-    # (io's classes have __del__ too: they count only when not closed.)
-    finalised = {k for k in kinds - files if getattr(k, "__del__", None) is not None}
-    for o in objs:
+    kinds = {}
+    for o in gc.get_objects():
         k = type(o)
-        if k in finalised:
+        v = kinds.get(k)
+        if v is None:
+            v = kinds[k] = _kind_of(k)
+        if v == _QUIET:
+            continue
+        if v == _RUNS:
             return True
-        if k in files and id(o) not in std and not o.closed:
+        if v == _FILE and id(o) not in std and not o.closed:
+            return True
+        if v == _GEN and getattr(o, "gi_suspended", True):
+            return True
+        if v == _CORO and o.cr_frame is not None:
             return True
     return False
 
 
+def _others_alive():
+    # Processes the program started and left running may still write to the pipes.
+    try:
+        return any(p.isdigit() and int(p) != _pid for p in os.listdir("/proc"))
+    except OSError:
+        return True
+
+
 def _finish():
-    # A forked child's own exit is not the program's; threads still running may write;
-    # finalisers run after this handler could write (they end the run the cold way).
+    # A forked child's own exit is not the program's; threads or processes still running
+    # may write; finalisers run after this handler could write (they end the run the
+    # cold way).
     if _status is None or os.getpid() != _pid or len(sys._current_frames()) > 1:
         return
-    if _teardown_may_run_code():
-        return
     try:
-        for f in (sys.stdout, sys.stderr):
+        if _others_alive() or _teardown_may_run_code():
+            return
+        for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             if f is not None:
                 f.flush()
         _send({"ev": "exit", "code": _status}, _ctl)

@@ -337,8 +337,14 @@ impl Backend {
             });
         }
         let ctl = s.ctl.take();
-        // Without the exit channel the run just ends the cold way, at runsc's exit.
-        s.exit_ctl = ctl.as_ref().and_then(|c| c.try_clone().ok());
+        // Without the exit channel the run just ends the cold way, at runsc's exit. A
+        // compiled runtime's harness never reports (it execs the build): no channel, so
+        // nothing the program writes on fd 0 can end its run.
+        s.exit_ctl = if plan.runtime.desc.compiled {
+            None
+        } else {
+            ctl.as_ref().and_then(|c| c.try_clone().ok())
+        };
         s.stdin = ctl.map(|c| std::process::ChildStdin::from(std::os::fd::OwnedFd::from(c)));
         s.started = Instant::now();
         s.warm = true;
