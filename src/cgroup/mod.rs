@@ -414,27 +414,33 @@ impl RunCgroup {
     /// waiting for them to go: fast enough for a response path; [`kill_all`]
     /// (Self::kill_all) finishes the job later.
     pub fn kill_now(&self) {
+        self.kill_v2();
+        self.kill_listed();
+    }
+
+    /// `cgroup.kill` on v2 (the kernel kills the whole subtree); nothing on v1.
+    fn kill_v2(&self) {
         if let Hierarchy::V2 { .. } = self.hier {
             let _ = write_file(&self.dirs[0].join("cgroup.kill"), "1");
         }
-        for pid in self.procs() {
+    }
+
+    /// SIGKILLs each process the cgroup lists now; false when it listed none.
+    fn kill_listed(&self) -> bool {
+        let pids = self.procs();
+        for &pid in &pids {
             let _ = crate::sys::kill(pid, libc::SIGKILL);
         }
+        !pids.is_empty()
     }
 
     /// SIGKILLs every process in the cgroup until it is empty (stopped ones die too:
     /// SIGKILL needs no SIGCONT). Returns whether it is empty at the end.
     pub fn kill_all(&self) -> bool {
-        if let Hierarchy::V2 { .. } = self.hier {
-            let _ = write_file(&self.dirs[0].join("cgroup.kill"), "1");
-        }
+        self.kill_v2();
         for attempt in 0..200 {
-            let pids = self.procs();
-            if pids.is_empty() {
+            if !self.kill_listed() {
                 return true;
-            }
-            for pid in pids {
-                let _ = crate::sys::kill(pid, libc::SIGKILL);
             }
             std::thread::sleep(std::time::Duration::from_millis(if attempt < 10 {
                 2

@@ -1077,13 +1077,13 @@ impl Daemon {
                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
             release.push(t);
         }
-        let early = run.early_exit;
         // After an exit frame, runsc is still tearing the sandbox down: it stays with the
         // run, and is killed and reaped after the response (`run_cleaned`).
-        let child = if early.is_some() {
-            None
-        } else {
+        let early = run.early_exit;
+        let child = if early.is_none() {
             run.child.take()
+        } else {
+            None
         };
         let cg = run.cgroup.clone();
         let serial = run.serial;
@@ -1093,21 +1093,27 @@ impl Daemon {
         let Some(cg) = cg else {
             return;
         };
-        if early.is_none() && child.is_none() {
-            return;
+        enum End {
+            Reported(i32),
+            Reap(Child),
         }
+        let end = match (early, child) {
+            (Some(code), _) => End::Reported(code),
+            (None, Some(child)) => End::Reap(child),
+            (None, None) => return,
+        };
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || {
-            let cleanup = match (child, early) {
-                (Some(child), _) => backend.reap(child, &cg),
-                (None, code) => {
+            let cleanup = match end {
+                End::Reap(child) => backend.reap(child, &cg),
+                End::Reported(exit_code) => {
                     let oom_killed = cg.oom_kills() > 0;
                     // The slot is freed with the response: nothing may run on in it (a
                     // program that forged the frame); the reap comes after.
                     cg.kill_now();
                     super::runsc::Cleanup {
                         oom_killed,
-                        exit_code: code.unwrap_or(128 + libc::SIGKILL),
+                        exit_code,
                     }
                 }
             };
