@@ -10,7 +10,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build deps runtimes fmt lint check-unsafe fuzz bench test-venv test-ui-deps clean
+.PHONY: run test build deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
 run: deps runtimes build
@@ -68,6 +68,11 @@ lint:
 check-unsafe:
 	@bad=$$(grep -rn 'unsafe' src --include=*.rs | grep -v '^src/sys/' | grep -v '^src/store/env.rs' | grep -vE '^\S+:\s*(//|#!\[deny\(unsafe_op_in_unsafe_fn)' | grep -E 'unsafe *(\{|fn|impl)' || true); \
 	if [ -n "$$bad" ]; then echo "unsafe outside src/sys/:"; echo "$$bad"; exit 1; fi; echo "check-unsafe: ok"
+
+## check-modules: no two top-level modules of src/ import each other, directly or in a
+## circle (imports run one way: faces -> core -> sys; issue 20)
+check-modules:
+	@python3 .ci/module-cycles.py
 
 bench:
 	bash bench/run.sh

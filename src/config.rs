@@ -353,27 +353,7 @@ pub const SETTINGS: &[Setting] = &[
     },
 ];
 
-/// A secret string whose `Debug` never shows it.
-#[derive(Clone, Default)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret.
-    pub fn new(s: String) -> Secret {
-        Secret(s)
-    }
-
-    /// The secret itself, for the one place that needs it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(..)")
-    }
-}
+pub use crate::secret::Secret;
 
 /// The daemon's configuration.
 #[derive(Debug, Clone)]
@@ -421,7 +401,7 @@ pub struct Config {
     /// Session settings.
     pub sessions: SessionConfig,
     /// Egress settings.
-    pub egress: EgressConfig,
+    pub egress: crate::netfilter::EgressConfig,
     /// Live kernels at once (0: kernel sessions disabled).
     pub kernels_max: usize,
     /// Warm pool size per runtime name (as given; resolved against the runtimes later).
@@ -455,25 +435,6 @@ pub struct AiConfig {
     pub python_wall_sec: u64,
     /// Wall time of a `run_shell` command (then killed in place: exit 124).
     pub shell_wall_sec: u64,
-}
-
-/// Settings of filtered egress.
-#[derive(Debug, Clone)]
-pub struct EgressConfig {
-    /// Give runs network at all.
-    pub enabled: bool,
-    /// Address pool of the sandboxes' links.
-    pub pool: crate::netfilter::Cidr,
-    /// Resolvers for the sandbox.
-    pub dns: Vec<std::net::Ipv4Addr>,
-    /// Extra denied ranges.
-    pub deny: Vec<crate::netfilter::Cidr>,
-    /// Re-verification interval.
-    pub verify_sec: u64,
-    /// Connections per sandbox at once.
-    pub max_conns: u32,
-    /// Bytes per second per sandbox, each way.
-    pub rate_bytes: u64,
 }
 
 /// Settings of filesystem sessions.
@@ -651,7 +612,7 @@ impl Config {
                 )?,
                 max_volumes: parse_or("ISOBOX_MAX_VOLUMES", get("ISOBOX_MAX_VOLUMES"), 1000)?,
             },
-            egress: EgressConfig {
+            egress: crate::netfilter::EgressConfig {
                 enabled: match get("ISOBOX_EGRESS").as_deref().map(str::trim) {
                     None | Some("on" | "1" | "true") => true,
                     Some("off" | "0" | "false") => false,

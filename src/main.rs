@@ -1,7 +1,7 @@
 //! `isoboxd`: parse flags and environment, start the daemon, print the error chain on failure.
 
 use isobox::config::Config;
-use isobox::reactor::Daemon;
+use isobox::daemon::Daemon;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

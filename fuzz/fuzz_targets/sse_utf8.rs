@@ -7,7 +7,7 @@
 //! the same U+FFFD for each invalid sequence wherever the reads split it.
 #![no_main]
 
-use isobox::sandbox::events::take_utf8;
+use isobox::http::sse::take_utf8;
 use isobox_fuzz::{pieces, Rng};
 use libfuzzer_sys::fuzz_target;
 

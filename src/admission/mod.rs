@@ -1,6 +1,6 @@
 //! Admission: the layer every request passes before its handler — API keys, per-client
 //! rate limits, the client's tenant. (The global concurrency cap is checked when a run
-//! is started, in `sandbox::events`, since only runs hold slots.)
+//! is started, in `daemon::runs`, since only runs hold slots.)
 //!
 //! Route policy: `/healthz`, `/readyz`, `/llms.txt`, `/openapi.yaml` are always open;
 //! every other route needs a key when keys are configured; `/execute` is rate limited
@@ -100,7 +100,7 @@ impl Cidr {
 #[derive(Debug, Clone, Default)]
 pub struct AdmissionConfig {
     /// Inline keys (comma-separated).
-    pub api_keys: Option<crate::config::Secret>,
+    pub api_keys: Option<crate::secret::Secret>,
     /// Key file, re-read on SIGHUP.
     pub api_keys_file: Option<PathBuf>,
     /// Every route (but the open ones) needs a key; refuse to start without keys.
@@ -382,7 +382,7 @@ mod tests {
 
     fn adm(keys: &str, trusted: &[&str]) -> Admission {
         Admission::new(AdmissionConfig {
-            api_keys: Some(crate::config::Secret::new(keys.into())),
+            api_keys: Some(crate::secret::Secret::new(keys.into())),
             rate_per_min: 60,
             rate_burst: 100,
             trusted_proxies: trusted.iter().map(|c| Cidr::parse(c).unwrap()).collect(),
@@ -395,7 +395,7 @@ mod tests {
     #[test]
     fn test_keys_required_by_default() {
         let mut a = Admission::new(AdmissionConfig {
-            api_keys: Some(crate::config::Secret::new("k1".into())),
+            api_keys: Some(crate::secret::Secret::new("k1".into())),
             rate_per_min: 60,
             rate_burst: 100,
             ..Default::default()
@@ -418,7 +418,7 @@ mod tests {
     #[test]
     fn test_keys_optional_and_memory_required() {
         let mut a = Admission::new(AdmissionConfig {
-            api_keys: Some(crate::config::Secret::new("k1".into())),
+            api_keys: Some(crate::secret::Secret::new("k1".into())),
             rate_per_min: 60,
             rate_burst: 100,
             memory_require_key: true,

@@ -10,14 +10,13 @@
 //! channel. The thread owns no sandbox, fd or file: when the client leaves it is told
 //! to stop and simply ends.
 
-pub mod events;
 pub mod search;
 pub mod upstream;
 
-use crate::api::execute::{ExecPlan, ExecuteResponse};
+use crate::api::execute::ExecuteResponse;
 use crate::config::AiConfig;
 use crate::http::{sse, Response};
-use crate::sandbox::events::Completion;
+use crate::sandbox::plan::ExecPlan;
 use crossbeam_channel::{Receiver, Sender};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -32,27 +31,7 @@ pub const MAX_CONVERSATION_BYTES: usize = 16 << 20;
 /// killed from outside (the in-place kill at the wall comes first).
 const SHELL_BACKSTOP: Duration = Duration::from_secs(10);
 
-/// The kernel session a loop uses.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionRef {
-    /// Session id.
-    pub id: String,
-    /// Its token.
-    pub token: String,
-}
-
-/// A checked `POST /v1/agent`, for the reactor to start.
-pub struct AgentStart {
-    /// Tenant from admission.
-    pub tenant: String,
-    /// The kernel session (absent: the loop answers `session_required`).
-    pub session: Option<SessionRef>,
-    /// The conversation so far.
-    pub messages: Vec<Value>,
-    /// Model calls at most.
-    pub max_iters: u32,
-}
+pub use crate::api::agent::{AgentStart, SessionRef};
 
 /// What a loop's thread asks of the reactor.
 pub enum AgentMsg {
@@ -98,32 +77,22 @@ pub struct Shared {
     pub running: AtomicUsize,
 }
 
-/// The way back to the reactor.
+/// The way back to the reactor: a loop's messages, each delivered to the reactor
+/// (which is woken) for the loop's connection. Made by the daemon; `false` once the
+/// reactor is gone.
+pub type Deliver = Box<dyn Fn(AgentMsg) -> bool + Send>;
+
+/// What a loop's thread sends its messages through.
 pub struct Outbox {
-    /// Completion channel of the reactor.
-    pub tx: Sender<Completion>,
-    /// Wakes the reactor.
-    pub waker: Arc<mio::Waker>,
-    /// The client's connection (key, serial).
+    /// Delivers one message.
+    pub deliver: Deliver,
+    /// The client's connection (key, serial), for the log.
     pub conn: (usize, u64),
 }
 
 impl Outbox {
     fn send(&self, msg: AgentMsg) -> bool {
-        let ok = self
-            .tx
-            .send(Completion::Agent {
-                conn: self.conn.0,
-                serial: self.conn.1,
-                msg,
-            })
-            .is_ok();
-        if ok {
-            if let Err(e) = self.waker.wake() {
-                log::error!("op=wake err={e}");
-            }
-        }
-        ok
+        (self.deliver)(msg)
     }
 
     fn event(&self, name: &str, data: &Value) {
@@ -305,7 +274,7 @@ pub struct Loop {
 /// How a tool call went, for the loop.
 enum Ran {
     /// A result for the model.
-    Result(ToolResult, Vec<crate::api::execute::Artifact>),
+    Result(ToolResult, Vec<crate::sandbox::plan::Artifact>),
     /// The kernel is gone (after this result, if any): the loop stops.
     KernelDead(Option<ToolResult>, String),
     /// The step could not run for another reason: the loop stops with this error.
@@ -387,7 +356,7 @@ impl Loop {
         };
         let up = upstream::Upstream::new(
             base,
-            cfg.key.as_ref().map(crate::config::Secret::expose),
+            cfg.key.as_ref().map(crate::secret::Secret::expose),
             &cfg.model,
             Duration::from_secs(cfg.timeout_sec),
         );
@@ -480,7 +449,7 @@ impl Loop {
         self.cancel.load(Ordering::Relaxed)
     }
 
-    fn emit_result(&self, id: &str, r: &ToolResult, artifacts: &[crate::api::execute::Artifact]) {
+    fn emit_result(&self, id: &str, r: &ToolResult, artifacts: &[crate::sandbox::plan::Artifact]) {
         let mut v = json!({
             "id": id,
             "stdout": r.stdout,

@@ -2,10 +2,31 @@
 //! `POST /v1/agent` (check the request, then the reactor starts the loop).
 
 use super::{Action, App};
-use crate::agent::{AgentStart, SessionRef};
 use crate::http::{Request, Response};
 use serde::Deserialize;
 use serde_json::Value;
+
+/// The kernel session a loop uses.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRef {
+    /// Session id.
+    pub id: String,
+    /// Its token.
+    pub token: String,
+}
+
+/// A checked `POST /v1/agent`, for the reactor to start.
+pub struct AgentStart {
+    /// Tenant from admission.
+    pub tenant: String,
+    /// The kernel session (absent: the loop answers `session_required`).
+    pub session: Option<SessionRef>,
+    /// The conversation so far.
+    pub messages: Vec<Value>,
+    /// Model calls at most.
+    pub max_iters: u32,
+}
 
 /// Messages in one request.
 pub const MAX_MESSAGES: usize = 256;

@@ -112,14 +112,14 @@ pub enum Action {
     /// Run this plan, answering as JSON or as an SSE stream.
     Execute {
         /// The validated plan.
-        plan: Box<execute::ExecPlan>,
+        plan: Box<crate::sandbox::plan::ExecPlan>,
         /// Stream as SSE.
         stream: bool,
     },
     /// Run this on the worker pool and act on its outcome.
     Job(Job),
     /// Start this agent loop, streaming SSE.
-    Agent(Box<crate::agent::AgentStart>),
+    Agent(Box<agent::AgentStart>),
 }
 
 /// Blocking work of a request (LMDB, mounts, files), run on the pool.
@@ -134,7 +134,7 @@ pub enum Outcome {
     /// Run this plan (a session step).
     Execute {
         /// The validated plan, holding its session lease.
-        plan: Box<execute::ExecPlan>,
+        plan: Box<crate::sandbox::plan::ExecPlan>,
         /// Stream as SSE.
         stream: bool,
     },
@@ -148,7 +148,7 @@ pub enum Outcome {
         /// Session id.
         session: String,
         /// The step's plan (its limits: wall time and output).
-        plan: Box<execute::ExecPlan>,
+        plan: Box<crate::sandbox::plan::ExecPlan>,
         /// The code.
         code: String,
         /// Stream as SSE.
@@ -169,7 +169,7 @@ pub struct KernelCreated {
     pub response: Response,
     /// Runtime, the kernel's limits, the network asked for, and the workspace lease
     /// (held for the kernel's life).
-    pub plan: Box<execute::ExecPlan>,
+    pub plan: Box<crate::sandbox::plan::ExecPlan>,
     /// The session's TTL: a kernel idle that long ends sooner than the kernel idle limit.
     pub ttl_sec: u64,
 }

@@ -226,7 +226,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
                 app.cfg.kernels_max,
             ));
         }
-        Some(Box::new(super::execute::ExecPlan {
+        Some(Box::new(crate::sandbox::plan::ExecPlan {
             runtime: rt.clone(),
             files: Vec::new(),
             entry: String::new(),
@@ -381,7 +381,7 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
 
 /// A kernel session's step, checked: the reactor gives it to the kernel, which writes
 /// its files into the workspace first.
-fn kernel_step(id: String, mut plan: super::execute::ExecPlan, stream: bool) -> Outcome {
+fn kernel_step(id: String, mut plan: crate::sandbox::plan::ExecPlan, stream: bool) -> Outcome {
     let refuse = |why: &str| Outcome::Respond(Response::error(400, "invalid_json", Some(why)));
     if !plan.stdin.is_empty() {
         return refuse(

@@ -2,6 +2,7 @@
 //!
 //! `data` may hold newlines: each line becomes its own `data:` field, which the client
 //! joins back with `\n`. Comments (`: ...`) keep idle streams alive through proxies.
+//! A run's output becomes text here too ([`take_utf8`]): never a broken character.
 
 /// Appends one event with name `event` and payload `data` to `out`.
 pub fn write_event(out: &mut Vec<u8>, event: &str, data: &str) {
@@ -22,6 +23,43 @@ pub fn write_comment(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(b": ");
     out.extend_from_slice(text.as_bytes());
     out.extend_from_slice(b"\n\n");
+}
+
+/// Takes the longest UTF-8-safe prefix of `buf` as text: invalid bytes become U+FFFD,
+/// an incomplete character at the end is held back unless `last`.
+pub fn take_utf8(buf: &mut Vec<u8>, last: bool) -> String {
+    let mut out = String::new();
+    let mut start = 0;
+    loop {
+        match std::str::from_utf8(&buf[start..]) {
+            Ok(s) => {
+                out.push_str(s);
+                start = buf.len();
+                break;
+            }
+            Err(e) => {
+                let valid = start + e.valid_up_to();
+                out.push_str(std::str::from_utf8(&buf[start..valid]).unwrap_or_default());
+                match e.error_len() {
+                    Some(n) => {
+                        out.push('\u{FFFD}');
+                        start = valid + n;
+                    }
+                    None if last => {
+                        out.push('\u{FFFD}');
+                        start = buf.len();
+                        break;
+                    }
+                    None => {
+                        start = valid;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    buf.drain(..start);
+    out
 }
 
 #[cfg(test)]

@@ -260,23 +260,42 @@ fn if_prefix(instance: &str) -> String {
     s
 }
 
+/// Settings of filtered egress.
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    /// Give runs network at all.
+    pub enabled: bool,
+    /// Address pool of the sandboxes' links.
+    pub pool: Cidr,
+    /// Resolvers for the sandbox.
+    pub dns: Vec<std::net::Ipv4Addr>,
+    /// Extra denied ranges.
+    pub deny: Vec<Cidr>,
+    /// Re-verification interval.
+    pub verify_sec: u64,
+    /// Connections per sandbox at once.
+    pub max_conns: u32,
+    /// Bytes per second per sandbox, each way.
+    pub rate_bytes: u64,
+}
+
 /// Whether `path` is a mount point (resolved, so a trailing slash or a symlink in the
 /// configured path does not hide it; mountinfo's escapes are undone).
 fn is_mount_point(path: &Path) -> bool {
-    crate::workspace::image::is_mounted(path)
+    crate::sys::mountinfo::is_mounted(path)
 }
 
 impl Egress {
-    /// The service for `cfg` (nothing is touched until [`Egress::start`]).
-    pub fn new(cfg: &crate::config::Config) -> Arc<Egress> {
-        let e = &cfg.egress;
-        let prefix = if_prefix(&cfg.instance);
+    /// The service for `e`, for the daemon instance `instance` with its state under
+    /// `data_dir` (nothing is touched until [`Egress::start`]).
+    pub fn new(e: &EgressConfig, instance: &str, data_dir: &Path) -> Arc<Egress> {
+        let prefix = if_prefix(instance);
         let mut deny: Vec<Cidr> = DENIED.iter().filter_map(|s| s.parse().ok()).collect();
         deny.push(e.pool);
         deny.extend(e.deny.iter().copied());
-        let table = cfg.instance.replace('-', "_");
+        let table = instance.replace('-', "_");
         let slots = 1usize << (32 - u32::from(e.pool.prefix_len()) - 2);
-        let net_dir = cfg.data_dir.join("net");
+        let net_dir = data_dir.join("net");
         Arc::new(Egress {
             enabled: e.enabled,
             pool: e.pool,
@@ -293,7 +312,7 @@ impl Egress {
             ),
             prefix,
             dns: e.dns.clone(),
-            data_dir: cfg.data_dir.clone(),
+            data_dir: data_dir.to_path_buf(),
             ns_dir: net_dir.join("ns"),
             resolv: net_dir.join("resolv.conf"),
             verified: AtomicBool::new(false),

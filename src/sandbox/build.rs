@@ -11,7 +11,7 @@
 //! \x1eISOBOX-BUILD <exit> <ms> <stdout-len> <stderr-len>\n<stdout bytes><stderr bytes>
 //! ```
 
-use crate::api::execute::CompileResult;
+use crate::sandbox::plan::CompileResult;
 
 /// The wrapper script. `$1` compile timeout (s), `$2` output cap, `$3` build word count.
 pub const BUILD_SCRIPT: &str = r#"printf '\036ISOBOX-START\n' >&2

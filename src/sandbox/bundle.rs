@@ -8,7 +8,7 @@
 //! A session step instead gets its session's workspace filesystem bound read-write.
 
 use super::SandboxError;
-use crate::api::execute::ExecPlan;
+use crate::sandbox::plan::ExecPlan;
 use serde_json::{json, Value};
 use std::fs;
 use std::io::Write;
@@ -16,7 +16,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Unprivileged uid/gid of every sandboxed program.
-pub const SANDBOX_UID: u32 = 65534;
+pub const SANDBOX_UID: u32 = crate::sys::NOBODY;
 
 /// What the process inside runs.
 pub struct ProcessSpec<'a> {

@@ -7,9 +7,9 @@
 
 pub mod build;
 pub mod bundle;
-pub mod events;
 pub mod kernel;
 pub mod limits;
+pub mod plan;
 pub mod runsc;
 pub mod start;
 pub mod warm;

@@ -9,8 +9,8 @@
 
 use super::bundle::{self, ProcessSpec};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
-use crate::api::execute::ExecPlan;
 use crate::cgroup::{Hierarchy, HostLimits, RunCgroup, CPU_PERIOD_US};
+use crate::sandbox::plan::ExecPlan;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};

@@ -4,8 +4,13 @@
 
 pub mod fsat;
 pub mod loopdev;
+pub mod mountinfo;
 pub mod netlink;
 pub mod seccomp;
+
+/// The overflow uid and gid ("nobody"): every sandboxed program runs as it, so it
+/// also owns every workspace and volume the programs write.
+pub const NOBODY: u32 = 65534;
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

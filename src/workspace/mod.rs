@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// uid/gid owning everything in a workspace (the sandbox user).
-pub const WORKSPACE_UID: u32 = crate::sandbox::bundle::SANDBOX_UID;
+/// uid/gid owning everything in a workspace: the sandbox user (`sandbox::bundle`).
+pub const WORKSPACE_UID: u32 = crate::sys::NOBODY;
 /// Bytes of workspace per inode: bounds the file count (32 768 files for 512 MiB).
 pub const BYTES_PER_INODE: u64 = 16 * 1024;
 /// A workspace nobody used for this long is unmounted.

@@ -19,8 +19,8 @@ use crate::http::limits::{MAX_WRITE_BUFFER_BYTES, UPLOAD_BODY_BYTES};
 
 /// Upload bytes gathered before a pool job writes them to the file.
 pub const UPLOAD_CHUNK_BYTES: usize = 256 * 1024;
+use super::completion::Completion;
 use crate::http::{Framing, Head, Response};
-use crate::sandbox::events::Completion;
 use mio::unix::pipe;
 use mio::{Interest, Token};
 use std::io::{self, Read, Write};
@@ -107,7 +107,7 @@ impl Daemon {
                 stream,
             } => {
                 self.kernel_step(
-                    crate::sandbox::kernel::StepSink::Conn(ck),
+                    super::kernels::StepSink::Conn(ck),
                     &session,
                     plan,
                     code,

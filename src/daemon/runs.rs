@@ -4,16 +4,19 @@
 //! Reactor thread only; everything blocking (spawn, kill, cleanup) is a pool job whose
 //! completion comes back as a [`Completion`].
 
-use super::build::{self, Feed, FrameParser};
-use super::runsc::{Cleanup, Spawned};
-use super::SandboxError;
-use crate::api::execute::{self, CompileResult, ExecPlan, RunResult};
+use super::completion::Completion;
+use super::conn::{start_sse, Phase};
+use super::{Daemon, Source, TimerKey};
+use crate::api::execute;
 use crate::api::ProbeState;
 use crate::cgroup::RunCgroup;
 use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
+use crate::http::sse::take_utf8;
 use crate::http::{sse, Response};
-use crate::reactor::conn::Phase;
-use crate::reactor::{Daemon, Source, TimerKey};
+use crate::sandbox::build::{self, Feed, FrameParser};
+use crate::sandbox::plan::{Artifact, CompileResult, ExecPlan, RunResult};
+use crate::sandbox::runsc::{Cleanup, Spawned};
+use crate::sandbox::SandboxError;
 use mio::unix::pipe;
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
@@ -30,111 +33,6 @@ pub const BOOT_GRACE: Duration = Duration::from_millis(1000);
 pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// A stream that keeps writing this much past its cap gets its sandbox killed.
 pub const MAX_DRAIN_PAST_CAP_BYTES: u64 = 16 << 20;
-
-/// A finished pool job.
-pub enum Completion {
-    /// The sandbox started (or failed to).
-    Spawned {
-        /// Run key.
-        run: usize,
-        /// Run serial (guards against a reused key).
-        serial: u64,
-        /// Outcome.
-        result: Result<Box<Spawned>, SandboxError>,
-    },
-    /// A job with nothing to report (a kill, a removal) ended.
-    Done,
-    /// `runsc run` was reaped and the result's facts read.
-    Reaped {
-        /// Run key.
-        run: usize,
-        /// Run serial.
-        serial: u64,
-        /// What was found.
-        cleanup: Cleanup,
-    },
-
-    /// The startup self-probe ended.
-    Probe(Result<(), String>),
-    /// A request's pool job finished.
-    Outcome {
-        /// Connection key.
-        conn: usize,
-        /// Connection serial (guards against a reused key).
-        serial: u64,
-        /// What it found.
-        outcome: crate::api::Outcome,
-    },
-    /// An upload's file is open, or it was refused.
-    UploadReady {
-        /// Connection key.
-        conn: usize,
-        /// Connection serial.
-        serial: u64,
-        /// The target, or the refusal.
-        result: Result<Box<crate::api::UploadTarget>, Response>,
-    },
-    /// A chunk of an upload was written to its file (the target comes back).
-    UploadWrote {
-        /// Connection key.
-        conn: usize,
-        /// Connection serial.
-        serial: u64,
-        /// The upload, returned to the connection.
-        target: Box<crate::api::UploadTarget>,
-        /// The write's outcome (an error response: quota, I/O).
-        result: Result<(), Response>,
-    },
-    /// Session upkeep ended.
-    Upkeep,
-    /// An egress check (and maybe repair) finished.
-    EgressChecked,
-    /// A kernel's sandbox started (or failed to).
-    KernelSpawned {
-        /// Kernel key.
-        kernel: usize,
-        /// Kernel serial.
-        serial: u64,
-        /// Outcome.
-        result: Result<Box<Spawned>, SandboxError>,
-    },
-    /// A pooled sandbox booted (or failed to).
-    WarmBooted {
-        /// Its runtime.
-        runtime: String,
-        /// The sandbox, ready for a claim.
-        result: Result<Box<Spawned>, SandboxError>,
-    },
-    /// A kernel step's files were written (or could not be).
-    KernelFiles {
-        /// Kernel key.
-        kernel: usize,
-        /// Kernel serial.
-        serial: u64,
-        /// The step's run key.
-        run: usize,
-        /// The refusal, when a file could not be placed.
-        result: Result<(), Response>,
-    },
-    /// A kernel's `runsc run` was reaped.
-    KernelReaped {
-        /// Kernel key.
-        kernel: usize,
-        /// Kernel serial.
-        serial: u64,
-        /// What was found.
-        cleanup: Cleanup,
-    },
-    /// An agent loop's thread asks something of the reactor.
-    Agent {
-        /// The loop's connection key.
-        conn: usize,
-        /// Its serial.
-        serial: u64,
-        /// What it asks.
-        msg: crate::agent::AgentMsg,
-    },
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum State {
@@ -166,7 +64,7 @@ pub(super) struct CompileState {
 /// A run's reactor-side state.
 pub struct Run {
     /// Whether the sandbox has said it started (cold runs: `start.rs`).
-    pub(super) gate: super::start::StartGate,
+    pub(super) gate: crate::sandbox::start::StartGate,
     pub(super) compile: Option<CompileState>,
     /// When the program itself started (after a build, when the frame arrived).
     pub(super) program_started: Option<Instant>,
@@ -199,7 +97,7 @@ pub struct Run {
     /// A kernel step's network (the kernel's, fixed at create).
     pub(super) kernel_network: bool,
     /// A kernel step's rich outputs.
-    pub(super) artifacts: Vec<execute::Artifact>,
+    pub(super) artifacts: Vec<Artifact>,
     /// Artifacts were dropped (over the count or size cap).
     pub(super) artifacts_truncated: bool,
     /// An agent's tool step: its result goes to the loop's thread, not a connection.
@@ -210,59 +108,6 @@ pub struct Run {
     /// The harness reported the program's exit status: the pipes hold all its output,
     /// and the result need not wait for the sandbox's teardown.
     pub(super) early_exit: Option<i32>,
-}
-
-/// Queues the head of an SSE response (chunked; kept alive unless the client or a
-/// shutdown says otherwise) on `c`.
-pub(crate) fn start_sse(c: &mut crate::reactor::conn::Conn, shutting_down: bool) {
-    let keep = c.keep_alive && !shutting_down;
-    let headers = [
-        ("Content-Type", "text/event-stream".to_string()),
-        ("Cache-Control", "no-cache".to_string()),
-        ("X-Accel-Buffering", "no".to_string()),
-        ("Transfer-Encoding", "chunked".to_string()),
-    ];
-    crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
-    if !keep {
-        c.close_after_flush = true;
-    }
-}
-
-/// Takes the longest UTF-8-safe prefix of `buf` as text: invalid bytes become U+FFFD,
-/// an incomplete character at the end is held back unless `last`.
-pub fn take_utf8(buf: &mut Vec<u8>, last: bool) -> String {
-    let mut out = String::new();
-    let mut start = 0;
-    loop {
-        match std::str::from_utf8(&buf[start..]) {
-            Ok(s) => {
-                out.push_str(s);
-                start = buf.len();
-                break;
-            }
-            Err(e) => {
-                let valid = start + e.valid_up_to();
-                out.push_str(std::str::from_utf8(&buf[start..valid]).unwrap_or_default());
-                match e.error_len() {
-                    Some(n) => {
-                        out.push('\u{FFFD}');
-                        start = valid + n;
-                    }
-                    None if last => {
-                        out.push('\u{FFFD}');
-                        start = buf.len();
-                        break;
-                    }
-                    None => {
-                        start = valid;
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    buf.drain(..start);
-    out
 }
 
 impl Daemon {
@@ -309,7 +154,7 @@ impl Daemon {
         let cap = usize::try_from(plan.limits.output_bytes).unwrap_or(usize::MAX);
         let compiled = plan.runtime.desc.compiled;
         let run = Run {
-            gate: super::start::StartGate::default(),
+            gate: crate::sandbox::start::StartGate::default(),
             compile: compiled.then(|| CompileState {
                 parser: FrameParser::default(),
                 done: false,
@@ -360,11 +205,15 @@ impl Daemon {
         let rk = self.runs.insert(run);
         let backend = Arc::clone(&self.backend);
         let desc = &plan_for_job.runtime.desc;
-        let mut argv = super::bundle::substitute(&desc.run, &desc.source_file, &plan_for_job.entry);
+        let mut argv =
+            crate::sandbox::bundle::substitute(&desc.run, &desc.source_file, &plan_for_job.entry);
         argv.extend(plan_for_job.args.iter().cloned());
         if desc.compiled {
-            let build_argv =
-                super::bundle::substitute(&desc.build, &desc.source_file, &plan_for_job.entry);
+            let build_argv = crate::sandbox::bundle::substitute(
+                &desc.build,
+                &desc.source_file,
+                &plan_for_job.entry,
+            );
             argv = build::wrap(
                 build_argv,
                 argv,
@@ -375,7 +224,7 @@ impl Daemon {
         let env = desc.env.clone();
         // A pooled sandbox, when one may serve this run; the cold start otherwise (and
         // when the claim fails).
-        let handoff: super::warm::Handoff =
+        let handoff: crate::sandbox::warm::Handoff =
             Arc::new(std::sync::Mutex::new(self.warm_take(&plan_for_job)));
         let job_handoff = Arc::clone(&handoff);
         let job = Box::new(move || {
@@ -404,10 +253,16 @@ impl Daemon {
                     let argv = if plan_for_job.runtime.desc.compiled {
                         argv
                     } else {
-                        super::start::wrap(argv)
+                        crate::sandbox::start::wrap(argv)
                     };
                     backend
-                        .spawn(&id, &plan_for_job, argv, &env, super::runsc::Stdin::Pipe)
+                        .spawn(
+                            &id,
+                            &plan_for_job,
+                            argv,
+                            &env,
+                            crate::sandbox::runsc::Stdin::Pipe,
+                        )
                         .map(Box::new)
                 }
             };
@@ -457,79 +312,12 @@ impl Daemon {
         }
     }
 
-    pub(crate) fn on_completion(&mut self, c: Completion) {
-        match c {
-            Completion::Spawned {
-                run,
-                serial,
-                result,
-            } => self.run_spawned(run, serial, result),
-            Completion::Done => {}
-            Completion::Outcome {
-                conn,
-                serial,
-                outcome,
-            } => self.on_outcome(conn, serial, outcome),
-            Completion::UploadReady {
-                conn,
-                serial,
-                result,
-            } => self.on_upload_ready(conn, serial, result),
-            Completion::Upkeep => self.upkeep_running = false,
-            Completion::WarmBooted { runtime, result } => self.warm_booted(runtime, result),
-            Completion::KernelSpawned {
-                kernel,
-                serial,
-                result,
-            } => self.kernel_spawned(kernel, serial, result),
-            Completion::KernelReaped {
-                kernel,
-                serial,
-                cleanup,
-            } => self.kernel_reaped(kernel, serial, cleanup),
-            Completion::Agent { conn, serial, msg } => self.agent_msg(conn, serial, msg),
-            Completion::KernelFiles {
-                kernel,
-                serial,
-                run,
-                result,
-            } => self.kernel_files_written(kernel, serial, run, result),
-            Completion::EgressChecked => {
-                self.egress_running = false;
-                self.warm_purge_stale();
-                if self.egress_dirty {
-                    self.start_egress_check(false);
-                }
-            }
-            Completion::UploadWrote {
-                conn,
-                serial,
-                target,
-                result,
-            } => self.on_upload_wrote(conn, serial, target, result),
-            Completion::Reaped {
-                run,
-                serial,
-                cleanup,
-            } => self.run_cleaned(run, serial, cleanup),
-            Completion::Probe(res) => {
-                self.app.probe = match res {
-                    Ok(()) => {
-                        log::info!("backend self-probe passed");
-                        self.app.probe = ProbeState::Passed;
-                        self.warm_fill();
-                        ProbeState::Passed
-                    }
-                    Err(why) => {
-                        log::error!("backend self-probe failed: {why}");
-                        ProbeState::Failed(why)
-                    }
-                }
-            }
-        }
-    }
-
-    fn run_spawned(&mut self, rk: usize, serial: u64, result: Result<Box<Spawned>, SandboxError>) {
+    pub(super) fn run_spawned(
+        &mut self,
+        rk: usize,
+        serial: u64,
+        result: Result<Box<Spawned>, SandboxError>,
+    ) {
         let Some(run) = self.runs.get(rk).filter(|r| r.serial == serial) else {
             return;
         };
@@ -632,7 +420,7 @@ impl Daemon {
         if s.warm && run.compile.is_none() {
             // The pooled sandbox's harness said `ready` before the claim. (A compiled
             // runtime's harness execs the cold path's build wrapper, which says it.)
-            run.gate = super::start::StartGate::open();
+            run.gate = crate::sandbox::start::StartGate::open();
             run.program_started = Some(s.started);
         }
         // Until the start frame (cold) or the build frame arrives, this is the deadline
@@ -878,14 +666,14 @@ impl Daemon {
                 Ok(0) => break,
                 Ok(n) => {
                     run.exit_buf.extend_from_slice(&buf[..n]);
-                    match super::warm::exit_frame(&run.exit_buf) {
-                        super::warm::ExitFrame::More => continue,
-                        super::warm::ExitFrame::Exit(code) => {
+                    match crate::sandbox::warm::exit_frame(&run.exit_buf) {
+                        crate::sandbox::warm::ExitFrame::More => continue,
+                        crate::sandbox::warm::ExitFrame::Exit(code) => {
                             self.run_close_ctl(rk);
                             self.run_exited_early(rk, code);
                             return;
                         }
-                        super::warm::ExitFrame::Invalid => break,
+                        crate::sandbox::warm::ExitFrame::Invalid => break,
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -1111,7 +899,7 @@ impl Daemon {
                     // The slot is freed with the response: nothing may run on in it (a
                     // program that forged the frame); the reap comes after.
                     cg.kill_now();
-                    super::runsc::Cleanup {
+                    crate::sandbox::runsc::Cleanup {
                         oom_killed,
                         exit_code,
                     }
@@ -1138,7 +926,7 @@ impl Daemon {
         }
     }
 
-    fn run_cleaned(&mut self, rk: usize, serial: u64, cleanup: Cleanup) {
+    pub(super) fn run_cleaned(&mut self, rk: usize, serial: u64, cleanup: Cleanup) {
         if self.runs.get(rk).is_none_or(|r| r.serial != serial) {
             return;
         }

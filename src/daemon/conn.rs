@@ -125,6 +125,22 @@ impl Conn {
     }
 }
 
+/// Queues the head of an SSE response (chunked; kept alive unless the client or a
+/// shutdown says otherwise) on `c`.
+pub(crate) fn start_sse(c: &mut Conn, shutting_down: bool) {
+    let keep = c.keep_alive && !shutting_down;
+    let headers = [
+        ("Content-Type", "text/event-stream".to_string()),
+        ("Cache-Control", "no-cache".to_string()),
+        ("X-Accel-Buffering", "no".to_string()),
+        ("Transfer-Encoding", "chunked".to_string()),
+    ];
+    crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
+    if !keep {
+        c.close_after_flush = true;
+    }
+}
+
 impl Daemon {
     pub(crate) fn add_conn(&mut self, mut stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
@@ -153,7 +169,7 @@ impl Daemon {
         *self.conns_per_ip.entry(client).or_insert(0) += 1;
         let entry = self.conns.vacant_entry();
         let ck = entry.key();
-        let token = Token(self.sources.insert(Source::Conn(ck)) + super::FIRST_SOURCE);
+        let token = self.tokens.insert(Source::Conn(ck));
         if let Err(e) = self.poll.registry().register(
             &mut stream,
             token,

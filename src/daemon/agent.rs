@@ -2,11 +2,12 @@
 //! frames to the client, running its tool steps in the session's kernel, and ending
 //! its stream. Reactor thread only.
 
-use super::{AgentMsg, AgentStart, Loop, Outbox, StepReply};
+use super::completion::Completion;
+use super::conn::Phase;
+use super::kernels::StepSink;
+use super::{Daemon, TimerKey};
+use crate::agent::{AgentMsg, AgentStart, Loop, Outbox, StepReply};
 use crate::http::{sse, Response};
-use crate::reactor::conn::Phase;
-use crate::reactor::{Daemon, TimerKey};
-use crate::sandbox::kernel::StepSink;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,16 +63,12 @@ impl Daemon {
             last_event: Instant::now(),
             iterations: Arc::clone(&iterations),
         };
-        crate::sandbox::events::start_sse(c, self.app.shutting_down);
+        super::conn::start_sse(c, self.app.shutting_down);
         self.agent.running.fetch_add(1, Ordering::AcqRel);
         let lp = Loop {
             shared: Arc::clone(&self.agent),
             start,
-            out: Outbox {
-                tx: self.agent_tx.clone(),
-                waker: Arc::clone(&self.waker),
-                conn: (ck, serial),
-            },
+            out: self.agent_outbox(ck, serial),
             cancel,
             iterations,
         };
@@ -87,7 +84,7 @@ impl Daemon {
         };
         if handed.is_err() {
             log::error!("conn={ck} op=start-agent err=no agent thread free");
-            let frame = super::fail_frames("internal", "the agent could not start", 0);
+            let frame = crate::agent::fail_frames("internal", "the agent could not start", 0);
             self.finish_stream(ck, &frame);
             self.conn_after_io(ck);
             return;
@@ -99,6 +96,31 @@ impl Daemon {
     }
 
     /// Loops at once: one per kernel slot (each drives its own kernel session).
+    /// Where the loop on connection `(ck, serial)` sends its messages: the completion
+    /// channel, then a wake.
+    fn agent_outbox(&self, ck: usize, serial: u64) -> Outbox {
+        let tx = self.agent_tx.clone();
+        let waker = Arc::clone(&self.waker);
+        Outbox {
+            deliver: Box::new(move |msg| {
+                let ok = tx
+                    .send(Completion::Agent {
+                        conn: ck,
+                        serial,
+                        msg,
+                    })
+                    .is_ok();
+                if ok {
+                    if let Err(e) = waker.wake() {
+                        log::error!("op=wake err={e}");
+                    }
+                }
+                ok
+            }),
+            conn: (ck, serial),
+        }
+    }
+
     pub(crate) fn agents_max(cfg: &crate::config::Config) -> usize {
         cfg.kernels_max.max(1)
     }
@@ -212,7 +234,7 @@ impl Daemon {
             })
             .collect();
         for (ck, n) in loops {
-            let frame = super::fail_frames("shutting_down", "isoboxd is shutting down", n);
+            let frame = crate::agent::fail_frames("shutting_down", "isoboxd is shutting down", n);
             self.finish_stream(ck, &frame);
             self.conn_after_io(ck);
         }

@@ -1,0 +1,1118 @@
+//! Live-kernel sessions on the event loop: one long-lived sandbox per kernel session,
+//! running our harness (`runtimes/kernel/harness.py`) in one persistent interpreter.
+//!
+//! The sandbox's stdin is one end of a socket pair, the harness's framed control
+//! channel (a 4-byte big-endian length, then JSON); its stdout and stderr are plain
+//! pipes, so nothing user code prints can be read as a frame. Between steps nobody
+//! reads the pipes (a chatty background thread blocks on a full pipe). A step borrows
+//! them: it becomes a [`Run`] whose captures own the pipes until the harness's `done`
+//! frame, so capping, SSE streaming, backpressure, keep-alives and the result object
+//! are the ones of `/execute`. Every byte the step wrote is in the pipes before the
+//! harness sends `done` (it flushes first), so reading them dry then loses nothing.
+//!
+//! A step past its wall time, an output flood, a protocol violation, an idle timeout,
+//! a delete and shutdown all end the kernel the same way: its whole cgroup is killed,
+//! `runsc run` is reaped, and the session's next step is told why (410 `kernel_dead`).
+
+use super::completion::Completion;
+use super::runs::{Capture, Run, State};
+use super::{Daemon, Source, TimerKey};
+use crate::api::{KernelCreated, Outcome};
+use crate::cgroup::RunCgroup;
+use crate::http::Response;
+use crate::sandbox::kernel::{
+    is_base64, kernel_dead, kernel_env, too_many_kernels, Frame, BOOT_TIMEOUT, HARNESS,
+    MAX_ARTIFACTS, MAX_ARTIFACT_BYTES, MAX_FRAME_BYTES,
+};
+use crate::sandbox::plan::{Artifact, ExecPlan, RunResult};
+use crate::sandbox::runsc::{Cleanup, Spawned, Stdin};
+use crate::sandbox::SandboxError;
+use mio::unix::pipe;
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Output left in the pipes from between steps that is thrown away before a step.
+const STALE_DISCARD_BYTES: usize = 1 << 20;
+/// Most reasons for ended kernels remembered.
+const MAX_DEAD_REASONS: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KState {
+    /// `runsc run` is being started on the pool.
+    Spawning,
+    /// Started; waiting for the harness's `ready`.
+    Booting,
+    /// Waiting for a step.
+    Idle,
+    /// Running the step in `runs[key]`.
+    Busy(usize),
+}
+
+/// Who hears a kernel step's result.
+pub(crate) enum StepSink {
+    /// The client connection that asked (JSON or SSE).
+    Conn(usize),
+    /// An agent loop's thread, which waits on this channel.
+    Agent(crossbeam_channel::Sender<crate::agent::StepReply>),
+}
+
+/// A kernel's reactor-side state.
+pub struct Kernel {
+    serial: u64,
+    session: String,
+    id: String,
+    state: KState,
+    /// Runtime, limits, the network asked for, and the workspace lease.
+    plan: Box<ExecPlan>,
+    ctl: Option<(mio::net::UnixStream, Token)>,
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    pipes: [Option<(pipe::Receiver, Token)>; 2],
+    pid: Option<(OwnedFd, Token)>,
+    child: Option<Child>,
+    cgroup: Option<RunCgroup>,
+    dir: Option<PathBuf>,
+    net: Option<crate::netfilter::NetLease>,
+    /// The create request waiting for `ready`, and its 201.
+    create: Option<(usize, u64, Response)>,
+    /// Delete the session once the kernel is gone; `Some(conn)` gets the answer.
+    delete: Option<Option<(usize, u64)>>,
+    /// Why it is being ended (the first reason given).
+    why: Option<String>,
+    killing: bool,
+    /// `runsc run` has exited (its pidfd fired).
+    exited: bool,
+    /// The harness closed the control channel.
+    ctl_closed: bool,
+    /// Egress cuts when its network was made: a later cut took its link.
+    net_cuts: u64,
+    /// A step's exec frame, held while its files are written.
+    pending: Option<Vec<u8>>,
+    /// Artifact frames in the current step (the harness sends at most 8: more is a
+    /// broken protocol, and would only cost the event loop parsing time).
+    step_artifacts: usize,
+    idle_limit: Duration,
+    last_used: Instant,
+    timer_gen: u64,
+}
+
+impl Daemon {
+    /// A kernel session exists: start its kernel (or answer the refusal).
+    pub(crate) fn kernel_create(
+        &mut self,
+        ck: usize,
+        cserial: u64,
+        created: Result<Box<KernelCreated>, Response>,
+    ) {
+        let created = match created {
+            Ok(c) => *c,
+            Err(resp) => {
+                if self.conn_waiting(ck, cserial, false) {
+                    self.respond(ck, resp);
+                    self.conn_after_io(ck);
+                }
+                return;
+            }
+        };
+        let refusal = if self.app.shutting_down {
+            Some(
+                Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
+                    .with_header("Retry-After", "5"),
+            )
+        } else if self.app.kernels_used >= self.cfg.kernels_max {
+            Some(too_many_kernels(self.cfg.kernels_max))
+        } else if !self.conn_waiting(ck, cserial, false) {
+            // The creator left: nobody has the token, so no kernel; the session goes.
+            Some(Response::error(503, "client_closed", None))
+        } else {
+            None
+        };
+        if let Some(resp) = refusal {
+            // Nobody got the token: the session goes again, then the answer.
+            let KernelCreated { session, plan, .. } = created;
+            self.delete_session_job(&session, plan, Some((ck, cserial)), Some(resp));
+            return;
+        }
+        self.app.kernels_used += 1;
+        self.kernel_serial += 1;
+        let serial = self.kernel_serial;
+        let id = format!("{}-{:x}-k{serial}", self.cfg.instance, std::process::id());
+        let idle = Duration::from_secs(self.cfg.kernel_idle_sec.min(created.ttl_sec.max(1)));
+        let plan_for_job = created.plan.clone();
+        let kk = self.kernels.insert(Kernel {
+            serial,
+            session: created.session.clone(),
+            id: id.clone(),
+            state: KState::Spawning,
+            plan: created.plan,
+            ctl: None,
+            rbuf: Vec::new(),
+            wbuf: Vec::new(),
+            pipes: [None, None],
+            pid: None,
+            child: None,
+            cgroup: None,
+            dir: None,
+            net: None,
+            create: Some((ck, cserial, created.response)),
+            delete: None,
+            why: None,
+            killing: false,
+            exited: false,
+            ctl_closed: false,
+            net_cuts: self.backend.egress.as_ref().map_or(0, |e| e.cuts()),
+            pending: None,
+            step_artifacts: 0,
+            idle_limit: idle,
+            last_used: Instant::now(),
+            timer_gen: 0,
+        });
+        self.kernel_of.insert(created.session, kk);
+        let backend = Arc::clone(&self.backend);
+        let desc = &plan_for_job.runtime.desc;
+        let python = desc
+            .run
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "/usr/bin/python3".into());
+        let argv = vec![python, "-c".into(), HARNESS.into()];
+        let env = kernel_env(&desc.env);
+        let job = Box::new(move || {
+            let result = backend
+                .spawn(&id, &plan_for_job, argv, &env, Stdin::Control)
+                .map(Box::new);
+            Completion::KernelSpawned {
+                kernel: kk,
+                serial,
+                result,
+            }
+        });
+        self.submit_must(job);
+    }
+
+    pub(crate) fn kernel_spawned(
+        &mut self,
+        kk: usize,
+        serial: u64,
+        result: Result<Box<Spawned>, SandboxError>,
+    ) {
+        if self.kernels.get(kk).is_none_or(|k| k.serial != serial) {
+            return;
+        }
+        let s = match result {
+            Ok(s) => *s,
+            Err(e) => {
+                crate::error_limited!("kernel={kk} op=spawn err={e}");
+                self.app.counters.runs_failed += 1;
+                self.kernel_remove(kk, "the kernel could not be started".into());
+                return;
+            }
+        };
+        let mut s = s;
+        let Some(ctl) = s.ctl.take() else {
+            let backend = Arc::clone(&self.backend);
+            self.submit_must(Box::new(move || {
+                backend.discard(s);
+                Completion::Done
+            }));
+            self.kernel_remove(kk, "the kernel could not be started".into());
+            return;
+        };
+        let t_ctl = self.token_for(Source::KernelCtl(kk));
+        let t_out = self.token_for(Source::KernelOut(kk));
+        let t_err = self.token_for(Source::KernelOut(kk));
+        let t_pid = self.token_for(Source::KernelPid(kk));
+        let mut ok = ctl.set_nonblocking(true).is_ok();
+        let mut ctl = mio::net::UnixStream::from_std(ctl);
+        ok &= self
+            .poll
+            .registry()
+            .register(&mut ctl, t_ctl, Interest::READABLE | Interest::WRITABLE)
+            .is_ok();
+        let mut pipes: [Option<(pipe::Receiver, Token)>; 2] = [None, None];
+        for (i, (fd, t)) in [
+            (OwnedFd::from(s.stdout), t_out),
+            (OwnedFd::from(s.stderr), t_err),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut rx = pipe::Receiver::from(fd);
+            ok &= rx.set_nonblocking(true).is_ok()
+                && self
+                    .poll
+                    .registry()
+                    .register(&mut rx, t, Interest::READABLE)
+                    .is_ok();
+            pipes[i] = Some((rx, t));
+        }
+        ok &= self
+            .poll
+            .registry()
+            .register(
+                &mut SourceFd(&s.pidfd.as_raw_fd()),
+                t_pid,
+                Interest::READABLE,
+            )
+            .is_ok();
+        let gen = self.next_timer_gen();
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        k.ctl = Some((ctl, t_ctl));
+        k.pipes = pipes;
+        k.pid = Some((s.pidfd, t_pid));
+        k.child = Some(s.child);
+        k.cgroup = Some(s.cgroup);
+        k.dir = Some(s.dir);
+        k.net = s.net;
+        k.state = KState::Booting;
+        k.timer_gen = gen;
+        let killing = k.killing;
+        self.timers
+            .insert(Instant::now() + BOOT_TIMEOUT, TimerKey::Kernel(kk, gen));
+        if !ok {
+            crate::error_limited!("kernel={kk} op=register err=could not watch kernel fds");
+            self.kernel_kill(kk, serial, "the kernel could not be started");
+            // Its exit may never be seen: reap it now (the reap waits for the kill).
+            self.kernel_exited(kk);
+            return;
+        } else if killing {
+            // Ended while it was being started.
+            if let Some(k) = self.kernels.get_mut(kk) {
+                k.killing = false;
+            }
+            self.kernel_kill(kk, serial, "");
+        }
+        // The harness may have written already: edge-triggered, so look now.
+        self.kernel_ctl_event(kk);
+    }
+
+    /// The control socket is readable or writable.
+    pub(crate) fn kernel_ctl_event(&mut self, kk: usize) {
+        self.kernel_flush(kk);
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            let Some(k) = self.kernels.get_mut(kk) else {
+                return;
+            };
+            let Some((ctl, _)) = k.ctl.as_mut() else {
+                return;
+            };
+            match ctl.read(&mut buf) {
+                Ok(0) => {
+                    // The harness closed its end (it exited, or was killed: the exit
+                    // then says why): the kernel can take no more steps.
+                    let s = k.serial;
+                    k.ctl_closed = true;
+                    self.kernel_close_ctl(kk);
+                    self.kernel_kill(kk, s, "");
+                    return;
+                }
+                Ok(n) => {
+                    k.rbuf.extend_from_slice(&buf[..n]);
+                    if !self.kernel_frames(kk) {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    let s = k.serial;
+                    self.kernel_close_ctl(kk);
+                    self.kernel_kill(kk, s, "the kernel's control channel failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn kernel_close_ctl(&mut self, kk: usize) {
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        if let Some((mut ctl, t)) = k.ctl.take() {
+            let _ = self.poll.registry().deregister(&mut ctl);
+            self.release_token(t);
+        }
+    }
+
+    fn kernel_flush(&mut self, kk: usize) {
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        let Some((ctl, _)) = k.ctl.as_mut() else {
+            return;
+        };
+        while !k.wbuf.is_empty() {
+            match ctl.write(&k.wbuf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    k.wbuf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // WouldBlock: the writable edge brings us back; errors show as EOF.
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Handles every complete frame in the read buffer. False once the kernel is
+    /// being ended (stop reading).
+    fn kernel_frames(&mut self, kk: usize) -> bool {
+        loop {
+            let Some(k) = self.kernels.get_mut(kk) else {
+                return false;
+            };
+            if k.killing {
+                // Being ended: what it still says changes nothing.
+                k.rbuf = Vec::new();
+                return false;
+            }
+            if k.rbuf.len() < 4 {
+                if k.rbuf.capacity() > 1 << 20 {
+                    k.rbuf.shrink_to(64 << 10);
+                }
+                return true;
+            }
+            let n = u32::from_be_bytes([k.rbuf[0], k.rbuf[1], k.rbuf[2], k.rbuf[3]]) as usize;
+            let serial = k.serial;
+            if n > MAX_FRAME_BYTES {
+                self.kernel_close_ctl(kk);
+                self.kernel_kill(
+                    kk,
+                    serial,
+                    "the kernel broke its protocol (oversized frame)",
+                );
+                return false;
+            }
+            if k.rbuf.len() < 4 + n {
+                return true;
+            }
+            let frame: Result<Frame, _> = serde_json::from_slice(&k.rbuf[4..4 + n]);
+            k.rbuf.drain(..4 + n);
+            let state = k.state;
+            if matches!(frame, Ok(Frame::Artifact { .. })) {
+                k.step_artifacts += 1;
+                if k.step_artifacts > MAX_ARTIFACTS {
+                    self.kernel_close_ctl(kk);
+                    self.kernel_kill(
+                        kk,
+                        serial,
+                        "the kernel broke its protocol (too many artifacts)",
+                    );
+                    return false;
+                }
+            }
+            match (frame, state) {
+                (Ok(Frame::Ready {}), KState::Booting) => self.kernel_ready(kk),
+                (
+                    Ok(Frame::Artifact {
+                        kind,
+                        data_b64,
+                        data,
+                    }),
+                    KState::Busy(rk),
+                ) => self.kernel_artifact(rk, &kind, data_b64, data),
+                (Ok(Frame::Done { exit, truncated }), KState::Busy(rk)) => {
+                    self.kernel_step_done(kk, rk, exit, truncated)
+                }
+                _ => {
+                    self.kernel_close_ctl(kk);
+                    self.kernel_kill(kk, serial, "the kernel broke its protocol");
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn kernel_ready(&mut self, kk: usize) {
+        let gen = self.next_timer_gen();
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        k.state = KState::Idle;
+        k.last_used = Instant::now();
+        k.timer_gen = gen;
+        let at = k.last_used + k.idle_limit;
+        let (serial, create) = (k.serial, k.create.take());
+        self.timers.insert(at, TimerKey::Kernel(kk, gen));
+        log::info!("kernel={} session={} ready", k.id, k.session);
+        match create {
+            Some((ck, cserial, resp)) if self.conn_waiting(ck, cserial, false) => {
+                self.respond(ck, resp);
+                self.conn_pump(ck);
+            }
+            _ => {
+                // The creator left without the token: nobody can use this session.
+                if let Some(k) = self.kernels.get_mut(kk) {
+                    k.delete = Some(None);
+                }
+                self.kernel_kill(kk, serial, "the creating client went away");
+            }
+        }
+    }
+
+    fn kernel_artifact(
+        &mut self,
+        rk: usize,
+        kind: &str,
+        data_b64: Option<String>,
+        data: Option<String>,
+    ) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        let art = match (kind, data_b64, data) {
+            ("image/png", Some(b), None) if b.len() <= MAX_ARTIFACT_BYTES && is_base64(&b) => {
+                Some(Artifact::Png { data_b64: b })
+            }
+            ("text/html", None, Some(h)) if h.len() <= MAX_ARTIFACT_BYTES => {
+                Some(Artifact::Html { data: h })
+            }
+            _ => None,
+        };
+        match art {
+            Some(a) if run.artifacts.len() < MAX_ARTIFACTS => run.artifacts.push(a),
+            _ => run.artifacts_truncated = true,
+        }
+    }
+
+    /// Whether kernel `kk` (of serial `serial`) can still take steps.
+    pub(super) fn kernel_alive(&self, kk: usize, serial: u64) -> bool {
+        self.kernels
+            .get(kk)
+            .is_some_and(|k| k.serial == serial && !k.killing && !k.exited)
+    }
+
+    /// Why a step of `session`'s kernel cannot start now, if it cannot; else its key.
+    fn kernel_step_check(&mut self, session: &str) -> Result<usize, Response> {
+        if let Some(resp) = self.admit_refusal() {
+            return Err(resp);
+        }
+        let Some(&kk) = self.kernel_of.get(session) else {
+            let why = self.kernel_dead.get(session).cloned().unwrap_or_else(|| {
+                "the kernel is not running (isoboxd restarted since it started)".into()
+            });
+            return Err(kernel_dead(&why));
+        };
+        let Some(k) = self.kernels.get(kk) else {
+            return Err(kernel_dead("the kernel is not running"));
+        };
+        if k.killing || k.exited {
+            let why = k
+                .why
+                .clone()
+                .unwrap_or_else(|| "the kernel is ending".into());
+            return Err(kernel_dead(&why));
+        }
+        match k.state {
+            KState::Idle => Ok(kk),
+            KState::Busy(_) => Err(crate::api::sessions::session_error(
+                &crate::workspace::SessionError::Busy,
+            )),
+            KState::Spawning | KState::Booting => Err(Response::error(
+                409,
+                "session_busy",
+                Some("the kernel is still starting"),
+            )),
+        }
+    }
+
+    /// Runs `code` in the session's kernel; the result goes to `sink`.
+    pub(crate) fn kernel_step(
+        &mut self,
+        sink: StepSink,
+        session: &str,
+        mut plan: Box<ExecPlan>,
+        code: String,
+        stream: bool,
+    ) {
+        let kk = match self.kernel_step_check(session) {
+            Ok(kk) => kk,
+            Err(resp) => {
+                match sink {
+                    StepSink::Conn(ck) => self.respond(ck, resp),
+                    StepSink::Agent(reply) => {
+                        let _ = reply.send(crate::agent::StepReply::Refused(resp));
+                    }
+                }
+                return;
+            }
+        };
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        // Whatever background output sat in the pipes since the last step is not this
+        // step's: read it away (bounded; a writer that never stops has the rest counted).
+        let mut buf = [0u8; 64 * 1024];
+        for (rx, _) in k.pipes.iter_mut().flatten() {
+            let mut dropped = 0;
+            while dropped < STALE_DISCARD_BYTES {
+                match rx.read(&mut buf) {
+                    Ok(n) if n > 0 => dropped += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    _ => break,
+                }
+            }
+        }
+        plan.network_requested = k.plan.network_requested;
+        k.step_artifacts = 0;
+        if let Some(l) = &k.plan.workspace {
+            l.touch();
+        }
+        let cap = usize::try_from(plan.limits.output_bytes).unwrap_or(usize::MAX);
+        let now = Instant::now();
+        let mut out = [
+            Capture {
+                cap,
+                ..Default::default()
+            },
+            Capture {
+                cap,
+                ..Default::default()
+            },
+        ];
+        let mut moved = Vec::new();
+        for (i, slot) in k.pipes.iter_mut().enumerate() {
+            match slot.take() {
+                Some((rx, t)) => {
+                    moved.push((t, i));
+                    out[i].pipe = Some((rx, t));
+                }
+                None => out[i].eof = true,
+            }
+        }
+        let frame = serde_json::json!({"op": "exec", "code": code}).to_string();
+        let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+        let mut bytes = len.to_be_bytes().to_vec();
+        bytes.extend_from_slice(frame.as_bytes());
+        let files = std::mem::take(&mut plan.files);
+        if files.is_empty() {
+            k.wbuf.extend_from_slice(&bytes);
+        } else {
+            k.pending = Some(bytes);
+        }
+        // Its link went with any failed egress check since it was made; it runs
+        // offline then, and the step says so.
+        let network = k.net.is_some()
+            && self
+                .backend
+                .egress
+                .as_ref()
+                .is_some_and(|e| e.cuts() == k.net_cuts);
+        let kserial = k.serial;
+        let wall = Duration::from_millis(plan.limits.wall_time_ms);
+        self.run_serial += 1;
+        let serial = self.run_serial;
+        let id = k.id.clone();
+        let (conn, agent) = match sink {
+            StepSink::Conn(ck) => (self.conns.get(ck).map(|c| (ck, c.serial)), None),
+            StepSink::Agent(reply) => (None, Some(reply)),
+        };
+        let rk = self.runs.insert(Run {
+            compile: None,
+            program_started: Some(now),
+            gate: crate::sandbox::start::StartGate::open(),
+            serial,
+            id,
+            conn,
+            stream,
+            plan,
+            state: State::Running,
+            out,
+            stdin: None,
+            stdin_pos: 0,
+            pid: None,
+            child: None,
+            cgroup: None,
+            dir: None,
+            net: None,
+            started: Some(now),
+            exited_at: None,
+            timed_out: false,
+            cancelled: false,
+            killing: false,
+            paused: false,
+            timer_gen: 0,
+            last_event: now,
+            kernel: Some((kk, kserial)),
+            kernel_network: network,
+            artifacts: Vec::new(),
+            artifacts_truncated: false,
+            agent,
+            exit_ctl: None,
+            exit_buf: Vec::new(),
+            early_exit: None,
+        });
+        for (t, i) in moved {
+            self.retarget(
+                t,
+                if i == 0 {
+                    Source::Stdout(rk)
+                } else {
+                    Source::Stderr(rk)
+                },
+            );
+        }
+        if let Some(k) = self.kernels.get_mut(kk) {
+            k.state = KState::Busy(rk);
+        }
+        self.app.in_flight += 1;
+        if let Some((ck, _)) = conn {
+            self.run_attach(ck, rk, stream);
+        }
+        if files.is_empty() {
+            self.arm_run(rk, now + wall);
+            self.kernel_flush(kk);
+        } else {
+            let sessions = Arc::clone(&self.app.sessions);
+            let session = session.to_string();
+            self.submit_must(Box::new(move || Completion::KernelFiles {
+                kernel: kk,
+                serial: kserial,
+                run: rk,
+                result: crate::api::sessions::write_step_files(&sessions, &session, &files),
+            }));
+        }
+        // Output may already wait in the pipes with no edge to come.
+        self.run_pipe_event(rk, false);
+        self.run_pipe_event(rk, true);
+    }
+
+    /// A step's files are in place: hand its code to the kernel (or refuse the step).
+    pub(crate) fn kernel_files_written(
+        &mut self,
+        kk: usize,
+        serial: u64,
+        rk: usize,
+        result: Result<(), Response>,
+    ) {
+        let Some(k) = self.kernels.get_mut(kk).filter(|k| k.serial == serial) else {
+            return;
+        };
+        if k.state != KState::Busy(rk) || k.killing {
+            return;
+        }
+        let Some(frame) = k.pending.take() else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                k.wbuf.extend_from_slice(&frame);
+                let wall = self.runs.get(rk).map_or(0, |r| r.plan.limits.wall_time_ms);
+                if let Some(run) = self.runs.get_mut(rk) {
+                    run.program_started = Some(Instant::now());
+                }
+                self.arm_run(rk, Instant::now() + Duration::from_millis(wall));
+                self.kernel_flush(kk);
+            }
+            Err(resp) => {
+                // Nothing ran: the kernel is free again, and the client hears why.
+                self.kernel_take_pipes(kk, rk);
+                if let Some(k) = self.kernels.get_mut(kk) {
+                    k.state = KState::Idle;
+                }
+                self.run_refuse(rk, resp);
+            }
+        }
+    }
+
+    /// Gives a step's pipes back to its kernel.
+    fn kernel_take_pipes(&mut self, kk: usize, rk: usize) {
+        let mut back = Vec::new();
+        if let Some(run) = self.runs.get_mut(rk) {
+            for (i, cap) in run.out.iter_mut().enumerate() {
+                if let Some(p) = cap.pipe.take() {
+                    back.push((i, p));
+                }
+            }
+        }
+        for (i, (rx, t)) in back {
+            self.retarget(t, Source::KernelOut(kk));
+            match self.kernels.get_mut(kk) {
+                Some(k) => k.pipes[i] = Some((rx, t)),
+                None => {
+                    let mut rx = rx;
+                    let _ = self.poll.registry().deregister(&mut rx);
+                    self.release_token(t);
+                }
+            }
+        }
+    }
+
+    fn kernel_step_done(&mut self, kk: usize, rk: usize, exit: i64, truncated: bool) {
+        // Every byte of the step is in the pipes now: read them dry, then flush held
+        // back partial characters.
+        if let Some(run) = self.runs.get_mut(rk) {
+            run.paused = false;
+        }
+        self.run_pipe_event_final(rk);
+        self.kernel_take_pipes(kk, rk);
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        if k.killing {
+            // Ended while draining (an output flood): the exit decides the result.
+            return;
+        }
+        k.state = KState::Idle;
+        k.last_used = Instant::now();
+        if let Some(l) = &k.plan.workspace {
+            l.touch();
+        }
+        // The idle timer armed at ready re-arms itself from `last_used`: one pending
+        // timer per kernel, however many steps it runs.
+        let serial = k.serial;
+        let Some(run) = self.runs.try_remove(rk) else {
+            return;
+        };
+        self.app.in_flight -= 1;
+        let exit_code = i32::try_from(exit.clamp(0, 255)).unwrap_or(1);
+        self.kernel_deliver(run, exit_code, false, false, truncated);
+        if self.app.shutting_down {
+            // Its step was what the shutdown waited for.
+            self.kernel_kill(kk, serial, "the daemon is shutting down");
+        }
+    }
+
+    /// Sends a finished step's result.
+    fn kernel_deliver(
+        &mut self,
+        run: Run,
+        exit_code: i32,
+        timed_out: bool,
+        oom: bool,
+        truncated: bool,
+    ) {
+        let duration = run.program_started.map_or(Duration::ZERO, |s| s.elapsed());
+        let result = RunResult {
+            stdout: String::from_utf8_lossy(&run.out[0].kept).into_owned(),
+            stderr: String::from_utf8_lossy(&run.out[1].kept).into_owned(),
+            exit_code,
+            timed_out,
+            oom_killed: oom,
+            truncated: truncated || run.artifacts_truncated || run.out.iter().any(|c| c.truncated),
+            duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+            network: run.kernel_network,
+        };
+        self.run_deliver(run, result, None);
+    }
+
+    /// Ends a kernel (its whole sandbox); `why` is what its session's next call hears.
+    pub(crate) fn kernel_kill(&mut self, kk: usize, serial: u64, why: &str) {
+        let Some(k) = self.kernels.get_mut(kk).filter(|k| k.serial == serial) else {
+            return;
+        };
+        if k.why.is_none() && !why.is_empty() {
+            k.why = Some(why.to_string());
+        }
+        if k.killing {
+            return;
+        }
+        k.killing = true;
+        let Some(cg) = k.cgroup.clone() else {
+            // Still being spawned: killed once it is (kernel_spawned).
+            return;
+        };
+        log::debug!("kernel={} session={} ending: {}", k.id, k.session, why);
+        let runsc_pid = k.child.as_ref().and_then(|c| i32::try_from(c.id()).ok());
+        let backend = Arc::clone(&self.backend);
+        self.submit_must(Box::new(move || {
+            backend.kill(&cg, runsc_pid);
+            Completion::Done
+        }));
+    }
+
+    /// `runsc run` of a kernel exited: reap it.
+    pub(crate) fn kernel_exited(&mut self, kk: usize) {
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        if k.exited {
+            return;
+        }
+        k.exited = true;
+        if let Some((fd, t)) = k.pid.take() {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
+            self.release_token(t);
+        }
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        let (Some(child), Some(cg)) = (k.child.take(), k.cgroup.clone()) else {
+            return;
+        };
+        let serial = k.serial;
+        let backend = Arc::clone(&self.backend);
+        self.submit_must(Box::new(move || {
+            let cleanup = backend.reap(child, &cg);
+            Completion::KernelReaped {
+                kernel: kk,
+                serial,
+                cleanup,
+            }
+        }));
+    }
+
+    pub(crate) fn kernel_reaped(&mut self, kk: usize, serial: u64, cleanup: Cleanup) {
+        let Some(k) = self.kernels.get_mut(kk).filter(|k| k.serial == serial) else {
+            return;
+        };
+        let why = k.why.clone().unwrap_or_else(|| {
+            if cleanup.oom_killed {
+                "the kernel ran out of memory (its memory cap covers its whole life)".into()
+            } else if k.ctl_closed && k.killing && cleanup.exit_code == 128 + libc::SIGKILL {
+                // Alive but deaf: the step closed the harness's channel.
+                "the kernel's control channel was closed".into()
+            } else {
+                format!("the kernel exited with code {}", cleanup.exit_code)
+            }
+        });
+        if let KState::Busy(rk) = k.state {
+            if let Some(run) = self.runs.get_mut(rk) {
+                run.paused = false;
+            }
+            self.run_pipe_event_final(rk);
+            self.kernel_take_pipes(kk, rk);
+            if let Some(run) = self.runs.try_remove(rk) {
+                self.app.in_flight -= 1;
+                let oom = cleanup.oom_killed && !run.timed_out;
+                let exit = if run.timed_out || oom {
+                    128 + libc::SIGKILL
+                } else {
+                    cleanup.exit_code
+                };
+                let timed_out = run.timed_out;
+                self.kernel_deliver(run, exit, timed_out, oom, false);
+            }
+        }
+        self.kernel_remove(kk, why);
+    }
+
+    /// Forgets a kernel whose process is gone (or never started): its fds, its slot,
+    /// then, on the pool, its container state, cgroup, bundle, network and lease.
+    fn kernel_remove(&mut self, kk: usize, why: String) {
+        if let Some(KState::Busy(rk)) = self.kernels.get(kk).map(|k| k.state) {
+            self.kernel_take_pipes(kk, rk);
+        }
+        let Some(mut k) = self.kernels.try_remove(kk) else {
+            return;
+        };
+        self.app.kernels_used = self.app.kernels_used.saturating_sub(1);
+        let mut release = Vec::new();
+        if let Some((mut ctl, t)) = k.ctl.take() {
+            let _ = self.poll.registry().deregister(&mut ctl);
+            release.push(t);
+        }
+        for (mut rx, t) in k.pipes.iter_mut().filter_map(Option::take) {
+            let _ = self.poll.registry().deregister(&mut rx);
+            release.push(t);
+        }
+        if let Some((fd, t)) = k.pid.take() {
+            let _ = self
+                .poll
+                .registry()
+                .deregister(&mut SourceFd(&fd.as_raw_fd()));
+            release.push(t);
+        }
+        for t in release {
+            self.release_token(t);
+        }
+        if self.kernel_of.get(&k.session) == Some(&kk) {
+            self.kernel_of.remove(&k.session);
+        }
+        log::info!("kernel={} session={} ended: {why}", k.id, k.session);
+        let mut answer = None;
+        if let Some((ck, cserial, _)) = k.create.take() {
+            // It never became ready: the create fails, and the session goes with it.
+            k.delete = Some(Some((ck, cserial)));
+            answer = Some(Response::error(
+                500,
+                "kernel_start_failed",
+                Some("the kernel did not start; see the daemon log"),
+            ));
+        }
+        if k.delete.is_none() {
+            if self.kernel_dead.len() >= MAX_DEAD_REASONS {
+                let first = self.kernel_dead.keys().next().cloned();
+                if let Some(s) = first {
+                    self.kernel_dead.remove(&s);
+                }
+            }
+            self.kernel_dead.insert(k.session.clone(), why);
+        }
+        // Like a step's: the session is free for the next call (a delete) now, while
+        // its mounts stay until the container is gone.
+        if let Some(l) = &k.plan.workspace {
+            l.end_step();
+        }
+        let backend = Arc::clone(&self.backend);
+        let (id, cg, dir, net, plan) = (k.id, k.cgroup.take(), k.dir.take(), k.net.take(), k.plan);
+        let sessions = Arc::clone(&self.app.sessions);
+        let session = k.session;
+        let delete = k.delete;
+        // runsc is reaped (or never ran): the container, cgroup and bundle go, then the
+        // network and the workspace lease, and only then may the session be deleted.
+        let job = Box::new(move || {
+            if let (Some(cg), Some(dir)) = (cg, dir) {
+                backend.remove(&id, &cg, &dir);
+            }
+            drop(net);
+            drop(plan);
+            match delete {
+                None => Completion::Done,
+                Some(conn) => delete_and_answer(&sessions, &session, conn, answer),
+            }
+        });
+        self.submit_must(job);
+    }
+
+    /// Deletes `plan`'s session on the pool (dropping its lease first), then answers
+    /// `conn` with `resp` (or with the delete's own outcome).
+    fn delete_session_job(
+        &mut self,
+        session: &str,
+        plan: Box<ExecPlan>,
+        conn: Option<(usize, u64)>,
+        resp: Option<Response>,
+    ) {
+        let sessions = Arc::clone(&self.app.sessions);
+        let session = session.to_string();
+        self.submit_must(Box::new(move || {
+            if let Some(l) = &plan.workspace {
+                l.end_step();
+            }
+            drop(plan);
+            delete_and_answer(&sessions, &session, conn, resp)
+        }));
+    }
+
+    /// `DELETE /v1/sessions/{id}` of a kernel session: end the kernel, then delete.
+    pub(crate) fn kernel_delete(&mut self, ck: usize, cserial: u64, session: &str) {
+        self.kernel_dead.remove(session);
+        let Some(&kk) = self.kernel_of.get(session) else {
+            // No kernel (ended, or the daemon restarted): delete like any session.
+            let sessions = Arc::clone(&self.app.sessions);
+            let session = session.to_string();
+            self.submit_must(Box::new(move || {
+                delete_and_answer(&sessions, &session, Some((ck, cserial)), None)
+            }));
+            return;
+        };
+        let Some(k) = self.kernels.get_mut(kk) else {
+            return;
+        };
+        match k.state {
+            KState::Busy(_) | KState::Spawning | KState::Booting if !k.killing => {
+                self.respond(
+                    ck,
+                    crate::api::sessions::session_error(&crate::workspace::SessionError::Busy),
+                );
+            }
+            _ if k.delete.is_some() => {
+                self.respond(
+                    ck,
+                    Response::error(
+                        409,
+                        "session_busy",
+                        Some("the session is being deleted already"),
+                    ),
+                );
+            }
+            _ => {
+                k.delete = Some(Some((ck, cserial)));
+                let serial = k.serial;
+                self.kernel_kill(kk, serial, "the session was deleted");
+            }
+        }
+    }
+
+    /// A kernel's boot deadline or idle check.
+    pub(crate) fn kernel_timer(&mut self, kk: usize, gen: u64) {
+        let Some(k) = self
+            .kernels
+            .get(kk)
+            .filter(|k| k.timer_gen == gen && gen != 0)
+        else {
+            return;
+        };
+        let serial = k.serial;
+        match k.state {
+            KState::Booting => {
+                self.kernel_kill(kk, serial, "the kernel did not start in time");
+            }
+            KState::Idle if k.last_used.elapsed() >= k.idle_limit => {
+                let why = format!("reaped after {} s idle", k.idle_limit.as_secs());
+                self.kernel_kill(kk, serial, &why);
+            }
+            KState::Idle => {
+                let at = k.last_used + k.idle_limit;
+                self.timers.insert(at, TimerKey::Kernel(kk, gen));
+            }
+            KState::Busy(_) => {
+                // A step runs: look again one idle limit after it could have ended.
+                let at = Instant::now() + k.idle_limit;
+                self.timers.insert(at, TimerKey::Kernel(kk, gen));
+            }
+            KState::Spawning => {}
+        }
+    }
+
+    /// Ends every kernel not running a step.
+    pub(crate) fn kill_idle_kernels(&mut self, why: &str) {
+        let idle: Vec<(usize, u64)> = self
+            .kernels
+            .iter()
+            .filter(|(_, k)| !matches!(k.state, KState::Busy(_)))
+            .map(|(kk, k)| (kk, k.serial))
+            .collect();
+        for (kk, s) in idle {
+            self.kernel_kill(kk, s, why);
+        }
+    }
+
+    /// Ends every kernel.
+    pub(crate) fn kill_all_kernels(&mut self, why: &str) {
+        let all: Vec<(usize, u64)> = self.kernels.iter().map(|(kk, k)| (kk, k.serial)).collect();
+        for (kk, s) in all {
+            self.kernel_kill(kk, s, why);
+        }
+    }
+}
+
+/// Deletes `session` (on the pool) and says what `conn` gets: `answer` if given, else
+/// the delete's own outcome (204, or the session error).
+fn delete_and_answer(
+    sessions: &crate::workspace::Sessions,
+    session: &str,
+    conn: Option<(usize, u64)>,
+    answer: Option<Response>,
+) -> Completion {
+    let r = sessions.delete(session);
+    if let Err(e) = &r {
+        if !matches!(e, crate::workspace::SessionError::NotFound) {
+            log::warn!("session {session}: delete: {e}");
+        }
+    }
+    match conn {
+        Some((conn, serial)) => Completion::Outcome {
+            conn,
+            serial,
+            outcome: Outcome::Respond(answer.unwrap_or_else(|| match r {
+                Ok(()) => Response::no_content(),
+                Err(e) => crate::api::sessions::session_error(&e),
+            })),
+        },
+        None => Completion::Done,
+    }
+}

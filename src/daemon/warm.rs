@@ -1,0 +1,204 @@
+//! The warm pool on the event loop: publishing its figures, refilling it, taking a
+//! pooled sandbox for a run and giving back or purging what is stale. The pool itself
+//! (what may be pooled, booting and claiming a sandbox) is `sandbox::warm`.
+
+use super::completion::Completion;
+use super::Daemon;
+use crate::sandbox::plan::ExecPlan;
+use crate::sandbox::runsc::Spawned;
+use crate::sandbox::warm::{eligible, pool_of, NET_SUFFIX, RETRY_AFTER_FAILURE};
+use crate::sandbox::SandboxError;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+impl Daemon {
+    /// Publishes the pool's figures for `/healthz`.
+    pub(crate) fn warm_publish(&mut self) {
+        self.app.warm = self.warm.enabled().then(|| crate::api::WarmFigures {
+            runtimes: self
+                .warm
+                .occupancy()
+                .into_iter()
+                .map(|(r, ready, target)| (r, crate::api::WarmRuntime { ready, target }))
+                .collect(),
+            hits: self.warm.hits,
+            misses: self.warm.misses,
+            refills: self.warm.refills,
+            failures: self.warm.failures,
+            exit_reports: self.warm.exit_reports,
+        });
+    }
+
+    /// Starts a background boot if a pool is below its target (one at a time).
+    pub(crate) fn warm_fill(&mut self) {
+        if self.app.shutting_down
+            || !self.warm.enabled()
+            || self.warm.booting.is_some()
+            || self.app.probe != crate::api::ProbeState::Passed
+        {
+            return;
+        }
+        let now = Instant::now();
+        let next = self
+            .warm
+            .occupancy()
+            .into_iter()
+            .find(|(r, ready, target)| {
+                ready < target
+                    && self.warm.retry_at.get(r).is_none_or(|t| now >= *t)
+                    // A networked sandbox only while egress is verified.
+                    && (!r.ends_with(NET_SUFFIX)
+                        || self.backend.egress.as_ref().is_some_and(|e| e.verified()))
+            });
+        let Some((lang, _, _)) = next else { return };
+        let network = lang.ends_with(NET_SUFFIX);
+        let runtime = lang.strip_suffix(NET_SUFFIX).unwrap_or(&lang);
+        let Some(rt) = self.app.runtimes.resolve(runtime).cloned() else {
+            return;
+        };
+        self.warm.serial += 1;
+        let id = format!(
+            "{}-{:x}-w{}",
+            self.cfg.instance,
+            std::process::id(),
+            self.warm.serial
+        );
+        let backend = Arc::clone(&self.backend);
+        let job_lang = lang.clone();
+        let job = Box::new(move || Completion::WarmBooted {
+            runtime: job_lang,
+            result: backend.boot_warm(&id, rt, network).map(Box::new),
+        });
+        if self.pool.submit(job).is_ok() {
+            self.warm.booting = Some(lang);
+        }
+        self.warm_publish();
+    }
+
+    pub(crate) fn warm_booted(
+        &mut self,
+        runtime: String,
+        result: Result<Box<Spawned>, SandboxError>,
+    ) {
+        self.warm.booting = None;
+        match result {
+            Ok(s) if !self.app.shutting_down && self.warm.target(&runtime) > 0 => {
+                self.warm.refills += 1;
+                self.warm.ready.entry(runtime).or_default().push_back(s);
+            }
+            Ok(s) => {
+                let backend = Arc::clone(&self.backend);
+                self.submit_must(Box::new(move || {
+                    backend.discard(*s);
+                    Completion::Done
+                }));
+            }
+            Err(e) => {
+                self.warm.failures += 1;
+                crate::warn_limited!("warm pool: booting a {runtime} sandbox failed: {e}");
+                self.warm
+                    .retry_at
+                    .insert(runtime, Instant::now() + RETRY_AFTER_FAILURE);
+            }
+        }
+        self.warm_publish();
+        self.warm_fill();
+    }
+
+    /// A pooled sandbox for `plan`, if one may serve it; counts hits and misses.
+    pub(crate) fn warm_take(&mut self, plan: &ExecPlan) -> Option<Box<Spawned>> {
+        let lang = &plan.runtime.desc.language;
+        if self.warm.target(lang) == 0 || !eligible(plan) {
+            return None;
+        }
+        // The run gets network only if egress is verified now (as a cold run would);
+        // then only a networked sandbox whose link no failed check has cut will do.
+        let egress = self.backend.egress.clone();
+        let networked = plan.network_requested && egress.as_ref().is_some_and(|e| e.verified());
+        let key = if networked {
+            format!("{lang}{NET_SUFFIX}")
+        } else {
+            lang.clone()
+        };
+        let mut s = None;
+        let mut stale = Vec::new();
+        while let Some(c) = self.warm.ready.get_mut(&key).and_then(VecDeque::pop_front) {
+            if !networked || egress.as_ref().is_some_and(|e| e.cuts() == c.net_cuts) {
+                s = Some(c);
+                break;
+            }
+            stale.push(c);
+        }
+        for c in stale {
+            let backend = Arc::clone(&self.backend);
+            self.submit_must(Box::new(move || {
+                backend.discard(*c);
+                Completion::Done
+            }));
+        }
+        if s.is_some() {
+            self.warm.hits += 1;
+        } else {
+            self.warm.misses += 1;
+        }
+        self.warm_publish();
+        s
+    }
+
+    /// Puts back a sandbox taken for a run that could not be queued.
+    pub(crate) fn warm_put_back(&mut self, s: Box<Spawned>, runtime: &str) {
+        self.warm.hits = self.warm.hits.saturating_sub(1);
+        let key = pool_of(&s, runtime);
+        self.warm.ready.entry(key).or_default().push_front(s);
+        self.warm_publish();
+    }
+
+    /// Discards networked pooled sandboxes whose links a failed egress check cut (after
+    /// every check), so the pool refills with working ones once egress is verified.
+    pub(crate) fn warm_purge_stale(&mut self) {
+        let Some(cuts) = self.backend.egress.as_ref().map(|e| e.cuts()) else {
+            return;
+        };
+        let mut stale = Vec::new();
+        for (key, q) in self.warm.ready.iter_mut() {
+            if key.ends_with(NET_SUFFIX) {
+                let (keep, drop): (VecDeque<_>, VecDeque<_>) = std::mem::take(q)
+                    .into_iter()
+                    .partition(|s| s.net_cuts == cuts);
+                *q = keep;
+                stale.extend(drop);
+            }
+        }
+        if stale.is_empty() {
+            return;
+        }
+        for s in stale {
+            let backend = Arc::clone(&self.backend);
+            self.submit_must(Box::new(move || {
+                backend.discard(*s);
+                Completion::Done
+            }));
+        }
+        self.warm_publish();
+        self.warm_fill();
+    }
+
+    /// Removes every pooled sandbox (shutdown).
+    pub(crate) fn warm_drain(&mut self) {
+        let all: Vec<Box<Spawned>> = self
+            .warm
+            .ready
+            .values_mut()
+            .flat_map(std::mem::take)
+            .collect();
+        for s in all {
+            let backend = Arc::clone(&self.backend);
+            self.submit_must(Box::new(move || {
+                backend.discard(*s);
+                Completion::Done
+            }));
+        }
+        self.warm_publish();
+    }
+}
