@@ -1,247 +1,297 @@
-//! The route table: one match from (method, path) to a route. The whole API on one screen.
+//! Path matching for route tables. A face (the isobox API in `api::routes`, and the
+//! faces to come) keeps one table of [`Row`]s: a pattern, the methods it answers, and
+//! whatever the face attaches (its route id, body cap, admission class and handler).
+//! [`resolve`] finds the row for a request and the path's parameters, so no handler
+//! parses its path again.
+//!
+//! Patterns are literal segments and parameters: `{name}` is exactly one non-empty
+//! segment; `{name*}`, last only, is the non-empty rest of the path, slashes included
+//! (a memory key). Matching is exact: no trailing slash, no empty segment. `HEAD` is
+//! answered wherever `GET` is. Parameters stay percent-encoded, as sent.
 
-/// Every route the daemon serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    /// `GET /`: the web UI.
-    Ui,
-    /// `GET /healthz`
-    Healthz,
-    /// `GET /readyz`
-    Readyz,
-    /// `GET /runtimes`
-    Runtimes,
-    /// `GET /llms.txt`
-    LlmsTxt,
-    /// `GET /openapi.yaml`
-    OpenApi,
-    /// `POST /execute`
-    Execute,
-    /// `POST /v1/sessions`
-    SessionCreate,
-    /// `DELETE /v1/sessions/{id}`
-    Session,
-    /// `POST /v1/sessions/{id}/exec`
-    SessionExec,
-    /// `GET`, `PUT`, `DELETE /v1/sessions/{id}/fs`
-    SessionFs,
-    /// `GET /v1/memory/{namespace}`: list keys.
-    MemoryList,
-    /// `GET`, `PUT`, `DELETE /v1/memory/{namespace}/{key}` (the key may contain `/`).
-    MemoryKey,
-    /// `GET`, `POST /v1/volumes`
-    Volumes,
-    /// `GET`, `DELETE /v1/volumes/{id}`
-    Volume,
-    /// `GET /v1/agent` (availability), `POST /v1/agent` (the tool-calling loop).
-    Agent,
+use crate::http::Params;
+
+/// One route of a face's table.
+#[derive(Debug)]
+pub struct Row<T: 'static> {
+    /// The path pattern, e.g. `/v1/sessions/{id}/fs`.
+    pub pattern: &'static str,
+    /// Methods answered here (`GET` implies `HEAD`).
+    pub methods: &'static [&'static str],
+    /// What the face attaches to the route.
+    pub route: T,
 }
 
 /// Why no route matched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteError {
     /// No such path: 404.
     NotFound,
-    /// Known path, wrong method: 405 with this `Allow` value.
-    MethodNotAllowed(&'static str),
+    /// Known path, wrong method: 405 with this `Allow` value (every method the path
+    /// answers, in table order).
+    MethodNotAllowed(String),
 }
 
-/// Every (path, methods) pair, for `Allow`, the OpenAPI coverage test and docs.
-pub const PATHS: &[(&str, &str)] = &[
-    ("/", "GET, HEAD"),
-    ("/healthz", "GET, HEAD"),
-    ("/readyz", "GET, HEAD"),
-    ("/runtimes", "GET, HEAD"),
-    ("/llms.txt", "GET, HEAD"),
-    ("/openapi.yaml", "GET, HEAD"),
-    ("/execute", "POST"),
-    ("/v1/sessions", "POST"),
-    ("/v1/sessions/{id}", "DELETE"),
-    ("/v1/sessions/{id}/exec", "POST"),
-    ("/v1/sessions/{id}/fs", "GET, HEAD, PUT, DELETE"),
-    ("/v1/memory/{namespace}", "GET, HEAD"),
-    ("/v1/memory/{namespace}/{key}", "GET, HEAD, PUT, DELETE"),
-    ("/v1/volumes", "GET, HEAD, POST"),
-    ("/v1/volumes/{id}", "GET, HEAD, DELETE"),
-    ("/v1/agent", "GET, HEAD, POST"),
-];
-
-/// `(namespace, key)` of a `/v1/memory/...` path, still percent-encoded; the key is
-/// everything after the namespace's slash (it may contain `/`).
-pub fn memory_parts(path: &str) -> Option<(&str, Option<&str>)> {
-    let rest = path.strip_prefix("/v1/memory/")?;
-    match rest.split_once('/') {
-        None => (!rest.is_empty()).then_some((rest, None)),
-        Some((ns, key)) => (!ns.is_empty() && !key.is_empty()).then_some((ns, Some(key))),
-    }
-}
-
-/// The `{id}` of a `/v1/volumes/{id}` path.
-pub fn volume_id(path: &str) -> Option<&str> {
-    let id = path.strip_prefix("/v1/volumes/")?;
-    (!id.is_empty() && !id.contains('/')).then_some(id)
-}
-
-/// The `{id}` of a `/v1/sessions/{id}...` path (not validated here).
-pub fn session_id(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix("/v1/sessions/")?;
-    let id = rest.split('/').next()?;
-    (!id.is_empty()).then_some(id)
-}
-
-/// The PATHS pattern a concrete path matches (`{id}` standing for one segment).
-fn pattern(path: &str) -> Option<&'static str> {
-    if let Some(p) = PATHS.iter().map(|(p, _)| *p).find(|p| *p == path) {
-        return Some(p);
-    }
-    if let Some((_, key)) = memory_parts(path) {
-        return Some(if key.is_some() {
-            "/v1/memory/{namespace}/{key}"
-        } else {
-            "/v1/memory/{namespace}"
-        });
-    }
-    if volume_id(path).is_some() {
-        return Some("/v1/volumes/{id}");
-    }
-    let id = session_id(path)?;
-    let tail = &path["/v1/sessions/".len() + id.len()..];
-    match tail {
-        "" => Some("/v1/sessions/{id}"),
-        "/exec" => Some("/v1/sessions/{id}/exec"),
-        "/fs" => Some("/v1/sessions/{id}/fs"),
-        _ => None,
-    }
-}
-
-/// Resolves a request. `HEAD` is accepted wherever `GET` is.
-///
-/// # Errors
-/// [`RouteError`] when the path is unknown or the method is not allowed on it.
-pub fn route(method: &str, path: &str) -> Result<Route, RouteError> {
-    let get = method == "GET" || method == "HEAD";
-    let pat = pattern(path).ok_or(RouteError::NotFound)?;
-    let (route, allowed) = match pat {
-        "/" => (Route::Ui, get),
-        "/healthz" => (Route::Healthz, get),
-        "/readyz" => (Route::Readyz, get),
-        "/runtimes" => (Route::Runtimes, get),
-        "/llms.txt" => (Route::LlmsTxt, get),
-        "/openapi.yaml" => (Route::OpenApi, get),
-        "/execute" => (Route::Execute, method == "POST"),
-        "/v1/sessions" => (Route::SessionCreate, method == "POST"),
-        "/v1/sessions/{id}" => (Route::Session, method == "DELETE"),
-        "/v1/sessions/{id}/exec" => (Route::SessionExec, method == "POST"),
-        "/v1/sessions/{id}/fs" => (
-            Route::SessionFs,
-            get || method == "PUT" || method == "DELETE",
-        ),
-        "/v1/memory/{namespace}" => (Route::MemoryList, get),
-        "/v1/memory/{namespace}/{key}" => (
-            Route::MemoryKey,
-            get || method == "PUT" || method == "DELETE",
-        ),
-        "/v1/volumes" => (Route::Volumes, get || method == "POST"),
-        "/v1/volumes/{id}" => (Route::Volume, get || method == "DELETE"),
-        "/v1/agent" => (Route::Agent, get || method == "POST"),
-        _ => return Err(RouteError::NotFound),
+/// Matches `path` against `pattern`, filling `params`; `false` (and `params` left as
+/// it may be) when it does not match.
+fn matches(pattern: &'static str, path: &str, params: &mut Params) -> bool {
+    let (Some(mut pat), Some(mut rest)) = (pattern.strip_prefix('/'), path.strip_prefix('/'))
+    else {
+        return false;
     };
-    if allowed {
-        Ok(route)
-    } else {
-        let allow = PATHS
-            .iter()
-            .find(|(p, _)| *p == pat)
-            .map_or("", |(_, m)| *m);
-        Err(RouteError::MethodNotAllowed(allow))
+    if pat.is_empty() {
+        return rest.is_empty();
     }
-}
-
-impl Route {
-    /// The body cap of this route and the status answered above it.
-    pub fn body_cap(self) -> usize {
-        match self {
-            Route::Execute | Route::SessionExec => crate::http::limits::EXECUTE_BODY_BYTES,
-            Route::SessionFs => crate::http::limits::UPLOAD_BODY_BYTES,
-            Route::MemoryKey => crate::http::limits::KV_VALUE_BODY_BYTES,
-            Route::Agent => crate::http::limits::AGENT_BODY_BYTES,
-            _ => crate::http::limits::DEFAULT_BODY_BYTES,
+    loop {
+        let (seg, pat_next) = pat
+            .split_once('/')
+            .map_or((pat, None), |(s, n)| (s, Some(n)));
+        if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix("*}")) {
+            // The rest of the path, slashes and all.
+            if rest.is_empty() {
+                return false;
+            }
+            params.push(name, rest);
+            return pat_next.is_none();
+        }
+        let (val, rest_next) = rest
+            .split_once('/')
+            .map_or((rest, None), |(s, n)| (s, Some(n)));
+        if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+            if val.is_empty() {
+                return false;
+            }
+            params.push(name, val);
+        } else if seg != val {
+            return false;
+        }
+        match (pat_next, rest_next) {
+            (None, None) => return true,
+            (Some(p), Some(r)) => {
+                pat = p;
+                rest = r;
+            }
+            _ => return false,
         }
     }
+}
+
+fn answers(methods: &[&str], method: &str) -> bool {
+    methods.contains(&method) || (method == "HEAD" && methods.contains(&"GET"))
+}
+
+/// Finds the row of `table` for `method` and `path`, and the path's parameters.
+///
+/// # Errors
+/// [`RouteError::NotFound`] when no pattern matches the path;
+/// [`RouteError::MethodNotAllowed`] when some do, but none answers the method.
+pub fn resolve<'t, T>(
+    table: &'t [Row<T>],
+    method: &str,
+    path: &str,
+) -> Result<(&'t Row<T>, Params), RouteError> {
+    let mut allow: Vec<&'static str> = Vec::new();
+    for row in table {
+        let mut params = Params::default();
+        if !matches(row.pattern, path, &mut params) {
+            continue;
+        }
+        if answers(row.methods, method) {
+            return Ok((row, params));
+        }
+        for m in row.methods {
+            if !allow.contains(m) {
+                allow.push(m);
+            }
+            if *m == "GET" && !allow.contains(&"HEAD") && !row.methods.contains(&"HEAD") {
+                allow.push("HEAD");
+            }
+        }
+    }
+    if allow.is_empty() {
+        Err(RouteError::NotFound)
+    } else {
+        Err(RouteError::MethodNotAllowed(allow.join(", ")))
+    }
+}
+
+/// Every pattern of `table` with the methods it answers, one entry per pattern in
+/// table order (for docs and the OpenAPI coverage test).
+pub fn paths<T>(table: &[Row<T>]) -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut out: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+    for row in table {
+        let i = match out.iter().position(|(p, _)| *p == row.pattern) {
+            Some(i) => i,
+            None => {
+                out.push((row.pattern, Vec::new()));
+                out.len() - 1
+            }
+        };
+        for m in row.methods {
+            if !out[i].1.contains(m) {
+                out[i].1.push(m);
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn test_routes_and_methods() {
-        assert_eq!(route("GET", "/healthz"), Ok(Route::Healthz));
-        assert_eq!(route("HEAD", "/healthz"), Ok(Route::Healthz));
-        assert_eq!(route("POST", "/execute"), Ok(Route::Execute));
-        assert_eq!(
-            route("GET", "/execute"),
-            Err(RouteError::MethodNotAllowed("POST"))
-        );
-        assert_eq!(
-            route("get", "/healthz"),
-            Err(RouteError::MethodNotAllowed("GET, HEAD"))
-        );
-        assert_eq!(route("GET", "/nope"), Err(RouteError::NotFound));
-        assert_eq!(route("GET", "/healthz/"), Err(RouteError::NotFound));
+    const T: &[Row<u8>] = &[
+        Row {
+            pattern: "/",
+            methods: &["GET", "HEAD"],
+            route: 0,
+        },
+        Row {
+            pattern: "/healthz",
+            methods: &["GET", "HEAD"],
+            route: 1,
+        },
+        Row {
+            pattern: "/execute",
+            methods: &["POST"],
+            route: 2,
+        },
+        Row {
+            pattern: "/v1/sessions/{id}",
+            methods: &["DELETE"],
+            route: 3,
+        },
+        Row {
+            pattern: "/v1/sessions/{id}/fs",
+            methods: &["GET", "HEAD"],
+            route: 4,
+        },
+        Row {
+            pattern: "/v1/sessions/{id}/fs",
+            methods: &["PUT"],
+            route: 5,
+        },
+        Row {
+            pattern: "/v1/memory/{namespace}",
+            methods: &["GET", "HEAD"],
+            route: 6,
+        },
+        Row {
+            pattern: "/v1/memory/{namespace}/{key*}",
+            methods: &["GET", "HEAD", "PUT"],
+            route: 7,
+        },
+        Row {
+            pattern: "/v1/agent",
+            methods: &["GET"],
+            route: 8,
+        },
+    ];
+
+    fn route(method: &str, path: &str) -> Result<(u8, Vec<(String, String)>), RouteError> {
+        resolve(T, method, path).map(|(row, p)| {
+            (
+                row.route,
+                p.iter()
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+                    .collect(),
+            )
+        })
+    }
+
+    fn id(method: &str, path: &str) -> Result<u8, RouteError> {
+        route(method, path).map(|(r, _)| r)
     }
 
     #[test]
-    fn test_every_path_routes() {
-        for (p, methods) in PATHS {
-            let p = p.replace("{id}", "0123abcd");
-            for m in methods.split(", ") {
-                assert!(route(m, &p).is_ok(), "{m} {p}");
-            }
-        }
+    fn test_literal_paths_match_exactly() {
+        assert_eq!(id("GET", "/"), Ok(0));
+        assert_eq!(id("GET", "/healthz"), Ok(1));
+        assert_eq!(id("HEAD", "/healthz"), Ok(1));
+        assert_eq!(id("GET", "/healthz/"), Err(RouteError::NotFound));
+        assert_eq!(id("GET", "//healthz"), Err(RouteError::NotFound));
+        assert_eq!(id("GET", "healthz"), Err(RouteError::NotFound));
+        assert_eq!(id("GET", ""), Err(RouteError::NotFound));
+        assert_eq!(id("GET", "/nope"), Err(RouteError::NotFound));
     }
 
     #[test]
-    fn test_session_paths() {
-        assert_eq!(route("POST", "/v1/sessions"), Ok(Route::SessionCreate));
-        assert_eq!(route("DELETE", "/v1/sessions/ab"), Ok(Route::Session));
+    fn test_wrong_method_lists_every_method_of_the_path() {
         assert_eq!(
-            route("POST", "/v1/sessions/ab/exec"),
-            Ok(Route::SessionExec)
-        );
-        assert_eq!(route("PUT", "/v1/sessions/ab/fs"), Ok(Route::SessionFs));
-        assert_eq!(
-            route("GET", "/v1/sessions/ab"),
-            Err(RouteError::MethodNotAllowed("DELETE"))
-        );
-        assert_eq!(route("GET", "/v1/sessions/"), Err(RouteError::NotFound));
-        assert_eq!(route("GET", "/v1/sessions//fs"), Err(RouteError::NotFound));
-        assert_eq!(
-            route("GET", "/v1/sessions/a/b/fs"),
-            Err(RouteError::NotFound)
+            id("GET", "/execute"),
+            Err(RouteError::MethodNotAllowed("POST".into()))
         );
         assert_eq!(
-            route("GET", "/v1/sessions/a/fs/"),
-            Err(RouteError::NotFound)
+            id("get", "/healthz"),
+            Err(RouteError::MethodNotAllowed("GET, HEAD".into()))
         );
-        assert_eq!(session_id("/v1/sessions/ab/fs"), Some("ab"));
+        assert_eq!(
+            id("DELETE", "/v1/sessions/ab/fs"),
+            Err(RouteError::MethodNotAllowed("GET, HEAD, PUT".into()))
+        );
+        // GET implies HEAD in Allow too.
+        assert_eq!(
+            id("POST", "/v1/agent"),
+            Err(RouteError::MethodNotAllowed("GET, HEAD".into()))
+        );
+        assert_eq!(id("HEAD", "/v1/agent"), Ok(8));
     }
 
     #[test]
-    fn test_memory_and_volume_paths() {
-        assert_eq!(route("GET", "/v1/memory/facts"), Ok(Route::MemoryList));
-        assert_eq!(route("PUT", "/v1/memory/facts/pi"), Ok(Route::MemoryKey));
-        assert_eq!(route("GET", "/v1/memory/facts/a/b/c"), Ok(Route::MemoryKey));
-        assert_eq!(memory_parts("/v1/memory/f/a/b"), Some(("f", Some("a/b"))));
-        assert_eq!(route("GET", "/v1/memory/"), Err(RouteError::NotFound));
-        assert_eq!(route("GET", "/v1/memory/f/"), Err(RouteError::NotFound));
-        assert_eq!(route("GET", "/v1/memory//k"), Err(RouteError::NotFound));
+    fn test_parameters_are_one_non_empty_segment() {
         assert_eq!(
-            route("PUT", "/v1/memory/f"),
-            Err(RouteError::MethodNotAllowed("GET, HEAD"))
+            route("DELETE", "/v1/sessions/ab"),
+            Ok((3, vec![("id".into(), "ab".into())]))
         );
-        assert_eq!(route("POST", "/v1/volumes"), Ok(Route::Volumes));
-        assert_eq!(route("DELETE", "/v1/volumes/v1"), Ok(Route::Volume));
-        assert_eq!(route("GET", "/v1/volumes/v1/x"), Err(RouteError::NotFound));
+        assert_eq!(
+            route("PUT", "/v1/sessions/a%2Fb/fs"),
+            Ok((5, vec![("id".into(), "a%2Fb".into())]))
+        );
+        assert_eq!(id("GET", "/v1/sessions/"), Err(RouteError::NotFound));
+        assert_eq!(id("GET", "/v1/sessions//fs"), Err(RouteError::NotFound));
+        assert_eq!(id("GET", "/v1/sessions/a/b/fs"), Err(RouteError::NotFound));
+        assert_eq!(id("GET", "/v1/sessions/a/fs/"), Err(RouteError::NotFound));
+    }
+
+    #[test]
+    fn test_rest_parameter_takes_slashes() {
+        assert_eq!(
+            route("GET", "/v1/memory/facts/a/b/c"),
+            Ok((
+                7,
+                vec![
+                    ("namespace".into(), "facts".into()),
+                    ("key".into(), "a/b/c".into())
+                ]
+            ))
+        );
+        assert_eq!(id("GET", "/v1/memory/facts"), Ok(6));
+        assert_eq!(id("GET", "/v1/memory/"), Err(RouteError::NotFound));
+        assert_eq!(id("GET", "/v1/memory/f/"), Err(RouteError::NotFound));
+        assert_eq!(id("GET", "/v1/memory//k"), Err(RouteError::NotFound));
+        // As before: the key is everything after the namespace's slash.
+        assert_eq!(
+            route("GET", "/v1/memory/f//x"),
+            Ok((
+                7,
+                vec![
+                    ("namespace".into(), "f".into()),
+                    ("key".into(), "/x".into())
+                ]
+            ))
+        );
+    }
+
+    #[test]
+    fn test_paths_lists_each_pattern_once() {
+        let p = paths(T);
+        assert_eq!(p.len(), 8);
+        assert_eq!(
+            p.iter()
+                .find(|(p, _)| *p == "/v1/sessions/{id}/fs")
+                .unwrap()
+                .1,
+            vec!["GET", "HEAD", "PUT"]
+        );
     }
 }

@@ -9,7 +9,7 @@ use common::Daemon;
 fn test_openapi_valid_and_complete() {
     let d = Daemon::start();
     let paths = std::env::temp_dir().join(format!("isobox-paths-{}", std::process::id()));
-    let text: String = isobox::router::PATHS
+    let text: String = isobox::api::routes::paths()
         .iter()
         .map(|(p, m)| format!("{p}\t{m}\n"))
         .collect();

@@ -1,16 +1,19 @@
 //! Admission: the layer every request passes before its handler — API keys, per-client
-//! rate limits, the client's tenant. (The global concurrency cap is checked when a run
-//! is started, in `daemon::runs`, since only runs hold slots.)
+//! rate limits, the client's tenant — and the slots a run or a kernel holds
+//! (`slots`): whether one may start now is decided here and nowhere else.
 //!
-//! Route policy: `/healthz`, `/readyz`, `/llms.txt`, `/openapi.yaml` are always open;
-//! every other route needs a key when keys are configured; `/execute` is rate limited
-//! per client. Reactor thread only.
+//! Route policy, by each route's [`Class`] (a column of the face's route table):
+//! health, readiness, docs and the UI are always open; every other route needs a key
+//! when keys are configured; routes that start sandboxes or create filesystems are
+//! rate limited per client. Reactor thread only.
 
 pub mod keys;
 pub mod ratelimit;
+pub mod slots;
+
+pub use slots::Slots;
 
 use crate::http::{Head, Response};
-use crate::router::Route;
 use keys::Key;
 use ratelimit::RateLimiter;
 use std::net::IpAddr;
@@ -137,27 +140,24 @@ pub enum Verdict {
     Deny(Response),
 }
 
-fn open_route(route: Route) -> bool {
-    matches!(
-        route,
-        Route::Ui | Route::Healthz | Route::Readyz | Route::LlmsTxt | Route::OpenApi
-    )
-}
-
-/// Routes of the durable per-tenant memory.
-fn memory_route(route: Route) -> bool {
-    matches!(
-        route,
-        Route::MemoryList | Route::MemoryKey | Route::Volumes | Route::Volume
-    )
-}
-
-/// Calls that start sandboxes or create filesystems count against the per-client rate.
-fn rate_limited(route: Route, method: &str) -> bool {
-    matches!(
-        route,
-        Route::Execute | Route::SessionCreate | Route::SessionExec
-    ) || (route == Route::Volumes && method == "POST")
+/// How admission treats a route; each row of a face's route table names one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Health, readiness, docs, the UI, the agent's availability probe: never a key,
+    /// never a rate limit.
+    Open,
+    /// A key when keys are configured (but in the open-demo setup, where only memory
+    /// needs one).
+    Keyed,
+    /// Starts sandboxes or creates filesystems: [`Class::Keyed`], and the per-client rate.
+    Starts,
+    /// The tenant's durable memory and volumes: a key whenever keys are configured.
+    Memory,
+    /// Creates a volume: [`Class::Memory`], and the per-client rate.
+    MemoryStarts,
+    /// An agent loop, which spends the operator's model budget: a key whenever keys
+    /// are configured, and the agent's own, stricter rate.
+    Agent,
 }
 
 impl Admission {
@@ -230,21 +230,19 @@ impl Admission {
         client_ip(&self.cfg.trusted_proxies, head, peer)
     }
 
-    /// Decides a request from its head (before its body is read).
-    pub fn check(&mut self, route: Route, head: &Head, peer: IpAddr, now: Instant) -> Verdict {
-        // `GET /v1/agent` is the spec's availability probe: no auth.
-        if open_route(route) || (route == Route::Agent && head.method != "POST") {
+    /// Decides a request on a route of class `class` from its head (before its body is
+    /// read).
+    pub fn check(&mut self, class: Class, head: &Head, peer: IpAddr, now: Instant) -> Verdict {
+        if class == Class::Open {
             return Verdict::Allow {
                 tenant: PUBLIC_TENANT.to_string(),
             };
         }
-        let limiter = if route == Route::Agent {
+        let limiter = match class {
             // Each loop may run a model for minutes: a stricter bucket of its own.
-            Some(&mut self.ai_limiter)
-        } else if rate_limited(route, &head.method) {
-            Some(&mut self.limiter)
-        } else {
-            None
+            Class::Agent => Some(&mut self.ai_limiter),
+            Class::Starts | Class::MemoryStarts => Some(&mut self.limiter),
+            Class::Open | Class::Keyed | Class::Memory => None,
         };
         if let Some(limiter) = limiter {
             let ip = client_ip(&self.cfg.trusted_proxies, head, peer);
@@ -269,8 +267,7 @@ impl Admission {
         // needs one, as memory does.
         let key_required = self.cfg.require_auth
             || !self.cfg.memory_require_key
-            || memory_route(route)
-            || route == Route::Agent;
+            || matches!(class, Class::Memory | Class::MemoryStarts | Class::Agent);
         match presented_key(head) {
             Err(resp) => Verdict::Deny(resp),
             Ok(None) if !key_required => Verdict::Allow {
@@ -402,12 +399,7 @@ mod tests {
         })
         .unwrap();
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
-        for r in [
-            Route::Execute,
-            Route::SessionCreate,
-            Route::MemoryKey,
-            Route::Runtimes,
-        ] {
+        for r in [Class::Starts, Class::Memory, Class::Keyed, Class::Agent] {
             assert!(matches!(
                 a.check(r, &head(&[]), ip, Instant::now()),
                 Verdict::Deny(_)
@@ -427,22 +419,20 @@ mod tests {
         .unwrap();
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let now = Instant::now();
-        let mut check = |route: Route, h: &[(&str, &str)]| match a.check(route, &head(h), ip, now) {
+        let mut check = |class: Class, h: &[(&str, &str)]| match a.check(class, &head(h), ip, now) {
             Verdict::Allow { tenant } => tenant,
             Verdict::Deny(r) => r.status.to_string(),
         };
-        assert_eq!(check(Route::Execute, &[]), PUBLIC_TENANT);
-        assert!(check(Route::Execute, &[("X-API-Key", "k1")]).starts_with("key-"));
-        assert_eq!(check(Route::Execute, &[("X-API-Key", "k2")]), "401");
-        for r in [
-            Route::MemoryKey,
-            Route::MemoryList,
-            Route::Volumes,
-            Route::Volume,
-        ] {
+        assert_eq!(check(Class::Starts, &[]), PUBLIC_TENANT);
+        assert_eq!(check(Class::Keyed, &[]), PUBLIC_TENANT);
+        assert!(check(Class::Starts, &[("X-API-Key", "k1")]).starts_with("key-"));
+        assert_eq!(check(Class::Starts, &[("X-API-Key", "k2")]), "401");
+        for r in [Class::Memory, Class::MemoryStarts] {
             assert_eq!(check(r, &[]), "401");
             assert!(check(r, &[("X-API-Key", "k1")]).starts_with("key-"));
         }
+        // The agent spends the model budget: a key even in this setup.
+        assert_eq!(check(Class::Agent, &[]), "401");
         assert!(matches!(
             Admission::new(AdmissionConfig {
                 memory_require_key: true,
@@ -457,15 +447,12 @@ mod tests {
         let mut a = adm("k1,k2", &[]);
         let ip: IpAddr = "127.0.0.1".parse().unwrap();
         let now = Instant::now();
-        let status = |a: &mut Admission, h: &[(&str, &str)]| match a.check(
-            Route::Execute,
-            &head(h),
-            ip,
-            now,
-        ) {
-            Verdict::Allow { .. } => 200,
-            Verdict::Deny(r) => r.status,
-        };
+        let status =
+            |a: &mut Admission, h: &[(&str, &str)]| match a.check(Class::Starts, &head(h), ip, now)
+            {
+                Verdict::Allow { .. } => 200,
+                Verdict::Deny(r) => r.status,
+            };
         assert_eq!(status(&mut a, &[("X-API-Key", "k1")]), 200);
         assert_eq!(status(&mut a, &[("Authorization", "Bearer k2")]), 200);
         assert_eq!(status(&mut a, &[("Authorization", "bearer k2")]), 200);
@@ -498,7 +485,7 @@ mod tests {
             200
         );
         assert!(matches!(
-            a.check(Route::Healthz, &head(&[]), ip, now),
+            a.check(Class::Open, &head(&[]), ip, now),
             Verdict::Allow { .. }
         ));
     }

@@ -6,6 +6,20 @@ pub const LLMS_TXT: &str = include_str!("../../docs/llms.txt");
 /// OpenAPI 3.1 for every route the router knows.
 pub const OPENAPI_YAML: &str = include_str!("../../docs/openapi.yaml");
 
+/// `GET /llms.txt`.
+pub fn llms_txt() -> crate::http::Response {
+    crate::http::Response::bytes(
+        200,
+        "text/plain; charset=utf-8",
+        LLMS_TXT.as_bytes().to_vec(),
+    )
+}
+
+/// `GET /openapi.yaml`.
+pub fn openapi_yaml() -> crate::http::Response {
+    crate::http::Response::bytes(200, "application/yaml", OPENAPI_YAML.as_bytes().to_vec())
+}
+
 /// The web UI: one self-contained page (no CDN; works offline).
 pub const UI_HTML: &str = include_str!("../../ui/index.html");
 

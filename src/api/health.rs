@@ -46,15 +46,18 @@ pub fn healthz(app: &App) -> Response {
         &Health {
             status: "ok",
             version: crate::VERSION,
-            in_flight: app.in_flight,
-            max_concurrent: app.cfg.max_concurrent,
-            counters: &app.counters,
+            in_flight: app.runs.used(),
+            max_concurrent: app.runs.max(),
+            counters: &super::Counters {
+                capacity_rejections: app.runs.rejections(),
+                ..app.counters.clone()
+            },
             open_fds: app.process_figures.0,
             rss_bytes: app.process_figures.1,
             egress: egress_json(app),
-            kernels: (app.cfg.kernels_max > 0).then_some(Kernels {
-                used: app.kernels_used,
-                max: app.cfg.kernels_max,
+            kernels: (app.kernels.max() > 0).then_some(Kernels {
+                used: app.kernels.used(),
+                max: app.kernels.max(),
             }),
             warm_pool: app.warm.as_ref(),
         },

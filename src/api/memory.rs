@@ -61,7 +61,7 @@ fn precondition(head: &Head) -> Precondition {
 
 /// `GET`, `HEAD`, `PUT`, `DELETE /v1/memory/{namespace}/{key}`.
 pub fn key(app: &mut App, req: &Request) -> Action {
-    let Some((ns_raw, Some(key_raw))) = crate::router::memory_parts(&req.head.path) else {
+    let (Some(ns_raw), Some(key_raw)) = (req.params.get("namespace"), req.params.get("key")) else {
         return Action::Respond(Response::error(404, "not_found", None));
     };
     let (ns, key) = match (decoded(ns_raw, "namespace"), decoded(key_raw, "key")) {
@@ -172,7 +172,7 @@ struct ItemBody {
 
 /// `GET /v1/memory/{namespace}?prefix=&limit=&cursor=`.
 pub fn list(app: &mut App, req: &Request) -> Action {
-    let Some((ns_raw, None)) = crate::router::memory_parts(&req.head.path) else {
+    let Some(ns_raw) = req.params.get("namespace") else {
         return Action::Respond(Response::error(404, "not_found", None));
     };
     let ns = match decoded(ns_raw, "namespace") {

@@ -8,12 +8,14 @@ pub mod docs;
 pub mod execute;
 pub mod health;
 pub mod memory;
+pub mod routes;
 pub mod sessions;
 pub mod volumes;
 
 use crate::config::Config;
-use crate::http::{Request, Response};
-use crate::router::{self, Route, RouteError};
+use crate::http::Params;
+use crate::http::Response;
+use crate::router::{self, RouteError};
 use crate::runtimes::Runtimes;
 use std::sync::Arc;
 
@@ -42,7 +44,7 @@ pub struct Counters {
     pub runs_cancelled: u64,
     /// Of which failed inside isobox.
     pub runs_failed: u64,
-    /// Requests refused for lack of a slot.
+    /// Requests refused for lack of a slot (kept by `App::runs`, copied in when shown).
     pub capacity_rejections: u64,
 }
 
@@ -58,8 +60,8 @@ pub struct App {
     pub cgroup_error: Option<String>,
     /// Backend self-probe.
     pub probe: ProbeState,
-    /// Executions holding a slot now.
-    pub in_flight: usize,
+    /// Execution slots: held by every run and kernel step.
+    pub runs: crate::admission::Slots,
     /// Counters.
     pub counters: Counters,
     /// Set once SIGTERM/SIGINT arrived.
@@ -71,8 +73,9 @@ pub struct App {
     pub sessions: Arc<crate::workspace::Sessions>,
     /// Filtered egress.
     pub egress: Arc<crate::netfilter::Egress>,
-    /// Kernel slots in use (running, starting, or reserved by a create in progress).
-    pub kernels_used: usize,
+    /// Kernel slots: held by every kernel running, starting, or reserved by a create
+    /// in progress.
+    pub kernels: crate::admission::Slots,
     /// The warm pool's figures (`None`: no pool), kept current by the reactor.
     pub warm: Option<WarmFigures>,
 }
@@ -233,39 +236,11 @@ pub fn route_error(e: RouteError) -> Response {
     }
 }
 
-/// Handles a complete request on an already-resolved route.
-pub fn dispatch(app: &mut App, route: Route, req: &Request) -> Action {
-    match route {
-        Route::Ui => Action::Respond(docs::ui()),
-        Route::Healthz => Action::Respond(health::healthz(app)),
-        Route::Readyz => Action::Respond(health::readyz(app)),
-        Route::Runtimes => Action::Respond(health::runtimes(app)),
-        Route::LlmsTxt => Action::Respond(Response::bytes(
-            200,
-            "text/plain; charset=utf-8",
-            docs::LLMS_TXT.as_bytes().to_vec(),
-        )),
-        Route::OpenApi => Action::Respond(Response::bytes(
-            200,
-            "application/yaml",
-            docs::OPENAPI_YAML.as_bytes().to_vec(),
-        )),
-        Route::Execute => execute::handle(app, req),
-        Route::SessionCreate => sessions::create(app, req),
-        Route::Session => sessions::delete(app, req),
-        Route::SessionExec => sessions::exec(app, req),
-        Route::SessionFs if req.head.method == "DELETE" => sessions::fs_delete(app, req),
-        // PUT is handled at head time (`sessions::upload_begin`).
-        Route::SessionFs => sessions::fs_get(app, req),
-        Route::MemoryList => memory::list(app, req),
-        Route::MemoryKey => memory::key(app, req),
-        Route::Volumes => volumes::collection(app, req),
-        Route::Volume => volumes::item(app, req),
-        Route::Agent => agent::handle(app, req),
-    }
-}
-
-/// Resolves the route of a head (used before the body is read, to pick the body cap).
-pub fn resolve(method: &str, path: &str) -> Result<Route, RouteError> {
-    router::route(method, path)
+/// The row of [`routes::ROUTES`] for a head, and the path's parameters (resolved
+/// before the body is read: the row names the body cap and the admission class).
+///
+/// # Errors
+/// The 404 or 405 to answer, as a [`RouteError`] (see [`route_error`]).
+pub fn resolve(method: &str, path: &str) -> Result<(&'static routes::Spec, Params), RouteError> {
+    router::resolve(routes::ROUTES, method, path).map(|(row, params)| (&row.route, params))
 }

@@ -7,7 +7,7 @@
 //! through a pipe the reactor forwards.
 
 use super::{Action, App, Download, Outcome, UploadTarget};
-use crate::http::{Head, Request, Response};
+use crate::http::{Head, Params, Request, Response};
 use crate::workspace::fs::{self as wfs, FsError};
 use crate::workspace::zip::ZipError;
 use crate::workspace::{self, SessionError, Sessions};
@@ -214,17 +214,8 @@ pub fn create(app: &mut App, req: &Request) -> Action {
                 )),
             ));
         }
-        if app.cfg.kernels_max == 0 {
-            return Action::Respond(Response::error(
-                501,
-                "kernels_disabled",
-                Some("kernel sessions are disabled on this server (ISOBOX_KERNELS_MAX=0)"),
-            ));
-        }
-        if app.kernels_used >= app.cfg.kernels_max {
-            return Action::Respond(crate::sandbox::kernel::too_many_kernels(
-                app.cfg.kernels_max,
-            ));
+        if let Some(refusal) = app.kernels.refusal(app.shutting_down) {
+            return Action::Respond(refusal);
         }
         Some(Box::new(crate::sandbox::plan::ExecPlan {
             runtime: rt.clone(),
@@ -310,9 +301,7 @@ fn is_python(rt: &crate::runtimes::Runtime) -> bool {
 pub fn delete(app: &mut App, req: &Request) -> Action {
     let sessions = sessions(app);
     let (tenant, tok) = (req.tenant.clone(), token(&req.head));
-    let id = crate::router::session_id(&req.head.path)
-        .unwrap_or("")
-        .to_string();
+    let id = req.params.get("id").unwrap_or("").to_string();
     Action::Job(Box::new(move || {
         let r = match sessions.authorize(&tenant, &id, tok.as_deref()) {
             // A kernel session's kernel ends first (on the reactor).
@@ -329,19 +318,15 @@ pub fn delete(app: &mut App, req: &Request) -> Action {
 
 /// `POST /v1/sessions/{id}/exec`: the `/execute` body minus `language`.
 pub fn exec(app: &mut App, req: &Request) -> Action {
-    if app.in_flight >= app.cfg.max_concurrent {
-        app.counters.capacity_rejections += 1;
-        return Action::Respond(
-            Response::error(429, "capacity", Some("no free execution slot"))
-                .with_header("Retry-After", "1"),
-        );
+    // Asked again where the step takes its slot; asking here spares the pool a job
+    // (and the workspace its files) when the step could not start anyway.
+    if let Some(refusal) = app.runs.refusal(app.shutting_down) {
+        return Action::Respond(refusal);
     }
     let sessions = sessions(app);
     let runtimes = Arc::clone(&app.runtimes);
     let (tenant, tok) = (req.tenant.clone(), token(&req.head));
-    let id = crate::router::session_id(&req.head.path)
-        .unwrap_or("")
-        .to_string();
+    let id = req.params.get("id").unwrap_or("").to_string();
     let body = req.body.clone();
     let stream = super::execute::wants_stream(req);
     Action::Job(Box::new(move || {
@@ -529,9 +514,7 @@ pub fn fs_get(app: &mut App, req: &Request) -> Action {
     };
     let sessions = sessions(app);
     let (tenant, tok) = (req.tenant.clone(), token(&req.head));
-    let id = crate::router::session_id(&req.head.path)
-        .unwrap_or("")
-        .to_string();
+    let id = req.params.get("id").unwrap_or("").to_string();
     let head_only = req.head.method == "HEAD";
     Action::Job(Box::new(move || {
         match fs_get_job(
@@ -758,9 +741,7 @@ pub fn fs_delete(app: &mut App, req: &Request) -> Action {
     };
     let sessions = sessions(app);
     let (tenant, tok) = (req.tenant.clone(), token(&req.head));
-    let id = crate::router::session_id(&req.head.path)
-        .unwrap_or("")
-        .to_string();
+    let id = req.params.get("id").unwrap_or("").to_string();
     Action::Job(Box::new(move || {
         let r = (|| {
             sessions
@@ -785,6 +766,7 @@ pub fn upload_begin(
     app: &mut App,
     head: &Head,
     tenant: &str,
+    params: &Params,
 ) -> Result<super::UploadJob, Response> {
     let (rel, zip) = fs_target(head)?;
     if zip {
@@ -796,9 +778,7 @@ pub fn upload_begin(
     }
     let sessions = sessions(app);
     let (tenant, tok) = (tenant.to_string(), token(head));
-    let id = crate::router::session_id(&head.path)
-        .unwrap_or("")
-        .to_string();
+    let id = params.get("id").unwrap_or("").to_string();
     Ok(Box::new(move || {
         sessions
             .authorize(&tenant, &id, tok.as_deref())

@@ -88,9 +88,7 @@ pub fn collection(app: &mut App, req: &Request) -> Action {
 pub fn item(app: &mut App, req: &Request) -> Action {
     let sessions = Arc::clone(&app.sessions);
     let tenant = req.tenant.clone();
-    let id = crate::router::volume_id(&req.head.path)
-        .unwrap_or("")
-        .to_string();
+    let id = req.params.get("id").unwrap_or("").to_string();
     let delete = req.head.method == "DELETE";
     Action::Job(Box::new(move || {
         Outcome::Respond(if delete {

@@ -5,12 +5,13 @@
 //! (at most `MAX_READ_AHEAD_BYTES`). Reactor thread only.
 
 use super::{Daemon, Source, TimerKey};
+use crate::api::routes::{Handler, Spec};
 use crate::api::{self, Action};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::limits::{MAX_HEAD_BYTES, MAX_READ_AHEAD_BYTES, MAX_WRITE_BUFFER_BYTES};
 use crate::http::parse::{find_head_end, parse_head};
+use crate::http::Params;
 use crate::http::{Framing, Head, Request, Response};
-use crate::router::Route;
 use mio::net::TcpStream;
 use mio::{Interest, Token};
 use std::io::{self, Read, Write};
@@ -33,8 +34,10 @@ pub enum Phase {
     Body {
         /// The head.
         head: Box<Head>,
-        /// Its route.
-        route: Route,
+        /// Its route's row.
+        route: &'static Spec,
+        /// The path's parameters.
+        params: Params,
         /// Tenant from admission.
         tenant: String,
         /// Framing state.
@@ -433,7 +436,7 @@ impl Daemon {
         };
         c.keep_alive = head.keep_alive;
         c.head_only = head.method == "HEAD";
-        let route = match api::resolve(&head.method, &head.path) {
+        let (route, params) = match api::resolve(&head.method, &head.path) {
             Ok(r) => r,
             Err(e) => {
                 let resp = api::route_error(e);
@@ -447,7 +450,10 @@ impl Daemon {
             }
         };
         let peer = c.peer.ip();
-        let tenant = match self.admission.check(route, &head, peer, Instant::now()) {
+        let tenant = match self
+            .admission
+            .check(route.class, &head, peer, Instant::now())
+        {
             crate::admission::Verdict::Allow { tenant } => tenant,
             crate::admission::Verdict::Deny(resp) => {
                 if head.framing == Framing::None {
@@ -458,14 +464,14 @@ impl Daemon {
                 return;
             }
         };
-        if route == Route::SessionFs && head.method == "PUT" {
-            self.begin_upload(ck, head, tenant);
+        if let Handler::Upload = route.handler {
+            self.begin_upload(ck, head, tenant, params);
             return;
         }
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        let cap = route.body_cap();
+        let cap = route.body_cap;
         let state = match head.framing {
             Framing::None => {
                 self.dispatch(
@@ -475,13 +481,14 @@ impl Daemon {
                         head,
                         body: Vec::new(),
                         tenant,
+                        params,
                     },
                 );
                 return;
             }
             Framing::Length(n) if n > cap as u64 => {
                 // Refused before any `100 Continue`, so a polite client sends nothing.
-                self.respond_and_close(ck, over_cap(route));
+                self.respond_and_close(ck, route.over_cap());
                 return;
             }
             Framing::Length(n) => BodyState::Length(n),
@@ -493,6 +500,7 @@ impl Daemon {
         c.phase = Phase::Body {
             head: Box::new(head),
             route,
+            params,
             tenant,
             state,
             body: Vec::new(),
@@ -513,8 +521,8 @@ impl Daemon {
         else {
             return false;
         };
-        let route = *route;
-        let cap = route.body_cap();
+        let route: &'static Spec = route;
+        let cap = route.body_cap;
         let done = match state {
             BodyState::Length(remaining) => {
                 let take = usize::try_from(*remaining)
@@ -530,7 +538,7 @@ impl Daemon {
                     dec.is_done()
                 }
                 Err(ChunkError::TooLarge) => {
-                    self.respond_and_close(ck, over_cap(route));
+                    self.respond_and_close(ck, route.over_cap());
                     return false;
                 }
                 Err(e) => {
@@ -554,6 +562,7 @@ impl Daemon {
         let Phase::Body {
             head,
             route,
+            params,
             body,
             tenant,
             ..
@@ -568,14 +577,20 @@ impl Daemon {
                 head: *head,
                 body,
                 tenant,
+                params,
             },
         );
         true
     }
 
-    fn dispatch(&mut self, ck: usize, route: Route, req: Request) {
+    fn dispatch(&mut self, ck: usize, route: &'static Spec, req: Request) {
         log::debug!("conn={ck} {} {}", req.head.method, req.head.path);
-        match api::dispatch(&mut self.app, route, &req) {
+        let Handler::Request(handle) = route.handler else {
+            // Uploads are taken over at their head and never reach here.
+            self.respond(ck, Response::error(500, "internal", None));
+            return;
+        };
+        match handle(&mut self.app, &req) {
             Action::Respond(resp) => self.respond(ck, resp),
             Action::Agent(start) => self.agent_start(ck, start),
             Action::Execute { plan, stream } => self.start_run(ck, plan, stream),
@@ -922,20 +937,3 @@ fn queue_lazy(c: &mut Conn, mut body: crate::http::lazy::LazyBody) {
 
 /// How long a closing connection keeps draining what the client still sends.
 const LINGER: Duration = Duration::from_secs(2);
-
-fn over_cap(route: Route) -> Response {
-    match route {
-        // The spec: a body over 256 KiB on /execute is `invalid_json`.
-        Route::Execute | Route::SessionExec => {
-            Response::error(400, "invalid_json", Some("request body exceeds 256 KiB"))
-        }
-        _ => Response::error(
-            413,
-            "payload_too_large",
-            Some(&format!(
-                "request body exceeds {} KiB",
-                route.body_cap() / 1024
-            )),
-        ),
-    }
-}

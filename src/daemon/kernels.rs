@@ -21,8 +21,8 @@ use crate::api::{KernelCreated, Outcome};
 use crate::cgroup::RunCgroup;
 use crate::http::Response;
 use crate::sandbox::kernel::{
-    is_base64, kernel_dead, kernel_env, too_many_kernels, Frame, BOOT_TIMEOUT, HARNESS,
-    MAX_ARTIFACTS, MAX_ARTIFACT_BYTES, MAX_FRAME_BYTES,
+    is_base64, kernel_dead, kernel_env, Frame, BOOT_TIMEOUT, HARNESS, MAX_ARTIFACTS,
+    MAX_ARTIFACT_BYTES, MAX_FRAME_BYTES,
 };
 use crate::sandbox::plan::{Artifact, ExecPlan, RunResult};
 use crate::sandbox::runsc::{Cleanup, Spawned, Stdin};
@@ -120,13 +120,8 @@ impl Daemon {
                 return;
             }
         };
-        let refusal = if self.app.shutting_down {
-            Some(
-                Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
-                    .with_header("Retry-After", "5"),
-            )
-        } else if self.app.kernels_used >= self.cfg.kernels_max {
-            Some(too_many_kernels(self.cfg.kernels_max))
+        let refusal = if let Some(r) = self.app.kernels.refusal(self.app.shutting_down) {
+            Some(r)
         } else if !self.conn_waiting(ck, cserial, false) {
             // The creator left: nobody has the token, so no kernel; the session goes.
             Some(Response::error(503, "client_closed", None))
@@ -139,7 +134,7 @@ impl Daemon {
             self.delete_session_job(&session, plan, Some((ck, cserial)), Some(resp));
             return;
         }
-        self.app.kernels_used += 1;
+        self.app.kernels.take();
         self.kernel_serial += 1;
         let serial = self.kernel_serial;
         let id = format!("{}-{:x}-k{serial}", self.cfg.instance, std::process::id());
@@ -664,7 +659,7 @@ impl Daemon {
         if let Some(k) = self.kernels.get_mut(kk) {
             k.state = KState::Busy(rk);
         }
-        self.app.in_flight += 1;
+        self.app.runs.take();
         if let Some((ck, _)) = conn {
             self.run_attach(ck, rk, stream);
         }
@@ -773,7 +768,7 @@ impl Daemon {
         let Some(run) = self.runs.try_remove(rk) else {
             return;
         };
-        self.app.in_flight -= 1;
+        self.app.runs.give_back();
         let exit_code = i32::try_from(exit.clamp(0, 255)).unwrap_or(1);
         self.kernel_deliver(run, exit_code, false, false, truncated);
         if self.app.shutting_down {
@@ -885,7 +880,7 @@ impl Daemon {
             self.run_pipe_event_final(rk);
             self.kernel_take_pipes(kk, rk);
             if let Some(run) = self.runs.try_remove(rk) {
-                self.app.in_flight -= 1;
+                self.app.runs.give_back();
                 let oom = cleanup.oom_killed && !run.timed_out;
                 let exit = if run.timed_out || oom {
                     128 + libc::SIGKILL
@@ -908,7 +903,7 @@ impl Daemon {
         let Some(mut k) = self.kernels.try_remove(kk) else {
             return;
         };
-        self.app.kernels_used = self.app.kernels_used.saturating_sub(1);
+        self.app.kernels.give_back();
         let mut release = Vec::new();
         if let Some((mut ctl, t)) = k.ctl.take() {
             let _ = self.poll.registry().deregister(&mut ctl);

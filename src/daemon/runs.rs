@@ -124,20 +124,7 @@ impl Daemon {
 
     /// The 503 or 429 a run (or a kernel step) gets now, if any.
     pub(super) fn admit_refusal(&mut self) -> Option<Response> {
-        if self.app.shutting_down {
-            return Some(
-                Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
-                    .with_header("Retry-After", "5"),
-            );
-        }
-        if self.app.in_flight >= self.cfg.max_concurrent {
-            self.app.counters.capacity_rejections += 1;
-            return Some(
-                Response::error(429, "capacity", Some("no free execution slot"))
-                    .with_header("Retry-After", "1"),
-            );
-        }
-        None
+        self.app.runs.refusal(self.app.shutting_down)
     }
 
     pub(crate) fn start_run(&mut self, ck: usize, plan: Box<ExecPlan>, stream: bool) {
@@ -294,7 +281,7 @@ impl Daemon {
             );
             return;
         }
-        self.app.in_flight += 1;
+        self.app.runs.take();
         self.run_attach(ck, rk, stream);
     }
 
@@ -933,7 +920,7 @@ impl Daemon {
         let mut run = self.runs.remove(rk);
         // The sandbox is dead: its slot is free and the response goes out now, while the
         // container state, cgroups and bundle are removed on the pool.
-        self.app.in_flight -= 1;
+        self.app.runs.give_back();
         // A session step's lease (its workspace and volume mounts) lasts until runsc has
         // deleted the container and every gVisor process is gone: only then may the
         // volume be mounted for another session.
@@ -1121,7 +1108,7 @@ impl Daemon {
         let Some(run) = self.runs.try_remove(rk) else {
             return;
         };
-        self.app.in_flight -= 1;
+        self.app.runs.give_back();
         self.refuse_removed(run, resp);
     }
 

@@ -7,6 +7,7 @@ use super::{
     pool, timer, Daemon, DaemonError, Tokens, EGRESS, FIRST_SOURCE, LISTENER, RELOAD, SIGNALS,
     WAKER,
 };
+use crate::admission::slots::{SlotKind, Slots};
 use crate::api::{App, Counters, ProbeState};
 use crate::config::Config;
 use crate::runtimes::Runtimes;
@@ -170,13 +171,13 @@ impl Daemon {
             cgroups,
             cgroup_error,
             probe: ProbeState::Pending,
-            in_flight: 0,
+            runs: Slots::new(SlotKind::Execution, cfg.max_concurrent),
             counters: Counters::default(),
             shutting_down: false,
             process_figures: (crate::sys::open_fd_count(), crate::sys::rss_bytes()),
             sessions,
             egress: Arc::clone(&egress),
-            kernels_used: 0,
+            kernels: Slots::new(SlotKind::Kernel, cfg.kernels_max),
             warm: None,
         };
         // Runs lease their networks through the backend.

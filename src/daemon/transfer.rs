@@ -20,7 +20,7 @@ use crate::http::limits::{MAX_WRITE_BUFFER_BYTES, UPLOAD_BODY_BYTES};
 /// Upload bytes gathered before a pool job writes them to the file.
 pub const UPLOAD_CHUNK_BYTES: usize = 256 * 1024;
 use super::completion::Completion;
-use crate::http::{Framing, Head, Response};
+use crate::http::{Framing, Head, Params, Response};
 use mio::unix::pipe;
 use mio::{Interest, Token};
 use std::io::{self, Read, Write};
@@ -124,14 +124,14 @@ impl Daemon {
 
     // ---- uploads ----
 
-    pub(crate) fn begin_upload(&mut self, ck: usize, head: Head, tenant: String) {
+    pub(crate) fn begin_upload(&mut self, ck: usize, head: Head, tenant: String, params: Params) {
         if let Framing::Length(n) = head.framing {
             if n > UPLOAD_BODY_BYTES as u64 {
                 self.respond_and_close(ck, too_large());
                 return;
             }
         }
-        let job = match api::sessions::upload_begin(&mut self.app, &head, &tenant) {
+        let job = match api::sessions::upload_begin(&mut self.app, &head, &tenant, &params) {
             Ok(j) => j,
             Err(resp) => {
                 if head.framing == Framing::None {

@@ -77,18 +77,6 @@ pub fn is_base64(s: &str) -> bool {
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
 }
 
-/// 429 when every kernel slot is taken.
-pub fn too_many_kernels(max: usize) -> Response {
-    Response::error(
-        429,
-        "too_many_kernels",
-        Some(&format!(
-            "all {max} kernel slots are in use; delete a kernel session or retry later"
-        )),
-    )
-    .with_header("Retry-After", "5")
-}
-
 /// 410 for a step in a session whose kernel has ended.
 pub fn kernel_dead(why: &str) -> Response {
     Response::error(
