@@ -334,7 +334,7 @@ impl Loop {
             {
                 Ok(r) => r,
                 Err(e) => {
-                    let resp = crate::api::sessions::session_error(&e);
+                    let resp = crate::api::error::session_error(&e);
                     self.out
                         .fail("session_invalid", &response_message(&resp), 0);
                     return;
@@ -556,13 +556,13 @@ impl Loop {
             Ok(r) => r.runtime,
             Err(e) => {
                 // Deleted or expired since the loop began.
-                let resp = crate::api::sessions::session_error(&e);
+                let resp = crate::api::error::session_error(&e);
                 return Ran::Stop("session_invalid".into(), response_message(&resp));
             }
         };
         // As for `/exec`: no step while the disk is below its reserve.
         if let Err(e) = self.shared.sessions.check_reserve() {
-            let resp = crate::api::sessions::session_error(&e);
+            let resp = crate::api::error::session_error(&e);
             let v: Value = serde_json::from_slice(&resp.body).unwrap_or_default();
             let code = v["error"].as_str().unwrap_or("storage_full").to_string();
             return Ran::Stop(code, response_message(&resp));

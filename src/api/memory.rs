@@ -2,36 +2,15 @@
 //! requests, TTLs and cursor pagination. Storage is `store::kv`; every call is a pool
 //! job (one LMDB transaction).
 
+use super::error::kv_error;
 use super::sessions::rfc3339;
 use super::{Action, App, Outcome};
 use crate::http::parse::percent_decode_path;
 use crate::http::{Head, Request, Response};
-use crate::store::kv::{self, KvError, Precondition};
+use crate::store::kv::{self, Precondition};
 use crate::workspace::now_ms;
 use serde::Serialize;
 use std::sync::Arc;
-
-/// The response of a KV error.
-pub fn kv_error(e: &KvError) -> Response {
-    let d = e.to_string();
-    match e {
-        KvError::InvalidNamespace(_) => Response::error(400, "invalid_namespace", Some(&d)),
-        KvError::InvalidKey(_) => Response::error(400, "invalid_key", Some(&d)),
-        KvError::ValueTooLarge { .. } => Response::error(413, "value_too_large", Some(&d)),
-        KvError::InvalidTtl(_) => Response::error(400, "invalid_ttl", Some(&d)),
-        KvError::Quota { .. } => Response::error(413, "quota_exceeded", Some(&d)),
-        KvError::PreconditionFailed => Response::error(412, "precondition_failed", None),
-        KvError::BadCursor => Response::error(400, "invalid_cursor", Some(&d)),
-        KvError::Store(e) => {
-            log::error!("kv store: {e}");
-            Response::error(
-                500,
-                "internal_error",
-                Some("the state store failed; see the daemon log"),
-            )
-        }
-    }
-}
 
 fn decoded(raw: &str, what: &str) -> Result<String, Response> {
     percent_decode_path(raw)

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod docs;
+pub mod error;
 pub mod execute;
 pub mod health;
 pub mod memory;
@@ -224,16 +225,6 @@ pub fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Res
     de.end()
         .map_err(|e| Response::error(400, "invalid_json", Some(&e.to_string())))?;
     Ok(v)
-}
-
-/// Answers for a route error.
-pub fn route_error(e: RouteError) -> Response {
-    match e {
-        RouteError::NotFound => Response::error(404, "not_found", None),
-        RouteError::MethodNotAllowed(allow) => {
-            Response::error(405, "method_not_allowed", None).with_header("Allow", allow)
-        }
-    }
 }
 
 /// The row of [`routes::ROUTES`] for a head, and the path's parameters (resolved

@@ -6,11 +6,12 @@
 //! a refusal comes before `100 Continue`; downloads stream from a transfer thread
 //! through a pipe the reactor forwards.
 
+use super::error::{fs_error, session_error};
 use super::{Action, App, Download, Outcome, UploadTarget};
 use crate::http::{Head, Params, Request, Response};
 use crate::workspace::fs::{self as wfs, FsError};
 use crate::workspace::zip::ZipError;
-use crate::workspace::{self, SessionError, Sessions};
+use crate::workspace::{self, Sessions};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -53,79 +54,6 @@ struct CreatedBody<'a> {
     expires_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     volume_id: Option<&'a str>,
-}
-
-/// The response of a session error.
-pub fn session_error(e: &SessionError) -> Response {
-    match e {
-        SessionError::NotFound => Response::error(404, "session_not_found", None),
-        SessionError::BadToken => Response::error(
-            401,
-            "invalid_session_token",
-            Some("missing or wrong X-Session-Token"),
-        ),
-        SessionError::Busy => Response::error(
-            409,
-            "session_busy",
-            Some("a step is already running in this session; retry when it ends"),
-        ),
-        SessionError::TooMany => Response::error(429, "too_many_sessions", None),
-        SessionError::StorageFull(why) => Response::error(507, "storage_full", Some(why)),
-        SessionError::VolumeNotFound => Response::error(404, "volume_not_found", None),
-        SessionError::VolumeBusy => Response::error(
-            409,
-            "volume_busy",
-            Some("the volume is attached to another session; end that session first"),
-        ),
-        SessionError::TooManyVolumes => Response::error(429, "too_many_volumes", None),
-        SessionError::CreatesBusy => {
-            Response::error(503, "busy", Some("too many creates in progress"))
-                .with_header("Retry-After", "1")
-        }
-        SessionError::TransfersBusy => {
-            Response::error(503, "busy", Some("too many downloads in progress"))
-                .with_header("Retry-After", "1")
-        }
-        SessionError::Workspace(why) => Response::error(500, "workspace_error", Some(why)),
-        SessionError::Store(e) => {
-            log::error!("session store: {e}");
-            Response::error(
-                500,
-                "internal_error",
-                Some("the state store failed; see the daemon log"),
-            )
-        }
-    }
-}
-
-/// The response of a file API error.
-pub fn fs_error(e: &FsError) -> Response {
-    match e {
-        FsError::InvalidPath(why) => Response::error(400, "invalid_path", Some(why)),
-        FsError::NotFound => Response::error(404, "file_not_found", None),
-        FsError::NotADirectory => Response::error(
-            400,
-            "invalid_path",
-            Some("a component of the path is not a directory"),
-        ),
-        FsError::NotAFile => {
-            Response::error(400, "invalid_path", Some("not a regular file or directory"))
-        }
-        FsError::IsADirectory => Response::error(400, "invalid_path", Some("is a directory")),
-        FsError::NoSpace => Response::error(
-            413,
-            "quota_exceeded",
-            Some("the session's disk quota is exhausted"),
-        ),
-        FsError::Io(e) => {
-            log::error!("workspace io: {e}");
-            Response::error(
-                500,
-                "io_error",
-                Some("file operation failed; see the daemon log"),
-            )
-        }
-    }
 }
 
 fn sessions(app: &App) -> Arc<Sessions> {

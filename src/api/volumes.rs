@@ -1,7 +1,8 @@
 //! `/v1/volumes`: named per-tenant filesystems, attached to a session with `volumeId`
 //! and mounted read-write at `/memory` for its steps.
 
-use super::sessions::{rfc3339, session_error};
+use super::error::session_error;
+use super::sessions::rfc3339;
 use super::{Action, App, Outcome};
 use crate::http::{Request, Response};
 use crate::store::volumes::VolumeRecord;

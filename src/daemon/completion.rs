@@ -81,7 +81,7 @@ pub enum Completion {
         /// Its runtime.
         runtime: String,
         /// The sandbox, ready for a claim.
-        result: Result<Box<Spawned>, SandboxError>,
+        result: Result<Box<Spawned>, crate::sandbox::warm::WarmError>,
     },
     /// A kernel step's files were written (or could not be).
     KernelFiles {

@@ -439,7 +439,7 @@ impl Daemon {
         let (route, params) = match api::resolve(&head.method, &head.path) {
             Ok(r) => r,
             Err(e) => {
-                let resp = api::route_error(e);
+                let resp = api::error::route_error(e);
                 if head.framing == Framing::None {
                     self.respond(ck, resp);
                 } else {

@@ -509,7 +509,7 @@ impl Daemon {
         }
         match k.state {
             KState::Idle => Ok(kk),
-            KState::Busy(_) => Err(crate::api::sessions::session_error(
+            KState::Busy(_) => Err(crate::api::error::session_error(
                 &crate::workspace::SessionError::Busy,
             )),
             KState::Spawning | KState::Booting => Err(Response::error(
@@ -1011,7 +1011,7 @@ impl Daemon {
             KState::Busy(_) | KState::Spawning | KState::Booting if !k.killing => {
                 self.respond(
                     ck,
-                    crate::api::sessions::session_error(&crate::workspace::SessionError::Busy),
+                    crate::api::error::session_error(&crate::workspace::SessionError::Busy),
                 );
             }
             _ if k.delete.is_some() => {
@@ -1105,7 +1105,7 @@ fn delete_and_answer(
             serial,
             outcome: Outcome::Respond(answer.unwrap_or_else(|| match r {
                 Ok(()) => Response::no_content(),
-                Err(e) => crate::api::sessions::session_error(&e),
+                Err(e) => crate::api::error::session_error(&e),
             })),
         },
         None => Completion::Done,

@@ -6,8 +6,7 @@ use super::completion::Completion;
 use super::Daemon;
 use crate::sandbox::plan::ExecPlan;
 use crate::sandbox::runsc::Spawned;
-use crate::sandbox::warm::{eligible, pool_of, NET_SUFFIX, RETRY_AFTER_FAILURE};
-use crate::sandbox::SandboxError;
+use crate::sandbox::warm::{eligible, pool_of, WarmError, NET_SUFFIX, RETRY_AFTER_FAILURE};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -76,11 +75,7 @@ impl Daemon {
         self.warm_publish();
     }
 
-    pub(crate) fn warm_booted(
-        &mut self,
-        runtime: String,
-        result: Result<Box<Spawned>, SandboxError>,
-    ) {
+    pub(crate) fn warm_booted(&mut self, runtime: String, result: Result<Box<Spawned>, WarmError>) {
         self.warm.booting = None;
         match result {
             Ok(s) if !self.app.shutting_down && self.warm.target(&runtime) > 0 => {

@@ -66,22 +66,79 @@ impl Cidr {
     }
 }
 
+/// What egress could not do. Every message names what failed and the path, range or
+/// setting involved; a failed check's message is the `reason` `/healthz` shows.
+#[derive(Debug, thiserror::Error)]
+pub enum NetfilterError {
+    /// A range did not parse.
+    #[error("{0}")]
+    Cidr(String),
+    /// A file or mount under the data directory could not be set up.
+    #[error("{what} {path}: {source}")]
+    Path {
+        /// What was being done ("creating", "writing", "bind-mounting", ...).
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
+    /// An rtnetlink request failed while checking the host's networks.
+    #[error("{what}: {source}")]
+    Netlink {
+        /// Which request.
+        what: &'static str,
+        /// Cause.
+        source: io::Error,
+    },
+    /// The sandboxes' address pool overlaps a network of the host.
+    #[error("ISOBOX_NET_POOL {pool} overlaps {addr}/{prefix} on {link}")]
+    PoolOverlap {
+        /// The pool.
+        pool: Cidr,
+        /// The host address.
+        addr: Ipv4Addr,
+        /// Its prefix length.
+        prefix: u8,
+        /// Its link.
+        link: String,
+    },
+    /// A run asked for a network while the table is not verified.
+    #[error("egress not verified")]
+    NotVerified,
+    /// Every address of the pool is leased.
+    #[error("no free address in ISOBOX_NET_POOL")]
+    PoolExhausted,
+    /// Making the run's namespace, link or addresses failed (all undone).
+    #[error("network setup: {0}")]
+    Setup(#[source] io::Error),
+    /// A check failed while the run's network was being made (its link was cut).
+    #[error("egress stopped verifying during network setup")]
+    StoppedVerifying,
+}
+
 impl FromStr for Cidr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Cidr, String> {
-        let (a, l) = s.split_once('/').ok_or("expected a.b.c.d/len")?;
-        let ip: Ipv4Addr = a.trim().parse().map_err(|_| format!("bad address {a:?}"))?;
+    type Err = NetfilterError;
+    fn from_str(s: &str) -> Result<Cidr, NetfilterError> {
+        let bad = |why: String| NetfilterError::Cidr(why);
+        let (a, l) = s
+            .split_once('/')
+            .ok_or_else(|| bad("expected a.b.c.d/len".into()))?;
+        let ip: Ipv4Addr = a
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("bad address {a:?}")))?;
         let len: u8 = l
             .trim()
             .parse()
-            .map_err(|_| format!("bad prefix length {l:?}"))?;
+            .map_err(|_| bad(format!("bad prefix length {l:?}")))?;
         if len > 32 {
-            return Err("prefix length above 32".into());
+            return Err(bad("prefix length above 32".into()));
         }
         let c = Cidr { net: 0, len };
         let net = u32::from(ip) & c.mask();
         if net != u32::from(ip) {
-            return Err(format!("{s} has host bits set"));
+            return Err(bad(format!("{s} has host bits set")));
         }
         Ok(Cidr { net, len })
     }
@@ -429,16 +486,18 @@ impl Egress {
 
     /// Idempotent set-up, redone before every programming (so a repair also restores
     /// forwarding, and a pool that has come to overlap a host network is caught).
-    fn prepare(&self) -> Result<(), String> {
-        std::fs::create_dir_all(&self.ns_dir)
-            .map_err(|e| format!("creating {}: {e}", self.ns_dir.display()))?;
+    fn prepare(&self) -> Result<(), NetfilterError> {
+        let path = |what, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| NetfilterError::Path { what, path, source }
+        };
+        std::fs::create_dir_all(&self.ns_dir).map_err(path("creating", &self.ns_dir))?;
         let mut conf = String::new();
         for d in &self.dns {
             conf.push_str(&format!("nameserver {d}\n"));
         }
         conf.push_str("options timeout:2 attempts:2\n");
-        std::fs::write(&self.resolv, conf.as_bytes())
-            .map_err(|e| format!("writing {}: {e}", self.resolv.display()))?;
+        std::fs::write(&self.resolv, conf.as_bytes()).map_err(path("writing", &self.resolv))?;
         // A networked runsc lives in a mount namespace copied from ours; for unmounts
         // of workspaces and namespaces under the data dir to reach that copy, the data
         // dir must be a shared mount (and the copy its slave).
@@ -446,21 +505,21 @@ impl Egress {
         // (or after a crash); a data dir that is already some other mount point is
         // only marked shared, never unmounted.
         if !is_mount_point(&self.data_dir) {
-            std::fs::write(self.bind_marker(), b"")
-                .map_err(|e| format!("writing {}: {e}", self.bind_marker().display()))?;
+            let marker = self.bind_marker();
+            std::fs::write(&marker, b"").map_err(path("writing", &marker))?;
             sys::bind_mount(&self.data_dir, &self.data_dir)
-                .map_err(|e| format!("bind-mounting {}: {e}", self.data_dir.display()))?;
+                .map_err(path("bind-mounting", &self.data_dir))?;
         }
-        sys::make_shared(&self.data_dir)
-            .map_err(|e| format!("making {} shared: {e}", self.data_dir.display()))?;
-        let fwd = "/proc/sys/net/ipv4/ip_forward";
+        sys::make_shared(&self.data_dir).map_err(path("making shared", &self.data_dir))?;
+        let fwd = Path::new("/proc/sys/net/ipv4/ip_forward");
         if !std::fs::read_to_string(fwd).is_ok_and(|s| s.trim() == "1") {
-            std::fs::write(fwd, "1").map_err(|e| format!("enabling {fwd}: {e}"))?;
-            log::info!("egress: enabled IPv4 forwarding ({fwd})");
+            std::fs::write(fwd, "1").map_err(path("enabling", fwd))?;
+            log::info!("egress: enabled IPv4 forwarding ({})", fwd.display());
         }
-        let mut r = rtnl::Rtnl::open().map_err(|e| format!("rtnetlink: {e}"))?;
-        let links = r.links().map_err(|e| format!("listing links: {e}"))?;
-        for a in r.addrs().map_err(|e| format!("listing addresses: {e}"))? {
+        let netlink = |what| move |source| NetfilterError::Netlink { what, source };
+        let mut r = rtnl::Rtnl::open().map_err(netlink("rtnetlink"))?;
+        let links = r.links().map_err(netlink("listing links"))?;
+        for a in r.addrs().map_err(netlink("listing addresses"))? {
             let name = links
                 .iter()
                 .find(|l| l.index == a.index)
@@ -475,10 +534,12 @@ impl Egress {
                 len: a.prefix,
             };
             if !name.starts_with(&self.prefix) && net.overlaps(self.pool) {
-                return Err(format!(
-                    "ISOBOX_NET_POOL {} overlaps {}/{} on {name}",
-                    self.pool, a.addr, a.prefix
-                ));
+                return Err(NetfilterError::PoolOverlap {
+                    pool: self.pool,
+                    addr: a.addr,
+                    prefix: a.prefix,
+                    link: name.to_string(),
+                });
             }
         }
         Ok(())
@@ -518,7 +579,7 @@ impl Egress {
             return;
         }
         if let Err(why) = self.prepare() {
-            self.set(State::Unverified(why));
+            self.set(State::Unverified(why.to_string()));
             return;
         }
         // Once, and only with egress on and the pool checked not to overlap any host
@@ -587,11 +648,11 @@ impl Egress {
     ///
     /// # Errors
     /// Not verified, no free slot, or a netlink failure (everything made is undone).
-    pub fn lease(self: &Arc<Egress>, run_id: &str) -> Result<NetLease, String> {
+    pub fn lease(self: &Arc<Egress>, run_id: &str) -> Result<NetLease, NetfilterError> {
         if !self.verified() {
-            return Err("egress not verified".into());
+            return Err(NetfilterError::NotVerified);
         }
-        let slot = self.alloc().ok_or("no free address in ISOBOX_NET_POOL")?;
+        let slot = self.alloc().ok_or(NetfilterError::PoolExhausted)?;
         let lease = NetLease {
             egress: Arc::clone(self),
             slot,
@@ -600,13 +661,12 @@ impl Egress {
             released: false,
         };
         // On error, dropping the lease undoes whatever was made.
-        self.build(&lease)
-            .map_err(|e| format!("network setup: {e}"))?;
+        self.build(&lease).map_err(NetfilterError::Setup)?;
         // A check that failed while we built may have cut the links before ours
         // existed: look again now that it does. (`set` clears the flag before cutting,
         // so either we see it cleared here, or the cut sees our link.)
         if !self.verified() {
-            return Err("egress stopped verifying during network setup".into());
+            return Err(NetfilterError::StoppedVerifying);
         }
         Ok(lease)
     }
@@ -694,6 +754,32 @@ impl Egress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_errors_name_what_failed() {
+        let e = "10.200.0.1/16".parse::<Cidr>().unwrap_err();
+        assert_eq!(e.to_string(), "10.200.0.1/16 has host bits set");
+        let e = NetfilterError::PoolOverlap {
+            pool: Cidr::DEFAULT_POOL,
+            addr: "10.200.3.1".parse().unwrap(),
+            prefix: 24,
+            link: "eth1".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "ISOBOX_NET_POOL 10.200.0.0/16 overlaps 10.200.3.1/24 on eth1"
+        );
+        let e = NetfilterError::Path {
+            what: "writing",
+            path: "/x/resolv.conf".into(),
+            source: io::Error::from_raw_os_error(libc::ENOSPC),
+        };
+        assert!(e.to_string().starts_with("writing /x/resolv.conf: "), "{e}");
+        assert_eq!(
+            NetfilterError::PoolExhausted.to_string(),
+            "no free address in ISOBOX_NET_POOL"
+        );
+    }
 
     #[test]
     fn cidr_parse_contains_overlaps() {

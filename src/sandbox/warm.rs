@@ -202,15 +202,78 @@ pub(crate) fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> Exe
     }
 }
 
-fn read_frame(s: &mut std::os::unix::net::UnixStream) -> std::io::Result<Vec<u8>> {
+/// Largest frame a pooled sandbox's harness may send before its claim (`ready`).
+const MAX_READY_FRAME_BYTES: usize = 4096;
+
+/// Why a pooled sandbox could not be booted or claimed. The sandbox is removed either
+/// way; a failed claim starts the run cold, a failed boot pauses that pool's refills.
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    /// The sandbox itself could not be started.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// A networked pool's sandbox got no network (egress not verified now).
+    #[error("egress is not verified: no networked sandbox now")]
+    NoNetwork,
+    /// Its cgroup could not be given the pool's (or the claim's) settings.
+    #[error("cgroup of pooled sandbox {id}: {source}")]
+    Cgroup {
+        /// Container id.
+        id: String,
+        /// Cause.
+        source: crate::cgroup::CgroupError,
+    },
+    /// It has no control socket (a bug: every pooled sandbox is spawned with one).
+    #[error("pooled sandbox {id} has no control socket")]
+    NoControl {
+        /// Container id.
+        id: String,
+    },
+    /// Talking to its harness failed: `what` was being done.
+    #[error("pooled sandbox {id}: {what}: {source}")]
+    Harness {
+        /// Container id.
+        id: String,
+        /// Reading `ready`, writing the claim.
+        what: &'static str,
+        /// Cause (a timeout included).
+        source: std::io::Error,
+    },
+    /// Its harness said something other than `ready`, or too much.
+    #[error("pooled sandbox {id}: unexpected frame {frame}")]
+    Frame {
+        /// Container id.
+        id: String,
+        /// What it sent (bounded: at most `MAX_READY_FRAME_BYTES` as read).
+        frame: String,
+    },
+    /// The claim (the request's files and argv) does not fit one frame.
+    #[error("claim of pooled sandbox {id} does not fit a frame: {why}")]
+    ClaimTooLarge {
+        /// Container id.
+        id: String,
+        /// Which part.
+        why: String,
+    },
+}
+
+fn read_frame(s: &mut std::os::unix::net::UnixStream, id: &str) -> Result<Vec<u8>, WarmError> {
+    let harness = |source| WarmError::Harness {
+        id: id.to_string(),
+        what: "reading its ready frame",
+        source,
+    };
     let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
+    s.read_exact(&mut len).map_err(harness)?;
     let n = u32::from_be_bytes(len) as usize;
-    if n > 4096 {
-        return Err(std::io::Error::other("oversized frame"));
+    if n > MAX_READY_FRAME_BYTES {
+        return Err(WarmError::Frame {
+            id: id.to_string(),
+            frame: format!("of {n} bytes"),
+        });
     }
     let mut buf = vec![0; n];
-    s.read_exact(&mut buf)?;
+    s.read_exact(&mut buf).map_err(harness)?;
     Ok(buf)
 }
 
@@ -224,7 +287,7 @@ impl Backend {
         id: &str,
         runtime: crate::runtimes::Runtime,
         network: bool,
-    ) -> Result<Spawned, SandboxError> {
+    ) -> Result<Spawned, WarmError> {
         let plan = boot_plan(runtime, network);
         // Read before the lease is made: a cut after it makes this sandbox stale.
         let cuts = self.egress.as_ref().map_or(0, |e| e.cuts());
@@ -251,33 +314,43 @@ impl Backend {
         s.net_cuts = cuts;
         let ready = (|| {
             if network && s.net.is_none() {
-                return Err(std::io::Error::other(
-                    "egress is not verified: no networked sandbox now",
-                ));
+                return Err(WarmError::NoNetwork);
             }
+            let sid = s.id.clone();
             s.cgroup
                 .set_cpu_low(true)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+                .map_err(|source| WarmError::Cgroup {
+                    id: sid.clone(),
+                    source,
+                })?;
             let ctl = s
                 .ctl
                 .as_mut()
-                .ok_or_else(|| std::io::Error::other("no control socket"))?;
-            ctl.set_read_timeout(Some(BOOT_TIMEOUT))?;
-            let f = read_frame(ctl)?;
-            let v: serde_json::Value = serde_json::from_slice(&f)?;
-            if v["ev"] != "ready" {
-                return Err(std::io::Error::other(format!("unexpected frame {v}")));
+                .ok_or_else(|| WarmError::NoControl { id: sid.clone() })?;
+            let harness = |what, source| WarmError::Harness {
+                id: sid.clone(),
+                what,
+                source,
+            };
+            ctl.set_read_timeout(Some(BOOT_TIMEOUT))
+                .map_err(|e| harness("setting the boot timeout", e))?;
+            let f = read_frame(ctl, &sid)?;
+            let ok =
+                serde_json::from_slice::<serde_json::Value>(&f).is_ok_and(|v| v["ev"] == "ready");
+            if !ok {
+                return Err(WarmError::Frame {
+                    id: sid.clone(),
+                    frame: String::from_utf8_lossy(&f).into_owned(),
+                });
             }
             ctl.set_read_timeout(None)
+                .map_err(|e| harness("clearing the boot timeout", e))
         })();
         match ready {
             Ok(()) => Ok(s),
-            Err(source) => {
+            Err(e) => {
                 self.discard(s);
-                Err(SandboxError::Spawn {
-                    runsc: self.runsc.clone(),
-                    source,
-                })
+                Err(e)
             }
         }
     }
@@ -292,7 +365,7 @@ impl Backend {
         mut s: Spawned,
         plan: &ExecPlan,
         argv: &[String],
-    ) -> Result<Spawned, SandboxError> {
+    ) -> Result<Spawned, WarmError> {
         let limits = HostLimits {
             memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
             cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
@@ -312,27 +385,38 @@ impl Backend {
                 .into_bytes())
         };
         let sent = (|| {
+            let sid = s.id.clone();
             s.cgroup
                 .set_limits(limits)
                 .and_then(|()| s.cgroup.set_cpu_low(false))
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+                .map_err(|source| WarmError::Cgroup {
+                    id: sid.clone(),
+                    source,
+                })?;
+            let too_large = |why: String| WarmError::ClaimTooLarge {
+                id: sid.clone(),
+                why,
+            };
+            let frame = frame.map_err(|e| too_large(e.to_string()))?;
+            let len = u32::try_from(frame.len()).map_err(|e| too_large(e.to_string()))?;
             let ctl = s
                 .ctl
                 .as_mut()
-                .ok_or_else(|| std::io::Error::other("no control socket"))?;
-            ctl.set_write_timeout(Some(Duration::from_secs(10)))?;
-            let frame = frame?;
-            let len = u32::try_from(frame.len()).map_err(std::io::Error::other)?;
-            ctl.write_all(&len.to_be_bytes())?;
-            ctl.write_all(&frame)?;
-            ctl.set_write_timeout(None)
-        })();
-        if let Err(source) = sent {
-            self.discard(s);
-            return Err(SandboxError::Spawn {
-                runsc: self.runsc.clone(),
+                .ok_or_else(|| WarmError::NoControl { id: sid.clone() })?;
+            let harness = |source| WarmError::Harness {
+                id: sid.clone(),
+                what: "writing the claim",
                 source,
-            });
+            };
+            ctl.set_write_timeout(Some(Duration::from_secs(10)))
+                .map_err(harness)?;
+            ctl.write_all(&len.to_be_bytes()).map_err(harness)?;
+            ctl.write_all(&frame).map_err(harness)?;
+            ctl.set_write_timeout(None).map_err(harness)
+        })();
+        if let Err(e) = sent {
+            self.discard(s);
+            return Err(e);
         }
         let ctl = s.ctl.take();
         // Without the exit channel the run just ends the cold way, at runsc's exit. A
@@ -436,7 +520,36 @@ pub type Handoff = Arc<Mutex<Option<Box<Spawned>>>>;
 
 #[cfg(test)]
 mod tests {
-    use super::{exit_frame, ExitFrame};
+    use super::{exit_frame, read_frame, ExitFrame, WarmError};
+    use std::io::Write;
+
+    #[test]
+    fn test_warm_errors_name_the_sandbox_and_the_step() {
+        let e = WarmError::Harness {
+            id: "ib-1".into(),
+            what: "writing the claim",
+            source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+        };
+        assert!(
+            e.to_string()
+                .starts_with("pooled sandbox ib-1: writing the claim: "),
+            "{e}"
+        );
+        assert_eq!(
+            WarmError::NoNetwork.to_string(),
+            "egress is not verified: no networked sandbox now"
+        );
+        // A ready frame is read whole and bounded.
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        b.write_all(&5000u32.to_be_bytes()).unwrap();
+        assert!(matches!(
+            read_frame(&mut a, "ib-2"),
+            Err(WarmError::Frame { id, .. }) if id == "ib-2"
+        ));
+        b.write_all(&2u32.to_be_bytes()).unwrap();
+        b.write_all(b"{}").unwrap();
+        assert_eq!(read_frame(&mut a, "ib-2").unwrap(), b"{}");
+    }
 
     fn frame(json: &str) -> Vec<u8> {
         let mut v = u32::try_from(json.len()).unwrap().to_be_bytes().to_vec();
