@@ -642,21 +642,6 @@ fn timestamp_extra(mtime: Option<u32>) -> Vec<u8> {
     v
 }
 
-/// `(year, month, day)` from days since 1970-01-01 (proleptic Gregorian).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    // month is 1..=12 and day 1..=31 by construction.
-    (year, month as u32, day as u32)
-}
-
 /// DOS `(time, date)` of `t` in UTC, clamped to 1980-01-01 00:00:00 ..=
 /// 2107-12-31 23:59:58 (2-second resolution).
 fn dos_date_time(t: SystemTime) -> (u16, u16) {
@@ -664,12 +649,12 @@ fn dos_date_time(t: SystemTime) -> (u16, u16) {
     const MIN: i64 = 315_532_800;
     const MAX: i64 = 4_354_819_198;
     let secs = unix_secs(t).clamp(MIN, MAX);
-    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
-    let sod = secs.rem_euclid(86_400);
-    let (h, m, s) = (sod / 3600, sod / 60 % 60, sod % 60);
+    let dt = jiff::civil::DateTime::constant(1970, 1, 1, 0, 0, 0, 0)
+        .saturating_add(jiff::SignedDuration::from_secs(secs));
     // All components are in range after clamping, so the casts are lossless.
-    let time = ((h << 11) | (m << 5) | (s / 2)) as u16;
-    let date = (((year - 1980) << 9) as u32 | (month << 5) | day) as u16;
+    let field = |v: i8| v as u16;
+    let time = (field(dt.hour()) << 11) | (field(dt.minute()) << 5) | (field(dt.second()) / 2);
+    let date = (((dt.year() - 1980) as u16) << 9) | (field(dt.month()) << 5) | field(dt.day());
     (time, date)
 }
 
@@ -1164,6 +1149,31 @@ for i, info in enumerate(zf.infolist()):
             at(951_827_696),
             ((12 << 11) | (34 << 5) | 28, (20 << 9) | (2 << 5) | 29)
         );
+        // Fixed instants (UTC) against their known DOS fields: the clamp edges
+        // themselves, odd seconds (rounded down), leap days and 2100, a century
+        // that is not a leap year.
+        let dos = |y: u16, mo: u16, d: u16, h: u16, mi: u16, s: u16| {
+            (
+                (h << 11) | (mi << 5) | (s / 2),
+                ((y - 1980) << 9) | (mo << 5) | d,
+            )
+        };
+        for (secs, want) in [
+            (315_532_800, dos(1980, 1, 1, 0, 0, 0)),
+            (315_532_801, dos(1980, 1, 1, 0, 0, 0)),
+            (315_532_799, dos(1980, 1, 1, 0, 0, 0)),
+            (320_630_400, dos(1980, 2, 29, 0, 0, 0)),
+            (1_709_251_199, dos(2024, 2, 29, 23, 59, 58)),
+            (2_147_483_647, dos(2038, 1, 19, 3, 14, 6)),
+            (4_107_542_399, dos(2100, 2, 28, 23, 59, 58)),
+            (4_107_542_400, dos(2100, 3, 1, 0, 0, 0)),
+            (4_354_819_198, dos(2107, 12, 31, 23, 59, 58)),
+            (4_354_819_199, dos(2107, 12, 31, 23, 59, 58)),
+        ] {
+            assert_eq!(at(secs), want, "{secs}");
+        }
+        assert_eq!(dos(2107, 12, 31, 23, 59, 58), max);
+        assert_eq!(dos(1980, 1, 1, 0, 0, 0), min);
         assert_eq!(
             unix_mtime_u32(UNIX_EPOCH + Duration::from_secs(1 << 31)),
             None
