@@ -43,6 +43,16 @@
 //! file's data is being written, *poisons* the writer: the output is then a
 //! truncated archive and every further call fails with [`ZipError::State`].
 //! The caller is expected to abort the download in that case.
+//!
+//! # Why not the `zip` crate
+//!
+//! `zip` 9.8's streaming writer (`ZipWriter::new_stream`) was tried in its
+//! place and does not fit: `add_directory` takes a `String`, and a directory
+//! entry started through the raw-name `start_file_with_options` is closed by
+//! seeking back to patch its local header, which fails on a pipe, so a
+//! directory whose name is not UTF-8 could not be written; the UTF-8 flag is
+//! set only for non-ASCII names; and dropping an unfinished writer writes a
+//! valid central directory, so a download cut short would read as complete.
 
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
@@ -1223,6 +1233,49 @@ for i, info in enumerate(zf.infolist()):
         z.add_file(b"p/e", t0(), 0o644, &mut &b""[..]).unwrap();
         assert_eq!(z.bytes_written(), written);
         assert!(z.finish().unwrap().0 == bytes);
+    }
+
+    /// An archive streamed through a pipe, as a download is, reads back in
+    /// Python's `zipfile` with its names (raw bytes, UTF-8 or not), contents,
+    /// modes and types.
+    #[test]
+    fn pipe_archive_read_by_python() {
+        let (mut rd, wr) = std::io::pipe().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            rd.read_to_end(&mut v).unwrap();
+            v
+        });
+        let big = prng_bytes(200_000, 3);
+        let files: [(&[u8], u32, &[u8]); 4] = [
+            (b"d/run.sh", 0o100_755, b"#!/bin/sh\n"),
+            ("d/sub/ünï.txt".as_bytes(), 0o600, b"utf-8 name"),
+            (b"d/raw\xfe.bin", 0o2644, &big),
+            (b"empty", 0o444, b""),
+        ];
+        let mut z = ZipStreamWriter::new(io::BufWriter::new(wr));
+        z.add_dir(b"d", t0()).unwrap();
+        z.add_dir(b"d/sub/", t0()).unwrap();
+        for (name, mode, data) in files {
+            z.add_file(name, t0(), mode, &mut &data[..]).unwrap();
+        }
+        drop(z.finish().unwrap()); // flushes and closes the pipe
+        let e = verify(&reader.join().unwrap());
+
+        assert_eq!(e.len(), 6);
+        for (got, name) in e[..2].iter().zip([&b"d/"[..], b"d/sub/"]) {
+            assert_eq!(got.name, name);
+            assert!(got.is_dir);
+            assert_eq!(got.external_attr >> 16, 0o040_755);
+            assert!(got.content.is_empty());
+        }
+        for (got, (name, mode, data)) in e[2..].iter().zip(files) {
+            assert_eq!(got.name, name);
+            assert!(!got.is_dir);
+            assert_eq!(got.external_attr >> 16, 0o100_000 | (mode & 0o777));
+            assert!(got.content == data, "{name:?}");
+            assert_eq!(got.date_time, "2021-3-4-5-6-8");
+        }
     }
 
     #[test]
