@@ -3,6 +3,7 @@
 
 use ring::digest::{digest, SHA256};
 use std::path::Path;
+use subtle::ConstantTimeEq;
 
 /// A configured key, stored as its digest; the tenant is derived from the digest.
 #[derive(Clone)]
@@ -66,13 +67,10 @@ pub fn find<'a>(keys: &'a [Key], presented: &str) -> Option<&'a Key> {
     let p = sha256(presented.as_bytes());
     let mut found = None;
     for k in keys {
-        let mut diff = 0u8;
-        for (a, b) in k.digest.iter().zip(p.iter()) {
-            diff |= a ^ b;
-        }
+        let equal = bool::from(k.digest.ct_eq(&p));
         // Branch-free selection would be overkill: the digest comparison above is what
         // must not leak, and every key is always compared.
-        if diff == 0 && found.is_none() {
+        if equal && found.is_none() {
             found = Some(k);
         }
     }
@@ -97,5 +95,25 @@ mod tests {
         );
         assert!(find(&keys, "alpha").unwrap().tenant.starts_with("key-"));
         assert!(!format!("{:?}", keys[0]).contains("alpha"));
+    }
+
+    #[test]
+    fn test_find_every_key_and_near_misses() {
+        let keys = parse_list("k1,k2,k3");
+        // Each key is found, whatever its position (the loop never stops early).
+        for (i, secret) in ["k1", "k2", "k3"].iter().enumerate() {
+            assert_eq!(find(&keys, secret).unwrap().tenant, keys[i].tenant);
+        }
+        // A digest one byte off matches no key.
+        let mut near = keys[1].clone();
+        near.digest[31] ^= 1;
+        assert!(find(&[near.clone()], "k2").is_none());
+        near.digest[31] ^= 1;
+        near.digest[0] ^= 0x80;
+        assert!(find(&[near], "k2").is_none());
+        // Duplicate keys: the first one wins.
+        let dup = parse_list("same,same");
+        assert!(std::ptr::eq(find(&dup, "same").unwrap(), &dup[0]));
+        assert!(find(&[], "k1").is_none());
     }
 }

@@ -757,27 +757,20 @@ pub fn upload_commit(t: UploadTarget) -> Response {
     }
 }
 
-/// RFC 3339 UTC with milliseconds, from Unix milliseconds.
+/// RFC 3339 UTC with milliseconds, from Unix milliseconds. Saturates at
+/// 9999-12-31T23:59:59.999Z, the last instant with the four-digit year RFC 3339 has.
 pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let t = jiff::civil::DateTime::constant(1970, 1, 1, 0, 0, 0, 0)
+        .saturating_add(std::time::Duration::from_millis(ms));
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        t.month(),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
     )
 }
 
@@ -790,6 +783,15 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
         assert_eq!(rfc3339(1_796_054_399_000), "2026-11-30T15:59:59.000Z");
+        // Leap days, a century that is not a leap year, and the upper end.
+        assert_eq!(rfc3339(68_169_600_000), "1972-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_709_251_199_999), "2024-02-29T23:59:59.999Z");
+        assert_eq!(rfc3339(4_107_542_399_001), "2100-02-28T23:59:59.001Z");
+        assert_eq!(rfc3339(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+        assert_eq!(rfc3339(2_147_483_647_000), "2038-01-19T03:14:07.000Z");
+        assert_eq!(rfc3339(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(253_402_300_800_000), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]

@@ -223,16 +223,10 @@ fn sha256_hex(b: &[u8]) -> String {
         .collect()
 }
 
-/// Compares two equal-length digests without an early exit.
+/// Compares two digests in constant time (`subtle`); only a length mismatch, which
+/// is public, returns early.
 fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= x ^ y;
-    }
-    diff == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 impl Sessions {
@@ -824,5 +818,28 @@ fn remove_session_dir(dir: &Path) {
     let _ = std::fs::remove_dir(dir.join(MOUNT));
     if let Err(e) = std::fs::remove_dir(dir) {
         log::error!("removing {}: {e}", dir.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ct_eq_digests() {
+        let a = sha256_hex(b"token");
+        assert!(ct_eq(a.as_bytes(), sha256_hex(b"token").as_bytes()));
+        assert!(!ct_eq(a.as_bytes(), sha256_hex(b"tokens").as_bytes()));
+        // One byte different, first or last.
+        for i in [0, a.len() - 1] {
+            let mut b = a.clone().into_bytes();
+            b[i] ^= 1;
+            assert!(!ct_eq(a.as_bytes(), &b));
+        }
+        // Unequal lengths, including a prefix and the empty string.
+        assert!(!ct_eq(a.as_bytes(), &a.as_bytes()[..a.len() - 1]));
+        assert!(!ct_eq(&a.as_bytes()[..1], a.as_bytes()));
+        assert!(!ct_eq(b"", a.as_bytes()));
+        assert!(ct_eq(b"", b""));
     }
 }

@@ -43,6 +43,16 @@
 //! file's data is being written, *poisons* the writer: the output is then a
 //! truncated archive and every further call fails with [`ZipError::State`].
 //! The caller is expected to abort the download in that case.
+//!
+//! # Why not the `zip` crate
+//!
+//! `zip` 9.8's streaming writer (`ZipWriter::new_stream`) was tried in its
+//! place and does not fit: `add_directory` takes a `String`, and a directory
+//! entry started through the raw-name `start_file_with_options` is closed by
+//! seeking back to patch its local header, which fails on a pipe, so a
+//! directory whose name is not UTF-8 could not be written; the UTF-8 flag is
+//! set only for non-ASCII names; and dropping an unfinished writer writes a
+//! valid central directory, so a download cut short would read as complete.
 
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
@@ -642,21 +652,6 @@ fn timestamp_extra(mtime: Option<u32>) -> Vec<u8> {
     v
 }
 
-/// `(year, month, day)` from days since 1970-01-01 (proleptic Gregorian).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    // month is 1..=12 and day 1..=31 by construction.
-    (year, month as u32, day as u32)
-}
-
 /// DOS `(time, date)` of `t` in UTC, clamped to 1980-01-01 00:00:00 ..=
 /// 2107-12-31 23:59:58 (2-second resolution).
 fn dos_date_time(t: SystemTime) -> (u16, u16) {
@@ -664,12 +659,12 @@ fn dos_date_time(t: SystemTime) -> (u16, u16) {
     const MIN: i64 = 315_532_800;
     const MAX: i64 = 4_354_819_198;
     let secs = unix_secs(t).clamp(MIN, MAX);
-    let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
-    let sod = secs.rem_euclid(86_400);
-    let (h, m, s) = (sod / 3600, sod / 60 % 60, sod % 60);
+    let dt = jiff::civil::DateTime::constant(1970, 1, 1, 0, 0, 0, 0)
+        .saturating_add(jiff::SignedDuration::from_secs(secs));
     // All components are in range after clamping, so the casts are lossless.
-    let time = ((h << 11) | (m << 5) | (s / 2)) as u16;
-    let date = (((year - 1980) << 9) as u32 | (month << 5) | day) as u16;
+    let field = |v: i8| v as u16;
+    let time = (field(dt.hour()) << 11) | (field(dt.minute()) << 5) | (field(dt.second()) / 2);
+    let date = (((dt.year() - 1980) as u16) << 9) | (field(dt.month()) << 5) | field(dt.day());
     (time, date)
 }
 
@@ -1164,6 +1159,31 @@ for i, info in enumerate(zf.infolist()):
             at(951_827_696),
             ((12 << 11) | (34 << 5) | 28, (20 << 9) | (2 << 5) | 29)
         );
+        // Fixed instants (UTC) against their known DOS fields: the clamp edges
+        // themselves, odd seconds (rounded down), leap days and 2100, a century
+        // that is not a leap year.
+        let dos = |y: u16, mo: u16, d: u16, h: u16, mi: u16, s: u16| {
+            (
+                (h << 11) | (mi << 5) | (s / 2),
+                ((y - 1980) << 9) | (mo << 5) | d,
+            )
+        };
+        for (secs, want) in [
+            (315_532_800, dos(1980, 1, 1, 0, 0, 0)),
+            (315_532_801, dos(1980, 1, 1, 0, 0, 0)),
+            (315_532_799, dos(1980, 1, 1, 0, 0, 0)),
+            (320_630_400, dos(1980, 2, 29, 0, 0, 0)),
+            (1_709_251_199, dos(2024, 2, 29, 23, 59, 58)),
+            (2_147_483_647, dos(2038, 1, 19, 3, 14, 6)),
+            (4_107_542_399, dos(2100, 2, 28, 23, 59, 58)),
+            (4_107_542_400, dos(2100, 3, 1, 0, 0, 0)),
+            (4_354_819_198, dos(2107, 12, 31, 23, 59, 58)),
+            (4_354_819_199, dos(2107, 12, 31, 23, 59, 58)),
+        ] {
+            assert_eq!(at(secs), want, "{secs}");
+        }
+        assert_eq!(dos(2107, 12, 31, 23, 59, 58), max);
+        assert_eq!(dos(1980, 1, 1, 0, 0, 0), min);
         assert_eq!(
             unix_mtime_u32(UNIX_EPOCH + Duration::from_secs(1 << 31)),
             None
@@ -1213,6 +1233,49 @@ for i, info in enumerate(zf.infolist()):
         z.add_file(b"p/e", t0(), 0o644, &mut &b""[..]).unwrap();
         assert_eq!(z.bytes_written(), written);
         assert!(z.finish().unwrap().0 == bytes);
+    }
+
+    /// An archive streamed through a pipe, as a download is, reads back in
+    /// Python's `zipfile` with its names (raw bytes, UTF-8 or not), contents,
+    /// modes and types.
+    #[test]
+    fn pipe_archive_read_by_python() {
+        let (mut rd, wr) = std::io::pipe().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            rd.read_to_end(&mut v).unwrap();
+            v
+        });
+        let big = prng_bytes(200_000, 3);
+        let files: [(&[u8], u32, &[u8]); 4] = [
+            (b"d/run.sh", 0o100_755, b"#!/bin/sh\n"),
+            ("d/sub/ünï.txt".as_bytes(), 0o600, b"utf-8 name"),
+            (b"d/raw\xfe.bin", 0o2644, &big),
+            (b"empty", 0o444, b""),
+        ];
+        let mut z = ZipStreamWriter::new(io::BufWriter::new(wr));
+        z.add_dir(b"d", t0()).unwrap();
+        z.add_dir(b"d/sub/", t0()).unwrap();
+        for (name, mode, data) in files {
+            z.add_file(name, t0(), mode, &mut &data[..]).unwrap();
+        }
+        drop(z.finish().unwrap()); // flushes and closes the pipe
+        let e = verify(&reader.join().unwrap());
+
+        assert_eq!(e.len(), 6);
+        for (got, name) in e[..2].iter().zip([&b"d/"[..], b"d/sub/"]) {
+            assert_eq!(got.name, name);
+            assert!(got.is_dir);
+            assert_eq!(got.external_attr >> 16, 0o040_755);
+            assert!(got.content.is_empty());
+        }
+        for (got, (name, mode, data)) in e[2..].iter().zip(files) {
+            assert_eq!(got.name, name);
+            assert!(!got.is_dir);
+            assert_eq!(got.external_attr >> 16, 0o100_000 | (mode & 0o777));
+            assert!(got.content == data, "{name:?}");
+            assert_eq!(got.date_time, "2021-3-4-5-6-8");
+        }
     }
 
     #[test]
