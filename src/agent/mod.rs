@@ -1,6 +1,9 @@
 //! The server-side agent (`POST /v1/agent`): the chat's tool-calling loop, run against
 //! the operator's OpenAI-compatible upstream so the browser never holds the model key.
 //!
+//! It stays one file: one loop's life on its thread (the conversation, the tool calls,
+//! and the bounds on what it holds and sends back).
+//!
 //! Each loop runs on a thread of its own from [`AgentThreads`], started with the daemon
 //! (the upstream call blocks for as long as the model writes, so the worker pool, for
 //! short jobs, is no place for it; and the reactor's seccomp filter rightly forbids it

@@ -1,5 +1,8 @@
 //! `/v1/sessions`: create, exec, the file API, delete.
 //!
+//! It stays one file: the handlers of one resource of the face, sharing its token,
+//! decoding and path rules.
+//!
 //! Handlers run on the reactor thread and only validate what needs no I/O; the rest
 //! (LMDB, mounting, file operations) is returned as a pool job whose [`Outcome`] the
 //! reactor then acts on. Uploads are set up at head time, before the body is read, so

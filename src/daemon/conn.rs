@@ -1,5 +1,9 @@
 //! One client connection: read buffer, HTTP state machine, write buffer, deadlines.
 //!
+//! It stays one file for now (~940 lines of code): the read and the write side share
+//! the phase machine and the deadlines. Issue 20 moves it to `http/conn.rs` behind a
+//! handler seam, where it splits along that seam.
+//!
 //! Requests on a connection are served strictly one at a time, so pipelined requests
 //! are answered in order: while a run answers one, the next waits in the read buffer
 //! (at most `MAX_READ_AHEAD_BYTES`). Reactor thread only.

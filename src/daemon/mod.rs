@@ -7,14 +7,19 @@
 //! (`sandbox`, `workspace`, `admission`, `netfilter`, `agent`) and the feature-free loop
 //! pieces (`reactor`), and nothing imports it but `main`. One file per thing on the
 //! loop: `conn` (client connections), `transfer` (pool-job requests, uploads,
-//! downloads), `runs` (a sandbox run's pipes, pidfd, deadlines and result),
-//! `completion` (what a finished pool job does), `kernels`, `warm`, `agent`, and
+//! downloads), `runs` (a sandbox run: its state and start), `output` (its pipes, SSE and
+//! backpressure), `finish` (its exit, deadlines, cleanup and result),
+//! `completion` (what a finished pool job does), `kernels` (a kernel's life) and
+//! `kernel_steps` (its steps), `warm`, `agent`, and
 //! `startup` (`Daemon::new`).
 
 pub mod agent;
 pub mod completion;
 pub mod conn;
+mod finish;
+mod kernel_steps;
 pub mod kernels;
+mod output;
 pub mod runs;
 mod startup;
 pub mod transfer;

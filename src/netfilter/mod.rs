@@ -2,6 +2,9 @@
 //! a private pool, NATed out of the host's uplink, behind an nftables table of
 //! isobox's own that allows the public internet and nothing else.
 //!
+//! It stays one file: the verified flag, the cutting of links and the lease are one
+//! fail-closed protocol (see `set` and `lease`) whose ordering is the safety argument.
+//!
 //! Fail-closed: the table is read back from the kernel after it is programmed, again
 //! every `ISOBOX_EGRESS_VERIFY_SEC` and whenever netlink announces a ruleset change.
 //! Only while the last check passed does a run get a network; otherwise it runs

@@ -1,6 +1,9 @@
 //! nftables over netlink: the egress ruleset, applied as one atomic batch, read back
 //! from the kernel and compared with what was meant.
 //!
+//! It stays one file: the encoder and the normaliser that reads the kernel's dump back
+//! must agree expression by expression for a verification to mean anything.
+//!
 //! Expressions are encoded here and decoded by the same normaliser on the way back, so
 //! verification compares meaning (attribute values, order of rules) rather than the
 //! incidental layout of the kernel's dump.

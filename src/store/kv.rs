@@ -1,5 +1,8 @@
 //! Memory KV: per-tenant namespaces of opaque keys holding raw values, in LMDB.
 //!
+//! It stays one file: the layout, the quota accounting and every operation that must
+//! keep the three tables consistent in one transaction are read together.
+//!
 //! Layout (all in the one environment; every operation is one LMDB transaction, and
 //! writes commit before returning):
 //!

@@ -1,5 +1,10 @@
 //! Host-side file operations confined to a session workspace.
 //!
+//! It stays one file (~1,100 lines of code): every operation shares one confinement
+//! discipline (an fd of the root, `openat2` with the same flags, the same rules for the
+//! final component), and whoever checks that none escapes the workspace should read them
+//! side by side.
+//!
 //! The sandboxed code owns the workspace and can change it while we work on it: it can
 //! create symlinks pointing anywhere, swap a directory for a symlink mid-operation and
 //! use any bytes in names. Every operation here therefore works from an fd of the

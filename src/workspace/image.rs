@@ -1,6 +1,9 @@
 //! Session workspace images: an ext4 filesystem in a sparse file, loop-mounted on
 //! the host while its session is in use.
 //!
+//! It stays one file: creating, mounting, trimming and unmounting an image and the
+//! sweep of stale mounts share the layout choices and the busy-retry rules.
+//!
 //! The kernel enforces the quota: the filesystem is sized so that a file writer gets
 //! at least the quota (and at most about 1 % more) before `ENOSPC`, and its inode
 //! count bounds the number of files. Images at rest are plain unmounted files.

@@ -1,6 +1,10 @@
 //! Filesystem sessions: a persistent `/workspace` per session, shared by steps that
 //! each run in a fresh sandbox, plus the host-side file API.
 //!
+//! It stays one file: the registry, the lease counts and the sweep share the invariants
+//! on what is mounted and when a record exists (a workspace is created before its
+//! record and deleted after it), which are checked in one place.
+//!
 //! Each workspace is its own ext4 filesystem in a sparse image file
 //! (`<data>/sessions/<id>/ws.img`), so the disk quota and the file count are enforced by
 //! the kernel for the sandbox and the file API alike (ENOSPC inside the sandbox, 413 for

@@ -1,6 +1,9 @@
 //! Streaming ZIP writer for downloading a workspace directory tree as
 //! `application/zip`.
 //!
+//! It stays one file: the writer's state machine, its poisoning and the no-ZIP64 bounds
+//! are checked together.
+//!
 //! The archive is produced strictly front to back into any [`Write`] (a pipe,
 //! a socket, ...); nothing is ever sought or rewritten. To make that possible
 //! every file entry sets general-purpose flag bit 3: its local header carries

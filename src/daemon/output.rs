@@ -1,0 +1,314 @@
+//! A run's output on the event loop: its stdout and stderr pipes read into captures
+//! (capped, UTF-8 safe), streamed as SSE with backpressure (a client that stops reading
+//! pauses the pipes), its stdin fed from the request, a claimed pooled sandbox's exit
+//! channel read, and the keep-alive comments of a quiet stream.
+
+use super::conn::Phase;
+use super::runs::MAX_DRAIN_PAST_CAP_BYTES;
+use super::{Daemon, TimerKey};
+use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
+use crate::http::sse;
+use crate::http::sse::take_utf8;
+use crate::sandbox::build::Feed;
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+impl Daemon {
+    /// Reads a pipe until WouldBlock/EOF (or until paused by backpressure).
+    pub(crate) fn run_pipe_event(&mut self, rk: usize, is_err: bool) {
+        let idx = usize::from(is_err);
+        let mut buf = [0u8; 32 * 1024];
+        loop {
+            let Some(run) = self.runs.get_mut(rk) else {
+                return;
+            };
+            // Backpressure pauses reading, except stderr before the start frame (a
+            // bounded read: the gate keeps at most 4 KiB), which must not stay unseen.
+            if run.paused && (idx != 1 || run.gate.began()) {
+                return;
+            }
+            let Some((rx, _)) = run.out[idx].pipe.as_mut() else {
+                return;
+            };
+            match rx.read(&mut buf) {
+                Ok(0) => {
+                    self.run_pipe_eof(rk, idx);
+                    break;
+                }
+                Ok(n) => self.run_output(rk, idx, &buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // After the harness's exit frame, an empty pipe is a drained one:
+                    // the program flushed everything before it sent the frame.
+                    if self.runs.get(rk).is_some_and(|r| r.early_exit.is_some()) {
+                        self.run_pipe_eof(rk, idx);
+                    }
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.run_pipe_eof(rk, idx);
+                    break;
+                }
+            }
+        }
+        self.run_check_done(rk);
+    }
+
+    pub(super) fn run_pipe_eof(&mut self, rk: usize, idx: usize) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        if let Some((mut rx, t)) = run.out[idx].pipe.take() {
+            let _ = self.poll.registry().deregister(&mut rx);
+            self.release_token(t);
+        }
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        run.out[idx].eof = true;
+        if run.stream && !run.out[idx].pending_utf8.is_empty() {
+            let text = take_utf8(&mut run.out[idx].pending_utf8, true);
+            self.run_send_chunk(rk, idx, &text);
+        }
+    }
+
+    pub(super) fn run_output(&mut self, rk: usize, idx: usize, data: &[u8]) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        if idx == 1 && !run.gate.began() {
+            let Some(rest) = run.gate.feed(data) else {
+                return;
+            };
+            if run.compile.is_none() {
+                // The program starts now: its wall time counts from here (unless it has
+                // already exited and the drain grace runs).
+                let now = Instant::now();
+                run.program_started = Some(now);
+                if run.exited_at.is_none() {
+                    let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
+                    self.arm_run(rk, now + wall);
+                }
+            }
+            if !rest.is_empty() {
+                self.run_output(rk, idx, &rest);
+            }
+            return;
+        }
+        if idx == 1 {
+            if let Some(cs) = run.compile.as_mut().filter(|c| !c.done) {
+                match cs.parser.feed(data, self.cfg.compile_timeout_ms) {
+                    Feed::More => return,
+                    Feed::Done(result, rest) => {
+                        cs.done = true;
+                        let built = result.exit_code == 0;
+                        cs.result = Some(result);
+                        if !built {
+                            return; // The script exits with the build's code; no program.
+                        }
+                        // The program starts now: its own wall time counts from here
+                        // (unless it has exited already and the drain grace runs).
+                        run.program_started = Some(Instant::now());
+                        if run.exited_at.is_none() {
+                            let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
+                            self.arm_run(rk, Instant::now() + wall);
+                        }
+                        if !rest.is_empty() {
+                            self.run_output(rk, idx, &rest);
+                        }
+                        return;
+                    }
+                    Feed::Invalid(bytes) => {
+                        cs.done = true;
+                        self.run_output(rk, idx, &bytes);
+                        return;
+                    }
+                }
+            }
+        }
+        let cap = &mut run.out[idx];
+        let room = cap.cap.saturating_sub(cap.kept.len());
+        let keep = room.min(data.len());
+        cap.kept.extend_from_slice(&data[..keep]);
+        if keep < data.len() {
+            cap.truncated = true;
+            cap.drained_past_cap += (data.len() - keep) as u64;
+        }
+        let flood = cap.drained_past_cap > MAX_DRAIN_PAST_CAP_BYTES;
+        if run.stream && keep > 0 {
+            cap.pending_utf8.extend_from_slice(&data[..keep]);
+            let text = take_utf8(&mut cap.pending_utf8, false);
+            if !text.is_empty() {
+                self.run_send_chunk(rk, idx, &text);
+            }
+        }
+        if flood {
+            self.run_kill(rk);
+        }
+    }
+
+    pub(super) fn run_send_chunk(&mut self, rk: usize, idx: usize, text: &str) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        run.last_event = Instant::now();
+        let event = if idx == 0 { "stdout" } else { "stderr" };
+        let data = serde_json::json!({ "chunk": text }).to_string();
+        let mut frame = Vec::new();
+        sse::write_event(&mut frame, event, &data);
+        if let Some((ck, _)) = run.conn {
+            self.conn_send_chunked(ck, &frame);
+            let over = self
+                .conns
+                .get(ck)
+                .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
+            if over {
+                if let Some(run) = self.runs.get_mut(rk) {
+                    // Backpressure: stop reading the sandbox; its writes block in the pipe.
+                    run.paused = true;
+                }
+            }
+        }
+    }
+
+    /// Queues one chunk of a chunked (SSE) response and tries to write it.
+    pub(crate) fn conn_send_chunked(&mut self, ck: usize, payload: &[u8]) {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        let _ = write!(c.wbuf, "{:x}\r\n", payload.len());
+        c.wbuf.extend_from_slice(payload);
+        c.wbuf.extend_from_slice(b"\r\n");
+        self.conn_flush(ck);
+    }
+
+    /// Called when a streaming client's buffer drained: read the sandbox again.
+    pub(crate) fn run_resume(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        if !run.paused {
+            return;
+        }
+        run.paused = false;
+        // Edge-triggered: data may be waiting with no new edge coming, so read now.
+        self.run_pipe_event(rk, false);
+        self.run_pipe_event(rk, true);
+    }
+
+    pub(crate) fn run_stdin_event(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        let Some((tx, _)) = run.stdin.as_mut() else {
+            return;
+        };
+        let mut done = false;
+        while run.stdin_pos < run.plan.stdin.len() {
+            match tx.write(&run.plan.stdin[run.stdin_pos..]) {
+                Ok(n) => run.stdin_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    done = true; // The program closed stdin (EPIPE): fine.
+                    break;
+                }
+            }
+        }
+        if done || run.stdin_pos >= run.plan.stdin.len() {
+            if let Some((mut tx, t)) = run.stdin.take() {
+                crate::sys::shutdown_write(tx.as_fd());
+                let _ = self.poll.registry().deregister(&mut tx);
+                self.release_token(t);
+            }
+        }
+    }
+
+    /// Reads a claimed pooled sandbox's exit channel (`warm.rs`).
+    pub(crate) fn run_ctl_event(&mut self, rk: usize) {
+        let mut buf = [0u8; 128];
+        loop {
+            let Some(run) = self.runs.get_mut(rk) else {
+                return;
+            };
+            let Some((ctl, _)) = run.exit_ctl.as_mut() else {
+                return;
+            };
+            match ctl.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    run.exit_buf.extend_from_slice(&buf[..n]);
+                    match crate::sandbox::warm::exit_frame(&run.exit_buf) {
+                        crate::sandbox::warm::ExitFrame::More => continue,
+                        crate::sandbox::warm::ExitFrame::Exit(code) => {
+                            self.run_close_ctl(rk);
+                            self.run_exited_early(rk, code);
+                            return;
+                        }
+                        crate::sandbox::warm::ExitFrame::Invalid => break,
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        // Closed, or not the harness's frame: the run ends when runsc exits.
+        self.run_close_ctl(rk);
+    }
+
+    pub(super) fn run_close_ctl(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        run.exit_buf = Vec::new();
+        if let Some((mut ctl, t)) = run.exit_ctl.take() {
+            let _ = self.poll.registry().deregister(&mut ctl);
+            self.release_token(t);
+        }
+    }
+
+    /// Sends the last event and the terminating chunk; the connection reads heads again.
+    pub(crate) fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
+        self.conn_send_chunked(ck, frame);
+        let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        c.wbuf.extend_from_slice(b"0\r\n\r\n");
+        c.phase = Phase::Head;
+        if !c.keep_alive || self.app.shutting_down {
+            c.close_after_flush = true;
+        }
+        self.arm_conn(ck, idle);
+    }
+
+    /// A connection whose run ended serves its next (pipelined) request.
+    pub(crate) fn conn_resume(&mut self, ck: usize) {
+        self.conn_pump(ck);
+    }
+
+    pub(super) fn arm_keepalive(&mut self, rk: usize) {
+        let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
+        let Some(run) = self.runs.get(rk) else { return };
+        self.timers
+            .insert(run.last_event + every, TimerKey::Keepalive(rk, run.serial));
+    }
+
+    /// Sends a comment when the stream has been silent for a whole interval.
+    pub(crate) fn run_keepalive(&mut self, rk: usize, serial: u64) {
+        let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
+        let Some(run) = self.runs.get_mut(rk).filter(|r| r.serial == serial) else {
+            return;
+        };
+        let Some((ck, _)) = run.conn else { return };
+        if run.last_event.elapsed() + Duration::from_millis(5) >= every {
+            run.last_event = Instant::now();
+            let mut frame = Vec::new();
+            sse::write_comment(&mut frame, "keep-alive");
+            self.conn_send_chunked(ck, &frame);
+        }
+        self.arm_keepalive(rk);
+    }
+}
