@@ -866,10 +866,99 @@ impl AiConfig {
 mod tests {
     use super::*;
 
+    /// Held by every test that loads: some set `ISOBOX_*` variables, which clap reads.
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn lock() -> std::sync::MutexGuard<'static, ()> {
+        ENV.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn load(args: &[&str]) -> Result<Config, ConfigError> {
+        let _env = lock();
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         Config::load(&args)
     }
+
+    /// Runs `f` with the variables `env` set (`None`: unset), then puts them back.
+    fn with_env<R>(env: &[(&str, Option<&str>)], f: impl FnOnce() -> R) -> R {
+        let _env = lock();
+        let saved: Vec<_> = env.iter().map(|(k, _)| (*k, std::env::var_os(k))).collect();
+        for (k, v) in env {
+            match v {
+                Some(v) => std::env::set_var(k, v),
+                None => std::env::remove_var(k),
+            }
+        }
+        let r = f();
+        for (k, v) in saved {
+            match v {
+                Some(v) => std::env::set_var(k, v),
+                None => std::env::remove_var(k),
+            }
+        }
+        r
+    }
+
+    /// [`Config::load`] of `args` under `env`.
+    fn load_env(env: &[(&str, Option<&str>)], args: &[&str]) -> Result<Config, ConfigError> {
+        with_env(env, || Config::load(args.iter().copied()))
+    }
+
+    /// Every flag and its variable, as isoboxd has always named them.
+    const NAMES: &[(&str, &str)] = &[
+        ("--listen", "ISOBOX_LISTEN"),
+        ("--data-dir", "ISOBOX_DATA_DIR"),
+        ("--rootfs-dir", "ISOBOX_ROOTFS_DIR"),
+        ("--runtimes-dir", "ISOBOX_RUNTIMES_DIR"),
+        ("--instance", "ISOBOX_INSTANCE"),
+        ("--runsc", "ISOBOX_RUNSC"),
+        ("--platform", "ISOBOX_PLATFORM"),
+        ("--log", "ISOBOX_LOG"),
+        ("--workers", "ISOBOX_WORKERS"),
+        ("--max-connections", "ISOBOX_MAX_CONNECTIONS"),
+        ("--max-connections-per-ip", "ISOBOX_MAX_CONNECTIONS_PER_IP"),
+        ("--idle-timeout-ms", "ISOBOX_IDLE_TIMEOUT_MS"),
+        ("--head-timeout-ms", "ISOBOX_HEAD_TIMEOUT_MS"),
+        ("--max-concurrent", "ISOBOX_MAX_CONCURRENT"),
+        ("--slice-memory-bytes", "ISOBOX_SLICE_MEMORY_BYTES"),
+        ("--compile-timeout-ms", "ISOBOX_COMPILE_TIMEOUT_MS"),
+        ("--sse-keepalive-ms", "ISOBOX_SSE_KEEPALIVE_MS"),
+        ("--api-keys", "ISOBOX_API_KEYS"),
+        ("--api-keys-file", "ISOBOX_API_KEYS_FILE"),
+        ("--require-auth", "ISOBOX_REQUIRE_AUTH"),
+        ("--memory-require-key", "ISOBOX_MEMORY_REQUIRE_KEY"),
+        ("--rate-per-min", "ISOBOX_RATE_PER_MIN"),
+        ("--rate-burst", "ISOBOX_RATE_BURST"),
+        ("--trusted-proxies", "ISOBOX_TRUSTED_PROXIES"),
+        ("--session-quota-bytes", "ISOBOX_SESSION_QUOTA_BYTES"),
+        ("--max-sessions", "ISOBOX_MAX_SESSIONS"),
+        ("--storage-max-bytes", "ISOBOX_STORAGE_MAX_BYTES"),
+        ("--storage-reserve-bytes", "ISOBOX_STORAGE_RESERVE_BYTES"),
+        ("--session-ttl-max-sec", "ISOBOX_SESSION_TTL_MAX_SEC"),
+        ("--volume-quota-bytes", "ISOBOX_VOLUME_QUOTA_BYTES"),
+        ("--max-volumes", "ISOBOX_MAX_VOLUMES"),
+        ("--egress", "ISOBOX_EGRESS"),
+        ("--net-pool", "ISOBOX_NET_POOL"),
+        ("--net-dns", "ISOBOX_NET_DNS"),
+        ("--egress-deny", "ISOBOX_EGRESS_DENY"),
+        ("--egress-verify-sec", "ISOBOX_EGRESS_VERIFY_SEC"),
+        ("--egress-max-conns", "ISOBOX_EGRESS_MAX_CONNS"),
+        ("--egress-rate", "ISOBOX_EGRESS_RATE"),
+        ("--warm-pool", "ISOBOX_WARM_POOL"),
+        ("--kernels-max", "ISOBOX_KERNELS_MAX"),
+        ("--kernel-idle-sec", "ISOBOX_KERNEL_IDLE_SEC"),
+        ("--ai-base", "ISOBOX_AI_BASE"),
+        ("--ai-key", "ISOBOX_AI_KEY"),
+        ("--ai-model", "ISOBOX_AI_MODEL"),
+        ("--ai-max-iters", "ISOBOX_AI_MAX_ITERS"),
+        ("--ai-rate-per-min", "ISOBOX_AI_RATE_PER_MIN"),
+        ("--ai-search", "ISOBOX_AI_SEARCH"),
+        ("--ai-search-url", "ISOBOX_AI_SEARCH_URL"),
+        ("--ai-timeout-sec", "ISOBOX_AI_TIMEOUT_SEC"),
+        ("--ai-python-wall-sec", "ISOBOX_AI_PYTHON_WALL_SEC"),
+        ("--ai-shell-wall-sec", "ISOBOX_AI_SHELL_WALL_SEC"),
+        ("--shutdown-grace-ms", "ISOBOX_SHUTDOWN_GRACE_MS"),
+    ];
 
     #[test]
     fn egress_limits_have_defaults_and_bounds() {
@@ -894,5 +983,289 @@ mod tests {
                 assert!(e.to_string().contains("ISOBOX_EGRESS_RATE"), "{e}");
             }
         }
+    }
+
+    #[test]
+    fn a_flag_beats_its_variable_which_beats_the_default() {
+        let workers = |env: Option<&str>, args: &[&str]| {
+            load_env(&[("ISOBOX_WORKERS", env)], args).unwrap().workers
+        };
+        assert_eq!(workers(None, &[]), 4);
+        assert_eq!(workers(Some("7"), &[]), 7);
+        assert_eq!(workers(Some("7"), &["--workers", "9"]), 9);
+        assert_eq!(workers(None, &["--workers=9"]), 9);
+        // A repeated flag: the last one wins, as before.
+        assert_eq!(workers(Some("7"), &["--workers", "2", "--workers", "3"]), 3);
+        // An empty value is the default, from either side.
+        assert_eq!(workers(Some(""), &[]), 4);
+        assert_eq!(workers(Some("7"), &["--workers="]), 4);
+        // Lists and strings the same way.
+        let env = [
+            ("ISOBOX_NET_DNS", Some("9.9.9.9")),
+            ("ISOBOX_INSTANCE", Some("isobox-env")),
+            ("ISOBOX_WARM_POOL", None),
+        ];
+        let c = load_env(&env, &[]).unwrap();
+        assert_eq!(c.egress.dns, vec![Ipv4Addr::new(9, 9, 9, 9)]);
+        assert_eq!(c.instance, "isobox-env");
+        let pool = |v: &[(&str, usize)]| -> Vec<(String, usize)> {
+            v.iter().map(|(n, k)| (n.to_string(), *k)).collect()
+        };
+        assert_eq!(
+            c.warm_pool,
+            pool(&[("python", 2), ("python-slim", 1), ("javascript", 1)])
+        );
+        let c = load_env(
+            &env,
+            &["--net-dns", "1.0.0.1, 8.8.4.4", "--instance", "isobox-flag"],
+        )
+        .unwrap();
+        assert_eq!(
+            c.egress.dns,
+            vec![Ipv4Addr::new(1, 0, 0, 1), Ipv4Addr::new(8, 8, 4, 4)]
+        );
+        assert_eq!(c.instance, "isobox-flag");
+        let c = load_env(
+            &[("ISOBOX_WARM_POOL", Some("off"))],
+            &["--warm-pool", "ruby=3"],
+        )
+        .unwrap();
+        assert_eq!(c.warm_pool, pool(&[("ruby", 3)]));
+        assert_eq!(
+            load_env(&[("ISOBOX_WARM_POOL", Some("off"))], &[])
+                .unwrap()
+                .warm_pool,
+            []
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let unset: Vec<(&str, Option<&str>)> = NAMES.iter().map(|(_, e)| (*e, None)).collect();
+        let c = load_env(&unset, &[]).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8090".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/isobox"));
+        assert_eq!(c.rootfs_dir, PathBuf::from("/var/lib/isobox/rootfs"));
+        assert_eq!(c.runtimes_dir, None);
+        assert_eq!(
+            (c.instance.as_str(), c.platform.as_str()),
+            ("isobox", "ptrace")
+        );
+        assert_eq!(c.runsc, PathBuf::from("/usr/bin/runsc"));
+        assert_eq!(c.log_level, "info");
+        assert_eq!(
+            (c.workers, c.max_connections, c.max_connections_per_ip),
+            (4, 1024, 256)
+        );
+        assert_eq!((c.idle_timeout_ms, c.head_timeout_ms), (60_000, 10_000));
+        assert_eq!(c.max_concurrent, 4);
+        assert_eq!(c.slice_memory_bytes, crate::sys::host_memory_bytes() / 2);
+        assert_eq!((c.compile_timeout_ms, c.sse_keepalive_ms), (30_000, 10_000));
+        assert_eq!(c.shutdown_grace_ms, 10_000);
+        assert!(c.seccomp);
+        let a = &c.admission;
+        assert!(a.api_keys.is_none() && a.api_keys_file.is_none());
+        assert!(!a.require_auth && !a.memory_require_key);
+        assert_eq!(
+            (a.rate_per_min, a.rate_burst, a.ai_rate_per_min),
+            (30, 10, 6)
+        );
+        assert!(a.trusted_proxies.is_empty());
+        let s = &c.sessions;
+        assert_eq!(
+            (s.quota_bytes, s.volume_quota_bytes),
+            (512 << 20, 512 << 20)
+        );
+        assert_eq!((s.max_sessions, s.max_volumes), (1000, 1000));
+        assert_eq!(
+            (s.storage_max_bytes, s.storage_reserve_bytes),
+            (32 << 30, 2 << 30)
+        );
+        assert_eq!(s.ttl_max_sec, 7 * 86_400);
+        let e = &c.egress;
+        assert!(e.enabled);
+        assert_eq!(e.pool, crate::netfilter::Cidr::DEFAULT_POOL);
+        assert_eq!(
+            e.dns,
+            vec![Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(8, 8, 8, 8)]
+        );
+        assert!(e.deny.is_empty());
+        assert_eq!(
+            (e.verify_sec, e.max_conns, e.rate_bytes),
+            (10, 256, 12_500_000)
+        );
+        assert_eq!(c.warm_pool.len(), 3);
+        assert_eq!((c.kernels_max, c.kernel_idle_sec), (4, 1800));
+        let ai = &c.ai;
+        assert!(ai.base.is_none() && ai.key.is_none() && ai.model.is_empty());
+        assert_eq!((ai.max_iters, ai.rate_per_min), (8, 6));
+        assert!(ai.search);
+        assert_eq!(ai.search_url, "https://html.duckduckgo.com/html/");
+        assert_eq!(
+            (ai.timeout_sec, ai.python_wall_sec, ai.shell_wall_sec),
+            (120, 60, 180)
+        );
+    }
+
+    #[test]
+    fn an_invalid_variable_is_refused_by_name() {
+        for (var, value) in [
+            ("ISOBOX_LISTEN", "nope"),
+            ("ISOBOX_WORKERS", "four"),
+            ("ISOBOX_EGRESS", "maybe"),
+            ("ISOBOX_REQUIRE_AUTH", "yes"),
+            ("ISOBOX_NET_DNS", "1.1.1.1,resolver"),
+            ("ISOBOX_TRUSTED_PROXIES", "10.0.0.0/99"),
+            ("ISOBOX_WARM_POOL", "python=99"),
+            ("ISOBOX_SLICE_MEMORY_BYTES", "lots"),
+        ] {
+            let e = load_env(&[(var, Some(value))], &[]).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, ConfigError::Args(_)), "{var}: {msg}");
+            assert!(msg.contains(var) && msg.contains(value), "{var}: {msg}");
+        }
+        // Range checks name the variable too.
+        let e = load_env(&[("ISOBOX_WORKERS", Some("65"))], &[]).unwrap_err();
+        assert!(e.to_string().contains("ISOBOX_WORKERS"), "{e}");
+    }
+
+    #[test]
+    fn spellings_accepted_as_before() {
+        for (v, on) in [
+            ("on", true),
+            ("1", true),
+            ("true", true),
+            (" off ", false),
+            ("0", false),
+            ("false", false),
+        ] {
+            let c = load_env(
+                &[("ISOBOX_EGRESS", Some(v)), ("ISOBOX_AI_SEARCH", Some(v))],
+                &[],
+            )
+            .unwrap();
+            assert_eq!((c.egress.enabled, c.ai.search), (on, on), "{v:?}");
+        }
+        for (v, on) in [("1", true), ("true", true), ("0", false), ("false", false)] {
+            let c = load(&["--require-auth", v, "--memory-require-key", v]).unwrap();
+            assert_eq!(
+                (c.admission.require_auth, c.admission.memory_require_key),
+                (on, on),
+                "{v:?}"
+            );
+        }
+        assert!(load(&["--require-auth", "on"]).is_err());
+        let c = load_env(
+            &[
+                ("ISOBOX_AI_BASE", Some(" http://127.0.0.1:9/v1/ ")),
+                ("ISOBOX_AI_MODEL", Some(" m ")),
+            ],
+            &[
+                "--trusted-proxies",
+                "127.0.0.1, ::1/128,",
+                "--egress-deny",
+                "192.0.2.0/24",
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.ai.base.as_deref(), Some("http://127.0.0.1:9/v1"));
+        assert_eq!(c.ai.model, "m");
+        assert_eq!(c.admission.trusted_proxies.len(), 2);
+        assert_eq!(c.egress.deny, vec!["192.0.2.0/24".parse().unwrap()]);
+    }
+
+    #[test]
+    fn an_unknown_flag_is_refused_without_its_value() {
+        for args in [
+            &["--no-such-flag"][..],
+            &["--ai-kye=sk-do-not-print"],
+            &["stray"],
+        ] {
+            match load(args) {
+                Err(ConfigError::Args(e)) => {
+                    assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{e}");
+                    assert!(!e.to_string().contains("sk-do-not"), "{e}");
+                }
+                r => panic!("{args:?}: {:?}", r.map(|_| ())),
+            }
+        }
+        match load(&["--listen"]) {
+            Err(ConfigError::Args(e)) => assert!(e.to_string().contains("--listen"), "{e}"),
+            r => panic!("{:?}", r.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn help_lists_every_setting_with_its_variable_and_version_is_the_build() {
+        let secret = [("ISOBOX_AI_KEY", Some("sk-env-secret"))];
+        let help = with_env(&secret, Config::help);
+        // What `--help` prints, as `-h` does.
+        for h in ["--help", "-h"] {
+            match load_env(&secret, &[h]) {
+                Err(ConfigError::Args(e)) => {
+                    assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+                    assert_eq!(e.to_string(), help);
+                }
+                r => panic!("{:?}", r.map(|_| ())),
+            }
+        }
+        assert!(
+            help.starts_with("run untrusted code in gVisor sandboxes over HTTP\n"),
+            "{help}"
+        );
+        let lines: Vec<&str> = help.lines().collect();
+        for (flag, env) in NAMES {
+            let at = lines
+                .iter()
+                .position(|l| l.trim_start().starts_with(&format!("{flag} <")))
+                .unwrap_or_else(|| panic!("{flag} missing:\n{help}"));
+            assert!(
+                lines[at + 1].contains(&format!("[env: {env}]")),
+                "{flag}: {}",
+                lines[at + 1]
+            );
+        }
+        assert!(help.contains("[default: 127.0.0.1:8090]"), "{help}");
+        assert!(!help.contains("sk-env-secret"), "{help}");
+        // Every setting there is is in NAMES.
+        let flags = lines
+            .iter()
+            .filter(|l| l.trim_start().starts_with("--"))
+            .count();
+        assert_eq!(flags, NAMES.len(), "{help}");
+        match load(&["--version"]) {
+            Err(ConfigError::Args(e)) => {
+                assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
+                assert_eq!(
+                    e.to_string().trim_end(),
+                    format!("isoboxd {}", crate::VERSION)
+                );
+            }
+            r => panic!("{:?}", r.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug() {
+        let c = load(&[
+            "--ai-key",
+            "sk-flag-secret",
+            "--api-keys",
+            "k-inline-secret",
+            "--ai-base",
+            "http://127.0.0.1:9/v1",
+            "--ai-model",
+            "m",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.ai.key.as_ref().map(Secret::expose),
+            Some("sk-flag-secret")
+        );
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("sk-flag-secret") && !dbg.contains("k-inline-secret"),
+            "{dbg}"
+        );
     }
 }
