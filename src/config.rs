@@ -638,8 +638,8 @@ fn invalid(name: &str, value: &str, why: &str) -> ConfigError {
 
 /// How one setting's value is parsed: `self.0` turns the text into the field's value
 /// or says why not. The empty text stands for the setting's default (as `get` did in
-/// the loader this replaces), and a refusal names the value, the flag and the
-/// variable, whichever of the two gave it.
+/// the loader this replaces), and a refusal names the value with both the flag and
+/// the variable, since it cannot tell which of the two gave it.
 #[derive(Clone)]
 struct Value<T>(fn(&str) -> Result<T, String>);
 
