@@ -1,10 +1,17 @@
 //! Configuration: `ISOBOX_*` environment variables, overridden by command-line flags.
 //!
-//! Loaded once in `main` and passed down by reference. Every setting is listed in
-//! [`SETTINGS`], which also renders `isoboxd --help`.
+//! Loaded once in `main` and passed down by reference. Every setting is one field of
+//! `Args`: its attribute holds its flag, its variable and its default, its doc comment
+//! is its line in `isoboxd --help`. clap reads the command line and the environment (a
+//! flag beats its variable, which beats the default); [`Config::load`] moves the parsed
+//! values into [`Config`] and checks them with [`Config::validate`].
 
-use std::net::SocketAddr;
+use std::ffi::{OsStr, OsString};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+
+use clap::builder::TypedValueParser;
+use clap::{CommandFactory, FromArgMatches};
 
 /// A configuration error, naming the setting.
 #[derive(Debug, thiserror::Error)]
@@ -19,339 +26,214 @@ pub enum ConfigError {
         /// Why it was refused.
         why: String,
     },
-    /// An unknown flag.
-    #[error("unknown flag {0} (see --help)")]
-    UnknownFlag(String),
+    /// What clap refused (an unknown flag, a missing value, a value that does not
+    /// parse, named with its flag and its variable), or the `--help` or `--version` it
+    /// answers: [`clap::Error::exit`] prints either where it belongs and exits with
+    /// its code (2 for an error, 0 for help and version).
+    #[error("{}", .0.to_string().trim_end())]
+    Args(#[from] clap::Error),
 }
 
-/// One setting: flag, environment variable, default, meaning.
-pub struct Setting {
-    /// `--flag`.
-    pub flag: &'static str,
-    /// `ISOBOX_*`.
-    pub env: &'static str,
-    /// Default shown in `--help`.
-    pub default: &'static str,
-    /// What it does.
-    pub help: &'static str,
+/// Every setting isoboxd reads: its flag (from the field's name), its `ISOBOX_*`
+/// variable, its default, and its `--help` line (the doc comment).
+///
+/// Each field's `Value` parser makes all of its value, so that clap's own readings of
+/// a field's type do not apply: `std::option::Option`, `std::vec::Vec` and
+/// `std::primitive::bool` are spelled out because clap would take a bare `Option` for
+/// a setting that may be absent, a `Vec` for a flag given once per item and a `bool`
+/// for a flag without a value. A setting without a default has `default_value = ""`
+/// (hidden in `--help`, whose line says what unset means): whether from a flag, the
+/// environment or the default, the empty value is the default, as it always was.
+#[derive(clap::Parser)]
+#[command(
+    name = "isoboxd",
+    version = crate::VERSION,
+    about = "run untrusted code in gVisor sandboxes over HTTP",
+    // Not the doc comment above, which is for this file's readers.
+    long_about = None,
+    after_help = "Every flag can also be set by its environment variable; flags win.",
+    next_line_help = true,
+    // As before: a repeated flag's last value wins.
+    args_override_self = true
+)]
+struct Args {
+    /// address to listen on (port 0 picks a free one)
+    #[arg(long, env = "ISOBOX_LISTEN", default_value = "127.0.0.1:8090", value_parser = Value(parsed::<SocketAddr>))]
+    listen: SocketAddr,
+    /// state directory (runs, LMDB, workspaces)
+    #[arg(long, env = "ISOBOX_DATA_DIR", default_value = "/var/lib/isobox", value_parser = Value(path))]
+    data_dir: PathBuf,
+    /// where `make runtimes` builds the runtimes' root filesystems
+    #[arg(long, env = "ISOBOX_ROOTFS_DIR", default_value = "/var/lib/isobox/rootfs", value_parser = Value(path))]
+    rootfs_dir: PathBuf,
+    /// directory of runtime descriptors (*.toml); default: the ones built into the binary
+    #[arg(long, env = "ISOBOX_RUNTIMES_DIR", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
+    runtimes_dir: std::option::Option<PathBuf>,
+    /// name for this daemon's cgroups, runsc root and containers; must start with `isobox`
+    #[arg(long, env = "ISOBOX_INSTANCE", default_value = "isobox", value_parser = Value(text))]
+    instance: String,
+    /// path of the runsc binary
+    #[arg(long, env = "ISOBOX_RUNSC", default_value = "/usr/bin/runsc", value_parser = Value(path))]
+    runsc: PathBuf,
+    /// gVisor platform (ptrace works everywhere; kvm needs /dev/kvm)
+    #[arg(long, env = "ISOBOX_PLATFORM", default_value = "ptrace", value_parser = Value(text))]
+    platform: String,
+    /// log level: error, warn, info, debug, trace
+    #[arg(long, env = "ISOBOX_LOG", default_value = "info", value_parser = Value(text))]
+    log: String,
+    /// worker threads for blocking work
+    #[arg(long, env = "ISOBOX_WORKERS", default_value = "4", value_parser = Value(parsed::<usize>))]
+    workers: usize,
+    /// open connections beyond this are answered 503 and closed
+    #[arg(long, env = "ISOBOX_MAX_CONNECTIONS", default_value = "1024", value_parser = Value(parsed::<usize>))]
+    max_connections: usize,
+    /// open connections from one address (IPv6: one /64) beyond this are answered 503 and closed
+    #[arg(long, env = "ISOBOX_MAX_CONNECTIONS_PER_IP", default_value = "256", value_parser = Value(parsed::<usize>))]
+    max_connections_per_ip: usize,
+    /// an idle keep-alive connection is closed after this
+    #[arg(long, env = "ISOBOX_IDLE_TIMEOUT_MS", default_value = "60000", value_parser = Value(parsed::<u64>))]
+    idle_timeout_ms: u64,
+    /// a request head must arrive within this (slowloris guard)
+    #[arg(long, env = "ISOBOX_HEAD_TIMEOUT_MS", default_value = "10000", value_parser = Value(parsed::<u64>))]
+    head_timeout_ms: u64,
+    /// executions at once; the next gets 429 capacity
+    #[arg(long, env = "ISOBOX_MAX_CONCURRENT", default_value = "4", value_parser = Value(parsed::<usize>))]
+    max_concurrent: usize,
+    /// memory cap of the protective cgroup slice holding every sandbox (default: half of
+    /// host memory)
+    #[arg(long, env = "ISOBOX_SLICE_MEMORY_BYTES", default_value = "", hide_default_value = true, value_parser = Value(optional::<u64>))]
+    slice_memory_bytes: std::option::Option<u64>,
+    /// time limit of the build step of compiled runtimes (go, rust, typescript)
+    #[arg(long, env = "ISOBOX_COMPILE_TIMEOUT_MS", default_value = "30000", value_parser = Value(parsed::<u64>))]
+    compile_timeout_ms: u64,
+    /// interval of `: keep-alive` comments on silent SSE streams
+    #[arg(long, env = "ISOBOX_SSE_KEEPALIVE_MS", default_value = "10000", value_parser = Value(parsed::<u64>))]
+    sse_keepalive_ms: u64,
+    /// comma-separated API keys; with keys, requests need X-API-Key or Authorization:
+    /// Bearer (default: none, an open API)
+    #[arg(long, env = "ISOBOX_API_KEYS", default_value = "", hide_default_value = true, value_parser = Value(secret))]
+    api_keys: std::option::Option<Secret>,
+    /// file with one API key per line, re-read on SIGHUP (default: none)
+    #[arg(long, env = "ISOBOX_API_KEYS_FILE", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
+    api_keys_file: std::option::Option<PathBuf>,
+    /// 1: refuse to start without API keys; keys required everywhere even with
+    /// --memory-require-key
+    #[arg(long, env = "ISOBOX_REQUIRE_AUTH", default_value = "0", value_parser = Value(zero_one))]
+    require_auth: std::primitive::bool,
+    /// 1: with keys, require them only on /v1/memory, /v1/volumes and POST /v1/agent (the
+    /// public demo's setup)
+    #[arg(long, env = "ISOBOX_MEMORY_REQUIRE_KEY", default_value = "0", value_parser = Value(zero_one))]
+    memory_require_key: std::primitive::bool,
+    /// per-client /execute requests per minute (token bucket refill)
+    #[arg(long, env = "ISOBOX_RATE_PER_MIN", default_value = "30", value_parser = Value(parsed::<u32>))]
+    rate_per_min: u32,
+    /// per-client token bucket size
+    #[arg(long, env = "ISOBOX_RATE_BURST", default_value = "10", value_parser = Value(parsed::<u32>))]
+    rate_burst: u32,
+    /// comma-separated CIDRs whose X-Forwarded-For is believed (default: none)
+    #[arg(long, env = "ISOBOX_TRUSTED_PROXIES", default_value = "", hide_default_value = true, value_parser = Value(proxies))]
+    trusted_proxies: std::vec::Vec<crate::admission::Cidr>,
+    /// disk quota of each session's /workspace (its own filesystem)
+    #[arg(long, env = "ISOBOX_SESSION_QUOTA_BYTES", default_value = "536870912", value_parser = Value(parsed::<u64>))]
+    session_quota_bytes: u64,
+    /// sessions that may exist at once (429 too_many_sessions above)
+    #[arg(long, env = "ISOBOX_MAX_SESSIONS", default_value = "1000", value_parser = Value(parsed::<usize>))]
+    max_sessions: usize,
+    /// disk all session workspaces may really use together (507 storage_full above)
+    #[arg(long, env = "ISOBOX_STORAGE_MAX_BYTES", default_value = "34359738368", value_parser = Value(parsed::<u64>))]
+    storage_max_bytes: u64,
+    /// free disk kept on the data dir's filesystem (507 storage_full below)
+    #[arg(long, env = "ISOBOX_STORAGE_RESERVE_BYTES", default_value = "2147483648", value_parser = Value(parsed::<u64>))]
+    storage_reserve_bytes: u64,
+    /// largest ttlSec a session may ask for (larger values are clamped)
+    #[arg(long, env = "ISOBOX_SESSION_TTL_MAX_SEC", default_value = "604800", value_parser = Value(parsed::<u64>))]
+    session_ttl_max_sec: u64,
+    /// disk quota of each volume (its own filesystem, mounted at /memory)
+    #[arg(long, env = "ISOBOX_VOLUME_QUOTA_BYTES", default_value = "536870912", value_parser = Value(parsed::<u64>))]
+    volume_quota_bytes: u64,
+    /// volumes that may exist at once (429 too_many_volumes above)
+    #[arg(long, env = "ISOBOX_MAX_VOLUMES", default_value = "1000", value_parser = Value(parsed::<usize>))]
+    max_volumes: usize,
+    /// `on`: runs asking for network get filtered egress (public internet only) while the
+    /// firewall is verified; `off`: every run is offline
+    #[arg(long, env = "ISOBOX_EGRESS", default_value = "on", value_parser = Value(on_off))]
+    egress: std::primitive::bool,
+    /// private IPv4 range the sandboxes' links are numbered from (a /30 each); must not
+    /// overlap the host's networks
+    #[arg(long, env = "ISOBOX_NET_POOL", default_value = "10.200.0.0/16", value_parser = Value(parsed::<crate::netfilter::Cidr>))]
+    net_pool: crate::netfilter::Cidr,
+    /// resolvers written to the sandbox's /etc/resolv.conf (public addresses: private ones
+    /// are blocked)
+    #[arg(long, env = "ISOBOX_NET_DNS", default_value = "1.1.1.1,8.8.8.8", value_parser = Value(list::<Ipv4Addr>))]
+    net_dns: std::vec::Vec<Ipv4Addr>,
+    /// extra IPv4 ranges sandboxes may not reach (comma-separated CIDRs), beside the
+    /// built-in private and special ranges (default: none)
+    #[arg(long, env = "ISOBOX_EGRESS_DENY", default_value = "", hide_default_value = true, value_parser = Value(list::<crate::netfilter::Cidr>))]
+    egress_deny: std::vec::Vec<crate::netfilter::Cidr>,
+    /// how often the firewall is read back and, when it is found wrong, programmed again
+    #[arg(long, env = "ISOBOX_EGRESS_VERIFY_SEC", default_value = "10", value_parser = Value(parsed::<u64>))]
+    egress_verify_sec: u64,
+    /// connections one networked sandbox may have open at once (conntrack entries, TCP,
+    /// UDP and ICMP alike); a new one beyond it is dropped (1-65536)
+    #[arg(long, env = "ISOBOX_EGRESS_MAX_CONNS", default_value = "256", value_parser = Value(parsed::<u32>))]
+    egress_max_conns: u32,
+    /// bytes per second one networked sandbox may send, and separately receive (100 Mbit/s
+    /// by default); packets beyond it are dropped, bursts of up to a second's worth pass
+    /// (65536-10000000000)
+    #[arg(long, env = "ISOBOX_EGRESS_RATE", default_value = "12500000", value_parser = Value(parsed::<u64>))]
+    egress_rate: u64,
+    /// sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python,
+    /// JavaScript, Ruby and the compiled runtimes; `off` disables): each serves one
+    /// /execute with the runtime's default memory and pids (offline, or with filtered
+    /// egress from the `<runtime>+net` pool)
+    #[arg(long, env = "ISOBOX_WARM_POOL", default_value = "python=2,python-slim=1,javascript=1", value_parser = Value(warm_pool))]
+    warm_pool: std::vec::Vec<(String, usize)>,
+    /// live-kernel sessions that may run at once (429 too_many_kernels above; 0 disables
+    /// kernel sessions)
+    #[arg(long, env = "ISOBOX_KERNELS_MAX", default_value = "4", value_parser = Value(parsed::<usize>))]
+    kernels_max: usize,
+    /// a kernel with no step for this long is ended (its session's files stay until the
+    /// session's TTL)
+    #[arg(long, env = "ISOBOX_KERNEL_IDLE_SEC", default_value = "1800", value_parser = Value(parsed::<u64>))]
+    kernel_idle_sec: u64,
+    /// OpenAI-compatible endpoint of the server-side agent, e.g. https://api.openai.com/v1
+    /// (POST {base}/chat/completions); unset: /v1/agent is off
+    #[arg(long, env = "ISOBOX_AI_BASE", default_value = "", hide_default_value = true, value_parser = Value(ai_base))]
+    ai_base: std::option::Option<String>,
+    /// the upstream's key, sent as Authorization: Bearer (never logged, never sent to a
+    /// client; prefer the environment to the flag)
+    #[arg(long, env = "ISOBOX_AI_KEY", default_value = "", hide_default_value = true, value_parser = Value(ai_key))]
+    ai_key: std::option::Option<Secret>,
+    /// the model the agent asks for (required with ISOBOX_AI_BASE)
+    #[arg(long, env = "ISOBOX_AI_MODEL", default_value = "", hide_default_value = true, value_parser = Value(trimmed))]
+    ai_model: String,
+    /// model calls per agent loop at most (a request's maxIters is clamped to it)
+    #[arg(long, env = "ISOBOX_AI_MAX_ITERS", default_value = "8", value_parser = Value(parsed::<u32>))]
+    ai_max_iters: u32,
+    /// agent loops a client address may start per minute (429 rate_limited above)
+    #[arg(long, env = "ISOBOX_AI_RATE_PER_MIN", default_value = "6", value_parser = Value(parsed::<u32>))]
+    ai_rate_per_min: u32,
+    /// offer the agent the server-side web_search tool (on or off)
+    #[arg(long, env = "ISOBOX_AI_SEARCH", default_value = "on", value_parser = Value(on_off))]
+    ai_search: std::primitive::bool,
+    /// where web_search asks (DuckDuckGo's HTML results; GET ?q=)
+    #[arg(long, env = "ISOBOX_AI_SEARCH_URL", default_value = "https://html.duckduckgo.com/html/", value_parser = Value(trimmed))]
+    ai_search_url: String,
+    /// longest silence of the agent's upstream before the loop ends with upstream_error
+    #[arg(long, env = "ISOBOX_AI_TIMEOUT_SEC", default_value = "120", value_parser = Value(parsed::<u64>))]
+    ai_timeout_sec: u64,
+    /// wall time of the agent's run_python steps (past it the kernel ends, as any kernel
+    /// step's wall time does)
+    #[arg(long, env = "ISOBOX_AI_PYTHON_WALL_SEC", default_value = "60", value_parser = Value(parsed::<u64>))]
+    ai_python_wall_sec: u64,
+    /// wall time of the agent's run_shell commands (then killed in place: exit 124, the
+    /// kernel survives)
+    #[arg(long, env = "ISOBOX_AI_SHELL_WALL_SEC", default_value = "180", value_parser = Value(parsed::<u64>))]
+    ai_shell_wall_sec: u64,
+    /// on SIGTERM, running executions get this long before they are killed
+    #[arg(long, env = "ISOBOX_SHUTDOWN_GRACE_MS", default_value = "10000", value_parser = Value(parsed::<u64>))]
+    shutdown_grace_ms: u64,
 }
-
-/// Every setting isoboxd reads.
-pub const SETTINGS: &[Setting] = &[
-    Setting {
-        flag: "--listen",
-        env: "ISOBOX_LISTEN",
-        default: "127.0.0.1:8090",
-        help: "address to listen on (port 0 picks a free one)",
-    },
-    Setting {
-        flag: "--data-dir",
-        env: "ISOBOX_DATA_DIR",
-        default: "/var/lib/isobox",
-        help: "state directory (runs, LMDB, workspaces)",
-    },
-    Setting {
-        flag: "--rootfs-dir",
-        env: "ISOBOX_ROOTFS_DIR",
-        default: "/var/lib/isobox/rootfs",
-        help: "where `make runtimes` builds the runtimes' root filesystems",
-    },
-    Setting {
-        flag: "--runtimes-dir",
-        env: "ISOBOX_RUNTIMES_DIR",
-        default: "(embedded)",
-        help: "directory of runtime descriptors (*.toml); default: the ones built into the binary",
-    },
-    Setting {
-        flag: "--instance",
-        env: "ISOBOX_INSTANCE",
-        default: "isobox",
-        help: "name for this daemon's cgroups, runsc root and containers; must start with `isobox`",
-    },
-    Setting {
-        flag: "--runsc",
-        env: "ISOBOX_RUNSC",
-        default: "/usr/bin/runsc",
-        help: "path of the runsc binary",
-    },
-    Setting {
-        flag: "--platform",
-        env: "ISOBOX_PLATFORM",
-        default: "ptrace",
-        help: "gVisor platform (ptrace works everywhere; kvm needs /dev/kvm)",
-    },
-    Setting {
-        flag: "--log",
-        env: "ISOBOX_LOG",
-        default: "info",
-        help: "log level: error, warn, info, debug, trace",
-    },
-    Setting {
-        flag: "--workers",
-        env: "ISOBOX_WORKERS",
-        default: "4",
-        help: "worker threads for blocking work",
-    },
-    Setting {
-        flag: "--max-connections",
-        env: "ISOBOX_MAX_CONNECTIONS",
-        default: "1024",
-        help: "open connections beyond this are answered 503 and closed",
-    },
-    Setting {
-        flag: "--max-connections-per-ip",
-        env: "ISOBOX_MAX_CONNECTIONS_PER_IP",
-        default: "256",
-        help: "open connections from one address (IPv6: one /64) beyond this are answered 503 and closed",
-    },
-    Setting {
-        flag: "--idle-timeout-ms",
-        env: "ISOBOX_IDLE_TIMEOUT_MS",
-        default: "60000",
-        help: "an idle keep-alive connection is closed after this",
-    },
-    Setting {
-        flag: "--head-timeout-ms",
-        env: "ISOBOX_HEAD_TIMEOUT_MS",
-        default: "10000",
-        help: "a request head must arrive within this (slowloris guard)",
-    },
-    Setting {
-        flag: "--max-concurrent",
-        env: "ISOBOX_MAX_CONCURRENT",
-        default: "4",
-        help: "executions at once; the next gets 429 capacity",
-    },
-    Setting {
-        flag: "--slice-memory-bytes",
-        env: "ISOBOX_SLICE_MEMORY_BYTES",
-        default: "(half of host memory)",
-        help: "memory cap of the protective cgroup slice holding every sandbox",
-    },
-    Setting {
-        flag: "--compile-timeout-ms",
-        env: "ISOBOX_COMPILE_TIMEOUT_MS",
-        default: "30000",
-        help: "time limit of the build step of compiled runtimes (go, rust, typescript)",
-    },
-    Setting {
-        flag: "--sse-keepalive-ms",
-        env: "ISOBOX_SSE_KEEPALIVE_MS",
-        default: "10000",
-        help: "interval of `: keep-alive` comments on silent SSE streams",
-    },
-    Setting {
-        flag: "--api-keys",
-        env: "ISOBOX_API_KEYS",
-        default: "(none: open API)",
-        help:
-            "comma-separated API keys; with keys, requests need X-API-Key or Authorization: Bearer",
-    },
-    Setting {
-        flag: "--api-keys-file",
-        env: "ISOBOX_API_KEYS_FILE",
-        default: "(none)",
-        help: "file with one API key per line, re-read on SIGHUP",
-    },
-    Setting {
-        flag: "--require-auth",
-        env: "ISOBOX_REQUIRE_AUTH",
-        default: "0",
-        help: "1: refuse to start without API keys; keys required everywhere even with --memory-require-key",
-    },
-    Setting {
-        flag: "--memory-require-key",
-        env: "ISOBOX_MEMORY_REQUIRE_KEY",
-        default: "0",
-        help: "1: with keys, require them only on /v1/memory, /v1/volumes and POST /v1/agent (the public demo's setup)",
-    },
-    Setting {
-        flag: "--rate-per-min",
-        env: "ISOBOX_RATE_PER_MIN",
-        default: "30",
-        help: "per-client /execute requests per minute (token bucket refill)",
-    },
-    Setting {
-        flag: "--rate-burst",
-        env: "ISOBOX_RATE_BURST",
-        default: "10",
-        help: "per-client token bucket size",
-    },
-    Setting {
-        flag: "--trusted-proxies",
-        env: "ISOBOX_TRUSTED_PROXIES",
-        default: "(none)",
-        help: "comma-separated CIDRs whose X-Forwarded-For is believed",
-    },
-    Setting {
-        flag: "--session-quota-bytes",
-        env: "ISOBOX_SESSION_QUOTA_BYTES",
-        default: "536870912",
-        help: "disk quota of each session's /workspace (its own filesystem)",
-    },
-    Setting {
-        flag: "--max-sessions",
-        env: "ISOBOX_MAX_SESSIONS",
-        default: "1000",
-        help: "sessions that may exist at once (429 too_many_sessions above)",
-    },
-    Setting {
-        flag: "--storage-max-bytes",
-        env: "ISOBOX_STORAGE_MAX_BYTES",
-        default: "34359738368",
-        help: "disk all session workspaces may really use together (507 storage_full above)",
-    },
-    Setting {
-        flag: "--storage-reserve-bytes",
-        env: "ISOBOX_STORAGE_RESERVE_BYTES",
-        default: "2147483648",
-        help: "free disk kept on the data dir's filesystem (507 storage_full below)",
-    },
-    Setting {
-        flag: "--session-ttl-max-sec",
-        env: "ISOBOX_SESSION_TTL_MAX_SEC",
-        default: "604800",
-        help: "largest ttlSec a session may ask for (larger values are clamped)",
-    },
-    Setting {
-        flag: "--volume-quota-bytes",
-        env: "ISOBOX_VOLUME_QUOTA_BYTES",
-        default: "536870912",
-        help: "disk quota of each volume (its own filesystem, mounted at /memory)",
-    },
-    Setting {
-        flag: "--max-volumes",
-        env: "ISOBOX_MAX_VOLUMES",
-        default: "1000",
-        help: "volumes that may exist at once (429 too_many_volumes above)",
-    },
-    Setting {
-        flag: "--egress",
-        env: "ISOBOX_EGRESS",
-        default: "on",
-        help: "`on`: runs asking for network get filtered egress (public internet only) while the firewall is verified; `off`: every run is offline",
-    },
-    Setting {
-        flag: "--net-pool",
-        env: "ISOBOX_NET_POOL",
-        default: "10.200.0.0/16",
-        help: "private IPv4 range the sandboxes' links are numbered from (a /30 each); must not overlap the host's networks",
-    },
-    Setting {
-        flag: "--net-dns",
-        env: "ISOBOX_NET_DNS",
-        default: "1.1.1.1,8.8.8.8",
-        help: "resolvers written to the sandbox's /etc/resolv.conf (public addresses: private ones are blocked)",
-    },
-    Setting {
-        flag: "--egress-deny",
-        env: "ISOBOX_EGRESS_DENY",
-        default: "",
-        help: "extra IPv4 ranges sandboxes may not reach (comma-separated CIDRs), beside the built-in private and special ranges",
-    },
-    Setting {
-        flag: "--egress-verify-sec",
-        env: "ISOBOX_EGRESS_VERIFY_SEC",
-        default: "10",
-        help: "how often the firewall is read back and, when it is found wrong, programmed again",
-    },
-    Setting {
-        flag: "--egress-max-conns",
-        env: "ISOBOX_EGRESS_MAX_CONNS",
-        default: "256",
-        help: "connections one networked sandbox may have open at once (conntrack entries, TCP, UDP and ICMP alike); a new one beyond it is dropped (1-65536)",
-    },
-    Setting {
-        flag: "--egress-rate",
-        env: "ISOBOX_EGRESS_RATE",
-        default: "12500000",
-        help: "bytes per second one networked sandbox may send, and separately receive (100 Mbit/s by default); packets beyond it are dropped, bursts of up to a second's worth pass (65536-10000000000)",
-    },
-    Setting {
-        flag: "--warm-pool",
-        env: "ISOBOX_WARM_POOL",
-        default: "python=2,python-slim=1,javascript=1",
-        help: "sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python, JavaScript, Ruby and the compiled runtimes; empty or `off` disables): each serves one /execute with the runtime's default memory and pids (offline, or with filtered egress from the `<runtime>+net` pool)",
-    },
-    Setting {
-        flag: "--kernels-max",
-        env: "ISOBOX_KERNELS_MAX",
-        default: "4",
-        help: "live-kernel sessions that may run at once (429 too_many_kernels above; 0 disables kernel sessions)",
-    },
-    Setting {
-        flag: "--kernel-idle-sec",
-        env: "ISOBOX_KERNEL_IDLE_SEC",
-        default: "1800",
-        help: "a kernel with no step for this long is ended (its session's files stay until the session's TTL)",
-    },
-    Setting {
-        flag: "--ai-base",
-        env: "ISOBOX_AI_BASE",
-        default: "",
-        help: "OpenAI-compatible endpoint of the server-side agent, e.g. https://api.openai.com/v1 (POST {base}/chat/completions); unset: /v1/agent is off",
-    },
-    Setting {
-        flag: "--ai-key",
-        env: "ISOBOX_AI_KEY",
-        default: "",
-        help: "the upstream's key, sent as Authorization: Bearer (never logged, never sent to a client; prefer the environment to the flag)",
-    },
-    Setting {
-        flag: "--ai-model",
-        env: "ISOBOX_AI_MODEL",
-        default: "",
-        help: "the model the agent asks for (required with ISOBOX_AI_BASE)",
-    },
-    Setting {
-        flag: "--ai-max-iters",
-        env: "ISOBOX_AI_MAX_ITERS",
-        default: "8",
-        help: "model calls per agent loop at most (a request's maxIters is clamped to it)",
-    },
-    Setting {
-        flag: "--ai-rate-per-min",
-        env: "ISOBOX_AI_RATE_PER_MIN",
-        default: "6",
-        help: "agent loops a client address may start per minute (429 rate_limited above)",
-    },
-    Setting {
-        flag: "--ai-search",
-        env: "ISOBOX_AI_SEARCH",
-        default: "on",
-        help: "offer the agent the server-side web_search tool (on or off)",
-    },
-    Setting {
-        flag: "--ai-search-url",
-        env: "ISOBOX_AI_SEARCH_URL",
-        default: "https://html.duckduckgo.com/html/",
-        help: "where web_search asks (DuckDuckGo's HTML results; GET ?q=)",
-    },
-    Setting {
-        flag: "--ai-timeout-sec",
-        env: "ISOBOX_AI_TIMEOUT_SEC",
-        default: "120",
-        help: "longest silence of the agent's upstream before the loop ends with upstream_error",
-    },
-    Setting {
-        flag: "--ai-python-wall-sec",
-        env: "ISOBOX_AI_PYTHON_WALL_SEC",
-        default: "60",
-        help: "wall time of the agent's run_python steps (past it the kernel ends, as any kernel step's wall time does)",
-    },
-    Setting {
-        flag: "--ai-shell-wall-sec",
-        env: "ISOBOX_AI_SHELL_WALL_SEC",
-        default: "180",
-        help: "wall time of the agent's run_shell commands (then killed in place: exit 124, the kernel survives)",
-    },
-    Setting {
-        flag: "--shutdown-grace-ms",
-        env: "ISOBOX_SHUTDOWN_GRACE_MS",
-        default: "10000",
-        help: "on SIGTERM, running executions get this long before they are killed",
-    },
-];
 
 pub use crate::secret::Secret;
 
@@ -460,225 +342,83 @@ impl Config {
     /// Reads the environment, then applies `args` (without argv\[0\]).
     ///
     /// # Errors
-    /// [`ConfigError`] naming the first bad setting.
-    pub fn load(args: &[String]) -> Result<Config, ConfigError> {
-        let mut values: Vec<Option<String>> =
-            SETTINGS.iter().map(|s| std::env::var(s.env).ok()).collect();
-        let mut i = 0;
-        while i < args.len() {
-            let arg = &args[i];
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) => (f, Some(v.to_string())),
-                None => (arg.as_str(), None),
-            };
-            let idx = SETTINGS
-                .iter()
-                .position(|s| s.flag == flag)
-                // Only the flag's name: a mistyped `--ai-kye=sk-...` must not print the key.
-                .ok_or_else(|| {
-                    ConfigError::UnknownFlag(arg.split('=').next().unwrap_or("").to_string())
-                })?;
-            let value = match inline {
-                Some(v) => v,
-                None => {
-                    i += 1;
-                    args.get(i)
-                        .cloned()
-                        .ok_or_else(|| invalid(flag, "", "missing value"))?
-                }
-            };
-            values[idx] = Some(value);
-            i += 1;
-        }
-        let get = |name: &str| -> Option<String> {
-            let idx = SETTINGS.iter().position(|s| s.env == name)?;
-            values[idx].clone().filter(|v| !v.is_empty())
-        };
-        let data_dir =
-            PathBuf::from(get("ISOBOX_DATA_DIR").unwrap_or_else(|| "/var/lib/isobox".into()));
-        let trusted = match get("ISOBOX_TRUSTED_PROXIES") {
-            None => Vec::new(),
-            Some(list) => list
-                .split(',')
-                .map(str::trim)
-                .filter(|c| !c.is_empty())
-                .map(crate::admission::Cidr::parse)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| invalid("ISOBOX_TRUSTED_PROXIES", &list, &e.to_string()))?,
-        };
-        let flag = |name: &str| -> Result<bool, ConfigError> {
-            match get(name).as_deref() {
-                None | Some("0") | Some("false") => Ok(false),
-                Some("1") | Some("true") => Ok(true),
-                Some(v) => Err(invalid(name, v, "0 or 1")),
-            }
-        };
-        let admission = crate::admission::AdmissionConfig {
-            api_keys: get("ISOBOX_API_KEYS").map(Secret::new),
-            api_keys_file: get("ISOBOX_API_KEYS_FILE").map(PathBuf::from),
-            require_auth: flag("ISOBOX_REQUIRE_AUTH")?,
-            memory_require_key: flag("ISOBOX_MEMORY_REQUIRE_KEY")?,
-            rate_per_min: parse_or("ISOBOX_RATE_PER_MIN", get("ISOBOX_RATE_PER_MIN"), 30)?,
-            rate_burst: parse_or("ISOBOX_RATE_BURST", get("ISOBOX_RATE_BURST"), 10)?,
-            trusted_proxies: trusted,
-            ai_rate_per_min: parse_or("ISOBOX_AI_RATE_PER_MIN", get("ISOBOX_AI_RATE_PER_MIN"), 6)?,
-        };
-        let ai_rate_per_min = admission.ai_rate_per_min;
+    /// [`ConfigError`] naming the first bad setting; [`ConfigError::Args`] also when
+    /// `args` ask for `--help` or `--version`.
+    pub fn load<I, T>(args: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let argv =
+            std::iter::once(OsString::from("isoboxd")).chain(args.into_iter().map(Into::into));
+        let matches = command().try_get_matches_from(argv)?;
+        let a = Args::from_arg_matches(&matches)?;
         let cfg = Config {
-            admission,
-            listen: parse_or(
-                "ISOBOX_LISTEN",
-                get("ISOBOX_LISTEN"),
-                "127.0.0.1:8090".parse().expect("constant address parses"),
-            )?,
-            rootfs_dir: get("ISOBOX_ROOTFS_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("/var/lib/isobox/rootfs")),
-            data_dir,
-            runtimes_dir: get("ISOBOX_RUNTIMES_DIR").map(PathBuf::from),
-            instance: get("ISOBOX_INSTANCE").unwrap_or_else(|| "isobox".into()),
-            runsc: PathBuf::from(get("ISOBOX_RUNSC").unwrap_or_else(|| "/usr/bin/runsc".into())),
-            platform: get("ISOBOX_PLATFORM").unwrap_or_else(|| "ptrace".into()),
-            log_level: get("ISOBOX_LOG").unwrap_or_else(|| "info".into()),
-            workers: parse_or("ISOBOX_WORKERS", get("ISOBOX_WORKERS"), 4)?,
-            max_connections: parse_or(
-                "ISOBOX_MAX_CONNECTIONS",
-                get("ISOBOX_MAX_CONNECTIONS"),
-                1024,
-            )?,
-            max_connections_per_ip: parse_or(
-                "ISOBOX_MAX_CONNECTIONS_PER_IP",
-                get("ISOBOX_MAX_CONNECTIONS_PER_IP"),
-                256,
-            )?,
-            idle_timeout_ms: parse_or(
-                "ISOBOX_IDLE_TIMEOUT_MS",
-                get("ISOBOX_IDLE_TIMEOUT_MS"),
-                60_000,
-            )?,
-            head_timeout_ms: parse_or(
-                "ISOBOX_HEAD_TIMEOUT_MS",
-                get("ISOBOX_HEAD_TIMEOUT_MS"),
-                10_000,
-            )?,
-            max_concurrent: parse_or("ISOBOX_MAX_CONCURRENT", get("ISOBOX_MAX_CONCURRENT"), 4)?,
-            slice_memory_bytes: parse_or(
-                "ISOBOX_SLICE_MEMORY_BYTES",
-                get("ISOBOX_SLICE_MEMORY_BYTES"),
-                crate::sys::host_memory_bytes() / 2,
-            )?,
-            seccomp: !matches!(get("ISOBOX_SECCOMP").as_deref(), Some("0") | Some("false")),
-            sse_keepalive_ms: parse_or(
-                "ISOBOX_SSE_KEEPALIVE_MS",
-                get("ISOBOX_SSE_KEEPALIVE_MS"),
-                10_000,
-            )?,
-            compile_timeout_ms: parse_or(
-                "ISOBOX_COMPILE_TIMEOUT_MS",
-                get("ISOBOX_COMPILE_TIMEOUT_MS"),
-                30_000,
-            )?,
-            shutdown_grace_ms: parse_or(
-                "ISOBOX_SHUTDOWN_GRACE_MS",
-                get("ISOBOX_SHUTDOWN_GRACE_MS"),
-                10_000,
-            )?,
+            admission: crate::admission::AdmissionConfig {
+                api_keys: a.api_keys,
+                api_keys_file: a.api_keys_file,
+                require_auth: a.require_auth,
+                memory_require_key: a.memory_require_key,
+                rate_per_min: a.rate_per_min,
+                rate_burst: a.rate_burst,
+                trusted_proxies: a.trusted_proxies,
+                ai_rate_per_min: a.ai_rate_per_min,
+            },
+            listen: a.listen,
+            data_dir: a.data_dir,
+            rootfs_dir: a.rootfs_dir,
+            runtimes_dir: a.runtimes_dir,
+            instance: a.instance,
+            runsc: a.runsc,
+            platform: a.platform,
+            log_level: a.log,
+            workers: a.workers,
+            max_connections: a.max_connections,
+            max_connections_per_ip: a.max_connections_per_ip,
+            idle_timeout_ms: a.idle_timeout_ms,
+            head_timeout_ms: a.head_timeout_ms,
+            max_concurrent: a.max_concurrent,
+            slice_memory_bytes: a
+                .slice_memory_bytes
+                .unwrap_or_else(|| crate::sys::host_memory_bytes() / 2),
+            shutdown_grace_ms: a.shutdown_grace_ms,
+            compile_timeout_ms: a.compile_timeout_ms,
+            sse_keepalive_ms: a.sse_keepalive_ms,
+            // `ISOBOX_SECCOMP` (in the README) was never read: the old loader looked it
+            // up in its table of settings, which did not list it. The filter stays on.
+            seccomp: true,
             sessions: SessionConfig {
-                quota_bytes: parse_or(
-                    "ISOBOX_SESSION_QUOTA_BYTES",
-                    get("ISOBOX_SESSION_QUOTA_BYTES"),
-                    512 << 20,
-                )?,
-                max_sessions: parse_or("ISOBOX_MAX_SESSIONS", get("ISOBOX_MAX_SESSIONS"), 1000)?,
-                storage_max_bytes: parse_or(
-                    "ISOBOX_STORAGE_MAX_BYTES",
-                    get("ISOBOX_STORAGE_MAX_BYTES"),
-                    32 << 30,
-                )?,
-                storage_reserve_bytes: parse_or(
-                    "ISOBOX_STORAGE_RESERVE_BYTES",
-                    get("ISOBOX_STORAGE_RESERVE_BYTES"),
-                    2 << 30,
-                )?,
-                ttl_max_sec: parse_or(
-                    "ISOBOX_SESSION_TTL_MAX_SEC",
-                    get("ISOBOX_SESSION_TTL_MAX_SEC"),
-                    7 * 86_400,
-                )?,
-                volume_quota_bytes: parse_or(
-                    "ISOBOX_VOLUME_QUOTA_BYTES",
-                    get("ISOBOX_VOLUME_QUOTA_BYTES"),
-                    512 << 20,
-                )?,
-                max_volumes: parse_or("ISOBOX_MAX_VOLUMES", get("ISOBOX_MAX_VOLUMES"), 1000)?,
+                quota_bytes: a.session_quota_bytes,
+                max_sessions: a.max_sessions,
+                storage_max_bytes: a.storage_max_bytes,
+                storage_reserve_bytes: a.storage_reserve_bytes,
+                ttl_max_sec: a.session_ttl_max_sec,
+                volume_quota_bytes: a.volume_quota_bytes,
+                max_volumes: a.max_volumes,
             },
             egress: crate::netfilter::EgressConfig {
-                enabled: match get("ISOBOX_EGRESS").as_deref().map(str::trim) {
-                    None | Some("on" | "1" | "true") => true,
-                    Some("off" | "0" | "false") => false,
-                    Some(v) => return Err(invalid("ISOBOX_EGRESS", v, "on or off")),
-                },
-                pool: parse_or(
-                    "ISOBOX_NET_POOL",
-                    get("ISOBOX_NET_POOL"),
-                    crate::netfilter::Cidr::DEFAULT_POOL,
-                )?,
-                dns: parse_list("ISOBOX_NET_DNS", get("ISOBOX_NET_DNS"), "1.1.1.1,8.8.8.8")?,
-                deny: parse_list("ISOBOX_EGRESS_DENY", get("ISOBOX_EGRESS_DENY"), "")?,
-                verify_sec: parse_or(
-                    "ISOBOX_EGRESS_VERIFY_SEC",
-                    get("ISOBOX_EGRESS_VERIFY_SEC"),
-                    10,
-                )?,
-                max_conns: parse_or(
-                    "ISOBOX_EGRESS_MAX_CONNS",
-                    get("ISOBOX_EGRESS_MAX_CONNS"),
-                    256,
-                )?,
-                rate_bytes: parse_or("ISOBOX_EGRESS_RATE", get("ISOBOX_EGRESS_RATE"), 12_500_000)?,
+                enabled: a.egress,
+                pool: a.net_pool,
+                dns: a.net_dns,
+                deny: a.egress_deny,
+                verify_sec: a.egress_verify_sec,
+                max_conns: a.egress_max_conns,
+                rate_bytes: a.egress_rate,
             },
-            kernels_max: parse_or("ISOBOX_KERNELS_MAX", get("ISOBOX_KERNELS_MAX"), 4)?,
-            warm_pool: parse_warm_pool(
-                get("ISOBOX_WARM_POOL")
-                    .as_deref()
-                    .unwrap_or("python=2,python-slim=1,javascript=1"),
-            )?,
-            kernel_idle_sec: parse_or(
-                "ISOBOX_KERNEL_IDLE_SEC",
-                get("ISOBOX_KERNEL_IDLE_SEC"),
-                1800,
-            )?,
+            kernels_max: a.kernels_max,
+            warm_pool: a.warm_pool,
+            kernel_idle_sec: a.kernel_idle_sec,
             ai: AiConfig {
-                base: get("ISOBOX_AI_BASE")
-                    .map(|b| b.trim().trim_end_matches('/').to_string())
-                    .filter(|b| !b.is_empty()),
-                key: get("ISOBOX_AI_KEY")
-                    .filter(|k| !k.trim().is_empty())
-                    .map(|k| Secret::new(k.trim().to_string())),
-                model: get("ISOBOX_AI_MODEL")
-                    .map(|m| m.trim().to_string())
-                    .unwrap_or_default(),
-                max_iters: parse_or("ISOBOX_AI_MAX_ITERS", get("ISOBOX_AI_MAX_ITERS"), 8)?,
-                rate_per_min: ai_rate_per_min,
-                search: match get("ISOBOX_AI_SEARCH").as_deref().map(str::trim) {
-                    None | Some("on" | "1" | "true") => true,
-                    Some("off" | "0" | "false") => false,
-                    Some(v) => return Err(invalid("ISOBOX_AI_SEARCH", v, "on or off")),
-                },
-                search_url: get("ISOBOX_AI_SEARCH_URL")
-                    .map(|u| u.trim().to_string())
-                    .unwrap_or_else(|| "https://html.duckduckgo.com/html/".into()),
-                timeout_sec: parse_or("ISOBOX_AI_TIMEOUT_SEC", get("ISOBOX_AI_TIMEOUT_SEC"), 120)?,
-                python_wall_sec: parse_or(
-                    "ISOBOX_AI_PYTHON_WALL_SEC",
-                    get("ISOBOX_AI_PYTHON_WALL_SEC"),
-                    60,
-                )?,
-                shell_wall_sec: parse_or(
-                    "ISOBOX_AI_SHELL_WALL_SEC",
-                    get("ISOBOX_AI_SHELL_WALL_SEC"),
-                    180,
-                )?,
+                base: a.ai_base,
+                key: a.ai_key,
+                model: a.ai_model,
+                max_iters: a.ai_max_iters,
+                rate_per_min: a.ai_rate_per_min,
+                search: a.ai_search,
+                search_url: a.ai_search_url,
+                timeout_sec: a.ai_timeout_sec,
+                python_wall_sec: a.ai_python_wall_sec,
+                shell_wall_sec: a.ai_shell_wall_sec,
             },
         };
         cfg.validate()?;
@@ -875,15 +615,17 @@ impl Config {
 
     /// The text of `isoboxd --help`.
     pub fn help() -> String {
-        let mut s = String::from("isoboxd: run untrusted code in gVisor sandboxes over HTTP\n\nusage: isoboxd [FLAGS]\n\nEvery flag can also be set by its environment variable; flags win.\n\n");
-        for st in SETTINGS {
-            s.push_str(&format!(
-                "  {:<22} {:<27} {}\n  {:<22} {:<27} default: {}\n",
-                st.flag, st.env, st.help, "", "", st.default
-            ));
-        }
-        s
+        command().render_help().to_string()
     }
+}
+
+/// The command line clap parses: [`Args`], with what holds for every setting.
+fn command() -> clap::Command {
+    Args::command().mut_args(|a| {
+        // As before: the word after a flag is its value, even when it starts with `-`.
+        // `--help` shows each setting's variable but never its value (keys are secrets).
+        a.allow_hyphen_values(true).hide_env_values(true)
+    })
 }
 
 fn invalid(name: &str, value: &str, why: &str) -> ConfigError {
@@ -894,28 +636,150 @@ fn invalid(name: &str, value: &str, why: &str) -> ConfigError {
     }
 }
 
-/// A comma-separated list, each item parsed; empty items are skipped.
-fn parse_list<T: std::str::FromStr>(
-    name: &str,
-    v: Option<String>,
-    default: &str,
-) -> Result<Vec<T>, ConfigError>
+/// How one setting's value is parsed: `self.0` turns the text into the field's value
+/// or says why not. The empty text stands for the setting's default (as `get` did in
+/// the loader this replaces), and a refusal names the value with both the flag and
+/// the variable, since it cannot tell which of the two gave it.
+#[derive(Clone)]
+struct Value<T>(fn(&str) -> Result<T, String>);
+
+impl<T: Clone + Send + Sync + 'static> TypedValueParser for Value<T> {
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<T, clap::Error> {
+        let name = match arg {
+            Some(a) => match (a.get_long(), a.get_env()) {
+                (Some(flag), Some(env)) => format!("--{flag} ({})", env.to_string_lossy()),
+                (Some(flag), None) => format!("--{flag}"),
+                _ => a.get_id().to_string(),
+            },
+            None => "a setting".into(),
+        };
+        let refuse = |why: String| {
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{why}\n"))
+                .with_cmd(cmd)
+        };
+        // Not shown: it could be a key.
+        let text = value
+            .to_str()
+            .ok_or_else(|| refuse(format!("invalid value for {name}: not UTF-8")))?;
+        let text = match text {
+            "" => arg
+                .and_then(|a| a.get_default_values().first())
+                .and_then(|d| d.to_str())
+                .unwrap_or(""),
+            t => t,
+        };
+        (self.0)(text).map_err(|why| refuse(format!("invalid value {text:?} for {name}: {why}")))
+    }
+}
+
+/// A number, an address, a range: what `FromStr` reads, surrounding blanks ignored.
+fn parsed<T: std::str::FromStr>(s: &str) -> Result<T, String>
 where
     T::Err: std::fmt::Display,
 {
-    let s = v.unwrap_or_else(|| default.to_string());
+    s.trim().parse().map_err(|e: T::Err| e.to_string())
+}
+
+/// [`parsed`], or `None` for the empty text (no default).
+fn optional<T: std::str::FromStr>(s: &str) -> Result<Option<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    match s {
+        "" => Ok(None),
+        s => parsed(s).map(Some),
+    }
+}
+
+/// The text as given.
+fn text(s: &str) -> Result<String, String> {
+    Ok(s.to_string())
+}
+
+/// The text without surrounding blanks.
+fn trimmed(s: &str) -> Result<String, String> {
+    Ok(s.trim().to_string())
+}
+
+/// A path as given.
+fn path(s: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(s))
+}
+
+/// A path, or `None` for the empty text.
+fn optional_path(s: &str) -> Result<Option<PathBuf>, String> {
+    Ok(Some(s).filter(|s| !s.is_empty()).map(PathBuf::from))
+}
+
+/// API keys as given, or `None` for the empty text.
+fn secret(s: &str) -> Result<Option<Secret>, String> {
+    Ok(Some(s)
+        .filter(|s| !s.is_empty())
+        .map(|s| Secret::new(s.to_string())))
+}
+
+/// The agent's key without surrounding blanks, or `None` for blanks alone.
+fn ai_key(s: &str) -> Result<Option<Secret>, String> {
+    Ok(Some(s.trim())
+        .filter(|s| !s.is_empty())
+        .map(|s| Secret::new(s.to_string())))
+}
+
+/// The agent's upstream without surrounding blanks and trailing `/`, or `None` (off).
+fn ai_base(s: &str) -> Result<Option<String>, String> {
+    Ok(Some(s.trim().trim_end_matches('/'))
+        .filter(|s| !s.is_empty())
+        .map(str::to_string))
+}
+
+/// `0`/`false` or `1`/`true`, exactly.
+fn zero_one(s: &str) -> Result<bool, String> {
+    match s {
+        "0" | "false" => Ok(false),
+        "1" | "true" => Ok(true),
+        _ => Err("0 or 1".into()),
+    }
+}
+
+/// `on`/`1`/`true` or `off`/`0`/`false`, surrounding blanks ignored.
+fn on_off(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "on" | "1" | "true" => Ok(true),
+        "off" | "0" | "false" => Ok(false),
+        _ => Err("on or off".into()),
+    }
+}
+
+/// A comma-separated list, each item parsed; empty items are skipped.
+fn list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
     s.split(',')
         .map(str::trim)
         .filter(|i| !i.is_empty())
-        .map(|i| {
-            i.parse()
-                .map_err(|e: T::Err| invalid(name, i, &e.to_string()))
-        })
+        .map(|i| i.parse().map_err(|e: T::Err| format!("{i:?}: {e}")))
         .collect()
 }
 
-/// `name=N,name=N` (empty or `off`: none).
-fn parse_warm_pool(v: &str) -> Result<Vec<(String, usize)>, ConfigError> {
+/// The trusted proxies: comma-separated CIDRs or addresses, v4 or v6.
+fn proxies(s: &str) -> Result<Vec<crate::admission::Cidr>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(|c| crate::admission::Cidr::parse(c).map_err(|e| e.to_string()))
+        .collect()
+}
+
+/// `name=N,name=N` (`off` or `0`: none).
+fn warm_pool(v: &str) -> Result<Vec<(String, usize)>, String> {
     let v = v.trim();
     if v.is_empty() || v == "off" || v == "0" {
         return Ok(Vec::new());
@@ -925,35 +789,18 @@ fn parse_warm_pool(v: &str) -> Result<Vec<(String, usize)>, ConfigError> {
         let (name, n) = item
             .split_once('=')
             .map(|(a, b)| (a.trim(), b.trim()))
-            .ok_or_else(|| invalid("ISOBOX_WARM_POOL", item, "name=N pairs, e.g. python=2"))?;
+            .ok_or_else(|| format!("{item:?}: name=N pairs, e.g. python=2"))?;
         let n: usize = n
             .parse()
             .ok()
             .filter(|n| *n <= 16)
-            .ok_or_else(|| invalid("ISOBOX_WARM_POOL", item, "a size from 0 to 16"))?;
+            .ok_or_else(|| format!("{item:?}: a size from 0 to 16"))?;
         if name.is_empty() || out.iter().any(|(x, _)| x == name) {
-            return Err(invalid("ISOBOX_WARM_POOL", item, "each runtime once"));
+            return Err(format!("{item:?}: each runtime once"));
         }
         out.push((name.to_string(), n));
     }
     Ok(out)
-}
-
-fn parse_or<T: std::str::FromStr>(
-    name: &str,
-    v: Option<String>,
-    default: T,
-) -> Result<T, ConfigError>
-where
-    T::Err: std::fmt::Display,
-{
-    match v {
-        None => Ok(default),
-        Some(s) => s
-            .trim()
-            .parse()
-            .map_err(|e: T::Err| invalid(name, &s, &e.to_string())),
-    }
 }
 
 impl AiConfig {
@@ -1019,10 +866,99 @@ impl AiConfig {
 mod tests {
     use super::*;
 
+    /// Held by every test that loads: some set `ISOBOX_*` variables, which clap reads.
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn lock() -> std::sync::MutexGuard<'static, ()> {
+        ENV.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn load(args: &[&str]) -> Result<Config, ConfigError> {
+        let _env = lock();
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         Config::load(&args)
     }
+
+    /// Runs `f` with the variables `env` set (`None`: unset), then puts them back.
+    fn with_env<R>(env: &[(&str, Option<&str>)], f: impl FnOnce() -> R) -> R {
+        let _env = lock();
+        let saved: Vec<_> = env.iter().map(|(k, _)| (*k, std::env::var_os(k))).collect();
+        for (k, v) in env {
+            match v {
+                Some(v) => std::env::set_var(k, v),
+                None => std::env::remove_var(k),
+            }
+        }
+        let r = f();
+        for (k, v) in saved {
+            match v {
+                Some(v) => std::env::set_var(k, v),
+                None => std::env::remove_var(k),
+            }
+        }
+        r
+    }
+
+    /// [`Config::load`] of `args` under `env`.
+    fn load_env(env: &[(&str, Option<&str>)], args: &[&str]) -> Result<Config, ConfigError> {
+        with_env(env, || Config::load(args.iter().copied()))
+    }
+
+    /// Every flag and its variable, as isoboxd has always named them.
+    const NAMES: &[(&str, &str)] = &[
+        ("--listen", "ISOBOX_LISTEN"),
+        ("--data-dir", "ISOBOX_DATA_DIR"),
+        ("--rootfs-dir", "ISOBOX_ROOTFS_DIR"),
+        ("--runtimes-dir", "ISOBOX_RUNTIMES_DIR"),
+        ("--instance", "ISOBOX_INSTANCE"),
+        ("--runsc", "ISOBOX_RUNSC"),
+        ("--platform", "ISOBOX_PLATFORM"),
+        ("--log", "ISOBOX_LOG"),
+        ("--workers", "ISOBOX_WORKERS"),
+        ("--max-connections", "ISOBOX_MAX_CONNECTIONS"),
+        ("--max-connections-per-ip", "ISOBOX_MAX_CONNECTIONS_PER_IP"),
+        ("--idle-timeout-ms", "ISOBOX_IDLE_TIMEOUT_MS"),
+        ("--head-timeout-ms", "ISOBOX_HEAD_TIMEOUT_MS"),
+        ("--max-concurrent", "ISOBOX_MAX_CONCURRENT"),
+        ("--slice-memory-bytes", "ISOBOX_SLICE_MEMORY_BYTES"),
+        ("--compile-timeout-ms", "ISOBOX_COMPILE_TIMEOUT_MS"),
+        ("--sse-keepalive-ms", "ISOBOX_SSE_KEEPALIVE_MS"),
+        ("--api-keys", "ISOBOX_API_KEYS"),
+        ("--api-keys-file", "ISOBOX_API_KEYS_FILE"),
+        ("--require-auth", "ISOBOX_REQUIRE_AUTH"),
+        ("--memory-require-key", "ISOBOX_MEMORY_REQUIRE_KEY"),
+        ("--rate-per-min", "ISOBOX_RATE_PER_MIN"),
+        ("--rate-burst", "ISOBOX_RATE_BURST"),
+        ("--trusted-proxies", "ISOBOX_TRUSTED_PROXIES"),
+        ("--session-quota-bytes", "ISOBOX_SESSION_QUOTA_BYTES"),
+        ("--max-sessions", "ISOBOX_MAX_SESSIONS"),
+        ("--storage-max-bytes", "ISOBOX_STORAGE_MAX_BYTES"),
+        ("--storage-reserve-bytes", "ISOBOX_STORAGE_RESERVE_BYTES"),
+        ("--session-ttl-max-sec", "ISOBOX_SESSION_TTL_MAX_SEC"),
+        ("--volume-quota-bytes", "ISOBOX_VOLUME_QUOTA_BYTES"),
+        ("--max-volumes", "ISOBOX_MAX_VOLUMES"),
+        ("--egress", "ISOBOX_EGRESS"),
+        ("--net-pool", "ISOBOX_NET_POOL"),
+        ("--net-dns", "ISOBOX_NET_DNS"),
+        ("--egress-deny", "ISOBOX_EGRESS_DENY"),
+        ("--egress-verify-sec", "ISOBOX_EGRESS_VERIFY_SEC"),
+        ("--egress-max-conns", "ISOBOX_EGRESS_MAX_CONNS"),
+        ("--egress-rate", "ISOBOX_EGRESS_RATE"),
+        ("--warm-pool", "ISOBOX_WARM_POOL"),
+        ("--kernels-max", "ISOBOX_KERNELS_MAX"),
+        ("--kernel-idle-sec", "ISOBOX_KERNEL_IDLE_SEC"),
+        ("--ai-base", "ISOBOX_AI_BASE"),
+        ("--ai-key", "ISOBOX_AI_KEY"),
+        ("--ai-model", "ISOBOX_AI_MODEL"),
+        ("--ai-max-iters", "ISOBOX_AI_MAX_ITERS"),
+        ("--ai-rate-per-min", "ISOBOX_AI_RATE_PER_MIN"),
+        ("--ai-search", "ISOBOX_AI_SEARCH"),
+        ("--ai-search-url", "ISOBOX_AI_SEARCH_URL"),
+        ("--ai-timeout-sec", "ISOBOX_AI_TIMEOUT_SEC"),
+        ("--ai-python-wall-sec", "ISOBOX_AI_PYTHON_WALL_SEC"),
+        ("--ai-shell-wall-sec", "ISOBOX_AI_SHELL_WALL_SEC"),
+        ("--shutdown-grace-ms", "ISOBOX_SHUTDOWN_GRACE_MS"),
+    ];
 
     #[test]
     fn egress_limits_have_defaults_and_bounds() {
@@ -1047,5 +983,289 @@ mod tests {
                 assert!(e.to_string().contains("ISOBOX_EGRESS_RATE"), "{e}");
             }
         }
+    }
+
+    #[test]
+    fn a_flag_beats_its_variable_which_beats_the_default() {
+        let workers = |env: Option<&str>, args: &[&str]| {
+            load_env(&[("ISOBOX_WORKERS", env)], args).unwrap().workers
+        };
+        assert_eq!(workers(None, &[]), 4);
+        assert_eq!(workers(Some("7"), &[]), 7);
+        assert_eq!(workers(Some("7"), &["--workers", "9"]), 9);
+        assert_eq!(workers(None, &["--workers=9"]), 9);
+        // A repeated flag: the last one wins, as before.
+        assert_eq!(workers(Some("7"), &["--workers", "2", "--workers", "3"]), 3);
+        // An empty value is the default, from either side.
+        assert_eq!(workers(Some(""), &[]), 4);
+        assert_eq!(workers(Some("7"), &["--workers="]), 4);
+        // Lists and strings the same way.
+        let env = [
+            ("ISOBOX_NET_DNS", Some("9.9.9.9")),
+            ("ISOBOX_INSTANCE", Some("isobox-env")),
+            ("ISOBOX_WARM_POOL", None),
+        ];
+        let c = load_env(&env, &[]).unwrap();
+        assert_eq!(c.egress.dns, vec![Ipv4Addr::new(9, 9, 9, 9)]);
+        assert_eq!(c.instance, "isobox-env");
+        let pool = |v: &[(&str, usize)]| -> Vec<(String, usize)> {
+            v.iter().map(|(n, k)| (n.to_string(), *k)).collect()
+        };
+        assert_eq!(
+            c.warm_pool,
+            pool(&[("python", 2), ("python-slim", 1), ("javascript", 1)])
+        );
+        let c = load_env(
+            &env,
+            &["--net-dns", "1.0.0.1, 8.8.4.4", "--instance", "isobox-flag"],
+        )
+        .unwrap();
+        assert_eq!(
+            c.egress.dns,
+            vec![Ipv4Addr::new(1, 0, 0, 1), Ipv4Addr::new(8, 8, 4, 4)]
+        );
+        assert_eq!(c.instance, "isobox-flag");
+        let c = load_env(
+            &[("ISOBOX_WARM_POOL", Some("off"))],
+            &["--warm-pool", "ruby=3"],
+        )
+        .unwrap();
+        assert_eq!(c.warm_pool, pool(&[("ruby", 3)]));
+        assert_eq!(
+            load_env(&[("ISOBOX_WARM_POOL", Some("off"))], &[])
+                .unwrap()
+                .warm_pool,
+            []
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let unset: Vec<(&str, Option<&str>)> = NAMES.iter().map(|(_, e)| (*e, None)).collect();
+        let c = load_env(&unset, &[]).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8090".parse::<SocketAddr>().unwrap());
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/isobox"));
+        assert_eq!(c.rootfs_dir, PathBuf::from("/var/lib/isobox/rootfs"));
+        assert_eq!(c.runtimes_dir, None);
+        assert_eq!(
+            (c.instance.as_str(), c.platform.as_str()),
+            ("isobox", "ptrace")
+        );
+        assert_eq!(c.runsc, PathBuf::from("/usr/bin/runsc"));
+        assert_eq!(c.log_level, "info");
+        assert_eq!(
+            (c.workers, c.max_connections, c.max_connections_per_ip),
+            (4, 1024, 256)
+        );
+        assert_eq!((c.idle_timeout_ms, c.head_timeout_ms), (60_000, 10_000));
+        assert_eq!(c.max_concurrent, 4);
+        assert_eq!(c.slice_memory_bytes, crate::sys::host_memory_bytes() / 2);
+        assert_eq!((c.compile_timeout_ms, c.sse_keepalive_ms), (30_000, 10_000));
+        assert_eq!(c.shutdown_grace_ms, 10_000);
+        assert!(c.seccomp);
+        let a = &c.admission;
+        assert!(a.api_keys.is_none() && a.api_keys_file.is_none());
+        assert!(!a.require_auth && !a.memory_require_key);
+        assert_eq!(
+            (a.rate_per_min, a.rate_burst, a.ai_rate_per_min),
+            (30, 10, 6)
+        );
+        assert!(a.trusted_proxies.is_empty());
+        let s = &c.sessions;
+        assert_eq!(
+            (s.quota_bytes, s.volume_quota_bytes),
+            (512 << 20, 512 << 20)
+        );
+        assert_eq!((s.max_sessions, s.max_volumes), (1000, 1000));
+        assert_eq!(
+            (s.storage_max_bytes, s.storage_reserve_bytes),
+            (32 << 30, 2 << 30)
+        );
+        assert_eq!(s.ttl_max_sec, 7 * 86_400);
+        let e = &c.egress;
+        assert!(e.enabled);
+        assert_eq!(e.pool, crate::netfilter::Cidr::DEFAULT_POOL);
+        assert_eq!(
+            e.dns,
+            vec![Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(8, 8, 8, 8)]
+        );
+        assert!(e.deny.is_empty());
+        assert_eq!(
+            (e.verify_sec, e.max_conns, e.rate_bytes),
+            (10, 256, 12_500_000)
+        );
+        assert_eq!(c.warm_pool.len(), 3);
+        assert_eq!((c.kernels_max, c.kernel_idle_sec), (4, 1800));
+        let ai = &c.ai;
+        assert!(ai.base.is_none() && ai.key.is_none() && ai.model.is_empty());
+        assert_eq!((ai.max_iters, ai.rate_per_min), (8, 6));
+        assert!(ai.search);
+        assert_eq!(ai.search_url, "https://html.duckduckgo.com/html/");
+        assert_eq!(
+            (ai.timeout_sec, ai.python_wall_sec, ai.shell_wall_sec),
+            (120, 60, 180)
+        );
+    }
+
+    #[test]
+    fn an_invalid_variable_is_refused_by_name() {
+        for (var, value) in [
+            ("ISOBOX_LISTEN", "nope"),
+            ("ISOBOX_WORKERS", "four"),
+            ("ISOBOX_EGRESS", "maybe"),
+            ("ISOBOX_REQUIRE_AUTH", "yes"),
+            ("ISOBOX_NET_DNS", "1.1.1.1,resolver"),
+            ("ISOBOX_TRUSTED_PROXIES", "10.0.0.0/99"),
+            ("ISOBOX_WARM_POOL", "python=99"),
+            ("ISOBOX_SLICE_MEMORY_BYTES", "lots"),
+        ] {
+            let e = load_env(&[(var, Some(value))], &[]).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, ConfigError::Args(_)), "{var}: {msg}");
+            assert!(msg.contains(var) && msg.contains(value), "{var}: {msg}");
+        }
+        // Range checks name the variable too.
+        let e = load_env(&[("ISOBOX_WORKERS", Some("65"))], &[]).unwrap_err();
+        assert!(e.to_string().contains("ISOBOX_WORKERS"), "{e}");
+    }
+
+    #[test]
+    fn spellings_accepted_as_before() {
+        for (v, on) in [
+            ("on", true),
+            ("1", true),
+            ("true", true),
+            (" off ", false),
+            ("0", false),
+            ("false", false),
+        ] {
+            let c = load_env(
+                &[("ISOBOX_EGRESS", Some(v)), ("ISOBOX_AI_SEARCH", Some(v))],
+                &[],
+            )
+            .unwrap();
+            assert_eq!((c.egress.enabled, c.ai.search), (on, on), "{v:?}");
+        }
+        for (v, on) in [("1", true), ("true", true), ("0", false), ("false", false)] {
+            let c = load(&["--require-auth", v, "--memory-require-key", v]).unwrap();
+            assert_eq!(
+                (c.admission.require_auth, c.admission.memory_require_key),
+                (on, on),
+                "{v:?}"
+            );
+        }
+        assert!(load(&["--require-auth", "on"]).is_err());
+        let c = load_env(
+            &[
+                ("ISOBOX_AI_BASE", Some(" http://127.0.0.1:9/v1/ ")),
+                ("ISOBOX_AI_MODEL", Some(" m ")),
+            ],
+            &[
+                "--trusted-proxies",
+                "127.0.0.1, ::1/128,",
+                "--egress-deny",
+                "192.0.2.0/24",
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.ai.base.as_deref(), Some("http://127.0.0.1:9/v1"));
+        assert_eq!(c.ai.model, "m");
+        assert_eq!(c.admission.trusted_proxies.len(), 2);
+        assert_eq!(c.egress.deny, vec!["192.0.2.0/24".parse().unwrap()]);
+    }
+
+    #[test]
+    fn an_unknown_flag_is_refused_without_its_value() {
+        for args in [
+            &["--no-such-flag"][..],
+            &["--ai-kye=sk-do-not-print"],
+            &["stray"],
+        ] {
+            match load(args) {
+                Err(ConfigError::Args(e)) => {
+                    assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument, "{e}");
+                    assert!(!e.to_string().contains("sk-do-not"), "{e}");
+                }
+                r => panic!("{args:?}: {:?}", r.map(|_| ())),
+            }
+        }
+        match load(&["--listen"]) {
+            Err(ConfigError::Args(e)) => assert!(e.to_string().contains("--listen"), "{e}"),
+            r => panic!("{:?}", r.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn help_lists_every_setting_with_its_variable_and_version_is_the_build() {
+        let secret = [("ISOBOX_AI_KEY", Some("sk-env-secret"))];
+        let help = with_env(&secret, Config::help);
+        // What `--help` prints, as `-h` does.
+        for h in ["--help", "-h"] {
+            match load_env(&secret, &[h]) {
+                Err(ConfigError::Args(e)) => {
+                    assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+                    assert_eq!(e.to_string(), help);
+                }
+                r => panic!("{:?}", r.map(|_| ())),
+            }
+        }
+        assert!(
+            help.starts_with("run untrusted code in gVisor sandboxes over HTTP\n"),
+            "{help}"
+        );
+        let lines: Vec<&str> = help.lines().collect();
+        for (flag, env) in NAMES {
+            let at = lines
+                .iter()
+                .position(|l| l.trim_start().starts_with(&format!("{flag} <")))
+                .unwrap_or_else(|| panic!("{flag} missing:\n{help}"));
+            assert!(
+                lines[at + 1].contains(&format!("[env: {env}]")),
+                "{flag}: {}",
+                lines[at + 1]
+            );
+        }
+        assert!(help.contains("[default: 127.0.0.1:8090]"), "{help}");
+        assert!(!help.contains("sk-env-secret"), "{help}");
+        // Every setting there is is in NAMES.
+        let flags = lines
+            .iter()
+            .filter(|l| l.trim_start().starts_with("--"))
+            .count();
+        assert_eq!(flags, NAMES.len(), "{help}");
+        match load(&["--version"]) {
+            Err(ConfigError::Args(e)) => {
+                assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
+                assert_eq!(
+                    e.to_string().trim_end(),
+                    format!("isoboxd {}", crate::VERSION)
+                );
+            }
+            r => panic!("{:?}", r.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn secrets_stay_out_of_debug() {
+        let c = load(&[
+            "--ai-key",
+            "sk-flag-secret",
+            "--api-keys",
+            "k-inline-secret",
+            "--ai-base",
+            "http://127.0.0.1:9/v1",
+            "--ai-model",
+            "m",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.ai.key.as_ref().map(Secret::expose),
+            Some("sk-flag-secret")
+        );
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("sk-flag-secret") && !dbg.contains("k-inline-secret"),
+            "{dbg}"
+        );
     }
 }

@@ -1,24 +1,17 @@
 //! `isoboxd`: parse flags and environment, start the daemon, print the error chain on failure.
 
-use isobox::config::Config;
+use isobox::config::{Config, ConfigError};
 use isobox::daemon::Daemon;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        print!("{}", Config::help());
-        return;
-    }
-    if args.iter().any(|a| a == "--version") {
-        println!("isoboxd {}", isobox::VERSION);
-        return;
-    }
     // Two arenas are plenty for one reactor and a few workers, and keep far less
     // freed memory than glibc's default of 8 per core (a 30-minute soak saw RSS ratchet
     // up with connection bursts and never come down).
     isobox::sys::limit_malloc_arenas(2);
-    let cfg = match Config::load(&args) {
+    let cfg = match Config::load(std::env::args_os().skip(1)) {
         Ok(c) => c,
+        // `--help` and `--version` (stdout, exit 0), or what clap refused (stderr, 2).
+        Err(ConfigError::Args(e)) => e.exit(),
         Err(e) => {
             eprintln!("isoboxd: {e}");
             std::process::exit(2);
