@@ -5,6 +5,9 @@
 //! is its line in `isoboxd --help`. clap reads the command line and the environment (a
 //! flag beats its variable, which beats the default); [`Config::load`] moves the parsed
 //! values into [`Config`] and checks them with [`Config::validate`].
+//!
+//! It stays one file: the settings, their conversion into `Config` and their checks are
+//! one list read top to bottom, each setting written once.
 
 use std::ffi::{OsStr, OsString};
 use std::net::{Ipv4Addr, SocketAddr};
