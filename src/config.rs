@@ -112,6 +112,10 @@ struct Args {
     /// interval of `: keep-alive` comments on silent SSE streams
     #[arg(long, env = "ISOBOX_SSE_KEEPALIVE_MS", default_value = "10000", value_parser = Value(parsed::<u64>))]
     sse_keepalive_ms: u64,
+    /// 0: do not confine the reactor thread with its seccomp allowlist (for debugging
+    /// only; the sandboxes are confined either way)
+    #[arg(long, env = "ISOBOX_SECCOMP", default_value = "1", value_parser = Value(zero_one))]
+    seccomp: std::primitive::bool,
     /// comma-separated API keys; with keys, requests need X-API-Key or Authorization:
     /// Bearer (default: none, an open API)
     #[arg(long, env = "ISOBOX_API_KEYS", default_value = "", hide_default_value = true, value_parser = Value(secret))]
@@ -387,9 +391,7 @@ impl Config {
             shutdown_grace_ms: a.shutdown_grace_ms,
             compile_timeout_ms: a.compile_timeout_ms,
             sse_keepalive_ms: a.sse_keepalive_ms,
-            // `ISOBOX_SECCOMP` (in the README) was never read: the old loader looked it
-            // up in its table of settings, which did not list it. The filter stays on.
-            seccomp: true,
+            seccomp: a.seccomp,
             sessions: SessionConfig {
                 quota_bytes: a.session_quota_bytes,
                 max_sessions: a.max_sessions,
@@ -926,6 +928,7 @@ mod tests {
         ("--slice-memory-bytes", "ISOBOX_SLICE_MEMORY_BYTES"),
         ("--compile-timeout-ms", "ISOBOX_COMPILE_TIMEOUT_MS"),
         ("--sse-keepalive-ms", "ISOBOX_SSE_KEEPALIVE_MS"),
+        ("--seccomp", "ISOBOX_SECCOMP"),
         ("--api-keys", "ISOBOX_API_KEYS"),
         ("--api-keys-file", "ISOBOX_API_KEYS_FILE"),
         ("--require-auth", "ISOBOX_REQUIRE_AUTH"),
@@ -1111,12 +1114,28 @@ mod tests {
     }
 
     #[test]
+    fn seccomp_is_on_unless_set_to_0() {
+        assert!(load_env(&[("ISOBOX_SECCOMP", None)], &[]).unwrap().seccomp);
+        assert!(
+            !load_env(&[("ISOBOX_SECCOMP", Some("0"))], &[])
+                .unwrap()
+                .seccomp
+        );
+        assert!(
+            load_env(&[("ISOBOX_SECCOMP", Some("0"))], &["--seccomp", "1"])
+                .unwrap()
+                .seccomp
+        );
+    }
+
+    #[test]
     fn an_invalid_variable_is_refused_by_name() {
         for (var, value) in [
             ("ISOBOX_LISTEN", "nope"),
             ("ISOBOX_WORKERS", "four"),
             ("ISOBOX_EGRESS", "maybe"),
             ("ISOBOX_REQUIRE_AUTH", "yes"),
+            ("ISOBOX_SECCOMP", "off"),
             ("ISOBOX_NET_DNS", "1.1.1.1,resolver"),
             ("ISOBOX_TRUSTED_PROXIES", "10.0.0.0/99"),
             ("ISOBOX_WARM_POOL", "python=99"),
