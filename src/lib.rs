@@ -1,26 +1,45 @@
 //! isobox: an HTTP daemon that runs untrusted code in gVisor sandboxes.
 //!
 //! The crate is organised as DESIGN.md describes: one reactor thread owns every
-//! socket, pipe, pidfd and timer; a small worker pool does the blocking work.
+//! socket, pipe, pidfd and timer; a small worker pool does the blocking work. Imports
+//! run one way, from `daemon` down to `sys` (`docs/ARCHITECTURE.md`; `make
+//! check-modules` fails on a circle).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+/// API keys, rate limits, route classes, and the execution and kernel slots.
 pub mod admission;
+/// The server-side agent: tool-calling loops on threads of their own.
 pub mod agent;
+/// The isobox face: its route table, handlers and error bodies.
 pub mod api;
+/// cgroups v1 and v2: the protective slice and each run's cgroup.
 pub mod cgroup;
+/// Settings from flags and `ISOBOX_*` variables (clap), checked once.
 pub mod config;
+/// The event loop and all glue on it; the top of the import graph.
 pub mod daemon;
+/// Sans-IO HTTP/1.1: parsing, chunked bodies, responses, SSE, limits.
 pub mod http;
+/// Rate-limited logging macros.
 pub mod log;
+/// Filtered egress: nftables and rtnetlink over netlink, fail-closed.
 pub mod netfilter;
+/// Feature-free loop pieces: timer wheel, worker pool, token table.
 pub mod reactor;
+/// Path matching over a face's route table.
 pub mod router;
+/// Language runtime descriptors and their root filesystems.
 pub mod runtimes;
+/// The gVisor backend: plans and results, bundles, runsc, warm pool, kernel protocol.
 pub mod sandbox;
+/// A string whose `Debug` never shows it.
 pub mod secret;
+/// LMDB state: sessions, KV, volumes.
 pub mod store;
+/// All raw libc and FFI.
 pub mod sys;
+/// Sessions' workspaces and volumes, the confined file API, zip downloads.
 pub mod workspace;
 
 /// The build-stamped version (`ISOBOX_BUILD_VERSION` at compile time), or `dev`.
