@@ -24,8 +24,8 @@ use crate::api::{KernelCreated, Outcome};
 use crate::cgroup::RunCgroup;
 use crate::http::Response;
 use crate::sandbox::kernel::{
-    is_base64, kernel_env, Frame, BOOT_TIMEOUT, HARNESS, MAX_ARTIFACTS, MAX_ARTIFACT_BYTES,
-    MAX_FRAME_BYTES,
+    is_base64, kernel_env, next_said, Phase as Protocol, Said, BOOT_TIMEOUT, HARNESS,
+    MAX_ARTIFACTS, MAX_ARTIFACT_BYTES,
 };
 use crate::sandbox::plan::{Artifact, ExecPlan};
 use crate::sandbox::runsc::{Cleanup, Spawned, Stdin};
@@ -373,55 +373,40 @@ impl Daemon {
                 k.rbuf = Vec::new();
                 return false;
             }
-            if k.rbuf.len() < 4 {
-                if k.rbuf.capacity() > 1 << 20 {
-                    k.rbuf.shrink_to(64 << 10);
+            let phase = match k.state {
+                KState::Booting => Protocol::Booting,
+                // No control socket yet while spawning: nothing may be said.
+                KState::Spawning | KState::Idle => Protocol::Idle,
+                KState::Busy(_) => Protocol::Busy,
+            };
+            let (state, serial) = (k.state, k.serial);
+            let said = next_said(&mut k.rbuf, phase, &mut k.step_artifacts);
+            match (said, state) {
+                (Said::NeedMore, _) => {
+                    if k.rbuf.len() < 4 && k.rbuf.capacity() > 1 << 20 {
+                        k.rbuf.shrink_to(64 << 10);
+                    }
+                    return true;
                 }
-                return true;
-            }
-            let n = u32::from_be_bytes([k.rbuf[0], k.rbuf[1], k.rbuf[2], k.rbuf[3]]) as usize;
-            let serial = k.serial;
-            if n > MAX_FRAME_BYTES {
-                self.kernel_close_ctl(kk);
-                self.kernel_kill(
-                    kk,
-                    serial,
-                    "the kernel broke its protocol (oversized frame)",
-                );
-                return false;
-            }
-            if k.rbuf.len() < 4 + n {
-                return true;
-            }
-            let frame: Result<Frame, _> = serde_json::from_slice(&k.rbuf[4..4 + n]);
-            k.rbuf.drain(..4 + n);
-            let state = k.state;
-            if matches!(frame, Ok(Frame::Artifact { .. })) {
-                k.step_artifacts += 1;
-                if k.step_artifacts > MAX_ARTIFACTS {
-                    self.kernel_close_ctl(kk);
-                    self.kernel_kill(
-                        kk,
-                        serial,
-                        "the kernel broke its protocol (too many artifacts)",
-                    );
-                    return false;
-                }
-            }
-            match (frame, state) {
-                (Ok(Frame::Ready {}), KState::Booting) => self.kernel_ready(kk),
+                (Said::Ready, _) => self.kernel_ready(kk),
                 (
-                    Ok(Frame::Artifact {
+                    Said::Artifact {
                         kind,
                         data_b64,
                         data,
-                    }),
+                    },
                     KState::Busy(rk),
                 ) => self.kernel_artifact(rk, &kind, data_b64, data),
-                (Ok(Frame::Done { exit, truncated }), KState::Busy(rk)) => {
+                (Said::Done { exit, truncated }, KState::Busy(rk)) => {
                     self.kernel_step_done(kk, rk, exit, truncated)
                 }
-                _ => {
+                (Said::Broken(why), _) => {
+                    self.kernel_close_ctl(kk);
+                    self.kernel_kill(kk, serial, why);
+                    return false;
+                }
+                // next_said answers an artifact or a done only for a busy kernel.
+                (Said::Artifact { .. } | Said::Done { .. }, _) => {
                     self.kernel_close_ctl(kk);
                     self.kernel_kill(kk, serial, "the kernel broke its protocol");
                     return false;

@@ -87,3 +87,201 @@ pub fn kernel_dead(why: &str) -> Response {
         )),
     )
 }
+
+/// Where a kernel is, as far as its protocol goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Started; `ready` is the one frame it may send.
+    Booting,
+    /// Between steps: it may send nothing.
+    Idle,
+    /// Running a step: `artifact` frames (at most [`MAX_ARTIFACTS`]), then `done`.
+    Busy,
+}
+
+/// What the next bytes of the control channel mean.
+#[derive(Debug, PartialEq)]
+pub enum Said {
+    /// Not a whole frame yet.
+    NeedMore,
+    /// The interpreter is up (it was booting).
+    Ready,
+    /// A rich output of the running step.
+    Artifact {
+        /// `image/png` or `text/html`.
+        kind: String,
+        /// A PNG's base64.
+        data_b64: Option<String>,
+        /// An HTML fragment.
+        data: Option<String>,
+    },
+    /// The running step ended.
+    Done {
+        /// Its exit status.
+        exit: i64,
+        /// The harness cut its output.
+        truncated: bool,
+    },
+    /// The harness broke its protocol: the kernel must end, for this reason.
+    Broken(&'static str),
+}
+
+/// Takes the next frame (a 4-byte big-endian length, then JSON) out of `buf` and
+/// judges it against `phase`; `artifacts` counts the current step's artifact frames.
+/// Sans-IO: the event loop feeds what the socket gave and acts on the answer. A frame
+/// over [`MAX_FRAME_BYTES`] is refused from its length alone, before it arrives.
+pub fn next_said(buf: &mut Vec<u8>, phase: Phase, artifacts: &mut usize) -> Said {
+    let Some(len) = buf.get(..4) else {
+        return Said::NeedMore;
+    };
+    let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    if n > MAX_FRAME_BYTES {
+        return Said::Broken("the kernel broke its protocol (oversized frame)");
+    }
+    let Some(body) = buf.get(4..4 + n) else {
+        return Said::NeedMore;
+    };
+    let frame: Result<Frame, _> = serde_json::from_slice(body);
+    buf.drain(..4 + n);
+    if matches!(frame, Ok(Frame::Artifact { .. })) {
+        *artifacts += 1;
+        if *artifacts > MAX_ARTIFACTS {
+            return Said::Broken("the kernel broke its protocol (too many artifacts)");
+        }
+    }
+    match (frame, phase) {
+        (Ok(Frame::Ready {}), Phase::Booting) => Said::Ready,
+        (
+            Ok(Frame::Artifact {
+                kind,
+                data_b64,
+                data,
+            }),
+            Phase::Busy,
+        ) => Said::Artifact {
+            kind,
+            data_b64,
+            data,
+        },
+        (Ok(Frame::Done { exit, truncated }), Phase::Busy) => Said::Done { exit, truncated },
+        _ => Said::Broken("the kernel broke its protocol"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(json: &str) -> Vec<u8> {
+        let mut f = u32::try_from(json.len()).unwrap().to_be_bytes().to_vec();
+        f.extend_from_slice(json.as_bytes());
+        f
+    }
+
+    #[test]
+    fn test_frames_are_taken_whole_in_any_split() {
+        let bytes = [
+            frame(r#"{"ev":"artifact","type":"text/html","data":"<b>"}"#),
+            frame(r#"{"ev":"done","exit":3}"#),
+        ]
+        .concat();
+        for cut in 0..bytes.len() {
+            let (mut buf, mut arts, mut said) = (bytes[..cut].to_vec(), 0, Vec::new());
+            for chunk in [&bytes[..cut], &bytes[cut..]] {
+                if !std::ptr::eq(chunk, &bytes[..cut]) {
+                    buf.extend_from_slice(chunk);
+                }
+                loop {
+                    match next_said(&mut buf, Phase::Busy, &mut arts) {
+                        Said::NeedMore => break,
+                        s => said.push(s),
+                    }
+                }
+            }
+            assert_eq!(
+                said,
+                vec![
+                    Said::Artifact {
+                        kind: "text/html".into(),
+                        data_b64: None,
+                        data: Some("<b>".into())
+                    },
+                    Said::Done {
+                        exit: 3,
+                        truncated: false
+                    }
+                ],
+                "cut at {cut}"
+            );
+            assert!(buf.is_empty() && arts == 1);
+        }
+    }
+
+    #[test]
+    fn test_each_frame_only_in_its_phase() {
+        let ready = frame(r#"{"ev":"ready"}"#);
+        let done = frame(r#"{"ev":"done","exit":0,"truncated":true}"#);
+        let said = |f: &[u8], p| next_said(&mut f.to_vec(), p, &mut 0);
+        assert_eq!(said(&ready, Phase::Booting), Said::Ready);
+        assert!(matches!(said(&ready, Phase::Busy), Said::Broken(_)));
+        assert!(matches!(said(&ready, Phase::Idle), Said::Broken(_)));
+        assert_eq!(
+            said(&done, Phase::Busy),
+            Said::Done {
+                exit: 0,
+                truncated: true
+            }
+        );
+        assert!(matches!(said(&done, Phase::Booting), Said::Broken(_)));
+        assert!(matches!(said(&done, Phase::Idle), Said::Broken(_)));
+        for junk in [
+            r#"{"ev":"nope"}"#,
+            "not json",
+            r#"{"ev":"done"}"#,
+            r#"{"ev":"done","exit":"0"}"#,
+        ] {
+            assert!(
+                matches!(said(&frame(junk), Phase::Busy), Said::Broken(_)),
+                "{junk}"
+            );
+        }
+    }
+
+    #[test]
+    fn test_frame_and_artifact_bounds_at_below_and_above() {
+        // A length over the bound is refused before the body arrives.
+        let mut over = u32::try_from(MAX_FRAME_BYTES + 1)
+            .unwrap()
+            .to_be_bytes()
+            .to_vec();
+        assert_eq!(
+            next_said(&mut over, Phase::Busy, &mut 0),
+            Said::Broken("the kernel broke its protocol (oversized frame)")
+        );
+        // At the bound: a whole frame of exactly MAX_FRAME_BYTES is read (and judged).
+        let mut at = u32::try_from(MAX_FRAME_BYTES)
+            .unwrap()
+            .to_be_bytes()
+            .to_vec();
+        assert_eq!(next_said(&mut at, Phase::Busy, &mut 0), Said::NeedMore);
+        at.resize(4 + MAX_FRAME_BYTES, b' ');
+        assert!(matches!(
+            next_said(&mut at, Phase::Busy, &mut 0),
+            Said::Broken(_)
+        ));
+        assert!(at.is_empty());
+        // Artifacts: MAX_ARTIFACTS pass, one more ends the kernel.
+        let art = frame(r#"{"ev":"artifact","type":"image/png","dataB64":"AAAA"}"#);
+        let mut n = 0;
+        for _ in 0..MAX_ARTIFACTS {
+            assert!(matches!(
+                next_said(&mut art.clone(), Phase::Busy, &mut n),
+                Said::Artifact { .. }
+            ));
+        }
+        assert_eq!(
+            next_said(&mut art.clone(), Phase::Busy, &mut n),
+            Said::Broken("the kernel broke its protocol (too many artifacts)")
+        );
+    }
+}
