@@ -23,7 +23,7 @@
 //! the invariants are still checked; it fails at the end listing every finding.
 
 mod common;
-use common::{read_response, Daemon, Resp};
+use common::{merged, read_response, sha256_hex, Daemon, Resp};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::io::{BufReader, Cursor, Read, Write};
@@ -48,13 +48,11 @@ fn random_hex(n: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The file's SHA-256 as hex; empty if it cannot be read.
 fn sha256_file(path: &std::path::Path) -> String {
-    let out = Command::new("sha256sum").arg(path).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or("")
-        .to_string()
+    std::fs::read(path)
+        .map(|b| sha256_hex(&b))
+        .unwrap_or_default()
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -2737,12 +2735,10 @@ fn test_s1_short_soak_mixed_runs() {
                 json!({"stdin": "in", "args": ["a b"]}),
             ),
         };
-        let mut body = json!({"language": PY, "network": false, "code": code, "limits": limits});
-        if let Value::Object(m) = extra {
-            for (k, v) in m {
-                body[k] = v;
-            }
-        }
+        let body = merged(
+            json!({"language": PY, "network": false, "code": code, "limits": limits}),
+            extra,
+        );
         let r = a.exec_body(&body);
         let run = run_of(&r);
         let ok = match i % 8 {
@@ -3105,11 +3101,7 @@ fn test_a5_random_session_tokens_all_401_then_rate_limited() {
         "A5: two sessions share a token or an id".into()
     });
     // Stored only as its SHA-256: the state store has the digest, never the token.
-    let digest: String = ring::digest::digest(&ring::digest::SHA256, token.as_bytes())
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = sha256_hex(token.as_bytes());
     let mut state = Vec::new();
     for e in std::fs::read_dir(a.d.data_dir.join("state"))
         .into_iter()

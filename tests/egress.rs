@@ -10,7 +10,7 @@ mod common;
 #[path = "common/fakenet.rs"]
 mod fakenet;
 
-use common::{in_netns, Daemon};
+use common::{in_netns, merged, Daemon};
 use fakenet::{
     try_sh, FakeNet, Hit, DNS, HARNESS_UPLINK, PUBLIC, PUBLIC2, PUBLIC_BODY, SECRET_BODY, SMTP,
 };
@@ -145,13 +145,10 @@ fn wait_egress(d: &Daemon, state: &str, within: Duration) -> Duration {
 /// Runs `PRELUDE + code` in `language: python` with `extra` merged into the body;
 /// returns the response and the `RESULT` map.
 fn run(d: &Daemon, code: &str, extra: Value) -> (Value, Map<String, Value>) {
-    let mut body = json!({"language": "python", "code": format!("{PRELUDE}\n{code}")});
-    if let Value::Object(m) = extra {
-        for (k, v) in m {
-            body[k] = v;
-        }
-    }
-    let r = d.execute(body);
+    let r = d.execute(merged(
+        json!({"language": "python", "code": format!("{PRELUDE}\n{code}")}),
+        extra,
+    ));
     let res = result_of(&r);
     (r, res)
 }

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{mounts_under, read_response, Daemon, Resp};
+use common::{mounts_under, read_response, sha256_hex, Daemon, Resp};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -33,11 +33,6 @@ fn bytes(seed: u64, n: usize) -> Vec<u8> {
             (x >> 24) as u8
         })
         .collect()
-}
-
-fn hex_sha256(data: &[u8]) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, data);
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// An acknowledged KV write: key, value, ETag.
@@ -557,7 +552,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         run["stdout"],
         format!(
             "True {}\nuploaded before the crash\nwritten by a completed step\n",
-            hex_sha256(&a_files[0].1)
+            sha256_hex(&a_files[0].1)
         ),
         "{run}"
     );

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Daemon, Resp};
+use common::{sha256_hex, Daemon, Resp};
 use serde_json::{json, Value};
 use std::io::{BufReader, Write};
 use std::time::{Duration, Instant};
@@ -247,19 +247,6 @@ fn test_upload_read_by_code_and_zip_download() {
     );
     d.assert_clean();
     d.stop();
-}
-
-fn sha256_hex(b: &[u8]) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(b)?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)[..64].to_string()
 }
 
 #[test]

@@ -534,3 +534,26 @@ pub fn closed_within(s: &mut TcpStream, wait: Duration) -> bool {
         }
     }
 }
+
+/// `base` (a JSON object) with every field of `extra` (an object, or nothing) set on
+/// it, replacing what was there.
+pub fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let serde_json::Value::Object(m) = extra {
+        for (k, v) in m {
+            base[k] = v;
+        }
+    }
+    base
+}
+
+/// SHA-256 of `data`, as lowercase hex.
+pub fn sha256_hex(data: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, data);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The Python of the tests' venv (`make test-venv`; `ISOBOX_TEST_PYTHON` overrides).
+pub fn test_python() -> String {
+    std::env::var("ISOBOX_TEST_PYTHON")
+        .unwrap_or_else(|_| "/tmp/isobox-test-venv/bin/python".into())
+}
