@@ -7,6 +7,7 @@ mod common;
 #[path = "common/fakemodel.rs"]
 mod fakemodel;
 
+use common::sse::events;
 use common::{Daemon, Resp};
 use fakemodel::{call, say, Fake, Reply};
 use serde_json::{json, Value};
@@ -60,29 +61,6 @@ fn post_agent(d: &Daemon, body: &Value) -> Resp {
         &[("Content-Type", "application/json")],
         body.to_string().as_bytes(),
     )
-}
-
-/// The SSE events of a finished stream: (name, data).
-fn events(r: &Resp) -> Vec<(String, Value)> {
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("content-type"), Some("text/event-stream"));
-    let text = r.text();
-    let mut out = Vec::new();
-    for block in text.split("\n\n") {
-        let mut name = None;
-        let mut data = String::new();
-        for line in block.lines() {
-            if let Some(n) = line.strip_prefix("event: ") {
-                name = Some(n.to_string());
-            } else if let Some(d) = line.strip_prefix("data: ") {
-                data.push_str(d);
-            }
-        }
-        if let Some(n) = name {
-            out.push((n, serde_json::from_str(&data).unwrap()));
-        }
-    }
-    out
 }
 
 fn names(ev: &[(String, Value)]) -> Vec<&str> {

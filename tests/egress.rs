@@ -10,12 +10,13 @@ mod common;
 #[path = "common/fakenet.rs"]
 mod fakenet;
 
+use common::sse::Stream;
 use common::{in_netns, merged, Daemon};
 use fakenet::{
     try_sh, FakeNet, Hit, DNS, HARNESS_UPLINK, PUBLIC, PUBLIC2, PUBLIC_BODY, SECRET_BODY, SMTP,
 };
 use serde_json::{json, Map, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -802,117 +803,6 @@ fn host_link_local(fake: &FakeNet) -> String {
     }
 }
 
-/// A streamed (SSE) /execute whose stdout can be watched while it runs.
-struct Sse {
-    r: BufReader<TcpStream>,
-    chunked: bool,
-    pending: String,
-    stdout: String,
-    done: Option<Value>,
-}
-
-impl Sse {
-    fn start(d: &Daemon, body: &Value) -> Sse {
-        let mut s = d.connect();
-        let b = body.to_string();
-        write!(
-            s,
-            "POST /execute HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{b}",
-            b.len()
-        )
-        .unwrap();
-        let mut r = BufReader::new(s);
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        assert!(line.contains(" 200 "), "SSE status: {line}");
-        let mut chunked = false;
-        loop {
-            let mut h = String::new();
-            r.read_line(&mut h).unwrap();
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let l = h.to_ascii_lowercase();
-            if l.starts_with("transfer-encoding:") && l.contains("chunked") {
-                chunked = true;
-            }
-        }
-        Sse {
-            r,
-            chunked,
-            pending: String::new(),
-            stdout: String::new(),
-            done: None,
-        }
-    }
-
-    /// Reads more of the stream; false at its end.
-    fn more(&mut self) -> bool {
-        let mut data = Vec::new();
-        if self.chunked {
-            let mut size = String::new();
-            if self.r.read_line(&mut size).unwrap_or(0) == 0 {
-                return false;
-            }
-            let n = usize::from_str_radix(size.trim(), 16).unwrap();
-            let mut c = vec![0; n + 2];
-            self.r.read_exact(&mut c).unwrap();
-            if n == 0 {
-                return false;
-            }
-            data.extend_from_slice(&c[..n]);
-        } else {
-            let mut c = [0u8; 4096];
-            match self.r.read(&mut c) {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => data.extend_from_slice(&c[..n]),
-            }
-        }
-        self.pending.push_str(&String::from_utf8_lossy(&data));
-        while let Some(i) = self.pending.find("\n\n") {
-            let ev: String = self.pending.drain(..i + 2).collect();
-            let mut name = "";
-            let mut payload = None;
-            for l in ev.lines() {
-                if let Some(x) = l.strip_prefix("event: ") {
-                    name = x;
-                } else if let Some(x) = l.strip_prefix("data: ") {
-                    payload = serde_json::from_str::<Value>(x).ok();
-                }
-            }
-            match (name, payload) {
-                ("stdout", Some(p)) => self.stdout.push_str(p["chunk"].as_str().unwrap_or("")),
-                ("done", Some(p)) => self.done = Some(p),
-                _ => {}
-            }
-        }
-        true
-    }
-
-    /// Reads until stdout has a line starting with `prefix`; returns the rest of it.
-    fn wait_line(&mut self, prefix: &str) -> String {
-        loop {
-            if let Some(l) = self.stdout.lines().find_map(|l| l.strip_prefix(prefix)) {
-                if self.stdout.contains(&format!("{prefix}{l}\n")) {
-                    return l.to_string();
-                }
-            }
-            assert!(
-                self.more(),
-                "stream ended before {prefix:?}: {}",
-                self.stdout
-            );
-        }
-    }
-
-    /// Reads to the end; the `done` event's data (the non-streaming response).
-    fn finish(mut self) -> Value {
-        while self.done.is_none() && self.more() {}
-        self.done.expect("no done event")
-    }
-}
-
 /// N6: a sandbox cannot reach another one (its listening address, its gateway, UDP,
 /// broadcasts), while both have working egress.
 #[test]
@@ -948,7 +838,7 @@ while time.time() < end:
 print('GOT ' + json.dumps(got), flush=True)
 "#
     );
-    let mut a = Sse::start(
+    let mut a = Stream::execute(
         &d,
         &json!({"language": "python", "code": format!("{PRELUDE}\n{a_code}"),
                 "limits": {"wallTimeMs": 20000}}),
@@ -1149,7 +1039,7 @@ for i in range(150):
     print('TRY %d %s' % (i, r.split(':')[0].strip()), flush=True)
     time.sleep(0.2)
 "#;
-    let mut s = Sse::start(
+    let mut s = Stream::execute(
         &d,
         &json!({"language": "python", "code": format!("{PRELUDE}\n{code}"),
                 "limits": {"wallTimeMs": 60000}}),
@@ -1193,7 +1083,7 @@ fn test_crash_leftovers_swept_and_rules_verified_before_first_run() {
     let instance = format!("isobox-egc{}", std::process::id());
     let (fake, mut d) = setup(&[("ISOBOX_INSTANCE", instance.as_str())]);
     wait_egress(&d, "verified", Duration::from_secs(30));
-    let mut s = Sse::start(
+    let mut s = Stream::execute(
         &d,
         &json!({"language": "python",
                 "code": format!("{PRELUDE}\nprint('UP', tcp('198.51.100.7', 443)[:2], flush=True)\ntime.sleep(60)"),
@@ -1629,7 +1519,7 @@ time.sleep(1)
 print('FLOODED', tried, flush=True)
 time.sleep(10)
 "#;
-    let mut a = Sse::start(
+    let mut a = Stream::execute(
         &d,
         &json!({"language": "python", "code": format!("{PRELUDE}\n{}", hold(64, a_then)),
                 "network": true, "limits": {"wallTimeMs": 30000}}),

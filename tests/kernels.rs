@@ -4,6 +4,7 @@
 mod common;
 
 use base64::Engine;
+use common::sse::Stream;
 use common::{Daemon, Resp};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -616,42 +617,29 @@ fn test_streaming_user_site_volume_and_restart() {
         json!({"runtime": "python", "type": "kernel", "network": false, "volumeId": vid}),
     );
     // SSE: output arrives while the step runs, then `done` with the artifacts.
-    let body = json!({"code": "import time\nprint('first', flush=True)\ntime.sleep(1.0)\nprint('second')\nimport matplotlib.pyplot as plt\n_ = plt.plot([1])"}).to_string();
-    let mut c = d.connect();
-    write!(
-        c,
-        "POST /v1/sessions/{}/exec HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nX-Session-Token: {}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        s.id, s.token, body.len()
-    )
-    .unwrap();
+    let body = json!({"code": "import time\nprint('first', flush=True)\ntime.sleep(1.0)\nprint('second')\nimport matplotlib.pyplot as plt\n_ = plt.plot([1])"});
     let t0 = Instant::now();
-    let (mut seen, mut first_at, mut done_at) = (Vec::new(), None, None);
-    let mut buf = [0u8; 65536];
-    while let Ok(n) = c.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        seen.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&seen);
-        if first_at.is_none() && text.contains("first\\n") {
+    let mut st = Stream::post(
+        &d,
+        &format!("/v1/sessions/{}/exec", s.id),
+        &[("X-Session-Token", &s.token)],
+        &body,
+    );
+    let (mut first_at, mut done_at) = (None, None);
+    while st.more() {
+        if first_at.is_none() && st.stdout.contains("first\n") {
             first_at = Some(t0.elapsed());
         }
-        if done_at.is_none() && text.contains("event: done") {
+        if done_at.is_none() && st.done.is_some() {
             done_at = Some(t0.elapsed());
         }
     }
-    let text = String::from_utf8_lossy(&seen).into_owned();
-    let (first_at, done_at) = (first_at.expect(&text), done_at.expect(&text));
+    let (first_at, done_at) = (first_at.expect(&st.text), done_at.expect(&st.text));
     assert!(
         done_at >= first_at + Duration::from_millis(800),
         "{first_at:?} {done_at:?}"
     );
-    let done: Value = text
-        .split("event: done\ndata: ")
-        .nth(1)
-        .and_then(|r| r.lines().next())
-        .and_then(|l| serde_json::from_str(l).ok())
-        .expect(&text);
+    let done = st.done.expect("done");
     assert_eq!(done["run"]["stdout"], "first\nsecond\n", "{done}");
     assert_eq!(done["artifacts"].as_array().unwrap().len(), 1, "{done}");
     png_size(&done["artifacts"][0]);

@@ -3,6 +3,8 @@
 //! checks on shutdown that nothing it created is left behind.
 #![allow(dead_code)]
 
+pub mod sse;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
