@@ -23,6 +23,7 @@
 //! the invariants are still checked; it fails at the end listing every finding.
 
 mod common;
+use common::session::Session;
 use common::{merged, read_response, sha256_hex, Daemon, Resp};
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -3000,8 +3001,9 @@ fn one_by_one(a: &Adv, reqs: &[String]) -> Vec<Resp> {
     out
 }
 
-/// Creates a filesystem session with the harness's key: (id, token).
-fn a5_session(a: &Adv) -> (String, String) {
+/// Creates a filesystem session with the harness's key (its answer scanned for the
+/// canary like every other).
+fn a5_session(a: &Adv) -> Session {
     let r = a.req(
         "POST",
         "/v1/sessions",
@@ -3009,11 +3011,7 @@ fn a5_session(a: &Adv) -> (String, String) {
         json!({"runtime": PY}).to_string().as_bytes(),
     );
     assert_eq!(r.status, 201, "create a session: {}", r.text());
-    let v = r.json();
-    (
-        v["id"].as_str().unwrap().to_string(),
-        v["token"].as_str().unwrap().to_string(),
-    )
+    Session::from_created(r.json())
 }
 
 /// Every `n`-character window of every run of base64url characters in `text`: the
@@ -3060,8 +3058,12 @@ fn test_a5_random_session_tokens_all_401_then_rate_limited() {
     let key = a.key.clone();
     let data_dir = a.d.data_dir.display().to_string();
     // Two sessions; the first gets a file.
-    let (id, token) = a5_session(&a);
-    let (id2, token2) = a5_session(&a);
+    let Session { id, token, .. } = a5_session(&a);
+    let Session {
+        id: id2,
+        token: token2,
+        ..
+    } = a5_session(&a);
     let created = Instant::now();
     a.add_secret(&token);
     a.add_secret(&token2);

@@ -10,6 +10,7 @@ mod common;
 #[path = "common/fakenet.rs"]
 mod fakenet;
 
+use common::session::Session;
 use common::sse::Stream;
 use common::{in_netns, merged, Daemon};
 use fakenet::{
@@ -1179,29 +1180,6 @@ with zipfile.ZipFile(sys.argv[1], 'w') as z:
     b
 }
 
-/// Creates a kernel session; returns (id, token).
-fn kernel_create(d: &Daemon, body: Value) -> (String, String) {
-    let r = d.post_json("/v1/sessions", &body);
-    assert_eq!(r.status, 201, "{}\nlog:\n{}", r.text(), d.log());
-    let v = r.json();
-    assert_eq!(v["type"], "kernel");
-    (
-        v["id"].as_str().unwrap().to_string(),
-        v["token"].as_str().unwrap().to_string(),
-    )
-}
-
-fn kernel_step(d: &Daemon, s: &(String, String), body: Value) -> Value {
-    let r = d.request(
-        "POST",
-        &format!("/v1/sessions/{}/exec", s.0),
-        &[("X-Session-Token", s.1.as_str())],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
-}
-
 #[test]
 fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
     let (fake, d) = setup(&[]);
@@ -1211,9 +1189,10 @@ fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
     let fetch = "import urllib.request\ntry:\n    print('GOT', urllib.request.urlopen('http://198.51.100.7/', timeout=3).read().decode().strip())\nexcept Exception as e:\n    print('ERR', type(e).__name__)";
     // Network on (the default): the public stand-in answers; a step's own
     // `"network": false` does not change the kernel's network.
-    let on = kernel_create(&d, json!({"runtime": "python", "type": "kernel"}));
+    let on = Session::create(&d, &json!({"runtime": "python", "type": "kernel"}));
+    assert_eq!(on.created["type"], "kernel");
     for step_network in [json!(true), json!(false)] {
-        let v = kernel_step(&d, &on, json!({"code": fetch, "network": step_network}));
+        let v = on.step_with(&d, &json!({"code": fetch, "network": step_network}));
         assert_eq!(
             v["run"]["stdout"],
             format!("GOT {}\n", PUBLIC_BODY.trim()),
@@ -1224,34 +1203,22 @@ fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
         assert!(v.get("warning").is_none(), "{v}");
     }
     // Still filtered: metadata and SMTP are not reachable.
-    let v = kernel_step(
-        &d,
-        &on,
-        json!({"code": "import socket\nfor a in [('169.254.169.254', 80), ('198.51.100.7', 25)]:\n    try:\n        socket.create_connection(a, timeout=2); print('OPEN', a)\n    except OSError:\n        print('blocked')"}),
-    );
+    let v = on.step_with(&d, &json!({"code": "import socket\nfor a in [('169.254.169.254', 80), ('198.51.100.7', 25)]:\n    try:\n        socket.create_connection(a, timeout=2); print('OPEN', a)\n    except OSError:\n        print('blocked')"}));
     assert_eq!(v["run"]["stdout"], "blocked\nblocked\n", "{v}");
     // pip install --user from the fake host; it imports in the next step.
-    let v = kernel_step(
-        &d,
-        &on,
-        json!({"code": "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--user', '--no-deps', 'http://198.51.100.7/kpkg-1.0-py3-none-any.whl'], capture_output=True, text=True)\nprint(r.returncode)\nprint(r.stdout[-300:], r.stderr[-600:], file=sys.stderr)", "limits": {"wallTimeMs": 60000}}),
-    );
+    let v = on.step_with(&d, &json!({"code": "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--user', '--no-deps', 'http://198.51.100.7/kpkg-1.0-py3-none-any.whl'], capture_output=True, text=True)\nprint(r.returncode)\nprint(r.stdout[-300:], r.stderr[-600:], file=sys.stderr)", "limits": {"wallTimeMs": 60000}}));
     assert_eq!(v["run"]["stdout"], "0\n", "{v}");
-    let v = kernel_step(
+    let v = on.step_with(
         &d,
-        &on,
-        json!({"code": "import kpkg; print(kpkg.X + 1, kpkg.__file__)"}),
+        &json!({"code": "import kpkg; print(kpkg.X + 1, kpkg.__file__)"}),
     );
     assert_eq!(
         v["run"]["stdout"], "42 /workspace/.local/lib/python3.11/site-packages/kpkg/__init__.py\n",
         "{v}"
     );
     // Network off at create: nothing is reached, even when a step asks; no warning.
-    let off = kernel_create(
-        &d,
-        json!({"runtime": "python", "type": "kernel", "network": false}),
-    );
-    let v = kernel_step(&d, &off, json!({"code": fetch, "network": true}));
+    let off = Session::kernel(&d);
+    let v = off.step_with(&d, &json!({"code": fetch, "network": true}));
     assert!(
         v["run"]["stdout"].as_str().unwrap().starts_with("ERR"),
         "{v}"
@@ -1259,12 +1226,7 @@ fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
     assert_eq!(v["run"]["network"], false, "{v}");
     assert!(v.get("warning").is_none(), "{v}");
     for s in [&on, &off] {
-        let r = d.request(
-            "DELETE",
-            &format!("/v1/sessions/{}", s.0),
-            &[("X-Session-Token", s.1.as_str())],
-            b"",
-        );
+        let r = s.delete(&d);
         assert_eq!(r.status, 204, "{}", r.text());
     }
     assert_no_denied_hits(&fake, &d);

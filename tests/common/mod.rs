@@ -3,6 +3,7 @@
 //! checks on shutdown that nothing it created is left behind.
 #![allow(dead_code)]
 
+pub mod session;
 pub mod sse;
 
 use std::io::{BufRead, BufReader, Read, Write};
