@@ -22,6 +22,7 @@
 //! A test records what the catalogue calls a failure as a finding and keeps going, so
 //! the invariants are still checked; it fails at the end listing every finding.
 
+#[path = "../common/mod.rs"]
 mod common;
 use common::session::Session;
 use common::{merged, read_response, sha256_hex, Daemon, Resp};
