@@ -17,7 +17,7 @@ use common::{mounts_under, read_response, sha256_hex, Daemon};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -49,29 +49,6 @@ fn upload(d: &Daemon, s: &Session, path: &str, data: &[u8]) {
 /// An offline step that must be answered 200; its `run`.
 fn step_run(d: &Daemon, s: &Session, code: &str) -> Value {
     s.step_with(d, &json!({"code": code, "network": false}))["run"].clone()
-}
-
-/// Sends a request on a fresh connection and leaves the response unread.
-fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_nodelay(true).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    s
 }
 
 /// What happened to a client whose request was in flight at the crash.
@@ -321,7 +298,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         } else {
             &[]
         };
-        let s = send(addr, "POST", "/execute", hdrs, body.as_bytes());
+        let s = d.send("POST", "/execute", hdrs, body.as_bytes());
         let (k, ready) = (Arc::clone(&killed_at), Arc::new(AtomicBool::new(false)));
         let r2 = Arc::clone(&ready);
         watchers.push((
@@ -336,8 +313,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
                          time.sleep(0.005)";
     let body = json!({"code": inflight_code, "network": false, "limits": {"wallTimeMs": 20000}})
         .to_string();
-    let s = send(
-        addr,
+    let s = d.send(
         "POST",
         &format!("/v1/sessions/{}/exec", a.id),
         &[("X-Session-Token", &a.token)],

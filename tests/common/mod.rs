@@ -186,10 +186,37 @@ impl Daemon {
         self.request("GET", path, &[], b"")
     }
 
+    /// One request on a fresh connection (`Connection: close`), its response read.
     pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        let s = self.write_request("Connection: close\r\n", method, path, headers, body);
+        read_response(&mut BufReader::new(s), method == "HEAD").expect("response")
+    }
+
+    /// Writes a request on a fresh connection (kept alive) and leaves the response
+    /// unread: the caller watches the connection.
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> TcpStream {
+        self.write_request("", method, path, headers, body)
+    }
+
+    /// Connects and writes `method path`, Host, the `fixed` header lines, the length,
+    /// then `headers` and `body`.
+    fn write_request(
+        &self,
+        fixed: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> TcpStream {
         let mut s = self.connect();
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: t\r\n{fixed}Content-Length: {}\r\n",
             body.len()
         );
         for (k, v) in headers {
@@ -198,7 +225,7 @@ impl Daemon {
         req.push_str("\r\n");
         s.write_all(req.as_bytes()).unwrap();
         s.write_all(body).unwrap();
-        read_response(&mut BufReader::new(s), method == "HEAD").expect("response")
+        s
     }
 
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Resp {
