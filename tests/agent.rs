@@ -7,6 +7,8 @@ mod common;
 #[path = "common/fakemodel.rs"]
 mod fakemodel;
 
+use common::session::Session;
+use common::sse::events;
 use common::{Daemon, Resp};
 use fakemodel::{call, say, Fake, Reply};
 use serde_json::{json, Value};
@@ -35,24 +37,6 @@ fn agent_daemon(fake: &Fake, extra: &[(&str, &str)]) -> Daemon {
     d
 }
 
-struct Session {
-    id: String,
-    token: String,
-}
-
-fn kernel(d: &Daemon) -> Session {
-    let r = d.post_json(
-        "/v1/sessions",
-        &json!({"runtime": "python", "type": "kernel", "network": false}),
-    );
-    assert_eq!(r.status, 201, "{}\n{}", r.text(), d.log());
-    let v = r.json();
-    Session {
-        id: v["id"].as_str().unwrap().into(),
-        token: v["token"].as_str().unwrap().into(),
-    }
-}
-
 fn post_agent(d: &Daemon, body: &Value) -> Resp {
     d.request(
         "POST",
@@ -60,29 +44,6 @@ fn post_agent(d: &Daemon, body: &Value) -> Resp {
         &[("Content-Type", "application/json")],
         body.to_string().as_bytes(),
     )
-}
-
-/// The SSE events of a finished stream: (name, data).
-fn events(r: &Resp) -> Vec<(String, Value)> {
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header("content-type"), Some("text/event-stream"));
-    let text = r.text();
-    let mut out = Vec::new();
-    for block in text.split("\n\n") {
-        let mut name = None;
-        let mut data = String::new();
-        for line in block.lines() {
-            if let Some(n) = line.strip_prefix("event: ") {
-                name = Some(n.to_string());
-            } else if let Some(d) = line.strip_prefix("data: ") {
-                data.push_str(d);
-            }
-        }
-        if let Some(n) = name {
-            out.push((n, serde_json::from_str(&data).unwrap()));
-        }
-    }
-    out
 }
 
 fn names(ev: &[(String, Value)]) -> Vec<&str> {
@@ -98,17 +59,6 @@ fn run(d: &Daemon, s: &Session, text: &str, max_iters: Option<u32>) -> Vec<(Stri
         body["maxIters"] = m.into();
     }
     events(&post_agent(d, &body))
-}
-
-fn step(d: &Daemon, s: &Session, code: &str) -> Value {
-    let r = d.request(
-        "POST",
-        &format!("/v1/sessions/{}/exec", s.id),
-        &[("X-Session-Token", &s.token)],
-        json!({ "code": code }).to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
 }
 
 fn assert_key_hidden(d: &Daemon, texts: &[&str]) {
@@ -231,7 +181,7 @@ fn test_tool_loop_event_sequence() {
         say("The answer is 42."),
     ]);
     let d = agent_daemon(&fake, &[]);
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     let started = Instant::now();
     let r = post_agent(
         &d,
@@ -342,7 +292,7 @@ fn test_tool_loop_event_sequence() {
     assert!(started.elapsed() < Duration::from_secs(60));
 
     // The session is the client's again: the loop's state is there.
-    assert_eq!(step(&d, &s, "print(x)")["run"]["stdout"], "42\n");
+    assert_eq!(s.step(&d, "print(x)")["run"]["stdout"], "42\n");
     assert_key_hidden(&d, &[&r.text()]);
     d.stop();
 }
@@ -382,7 +332,7 @@ fn test_cut_artifacts_shell_timeout_and_max_iterations() {
         say("unreachable"),
     ]);
     let d = agent_daemon(&fake, &[("ISOBOX_AI_SHELL_WALL_SEC", "2")]);
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     let ev = run(&d, &s, "go", Some(2));
     assert_eq!(
         names(&ev),
@@ -480,7 +430,7 @@ fn test_cut_artifacts_shell_timeout_and_max_iterations() {
             .collect(),
     );
     let d2 = agent_daemon(&fake2, &[("ISOBOX_AI_MAX_ITERS", "3")]);
-    let s2 = kernel(&d2);
+    let s2 = Session::kernel(&d2);
     let ev = run(&d2, &s2, "loop", Some(50));
     assert_eq!(
         ev.last().unwrap().1,
@@ -511,7 +461,7 @@ fn test_kernel_dead_and_session_errors() {
         say("never asked"),
     ]);
     let d = agent_daemon(&fake, &[("ISOBOX_AI_PYTHON_WALL_SEC", "2")]);
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     let ev = run(&d, &s, "sleep", None);
     assert_eq!(
         names(&ev),
@@ -536,14 +486,8 @@ fn test_kernel_dead_and_session_errors() {
     // The next loop on the dead kernel stops at its first tool call.
     let fake_calls = Fake::start(vec![call("", &[("a", "run_python", json!({"code": "1"}))])]);
     let d2 = agent_daemon(&fake_calls, &[]);
-    let s2 = kernel(&d2);
-    let r = d2.request(
-        "DELETE",
-        &format!("/v1/sessions/{}", s2.id),
-        &[("X-Session-Token", &s2.token)],
-        b"",
-    );
-    assert_eq!(r.status, 204);
+    let s2 = Session::kernel(&d2);
+    assert_eq!(s2.delete(&d2).status, 204);
     let ev = run(&d2, &s2, "x", None);
     assert_eq!(names(&ev), ["error", "done"], "{ev:?}");
     assert_eq!(
@@ -559,20 +503,14 @@ fn test_kernel_dead_and_session_errors() {
     assert_eq!(names(&ev), ["error", "done"]);
     assert_eq!(ev[0].1["code"], "session_required");
     assert_eq!(ev[1].1, json!({"finishReason": "error", "iterations": 0}));
-    let s3 = kernel(&d2);
+    let s3 = Session::kernel(&d2);
     let wrong = Session {
-        id: s3.id.clone(),
         token: "not-the-token".into(),
+        ..s3.clone()
     };
     let ev = run(&d2, &wrong, "x", None);
     assert_eq!(ev[0].1["code"], "session_invalid");
-    let r = d2.post_json("/v1/sessions", &json!({"runtime": "python"}));
-    assert_eq!(r.status, 201, "{}", r.text());
-    let v = r.json();
-    let fs_session = Session {
-        id: v["id"].as_str().unwrap().into(),
-        token: v["token"].as_str().unwrap().into(),
-    };
+    let fs_session = Session::create(&d2, &json!({"runtime": "python"}));
     let ev = run(&d2, &fs_session, "x", None);
     assert_eq!(ev[0].1["code"], "session_invalid");
     assert!(
@@ -599,7 +537,7 @@ fn test_upstream_errors_hangs_and_key_hygiene() {
         &fake,
         &[("ISOBOX_AI_TIMEOUT_SEC", "2"), ("ISOBOX_KERNELS_MAX", "1")],
     );
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     let r500 = post_agent(
         &d,
         &json!({"messages": [{"role": "user", "content": "x"}], "session": {"id": s.id, "token": s.token}}),
@@ -672,7 +610,7 @@ fn test_upstream_errors_hangs_and_key_hygiene() {
         seen: Arc::new(Mutex::new(Vec::new())),
     };
     let d2 = agent_daemon(&gone, &[]);
-    let s2 = kernel(&d2);
+    let s2 = Session::kernel(&d2);
     let ev = run(&d2, &s2, "x", None);
     assert_eq!(ev[0].1["code"], "upstream_error");
     assert!(ev[0].1["message"]
@@ -707,7 +645,7 @@ fn test_web_search_rate_limit_and_disconnect() {
         Reply::Hang,
     ]);
     let d = agent_daemon(&fake, &[("ISOBOX_AI_TIMEOUT_SEC", "3")]);
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     let ev = run(&d, &s, "search", None);
     assert_eq!(
         names(&ev),
@@ -757,7 +695,7 @@ fn test_web_search_rate_limit_and_disconnect() {
     );
     // The kernel is free for its session.
     assert_eq!(
-        step(&d, &s, "print('still here')")["run"]["stdout"],
+        s.step(&d, "print('still here')")["run"]["stdout"],
         "still here\n"
     );
     d.stop();
@@ -773,7 +711,7 @@ fn test_web_search_rate_limit_and_disconnect() {
     ]);
     let search = format!("http://{closed}/html/");
     let d = agent_daemon(&fake, &[("ISOBOX_AI_SEARCH_URL", &search)]);
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     let ev = run(&d, &s, "search", None);
     assert_eq!(ev[1].1["exitCode"], 1);
     assert!(
@@ -793,7 +731,7 @@ fn test_web_search_rate_limit_and_disconnect() {
         &fake,
         &[("ISOBOX_AI_SEARCH", "off"), ("ISOBOX_AI_RATE_PER_MIN", "3")],
     );
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     let ev = run(&d, &s, "search", None);
     assert!(
         ev[1].1["stderr"].as_str().unwrap().contains("no such tool"),
@@ -811,7 +749,7 @@ fn test_web_search_rate_limit_and_disconnect() {
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.json()["error"], "rate_limited");
     assert!(r.header("retry-after").is_some());
-    assert_eq!(step(&d, &s, "print(1)")["run"]["stdout"], "1\n");
+    assert_eq!(s.step(&d, "print(1)")["run"]["stdout"], "1\n");
     d.stop();
 }
 
@@ -819,7 +757,7 @@ fn test_web_search_rate_limit_and_disconnect() {
 fn test_shutdown_ends_running_loops_at_once() {
     let fake = Fake::start(vec![Reply::Hang]);
     let d = agent_daemon(&fake, &[("ISOBOX_SHUTDOWN_GRACE_MS", "20000")]);
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     let mut c = d.connect();
     let body = json!({"messages": [{"role": "user", "content": "x"}],
         "session": {"id": s.id, "token": s.token}})

@@ -10,12 +10,14 @@ mod common;
 #[path = "common/fakenet.rs"]
 mod fakenet;
 
-use common::{in_netns, Daemon};
+use common::session::Session;
+use common::sse::Stream;
+use common::{in_netns, merged, Daemon};
 use fakenet::{
     try_sh, FakeNet, Hit, DNS, HARNESS_UPLINK, PUBLIC, PUBLIC2, PUBLIC_BODY, SECRET_BODY, SMTP,
 };
 use serde_json::{json, Map, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -145,13 +147,10 @@ fn wait_egress(d: &Daemon, state: &str, within: Duration) -> Duration {
 /// Runs `PRELUDE + code` in `language: python` with `extra` merged into the body;
 /// returns the response and the `RESULT` map.
 fn run(d: &Daemon, code: &str, extra: Value) -> (Value, Map<String, Value>) {
-    let mut body = json!({"language": "python", "code": format!("{PRELUDE}\n{code}")});
-    if let Value::Object(m) = extra {
-        for (k, v) in m {
-            body[k] = v;
-        }
-    }
-    let r = d.execute(body);
+    let r = d.execute(merged(
+        json!({"language": "python", "code": format!("{PRELUDE}\n{code}")}),
+        extra,
+    ));
     let res = result_of(&r);
     (r, res)
 }
@@ -805,117 +804,6 @@ fn host_link_local(fake: &FakeNet) -> String {
     }
 }
 
-/// A streamed (SSE) /execute whose stdout can be watched while it runs.
-struct Sse {
-    r: BufReader<TcpStream>,
-    chunked: bool,
-    pending: String,
-    stdout: String,
-    done: Option<Value>,
-}
-
-impl Sse {
-    fn start(d: &Daemon, body: &Value) -> Sse {
-        let mut s = d.connect();
-        let b = body.to_string();
-        write!(
-            s,
-            "POST /execute HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{b}",
-            b.len()
-        )
-        .unwrap();
-        let mut r = BufReader::new(s);
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        assert!(line.contains(" 200 "), "SSE status: {line}");
-        let mut chunked = false;
-        loop {
-            let mut h = String::new();
-            r.read_line(&mut h).unwrap();
-            let h = h.trim_end();
-            if h.is_empty() {
-                break;
-            }
-            let l = h.to_ascii_lowercase();
-            if l.starts_with("transfer-encoding:") && l.contains("chunked") {
-                chunked = true;
-            }
-        }
-        Sse {
-            r,
-            chunked,
-            pending: String::new(),
-            stdout: String::new(),
-            done: None,
-        }
-    }
-
-    /// Reads more of the stream; false at its end.
-    fn more(&mut self) -> bool {
-        let mut data = Vec::new();
-        if self.chunked {
-            let mut size = String::new();
-            if self.r.read_line(&mut size).unwrap_or(0) == 0 {
-                return false;
-            }
-            let n = usize::from_str_radix(size.trim(), 16).unwrap();
-            let mut c = vec![0; n + 2];
-            self.r.read_exact(&mut c).unwrap();
-            if n == 0 {
-                return false;
-            }
-            data.extend_from_slice(&c[..n]);
-        } else {
-            let mut c = [0u8; 4096];
-            match self.r.read(&mut c) {
-                Ok(0) | Err(_) => return false,
-                Ok(n) => data.extend_from_slice(&c[..n]),
-            }
-        }
-        self.pending.push_str(&String::from_utf8_lossy(&data));
-        while let Some(i) = self.pending.find("\n\n") {
-            let ev: String = self.pending.drain(..i + 2).collect();
-            let mut name = "";
-            let mut payload = None;
-            for l in ev.lines() {
-                if let Some(x) = l.strip_prefix("event: ") {
-                    name = x;
-                } else if let Some(x) = l.strip_prefix("data: ") {
-                    payload = serde_json::from_str::<Value>(x).ok();
-                }
-            }
-            match (name, payload) {
-                ("stdout", Some(p)) => self.stdout.push_str(p["chunk"].as_str().unwrap_or("")),
-                ("done", Some(p)) => self.done = Some(p),
-                _ => {}
-            }
-        }
-        true
-    }
-
-    /// Reads until stdout has a line starting with `prefix`; returns the rest of it.
-    fn wait_line(&mut self, prefix: &str) -> String {
-        loop {
-            if let Some(l) = self.stdout.lines().find_map(|l| l.strip_prefix(prefix)) {
-                if self.stdout.contains(&format!("{prefix}{l}\n")) {
-                    return l.to_string();
-                }
-            }
-            assert!(
-                self.more(),
-                "stream ended before {prefix:?}: {}",
-                self.stdout
-            );
-        }
-    }
-
-    /// Reads to the end; the `done` event's data (the non-streaming response).
-    fn finish(mut self) -> Value {
-        while self.done.is_none() && self.more() {}
-        self.done.expect("no done event")
-    }
-}
-
 /// N6: a sandbox cannot reach another one (its listening address, its gateway, UDP,
 /// broadcasts), while both have working egress.
 #[test]
@@ -951,7 +839,7 @@ while time.time() < end:
 print('GOT ' + json.dumps(got), flush=True)
 "#
     );
-    let mut a = Sse::start(
+    let mut a = Stream::execute(
         &d,
         &json!({"language": "python", "code": format!("{PRELUDE}\n{a_code}"),
                 "limits": {"wallTimeMs": 20000}}),
@@ -1152,7 +1040,7 @@ for i in range(150):
     print('TRY %d %s' % (i, r.split(':')[0].strip()), flush=True)
     time.sleep(0.2)
 "#;
-    let mut s = Sse::start(
+    let mut s = Stream::execute(
         &d,
         &json!({"language": "python", "code": format!("{PRELUDE}\n{code}"),
                 "limits": {"wallTimeMs": 60000}}),
@@ -1196,7 +1084,7 @@ fn test_crash_leftovers_swept_and_rules_verified_before_first_run() {
     let instance = format!("isobox-egc{}", std::process::id());
     let (fake, mut d) = setup(&[("ISOBOX_INSTANCE", instance.as_str())]);
     wait_egress(&d, "verified", Duration::from_secs(30));
-    let mut s = Sse::start(
+    let mut s = Stream::execute(
         &d,
         &json!({"language": "python",
                 "code": format!("{PRELUDE}\nprint('UP', tcp('198.51.100.7', 443)[:2], flush=True)\ntime.sleep(60)"),
@@ -1292,29 +1180,6 @@ with zipfile.ZipFile(sys.argv[1], 'w') as z:
     b
 }
 
-/// Creates a kernel session; returns (id, token).
-fn kernel_create(d: &Daemon, body: Value) -> (String, String) {
-    let r = d.post_json("/v1/sessions", &body);
-    assert_eq!(r.status, 201, "{}\nlog:\n{}", r.text(), d.log());
-    let v = r.json();
-    assert_eq!(v["type"], "kernel");
-    (
-        v["id"].as_str().unwrap().to_string(),
-        v["token"].as_str().unwrap().to_string(),
-    )
-}
-
-fn kernel_step(d: &Daemon, s: &(String, String), body: Value) -> Value {
-    let r = d.request(
-        "POST",
-        &format!("/v1/sessions/{}/exec", s.0),
-        &[("X-Session-Token", s.1.as_str())],
-        body.to_string().as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
-}
-
 #[test]
 fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
     let (fake, d) = setup(&[]);
@@ -1324,9 +1189,10 @@ fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
     let fetch = "import urllib.request\ntry:\n    print('GOT', urllib.request.urlopen('http://198.51.100.7/', timeout=3).read().decode().strip())\nexcept Exception as e:\n    print('ERR', type(e).__name__)";
     // Network on (the default): the public stand-in answers; a step's own
     // `"network": false` does not change the kernel's network.
-    let on = kernel_create(&d, json!({"runtime": "python", "type": "kernel"}));
+    let on = Session::create(&d, &json!({"runtime": "python", "type": "kernel"}));
+    assert_eq!(on.created["type"], "kernel");
     for step_network in [json!(true), json!(false)] {
-        let v = kernel_step(&d, &on, json!({"code": fetch, "network": step_network}));
+        let v = on.step_with(&d, &json!({"code": fetch, "network": step_network}));
         assert_eq!(
             v["run"]["stdout"],
             format!("GOT {}\n", PUBLIC_BODY.trim()),
@@ -1337,34 +1203,22 @@ fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
         assert!(v.get("warning").is_none(), "{v}");
     }
     // Still filtered: metadata and SMTP are not reachable.
-    let v = kernel_step(
-        &d,
-        &on,
-        json!({"code": "import socket\nfor a in [('169.254.169.254', 80), ('198.51.100.7', 25)]:\n    try:\n        socket.create_connection(a, timeout=2); print('OPEN', a)\n    except OSError:\n        print('blocked')"}),
-    );
+    let v = on.step_with(&d, &json!({"code": "import socket\nfor a in [('169.254.169.254', 80), ('198.51.100.7', 25)]:\n    try:\n        socket.create_connection(a, timeout=2); print('OPEN', a)\n    except OSError:\n        print('blocked')"}));
     assert_eq!(v["run"]["stdout"], "blocked\nblocked\n", "{v}");
     // pip install --user from the fake host; it imports in the next step.
-    let v = kernel_step(
-        &d,
-        &on,
-        json!({"code": "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--user', '--no-deps', 'http://198.51.100.7/kpkg-1.0-py3-none-any.whl'], capture_output=True, text=True)\nprint(r.returncode)\nprint(r.stdout[-300:], r.stderr[-600:], file=sys.stderr)", "limits": {"wallTimeMs": 60000}}),
-    );
+    let v = on.step_with(&d, &json!({"code": "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', 'install', '--user', '--no-deps', 'http://198.51.100.7/kpkg-1.0-py3-none-any.whl'], capture_output=True, text=True)\nprint(r.returncode)\nprint(r.stdout[-300:], r.stderr[-600:], file=sys.stderr)", "limits": {"wallTimeMs": 60000}}));
     assert_eq!(v["run"]["stdout"], "0\n", "{v}");
-    let v = kernel_step(
+    let v = on.step_with(
         &d,
-        &on,
-        json!({"code": "import kpkg; print(kpkg.X + 1, kpkg.__file__)"}),
+        &json!({"code": "import kpkg; print(kpkg.X + 1, kpkg.__file__)"}),
     );
     assert_eq!(
         v["run"]["stdout"], "42 /workspace/.local/lib/python3.11/site-packages/kpkg/__init__.py\n",
         "{v}"
     );
     // Network off at create: nothing is reached, even when a step asks; no warning.
-    let off = kernel_create(
-        &d,
-        json!({"runtime": "python", "type": "kernel", "network": false}),
-    );
-    let v = kernel_step(&d, &off, json!({"code": fetch, "network": true}));
+    let off = Session::kernel(&d);
+    let v = off.step_with(&d, &json!({"code": fetch, "network": true}));
     assert!(
         v["run"]["stdout"].as_str().unwrap().starts_with("ERR"),
         "{v}"
@@ -1372,12 +1226,7 @@ fn test_kernel_network_is_fixed_at_create_and_pip_install_works() {
     assert_eq!(v["run"]["network"], false, "{v}");
     assert!(v.get("warning").is_none(), "{v}");
     for s in [&on, &off] {
-        let r = d.request(
-            "DELETE",
-            &format!("/v1/sessions/{}", s.0),
-            &[("X-Session-Token", s.1.as_str())],
-            b"",
-        );
+        let r = s.delete(&d);
         assert_eq!(r.status, 204, "{}", r.text());
     }
     assert_no_denied_hits(&fake, &d);
@@ -1632,7 +1481,7 @@ time.sleep(1)
 print('FLOODED', tried, flush=True)
 time.sleep(10)
 "#;
-    let mut a = Sse::start(
+    let mut a = Stream::execute(
         &d,
         &json!({"language": "python", "code": format!("{PRELUDE}\n{}", hold(64, a_then)),
                 "network": true, "limits": {"wallTimeMs": 30000}}),

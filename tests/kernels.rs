@@ -4,67 +4,19 @@
 mod common;
 
 use base64::Engine;
-use common::{Daemon, Resp};
+use common::session::Session;
+use common::Daemon;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-struct Session {
-    id: String,
-    token: String,
-}
-
+/// A kernel session, with the checks every create here makes.
 fn create(d: &Daemon, body: Value) -> Session {
-    let r = d.post_json("/v1/sessions", &body);
-    assert_eq!(r.status, 201, "create: {}\nlog:\n{}", r.text(), d.log());
-    let v = r.json();
+    let s = Session::create(d, &body);
+    let v = &s.created;
     assert_eq!(v["type"], "kernel", "{v}");
     assert_eq!(v["runtime"], "python", "{v}");
-    Session {
-        id: v["id"].as_str().unwrap().to_string(),
-        token: v["token"].as_str().unwrap().to_string(),
-    }
-}
-
-fn kernel(d: &Daemon) -> Session {
-    create(
-        d,
-        json!({"runtime": "python", "type": "kernel", "network": false}),
-    )
-}
-
-fn exec(d: &Daemon, s: &Session, body: Value) -> Resp {
-    d.request(
-        "POST",
-        &format!("/v1/sessions/{}/exec", s.id),
-        &[
-            ("Content-Type", "application/json"),
-            ("X-Session-Token", &s.token),
-        ],
-        body.to_string().as_bytes(),
-    )
-}
-
-/// Runs `code` as a step and returns the 200 body.
-fn step(d: &Daemon, s: &Session, code: &str) -> Value {
-    let r = exec(d, s, json!({"code": code}));
-    assert_eq!(
-        r.status,
-        200,
-        "step {code:?}: {}\nlog:\n{}",
-        r.text(),
-        d.log()
-    );
-    r.json()
-}
-
-fn delete(d: &Daemon, s: &Session) -> Resp {
-    d.request(
-        "DELETE",
-        &format!("/v1/sessions/{}", s.id),
-        &[("X-Session-Token", &s.token)],
-        b"",
-    )
+    s
 }
 
 fn kernels_used(d: &Daemon) -> u64 {
@@ -110,13 +62,13 @@ fn test_state_persists_exit_codes_and_the_kernel_survives() {
     let s = create(&d, json!({"runtime": "python", "type": "kernel"}));
     assert_eq!(kernels_used(&d), 1);
     // The spec's example: `arr` persists from one step to the next.
-    let v = step(&d, &s, "import numpy as np; arr = np.arange(10)");
+    let v = s.step(&d, "import numpy as np; arr = np.arange(10)");
     assert_eq!(v["run"]["exitCode"], 0, "{v}");
     assert_eq!(v["run"]["stdout"], "", "{v}");
     assert!(v.get("artifacts").is_none(), "no artifacts, no key: {v}");
     assert_eq!(v["language"], "python");
     assert_eq!(v["backend"], "gvisor");
-    let v = step(&d, &s, "print(arr.sum())");
+    let v = s.step(&d, "print(arr.sum())");
     assert_eq!(v["run"]["stdout"], "45\n", "{v}");
     assert!(v["run"]["durationMs"].as_u64().unwrap() < 1000, "{v}");
     // Egress is off in tests: asked for by default, not applied, and said so.
@@ -127,7 +79,7 @@ fn test_state_persists_exit_codes_and_the_kernel_survives() {
     );
     // An exception: exit 1, the traceback on stderr (the harness's frames cut), and
     // earlier variables are still there.
-    let v = step(&d, &s, "x = 7\ndef f():\n    return 1/0\nf()");
+    let v = s.step(&d, "x = 7\ndef f():\n    return 1/0\nf()");
     assert_eq!(v["run"]["exitCode"], 1, "{v}");
     let err = v["run"]["stderr"].as_str().unwrap();
     assert!(
@@ -136,74 +88,60 @@ fn test_state_persists_exit_codes_and_the_kernel_survives() {
     );
     assert!(err.contains("ZeroDivisionError: division by zero"), "{err}");
     assert!(!err.contains("harness") && !err.contains("_step"), "{err}");
-    let v = step(&d, &s, "print(x, arr[3], f.__name__)");
+    let v = s.step(&d, "print(x, arr[3], f.__name__)");
     assert_eq!(v["run"]["stdout"], "7 3 f\n", "{v}");
     // A syntax error is an exception too.
-    let v = step(&d, &s, "def (:");
+    let v = s.step(&d, "def (:");
     assert_eq!(v["run"]["exitCode"], 1, "{v}");
     assert!(
         v["run"]["stderr"].as_str().unwrap().contains("SyntaxError"),
         "{v}"
     );
     // sys.exit(n) reports n, exit() 0, sys.exit("msg") 1 with the message; the kernel lives.
-    let v = step(
+    let v = s.step(
         &d,
-        &s,
         "import sys\nprint('before')\nsys.exit(3)\nprint('after')",
     );
     assert_eq!(v["run"]["exitCode"], 3, "{v}");
     assert_eq!(v["run"]["stdout"], "before\n", "{v}");
-    assert_eq!(step(&d, &s, "exit()")["run"]["exitCode"], 0);
-    let v = step(&d, &s, "sys.exit('bye')");
+    assert_eq!(s.step(&d, "exit()")["run"]["exitCode"], 0);
+    let v = s.step(&d, "sys.exit('bye')");
     assert_eq!(v["run"]["exitCode"], 1, "{v}");
     assert_eq!(v["run"]["stderr"], "bye\n", "{v}");
-    let v = step(&d, &s, "print(x + 1)");
+    let v = s.step(&d, "print(x + 1)");
     assert_eq!(v["run"]["stdout"], "8\n", "{v}");
     // A trailing bare expression's value is shown, like a REPL; None is not.
-    assert_eq!(step(&d, &s, "x * 6")["run"]["stdout"], "42\n");
-    assert_eq!(step(&d, &s, "None")["run"]["stdout"], "");
+    assert_eq!(s.step(&d, "x * 6")["run"]["stdout"], "42\n");
+    assert_eq!(s.step(&d, "None")["run"]["stdout"], "");
     // Steps work in /workspace, as the non-root sandbox user, on a read-only root.
-    let v = step(
-        &d,
-        &s,
-        "import os\nprint(os.getcwd(), os.getuid() != 0)\nopen('/workspace/k.txt','w').write('hi')\ntry:\n    open('/etc/x','w')\nexcept OSError as e:\n    print('read-only', e.errno in (13, 30))",
-    );
+    let v = s.step(&d, "import os\nprint(os.getcwd(), os.getuid() != 0)\nopen('/workspace/k.txt','w').write('hi')\ntry:\n    open('/etc/x','w')\nexcept OSError as e:\n    print('read-only', e.errno in (13, 30))");
     assert_eq!(
         v["run"]["stdout"], "/workspace True\nread-only True\n",
         "{v}"
     );
-    let r = d.request(
-        "GET",
-        &format!("/v1/sessions/{}/fs?path=k.txt", s.id),
-        &[("X-Session-Token", &s.token)],
-        b"",
-    );
+    let r = s.fs(&d, "GET", "path=k.txt", b"");
     assert_eq!((r.status, r.body.as_slice()), (200, b"hi".as_slice()));
     // Files given with a step land in the workspace; the code is not written there.
-    let v = exec(
-        &d,
-        &s,
-        json!({"code": "print(open('data/in.txt').read())", "files": [{"name": "data/in.txt", "content": "from a file"}]}),
-    );
+    let v = s.exec(&d, &json!({"code": "print(open('data/in.txt').read())", "files": [{"name": "data/in.txt", "content": "from a file"}]}));
     assert_eq!(v.json()["run"]["stdout"], "from a file\n", "{}", v.text());
-    let v = step(&d, &s, "import os; print(sorted(os.listdir('.')))");
+    let v = s.step(&d, "import os; print(sorted(os.listdir('.')))");
     assert_eq!(v["run"]["stdout"], "['data', 'k.txt']\n", "{v}");
     // Output caps apply per step.
-    let v = exec(
-        &d,
-        &s,
-        json!({"code": "print('y' * 5000)", "limits": {"outputBytes": 1024}}),
-    )
-    .json();
+    let v = s
+        .exec(
+            &d,
+            &json!({"code": "print('y' * 5000)", "limits": {"outputBytes": 1024}}),
+        )
+        .json();
     assert_eq!(v["run"]["stdout"], "y".repeat(1024), "{v}");
     assert_eq!(v["run"]["truncated"], true, "{v}");
-    let v = step(&d, &s, "print('z')");
+    let v = s.step(&d, "print('z')");
     assert_eq!(v["run"]["truncated"], false, "{v}");
     assert_eq!(v["run"]["stdout"], "z\n", "{v}");
-    let r = delete(&d, &s);
+    let r = s.delete(&d);
     assert_eq!(r.status, 204, "{}", r.text());
     assert_eq!(kernels_used(&d), 0);
-    let r = exec(&d, &s, json!({"code": "1"}));
+    let r = s.exec(&d, &json!({"code": "1"}));
     assert_eq!(r.status, 404, "{}", r.text());
     d.assert_clean();
     d.stop();
@@ -213,13 +151,9 @@ fn test_state_persists_exit_codes_and_the_kernel_survives() {
 fn test_artifacts_figures_html_and_caps() {
     let d = Daemon::start();
     d.wait_ready();
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     // A figure and a DataFrame: the figure as PNG, the DataFrame's HTML.
-    let v = step(
-        &d,
-        &s,
-        "import matplotlib.pyplot as plt\nimport pandas as pd\nplt.plot([1, 3, 2])\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})",
-    );
+    let v = s.step(&d, "import matplotlib.pyplot as plt\nimport pandas as pd\nplt.plot([1, 3, 2])\npd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})");
     assert_eq!(v["run"]["exitCode"], 0, "{v}");
     assert_eq!(v["run"]["stdout"], "", "{v}");
     let arts = v["artifacts"].as_array().unwrap();
@@ -233,22 +167,14 @@ fn test_artifacts_figures_html_and_caps() {
     );
     assert_eq!(v["run"]["truncated"], false);
     // Captured figures are closed: the next step has none.
-    let v = step(&d, &s, "print(len(plt.get_fignums()))");
+    let v = s.step(&d, "print(len(plt.get_fignums()))");
     assert_eq!(v["run"]["stdout"], "0\n", "{v}");
     assert!(v.get("artifacts").is_none(), "{v}");
     // At the cap (8 figures): all kept. Above it (9): 8 kept, truncated set.
-    let v = step(
-        &d,
-        &s,
-        "for i in range(8):\n    plt.figure(); plt.plot([i, 0])",
-    );
+    let v = s.step(&d, "for i in range(8):\n    plt.figure(); plt.plot([i, 0])");
     assert_eq!(v["artifacts"].as_array().unwrap().len(), 8, "{v}");
     assert_eq!(v["run"]["truncated"], false);
-    let v = step(
-        &d,
-        &s,
-        "for i in range(9):\n    plt.figure(); plt.plot([i, 0])",
-    );
+    let v = s.step(&d, "for i in range(9):\n    plt.figure(); plt.plot([i, 0])");
     let arts = v["artifacts"].as_array().unwrap();
     assert_eq!(arts.len(), 8);
     for a in arts {
@@ -256,34 +182,22 @@ fn test_artifacts_figures_html_and_caps() {
     }
     assert_eq!(v["run"]["truncated"], true);
     assert_eq!(v["run"]["exitCode"], 0);
-    assert_eq!(
-        step(&d, &s, "len(plt.get_fignums())")["run"]["stdout"],
-        "0\n"
-    );
+    assert_eq!(s.step(&d, "len(plt.get_fignums())")["run"]["stdout"], "0\n");
     // _repr_png_ of a trailing expression; HTML just under and just over 2 MiB.
-    let v = step(
-        &d,
-        &s,
-        "import io\nclass P:\n    def _repr_png_(self):\n        f = plt.figure(figsize=(1, 1)); b = io.BytesIO(); f.savefig(b, format='png'); plt.close(f); return b.getvalue()\nP()",
-    );
+    let v = s.step(&d, "import io\nclass P:\n    def _repr_png_(self):\n        f = plt.figure(figsize=(1, 1)); b = io.BytesIO(); f.savefig(b, format='png'); plt.close(f); return b.getvalue()\nP()");
     let arts = v["artifacts"].as_array().unwrap();
     assert_eq!(arts.len(), 1, "{v}");
     assert_eq!(png_size(&arts[0]), (100, 100));
-    let v = step(
-        &d,
-        &s,
-        "class H:\n    def __init__(self, n): self.n = n\n    def _repr_html_(self): return 'a' * self.n\nH(2 * 1024 * 1024)",
-    );
+    let v = s.step(&d, "class H:\n    def __init__(self, n): self.n = n\n    def _repr_html_(self): return 'a' * self.n\nH(2 * 1024 * 1024)");
     assert_eq!(v["artifacts"][0]["data"].as_str().unwrap().len(), 2 << 20);
     assert_eq!(v["run"]["truncated"], false);
-    let v = step(&d, &s, "H(2 * 1024 * 1024 + 1)");
+    let v = s.step(&d, "H(2 * 1024 * 1024 + 1)");
     assert!(v.get("artifacts").is_none(), "{}", &v.to_string()[..200]);
     assert_eq!(v["run"]["truncated"], true);
     // Capture never breaks a step: a broken _repr_html_ and a figure that cannot be
     // drawn still give exit 0, with what could be captured.
-    let v = step(
+    let v = s.step(
         &d,
-        &s,
         "class B:\n    def _repr_html_(self): raise RuntimeError('no')\nprint('ran')\nB()",
     );
     assert_eq!(v["run"]["exitCode"], 0, "{v}");
@@ -291,7 +205,7 @@ fn test_artifacts_figures_html_and_caps() {
         v["run"]["stdout"].as_str().unwrap().starts_with("ran\n"),
         "{v}"
     );
-    assert!(delete(&d, &s).status == 204);
+    assert!(s.delete(&d).status == 204);
     d.assert_clean();
     d.stop();
 }
@@ -300,7 +214,7 @@ fn test_artifacts_figures_html_and_caps() {
 fn test_user_code_cannot_forge_frames_or_break_the_channel() {
     let d = Daemon::start();
     d.wait_ready();
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     // A step prints a well-formed frame (length prefix + done JSON) to stdout and
     // stderr: it is output, nothing more.
     let fake = r#"import os, struct, json
@@ -309,7 +223,7 @@ os.write(1, struct.pack('>I', len(f)) + f)
 os.write(2, struct.pack('>I', len(f)) + f)
 print()
 print('real end')"#;
-    let v = step(&d, &s, fake);
+    let v = s.step(&d, fake);
     assert_eq!(v["run"]["exitCode"], 0, "{v}");
     assert!(
         v["run"]["stdout"]
@@ -327,72 +241,60 @@ print('real end')"#;
     );
     assert_eq!(v["run"]["truncated"], false);
     // stdin is not the channel: reading it gets EOF at once.
-    let v = step(&d, &s, "import sys\nprint(repr(sys.stdin.read()))");
+    let v = s.step(&d, "import sys\nprint(repr(sys.stdin.read()))");
     assert_eq!(v["run"]["stdout"], "''\n", "{v}");
     // Closing fd 1 and 2 (and sys.stdout) breaks only that step's output.
-    let v = step(
+    let v = s.step(
         &d,
-        &s,
         "import os, sys\nsys.stdout.close()\nos.close(1)\nos.close(2)\nlost = 1",
     );
     assert_eq!(v["run"]["exitCode"], 0, "{v}");
-    let v = step(
+    let v = s.step(
         &d,
-        &s,
         "import sys\nprint('out again', lost)\nprint('err again', file=sys.stderr)",
     );
     assert_eq!(v["run"]["stdout"], "out again 1\n", "{v}");
     assert_eq!(v["run"]["stderr"], "err again\n", "{v}");
     // Redirected sys.stdout is put back for the next step.
-    step(&d, &s, "import io, sys\nsys.stdout = io.StringIO()");
-    assert_eq!(step(&d, &s, "print('back')")["run"]["stdout"], "back\n");
+    s.step(&d, "import io, sys\nsys.stdout = io.StringIO()");
+    assert_eq!(s.step(&d, "print('back')")["run"]["stdout"], "back\n");
     // A background thread printing between steps: the next step gets its own output.
-    step(
-        &d,
-        &s,
-        "import threading, time\nstop = False\ndef chatter():\n    while not stop:\n        print('bg'); time.sleep(0.01)\nt = threading.Thread(target=chatter); t.start()",
-    );
+    s.step(&d, "import threading, time\nstop = False\ndef chatter():\n    while not stop:\n        print('bg'); time.sleep(0.01)\nt = threading.Thread(target=chatter); t.start()");
     std::thread::sleep(Duration::from_millis(300));
-    let v = step(&d, &s, "stop = True\nt.join()\nprint('mine')");
+    let v = s.step(&d, "stop = True\nt.join()\nprint('mine')");
     assert!(
         v["run"]["stdout"].as_str().unwrap().ends_with("mine\n"),
         "{v}"
     );
     // Two steps at once: the second gets 409 session_busy.
-    let addr_s = Session {
-        id: s.id.clone(),
-        token: s.token.clone(),
-    };
+    let addr_s = s.clone();
     let d2 = &d;
     std::thread::scope(|sc| {
-        let h = sc.spawn(|| step(d2, &addr_s, "import time; time.sleep(1.5); print('slow')"));
+        let h = sc.spawn(|| addr_s.step(d2, "import time; time.sleep(1.5); print('slow')"));
         std::thread::sleep(Duration::from_millis(500));
-        let r = exec(d2, &s, json!({"code": "print(1)"}));
+        let r = s.exec(d2, &json!({"code": "print(1)"}));
         assert_eq!(r.status, 409, "{}", r.text());
         assert_eq!(r.json()["error"], "session_busy");
         // A refused step does not touch the workspace the running one uses.
-        let r = exec(
+        let r = s.exec(
             d2,
-            &s,
-            json!({"code": "print(1)", "files": [{"name": "refused.txt", "content": "x"}]}),
+            &json!({"code": "print(1)", "files": [{"name": "refused.txt", "content": "x"}]}),
         );
         assert_eq!(r.status, 409, "{}", r.text());
         // Deleting a session whose kernel runs a step: 409 too.
-        assert_eq!(delete(d2, &s).status, 409);
+        assert_eq!(s.delete(d2).status, 409);
         assert_eq!(h.join().unwrap()["run"]["stdout"], "slow\n");
     });
-    let v = step(
+    let v = s.step(
         &d,
-        &s,
         "import os; print(os.path.exists('/workspace/refused.txt'))",
     );
     assert_eq!(v["run"]["stdout"], "False\n", "{v}");
     // A file that cannot be placed refuses the step (400) and frees the kernel.
-    step(&d, &s, "import os; os.makedirs('adir', exist_ok=True)");
-    let r = exec(
+    s.step(&d, "import os; os.makedirs('adir', exist_ok=True)");
+    let r = s.exec(
         &d,
-        &s,
-        json!({"code": "print('ran')", "files": [{"name": "adir", "content": "x"}]}),
+        &json!({"code": "print('ran')", "files": [{"name": "adir", "content": "x"}]}),
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"], "invalid_path");
@@ -414,7 +316,7 @@ print('real end')"#;
     }
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let r = exec(&d, &s, json!({"code": "print('after the leaver')"}));
+        let r = s.exec(&d, &json!({"code": "print('after the leaver')"}));
         if r.status == 200 {
             assert_eq!(
                 r.json()["run"]["stdout"],
@@ -434,7 +336,7 @@ print('real end')"#;
         (json!({"code": "1", "stdin": "x"}), "invalid_json"),
         (json!({"code": "1", "args": ["a"]}), "invalid_json"),
     ] {
-        let r = exec(&d, &s, body);
+        let r = s.exec(&d, &body);
         assert_eq!(
             (r.status, r.json()["error"].clone()),
             (400, json!(code)),
@@ -452,11 +354,11 @@ print('real end')"#;
         assert_eq!(r.status, 400, "{body}: {}", r.text());
         assert_eq!(r.json()["error"], "invalid_json", "{body}");
     }
-    assert_eq!(step(&d, &s, "print('alive')")["run"]["stdout"], "alive\n");
+    assert_eq!(s.step(&d, "print('alive')")["run"]["stdout"], "alive\n");
     // Two deletes at once: one ends the kernel and deletes (204), the other is told
     // (409 while it is being deleted, or 404 once it is gone); both are answered.
     let statuses: Vec<u16> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..2).map(|_| sc.spawn(|| delete(&d, &s).status)).collect();
+        let hs: Vec<_> = (0..2).map(|_| sc.spawn(|| s.delete(&d).status)).collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert!(statuses.contains(&204), "{statuses:?}");
@@ -464,7 +366,7 @@ print('real end')"#;
         statuses.iter().all(|s| [204, 404, 409].contains(s)),
         "{statuses:?}"
     );
-    assert_eq!(delete(&d, &s).status, 404);
+    assert_eq!(s.delete(&d).status, 404);
     d.assert_clean();
     d.stop();
 }
@@ -473,44 +375,31 @@ print('real end')"#;
 fn test_wall_time_ends_the_kernel_and_the_next_call_says_so() {
     let d = Daemon::start();
     d.wait_ready();
-    let s = kernel(&d);
-    step(&d, &s, "open('keep.txt', 'w').write('kept')");
+    let s = Session::kernel(&d);
+    s.step(&d, "open('keep.txt', 'w').write('kept')");
     // Just under the wall time: fine, and the kernel lives.
-    let v = exec(
-        &d,
-        &s,
-        json!({"code": "import time; time.sleep(0.5); print('in time')", "limits": {"wallTimeMs": 3000}}),
-    )
+    let v = s.exec(&d, &json!({"code": "import time; time.sleep(0.5); print('in time')", "limits": {"wallTimeMs": 3000}}))
     .json();
     assert_eq!(v["run"]["stdout"], "in time\n", "{v}");
     let t0 = Instant::now();
-    let v = exec(
-        &d,
-        &s,
-        json!({"code": "print('start', flush=True)\nimport time; time.sleep(1e9)", "limits": {"wallTimeMs": 1000}}),
-    )
+    let v = s.exec(&d, &json!({"code": "print('start', flush=True)\nimport time; time.sleep(1e9)", "limits": {"wallTimeMs": 1000}}))
     .json();
     assert_eq!(v["run"]["exitCode"], 137, "{v}");
     assert_eq!(v["run"]["timedOut"], true, "{v}");
     assert_eq!(v["run"]["oomKilled"], false, "{v}");
     assert_eq!(v["run"]["stdout"], "start\n", "{v}");
     assert!(t0.elapsed() < Duration::from_secs(10));
-    let r = exec(&d, &s, json!({"code": "print(1)"}));
+    let r = s.exec(&d, &json!({"code": "print(1)"}));
     assert_eq!(r.status, 410, "{}", r.text());
     assert_eq!(r.json()["error"], "kernel_dead");
     let detail = r.json()["detail"].as_str().unwrap().to_string();
     assert!(detail.contains("wall time (1000 ms)"), "{detail}");
     wait_kernels_used(&d, 0);
     // Its files stay readable; the session can be deleted.
-    let r = d.request(
-        "GET",
-        &format!("/v1/sessions/{}/fs?path=keep.txt", s.id),
-        &[("X-Session-Token", &s.token)],
-        b"",
-    );
+    let r = s.fs(&d, "GET", "path=keep.txt", b"");
     assert_eq!((r.status, r.body.as_slice()), (200, b"kept".as_slice()));
     d.assert_clean();
-    assert_eq!(delete(&d, &s).status, 204);
+    assert_eq!(s.delete(&d).status, 204);
     d.stop();
 }
 
@@ -518,16 +407,12 @@ fn test_wall_time_ends_the_kernel_and_the_next_call_says_so() {
 fn test_memory_cap_covers_the_kernels_whole_life() {
     let d = Daemon::start();
     d.wait_ready();
-    let s = kernel(&d);
+    let s = Session::kernel(&d);
     // 64 MiB a step, kept across steps: the 384 MiB cap ends it within a few steps.
-    step(&d, &s, "keep = []");
+    s.step(&d, "keep = []");
     let mut last = Value::Null;
     for _ in 0..12 {
-        let r = exec(
-            &d,
-            &s,
-            json!({"code": "keep.append(bytearray(64 * 1024 * 1024)); print(len(keep))", "limits": {"wallTimeMs": 20000}}),
-        );
+        let r = s.exec(&d, &json!({"code": "keep.append(bytearray(64 * 1024 * 1024)); print(len(keep))", "limits": {"wallTimeMs": 20000}}));
         if r.status != 200 {
             last = json!({"status": r.status, "body": r.json()});
             break;
@@ -540,14 +425,14 @@ fn test_memory_cap_covers_the_kernels_whole_life() {
     assert_eq!(last["run"]["oomKilled"], true, "{last}\nlog:\n{}", d.log());
     assert_eq!(last["run"]["exitCode"], 137, "{last}");
     assert_eq!(last["run"]["timedOut"], false, "{last}");
-    let r = exec(&d, &s, json!({"code": "print(1)"}));
+    let r = s.exec(&d, &json!({"code": "print(1)"}));
     assert_eq!(r.status, 410, "{}", r.text());
     assert!(
         r.json()["detail"].as_str().unwrap().contains("memory"),
         "{}",
         r.text()
     );
-    assert_eq!(delete(&d, &s).status, 204);
+    assert_eq!(s.delete(&d).status, 204);
     d.assert_clean();
     d.stop();
 }
@@ -556,7 +441,7 @@ fn test_memory_cap_covers_the_kernels_whole_life() {
 fn test_pool_cap_idle_reaping_and_disabled() {
     let d = Daemon::start_with(&[("ISOBOX_KERNELS_MAX", "1"), ("ISOBOX_KERNEL_IDLE_SEC", "2")]);
     d.wait_ready();
-    let a = kernel(&d);
+    let a = Session::kernel(&d);
     assert_eq!(
         d.get("/healthz").json()["kernels"],
         json!({"used": 1, "max": 1})
@@ -573,23 +458,23 @@ fn test_pool_cap_idle_reaping_and_disabled() {
     assert_eq!(r.status, 201, "{}", r.text());
     // Steps keep it alive past its idle limit...
     for _ in 0..4 {
-        step(&d, &a, "pass");
+        a.step(&d, "pass");
         std::thread::sleep(Duration::from_millis(700));
     }
     assert_eq!(kernels_used(&d), 1);
     // ...and idleness ends it, freeing the slot.
     wait_kernels_used(&d, 0);
-    let r = exec(&d, &a, json!({"code": "1"}));
+    let r = a.exec(&d, &json!({"code": "1"}));
     assert_eq!(r.status, 410, "{}", r.text());
     assert!(
         r.json()["detail"].as_str().unwrap().contains("idle"),
         "{}",
         r.text()
     );
-    let b = kernel(&d);
-    assert_eq!(step(&d, &b, "print('b')")["run"]["stdout"], "b\n");
-    assert_eq!(delete(&d, &a).status, 204);
-    assert_eq!(delete(&d, &b).status, 204);
+    let b = Session::kernel(&d);
+    assert_eq!(b.step(&d, "print('b')")["run"]["stdout"], "b\n");
+    assert_eq!(a.delete(&d).status, 204);
+    assert_eq!(b.delete(&d).status, 204);
     d.assert_clean();
     d.stop();
     let d = Daemon::start_with(&[("ISOBOX_KERNELS_MAX", "0")]);
@@ -616,83 +501,61 @@ fn test_streaming_user_site_volume_and_restart() {
         json!({"runtime": "python", "type": "kernel", "network": false, "volumeId": vid}),
     );
     // SSE: output arrives while the step runs, then `done` with the artifacts.
-    let body = json!({"code": "import time\nprint('first', flush=True)\ntime.sleep(1.0)\nprint('second')\nimport matplotlib.pyplot as plt\n_ = plt.plot([1])"}).to_string();
-    let mut c = d.connect();
-    write!(
-        c,
-        "POST /v1/sessions/{}/exec HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nX-Session-Token: {}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        s.id, s.token, body.len()
-    )
-    .unwrap();
+    let body = json!({"code": "import time\nprint('first', flush=True)\ntime.sleep(1.0)\nprint('second')\nimport matplotlib.pyplot as plt\n_ = plt.plot([1])"});
     let t0 = Instant::now();
-    let (mut seen, mut first_at, mut done_at) = (Vec::new(), None, None);
-    let mut buf = [0u8; 65536];
-    while let Ok(n) = c.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        seen.extend_from_slice(&buf[..n]);
-        let text = String::from_utf8_lossy(&seen);
-        if first_at.is_none() && text.contains("first\\n") {
+    let mut st = s.stream(&d, &body);
+    let (mut first_at, mut done_at) = (None, None);
+    while st.more() {
+        if first_at.is_none() && st.stdout.contains("first\n") {
             first_at = Some(t0.elapsed());
         }
-        if done_at.is_none() && text.contains("event: done") {
+        if done_at.is_none() && st.done.is_some() {
             done_at = Some(t0.elapsed());
         }
     }
-    let text = String::from_utf8_lossy(&seen).into_owned();
-    let (first_at, done_at) = (first_at.expect(&text), done_at.expect(&text));
+    let (first_at, done_at) = (first_at.expect(&st.text), done_at.expect(&st.text));
     assert!(
         done_at >= first_at + Duration::from_millis(800),
         "{first_at:?} {done_at:?}"
     );
-    let done: Value = text
-        .split("event: done\ndata: ")
-        .nth(1)
-        .and_then(|r| r.lines().next())
-        .and_then(|l| serde_json::from_str(l).ok())
-        .expect(&text);
+    let done = st.done.expect("done");
     assert_eq!(done["run"]["stdout"], "first\nsecond\n", "{done}");
     assert_eq!(done["artifacts"].as_array().unwrap().len(), 1, "{done}");
     png_size(&done["artifacts"][0]);
     // HOME and the user site live in /workspace: a package installed there (here by
     // hand, as `pip install --user` would) imports in the next step without a restart.
-    let v = step(
-        &d,
-        &s,
-        "import os, site\nprint(os.environ['HOME'], os.environ['PYTHONUSERBASE'])\nd = site.getusersitepackages()\nos.makedirs(d)\n_ = open(os.path.join(d, 'kmod.py'), 'w').write('X = 41')",
-    );
+    let v = s.step(&d, "import os, site\nprint(os.environ['HOME'], os.environ['PYTHONUSERBASE'])\nd = site.getusersitepackages()\nos.makedirs(d)\n_ = open(os.path.join(d, 'kmod.py'), 'w').write('X = 41')");
     assert_eq!(v["run"]["stdout"], "/workspace /workspace/.local\n", "{v}");
-    let v = step(&d, &s, "import kmod; print(kmod.X + 1)");
+    let v = s.step(&d, "import kmod; print(kmod.X + 1)");
     assert_eq!(v["run"]["stdout"], "42\n", "{v}");
-    let v = step(&d, &s, "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', '--version'], capture_output=True, text=True)\nprint(r.returncode, r.stdout.split()[0])");
+    let v = s.step(&d, "import subprocess, sys\nr = subprocess.run([sys.executable, '-m', 'pip', '--version'], capture_output=True, text=True)\nprint(r.returncode, r.stdout.split()[0])");
     assert_eq!(v["run"]["stdout"], "0 pip\n", "{v}");
     // The attached volume is at /memory.
-    step(&d, &s, "open('/memory/note.txt', 'w').write('remember')");
+    s.step(&d, "open('/memory/note.txt', 'w').write('remember')");
     // A restart ends every kernel; the session and its files remain, and the next
     // step says the kernel is gone.
     let instance = d.instance.clone();
     d.stop_keep_data();
     let d = Daemon::start_with(&[("ISOBOX_INSTANCE", instance.as_str())]);
     d.wait_ready();
-    let r = exec(&d, &s, json!({"code": "print(1)"}));
+    let r = s.exec(&d, &json!({"code": "print(1)"}));
     assert_eq!(r.status, 410, "{}", r.text());
     assert!(
         r.json()["detail"].as_str().unwrap().contains("restarted"),
         "{}",
         r.text()
     );
-    assert_eq!(delete(&d, &s).status, 204);
+    assert_eq!(s.delete(&d).status, 204);
     // The volume was released with the session and kept its file.
     let f = create(
         &d,
         json!({"runtime": "python", "type": "kernel", "network": false, "volumeId": vid}),
     );
     assert_eq!(
-        step(&d, &f, "print(open('/memory/note.txt').read())")["run"]["stdout"],
+        f.step(&d, "print(open('/memory/note.txt').read())")["run"]["stdout"],
         "remember\n"
     );
-    assert_eq!(delete(&d, &f).status, 204);
+    assert_eq!(f.delete(&d).status, 204);
     d.assert_clean();
     d.stop();
 }
@@ -709,25 +572,25 @@ fn test_writing_to_the_harness_channel_ends_only_that_kernel() {
         ("ready", "f = b'{\"ev\":\"ready\"}'\nos.write(ctl[0], struct.pack('>I', len(f)) + f)\nimport time; time.sleep(5)"),
         ("garbage", "f = b'not json at all'\nos.write(ctl[0], struct.pack('>I', len(f)) + f)\nimport time; time.sleep(5)"),
     ];
-    let bystander = kernel(&d);
-    step(&d, &bystander, "y = 5");
+    let bystander = Session::kernel(&d);
+    bystander.step(&d, "y = 5");
     let mut sessions = Vec::new();
     for (name, code) in cases {
-        let s = kernel(&d);
+        let s = Session::kernel(&d);
         let t0 = Instant::now();
-        let v = exec(
-            &d,
-            &s,
-            json!({"code": format!("{find}{code}"), "limits": {"wallTimeMs": 20000}}),
-        )
-        .json();
+        let v = s
+            .exec(
+                &d,
+                &json!({"code": format!("{find}{code}"), "limits": {"wallTimeMs": 20000}}),
+            )
+            .json();
         assert_eq!(v["run"]["exitCode"], 137, "{name}: {v}");
         assert_eq!(v["run"]["timedOut"], false, "{name}: {v}");
         assert!(
             t0.elapsed() < Duration::from_secs(4),
             "{name}: ended at once, not at the sleep's end"
         );
-        let r = exec(&d, &s, json!({"code": "1"}));
+        let r = s.exec(&d, &json!({"code": "1"}));
         assert_eq!(r.status, 410, "{name}: {}", r.text());
         assert!(
             r.json()["detail"].as_str().unwrap().contains("protocol"),
@@ -737,9 +600,9 @@ fn test_writing_to_the_harness_channel_ends_only_that_kernel() {
         sessions.push(s);
     }
     // Daemon and the other kernel are unaffected.
-    assert_eq!(step(&d, &bystander, "print(y)")["run"]["stdout"], "5\n");
+    assert_eq!(bystander.step(&d, "print(y)")["run"]["stdout"], "5\n");
     for s in sessions.iter().chain([&bystander]) {
-        assert_eq!(delete(&d, s).status, 204);
+        assert_eq!(s.delete(&d).status, 204);
     }
     d.assert_clean();
     d.stop();
@@ -751,9 +614,9 @@ fn test_kill_9_with_kernels_then_restart_sweeps_them() {
     let env = [("ISOBOX_INSTANCE", instance.as_str())];
     let mut d = Daemon::start_with(&env);
     d.wait_ready();
-    let idle = kernel(&d);
-    step(&d, &idle, "x = 1");
-    let busy = kernel(&d);
+    let idle = Session::kernel(&d);
+    idle.step(&d, "x = 1");
+    let busy = Session::kernel(&d);
     // One kernel mid-step when the daemon dies.
     let (id, token, addr) = (busy.id.clone(), busy.token.clone(), d.addr);
     let h = std::thread::spawn(move || {
@@ -798,7 +661,7 @@ fn test_kill_9_with_kernels_then_restart_sweeps_them() {
     }
     // Both sessions survive without their kernels, and say why; slots are free.
     for s in [&idle, &busy] {
-        let r = exec(&d, s, json!({"code": "print(1)"}));
+        let r = s.exec(&d, &json!({"code": "print(1)"}));
         assert_eq!(r.status, 410, "{}", r.text());
         assert!(
             r.json()["detail"].as_str().unwrap().contains("restarted"),
@@ -807,10 +670,10 @@ fn test_kill_9_with_kernels_then_restart_sweeps_them() {
         );
     }
     assert_eq!(kernels_used(&d), 0);
-    let fresh = kernel(&d);
-    assert_eq!(step(&d, &fresh, "print(2)")["run"]["stdout"], "2\n");
+    let fresh = Session::kernel(&d);
+    assert_eq!(fresh.step(&d, "print(2)")["run"]["stdout"], "2\n");
     for s in [&idle, &busy, &fresh] {
-        assert_eq!(delete(&d, s).status, 204);
+        assert_eq!(s.delete(&d).status, 204);
     }
     d.assert_clean();
     d.stop();

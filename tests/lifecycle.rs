@@ -4,19 +4,12 @@
 mod common;
 use common::{read_response, Daemon};
 use serde_json::json;
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::time::{Duration, Instant};
 
 fn start_run(d: &Daemon, code: &str) -> std::net::TcpStream {
     let body = json!({"language": "python-slim", "network": false, "code": code}).to_string();
-    let mut s = d.connect();
-    write!(
-        s,
-        "POST /execute HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    s
+    d.send("POST", "/execute", &[], body.as_bytes())
 }
 
 fn wait_in_flight(d: &Daemon, n: u64) {

@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::session::Session;
 use common::{Daemon, Resp};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -294,38 +295,19 @@ fn vol_create(d: &Daemon, key: &[(&str, &str)], name: &str) -> Value {
     r.json()
 }
 
+/// A create that is refused: the answer, whatever it is.
 fn session(d: &Daemon, key: &[(&str, &str)], body: Value) -> Resp {
     d.request("POST", "/v1/sessions", key, body.to_string().as_bytes())
 }
 
-/// A step (sessions belong to the tenant that made them: the key goes along).
-fn step(d: &Daemon, s: &Value, code: &str) -> Value {
-    let r = d.request(
-        "POST",
-        &format!("/v1/sessions/{}/exec", s["id"].as_str().unwrap()),
-        &[
-            ("X-Session-Token", s["token"].as_str().unwrap()),
-            ("X-API-Key", "vol-a"),
-        ],
-        json!({"code": code, "network": false})
-            .to_string()
-            .as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
+/// An offline step (sessions belong to the tenant that made them: the session sends
+/// its creator's key along).
+fn step(d: &Daemon, s: &Session, code: &str) -> Value {
+    s.step_with(d, &json!({"code": code, "network": false}))
 }
 
-fn end(d: &Daemon, s: &Value) {
-    let r = d.request(
-        "DELETE",
-        &format!("/v1/sessions/{}", s["id"].as_str().unwrap()),
-        &[
-            ("X-Session-Token", s["token"].as_str().unwrap()),
-            ("X-API-Key", "vol-a"),
-        ],
-        b"",
-    );
-    assert_eq!(r.status, 204);
+fn end(d: &Daemon, s: &Session) {
+    assert_eq!(s.delete(d).status, 204);
 }
 
 #[test]
@@ -340,8 +322,8 @@ fn test_volumes_across_sessions_exclusive_and_restart() {
     assert_eq!(v["attachedSession"], Value::Null);
     assert!(v["createdAt"].as_str().unwrap().ends_with('Z'));
     // The spec's example: one session writes /memory, a later one reads it.
-    let s1 = session(&d, &a, json!({"runtime": "python-slim", "volumeId": vid})).json();
-    assert_eq!(s1["volumeId"], vid.as_str());
+    let s1 = Session::create_with(&d, &a, &json!({"runtime": "python-slim", "volumeId": vid}));
+    assert_eq!(s1.created["volumeId"], vid.as_str());
     let out = step(
         &d,
         &s1,
@@ -357,7 +339,7 @@ fn test_volumes_across_sessions_exclusive_and_restart() {
     let got = d
         .request("GET", &format!("/v1/volumes/{vid}"), &a, b"")
         .json();
-    assert_eq!(got["attachedSession"], s1["id"]);
+    assert_eq!(got["attachedSession"], s1.id.as_str());
     let r = d.request("DELETE", &format!("/v1/volumes/{vid}"), &a, b"");
     assert_eq!(
         (r.status, r.json()["error"].as_str()),
@@ -365,7 +347,7 @@ fn test_volumes_across_sessions_exclusive_and_restart() {
     );
     end(&d, &s1);
     // A session without the volume has no /memory.
-    let plain = session(&d, &a, json!({"runtime": "python-slim"})).json();
+    let plain = Session::create_with(&d, &a, &json!({"runtime": "python-slim"}));
     let out = step(
         &d,
         &plain,
@@ -417,7 +399,7 @@ fn test_volumes_across_sessions_exclusive_and_restart() {
     d.wait_ready();
     let list = d.request("GET", "/v1/volumes", &a, b"").json();
     assert_eq!(list["volumes"].as_array().unwrap().len(), 1, "{list}");
-    let s2 = session(&d, &a, json!({"runtime": "python-slim", "volumeId": vid})).json();
+    let s2 = Session::create_with(&d, &a, &json!({"runtime": "python-slim", "volumeId": vid}));
     let out = step(&d, &s2, "print(open('/memory/note.txt').read())");
     assert_eq!(out["run"]["stdout"], "recall me later\n", "{out}");
     end(&d, &s2);

@@ -3,7 +3,7 @@
 //! router knows, with its methods, and no route that does not exist.
 
 mod common;
-use common::Daemon;
+use common::{test_python, Daemon};
 
 #[test]
 fn test_openapi_valid_and_complete() {
@@ -14,8 +14,7 @@ fn test_openapi_valid_and_complete() {
         .map(|(p, m)| format!("{p}\t{m}\n"))
         .collect();
     std::fs::write(&paths, text).unwrap();
-    let venv = std::env::var("ISOBOX_TEST_PYTHON")
-        .unwrap_or_else(|_| "/tmp/isobox-test-venv/bin/python".into());
+    let venv = test_python();
     let out = std::process::Command::new(&venv)
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),

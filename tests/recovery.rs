@@ -12,11 +12,12 @@
 
 mod common;
 
-use common::{mounts_under, read_response, Daemon, Resp};
+use common::session::Session;
+use common::{mounts_under, read_response, sha256_hex, Daemon};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,74 +36,19 @@ fn bytes(seed: u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
-fn hex_sha256(data: &[u8]) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, data);
-    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// An acknowledged KV write: key, value, ETag.
 type Acked = (String, Vec<u8>, String);
 
-struct Session {
-    id: String,
-    token: String,
+/// Uploads `data` to `path` in the session's workspace (200, every byte stored).
+fn upload(d: &Daemon, s: &Session, path: &str, data: &[u8]) {
+    let r = s.fs(d, "PUT", &format!("path={path}"), data);
+    assert_eq!(r.status, 200, "upload {path}: {}", r.text());
+    assert_eq!(r.json()["bytes"], data.len());
 }
 
-impl Session {
-    fn create(d: &Daemon, body: Value) -> Session {
-        let r = d.post_json("/v1/sessions", &body);
-        assert_eq!(r.status, 201, "session create: {}", r.text());
-        let j = r.json();
-        Session {
-            id: j["id"].as_str().unwrap().into(),
-            token: j["token"].as_str().unwrap().into(),
-        }
-    }
-    fn call(&self, d: &Daemon, method: &str, rest: &str, body: &[u8]) -> Resp {
-        d.request(
-            method,
-            &format!("/v1/sessions/{}{rest}", self.id),
-            &[("X-Session-Token", &self.token)],
-            body,
-        )
-    }
-    fn put(&self, d: &Daemon, path: &str, data: &[u8]) {
-        let r = self.call(d, "PUT", &format!("/fs?path={path}"), data);
-        assert_eq!(r.status, 200, "upload {path}: {}", r.text());
-        assert_eq!(r.json()["bytes"], data.len());
-    }
-    fn get(&self, d: &Daemon, path: &str) -> Resp {
-        self.call(d, "GET", &format!("/fs?path={path}"), b"")
-    }
-    fn step(&self, d: &Daemon, code: &str) -> Value {
-        let body = json!({"code": code, "network": false}).to_string();
-        let r = self.call(d, "POST", "/exec", body.as_bytes());
-        assert_eq!(r.status, 200, "step: {}", r.text());
-        r.json()["run"].clone()
-    }
-}
-
-/// Sends a request on a fresh connection and leaves the response unread.
-fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_nodelay(true).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    s
+/// An offline step that must be answered 200; its `run`.
+fn step_run(d: &Daemon, s: &Session, code: &str) -> Value {
+    s.step_with(d, &json!({"code": code, "network": false}))["run"].clone()
 }
 
 /// What happened to a client whose request was in flight at the crash.
@@ -270,17 +216,18 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
     let r = d.post_json("/v1/volumes", &json!({"name": "recovery"}));
     assert_eq!(r.status, 201, "{}", r.text());
     let vid = r.json()["id"].as_str().unwrap().to_string();
-    let a = Session::create(&d, json!({"runtime": "python-slim", "volumeId": vid}));
+    let a = Session::create(&d, &json!({"runtime": "python-slim", "volumeId": vid}));
     let a_files: Vec<(&str, Vec<u8>)> = vec![
         ("data/in.bin", bytes(1, 300_000)),
         ("notes/readme.txt", b"uploaded before the crash\n".to_vec()),
     ];
     for (p, data) in &a_files {
-        a.put(&d, p, data);
+        upload(&d, &a, p, data);
     }
     // A completed step writes the volume and the workspace.
-    let run = a.step(
+    let run = step_run(
         &d,
+        &a,
         "import hashlib\nopen('/memory/note.txt','w').write('written by a completed step')\n\
          open('step1.txt','w').write(hashlib.sha256(open('data/in.bin','rb').read()).hexdigest())\nprint('ok')",
     );
@@ -290,9 +237,9 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         "{run}"
     );
     // A second session without a volume, with files only (mounted, idle at the crash).
-    let b = Session::create(&d, json!({"runtime": "python-slim"}));
+    let b = Session::create(&d, &json!({"runtime": "python-slim"}));
     let b_file = bytes(2, 1 << 20);
-    b.put(&d, "big/blob.bin", &b_file);
+    upload(&d, &b, "big/blob.bin", &b_file);
 
     // ---- (c) acknowledged KV writes, then a writer that runs into the crash ------
     let acked: Arc<Mutex<Vec<Acked>>> = Arc::new(Mutex::new(Vec::new()));
@@ -351,7 +298,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         } else {
             &[]
         };
-        let s = send(addr, "POST", "/execute", hdrs, body.as_bytes());
+        let s = d.send("POST", "/execute", hdrs, body.as_bytes());
         let (k, ready) = (Arc::clone(&killed_at), Arc::new(AtomicBool::new(false)));
         let r2 = Arc::clone(&ready);
         watchers.push((
@@ -366,8 +313,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
                          time.sleep(0.005)";
     let body = json!({"code": inflight_code, "network": false, "limits": {"wallTimeMs": 20000}})
         .to_string();
-    let s = send(
-        addr,
+    let s = d.send(
         "POST",
         &format!("/v1/sessions/{}/exec", a.id),
         &[("X-Session-Token", &a.token)],
@@ -385,7 +331,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
     // writing (its file grows, seen through the file API), four cgroups exist.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let growing = a.call(&d, "HEAD", "/fs?path=growing.bin", b"");
+        let growing = a.fs(&d, "HEAD", "path=growing.bin", b"");
         let grown: usize = growing
             .header("content-length")
             .and_then(|v| v.parse().ok())
@@ -530,14 +476,14 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
     // Sessions: the token works, uploads are byte-exact, a new step sees them and what
     // the completed step wrote (workspace and volume).
     for (p, data) in &a_files {
-        let r = a.get(&d, p);
+        let r = a.fs(&d, "GET", &format!("path={p}"), b"");
         assert_eq!(r.status, 200, "{p}: {}", r.text());
         assert!(r.body == *data, "{p}: {} bytes, differs", r.body.len());
     }
-    let r = b.get(&d, "big/blob.bin");
+    let r = b.fs(&d, "GET", "path=big/blob.bin", b"");
     assert_eq!(r.status, 200);
     assert!(r.body == b_file, "B's upload differs");
-    let r = a.call(&d, "GET", "/fs?path=x", b"");
+    let r = a.fs(&d, "GET", "path=x", b"");
     assert_eq!(r.status, 404, "token accepted, file absent: {}", r.text());
     let r = d.request(
         "GET",
@@ -546,8 +492,9 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         b"",
     );
     assert_eq!(r.status, 401, "a wrong token is still refused");
-    let run = a.step(
+    let run = step_run(
         &d,
+        &a,
         "import hashlib\nh=hashlib.sha256(open('data/in.bin','rb').read()).hexdigest()\n\
          print(h==open('step1.txt').read(), h)\nprint(open('notes/readme.txt').read(), end='')\n\
          print(open('/memory/note.txt').read())",
@@ -557,11 +504,11 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         run["stdout"],
         format!(
             "True {}\nuploaded before the crash\nwritten by a completed step\n",
-            hex_sha256(&a_files[0].1)
+            sha256_hex(&a_files[0].1)
         ),
         "{run}"
     );
-    let run = b.step(&d, "import os\nprint(os.path.getsize('big/blob.bin'))");
+    let run = step_run(&d, &b, "import os\nprint(os.path.getsize('big/blob.bin'))");
     assert_eq!(run["stdout"], format!("{}\n", b_file.len()), "{run}");
     // The volume is still held by A: not attachable elsewhere, not deletable.
     let v = d.get(&format!("/v1/volumes/{vid}")).json();
@@ -581,8 +528,8 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
     );
 
     // ---- tidy up: end the sessions, release and delete the volume ---------------
-    assert_eq!(a.call(&d, "DELETE", "", b"").status, 204);
-    assert_eq!(b.call(&d, "DELETE", "", b"").status, 204);
+    assert_eq!(a.delete(&d).status, 204);
+    assert_eq!(b.delete(&d).status, 204);
     assert_eq!(
         d.get(&format!("/v1/volumes/{vid}")).json()["attachedSession"],
         Value::Null

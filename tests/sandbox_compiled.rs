@@ -2,7 +2,7 @@
 //! builds, and a program that cannot forge the build frame.
 
 mod common;
-use common::Daemon;
+use common::{merged, Daemon};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -16,13 +16,10 @@ fn installed(d: &Daemon, lang: &str) -> bool {
 }
 
 fn run(d: &Daemon, lang: &str, code: &str, extra: Value) -> Value {
-    let mut body = json!({"language": lang, "network": false, "code": code});
-    if let Value::Object(m) = extra {
-        for (k, v) in m {
-            body[k] = v;
-        }
-    }
-    d.execute(body)
+    d.execute(merged(
+        json!({"language": lang, "network": false, "code": code}),
+        extra,
+    ))
 }
 
 #[test]

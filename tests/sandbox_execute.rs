@@ -2,20 +2,17 @@
 //! clamping, honest results (timeout, OOM, truncation), isolation, cleanup.
 
 mod common;
-use common::Daemon;
+use common::{merged, Daemon};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 const PY: &str = "python-slim";
 
 fn run(d: &Daemon, code: &str, extra: Value) -> Value {
-    let mut body = json!({"language": PY, "code": code, "network": false});
-    if let Value::Object(m) = extra {
-        for (k, v) in m {
-            body[k] = v;
-        }
-    }
-    d.execute(body)
+    d.execute(merged(
+        json!({"language": PY, "code": code, "network": false}),
+        extra,
+    ))
 }
 
 fn hello_for(language: &str) -> Option<&'static str> {

@@ -3,56 +3,28 @@
 
 mod common;
 
-use common::{Daemon, Resp};
+use common::session::Session;
+use common::{sha256_hex, Daemon};
 use serde_json::{json, Value};
 use std::io::{BufReader, Write};
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
 
-struct Session {
-    id: String,
-    token: String,
-}
-
+/// A filesystem session, created with the checks every create here makes.
 fn create(d: &Daemon, body: Value) -> Session {
-    let r = d.post_json("/v1/sessions", &body);
-    assert_eq!(r.status, 201, "create: {}", r.text());
-    let v = r.json();
+    let s = Session::create(d, &body);
+    let v = &s.created;
     assert_eq!(v["type"], "filesystem");
     assert!(v["createdAt"].as_str().unwrap().ends_with('Z'), "{v}");
-    let id = v["id"].as_str().unwrap().to_string();
-    let token = v["token"].as_str().unwrap().to_string();
-    assert_eq!(id.len(), 32, "{v}");
-    assert!(token.len() >= 40, "{v}");
-    Session { id, token }
+    assert_eq!(s.id.len(), 32, "{v}");
+    assert!(s.token.len() >= 40, "{v}");
+    s
 }
 
-fn exec(d: &Daemon, s: &Session, body: Value) -> Resp {
-    d.request(
-        "POST",
-        &format!("/v1/sessions/{}/exec", s.id),
-        &[
-            ("Content-Type", "application/json"),
-            ("X-Session-Token", &s.token),
-        ],
-        body.to_string().as_bytes(),
-    )
-}
-
+/// An offline step that must be answered 200.
 fn exec_ok(d: &Daemon, s: &Session, code: &str) -> Value {
-    let r = exec(d, s, json!({"code": code, "network": false}));
-    assert_eq!(r.status, 200, "exec: {}", r.text());
-    r.json()
-}
-
-fn fs(d: &Daemon, method: &str, s: &Session, query: &str, body: &[u8]) -> Resp {
-    d.request(
-        method,
-        &format!("/v1/sessions/{}/fs?{query}", s.id),
-        &[("X-Session-Token", &s.token)],
-        body,
-    )
+    s.step_with(d, &json!({"code": code, "network": false}))
 }
 
 #[test]
@@ -74,7 +46,7 @@ fn test_spec_two_steps_files_and_delete() {
     );
     assert_eq!(v["run"]["stdout"], "/workspace\n42\n", "{v}");
     // Download what the code produced.
-    let r = fs(&d, "GET", &s, "path=x.txt", b"");
+    let r = s.fs(&d, "GET", "path=x.txt", b"");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.body, b"42");
     assert_eq!(r.header("content-type"), Some("application/octet-stream"));
@@ -84,10 +56,10 @@ fn test_spec_two_steps_files_and_delete() {
         "{cd}"
     );
     // HEAD gives the length without the body.
-    let r = fs(&d, "HEAD", &s, "path=x.txt", b"");
+    let r = s.fs(&d, "HEAD", "path=x.txt", b"");
     assert_eq!((r.status, r.header("content-length")), (200, Some("2")));
     // Listing of the root.
-    let r = fs(&d, "GET", &s, "path=", b"");
+    let r = s.fs(&d, "GET", "path=", b"");
     assert_eq!(r.status, 200, "{}", r.text());
     let l = r.json();
     assert_eq!(l["dir"], true);
@@ -120,31 +92,22 @@ fn test_spec_two_steps_files_and_delete() {
     );
     assert_eq!(v["run"]["stdout"], "bin-ran\n", "{v}");
     // language, if given, must be the session's.
-    let r = exec(&d, &s, json!({"language": "ruby", "code": "puts 1"}));
+    let r = s.exec(&d, &json!({"language": "ruby", "code": "puts 1"}));
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"], "invalid_json");
-    let r = exec(
+    let r = s.exec(
         &d,
-        &s,
-        json!({"language": "python", "code": "print(1)", "network": false}),
+        &json!({"language": "python", "code": "print(1)", "network": false}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
     // Delete a file, then the session.
-    assert_eq!(fs(&d, "DELETE", &s, "path=x.txt", b"").status, 204);
-    assert_eq!(fs(&d, "GET", &s, "path=x.txt", b"").status, 404);
-    let del = |s: &Session| {
-        d.request(
-            "DELETE",
-            &format!("/v1/sessions/{}", s.id),
-            &[("X-Session-Token", &s.token)],
-            b"",
-        )
-    };
-    assert_eq!(del(&s).status, 204);
-    let r = exec(&d, &s, json!({"code": "print(1)"}));
+    assert_eq!(s.fs(&d, "DELETE", "path=x.txt", b"").status, 204);
+    assert_eq!(s.fs(&d, "GET", "path=x.txt", b"").status, 404);
+    assert_eq!(s.delete(&d).status, 204);
+    let r = s.exec(&d, &json!({"code": "print(1)"}));
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"], "session_not_found");
-    assert_eq!(del(&s).status, 404);
+    assert_eq!(s.delete(&d).status, 404);
     assert!(
         std::fs::read_dir(d.data_dir.join("sessions"))
             .unwrap()
@@ -203,7 +166,7 @@ fn test_upload_read_by_code_and_zip_download() {
     let up = common::read_response(&mut BufReader::new(c), false).unwrap();
     assert_eq!(up.json(), json!({"path": "/out/c.txt", "bytes": 11}));
     // Zip of the tree, unpacked by Python's zipfile.
-    let r = fs(&d, "GET", &s, "path=out&format=zip", b"");
+    let r = s.fs(&d, "GET", "path=out&format=zip", b"");
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("content-type"), Some("application/zip"));
     assert!(r.header("content-disposition").unwrap().contains("out.zip"));
@@ -232,34 +195,21 @@ fn test_upload_read_by_code_and_zip_download() {
     );
     // A zip of a file is a 400; an unknown format too.
     assert_eq!(
-        fs(&d, "GET", &s, "path=out/a.txt&format=zip", b"").status,
+        s.fs(&d, "GET", "path=out/a.txt&format=zip", b"").status,
         400
     );
-    assert_eq!(fs(&d, "GET", &s, "path=out&format=tar", b"").status, 400);
+    assert_eq!(s.fs(&d, "GET", "path=out&format=tar", b"").status, 400);
     // Deleting a subtree.
-    assert_eq!(fs(&d, "DELETE", &s, "path=out", b"").status, 204);
-    assert_eq!(fs(&d, "GET", &s, "path=out", b"").status, 404);
+    assert_eq!(s.fs(&d, "DELETE", "path=out", b"").status, 204);
+    assert_eq!(s.fs(&d, "GET", "path=out", b"").status, 404);
     // Uploading onto a directory is refused.
-    let r = fs(&d, "PUT", &s, "path=data", b"x");
+    let r = s.fs(&d, "PUT", "path=data", b"x");
     assert_eq!(
         (r.status, r.json()["error"].as_str()),
         (400, Some("invalid_path"))
     );
     d.assert_clean();
     d.stop();
-}
-
-fn sha256_hex(b: &[u8]) -> String {
-    let out = std::process::Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(b)?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)[..64].to_string()
 }
 
 #[test]
@@ -286,7 +236,7 @@ fn test_paths_are_confined() {
     assert_eq!(v["run"]["exitCode"], 0, "{v}");
     let host_bytes = ["root:x:0", "host-canary-secret"];
     let refused = |q: &str, want: u16| {
-        let r = fs(&d, "GET", &s, q, b"");
+        let r = s.fs(&d, "GET", q, b"");
         assert_eq!(r.status, want, "{q}: {}", r.text());
         for h in host_bytes {
             assert!(!r.text().contains(h), "{q} leaked host content");
@@ -304,29 +254,29 @@ fn test_paths_are_confined() {
     refused("path=etc-link&format=zip", 400);
     // A FIFO is not served (and does not hang the daemon). gVisor keeps named pipes
     // in the sandbox, so the host may not even see one: 400 or 404.
-    let r = fs(&d, "GET", &s, "path=fifo", b"");
+    let r = s.fs(&d, "GET", "path=fifo", b"");
     assert!(matches!(r.status, 400 | 404), "{}", r.text());
     refused("path=x%00y", 400);
     refused("path=%zz", 400);
     // An in-tree link works.
-    let r = fs(&d, "GET", &s, "path=good-link", b"");
+    let r = s.fs(&d, "GET", "path=good-link", b"");
     assert_eq!((r.status, r.body.as_slice()), (200, b"inside".as_slice()));
     // Writes and deletes through links that leave are refused too; the canary stays.
-    let r = fs(&d, "PUT", &s, "path=etc-link/evil", b"x");
+    let r = s.fs(&d, "PUT", "path=etc-link/evil", b"x");
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(
-        fs(&d, "DELETE", &s, "path=etc-link/hostname", b"").status,
+        s.fs(&d, "DELETE", "path=etc-link/hostname", b"").status,
         400
     );
     // Deleting the link itself removes the link, not its target.
-    assert_eq!(fs(&d, "DELETE", &s, "path=canary-link", b"").status, 204);
+    assert_eq!(s.fs(&d, "DELETE", "path=canary-link", b"").status, 204);
     assert_eq!(
         std::fs::read_to_string(&canary).unwrap(),
         "host-canary-secret"
     );
     assert!(std::path::Path::new("/etc/passwd").exists());
     // The root itself cannot be deleted through the file API.
-    assert_eq!(fs(&d, "DELETE", &s, "path=", b"").status, 400);
+    assert_eq!(s.fs(&d, "DELETE", "path=", b"").status, 400);
     d.assert_clean();
     d.stop();
 }
@@ -360,7 +310,7 @@ fn test_quota_by_code_and_by_upload() {
     assert_eq!(r.status, 413, "{}", r.text());
     assert_eq!(r.json()["error"], "quota_exceeded");
     // ...and, chunked, when the disk says so; the partial file is removed.
-    assert_eq!(fs(&d, "DELETE", &s, "path=big", b"").status, 204);
+    assert_eq!(s.fs(&d, "DELETE", "path=big", b"").status, 204);
     let v = exec_ok(&d, &s, "open('fill','wb').write(b'z'*(12<<20))");
     assert_eq!(v["run"]["exitCode"], 0, "{v}");
     let mut c = d.connect();
@@ -383,7 +333,7 @@ fn test_quota_by_code_and_by_upload() {
     let r = common::read_response(&mut BufReader::new(c), false).unwrap();
     assert_eq!(r.status, 413, "{}", r.text());
     assert_eq!(r.json()["error"], "quota_exceeded");
-    let l = fs(&d, "GET", &s, "path=", b"").json();
+    let l = s.fs(&d, "GET", "path=", b"").json();
     let names: Vec<&str> = l["entries"]
         .as_array()
         .unwrap()
@@ -524,14 +474,13 @@ fn test_storage_ceiling_busy_step_and_ttl() {
     // Two steps at once in one session: the second is a 409.
     let slow = std::thread::scope(|sc| {
         let h = sc.spawn(|| {
-            exec(
+            s.exec(
                 &d,
-                &s,
-                json!({"code": "import time; time.sleep(3); print('slow')", "network": false}),
+                &json!({"code": "import time; time.sleep(3); print('slow')", "network": false}),
             )
         });
         std::thread::sleep(Duration::from_millis(1500));
-        let r = exec(&d, &s, json!({"code": "print(1)", "network": false}));
+        let r = s.exec(&d, &json!({"code": "print(1)", "network": false}));
         assert_eq!(
             (r.status, r.json()["error"].as_str()),
             (409, Some("session_busy")),
@@ -539,12 +488,7 @@ fn test_storage_ceiling_busy_step_and_ttl() {
             r.text()
         );
         // Ending the session while a step runs is refused too.
-        let r = d.request(
-            "DELETE",
-            &format!("/v1/sessions/{}", s.id),
-            &[("X-Session-Token", &s.token)],
-            b"",
-        );
+        let r = s.delete(&d);
         assert_eq!(
             (r.status, r.json()["error"].as_str()),
             (409, Some("session_busy"))
@@ -563,7 +507,7 @@ fn test_storage_ceiling_busy_step_and_ttl() {
         assert!(Instant::now() < deadline, "never reaped\n{}", d.log());
         std::thread::sleep(Duration::from_millis(200));
     }
-    let r = fs(&d, "HEAD", &s, "path=main.py", b"");
+    let r = s.fs(&d, "HEAD", "path=main.py", b"");
     assert_eq!(r.status, 404);
     assert!(d.log().contains("idle past its ttl"), "{}", d.log());
     d.assert_clean();
@@ -592,7 +536,7 @@ fn test_sessions_survive_restart_and_crash() {
         "{}",
         d.log()
     );
-    assert_eq!(fs(&d, "GET", &lost, "path=", b"").status, 404);
+    assert_eq!(lost.fs(&d, "GET", "path=", b"").status, 404);
     // A crash (SIGKILL) with the workspace mounted: the next start unmounts it, drops
     // half-created workspaces, and the session still works.
     assert!(
@@ -632,13 +576,11 @@ fn test_streamed_step() {
     let d = Daemon::start();
     d.wait_ready();
     let s = create(&d, json!({"runtime": "python-slim"}));
-    let r = d.request(
+    let r = s.request(
+        &d,
         "POST",
-        &format!("/v1/sessions/{}/exec", s.id),
-        &[
-            ("Accept", "text/event-stream"),
-            ("X-Session-Token", &s.token),
-        ],
+        "/exec",
+        &[("Accept", "text/event-stream")],
         json!({"code": "print('a'); open('s.txt','w').write('x')", "network": false})
             .to_string()
             .as_bytes(),
@@ -649,7 +591,7 @@ fn test_streamed_step() {
         t.contains("event: stdout") && t.contains("event: done"),
         "{t}"
     );
-    assert_eq!(fs(&d, "GET", &s, "path=s.txt", b"").body, b"x");
+    assert_eq!(s.fs(&d, "GET", "path=s.txt", b"").body, b"x");
     d.assert_clean();
     d.stop();
 }
@@ -668,7 +610,7 @@ fn test_odd_names_and_parallel_uploads() {
          open(os.fsencode('\\udcff\\udcfe'), 'w').write('raw')",
     );
     assert_eq!(v["run"]["exitCode"], 0, "{v}");
-    let l = fs(&d, "GET", &s, "path=", b"").json();
+    let l = s.fs(&d, "GET", "path=", b"").json();
     let entries = l["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 9, "{l}");
     for e in entries {
@@ -680,7 +622,7 @@ fn test_odd_names_and_parallel_uploads() {
             Some(enc) => enc.to_string(),
             None => pct(name.as_bytes()),
         };
-        let r = fs(&d, "GET", &s, &format!("path={q}"), b"");
+        let r = s.fs(&d, "GET", &format!("path={q}"), b"");
         assert_eq!(r.status, 200, "{name:?}: {}", r.text());
         if e["nameEncoded"].is_null() {
             assert_eq!(r.text(), format!("N:{name}"));
@@ -689,7 +631,7 @@ fn test_odd_names_and_parallel_uploads() {
             assert_eq!(e["nameEncoded"], "%FF%FE");
         }
     }
-    let r = fs(&d, "GET", &s, "path=&format=zip", b"");
+    let r = s.fs(&d, "GET", "path=&format=zip", b"");
     assert_eq!(r.status, 200);
     let zpath = d.data_dir.join("odd.zip");
     std::fs::write(&zpath, &r.body).unwrap();
@@ -706,7 +648,7 @@ fn test_odd_names_and_parallel_uploads() {
             || pct(e["name"].as_str().unwrap().as_bytes()),
             str::to_string,
         );
-        assert_eq!(fs(&d, "DELETE", &s, &format!("path={q}"), b"").status, 204);
+        assert_eq!(s.fs(&d, "DELETE", &format!("path={q}"), b"").status, 204);
     }
     let results: Vec<u16> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..12)
@@ -745,7 +687,7 @@ fn test_odd_names_and_parallel_uploads() {
     // that none completes (each then fails and its partial file is removed): zero is
     // a legitimate outcome, and was seen under load.
     assert!(stored <= 2, "{results:?}");
-    let l = fs(&d, "GET", &s, "path=", b"").json();
+    let l = s.fs(&d, "GET", "path=", b"").json();
     let sizes: Vec<u64> = l["entries"]
         .as_array()
         .unwrap()

@@ -3,20 +3,15 @@
 //! disconnects.
 
 mod common;
-use common::{read_response, Daemon};
+use common::{read_response, test_python, Daemon};
 use serde_json::{json, Value};
 use std::io::{BufReader, Write};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn python() -> String {
-    std::env::var("ISOBOX_TEST_PYTHON")
-        .unwrap_or_else(|_| "/tmp/isobox-test-venv/bin/python".into())
-}
-
 /// Runs the SSE client; returns (status line object, events).
 fn sse(d: &Daemon, body: &Value, extra: &[&str]) -> (Value, Vec<Value>) {
-    let out = Command::new(python())
+    let out = Command::new(test_python())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/python/sse_client.py"
@@ -246,7 +241,7 @@ fn test_slow_reader_is_bounded_by_backpressure() {
     // A client that stops reading (4 KiB receive buffer) for 4 s, then drains: the
     // daemon queues at most 256 KiB for it beyond the kernel's socket buffer (then stops
     // reading the sandbox), its memory stays flat, and nothing is lost or reordered.
-    let out = Command::new(python())
+    let out = Command::new(test_python())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/python/slow_client.py"

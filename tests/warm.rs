@@ -4,9 +4,9 @@
 
 mod common;
 
+use common::sse::Stream;
 use common::Daemon;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 const POOL: &str = "python-slim=2";
@@ -77,37 +77,6 @@ fn same_warm_and_cold(
             "{name}:\nwarm {w}\ncold {c}"
         );
     }
-}
-
-/// SSE `/execute`: the stdout and stderr chunks joined, and the `done` event.
-fn sse(d: &Daemon, body: &Value) -> (String, String, Value) {
-    let mut s = d.connect();
-    let b = body.to_string();
-    write!(
-        s,
-        "POST /execute HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{b}",
-        b.len()
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (mut out, mut err, mut done) = (String::new(), String::new(), Value::Null);
-    let mut event = String::new();
-    for line in text.lines() {
-        if let Some(e) = line.strip_prefix("event: ") {
-            event = e.to_string();
-        } else if let Some(data) = line.strip_prefix("data: ") {
-            let v: Value = serde_json::from_str(data).unwrap();
-            match event.as_str() {
-                "stdout" => out.push_str(v["chunk"].as_str().unwrap()),
-                "stderr" => err.push_str(v["chunk"].as_str().unwrap()),
-                "done" => done = v,
-                _ => {}
-            }
-        }
-    }
-    (out, err, done)
 }
 
 #[test]
@@ -217,9 +186,9 @@ fn test_warm_and_cold_give_the_same_result() {
     let body = json!({"language": "python-slim", "code": "import sys, time\nfor i in range(3):\n    print(i, flush=True); print('e', i, file=sys.stderr, flush=True); time.sleep(0.1)\nsys.exit(2)", "network": false});
     wait_ready(&warm, 2);
     let before = hits(&warm);
-    let (wo, we, wd) = sse(&warm, &body);
+    let (wo, we, wd) = Stream::execute(&warm, &body).outputs();
     assert_eq!(hits(&warm), before + 1);
-    let (co, ce, cd) = sse(&cold, &body);
+    let (co, ce, cd) = Stream::execute(&cold, &body).outputs();
     assert_eq!((wo.as_str(), we.as_str()), ("0\n1\n2\n", "e 0\ne 1\ne 2\n"));
     assert_eq!((wo, we), (co, ce));
     assert_eq!(comparable(wd), comparable(cd));
@@ -457,8 +426,8 @@ fn test_ruby_warm_and_cold_give_the_same_result() {
     // Streaming is the cold path's too.
     wait_ready_of(&warm, "ruby", 1);
     let body = json!({"language": "ruby", "code": "3.times { |i| puts i; warn \"e#{i}\"; sleep 0.1 }\nexit 2", "network": false});
-    let (wo, we, wd) = sse(&warm, &body);
-    let (co, ce, cd) = sse(&cold, &body);
+    let (wo, we, wd) = Stream::execute(&warm, &body).outputs();
+    let (co, ce, cd) = Stream::execute(&cold, &body).outputs();
     assert_eq!((wo.as_str(), we.as_str()), ("0\n1\n2\n", "e0\ne1\ne2\n"));
     assert_eq!((wo, we), (co, ce));
     assert_eq!(comparable(wd), comparable(cd));

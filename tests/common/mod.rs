@@ -3,6 +3,9 @@
 //! checks on shutdown that nothing it created is left behind.
 #![allow(dead_code)]
 
+pub mod session;
+pub mod sse;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -183,10 +186,37 @@ impl Daemon {
         self.request("GET", path, &[], b"")
     }
 
+    /// One request on a fresh connection (`Connection: close`), its response read.
     pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        let s = self.write_request("Connection: close\r\n", method, path, headers, body);
+        read_response(&mut BufReader::new(s), method == "HEAD").expect("response")
+    }
+
+    /// Writes a request on a fresh connection (kept alive) and leaves the response
+    /// unread: the caller watches the connection.
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> TcpStream {
+        self.write_request("", method, path, headers, body)
+    }
+
+    /// Connects and writes `method path`, Host, the `fixed` header lines, the length,
+    /// then `headers` and `body`.
+    fn write_request(
+        &self,
+        fixed: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> TcpStream {
         let mut s = self.connect();
         let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: t\r\n{fixed}Content-Length: {}\r\n",
             body.len()
         );
         for (k, v) in headers {
@@ -195,7 +225,7 @@ impl Daemon {
         req.push_str("\r\n");
         s.write_all(req.as_bytes()).unwrap();
         s.write_all(body).unwrap();
-        read_response(&mut BufReader::new(s), method == "HEAD").expect("response")
+        s
     }
 
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Resp {
@@ -533,4 +563,27 @@ pub fn closed_within(s: &mut TcpStream, wait: Duration) -> bool {
             Err(_) => return false,
         }
     }
+}
+
+/// `base` (a JSON object) with every field of `extra` (an object, or nothing) set on
+/// it, replacing what was there.
+pub fn merged(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let serde_json::Value::Object(m) = extra {
+        for (k, v) in m {
+            base[k] = v;
+        }
+    }
+    base
+}
+
+/// SHA-256 of `data`, as lowercase hex.
+pub fn sha256_hex(data: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, data);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The Python of the tests' venv (`make test-venv`; `ISOBOX_TEST_PYTHON` overrides).
+pub fn test_python() -> String {
+    std::env::var("ISOBOX_TEST_PYTHON")
+        .unwrap_or_else(|_| "/tmp/isobox-test-venv/bin/python".into())
 }
