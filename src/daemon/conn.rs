@@ -11,7 +11,7 @@
 use super::{Daemon, Source, TimerKey};
 use crate::api::routes::{Handler, Spec};
 use crate::api::{self, Action};
-use crate::http::chunked::{ChunkError, ChunkedDecoder};
+use crate::http::chunked::{chunk_head, ChunkError, ChunkedDecoder, LAST_CHUNK};
 use crate::http::limits::{MAX_HEAD_BYTES, MAX_READ_AHEAD_BYTES, MAX_WRITE_BUFFER_BYTES};
 use crate::http::parse::{find_head_end, parse_head};
 use crate::http::Params;
@@ -136,13 +136,7 @@ impl Conn {
 /// shutdown says otherwise) on `c`.
 pub(crate) fn start_sse(c: &mut Conn, shutting_down: bool) {
     let keep = c.keep_alive && !shutting_down;
-    let headers = [
-        ("Content-Type", "text/event-stream".to_string()),
-        ("Cache-Control", "no-cache".to_string()),
-        ("X-Accel-Buffering", "no".to_string()),
-        ("Transfer-Encoding", "chunked".to_string()),
-    ];
-    crate::http::response::write_head(&mut c.wbuf, 200, &headers, None, keep);
+    crate::http::sse::write_head(&mut c.wbuf, keep);
     if !keep {
         c.close_after_flush = true;
     }
@@ -499,7 +493,7 @@ impl Daemon {
             Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new()),
         };
         if head.expect_continue {
-            c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            c.wbuf.extend_from_slice(crate::http::response::CONTINUE);
         }
         c.phase = Phase::Body {
             head: Box::new(head),
@@ -650,8 +644,8 @@ impl Daemon {
         let prefix = b"event: done\ndata: ";
         let event_len = prefix.len() + json.len() + 2;
         let body = json.wrapped(
-            [format!("{event_len:x}\r\n").as_bytes(), prefix].concat(),
-            b"\n\n\r\n0\r\n\r\n".to_vec(),
+            [&chunk_head(event_len)[..], prefix].concat(),
+            [&b"\n\n\r\n"[..], LAST_CHUNK].concat(),
         );
         let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         let shutting_down = self.app.shutting_down;

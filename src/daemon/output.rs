@@ -177,9 +177,7 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        let _ = write!(c.wbuf, "{:x}\r\n", payload.len());
-        c.wbuf.extend_from_slice(payload);
-        c.wbuf.extend_from_slice(b"\r\n");
+        crate::http::chunked::write_chunk(&mut c.wbuf, payload);
         self.conn_flush(ck);
     }
 
@@ -276,7 +274,7 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        c.wbuf.extend_from_slice(b"0\r\n\r\n");
+        c.wbuf.extend_from_slice(crate::http::chunked::LAST_CHUNK);
         c.phase = Phase::Head;
         if !c.keep_alive || self.app.shutting_down {
             c.close_after_flush = true;

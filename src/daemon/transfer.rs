@@ -217,7 +217,7 @@ impl Daemon {
             Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new()),
         };
         if head.expect_continue && head.framing != Framing::None {
-            c.wbuf.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            c.wbuf.extend_from_slice(crate::http::response::CONTINUE);
         }
         c.phase = Phase::Upload {
             state,
@@ -505,9 +505,7 @@ impl Daemon {
                 }
                 Ok(n) => {
                     if t.chunked {
-                        let _ = write!(c.wbuf, "{n:x}\r\n");
-                        c.wbuf.extend_from_slice(&buf[..n]);
-                        c.wbuf.extend_from_slice(b"\r\n");
+                        crate::http::chunked::write_chunk(&mut c.wbuf, &buf[..n]);
                     } else {
                         let take = usize::try_from(t.remaining).unwrap_or(usize::MAX).min(n);
                         c.wbuf.extend_from_slice(&buf[..take]);
@@ -544,7 +542,7 @@ impl Daemon {
         };
         if ok {
             if chunked {
-                c.wbuf.extend_from_slice(b"0\r\n\r\n");
+                c.wbuf.extend_from_slice(crate::http::chunked::LAST_CHUNK);
             }
             if !c.keep_alive || shutting_down {
                 c.close_after_flush = true;

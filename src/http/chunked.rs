@@ -1,10 +1,31 @@
-//! Sans-IO decoder for chunked request bodies (RFC 9112 §7.1).
+//! Chunked transfer coding (RFC 9112 §7.1): the sans-IO decoder for request bodies,
+//! and the encoder of response chunks ([`write_chunk`], [`LAST_CHUNK`]).
 //!
 //! Bounded everywhere: the chunk size may not overflow, an extension is at most
 //! `MAX_CHUNK_EXT_BYTES`, the trailer section at most `MAX_TRAILER_BYTES`, and the
 //! decoded body at most the route's cap. Line ends may be CRLF or bare LF, as in heads.
 
 use super::limits::{MAX_CHUNK_EXT_BYTES, MAX_TRAILER_BYTES};
+
+/// The last chunk of a response with no trailer section.
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// The size line of a chunk of `len` bytes (`len` must not be 0: that is the last chunk).
+pub fn chunk_head(len: usize) -> Vec<u8> {
+    debug_assert!(len > 0, "a zero-length chunk ends the body");
+    format!("{len:x}\r\n").into_bytes()
+}
+
+/// Appends `payload` as one chunk (nothing for an empty payload, which would end the
+/// body).
+pub fn write_chunk(out: &mut Vec<u8>, payload: &[u8]) {
+    if payload.is_empty() {
+        return;
+    }
+    out.extend_from_slice(&chunk_head(payload.len()));
+    out.extend_from_slice(payload);
+    out.extend_from_slice(b"\r\n");
+}
 
 /// Why a chunked body was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -192,6 +213,21 @@ impl ChunkedDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_encoded_chunks_decode_back() {
+        let mut out = Vec::new();
+        for p in [&b"hello"[..], b"", &[b'x'; 300][..]] {
+            write_chunk(&mut out, p);
+        }
+        out.extend_from_slice(LAST_CHUNK);
+        assert!(out.starts_with(b"5\r\nhello\r\n12c\r\n"));
+        let mut d = ChunkedDecoder::new();
+        let mut body = Vec::new();
+        assert_eq!(d.feed(&out, &mut body, 1 << 20), Ok(out.len()));
+        assert!(d.is_done());
+        assert_eq!(body.len(), 305);
+    }
 
     fn decode_all(input: &[u8], cap: usize) -> Result<(Vec<u8>, usize), ChunkError> {
         let mut d = ChunkedDecoder::new();

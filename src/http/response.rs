@@ -83,6 +83,9 @@ impl Response {
     }
 }
 
+/// The interim answer to `Expect: 100-continue` (RFC 9110 §10.1.1).
+pub const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
 /// Writes a status line and headers. `content_length: None` means the body is streamed
 /// until the connection closes (SSE).
 pub fn write_head(

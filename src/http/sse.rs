@@ -4,6 +4,18 @@
 //! joins back with `\n`. Comments (`: ...`) keep idle streams alive through proxies.
 //! A run's output becomes text here too ([`take_utf8`]): never a broken character.
 
+/// Appends the head of an SSE response: 200, `text/event-stream`, not cached nor
+/// buffered by proxies, chunked.
+pub fn write_head(out: &mut Vec<u8>, keep_alive: bool) {
+    let headers = [
+        ("Content-Type", "text/event-stream".to_string()),
+        ("Cache-Control", "no-cache".to_string()),
+        ("X-Accel-Buffering", "no".to_string()),
+        ("Transfer-Encoding", "chunked".to_string()),
+    ];
+    super::response::write_head(out, 200, &headers, None, keep_alive);
+}
+
 /// Appends one event with name `event` and payload `data` to `out`.
 pub fn write_event(out: &mut Vec<u8>, event: &str, data: &str) {
     out.extend_from_slice(b"event: ");
