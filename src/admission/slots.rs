@@ -140,7 +140,7 @@ mod tests {
             .unwrap()
             .contains("too_many_kernels"));
         s.give_back();
-        s.give_back();
         assert_eq!(s.used(), 0);
+        assert!(s.refusal(false).is_none());
     }
 }

@@ -145,7 +145,8 @@ pub enum Outcome {
     /// Send this head, then the bytes a transfer thread writes into `rx`.
     Download(Box<Download>),
     /// A kernel session's record and workspace exist (start its kernel), or the
-    /// refusal (the kernel slot reserved at the request goes back either way).
+    /// refusal (the kernel slot, checked at the request, is taken only once the kernel
+    /// starts).
     KernelCreated(Result<Box<KernelCreated>, Response>),
     /// Run code in the session's kernel.
     KernelStep {
@@ -231,7 +232,7 @@ pub fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Res
 /// before the body is read: the row names the body cap and the admission class).
 ///
 /// # Errors
-/// The 404 or 405 to answer, as a [`RouteError`] (see [`route_error`]).
+/// The 404 or 405 to answer, as a [`RouteError`] (see [`error::route_error`]).
 pub fn resolve(method: &str, path: &str) -> Result<(&'static routes::Spec, Params), RouteError> {
     router::resolve(routes::ROUTES, method, path).map(|(row, params)| (&row.route, params))
 }

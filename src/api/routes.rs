@@ -141,7 +141,9 @@ const fn row(
 use Class::{Agent, Keyed, Memory, MemoryStarts, Open, Starts};
 use Handler::Request as H;
 
-/// Every route of the isobox face, in the order `Allow` lists a path's methods.
+/// Every route of the isobox face, in the order `Allow` lists a path's methods. A path's
+/// rows share the body cap it has always had, whatever the method (a body nobody reads
+/// is read and dropped up to it).
 #[rustfmt::skip]
 pub static ROUTES: &[Row<Spec>] = &[
     row("/", GET, Route::Ui, Open, DEFAULT_BODY_BYTES, H(|_, _| Action::Respond(docs::ui()))),
@@ -154,16 +156,16 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sessions", POST, Route::SessionCreate, Starts, DEFAULT_BODY_BYTES, H(sessions::create)),
     row("/v1/sessions/{id}", DELETE, Route::Session, Keyed, DEFAULT_BODY_BYTES, H(sessions::delete)),
     row("/v1/sessions/{id}/exec", POST, Route::SessionExec, Starts, EXECUTE_BODY_BYTES, H(sessions::exec)),
-    row("/v1/sessions/{id}/fs", GET, Route::SessionFsGet, Keyed, DEFAULT_BODY_BYTES, H(sessions::fs_get)),
+    row("/v1/sessions/{id}/fs", GET, Route::SessionFsGet, Keyed, UPLOAD_BODY_BYTES, H(sessions::fs_get)),
     row("/v1/sessions/{id}/fs", PUT, Route::SessionFsPut, Keyed, UPLOAD_BODY_BYTES, Handler::Upload),
-    row("/v1/sessions/{id}/fs", DELETE, Route::SessionFsDelete, Keyed, DEFAULT_BODY_BYTES, H(sessions::fs_delete)),
+    row("/v1/sessions/{id}/fs", DELETE, Route::SessionFsDelete, Keyed, UPLOAD_BODY_BYTES, H(sessions::fs_delete)),
     row("/v1/memory/{namespace}", GET, Route::MemoryList, Memory, DEFAULT_BODY_BYTES, H(memory::list)),
     row("/v1/memory/{namespace}/{key*}", &["GET", "HEAD", "PUT", "DELETE"], Route::MemoryKey, Memory, KV_VALUE_BODY_BYTES, H(memory::key)),
     row("/v1/volumes", GET, Route::VolumeList, Memory, DEFAULT_BODY_BYTES, H(volumes::collection)),
     row("/v1/volumes", POST, Route::VolumeCreate, MemoryStarts, DEFAULT_BODY_BYTES, H(volumes::collection)),
     row("/v1/volumes/{id}", &["GET", "HEAD", "DELETE"], Route::Volume, Memory, DEFAULT_BODY_BYTES, H(volumes::item)),
     // `GET /v1/agent` is the spec's availability probe: no key.
-    row("/v1/agent", GET, Route::AgentInfo, Open, DEFAULT_BODY_BYTES, H(agent::handle)),
+    row("/v1/agent", GET, Route::AgentInfo, Open, AGENT_BODY_BYTES, H(agent::handle)),
     row("/v1/agent", POST, Route::Agent, Agent, AGENT_BODY_BYTES, H(agent::handle)),
 ];
 
@@ -275,5 +277,19 @@ mod tests {
         assert_eq!(spec("POST", "/execute").body_cap, EXECUTE_BODY_BYTES);
         assert_eq!(spec("POST", "/execute").over_cap().status, 400);
         assert_eq!(spec("PUT", "/v1/memory/a/b").over_cap().status, 413);
+        // Every method of a path has the path's cap, as before the table.
+        for (m, p, cap) in [
+            ("GET", "/v1/sessions/x/fs", UPLOAD_BODY_BYTES),
+            ("DELETE", "/v1/sessions/x/fs", UPLOAD_BODY_BYTES),
+            ("PUT", "/v1/sessions/x/fs", UPLOAD_BODY_BYTES),
+            ("GET", "/v1/agent", AGENT_BODY_BYTES),
+            ("POST", "/v1/agent", AGENT_BODY_BYTES),
+            ("DELETE", "/v1/memory/a/b", KV_VALUE_BODY_BYTES),
+            ("POST", "/v1/sessions/x/exec", EXECUTE_BODY_BYTES),
+            ("GET", "/healthz", DEFAULT_BODY_BYTES),
+            ("POST", "/v1/volumes", DEFAULT_BODY_BYTES),
+        ] {
+            assert_eq!(spec(m, p).body_cap, cap, "{m} {p}");
+        }
     }
 }

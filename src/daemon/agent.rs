@@ -95,7 +95,6 @@ impl Daemon {
         self.arm_agent_keepalive(ck, id);
     }
 
-    /// Loops at once: one per kernel slot (each drives its own kernel session).
     /// Where the loop on connection `(ck, serial)` sends its messages: the completion
     /// channel, then a wake.
     fn agent_outbox(&self, ck: usize, serial: u64) -> Outbox {
@@ -121,6 +120,7 @@ impl Daemon {
         }
     }
 
+    /// Loops at once: one per kernel slot (each drives its own kernel session).
     pub(crate) fn agents_max(cfg: &crate::config::Config) -> usize {
         cfg.kernels_max.max(1)
     }

@@ -585,7 +585,7 @@ impl Daemon {
         log::debug!("conn={ck} {} {}", req.head.method, req.head.path);
         let Handler::Request(handle) = route.handler else {
             // Uploads are taken over at their head and never reach here.
-            self.respond(ck, Response::error(500, "internal", None));
+            self.respond(ck, Response::error(500, "internal_error", None));
             return;
         };
         match handle(&mut self.app, &req) {

@@ -448,7 +448,7 @@ impl Daemon {
         self.refuse_removed(run, resp);
     }
 
-    /// [`Reactor::run_refuse`] for a run already out of the table (its slot freed).
+    /// [`Daemon::run_refuse`] for a run already out of the table (its slot freed).
     pub(super) fn refuse_removed(&mut self, run: Run, resp: Response) {
         if let Some(reply) = run.agent {
             let _ = reply.send(crate::agent::StepReply::Refused(resp));

@@ -244,6 +244,8 @@ impl Daemon {
                 .map_err(io::Error::other)?;
             crate::sys::seccomp::install_thread_filter(&nrs)?;
             log::info!("seccomp: reactor thread limited to {} syscalls", nrs.len());
+        } else {
+            log::warn!("seccomp: the reactor thread's allowlist is OFF (ISOBOX_SECCOMP=0)");
         }
         let mut events = Events::with_capacity(1024);
         let mut fired = Vec::new();

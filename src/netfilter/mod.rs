@@ -86,6 +86,14 @@ pub enum NetfilterError {
         /// Cause.
         source: io::Error,
     },
+    /// The data directory could not be made a shared mount.
+    #[error("making {path} shared: {source}")]
+    Shared {
+        /// The data directory.
+        path: PathBuf,
+        /// Cause.
+        source: io::Error,
+    },
     /// An rtnetlink request failed while checking the host's networks.
     #[error("{what}: {source}")]
     Netlink {
@@ -513,7 +521,10 @@ impl Egress {
             sys::bind_mount(&self.data_dir, &self.data_dir)
                 .map_err(path("bind-mounting", &self.data_dir))?;
         }
-        sys::make_shared(&self.data_dir).map_err(path("making shared", &self.data_dir))?;
+        sys::make_shared(&self.data_dir).map_err(|source| NetfilterError::Shared {
+            path: self.data_dir.clone(),
+            source,
+        })?;
         let fwd = Path::new("/proc/sys/net/ipv4/ip_forward");
         if !std::fs::read_to_string(fwd).is_ok_and(|s| s.trim() == "1") {
             std::fs::write(fwd, "1").map_err(path("enabling", fwd))?;

@@ -244,7 +244,7 @@ pub enum WarmError {
     Frame {
         /// Container id.
         id: String,
-        /// What it sent (bounded: at most `MAX_READY_FRAME_BYTES` as read).
+        /// What it sent, escaped and cut to 256 bytes.
         frame: String,
     },
     /// The claim (the request's files and argv) does not fit one frame.
@@ -338,9 +338,19 @@ impl Backend {
             let ok =
                 serde_json::from_slice::<serde_json::Value>(&f).is_ok_and(|v| v["ev"] == "ready");
             if !ok {
+                // Escaped and cut: a log line, whatever the bytes.
+                let mut frame: String = String::from_utf8_lossy(&f).escape_debug().collect();
+                if frame.len() > 256 {
+                    let cut = (0..=256)
+                        .rev()
+                        .find(|&i| frame.is_char_boundary(i))
+                        .unwrap_or(0);
+                    frame.truncate(cut);
+                    frame.push_str("...");
+                }
                 return Err(WarmError::Frame {
                     id: sid.clone(),
-                    frame: String::from_utf8_lossy(&f).into_owned(),
+                    frame,
                 });
             }
             ctl.set_read_timeout(None)
