@@ -11,7 +11,7 @@ struct Health<'a> {
     version: &'static str,
     in_flight: usize,
     max_concurrent: usize,
-    counters: &'a super::Counters,
+    counters: CountersView<'a>,
     open_fds: usize,
     rss_bytes: u64,
     egress: serde_json::Value,
@@ -21,6 +21,16 @@ struct Health<'a> {
     /// Warm pool occupancy, hits and misses, when a pool is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     warm_pool: Option<&'a super::WarmFigures>,
+}
+
+/// The run counters, then the capacity rejections the execution slots keep.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CountersView<'a> {
+    #[serde(flatten)]
+    runs: &'a super::Counters,
+    /// Requests refused for lack of a slot.
+    capacity_rejections: u64,
 }
 
 #[derive(Serialize)]
@@ -48,9 +58,9 @@ pub fn healthz(app: &App) -> Response {
             version: crate::VERSION,
             in_flight: app.runs.used(),
             max_concurrent: app.runs.max(),
-            counters: &super::Counters {
+            counters: CountersView {
+                runs: &app.counters,
                 capacity_rejections: app.runs.rejections(),
-                ..app.counters.clone()
             },
             open_fds: app.process_figures.0,
             rss_bytes: app.process_figures.1,

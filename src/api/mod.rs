@@ -45,8 +45,6 @@ pub struct Counters {
     pub runs_cancelled: u64,
     /// Of which failed inside isobox.
     pub runs_failed: u64,
-    /// Requests refused for lack of a slot (kept by `App::runs`, copied in when shown).
-    pub capacity_rejections: u64,
 }
 
 /// What the handlers read and the reactor updates.
