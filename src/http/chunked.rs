@@ -22,7 +22,8 @@ pub fn write_chunk(out: &mut Vec<u8>, payload: &[u8]) {
     if payload.is_empty() {
         return;
     }
-    out.extend_from_slice(&chunk_head(payload.len()));
+    // Straight into `out`: this is every SSE event's path.
+    let _ = std::io::Write::write_fmt(out, format_args!("{:x}\r\n", payload.len()));
     out.extend_from_slice(payload);
     out.extend_from_slice(b"\r\n");
 }
