@@ -2,12 +2,12 @@
 //! frames to the client, running its tool steps in the session's kernel, and ending
 //! its stream. Reactor thread only.
 
-use super::completion::Completion;
 use super::conn::Phase;
 use super::kernels::StepSink;
-use super::{Daemon, TimerKey};
+use super::Daemon;
 use crate::agent::{AgentMsg, AgentStart, Loop, Outbox, StepReply};
 use crate::http::{sse, Response};
+use crate::reactor::{Addr, Component, ComponentId, Readiness};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,6 +16,28 @@ use std::time::{Duration, Instant};
 /// above the largest single frame (a `tool_result` with 8 artifacts of 2 MiB). A client
 /// that reads nothing at all is dropped sooner, by the connection's write-stall timer.
 const MAX_AGENT_BACKLOG_BYTES: usize = 64 << 20;
+
+/// The agent component: its loops' keep-alive timers (key: the loop's connection).
+pub(crate) const AGENT: ComponentId = ComponentId(5);
+/// Timers: a loop's keep-alive comment (the generation is the loop's id).
+const KEEPALIVE: u16 = 0;
+
+/// Agent loops on the loop.
+pub(crate) struct Agents;
+
+impl Component<Daemon> for Agents {
+    fn name(&self) -> &'static str {
+        "agent"
+    }
+
+    fn ready(&self, _: &mut Daemon, _: usize, _: u16, _: Readiness) {}
+
+    fn timer(&self, d: &mut Daemon, ck: usize, what: u16, id: u64) {
+        if what == KEEPALIVE {
+            d.agent_keepalive(ck, id);
+        }
+    }
+}
 
 impl Daemon {
     /// Starts a checked loop on connection `ck`: the SSE head goes out, the loop's
@@ -95,26 +117,13 @@ impl Daemon {
         self.arm_agent_keepalive(ck, id);
     }
 
-    /// Where the loop on connection `(ck, serial)` sends its messages: the completion
-    /// channel, then a wake.
+    /// Where the loop on connection `(ck, serial)` sends its messages: the reactor's
+    /// mailbox, which wakes it.
     fn agent_outbox(&self, ck: usize, serial: u64) -> Outbox {
-        let tx = self.agent_tx.clone();
-        let waker = Arc::clone(&self.waker);
+        let mailbox = self.reactor.mailbox();
         Outbox {
             deliver: Box::new(move |msg| {
-                let ok = tx
-                    .send(Completion::Agent {
-                        conn: ck,
-                        serial,
-                        msg,
-                    })
-                    .is_ok();
-                if ok {
-                    if let Err(e) = waker.wake() {
-                        log::error!("op=wake err={e}");
-                    }
-                }
-                ok
+                mailbox.send(Box::new(move |d: &mut Daemon| d.agent_msg(ck, serial, msg)))
             }),
             conn: (ck, serial),
         }
@@ -181,7 +190,7 @@ impl Daemon {
             return;
         };
         let at = *last_event + every;
-        self.timers.insert(at, TimerKey::AgentKeepalive(ck, id));
+        self.reactor.arm(at, Addr::new(AGENT, ck, KEEPALIVE), id);
     }
 
     /// A comment on a loop's stream when it has been silent a whole interval (the

@@ -8,7 +8,7 @@
 //! are answered in order: while a run answers one, the next waits in the read buffer
 //! (at most `MAX_READ_AHEAD_BYTES`). Reactor thread only.
 
-use super::{Daemon, Source, TimerKey};
+use super::Daemon;
 use crate::api::routes::{Handler, Spec};
 use crate::api::{self, Action};
 use crate::http::chunked::{chunk_head, ChunkError, ChunkedDecoder, LAST_CHUNK};
@@ -16,11 +16,49 @@ use crate::http::limits::{MAX_HEAD_BYTES, MAX_READ_AHEAD_BYTES, MAX_WRITE_BUFFER
 use crate::http::parse::{find_head_end, parse_head};
 use crate::http::Params;
 use crate::http::{Framing, Head, Request, Response};
+use crate::reactor::{Addr, Component, ComponentId, Readiness};
+use mio::net::TcpListener;
 use mio::net::TcpStream;
 use mio::{Interest, Token};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+
+/// The HTTP component: the listener and every client connection.
+pub(crate) const HTTP: ComponentId = ComponentId(1);
+/// A connection's socket (key: the connection).
+const SOCKET: u16 = 0;
+/// The listening socket (key 0).
+pub(crate) const LISTENER: u16 = 1;
+/// Timers: a connection's deadline (head, idle or write stall).
+const DEADLINE: u16 = 0;
+/// Timers: retry accepting after EMFILE.
+const ACCEPT: u16 = 1;
+
+/// Connections on the loop.
+pub(crate) struct Http;
+
+impl Component<Daemon> for Http {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+
+    fn ready(&self, d: &mut Daemon, ck: usize, what: u16, r: Readiness) {
+        match what {
+            SOCKET => d.conn_event(ck, r.readable, r.writable),
+            LISTENER => d.accept(),
+            _ => {}
+        }
+    }
+
+    fn timer(&self, d: &mut Daemon, ck: usize, what: u16, gen: u64) {
+        match what {
+            DEADLINE => d.conn_timer(ck, gen),
+            ACCEPT => d.accept(),
+            _ => {}
+        }
+    }
+}
 
 /// How the body being read is delimited.
 pub enum BodyState {
@@ -143,6 +181,31 @@ pub(crate) fn start_sse(c: &mut Conn, shutting_down: bool) {
 }
 
 impl Daemon {
+    /// Accepts every pending connection.
+    fn accept(&mut self) {
+        loop {
+            let Some((listener, _)) = &self.listener else {
+                return;
+            };
+            match TcpListener::accept(listener) {
+                Ok((stream, peer)) => self.add_conn(stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE/ENFILE: the pending connection stays queued; retry shortly
+                    // instead of spinning on an edge that will not re-fire.
+                    crate::error_limited!("op=accept err={e}");
+                    self.reactor.arm(
+                        Instant::now() + Duration::from_millis(50),
+                        Addr::new(HTTP, 0, ACCEPT),
+                        0,
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
     pub(crate) fn add_conn(&mut self, mut stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
         let client = crate::admission::ratelimit::client_key(peer.ip());
@@ -170,16 +233,17 @@ impl Daemon {
         *self.conns_per_ip.entry(client).or_insert(0) += 1;
         let entry = self.conns.vacant_entry();
         let ck = entry.key();
-        let token = self.tokens.insert(Source::Conn(ck));
-        if let Err(e) = self.poll.registry().register(
+        let token = match self.reactor.register(
             &mut stream,
-            token,
+            Addr::new(HTTP, ck, SOCKET),
             Interest::READABLE | Interest::WRITABLE,
         ) {
-            crate::error_limited!("op=register conn err={e}");
-            self.release_token(token);
-            return;
-        }
+            Ok(t) => t,
+            Err(e) => {
+                crate::error_limited!("op=register conn err={e}");
+                return;
+            }
+        };
         entry.insert(Conn {
             stream,
             token,
@@ -217,13 +281,14 @@ impl Daemon {
         if c.scheduled.is_some_and(|at| at <= deadline) {
             return;
         }
-        let gen = self.next_timer_gen();
+        let gen = self
+            .reactor
+            .arm_new(deadline, Addr::new(HTTP, ck, DEADLINE));
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
         c.timer_gen = gen;
         c.scheduled = Some(deadline);
-        self.timers.insert(deadline, TimerKey::Conn(ck, gen));
     }
 
     pub(crate) fn conn_event(&mut self, ck: usize, readable: bool, writable: bool) {
@@ -796,8 +861,7 @@ impl Daemon {
                 self.conns_per_ip.remove(&client);
             }
         }
-        let _ = self.poll.registry().deregister(&mut c.stream);
-        self.release_token(c.token);
+        self.reactor.deregister(&mut c.stream, c.token);
         match std::mem::replace(&mut c.phase, Phase::Head) {
             Phase::Busy { run } | Phase::Stream { run } => self.run_cancel(run),
             Phase::Upload { target, .. } => self.abort_upload(target),

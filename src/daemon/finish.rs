@@ -3,13 +3,14 @@
 //! its connection (JSON or the SSE `done`), its kernel or its agent loop; and the
 //! startup self-probe, a run like any other.
 
-use super::completion::Completion;
 use super::runs::{Run, State, DRAIN_GRACE};
-use super::{Daemon, TimerKey};
+use super::runs::{DEADLINE, RUNS};
+use super::Daemon;
 use crate::api::execute;
 use crate::api::ProbeState;
 use crate::http::sse::take_utf8;
 use crate::http::{sse, Response};
+use crate::reactor::{Addr, Done};
 use crate::sandbox::plan::{CompileResult, RunResult};
 use crate::sandbox::runsc::Cleanup;
 use mio::unix::SourceFd;
@@ -45,10 +46,10 @@ impl Daemon {
         run.exited_at = Some(Instant::now());
         if let Some((fd, t)) = run.pid.take() {
             let _ = self
-                .poll
+                .reactor
                 .registry()
                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
-            self.release_token(t);
+            self.reactor.release(t);
         }
         self.arm_run(rk, Instant::now() + DRAIN_GRACE);
         // Output may still sit in the pipes: read it before deciding. When both pipes
@@ -68,10 +69,8 @@ impl Daemon {
 
     /// Replaces the run's deadline (wall time, or the drain grace after exit).
     pub(super) fn arm_run(&mut self, rk: usize, at: Instant) {
-        let gen = self.next_timer_gen();
         if let Some(run) = self.runs.get_mut(rk) {
-            run.timer_gen = gen;
-            self.timers.insert(at, TimerKey::Run(rk, gen));
+            run.timer_gen = self.reactor.arm_new(at, Addr::new(RUNS, rk, DEADLINE));
         }
     }
 
@@ -123,9 +122,9 @@ impl Daemon {
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || {
             backend.kill(&cg, runsc_pid);
-            Completion::Done
+            super::nothing()
         });
-        self.submit_must(job);
+        self.reactor.submit_must(job);
     }
 
     /// The client went away: detach and kill.
@@ -169,21 +168,21 @@ impl Daemon {
         let mut release = Vec::new();
         for cap in run.out.iter_mut() {
             if let Some((mut rx, t)) = cap.pipe.take() {
-                let _ = self.poll.registry().deregister(&mut rx);
+                let _ = self.reactor.registry().deregister(&mut rx);
                 release.push(t);
             }
         }
         if let Some((mut tx, t)) = run.stdin.take() {
-            let _ = self.poll.registry().deregister(&mut tx);
+            let _ = self.reactor.registry().deregister(&mut tx);
             release.push(t);
         }
         if let Some((mut ctl, t)) = run.exit_ctl.take() {
-            let _ = self.poll.registry().deregister(&mut ctl);
+            let _ = self.reactor.registry().deregister(&mut ctl);
             release.push(t);
         }
         if let Some((fd, t)) = run.pid.take() {
             let _ = self
-                .poll
+                .reactor
                 .registry()
                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
             release.push(t);
@@ -199,7 +198,7 @@ impl Daemon {
         let cg = run.cgroup.clone();
         let serial = run.serial;
         for t in release {
-            self.release_token(t);
+            self.reactor.release(t);
         }
         let Some(cg) = cg else {
             return;
@@ -214,7 +213,7 @@ impl Daemon {
             (None, None) => return,
         };
         let backend = Arc::clone(&self.backend);
-        let job = Box::new(move || {
+        let job = Box::new(move || -> Done<Daemon> {
             let cleanup = match end {
                 End::Reap(child) => backend.reap(child, &cg),
                 End::Reported(exit_code) => {
@@ -228,13 +227,9 @@ impl Daemon {
                     }
                 }
             };
-            Completion::Reaped {
-                run: rk,
-                serial,
-                cleanup,
-            }
+            Box::new(move |d: &mut Daemon| d.run_cleaned(rk, serial, cleanup))
         });
-        self.submit_must(job);
+        self.reactor.submit_must(job);
     }
 
     pub(super) fn run_pipe_event_final(&mut self, rk: usize) {
@@ -284,9 +279,9 @@ impl Daemon {
                 backend.remove(&id, &cg, &dir);
                 drop(lease);
                 drop(net);
-                Completion::Done
+                super::nothing()
             });
-            self.submit_must(job);
+            self.reactor.submit_must(job);
         }
         if !run.gate.began() {
             // No start frame: runsc failed (or hung) before the program existed. What
@@ -491,6 +486,22 @@ impl Daemon {
         self.kill_all_kernels("the daemon is shutting down");
     }
 
+    /// The startup self-probe ended: `/readyz` says so, and the warm pool may fill.
+    fn probed(&mut self, res: Result<(), String>) {
+        self.app.probe = match res {
+            Ok(()) => {
+                log::info!("backend self-probe passed");
+                self.app.probe = ProbeState::Passed;
+                self.warm_fill();
+                ProbeState::Passed
+            }
+            Err(why) => {
+                log::error!("backend self-probe failed: {why}");
+                ProbeState::Failed(why)
+            }
+        }
+    }
+
     /// Runs one real sandbox at startup; `/readyz` waits for it.
     pub(crate) fn start_probe(&mut self) {
         let Some(rt) = self.app.runtimes.installed().next().cloned() else {
@@ -500,8 +511,11 @@ impl Daemon {
         };
         let backend = Arc::clone(&self.backend);
         let id = format!("{}-{:x}-probe", self.cfg.instance, std::process::id());
-        let job = Box::new(move || Completion::Probe(backend.probe(&id, rt)));
-        if self.pool.submit(job).is_err() {
+        let job = Box::new(move || -> Done<Daemon> {
+            let res = backend.probe(&id, rt);
+            Box::new(move |d: &mut Daemon| d.probed(res))
+        });
+        if self.reactor.submit(job).is_err() {
             self.app.probe = ProbeState::Failed("worker queue full".into());
         }
     }

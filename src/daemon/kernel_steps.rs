@@ -3,11 +3,13 @@
 //! [`Run`](super::runs::Run) so output, caps, SSE and the result are `/execute`'s, and
 //! taking them back when the harness's `done` frame arrives.
 
-use super::completion::Completion;
 use super::kernels::{KState, StepSink, STALE_DISCARD_BYTES};
+use super::kernels::{KERNELS, OUT};
 use super::runs::{Capture, Run, State};
-use super::{Daemon, Source};
+use super::runs::{RUNS, STDERR, STDOUT};
+use super::Daemon;
 use crate::http::Response;
+use crate::reactor::{Addr, Done};
 use crate::sandbox::kernel::kernel_dead;
 use crate::sandbox::plan::{ExecPlan, RunResult};
 use std::io::{self, Read};
@@ -176,14 +178,8 @@ impl Daemon {
             early_exit: None,
         });
         for (t, i) in moved {
-            self.retarget(
-                t,
-                if i == 0 {
-                    Source::Stdout(rk)
-                } else {
-                    Source::Stderr(rk)
-                },
-            );
+            let what = if i == 0 { STDOUT } else { STDERR };
+            self.reactor.retarget(t, Addr::new(RUNS, rk, what));
         }
         if let Some(k) = self.kernels.get_mut(kk) {
             k.state = KState::Busy(rk);
@@ -198,11 +194,9 @@ impl Daemon {
         } else {
             let sessions = Arc::clone(&self.app.sessions);
             let session = session.to_string();
-            self.submit_must(Box::new(move || Completion::KernelFiles {
-                kernel: kk,
-                serial: kserial,
-                run: rk,
-                result: crate::api::sessions::write_step_files(&sessions, &session, &files),
+            self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+                let result = crate::api::sessions::write_step_files(&sessions, &session, &files);
+                Box::new(move |d: &mut Daemon| d.kernel_files_written(kk, kserial, rk, result))
             }));
         }
         // Output may already wait in the pipes with no edge to come.
@@ -259,13 +253,13 @@ impl Daemon {
             }
         }
         for (i, (rx, t)) in back {
-            self.retarget(t, Source::KernelOut(kk));
+            self.reactor.retarget(t, Addr::new(KERNELS, kk, OUT));
             match self.kernels.get_mut(kk) {
                 Some(k) => k.pipes[i] = Some((rx, t)),
                 None => {
                     let mut rx = rx;
-                    let _ = self.poll.registry().deregister(&mut rx);
-                    self.release_token(t);
+                    let _ = self.reactor.registry().deregister(&mut rx);
+                    self.reactor.release(t);
                 }
             }
         }

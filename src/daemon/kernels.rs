@@ -18,11 +18,11 @@
 //! a delete and shutdown all end the kernel the same way: its whole cgroup is killed,
 //! `runsc run` is reaped, and the session's next step is told why (410 `kernel_dead`).
 
-use super::completion::Completion;
-use super::{Daemon, Source, TimerKey};
+use super::Daemon;
 use crate::api::{KernelCreated, Outcome};
 use crate::cgroup::RunCgroup;
 use crate::http::Response;
+use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
 use crate::sandbox::kernel::{
     is_base64, kernel_env, next_said, Phase as Protocol, Said, BOOT_TIMEOUT, HARNESS,
     MAX_ARTIFACTS, MAX_ARTIFACT_BYTES,
@@ -39,6 +39,40 @@ use std::path::PathBuf;
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The kernels component (key: the kernel).
+pub(crate) const KERNELS: ComponentId = ComponentId(4);
+/// A kernel's control socket.
+pub(crate) const CTL: u16 = 0;
+/// A kernel's stdout or stderr between steps (nothing reads it then).
+pub(crate) const OUT: u16 = 1;
+/// A kernel's pidfd (of `runsc run`).
+pub(crate) const PID: u16 = 2;
+/// Timers: the boot deadline or the idle check.
+const DEADLINE: u16 = 0;
+
+/// Kernels on the loop.
+pub(crate) struct Kernels;
+
+impl Component<Daemon> for Kernels {
+    fn name(&self) -> &'static str {
+        "kernels"
+    }
+
+    fn ready(&self, d: &mut Daemon, kk: usize, what: u16, _: Readiness) {
+        match what {
+            CTL => d.kernel_ctl_event(kk),
+            PID => d.kernel_exited(kk),
+            _ => {}
+        }
+    }
+
+    fn timer(&self, d: &mut Daemon, kk: usize, what: u16, gen: u64) {
+        if what == DEADLINE {
+            d.kernel_timer(kk, gen);
+        }
+    }
+}
 
 /// Output left in the pipes from between steps that is thrown away before a step.
 pub(super) const STALE_DISCARD_BYTES: usize = 1 << 20;
@@ -181,17 +215,13 @@ impl Daemon {
             .unwrap_or_else(|| "/usr/bin/python3".into());
         let argv = vec![python, "-c".into(), HARNESS.into()];
         let env = kernel_env(&desc.env);
-        let job = Box::new(move || {
+        let job = Box::new(move || -> Done<Daemon> {
             let result = backend
                 .spawn(&id, &plan_for_job, argv, &env, Stdin::Control)
                 .map(Box::new);
-            Completion::KernelSpawned {
-                kernel: kk,
-                serial,
-                result,
-            }
+            Box::new(move |d: &mut Daemon| d.kernel_spawned(kk, serial, result))
         });
-        self.submit_must(job);
+        self.reactor.submit_must(job);
     }
 
     pub(crate) fn kernel_spawned(
@@ -215,21 +245,21 @@ impl Daemon {
         let mut s = s;
         let Some(ctl) = s.ctl.take() else {
             let backend = Arc::clone(&self.backend);
-            self.submit_must(Box::new(move || {
+            self.reactor.submit_must(Box::new(move || {
                 backend.discard(s);
-                Completion::Done
+                super::nothing()
             }));
             self.kernel_remove(kk, "the kernel could not be started".into());
             return;
         };
-        let t_ctl = self.token_for(Source::KernelCtl(kk));
-        let t_out = self.token_for(Source::KernelOut(kk));
-        let t_err = self.token_for(Source::KernelOut(kk));
-        let t_pid = self.token_for(Source::KernelPid(kk));
+        let t_ctl = self.reactor.token(Addr::new(KERNELS, kk, CTL));
+        let t_out = self.reactor.token(Addr::new(KERNELS, kk, OUT));
+        let t_err = self.reactor.token(Addr::new(KERNELS, kk, OUT));
+        let t_pid = self.reactor.token(Addr::new(KERNELS, kk, PID));
         let mut ok = ctl.set_nonblocking(true).is_ok();
         let mut ctl = mio::net::UnixStream::from_std(ctl);
         ok &= self
-            .poll
+            .reactor
             .registry()
             .register(&mut ctl, t_ctl, Interest::READABLE | Interest::WRITABLE)
             .is_ok();
@@ -244,14 +274,14 @@ impl Daemon {
             let mut rx = pipe::Receiver::from(fd);
             ok &= rx.set_nonblocking(true).is_ok()
                 && self
-                    .poll
+                    .reactor
                     .registry()
                     .register(&mut rx, t, Interest::READABLE)
                     .is_ok();
             pipes[i] = Some((rx, t));
         }
         ok &= self
-            .poll
+            .reactor
             .registry()
             .register(
                 &mut SourceFd(&s.pidfd.as_raw_fd()),
@@ -259,7 +289,7 @@ impl Daemon {
                 Interest::READABLE,
             )
             .is_ok();
-        let gen = self.next_timer_gen();
+        let gen = self.reactor.next_gen();
         let Some(k) = self.kernels.get_mut(kk) else {
             return;
         };
@@ -273,8 +303,11 @@ impl Daemon {
         k.state = KState::Booting;
         k.timer_gen = gen;
         let killing = k.killing;
-        self.timers
-            .insert(Instant::now() + BOOT_TIMEOUT, TimerKey::Kernel(kk, gen));
+        self.reactor.arm(
+            Instant::now() + BOOT_TIMEOUT,
+            Addr::new(KERNELS, kk, DEADLINE),
+            gen,
+        );
         if !ok {
             crate::error_limited!("kernel={kk} op=register err=could not watch kernel fds");
             self.kernel_kill(kk, serial, "the kernel could not be started");
@@ -336,8 +369,8 @@ impl Daemon {
             return;
         };
         if let Some((mut ctl, t)) = k.ctl.take() {
-            let _ = self.poll.registry().deregister(&mut ctl);
-            self.release_token(t);
+            let _ = self.reactor.registry().deregister(&mut ctl);
+            self.reactor.release(t);
         }
     }
 
@@ -416,7 +449,7 @@ impl Daemon {
     }
 
     pub(super) fn kernel_ready(&mut self, kk: usize) {
-        let gen = self.next_timer_gen();
+        let gen = self.reactor.next_gen();
         let Some(k) = self.kernels.get_mut(kk) else {
             return;
         };
@@ -425,7 +458,7 @@ impl Daemon {
         k.timer_gen = gen;
         let at = k.last_used + k.idle_limit;
         let (serial, create) = (k.serial, k.create.take());
-        self.timers.insert(at, TimerKey::Kernel(kk, gen));
+        self.reactor.arm(at, Addr::new(KERNELS, kk, DEADLINE), gen);
         log::info!("kernel={} session={} ready", k.id, k.session);
         match create {
             Some((ck, cserial, resp)) if self.conn_waiting(ck, cserial, false) => {
@@ -493,9 +526,9 @@ impl Daemon {
         log::debug!("kernel={} session={} ending: {}", k.id, k.session, why);
         let runsc_pid = k.child.as_ref().and_then(|c| i32::try_from(c.id()).ok());
         let backend = Arc::clone(&self.backend);
-        self.submit_must(Box::new(move || {
+        self.reactor.submit_must(Box::new(move || {
             backend.kill(&cg, runsc_pid);
-            Completion::Done
+            super::nothing()
         }));
     }
 
@@ -510,10 +543,10 @@ impl Daemon {
         k.exited = true;
         if let Some((fd, t)) = k.pid.take() {
             let _ = self
-                .poll
+                .reactor
                 .registry()
                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
-            self.release_token(t);
+            self.reactor.release(t);
         }
         let Some(k) = self.kernels.get_mut(kk) else {
             return;
@@ -523,13 +556,9 @@ impl Daemon {
         };
         let serial = k.serial;
         let backend = Arc::clone(&self.backend);
-        self.submit_must(Box::new(move || {
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
             let cleanup = backend.reap(child, &cg);
-            Completion::KernelReaped {
-                kernel: kk,
-                serial,
-                cleanup,
-            }
+            Box::new(move |d: &mut Daemon| d.kernel_reaped(kk, serial, cleanup))
         }));
     }
 
@@ -580,22 +609,22 @@ impl Daemon {
         self.app.kernels.give_back();
         let mut release = Vec::new();
         if let Some((mut ctl, t)) = k.ctl.take() {
-            let _ = self.poll.registry().deregister(&mut ctl);
+            let _ = self.reactor.registry().deregister(&mut ctl);
             release.push(t);
         }
         for (mut rx, t) in k.pipes.iter_mut().filter_map(Option::take) {
-            let _ = self.poll.registry().deregister(&mut rx);
+            let _ = self.reactor.registry().deregister(&mut rx);
             release.push(t);
         }
         if let Some((fd, t)) = k.pid.take() {
             let _ = self
-                .poll
+                .reactor
                 .registry()
                 .deregister(&mut SourceFd(&fd.as_raw_fd()));
             release.push(t);
         }
         for t in release {
-            self.release_token(t);
+            self.reactor.release(t);
         }
         if self.kernel_of.get(&k.session) == Some(&kk) {
             self.kernel_of.remove(&k.session);
@@ -639,11 +668,11 @@ impl Daemon {
             drop(net);
             drop(plan);
             match delete {
-                None => Completion::Done,
+                None => super::nothing(),
                 Some(conn) => delete_and_answer(&sessions, &session, conn, answer),
             }
         });
-        self.submit_must(job);
+        self.reactor.submit_must(job);
     }
 
     /// Deletes `plan`'s session on the pool (dropping its lease first), then answers
@@ -657,7 +686,7 @@ impl Daemon {
     ) {
         let sessions = Arc::clone(&self.app.sessions);
         let session = session.to_string();
-        self.submit_must(Box::new(move || {
+        self.reactor.submit_must(Box::new(move || {
             if let Some(l) = &plan.workspace {
                 l.end_step();
             }
@@ -673,7 +702,7 @@ impl Daemon {
             // No kernel (ended, or the daemon restarted): delete like any session.
             let sessions = Arc::clone(&self.app.sessions);
             let session = session.to_string();
-            self.submit_must(Box::new(move || {
+            self.reactor.submit_must(Box::new(move || {
                 delete_and_answer(&sessions, &session, Some((ck, cserial)), None)
             }));
             return;
@@ -726,12 +755,12 @@ impl Daemon {
             }
             KState::Idle => {
                 let at = k.last_used + k.idle_limit;
-                self.timers.insert(at, TimerKey::Kernel(kk, gen));
+                self.reactor.arm(at, Addr::new(KERNELS, kk, DEADLINE), gen);
             }
             KState::Busy(_) => {
                 // A step runs: look again one idle limit after it could have ended.
                 let at = Instant::now() + k.idle_limit;
-                self.timers.insert(at, TimerKey::Kernel(kk, gen));
+                self.reactor.arm(at, Addr::new(KERNELS, kk, DEADLINE), gen);
             }
             KState::Spawning => {}
         }
@@ -766,7 +795,7 @@ fn delete_and_answer(
     session: &str,
     conn: Option<(usize, u64)>,
     answer: Option<Response>,
-) -> Completion {
+) -> Done<Daemon> {
     let r = sessions.delete(session);
     if let Err(e) = &r {
         if !matches!(e, crate::workspace::SessionError::NotFound) {
@@ -774,14 +803,13 @@ fn delete_and_answer(
         }
     }
     match conn {
-        Some((conn, serial)) => Completion::Outcome {
-            conn,
-            serial,
-            outcome: Outcome::Respond(answer.unwrap_or_else(|| match r {
+        Some((conn, serial)) => {
+            let outcome = Outcome::Respond(answer.unwrap_or_else(|| match r {
                 Ok(()) => Response::no_content(),
                 Err(e) => crate::api::error::session_error(&e),
-            })),
-        },
-        None => Completion::Done,
+            }));
+            Box::new(move |d: &mut Daemon| d.on_outcome(conn, serial, outcome))
+        }
+        None => super::nothing(),
     }
 }

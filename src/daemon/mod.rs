@@ -1,21 +1,22 @@
-//! The daemon: the one thread that owns a `mio::Poll`, the listener, every connection,
-//! every sandbox pipe and pidfd, and the timers, and wires the features to them.
-//! Blocking work goes to the worker pool; its completions come back through a channel
-//! and the `mio::Waker`.
+//! The daemon: the host of the reactor (`reactor::Reactor`), holding the state of every
+//! component on the loop, and the components themselves. Each component is a unit
+//! struct implementing `reactor::Component` with its id and its own source and timer
+//! numbers, beside the state it acts on: `conn::Http` (the listener and client
+//! connections), `transfer::Transfers` (download pipes), `runs::Runs` (a sandbox run's
+//! pipes, pidfd and deadlines; `output` and `finish` hold the rest of a run's life),
+//! `kernels::Kernels` (a kernel's control socket, pidfd and deadline; its steps are
+//! `kernel_steps`), `agent::Agents` (agent loops' keep-alives), `egress::EgressChecks`
+//! (the nftables monitor) and `Lifecycle` here (signals, reload, housekeeping, the
+//! shutdown grace). Blocking work goes to the pool as a job whose continuation the loop
+//! applies to the daemon; `warm` (the pool of pre-booted sandboxes) lives on those.
 //!
 //! This is the top of the import graph: it uses the faces (`api`), the core
 //! (`sandbox`, `workspace`, `admission`, `netfilter`, `agent`) and the feature-free loop
-//! pieces (`reactor`), and nothing imports it but `main`. One file per thing on the
-//! loop: `conn` (client connections), `transfer` (pool-job requests, uploads,
-//! downloads), `runs` (a sandbox run: its state and start), `output` (its pipes, SSE and
-//! backpressure), `finish` (its exit, deadlines, cleanup and result),
-//! `completion` (what a finished pool job does), `kernels` (a kernel's life) and
-//! `kernel_steps` (its steps), `warm`, `agent`, and
-//! `startup` (`Daemon::new`).
+//! (`reactor`), and nothing imports it but `main`. `startup` is `Daemon::new`.
 
 pub mod agent;
-pub mod completion;
 pub mod conn;
+pub mod egress;
 mod finish;
 mod kernel_steps;
 pub mod kernels;
@@ -27,13 +28,10 @@ pub mod warm;
 
 use crate::api::App;
 use crate::config::Config;
-use crate::reactor::{pool, timer, Tokens};
+use crate::reactor::{Addr, Component, ComponentId, Done, Host, Reactor, Readiness};
 use crate::sandbox::Backend;
-use completion::Completion;
 use conn::Conn;
-use crossbeam_channel::Receiver;
 use mio::net::TcpListener;
-use mio::{Events, Poll, Token, Waker};
 use runs::Run;
 use slab::Slab;
 use std::io;
@@ -41,88 +39,46 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The listening socket.
-pub const LISTENER: Token = Token(0);
-/// The pool's completion waker.
-pub const WAKER: Token = Token(1);
-/// The signal pipe (SIGTERM, SIGINT).
-pub const SIGNALS: Token = Token(2);
-/// The reload pipe (SIGHUP).
-pub const RELOAD: Token = Token(3);
-/// The netlink socket announcing nftables changes (egress re-verification).
-pub const EGRESS: Token = Token(4);
-pub(crate) const FIRST_SOURCE: usize = 5;
+/// The daemon's own component: signals, reload, housekeeping and the shutdown grace.
+pub(crate) const LIFECYCLE: ComponentId = ComponentId(0);
+/// `LIFECYCLE`'s sources and timers.
+const SIGNALS: u16 = 0;
+const RELOAD: u16 = 1;
+const HOUSEKEEPING: u16 = 2;
+const SHUTDOWN_GRACE: u16 = 3;
 
-/// What a registered fd belongs to.
-#[derive(Debug, Clone, Copy)]
-pub enum Source {
-    /// A client connection (key in `conns`).
-    Conn(usize),
-    /// A run's stdout.
-    Stdout(usize),
-    /// A run's stderr.
-    Stderr(usize),
-    /// A run's stdin.
-    Stdin(usize),
-    /// A run's pidfd.
-    Pid(usize),
-    /// A download's pipe (key in `conns`).
-    Transfer(usize),
-    /// A kernel's control socket (key in `kernels`).
-    KernelCtl(usize),
-    /// A kernel's stdout or stderr between steps (nothing reads it then).
-    KernelOut(usize),
-    /// A kernel's pidfd.
-    KernelPid(usize),
-    /// A claimed pooled sandbox's exit channel (key in `runs`).
-    RunCtl(usize),
+/// Every component, in the order of their ids (checked by `Reactor::add` at startup).
+fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 7] {
+    [
+        (LIFECYCLE, &Lifecycle),
+        (conn::HTTP, &conn::Http),
+        (transfer::TRANSFER, &transfer::Transfers),
+        (runs::RUNS, &runs::Runs),
+        (kernels::KERNELS, &kernels::Kernels),
+        (agent::AGENT, &agent::Agents),
+        (egress::EGRESS, &egress::EgressChecks),
+    ]
 }
 
-/// What a timer is for; `gen` must match the owner's current generation to count.
-#[derive(Debug, Clone, Copy)]
-pub enum TimerKey {
-    /// Connection deadline (head, idle or write stall), key and generation.
-    Conn(usize, u64),
-    /// Run deadline (wall time, output drain grace, keep-alive comment).
-    Run(usize, u64),
-    /// SSE keep-alive comment of a streaming run (key, serial).
-    Keepalive(usize, u64),
-    /// Retry accepting after EMFILE.
-    Accept,
-    /// Shutdown grace expired.
-    ShutdownGrace,
-    /// Once a second: refresh process figures, sweep rate-limit buckets.
-    Housekeeping,
-    /// A kernel's boot deadline or idle check (key, generation).
-    Kernel(usize, u64),
-    /// SSE keep-alive comment of an agent loop's stream (connection key, loop id).
-    AgentKeepalive(usize, u64),
+/// A continuation that does nothing (a kill, a removal: jobs with nothing to report).
+pub(crate) fn nothing() -> Done<Daemon> {
+    Box::new(|_| {})
 }
 
 /// The daemon: all state owned by the reactor thread.
 pub struct Daemon {
     pub(crate) cfg: Arc<Config>,
-    pub(crate) poll: Poll,
-    pub(crate) listener: Option<TcpListener>,
+    pub(crate) reactor: Reactor<Daemon>,
+    pub(crate) listener: Option<(TcpListener, mio::Token)>,
     pub(crate) local_addr: SocketAddr,
     pub(crate) conns: Slab<Conn>,
     pub(crate) runs: Slab<Run>,
-    pub(crate) tokens: Tokens<Source>,
-    pub(crate) timers: timer::TimerWheel<TimerKey>,
-    pub(crate) pool: pool::WorkerPool<Completion>,
-    pub(crate) completions: Receiver<Completion>,
     pub(crate) app: App,
     pub(crate) backend: Arc<Backend>,
     pub(crate) conn_serial: u64,
     pub(crate) run_serial: u64,
-    /// Source of timer generations: one counter for every owner, so a timer armed for
-    /// a connection or run whose slab key was later reused can never match the new one.
-    pub(crate) timer_seq: u64,
     /// Open connections per client address (IPv6 by /64).
     pub(crate) conns_per_ip: std::collections::HashMap<std::net::IpAddr, usize>,
-    /// Jobs that must run (kills, cleanups) but found the pool queue full; retried
-    /// every turn of the loop, so nothing is ever dropped or run on this thread.
-    overflow: std::collections::VecDeque<pool::Job<Completion>>,
     signal_rx: mio::net::UnixStream,
     reload_rx: mio::net::UnixStream,
     pub(crate) admission: crate::admission::Admission,
@@ -131,16 +87,8 @@ pub struct Daemon {
     pub(crate) upkeep_running: bool,
     /// When the next session upkeep is due.
     next_upkeep: Instant,
-    /// An egress check is queued or running.
-    pub(crate) egress_running: bool,
-    /// A ruleset change was announced while a check ran: check again after it.
-    pub(crate) egress_dirty: bool,
-    /// A SIGHUP repair came while a check ran: program again after it.
-    pub(crate) egress_repair: bool,
-    /// When the next periodic egress check (and repair) is due.
-    next_egress: Instant,
-    /// Subscribed to nftables changes.
-    egress_monitor: Option<crate::sys::netlink::NlSocket>,
+    /// Egress checks: one at a time, periodic, on change and on SIGHUP.
+    pub(crate) egress: egress::Checks,
     /// Live kernels.
     pub(crate) kernels: Slab<kernels::Kernel>,
     /// Session id -> its kernel's key.
@@ -152,14 +100,50 @@ pub struct Daemon {
     pub(crate) warm: crate::sandbox::warm::WarmPool,
     /// What agent loops share (settings, sessions, runtimes, how many run).
     pub(crate) agent: Arc<crate::agent::Shared>,
-    /// Where agent threads send their messages (the pool's completion channel).
-    pub(crate) agent_tx: crossbeam_channel::Sender<Completion>,
-    /// Wakes the reactor (agent threads use it after sending).
-    pub(crate) waker: Arc<Waker>,
     /// The threads agent loops run on (`None`: the agent is off).
     pub(crate) agent_threads: Option<crate::agent::AgentThreads>,
     /// Source of agent loop ids.
     pub(crate) agent_serial: u64,
+}
+
+impl Host for Daemon {
+    fn reactor(&mut self) -> &mut Reactor<Daemon> {
+        &mut self.reactor
+    }
+}
+
+/// Signals, reload, housekeeping and the shutdown grace.
+struct Lifecycle;
+
+impl Component<Daemon> for Lifecycle {
+    fn name(&self) -> &'static str {
+        "lifecycle"
+    }
+
+    fn ready(&self, d: &mut Daemon, _: usize, what: u16, _: Readiness) {
+        match what {
+            SIGNALS => d.on_signal(),
+            RELOAD => {
+                drain(&mut d.reload_rx);
+                d.admission.reload();
+                // An operator's repair: program the table again and check it.
+                d.start_egress_check(true);
+            }
+            _ => {}
+        }
+    }
+
+    fn timer(&self, d: &mut Daemon, _: usize, what: u16, _: u64) {
+        match what {
+            HOUSEKEEPING => d.housekeeping(),
+            SHUTDOWN_GRACE => {
+                d.kill_all_runs();
+                // Uploads, downloads and jobs still going get no more time.
+                d.close_unfinished_conns();
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Startup failed.
@@ -187,45 +171,6 @@ impl Daemon {
         self.local_addr
     }
 
-    pub(crate) fn token_for(&mut self, s: Source) -> Token {
-        self.tokens.insert(s)
-    }
-
-    /// Queues a job that must not be lost: into the pool, or the overflow when full.
-    pub(crate) fn submit_must(&mut self, job: pool::Job<Completion>) {
-        if let Err(job) = self.pool.submit(job) {
-            crate::warn_limited!(
-                "op=submit worker queue full; {} jobs waiting",
-                self.overflow.len() + 1
-            );
-            self.overflow.push_back(job);
-        }
-    }
-
-    fn flush_overflow(&mut self) {
-        while let Some(job) = self.overflow.pop_front() {
-            if let Err(job) = self.pool.submit(job) {
-                self.overflow.push_front(job);
-                break;
-            }
-        }
-    }
-
-    /// A fresh, never reused timer generation.
-    pub(crate) fn next_timer_gen(&mut self) -> u64 {
-        self.timer_seq += 1;
-        self.timer_seq
-    }
-
-    /// Points a registered fd's token at a new owner (a kernel's pipes, lent to a step).
-    pub(crate) fn retarget(&mut self, t: Token, s: Source) {
-        self.tokens.retarget(t, s);
-    }
-
-    pub(crate) fn release_token(&mut self, t: Token) {
-        self.tokens.release(t);
-    }
-
     /// Serves until SIGTERM/SIGINT and every run has ended.
     ///
     /// # Errors
@@ -234,9 +179,10 @@ impl Daemon {
         let teardown = Some(self.spawn_teardown()?);
         self.warm_publish();
         self.start_probe();
-        self.timers.insert(
+        self.reactor.arm(
             Instant::now() + Duration::from_secs(1),
-            TimerKey::Housekeeping,
+            Addr::new(LIFECYCLE, 0, HOUSEKEEPING),
+            0,
         );
         if self.cfg.seccomp {
             // From here on this thread only polls, reads, writes and allocates.
@@ -247,94 +193,22 @@ impl Daemon {
         } else {
             log::warn!("seccomp: the reactor thread's allowlist is OFF (ISOBOX_SECCOMP=0)");
         }
-        let mut events = Events::with_capacity(1024);
-        let mut fired = Vec::new();
+        let mut scratch = crate::reactor::Turn::default();
         loop {
-            let timeout = self.timers.next_timeout(Instant::now());
-            match self.poll.poll(&mut events, timeout) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-            for ev in events.iter() {
-                match ev.token() {
-                    LISTENER => self.accept(),
-                    WAKER => self.drain_completions(),
-                    SIGNALS => self.on_signal(),
-                    RELOAD => {
-                        drain(&mut self.reload_rx);
-                        self.admission.reload();
-                        // An operator's repair: program the table again and check it.
-                        self.start_egress_check(true);
-                    }
-                    EGRESS => {
-                        if let Some(m) = &self.egress_monitor {
-                            let mut buf = [0u8; 8192];
-                            while m.recv(&mut buf).is_ok() {}
-                        }
-                        self.egress_dirty = true;
-                        self.start_egress_check(false);
-                    }
-                    t => {
-                        let Some(src) = self.tokens.get(t) else {
-                            continue;
-                        };
-                        match src {
-                            Source::Conn(ck) => self.conn_event(
-                                ck,
-                                ev.is_readable() || ev.is_read_closed() || ev.is_error(),
-                                ev.is_writable(),
-                            ),
-                            Source::Stdout(rk) => self.run_pipe_event(rk, false),
-                            Source::Stderr(rk) => self.run_pipe_event(rk, true),
-                            Source::Stdin(rk) => self.run_stdin_event(rk),
-                            Source::Pid(rk) => self.run_exited(rk),
-                            Source::Transfer(ck) => self.transfer_event(ck),
-                            Source::KernelCtl(kk) => self.kernel_ctl_event(kk),
-                            Source::KernelOut(_) => {}
-                            Source::KernelPid(kk) => self.kernel_exited(kk),
-                            Source::RunCtl(rk) => self.run_ctl_event(rk),
-                        }
-                    }
-                }
-            }
-            // Completions can arrive between wakes; drain them every turn.
-            self.drain_completions();
-            self.flush_overflow();
-            self.timers.advance(Instant::now(), &mut fired);
-            for key in fired.drain(..) {
-                match key {
-                    TimerKey::Conn(ck, gen) => self.conn_timer(ck, gen),
-                    TimerKey::Run(rk, gen) => self.run_timer(rk, gen),
-                    TimerKey::Keepalive(rk, serial) => self.run_keepalive(rk, serial),
-                    TimerKey::AgentKeepalive(ck, serial) => self.agent_keepalive(ck, serial),
-                    TimerKey::Accept => self.accept(),
-                    TimerKey::ShutdownGrace => {
-                        self.kill_all_runs();
-                        // Uploads, downloads and jobs still going get no more time.
-                        self.close_unfinished_conns();
-                    }
-                    TimerKey::Housekeeping => self.housekeeping(),
-                    TimerKey::Kernel(kk, gen) => self.kernel_timer(kk, gen),
-                }
-            }
+            crate::reactor::turn(self, &mut scratch)?;
             if self.shutdown_deadline.is_some()
                 && self.runs.is_empty()
                 && self.kernels.is_empty()
                 && self.warm.idle()
-                && self.overflow.is_empty()
+                && self.reactor.overflow_empty()
                 && self.conns_all_flushed()
             {
                 break;
             }
         }
-        // Nothing queued may be lost: wait for the pool to take every overflowed job
-        // (yielding: this thread may not sleep), then for every job to finish.
-        while !self.overflow.is_empty() {
-            self.flush_overflow();
-            std::thread::yield_now();
-        }
-        self.pool.join();
+        // Nothing queued may be lost: every overflowed job goes to the pool, and every
+        // job finishes.
+        self.reactor.join();
         // Only now is the slice empty. Its removal runs on the teardown thread, made
         // before the seccomp filter, since this thread may not rmdir.
         if let Some((go, handle)) = teardown {
@@ -386,7 +260,7 @@ impl Daemon {
         let expired = self.app.sessions.next_expiry_ms() <= crate::workspace::now_ms();
         if !self.upkeep_running && (now >= self.next_upkeep || expired) {
             let sessions = Arc::clone(&self.app.sessions);
-            let job = Box::new(move || {
+            let job = Box::new(move || -> Done<Daemon> {
                 match sessions.upkeep() {
                     Ok(0) => {}
                     Ok(n) => log::info!("sessions: reaped {n} idle past their ttl"),
@@ -395,82 +269,23 @@ impl Daemon {
                 // Freed memory (a burst of connections, a large response) goes back to
                 // the kernel rather than staying in glibc's arenas.
                 crate::sys::malloc_trim();
-                Completion::Upkeep
+                Box::new(|d: &mut Daemon| d.upkeep_running = false)
             });
-            if self.pool.submit(job).is_ok() {
+            if self.reactor.submit(job).is_ok() {
                 self.upkeep_running = true;
                 self.next_upkeep = now + Duration::from_secs(5);
             }
         }
         // Refills after a failed boot wait out their pause; retried from here.
         self.warm_fill();
-        if now >= self.next_egress || self.egress_dirty {
+        if self.egress.due(now) {
             self.start_egress_check(false);
         }
-        self.timers
-            .insert(now + Duration::from_secs(1), TimerKey::Housekeeping);
-    }
-
-    /// Queues an egress check on the pool: `repair` programs the table first (SIGHUP);
-    /// the periodic check re-programs only a table found wrong; a netlink change only
-    /// reads it back. One at a time; a change seen meanwhile is checked after.
-    pub(crate) fn start_egress_check(&mut self, repair: bool) {
-        if !self.app.egress.enabled() || self.app.shutting_down {
-            return;
-        }
-        if self.egress_running {
-            self.egress_repair |= repair;
-            self.egress_dirty = true;
-            return;
-        }
-        let repair = repair || std::mem::take(&mut self.egress_repair);
-        let now = Instant::now();
-        let periodic = now >= self.next_egress;
-        let egress = Arc::clone(&self.app.egress);
-        let job = Box::new(move || {
-            if repair {
-                egress.program_and_verify();
-            } else if periodic {
-                egress.tick();
-            } else {
-                egress.verify();
-            }
-            Completion::EgressChecked
-        });
-        if self.pool.submit(job).is_ok() {
-            self.egress_running = true;
-            self.egress_dirty = false;
-            if periodic || repair {
-                self.next_egress = now + Duration::from_secs(self.cfg.egress.verify_sec);
-            }
-        }
-    }
-
-    fn drain_completions(&mut self) {
-        while let Ok(c) = self.completions.try_recv() {
-            self.on_completion(c);
-        }
-    }
-
-    fn accept(&mut self) {
-        loop {
-            let Some(listener) = &self.listener else {
-                return;
-            };
-            match listener.accept() {
-                Ok((stream, peer)) => self.add_conn(stream, peer),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // EMFILE/ENFILE: the pending connection stays queued; retry shortly
-                    // instead of spinning on an edge that will not re-fire.
-                    crate::error_limited!("op=accept err={e}");
-                    self.timers
-                        .insert(Instant::now() + Duration::from_millis(50), TimerKey::Accept);
-                    return;
-                }
-            }
-        }
+        self.reactor.arm(
+            now + Duration::from_secs(1),
+            Addr::new(LIFECYCLE, 0, HOUSEKEEPING),
+            0,
+        );
     }
 
     fn on_signal(&mut self) {
@@ -492,9 +307,10 @@ impl Daemon {
         self.warm_drain();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);
         self.shutdown_deadline = Some(deadline);
-        self.timers.insert(deadline, TimerKey::ShutdownGrace);
-        if let Some(mut l) = self.listener.take() {
-            let _ = self.poll.registry().deregister(&mut l);
+        self.reactor
+            .arm(deadline, Addr::new(LIFECYCLE, 0, SHUTDOWN_GRACE), 0);
+        if let Some((mut l, t)) = self.listener.take() {
+            self.reactor.deregister(&mut l, t);
         }
         self.close_idle_conns();
     }

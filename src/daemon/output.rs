@@ -5,10 +5,12 @@
 
 use super::conn::Phase;
 use super::runs::MAX_DRAIN_PAST_CAP_BYTES;
-use super::{Daemon, TimerKey};
+use super::runs::{KEEPALIVE, RUNS};
+use super::Daemon;
 use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
 use crate::http::sse;
 use crate::http::sse::take_utf8;
+use crate::reactor::Addr;
 use crate::sandbox::build::Feed;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
@@ -60,8 +62,8 @@ impl Daemon {
             return;
         };
         if let Some((mut rx, t)) = run.out[idx].pipe.take() {
-            let _ = self.poll.registry().deregister(&mut rx);
-            self.release_token(t);
+            let _ = self.reactor.registry().deregister(&mut rx);
+            self.reactor.release(t);
         }
         let Some(run) = self.runs.get_mut(rk) else {
             return;
@@ -217,8 +219,8 @@ impl Daemon {
         if done || run.stdin_pos >= run.plan.stdin.len() {
             if let Some((mut tx, t)) = run.stdin.take() {
                 crate::sys::shutdown_write(tx.as_fd());
-                let _ = self.poll.registry().deregister(&mut tx);
-                self.release_token(t);
+                let _ = self.reactor.registry().deregister(&mut tx);
+                self.reactor.release(t);
             }
         }
     }
@@ -262,8 +264,8 @@ impl Daemon {
         };
         run.exit_buf = Vec::new();
         if let Some((mut ctl, t)) = run.exit_ctl.take() {
-            let _ = self.poll.registry().deregister(&mut ctl);
-            self.release_token(t);
+            let _ = self.reactor.registry().deregister(&mut ctl);
+            self.reactor.release(t);
         }
     }
 
@@ -290,8 +292,8 @@ impl Daemon {
     pub(super) fn arm_keepalive(&mut self, rk: usize) {
         let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
         let Some(run) = self.runs.get(rk) else { return };
-        self.timers
-            .insert(run.last_event + every, TimerKey::Keepalive(rk, run.serial));
+        let (at, serial) = (run.last_event + every, run.serial);
+        self.reactor.arm(at, Addr::new(RUNS, rk, KEEPALIVE), serial);
     }
 
     /// Sends a comment when the stream has been silent for a whole interval.

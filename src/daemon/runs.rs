@@ -2,13 +2,13 @@
 //! SSE forwarding with backpressure, cancellation, and the final result.
 //!
 //! Reactor thread only; everything blocking (spawn, kill, cleanup) is a pool job whose
-//! completion comes back as a [`Completion`].
+//! continuation comes back to the loop.
 
-use super::completion::Completion;
 use super::conn::{start_sse, Phase};
-use super::{Daemon, Source};
+use super::Daemon;
 use crate::cgroup::RunCgroup;
 use crate::http::Response;
+use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
 use crate::sandbox::build::{self, FrameParser};
 use crate::sandbox::plan::{Artifact, CompileResult, ExecPlan};
 use crate::sandbox::runsc::Spawned;
@@ -21,6 +21,51 @@ use std::path::PathBuf;
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The runs component (key: the run).
+pub(crate) const RUNS: ComponentId = ComponentId(3);
+/// A run's stdout pipe.
+pub(crate) const STDOUT: u16 = 0;
+/// A run's stderr pipe.
+pub(crate) const STDERR: u16 = 1;
+/// A run's stdin pipe.
+pub(crate) const STDIN: u16 = 2;
+/// A run's pidfd (of `runsc run`).
+pub(crate) const PID: u16 = 3;
+/// A claimed pooled sandbox's exit channel.
+pub(crate) const CTL: u16 = 4;
+/// Timers: the run's deadline (wall time, or the drain grace after exit).
+pub(crate) const DEADLINE: u16 = 0;
+/// Timers: an SSE keep-alive comment (the generation is the run's serial).
+pub(crate) const KEEPALIVE: u16 = 1;
+
+/// Runs on the loop.
+pub(crate) struct Runs;
+
+impl Component<Daemon> for Runs {
+    fn name(&self) -> &'static str {
+        "runs"
+    }
+
+    fn ready(&self, d: &mut Daemon, rk: usize, what: u16, _: Readiness) {
+        match what {
+            STDOUT => d.run_pipe_event(rk, false),
+            STDERR => d.run_pipe_event(rk, true),
+            STDIN => d.run_stdin_event(rk),
+            PID => d.run_exited(rk),
+            CTL => d.run_ctl_event(rk),
+            _ => {}
+        }
+    }
+
+    fn timer(&self, d: &mut Daemon, rk: usize, what: u16, gen: u64) {
+        match what {
+            DEADLINE => d.run_timer(rk, gen),
+            KEEPALIVE => d.run_keepalive(rk, gen),
+            _ => {}
+        }
+    }
+}
 
 /// Extra wall time allowed for gVisor to boot before the program's own wall time counts.
 pub const BOOT_GRACE: Duration = Duration::from_millis(1000);
@@ -209,7 +254,7 @@ impl Daemon {
         let handoff: crate::sandbox::warm::Handoff =
             Arc::new(std::sync::Mutex::new(self.warm_take(&plan_for_job)));
         let job_handoff = Arc::clone(&handoff);
-        let job = Box::new(move || {
+        let job = Box::new(move || -> Done<Daemon> {
             let warm = job_handoff.lock().unwrap_or_else(|p| p.into_inner()).take();
             // An interpreter's harness gets the program's argv from its source file on;
             // a compiled runtime's gets the whole build wrapper, which it execs.
@@ -248,13 +293,9 @@ impl Daemon {
                         .map(Box::new)
                 }
             };
-            Completion::Spawned {
-                run: rk,
-                serial,
-                result,
-            }
+            Box::new(move |d: &mut Daemon| d.run_spawned(rk, serial, result))
         });
-        let submitted = self.pool.submit(job).is_ok();
+        let submitted = self.reactor.submit(job).is_ok();
         if submitted {
             self.warm_fill();
         } else {
@@ -322,11 +363,11 @@ impl Daemon {
         let mut tokens = Vec::new();
         let stdout = pipe::Receiver::from(s.stdout);
         let stderr = pipe::Receiver::from(s.stderr);
-        let t_out = self.token_for(Source::Stdout(rk));
-        let t_err = self.token_for(Source::Stderr(rk));
-        let t_pid = self.token_for(Source::Pid(rk));
+        let t_out = self.reactor.token(Addr::new(RUNS, rk, STDOUT));
+        let t_err = self.reactor.token(Addr::new(RUNS, rk, STDERR));
+        let t_pid = self.reactor.token(Addr::new(RUNS, rk, PID));
         tokens.extend([t_out, t_err, t_pid]);
-        let t_in = self.token_for(Source::Stdin(rk));
+        let t_in = self.reactor.token(Addr::new(RUNS, rk, STDIN));
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
@@ -334,14 +375,14 @@ impl Daemon {
         for (i, (mut rx, t)) in [(stdout, t_out), (stderr, t_err)].into_iter().enumerate() {
             reg_ok &= rx.set_nonblocking(true).is_ok()
                 && self
-                    .poll
+                    .reactor
                     .registry()
                     .register(&mut rx, t, Interest::READABLE)
                     .is_ok();
             run.out[i].pipe = Some((rx, t));
         }
         reg_ok &= self
-            .poll
+            .reactor
             .registry()
             .register(
                 &mut SourceFd(&s.pidfd.as_raw_fd()),
@@ -355,7 +396,7 @@ impl Daemon {
                 let mut tx = pipe::Sender::from(stdin);
                 reg_ok &= tx.set_nonblocking(true).is_ok()
                     && self
-                        .poll
+                        .reactor
                         .registry()
                         .register(&mut tx, t_in, Interest::WRITABLE)
                         .is_ok();
@@ -365,17 +406,17 @@ impl Daemon {
                 // No stdin: EOF at once (a pooled sandbox's stdin is a socket whose
                 // reading half stays open for the exit frame, so it is shut, not closed).
                 crate::sys::shutdown_write(stdin.as_fd());
-                self.release_token(t_in);
+                self.reactor.release(t_in);
             }
-            None => self.release_token(t_in),
+            None => self.reactor.release(t_in),
         }
         if let Some(ctl) = s.exit_ctl {
-            let t_ctl = self.token_for(Source::RunCtl(rk));
+            let t_ctl = self.reactor.token(Addr::new(RUNS, rk, CTL));
             let nonblocking = ctl.set_nonblocking(true).is_ok();
             let mut ctl = mio::net::UnixStream::from_std(ctl);
             let ok = nonblocking
                 && self
-                    .poll
+                    .reactor
                     .registry()
                     .register(&mut ctl, t_ctl, Interest::READABLE)
                     .is_ok();
@@ -385,7 +426,7 @@ impl Daemon {
                 }
             } else {
                 // Not fatal: the run ends when runsc exits, as a cold one does.
-                self.release_token(t_ctl);
+                self.reactor.release(t_ctl);
             }
         }
         let Some(run) = self.runs.get_mut(rk) else {

@@ -3,24 +3,27 @@
 //! cgroups and the startup sweep, sessions, egress, the poll and its fixed tokens, the
 //! worker pool, signals, the warm pool's targets and the agent's threads.
 
-use super::{
-    pool, timer, Daemon, DaemonError, Tokens, EGRESS, FIRST_SOURCE, LISTENER, RELOAD, SIGNALS,
-    WAKER,
-};
+use super::{Daemon, DaemonError, LIFECYCLE, RELOAD, SIGNALS};
 use crate::admission::slots::{SlotKind, Slots};
 use crate::api::{App, Counters, ProbeState};
 use crate::config::Config;
+use crate::reactor::{Addr, Reactor};
 use crate::runtimes::Runtimes;
 use crate::sandbox::Backend;
 use mio::net::TcpListener;
-use mio::{Interest, Poll, Token, Waker};
+use mio::Interest;
 use slab::Slab;
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// A pipe the handlers of `signals` write a byte to, registered on `poll` as `token`.
-fn signal_pipe(signals: &[i32], poll: &Poll, token: Token) -> io::Result<mio::net::UnixStream> {
+/// A pipe the handlers of `signals` write a byte to, registered as `what` of the
+/// daemon's own component.
+fn signal_pipe(
+    signals: &[i32],
+    reactor: &mut Reactor<Daemon>,
+    what: u16,
+) -> io::Result<mio::net::UnixStream> {
     let (tx, rx) = std::os::unix::net::UnixStream::pair()?;
     tx.set_nonblocking(true)?;
     rx.set_nonblocking(true)?;
@@ -28,8 +31,7 @@ fn signal_pipe(signals: &[i32], poll: &Poll, token: Token) -> io::Result<mio::ne
         signal_hook::low_level::pipe::register(sig, tx.try_clone()?)?;
     }
     let mut rx = mio::net::UnixStream::from_std(rx);
-    poll.registry()
-        .register(&mut rx, token, Interest::READABLE)?;
+    reactor.register(&mut rx, Addr::new(LIFECYCLE, 0, what), Interest::READABLE)?;
     Ok(rx)
 }
 
@@ -125,46 +127,31 @@ impl Daemon {
         // would hide mounts a crash left below it.
         let egress = crate::netfilter::Egress::new(&cfg.egress, &cfg.instance, &cfg.data_dir);
         egress.start();
-        let poll = Poll::new().map_err(io_err("creating poll"))?;
-        let egress_monitor = if egress.enabled() {
-            match egress.monitor() {
-                Ok(s) => {
-                    poll.registry()
-                        .register(
-                            &mut mio::unix::SourceFd(&std::os::fd::AsRawFd::as_raw_fd(s.fd())),
-                            EGRESS,
-                            Interest::READABLE,
-                        )
-                        .map_err(io_err("register egress monitor"))?;
-                    Some(s)
-                }
-                Err(e) => {
-                    // Periodic checks still run; changes are only seen later.
-                    log::warn!("egress: cannot subscribe to nftables changes: {e}");
-                    None
-                }
-            }
-        } else {
-            log::info!("egress: off (ISOBOX_EGRESS=off); every run is offline");
-            None
-        };
+        let mut reactor: Reactor<Daemon> =
+            Reactor::new(cfg.workers).map_err(io_err("starting the reactor"))?;
+        for (id, c) in super::components() {
+            reactor.add(id, c);
+        }
+        let egress_checks =
+            super::egress::Checks::new(&egress, cfg.egress.verify_sec, &mut reactor)
+                .map_err(io_err("register egress monitor"))?;
         std_listener
             .set_nonblocking(true)
             .map_err(io_err("listener nonblocking"))?;
         let local_addr = std_listener.local_addr().map_err(io_err("local_addr"))?;
         let mut listener = TcpListener::from_std(std_listener);
-        poll.registry()
-            .register(&mut listener, LISTENER, Interest::READABLE)
+        let listener_token = reactor
+            .register(
+                &mut listener,
+                Addr::new(super::conn::HTTP, 0, super::conn::LISTENER),
+                Interest::READABLE,
+            )
             .map_err(io_err("register listener"))?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err("creating waker"))?);
-        let (tx, rx) = pool::completion_channel();
-        let agent_tx = tx.clone();
-        let pool = pool::WorkerPool::start(cfg.workers, tx, Arc::clone(&waker))
-            .map_err(io_err("starting workers"))?;
         use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let signal_rx =
-            signal_pipe(&[SIGTERM, SIGINT], &poll, SIGNALS).map_err(io_err("signal pipe"))?;
-        let reload_rx = signal_pipe(&[SIGHUP], &poll, RELOAD).map_err(io_err("reload pipe"))?;
+        let signal_rx = signal_pipe(&[SIGTERM, SIGINT], &mut reactor, SIGNALS)
+            .map_err(io_err("signal pipe"))?;
+        let reload_rx =
+            signal_pipe(&[SIGHUP], &mut reactor, RELOAD).map_err(io_err("reload pipe"))?;
         let app = App {
             cfg: Arc::clone(&cfg),
             runtimes,
@@ -185,7 +172,6 @@ impl Daemon {
             egress: egress.enabled().then_some(egress),
             ..(*backend).clone()
         });
-        let egress_verify_sec = cfg.egress.verify_sec;
         // Pools by canonical runtime name; a name that is not an installed Python
         // runtime is refused at startup rather than ignored.
         let mut targets = Vec::new();
@@ -234,41 +220,29 @@ impl Daemon {
         };
         Ok(Daemon {
             cfg,
-            poll,
-            listener: Some(listener),
+            reactor,
+            listener: Some((listener, listener_token)),
             local_addr,
             conns: Slab::new(),
             runs: Slab::new(),
-            tokens: Tokens::new(FIRST_SOURCE),
-            timers: timer::TimerWheel::new(Instant::now()),
-            pool,
-            completions: rx,
             app,
             backend,
             conn_serial: 0,
             run_serial: 0,
-            timer_seq: 0,
             conns_per_ip: std::collections::HashMap::new(),
-            overflow: std::collections::VecDeque::new(),
             signal_rx,
             reload_rx,
             admission,
             shutdown_deadline: None,
             upkeep_running: false,
             next_upkeep: Instant::now(),
-            egress_running: false,
-            egress_dirty: false,
-            egress_repair: false,
-            next_egress: Instant::now() + Duration::from_secs(egress_verify_sec),
-            egress_monitor,
+            egress: egress_checks,
             kernels: Slab::new(),
             kernel_of: std::collections::HashMap::new(),
             kernel_serial: 0,
             kernel_dead: std::collections::HashMap::new(),
             warm,
             agent,
-            agent_tx,
-            waker,
             agent_threads,
             agent_serial: 0,
         })

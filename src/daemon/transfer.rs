@@ -11,15 +11,15 @@
 //! not read, and the thread blocks.
 
 use super::conn::{BodyState, Phase};
-use super::{Daemon, Source};
+use super::Daemon;
 use crate::api::sessions::{self as sapi, XFER_OK};
 use crate::api::{self, Download, Outcome, UploadTarget};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
 use crate::http::limits::{MAX_WRITE_BUFFER_BYTES, UPLOAD_BODY_BYTES};
+use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
 
 /// Upload bytes gathered before a pool job writes them to the file.
 pub const UPLOAD_CHUNK_BYTES: usize = 256 * 1024;
-use super::completion::Completion;
 use crate::http::{Framing, Head, Params, Response};
 use mio::unix::pipe;
 use mio::{Interest, Token};
@@ -27,6 +27,28 @@ use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The transfer component: download pipes (key: the connection).
+pub(crate) const TRANSFER: ComponentId = ComponentId(2);
+/// The download's pipe.
+const PIPE: u16 = 0;
+
+/// Downloads on the loop.
+pub(crate) struct Transfers;
+
+impl Component<Daemon> for Transfers {
+    fn name(&self) -> &'static str {
+        "transfer"
+    }
+
+    fn ready(&self, d: &mut Daemon, ck: usize, what: u16, _: Readiness) {
+        if what == PIPE {
+            d.transfer_event(ck);
+        }
+    }
+
+    fn timer(&self, _: &mut Daemon, _: usize, _: u16, _: u64) {}
+}
 
 /// A download being forwarded.
 pub struct Transfer {
@@ -47,12 +69,11 @@ impl Daemon {
         };
         c.phase = Phase::Job;
         let serial = c.serial;
-        let wrapped = Box::new(move || Completion::Outcome {
-            conn: ck,
-            serial,
-            outcome: job(),
+        let wrapped = Box::new(move || -> Done<Daemon> {
+            let outcome = job();
+            Box::new(move |d: &mut Daemon| d.on_outcome(ck, serial, outcome))
         });
-        if self.pool.submit(wrapped).is_err() {
+        if self.reactor.submit(wrapped).is_err() {
             self.respond(
                 ck,
                 Response::error(503, "overloaded", Some("worker queue full"))
@@ -149,12 +170,11 @@ impl Daemon {
         c.phase = Phase::UploadWait {
             head: Box::new(head),
         };
-        let wrapped = Box::new(move || Completion::UploadReady {
-            conn: ck,
-            serial,
-            result: job(),
+        let wrapped = Box::new(move || -> Done<Daemon> {
+            let result = job();
+            Box::new(move |d: &mut Daemon| d.on_upload_ready(ck, serial, result))
         });
-        if self.pool.submit(wrapped).is_err() {
+        if self.reactor.submit(wrapped).is_err() {
             self.respond_and_close(
                 ck,
                 Response::error(503, "overloaded", Some("worker queue full"))
@@ -312,7 +332,7 @@ impl Daemon {
                 return false;
             };
             // The last chunk and the commit (fsync, rename) in one job.
-            let job = Box::new(move || {
+            let job = Box::new(move || -> Done<Daemon> {
                 let mut t = t;
                 let resp = match t.upload.file().write_all(&buf) {
                     Ok(()) => sapi::upload_commit(*t),
@@ -321,38 +341,29 @@ impl Daemon {
                         write_error(&e)
                     }
                 };
-                let close = resp.status >= 400;
-                Completion::Outcome {
-                    conn: ck,
-                    serial,
-                    outcome: if close {
-                        Outcome::RespondClose(resp)
-                    } else {
-                        Outcome::Respond(resp)
-                    },
-                }
+                let outcome = if resp.status >= 400 {
+                    Outcome::RespondClose(resp)
+                } else {
+                    Outcome::Respond(resp)
+                };
+                Box::new(move |d: &mut Daemon| d.on_outcome(ck, serial, outcome))
             });
-            self.submit_must(job);
+            self.reactor.submit_must(job);
             return false;
         }
         if buf.len() >= UPLOAD_CHUNK_BYTES {
             let (Some(mut t), chunk) = (target.take(), std::mem::take(buf)) else {
                 return false;
             };
-            let job = Box::new(move || {
+            let job = Box::new(move || -> Done<Daemon> {
                 let result = t
                     .upload
                     .file()
                     .write_all(&chunk)
                     .map_err(|e| write_error(&e));
-                Completion::UploadWrote {
-                    conn: ck,
-                    serial,
-                    target: t,
-                    result,
-                }
+                Box::new(move |d: &mut Daemon| d.on_upload_wrote(ck, serial, t, result))
             });
-            self.submit_must(job);
+            self.reactor.submit_must(job);
         }
         false
     }
@@ -399,9 +410,9 @@ impl Daemon {
     /// thread may not unlink).
     pub(crate) fn abort_upload(&mut self, t: Option<Box<UploadTarget>>) {
         if let Some(t) = t {
-            self.submit_must(Box::new(move || {
+            self.reactor.submit_must(Box::new(move || {
                 drop(t);
-                Completion::Done
+                super::nothing()
             }));
         }
     }
@@ -454,22 +465,23 @@ impl Daemon {
             self.conn_after_io(ck);
             return;
         }
-        let token = self.token_for(Source::Transfer(ck));
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut rx, token, Interest::READABLE)
-        {
-            crate::error_limited!("op=register transfer err={e}");
-            self.release_token(token);
-            if let Some(c) = self.conns.get_mut(ck) {
-                c.keep_alive = false;
-                c.close_after_flush = true;
-                c.phase = Phase::Head;
-            }
-            self.conn_after_io(ck);
-            return;
-        }
+        let token =
+            match self
+                .reactor
+                .register(&mut rx, Addr::new(TRANSFER, ck, PIPE), Interest::READABLE)
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    crate::error_limited!("op=register transfer err={e}");
+                    if let Some(c) = self.conns.get_mut(ck) {
+                        c.keep_alive = false;
+                        c.close_after_flush = true;
+                        c.phase = Phase::Head;
+                    }
+                    self.conn_after_io(ck);
+                    return;
+                }
+            };
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
@@ -560,8 +572,7 @@ impl Daemon {
 
     /// Deregisters a transfer's pipe; dropping it tells the thread to stop.
     pub(crate) fn transfer_release(&mut self, mut t: Transfer) {
-        let _ = self.poll.registry().deregister(&mut t.rx);
-        self.release_token(t.token);
+        self.reactor.deregister(&mut t.rx, t.token);
     }
 
     /// The transfer pipe of `ck` became readable.

@@ -2,8 +2,8 @@
 //! pooled sandbox for a run and giving back or purging what is stale. The pool itself
 //! (what may be pooled, booting and claiming a sandbox) is `sandbox::warm`.
 
-use super::completion::Completion;
 use super::Daemon;
+use crate::reactor::Done;
 use crate::sandbox::plan::ExecPlan;
 use crate::sandbox::runsc::Spawned;
 use crate::sandbox::warm::{eligible, pool_of, WarmError, NET_SUFFIX, RETRY_AFTER_FAILURE};
@@ -65,11 +65,11 @@ impl Daemon {
         );
         let backend = Arc::clone(&self.backend);
         let job_lang = lang.clone();
-        let job = Box::new(move || Completion::WarmBooted {
-            runtime: job_lang,
-            result: backend.boot_warm(&id, rt, network).map(Box::new),
+        let job = Box::new(move || -> Done<Daemon> {
+            let result = backend.boot_warm(&id, rt, network).map(Box::new);
+            Box::new(move |d: &mut Daemon| d.warm_booted(job_lang, result))
         });
-        if self.pool.submit(job).is_ok() {
+        if self.reactor.submit(job).is_ok() {
             self.warm.booting = Some(lang);
         }
         self.warm_publish();
@@ -84,9 +84,9 @@ impl Daemon {
             }
             Ok(s) => {
                 let backend = Arc::clone(&self.backend);
-                self.submit_must(Box::new(move || {
+                self.reactor.submit_must(Box::new(move || {
                     backend.discard(*s);
-                    Completion::Done
+                    super::nothing()
                 }));
             }
             Err(e) => {
@@ -127,9 +127,9 @@ impl Daemon {
         }
         for c in stale {
             let backend = Arc::clone(&self.backend);
-            self.submit_must(Box::new(move || {
+            self.reactor.submit_must(Box::new(move || {
                 backend.discard(*c);
-                Completion::Done
+                super::nothing()
             }));
         }
         if s.is_some() {
@@ -170,9 +170,9 @@ impl Daemon {
         }
         for s in stale {
             let backend = Arc::clone(&self.backend);
-            self.submit_must(Box::new(move || {
+            self.reactor.submit_must(Box::new(move || {
                 backend.discard(*s);
-                Completion::Done
+                super::nothing()
             }));
         }
         self.warm_publish();
@@ -189,9 +189,9 @@ impl Daemon {
             .collect();
         for s in all {
             let backend = Arc::clone(&self.backend);
-            self.submit_must(Box::new(move || {
+            self.reactor.submit_must(Box::new(move || {
                 backend.discard(*s);
-                Completion::Done
+                super::nothing()
             }));
         }
         self.warm_publish();
