@@ -12,7 +12,7 @@ use crate::http::sse::take_utf8;
 use crate::http::{sse, Response};
 use crate::reactor::{Addr, Done};
 use crate::sandbox::plan::{CompileResult, RunResult};
-use crate::sandbox::runsc::Cleanup;
+use crate::sandbox::Cleanup;
 use mio::unix::SourceFd;
 use std::os::fd::AsRawFd;
 use std::process::Child;
@@ -215,13 +215,13 @@ impl Daemon {
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || -> Done<Daemon> {
             let cleanup = match end {
-                End::Reap(child) => backend.reap(child, &cg),
+                End::Reap(child) => backend.wait(child, &cg),
                 End::Reported(exit_code) => {
                     let oom_killed = cg.oom_kills() > 0;
                     // The slot is freed with the response: nothing may run on in it (a
                     // program that forged the frame); the reap comes after.
                     cg.kill_now();
-                    crate::sandbox::runsc::Cleanup {
+                    crate::sandbox::Cleanup {
                         oom_killed,
                         exit_code,
                     }
@@ -274,9 +274,9 @@ impl Daemon {
             let job = Box::new(move || {
                 if let Some(child) = child {
                     cg.kill_all();
-                    backend.reap(child, &cg);
+                    backend.wait(child, &cg);
                 }
-                backend.remove(&id, &cg, &dir);
+                backend.delete(&id, &cg, &dir);
                 drop(lease);
                 drop(net);
                 super::nothing()
@@ -512,7 +512,7 @@ impl Daemon {
         let backend = Arc::clone(&self.backend);
         let id = format!("{}-{:x}-probe", self.cfg.instance, std::process::id());
         let job = Box::new(move || -> Done<Daemon> {
-            let res = backend.probe(&id, rt);
+            let res = crate::sandbox::probe::probe(&*backend, &id, rt);
             Box::new(move |d: &mut Daemon| d.probed(res))
         });
         if self.reactor.submit(job).is_err() {

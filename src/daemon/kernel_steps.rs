@@ -130,8 +130,7 @@ impl Daemon {
         let network = k.net.is_some()
             && self
                 .backend
-                .egress
-                .as_ref()
+                .egress()
                 .is_some_and(|e| e.cuts() == k.net_cuts);
         let kserial = k.serial;
         let wall = Duration::from_millis(plan.limits.wall_time_ms);

@@ -28,8 +28,8 @@ use crate::sandbox::kernel::{
     MAX_ARTIFACTS, MAX_ARTIFACT_BYTES,
 };
 use crate::sandbox::plan::{Artifact, ExecPlan};
-use crate::sandbox::runsc::{Cleanup, Spawned, Stdin};
 use crate::sandbox::SandboxError;
+use crate::sandbox::{Cleanup, Spawned, Stdin};
 use mio::unix::pipe;
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
@@ -198,7 +198,7 @@ impl Daemon {
             killing: false,
             exited: false,
             ctl_closed: false,
-            net_cuts: self.backend.egress.as_ref().map_or(0, |e| e.cuts()),
+            net_cuts: self.backend.egress().map_or(0, |e| e.cuts()),
             pending: None,
             step_artifacts: 0,
             idle_limit: idle,
@@ -217,7 +217,7 @@ impl Daemon {
         let env = kernel_env(&desc.env);
         let job = Box::new(move || -> Done<Daemon> {
             let result = backend
-                .spawn(&id, &plan_for_job, argv, &env, Stdin::Control)
+                .run(&id, &plan_for_job, argv, &env, Stdin::Control)
                 .map(Box::new);
             Box::new(move |d: &mut Daemon| d.kernel_spawned(kk, serial, result))
         });
@@ -246,7 +246,7 @@ impl Daemon {
         let Some(ctl) = s.ctl.take() else {
             let backend = Arc::clone(&self.backend);
             self.reactor.submit_must(Box::new(move || {
-                backend.discard(s);
+                crate::sandbox::warm::discard(&*backend, s);
                 super::nothing()
             }));
             self.kernel_remove(kk, "the kernel could not be started".into());
@@ -557,7 +557,7 @@ impl Daemon {
         let serial = k.serial;
         let backend = Arc::clone(&self.backend);
         self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
-            let cleanup = backend.reap(child, &cg);
+            let cleanup = backend.wait(child, &cg);
             Box::new(move |d: &mut Daemon| d.kernel_reaped(kk, serial, cleanup))
         }));
     }
@@ -663,7 +663,7 @@ impl Daemon {
         // network and the workspace lease, and only then may the session be deleted.
         let job = Box::new(move || {
             if let (Some(cg), Some(dir)) = (cg, dir) {
-                backend.remove(&id, &cg, &dir);
+                backend.delete(&id, &cg, &dir);
             }
             drop(net);
             drop(plan);

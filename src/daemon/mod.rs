@@ -74,7 +74,7 @@ pub struct Daemon {
     pub(crate) conns: Slab<Conn>,
     pub(crate) runs: Slab<Run>,
     pub(crate) app: App,
-    pub(crate) backend: Arc<Backend>,
+    pub(crate) backend: Arc<dyn Backend>,
     pub(crate) conn_serial: u64,
     pub(crate) run_serial: u64,
     /// Open connections per client address (IPv6 by /64).
@@ -225,10 +225,10 @@ impl Daemon {
         &self,
     ) -> io::Result<(crossbeam_channel::Sender<()>, std::thread::JoinHandle<()>)> {
         let (go, wait) = crossbeam_channel::bounded::<()>(1);
-        let (cgroups, instance, state_root, sessions, egress) = (
+        let (cgroups, instance, backend, sessions, egress) = (
             self.app.cgroups.clone(),
             self.cfg.instance.clone(),
-            self.backend.state_root.clone(),
+            Arc::clone(&self.backend),
             Arc::clone(&self.app.sessions),
             Arc::clone(&self.app.egress),
         );
@@ -243,10 +243,7 @@ impl Daemon {
                 if let Some(h) = &cgroups {
                     h.remove_slice(&instance);
                 }
-                let _ = std::fs::remove_dir(&state_root);
-                if let Some(parent) = state_root.parent() {
-                    let _ = std::fs::remove_dir(parent);
-                }
+                backend.teardown();
             })?;
         Ok((go, handle))
     }

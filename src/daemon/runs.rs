@@ -11,8 +11,8 @@ use crate::http::Response;
 use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
 use crate::sandbox::build::{self, FrameParser};
 use crate::sandbox::plan::{Artifact, CompileResult, ExecPlan};
-use crate::sandbox::runsc::Spawned;
 use crate::sandbox::SandboxError;
+use crate::sandbox::Spawned;
 use mio::unix::pipe;
 use mio::unix::SourceFd;
 use mio::{Interest, Token};
@@ -263,16 +263,15 @@ impl Daemon {
             } else {
                 plan_for_job.runtime.desc.run.len().saturating_sub(1)
             };
-            let claimed =
-                warm.and_then(
-                    |w| match backend.claim_warm(*w, &plan_for_job, &argv[at..]) {
-                        Ok(s) => Some(s),
-                        Err(e) => {
-                            crate::warn_limited!("run={id} op=warm-claim err={e}; starting cold");
-                            None
-                        }
-                    },
-                );
+            let claimed = warm.and_then(|w| {
+                match crate::sandbox::warm::claim(&*backend, *w, &plan_for_job, &argv[at..]) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        crate::warn_limited!("run={id} op=warm-claim err={e}; starting cold");
+                        None
+                    }
+                }
+            });
             let result = match claimed {
                 Some(s) => Ok(Box::new(s)),
                 None => {
@@ -283,13 +282,7 @@ impl Daemon {
                         crate::sandbox::start::wrap(argv)
                     };
                     backend
-                        .spawn(
-                            &id,
-                            &plan_for_job,
-                            argv,
-                            &env,
-                            crate::sandbox::runsc::Stdin::Pipe,
-                        )
+                        .run(&id, &plan_for_job, argv, &env, crate::sandbox::Stdin::Pipe)
                         .map(Box::new)
                 }
             };

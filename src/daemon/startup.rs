@@ -9,7 +9,7 @@ use crate::api::{App, Counters, ProbeState};
 use crate::config::Config;
 use crate::reactor::{Addr, Reactor};
 use crate::runtimes::Runtimes;
-use crate::sandbox::Backend;
+use crate::sandbox::{Backend, Gvisor};
 use mio::net::TcpListener;
 use mio::Interest;
 use slab::Slab;
@@ -88,7 +88,7 @@ impl Daemon {
         for d in [&cfg.data_dir, &runs_dir, &state_root] {
             std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
         }
-        let backend = Arc::new(Backend {
+        let backend = Arc::new(Gvisor {
             runsc: cfg.runsc.clone(),
             platform: cfg.platform.clone(),
             state_root,
@@ -168,7 +168,7 @@ impl Daemon {
             warm: None,
         };
         // Runs lease their networks through the backend.
-        let backend = Arc::new(Backend {
+        let backend: Arc<dyn Backend> = Arc::new(Gvisor {
             egress: egress.enabled().then_some(egress),
             ..(*backend).clone()
         });

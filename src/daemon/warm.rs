@@ -5,8 +5,8 @@
 use super::Daemon;
 use crate::reactor::Done;
 use crate::sandbox::plan::ExecPlan;
-use crate::sandbox::runsc::Spawned;
 use crate::sandbox::warm::{eligible, pool_of, WarmError, NET_SUFFIX, RETRY_AFTER_FAILURE};
+use crate::sandbox::Spawned;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,7 +48,7 @@ impl Daemon {
                     && self.warm.retry_at.get(r).is_none_or(|t| now >= *t)
                     // A networked sandbox only while egress is verified.
                     && (!r.ends_with(NET_SUFFIX)
-                        || self.backend.egress.as_ref().is_some_and(|e| e.verified()))
+                        || self.backend.egress().is_some_and(|e| e.verified()))
             });
         let Some((lang, _, _)) = next else { return };
         let network = lang.ends_with(NET_SUFFIX);
@@ -66,7 +66,7 @@ impl Daemon {
         let backend = Arc::clone(&self.backend);
         let job_lang = lang.clone();
         let job = Box::new(move || -> Done<Daemon> {
-            let result = backend.boot_warm(&id, rt, network).map(Box::new);
+            let result = crate::sandbox::warm::boot(&*backend, &id, rt, network).map(Box::new);
             Box::new(move |d: &mut Daemon| d.warm_booted(job_lang, result))
         });
         if self.reactor.submit(job).is_ok() {
@@ -85,7 +85,7 @@ impl Daemon {
             Ok(s) => {
                 let backend = Arc::clone(&self.backend);
                 self.reactor.submit_must(Box::new(move || {
-                    backend.discard(*s);
+                    crate::sandbox::warm::discard(&*backend, *s);
                     super::nothing()
                 }));
             }
@@ -109,7 +109,7 @@ impl Daemon {
         }
         // The run gets network only if egress is verified now (as a cold run would);
         // then only a networked sandbox whose link no failed check has cut will do.
-        let egress = self.backend.egress.clone();
+        let egress = self.backend.egress().cloned();
         let networked = plan.network_requested && egress.as_ref().is_some_and(|e| e.verified());
         let key = if networked {
             format!("{lang}{NET_SUFFIX}")
@@ -128,7 +128,7 @@ impl Daemon {
         for c in stale {
             let backend = Arc::clone(&self.backend);
             self.reactor.submit_must(Box::new(move || {
-                backend.discard(*c);
+                crate::sandbox::warm::discard(&*backend, *c);
                 super::nothing()
             }));
         }
@@ -152,7 +152,7 @@ impl Daemon {
     /// Discards networked pooled sandboxes whose links a failed egress check cut (after
     /// every check), so the pool refills with working ones once egress is verified.
     pub(crate) fn warm_purge_stale(&mut self) {
-        let Some(cuts) = self.backend.egress.as_ref().map(|e| e.cuts()) else {
+        let Some(cuts) = self.backend.egress().map(|e| e.cuts()) else {
             return;
         };
         let mut stale = Vec::new();
@@ -171,7 +171,7 @@ impl Daemon {
         for s in stale {
             let backend = Arc::clone(&self.backend);
             self.reactor.submit_must(Box::new(move || {
-                backend.discard(*s);
+                crate::sandbox::warm::discard(&*backend, *s);
                 super::nothing()
             }));
         }
@@ -190,7 +190,7 @@ impl Daemon {
         for s in all {
             let backend = Arc::clone(&self.backend);
             self.reactor.submit_must(Box::new(move || {
-                backend.discard(*s);
+                crate::sandbox::warm::discard(&*backend, *s);
                 super::nothing()
             }));
         }

@@ -1,20 +1,25 @@
-//! The gVisor backend: one fresh sandbox per execution.
-//!
-//! Pool side (`bundle`, `runsc`): build the OCI bundle, create the cgroup, spawn
-//! `runsc run` inside it with pipes and a pidfd, and at the end kill, reap and remove
-//! everything. Reactor side (`events`): the run's state while its pipes and pidfd are
-//! on the event loop. `limits` holds the spec's bounds.
+//! Sandboxes: what a run is (`plan`), the backend seam whose verbs are runsc's
+//! (`backend`), the gVisor backend (`runsc`: the OCI bundle from `bundle`, the cgroup,
+//! `runsc run` with pipes and a pidfd, and at the end kill, wait and delete), and what
+//! is built on the verbs for every backend: the startup probe (`probe`) and the warm
+//! pool (`warm`). The harnesses' protocols are here too, sans-IO: the start signal
+//! (`start`), the build stage's frames (`build`) and the kernel's (`kernel`). `limits`
+//! holds the spec's bounds. Everything here blocks or is pure: it runs on the worker
+//! pool, and knows no connection, face or loop.
 
+pub mod backend;
 pub mod build;
 pub mod bundle;
 pub mod kernel;
 pub mod limits;
 pub mod plan;
+pub mod probe;
 pub mod runsc;
 pub mod start;
 pub mod warm;
 
-pub use runsc::{Backend, Spawned};
+pub use backend::{Backend, Cleanup, Spawned, Stdin};
+pub use runsc::Gvisor;
 
 /// A sandbox operation failed.
 #[derive(Debug, thiserror::Error)]

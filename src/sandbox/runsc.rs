@@ -7,18 +7,20 @@
 //! (not create/start/wait, whose `wait` polls for ~1.8 s), with `--network=none` for an
 //! offline run and gVisor's own netstack on the run's namespace (`netfilter`) otherwise.
 
+use super::backend::{Backend, Cleanup, Spawned, Stdin};
 use super::bundle::{self, ProcessSpec};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
-use crate::cgroup::{Hierarchy, HostLimits, RunCgroup, CPU_PERIOD_US};
+use crate::cgroup::{CgroupError, Hierarchy, HostLimits, RunCgroup, CPU_PERIOD_US};
 use crate::sandbox::plan::ExecPlan;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Everything the backend needs, shared by the workers.
+/// The gVisor backend: everything it needs, shared by the workers.
 #[derive(Debug, Clone)]
-pub struct Backend {
+pub struct Gvisor {
     /// runsc binary.
     pub runsc: PathBuf,
     /// gVisor platform.
@@ -35,138 +37,7 @@ pub struct Backend {
     pub egress: Option<std::sync::Arc<crate::netfilter::Egress>>,
 }
 
-/// A started sandbox, handed to the reactor.
-pub struct Spawned {
-    /// Container id.
-    pub id: String,
-    /// The `runsc run` process (its stdio taken out).
-    pub child: Child,
-    /// Program stdin.
-    pub stdin: Option<ChildStdin>,
-    /// Program stdout.
-    pub stdout: ChildStdout,
-    /// Program stderr.
-    pub stderr: ChildStderr,
-    /// Becomes readable when `runsc run` exits.
-    pub pidfd: OwnedFd,
-    /// The run's cgroup.
-    pub cgroup: RunCgroup,
-    /// The bundle directory.
-    pub dir: PathBuf,
-    /// When runsc was started.
-    pub started: Instant,
-    /// The run's network, when it has one (released after the container is deleted).
-    pub net: Option<crate::netfilter::NetLease>,
-    /// Host end of the control socket that is the sandbox's stdin (kernels only).
-    pub ctl: Option<std::os::unix::net::UnixStream>,
-    /// A pooled sandbox claimed for this run: `started` is the hand-over, the
-    /// interpreter was already running.
-    pub warm: bool,
-    /// A claimed pooled sandbox: a second handle on its control socket, on which the
-    /// harness reports the program's exit status (`warm.rs`).
-    pub exit_ctl: Option<std::os::unix::net::UnixStream>,
-    /// Egress cuts when its network was made (a pooled networked sandbox whose link a
-    /// later failed check cut is not handed out).
-    pub net_cuts: u64,
-}
-
-/// What the sandbox's stdin is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stdin {
-    /// A pipe the reactor feeds the request's `stdin` into.
-    Pipe,
-    /// One end of a socket pair: a kernel harness's framed control channel.
-    Control,
-}
-
-/// What cleanup found.
-#[derive(Debug, Clone, Copy)]
-pub struct Cleanup {
-    /// The kernel OOM-killed something in the run's cgroup.
-    pub oom_killed: bool,
-    /// Exit code of `runsc run` (128+signal when signalled).
-    pub exit_code: i32,
-}
-
-impl Backend {
-    /// Starts `argv` for `plan` in a fresh sandbox named `id`.
-    ///
-    /// # Errors
-    /// [`SandboxError`] when any step fails; whatever was created is removed again.
-    pub fn spawn(
-        &self,
-        id: &str,
-        plan: &ExecPlan,
-        argv: Vec<String>,
-        env: &[String],
-        stdin: Stdin,
-    ) -> Result<Spawned, SandboxError> {
-        let hier = self
-            .cgroups
-            .as_ref()
-            .ok_or_else(|| SandboxError::NoCgroups("no usable cgroup hierarchy".into()))?;
-        let dir = self.runs_dir.join(id);
-        // A session step's files are already in its workspace.
-        let files: &[(String, Vec<u8>)] = if plan.workspace.is_some() {
-            &[]
-        } else {
-            &plan.files
-        };
-        let src = match bundle::write_files(&dir, files).and_then(|s| {
-            if let Some(preload) = plan.preload {
-                bundle::write_preload(&dir, preload)?;
-            }
-            Ok(s)
-        }) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        let limits = HostLimits {
-            memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
-            cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
-            pids: host_pids_for(plan.limits.pids),
-        };
-        let cgroup = match hier.create_run(&self.instance, id, limits) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e.into());
-            }
-        };
-        // Network only while egress is verified; otherwise the run goes offline and
-        // its result says so.
-        let net = match (&self.egress, plan.network_requested) {
-            (Some(e), true) if e.verified() => match e.lease(id) {
-                Ok(l) => Some(l),
-                Err(why) => {
-                    crate::warn_limited!("sandbox={id} op=network err={why}; running offline");
-                    None
-                }
-            },
-            _ => None,
-        };
-        let cfg = bundle::config(
-            plan,
-            &ProcessSpec { args: argv, env },
-            &src,
-            &format!("/{}/{}", self.instance, id),
-            net.as_ref(),
-        );
-        let res = bundle::write_config(&dir, &cfg)
-            .and_then(|()| self.start(id, &dir, cgroup.clone(), net, stdin));
-        match res {
-            Ok(s) => Ok(s),
-            Err(e) => {
-                let _ = cgroup.destroy();
-                let _ = std::fs::remove_dir_all(&dir);
-                Err(e)
-            }
-        }
-    }
-
+impl Gvisor {
     fn runsc_cmd(&self) -> Command {
         let mut c = Command::new(&self.runsc);
         c.arg("--root")
@@ -262,75 +133,8 @@ impl Backend {
         })
     }
 
-    /// Ends the whole sandbox: every process in its cgroup (sentry, gofer, stubs; stopped
-    /// ones too) is SIGKILLed, which ends `runsc run` with it.
-    pub fn kill(&self, cgroup: &RunCgroup, runsc_pid: Option<i32>) {
-        if let Some(pid) = runsc_pid {
-            let _ = crate::sys::kill(pid, libc::SIGKILL);
-        }
-        if !cgroup.kill_all() {
-            crate::error_limited!(
-                "op=kill cgroup={:?} err=processes survived SIGKILL",
-                cgroup.dirs().first()
-            );
-        }
-    }
-
-    /// Reaps `runsc run`, removes the container state, cgroup and bundle.
-    pub fn cleanup(&self, id: &str, child: Child, cgroup: &RunCgroup, dir: &Path) -> Cleanup {
-        let c = self.reap(child, cgroup);
-        self.remove(id, cgroup, dir);
-        c
-    }
-
-    /// Waits for `runsc run` (it has exited or is about to) and reads what the result
-    /// needs: its exit status and the cgroup's OOM counter. Fast; the response can go
-    /// out right after, while [`remove`](Self::remove) tears the rest down.
-    pub fn reap(&self, mut child: Child, cgroup: &RunCgroup) -> Cleanup {
-        // runsc has exited or is about to (its sandbox is dead); bound the wait anyway.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Ok(None) => {
-                    cgroup.kill_all();
-                    let _ = child.kill();
-                    break child.wait().ok();
-                }
-                Err(_) => break None,
-            }
-        };
-        let exit_code = status.map_or(128 + libc::SIGKILL, |s| {
-            use std::os::unix::process::ExitStatusExt;
-            s.code()
-                .unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
-        });
-        let oom_killed = cgroup.oom_kills() > 0;
-        Cleanup {
-            oom_killed,
-            exit_code,
-        }
-    }
-
-    /// Removes the container state, the cgroups (killing anything left in them) and the
-    /// bundle.
-    pub fn remove(&self, id: &str, cgroup: &RunCgroup, dir: &Path) {
-        self.delete(id);
-        self.remove_state_files(id);
-        if let Err(e) = cgroup.destroy() {
-            crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
-        }
-        self.remove_v1_strays(id);
-        if let Err(e) = std::fs::remove_dir_all(dir) {
-            crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
-        }
-    }
-
     /// `runsc delete --force`: idempotent, succeeds for a container already gone.
-    fn delete(&self, id: &str) {
+    fn runsc_delete(&self, id: &str) {
         let out = self
             .runsc_cmd()
             .arg("--network=none")
@@ -382,10 +186,153 @@ impl Backend {
             }
         }
     }
+}
 
-    /// Removes what a crashed instance of this daemon left: its containers, cgroups and
-    /// bundles. Only names under this instance are touched. Returns what was removed.
-    pub fn sweep(&self) -> usize {
+impl Backend for Gvisor {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn run(
+        &self,
+        id: &str,
+        plan: &ExecPlan,
+        argv: Vec<String>,
+        env: &[String],
+        stdin: Stdin,
+    ) -> Result<Spawned, SandboxError> {
+        let hier = self
+            .cgroups
+            .as_ref()
+            .ok_or_else(|| SandboxError::NoCgroups("no usable cgroup hierarchy".into()))?;
+        let dir = self.runs_dir.join(id);
+        // A session step's files are already in its workspace.
+        let files: &[(String, Vec<u8>)] = if plan.workspace.is_some() {
+            &[]
+        } else {
+            &plan.files
+        };
+        let src = match bundle::write_files(&dir, files).and_then(|s| {
+            if let Some(preload) = plan.preload {
+                bundle::write_preload(&dir, preload)?;
+            }
+            Ok(s)
+        }) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let limits = HostLimits {
+            memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
+            cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
+            pids: host_pids_for(plan.limits.pids),
+        };
+        let cgroup = match hier.create_run(&self.instance, id, limits) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.into());
+            }
+        };
+        // Network only while egress is verified; otherwise the run goes offline and
+        // its result says so.
+        let net = match (&self.egress, plan.network_requested) {
+            (Some(e), true) if e.verified() => match e.lease(id) {
+                Ok(l) => Some(l),
+                Err(why) => {
+                    crate::warn_limited!("sandbox={id} op=network err={why}; running offline");
+                    None
+                }
+            },
+            _ => None,
+        };
+        let cfg = bundle::config(
+            plan,
+            &ProcessSpec { args: argv, env },
+            &src,
+            &format!("/{}/{}", self.instance, id),
+            net.as_ref(),
+        );
+        let res = bundle::write_config(&dir, &cfg)
+            .and_then(|()| self.start(id, &dir, cgroup.clone(), net, stdin));
+        match res {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let _ = cgroup.destroy();
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn update(
+        &self,
+        cgroup: &RunCgroup,
+        limits: Option<HostLimits>,
+        low_priority: bool,
+    ) -> Result<(), CgroupError> {
+        if let Some(l) = limits {
+            cgroup.set_limits(l)?;
+        }
+        cgroup.set_cpu_low(low_priority)
+    }
+
+    fn kill(&self, cgroup: &RunCgroup, init: Option<i32>) {
+        if let Some(pid) = init {
+            let _ = crate::sys::kill(pid, libc::SIGKILL);
+        }
+        if !cgroup.kill_all() {
+            crate::error_limited!(
+                "op=kill cgroup={:?} err=processes survived SIGKILL",
+                cgroup.dirs().first()
+            );
+        }
+    }
+
+    fn wait(&self, mut child: Child, cgroup: &RunCgroup) -> Cleanup {
+        // runsc has exited or is about to (its sandbox is dead); bound the wait anyway.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(None) => {
+                    cgroup.kill_all();
+                    let _ = child.kill();
+                    break child.wait().ok();
+                }
+                Err(_) => break None,
+            }
+        };
+        let exit_code = status.map_or(128 + libc::SIGKILL, |s| {
+            use std::os::unix::process::ExitStatusExt;
+            s.code()
+                .unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
+        });
+        let oom_killed = cgroup.oom_kills() > 0;
+        Cleanup {
+            oom_killed,
+            exit_code,
+        }
+    }
+
+    fn delete(&self, id: &str, cgroup: &RunCgroup, dir: &Path) {
+        self.runsc_delete(id);
+        self.remove_state_files(id);
+        if let Err(e) = cgroup.destroy() {
+            crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
+        }
+        self.remove_v1_strays(id);
+        if let Err(e) = std::fs::remove_dir_all(dir) {
+            crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
+        }
+    }
+
+    fn sweep(&self) -> usize {
         let mut n = 0;
         // Containers recorded in this instance's own runsc root.
         if let Ok(o) = self
@@ -405,7 +352,7 @@ impl Backend {
                         .and_then(|v| v.as_str())
                         .filter(|id| id.starts_with(&self.instance))
                     {
-                        self.delete(id);
+                        self.runsc_delete(id);
                         n += 1;
                     }
                 }
@@ -449,75 +396,15 @@ impl Backend {
         }
         n
     }
-}
 
-impl Backend {
-    /// The startup self-probe: a real sandbox on `rt`'s root filesystem must start, read a
-    /// file from its working directory and print it back, within 60 s.
-    ///
-    /// # Errors
-    /// A sentence saying what failed.
-    pub fn probe(&self, id: &str, rt: crate::runtimes::Runtime) -> Result<(), String> {
-        use crate::sandbox::limits::Limits;
-        use std::io::Read;
-        let plan = ExecPlan {
-            runtime: rt,
-            files: vec![("probe.txt".into(), b"isobox-probe-ok\n".to_vec())],
-            entry: "probe.txt".into(),
-            stdin: Vec::new(),
-            args: Vec::new(),
-            limits: Limits {
-                memory_bytes: 64 << 20,
-                cpus: 1.0,
-                pids: 16,
-                output_bytes: 1024,
-                wall_time_ms: 20_000,
-            },
-            network_requested: false,
-            code_given: false,
-            preload: None,
-            workspace: None,
-        };
-        let s = self
-            .spawn(
-                id,
-                &plan,
-                vec!["/bin/cat".into(), "probe.txt".into()],
-                &[],
-                Stdin::Pipe,
-            )
-            .map_err(|e| e.to_string())?;
-        let Spawned {
-            mut child,
-            stdin,
-            mut stdout,
-            mut stderr,
-            cgroup,
-            dir,
-            ..
-        } = s;
-        drop(stdin);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+    fn teardown(&self) {
+        let _ = std::fs::remove_dir(&self.state_root);
+        if let Some(parent) = self.state_root.parent() {
+            let _ = std::fs::remove_dir(parent);
         }
-        if Instant::now() >= deadline {
-            self.kill(&cgroup, i32::try_from(child.id()).ok());
-        }
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let _ = stdout.read_to_end(&mut out);
-        let _ = stderr.read_to_end(&mut err);
-        let c = self.cleanup(id, child, &cgroup, &dir);
-        if out == b"isobox-probe-ok\n" && c.exit_code == 0 {
-            Ok(())
-        } else {
-            let err = String::from_utf8_lossy(&err);
-            Err(format!(
-                "sandbox exited {} with stdout {:?}; stderr: {}",
-                c.exit_code,
-                String::from_utf8_lossy(&out),
-                err.chars().take(400).collect::<String>()
-            ))
-        }
+    }
+
+    fn egress(&self) -> Option<&Arc<crate::netfilter::Egress>> {
+        self.egress.as_ref()
     }
 }

@@ -13,7 +13,7 @@
 //! other, so output caps, SSE, timeouts, OOM and the result object are the cold path's;
 //! only `durationMs` differs (it counts from the hand-over, not from `runsc run`).
 
-use super::runsc::{Backend, Spawned, Stdin};
+use super::backend::{wait_and_delete, Backend, Spawned, Stdin};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
 use crate::cgroup::{HostLimits, CPU_PERIOD_US};
 use crate::sandbox::plan::ExecPlan;
@@ -277,186 +277,180 @@ fn read_frame(s: &mut std::os::unix::net::UnixStream, id: &str) -> Result<Vec<u8
     Ok(buf)
 }
 
-impl Backend {
-    /// Boots a pooled sandbox and waits for its harness to say it is ready.
-    ///
-    /// # Errors
-    /// When it cannot be started or does not become ready (it is removed again).
-    pub fn boot_warm(
-        &self,
-        id: &str,
-        runtime: crate::runtimes::Runtime,
-        network: bool,
-    ) -> Result<Spawned, WarmError> {
-        let plan = boot_plan(runtime, network);
-        // Read before the lease is made: a cut after it makes this sandbox stale.
-        let cuts = self.egress.as_ref().map_or(0, |e| e.cuts());
-        let desc = &plan.runtime.desc;
-        let argv = match kind(desc) {
-            Some(k @ (Kind::Node | Kind::Ruby)) => {
-                let file = if k == Kind::Node {
-                    NODE_PRELOAD.file
-                } else {
-                    RUBY_PRELOAD.file
-                };
-                let mut a = vec![
-                    desc.run[0].clone(),
-                    "-r".into(),
-                    format!("{PRELOAD_DIR}/{file}"),
-                ];
-                a.extend(desc.run[1..].iter().cloned());
-                a
-            }
-            Some(Kind::Build) => vec!["/usr/bin/perl".into(), "-e".into(), BUILD_HARNESS.into()],
-            _ => vec![desc.run[0].clone(), "-c".into(), PYTHON_HARNESS.into()],
-        };
-        let mut s = self.spawn(id, &plan, argv, &desc.env, Stdin::Control)?;
-        s.net_cuts = cuts;
-        let ready = (|| {
-            if network && s.net.is_none() {
-                return Err(WarmError::NoNetwork);
-            }
-            let sid = s.id.clone();
-            s.cgroup
-                .set_cpu_low(true)
-                .map_err(|source| WarmError::Cgroup {
-                    id: sid.clone(),
-                    source,
-                })?;
-            let ctl = s
-                .ctl
-                .as_mut()
-                .ok_or_else(|| WarmError::NoControl { id: sid.clone() })?;
-            let harness = |what, source| WarmError::Harness {
-                id: sid.clone(),
-                what,
-                source,
+/// Boots a pooled sandbox and waits for its harness to say it is ready.
+///
+/// # Errors
+/// When it cannot be started or does not become ready (it is removed again).
+pub fn boot(
+    b: &dyn Backend,
+    id: &str,
+    runtime: crate::runtimes::Runtime,
+    network: bool,
+) -> Result<Spawned, WarmError> {
+    let plan = boot_plan(runtime, network);
+    // Read before the lease is made: a cut after it makes this sandbox stale.
+    let cuts = b.egress().map_or(0, |e| e.cuts());
+    let desc = &plan.runtime.desc;
+    let argv = match kind(desc) {
+        Some(k @ (Kind::Node | Kind::Ruby)) => {
+            let file = if k == Kind::Node {
+                NODE_PRELOAD.file
+            } else {
+                RUBY_PRELOAD.file
             };
-            ctl.set_read_timeout(Some(BOOT_TIMEOUT))
-                .map_err(|e| harness("setting the boot timeout", e))?;
-            let f = read_frame(ctl, &sid)?;
-            let ok =
-                serde_json::from_slice::<serde_json::Value>(&f).is_ok_and(|v| v["ev"] == "ready");
-            if !ok {
-                // Escaped and cut: a log line, whatever the bytes.
-                let mut frame: String = String::from_utf8_lossy(&f).escape_debug().collect();
-                if frame.len() > 256 {
-                    let cut = (0..=256)
-                        .rev()
-                        .find(|&i| frame.is_char_boundary(i))
-                        .unwrap_or(0);
-                    frame.truncate(cut);
-                    frame.push_str("...");
-                }
-                return Err(WarmError::Frame {
-                    id: sid.clone(),
-                    frame,
-                });
+            let mut a = vec![
+                desc.run[0].clone(),
+                "-r".into(),
+                format!("{PRELOAD_DIR}/{file}"),
+            ];
+            a.extend(desc.run[1..].iter().cloned());
+            a
+        }
+        Some(Kind::Build) => vec!["/usr/bin/perl".into(), "-e".into(), BUILD_HARNESS.into()],
+        _ => vec![desc.run[0].clone(), "-c".into(), PYTHON_HARNESS.into()],
+    };
+    let mut s = b.run(id, &plan, argv, &desc.env, Stdin::Control)?;
+    s.net_cuts = cuts;
+    let ready = (|| {
+        if network && s.net.is_none() {
+            return Err(WarmError::NoNetwork);
+        }
+        let sid = s.id.clone();
+        b.update(&s.cgroup, None, true)
+            .map_err(|source| WarmError::Cgroup {
+                id: sid.clone(),
+                source,
+            })?;
+        let ctl = s
+            .ctl
+            .as_mut()
+            .ok_or_else(|| WarmError::NoControl { id: sid.clone() })?;
+        let harness = |what, source| WarmError::Harness {
+            id: sid.clone(),
+            what,
+            source,
+        };
+        ctl.set_read_timeout(Some(BOOT_TIMEOUT))
+            .map_err(|e| harness("setting the boot timeout", e))?;
+        let f = read_frame(ctl, &sid)?;
+        let ok = serde_json::from_slice::<serde_json::Value>(&f).is_ok_and(|v| v["ev"] == "ready");
+        if !ok {
+            // Escaped and cut: a log line, whatever the bytes.
+            let mut frame: String = String::from_utf8_lossy(&f).escape_debug().collect();
+            if frame.len() > 256 {
+                let cut = (0..=256)
+                    .rev()
+                    .find(|&i| frame.is_char_boundary(i))
+                    .unwrap_or(0);
+                frame.truncate(cut);
+                frame.push_str("...");
             }
-            ctl.set_read_timeout(None)
-                .map_err(|e| harness("clearing the boot timeout", e))
-        })();
-        match ready {
-            Ok(()) => Ok(s),
-            Err(e) => {
-                self.discard(s);
-                Err(e)
-            }
+            return Err(WarmError::Frame {
+                id: sid.clone(),
+                frame,
+            });
+        }
+        ctl.set_read_timeout(None)
+            .map_err(|e| harness("clearing the boot timeout", e))
+    })();
+    match ready {
+        Ok(()) => Ok(s),
+        Err(e) => {
+            discard(b, s);
+            Err(e)
         }
     }
+}
 
-    /// Hands a pooled sandbox to `plan`: its limits, then its files and argv. The
-    /// control socket becomes the program's stdin.
-    ///
-    /// # Errors
-    /// When the sandbox cannot take it (it is removed; the caller runs cold).
-    pub fn claim_warm(
-        &self,
-        mut s: Spawned,
-        plan: &ExecPlan,
-        argv: &[String],
-    ) -> Result<Spawned, WarmError> {
-        let limits = HostLimits {
-            memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
-            cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
-            pids: host_pids_for(plan.limits.pids),
-        };
-        let frame = if plan.runtime.desc.compiled {
-            build_claim(&plan.files, argv)
-        } else {
-            let b64 = base64::engine::general_purpose::STANDARD;
-            let files: Vec<(&str, String)> = plan
-                .files
-                .iter()
-                .map(|(n, b)| (n.as_str(), b64.encode(b)))
-                .collect();
-            Ok(serde_json::json!({"files": files, "argv": argv})
-                .to_string()
-                .into_bytes())
-        };
-        let sent = (|| {
-            let sid = s.id.clone();
-            s.cgroup
-                .set_limits(limits)
-                .and_then(|()| s.cgroup.set_cpu_low(false))
-                .map_err(|source| WarmError::Cgroup {
-                    id: sid.clone(),
-                    source,
-                })?;
-            let too_large = |why: String| WarmError::ClaimTooLarge {
+/// Hands a pooled sandbox to `plan`: its limits, then its files and argv. The
+/// control socket becomes the program's stdin.
+///
+/// # Errors
+/// When the sandbox cannot take it (it is removed; the caller runs cold).
+pub fn claim(
+    b: &dyn Backend,
+    mut s: Spawned,
+    plan: &ExecPlan,
+    argv: &[String],
+) -> Result<Spawned, WarmError> {
+    let limits = HostLimits {
+        memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
+        cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
+        pids: host_pids_for(plan.limits.pids),
+    };
+    let frame = if plan.runtime.desc.compiled {
+        build_claim(&plan.files, argv)
+    } else {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let files: Vec<(&str, String)> = plan
+            .files
+            .iter()
+            .map(|(n, b)| (n.as_str(), b64.encode(b)))
+            .collect();
+        Ok(serde_json::json!({"files": files, "argv": argv})
+            .to_string()
+            .into_bytes())
+    };
+    let sent = (|| {
+        let sid = s.id.clone();
+        b.update(&s.cgroup, Some(limits), false)
+            .map_err(|source| WarmError::Cgroup {
                 id: sid.clone(),
-                why,
-            };
-            let frame = frame.map_err(|e| too_large(e.to_string()))?;
-            let len = u32::try_from(frame.len()).map_err(|e| too_large(e.to_string()))?;
-            let ctl = s
-                .ctl
-                .as_mut()
-                .ok_or_else(|| WarmError::NoControl { id: sid.clone() })?;
-            let harness = |source| WarmError::Harness {
-                id: sid.clone(),
-                what: "writing the claim",
                 source,
-            };
-            ctl.set_write_timeout(Some(Duration::from_secs(10)))
-                .map_err(harness)?;
-            ctl.write_all(&len.to_be_bytes()).map_err(harness)?;
-            ctl.write_all(&frame).map_err(harness)?;
-            ctl.set_write_timeout(None).map_err(harness)
-        })();
-        if let Err(e) = sent {
-            self.discard(s);
-            return Err(e);
-        }
-        let ctl = s.ctl.take();
-        // Without the exit channel the run just ends the cold way, at runsc's exit. A
-        // compiled runtime's harness never reports (it execs the build): no channel, so
-        // nothing the program writes on fd 0 can end its run.
-        s.exit_ctl = if plan.runtime.desc.compiled {
-            None
-        } else {
-            ctl.as_ref().and_then(|c| c.try_clone().ok())
+            })?;
+        let too_large = |why: String| WarmError::ClaimTooLarge {
+            id: sid.clone(),
+            why,
         };
-        s.stdin = ctl.map(|c| std::process::ChildStdin::from(std::os::fd::OwnedFd::from(c)));
-        s.started = Instant::now();
-        s.warm = true;
-        Ok(s)
+        let frame = frame.map_err(|e| too_large(e.to_string()))?;
+        let len = u32::try_from(frame.len()).map_err(|e| too_large(e.to_string()))?;
+        let ctl = s
+            .ctl
+            .as_mut()
+            .ok_or_else(|| WarmError::NoControl { id: sid.clone() })?;
+        let harness = |source| WarmError::Harness {
+            id: sid.clone(),
+            what: "writing the claim",
+            source,
+        };
+        ctl.set_write_timeout(Some(Duration::from_secs(10)))
+            .map_err(harness)?;
+        ctl.write_all(&len.to_be_bytes()).map_err(harness)?;
+        ctl.write_all(&frame).map_err(harness)?;
+        ctl.set_write_timeout(None).map_err(harness)
+    })();
+    if let Err(e) = sent {
+        discard(b, s);
+        return Err(e);
     }
+    let ctl = s.ctl.take();
+    // Without the exit channel the run just ends the cold way, at runsc's exit. A
+    // compiled runtime's harness never reports (it execs the build): no channel, so
+    // nothing the program writes on fd 0 can end its run.
+    s.exit_ctl = if plan.runtime.desc.compiled {
+        None
+    } else {
+        ctl.as_ref().and_then(|c| c.try_clone().ok())
+    };
+    s.stdin = ctl.map(|c| std::process::ChildStdin::from(std::os::fd::OwnedFd::from(c)));
+    s.started = Instant::now();
+    s.warm = true;
+    Ok(s)
+}
 
-    /// Kills and removes a pooled sandbox that will not be used.
-    pub fn discard(&self, s: Spawned) {
-        let Spawned {
-            id,
-            child,
-            cgroup,
-            dir,
-            net,
-            ..
-        } = s;
-        self.kill(&cgroup, i32::try_from(child.id()).ok());
-        self.cleanup(&id, child, &cgroup, &dir);
-        drop(net);
-    }
+/// Kills and removes a pooled sandbox that will not be used.
+pub fn discard(b: &dyn Backend, s: Spawned) {
+    let Spawned {
+        id,
+        child,
+        cgroup,
+        dir,
+        net,
+        ..
+    } = s;
+    b.kill(&cgroup, i32::try_from(child.id()).ok());
+    wait_and_delete(b, &id, child, &cgroup, &dir);
+    drop(net);
 }
 
 /// The compiled runtimes' claim (`runtimes/warm/build.pl`): the files, then the argv,

@@ -1,0 +1,143 @@
+//! The sandbox backend seam: one trait whose verbs are runsc's, what a started sandbox
+//! hands the loop ([`Spawned`]), and what its end says ([`Cleanup`]).
+//!
+//! The gVisor backend (`runsc.rs`, [`Gvisor`](super::runsc::Gvisor)) implements it;
+//! the WebAssembly worker will be the second implementation, and the tests' fake the
+//! third. Every verb blocks: they run on the worker pool, never on the reactor thread.
+//! What is built on the verbs and holds for every backend (the startup probe, the
+//! warm pool's boot, claim and discard) lives beside it (`probe.rs`, `warm.rs`).
+//!
+//! `pause`, `resume`, `exec` and `stats` join the trait with their first user, the
+//! long-lived sandboxes of the WBX face (issue 22), which test them.
+
+use super::plan::ExecPlan;
+use super::SandboxError;
+use crate::cgroup::{CgroupError, HostLimits, RunCgroup};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A sandbox backend. Each verb is runsc's of the same name, or the OCI runtime
+/// specification's where runsc has none (`update`).
+pub trait Backend: Send + Sync {
+    /// Names the backend in logs (`gvisor`).
+    fn name(&self) -> &'static str;
+
+    /// `runsc run`: creates sandbox `id` for `plan` (its limits, files and network) and
+    /// starts `argv` in it with `env`, in one step (`create`, `start` and `wait` as
+    /// three invocations cost ~1.8 s more: `wait` polls). The program's stdio and the
+    /// process that ends with the sandbox come back in [`Spawned`].
+    ///
+    /// # Errors
+    /// [`SandboxError`] when any step fails; whatever was created is removed again.
+    fn run(
+        &self,
+        id: &str,
+        plan: &ExecPlan,
+        argv: Vec<String>,
+        env: &[String],
+        stdin: Stdin,
+    ) -> Result<Spawned, SandboxError>;
+
+    /// OCI `update`: a live sandbox's host limits (when given) and whether it runs at
+    /// the lowest CPU weight (a pooled sandbox waiting for its claim).
+    ///
+    /// # Errors
+    /// When a limit cannot be written.
+    fn update(
+        &self,
+        cgroup: &RunCgroup,
+        limits: Option<HostLimits>,
+        low_priority: bool,
+    ) -> Result<(), CgroupError>;
+
+    /// `runsc kill --all KILL`: ends every process of the sandbox at once (stopped ones
+    /// too), and `init`, the host process that stands for it, with them.
+    fn kill(&self, cgroup: &RunCgroup, init: Option<i32>);
+
+    /// `runsc wait`: reaps the sandbox's host process (it has exited or is about to) and
+    /// reads what a result needs: its exit status and whether anything was OOM-killed.
+    fn wait(&self, child: Child, cgroup: &RunCgroup) -> Cleanup;
+
+    /// `runsc delete --force`: removes the container state, the cgroups (killing
+    /// anything left in them) and the bundle `dir`. Idempotent.
+    fn delete(&self, id: &str, cgroup: &RunCgroup, dir: &Path);
+
+    /// Removes what a crashed daemon of this instance left (only names of this
+    /// instance); returns how many things it removed.
+    fn sweep(&self) -> usize;
+
+    /// Removes this instance's own backend state once every sandbox is gone.
+    fn teardown(&self);
+
+    /// The filtered egress sandboxes lease their network from, when it is on.
+    fn egress(&self) -> Option<&Arc<crate::netfilter::Egress>>;
+}
+
+/// [`Backend::wait`], then [`Backend::delete`].
+pub fn wait_and_delete(
+    b: &dyn Backend,
+    id: &str,
+    child: Child,
+    cgroup: &RunCgroup,
+    dir: &Path,
+) -> Cleanup {
+    let c = b.wait(child, cgroup);
+    b.delete(id, cgroup, dir);
+    c
+}
+
+/// A started sandbox, handed to the reactor.
+pub struct Spawned {
+    /// Container id.
+    pub id: String,
+    /// The `runsc run` process (its stdio taken out).
+    pub child: Child,
+    /// Program stdin.
+    pub stdin: Option<ChildStdin>,
+    /// Program stdout.
+    pub stdout: ChildStdout,
+    /// Program stderr.
+    pub stderr: ChildStderr,
+    /// Becomes readable when `runsc run` exits.
+    pub pidfd: OwnedFd,
+    /// The run's cgroup.
+    pub cgroup: RunCgroup,
+    /// The bundle directory.
+    pub dir: PathBuf,
+    /// When runsc was started.
+    pub started: Instant,
+    /// The run's network, when it has one (released after the container is deleted).
+    pub net: Option<crate::netfilter::NetLease>,
+    /// Host end of the control socket that is the sandbox's stdin (kernels only).
+    pub ctl: Option<std::os::unix::net::UnixStream>,
+    /// A pooled sandbox claimed for this run: `started` is the hand-over, the
+    /// interpreter was already running.
+    pub warm: bool,
+    /// A claimed pooled sandbox: a second handle on its control socket, on which the
+    /// harness reports the program's exit status (`warm.rs`).
+    pub exit_ctl: Option<std::os::unix::net::UnixStream>,
+    /// Egress cuts when its network was made (a pooled networked sandbox whose link a
+    /// later failed check cut is not handed out).
+    pub net_cuts: u64,
+}
+
+/// What the sandbox's stdin is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stdin {
+    /// A pipe the reactor feeds the request's `stdin` into.
+    Pipe,
+    /// One end of a socket pair: a kernel harness's framed control channel.
+    Control,
+}
+
+/// What cleanup found.
+#[derive(Debug, Clone, Copy)]
+pub struct Cleanup {
+    /// The kernel OOM-killed something in the run's cgroup.
+    pub oom_killed: bool,
+    /// Exit code of `runsc run` (128+signal when signalled).
+    pub exit_code: i32,
+}

@@ -1,0 +1,74 @@
+//! The startup self-probe: one real sandbox, through the backend's own verbs.
+
+use super::backend::{wait_and_delete, Backend, Spawned, Stdin};
+use super::plan::ExecPlan;
+use std::time::{Duration, Instant};
+
+/// The startup self-probe: a real sandbox on `rt`'s root filesystem must start, read a
+/// file from its working directory and print it back, within 60 s.
+///
+/// # Errors
+/// A sentence saying what failed.
+pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<(), String> {
+    use crate::sandbox::limits::Limits;
+    use std::io::Read;
+    let plan = ExecPlan {
+        runtime: rt,
+        files: vec![("probe.txt".into(), b"isobox-probe-ok\n".to_vec())],
+        entry: "probe.txt".into(),
+        stdin: Vec::new(),
+        args: Vec::new(),
+        limits: Limits {
+            memory_bytes: 64 << 20,
+            cpus: 1.0,
+            pids: 16,
+            output_bytes: 1024,
+            wall_time_ms: 20_000,
+        },
+        network_requested: false,
+        code_given: false,
+        preload: None,
+        workspace: None,
+    };
+    let s = b
+        .run(
+            id,
+            &plan,
+            vec!["/bin/cat".into(), "probe.txt".into()],
+            &[],
+            Stdin::Pipe,
+        )
+        .map_err(|e| e.to_string())?;
+    let Spawned {
+        mut child,
+        stdin,
+        mut stdout,
+        mut stderr,
+        cgroup,
+        dir,
+        ..
+    } = s;
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if Instant::now() >= deadline {
+        b.kill(&cgroup, i32::try_from(child.id()).ok());
+    }
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let _ = stdout.read_to_end(&mut out);
+    let _ = stderr.read_to_end(&mut err);
+    let c = wait_and_delete(b, id, child, &cgroup, &dir);
+    if out == b"isobox-probe-ok\n" && c.exit_code == 0 {
+        Ok(())
+    } else {
+        let err = String::from_utf8_lossy(&err);
+        Err(format!(
+            "sandbox exited {} with stdout {:?}; stderr: {}",
+            c.exit_code,
+            String::from_utf8_lossy(&out),
+            err.chars().take(400).collect::<String>()
+        ))
+    }
+}
