@@ -3,10 +3,10 @@
 //! its stream. Reactor thread only.
 
 use super::conn::Phase;
-use super::kernels::StepSink;
+use super::sink::Sink;
 use super::Daemon;
 use crate::agent::{AgentMsg, AgentStart, Loop, Outbox, StepReply};
-use crate::http::{sse, Response};
+use crate::http::Response;
 use crate::reactor::{Addr, Component, ComponentId, Readiness};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -36,6 +36,29 @@ impl Component<Daemon> for Agents {
         if what == KEEPALIVE {
             d.agent_keepalive(ck, id);
         }
+    }
+}
+
+/// A tool step's consumer: the loop's thread, waiting on a channel for the result.
+struct AgentSink {
+    reply: crossbeam_channel::Sender<StepReply>,
+}
+
+impl Sink for AgentSink {
+    fn result(
+        &self,
+        _: &mut Daemon,
+        body: crate::api::execute::ExecuteResponse,
+        kernel_alive: bool,
+    ) {
+        let _ = self.reply.send(StepReply::Ran {
+            result: Box::new(body),
+            kernel_alive,
+        });
+    }
+
+    fn refused(&self, _: &mut Daemon, resp: Response) {
+        let _ = self.reply.send(StepReply::Refused(resp));
     }
 }
 
@@ -179,7 +202,8 @@ impl Daemon {
                     )));
                     return;
                 }
-                self.kernel_step(StepSink::Agent(reply), &session, plan, code, false);
+                let sink = AgentSink { reply };
+                self.kernel_step(std::rc::Rc::new(sink), &session, plan, code);
             }
         }
     }
@@ -210,9 +234,7 @@ impl Daemon {
             Some(Phase::Agent { last_event, .. }) if last_event.elapsed() + Duration::from_millis(5) >= every
         );
         if silent {
-            let mut frame = Vec::new();
-            sse::write_comment(&mut frame, "keep-alive");
-            self.conn_send_chunked(ck, &frame);
+            self.conn_send_comment(ck, "keep-alive");
             if let Some(Phase::Agent { last_event, .. }) =
                 self.conns.get_mut(ck).map(|c| &mut c.phase)
             {

@@ -170,6 +170,41 @@ impl Conn {
     }
 }
 
+impl Daemon {
+    /// Connection `ck` waits for run `rk`: for its JSON result, or, as SSE, with the
+    /// head sent at once.
+    pub(crate) fn conn_wait_for_run(&mut self, ck: usize, rk: usize, stream: bool) {
+        let shutting_down = self.app.shutting_down;
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        if stream {
+            c.phase = Phase::Stream { run: rk };
+            start_sse(c, shutting_down);
+        } else {
+            c.phase = Phase::Busy { run: rk };
+        }
+    }
+
+    /// Queues one SSE event on `ck`'s stream and tries to write it. True when the
+    /// client is this far behind: the producer should pause.
+    pub(crate) fn conn_send_event(&mut self, ck: usize, event: &str, data: &str) -> bool {
+        let mut frame = Vec::new();
+        crate::http::sse::write_event(&mut frame, event, data);
+        self.conn_send_chunked(ck, &frame);
+        self.conns
+            .get(ck)
+            .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES)
+    }
+
+    /// Queues an SSE comment (a keep-alive) on `ck`'s stream.
+    pub(crate) fn conn_send_comment(&mut self, ck: usize, text: &str) {
+        let mut frame = Vec::new();
+        crate::http::sse::write_comment(&mut frame, text);
+        self.conn_send_chunked(ck, &frame);
+    }
+}
+
 /// Queues the head of an SSE response (chunked; kept alive unless the client or a
 /// shutdown says otherwise) on `c`.
 pub(crate) fn start_sse(c: &mut Conn, shutting_down: bool) {

@@ -9,7 +9,7 @@ use super::Daemon;
 use crate::api::execute;
 use crate::api::ProbeState;
 use crate::http::sse::take_utf8;
-use crate::http::{sse, Response};
+use crate::http::Response;
 use crate::reactor::{Addr, Done};
 use crate::sandbox::plan::{CompileResult, RunResult};
 use crate::sandbox::Cleanup;
@@ -132,10 +132,10 @@ impl Daemon {
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
-        if run.conn.is_none() {
+        if run.sink.is_none() {
             return;
         }
-        run.conn = None;
+        run.sink = None;
         run.cancelled = true;
         if run.kernel.is_some() {
             // The step finishes (its wall time bounds it); the kernel and its state live on.
@@ -236,7 +236,8 @@ impl Daemon {
         for idx in [0, 1] {
             self.run_pipe_event(rk, idx == 1);
             if let Some(run) = self.runs.get_mut(rk) {
-                if run.stream && !run.out[idx].pending_utf8.is_empty() {
+                let live = run.sink.as_ref().is_some_and(|s| s.live());
+                if live && !run.out[idx].pending_utf8.is_empty() {
                     let text = take_utf8(&mut run.out[idx].pending_utf8, true);
                     self.run_send_chunk(rk, idx, &text);
                 }
@@ -404,28 +405,10 @@ impl Daemon {
         );
         let mut body = execute::response(&run.plan, result, compile);
         body.artifacts = std::mem::take(&mut run.artifacts);
-        if let Some(reply) = run.agent.take() {
-            // The kernel lives on unless this step ended it (it is being reaped then).
-            let kernel_alive = run.kernel.is_some_and(|(kk, ks)| self.kernel_alive(kk, ks));
-            let _ = reply.send(crate::agent::StepReply::Ran {
-                result: Box::new(body),
-                kernel_alive,
-            });
-            return;
-        }
-        let Some((ck, cserial)) = run.conn else {
-            return;
-        };
-        if self.conns.get(ck).is_none_or(|c| c.serial != cserial) {
-            return;
-        }
-        if run.stream {
-            // One `data:` line: serialised JSON holds no raw line breaks.
-            self.finish_stream_lazy(ck, body.into_lazy());
-        } else {
-            self.respond_lazy(ck, body.into_lazy());
-        }
-        self.conn_resume(ck);
+        let Some(sink) = run.sink.take() else { return };
+        // A kernel lives on unless this step ended it (it is being reaped then).
+        let kernel_alive = run.kernel.is_some_and(|(kk, ks)| self.kernel_alive(kk, ks));
+        sink.result(self, body, kernel_alive);
     }
 
     /// Fails a run before it produced a result: a 500 (or an SSE `error` event).
@@ -445,34 +428,9 @@ impl Daemon {
 
     /// [`Daemon::run_refuse`] for a run already out of the table (its slot freed).
     pub(super) fn refuse_removed(&mut self, run: Run, resp: Response) {
-        if let Some(reply) = run.agent {
-            let _ = reply.send(crate::agent::StepReply::Refused(resp));
-            return;
+        if let Some(sink) = run.sink {
+            sink.refused(self, resp);
         }
-        let Some((ck, cserial)) = run.conn else {
-            return;
-        };
-        if self.conns.get(ck).is_none_or(|c| c.serial != cserial) {
-            return;
-        }
-        if run.stream {
-            let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
-            let code = v["error"].as_str().unwrap_or("error");
-            let msg = match v["detail"].as_str() {
-                Some(d) => format!("{code}: {d}"),
-                None => code.to_string(),
-            };
-            let mut frame = Vec::new();
-            sse::write_event(
-                &mut frame,
-                "error",
-                &serde_json::json!({ "error": msg }).to_string(),
-            );
-            self.finish_stream(ck, &frame);
-        } else {
-            self.respond(ck, resp);
-        }
-        self.conn_resume(ck);
     }
 
     pub(crate) fn kill_all_runs(&mut self) {

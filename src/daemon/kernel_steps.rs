@@ -3,16 +3,18 @@
 //! [`Run`](super::runs::Run) so output, caps, SSE and the result are `/execute`'s, and
 //! taking them back when the harness's `done` frame arrives.
 
-use super::kernels::{KState, StepSink, STALE_DISCARD_BYTES};
+use super::kernels::{KState, STALE_DISCARD_BYTES};
 use super::kernels::{KERNELS, OUT};
 use super::runs::{Capture, Run, State};
 use super::runs::{RUNS, STDERR, STDOUT};
+use super::sink::Sink;
 use super::Daemon;
 use crate::http::Response;
 use crate::reactor::{Addr, Done};
 use crate::sandbox::kernel::kernel_dead;
 use crate::sandbox::plan::{ExecPlan, RunResult};
 use std::io::{self, Read};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -54,21 +56,15 @@ impl Daemon {
     /// Runs `code` in the session's kernel; the result goes to `sink`.
     pub(crate) fn kernel_step(
         &mut self,
-        sink: StepSink,
+        sink: Rc<dyn Sink>,
         session: &str,
         mut plan: Box<ExecPlan>,
         code: String,
-        stream: bool,
     ) {
         let kk = match self.kernel_step_check(session) {
             Ok(kk) => kk,
             Err(resp) => {
-                match sink {
-                    StepSink::Conn(ck) => self.respond(ck, resp),
-                    StepSink::Agent(reply) => {
-                        let _ = reply.send(crate::agent::StepReply::Refused(resp));
-                    }
-                }
+                sink.refused(self, resp);
                 return;
             }
         };
@@ -137,18 +133,13 @@ impl Daemon {
         self.run_serial += 1;
         let serial = self.run_serial;
         let id = k.id.clone();
-        let (conn, agent) = match sink {
-            StepSink::Conn(ck) => (self.conns.get(ck).map(|c| (ck, c.serial)), None),
-            StepSink::Agent(reply) => (None, Some(reply)),
-        };
         let rk = self.runs.insert(Run {
             compile: None,
             program_started: Some(now),
             gate: crate::sandbox::start::StartGate::open(),
             serial,
             id,
-            conn,
-            stream,
+            sink: Some(sink),
             plan,
             state: State::Running,
             out,
@@ -171,7 +162,6 @@ impl Daemon {
             kernel_network: network,
             artifacts: Vec::new(),
             artifacts_truncated: false,
-            agent,
             exit_ctl: None,
             exit_buf: Vec::new(),
             early_exit: None,
@@ -184,9 +174,7 @@ impl Daemon {
             k.state = KState::Busy(rk);
         }
         self.app.runs.take();
-        if let Some((ck, _)) = conn {
-            self.run_attach(ck, rk, stream);
-        }
+        self.run_attach(rk);
         if files.is_empty() {
             self.arm_run(rk, now + wall);
             self.kernel_flush(kk);

@@ -91,14 +91,6 @@ pub(super) enum KState {
     Busy(usize),
 }
 
-/// Who hears a kernel step's result.
-pub(crate) enum StepSink {
-    /// The client connection that asked (JSON or SSE).
-    Conn(usize),
-    /// An agent loop's thread, which waits on this channel.
-    Agent(crossbeam_channel::Sender<crate::agent::StepReply>),
-}
-
 /// A kernel's reactor-side state.
 pub struct Kernel {
     pub(super) serial: u64,

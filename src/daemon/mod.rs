@@ -22,6 +22,7 @@ mod kernel_steps;
 pub mod kernels;
 mod output;
 pub mod runs;
+mod sink;
 mod startup;
 pub mod transfer;
 pub mod warm;

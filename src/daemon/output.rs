@@ -6,9 +6,8 @@
 use super::conn::Phase;
 use super::runs::MAX_DRAIN_PAST_CAP_BYTES;
 use super::runs::{KEEPALIVE, RUNS};
+use super::sink::Stream;
 use super::Daemon;
-use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
-use crate::http::sse;
 use crate::http::sse::take_utf8;
 use crate::reactor::Addr;
 use crate::sandbox::build::Feed;
@@ -69,7 +68,7 @@ impl Daemon {
             return;
         };
         run.out[idx].eof = true;
-        if run.stream && !run.out[idx].pending_utf8.is_empty() {
+        if run.sink.as_ref().is_some_and(|s| s.live()) && !run.out[idx].pending_utf8.is_empty() {
             let text = take_utf8(&mut run.out[idx].pending_utf8, true);
             self.run_send_chunk(rk, idx, &text);
         }
@@ -138,7 +137,7 @@ impl Daemon {
             cap.drained_past_cap += (data.len() - keep) as u64;
         }
         let flood = cap.drained_past_cap > MAX_DRAIN_PAST_CAP_BYTES;
-        if run.stream && keep > 0 {
+        if keep > 0 && run.sink.as_ref().is_some_and(|s| s.live()) {
             cap.pending_utf8.extend_from_slice(&data[..keep]);
             let text = take_utf8(&mut cap.pending_utf8, false);
             if !text.is_empty() {
@@ -155,21 +154,13 @@ impl Daemon {
             return;
         };
         run.last_event = Instant::now();
-        let event = if idx == 0 { "stdout" } else { "stderr" };
-        let data = serde_json::json!({ "chunk": text }).to_string();
-        let mut frame = Vec::new();
-        sse::write_event(&mut frame, event, &data);
-        if let Some((ck, _)) = run.conn {
-            self.conn_send_chunked(ck, &frame);
-            let over = self
-                .conns
-                .get(ck)
-                .is_some_and(|c| c.pending_write() >= MAX_WRITE_BUFFER_BYTES);
-            if over {
-                if let Some(run) = self.runs.get_mut(rk) {
-                    // Backpressure: stop reading the sandbox; its writes block in the pipe.
-                    run.paused = true;
-                }
+        let Some(sink) = run.sink.clone() else {
+            return;
+        };
+        if sink.output(self, Stream::of(idx), text) {
+            if let Some(run) = self.runs.get_mut(rk) {
+                // Backpressure: stop reading the sandbox; its writes block in the pipe.
+                run.paused = true;
             }
         }
     }
@@ -302,12 +293,10 @@ impl Daemon {
         let Some(run) = self.runs.get_mut(rk).filter(|r| r.serial == serial) else {
             return;
         };
-        let Some((ck, _)) = run.conn else { return };
+        let Some(sink) = run.sink.clone() else { return };
         if run.last_event.elapsed() + Duration::from_millis(5) >= every {
             run.last_event = Instant::now();
-            let mut frame = Vec::new();
-            sse::write_comment(&mut frame, "keep-alive");
-            self.conn_send_chunked(ck, &frame);
+            sink.keepalive(self);
         }
         self.arm_keepalive(rk);
     }

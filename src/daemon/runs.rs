@@ -4,7 +4,7 @@
 //! Reactor thread only; everything blocking (spawn, kill, cleanup) is a pool job whose
 //! continuation comes back to the loop.
 
-use super::conn::{start_sse, Phase};
+use super::sink::{HttpSink, Sink};
 use super::Daemon;
 use crate::cgroup::RunCgroup;
 use crate::http::Response;
@@ -19,6 +19,7 @@ use mio::{Interest, Token};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Child;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -110,8 +111,8 @@ pub struct Run {
     pub(super) program_started: Option<Instant>,
     pub(super) serial: u64,
     pub(super) id: String,
-    pub(super) conn: Option<(usize, u64)>,
-    pub(super) stream: bool,
+    /// Where its output and result go; `None` once its consumer left (cancelled).
+    pub(super) sink: Option<Rc<dyn Sink>>,
     pub(super) plan: Box<ExecPlan>,
     pub(super) state: State,
     pub(super) out: [Capture; 2],
@@ -140,8 +141,6 @@ pub struct Run {
     pub(super) artifacts: Vec<Artifact>,
     /// Artifacts were dropped (over the count or size cap).
     pub(super) artifacts_truncated: bool,
-    /// An agent's tool step: its result goes to the loop's thread, not a connection.
-    pub(super) agent: Option<crossbeam_channel::Sender<crate::agent::StepReply>>,
     /// A claimed pooled sandbox's exit channel, and what it has said so far.
     pub(super) exit_ctl: Option<(mio::net::UnixStream, Token)>,
     pub(super) exit_buf: Vec<u8>,
@@ -174,7 +173,11 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        let conn_ref = (ck, c.serial);
+        let sink: Rc<dyn Sink> = Rc::new(HttpSink {
+            conn: ck,
+            serial: c.serial,
+            stream,
+        });
         self.run_serial += 1;
         let serial = self.run_serial;
         let id = format!("{}-{:x}-{serial}", self.cfg.instance, std::process::id());
@@ -190,8 +193,7 @@ impl Daemon {
             program_started: None,
             serial,
             id: id.clone(),
-            conn: Some(conn_ref),
-            stream,
+            sink: Some(sink),
             plan,
             state: State::Starting,
             out: [
@@ -223,7 +225,6 @@ impl Daemon {
             kernel_network: false,
             artifacts: Vec::new(),
             artifacts_truncated: false,
-            agent: None,
             exit_ctl: None,
             exit_buf: Vec::new(),
             early_exit: None,
@@ -311,20 +312,18 @@ impl Daemon {
             return;
         }
         self.app.runs.take();
-        self.run_attach(ck, rk, stream);
+        self.run_attach(rk);
     }
 
-    /// The connection waits for run `rk`: plain, or with the SSE head sent at once.
-    pub(super) fn run_attach(&mut self, ck: usize, rk: usize, stream: bool) {
-        let Some(c) = self.conns.get_mut(ck) else {
+    /// The run's sink waits for it (an HTTP client: plain, or with the SSE head sent
+    /// at once); a live one gets keep-alives while the run is quiet.
+    pub(super) fn run_attach(&mut self, rk: usize) {
+        let Some(sink) = self.runs.get(rk).and_then(|r| r.sink.clone()) else {
             return;
         };
-        if stream {
-            c.phase = Phase::Stream { run: rk };
-            start_sse(c, self.app.shutting_down);
+        sink.attach(self, rk);
+        if sink.live() {
             self.arm_keepalive(rk);
-        } else {
-            c.phase = Phase::Busy { run: rk };
         }
     }
 

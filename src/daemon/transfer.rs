@@ -127,13 +127,12 @@ impl Daemon {
                 code,
                 stream,
             } => {
-                self.kernel_step(
-                    super::kernels::StepSink::Conn(ck),
-                    &session,
-                    plan,
-                    code,
+                let sink = super::sink::HttpSink {
+                    conn: ck,
+                    serial,
                     stream,
-                );
+                };
+                self.kernel_step(std::rc::Rc::new(sink), &session, plan, code);
                 self.conn_after_io(ck);
             }
             Outcome::KernelDelete { session } => {
