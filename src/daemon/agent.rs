@@ -2,7 +2,7 @@
 //! frames to the client, running its tool steps in the session's kernel, and ending
 //! its stream. Reactor thread only.
 
-use super::conn::Phase;
+use super::conn::Owner;
 use super::sink::Sink;
 use super::Daemon;
 use crate::agent::{AgentMsg, AgentStart, Loop, Outbox, StepReply};
@@ -80,7 +80,7 @@ impl Daemon {
         let live = self
             .conns
             .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Agent { .. }))
+            .filter(|(_, c)| matches!(c.owner(), Some(Owner::Agent { .. })))
             .count();
         if live >= max || self.agent.running.load(Ordering::Acquire) >= 2 * max {
             self.respond(
@@ -96,19 +96,21 @@ impl Daemon {
         }
         let cancel = Arc::new(AtomicBool::new(false));
         let iterations = Arc::new(AtomicU32::new(0));
-        let Some(c) = self.conns.get_mut(ck) else {
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
-        let serial = c.serial;
         self.agent_serial += 1;
         let id = self.agent_serial;
-        c.phase = Phase::Agent {
-            id,
-            cancel: Arc::clone(&cancel),
-            last_event: Instant::now(),
-            iterations: Arc::clone(&iterations),
-        };
-        super::conn::start_sse(c, self.app.shutting_down);
+        self.conn_own(
+            ck,
+            Owner::Agent {
+                id,
+                cancel: Arc::clone(&cancel),
+                last_event: Instant::now(),
+                iterations: Arc::clone(&iterations),
+            },
+        );
+        self.conn_start_sse(ck);
         self.agent.running.fetch_add(1, Ordering::AcqRel);
         let lp = Loop {
             shared: Arc::clone(&self.agent),
@@ -161,7 +163,7 @@ impl Daemon {
     fn agent_live(&self, ck: usize, serial: u64) -> bool {
         self.conns
             .get(ck)
-            .is_some_and(|c| c.serial == serial && matches!(c.phase, Phase::Agent { .. }))
+            .is_some_and(|c| c.serial == serial && matches!(c.owner(), Some(Owner::Agent { .. })))
     }
 
     /// A message from a loop's thread.
@@ -171,10 +173,10 @@ impl Daemon {
             AgentMsg::Event(frame) if live => {
                 self.conn_send_chunked(ck, &frame);
                 if let Some(c) = self.conns.get_mut(ck) {
-                    if let Phase::Agent { last_event, .. } = &mut c.phase {
+                    if let Some(Owner::Agent { last_event, .. }) = c.owner_mut() {
                         *last_event = Instant::now();
                     }
-                    if c.pending_write() > MAX_AGENT_BACKLOG_BYTES {
+                    if c.http.pending_write() > MAX_AGENT_BACKLOG_BYTES {
                         crate::warn_limited!("conn={ck} agent client stopped reading; dropping");
                         self.close_conn(ck);
                         return;
@@ -210,7 +212,8 @@ impl Daemon {
 
     fn arm_agent_keepalive(&mut self, ck: usize, id: u64) {
         let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
-        let Some(Phase::Agent { last_event, .. }) = self.conns.get(ck).map(|c| &c.phase) else {
+        let Some(Owner::Agent { last_event, .. }) = self.conns.get(ck).and_then(|c| c.owner())
+        else {
             return;
         };
         let at = *last_event + every;
@@ -222,21 +225,21 @@ impl Daemon {
     pub(crate) fn agent_keepalive(&mut self, ck: usize, id: u64) {
         // Only the loop that armed it: one pending timer per loop.
         let mine = matches!(
-            self.conns.get(ck).map(|c| &c.phase),
-            Some(Phase::Agent { id: i, .. }) if *i == id
+            self.conns.get(ck).and_then(|c| c.owner()),
+            Some(Owner::Agent { id: i, .. }) if *i == id
         );
         if !mine {
             return;
         }
         let every = Duration::from_millis(self.cfg.sse_keepalive_ms);
         let silent = matches!(
-            self.conns.get(ck).map(|c| &c.phase),
-            Some(Phase::Agent { last_event, .. }) if last_event.elapsed() + Duration::from_millis(5) >= every
+            self.conns.get(ck).and_then(|c| c.owner()),
+            Some(Owner::Agent { last_event, .. }) if last_event.elapsed() + Duration::from_millis(5) >= every
         );
         if silent {
             self.conn_send_comment(ck, "keep-alive");
-            if let Some(Phase::Agent { last_event, .. }) =
-                self.conns.get_mut(ck).map(|c| &mut c.phase)
+            if let Some(Owner::Agent { last_event, .. }) =
+                self.conns.get_mut(ck).and_then(|c| c.owner_mut())
             {
                 *last_event = Instant::now();
             }
@@ -254,10 +257,10 @@ impl Daemon {
         let loops: Vec<(usize, u32)> = self
             .conns
             .iter()
-            .filter_map(|(ck, c)| match &c.phase {
-                Phase::Agent {
+            .filter_map(|(ck, c)| match c.owner() {
+                Some(Owner::Agent {
                     cancel, iterations, ..
-                } => {
+                }) => {
                     cancel.store(true, Ordering::Relaxed);
                     Some((ck, iterations.load(Ordering::Relaxed)))
                 }

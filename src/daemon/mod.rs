@@ -31,7 +31,7 @@ use crate::api::App;
 use crate::config::Config;
 use crate::reactor::{Addr, Component, ComponentId, Done, Host, Reactor, Readiness};
 use crate::sandbox::Backend;
-use conn::Conn;
+use conn::Client;
 use mio::net::TcpListener;
 use runs::Run;
 use slab::Slab;
@@ -72,7 +72,7 @@ pub struct Daemon {
     pub(crate) reactor: Reactor<Daemon>,
     pub(crate) listener: Option<(TcpListener, mio::Token)>,
     pub(crate) local_addr: SocketAddr,
-    pub(crate) conns: Slab<Conn>,
+    pub(crate) conns: Slab<Client>,
     pub(crate) runs: Slab<Run>,
     pub(crate) app: App,
     pub(crate) backend: Arc<dyn Backend>,

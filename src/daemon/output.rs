@@ -3,7 +3,6 @@
 //! pauses the pipes), its stdin fed from the request, a claimed pooled sandbox's exit
 //! channel read, and the keep-alive comments of a quiet stream.
 
-use super::conn::Phase;
 use super::runs::MAX_DRAIN_PAST_CAP_BYTES;
 use super::runs::{KEEPALIVE, RUNS};
 use super::sink::Stream;
@@ -165,15 +164,6 @@ impl Daemon {
         }
     }
 
-    /// Queues one chunk of a chunked (SSE) response and tries to write it.
-    pub(crate) fn conn_send_chunked(&mut self, ck: usize, payload: &[u8]) {
-        let Some(c) = self.conns.get_mut(ck) else {
-            return;
-        };
-        crate::http::chunked::write_chunk(&mut c.wbuf, payload);
-        self.conn_flush(ck);
-    }
-
     /// Called when a streaming client's buffer drained: read the sandbox again.
     pub(crate) fn run_resume(&mut self, rk: usize) {
         let Some(run) = self.runs.get_mut(rk) else {
@@ -258,26 +248,6 @@ impl Daemon {
             let _ = self.reactor.registry().deregister(&mut ctl);
             self.reactor.release(t);
         }
-    }
-
-    /// Sends the last event and the terminating chunk; the connection reads heads again.
-    pub(crate) fn finish_stream(&mut self, ck: usize, frame: &[u8]) {
-        self.conn_send_chunked(ck, frame);
-        let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
-        let Some(c) = self.conns.get_mut(ck) else {
-            return;
-        };
-        c.wbuf.extend_from_slice(crate::http::chunked::LAST_CHUNK);
-        c.phase = Phase::Head;
-        if !c.keep_alive || self.app.shutting_down {
-            c.close_after_flush = true;
-        }
-        self.arm_conn(ck, idle);
-    }
-
-    /// A connection whose run ended serves its next (pipelined) request.
-    pub(crate) fn conn_resume(&mut self, ck: usize) {
-        self.conn_pump(ck);
     }
 
     pub(super) fn arm_keepalive(&mut self, rk: usize) {

@@ -10,11 +10,12 @@
 //! the usual write-buffer backpressure: when the client does not read, the pipe is
 //! not read, and the thread blocks.
 
-use super::conn::{BodyState, Phase};
+use super::conn::{Owner, Phase};
 use super::Daemon;
 use crate::api::sessions::{self as sapi, XFER_OK};
 use crate::api::{self, Download, Outcome, UploadTarget};
 use crate::http::chunked::{ChunkError, ChunkedDecoder};
+use crate::http::conn::BodyState;
 use crate::http::limits::{MAX_WRITE_BUFFER_BYTES, UPLOAD_BODY_BYTES};
 use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
 
@@ -67,7 +68,7 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        c.phase = Phase::Job;
+        c.http.phase = Phase::Owned(Owner::Job);
         let serial = c.serial;
         let wrapped = Box::new(move || -> Done<Daemon> {
             let outcome = job();
@@ -87,9 +88,9 @@ impl Daemon {
         self.conns.get(ck).is_some_and(|c| {
             c.serial == serial
                 && if upload {
-                    matches!(c.phase, Phase::UploadWait { .. })
+                    matches!(c.owner(), Some(Owner::UploadWait { .. }))
                 } else {
-                    matches!(c.phase, Phase::Job)
+                    matches!(c.owner(), Some(Owner::Job))
                 }
         })
     }
@@ -166,9 +167,9 @@ impl Daemon {
             return;
         };
         let serial = c.serial;
-        c.phase = Phase::UploadWait {
+        c.http.phase = Phase::Owned(Owner::UploadWait {
             head: Box::new(head),
-        };
+        });
         let wrapped = Box::new(move || -> Done<Daemon> {
             let result = job();
             Box::new(move |d: &mut Daemon| d.on_upload_ready(ck, serial, result))
@@ -199,7 +200,9 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        let Phase::UploadWait { head } = std::mem::replace(&mut c.phase, Phase::Job) else {
+        let Phase::Owned(Owner::UploadWait { head }) =
+            std::mem::replace(&mut c.http.phase, Phase::Owned(Owner::Job))
+        else {
             return;
         };
         let target = match result {
@@ -236,13 +239,15 @@ impl Daemon {
             Framing::Chunked => BodyState::Chunked(ChunkedDecoder::new()),
         };
         if head.expect_continue && head.framing != Framing::None {
-            c.wbuf.extend_from_slice(crate::http::response::CONTINUE);
+            c.http
+                .wbuf
+                .extend_from_slice(crate::http::response::CONTINUE);
         }
-        c.phase = Phase::Upload {
+        c.http.phase = Phase::Owned(Owner::Upload {
             state,
             target: Some(target),
             buf: Vec::new(),
-        };
+        });
         let t = Duration::from_millis(self.cfg.head_timeout_ms);
         self.arm_conn(ck, t);
         self.conn_pump(ck);
@@ -257,54 +262,29 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return false;
         };
-        let Phase::Upload { state, target, buf } = &mut c.phase else {
+        let Phase::Owned(Owner::Upload { state, target, buf }) = &mut c.http.phase else {
             return false;
         };
         if target.is_none() {
             return false; // a chunk is being written
         }
         let mut err: Option<Response> = None;
-        let mut progressed = false;
-        let done = match state {
-            BodyState::Length(remaining) => {
-                let room = UPLOAD_CHUNK_BYTES.saturating_sub(buf.len());
-                let take = usize::try_from(*remaining)
-                    .unwrap_or(usize::MAX)
-                    .min(c.rbuf.len())
-                    .min(room);
-                if take > 0 {
-                    buf.extend(c.rbuf.drain(..take));
-                    *remaining -= take as u64;
-                    progressed = true;
-                }
-                *remaining == 0
+        let before = c.http.rbuf.len();
+        // The decoder counts a chunked body against the cap itself; the room bounds
+        // what one pass decodes, so the chunk buffer stays near UPLOAD_CHUNK_BYTES.
+        let room = UPLOAD_CHUNK_BYTES.saturating_sub(buf.len());
+        let done = match state.feed(&mut c.http.rbuf, buf, UPLOAD_BODY_BYTES, room) {
+            Ok(done) => done,
+            Err(ChunkError::TooLarge) => {
+                err = Some(too_large());
+                false
             }
-            BodyState::Chunked(dec) => {
-                // The decoder counts the whole body against the cap itself.
-                let cap = UPLOAD_BODY_BYTES;
-                // The decoder stops at the end of the input; bound what is fed so the
-                // chunk buffer stays near UPLOAD_CHUNK_BYTES.
-                let feed = c
-                    .rbuf
-                    .len()
-                    .min(UPLOAD_CHUNK_BYTES.saturating_sub(buf.len()) + 64);
-                match dec.feed(&c.rbuf[..feed], buf, cap) {
-                    Ok(n) => {
-                        c.rbuf.drain(..n);
-                        progressed = n > 0;
-                        dec.is_done()
-                    }
-                    Err(ChunkError::TooLarge) => {
-                        err = Some(too_large());
-                        false
-                    }
-                    Err(e) => {
-                        err = Some(Response::error(400, "bad_request", Some(&e.to_string())));
-                        false
-                    }
-                }
+            Err(e) => {
+                err = Some(Response::error(400, "bad_request", Some(&e.to_string())));
+                false
             }
         };
+        let progressed = c.http.rbuf.len() != before;
         if let Some(resp) = err {
             self.take_upload(ck);
             self.respond_and_close(ck, resp);
@@ -318,15 +298,15 @@ impl Daemon {
             return false;
         };
         let serial = c.serial;
-        let Phase::Upload { target, buf, .. } = &mut c.phase else {
+        let Phase::Owned(Owner::Upload { target, buf, .. }) = &mut c.http.phase else {
             return false;
         };
         if done {
-            let Phase::Upload {
+            let Phase::Owned(Owner::Upload {
                 target: Some(t),
                 buf,
                 ..
-            } = std::mem::replace(&mut c.phase, Phase::Job)
+            }) = std::mem::replace(&mut c.http.phase, Phase::Owned(Owner::Job))
             else {
                 return false;
             };
@@ -376,7 +356,7 @@ impl Daemon {
         result: Result<(), Response>,
     ) {
         let live = self.conns.get(ck).is_some_and(|c| {
-            c.serial == serial && matches!(c.phase, Phase::Upload { target: None, .. })
+            c.serial == serial && matches!(c.owner(), Some(Owner::Upload { target: None, .. }))
         });
         if !live {
             self.abort_upload(Some(target));
@@ -388,8 +368,8 @@ impl Daemon {
             self.conn_after_io(ck);
             return;
         }
-        if let Some(Phase::Upload { target: slot, .. }) =
-            self.conns.get_mut(ck).map(|c| &mut c.phase)
+        if let Some(Owner::Upload { target: slot, .. }) =
+            self.conns.get_mut(ck).and_then(|c| c.owner_mut())
         {
             *slot = Some(target);
         }
@@ -398,8 +378,8 @@ impl Daemon {
 
     /// Takes the upload out of the connection (if it has one) and aborts it.
     pub(crate) fn take_upload(&mut self, ck: usize) {
-        let t = match self.conns.get_mut(ck).map(|c| &mut c.phase) {
-            Some(Phase::Upload { target, .. }) => target.take(),
+        let t = match self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
+            Some(Owner::Upload { target, .. }) => target.take(),
             _ => None,
         };
         self.abort_upload(t);
@@ -423,7 +403,7 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        let keep = c.keep_alive && !shutting_down;
+        let keep = c.http.keep_alive && !shutting_down;
         let Download {
             head,
             length,
@@ -436,19 +416,19 @@ impl Daemon {
         }
         headers.push(("Cache-Control", "no-store".into()));
         crate::http::response::write_head(
-            &mut c.wbuf,
+            &mut c.http.wbuf,
             head.status,
             &headers,
             length.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             keep,
         );
         let rx = match rx {
-            Some(fd) if !c.head_only => fd,
+            Some(fd) if !c.http.head_only => fd,
             _ => {
                 // HEAD: the head alone.
-                c.phase = Phase::Head;
+                c.http.phase = Phase::Head;
                 if !keep {
-                    c.close_after_flush = true;
+                    c.http.close_after_flush = true;
                 }
                 let t = Duration::from_millis(self.cfg.idle_timeout_ms);
                 self.arm_conn(ck, t);
@@ -458,9 +438,9 @@ impl Daemon {
         };
         let mut rx = pipe::Receiver::from(rx);
         if rx.set_nonblocking(true).is_err() {
-            c.keep_alive = false;
-            c.close_after_flush = true;
-            c.phase = Phase::Head;
+            c.http.keep_alive = false;
+            c.http.close_after_flush = true;
+            c.http.phase = Phase::Head;
             self.conn_after_io(ck);
             return;
         }
@@ -473,9 +453,9 @@ impl Daemon {
                 Err(e) => {
                     crate::error_limited!("op=register transfer err={e}");
                     if let Some(c) = self.conns.get_mut(ck) {
-                        c.keep_alive = false;
-                        c.close_after_flush = true;
-                        c.phase = Phase::Head;
+                        c.http.keep_alive = false;
+                        c.http.close_after_flush = true;
+                        c.http.phase = Phase::Head;
                     }
                     self.conn_after_io(ck);
                     return;
@@ -484,13 +464,13 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        c.phase = Phase::Transfer(Box::new(Transfer {
+        c.http.phase = Phase::Owned(Owner::Transfer(Box::new(Transfer {
             rx,
             token,
             chunked: length.is_none(),
             remaining: length.unwrap_or(0),
             status,
-        }));
+        })));
         let t = Duration::from_millis(self.cfg.idle_timeout_ms);
         self.arm_conn(ck, t);
         self.transfer_pump(ck);
@@ -503,10 +483,10 @@ impl Daemon {
             let Some(c) = self.conns.get_mut(ck) else {
                 return;
             };
-            if c.pending_write() >= MAX_WRITE_BUFFER_BYTES {
+            if c.http.pending_write() >= MAX_WRITE_BUFFER_BYTES {
                 break;
             }
-            let Phase::Transfer(t) = &mut c.phase else {
+            let Phase::Owned(Owner::Transfer(t)) = &mut c.http.phase else {
                 return;
             };
             match t.rx.read(&mut buf) {
@@ -516,10 +496,10 @@ impl Daemon {
                 }
                 Ok(n) => {
                     if t.chunked {
-                        crate::http::chunked::write_chunk(&mut c.wbuf, &buf[..n]);
+                        crate::http::chunked::write_chunk(&mut c.http.wbuf, &buf[..n]);
                     } else {
                         let take = usize::try_from(t.remaining).unwrap_or(usize::MAX).min(n);
-                        c.wbuf.extend_from_slice(&buf[..take]);
+                        c.http.wbuf.extend_from_slice(&buf[..take]);
                         t.remaining -= take as u64;
                     }
                 }
@@ -542,7 +522,8 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        let Phase::Transfer(t) = std::mem::replace(&mut c.phase, Phase::Head) else {
+        let Phase::Owned(Owner::Transfer(t)) = std::mem::replace(&mut c.http.phase, Phase::Head)
+        else {
             return;
         };
         let ok = t.status.load(Ordering::Acquire) == XFER_OK && (t.chunked || t.remaining == 0);
@@ -553,18 +534,20 @@ impl Daemon {
         };
         if ok {
             if chunked {
-                c.wbuf.extend_from_slice(crate::http::chunked::LAST_CHUNK);
+                c.http
+                    .wbuf
+                    .extend_from_slice(crate::http::chunked::LAST_CHUNK);
             }
-            if !c.keep_alive || shutting_down {
-                c.close_after_flush = true;
+            if !c.http.keep_alive || shutting_down {
+                c.http.close_after_flush = true;
             }
             let t = Duration::from_millis(self.cfg.idle_timeout_ms);
             self.arm_conn(ck, t);
             self.conn_pump(ck);
         } else {
             crate::warn_limited!("conn={ck} download ended early; closing the connection");
-            c.keep_alive = false;
-            c.close_after_flush = true;
+            c.http.keep_alive = false;
+            c.http.close_after_flush = true;
             self.conn_after_io(ck);
         }
     }

@@ -3,6 +3,7 @@
 //! Nothing here touches a socket; the reactor feeds bytes in and writes bytes out.
 
 pub mod chunked;
+pub mod conn;
 pub mod lazy;
 pub mod limits;
 pub mod parse;
