@@ -486,6 +486,21 @@ impl RunCgroup {
     pub fn dirs(&self) -> &[PathBuf] {
         &self.dirs
     }
+
+    /// A cgroup of plain files in `dir`, for the loop's tests (the fake backend): it
+    /// limits nothing, lists no process (so its kills kill nothing) and counts no OOM.
+    #[cfg(test)]
+    pub fn fixture(dir: &Path) -> std::io::Result<RunCgroup> {
+        fs::create_dir_all(dir)?;
+        fs::write(dir.join("cgroup.procs"), "")?;
+        fs::write(dir.join("memory.events"), "oom_kill 0\n")?;
+        Ok(RunCgroup {
+            hier: Hierarchy::V2 {
+                root: dir.parent().unwrap_or(dir).to_path_buf(),
+            },
+            dirs: vec![dir.to_path_buf()],
+        })
+    }
 }
 
 #[cfg(test)]

@@ -288,10 +288,15 @@ impl Daemon {
             // No start frame: runsc failed (or hung) before the program existed. What
             // it said goes to the log; the client gets no host detail.
             if run.cancelled {
-                // The client left (or the daemon is stopping) while it booted.
+                // The client left, or the daemon is stopping (a second signal kills
+                // every run), while it booted. A client still waiting hears why; one
+                // that left has no sink.
                 self.app.counters.runs_total += 1;
                 self.app.counters.runs_cancelled += 1;
                 log::debug!("run={} cancelled before it started", run.id);
+                let resp = Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
+                    .with_header("Retry-After", "5");
+                self.refuse_removed(run, resp);
                 return;
             }
             self.app.counters.runs_failed += 1;

@@ -27,6 +27,9 @@ mod startup;
 pub mod transfer;
 pub mod warm;
 
+#[cfg(test)]
+mod tests;
+
 use crate::api::App;
 use crate::config::Config;
 use crate::reactor::{Addr, Component, ComponentId, Done, Host, Reactor, Readiness};

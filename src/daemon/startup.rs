@@ -35,6 +35,12 @@ fn signal_pipe(
     Ok(rx)
 }
 
+/// The backend: given (the tests' seam), or gVisor, finished once egress exists.
+enum Made {
+    Given(Arc<dyn Backend>),
+    Gvisor(Gvisor),
+}
+
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DaemonError {
     let what = what.into();
     move |source| DaemonError::Io { what, source }
@@ -46,6 +52,21 @@ impl Daemon {
     /// # Errors
     /// [`DaemonError`] when the port cannot be bound or descriptors are broken.
     pub fn new(cfg: Config) -> Result<Daemon, DaemonError> {
+        Self::build(cfg, None, None)
+    }
+
+    /// [`Daemon::new`] with the host's parts given instead (the seam of the loop's own
+    /// tests): `backend` instead of gVisor, cgroups and the startup sweep, and
+    /// `signals`, the read ends of the shutdown and reload pipes, instead of the
+    /// process's SIGTERM, SIGINT and SIGHUP handlers.
+    pub(crate) fn build(
+        cfg: Config,
+        given: Option<Arc<dyn Backend>>,
+        signals: Option<(
+            std::os::unix::net::UnixStream,
+            std::os::unix::net::UnixStream,
+        )>,
+    ) -> Result<Daemon, DaemonError> {
         let cfg = Arc::new(cfg);
         let admission = crate::admission::Admission::new(cfg.admission.clone())?;
         if !admission.keys_configured() {
@@ -76,35 +97,51 @@ impl Daemon {
         // anything.
         let std_listener = std::net::TcpListener::bind(cfg.listen)
             .map_err(io_err(format!("binding {}", cfg.listen)))?;
-        let (cgroups, cgroup_error) =
-            match crate::cgroup::Hierarchy::detect(std::path::Path::new("/sys/fs/cgroup")) {
-                Ok(h) => (Some(h), None),
-                Err(e) => (None, Some(e.to_string())),
-            };
-        let runs_dir = cfg.data_dir.join("runs");
-        let state_root = std::path::Path::new("/run/isobox")
-            .join(&cfg.instance)
-            .join("runsc");
-        for d in [&cfg.data_dir, &runs_dir, &state_root] {
-            std::fs::create_dir_all(d).map_err(io_err(format!("creating {}", d.display())))?;
-        }
-        let backend = Arc::new(Gvisor {
-            runsc: cfg.runsc.clone(),
-            platform: cfg.platform.clone(),
-            state_root,
-            runs_dir,
-            instance: cfg.instance.clone(),
-            cgroups: cgroups.clone(),
-            egress: None,
-        });
-        let swept = backend.sweep();
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(io_err(format!("creating {}", cfg.data_dir.display())))?;
+        let (cgroups, mut cgroup_error, made) = match given {
+            Some(b) => (
+                None,
+                Some(format!("not used by the {} backend", b.name())),
+                Made::Given(b),
+            ),
+            None => {
+                let (cgroups, cgroup_error) = match crate::cgroup::Hierarchy::detect(
+                    std::path::Path::new("/sys/fs/cgroup"),
+                ) {
+                    Ok(h) => (Some(h), None),
+                    Err(e) => (None, Some(e.to_string())),
+                };
+                let runs_dir = cfg.data_dir.join("runs");
+                let state_root = std::path::Path::new("/run/isobox")
+                    .join(&cfg.instance)
+                    .join("runsc");
+                for d in [&runs_dir, &state_root] {
+                    std::fs::create_dir_all(d)
+                        .map_err(io_err(format!("creating {}", d.display())))?;
+                }
+                let gvisor = Gvisor {
+                    runsc: cfg.runsc.clone(),
+                    platform: cfg.platform.clone(),
+                    state_root,
+                    runs_dir,
+                    instance: cfg.instance.clone(),
+                    cgroups: cgroups.clone(),
+                    egress: None,
+                };
+                (cgroups, cgroup_error, Made::Gvisor(gvisor))
+            }
+        };
+        let swept = match &made {
+            Made::Given(b) => b.sweep(),
+            Made::Gvisor(g) => g.sweep(),
+        };
         if swept > 0 {
             log::warn!(
                 "startup sweep removed {swept} leftovers of a previous instance={}",
                 cfg.instance
             );
         }
-        let mut cgroup_error = cgroup_error;
         if let Some(h) = &cgroups {
             match h.ensure_slice(&cfg.instance, cfg.slice_memory_bytes) {
                 Ok(()) => log::info!(
@@ -148,10 +185,23 @@ impl Daemon {
             )
             .map_err(io_err("register listener"))?;
         use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-        let signal_rx = signal_pipe(&[SIGTERM, SIGINT], &mut reactor, SIGNALS)
-            .map_err(io_err("signal pipe"))?;
-        let reload_rx =
-            signal_pipe(&[SIGHUP], &mut reactor, RELOAD).map_err(io_err("reload pipe"))?;
+        let (signal_rx, reload_rx) = match signals {
+            None => (
+                signal_pipe(&[SIGTERM, SIGINT], &mut reactor, SIGNALS)
+                    .map_err(io_err("signal pipe"))?,
+                signal_pipe(&[SIGHUP], &mut reactor, RELOAD).map_err(io_err("reload pipe"))?,
+            ),
+            Some((term, reload)) => {
+                let mut pipes = [term, reload].map(mio::net::UnixStream::from_std);
+                for (rx, what) in pipes.iter_mut().zip([SIGNALS, RELOAD]) {
+                    reactor
+                        .register(rx, Addr::new(LIFECYCLE, 0, what), Interest::READABLE)
+                        .map_err(io_err("signal pipe"))?;
+                }
+                let [term, reload] = pipes;
+                (term, reload)
+            }
+        };
         let app = App {
             cfg: Arc::clone(&cfg),
             runtimes,
@@ -168,10 +218,13 @@ impl Daemon {
             warm: None,
         };
         // Runs lease their networks through the backend.
-        let backend: Arc<dyn Backend> = Arc::new(Gvisor {
-            egress: egress.enabled().then_some(egress),
-            ..(*backend).clone()
-        });
+        let backend: Arc<dyn Backend> = match made {
+            Made::Given(b) => b,
+            Made::Gvisor(g) => Arc::new(Gvisor {
+                egress: egress.enabled().then_some(egress),
+                ..g
+            }),
+        };
         // Pools by canonical runtime name; a name that is not an installed Python
         // runtime is refused at startup rather than ignored.
         let mut targets = Vec::new();

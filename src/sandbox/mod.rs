@@ -10,6 +10,8 @@
 pub mod backend;
 pub mod build;
 pub mod bundle;
+#[cfg(test)]
+pub mod fake;
 pub mod kernel;
 pub mod limits;
 pub mod plan;

@@ -1,0 +1,197 @@
+//! The tests' backend: each "sandbox" is the run's argv as a plain host process in its
+//! own process group, in a directory holding the plan's files, with pipes and a pidfd
+//! like `runsc run`'s. It isolates nothing; it lets the loop's run lifecycle (start
+//! signal, output, caps, deadlines, kills, cancellation, SSE) be tested without root,
+//! runsc or cgroups. Test builds only.
+
+use super::backend::{Backend, Cleanup, Spawned, Stdin};
+use super::plan::ExecPlan;
+use super::SandboxError;
+use crate::cgroup::{CgroupError, HostLimits, RunCgroup};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Host processes standing in for sandboxes, under `root`.
+pub struct Fake {
+    /// Where each run's directory (and its cgroup fixture) goes.
+    pub root: PathBuf,
+    /// Refuse every `run` (a sandbox that cannot start).
+    pub fail_runs: AtomicBool,
+    /// Sandboxes created and not yet deleted.
+    pub live: AtomicUsize,
+    /// Kills asked for.
+    pub kills: AtomicUsize,
+    /// The program starts this long after its sandbox (a slow boot).
+    pub delay_start_ms: AtomicU64,
+}
+
+impl Fake {
+    /// A fake whose runs live under `root`.
+    pub fn new(root: &Path) -> Arc<Fake> {
+        Arc::new(Fake {
+            root: root.to_path_buf(),
+            fail_runs: AtomicBool::new(false),
+            live: AtomicUsize::new(0),
+            kills: AtomicUsize::new(0),
+            delay_start_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn spawn_err(source: std::io::Error) -> SandboxError {
+        SandboxError::Spawn {
+            runsc: PathBuf::from("fake"),
+            source,
+        }
+    }
+}
+
+impl Backend for Fake {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn run(
+        &self,
+        id: &str,
+        plan: &ExecPlan,
+        argv: Vec<String>,
+        env: &[String],
+        stdin: Stdin,
+    ) -> Result<Spawned, SandboxError> {
+        if self.fail_runs.load(Ordering::SeqCst) {
+            return Err(Self::spawn_err(std::io::Error::other(
+                "refused by the test",
+            )));
+        }
+        let dir = self.root.join(id);
+        std::fs::create_dir_all(&dir).map_err(Self::spawn_err)?;
+        for (name, bytes) in &plan.files {
+            std::fs::write(dir.join(name), bytes).map_err(Self::spawn_err)?;
+        }
+        let cgroup =
+            RunCgroup::fixture(&self.root.join("cgroup").join(id)).map_err(Self::spawn_err)?;
+        // A slow boot: nothing (no start frame either) for a while.
+        let delay = self.delay_start_ms.load(Ordering::SeqCst);
+        let argv = if delay > 0 {
+            let mut a = vec![
+                "/bin/sh".to_string(),
+                "-c".to_string(),
+                format!("sleep {}; exec \"$@\"", delay as f64 / 1000.0),
+                "fake-boot".to_string(),
+            ];
+            a.extend(argv);
+            a
+        } else {
+            argv
+        };
+        let (program, args) = argv
+            .split_first()
+            .ok_or_else(|| Self::spawn_err(std::io::Error::other("empty argv")))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .current_dir(&dir)
+            .env_clear()
+            .envs(env.iter().filter_map(|kv| kv.split_once('=')))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        let ctl = match stdin {
+            Stdin::Pipe => {
+                cmd.stdin(Stdio::piped());
+                None
+            }
+            Stdin::Control => {
+                let (host, sandbox) =
+                    std::os::unix::net::UnixStream::pair().map_err(Self::spawn_err)?;
+                cmd.stdin(Stdio::from(OwnedFd::from(sandbox)));
+                Some(host)
+            }
+        };
+        let mut child = cmd.spawn().map_err(Self::spawn_err)?;
+        drop(cmd);
+        let pidfd = crate::sys::pidfd_open(child.id()).map_err(Self::spawn_err)?;
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            return Err(Self::spawn_err(std::io::Error::other("no pipes")));
+        };
+        self.live.fetch_add(1, Ordering::SeqCst);
+        Ok(Spawned {
+            id: id.to_string(),
+            stdin: child.stdin.take(),
+            child,
+            stdout,
+            stderr,
+            pidfd,
+            cgroup,
+            dir,
+            started: Instant::now(),
+            net: None,
+            ctl,
+            warm: false,
+            exit_ctl: None,
+            net_cuts: 0,
+        })
+    }
+
+    fn update(&self, _: &RunCgroup, _: Option<HostLimits>, _: bool) -> Result<(), CgroupError> {
+        Ok(())
+    }
+
+    fn kill(&self, _: &RunCgroup, init: Option<i32>) {
+        self.kills.fetch_add(1, Ordering::SeqCst);
+        if let Some(pid) = init {
+            // The whole process group: the wrapper's shell and what it started.
+            let _ = crate::sys::kill(-pid, libc::SIGKILL);
+            let _ = crate::sys::kill(pid, libc::SIGKILL);
+        }
+    }
+
+    fn wait(&self, mut child: Child, _: &RunCgroup) -> Cleanup {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(s)) => break Some(s),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    break child.wait().ok();
+                }
+                Err(_) => break None,
+            }
+        };
+        let exit_code = status.map_or(128 + libc::SIGKILL, |s| {
+            use std::os::unix::process::ExitStatusExt;
+            s.code()
+                .unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
+        });
+        Cleanup {
+            oom_killed: false,
+            exit_code,
+        }
+    }
+
+    fn delete(&self, _: &str, cgroup: &RunCgroup, dir: &Path) {
+        for d in cgroup.dirs() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        if std::fs::remove_dir_all(dir).is_ok() {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn sweep(&self) -> usize {
+        0
+    }
+
+    fn teardown(&self) {}
+
+    fn egress(&self) -> Option<&Arc<crate::netfilter::Egress>> {
+        None
+    }
+}
