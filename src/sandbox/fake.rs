@@ -145,8 +145,7 @@ impl Backend for Fake {
         self.kills.fetch_add(1, Ordering::SeqCst);
         if let Some(pid) = init {
             // The whole process group: the wrapper's shell and what it started.
-            let _ = crate::sys::kill(-pid, libc::SIGKILL);
-            let _ = crate::sys::kill(pid, libc::SIGKILL);
+            let _ = crate::sys::kill_group(pid, libc::SIGKILL);
         }
     }
 

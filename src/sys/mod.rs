@@ -63,6 +63,24 @@ pub fn kill(pid: i32, signal: i32) -> io::Result<()> {
     }
 }
 
+/// Sends `signal` to every process of group `pgid` (the tests' fake backend: a run's
+/// shell and what it started). A group that is already gone is not an error.
+///
+/// # Errors
+/// Any error other than `ESRCH`; `InvalidInput` for a group id under 2 (0 and 1 would
+/// mean our own group and init's).
+#[cfg(test)]
+pub fn kill_group(pgid: i32, signal: i32) -> io::Result<()> {
+    if pgid <= 1 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    match syscall!(kill(-pgid, signal)) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// Puts an fd into non-blocking mode.
 ///
 /// # Errors
