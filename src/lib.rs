@@ -17,21 +17,21 @@ pub mod api;
 pub mod cgroup;
 /// Settings from flags and `ISOBOX_*` variables (clap), checked once.
 pub mod config;
-/// The event loop and all glue on it; the top of the import graph.
+/// The reactor's host: every component on the loop; the top of the import graph.
 pub mod daemon;
-/// Sans-IO HTTP/1.1: parsing, chunked bodies, responses, SSE, limits.
+/// Sans-IO HTTP/1.1: the connection state machine, parsing, bodies, responses, SSE, limits.
 pub mod http;
 /// Rate-limited logging macros.
 pub mod log;
 /// Filtered egress: nftables and rtnetlink over netlink, fail-closed.
 pub mod netfilter;
-/// Feature-free loop pieces: timer wheel, worker pool, token table.
+/// The event loop, feature-free: poll, tokens and timers naming components, worker pool.
 pub mod reactor;
 /// Path matching over a face's route table.
 pub mod router;
 /// Language runtime descriptors and their root filesystems.
 pub mod runtimes;
-/// The gVisor backend: plans and results, bundles, runsc, warm pool, kernel protocol.
+/// Sandboxes: plans and results, the backend trait and gVisor, warm pool, kernel protocol.
 pub mod sandbox;
 /// A string whose `Debug` never shows it.
 pub mod secret;

@@ -76,6 +76,31 @@ pub trait Backend: Send + Sync {
     fn egress(&self) -> Option<&Arc<crate::netfilter::Egress>>;
 }
 
+/// Reaps `child`, waiting at most `within` (then `kill`, and `child` itself, are
+/// SIGKILLed first); its exit code, 128 + the signal when one ended it.
+pub fn wait_bounded(child: &mut Child, within: std::time::Duration, kill: impl FnOnce()) -> i32 {
+    let deadline = Instant::now() + within;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            Ok(None) => {
+                kill();
+                let _ = child.kill();
+                break child.wait().ok();
+            }
+            Err(_) => break None,
+        }
+    };
+    status.map_or(128 + libc::SIGKILL, |s| {
+        use std::os::unix::process::ExitStatusExt;
+        s.code()
+            .unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
+    })
+}
+
 /// [`Backend::wait`], then [`Backend::delete`].
 pub fn wait_and_delete(
     b: &dyn Backend,

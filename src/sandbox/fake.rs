@@ -4,7 +4,7 @@
 //! signal, output, caps, deadlines, kills, cancellation, SSE) be tested without root,
 //! runsc or cgroups. Test builds only.
 
-use super::backend::{Backend, Cleanup, Spawned, Stdin};
+use super::backend::{wait_bounded, Backend, Cleanup, Spawned, Stdin};
 use super::plan::ExecPlan;
 use super::SandboxError;
 use crate::cgroup::{CgroupError, HostLimits, RunCgroup};
@@ -150,28 +150,9 @@ impl Backend for Fake {
     }
 
     fn wait(&self, mut child: Child, _: &RunCgroup) -> Cleanup {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(2))
-                }
-                Ok(None) => {
-                    let _ = child.kill();
-                    break child.wait().ok();
-                }
-                Err(_) => break None,
-            }
-        };
-        let exit_code = status.map_or(128 + libc::SIGKILL, |s| {
-            use std::os::unix::process::ExitStatusExt;
-            s.code()
-                .unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
-        });
         Cleanup {
             oom_killed: false,
-            exit_code,
+            exit_code: wait_bounded(&mut child, Duration::from_secs(5), || {}),
         }
     }
 

@@ -7,7 +7,7 @@
 //! (not create/start/wait, whose `wait` polls for ~1.8 s), with `--network=none` for an
 //! offline run and gVisor's own netstack on the run's namespace (`netfilter`) otherwise.
 
-use super::backend::{Backend, Cleanup, Spawned, Stdin};
+use super::backend::{wait_bounded, Backend, Cleanup, Spawned, Stdin};
 use super::bundle::{self, ProcessSpec};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
 use crate::cgroup::{CgroupError, Hierarchy, HostLimits, RunCgroup, CPU_PERIOD_US};
@@ -293,25 +293,8 @@ impl Backend for Gvisor {
 
     fn wait(&self, mut child: Child, cgroup: &RunCgroup) -> Cleanup {
         // runsc has exited or is about to (its sandbox is dead); bound the wait anyway.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                Ok(None) => {
-                    cgroup.kill_all();
-                    let _ = child.kill();
-                    break child.wait().ok();
-                }
-                Err(_) => break None,
-            }
-        };
-        let exit_code = status.map_or(128 + libc::SIGKILL, |s| {
-            use std::os::unix::process::ExitStatusExt;
-            s.code()
-                .unwrap_or_else(|| 128 + s.signal().unwrap_or(libc::SIGKILL))
+        let exit_code = wait_bounded(&mut child, Duration::from_secs(5), || {
+            cgroup.kill_all();
         });
         let oom_killed = cgroup.oom_kills() > 0;
         Cleanup {
