@@ -394,6 +394,26 @@ fn test_wall_time_ends_the_kernel_and_the_next_call_says_so() {
     assert_eq!(r.json()["error"], "kernel_dead");
     let detail = r.json()["detail"].as_str().unwrap().to_string();
     assert!(detail.contains("wall time (1000 ms)"), "{detail}");
+    // Asked as a stream, the refusal comes before any SSE head: the same 410 and body.
+    for (rest, accept) in [("/exec?stream=1", "*/*"), ("/exec", "text/event-stream")] {
+        let r = s.request(
+            &d,
+            "POST",
+            rest,
+            &[("Content-Type", "application/json"), ("Accept", accept)],
+            json!({"code": "print(1)"}).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 410, "{rest} {accept}: {}", r.text());
+        assert_eq!(r.json()["error"], "kernel_dead", "{}", r.text());
+        assert!(
+            r.json()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("wall time (1000 ms)"),
+            "{}",
+            r.text()
+        );
+    }
     wait_kernels_used(&d, 0);
     // Its files stay readable; the session can be deleted.
     let r = s.fs(&d, "GET", "path=keep.txt", b"");

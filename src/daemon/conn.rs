@@ -341,6 +341,8 @@ impl Daemon {
                         if let Some(e) = err {
                             crate::warn_limited!("conn={ck} peer={} bad request: {e}", c.peer);
                         }
+                        // The refusal gets the idle deadline to be read, as any response.
+                        self.arm_idle(ck);
                         return;
                     }
                     HeadStep::Head(head) => self.start_request(ck, head),
@@ -410,7 +412,10 @@ impl Daemon {
                 self.respond_and_close(ck, route.over_cap());
                 false
             }
-            BodyStep::Refused => false,
+            BodyStep::Refused => {
+                self.arm_idle(ck);
+                false
+            }
         }
     }
 

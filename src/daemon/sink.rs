@@ -125,7 +125,15 @@ impl Sink for HttpSink {
 
     fn refused(&self, d: &mut Daemon, resp: Response) {
         let Some(ck) = self.conn(d) else { return };
-        if self.stream {
+        // Refused before `attach` (a kernel step its kernel cannot take), no head has
+        // gone out: the refusal is the response, with its own status.
+        let streaming = d.conns.get(ck).is_some_and(|c| {
+            matches!(
+                c.owner(),
+                Some(super::conn::Owner::Run { stream: true, .. })
+            )
+        });
+        if streaming {
             // The head already said 200: the refusal is an `error` event,
             // `{"error": "<code>: <detail>"}`.
             let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();

@@ -148,7 +148,11 @@ impl Loop {
 
 impl Drop for Loop {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
+        if std::thread::panicking() {
+            // The loop may be wedged (that may be the failure): do not wait for it, but
+            // leave no sandbox process behind.
+            self.fake.kill_all();
+        } else {
             self.stop_inner();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -173,6 +177,17 @@ fn sh(script: &str, limits: serde_json::Value) -> serde_json::Value {
 }
 
 /// Reads one response: by Content-Length, by chunks, or to EOF.
+/// One read, retried when a signal interrupts it (a socket with a read timeout is
+/// never restarted by the kernel).
+fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> usize {
+    loop {
+        match s.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => return r.expect("read from the daemon"),
+        }
+    }
+}
+
 fn read_response(s: &mut TcpStream) -> (u16, String, String) {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 8192];
@@ -180,7 +195,7 @@ fn read_response(s: &mut TcpStream) -> (u16, String, String) {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;
         }
-        let n = s.read(&mut tmp).unwrap();
+        let n = read_some(s, &mut tmp);
         assert!(
             n > 0,
             "closed before a head: {:?}",
@@ -198,14 +213,14 @@ fn read_response(s: &mut TcpStream) -> (u16, String, String) {
         .map(|v| v.trim().parse::<usize>().unwrap())
     {
         while body.len() < len {
-            let n = s.read(&mut tmp).unwrap();
+            let n = read_some(s, &mut tmp);
             assert!(n > 0, "closed mid-body");
             body.extend_from_slice(&tmp[..n]);
         }
         body.truncate(len);
     } else if lower.contains("transfer-encoding: chunked") {
         while !body.ends_with(b"0\r\n\r\n") {
-            let n = s.read(&mut tmp).unwrap();
+            let n = read_some(s, &mut tmp);
             assert!(n > 0, "closed mid-stream");
             body.extend_from_slice(&tmp[..n]);
         }
@@ -335,12 +350,23 @@ fn test_sse_streams_output_then_done() {
     assert_eq!(status, 200);
     assert!(head.contains("text/event-stream"), "{head}");
     let evs = events(&body);
-    let seq: Vec<String> = evs
-        .iter()
-        .filter(|(e, _)| e != "done")
-        .map(|(e, d)| format!("{e}:{}", d["chunk"].as_str().unwrap()))
-        .collect();
-    assert_eq!(seq, ["stdout:a\n", "stderr:b\n", "stdout:c\n"]);
+    // Each stream's events in order (how the loaded host batches them is its business),
+    // and the first event well before the end: output is live, not replayed at exit.
+    let stream = |name: &str| -> String {
+        evs.iter()
+            .filter(|(e, _)| e == name)
+            .map(|(_, d)| d["chunk"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        (stream("stdout"), stream("stderr")),
+        ("a\nc\n".into(), "b\n".into())
+    );
+    assert_eq!(
+        evs.first().map(|(e, _)| e.as_str()),
+        Some("stdout"),
+        "{evs:?}"
+    );
     let (last, done) = evs.last().unwrap();
     assert_eq!(last, "done");
     assert_eq!(done["run"]["stdout"], "a\nc\n");
@@ -367,7 +393,7 @@ fn test_a_client_that_leaves_cancels_its_run() {
     let mut got = Vec::new();
     let mut tmp = [0u8; 4096];
     while !String::from_utf8_lossy(&got).contains("first") {
-        let n = s.read(&mut tmp).unwrap();
+        let n = read_some(&mut s, &mut tmp);
         assert!(n > 0);
         got.extend_from_slice(&tmp[..n]);
     }
@@ -486,7 +512,7 @@ fn test_a_second_signal_kills_runs_and_still_answers_their_clients() {
     let mut got = Vec::new();
     let mut tmp = [0u8; 4096];
     while !String::from_utf8_lossy(&got).contains("up") {
-        let n = started.read(&mut tmp).unwrap();
+        let n = read_some(&mut started, &mut tmp);
         assert!(n > 0);
         got.extend_from_slice(&tmp[..n]);
     }
@@ -497,12 +523,14 @@ fn test_a_second_signal_kills_runs_and_still_answers_their_clients() {
         .unwrap();
     l.wait_for(|l| l.health()["inFlight"] == 2, "both runs to hold a slot");
     let t0 = Instant::now();
-    if let Some(t) = l.term.as_ref() {
-        let mut t = t;
-        t.write_all(b"x").unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        t.write_all(b"x").unwrap();
-    }
+    let mut term = l.term.as_ref().unwrap();
+    term.write_all(b"x").unwrap();
+    // The first signal is seen once the listener is gone; only then the second.
+    l.wait_for(
+        |l| TcpStream::connect(l.addr).is_err(),
+        "the shutdown to close the listener",
+    );
+    term.write_all(b"x").unwrap();
     let (status, _, b) = read_response(&mut waiting);
     assert_eq!(status, 503, "{b}");
     assert!(b.contains("shutting_down"), "{b}");

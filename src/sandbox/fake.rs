@@ -28,6 +28,8 @@ pub struct Fake {
     pub kills: AtomicUsize,
     /// The program starts this long after its sandbox (a slow boot).
     pub delay_start_ms: AtomicU64,
+    /// Process groups started and not reaped.
+    groups: std::sync::Mutex<Vec<i32>>,
 }
 
 impl Fake {
@@ -39,7 +41,16 @@ impl Fake {
             live: AtomicUsize::new(0),
             kills: AtomicUsize::new(0),
             delay_start_ms: AtomicU64::new(0),
+            groups: std::sync::Mutex::new(Vec::new()),
         })
+    }
+
+    /// Kills every process group still running (a failed test's leftovers).
+    pub fn kill_all(&self) {
+        let groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        for &g in groups.iter() {
+            let _ = crate::sys::kill_group(g, libc::SIGKILL);
+        }
     }
 
     fn spawn_err(source: std::io::Error) -> SandboxError {
@@ -114,7 +125,19 @@ impl Backend for Fake {
         };
         let mut child = cmd.spawn().map_err(Self::spawn_err)?;
         drop(cmd);
-        let pidfd = crate::sys::pidfd_open(child.id()).map_err(Self::spawn_err)?;
+        let pgid = i32::try_from(child.id()).unwrap_or(0);
+        self.groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(pgid);
+        let pidfd = match crate::sys::pidfd_open(child.id()) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = crate::sys::kill_group(pgid, libc::SIGKILL);
+                let _ = child.wait();
+                return Err(Self::spawn_err(e));
+            }
+        };
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             return Err(Self::spawn_err(std::io::Error::other("no pipes")));
         };
@@ -150,9 +173,15 @@ impl Backend for Fake {
     }
 
     fn wait(&self, mut child: Child, _: &RunCgroup) -> Cleanup {
+        let pgid = i32::try_from(child.id()).unwrap_or(0);
+        let exit_code = wait_bounded(&mut child, Duration::from_secs(5), || {});
+        self.groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|&g| g != pgid);
         Cleanup {
             oom_killed: false,
-            exit_code: wait_bounded(&mut child, Duration::from_secs(5), || {}),
+            exit_code,
         }
     }
 
