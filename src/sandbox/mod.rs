@@ -19,6 +19,7 @@ pub mod probe;
 pub mod runsc;
 pub mod start;
 pub mod warm;
+pub mod wire;
 
 pub use backend::{Backend, Cleanup, Spawned, Stdin};
 pub use runsc::Gvisor;

@@ -6,6 +6,7 @@ pub mod fsat;
 pub mod loopdev;
 pub mod mountinfo;
 pub mod netlink;
+pub mod process;
 pub mod seccomp;
 
 /// The overflow uid and gid ("nobody"): every sandboxed program runs as it, so it

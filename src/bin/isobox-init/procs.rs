@@ -1,0 +1,420 @@
+//! The init's processes: starting them (pipes or a terminal, each in its own process
+//! group), forwarding their output and stdin, signals, and reporting each exit after
+//! its last output.
+
+use super::{Init, Settings};
+use isobox::sandbox::wire::{Exited, Kind, Stream, MAX_DATA_BYTES};
+use mio::unix::pipe;
+use mio::{Interest, Token};
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+/// What a token of a process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Out(Stream),
+    In,
+}
+
+/// One process the daemon started.
+struct Proc {
+    /// Its output: stdout and stderr pipes, or one terminal.
+    out: Vec<(Stream, pipe::Receiver, Token)>,
+    /// Its stdin, while open.
+    stdin: Option<(pipe::Sender, Token)>,
+    /// Input not written yet, and whether its end was asked for.
+    pending: Vec<u8>,
+    eof: bool,
+    /// A terminal's controller (its size is set through it).
+    pty: Option<OwnedFd>,
+}
+
+/// Every process the daemon started and has not heard the end of.
+pub struct Procs {
+    by_pid: HashMap<i32, Proc>,
+    tokens: HashMap<Token, (i32, Side)>,
+    next_token: usize,
+    env: Vec<(String, String)>,
+    user: Option<u32>,
+    home: Option<String>,
+    /// Every process group started: what a process left running lives on in its group
+    /// after the process itself is gone.
+    groups: Vec<i32>,
+}
+
+impl Procs {
+    /// Processes' defaults; as root with `--user`, the user gets a passwd entry and a
+    /// home if it has none (the root filesystem is the sandbox's own, writable).
+    pub fn new(s: &Settings) -> io::Result<Procs> {
+        if let (Some(uid), Some(home)) = (s.user, &s.home) {
+            ensure_user(uid, home)?;
+        }
+        let mut env: Vec<(String, String)> = std::env::vars().collect();
+        let mut put = |k: &str, v: String| {
+            env.retain(|(n, _)| n != k);
+            env.push((k.to_string(), v));
+        };
+        if let Some(home) = &s.home {
+            put("HOME", home.clone());
+        }
+        if s.user.is_some() {
+            put("USER", "user".into());
+            put("LOGNAME", "user".into());
+        }
+        Ok(Procs {
+            by_pid: HashMap::new(),
+            tokens: HashMap::new(),
+            next_token: 16,
+            env,
+            user: s.user,
+            home: s.home.clone(),
+            groups: Vec::new(),
+        })
+    }
+
+    /// Adds or replaces variables for later processes.
+    pub fn set_env(&mut self, vars: Vec<(String, String)>) {
+        for (k, v) in vars {
+            self.env.retain(|(n, _)| *n != k);
+            self.env.push((k, v));
+        }
+    }
+
+    fn token(&mut self, pid: i32, side: Side) -> Token {
+        let t = Token(self.next_token);
+        self.next_token += 1;
+        self.tokens.insert(t, (pid, side));
+        t
+    }
+}
+
+/// Gives `uid` a passwd and group entry named `user` and a home it owns, if missing.
+fn ensure_user(uid: u32, home: &str) -> io::Result<()> {
+    let has = |file: &str| {
+        std::fs::read_to_string(file).is_ok_and(|t| {
+            t.lines()
+                .any(|l| l.split(':').nth(2) == Some(uid.to_string().as_str()))
+        })
+    };
+    if !has("/etc/passwd") {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open("/etc/passwd")?;
+        writeln!(f, "user:x:{uid}:{uid}::{home}:/bin/sh")?;
+    }
+    if !has("/etc/group") {
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open("/etc/group")?;
+        writeln!(f, "user:x:{uid}:")?;
+    }
+    std::fs::create_dir_all(home)?;
+    std::os::unix::fs::chown(home, Some(uid), Some(uid))
+}
+
+/// Starts `cmd` with `/bin/sh -c`; its pid.
+pub fn spawn(
+    init: &mut Init,
+    cmd: &str,
+    cwd: Option<&str>,
+    env: &[(String, String)],
+    stdin: bool,
+    pty: Option<(u16, u16)>,
+) -> Result<u32, String> {
+    let p = &init.procs;
+    let dir = cwd.or(p.home.as_deref()).unwrap_or(".").to_string();
+    if !std::path::Path::new(&dir).is_dir() {
+        return Err(format!("cwd {dir} is not a directory"));
+    }
+    let mut c = Command::new("/bin/sh");
+    c.arg("-c").arg(cmd).current_dir(&dir).env_clear();
+    c.envs(p.env.iter().map(|(k, v)| (k, v)));
+    c.envs(env.iter().map(|(k, v)| (k, v)));
+    if let Some(uid) = p.user {
+        c.uid(uid).gid(uid);
+    }
+    let mut controller = None;
+    match pty {
+        Some((cols, rows)) => {
+            let (ctl, dev) = isobox::sys::process::open_pty(cols.max(1), rows.max(1))
+                .map_err(|e| format!("cannot open a terminal: {e}"))?;
+            let dup = |f: &OwnedFd| f.try_clone().map(Stdio::from);
+            let (i, o, e) = (dup(&dev), dup(&dev), dup(&dev));
+            let (Ok(i), Ok(o), Ok(e)) = (i, o, e) else {
+                return Err("cannot open a terminal".into());
+            };
+            c.stdin(i).stdout(o).stderr(e);
+            if !env.iter().any(|(k, _)| k == "TERM") {
+                c.env("TERM", "xterm-256color");
+            }
+            isobox::sys::process::spawn_with_terminal(&mut c);
+            controller = Some(ctl);
+        }
+        None => {
+            c.stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+        }
+    }
+    let mut child = c
+        .spawn()
+        .map_err(|e| format!("cannot start /bin/sh: {e}"))?;
+    drop(c);
+    let pid = i32::try_from(child.id()).map_err(|_| "pid out of range".to_string())?;
+    let mut proc_ = Proc {
+        out: Vec::new(),
+        stdin: None,
+        pending: Vec::new(),
+        eof: false,
+        pty: None,
+    };
+    let reg = init.poll.registry();
+    let procs = &mut init.procs;
+    if let Some(ctl) = controller {
+        // The terminal's controller is read and written through one fd: two handles.
+        let (r, w) = match (ctl.try_clone(), ctl.try_clone()) {
+            (Ok(r), Ok(w)) => (r, w),
+            _ => return Err("cannot open a terminal".into()),
+        };
+        let mut rx = pipe::Receiver::from(r);
+        let mut tx = pipe::Sender::from(w);
+        let _ = rx.set_nonblocking(true);
+        let _ = tx.set_nonblocking(true);
+        let t = procs.token(pid, Side::Out(Stream::Stdout));
+        let _ = reg.register(&mut rx, t, Interest::READABLE);
+        proc_.out.push((Stream::Stdout, rx, t));
+        let t = procs.token(pid, Side::In);
+        let _ = reg.register(&mut tx, t, Interest::WRITABLE);
+        proc_.stdin = Some((tx, t));
+        proc_.pty = Some(ctl);
+    } else {
+        for (stream, fd) in [
+            (Stream::Stdout, child.stdout.take().map(OwnedFd::from)),
+            (Stream::Stderr, child.stderr.take().map(OwnedFd::from)),
+        ] {
+            let Some(fd) = fd else { continue };
+            let mut rx = pipe::Receiver::from(fd);
+            let _ = rx.set_nonblocking(true);
+            let t = procs.token(pid, Side::Out(stream));
+            let _ = reg.register(&mut rx, t, Interest::READABLE);
+            proc_.out.push((stream, rx, t));
+        }
+        if let Some(s) = child.stdin.take() {
+            let mut tx = pipe::Sender::from(OwnedFd::from(s));
+            let _ = tx.set_nonblocking(true);
+            let t = procs.token(pid, Side::In);
+            let _ = reg.register(&mut tx, t, Interest::WRITABLE);
+            proc_.stdin = Some((tx, t));
+        }
+    }
+    // The init reaps by pid (waitpid(-1)): the Child handle is not waited on.
+    drop(child);
+    procs.by_pid.insert(pid, proc_);
+    procs.groups.push(pid);
+    Ok(u32::try_from(pid).unwrap_or(0))
+}
+
+/// Input for `pid`'s stdin; empty means its end.
+pub fn input(init: &mut Init, pid: i32, data: &[u8]) {
+    let Some(p) = init.procs.by_pid.get_mut(&pid) else {
+        return;
+    };
+    if data.is_empty() {
+        p.eof = true;
+    } else if !p.eof {
+        p.pending.extend_from_slice(data);
+    }
+    write_stdin(init, pid);
+}
+
+fn write_stdin(init: &mut Init, pid: i32) {
+    let Some(p) = init.procs.by_pid.get_mut(&pid) else {
+        return;
+    };
+    let Some((tx, _)) = p.stdin.as_mut() else {
+        p.pending.clear();
+        return;
+    };
+    while !p.pending.is_empty() {
+        match tx.write(&p.pending) {
+            Ok(n) => {
+                p.pending.drain(..n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => {
+                // The program closed its stdin: what is left has nowhere to go.
+                p.pending.clear();
+                p.eof = true;
+                break;
+            }
+        }
+    }
+    // A terminal's input ends with ^D on the line discipline, never a close: closing
+    // the controller would hang the terminal up.
+    if p.eof && p.pty.is_none() {
+        if let Some((mut tx, t)) = p.stdin.take() {
+            let _ = init.poll.registry().deregister(&mut tx);
+            init.procs.tokens.remove(&t);
+        }
+    }
+}
+
+/// Sets `pid`'s terminal size (it gets SIGWINCH).
+pub fn resize(init: &mut Init, pid: u32, cols: u16, rows: u16) -> Result<(), String> {
+    let pid = i32::try_from(pid).map_err(|_| "no such process".to_string())?;
+    let p = init
+        .procs
+        .by_pid
+        .get(&pid)
+        .ok_or_else(|| format!("no such process: {pid}"))?;
+    let ctl = p
+        .pty
+        .as_ref()
+        .ok_or_else(|| format!("process {pid} has no terminal"))?;
+    isobox::sys::process::set_pty_size(ctl.as_fd(), cols.max(1), rows.max(1))
+        .map_err(|e| format!("resize: {e}"))
+}
+
+/// Sends `signal` to `pid`'s process group.
+pub fn signal(init: &mut Init, pid: u32, signal: i32) -> Result<(), String> {
+    let pid = i32::try_from(pid).map_err(|_| "no such process".to_string())?;
+    if !init.procs.by_pid.contains_key(&pid) {
+        return Err(format!("no such process: {pid}"));
+    }
+    isobox::sys::process::signal_group(pid, signal).map_err(|e| format!("signal: {e}"))
+}
+
+/// A process's fd is ready.
+pub fn event(init: &mut Init, t: Token, readable: bool, writable: bool) {
+    let Some(&(pid, side)) = init.procs.tokens.get(&t) else {
+        return;
+    };
+    match side {
+        Side::Out(_) if readable => {
+            pump(init, pid);
+        }
+        Side::In if writable => write_stdin(init, pid),
+        _ => {}
+    }
+}
+
+/// Forwards what `pid`'s outputs hold, until they would block, close, or the daemon
+/// falls behind. True when every output reached its end.
+fn pump(init: &mut Init, pid: i32) -> bool {
+    let mut buf = vec![0u8; MAX_DATA_BYTES];
+    let mut frames: Vec<(Stream, Vec<u8>)> = Vec::new();
+    let mut closed = Vec::new();
+    {
+        let Some(p) = init.procs.by_pid.get_mut(&pid) else {
+            return true;
+        };
+        let mut backlog = init.wbuf.len() - init.wpos;
+        for (i, (stream, rx, _)) in p.out.iter_mut().enumerate() {
+            loop {
+                if backlog >= super::MAX_CTL_BACKLOG_BYTES {
+                    break;
+                }
+                // The frame's stream byte comes first.
+                match rx.read(&mut buf[1..]) {
+                    Ok(0) => {
+                        closed.push(i);
+                        break;
+                    }
+                    Ok(n) => {
+                        backlog += n + 10;
+                        buf[0] = *stream as u8;
+                        frames.push((*stream, buf[..=n].to_vec()));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    // A terminal whose programs all closed it reads EIO: its end.
+                    Err(_) => {
+                        closed.push(i);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let channel = u32::try_from(pid).unwrap_or(0);
+    for (_, payload) in frames {
+        init.send(Kind::Output, channel, &payload);
+    }
+    let Some(p) = init.procs.by_pid.get_mut(&pid) else {
+        return true;
+    };
+    for i in closed.into_iter().rev() {
+        let (_, mut rx, t) = p.out.remove(i);
+        let _ = init.poll.registry().deregister(&mut rx);
+        init.procs.tokens.remove(&t);
+    }
+    init.procs.by_pid.get(&pid).is_none_or(|p| p.out.is_empty())
+}
+
+/// Forwards every process's waiting output (the daemon caught up).
+pub fn pump_all(init: &mut Init) {
+    let pids: Vec<i32> = init.procs.by_pid.keys().copied().collect();
+    for pid in pids {
+        pump(init, pid);
+    }
+}
+
+/// Reaps every child that ended. A process the daemon started gets its output
+/// forwarded first, then its `Exit`; what its background children still hold of its
+/// pipes is closed (their later writes fail). Orphans are reaped silently.
+pub fn reap(init: &mut Init) {
+    while let Some(r) = isobox::sys::process::reap_any() {
+        if !init.procs.by_pid.contains_key(&r.pid) {
+            continue;
+        }
+        pump(init, r.pid);
+        let Some(mut p) = init.procs.by_pid.remove(&r.pid) else {
+            continue;
+        };
+        let reg = init.poll.registry();
+        for (_, mut rx, t) in p.out.drain(..) {
+            let _ = reg.deregister(&mut rx);
+            init.procs.tokens.remove(&t);
+        }
+        if let Some((mut tx, t)) = p.stdin.take() {
+            let _ = reg.deregister(&mut tx);
+            init.procs.tokens.remove(&t);
+        }
+        init.send_json(
+            Kind::Exit,
+            u32::try_from(r.pid).unwrap_or(0),
+            &Exited {
+                code: r.code,
+                signal: r.signal,
+            },
+        );
+    }
+}
+
+/// Kills every process group the daemon started, and what is left of them (the channel
+/// is gone), then reaps them.
+pub fn kill_all(init: &mut Init) {
+    for &g in &init.procs.groups {
+        let _ = isobox::sys::process::signal_group(g, libc::SIGKILL);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        match isobox::sys::process::reap_any() {
+            Some(_) => continue,
+            None if init.procs.groups.iter().any(|&g| group_alive(g)) => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            None => break,
+        }
+    }
+}
+
+/// Whether any process of group `g` is left, a zombie included (reaped next turn).
+fn group_alive(g: i32) -> bool {
+    isobox::sys::process::group_exists(g)
+}

@@ -1,0 +1,322 @@
+//! The init protocol: how the daemon and `isobox-init` (the init of a long-lived
+//! sandbox, `src/bin/isobox-init/`) talk over the socket pair that is the sandbox's fd 0.
+//! Sans-IO and shared by both sides: frames, their bounds, and the decoder.
+//!
+//! A frame is a 4-byte big-endian length, then that many bytes: a kind byte, a 4-byte
+//! big-endian channel, and the payload. The channel says what the frame is about: a
+//! call's id for `Call` and `Reply`, a process's id for `Output`, `Input` and `Exit`.
+//! Calls and replies carry JSON; output and input carry raw bytes (no base64 on the hot
+//! path). The first frame is init's `Hello`, with the protocol version it speaks; the
+//! daemon refuses any other version. Either side that receives a frame it cannot parse,
+//! a kind it does not know or a length over [`MAX_FRAME_BYTES`] ends the channel: for
+//! the daemon that ends this one sandbox, nothing else.
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol version both sides speak.
+pub const VERSION: u32 = 1;
+/// Largest frame body (kind, channel and payload).
+pub const MAX_FRAME_BYTES: usize = (1 << 20) + 5;
+/// Largest payload of one `Output` or `Input` frame (bigger data is split).
+pub const MAX_DATA_BYTES: usize = 256 << 10;
+/// Output kept per process and stream for later attachment.
+pub const RING_BYTES: usize = 1 << 20;
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// init → daemon, first: `{"version": N, "pid": P}`.
+    Hello = 1,
+    /// daemon → init: a [`Call`], channel = its id.
+    Call = 2,
+    /// init → daemon: the answer to call `channel`, JSON ([`Reply`]).
+    Reply = 3,
+    /// init → daemon: output of process `channel`: one stream byte ([`Stream`]), bytes.
+    Output = 4,
+    /// init → daemon: process `channel` ended, JSON ([`Exited`]).
+    Exit = 5,
+    /// daemon → init: bytes for process `channel`'s stdin; empty means end of input.
+    Input = 6,
+}
+
+impl Kind {
+    fn of(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Hello,
+            2 => Kind::Call,
+            3 => Kind::Reply,
+            4 => Kind::Output,
+            5 => Kind::Exit,
+            6 => Kind::Input,
+            _ => return None,
+        })
+    }
+}
+
+/// Which output stream (the first payload byte of `Output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stream {
+    /// stdout (a terminal's output too).
+    Stdout = 1,
+    /// stderr.
+    Stderr = 2,
+}
+
+/// One decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// What it is.
+    pub kind: Kind,
+    /// What it is about.
+    pub channel: u32,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// The channel broke its protocol.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// A length over the bound, or too short to hold kind and channel.
+    #[error("frame length {0} outside 5..={MAX_FRAME_BYTES}")]
+    Length(usize),
+    /// A kind byte neither side defines.
+    #[error("unknown frame kind {0}")]
+    Kind(u8),
+}
+
+/// Appends one frame to `out`.
+///
+/// # Panics
+/// When the payload is over the bound: callers split data at [`MAX_DATA_BYTES`] and
+/// calls and replies are built from bounded fields (a programming error, not input).
+pub fn encode(out: &mut Vec<u8>, kind: Kind, channel: u32, payload: &[u8]) {
+    let len = payload.len() + 5;
+    assert!(len <= MAX_FRAME_BYTES, "frame of {len} bytes");
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.push(kind as u8);
+    out.extend_from_slice(&channel.to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Appends a JSON frame.
+pub fn encode_json<T: Serialize>(out: &mut Vec<u8>, kind: Kind, channel: u32, value: &T) {
+    let body = serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec());
+    encode(out, kind, channel, &body);
+}
+
+/// Takes frames out of a byte stream. The buffer never holds more than one frame's
+/// worth beyond what was decoded.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    /// INVARIANT: `start <= buf.len()`; bytes before it were decoded already.
+    start: usize,
+}
+
+impl Decoder {
+    /// Appends bytes read from the channel.
+    pub fn push(&mut self, data: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 64 << 10 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(data);
+    }
+
+    /// Bytes buffered and not decoded.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+
+    /// The next whole frame, if one is buffered.
+    ///
+    /// # Errors
+    /// [`WireError`] at the first malformed frame (the channel is then done for).
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, WireError> {
+        let rest = &self.buf[self.start..];
+        let Some(head) = rest.get(..4) else {
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if !(5..=MAX_FRAME_BYTES).contains(&len) {
+            return Err(WireError::Length(len));
+        }
+        // The length is checked before the body arrives: a peer cannot make us buffer
+        // more than one bounded frame.
+        let Some(body) = rest.get(4..4 + len) else {
+            return Ok(None);
+        };
+        let kind = Kind::of(body[0]).ok_or(WireError::Kind(body[0]))?;
+        let channel = u32::from_be_bytes([body[1], body[2], body[3], body[4]]);
+        let payload = body[5..].to_vec();
+        self.start += 4 + len;
+        Ok(Some(Frame {
+            kind,
+            channel,
+            payload,
+        }))
+    }
+}
+
+/// `Hello`'s payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hello {
+    /// Protocol version init speaks.
+    pub version: u32,
+    /// init's pid inside the sandbox.
+    pub pid: u32,
+}
+
+/// A call from the daemon.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Call {
+    /// Start `cmd` with `/bin/sh -c`; the reply is `{"pid": N}` (init's id of it).
+    Spawn {
+        /// The command line.
+        cmd: String,
+        /// Working directory (default: the user's home).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<String>,
+        /// Variables on top of the sandbox's.
+        #[serde(default)]
+        env: Vec<(String, String)>,
+        /// Keep stdin open for `Input` frames (else it is empty at once).
+        #[serde(default)]
+        stdin: bool,
+        /// A terminal of this size instead of pipes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pty: Option<(u16, u16)>,
+    },
+    /// Send a signal to a process's group.
+    Signal {
+        /// init's id of the process.
+        pid: u32,
+        /// The signal number.
+        signal: i32,
+    },
+    /// Set a terminal's size.
+    Resize {
+        /// init's id of the process.
+        pid: u32,
+        /// Columns.
+        cols: u16,
+        /// Rows.
+        rows: u16,
+    },
+    /// Set the sandbox's environment for later processes (adds and replaces).
+    Env {
+        /// Variables.
+        env: Vec<(String, String)>,
+    },
+}
+
+/// A reply: `{"ok": …}` or `{"error": "…"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reply {
+    /// The call's result.
+    Ok(serde_json::Value),
+    /// Why it failed, in words for the client.
+    Error(String),
+}
+
+/// `Exit`'s payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exited {
+    /// The exit code, or 128 + the signal that ended it.
+    pub code: i32,
+    /// The signal that ended it, if one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_frames_round_trip_in_any_pieces() {
+        let mut bytes = Vec::new();
+        encode_json(
+            &mut bytes,
+            Kind::Hello,
+            0,
+            &Hello {
+                version: VERSION,
+                pid: 1,
+            },
+        );
+        encode(&mut bytes, Kind::Output, 7, &[1, b'h', b'i']);
+        encode(&mut bytes, Kind::Input, 7, &[]);
+        for cut in 0..=bytes.len() {
+            let mut d = Decoder::default();
+            d.push(&bytes[..cut]);
+            let mut got = Vec::new();
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+            d.push(&bytes[cut..]);
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+            assert_eq!(got.len(), 3, "cut at {cut}");
+            assert_eq!(got[1].kind, Kind::Output);
+            assert_eq!(
+                (got[1].channel, got[1].payload.as_slice()),
+                (7, &[1, b'h', b'i'][..])
+            );
+            assert_eq!((got[2].kind, got[2].payload.len()), (Kind::Input, 0));
+            let h: Hello = serde_json::from_slice(&got[0].payload).unwrap();
+            assert_eq!(h.version, VERSION);
+            assert_eq!(d.pending(), 0);
+        }
+    }
+
+    #[test]
+    fn test_lengths_at_below_and_above_the_bound() {
+        for (len, ok) in [
+            (4usize, false),
+            (5, true),
+            (MAX_FRAME_BYTES, true),
+            (MAX_FRAME_BYTES + 1, false),
+        ] {
+            let mut d = Decoder::default();
+            d.push(&(len as u32).to_be_bytes());
+            // The length alone decides: nothing of the body has come yet.
+            match d.next_frame() {
+                Ok(None) => assert!(ok, "{len}"),
+                Err(WireError::Length(n)) => assert!(!ok && n == len, "{len}"),
+                other => panic!("{len}: {other:?}"),
+            }
+        }
+        let mut d = Decoder::default();
+        d.push(&[0, 0, 0, 5, 9, 0, 0, 0, 0]);
+        assert_eq!(d.next_frame(), Err(WireError::Kind(9)));
+    }
+
+    #[test]
+    fn test_calls_are_strict_json() {
+        let c: Call =
+            serde_json::from_str(r#"{"op":"spawn","cmd":"echo hi","stdin":true}"#).unwrap();
+        assert!(matches!(
+            c,
+            Call::Spawn {
+                stdin: true,
+                pty: None,
+                ..
+            }
+        ));
+        assert!(serde_json::from_str::<Call>(r#"{"op":"spawn","cmd":"x","bogus":1}"#).is_err());
+        assert!(serde_json::from_str::<Call>(r#"{"op":"format_disk"}"#).is_err());
+        let r: Reply = serde_json::from_str(r#"{"error":"no such process"}"#).unwrap();
+        assert_eq!(r, Reply::Error("no such process".into()));
+    }
+}

@@ -1,0 +1,304 @@
+//! `isobox-init`, the init of a long-lived sandbox, driven over its control socket as the
+//! daemon drives it, here on the host (no sandbox, no root): the real binary with one
+//! end of a socket pair as its fd 0, speaking `isobox::sandbox::wire`. What it does inside
+//! gVisor (as pid 1, with a user) is tested through the daemon in `tests/wbx.rs`.
+
+use isobox::sandbox::wire::{self, Call, Decoder, Exited, Frame, Hello, Kind, Reply, Stream};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Init {
+    child: Child,
+    ctl: UnixStream,
+    decoder: Decoder,
+    next_call: u32,
+    /// Frames read but not asked for yet.
+    queue: Vec<Frame>,
+}
+
+impl Init {
+    fn start() -> Init {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_isobox-init"))
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .current_dir(std::env::temp_dir())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("FROM_INIT_ENV", "yes")
+            .spawn()
+            .unwrap();
+        ours.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut init = Init {
+            child,
+            ctl: ours,
+            decoder: Decoder::default(),
+            next_call: 1,
+            queue: Vec::new(),
+        };
+        let hello = init.frame(|f| f.kind == Kind::Hello);
+        let h: Hello = serde_json::from_slice(&hello.payload).unwrap();
+        assert_eq!(h.version, wire::VERSION);
+        assert_eq!(h.pid, init.child.id());
+        init
+    }
+
+    /// The next frame `want` accepts (others are kept for later).
+    fn frame(&mut self, want: impl Fn(&Frame) -> bool) -> Frame {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(i) = self.queue.iter().position(&want) {
+                return self.queue.remove(i);
+            }
+            while let Some(f) = self.decoder.next_frame().unwrap() {
+                self.queue.push(f);
+            }
+            if let Some(i) = self.queue.iter().position(&want) {
+                return self.queue.remove(i);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no such frame; have {:?}",
+                self.queue
+            );
+            let mut buf = [0u8; 65536];
+            let n = self.ctl.read(&mut buf).unwrap();
+            assert!(n > 0, "init closed the channel");
+            self.decoder.push(&buf[..n]);
+        }
+    }
+
+    fn call(&mut self, c: &Call) -> Reply {
+        let id = self.next_call;
+        self.next_call += 1;
+        let mut out = Vec::new();
+        wire::encode_json(&mut out, Kind::Call, id, c);
+        self.ctl.write_all(&out).unwrap();
+        let f = self.frame(|f| f.kind == Kind::Reply && f.channel == id);
+        serde_json::from_slice(&f.payload).unwrap()
+    }
+
+    fn spawn(&mut self, cmd: &str, stdin: bool, pty: Option<(u16, u16)>) -> u32 {
+        match self.call(&Call::Spawn {
+            cmd: cmd.into(),
+            cwd: None,
+            env: vec![("FROM_CALL".into(), "1".into())],
+            stdin,
+            pty,
+        }) {
+            Reply::Ok(v) => v["pid"].as_u64().unwrap() as u32,
+            Reply::Error(e) => panic!("spawn: {e}"),
+        }
+    }
+
+    fn input(&mut self, pid: u32, data: &[u8]) {
+        let mut out = Vec::new();
+        wire::encode(&mut out, Kind::Input, pid, data);
+        self.ctl.write_all(&out).unwrap();
+    }
+
+    /// Everything `pid` wrote, by stream, until its exit.
+    fn run_out(&mut self, pid: u32) -> (String, String, Exited) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        loop {
+            let f = self.frame(|f| f.channel == pid && matches!(f.kind, Kind::Output | Kind::Exit));
+            if f.kind == Kind::Exit {
+                let e: Exited = serde_json::from_slice(&f.payload).unwrap();
+                return (
+                    String::from_utf8_lossy(&out).into_owned(),
+                    String::from_utf8_lossy(&err).into_owned(),
+                    e,
+                );
+            }
+            match f.payload[0] {
+                b if b == Stream::Stdout as u8 => out.extend_from_slice(&f.payload[1..]),
+                b if b == Stream::Stderr as u8 => err.extend_from_slice(&f.payload[1..]),
+                b => panic!("stream byte {b}"),
+            }
+        }
+    }
+
+    /// Output of `pid` until `needle` shows up.
+    fn wait_output(&mut self, pid: u32, needle: &str) -> String {
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains(needle) {
+            let f = self.frame(|f| f.channel == pid && f.kind == Kind::Output);
+            got.extend_from_slice(&f.payload[1..]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+}
+
+impl Drop for Init {
+    /// Closes the channel, as a daemon that went away would: init kills every process
+    /// group it started (what they left running included) and exits.
+    fn drop(&mut self) {
+        let _ = self.ctl.shutdown(std::net::Shutdown::Both);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn test_hello_spawn_output_and_exit() {
+    let mut init = Init::start();
+    let pid = init.spawn(
+        "echo out; echo err >&2; echo $FROM_INIT_ENV $FROM_CALL; exit 3",
+        false,
+        None,
+    );
+    let (out, err, exit) = init.run_out(pid);
+    assert_eq!((out.as_str(), err.as_str()), ("out\nyes 1\n", "err\n"));
+    assert_eq!(
+        exit,
+        Exited {
+            code: 3,
+            signal: None
+        }
+    );
+    // Env for later processes.
+    assert!(matches!(
+        init.call(&Call::Env {
+            env: vec![("LATER".into(), "set".into())]
+        }),
+        Reply::Ok(_)
+    ));
+    let pid = init.spawn("echo $LATER", false, None);
+    assert_eq!(init.run_out(pid).0, "set\n");
+}
+
+#[test]
+fn test_stdin_end_and_large_output_in_order() {
+    let mut init = Init::start();
+    let pid = init.spawn("cat; echo done", true, None);
+    init.input(pid, b"abc");
+    init.input(pid, b"def\n");
+    init.input(pid, b"");
+    let (out, _, exit) = init.run_out(pid);
+    assert_eq!(out, "abcdef\ndone\n");
+    assert_eq!(exit.code, 0);
+    // More than one frame's worth, split and in order.
+    let pid = init.spawn("head -c 3000000 /dev/zero | tr '\\0' a; echo", false, None);
+    let (out, _, _) = init.run_out(pid);
+    assert_eq!(out.len(), 3_000_001);
+    assert!(out.bytes().take(3_000_000).all(|b| b == b'a'));
+}
+
+#[test]
+fn test_signals_reach_the_process_group() {
+    let mut init = Init::start();
+    let pid = init.spawn("sleep 30 & sleep 30; echo never", false, None);
+    let t0 = Instant::now();
+    assert!(matches!(
+        init.call(&Call::Signal {
+            pid,
+            signal: libc::SIGTERM
+        }),
+        Reply::Ok(_)
+    ));
+    let (out, _, exit) = init.run_out(pid);
+    assert_eq!(out, "");
+    assert_eq!(
+        exit,
+        Exited {
+            code: 128 + libc::SIGTERM,
+            signal: Some(libc::SIGTERM)
+        }
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // A process that is not one of init's cannot be signalled through it.
+    match init.call(&Call::Signal { pid: 1, signal: 9 }) {
+        Reply::Error(e) => assert!(e.contains("no such process"), "{e}"),
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn test_a_background_child_does_not_hold_the_exit() {
+    let mut init = Init::start();
+    let t0 = Instant::now();
+    let pid = init.spawn("sleep 30 & echo bg", false, None);
+    let (out, _, exit) = init.run_out(pid);
+    assert_eq!((out.as_str(), exit.code), ("bg\n", 0));
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn test_a_terminal_with_size_input_and_ctrl_c() {
+    let mut init = Init::start();
+    let pid = init.spawn(
+        "stty size; trap 'echo got-int' INT; read line; echo \"read:$line\"; stty size; sleep 5 & wait",
+        true,
+        Some((80, 24)),
+    );
+    let got = init.wait_output(pid, "24 80");
+    assert!(got.contains("24 80"), "{got:?}");
+    init.input(pid, b"hello\n");
+    init.wait_output(pid, "read:hello");
+    assert!(matches!(
+        init.call(&Call::Resize {
+            pid,
+            cols: 100,
+            rows: 30
+        }),
+        Reply::Ok(_)
+    ));
+    init.wait_output(pid, "30 100");
+    // Ctrl-C through the line discipline reaches the foreground group as SIGINT.
+    init.input(pid, b"\x03");
+    init.wait_output(pid, "got-int");
+    let (_, _, exit) = init.run_out(pid);
+    assert_ne!(exit.code, 0, "{exit:?}");
+    match init.call(&Call::Resize {
+        pid,
+        cols: 1,
+        rows: 1,
+    }) {
+        Reply::Error(e) => assert!(e.contains("no such process"), "{e}"),
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn test_bad_calls_are_refused_and_garbage_ends_the_channel() {
+    let mut init = Init::start();
+    let mut out = Vec::new();
+    wire::encode(&mut out, Kind::Call, 7, b"{\"op\":\"format_disk\"}");
+    init.ctl.write_all(&out).unwrap();
+    let f = init.frame(|f| f.kind == Kind::Reply && f.channel == 7);
+    let r: Reply = serde_json::from_slice(&f.payload).unwrap();
+    assert!(
+        matches!(r, Reply::Error(ref e) if e.contains("bad call")),
+        "{r:?}"
+    );
+    match init.call(&Call::Spawn {
+        cmd: "true".into(),
+        cwd: Some("/no/such/dir".into()),
+        env: vec![],
+        stdin: false,
+        pty: None,
+    }) {
+        Reply::Error(e) => assert!(e.contains("/no/such/dir"), "{e}"),
+        r => panic!("{r:?}"),
+    }
+    // A frame of an unknown kind: init ends (it would end the sandbox), nothing else.
+    init.ctl.write_all(&[0, 0, 0, 5, 99, 0, 0, 0, 0]).unwrap();
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = init.child.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "init still running");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
