@@ -240,6 +240,22 @@ struct Args {
     /// on SIGTERM, running executions get this long before they are killed
     #[arg(long, env = "ISOBOX_SHUTDOWN_GRACE_MS", default_value = "10000", value_parser = Value(parsed::<u64>))]
     shutdown_grace_ms: u64,
+    /// long-lived sandboxes (/wbx) a tenant may have at once (429 above; 0: none)
+    #[arg(long, env = "ISOBOX_WBX_MAX_SANDBOXES", default_value = "8", value_parser = Value(parsed::<usize>))]
+    wbx_max_sandboxes: usize,
+    /// vCPUs of a tenant's long-lived sandboxes together (each has 2)
+    #[arg(long, env = "ISOBOX_WBX_MAX_VCPU", default_value = "16", value_parser = Value(parsed::<u32>))]
+    wbx_max_vcpu: u32,
+    /// memory of a tenant's long-lived sandboxes together, MiB (each has 512)
+    #[arg(long, env = "ISOBOX_WBX_MAX_MEMORY_MB", default_value = "4096", value_parser = Value(parsed::<u64>))]
+    wbx_max_memory_mb: u64,
+    /// longest lifetime of a long-lived sandbox, seconds (a larger timeout_s is capped)
+    #[arg(long, env = "ISOBOX_WBX_MAX_TIMEOUT_S", default_value = "86400", value_parser = Value(parsed::<u64>))]
+    wbx_max_timeout_s: u64,
+    /// the isobox-init binary long-lived sandboxes run as their init (default: beside
+    /// isoboxd's own executable)
+    #[arg(long, env = "ISOBOX_INIT", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
+    init: std::option::Option<PathBuf>,
 }
 
 pub use crate::secret::Secret;
@@ -299,6 +315,10 @@ pub struct Config {
     pub kernel_idle_sec: u64,
     /// The server-side agent.
     pub ai: AiConfig,
+    /// The WBX face's per-tenant limits.
+    pub wbx: crate::wbx::sandboxes::Limits,
+    /// The `isobox-init` binary (long-lived sandboxes' init).
+    pub init: PathBuf,
 }
 
 /// Settings of the server-side agent (`/v1/agent`).
@@ -425,6 +445,18 @@ impl Config {
                 python_wall_sec: a.ai_python_wall_sec,
                 shell_wall_sec: a.ai_shell_wall_sec,
             },
+            wbx: crate::wbx::sandboxes::Limits {
+                max_sandboxes: a.wbx_max_sandboxes,
+                max_vcpu: a.wbx_max_vcpu,
+                max_mem_mb: a.wbx_max_memory_mb,
+                max_timeout_s: a.wbx_max_timeout_s,
+            },
+            init: a.init.unwrap_or_else(|| {
+                std::env::current_exe()
+                    .ok()
+                    .and_then(|e| e.parent().map(|d| d.join("isobox-init")))
+                    .unwrap_or_else(|| PathBuf::from("/usr/lib/isobox/isobox-init"))
+            }),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -446,6 +478,13 @@ impl Config {
                 "ISOBOX_INSTANCE",
                 &self.instance,
                 "must start with `isobox`, at most 40 of [a-z0-9-]",
+            ));
+        }
+        if self.wbx.max_timeout_s == 0 {
+            return Err(invalid(
+                "ISOBOX_WBX_MAX_TIMEOUT_S",
+                "0",
+                "at least 1 second",
             ));
         }
         if !["ptrace", "kvm", "systrap"].contains(&self.platform.as_str()) {
@@ -964,6 +1003,11 @@ mod tests {
         ("--ai-python-wall-sec", "ISOBOX_AI_PYTHON_WALL_SEC"),
         ("--ai-shell-wall-sec", "ISOBOX_AI_SHELL_WALL_SEC"),
         ("--shutdown-grace-ms", "ISOBOX_SHUTDOWN_GRACE_MS"),
+        ("--wbx-max-sandboxes", "ISOBOX_WBX_MAX_SANDBOXES"),
+        ("--wbx-max-vcpu", "ISOBOX_WBX_MAX_VCPU"),
+        ("--wbx-max-memory-mb", "ISOBOX_WBX_MAX_MEMORY_MB"),
+        ("--wbx-max-timeout-s", "ISOBOX_WBX_MAX_TIMEOUT_S"),
+        ("--init", "ISOBOX_INIT"),
     ];
 
     #[test]

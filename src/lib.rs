@@ -39,6 +39,8 @@ pub mod secret;
 pub mod store;
 /// All raw libc and FFI.
 pub mod sys;
+/// The WBX face (`/wbx`): long-lived sandboxes and commands, its routes and errors.
+pub mod wbx;
 /// Sessions' workspaces and volumes, the confined file API, zip downloads.
 pub mod workspace;
 

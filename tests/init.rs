@@ -236,7 +236,7 @@ fn test_a_background_child_does_not_hold_the_exit() {
 fn test_a_terminal_with_size_input_and_ctrl_c() {
     let mut init = Init::start();
     let pid = init.spawn(
-        "stty size; trap 'echo got-int' INT; read line; echo \"read:$line\"; stty size; sleep 5 & wait",
+        "trap 'echo got-int; exit 3' INT; stty size; read line; echo \"read:$line\"; stty size; while :; do sleep 0.1; done",
         true,
         Some((80, 24)),
     );
@@ -257,7 +257,7 @@ fn test_a_terminal_with_size_input_and_ctrl_c() {
     init.input(pid, b"\x03");
     init.wait_output(pid, "got-int");
     let (_, _, exit) = init.run_out(pid);
-    assert_ne!(exit.code, 0, "{exit:?}");
+    assert_eq!(exit.code, 3, "the trap's exit: {exit:?}");
     match init.call(&Call::Resize {
         pid,
         cols: 1,

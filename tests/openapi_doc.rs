@@ -1,6 +1,7 @@
 //! The served OpenAPI document is valid OpenAPI 3.1 (checked by openapi-spec-validator,
 //! installed by `make test` into /tmp/isobox-test-venv) and lists every route the
-//! router knows, with its methods, and no route that does not exist.
+//! routers know (the isobox face's and the WBX face's), with its methods, and no
+//! route that does not exist.
 
 mod common;
 use common::{test_python, Daemon};
@@ -11,6 +12,7 @@ fn test_openapi_valid_and_complete() {
     let paths = std::env::temp_dir().join(format!("isobox-paths-{}", std::process::id()));
     let text: String = isobox::api::routes::paths()
         .iter()
+        .chain(isobox::wbx::routes::paths().iter())
         .map(|(p, m)| format!("{p}\t{m}\n"))
         .collect();
     std::fs::write(&paths, text).unwrap();

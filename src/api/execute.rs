@@ -265,6 +265,7 @@ fn decode_with(
         code_given,
         preload: None,
         workspace: None,
+        long_lived: None,
     })
 }
 

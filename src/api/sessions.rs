@@ -159,6 +159,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             code_given: false,
             preload: None,
             workspace: None,
+            long_lived: None,
         }))
     } else {
         None

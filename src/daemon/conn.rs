@@ -84,6 +84,18 @@ pub enum Owner {
     },
     /// A response body is being forwarded from a transfer thread's pipe.
     Transfer(Box<super::transfer::Transfer>),
+    /// A long-lived sandbox answers once: its creation (after its init's hello) or its
+    /// removal.
+    BoxWait,
+    /// A command in a long-lived sandbox: one JSON answer at its end, or NDJSON.
+    BoxCmd {
+        /// The sandbox's key.
+        key: usize,
+        /// Its serial.
+        serial: u64,
+        /// The call that started the command.
+        call: u32,
+    },
     /// An agent loop streams SSE from its thread, which stops once `cancel` is set.
     Agent {
         /// The loop's id (its keep-alive timer names it).
@@ -100,8 +112,10 @@ pub enum Owner {
 impl hc::Owner for Owner {
     fn role(&self) -> Role {
         match self {
-            Owner::Run { .. } | Owner::Transfer(_) | Owner::Agent { .. } => Role::Produces,
-            Owner::Job | Owner::UploadWait { .. } => Role::Answers,
+            Owner::Run { .. } | Owner::Transfer(_) | Owner::Agent { .. } | Owner::BoxCmd { .. } => {
+                Role::Produces
+            }
+            Owner::Job | Owner::UploadWait { .. } | Owner::BoxWait => Role::Answers,
             Owner::Upload { target, .. } => Role::Receives {
                 reading: target.is_some(),
             },
@@ -109,10 +123,60 @@ impl hc::Owner for Owner {
     }
 }
 
-/// A connection's HTTP state, with this face's routes and owners.
-pub type HttpConn = hc::Conn<&'static Spec, Owner>;
+/// A request's route, on one of the faces.
+#[derive(Debug, Clone, Copy)]
+pub enum Routed {
+    /// The isobox face (`/`).
+    Isobox(&'static Spec),
+    /// The WBX face (`/wbx`).
+    Wbx(&'static crate::wbx::routes::Spec),
+}
+
+impl Routed {
+    fn body_cap(self) -> usize {
+        match self {
+            Routed::Isobox(s) => s.body_cap,
+            Routed::Wbx(s) => s.body_cap,
+        }
+    }
+
+    fn class(self) -> crate::admission::Class {
+        match self {
+            Routed::Isobox(s) => s.class,
+            Routed::Wbx(s) => s.class,
+        }
+    }
+
+    fn over_cap(self) -> Response {
+        match self {
+            Routed::Isobox(s) => s.over_cap(),
+            Routed::Wbx(s) => s.over_cap(),
+        }
+    }
+
+    /// An answer made in the isobox shape (admission's), in this route's face's.
+    fn shaped(self, resp: Response) -> Response {
+        match self {
+            Routed::Isobox(_) => resp,
+            Routed::Wbx(_) => crate::wbx::reshape(resp),
+        }
+    }
+}
+
+/// A connection's HTTP state, with the faces' routes and the daemon's owners.
+pub type HttpConn = hc::Conn<Routed, Owner>;
 /// Where a connection is.
-pub type Phase = hc::Phase<&'static Spec, Owner>;
+pub type Phase = hc::Phase<Routed, Owner>;
+
+/// The part of `path` under the WBX face's base, if it is there.
+fn wbx_path(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix(crate::wbx::BASE)?;
+    match rest {
+        "" => Some("/"),
+        r if r.starts_with('/') => Some(r),
+        _ => None,
+    }
+}
 
 /// A client connection: its socket, its HTTP state and its deadline.
 pub struct Client {
@@ -363,38 +427,49 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        let (route, params) = match api::resolve(&head.method, &head.path) {
+        let resolved = match wbx_path(&head.path) {
+            Some(rest) => {
+                crate::wbx::routes::resolve(&head.method, rest).map(|(s, p)| (Routed::Wbx(s), p))
+            }
+            None => api::resolve(&head.method, &head.path)
+                .map(|(s, p)| (Routed::Isobox(s), p))
+                .map_err(api::error::route_error),
+        };
+        let (route, params) = match resolved {
             Ok(r) => r,
-            Err(e) => {
-                c.http
-                    .refuse_head(&head, api::error::route_error(e), shutting_down);
+            Err(resp) => {
+                c.http.refuse_head(&head, resp, shutting_down);
                 return;
             }
         };
         let peer = c.peer.ip();
         let tenant = match self
             .admission
-            .check(route.class, &head, peer, Instant::now())
+            .check(route.class(), &head, peer, Instant::now())
         {
             crate::admission::Verdict::Allow { tenant } => tenant,
             crate::admission::Verdict::Deny(resp) => {
-                c.http.refuse_head(&head, resp, shutting_down);
+                c.http.refuse_head(&head, route.shaped(resp), shutting_down);
                 return;
             }
         };
-        if let Handler::Upload = route.handler {
+        if let Routed::Isobox(Spec {
+            handler: Handler::Upload,
+            ..
+        }) = route
+        {
             self.begin_upload(ck, head, tenant, params);
             return;
         }
         let step = c
             .http
-            .begin_body(head, route, route.body_cap, params, tenant);
+            .begin_body(head, route, route.body_cap(), params, tenant);
         self.body_step(ck, step);
     }
 
     /// Acts on what the body reader found. True when a request was dispatched (the
     /// caller may go on with the next one).
-    fn body_step(&mut self, ck: usize, step: BodyStep<&'static Spec>) -> bool {
+    fn body_step(&mut self, ck: usize, step: BodyStep<Routed>) -> bool {
         match step {
             BodyStep::Wait { idle } => {
                 if idle {
@@ -419,8 +494,18 @@ impl Daemon {
         }
     }
 
-    fn dispatch(&mut self, ck: usize, route: &'static Spec, req: Request) {
+    fn dispatch(&mut self, ck: usize, route: Routed, req: Request) {
         log::debug!("conn={ck} {} {}", req.head.method, req.head.path);
+        let route = match route {
+            Routed::Isobox(r) => r,
+            Routed::Wbx(spec) => {
+                match crate::wbx::routes::handle(spec, &req, &self.app.runtimes, &self.cfg.wbx) {
+                    crate::wbx::routes::Asked::Respond(resp) => self.respond(ck, resp),
+                    crate::wbx::routes::Asked::Op(op) => self.box_op(ck, req.tenant, op),
+                }
+                return;
+            }
+        };
         let Handler::Request(handle) = route.handler else {
             // Uploads are taken over at their head and never reach here.
             self.respond(ck, Response::error(500, "internal_error", None));
@@ -505,6 +590,14 @@ impl Daemon {
         }
     }
 
+    /// Starts an NDJSON response on `ck` (its owner stays).
+    pub(crate) fn conn_start_ndjson(&mut self, ck: usize) {
+        let shutting_down = self.app.shutting_down;
+        if let Some(c) = self.conns.get_mut(ck) {
+            c.http.start_ndjson(shutting_down);
+        }
+    }
+
     /// Starts an SSE response on `ck` (its owner stays).
     pub(crate) fn conn_start_sse(&mut self, ck: usize) {
         let shutting_down = self.app.shutting_down;
@@ -554,10 +647,11 @@ impl Daemon {
         if !c.http.write_to(&mut c.stream, Instant::now()) {
             return false;
         }
-        if let Some(&Owner::Run { run, stream: true }) = c.owner() {
-            if c.http.pending_write() < MAX_WRITE_BUFFER_BYTES / 2 {
-                self.run_resume(run);
-            }
+        let drained = c.http.pending_write() < MAX_WRITE_BUFFER_BYTES / 2;
+        match c.owner() {
+            Some(&Owner::Run { run, stream: true }) if drained => self.run_resume(run),
+            Some(&Owner::BoxCmd { key, .. }) if drained => self.box_resume(key),
+            _ => {}
         }
         true
     }
@@ -623,6 +717,9 @@ impl Daemon {
             Phase::Owned(Owner::Transfer(t)) => self.transfer_release(*t),
             Phase::Owned(Owner::Agent { cancel, .. }) => {
                 cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            Phase::Owned(Owner::BoxCmd { key, serial, call }) => {
+                self.exec_cancel(key, serial, call)
             }
             _ => {}
         }

@@ -15,6 +15,8 @@
 //! (`reactor`), and nothing imports it but `main`. `startup` is `Daemon::new`.
 
 pub mod agent;
+mod box_exec;
+pub mod boxes;
 pub mod conn;
 pub mod egress;
 mod finish;
@@ -52,7 +54,7 @@ const HOUSEKEEPING: u16 = 2;
 const SHUTDOWN_GRACE: u16 = 3;
 
 /// Every component, in the order of their ids (checked by `Reactor::add` at startup).
-fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 7] {
+fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 8] {
     [
         (LIFECYCLE, &Lifecycle),
         (conn::HTTP, &conn::Http),
@@ -61,6 +63,7 @@ fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 7] {
         (kernels::KERNELS, &kernels::Kernels),
         (agent::AGENT, &agent::Agents),
         (egress::EGRESS, &egress::EgressChecks),
+        (boxes::BOXES, &boxes::Boxes),
     ]
 }
 
@@ -108,6 +111,8 @@ pub struct Daemon {
     pub(crate) agent_threads: Option<crate::agent::AgentThreads>,
     /// Source of agent loop ids.
     pub(crate) agent_serial: u64,
+    /// Long-lived sandboxes (the WBX face's).
+    pub(crate) boxes: boxes::Table,
 }
 
 impl Host for Daemon {
@@ -203,6 +208,7 @@ impl Daemon {
             if self.shutdown_deadline.is_some()
                 && self.runs.is_empty()
                 && self.kernels.is_empty()
+                && self.boxes.is_empty()
                 && self.warm.idle()
                 && self.reactor.overflow_empty()
                 && self.conns_all_flushed()
@@ -304,6 +310,9 @@ impl Daemon {
         self.app.shutting_down = true;
         // Idle kernels have nothing to finish; busy ones get the grace with the runs.
         self.kill_idle_kernels("the daemon is shutting down");
+        // A long-lived sandbox has no end to wait for: it ends now (a restart loses
+        // them, as documented).
+        self.box_end_all("the daemon is shutting down");
         self.agent_stop_all();
         self.warm_drain();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);

@@ -297,6 +297,7 @@ impl Daemon {
             warm,
             agent,
             agent_threads,
+            boxes: Default::default(),
             agent_serial: 0,
         })
     }

@@ -595,6 +595,22 @@ impl<R, W: Owner> Conn<R, W> {
         }
     }
 
+    /// Queues the head of an NDJSON response (one JSON object a line, chunked, as the
+    /// lines come). The phase stays the owner's.
+    pub fn start_ndjson(&mut self, shutting_down: bool) {
+        let keep = self.keeps(shutting_down);
+        let headers = [
+            ("Content-Type", "application/x-ndjson".to_string()),
+            ("Cache-Control", "no-cache".to_string()),
+            ("X-Accel-Buffering", "no".to_string()),
+            ("Transfer-Encoding", "chunked".to_string()),
+        ];
+        super::response::write_head(&mut self.wbuf, 200, &headers, None, keep);
+        if !keep {
+            self.close_after_flush = true;
+        }
+    }
+
     /// Queues one chunk of a chunked response.
     pub fn send_chunk(&mut self, payload: &[u8]) {
         write_chunk(&mut self.wbuf, payload);

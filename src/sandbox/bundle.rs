@@ -121,7 +121,10 @@ pub fn config(
         json!({"destination": "/proc", "type": "proc", "source": "proc"}),
         tmpfs("/tmp", mem),
     ];
-    if let Some(ws) = &plan.workspace {
+    if let Some(init) = &plan.long_lived {
+        // The init, read-only; the rest of the tree is the sandbox's own to write.
+        mounts.push(json!({"destination": super::plan::INIT_PATH, "type": "bind", "source": init, "options": ["rbind", "ro", "nosuid", "nodev"]}));
+    } else if let Some(ws) = &plan.workspace {
         // A session step: the session's own filesystem, read-write. Its size is the
         // quota, so writes past it fail inside with ENOSPC.
         mounts.push(json!({"destination": "/workspace", "type": "bind", "source": ws.mount(), "options": ["rbind", "rw", "nosuid", "nodev"]}));
@@ -164,23 +167,50 @@ pub fn config(
             None => env.push(e.clone()),
         }
     }
+    // A long-lived sandbox's init runs as root inside it, with only what it needs to
+    // start processes as the user, give the user a home, and signal them: the
+    // processes it starts drop to the user and keep no capability (none is inheritable
+    // or ambient). Every one-shot program runs as nobody with none at all.
+    let (user, caps, cwd, nofile) = if plan.long_lived.is_some() {
+        let caps: Vec<&str> = vec![
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_FOWNER",
+            "CAP_KILL",
+            "CAP_SETGID",
+            "CAP_SETUID",
+        ];
+        (
+            json!({"uid": 0, "gid": 0}),
+            json!({"bounding": caps, "effective": caps, "inheritable": [], "permitted": caps, "ambient": []}),
+            "/",
+            65536,
+        )
+    } else {
+        (
+            json!({"uid": SANDBOX_UID, "gid": SANDBOX_UID}),
+            json!({"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []}),
+            "/workspace",
+            1024,
+        )
+    };
     json!({
         "ociVersion": "1.0.0",
         "process": {
             "terminal": false,
-            "user": {"uid": SANDBOX_UID, "gid": SANDBOX_UID},
+            "user": user,
             "args": proc_spec.args,
             "env": env,
-            "cwd": "/workspace",
-            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "cwd": cwd,
+            "capabilities": caps,
             "rlimits": [
-                {"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
+                {"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile},
                 {"type": "RLIMIT_NPROC", "hard": plan.limits.pids, "soft": plan.limits.pids},
                 {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}
             ],
             "noNewPrivileges": true
         },
-        "root": {"path": plan.runtime.rootfs_path, "readonly": true},
+        "root": {"path": plan.runtime.rootfs_path, "readonly": plan.long_lived.is_none()},
         "hostname": "isobox",
         "mounts": mounts,
         "linux": {

@@ -32,7 +32,15 @@ pub struct ExecPlan {
     /// A session step: the session's mounted workspace, bound read-write at
     /// `/workspace` (the files are already in it). Dropping the last clone ends the lease.
     pub workspace: Option<std::sync::Arc<crate::workspace::Lease>>,
+    /// A long-lived sandbox: the host path of `isobox-init`, bound read-only at
+    /// [`INIT_PATH`] and run as the sandbox's pid 1 (as root inside it, with a small
+    /// capability set), over a root filesystem the sandbox may write (a memory overlay,
+    /// inside its memory cap). `None` for every one-shot run.
+    pub long_lived: Option<std::path::PathBuf>,
 }
+
+/// Where a long-lived sandbox's init is, inside it.
+pub const INIT_PATH: &str = "/opt/isobox/init";
 
 /// Compile stage of a compiled runtime (present only for those).
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -29,6 +29,7 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
         code_given: false,
         preload: None,
         workspace: None,
+        long_lived: None,
     };
     let s = b
         .run(

@@ -54,8 +54,14 @@ impl Gvisor {
         cgroup: RunCgroup,
         net: Option<crate::netfilter::NetLease>,
         stdin: Stdin,
+        writable_root: bool,
     ) -> Result<Spawned, SandboxError> {
         let mut cmd = self.runsc_cmd();
+        if writable_root {
+            // A long-lived sandbox writes its root filesystem into an overlay in its own
+            // memory (inside its memory cap), discarded with it.
+            cmd.arg("--overlay2=root:memory");
+        }
         // gVisor's netstack on the run's namespace (raw sockets stay off, the default),
         // or no network at all.
         cmd.arg(if net.is_some() {
@@ -255,8 +261,16 @@ impl Backend for Gvisor {
             &format!("/{}/{}", self.instance, id),
             net.as_ref(),
         );
-        let res = bundle::write_config(&dir, &cfg)
-            .and_then(|()| self.start(id, &dir, cgroup.clone(), net, stdin));
+        let res = bundle::write_config(&dir, &cfg).and_then(|()| {
+            self.start(
+                id,
+                &dir,
+                cgroup.clone(),
+                net,
+                stdin,
+                plan.long_lived.is_some(),
+            )
+        });
         match res {
             Ok(s) => Ok(s),
             Err(e) => {

@@ -199,6 +199,7 @@ pub(crate) fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> Exe
         code_given: false,
         preload,
         workspace: None,
+        long_lived: None,
     }
 }
 

@@ -1,0 +1,748 @@
+//! Long-lived sandboxes (the WBX face's) on the loop: one gVisor sandbox each, with
+//! `isobox-init` as its pid 1 talking over the socket pair that is its fd 0
+//! (`sandbox::wire`). Here: creating one (per-tenant limits, the spawn job, init's
+//! hello), its lifetime (the boot deadline, expiry, `timeout`), listing and reading
+//! them, and ending one (delete, expiry, init's death, shutdown) with the same kill,
+//! wait and delete sequence. Commands running in them are `box_exec.rs`.
+//!
+//! A daemon crash loses its sandboxes: the startup sweep removes their containers,
+//! cgroups and bundles (they are named under the instance like every run), and their
+//! ids then answer 404.
+
+use super::conn::Owner;
+use super::Daemon;
+use crate::http::Response;
+use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
+use crate::sandbox::wire::{self, Decoder, Hello, Kind};
+use crate::sandbox::{Cleanup, SandboxError, Spawned, Stdin};
+use crate::wbx::sandboxes::{self as wsb, Create, Net, Op};
+use mio::unix::SourceFd;
+use mio::{Interest, Token};
+use slab::Slab;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The long-lived sandboxes component (key: the sandbox).
+pub(crate) const BOXES: ComponentId = ComponentId(7);
+/// The control socket to its init.
+const CTL: u16 = 0;
+/// The pidfd of its `runsc run`.
+const PID: u16 = 1;
+/// Timers: the boot deadline, then the expiry.
+const LIFETIME: u16 = 0;
+/// Timers: a command's time limit (the generation names the command).
+pub(super) const EXEC_DEADLINE: u16 = 1;
+
+/// init must say hello within this.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+/// What init may have queued for the daemon before the daemon stops reading it (its
+/// processes then block on their pipes): the daemon's side of the backpressure.
+pub(super) const MAX_CTL_BACKLOG_BYTES: usize = 4 << 20;
+
+/// Long-lived sandboxes on the loop.
+pub(crate) struct Boxes;
+
+impl Component<Daemon> for Boxes {
+    fn name(&self) -> &'static str {
+        "boxes"
+    }
+
+    fn ready(&self, d: &mut Daemon, key: usize, what: u16, r: Readiness) {
+        match what {
+            CTL => {
+                if r.writable {
+                    d.box_flush(key);
+                }
+                if r.readable {
+                    d.box_read(key);
+                }
+            }
+            PID => d.box_exited(key),
+            _ => {}
+        }
+    }
+
+    fn timer(&self, d: &mut Daemon, key: usize, what: u16, gen: u64) {
+        match what {
+            LIFETIME => d.box_lifetime(key, gen),
+            EXEC_DEADLINE => d.exec_deadline(key, gen),
+            _ => {}
+        }
+    }
+}
+
+/// Where a sandbox is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    /// `runsc run` is being started, or init has not said hello yet.
+    Starting,
+    /// init said hello: commands may run.
+    Running,
+    /// Being killed and removed; gone for every client.
+    Ending,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::Starting => "starting",
+            State::Running => "running",
+            State::Ending => "ending",
+        }
+    }
+}
+
+/// One long-lived sandbox.
+pub(crate) struct Sbx {
+    pub(super) serial: u64,
+    pub(super) id: String,
+    pub(super) tenant: String,
+    pub(super) template: String,
+    pub(super) state: State,
+    created_ms: u64,
+    expires_ms: u64,
+    /// When it expires (or, while starting, when it must have said hello).
+    deadline: Instant,
+    metadata: BTreeMap<String, String>,
+    network: Net,
+    started: Instant,
+    start_ms: u64,
+    /// The container's name under the instance.
+    container: String,
+    pub(super) ctl: Option<(mio::net::UnixStream, Token)>,
+    pub(super) decoder: Decoder,
+    pub(super) wbuf: Vec<u8>,
+    /// Reading init is paused: a streaming client is this far behind.
+    pub(super) paused: bool,
+    pid: Option<(OwnedFd, Token)>,
+    child: Option<Child>,
+    cgroup: Option<crate::cgroup::RunCgroup>,
+    dir: Option<PathBuf>,
+    net: Option<crate::netfilter::NetLease>,
+    /// The create request waiting for hello.
+    creator: Option<(usize, u64)>,
+    /// Delete requests waiting for the sandbox to be gone.
+    deleters: Vec<(usize, u64)>,
+    timer_gen: u64,
+    killing: bool,
+    /// `runsc run` exited (its pidfd fired).
+    exited: bool,
+    pub(super) next_call: u32,
+    /// Commands started and not ended, by call id until init answers, then by pid.
+    pub(super) execs: super::box_exec::Execs,
+}
+
+/// The component's state.
+#[derive(Default)]
+pub(crate) struct Table {
+    pub(super) boxes: Slab<Sbx>,
+    by_id: HashMap<String, usize>,
+    serial: u64,
+}
+
+impl Table {
+    /// The live sandbox `id` of `tenant` (another tenant's is not found).
+    pub(super) fn find(&self, tenant: &str, id: &str) -> Option<usize> {
+        self.by_id
+            .get(id)
+            .copied()
+            .filter(|&k| self.boxes.get(k).is_some_and(|b| b.tenant == tenant))
+    }
+
+    /// Whether nothing is left to end.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.boxes.is_empty()
+    }
+}
+
+fn now_ms() -> u64 {
+    crate::workspace::now_ms()
+}
+
+/// 24 hex digits of the system's randomness: the unguessable part of an id.
+fn random_hex() -> Option<String> {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 12];
+    ring::rand::SystemRandom::new().fill(&mut b).ok()?;
+    Some(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+impl Daemon {
+    /// Carries out what a WBX request asks of the sandboxes.
+    pub(crate) fn box_op(&mut self, ck: usize, tenant: String, op: Op) {
+        let respond = |d: &mut Daemon, r: Response| d.respond(ck, r);
+        match op {
+            Op::Create(c) => self.box_create(ck, tenant, c),
+            Op::List => {
+                let list: Vec<serde_json::Value> = self
+                    .boxes
+                    .boxes
+                    .iter()
+                    .filter(|(_, b)| b.tenant == tenant && b.state == State::Running)
+                    .map(|(_, b)| self.box_json(b))
+                    .collect();
+                respond(
+                    self,
+                    Response::json(200, &serde_json::json!({ "sandboxes": list })),
+                );
+            }
+            Op::Get(id) => match self.boxes.find(&tenant, &id) {
+                Some(k) => {
+                    let v = self.box_json(&self.boxes.boxes[k]);
+                    respond(self, Response::json(200, &v));
+                }
+                None => respond(self, wsb::not_found()),
+            },
+            Op::Delete(id) => match self.boxes.find(&tenant, &id) {
+                Some(k) => {
+                    if let Some(c) = self.conns.get(ck) {
+                        let serial = c.serial;
+                        self.boxes.boxes[k].deleters.push((ck, serial));
+                        self.conn_own(ck, Owner::BoxWait);
+                    }
+                    self.box_end(k, "deleted");
+                }
+                None => respond(self, wsb::not_found()),
+            },
+            Op::Timeout(id, secs) => match self.boxes.find(&tenant, &id) {
+                Some(k) if self.boxes.boxes[k].state == State::Running => {
+                    let b = &mut self.boxes.boxes[k];
+                    b.expires_ms = now_ms() + secs * 1000;
+                    b.deadline = Instant::now() + Duration::from_secs(secs);
+                    self.box_arm(k);
+                    let v = self.box_json(&self.boxes.boxes[k]);
+                    respond(self, Response::json(200, &v));
+                }
+                Some(k) => {
+                    let state = self.boxes.boxes[k].state.name();
+                    respond(
+                        self,
+                        crate::wbx::error(409, &format!("the sandbox is {state}")),
+                    );
+                }
+                None => respond(self, wsb::not_found()),
+            },
+            Op::Exec { id, exec, stream } => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.exec_start(ck, k, *exec, stream),
+                None => respond(self, wsb::not_found()),
+            },
+        }
+    }
+
+    fn box_json(&self, b: &Sbx) -> serde_json::Value {
+        wsb::sandbox_json(&wsb::View {
+            id: &b.id,
+            template: &b.template,
+            state: b.state.name(),
+            created_ms: b.created_ms,
+            expires_ms: b.expires_ms,
+            metadata: &b.metadata,
+            network: b.network,
+            start_ms: b.start_ms,
+            warm: false,
+        })
+    }
+
+    /// The 429 a new sandbox of `tenant` gets, naming the limit it would pass.
+    fn box_refusal(&self, tenant: &str) -> Option<Response> {
+        if self.app.shutting_down {
+            return Some(
+                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
+                    .with_header("Retry-After", "5"),
+            );
+        }
+        let l = &self.cfg.wbx;
+        let n = self
+            .boxes
+            .boxes
+            .iter()
+            .filter(|(_, b)| b.tenant == tenant && b.state != State::Ending)
+            .count();
+        let why = if n >= l.max_sandboxes {
+            Some(format!("limit reached: at most {} sandboxes at once (ISOBOX_WBX_MAX_SANDBOXES); delete sandboxes you no longer need", l.max_sandboxes))
+        } else if (n as u64 + 1) * u64::from(wsb::VCPU) > u64::from(l.max_vcpu) {
+            Some(format!("limit reached: at most {} vCPUs across your sandboxes (ISOBOX_WBX_MAX_VCPU); each has {}", l.max_vcpu, wsb::VCPU))
+        } else if (n as u64 + 1) * wsb::MEM_MB > l.max_mem_mb {
+            Some(format!("limit reached: at most {} MiB of memory across your sandboxes (ISOBOX_WBX_MAX_MEMORY_MB); each has {}", l.max_mem_mb, wsb::MEM_MB))
+        } else {
+            None
+        };
+        why.map(|w| crate::wbx::error(429, &w))
+    }
+
+    fn box_create(&mut self, ck: usize, tenant: String, c: Box<Create>) {
+        if let Some(resp) = self.box_refusal(&tenant) {
+            self.respond(ck, resp);
+            return;
+        }
+        let Some(hex) = random_hex() else {
+            self.respond(
+                ck,
+                crate::wbx::error(503, "the system's random source failed; retry"),
+            );
+            return;
+        };
+        let Some(cserial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        self.boxes.serial += 1;
+        let serial = self.boxes.serial;
+        let id = format!("sb_{hex}");
+        let container = format!("{}-{:x}-b{serial}", self.cfg.instance, std::process::id());
+        let Create {
+            template,
+            runtime,
+            timeout_s,
+            env,
+            metadata,
+            network,
+        } = *c;
+        let plan = crate::sandbox::plan::ExecPlan {
+            limits: crate::sandbox::limits::Limits {
+                memory_bytes: wsb::MEM_MB << 20,
+                cpus: f64::from(wsb::VCPU),
+                pids: crate::sandbox::limits::PIDS.1,
+                output_bytes: crate::sandbox::limits::OUTPUT_BYTES.1,
+                wall_time_ms: crate::sandbox::limits::WALL_TIME_MS.1,
+            },
+            runtime,
+            files: Vec::new(),
+            entry: String::new(),
+            stdin: Vec::new(),
+            args: Vec::new(),
+            network_requested: network == Net::Full,
+            code_given: false,
+            preload: None,
+            workspace: None,
+            long_lived: Some(self.cfg.init.clone()),
+        };
+        let now = Instant::now();
+        let created_ms = now_ms();
+        let key = self.boxes.boxes.insert(Sbx {
+            serial,
+            id: id.clone(),
+            tenant,
+            template,
+            state: State::Starting,
+            created_ms,
+            expires_ms: created_ms + timeout_s * 1000,
+            deadline: now + BOOT_TIMEOUT,
+            metadata,
+            network,
+            started: now,
+            start_ms: 0,
+            container: container.clone(),
+            ctl: None,
+            decoder: Decoder::default(),
+            wbuf: Vec::new(),
+            paused: false,
+            pid: None,
+            child: None,
+            cgroup: None,
+            dir: None,
+            net: None,
+            creator: Some((ck, cserial)),
+            deleters: Vec::new(),
+            timer_gen: 0,
+            killing: false,
+            exited: false,
+            next_call: 1,
+            execs: Default::default(),
+        });
+        self.boxes.by_id.insert(id, key);
+        self.box_arm(key);
+        self.conn_own(ck, Owner::BoxWait);
+        // The sandbox's environment is its init's, which every process inherits.
+        let mut env_list: Vec<String> = plan.runtime.desc.env.clone();
+        env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        let argv = vec![
+            crate::sandbox::plan::INIT_PATH.to_string(),
+            "--user=1000".to_string(),
+            "--home=/home/user".to_string(),
+        ];
+        let backend = Arc::clone(&self.backend);
+        let job = Box::new(move || -> Done<Daemon> {
+            let result = backend
+                .run(&container, &plan, argv, &env_list, Stdin::Control)
+                .map(Box::new);
+            Box::new(move |d: &mut Daemon| d.box_spawned(key, serial, result))
+        });
+        if self.reactor.submit(job).is_err() {
+            self.box_forget(key);
+            self.respond(
+                ck,
+                crate::wbx::error(503, "the daemon is overloaded; retry in a second")
+                    .with_header("Retry-After", "1"),
+            );
+        }
+    }
+
+    /// Arms the sandbox's one lifetime timer at its deadline.
+    fn box_arm(&mut self, key: usize) {
+        let Some(b) = self.boxes.boxes.get(key) else {
+            return;
+        };
+        let at = b.deadline;
+        let gen = self.reactor.arm_new(at, Addr::new(BOXES, key, LIFETIME));
+        if let Some(b) = self.boxes.boxes.get_mut(key) {
+            b.timer_gen = gen;
+        }
+    }
+
+    fn box_spawned(&mut self, key: usize, serial: u64, result: Result<Box<Spawned>, SandboxError>) {
+        let Some(b) = self.boxes.boxes.get(key).filter(|b| b.serial == serial) else {
+            // Forgotten meanwhile (its job could not be queued): remove what started.
+            if let Ok(s) = result {
+                let backend = Arc::clone(&self.backend);
+                self.reactor.submit_must(Box::new(move || {
+                    crate::sandbox::warm::discard(&*backend, *s);
+                    super::nothing()
+                }));
+            }
+            return;
+        };
+        let _ = b;
+        let mut s = match result {
+            Ok(s) => *s,
+            Err(e) => {
+                crate::error_limited!("sandbox={key} op=spawn err={e}");
+                self.box_fail_waiters(
+                    key,
+                    502,
+                    "the sandbox could not be started; see the daemon log",
+                );
+                self.box_forget(key);
+                return;
+            }
+        };
+        let ctl = s.ctl.take();
+        let mut ok = ctl.is_some();
+        let mut ctl_reg = None;
+        if let Some(ctl) = ctl {
+            ok &= ctl.set_nonblocking(true).is_ok();
+            let mut ctl = mio::net::UnixStream::from_std(ctl);
+            match self.reactor.register(
+                &mut ctl,
+                Addr::new(BOXES, key, CTL),
+                Interest::READABLE | Interest::WRITABLE,
+            ) {
+                Ok(t) => ctl_reg = Some((ctl, t)),
+                Err(_) => ok = false,
+            }
+        }
+        let pid_reg = self
+            .reactor
+            .register(
+                &mut SourceFd(&s.pidfd.as_raw_fd()),
+                Addr::new(BOXES, key, PID),
+                Interest::READABLE,
+            )
+            .ok();
+        ok &= pid_reg.is_some();
+        // The program's own stdout and stderr: init writes nothing there; whatever
+        // appears is not read (closing them is enough).
+        drop(s.stdout);
+        drop(s.stderr);
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        b.ctl = ctl_reg;
+        b.pid = pid_reg.map(|t| (s.pidfd, t));
+        b.child = Some(s.child);
+        b.cgroup = Some(s.cgroup);
+        b.dir = Some(s.dir);
+        b.net = s.net;
+        let ending = b.state == State::Ending;
+        if !ok {
+            crate::error_limited!("sandbox={key} op=register err=could not watch the sandbox");
+            self.box_fail_waiters(
+                key,
+                502,
+                "the sandbox could not be started; see the daemon log",
+            );
+            self.box_end(key, "could not be watched");
+            if self.boxes.boxes.get(key).is_some_and(|b| b.pid.is_none()) {
+                // Its exit would never be seen: reap it after the kill.
+                self.box_exited(key);
+            }
+        } else if ending {
+            // Deleted (or the daemon began stopping) while it started.
+            if let Some(b) = self.boxes.boxes.get_mut(key) {
+                b.killing = false;
+            }
+            self.box_end(key, "ended while starting");
+        } else {
+            // init may have spoken already: edge-triggered, so look now.
+            self.box_read(key);
+        }
+    }
+
+    /// Reads init's frames (unless a streaming client holds the reading back).
+    pub(super) fn box_read(&mut self, key: usize) {
+        let mut buf = [0u8; 64 << 10];
+        loop {
+            let Some(b) = self.boxes.boxes.get_mut(key) else {
+                return;
+            };
+            if b.paused || b.state == State::Ending {
+                return;
+            }
+            let Some((ctl, _)) = b.ctl.as_mut() else {
+                return;
+            };
+            match ctl.read(&mut buf) {
+                Ok(0) => {
+                    self.box_end(key, "its init closed the control channel");
+                    return;
+                }
+                Ok(n) => b.decoder.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    self.box_end(key, "its control channel failed");
+                    return;
+                }
+            }
+            loop {
+                let Some(b) = self.boxes.boxes.get_mut(key) else {
+                    return;
+                };
+                if b.state == State::Ending {
+                    return;
+                }
+                match b.decoder.next_frame() {
+                    Ok(Some(f)) => self.box_frame(key, f),
+                    Ok(None) => break,
+                    Err(e) => {
+                        crate::warn_limited!("sandbox={key} broke the init protocol: {e}");
+                        self.box_end(key, "its init broke the protocol");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn box_frame(&mut self, key: usize, f: wire::Frame) {
+        let Some(b) = self.boxes.boxes.get(key) else {
+            return;
+        };
+        match (f.kind, b.state) {
+            (Kind::Hello, State::Starting) => match serde_json::from_slice::<Hello>(&f.payload) {
+                Ok(h) if h.version == wire::VERSION => self.box_ready(key),
+                _ => {
+                    crate::warn_limited!("sandbox={key} init spoke another protocol version");
+                    self.box_fail_waiters(key, 502, "the sandbox's init did not start properly");
+                    self.box_end(key, "its init spoke another protocol");
+                }
+            },
+            (Kind::Reply, State::Running) => self.exec_reply(key, f.channel, &f.payload),
+            (Kind::Output, State::Running) => self.exec_output(key, f.channel, &f.payload),
+            (Kind::Exit, State::Running) => self.exec_exit(key, f.channel, &f.payload),
+            _ => {
+                crate::warn_limited!("sandbox={key} init sent an unexpected frame");
+                self.box_end(key, "its init broke the protocol");
+            }
+        }
+    }
+
+    fn box_ready(&mut self, key: usize) {
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        b.state = State::Running;
+        b.start_ms = u64::try_from(b.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let left = b.expires_ms.saturating_sub(now_ms());
+        b.deadline = Instant::now() + Duration::from_millis(left);
+        let creator = b.creator.take();
+        log::info!(
+            "sandbox={} template={} ready in {} ms",
+            b.id,
+            b.template,
+            b.start_ms
+        );
+        self.box_arm(key);
+        if let Some((ck, cserial)) = creator {
+            if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
+                let v = self.box_json(&self.boxes.boxes[key]);
+                self.respond(ck, Response::json(201, &v));
+                self.conn_resume(ck);
+            }
+        }
+    }
+
+    fn box_lifetime(&mut self, key: usize, gen: u64) {
+        let Some(b) = self.boxes.boxes.get(key).filter(|b| b.timer_gen == gen) else {
+            return;
+        };
+        if Instant::now() < b.deadline {
+            self.box_arm(key);
+            return;
+        }
+        match b.state {
+            State::Starting => {
+                self.box_fail_waiters(key, 502, "the sandbox's init did not start in time");
+                self.box_end(key, "did not start in time");
+            }
+            State::Running => self.box_end(key, "expired"),
+            State::Ending => {}
+        }
+    }
+
+    /// Answers everything waiting on the sandbox with `status` and `message`: its
+    /// creator and its commands (its deleters get their 204 once it is gone).
+    fn box_fail_waiters(&mut self, key: usize, status: u16, message: &str) {
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        let creator = b.creator.take();
+        if let Some((ck, cserial)) = creator {
+            if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
+                self.respond(ck, crate::wbx::error(status, message));
+                self.conn_resume(ck);
+            }
+        }
+        self.exec_fail_all(key, status, message);
+    }
+
+    /// Ends the sandbox: gone for every client now; killed, then reaped and removed on
+    /// the pool. Idempotent.
+    pub(crate) fn box_end(&mut self, key: usize, why: &str) {
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        if b.state != State::Ending {
+            log::info!("sandbox={} ending: {why}", b.id);
+            b.state = State::Ending;
+            let id = b.id.clone();
+            if self.boxes.by_id.get(&id) == Some(&key) {
+                self.boxes.by_id.remove(&id);
+            }
+            self.box_fail_waiters(key, 502, &format!("the sandbox ended: {why}"));
+        }
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        if let Some((mut ctl, t)) = b.ctl.take() {
+            self.reactor.deregister(&mut ctl, t);
+        }
+        if b.killing {
+            return;
+        }
+        let Some(cg) = b.cgroup.clone() else {
+            // Still being spawned: ended once it is (box_spawned).
+            b.killing = true;
+            return;
+        };
+        b.killing = true;
+        let init_pid = b.child.as_ref().and_then(|c| i32::try_from(c.id()).ok());
+        let backend = Arc::clone(&self.backend);
+        self.reactor.submit_must(Box::new(move || {
+            backend.kill(&cg, init_pid);
+            super::nothing()
+        }));
+    }
+
+    /// `runsc run` of a sandbox exited: reap it and remove the sandbox.
+    pub(super) fn box_exited(&mut self, key: usize) {
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        if b.exited {
+            return;
+        }
+        b.exited = true;
+        if let Some((fd, t)) = b.pid.take() {
+            self.reactor.deregister(&mut SourceFd(&fd.as_raw_fd()), t);
+        }
+        if self
+            .boxes
+            .boxes
+            .get(key)
+            .is_some_and(|b| b.state != State::Ending)
+        {
+            self.box_end(key, "its init exited");
+        }
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        let (Some(child), Some(cg), Some(dir)) = (b.child.take(), b.cgroup.take(), b.dir.take())
+        else {
+            self.box_forget(key);
+            return;
+        };
+        let (serial, container, net) = (b.serial, b.container.clone(), b.net.take());
+        let backend = Arc::clone(&self.backend);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let c: Cleanup = backend.wait(child, &cg);
+            backend.delete(&container, &cg, &dir);
+            drop(net);
+            log::debug!(
+                "sandbox container={container} removed (exit {})",
+                c.exit_code
+            );
+            Box::new(move |d: &mut Daemon| d.box_removed(key, serial))
+        }));
+    }
+
+    fn box_removed(&mut self, key: usize, serial: u64) {
+        if self
+            .boxes
+            .boxes
+            .get(key)
+            .is_some_and(|b| b.serial == serial)
+        {
+            self.box_forget(key);
+        }
+    }
+
+    /// Drops the sandbox's record (its processes are gone) and answers its deleters.
+    fn box_forget(&mut self, key: usize) {
+        let Some(b) = self.boxes.boxes.try_remove(key) else {
+            return;
+        };
+        if self.boxes.by_id.get(&b.id) == Some(&key) {
+            self.boxes.by_id.remove(&b.id);
+        }
+        for (ck, cserial) in b.deleters {
+            if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
+                self.respond(ck, Response::no_content());
+                self.conn_resume(ck);
+            }
+        }
+    }
+
+    /// Writes what is queued for init.
+    pub(super) fn box_flush(&mut self, key: usize) {
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        let Some((ctl, _)) = b.ctl.as_mut() else {
+            return;
+        };
+        while !b.wbuf.is_empty() {
+            match ctl.write(&b.wbuf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    b.wbuf.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                // WouldBlock: the writable edge brings us back; errors show as EOF.
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Ends every sandbox (shutdown).
+    pub(crate) fn box_end_all(&mut self, why: &str) {
+        let keys: Vec<usize> = self.boxes.boxes.iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.box_end(k, why);
+        }
+    }
+}

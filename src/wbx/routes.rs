@@ -1,0 +1,150 @@
+//! The WBX face's route table (paths relative to [`super::BASE`]): pattern, methods,
+//! route, body cap and admission class in one row, resolved with `router::resolve`.
+
+use super::sandboxes::{self, Limits, Op};
+use crate::admission::Class;
+use crate::http::limits::DEFAULT_BODY_BYTES;
+use crate::http::{Request, Response};
+use crate::router::{RouteError, Row};
+use crate::runtimes::Runtimes;
+
+/// Which route a request is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /v1/templates`
+    Templates,
+    /// `GET /v1/sandboxes`
+    SandboxList,
+    /// `POST /v1/sandboxes`
+    SandboxCreate,
+    /// `GET`, `DELETE /v1/sandboxes/{id}`
+    Sandbox,
+    /// `POST /v1/sandboxes/{id}/timeout`
+    Timeout,
+    /// `POST /v1/sandboxes/{id}/exec`
+    Exec,
+    /// `POST /v1/sandboxes/{id}/exec/stream`
+    ExecStream,
+}
+
+/// Everything the face says about one route.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// Which route.
+    pub id: Route,
+    /// Largest body accepted.
+    pub body_cap: usize,
+    /// How admission treats it.
+    pub class: Class,
+}
+
+impl Spec {
+    /// The answer to a body over the cap.
+    pub fn over_cap(&self) -> Response {
+        super::error(
+            413,
+            &format!("request body exceeds {} KiB", self.body_cap / 1024),
+        )
+    }
+}
+
+/// A command's body: the command line and its whole stdin.
+pub const EXEC_BODY_BYTES: usize = 2 << 20;
+
+const fn row(
+    pattern: &'static str,
+    methods: &'static [&'static str],
+    id: Route,
+    class: Class,
+    body_cap: usize,
+) -> Row<Spec> {
+    Row {
+        pattern,
+        methods,
+        route: Spec {
+            id,
+            body_cap,
+            class,
+        },
+    }
+}
+
+const GET: &[&str] = &["GET", "HEAD"];
+const POST: &[&str] = &["POST"];
+
+/// Every route of the face.
+#[rustfmt::skip]
+pub static ROUTES: &[Row<Spec>] = &[
+    row("/v1/templates", GET, Route::Templates, Class::Keyed, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes", GET, Route::SandboxList, Class::Keyed, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes", POST, Route::SandboxCreate, Class::Starts, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}", &["GET", "HEAD", "DELETE"], Route::Sandbox, Class::Keyed, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/timeout", POST, Route::Timeout, Class::Keyed, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/exec", POST, Route::Exec, Class::Keyed, EXEC_BODY_BYTES),
+    row("/v1/sandboxes/{id}/exec/stream", POST, Route::ExecStream, Class::Keyed, EXEC_BODY_BYTES),
+];
+
+/// The row for `method` and `path` (the path without the base), and its parameters.
+///
+/// # Errors
+/// 404 or 405 in the face's shape.
+pub fn resolve(method: &str, path: &str) -> Result<(&'static Spec, crate::http::Params), Response> {
+    crate::router::resolve(ROUTES, method, path)
+        .map(|(row, params)| (&row.route, params))
+        .map_err(|e| match e {
+            RouteError::NotFound => super::error(404, "no such endpoint"),
+            RouteError::MethodNotAllowed(allow) => super::error(
+                405,
+                &format!("method not allowed; this endpoint answers {allow}"),
+            )
+            .with_header("Allow", allow),
+        })
+}
+
+/// What a request on `spec` asks: an answer now, or an operation on the sandboxes.
+pub enum Asked {
+    /// Answer this.
+    Respond(Response),
+    /// Do this.
+    Op(Op),
+}
+
+/// Parses and checks a complete request.
+pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) -> Asked {
+    let id = || {
+        req.params
+            .get("id")
+            .filter(|i| sandboxes::valid_id(i))
+            .map(str::to_string)
+    };
+    let needs_id = !matches!(
+        spec.id,
+        Route::Templates | Route::SandboxList | Route::SandboxCreate
+    );
+    let sid = match (needs_id, id()) {
+        (true, None) => return Asked::Respond(sandboxes::not_found()),
+        (_, s) => s.unwrap_or_default(),
+    };
+    let r = match spec.id {
+        Route::Templates => return Asked::Respond(sandboxes::templates_json(runtimes)),
+        Route::SandboxList => Ok(Op::List),
+        Route::SandboxCreate => sandboxes::create(req, runtimes, limits),
+        Route::Sandbox if req.head.method == "DELETE" => Ok(Op::Delete(sid)),
+        Route::Sandbox => Ok(Op::Get(sid)),
+        Route::Timeout => sandboxes::timeout(req, sid, limits),
+        Route::Exec => sandboxes::exec(req, sid, false),
+        Route::ExecStream => sandboxes::exec(req, sid, true),
+    };
+    match r {
+        Ok(op) => Asked::Op(op),
+        Err(resp) => Asked::Respond(resp),
+    }
+}
+
+/// Every path of the face as OpenAPI writes it (with the base), with its methods.
+pub fn paths() -> Vec<(String, String)> {
+    crate::router::paths(ROUTES)
+        .into_iter()
+        .map(|(p, m)| (format!("{}{p}", super::BASE), m.join(", ")))
+        .collect()
+}

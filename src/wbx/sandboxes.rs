@@ -1,0 +1,553 @@
+//! Sandboxes and commands of the WBX face: each request parsed and checked into an
+//! [`Op`], and the sandbox object and command results shaped as the document writes
+//! them.
+
+use super::error;
+use crate::http::{Request, Response};
+use crate::runtimes::{Runtime, Runtimes};
+use std::collections::BTreeMap;
+
+/// The face's settings (per tenant, for one box by default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Sandboxes a tenant may have at once.
+    pub max_sandboxes: usize,
+    /// vCPUs of all of a tenant's sandboxes together.
+    pub max_vcpu: u32,
+    /// Memory of all of a tenant's sandboxes together, MiB.
+    pub max_mem_mb: u64,
+    /// Longest lifetime a sandbox may be given, seconds (`timeout_s` is capped to it).
+    pub max_timeout_s: u64,
+}
+
+/// vCPUs of every sandbox.
+pub const VCPU: u32 = 2;
+/// Memory of every sandbox, MiB (its processes and its writable root together).
+pub const MEM_MB: u64 = 512;
+/// Lifetime when `timeout_s` is not given.
+pub const DEFAULT_TIMEOUT_S: u64 = 300;
+/// A command's time limit when `timeout_ms` is not given (0 means none).
+pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 60_000;
+/// Output kept per stream of a command (more sets `truncated`).
+pub const EXEC_OUTPUT_BYTES: usize = 1 << 20;
+/// Environment variables one request may set.
+const MAX_ENV: usize = 128;
+/// Largest environment value.
+const MAX_ENV_VALUE_BYTES: usize = 32 << 10;
+/// Metadata labels one sandbox may carry, and their sizes.
+const MAX_METADATA: usize = 32;
+const MAX_METADATA_KEY_BYTES: usize = 64;
+const MAX_METADATA_VALUE_BYTES: usize = 512;
+/// Largest command line.
+const MAX_CMD_BYTES: usize = 256 << 10;
+
+/// The template every sandbox gets when none is named.
+pub const DEFAULT_TEMPLATE: &str = "base";
+
+/// The templates: `base` (the `python` runtime's tree: CPython with its data and web
+/// libraries, pip, and curl, wget, git, jq, ripgrep, unzip), then one per installed
+/// runtime, named as the runtime is. (name, runtime, description).
+pub fn templates(runtimes: &Runtimes) -> Vec<(String, Runtime, String)> {
+    let mut out = Vec::new();
+    if let Some(py) = runtimes.resolve("python") {
+        out.push((
+            DEFAULT_TEMPLATE.to_string(),
+            py.clone(),
+            "Python 3 with numpy, pandas, matplotlib, requests, pip, and curl, wget, git, jq, ripgrep".to_string(),
+        ));
+    }
+    for r in runtimes.installed() {
+        out.push((
+            r.desc.language.clone(),
+            r.clone(),
+            format!(
+                "the {} runtime's tree ({} {})",
+                r.desc.language,
+                r.desc.version_key,
+                r.version.as_deref().unwrap_or("?")
+            ),
+        ));
+    }
+    out
+}
+
+/// `GET /v1/templates`.
+pub fn templates_json(runtimes: &Runtimes) -> Response {
+    let list: Vec<serde_json::Value> = templates(runtimes)
+        .into_iter()
+        .map(|(name, _, description)| {
+            serde_json::json!({"name": name, "description": description, "vcpu": VCPU, "mem_mb": MEM_MB})
+        })
+        .collect();
+    Response::json(200, &serde_json::json!({ "templates": list }))
+}
+
+/// A sandbox's network, as asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Net {
+    /// The public internet only (the daemon's filtered egress).
+    Full,
+    /// No network at all.
+    None,
+}
+
+impl Net {
+    /// The document's name of it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Net::Full => "full",
+            Net::None => "none",
+        }
+    }
+}
+
+/// A sandbox to create.
+#[derive(Debug, Clone)]
+pub struct Create {
+    /// The template's name.
+    pub template: String,
+    /// Its tree.
+    pub runtime: Runtime,
+    /// Lifetime, capped.
+    pub timeout_s: u64,
+    /// Environment of every process.
+    pub env: Vec<(String, String)>,
+    /// The client's labels.
+    pub metadata: BTreeMap<String, String>,
+    /// Its network.
+    pub network: Net,
+}
+
+/// A command to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exec {
+    /// Run by `/bin/sh -c`.
+    pub cmd: String,
+    /// Working directory (default: the user's home).
+    pub cwd: Option<String>,
+    /// Variables on top of the sandbox's.
+    pub env: Vec<(String, String)>,
+    /// Time limit, ms (0: none).
+    pub timeout_ms: u64,
+    /// Its stdin, whole.
+    pub stdin: Option<String>,
+}
+
+/// What a request asks of the sandboxes.
+#[derive(Debug)]
+pub enum Op {
+    /// `POST /v1/sandboxes`.
+    Create(Box<Create>),
+    /// `GET /v1/sandboxes`.
+    List,
+    /// `GET /v1/sandboxes/{id}`.
+    Get(String),
+    /// `DELETE /v1/sandboxes/{id}`.
+    Delete(String),
+    /// `POST /v1/sandboxes/{id}/timeout`.
+    Timeout(String, u64),
+    /// `POST /v1/sandboxes/{id}/exec` (or `/exec/stream`: NDJSON).
+    Exec {
+        /// The sandbox.
+        id: String,
+        /// The command.
+        exec: Box<Exec>,
+        /// NDJSON events as it runs.
+        stream: bool,
+    },
+}
+
+/// A sandbox id as this daemon makes them: `sb_` and 24 lowercase hex digits. Anything
+/// else is no sandbox (404, as for one that is gone).
+pub fn valid_id(id: &str) -> bool {
+    id.strip_prefix("sb_")
+        .is_some_and(|h| h.len() == 24 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
+/// The 404 for a sandbox that does not exist, is gone, or is another tenant's.
+pub fn not_found() -> Response {
+    error(404, "sandbox not found")
+}
+
+/// A request body's fields: a JSON object (an empty body is `{}`), with only the
+/// fields the endpoint takes. Each field is then read with a message that names it.
+struct Fields(serde_json::Map<String, serde_json::Value>);
+
+impl Fields {
+    fn of(req: &Request, known: &[&str]) -> Result<Fields, Response> {
+        let b: &[u8] = if req.body.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &req.body
+        };
+        let v: serde_json::Value = serde_json::from_slice(b)
+            .map_err(|e| error(400, &format!("invalid request body: not valid JSON ({e})")))?;
+        let serde_json::Value::Object(map) = v else {
+            return Err(error(
+                400,
+                "invalid request body: the body must be a JSON object",
+            ));
+        };
+        if let Some(k) = map.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(error(
+                400,
+                &format!(
+                    "invalid request body: unknown field `{k}`; this endpoint takes {}",
+                    known.join(", ")
+                ),
+            ));
+        }
+        Ok(Fields(map))
+    }
+
+    /// A field that is absent or null.
+    fn absent(&self, name: &str) -> bool {
+        self.0.get(name).is_none_or(serde_json::Value::is_null)
+    }
+
+    fn string(&self, name: &str) -> Result<Option<String>, Response> {
+        if self.absent(name) {
+            return Ok(None);
+        }
+        match &self.0[name] {
+            serde_json::Value::String(s) => Ok(Some(s.clone())),
+            _ => Err(error(400, &format!("{name}: must be a string"))),
+        }
+    }
+
+    fn whole(&self, name: &str, what: &str) -> Result<Option<u64>, Response> {
+        if self.absent(name) {
+            return Ok(None);
+        }
+        self.0[name]
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| error(400, &format!("{name}: must be {what}")))
+    }
+
+    fn strings(&self, name: &str) -> Result<Option<BTreeMap<String, String>>, Response> {
+        if self.absent(name) {
+            return Ok(None);
+        }
+        let bad = || {
+            error(
+                400,
+                &format!("{name}: must be an object whose values are strings"),
+            )
+        };
+        let serde_json::Value::Object(m) = &self.0[name] else {
+            return Err(bad());
+        };
+        m.iter()
+            .map(|(k, v)| {
+                v.as_str()
+                    .map(|s| (k.clone(), s.to_string()))
+                    .ok_or_else(bad)
+            })
+            .collect::<Result<BTreeMap<_, _>, _>>()
+            .map(Some)
+    }
+}
+
+fn env_vars(v: Option<BTreeMap<String, String>>) -> Result<Vec<(String, String)>, Response> {
+    let v = v.unwrap_or_default();
+    if v.len() > MAX_ENV {
+        return Err(error(400, &format!("env: at most {MAX_ENV} variables")));
+    }
+    let mut out = Vec::new();
+    for (k, val) in v {
+        let ok_name = k
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && k.len() <= 256;
+        if !ok_name {
+            return Err(error(
+                400,
+                &format!("env: {k:?} is not a variable name (letters, digits and _, not starting with a digit)"),
+            ));
+        }
+        if val.len() > MAX_ENV_VALUE_BYTES || val.contains('\0') {
+            return Err(error(
+                400,
+                &format!("env: the value of {k} must be at most {MAX_ENV_VALUE_BYTES} bytes, without NUL"),
+            ));
+        }
+        out.push((k, val));
+    }
+    Ok(out)
+}
+
+/// `POST /v1/sandboxes`.
+pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op, Response> {
+    let f = Fields::of(
+        req,
+        &["template", "timeout_s", "env", "metadata", "network"],
+    )?;
+    let name = f
+        .string("template")?
+        .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
+    let Some((template, runtime, _)) = templates(runtimes).into_iter().find(|(n, _, _)| *n == name)
+    else {
+        return Err(error(
+            400,
+            &format!("template: unknown template {name:?}; GET /v1/templates lists them"),
+        ));
+    };
+    let timeout_s = match f.whole("timeout_s", "a whole number of seconds, at least 1")? {
+        Some(0) => return Err(error(400, "timeout_s: must be at least 1")),
+        Some(t) => t.min(limits.max_timeout_s),
+        None => DEFAULT_TIMEOUT_S.min(limits.max_timeout_s),
+    };
+    let env = env_vars(f.strings("env")?)?;
+    let metadata = f.strings("metadata")?.unwrap_or_default();
+    if metadata.len() > MAX_METADATA {
+        return Err(error(
+            400,
+            &format!("metadata: at most {MAX_METADATA} labels"),
+        ));
+    }
+    for (k, v) in &metadata {
+        if k.is_empty() || k.len() > MAX_METADATA_KEY_BYTES || v.len() > MAX_METADATA_VALUE_BYTES {
+            return Err(error(
+                400,
+                &format!("metadata: keys of 1 to {MAX_METADATA_KEY_BYTES} bytes, values of at most {MAX_METADATA_VALUE_BYTES}"),
+            ));
+        }
+    }
+    let network = match f.0.get("network").filter(|v| !v.is_null()) {
+        None => Net::Full,
+        Some(serde_json::Value::Object(n)) => {
+            if let Some(k) = n
+                .keys()
+                .find(|k| !["mode", "allow", "block"].contains(&k.as_str()))
+            {
+                return Err(error(
+                    400,
+                    &format!("network: unknown field `{k}`; it takes mode, allow, block"),
+                ));
+            }
+            let mode = n.get("mode").and_then(|m| m.as_str()).unwrap_or("");
+            match mode {
+                "full" | "none" if n.contains_key("allow") || n.contains_key("block") => {
+                    return Err(error(
+                        400,
+                        "network.allow and network.block apply to mode allowlist only",
+                    ))
+                }
+                "full" => Net::Full,
+                "none" => Net::None,
+                "allowlist" => return Err(error(
+                    400,
+                    "network.mode: allowlist is not available on this server yet; use full or none",
+                )),
+                other => {
+                    return Err(error(
+                        400,
+                        &format!("network.mode: {other:?} is not one of full, none, allowlist"),
+                    ))
+                }
+            }
+        }
+        Some(_) => {
+            return Err(error(
+                400,
+                "network: must be an object like {\"mode\": \"full\"}",
+            ))
+        }
+    };
+    Ok(Op::Create(Box::new(Create {
+        template,
+        runtime,
+        timeout_s,
+        env,
+        metadata,
+        network,
+    })))
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`.
+pub fn timeout(req: &Request, id: String, limits: &Limits) -> Result<Op, Response> {
+    let f = Fields::of(req, &["timeout_s"])?;
+    match f.whole("timeout_s", "a whole number of seconds, at least 1")? {
+        None => Err(error(400, "timeout_s: required")),
+        Some(0) => Err(error(400, "timeout_s: must be at least 1")),
+        Some(t) => Ok(Op::Timeout(id, t.min(limits.max_timeout_s))),
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`.
+pub fn exec(req: &Request, id: String, stream: bool) -> Result<Op, Response> {
+    let f = Fields::of(req, &["cmd", "cwd", "env", "timeout_ms", "stdin"])?;
+    let cmd = match f.string("cmd")? {
+        None => return Err(error(400, "cmd: required")),
+        Some(c) if c.trim().is_empty() => return Err(error(400, "cmd: must not be empty")),
+        Some(c) if c.len() > MAX_CMD_BYTES || c.contains('\0') => {
+            return Err(error(
+                400,
+                &format!("cmd: at most {MAX_CMD_BYTES} bytes, without NUL"),
+            ))
+        }
+        Some(c) => c,
+    };
+    let cwd = f.string("cwd")?;
+    if let Some(cwd) = &cwd {
+        if !cwd.starts_with('/') || cwd.contains('\0') || cwd.len() > 4096 {
+            return Err(error(400, "cwd: must be an absolute path"));
+        }
+    }
+    let timeout_ms = f
+        .whole("timeout_ms", "a whole number of milliseconds (0: no limit)")?
+        .unwrap_or(DEFAULT_EXEC_TIMEOUT_MS);
+    Ok(Op::Exec {
+        id,
+        exec: Box::new(Exec {
+            cmd,
+            cwd,
+            env: env_vars(f.strings("env")?)?,
+            timeout_ms,
+            stdin: f.string("stdin")?,
+        }),
+        stream,
+    })
+}
+
+/// What the document's sandbox object holds.
+pub struct View<'a> {
+    /// Its id.
+    pub id: &'a str,
+    /// Its template.
+    pub template: &'a str,
+    /// `starting`, `running` or `ending`.
+    pub state: &'a str,
+    /// Created, Unix ms.
+    pub created_ms: u64,
+    /// Expires, Unix ms.
+    pub expires_ms: u64,
+    /// Labels.
+    pub metadata: &'a BTreeMap<String, String>,
+    /// Network mode.
+    pub network: Net,
+    /// Start time, ms.
+    pub start_ms: u64,
+    /// Served from a pool of ready sandboxes.
+    pub warm: bool,
+}
+
+/// The sandbox object.
+pub fn sandbox_json(v: &View<'_>) -> serde_json::Value {
+    serde_json::json!({
+        "id": v.id,
+        "template": v.template,
+        "state": v.state,
+        "vcpu": VCPU,
+        "mem_mb": MEM_MB,
+        "created_at": super::timestamp(v.created_ms),
+        "expires_at": super::timestamp(v.expires_ms),
+        "metadata": v.metadata,
+        "network": v.network.name(),
+        "info": {"start_ms": v.start_ms, "warm": v.warm},
+    })
+}
+
+/// A command's result, as `exec` answers it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ExecResult {
+    /// Its exit code (128 + the signal that ended it).
+    pub exit_code: i32,
+    /// Its stdout, at most [`EXEC_OUTPUT_BYTES`].
+    pub stdout: String,
+    /// Its stderr, likewise.
+    pub stderr: String,
+    /// From start to exit.
+    pub duration_ms: u64,
+    /// Killed at `timeout_ms`.
+    pub timed_out: bool,
+    /// Output past the cap was dropped.
+    pub truncated: bool,
+}
+
+/// One NDJSON line of `exec/stream`.
+pub fn event_line(v: &serde_json::Value) -> Vec<u8> {
+    let mut line = serde_json::to_vec(v).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::Params;
+
+    fn req(body: &str) -> Request {
+        Request {
+            head: crate::http::parse::parse_head(b"POST / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap(),
+            body: body.as_bytes().to_vec(),
+            tenant: "t".into(),
+            params: Params::default(),
+        }
+    }
+
+    #[test]
+    fn test_ids() {
+        assert!(valid_id("sb_0123456789abcdef01234567"));
+        for bad in [
+            "sb_0123456789ABCDEF01234567",
+            "sb_123",
+            "xx_0123456789abcdef01234567",
+            "sb_0123456789abcdef0123456/",
+        ] {
+            assert!(!valid_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn test_exec_bodies() {
+        let Ok(Op::Exec {
+            exec: e, stream, ..
+        }) = exec(
+            &req(r#"{"cmd":"echo hi","timeout_ms":0,"env":{"A_1":"x"}}"#),
+            "sb".into(),
+            true,
+        )
+        else {
+            panic!()
+        };
+        assert!(stream);
+        assert_eq!(
+            (e.timeout_ms, e.env.clone()),
+            (0, vec![("A_1".into(), "x".into())])
+        );
+        let msg = |b: &str| {
+            let r = exec(&req(b), "sb".into(), false).unwrap_err();
+            assert_eq!(r.status, 400, "{b}");
+            serde_json::from_slice::<serde_json::Value>(&r.body).unwrap()["error"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        assert!(msg("{}").contains("cmd: required"));
+        assert!(msg(r#"{"cmd":"  "}"#).contains("must not be empty"));
+        assert!(msg(r#"{"cmd":"x","cwd":"rel"}"#).contains("cwd"));
+        assert!(msg(r#"{"cmd":"x","env":{"1A":"x"}}"#).contains("not a variable name"));
+        assert!(msg(r#"{"cmd":"x","bogus":1}"#).contains(
+            "unknown field `bogus`; this endpoint takes cmd, cwd, env, timeout_ms, stdin"
+        ));
+        assert!(msg(r#"["x"]"#).contains("must be a JSON object"));
+        assert!(msg("{x").contains("not valid JSON"));
+        assert_eq!(
+            msg(r#"{"cmd":"x","timeout_ms":-1}"#),
+            "timeout_ms: must be a whole number of milliseconds (0: no limit)"
+        );
+        assert_eq!(
+            msg(r#"{"cmd":"x","timeout_ms":1.5}"#),
+            "timeout_ms: must be a whole number of milliseconds (0: no limit)"
+        );
+        assert_eq!(msg(r#"{"cmd":5}"#), "cmd: must be a string");
+        assert_eq!(
+            msg(r#"{"cmd":"x","env":{"A":1}}"#),
+            "env: must be an object whose values are strings"
+        );
+    }
+}

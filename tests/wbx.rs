@@ -1,0 +1,564 @@
+//! The WBX face (`/wbx`): long-lived sandboxes and their commands, against the real
+//! daemon with real runsc, cgroups and sockets, as a client of `wbx-sandbox-api.txt`
+//! with base URL `http://HOST:PORT/wbx` would use them.
+
+mod common;
+use common::{read_response, Daemon, Resp};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::time::{Duration, Instant};
+
+fn wbx(d: &Daemon, method: &str, path: &str, key: Option<&str>, body: Option<&Value>) -> Resp {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let mut h: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
+    if let Some(a) = &auth {
+        h.push(("Authorization", a));
+    }
+    let b = body.map(|b| b.to_string()).unwrap_or_default();
+    d.request(method, &format!("/wbx{path}"), &h, b.as_bytes())
+}
+
+fn create(d: &Daemon, body: &Value) -> Value {
+    let r = wbx(d, "POST", "/v1/sandboxes", None, Some(body));
+    assert_eq!(r.status, 201, "{}\nlog:\n{}", r.text(), d.log());
+    r.json()
+}
+
+fn exec(d: &Daemon, id: &str, body: &Value) -> Value {
+    let r = wbx(
+        d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        None,
+        Some(body),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// The error message of a WBX error, checking the shape: exactly `{"error": "..."}`.
+fn err(r: &Resp) -> String {
+    let v = r.json();
+    assert_eq!(
+        v.as_object().map(|o| o.len()),
+        Some(1),
+        "the WBX error shape is {{\"error\": \"message\"}}: {v}"
+    );
+    v["error"].as_str().expect("a message").to_string()
+}
+
+fn secs(ts: &str) -> i64 {
+    assert_eq!(
+        (ts.len(), &ts[19..]),
+        (20, "Z"),
+        "2026-11-07T17:25:03Z: {ts}"
+    );
+    ts.parse::<jiff::Timestamp>().unwrap().as_second()
+}
+
+#[test]
+fn test_create_exec_get_list_delete() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let t0 = Instant::now();
+    let sb = create(
+        &d,
+        &json!({"template": "base", "timeout_s": 600, "env": {"GREETING": "hello"},
+                "metadata": {"user": "alice", "chat": "42"}, "network": {"mode": "none"}}),
+    );
+    let id = sb["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("sb_") && id.len() == 27, "{id}");
+    assert_eq!(sb["template"], "base");
+    assert_eq!(sb["state"], "running");
+    assert_eq!(
+        (sb["vcpu"].as_u64(), sb["mem_mb"].as_u64()),
+        (Some(2), Some(512))
+    );
+    assert_eq!(sb["metadata"], json!({"user": "alice", "chat": "42"}));
+    assert_eq!(sb["network"], "none");
+    assert_eq!(sb["info"]["warm"], false);
+    let start_ms = sb["info"]["start_ms"].as_u64().unwrap();
+    assert!(
+        start_ms > 0 && u128::from(start_ms) <= t0.elapsed().as_millis(),
+        "{sb}"
+    );
+    let lifetime =
+        secs(sb["expires_at"].as_str().unwrap()) - secs(sb["created_at"].as_str().unwrap());
+    assert!((599..=601).contains(&lifetime), "{sb}");
+    let keys: Vec<&String> = sb.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "created_at",
+            "expires_at",
+            "id",
+            "info",
+            "mem_mb",
+            "metadata",
+            "network",
+            "state",
+            "template",
+            "vcpu"
+        ]
+    );
+
+    // A command: the user's, in its home, with the sandbox's env and its own.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "echo $GREETING $EXTRA; id -u; pwd; echo $HOME; echo err >&2; exit 3", "env": {"EXTRA": "world"}}),
+    );
+    assert_eq!(
+        v["stdout"], "hello world\n1000\n/home/user\n/home/user\n",
+        "{v}"
+    );
+    assert_eq!(v["stderr"], "err\n");
+    assert_eq!(
+        (
+            v["exit_code"].as_i64(),
+            v["timed_out"].as_bool(),
+            v["truncated"].as_bool()
+        ),
+        (Some(3), Some(false), Some(false))
+    );
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "duration_ms",
+            "exit_code",
+            "stderr",
+            "stdout",
+            "timed_out",
+            "truncated"
+        ]
+    );
+    // State lasts: files in the home, in /tmp, and stdin and cwd.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "mkdir -p proj && echo kept > proj/f && echo t > /tmp/t"}),
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "cat f /tmp/t; cat -", "cwd": "/home/user/proj", "stdin": "from stdin"}),
+    );
+    assert_eq!(v["stdout"], "kept\nt\nfrom stdin", "{v}");
+    // The user cannot write the system, and no process has a capability.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "touch /etc/x; grep CapEff /proc/self/status"}),
+    );
+    assert_ne!(v["stderr"], "", "{v}");
+    assert!(
+        v["stdout"].as_str().unwrap().contains("0000000000000000"),
+        "{v}"
+    );
+    // No network was asked for.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\""}),
+    );
+    assert_ne!(v["exit_code"], 0, "{v}");
+
+    let r = wbx(&d, "GET", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["id"], id.as_str());
+    let r = wbx(&d, "GET", "/v1/sandboxes", None, None);
+    let list = r.json()["sandboxes"].as_array().unwrap().clone();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["id"], id.as_str());
+
+    let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(r.status, 204, "{}", r.text());
+    for (m, p) in [
+        ("GET", format!("/v1/sandboxes/{id}")),
+        ("DELETE", format!("/v1/sandboxes/{id}")),
+        ("POST", format!("/v1/sandboxes/{id}/exec")),
+    ] {
+        let r = wbx(&d, m, &p, None, Some(&json!({"cmd": "true"})));
+        assert_eq!(
+            (r.status, err(&r).as_str()),
+            (404, "sandbox not found"),
+            "{m} {p}"
+        );
+    }
+    assert_eq!(
+        wbx(&d, "GET", "/v1/sandboxes", None, None).json()["sandboxes"],
+        json!([])
+    );
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_command_limits_timeout_cap_and_stream() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({"network": {"mode": "none"}}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // How the tests count sleeping processes, checked on one that sleeps.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "sleep 2 & grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l; kill $!"}),
+    );
+    assert_eq!(v["stdout"], "1\n", "{v}");
+    // The time limit kills the command's whole process group.
+    let t0 = Instant::now();
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "sleep 30 & sleep 30", "timeout_ms": 500}),
+    );
+    assert_eq!(
+        (v["timed_out"].as_bool(), v["exit_code"].as_i64()),
+        (Some(true), Some(137)),
+        "{v}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l"}),
+    );
+    assert_eq!(
+        v["stdout"], "0\n",
+        "the background sleep died with its group: {v}"
+    );
+    // timeout_ms 0: no limit; a command just under its limit is not cut.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "sleep 0.3; echo done", "timeout_ms": 0}),
+    );
+    assert_eq!(
+        (v["stdout"].as_str(), v["timed_out"].as_bool()),
+        (Some("done\n"), Some(false))
+    );
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "sleep 0.2; echo done", "timeout_ms": 3000}),
+    );
+    assert_eq!(v["timed_out"], false);
+    // Output is kept up to 1 MiB a stream: below, at, above.
+    for (n, truncated) in [(1048575usize, false), (1048576, false), (1048577, true)] {
+        let v = exec(
+            &d,
+            &id,
+            &json!({"cmd": format!("head -c {n} /dev/zero | tr '\\0' a")}),
+        );
+        assert_eq!(
+            v["stdout"].as_str().map(str::len),
+            Some(n.min(1 << 20)),
+            "{n}"
+        );
+        assert_eq!(v["truncated"], truncated, "{n}");
+    }
+    // exec/stream: NDJSON as it runs.
+    let mut s = d.connect();
+    let body = json!({"cmd": "echo one; sleep 0.3; echo two >&2; exit 4"}).to_string();
+    write!(
+        s,
+        "POST /wbx/v1/sandboxes/{id}/exec/stream HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut rd = BufReader::new(s.try_clone().unwrap());
+    let mut head = String::new();
+    loop {
+        let mut l = String::new();
+        rd.read_line(&mut l).unwrap();
+        if l == "\r\n" {
+            break;
+        }
+        head.push_str(&l);
+    }
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("application/x-ndjson"), "{head}");
+    let mut events = Vec::new();
+    let mut at_one = None;
+    loop {
+        let mut size = String::new();
+        rd.read_line(&mut size).unwrap();
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        let mut chunk = vec![0u8; n + 2];
+        std::io::Read::read_exact(&mut rd, &mut chunk).unwrap();
+        if n == 0 {
+            break;
+        }
+        for line in String::from_utf8_lossy(&chunk[..n]).lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            if v["data"] == "one\n" {
+                at_one = Some(Instant::now());
+            }
+            events.push(v);
+        }
+    }
+    assert_eq!(events[0]["type"], "start");
+    assert!(events[0]["pid"].as_u64().unwrap() > 1);
+    let data: Vec<(String, String)> = events[1..events.len() - 1]
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                e["data"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        data,
+        [
+            ("stdout".into(), "one\n".into()),
+            ("stderr".into(), "two\n".into())
+        ]
+    );
+    let last = events.last().unwrap();
+    assert_eq!(
+        (
+            last["type"].as_str(),
+            last["exit_code"].as_i64(),
+            last["timed_out"].as_bool()
+        ),
+        (Some("exit"), Some(4), Some(false))
+    );
+    assert!(last["duration_ms"].as_u64().unwrap() >= 300);
+    assert!(at_one.is_some());
+    // A refused command keeps its status on the stream endpoint too.
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec/stream"),
+        None,
+        Some(&json!({"cmd": "true", "cwd": "/no/such"})),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(err(&r).contains("/no/such"));
+    // The keep-alive connection serves the next request after the stream.
+    let body = json!({"cmd": "echo again"}).to_string();
+    write!(
+        s,
+        "POST /wbx/v1/sandboxes/{id}/exec HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let resp = read_response(&mut rd, false).unwrap();
+    assert_eq!(resp.json()["stdout"], "again\n");
+    // A client that leaves a command kills it.
+    let mut s2 = d.connect();
+    let body = json!({"cmd": "sleep 30", "timeout_ms": 0}).to_string();
+    write!(
+        s2,
+        "POST /wbx/v1/sandboxes/{id}/exec HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    drop(s2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = exec(
+            &d,
+            &id,
+            &json!({"cmd": "grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l"}),
+        );
+        if v["stdout"] == "0\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the left command still runs: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_errors_limits_expiry_and_tenants() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "wbx-key-one,wbx-key-two"),
+        ("ISOBOX_WBX_MAX_SANDBOXES", "1"),
+        ("ISOBOX_WBX_MAX_TIMEOUT_S", "60"),
+    ]);
+    d.wait_ready();
+    let (one, two) = (Some("wbx-key-one"), Some("wbx-key-two"));
+    // No key: 401 in this face's shape; a bad one too.
+    let r = wbx(&d, "GET", "/v1/sandboxes", None, None);
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (401, "missing or invalid API key")
+    );
+    let r = wbx(&d, "GET", "/v1/sandboxes", Some("nope"), None);
+    assert_eq!(r.status, 401);
+    // X-API-Key works as well as Bearer.
+    let r = d.request(
+        "GET",
+        "/wbx/v1/templates",
+        &[("X-API-Key", "wbx-key-one")],
+        b"",
+    );
+    assert_eq!(r.status, 200);
+    let names: Vec<String> = r.json()["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names[0], "base");
+    assert!(names.contains(&"python-slim".to_string()), "{names:?}");
+    // Bad bodies name what is wrong.
+    for (body, says) in [
+        (
+            json!({"template": "nope"}),
+            "template: unknown template \"nope\"",
+        ),
+        (json!({"timeout_s": 0}), "timeout_s: must be at least 1"),
+        (
+            json!({"network": {"mode": "allowlist", "allow": ["pypi.org"]}}),
+            "allowlist is not available",
+        ),
+        (json!({"network": {"mode": "wide"}}), "network.mode"),
+        (json!({"env": {"1X": "y"}}), "not a variable name"),
+        (
+            json!({"metadata": {"k": 1}}),
+            "metadata: must be an object whose values are strings",
+        ),
+        (
+            json!({"timeout_s": "10"}),
+            "timeout_s: must be a whole number of seconds",
+        ),
+        (json!({"templat": "base"}), "unknown field `templat`"),
+        (json!(["base"]), "must be a JSON object"),
+    ] {
+        let r = wbx(&d, "POST", "/v1/sandboxes", one, Some(&body));
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        let m = err(&r);
+        assert!(m.contains(says), "{body}: {m}");
+    }
+    let r = d.request(
+        "POST",
+        "/wbx/v1/sandboxes",
+        &[("Authorization", "Bearer wbx-key-one")],
+        b"{not json",
+    );
+    assert_eq!(r.status, 400);
+    assert!(err(&r).contains("not valid JSON"), "{}", r.text());
+    // Unknown paths and methods, in this face's shape.
+    let r = wbx(&d, "GET", "/v1/nothing", one, None);
+    assert_eq!((r.status, err(&r).as_str()), (404, "no such endpoint"));
+    let r = wbx(&d, "PUT", "/v1/sandboxes", one, None);
+    assert_eq!(r.status, 405);
+    assert!(err(&r).contains("GET, HEAD, POST"));
+    let r = wbx(&d, "GET", "/v1/sandboxes/sb_nothing", one, None);
+    assert_eq!((r.status, err(&r).as_str()), (404, "sandbox not found"));
+
+    // One sandbox per tenant here: at the limit, above it, and free again after a delete.
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/sandboxes",
+        one,
+        Some(&json!({"timeout_s": 100000, "network": {"mode": "none"}})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sb = r.json();
+    let id = sb["id"].as_str().unwrap().to_string();
+    let lifetime =
+        secs(sb["expires_at"].as_str().unwrap()) - secs(sb["created_at"].as_str().unwrap());
+    assert!(
+        (59..=61).contains(&lifetime),
+        "capped at ISOBOX_WBX_MAX_TIMEOUT_S: {sb}"
+    );
+    let r = wbx(&d, "POST", "/v1/sandboxes", one, Some(&json!({})));
+    assert_eq!(r.status, 429);
+    let m = err(&r);
+    assert!(
+        m.contains("at most 1 sandboxes") && m.contains("ISOBOX_WBX_MAX_SANDBOXES"),
+        "{m}"
+    );
+    // Another tenant sees nothing of it, and has its own limit.
+    for (m, p) in [
+        ("GET", format!("/v1/sandboxes/{id}")),
+        ("DELETE", format!("/v1/sandboxes/{id}")),
+        ("POST", format!("/v1/sandboxes/{id}/exec")),
+    ] {
+        let r = wbx(&d, m, &p, two, Some(&json!({"cmd": "true"})));
+        assert_eq!(
+            (r.status, err(&r).as_str()),
+            (404, "sandbox not found"),
+            "{m} {p}"
+        );
+    }
+    assert_eq!(
+        wbx(&d, "GET", "/v1/sandboxes", two, None).json()["sandboxes"],
+        json!([])
+    );
+    // Bad command bodies.
+    for (body, says) in [
+        (json!({}), "cmd: required"),
+        (json!({"cmd": ""}), "cmd: must not be empty"),
+        (
+            json!({"cmd": "x", "cwd": "tmp"}),
+            "cwd: must be an absolute path",
+        ),
+        (
+            json!({"cmd": "x", "timeout_ms": -5}),
+            "timeout_ms: must be a whole number of milliseconds",
+        ),
+    ] {
+        let r = wbx(
+            &d,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            one,
+            Some(&body),
+        );
+        assert_eq!(r.status, 400, "{body}");
+        assert!(err(&r).contains(says), "{body}: {}", r.text());
+    }
+    // Expiry: a short timeout ends it, and its resources go.
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/timeout"),
+        one,
+        Some(&json!({"timeout_s": 1})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let left = secs(r.json()["expires_at"].as_str().unwrap())
+        - secs(r.json()["created_at"].as_str().unwrap());
+    assert!(left <= 30, "{}", r.text());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = wbx(&d, "GET", &format!("/v1/sandboxes/{id}"), one, None);
+        if r.status == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not expired: {}", r.text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    d.assert_clean();
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/sandboxes",
+        one,
+        Some(&json!({"network": {"mode": "none"}})),
+    );
+    assert_eq!(r.status, 201, "the limit is free again: {}", r.text());
+    // Shutdown ends the sandbox with the daemon; nothing is left.
+    d.stop();
+}
