@@ -249,6 +249,10 @@ struct Args {
     /// memory of a tenant's long-lived sandboxes together, MiB (each has 512)
     #[arg(long, env = "ISOBOX_WBX_MAX_MEMORY_MB", default_value = "4096", value_parser = Value(parsed::<u64>))]
     wbx_max_memory_mb: u64,
+    /// long-lived sandboxes on this server at once, all tenants together (429 "no free
+    /// capacity" above)
+    #[arg(long, env = "ISOBOX_WBX_MAX_TOTAL", default_value = "16", value_parser = Value(parsed::<usize>))]
+    wbx_max_total: usize,
     /// longest lifetime of a long-lived sandbox, seconds (a larger timeout_s is capped)
     #[arg(long, env = "ISOBOX_WBX_MAX_TIMEOUT_S", default_value = "86400", value_parser = Value(parsed::<u64>))]
     wbx_max_timeout_s: u64,
@@ -450,6 +454,7 @@ impl Config {
                 max_vcpu: a.wbx_max_vcpu,
                 max_mem_mb: a.wbx_max_memory_mb,
                 max_timeout_s: a.wbx_max_timeout_s,
+                max_total: a.wbx_max_total,
             },
             init: a.init.unwrap_or_else(|| {
                 std::env::current_exe()
@@ -1006,6 +1011,7 @@ mod tests {
         ("--wbx-max-sandboxes", "ISOBOX_WBX_MAX_SANDBOXES"),
         ("--wbx-max-vcpu", "ISOBOX_WBX_MAX_VCPU"),
         ("--wbx-max-memory-mb", "ISOBOX_WBX_MAX_MEMORY_MB"),
+        ("--wbx-max-total", "ISOBOX_WBX_MAX_TOTAL"),
         ("--wbx-max-timeout-s", "ISOBOX_WBX_MAX_TIMEOUT_S"),
         ("--init", "ISOBOX_INIT"),
     ];

@@ -74,7 +74,7 @@ impl Init {
         let id = self.next_call;
         self.next_call += 1;
         let mut out = Vec::new();
-        wire::encode_json(&mut out, Kind::Call, id, c);
+        wire::encode_json(&mut out, Kind::Call, id, c).unwrap();
         self.ctl.write_all(&out).unwrap();
         let f = self.frame(|f| f.kind == Kind::Reply && f.channel == id);
         serde_json::from_slice(&f.payload).unwrap()
@@ -95,7 +95,7 @@ impl Init {
 
     fn input(&mut self, pid: u32, data: &[u8]) {
         let mut out = Vec::new();
-        wire::encode(&mut out, Kind::Input, pid, data);
+        wire::encode(&mut out, Kind::Input, pid, data).unwrap();
         self.ctl.write_all(&out).unwrap();
     }
 
@@ -236,7 +236,7 @@ fn test_a_background_child_does_not_hold_the_exit() {
 fn test_a_terminal_with_size_input_and_ctrl_c() {
     let mut init = Init::start();
     let pid = init.spawn(
-        "trap 'echo got-int; exit 3' INT; stty size; read line; echo \"read:$line\"; stty size; while :; do sleep 0.1; done",
+        "trap 'echo got-int; exit 3' INT; stty size; read line; echo \"read:$line\"; read again; stty size; while :; do sleep 0.1; done",
         true,
         Some((80, 24)),
     );
@@ -252,6 +252,8 @@ fn test_a_terminal_with_size_input_and_ctrl_c() {
         }),
         Reply::Ok(_)
     ));
+    // The second size is asked for after the resize, on the next line of input.
+    init.input(pid, b"\n");
     init.wait_output(pid, "30 100");
     // Ctrl-C through the line discipline reaches the foreground group as SIGINT.
     init.input(pid, b"\x03");
@@ -272,7 +274,7 @@ fn test_a_terminal_with_size_input_and_ctrl_c() {
 fn test_bad_calls_are_refused_and_garbage_ends_the_channel() {
     let mut init = Init::start();
     let mut out = Vec::new();
-    wire::encode(&mut out, Kind::Call, 7, b"{\"op\":\"format_disk\"}");
+    wire::encode(&mut out, Kind::Call, 7, b"{\"op\":\"format_disk\"}").unwrap();
     init.ctl.write_all(&out).unwrap();
     let f = init.frame(|f| f.kind == Kind::Reply && f.channel == 7);
     let r: Reply = serde_json::from_slice(&f.payload).unwrap();
@@ -301,4 +303,48 @@ fn test_bad_calls_are_refused_and_garbage_ends_the_channel() {
         assert!(t0.elapsed() < Duration::from_secs(5), "init still running");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+#[test]
+fn test_hold_stops_output_and_release_delivers_it_all_before_the_exit() {
+    let mut init = Init::start();
+    let pid = init.spawn(
+        "head -c 3000000 /dev/zero | tr '\\0' b; echo end",
+        false,
+        None,
+    );
+    assert!(matches!(init.call(&Call::Hold { pid }), Reply::Ok(_)));
+    // Held: at most what was read before the hold (and one pipe's worth) arrives, and no
+    // exit: the writer blocks on its full pipe.
+    std::thread::sleep(Duration::from_millis(500));
+    init.ctl.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = init.ctl.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        init.decoder.push(&buf[..n]);
+    }
+    init.ctl.set_nonblocking(false).unwrap();
+    while let Some(f) = init.decoder.next_frame().unwrap() {
+        init.queue.push(f);
+    }
+    let so_far: usize = init
+        .queue
+        .iter()
+        .filter(|f| f.kind == Kind::Output && f.channel == pid)
+        .map(|f| f.payload.len() - 1)
+        .sum();
+    assert!(so_far < 1_000_000, "held, yet {so_far} bytes came");
+    assert!(
+        !init.queue.iter().any(|f| f.kind == Kind::Exit),
+        "no exit while held"
+    );
+    assert!(matches!(init.call(&Call::Release { pid }), Reply::Ok(_)));
+    let (out, _, exit) = init.run_out(pid);
+    assert_eq!(out.len(), 3_000_004, "every byte, then the exit");
+    assert!(out.ends_with("end\n"));
+    assert_eq!(exit.code, 0);
+    // Holding a process that is gone is refused.
+    assert!(matches!(init.call(&Call::Hold { pid }), Reply::Error(_)));
 }

@@ -506,6 +506,18 @@ fn test_errors_limits_expiry_and_tenants() {
         wbx(&d, "GET", "/v1/sandboxes", two, None).json()["sandboxes"],
         json!([])
     );
+    // A command too large to send to the sandbox is refused; the daemon is fine.
+    let big = "\u{1}".repeat(256 * 1024);
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        one,
+        Some(&json!({"cmd": big})),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(err(&r).contains("too large"), "{}", r.text());
+    assert_eq!(d.get("/healthz").status, 200);
     // Bad command bodies.
     for (body, says) in [
         (json!({}), "cmd: required"),
@@ -560,5 +572,130 @@ fn test_errors_limits_expiry_and_tenants() {
     );
     assert_eq!(r.status, 201, "the limit is free again: {}", r.text());
     // Shutdown ends the sandbox with the daemon; nothing is left.
+    d.stop();
+}
+
+#[test]
+fn test_backpressure_holds_one_command_and_the_others_go_on() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({"network": {"mode": "none"}}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rss = || d.get("/healthz").json()["rssBytes"].as_u64().unwrap();
+    let base = rss();
+    // 64 MB of output to a client that does not read.
+    let mut s = d.connect();
+    let n: usize = 64 << 20;
+    let body =
+        json!({"cmd": format!("head -c {n} /dev/zero | tr '\\0' a"), "timeout_ms": 0}).to_string();
+    write!(
+        s,
+        "POST /wbx/v1/sandboxes/{id}/exec/stream HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    // The sandbox's other commands are not held up.
+    let t0 = Instant::now();
+    let v = exec(&d, &id, &json!({"cmd": "echo meanwhile"}));
+    assert_eq!(v["stdout"], "meanwhile\n");
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    // The daemon holds a bounded part of it, not the whole.
+    let held = rss().saturating_sub(base);
+    assert!(
+        held < 32 << 20,
+        "the daemon grew by {held} bytes for a stalled client"
+    );
+    // Then everything arrives, in order, and the exit last.
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    loop {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        if l == "\r\n" {
+            break;
+        }
+        head.push_str(&l);
+    }
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (mut total, mut last) = (0usize, Value::Null);
+    loop {
+        let mut size = String::new();
+        r.read_line(&mut size).unwrap();
+        let len = usize::from_str_radix(size.trim(), 16).unwrap();
+        let mut chunk = vec![0u8; len + 2];
+        std::io::Read::read_exact(&mut r, &mut chunk).unwrap();
+        if len == 0 {
+            break;
+        }
+        for line in String::from_utf8_lossy(&chunk[..len]).lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            if v["type"] == "stdout" {
+                let data = v["data"].as_str().unwrap();
+                assert!(data.bytes().all(|b| b == b'a'));
+                total += data.len();
+            }
+            last = v;
+        }
+    }
+    assert_eq!(total, n);
+    assert_eq!(
+        (last["type"].as_str(), last["exit_code"].as_i64()),
+        (Some("exit"), Some(0))
+    );
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_capacity_demo_keys_and_a_creator_that_leaves() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "wbx-key-one,wbx-key-two"),
+        ("ISOBOX_MEMORY_REQUIRE_KEY", "1"),
+        ("ISOBOX_WBX_MAX_TOTAL", "1"),
+    ]);
+    d.wait_ready();
+    // The open-demo setup opens /execute to everyone, never /wbx.
+    let r = wbx(&d, "GET", "/v1/sandboxes", None, None);
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (401, "missing or invalid API key")
+    );
+    // A client that leaves before its sandbox is ready: nobody has its id, it ends.
+    let mut s = d.connect();
+    let body = json!({"network": {"mode": "none"}}).to_string();
+    write!(
+        s,
+        "POST /wbx/v1/sandboxes HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer wbx-key-one\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    drop(s);
+    d.assert_clean();
+    // One sandbox on the whole server: another tenant gets "no free capacity".
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/sandboxes",
+        Some("wbx-key-one"),
+        Some(&json!({"network": {"mode": "none"}})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/sandboxes",
+        Some("wbx-key-two"),
+        Some(&json!({})),
+    );
+    assert_eq!(r.status, 429);
+    assert!(err(&r).contains("no free capacity") && err(&r).contains("ISOBOX_WBX_MAX_TOTAL"));
     d.stop();
 }

@@ -4,7 +4,7 @@
 //! is a timer here that has init kill its process group; a client that leaves kills it
 //! too.
 
-use super::boxes::{State, BOXES, EXEC_DEADLINE, MAX_CTL_BACKLOG_BYTES};
+use super::boxes::{State, BOXES, EXEC_DEADLINE};
 use super::conn::Owner;
 use super::Daemon;
 use crate::http::sse::take_utf8;
@@ -15,8 +15,13 @@ use crate::wbx::sandboxes::{event_line, Exec, ExecResult, EXEC_OUTPUT_BYTES};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// How long init may take to answer a spawn.
+/// How long init may take to answer a spawn, or to report the exit of a command it
+/// was told to kill.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A streaming client this far behind has its command's output held by init (the
+/// command blocks on its pipes; the sandbox's other commands go on): released once
+/// the client has taken most of it.
+const HOLD_BYTES: usize = 1 << 20;
 
 /// A command's output stream as it is kept and streamed.
 #[derive(Default)]
@@ -45,6 +50,8 @@ pub(super) struct Cmd {
     gen: u64,
     /// The call that started it (what its connection's owner names).
     call: u32,
+    /// Its output is held by init (its streaming client is behind).
+    held: bool,
 }
 
 /// A sandbox's commands: by the call that started them until init answers, then by pid.
@@ -90,7 +97,16 @@ impl Daemon {
             stdin: stdin.is_some(),
             pty: None,
         };
-        wire::encode_json(&mut b.wbuf, Kind::Call, call_id, &call);
+        if wire::encode_json(&mut b.wbuf, Kind::Call, call_id, &call).is_err() {
+            self.respond(
+                ck,
+                crate::wbx::error(
+                    400,
+                    "cmd, cwd and env together are too large: at most 1 MiB as JSON",
+                ),
+            );
+            return;
+        }
         // init answers a spawn at once; one that does not within this is wedged.
         let gen = self.reactor.arm_new(
             Instant::now() + CALL_TIMEOUT,
@@ -112,6 +128,7 @@ impl Daemon {
                 pid: None,
                 gen,
                 call: call_id,
+                held: false,
             },
         );
         self.conn_own(
@@ -148,18 +165,29 @@ impl Daemon {
             self.box_end(key, "its init broke the protocol");
             return;
         };
+        if b.execs.running.contains_key(&pid) {
+            // A pid that already names a running command: init is not telling the truth.
+            self.exec_refuse(cmd, 502, "the sandbox's init answered nonsense");
+            self.box_end(key, "its init broke the protocol");
+            return;
+        }
         cmd.pid = Some(pid);
         cmd.started = Instant::now();
         // The spawn's answer timer no longer names it.
         cmd.gen = 0;
         if let Some(input) = cmd.stdin.take() {
             for part in input.as_bytes().chunks(wire::MAX_DATA_BYTES) {
-                wire::encode(&mut b.wbuf, Kind::Input, pid, part);
+                // A part is at most MAX_DATA_BYTES: always within a frame.
+                let _ = wire::encode(&mut b.wbuf, Kind::Input, pid, part);
             }
-            wire::encode(&mut b.wbuf, Kind::Input, pid, &[]);
+            let _ = wire::encode(&mut b.wbuf, Kind::Input, pid, &[]);
         }
         if cmd.timeout_ms > 0 {
-            let at = cmd.started + Duration::from_millis(cmd.timeout_ms);
+            // No time limit outlives the longest lifetime a sandbox may have.
+            let ms = cmd
+                .timeout_ms
+                .min(self.cfg.wbx.max_timeout_s.saturating_mul(1000));
+            let at = cmd.started + Duration::from_millis(ms);
             cmd.gen = self
                 .reactor
                 .arm_new(at, Addr::new(BOXES, key, EXEC_DEADLINE));
@@ -212,16 +240,22 @@ impl Daemon {
             let line = event_line(&serde_json::json!({"type": name, "data": text}));
             if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
                 self.conn_send_chunked(ck, &line);
-                // A client this far behind holds the whole sandbox's output back (init
-                // stops reading its processes): resumed as the client drains.
-                if self
+                // A client this far behind: init holds this command's output (it blocks
+                // on its pipes) until the client has taken most of it; the sandbox's
+                // other commands go on.
+                let behind = self
                     .conns
                     .get(ck)
-                    .is_some_and(|c| c.http.pending_write() >= MAX_CTL_BACKLOG_BYTES)
-                {
-                    if let Some(b) = self.boxes.boxes.get_mut(key) {
-                        b.paused = true;
-                    }
+                    .is_some_and(|c| c.http.pending_write() >= HOLD_BYTES);
+                let hold = behind
+                    && self
+                        .boxes
+                        .boxes
+                        .get_mut(key)
+                        .and_then(|b| b.execs.running.get_mut(&pid))
+                        .is_some_and(|c| !std::mem::replace(&mut c.held, true));
+                if hold {
+                    self.box_call(key, &Call::Hold { pid });
                 }
             }
         } else {
@@ -234,15 +268,17 @@ impl Daemon {
         }
     }
 
-    /// A streaming client drained: read the sandbox again.
-    pub(crate) fn box_resume(&mut self, key: usize) {
-        let Some(b) = self.boxes.boxes.get_mut(key) else {
+    /// The streaming client of command `call` took most of what was queued: a held
+    /// command's output flows again.
+    pub(crate) fn exec_drained(&mut self, key: usize, serial: u64, call: u32) {
+        let Some(b) = self.boxes.boxes.get_mut(key).filter(|b| b.serial == serial) else {
             return;
         };
-        if b.paused {
-            b.paused = false;
-            // Edge-triggered: what is buffered brings no new event.
-            self.box_read(key);
+        let Some((&pid, cmd)) = b.execs.running.iter_mut().find(|(_, c)| c.call == call) else {
+            return;
+        };
+        if std::mem::replace(&mut cmd.held, false) {
+            self.box_call(key, &Call::Release { pid });
         }
     }
 
@@ -328,23 +364,41 @@ impl Daemon {
         else {
             return;
         };
+        if cmd.timed_out {
+            // Killed a while ago and no exit reported: the init is wedged.
+            if let Some(cmd) = b.execs.running.remove(&pid) {
+                self.exec_refuse(cmd, 502, "the sandbox's init did not answer");
+            }
+            self.box_end(key, "its init did not answer");
+            return;
+        }
         cmd.timed_out = true;
+        let held = std::mem::replace(&mut cmd.held, false);
+        cmd.gen = self.reactor.arm_new(
+            Instant::now() + CALL_TIMEOUT,
+            Addr::new(BOXES, key, EXEC_DEADLINE),
+        );
         self.exec_signal(key, pid, libc::SIGKILL);
+        if held {
+            // Its exit comes after its output: let the output go.
+            self.box_call(key, &Call::Release { pid });
+        }
     }
 
     fn exec_signal(&mut self, key: usize, pid: u32, signal: i32) {
+        self.box_call(key, &Call::Signal { pid, signal });
+    }
+
+    /// Sends init a call nobody waits on (a signal, a hold or a release: init's reply
+    /// is dropped, as for any call not waited on).
+    fn box_call(&mut self, key: usize, call: &Call) {
         let Some(b) = self.boxes.boxes.get_mut(key) else {
             return;
         };
-        // Call ids for signals are never waited on: init's reply is dropped.
         let call_id = b.next_call;
         b.next_call = b.next_call.wrapping_add(1).max(1);
-        wire::encode_json(
-            &mut b.wbuf,
-            Kind::Call,
-            call_id,
-            &Call::Signal { pid, signal },
-        );
+        // These calls are a few bytes: always within a frame.
+        let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, call);
         self.box_flush(key);
     }
 
@@ -362,9 +416,11 @@ impl Daemon {
             return;
         };
         cmd.client = None;
+        let held = std::mem::replace(&mut cmd.held, false);
         self.exec_signal(key, pid, libc::SIGKILL);
-        // Its stream may have been what held the sandbox's reading back.
-        self.box_resume(key);
+        if held {
+            self.box_call(key, &Call::Release { pid });
+        }
     }
 
     /// Answers a command that could not start.

@@ -40,9 +40,6 @@ pub(super) const EXEC_DEADLINE: u16 = 1;
 
 /// init must say hello within this.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
-/// What init may have queued for the daemon before the daemon stops reading it (its
-/// processes then block on their pipes): the daemon's side of the backpressure.
-pub(super) const MAX_CTL_BACKLOG_BYTES: usize = 4 << 20;
 
 /// Long-lived sandboxes on the loop.
 pub(crate) struct Boxes;
@@ -117,8 +114,6 @@ pub(crate) struct Sbx {
     pub(super) ctl: Option<(mio::net::UnixStream, Token)>,
     pub(super) decoder: Decoder,
     pub(super) wbuf: Vec<u8>,
-    /// Reading init is paused: a streaming client is this far behind.
-    pub(super) paused: bool,
     pid: Option<(OwnedFd, Token)>,
     child: Option<Child>,
     cgroup: Option<crate::cgroup::RunCgroup>,
@@ -160,6 +155,12 @@ impl Table {
     }
 }
 
+/// The answer while the daemon stops (its sandboxes end with it).
+fn shutting_down() -> Response {
+    crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
+        .with_header("Retry-After", "5")
+}
+
 fn now_ms() -> u64 {
     crate::workspace::now_ms()
 }
@@ -176,6 +177,11 @@ impl Daemon {
     /// Carries out what a WBX request asks of the sandboxes.
     pub(crate) fn box_op(&mut self, ck: usize, tenant: String, op: Op) {
         let respond = |d: &mut Daemon, r: Response| d.respond(ck, r);
+        if self.app.shutting_down {
+            // Every sandbox is ending with the daemon.
+            respond(self, shutting_down());
+            return;
+        }
         match op {
             Op::Create(c) => self.box_create(ck, tenant, c),
             Op::List => {
@@ -203,7 +209,15 @@ impl Daemon {
                     if let Some(c) = self.conns.get(ck) {
                         let serial = c.serial;
                         self.boxes.boxes[k].deleters.push((ck, serial));
-                        self.conn_own(ck, Owner::BoxWait);
+                        let bserial = self.boxes.boxes[k].serial;
+                        self.conn_own(
+                            ck,
+                            Owner::BoxWait {
+                                key: k,
+                                serial: bserial,
+                                create: false,
+                            },
+                        );
                     }
                     self.box_end(k, "deleted");
                 }
@@ -251,18 +265,25 @@ impl Daemon {
     /// The 429 a new sandbox of `tenant` gets, naming the limit it would pass.
     fn box_refusal(&self, tenant: &str) -> Option<Response> {
         if self.app.shutting_down {
-            return Some(
-                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
-                    .with_header("Retry-After", "5"),
-            );
+            return Some(shutting_down());
         }
         let l = &self.cfg.wbx;
+        // Ending sandboxes count until they are gone: their memory is still taken.
         let n = self
             .boxes
             .boxes
             .iter()
-            .filter(|(_, b)| b.tenant == tenant && b.state != State::Ending)
+            .filter(|(_, b)| b.tenant == tenant)
             .count();
+        if self.boxes.boxes.len() >= l.max_total {
+            return Some(
+                crate::wbx::error(
+                    429,
+                    &format!("no free capacity right now: {} sandboxes run on this server (ISOBOX_WBX_MAX_TOTAL); retry later", l.max_total),
+                )
+                .with_header("Retry-After", "5"),
+            );
+        }
         let why = if n >= l.max_sandboxes {
             Some(format!("limit reached: at most {} sandboxes at once (ISOBOX_WBX_MAX_SANDBOXES); delete sandboxes you no longer need", l.max_sandboxes))
         } else if (n as u64 + 1) * u64::from(wsb::VCPU) > u64::from(l.max_vcpu) {
@@ -340,7 +361,6 @@ impl Daemon {
             ctl: None,
             decoder: Decoder::default(),
             wbuf: Vec::new(),
-            paused: false,
             pid: None,
             child: None,
             cgroup: None,
@@ -356,7 +376,14 @@ impl Daemon {
         });
         self.boxes.by_id.insert(id, key);
         self.box_arm(key);
-        self.conn_own(ck, Owner::BoxWait);
+        self.conn_own(
+            ck,
+            Owner::BoxWait {
+                key,
+                serial,
+                create: true,
+            },
+        );
         // The sandbox's environment is its init's, which every process inherits.
         let mut env_list: Vec<String> = plan.runtime.desc.env.clone();
         env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -460,6 +487,10 @@ impl Daemon {
         let ending = b.state == State::Ending;
         if !ok {
             crate::error_limited!("sandbox={key} op=register err=could not watch the sandbox");
+            if let Some(b) = self.boxes.boxes.get_mut(key) {
+                // Possibly marked while it started: the kill below must go out.
+                b.killing = false;
+            }
             self.box_fail_waiters(
                 key,
                 502,
@@ -489,7 +520,7 @@ impl Daemon {
             let Some(b) = self.boxes.boxes.get_mut(key) else {
                 return;
             };
-            if b.paused || b.state == State::Ending {
+            if b.state == State::Ending {
                 return;
             }
             let Some((ctl, _)) = b.ctl.as_mut() else {
@@ -738,11 +769,29 @@ impl Daemon {
         }
     }
 
-    /// Ends every sandbox (shutdown).
+    /// Ends every sandbox (shutdown): what waits on them hears 503, as for a service
+    /// restarting.
     pub(crate) fn box_end_all(&mut self, why: &str) {
         let keys: Vec<usize> = self.boxes.boxes.iter().map(|(k, _)| k).collect();
         for k in keys {
+            self.box_fail_waiters(
+                k,
+                503,
+                "the service is shutting down; retry in a few seconds",
+            );
             self.box_end(k, why);
+        }
+    }
+
+    /// The client creating sandbox `key` left before it was ready: nobody has its id,
+    /// so it ends.
+    pub(crate) fn box_creator_left(&mut self, key: usize, serial: u64) {
+        let Some(b) = self.boxes.boxes.get_mut(key).filter(|b| b.serial == serial) else {
+            return;
+        };
+        if b.state == State::Starting {
+            b.creator = None;
+            self.box_end(key, "its creator left before it was ready");
         }
     }
 }

@@ -86,7 +86,15 @@ pub enum Owner {
     Transfer(Box<super::transfer::Transfer>),
     /// A long-lived sandbox answers once: its creation (after its init's hello) or its
     /// removal.
-    BoxWait,
+    BoxWait {
+        /// The sandbox's key.
+        key: usize,
+        /// Its serial.
+        serial: u64,
+        /// It is being created for this client (which, leaving, ends it: nobody else
+        /// has its id).
+        create: bool,
+    },
     /// A command in a long-lived sandbox: one JSON answer at its end, or NDJSON.
     BoxCmd {
         /// The sandbox's key.
@@ -115,7 +123,10 @@ impl hc::Owner for Owner {
             Owner::Run { .. } | Owner::Transfer(_) | Owner::Agent { .. } | Owner::BoxCmd { .. } => {
                 Role::Produces
             }
-            Owner::Job | Owner::UploadWait { .. } | Owner::BoxWait => Role::Answers,
+            // A creator that hangs up leaves a sandbox whose id nobody has: its end is
+            // noticed (and the sandbox ended), as a run's client's is.
+            Owner::BoxWait { create: true, .. } => Role::Produces,
+            Owner::Job | Owner::UploadWait { .. } | Owner::BoxWait { .. } => Role::Answers,
             Owner::Upload { target, .. } => Role::Receives {
                 reading: target.is_some(),
             },
@@ -650,7 +661,9 @@ impl Daemon {
         let drained = c.http.pending_write() < MAX_WRITE_BUFFER_BYTES / 2;
         match c.owner() {
             Some(&Owner::Run { run, stream: true }) if drained => self.run_resume(run),
-            Some(&Owner::BoxCmd { key, .. }) if drained => self.box_resume(key),
+            Some(&Owner::BoxCmd { key, serial, call }) if drained => {
+                self.exec_drained(key, serial, call)
+            }
             _ => {}
         }
         true
@@ -721,6 +734,11 @@ impl Daemon {
             Phase::Owned(Owner::BoxCmd { key, serial, call }) => {
                 self.exec_cancel(key, serial, call)
             }
+            Phase::Owned(Owner::BoxWait {
+                key,
+                serial,
+                create: true,
+            }) => self.box_creator_left(key, serial),
             _ => {}
         }
         let _ = c.stream.shutdown(std::net::Shutdown::Both);

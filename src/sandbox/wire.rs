@@ -88,22 +88,39 @@ pub enum WireError {
 
 /// Appends one frame to `out`.
 ///
-/// # Panics
-/// When the payload is over the bound: callers split data at [`MAX_DATA_BYTES`] and
-/// calls and replies are built from bounded fields (a programming error, not input).
-pub fn encode(out: &mut Vec<u8>, kind: Kind, channel: u32, payload: &[u8]) {
+/// # Errors
+/// [`WireError::Length`] (and nothing appended) when the payload is over the bound:
+/// data is split at [`MAX_DATA_BYTES`], but a call built from a request (a command
+/// line, its environment) can be too large, and is refused rather than sent.
+pub fn encode(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    channel: u32,
+    payload: &[u8],
+) -> Result<(), WireError> {
     let len = payload.len() + 5;
-    assert!(len <= MAX_FRAME_BYTES, "frame of {len} bytes");
+    if len > MAX_FRAME_BYTES {
+        return Err(WireError::Length(len));
+    }
     out.extend_from_slice(&(len as u32).to_be_bytes());
     out.push(kind as u8);
     out.extend_from_slice(&channel.to_be_bytes());
     out.extend_from_slice(payload);
+    Ok(())
 }
 
 /// Appends a JSON frame.
-pub fn encode_json<T: Serialize>(out: &mut Vec<u8>, kind: Kind, channel: u32, value: &T) {
+///
+/// # Errors
+/// As [`encode`]: the value serialises to more than a frame holds.
+pub fn encode_json<T: Serialize>(
+    out: &mut Vec<u8>,
+    kind: Kind,
+    channel: u32,
+    value: &T,
+) -> Result<(), WireError> {
     let body = serde_json::to_vec(value).unwrap_or_else(|_| b"null".to_vec());
-    encode(out, kind, channel, &body);
+    encode(out, kind, channel, &body)
 }
 
 /// Takes frames out of a byte stream. The buffer never holds more than one frame's
@@ -201,6 +218,17 @@ pub enum Call {
         /// The signal number.
         signal: i32,
     },
+    /// Stop forwarding a process's output (its client is behind): its pipes fill and it
+    /// blocks on them, while every other process's frames keep flowing.
+    Hold {
+        /// init's id of the process.
+        pid: u32,
+    },
+    /// Forward a held process's output again.
+    Release {
+        /// init's id of the process.
+        pid: u32,
+    },
     /// Set a terminal's size.
     Resize {
         /// init's id of the process.
@@ -253,9 +281,24 @@ mod tests {
                 version: VERSION,
                 pid: 1,
             },
+        )
+        .unwrap();
+        encode(&mut bytes, Kind::Output, 7, &[1, b'h', b'i']).unwrap();
+        encode(&mut bytes, Kind::Input, 7, &[]).unwrap();
+        // Over the bound: refused, nothing appended.
+        let before = bytes.len();
+        assert_eq!(
+            encode(&mut bytes, Kind::Call, 1, &vec![0; MAX_FRAME_BYTES - 4]),
+            Err(WireError::Length(MAX_FRAME_BYTES + 1))
         );
-        encode(&mut bytes, Kind::Output, 7, &[1, b'h', b'i']);
-        encode(&mut bytes, Kind::Input, 7, &[]);
+        assert!(encode(
+            &mut Vec::new(),
+            Kind::Call,
+            1,
+            &vec![0; MAX_FRAME_BYTES - 5]
+        )
+        .is_ok());
+        assert_eq!(bytes.len(), before);
         for cut in 0..=bytes.len() {
             let mut d = Decoder::default();
             d.push(&bytes[..cut]);

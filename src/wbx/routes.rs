@@ -72,16 +72,19 @@ const fn row(
 const GET: &[&str] = &["GET", "HEAD"];
 const POST: &[&str] = &["POST"];
 
-/// Every route of the face.
+/// Every route of the face. A sandbox holds its tenant's secrets (its `env`) and
+/// files: like memory and volumes, these routes need a key whenever keys are
+/// configured, the open-demo setup (`ISOBOX_MEMORY_REQUIRE_KEY=1`) included. With no
+/// keys configured at all, every client is the one `public` tenant (a single-user box).
 #[rustfmt::skip]
 pub static ROUTES: &[Row<Spec>] = &[
-    row("/v1/templates", GET, Route::Templates, Class::Keyed, DEFAULT_BODY_BYTES),
-    row("/v1/sandboxes", GET, Route::SandboxList, Class::Keyed, DEFAULT_BODY_BYTES),
-    row("/v1/sandboxes", POST, Route::SandboxCreate, Class::Starts, DEFAULT_BODY_BYTES),
-    row("/v1/sandboxes/{id}", &["GET", "HEAD", "DELETE"], Route::Sandbox, Class::Keyed, DEFAULT_BODY_BYTES),
-    row("/v1/sandboxes/{id}/timeout", POST, Route::Timeout, Class::Keyed, DEFAULT_BODY_BYTES),
-    row("/v1/sandboxes/{id}/exec", POST, Route::Exec, Class::Keyed, EXEC_BODY_BYTES),
-    row("/v1/sandboxes/{id}/exec/stream", POST, Route::ExecStream, Class::Keyed, EXEC_BODY_BYTES),
+    row("/v1/templates", GET, Route::Templates, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes", GET, Route::SandboxList, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes", POST, Route::SandboxCreate, Class::MemoryStarts, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}", &["GET", "HEAD", "DELETE"], Route::Sandbox, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/timeout", POST, Route::Timeout, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/exec", POST, Route::Exec, Class::Memory, EXEC_BODY_BYTES),
+    row("/v1/sandboxes/{id}/exec/stream", POST, Route::ExecStream, Class::Memory, EXEC_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.

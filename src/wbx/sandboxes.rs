@@ -18,6 +18,8 @@ pub struct Limits {
     pub max_mem_mb: u64,
     /// Longest lifetime a sandbox may be given, seconds (`timeout_s` is capped to it).
     pub max_timeout_s: u64,
+    /// Sandboxes on this server at once, all tenants together.
+    pub max_total: usize,
 }
 
 /// vCPUs of every sandbox.

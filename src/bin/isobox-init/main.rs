@@ -83,14 +83,19 @@ pub struct Init {
 }
 
 impl Init {
-    /// Queues a frame for the daemon.
+    /// Queues a frame for the daemon. Output is split at `MAX_DATA_BYTES` and every
+    /// other frame is small, so none is ever over the bound; one that were would be
+    /// dropped rather than break the channel.
     pub fn send(&mut self, kind: Kind, channel: u32, payload: &[u8]) {
-        wire::encode(&mut self.wbuf, kind, channel, payload);
+        let _ = wire::encode(&mut self.wbuf, kind, channel, payload);
     }
 
-    /// Queues a JSON frame for the daemon.
+    /// Queues a JSON frame for the daemon (a reply too large to send says so instead).
     pub fn send_json<T: serde::Serialize>(&mut self, kind: Kind, channel: u32, v: &T) {
-        wire::encode_json(&mut self.wbuf, kind, channel, v);
+        if wire::encode_json(&mut self.wbuf, kind, channel, v).is_err() && kind == Kind::Reply {
+            let r = Reply::Error("the answer is too large to send".into());
+            let _ = wire::encode_json(&mut self.wbuf, kind, channel, &r);
+        }
     }
 
     /// The daemon is this far behind: read no more output for now.
@@ -181,6 +186,14 @@ impl Init {
                 Err(e) => Reply::Error(e),
             },
             Call::Signal { pid, signal } => match procs::signal(self, pid, signal) {
+                Ok(()) => Reply::Ok(serde_json::Value::Null),
+                Err(e) => Reply::Error(e),
+            },
+            Call::Hold { pid } => match procs::hold(self, pid, true) {
+                Ok(()) => Reply::Ok(serde_json::Value::Null),
+                Err(e) => Reply::Error(e),
+            },
+            Call::Release { pid } => match procs::hold(self, pid, false) {
                 Ok(()) => Reply::Ok(serde_json::Value::Null),
                 Err(e) => Reply::Error(e),
             },

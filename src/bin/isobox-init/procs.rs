@@ -30,6 +30,10 @@ struct Proc {
     eof: bool,
     /// A terminal's controller (its size is set through it).
     pty: Option<OwnedFd>,
+    /// Its client is behind: its output is not read until released.
+    held: bool,
+    /// It was reaped; its `Exit` goes once what its pipes held is forwarded.
+    exited: Option<Exited>,
 }
 
 /// Every process the daemon started and has not heard the end of.
@@ -171,6 +175,8 @@ pub fn spawn(
         pending: Vec::new(),
         eof: false,
         pty: None,
+        held: false,
+        exited: None,
     };
     let reg = init.poll.registry();
     let procs = &mut init.procs;
@@ -295,28 +301,31 @@ pub fn event(init: &mut Init, t: Token, readable: bool, writable: bool) {
         return;
     };
     match side {
-        Side::Out(_) if readable => {
-            pump(init, pid);
-        }
+        Side::Out(_) if readable => pump_and_finish(init, pid),
         Side::In if writable => write_stdin(init, pid),
         _ => {}
     }
 }
 
-/// Forwards what `pid`'s outputs hold, until they would block, close, or the daemon
-/// falls behind. True when every output reached its end.
+/// Forwards what `pid`'s outputs hold, until they would block or close. False when it
+/// stopped early: the process is held, or the daemon fell behind.
 fn pump(init: &mut Init, pid: i32) -> bool {
-    let mut buf = vec![0u8; MAX_DATA_BYTES];
-    let mut frames: Vec<(Stream, Vec<u8>)> = Vec::new();
+    let mut buf = vec![0u8; MAX_DATA_BYTES + 1];
+    let mut frames: Vec<Vec<u8>> = Vec::new();
     let mut closed = Vec::new();
+    let mut drained = true;
     {
         let Some(p) = init.procs.by_pid.get_mut(&pid) else {
             return true;
         };
+        if p.held {
+            return false;
+        }
         let mut backlog = init.wbuf.len() - init.wpos;
         for (i, (stream, rx, _)) in p.out.iter_mut().enumerate() {
             loop {
                 if backlog >= super::MAX_CTL_BACKLOG_BYTES {
+                    drained = false;
                     break;
                 }
                 // The frame's stream byte comes first.
@@ -328,7 +337,7 @@ fn pump(init: &mut Init, pid: i32) -> bool {
                     Ok(n) => {
                         backlog += n + 10;
                         buf[0] = *stream as u8;
-                        frames.push((*stream, buf[..=n].to_vec()));
+                        frames.push(buf[..=n].to_vec());
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -342,7 +351,7 @@ fn pump(init: &mut Init, pid: i32) -> bool {
         }
     }
     let channel = u32::try_from(pid).unwrap_or(0);
-    for (_, payload) in frames {
+    for payload in frames {
         init.send(Kind::Output, channel, &payload);
     }
     let Some(p) = init.procs.by_pid.get_mut(&pid) else {
@@ -353,46 +362,85 @@ fn pump(init: &mut Init, pid: i32) -> bool {
         let _ = init.poll.registry().deregister(&mut rx);
         init.procs.tokens.remove(&t);
     }
-    init.procs.by_pid.get(&pid).is_none_or(|p| p.out.is_empty())
+    drained
+}
+
+/// Forwards `pid`'s output, and, if it was reaped and its pipes are forwarded up to
+/// now, sends its `Exit` and forgets it.
+fn pump_and_finish(init: &mut Init, pid: i32) {
+    let drained = pump(init, pid);
+    if drained
+        && init
+            .procs
+            .by_pid
+            .get(&pid)
+            .is_some_and(|p| p.exited.is_some())
+    {
+        finish(init, pid);
+    }
 }
 
 /// Forwards every process's waiting output (the daemon caught up).
 pub fn pump_all(init: &mut Init) {
     let pids: Vec<i32> = init.procs.by_pid.keys().copied().collect();
     for pid in pids {
-        pump(init, pid);
+        pump_and_finish(init, pid);
     }
 }
 
-/// Reaps every child that ended. A process the daemon started gets its output
-/// forwarded first, then its `Exit`; what its background children still hold of its
-/// pipes is closed (their later writes fail). Orphans are reaped silently.
+/// Holds or releases `pid`'s output.
+pub fn hold(init: &mut Init, pid: u32, held: bool) -> Result<(), String> {
+    let pid = i32::try_from(pid).map_err(|_| "no such process".to_string())?;
+    let p = init
+        .procs
+        .by_pid
+        .get_mut(&pid)
+        .ok_or_else(|| format!("no such process: {pid}"))?;
+    p.held = held;
+    if !held {
+        // Edge-triggered: what waits in its pipes brings no new event.
+        pump_and_finish(init, pid);
+    }
+    Ok(())
+}
+
+/// Reaps every child that ended. A process the daemon started gets what its pipes
+/// hold forwarded first (at once, or once it is released and the daemon caught up),
+/// then its `Exit`; what its background children still hold of its pipes after that
+/// is closed (their later writes fail). Orphans are reaped silently.
 pub fn reap(init: &mut Init) {
     while let Some(r) = isobox::sys::process::reap_any() {
-        if !init.procs.by_pid.contains_key(&r.pid) {
-            continue;
-        }
-        pump(init, r.pid);
-        let Some(mut p) = init.procs.by_pid.remove(&r.pid) else {
+        let Some(p) = init.procs.by_pid.get_mut(&r.pid) else {
             continue;
         };
-        let reg = init.poll.registry();
-        for (_, mut rx, t) in p.out.drain(..) {
-            let _ = reg.deregister(&mut rx);
-            init.procs.tokens.remove(&t);
-        }
-        if let Some((mut tx, t)) = p.stdin.take() {
-            let _ = reg.deregister(&mut tx);
-            init.procs.tokens.remove(&t);
-        }
-        init.send_json(
-            Kind::Exit,
-            u32::try_from(r.pid).unwrap_or(0),
-            &Exited {
-                code: r.code,
-                signal: r.signal,
-            },
-        );
+        p.exited = Some(Exited {
+            code: r.code,
+            signal: r.signal,
+        });
+        pump_and_finish(init, r.pid);
+    }
+    // Groups with nobody left in them are done with.
+    init.procs
+        .groups
+        .retain(|&g| isobox::sys::process::group_exists(g));
+}
+
+/// Closes a reaped process's pipes and sends its `Exit`.
+fn finish(init: &mut Init, pid: i32) {
+    let Some(mut p) = init.procs.by_pid.remove(&pid) else {
+        return;
+    };
+    let reg = init.poll.registry();
+    for (_, mut rx, t) in p.out.drain(..) {
+        let _ = reg.deregister(&mut rx);
+        init.procs.tokens.remove(&t);
+    }
+    if let Some((mut tx, t)) = p.stdin.take() {
+        let _ = reg.deregister(&mut tx);
+        init.procs.tokens.remove(&t);
+    }
+    if let Some(exited) = p.exited {
+        init.send_json(Kind::Exit, u32::try_from(pid).unwrap_or(0), &exited);
     }
 }
 
