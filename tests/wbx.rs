@@ -699,3 +699,132 @@ fn test_capacity_demo_keys_and_a_creator_that_leaves() {
     assert!(err(&r).contains("no free capacity") && err(&r).contains("ISOBOX_WBX_MAX_TOTAL"));
     d.stop();
 }
+
+#[test]
+fn test_pause_resume_and_metrics() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({"timeout_s": 300, "network": {"mode": "none"}}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let metrics = || {
+        let r = wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/metrics"),
+            None,
+            None,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let cpu = |v: &Value| v["cpu_used_ms"].as_u64().unwrap();
+    let post = |verb: &str| {
+        wbx(
+            &d,
+            "POST",
+            &format!("/v1/sandboxes/{id}/{verb}"),
+            None,
+            None,
+        )
+    };
+    // A CPU loop in the background.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "nohup sh -c 'while :; do :; done' >/dev/null 2>&1 &"}),
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let m1 = metrics();
+    std::thread::sleep(Duration::from_millis(1500));
+    let m2 = metrics();
+    assert!(
+        cpu(&m2) >= cpu(&m1) + 400,
+        "the loop burns CPU: {m1} then {m2}"
+    );
+    assert_eq!(
+        (m2["vcpu"].as_u64(), m2["mem_mb"].as_u64()),
+        (Some(2), Some(512))
+    );
+    assert!(m2["mem_used_mb"].as_f64().unwrap() > 1.0, "{m2}");
+    assert!(m2["tasks"].as_u64().unwrap() > 0, "{m2}");
+    let (used, total) = (
+        m2["disk_used_mb"].as_f64().unwrap(),
+        m2["disk_total_mb"].as_f64().unwrap(),
+    );
+    assert!(total > 0.0 && used <= total, "{m2}");
+    // Paused: nothing runs, commands are refused, the lifetime waits.
+    let r = post("pause");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "paused");
+    let r = post("pause");
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (409, "the sandbox is paused"),
+        "log:\n{}",
+        d.log()
+    );
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        None,
+        Some(&json!({"cmd": "true"})),
+    );
+    assert_eq!((r.status, err(&r).as_str()), (409, "the sandbox is paused"));
+    let listed = wbx(&d, "GET", "/v1/sandboxes", None, None).json();
+    assert_eq!(listed["sandboxes"][0]["state"], "paused", "{listed}");
+    let p1 = metrics();
+    assert!(
+        p1["disk_used_mb"].is_null(),
+        "nothing answers in a paused sandbox: {p1}"
+    );
+    let e1 = secs(
+        wbx(&d, "GET", &format!("/v1/sandboxes/{id}"), None, None).json()["expires_at"]
+            .as_str()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(2000));
+    let p2 = metrics();
+    assert!(
+        cpu(&p2) <= cpu(&p1) + 100,
+        "paused yet burning CPU: {p1} then {p2}"
+    );
+    let e2 = secs(
+        wbx(&d, "GET", &format!("/v1/sandboxes/{id}"), None, None).json()["expires_at"]
+            .as_str()
+            .unwrap(),
+    );
+    assert!(
+        e2 > e1,
+        "paused time does not burn the lifetime: {e1} then {e2}"
+    );
+    // Resumed: the loop goes on, commands run.
+    let r = post("resume");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "running");
+    let r = post("resume");
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (409, "the sandbox is running")
+    );
+    let r1 = metrics();
+    std::thread::sleep(Duration::from_millis(1500));
+    let r2 = metrics();
+    assert!(
+        cpu(&r2) >= cpu(&r1) + 400,
+        "the loop runs again: {r1} then {r2}"
+    );
+    assert_eq!(exec(&d, &id, &json!({"cmd": "echo ok"}))["stdout"], "ok\n");
+    // A paused sandbox can be deleted.
+    assert_eq!(post("pause").status, 200);
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    let r = post("resume");
+    assert_eq!(r.status, 404);
+    d.assert_clean();
+    d.stop();
+}

@@ -59,6 +59,17 @@ pub enum Hierarchy {
     },
 }
 
+/// What a sandbox's cgroup says it uses now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time, all its tasks together, since they started.
+    pub cpu_ns: u64,
+    /// Memory charged to it.
+    pub memory_bytes: u64,
+    /// Tasks (threads count on v1).
+    pub tasks: u64,
+}
+
 /// Host-side limits of one sandbox cgroup.
 #[derive(Debug, Clone, Copy)]
 pub struct HostLimits {
@@ -410,6 +421,51 @@ impl RunCgroup {
             .ok()
     }
 
+    /// What the sandbox uses now: CPU time since it started, memory (its processes,
+    /// gVisor's own and, for a long-lived sandbox, its in-memory root) and tasks.
+    /// Figures the kernel does not give read as 0.
+    pub fn usage(&self) -> Usage {
+        let num = |p: PathBuf| -> u64 {
+            fs::read_to_string(p)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        match &self.hier {
+            Hierarchy::V1 { cpu, .. } => {
+                // cpuacct is its own hierarchy here, or mounted with cpu: runsc makes the
+                // run's cgroup in every hierarchy, at the same relative path.
+                let rel = self.dirs[1].strip_prefix(cpu).unwrap_or(&self.dirs[1]);
+                let acct = cpu
+                    .parent()
+                    .map(|root| root.join("cpuacct").join(rel).join("cpuacct.usage"));
+                let cpu_ns = match fs::metadata(self.dirs[1].join("cpuacct.usage")) {
+                    Ok(_) => num(self.dirs[1].join("cpuacct.usage")),
+                    Err(_) => acct.map(num).unwrap_or(0),
+                };
+                Usage {
+                    cpu_ns,
+                    memory_bytes: num(self.dirs[0].join("memory.usage_in_bytes")),
+                    tasks: num(self.dirs[2].join("pids.current")),
+                }
+            }
+            Hierarchy::V2 { .. } => {
+                let d = &self.dirs[0];
+                let usec = fs::read_to_string(d.join("cpu.stat"))
+                    .unwrap_or_default()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("usage_usec "))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                Usage {
+                    cpu_ns: usec.saturating_mul(1000),
+                    memory_bytes: num(d.join("memory.current")),
+                    tasks: num(d.join("pids.current")),
+                }
+            }
+        }
+    }
+
     /// One SIGKILL for every process in the cgroup now (`cgroup.kill` on v2), without
     /// waiting for them to go: fast enough for a response path; [`kill_all`]
     /// (Self::kill_all) finishes the job later.
@@ -569,6 +625,51 @@ mod tests {
         assert!(Hierarchy::detect(&t.0).is_err());
         fs::write(t.0.join("cgroup.controllers"), "cpuset cpu io memory pids").unwrap();
         assert_eq!(Hierarchy::detect(&t.0).unwrap().version(), "v2");
+    }
+
+    #[test]
+    fn test_usage_read_on_v1_and_v2() {
+        let (t, h) = v1_fixture();
+        fs::create_dir_all(t.0.join("cpuacct")).unwrap();
+        let cg = RunCgroup {
+            hier: h,
+            dirs: ["memory", "cpu", "pids"]
+                .iter()
+                .map(|c| t.0.join(c).join("s").join("r"))
+                .collect(),
+        };
+        for d in &cg.dirs {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::create_dir_all(t.0.join("cpuacct/s/r")).unwrap();
+        fs::write(t.0.join("cpuacct/s/r/cpuacct.usage"), "1500000000\n").unwrap();
+        fs::write(cg.dirs[0].join("memory.usage_in_bytes"), "1048576\n").unwrap();
+        fs::write(cg.dirs[2].join("pids.current"), "7\n").unwrap();
+        assert_eq!(
+            cg.usage(),
+            Usage {
+                cpu_ns: 1_500_000_000,
+                memory_bytes: 1 << 20,
+                tasks: 7
+            }
+        );
+        let t2 = tempdir::Dir::new();
+        let d = t2.0.join("r");
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("cpu.stat"), "usage_usec 2500\nuser_usec 2000\n").unwrap();
+        fs::write(d.join("memory.current"), "4096").unwrap();
+        let cg = RunCgroup {
+            hier: Hierarchy::V2 { root: t2.0.clone() },
+            dirs: vec![d],
+        };
+        assert_eq!(
+            cg.usage(),
+            Usage {
+                cpu_ns: 2_500_000,
+                memory_bytes: 4096,
+                tasks: 0
+            }
+        );
     }
 
     #[test]

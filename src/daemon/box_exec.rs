@@ -71,10 +71,7 @@ impl Daemon {
             return;
         };
         if b.state != State::Running {
-            let state = match b.state {
-                State::Starting => "starting",
-                _ => "ending",
-            };
+            let state = b.state.name();
             self.respond(
                 ck,
                 crate::wbx::error(409, &format!("the sandbox is {state}")),
@@ -342,6 +339,22 @@ impl Daemon {
         let Some(b) = self.boxes.boxes.get_mut(key) else {
             return;
         };
+        if b.state == State::Paused {
+            // Nothing runs while paused, the init included: the limit waits.
+            let later = Instant::now() + Duration::from_secs(1);
+            let cmd = b
+                .execs
+                .calls
+                .values_mut()
+                .chain(b.execs.running.values_mut())
+                .find(|c| c.gen == gen && gen != 0);
+            if let Some(cmd) = cmd {
+                cmd.gen = self
+                    .reactor
+                    .arm_new(later, Addr::new(BOXES, key, EXEC_DEADLINE));
+            }
+            return;
+        }
         if let Some(&call) = b
             .execs
             .calls

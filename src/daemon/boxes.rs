@@ -5,6 +5,10 @@
 //! them, and ending one (delete, expiry, init's death, shutdown) with the same kill,
 //! wait and delete sequence. Commands running in them are `box_exec.rs`.
 //!
+//! It stays one file (about 750 lines of code): every end of a sandbox (delete, expiry,
+//! its init's death, a failed start, a shutdown) takes the one kill, wait and delete
+//! path here, and the states it moves through are read and changed in one place.
+//!
 //! A daemon crash loses its sandboxes: the startup sweep removes their containers,
 //! cgroups and bundles (they are named under the instance like every run), and their
 //! ids then answer 404.
@@ -68,6 +72,7 @@ impl Component<Daemon> for Boxes {
         match what {
             LIFETIME => d.box_lifetime(key, gen),
             EXEC_DEADLINE => d.exec_deadline(key, gen),
+            super::box_verbs::METRICS_DEADLINE => d.metrics_deadline(key, gen),
             _ => {}
         }
     }
@@ -80,15 +85,19 @@ pub(crate) enum State {
     Starting,
     /// init said hello: commands may run.
     Running,
+    /// Paused (`runsc pause`): nothing runs; its lifetime does not pass.
+    Paused,
     /// Being killed and removed; gone for every client.
     Ending,
 }
 
 impl State {
-    fn name(self) -> &'static str {
+    /// How the document (and the 409s) name it.
+    pub(super) fn name(self) -> &'static str {
         match self {
             State::Starting => "starting",
             State::Running => "running",
+            State::Paused => "paused",
             State::Ending => "ending",
         }
     }
@@ -101,22 +110,28 @@ pub(crate) struct Sbx {
     pub(super) tenant: String,
     pub(super) template: String,
     pub(super) state: State,
-    created_ms: u64,
-    expires_ms: u64,
+    pub(super) created_ms: u64,
+    pub(super) expires_ms: u64,
     /// When it expires (or, while starting, when it must have said hello).
-    deadline: Instant,
+    pub(super) deadline: Instant,
+    /// While paused: the lifetime it has left.
+    pub(super) remaining: Duration,
+    /// A pause or resume is under way.
+    pub(super) verb_busy: bool,
+    /// Metrics requests waiting for the init's disk figures, by call id.
+    pub(super) metrics: HashMap<u32, super::box_verbs::MetricsWait>,
     metadata: BTreeMap<String, String>,
     network: Net,
     started: Instant,
     start_ms: u64,
     /// The container's name under the instance.
-    container: String,
+    pub(super) container: String,
     pub(super) ctl: Option<(mio::net::UnixStream, Token)>,
     pub(super) decoder: Decoder,
     pub(super) wbuf: Vec<u8>,
     pid: Option<(OwnedFd, Token)>,
     child: Option<Child>,
-    cgroup: Option<crate::cgroup::RunCgroup>,
+    pub(super) cgroup: Option<crate::cgroup::RunCgroup>,
     dir: Option<PathBuf>,
     net: Option<crate::netfilter::NetLease>,
     /// The create request waiting for hello.
@@ -161,7 +176,7 @@ fn shutting_down() -> Response {
         .with_header("Retry-After", "5")
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     crate::workspace::now_ms()
 }
 
@@ -189,7 +204,9 @@ impl Daemon {
                     .boxes
                     .boxes
                     .iter()
-                    .filter(|(_, b)| b.tenant == tenant && b.state == State::Running)
+                    .filter(|(_, b)| {
+                        b.tenant == tenant && matches!(b.state, State::Running | State::Paused)
+                    })
                     .map(|(_, b)| self.box_json(b))
                     .collect();
                 respond(
@@ -224,6 +241,12 @@ impl Daemon {
                 None => respond(self, wsb::not_found()),
             },
             Op::Timeout(id, secs) => match self.boxes.find(&tenant, &id) {
+                Some(k) if self.boxes.boxes[k].state == State::Paused => {
+                    // Counted from the resume: paused time does not pass.
+                    self.boxes.boxes[k].remaining = Duration::from_secs(secs);
+                    let v = self.box_json(&self.boxes.boxes[k]);
+                    respond(self, Response::json(200, &v));
+                }
                 Some(k) if self.boxes.boxes[k].state == State::Running => {
                     let b = &mut self.boxes.boxes[k];
                     b.expires_ms = now_ms() + secs * 1000;
@@ -241,6 +264,18 @@ impl Daemon {
                 }
                 None => respond(self, wsb::not_found()),
             },
+            Op::Pause(id) => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.box_pause(ck, k),
+                None => respond(self, wsb::not_found()),
+            },
+            Op::Resume(id) => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.box_resume_op(ck, k),
+                None => respond(self, wsb::not_found()),
+            },
+            Op::Metrics(id) => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.box_metrics(ck, k),
+                None => respond(self, wsb::not_found()),
+            },
             Op::Exec { id, exec, stream } => match self.boxes.find(&tenant, &id) {
                 Some(k) => self.exec_start(ck, k, *exec, stream),
                 None => respond(self, wsb::not_found()),
@@ -248,13 +283,19 @@ impl Daemon {
         }
     }
 
-    fn box_json(&self, b: &Sbx) -> serde_json::Value {
+    pub(super) fn box_json(&self, b: &Sbx) -> serde_json::Value {
+        // A paused sandbox's end moves on with the clock: its lifetime does not pass.
+        let expires_ms = if b.state == State::Paused {
+            now_ms() + u64::try_from(b.remaining.as_millis()).unwrap_or(u64::MAX)
+        } else {
+            b.expires_ms
+        };
         wsb::sandbox_json(&wsb::View {
             id: &b.id,
             template: &b.template,
             state: b.state.name(),
             created_ms: b.created_ms,
-            expires_ms: b.expires_ms,
+            expires_ms,
             metadata: &b.metadata,
             network: b.network,
             start_ms: b.start_ms,
@@ -353,6 +394,9 @@ impl Daemon {
             created_ms,
             expires_ms: created_ms + timeout_s * 1000,
             deadline: now + BOOT_TIMEOUT,
+            remaining: Duration::ZERO,
+            verb_busy: false,
+            metrics: HashMap::new(),
             metadata,
             network,
             started: now,
@@ -410,7 +454,7 @@ impl Daemon {
     }
 
     /// Arms the sandbox's one lifetime timer at its deadline.
-    fn box_arm(&mut self, key: usize) {
+    pub(super) fn box_arm(&mut self, key: usize) {
         let Some(b) = self.boxes.boxes.get(key) else {
             return;
         };
@@ -572,9 +616,18 @@ impl Daemon {
                     self.box_end(key, "its init spoke another protocol");
                 }
             },
-            (Kind::Reply, State::Running) => self.exec_reply(key, f.channel, &f.payload),
-            (Kind::Output, State::Running) => self.exec_output(key, f.channel, &f.payload),
-            (Kind::Exit, State::Running) => self.exec_exit(key, f.channel, &f.payload),
+            // A pause can catch frames already on their way: they count as before it.
+            (Kind::Reply, State::Running | State::Paused) => {
+                if !self.metrics_reply(key, f.channel, &f.payload) {
+                    self.exec_reply(key, f.channel, &f.payload)
+                }
+            }
+            (Kind::Output, State::Running | State::Paused) => {
+                self.exec_output(key, f.channel, &f.payload)
+            }
+            (Kind::Exit, State::Running | State::Paused) => {
+                self.exec_exit(key, f.channel, &f.payload)
+            }
             _ => {
                 crate::warn_limited!("sandbox={key} init sent an unexpected frame");
                 self.box_end(key, "its init broke the protocol");
@@ -621,7 +674,8 @@ impl Daemon {
                 self.box_end(key, "did not start in time");
             }
             State::Running => self.box_end(key, "expired"),
-            State::Ending => {}
+            // The resume arms it again with what was left.
+            State::Paused | State::Ending => {}
         }
     }
 
@@ -639,6 +693,7 @@ impl Daemon {
             }
         }
         self.exec_fail_all(key, status, message);
+        self.metrics_fail_all(key, status, message);
     }
 
     /// Ends the sandbox: gone for every client now; killed, then reaped and removed on

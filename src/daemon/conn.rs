@@ -4,9 +4,14 @@
 //! head, the handler's dispatch, and who owns a request once it is handed over (an
 //! [`Owner`]: a run, a pool job, an upload, a download, an agent loop).
 //!
+//! It stays one file (about 620 lines of code): a socket's life, a head's routing and
+//! admission, and the hand-over to an owner are the one path every request takes, and
+//! every owner a connection can have is listed in one enum here.
+//!
 //! Requests on a connection are served strictly one at a time, so pipelined requests
 //! are answered in order. Reactor thread only.
 
+use super::faces::Routed;
 use super::Daemon;
 use crate::api::routes::{Handler, Spec};
 use crate::api::{self, Action};
@@ -134,60 +139,10 @@ impl hc::Owner for Owner {
     }
 }
 
-/// A request's route, on one of the faces.
-#[derive(Debug, Clone, Copy)]
-pub enum Routed {
-    /// The isobox face (`/`).
-    Isobox(&'static Spec),
-    /// The WBX face (`/wbx`).
-    Wbx(&'static crate::wbx::routes::Spec),
-}
-
-impl Routed {
-    fn body_cap(self) -> usize {
-        match self {
-            Routed::Isobox(s) => s.body_cap,
-            Routed::Wbx(s) => s.body_cap,
-        }
-    }
-
-    fn class(self) -> crate::admission::Class {
-        match self {
-            Routed::Isobox(s) => s.class,
-            Routed::Wbx(s) => s.class,
-        }
-    }
-
-    fn over_cap(self) -> Response {
-        match self {
-            Routed::Isobox(s) => s.over_cap(),
-            Routed::Wbx(s) => s.over_cap(),
-        }
-    }
-
-    /// An answer made in the isobox shape (admission's), in this route's face's.
-    fn shaped(self, resp: Response) -> Response {
-        match self {
-            Routed::Isobox(_) => resp,
-            Routed::Wbx(_) => crate::wbx::reshape(resp),
-        }
-    }
-}
-
 /// A connection's HTTP state, with the faces' routes and the daemon's owners.
 pub type HttpConn = hc::Conn<Routed, Owner>;
 /// Where a connection is.
 pub type Phase = hc::Phase<Routed, Owner>;
-
-/// The part of `path` under the WBX face's base, if it is there.
-fn wbx_path(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix(crate::wbx::BASE)?;
-    match rest {
-        "" => Some("/"),
-        r if r.starts_with('/') => Some(r),
-        _ => None,
-    }
-}
 
 /// A client connection: its socket, its HTTP state and its deadline.
 pub struct Client {
@@ -438,15 +393,7 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        let resolved = match wbx_path(&head.path) {
-            Some(rest) => {
-                crate::wbx::routes::resolve(&head.method, rest).map(|(s, p)| (Routed::Wbx(s), p))
-            }
-            None => api::resolve(&head.method, &head.path)
-                .map(|(s, p)| (Routed::Isobox(s), p))
-                .map_err(api::error::route_error),
-        };
-        let (route, params) = match resolved {
+        let (route, params) = match Routed::resolve(&head.method, &head.path) {
             Ok(r) => r,
             Err(resp) => {
                 c.http.refuse_head(&head, resp, shutting_down);

@@ -16,9 +16,11 @@
 
 pub mod agent;
 mod box_exec;
+mod box_verbs;
 pub mod boxes;
 pub mod conn;
 pub mod egress;
+mod faces;
 mod finish;
 mod kernel_steps;
 pub mod kernels;

@@ -7,12 +7,13 @@
 //! What is built on the verbs and holds for every backend (the startup probe, the
 //! warm pool's boot, claim and discard) lives beside it (`probe.rs`, `warm.rs`).
 //!
-//! `pause`, `resume`, `exec` and `stats` join the trait with their first user, the
-//! long-lived sandboxes of the WBX face (issue 22), which test them.
+//! runsc's `exec` has no verb here: a long-lived sandbox's own init starts its
+//! processes (`runsc exec` costs 100-200 ms a process and forwards no signal without a
+//! terminal; a call to the init costs well under a millisecond).
 
 use super::plan::ExecPlan;
 use super::SandboxError;
-use crate::cgroup::{CgroupError, HostLimits, RunCgroup};
+use crate::cgroup::{CgroupError, HostLimits, RunCgroup, Usage};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout};
@@ -64,6 +65,22 @@ pub trait Backend: Send + Sync {
     /// `runsc delete --force`: removes the container state, the cgroups (killing
     /// anything left in them) and the bundle `dir`. Idempotent.
     fn delete(&self, id: &str, cgroup: &RunCgroup, dir: &Path);
+
+    /// `runsc pause`: stops every process of a live sandbox; its memory stays.
+    ///
+    /// # Errors
+    /// [`SandboxError::Verb`] with what runsc said.
+    fn pause(&self, id: &str) -> Result<(), SandboxError>;
+
+    /// `runsc resume`: continues a paused sandbox.
+    ///
+    /// # Errors
+    /// [`SandboxError::Verb`] with what runsc said.
+    fn resume(&self, id: &str) -> Result<(), SandboxError>;
+
+    /// `runsc events --stats`: what the sandbox uses now, as its host cgroup counts it
+    /// (gVisor's own processes included).
+    fn stats(&self, cgroup: &RunCgroup) -> Usage;
 
     /// Removes what a crashed daemon of this instance left (only names of this
     /// instance); returns how many things it removed.

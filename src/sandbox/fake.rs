@@ -7,7 +7,7 @@
 use super::backend::{wait_bounded, Backend, Cleanup, Spawned, Stdin};
 use super::plan::ExecPlan;
 use super::SandboxError;
-use crate::cgroup::{CgroupError, HostLimits, RunCgroup};
+use crate::cgroup::{CgroupError, HostLimits, RunCgroup, Usage};
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -30,6 +30,9 @@ pub struct Fake {
     pub delay_start_ms: AtomicU64,
     /// Process groups started and not reaped.
     groups: std::sync::Mutex<Vec<i32>>,
+    /// Each sandbox's process group, by container id (pause and resume stop and
+    /// continue it).
+    by_id: std::sync::Mutex<std::collections::HashMap<String, i32>>,
 }
 
 impl Fake {
@@ -42,6 +45,7 @@ impl Fake {
             kills: AtomicUsize::new(0),
             delay_start_ms: AtomicU64::new(0),
             groups: std::sync::Mutex::new(Vec::new()),
+            by_id: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -51,6 +55,22 @@ impl Fake {
         for &g in groups.iter() {
             let _ = crate::sys::kill_group(g, libc::SIGKILL);
         }
+    }
+
+    fn signal_id(&self, verb: &'static str, id: &str, sig: i32) -> Result<(), SandboxError> {
+        let g = self
+            .by_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .copied();
+        let err = |detail: String| SandboxError::Verb {
+            verb,
+            id: id.to_string(),
+            detail,
+        };
+        let g = g.ok_or_else(|| err("no such sandbox".into()))?;
+        crate::sys::kill_group(g, sig).map_err(|e| err(e.to_string()))
     }
 
     fn spawn_err(source: std::io::Error) -> SandboxError {
@@ -130,6 +150,10 @@ impl Backend for Fake {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(pgid);
+        self.by_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), pgid);
         let pidfd = match crate::sys::pidfd_open(child.id()) {
             Ok(fd) => fd,
             Err(e) => {
@@ -192,6 +216,18 @@ impl Backend for Fake {
         if std::fs::remove_dir_all(dir).is_ok() {
             self.live.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    fn pause(&self, id: &str) -> Result<(), SandboxError> {
+        self.signal_id("pause", id, libc::SIGSTOP)
+    }
+
+    fn resume(&self, id: &str) -> Result<(), SandboxError> {
+        self.signal_id("resume", id, libc::SIGCONT)
+    }
+
+    fn stats(&self, _: &RunCgroup) -> Usage {
+        Usage::default()
     }
 
     fn sweep(&self) -> usize {

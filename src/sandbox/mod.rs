@@ -49,6 +49,16 @@ pub enum SandboxError {
     /// No cgroup hierarchy is usable.
     #[error("cgroups unavailable: {0}")]
     NoCgroups(String),
+    /// A runsc verb on a live sandbox failed.
+    #[error("runsc {verb} {id}: {detail}")]
+    Verb {
+        /// Which verb.
+        verb: &'static str,
+        /// The container.
+        id: String,
+        /// What runsc said (or why it could not run).
+        detail: String,
+    },
 }
 
 /// Host memory added to the program's `memoryBytes` for gVisor itself (sentry, gofer,

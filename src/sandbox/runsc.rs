@@ -10,7 +10,7 @@
 use super::backend::{wait_bounded, Backend, Cleanup, Spawned, Stdin};
 use super::bundle::{self, ProcessSpec};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
-use crate::cgroup::{CgroupError, Hierarchy, HostLimits, RunCgroup, CPU_PERIOD_US};
+use crate::cgroup::{CgroupError, Hierarchy, HostLimits, RunCgroup, Usage, CPU_PERIOD_US};
 use crate::sandbox::plan::ExecPlan;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -140,6 +140,36 @@ impl Gvisor {
     }
 
     /// `runsc delete --force`: idempotent, succeeds for a container already gone.
+    /// Runs `runsc <verb> <id>` (pause, resume) and says what went wrong.
+    fn verb(&self, verb: &'static str, id: &str) -> Result<(), SandboxError> {
+        let out = self
+            .runsc_cmd()
+            .arg(verb)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| SandboxError::Verb {
+                verb,
+                id: id.to_string(),
+                detail: e.to_string(),
+            })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(SandboxError::Verb {
+                verb,
+                id: id.to_string(),
+                detail: String::from_utf8_lossy(&out.stderr)
+                    .trim()
+                    .chars()
+                    .take(400)
+                    .collect(),
+            })
+        }
+    }
+
     fn runsc_delete(&self, id: &str) {
         let out = self
             .runsc_cmd()
@@ -392,6 +422,18 @@ impl Backend for Gvisor {
             }
         }
         n
+    }
+
+    fn pause(&self, id: &str) -> Result<(), SandboxError> {
+        self.verb("pause", id)
+    }
+
+    fn resume(&self, id: &str) -> Result<(), SandboxError> {
+        self.verb("resume", id)
+    }
+
+    fn stats(&self, cgroup: &RunCgroup) -> Usage {
+        cgroup.usage()
     }
 
     fn teardown(&self) {

@@ -238,6 +238,9 @@ pub enum Call {
         /// Rows.
         rows: u16,
     },
+    /// The disk the sandbox's processes see: used and total bytes of `/` and `/tmp`;
+    /// the reply is `{"root": [used, total], "tmp": [used, total]}`.
+    Disk {},
     /// Set the sandbox's environment for later processes (adds and replaces).
     Env {
         /// Variables.

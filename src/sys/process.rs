@@ -97,6 +97,23 @@ pub fn group_exists(pgid: i32) -> bool {
     pgid > 1 && crate::syscall!(kill(-pgid, 0)).is_ok()
 }
 
+/// (used, total) bytes of the filesystem holding `path`, as `statvfs` counts them.
+///
+/// # Errors
+/// What `statvfs` said.
+pub fn disk_usage(path: &str) -> io::Result<(u64, u64)> {
+    let c =
+        std::ffi::CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: zeroed is a valid statvfs (plain integers).
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated string and `st` is valid for writes, for the call.
+    crate::syscall!(statvfs(c.as_ptr(), &mut st))?;
+    let frsize = st.f_frsize;
+    let total = st.f_blocks.saturating_mul(frsize);
+    let free = st.f_bfree.saturating_mul(frsize);
+    Ok((total.saturating_sub(free), total))
+}
+
 /// A new terminal of `cols` x `rows`: (controller, the side a program gets).
 ///
 /// # Errors

@@ -25,6 +25,12 @@ pub enum Route {
     Exec,
     /// `POST /v1/sandboxes/{id}/exec/stream`
     ExecStream,
+    /// `POST /v1/sandboxes/{id}/pause`
+    Pause,
+    /// `POST /v1/sandboxes/{id}/resume`
+    Resume,
+    /// `GET /v1/sandboxes/{id}/metrics`
+    Metrics,
 }
 
 /// Everything the face says about one route.
@@ -85,6 +91,9 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/timeout", POST, Route::Timeout, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/exec", POST, Route::Exec, Class::Memory, EXEC_BODY_BYTES),
     row("/v1/sandboxes/{id}/exec/stream", POST, Route::ExecStream, Class::Memory, EXEC_BODY_BYTES),
+    row("/v1/sandboxes/{id}/pause", POST, Route::Pause, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/resume", POST, Route::Resume, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/metrics", GET, Route::Metrics, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.
@@ -137,6 +146,9 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         Route::Timeout => sandboxes::timeout(req, sid, limits),
         Route::Exec => sandboxes::exec(req, sid, false),
         Route::ExecStream => sandboxes::exec(req, sid, true),
+        Route::Pause => sandboxes::no_fields(req, Op::Pause(sid)),
+        Route::Resume => sandboxes::no_fields(req, Op::Resume(sid)),
+        Route::Metrics => Ok(Op::Metrics(sid)),
     };
     match r {
         Ok(op) => Asked::Op(op),

@@ -148,6 +148,12 @@ pub enum Op {
     Delete(String),
     /// `POST /v1/sandboxes/{id}/timeout`.
     Timeout(String, u64),
+    /// `POST /v1/sandboxes/{id}/pause`.
+    Pause(String),
+    /// `POST /v1/sandboxes/{id}/resume`.
+    Resume(String),
+    /// `GET /v1/sandboxes/{id}/metrics`.
+    Metrics(String),
     /// `POST /v1/sandboxes/{id}/exec` (or `/exec/stream`: NDJSON).
     Exec {
         /// The sandbox.
@@ -379,6 +385,12 @@ pub fn timeout(req: &Request, id: String, limits: &Limits) -> Result<Op, Respons
     }
 }
 
+/// A request whose body, if any, must be an empty JSON object (`pause`, `resume`).
+pub fn no_fields(req: &Request, op: Op) -> Result<Op, Response> {
+    Fields::of(req, &[])?;
+    Ok(op)
+}
+
 /// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`.
 pub fn exec(req: &Request, id: String, stream: bool) -> Result<Op, Response> {
     let f = Fields::of(req, &["cmd", "cwd", "env", "timeout_ms", "stdin"])?;
@@ -421,7 +433,7 @@ pub struct View<'a> {
     pub id: &'a str,
     /// Its template.
     pub template: &'a str,
-    /// `starting`, `running` or `ending`.
+    /// `starting`, `running`, `paused` or `ending`.
     pub state: &'a str,
     /// Created, Unix ms.
     pub created_ms: u64,
@@ -468,6 +480,33 @@ pub struct ExecResult {
     pub timed_out: bool,
     /// Output past the cap was dropped.
     pub truncated: bool,
+}
+
+/// `GET …/metrics`: what the sandbox uses, from its host cgroup (gVisor's own
+/// processes and its in-memory root included in memory) and, while it runs, the disk
+/// its processes see (`null` while paused).
+pub fn metrics_json(
+    u: &crate::cgroup::Usage,
+    created_ms: u64,
+    now_ms: u64,
+    disk: &serde_json::Value,
+) -> serde_json::Value {
+    let mib = |b: u64| (b as f64 / f64::from(1u32 << 20) * 10.0).round() / 10.0;
+    let alive_ns = now_ms.saturating_sub(created_ms).max(1) as f64 * 1e6;
+    let pct = u.cpu_ns as f64 / (alive_ns * f64::from(VCPU)) * 100.0;
+    let fs = |name: &str, i: usize| disk[name][i].as_u64().map(mib);
+    serde_json::json!({
+        "cpu_used_ms": u.cpu_ns / 1_000_000,
+        "cpu_avg_pct": (pct * 10.0).round() / 10.0,
+        "vcpu": VCPU,
+        "mem_used_mb": mib(u.memory_bytes),
+        "mem_mb": MEM_MB,
+        "tasks": u.tasks,
+        "disk_used_mb": fs("root", 0),
+        "disk_total_mb": fs("root", 1),
+        "tmp_used_mb": fs("tmp", 0),
+        "tmp_total_mb": fs("tmp", 1),
+    })
 }
 
 /// One NDJSON line of `exec/stream`.

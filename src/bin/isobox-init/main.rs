@@ -201,6 +201,10 @@ impl Init {
                 Ok(()) => Reply::Ok(serde_json::Value::Null),
                 Err(e) => Reply::Error(e),
             },
+            Call::Disk {} => {
+                let fs = |p: &str| isobox::sys::process::disk_usage(p).ok();
+                Reply::Ok(serde_json::json!({ "root": fs("/"), "tmp": fs("/tmp") }))
+            }
             Call::Env { env } => {
                 self.procs.set_env(env);
                 Reply::Ok(serde_json::Value::Null)

@@ -1,0 +1,100 @@
+//! Which face a request is on: the isobox face at `/` (`api`) or the WBX face under
+//! `/wbx` (`wbx`). Each has its own route table, body caps, admission classes and
+//! error shape; the connection code asks this module, and dispatches to the face.
+
+use crate::api::{self, routes::Spec};
+use crate::http::{Params, Response};
+
+/// A request's route, on one of the faces.
+#[derive(Debug, Clone, Copy)]
+pub enum Routed {
+    /// The isobox face (`/`).
+    Isobox(&'static Spec),
+    /// The WBX face (`/wbx`).
+    Wbx(&'static crate::wbx::routes::Spec),
+}
+
+impl Routed {
+    /// The row of `method` and `path` on the face the path is under (`/wbx/…`: the WBX
+    /// face; anything else: the isobox face), and the path's parameters.
+    ///
+    /// # Errors
+    /// 404 or 405, in that face's shape.
+    pub(crate) fn resolve(method: &str, path: &str) -> Result<(Routed, Params), Response> {
+        match wbx_path(path) {
+            Some(rest) => {
+                crate::wbx::routes::resolve(method, rest).map(|(s, p)| (Routed::Wbx(s), p))
+            }
+            None => api::resolve(method, path)
+                .map(|(s, p)| (Routed::Isobox(s), p))
+                .map_err(api::error::route_error),
+        }
+    }
+
+    pub(crate) fn body_cap(self) -> usize {
+        match self {
+            Routed::Isobox(s) => s.body_cap,
+            Routed::Wbx(s) => s.body_cap,
+        }
+    }
+
+    pub(crate) fn class(self) -> crate::admission::Class {
+        match self {
+            Routed::Isobox(s) => s.class,
+            Routed::Wbx(s) => s.class,
+        }
+    }
+
+    pub(crate) fn over_cap(self) -> Response {
+        match self {
+            Routed::Isobox(s) => s.over_cap(),
+            Routed::Wbx(s) => s.over_cap(),
+        }
+    }
+
+    /// An answer made in the isobox shape (admission's), in this route's face's.
+    pub(crate) fn shaped(self, resp: Response) -> Response {
+        match self {
+            Routed::Isobox(_) => resp,
+            Routed::Wbx(_) => crate::wbx::reshape(resp),
+        }
+    }
+}
+
+/// The part of `path` under the WBX face's base, if it is there.
+fn wbx_path(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix(crate::wbx::BASE)?;
+    match rest {
+        "" => Some("/"),
+        r if r.starts_with('/') => Some(r),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_paths_under_wbx_go_to_its_face() {
+        assert_eq!(wbx_path("/wbx"), Some("/"));
+        assert_eq!(wbx_path("/wbx/v1/sandboxes"), Some("/v1/sandboxes"));
+        assert_eq!(wbx_path("/wbxx/v1"), None);
+        assert_eq!(wbx_path("/execute"), None);
+        assert!(matches!(
+            Routed::resolve("GET", "/wbx/v1/templates"),
+            Ok((Routed::Wbx(_), _))
+        ));
+        assert!(matches!(
+            Routed::resolve("POST", "/execute"),
+            Ok((Routed::Isobox(_), _))
+        ));
+        let r = Routed::resolve("GET", "/wbx/nothing").unwrap_err();
+        assert_eq!(r.status, 404);
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v, serde_json::json!({"error": "no such endpoint"}));
+        let r = Routed::resolve("GET", "/nothing").unwrap_err();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"], "not_found");
+    }
+}
