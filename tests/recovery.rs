@@ -8,7 +8,9 @@
 //! * every acknowledged KV write is intact, with its ETag;
 //! * sessions survive: the token works, uploaded files are byte-exact, a new step sees
 //!   them; the volume is still held by its session, with what a completed step wrote;
-//! * clients whose request was in flight saw their connection closed, not a hang.
+//! * clients whose request was in flight saw their connection closed, not a hang;
+//! * long-lived (WBX) sandboxes, one running a command, are swept like runs: their ids
+//!   answer 404 and new ones start.
 
 mod common;
 
@@ -62,19 +64,30 @@ enum Outcome {
     Hung,
 }
 
+/// How a watched response arrives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    /// All at once, at the end.
+    No,
+    /// Server-sent events (`/execute` with `Accept: text/event-stream`).
+    Sse,
+    /// NDJSON (`/wbx/…/exec/stream`).
+    Ndjson,
+}
+
 /// Reads until the peer closes. `ready` is set once the response is visibly under way
 /// (for SSE: the first stdout event), so the test knows the run is really running.
 fn watch(
     s: TcpStream,
     killed_at: Arc<Mutex<Option<Instant>>>,
     ready: Arc<AtomicBool>,
-    sse: bool,
+    stream: Stream,
 ) -> Outcome {
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let closed = |killed: &Mutex<Option<Instant>>| {
         Outcome::Closed(killed.lock().unwrap().map(|t| t.elapsed()))
     };
-    if !sse {
+    if stream == Stream::No {
         ready.store(true, Ordering::SeqCst);
         let mut r = BufReader::new(s);
         // Synchronous /execute: nothing is sent until the run ends.
@@ -95,10 +108,14 @@ fn watch(
         match r.read_line(&mut line) {
             Ok(0) => return closed(&killed_at),
             Ok(_) => {
-                if line.starts_with("event: done") {
+                let (out, done) = match stream {
+                    Stream::Sse => ("event: stdout", "event: done"),
+                    _ => (r#""type":"stdout""#, r#""type":"exit""#),
+                };
+                if line.contains(done) {
                     return Outcome::Answered(200);
                 }
-                if line.starts_with("event: stdout") {
+                if line.contains(out) {
                     ready.store(true, Ordering::SeqCst);
                 }
             }
@@ -304,7 +321,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         watchers.push((
             format!("execute#{i}{}", if sse { " (SSE)" } else { "" }),
             ready,
-            std::thread::spawn(move || watch(s, k, r2, sse)),
+            std::thread::spawn(move || watch(s, k, r2, if sse { Stream::Sse } else { Stream::No })),
         ));
     }
     let inflight_code = "import time\nf=open('growing.bin','wb')\nn=0\nwhile True:\n \
@@ -324,11 +341,34 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
     watchers.push((
         "session step".into(),
         ready,
-        std::thread::spawn(move || watch(s, k, r2, false)),
+        std::thread::spawn(move || watch(s, k, r2, Stream::No)),
     ));
 
-    // Wait until all four sandboxes really run: the SSE run printed, the step is
-    // writing (its file grows, seen through the file API), four cgroups exist.
+    // ---- (e) two long-lived WBX sandboxes, one running a command -------------------
+    let mut boxes = Vec::new();
+    for _ in 0..2 {
+        let r = d.post_json("/wbx/v1/sandboxes", &json!({"timeout_s": 600}));
+        assert_eq!(r.status, 201, "{}", r.text());
+        boxes.push(r.json()["id"].as_str().unwrap().to_string());
+    }
+    let body = json!({"cmd": "echo go; sleep 600"}).to_string();
+    let s = d.send(
+        "POST",
+        &format!("/wbx/v1/sandboxes/{}/exec/stream", boxes[0]),
+        &[],
+        body.as_bytes(),
+    );
+    let (k, ready) = (Arc::clone(&killed_at), Arc::new(AtomicBool::new(false)));
+    let r2 = Arc::clone(&ready);
+    watchers.push((
+        "wbx exec/stream".into(),
+        ready,
+        std::thread::spawn(move || watch(s, k, r2, Stream::Ndjson)),
+    ));
+
+    // Wait until all six sandboxes really run: the SSE run and the WBX command
+    // printed, the step is writing (its file grows, seen through the file API), six
+    // cgroups exist.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let growing = a.fs(&d, "HEAD", "path=growing.bin", b"");
@@ -340,7 +380,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
             .map(|rd| rd.flatten().filter(|e| e.path().is_dir()).count())
             .unwrap_or(0);
         let streaming = watchers.iter().all(|(_, r, _)| r.load(Ordering::SeqCst));
-        if growing.status == 200 && grown >= 1 << 20 && cgroups >= 4 && streaming {
+        if growing.status == 200 && grown >= 1 << 20 && cgroups >= 6 && streaming {
             break;
         }
         assert!(
@@ -353,6 +393,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let h = d.get("/healthz").json();
+    // The four runs hold execution slots; WBX sandboxes have their own limits.
     assert_eq!(h["inFlight"], 4, "{h}");
     let before = mounts_under(&data_dir);
     assert!(
@@ -365,7 +406,7 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
     let old_cgroups = slice_children(&instance);
     let old_containers = containers(&instance);
     let old_procs = runsc_processes(&instance);
-    assert_eq!(old_containers.len(), 4, "{old_containers:?}");
+    assert_eq!(old_containers.len(), 6, "{old_containers:?}");
     assert!(!old_procs.is_empty());
     let mut child = d.child.take().unwrap();
     *killed_at.lock().unwrap() = Some(Instant::now());
@@ -510,6 +551,15 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
     );
     let run = step_run(&d, &b, "import os\nprint(os.path.getsize('big/blob.bin'))");
     assert_eq!(run["stdout"], format!("{}\n", b_file.len()), "{run}");
+    // Long-lived sandboxes die with the daemon (README): their ids are gone, not
+    // half-alive, and a new one starts.
+    for id in &boxes {
+        let r = d.get(&format!("/wbx/v1/sandboxes/{id}"));
+        assert_eq!(r.status, 404, "{id}: {}", r.text());
+        assert_eq!(r.json(), json!({"error": "sandbox not found"}));
+    }
+    let r = d.get("/wbx/v1/sandboxes");
+    assert_eq!(r.json(), json!({"sandboxes": []}), "{}", r.text());
     // The volume is still held by A: not attachable elsewhere, not deletable.
     let v = d.get(&format!("/v1/volumes/{vid}")).json();
     assert_eq!(v["attachedSession"], a.id.as_str(), "{v}");
@@ -539,6 +589,16 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
             .status,
         204
     );
+    let r = d.post_json("/wbx/v1/sandboxes", &json!({}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let r = d.post_json(
+        &format!("/wbx/v1/sandboxes/{id}/exec"),
+        &json!({"cmd": "echo after"}),
+    );
+    assert_eq!(r.json()["stdout"], "after\n", "{}", r.text());
+    let r = d.request("DELETE", &format!("/wbx/v1/sandboxes/{id}"), &[], b"");
+    assert_eq!(r.status, 204);
     d.assert_clean();
     assert!(
         mounts_under(&data_dir).is_empty(),

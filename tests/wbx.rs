@@ -828,3 +828,190 @@ fn test_pause_resume_and_metrics() {
     d.assert_clean();
     d.stop();
 }
+
+/// An init that speaks the protocol only as far as its environment (the sandbox's
+/// `env`) and each command line tell it to, as a compromised init could: hello with
+/// another version, garbage, an unknown kind, a second hello, a spawn answer that is
+/// nonsense or names a running process, frames about processes that do not exist.
+const FORGED_INIT: &str = r#"#!/usr/bin/python3
+import json, os, struct, sys
+
+def send(kind, ch, payload):
+    os.write(0, struct.pack(">IBI", len(payload) + 5, kind, ch) + payload)
+
+def read(n):
+    b = b""
+    while len(b) < n:
+        c = os.read(0, n - len(b))
+        if not c:
+            sys.exit(0)
+        b += c
+    return b
+
+version = 9 if os.environ.get("FORGE") == "version" else 1
+send(1, 0, json.dumps({"version": version, "pid": 1}).encode())
+n = last = 0
+while True:
+    (length,) = struct.unpack(">I", read(4))
+    body = read(length)
+    kind, ch = body[0], struct.unpack(">I", body[1:5])[0]
+    if kind != 2:
+        continue
+    call = json.loads(body[5:])
+    if call.get("op") != "spawn":
+        continue
+    cmd = call["cmd"]
+    if cmd == "garbage":
+        os.write(0, b"\xff" * 64)
+    elif cmd == "kind":
+        send(99, 0, b"")
+    elif cmd == "hello":
+        send(1, 0, b'{"version": 1, "pid": 1}')
+    elif cmd == "nonsense":
+        send(3, ch, b'{"ok": {"pid": "seven"}}')
+    elif cmd == "twice":
+        send(3, ch, json.dumps({"ok": {"pid": last}}).encode())
+    else:
+        n += 1
+        last = n
+        send(3, ch, json.dumps({"ok": {"pid": n}}).encode())
+        if cmd == "hang":
+            continue
+        if cmd == "forged":
+            send(4, 4242, b"\x01not yours\n")
+            send(5, 4243, b'{"code": 0}')
+        send(4, n, b"\x01" + cmd.encode() + b"\n")
+        send(5, n, b'{"code": 0}')
+"#;
+
+/// Reads NDJSON lines of a streamed command until one contains `needle`.
+fn read_until(r: &mut impl BufRead, needle: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "stream ended before {needle}"
+        );
+        if line.contains(needle) {
+            return line;
+        }
+    }
+}
+
+#[test]
+fn test_a_forged_init_ends_only_its_own_sandbox() {
+    let dir = std::env::temp_dir().join(format!("isobox-forged-init-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let init = dir.join("init");
+    std::fs::write(&init, FORGED_INIT).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let d = Daemon::start_with(&[("ISOBOX_INIT", init.to_str().unwrap())]);
+    d.wait_ready();
+    let healthy = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let says = |cmd: &str| {
+        let v = exec(&d, &healthy, &json!({"cmd": cmd}));
+        assert_eq!(
+            (v["stdout"].as_str(), v["exit_code"].as_i64()),
+            (Some(format!("{cmd}\n").as_str()), Some(0)),
+            "{v}"
+        );
+    };
+    says("hi");
+    // Frames about processes that do not exist are dropped; the command is answered.
+    says("forged");
+
+    // Another protocol version: the creator gets a 502, nothing is left.
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/sandboxes",
+        None,
+        Some(&json!({"env": {"FORGE": "version"}})),
+    );
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (502, "the sandbox's init did not start properly")
+    );
+
+    // Each kind of broken channel ends its own sandbox: the command gets a 502 saying
+    // so, the id is gone.
+    for (cmd, message) in [
+        ("garbage", "the sandbox ended: its init broke the protocol"),
+        ("kind", "the sandbox ended: its init broke the protocol"),
+        ("hello", "the sandbox ended: its init broke the protocol"),
+        ("nonsense", "the sandbox's init answered nonsense"),
+    ] {
+        let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+        let r = wbx(
+            &d,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            None,
+            Some(&json!({"cmd": cmd})),
+        );
+        assert_eq!((r.status, err(&r).as_str()), (502, message), "{cmd}");
+        let r = wbx(&d, "GET", &format!("/v1/sandboxes/{id}"), None, None);
+        assert_eq!(r.status, 404, "{cmd}: {}", r.text());
+        says("hi");
+    }
+
+    // A spawn answer naming a process that runs: the sandbox ends, and the running
+    // command's stream says why.
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let body = json!({"cmd": "hang"}).to_string();
+    let s = d.send(
+        "POST",
+        &format!("/wbx/v1/sandboxes/{id}/exec/stream"),
+        &[],
+        body.as_bytes(),
+    );
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut hang = BufReader::new(s);
+    read_until(&mut hang, r#""type":"start""#);
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        None,
+        Some(&json!({"cmd": "twice"})),
+    );
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (502, "the sandbox's init answered nonsense")
+    );
+    let line = read_until(&mut hang, r#""type":"error""#);
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        v,
+        json!({"type": "error", "error": "the sandbox ended: its init broke the protocol"})
+    );
+
+    // Through all of it the daemon served everyone else.
+    says("still here");
+    let r = d.execute(json!({"language": "python-slim", "code": "print(1)", "network": false}));
+    assert_eq!(r["run"]["stdout"], "1\n", "{r}");
+    let listed = wbx(&d, "GET", "/v1/sandboxes", None, None).json();
+    assert_eq!(
+        listed["sandboxes"].as_array().map(|a| a.len()),
+        Some(1),
+        "{listed}"
+    );
+    assert_eq!(
+        wbx(
+            &d,
+            "DELETE",
+            &format!("/v1/sandboxes/{healthy}"),
+            None,
+            None
+        )
+        .status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
