@@ -56,6 +56,7 @@ python3 bench/load/kv.py || rc=1; echo
 python3 bench/load/egress.py || rc=1; echo
 python3 bench/load/kernel.py || rc=1; echo
 python3 bench/load/warm.py || rc=1; echo
+python3 bench/load/wbx.py || rc=1; echo
 cargo bench --bench store || rc=1
 
 # Nothing of ours may be left running.
