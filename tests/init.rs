@@ -81,12 +81,23 @@ impl Init {
     }
 
     fn spawn(&mut self, cmd: &str, stdin: bool, pty: Option<(u16, u16)>) -> u32 {
+        self.spawn_as(cmd, stdin, pty, false)
+    }
+
+    fn spawn_as(
+        &mut self,
+        cmd: &str,
+        stdin: bool,
+        pty: Option<(u16, u16)>,
+        background: bool,
+    ) -> u32 {
         match self.call(&Call::Spawn {
             cmd: cmd.into(),
             cwd: None,
             env: vec![("FROM_CALL".into(), "1".into())],
             stdin,
             pty,
+            background,
         }) {
             Reply::Ok(v) => v["pid"].as_u64().unwrap() as u32,
             Reply::Error(e) => panic!("spawn: {e}"),
@@ -288,6 +299,7 @@ fn test_bad_calls_are_refused_and_garbage_ends_the_channel() {
         env: vec![],
         stdin: false,
         pty: None,
+        background: false,
     }) {
         Reply::Error(e) => assert!(e.contains("/no/such/dir"), "{e}"),
         r => panic!("{r:?}"),
@@ -347,4 +359,106 @@ fn test_hold_stops_output_and_release_delivers_it_all_before_the_exit() {
     assert_eq!(exit.code, 0);
     // Holding a process that is gone is refused.
     assert!(matches!(init.call(&Call::Hold { pid }), Reply::Error(_)));
+}
+
+/// `Watch`: the ring as `Replay` frames on the call's channel (stdout and stderr in the
+/// order written), then the reply; `(replayed text, reply)`.
+fn watch(init: &mut Init, pid: u32) -> (String, Reply) {
+    let id = init.next_call;
+    let reply = init.call(&Call::Watch { pid });
+    let mut text = String::new();
+    while let Some(i) = init
+        .queue
+        .iter()
+        .position(|f| f.kind == Kind::Replay && f.channel == id)
+    {
+        let f = init.queue.remove(i);
+        let tag = if f.payload[0] == Stream::Stderr as u8 {
+            "E:"
+        } else {
+            "O:"
+        };
+        text.push_str(tag);
+        text.push_str(&String::from_utf8_lossy(&f.payload[1..]));
+    }
+    (text, reply)
+}
+
+#[test]
+fn test_background_process_ring_watch_unwatch_forget() {
+    let mut init = Init::start();
+    // Unwatched, its output goes into the ring only.
+    let pid = init.spawn_as(
+        "echo one; sleep 0.05; echo two >&2; sleep 0.05; echo three; read x; echo four; exit 4",
+        true,
+        None,
+        true,
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        !init.queue.iter().any(|f| f.channel == pid),
+        "nothing forwarded while unwatched: {:?}",
+        init.queue
+    );
+    let (text, reply) = watch(&mut init, pid);
+    assert_eq!(text, "O:one\nE:two\nO:three\n");
+    assert_eq!(reply, Reply::Ok(serde_json::json!({"exited": null})));
+    // Watched: what comes next is forwarded, then the exit.
+    init.input(pid, b"go\n");
+    let (out, err, exit) = init.run_out(pid);
+    assert_eq!((out.as_str(), err.as_str(), exit.code), ("four\n", "", 4));
+    // After its end the ring is still there, with the exit.
+    let (text, reply) = watch(&mut init, pid);
+    assert_eq!(text, "O:one\nE:two\nO:three\nfour\n");
+    assert_eq!(
+        reply,
+        Reply::Ok(serde_json::json!({"exited": {"code": 4, "signal": null}}))
+    );
+    assert!(matches!(init.call(&Call::Forget { pid }), Reply::Ok(_)));
+    let (text, reply) = watch(&mut init, pid);
+    assert_eq!(text, "");
+    assert_eq!(reply, Reply::Error(format!("no such process: {pid}")));
+
+    // Unwatch: forwarding stops, the ring goes on; a foreground process has no ring.
+    let pid = init.spawn_as(
+        "i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done",
+        false,
+        None,
+        true,
+    );
+    let _ = watch(&mut init, pid);
+    init.wait_output(pid, "3\n");
+    assert!(matches!(init.call(&Call::Unwatch { pid }), Reply::Ok(_)));
+    init.queue.retain(|f| f.channel != pid);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !init
+            .queue
+            .iter()
+            .any(|f| f.channel == pid && f.kind == Kind::Output),
+        "forwarded after unwatch"
+    );
+    let (text, _) = watch(&mut init, pid);
+    let last: u32 = text
+        .trim_end()
+        .rsplit('\n')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(last >= 10, "the ring went on while unwatched: {text:?}");
+    assert!(text.starts_with("O:1\n2\n"), "{text:?}");
+    assert!(matches!(
+        init.call(&Call::Signal { pid, signal: 9 }),
+        Reply::Ok(_)
+    ));
+    let fg = init.spawn("sleep 5", false, None);
+    assert_eq!(
+        watch(&mut init, fg).1,
+        Reply::Error(format!("process {fg} is not a background process"))
+    );
+    assert_eq!(
+        init.call(&Call::Unwatch { pid: fg }),
+        Reply::Error(format!("process {fg} is not a background process"))
+    );
 }

@@ -848,7 +848,7 @@ def read(n):
         b += c
     return b
 
-version = 9 if os.environ.get("FORGE") == "version" else 1
+version = 9 if os.environ.get("FORGE") == "version" else @VERSION@
 send(1, 0, json.dumps({"version": version, "pid": 1}).encode())
 n = last = 0
 while True:
@@ -866,7 +866,7 @@ while True:
     elif cmd == "kind":
         send(99, 0, b"")
     elif cmd == "hello":
-        send(1, 0, b'{"version": 1, "pid": 1}')
+        send(1, 0, b'{"version": @VERSION@, "pid": 1}')
     elif cmd == "nonsense":
         send(3, ch, b'{"ok": {"pid": "seven"}}')
     elif cmd == "twice":
@@ -904,7 +904,11 @@ fn test_a_forged_init_ends_only_its_own_sandbox() {
     let dir = std::env::temp_dir().join(format!("isobox-forged-init-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let init = dir.join("init");
-    std::fs::write(&init, FORGED_INIT).unwrap();
+    std::fs::write(
+        &init,
+        FORGED_INIT.replace("@VERSION@", &isobox::sandbox::wire::VERSION.to_string()),
+    )
+    .unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -1014,4 +1018,785 @@ fn test_a_forged_init_ends_only_its_own_sandbox() {
     d.assert_clean();
     d.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process's NDJSON stream, read as a client would.
+struct NdStream {
+    rd: BufReader<std::net::TcpStream>,
+    done: bool,
+    /// Output read past the last needle [`NdStream::text_until`] looked for.
+    spare: String,
+}
+
+impl NdStream {
+    fn open(d: &Daemon, id: &str, pid: u64) -> NdStream {
+        let s = d.send(
+            "GET",
+            &format!("/wbx/v1/sandboxes/{id}/process/{pid}/stream"),
+            &[],
+            b"",
+        );
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut rd = BufReader::new(s);
+        let mut head = String::new();
+        loop {
+            let mut l = String::new();
+            rd.read_line(&mut l).unwrap();
+            if l == "\r\n" || l.is_empty() {
+                break;
+            }
+            head.push_str(&l);
+        }
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.contains("application/x-ndjson"), "{head}");
+        NdStream {
+            rd,
+            done: false,
+            spare: String::new(),
+        }
+    }
+
+    /// The next event, or `None` after the last chunk.
+    fn next(&mut self) -> Option<Value> {
+        self.try_next().unwrap()
+    }
+
+    fn try_next(&mut self) -> std::io::Result<Option<Value>> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut size = String::new();
+        self.rd.read_line(&mut size)?;
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        let mut chunk = vec![0u8; n + 2];
+        std::io::Read::read_exact(&mut self.rd, &mut chunk)?;
+        if n == 0 {
+            self.done = true;
+            return Ok(None);
+        }
+        let text = String::from_utf8(chunk[..n].to_vec()).unwrap();
+        assert_eq!(
+            text.matches('\n').count(),
+            1,
+            "one event per chunk: {text:?}"
+        );
+        Ok(Some(serde_json::from_str(&text).unwrap()))
+    }
+
+    /// What the process printed (both streams, in order) up to and including the
+    /// first `needle`; what came after it is kept for the next call.
+    fn text_until(&mut self, needle: &str) -> String {
+        let mut text = std::mem::take(&mut self.spare);
+        while !text.contains(needle) {
+            let v = self
+                .try_next()
+                .unwrap_or_else(|e| panic!("{e} waiting for {needle:?} after {text:?}"))
+                .unwrap_or_else(|| panic!("stream ended before {needle:?}: {text:?}"));
+            assert!(
+                v["type"] == "stdout" || v["type"] == "stderr",
+                "{v} before {needle:?}"
+            );
+            text.push_str(v["data"].as_str().unwrap());
+        }
+        let end = text.find(needle).unwrap() + needle.len();
+        self.spare = text.split_off(end);
+        text
+    }
+
+    /// Every event until the end of the stream.
+    fn rest(&mut self) -> Vec<Value> {
+        std::iter::from_fn(|| self.next()).collect()
+    }
+}
+
+fn start_proc(d: &Daemon, id: &str, body: &Value) -> u64 {
+    let r = wbx(
+        d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        Some(body),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+    v["pid"].as_u64().unwrap()
+}
+
+fn proc_post(d: &Daemon, id: &str, pid: u64, what: &str, body: &Value) -> Resp {
+    wbx(
+        d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/process/{pid}/{what}"),
+        None,
+        Some(body),
+    )
+}
+
+/// `(type, data)` of output events, and the exit event.
+fn split_events(events: &[Value]) -> (Vec<(String, String)>, Value) {
+    let (last, out) = events.split_last().expect("events");
+    let out = out
+        .iter()
+        .map(|e| {
+            (
+                e["type"].as_str().unwrap().to_string(),
+                e["data"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    (out, last.clone())
+}
+
+#[test]
+fn test_background_processes_attach_stdin_signals_and_delete() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let pid = start_proc(
+        &d,
+        &id,
+        &json!({"cmd": "echo one; echo two >&2; read x; echo got $x; sleep 0.2; exit 7",
+                "tag": "job", "stdin": true}),
+    );
+    let list = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        None,
+    )
+    .json();
+    let p = &list["processes"][0];
+    assert_eq!(list["processes"].as_array().unwrap().len(), 1, "{list}");
+    let keys: Vec<&String> = p.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "cmd",
+            "ended_at",
+            "exit_code",
+            "pid",
+            "pty",
+            "signal",
+            "started_at",
+            "state",
+            "stdin",
+            "tag"
+        ]
+    );
+    assert_eq!(
+        (
+            p["pid"].as_u64(),
+            p["tag"].as_str(),
+            p["state"].as_str(),
+            p["stdin"].as_bool()
+        ),
+        (Some(pid), Some("job"), Some("running"), Some(true)),
+        "{p}"
+    );
+    assert!(p["exit_code"].is_null() && p["ended_at"].is_null() && p["pty"].is_null());
+    secs(p["started_at"].as_str().unwrap());
+
+    // Attached after it printed: the output so far, then live output, then the exit.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut s = NdStream::open(&d, &id, pid);
+    assert_eq!(s.text_until("two\n"), "one\ntwo\n");
+    let r = proc_post(&d, &id, pid, "stdin", &json!({"data": "hello\n"}));
+    assert_eq!(r.status, 204, "{}", r.text());
+    let (out, exit) = split_events(&s.rest());
+    assert_eq!(out, [("stdout".to_string(), "got hello\n".to_string())]);
+    assert_eq!(
+        (
+            exit["type"].as_str(),
+            exit["exit_code"].as_i64(),
+            exit["signal"].is_null()
+        ),
+        (Some("exit"), Some(7), true),
+        "{exit}"
+    );
+    assert!(exit["duration_ms"].as_u64().unwrap() >= 200, "{exit}");
+    let p = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        None,
+        None,
+    )
+    .json();
+    assert_eq!(
+        (
+            p["state"].as_str(),
+            p["exit_code"].as_i64(),
+            p["stdin"].as_bool()
+        ),
+        (Some("exited"), Some(7), Some(false)),
+        "{p}"
+    );
+    assert!(secs(p["ended_at"].as_str().unwrap()) >= secs(p["started_at"].as_str().unwrap()));
+    // Attached after its end: all of it, interleaved as written, and the exit.
+    let events = NdStream::open(&d, &id, pid).rest();
+    let (out, exit) = split_events(&events);
+    assert_eq!(
+        out,
+        [
+            ("stdout".to_string(), "one\n".to_string()),
+            ("stderr".to_string(), "two\n".to_string()),
+            ("stdout".to_string(), "got hello\n".to_string())
+        ]
+    );
+    assert_eq!(exit["exit_code"], 7);
+    for (what, body) in [
+        ("stdin", json!({"data": "x"})),
+        ("signal", json!({"signal": "SIGTERM"})),
+        ("resize", json!({"cols": 80, "rows": 24})),
+    ] {
+        let r = proc_post(&d, &id, pid, what, &body);
+        assert_eq!(
+            (r.status, err(&r)),
+            (409, format!("process {pid} has exited")),
+            "{what}"
+        );
+    }
+    // DELETE of an ended process forgets it.
+    let r = wbx(
+        &d,
+        "DELETE",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        None,
+        None,
+    );
+    assert_eq!(r.status, 204);
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        None,
+        None,
+    );
+    assert_eq!(
+        (r.status, err(&r)),
+        (404, format!("no such process: {pid}"))
+    );
+    let list = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        None,
+    )
+    .json();
+    assert_eq!(list, json!({"processes": []}));
+
+    // Signals reach the process (and its group).
+    let pid = start_proc(
+        &d,
+        &id,
+        &json!({"cmd": "trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 0.1; done"}),
+    );
+    let mut s = NdStream::open(&d, &id, pid);
+    s.text_until("ready\n");
+    let r = proc_post(&d, &id, pid, "stdin", &json!({"data": "x"}));
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            409,
+            format!("process {pid} was started without stdin (or its input has ended)")
+        )
+    );
+    let r = proc_post(&d, &id, pid, "resize", &json!({"cols": 80, "rows": 24}));
+    assert_eq!(
+        (r.status, err(&r)),
+        (409, format!("process {pid} has no terminal"))
+    );
+    let r = proc_post(&d, &id, pid, "signal", &json!({"signal": "SIGSTOP"}));
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        err(&r),
+        "signal: \"SIGSTOP\" is not one of SIGTERM, SIGINT, SIGHUP, SIGKILL"
+    );
+    assert_eq!(
+        proc_post(&d, &id, pid, "signal", &json!({"signal": "SIGTERM"})).status,
+        204
+    );
+    // The signal goes to the process group: sh may report its sleep's end first.
+    let t = s.text_until("got TERM\n");
+    assert!(
+        matches!(t.as_str(), "got TERM\n" | "Terminated\ngot TERM\n"),
+        "{t:?}"
+    );
+    let exit = s.rest().pop().unwrap();
+    assert_eq!(
+        (exit["exit_code"].as_i64(), exit["signal"].is_null()),
+        (Some(3), true),
+        "{exit}"
+    );
+
+    // DELETE kills the process and its children; its streams end with the kill.
+    let pid = start_proc(
+        &d,
+        &id,
+        &json!({"cmd": "sleep 1000 & sleep 1000 & echo started; wait"}),
+    );
+    let mut s1 = NdStream::open(&d, &id, pid);
+    let mut s2 = NdStream::open(&d, &id, pid);
+    s1.text_until("started\n");
+    s2.text_until("started\n");
+    let r = wbx(
+        &d,
+        "DELETE",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        None,
+        None,
+    );
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/process/{pid}"),
+            None,
+            None
+        )
+        .status,
+        404
+    );
+    for s in [&mut s1, &mut s2] {
+        let exit = s.rest().pop().unwrap();
+        assert_eq!(
+            (exit["exit_code"].as_i64(), exit["signal"].as_str()),
+            (Some(137), Some("SIGKILL")),
+            "{exit}"
+        );
+    }
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done"}),
+    );
+    assert!(
+        !v["stdout"].as_str().unwrap().contains("sleep 1000"),
+        "{}",
+        v["stdout"]
+    );
+
+    // Bad ids and bodies.
+    for (path, status, message) in [
+        (
+            format!("/v1/sandboxes/{id}/process/99999"),
+            404,
+            "no such process: 99999".to_string(),
+        ),
+        (
+            format!("/v1/sandboxes/{id}/process/abc"),
+            404,
+            "no such process: abc".to_string(),
+        ),
+        (
+            format!("/v1/sandboxes/{id}/process/0"),
+            404,
+            "no such process: 0".to_string(),
+        ),
+        (
+            "/v1/sandboxes/sb_000000000000000000000000/process".to_string(),
+            404,
+            "sandbox not found".to_string(),
+        ),
+    ] {
+        let r = wbx(&d, "GET", &path, None, None);
+        assert_eq!((r.status, err(&r)), (status, message), "{path}");
+    }
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        Some(&json!({"cmd": "true", "pty": {"cols": 0, "rows": 1}})),
+    );
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (400, "pty.cols: required, a whole number from 1 to 1000")
+    );
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        Some(&json!({"cmd": "true", "cwd": "/nope"})),
+    );
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (400, "cwd /nope is not a directory")
+    );
+
+    // env: for every later command and process.
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/env"),
+        None,
+        Some(&json!({"env": {"LATER": "yes"}})),
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(
+        exec(&d, &id, &json!({"cmd": "echo $LATER"}))["stdout"],
+        "yes\n"
+    );
+    let pid = start_proc(&d, &id, &json!({"cmd": "echo $LATER"}));
+    let (out, _) = split_events(&NdStream::open(&d, &id, pid).rest());
+    assert_eq!(out, [("stdout".to_string(), "yes\n".to_string())]);
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/env"),
+        None,
+        Some(&json!({"env": {"1X": "y"}})),
+    );
+    assert_eq!(r.status, 400);
+
+    // Paused: nothing starts or is sent; the list still answers.
+    assert_eq!(
+        wbx(&d, "POST", &format!("/v1/sandboxes/{id}/pause"), None, None).status,
+        200
+    );
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        Some(&json!({"cmd": "true"})),
+    );
+    assert_eq!((r.status, err(&r).as_str()), (409, "the sandbox is paused"));
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}/stream"),
+        None,
+        None,
+    );
+    assert_eq!((r.status, err(&r).as_str()), (409, "the sandbox is paused"));
+    assert_eq!(
+        wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/process"),
+            None,
+            None
+        )
+        .status,
+        200
+    );
+    assert_eq!(
+        wbx(
+            &d,
+            "POST",
+            &format!("/v1/sandboxes/{id}/resume"),
+            None,
+            None
+        )
+        .status,
+        200
+    );
+
+    // The sandbox ends: a stream says so.
+    let pid = start_proc(&d, &id, &json!({"cmd": "echo up; sleep 1000"}));
+    let mut s = NdStream::open(&d, &id, pid);
+    s.text_until("up\n");
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    let last = s.rest().pop().unwrap();
+    assert_eq!(
+        last,
+        json!({"type": "error", "error": "the sandbox ended: deleted"})
+    );
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_a_terminal_python_repl_resize_and_ctrl_c() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let pid = start_proc(
+        &d,
+        &id,
+        // `exec`: ^C reaches the whole foreground group, and a shell that got SIGINT while
+        // waiting ends by SIGINT after its child, as on Linux; exec'd, the REPL is the
+        // process and its own exit is the exit.
+        &json!({"cmd": "exec python3 -i -q", "pty": {"cols": 120, "rows": 30}, "tag": "repl"}),
+    );
+    let p = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        None,
+        None,
+    )
+    .json();
+    assert_eq!(
+        (p["pty"].clone(), p["stdin"].as_bool()),
+        (json!({"cols": 120, "rows": 30}), Some(true))
+    );
+    let mut s = NdStream::open(&d, &id, pid);
+    s.text_until(">>> ");
+    let send = |data: &str| {
+        let r = proc_post(&d, &id, pid, "stdin", &json!({ "data": data }));
+        assert_eq!(r.status, 204, "{}", r.text());
+    };
+    send("print(6*7)\n");
+    // The terminal echoes the line, then the answer.
+    let t = s.text_until("42\r\n>>> ");
+    assert!(t.contains("print(6*7)"), "{t:?}");
+    send("import subprocess; subprocess.run(['stty', 'size'])\n");
+    s.text_until("30 120\r\n");
+    s.text_until(">>> ");
+    let r = proc_post(&d, &id, pid, "resize", &json!({"cols": 160, "rows": 40}));
+    assert_eq!(r.status, 204, "{}", r.text());
+    send("subprocess.run(['stty', 'size'])\n");
+    s.text_until("40 160\r\n");
+    s.text_until(">>> ");
+    let p = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        None,
+        None,
+    )
+    .json();
+    assert_eq!(p["pty"], json!({"cols": 160, "rows": 40}));
+    // Ctrl-C interrupts a busy loop; the REPL goes on.
+    // A compound statement needs a blank line to end it before it runs.
+    send("while True: pass\n\n");
+    std::thread::sleep(Duration::from_millis(300));
+    send("\u{3}");
+    s.text_until("KeyboardInterrupt");
+    s.text_until(">>> ");
+    send("print('still', 'here')\n");
+    s.text_until("still here\r\n");
+    // In raw mode (ISIG off) ^C is a byte for the program, not a signal. (This
+    // gVisor refuses TCSAFLUSH, tty.setraw's default, with ENOTTY.)
+    send("import termios, tty, sys; old = termios.tcgetattr(0); tty.setraw(0, termios.TCSANOW); print('raw' + 'mode', flush=True); c = sys.stdin.read(1); termios.tcsetattr(0, termios.TCSANOW, old); print(repr(c))\n");
+    s.text_until("rawmode");
+    send("\u{3}");
+    s.text_until("'\\x03'\r\n>>> ");
+    // eof on a terminal is Ctrl-D: the REPL exits.
+    let r = proc_post(&d, &id, pid, "stdin", &json!({"eof": true}));
+    assert_eq!(r.status, 204);
+    let exit = s.rest().pop().unwrap();
+    assert_eq!(
+        (exit["type"].as_str(), exit["exit_code"].as_i64()),
+        (Some("exit"), Some(0)),
+        "{exit}"
+    );
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_process_limits_ring_and_streams() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    // Output beyond the ring: the newest 1 MiB is kept.
+    let pid = start_proc(
+        &d,
+        &id,
+        &json!({"cmd": "python3 -c \"import sys\nfor i in range(250000): sys.stdout.write('line %07d\\n' % i)\""}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        None,
+        None,
+    )
+    .json()["state"]
+        != "exited"
+    {
+        assert!(Instant::now() < deadline, "the writer never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (out, exit) = split_events(&NdStream::open(&d, &id, pid).rest());
+    assert_eq!(exit["exit_code"], 0);
+    let text: String = out.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!(text.len(), 1 << 20);
+    assert!(
+        text.ends_with("line 0249999\n"),
+        "{}",
+        &text[text.len() - 40..]
+    );
+    assert!(out.iter().all(|(t, _)| t == "stdout"));
+    // An ended process stays listed until deleted; DELETE forgets it at once.
+    assert_eq!(
+        wbx(
+            &d,
+            "DELETE",
+            &format!("/v1/sandboxes/{id}/process/{pid}"),
+            None,
+            None
+        )
+        .status,
+        204
+    );
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        None,
+        None,
+    );
+    assert_eq!(
+        (r.status, err(&r)),
+        (404, format!("no such process: {pid}"))
+    );
+
+    // Clients per process: 8 at once, a ninth is refused.
+    let pid = start_proc(&d, &id, &json!({"cmd": "echo hi; sleep 1000"}));
+    let mut streams: Vec<NdStream> = (0..8).map(|_| NdStream::open(&d, &id, pid)).collect();
+    for s in &mut streams {
+        s.text_until("hi\n");
+    }
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}/stream"),
+        None,
+        None,
+    );
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            429,
+            format!("too many clients streaming process {pid} (limit 8)")
+        )
+    );
+    drop(streams);
+    // Their going lets another attach (bounded wait: their close is seen by the loop).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = d.send(
+            "GET",
+            &format!("/wbx/v1/sandboxes/{id}/process/{pid}/stream"),
+            &[],
+            b"",
+        );
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut line = String::new();
+        BufReader::new(&mut s).read_line(&mut line).unwrap();
+        if line.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{line}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        wbx(
+            &d,
+            "DELETE",
+            &format!("/v1/sandboxes/{id}/process/{pid}"),
+            None,
+            None
+        )
+        .status,
+        204
+    );
+
+    // Running at once: 32 (at the bound), a 33rd is refused.
+    let mut pids = Vec::new();
+    for _ in 0..32 {
+        pids.push(start_proc(&d, &id, &json!({"cmd": "sleep 1000"})));
+    }
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        Some(&json!({"cmd": "true"})),
+    );
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (
+            429,
+            "too many background processes in this sandbox (limit 32); stop one first"
+        )
+    );
+    for p in &pids {
+        assert_eq!(
+            wbx(
+                &d,
+                "DELETE",
+                &format!("/v1/sandboxes/{id}/process/{p}"),
+                None,
+                None
+            )
+            .status,
+            204
+        );
+    }
+    // Ended ones kept: the newest 16; the oldest is forgotten first.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        None,
+    )
+    .json()["processes"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "killed processes never went");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut ended = Vec::new();
+    for i in 0..17 {
+        let pid = start_proc(&d, &id, &json!({"cmd": format!("exit {i}")}));
+        let exit = NdStream::open(&d, &id, pid).rest().pop().unwrap();
+        assert_eq!(exit["exit_code"], i);
+        ended.push(pid);
+    }
+    let list = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process"),
+        None,
+        None,
+    )
+    .json();
+    let kept: Vec<u64> = list["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    let mut want = ended[1..].to_vec();
+    want.sort_unstable();
+    assert_eq!(kept, want);
+    assert_eq!(
+        wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/process/{}", ended[0]),
+            None,
+            None
+        )
+        .status,
+        404
+    );
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
 }

@@ -61,6 +61,13 @@ pub(crate) struct Execs {
     running: HashMap<u32, Cmd>,
 }
 
+impl Execs {
+    /// Whether `pid` is a running command.
+    pub(super) fn has(&self, pid: u32) -> bool {
+        self.running.contains_key(&pid)
+    }
+}
+
 impl Daemon {
     /// Starts `exec` in sandbox `key` for connection `ck`.
     pub(super) fn exec_start(&mut self, ck: usize, key: usize, exec: Exec, stream: bool) {
@@ -93,6 +100,7 @@ impl Daemon {
             env,
             stdin: stdin.is_some(),
             pty: None,
+            background: false,
         };
         if wire::encode_json(&mut b.wbuf, Kind::Call, call_id, &call).is_err() {
             self.respond(
@@ -162,7 +170,7 @@ impl Daemon {
             self.box_end(key, "its init broke the protocol");
             return;
         };
-        if b.execs.running.contains_key(&pid) {
+        if b.execs.running.contains_key(&pid) || b.procs.running(pid) {
             // A pid that already names a running command: init is not telling the truth.
             self.exec_refuse(cmd, 502, "the sandbox's init answered nonsense");
             self.box_end(key, "its init broke the protocol");
@@ -404,7 +412,7 @@ impl Daemon {
 
     /// Sends init a call nobody waits on (a signal, a hold or a release: init's reply
     /// is dropped, as for any call not waited on).
-    fn box_call(&mut self, key: usize, call: &Call) {
+    pub(super) fn box_call(&mut self, key: usize, call: &Call) {
         let Some(b) = self.boxes.boxes.get_mut(key) else {
             return;
         };

@@ -72,6 +72,8 @@ impl Component<Daemon> for Boxes {
         match what {
             LIFETIME => d.box_lifetime(key, gen),
             EXEC_DEADLINE => d.exec_deadline(key, gen),
+            super::box_procs::PROC_CALL_DEADLINE => d.proc_deadline(key, gen),
+            super::box_procs::PROC_KILL_DEADLINE => d.proc_kill_deadline(key, gen),
             super::box_verbs::METRICS_DEADLINE => d.metrics_deadline(key, gen),
             _ => {}
         }
@@ -145,6 +147,8 @@ pub(crate) struct Sbx {
     pub(super) next_call: u32,
     /// Commands started and not ended, by call id until init answers, then by pid.
     pub(super) execs: super::box_exec::Execs,
+    /// Background processes.
+    pub(super) procs: super::box_procs::Procs,
 }
 
 /// The component's state.
@@ -278,6 +282,14 @@ impl Daemon {
             },
             Op::Exec { id, exec, stream } => match self.boxes.find(&tenant, &id) {
                 Some(k) => self.exec_start(ck, k, *exec, stream),
+                None => respond(self, wsb::not_found()),
+            },
+            Op::Env(id, env) => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.box_env(ck, k, env),
+                None => respond(self, wsb::not_found()),
+            },
+            Op::Proc(id, op) => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.proc_op(ck, k, op),
                 None => respond(self, wsb::not_found()),
             },
         }
@@ -417,6 +429,7 @@ impl Daemon {
             exited: false,
             next_call: 1,
             execs: Default::default(),
+            procs: Default::default(),
         });
         self.boxes.by_id.insert(id, key);
         self.box_arm(key);
@@ -618,15 +631,28 @@ impl Daemon {
             },
             // A pause can catch frames already on their way: they count as before it.
             (Kind::Reply, State::Running | State::Paused) => {
-                if !self.metrics_reply(key, f.channel, &f.payload) {
+                if !self.metrics_reply(key, f.channel, &f.payload)
+                    && !self.proc_reply(key, f.channel, &f.payload)
+                {
                     self.exec_reply(key, f.channel, &f.payload)
                 }
             }
             (Kind::Output, State::Running | State::Paused) => {
-                self.exec_output(key, f.channel, &f.payload)
+                if b.procs.has(f.channel) && !b.execs.has(f.channel) {
+                    self.proc_output(key, f.channel, &f.payload)
+                } else {
+                    self.exec_output(key, f.channel, &f.payload)
+                }
             }
             (Kind::Exit, State::Running | State::Paused) => {
-                self.exec_exit(key, f.channel, &f.payload)
+                if b.procs.running(f.channel) && !b.execs.has(f.channel) {
+                    self.proc_exit(key, f.channel, &f.payload)
+                } else {
+                    self.exec_exit(key, f.channel, &f.payload)
+                }
+            }
+            (Kind::Replay, State::Running | State::Paused) => {
+                self.proc_replay(key, f.channel, &f.payload)
             }
             _ => {
                 crate::warn_limited!("sandbox={key} init sent an unexpected frame");
@@ -694,6 +720,7 @@ impl Daemon {
         }
         self.exec_fail_all(key, status, message);
         self.metrics_fail_all(key, status, message);
+        self.proc_fail_all(key, status, message);
     }
 
     /// Ends the sandbox: gone for every client now; killed, then reaped and removed on

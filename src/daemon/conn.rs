@@ -109,6 +109,17 @@ pub enum Owner {
         /// The call that started the command.
         call: u32,
     },
+    /// A client streaming a background process (NDJSON).
+    BoxProc {
+        /// The sandbox's key.
+        key: usize,
+        /// Its serial.
+        serial: u64,
+        /// The process.
+        pid: u32,
+        /// Which of its streaming clients this is.
+        sub: u64,
+    },
     /// An agent loop streams SSE from its thread, which stops once `cancel` is set.
     Agent {
         /// The loop's id (its keep-alive timer names it).
@@ -125,9 +136,11 @@ pub enum Owner {
 impl hc::Owner for Owner {
     fn role(&self) -> Role {
         match self {
-            Owner::Run { .. } | Owner::Transfer(_) | Owner::Agent { .. } | Owner::BoxCmd { .. } => {
-                Role::Produces
-            }
+            Owner::Run { .. }
+            | Owner::Transfer(_)
+            | Owner::Agent { .. }
+            | Owner::BoxCmd { .. }
+            | Owner::BoxProc { .. } => Role::Produces,
             // A creator that hangs up leaves a sandbox whose id nobody has: its end is
             // noticed (and the sandbox ended), as a run's client's is.
             Owner::BoxWait { create: true, .. } => Role::Produces,
@@ -611,6 +624,12 @@ impl Daemon {
             Some(&Owner::BoxCmd { key, serial, call }) if drained => {
                 self.exec_drained(key, serial, call)
             }
+            Some(&Owner::BoxProc {
+                key,
+                serial,
+                pid,
+                sub,
+            }) if drained => self.proc_drained(key, serial, pid, sub),
             _ => {}
         }
         true
@@ -681,6 +700,12 @@ impl Daemon {
             Phase::Owned(Owner::BoxCmd { key, serial, call }) => {
                 self.exec_cancel(key, serial, call)
             }
+            Phase::Owned(Owner::BoxProc {
+                key,
+                serial,
+                pid,
+                sub,
+            }) => self.proc_unsubscribe(key, serial, pid, sub),
             Phase::Owned(Owner::BoxWait {
                 key,
                 serial,

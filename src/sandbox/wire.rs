@@ -13,14 +13,18 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The protocol version both sides speak.
-pub const VERSION: u32 = 1;
+/// The protocol version both sides speak (2: background processes, their rings and
+/// `Replay`).
+pub const VERSION: u32 = 2;
 /// Largest frame body (kind, channel and payload).
 pub const MAX_FRAME_BYTES: usize = (1 << 20) + 5;
 /// Largest payload of one `Output` or `Input` frame (bigger data is split).
 pub const MAX_DATA_BYTES: usize = 256 << 10;
-/// Output kept per process and stream for later attachment.
+/// Output kept per background process and stream for later attachment.
 pub const RING_BYTES: usize = 1 << 20;
+/// Pieces kept per ring and stream (a program writing a byte at a time, alternating
+/// stdout and stderr, would otherwise make a million of them).
+pub const RING_CHUNKS: usize = 8192;
 
 /// What a frame is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +42,9 @@ pub enum Kind {
     Exit = 5,
     /// daemon → init: bytes for process `channel`'s stdin; empty means end of input.
     Input = 6,
+    /// init → daemon: a piece of what a background process's ring held, for the
+    /// `Watch` call `channel` (before its reply): one stream byte, bytes.
+    Replay = 7,
 }
 
 impl Kind {
@@ -49,6 +56,7 @@ impl Kind {
             4 => Kind::Output,
             5 => Kind::Exit,
             6 => Kind::Input,
+            7 => Kind::Replay,
             _ => return None,
         })
     }
@@ -210,6 +218,28 @@ pub enum Call {
         /// A terminal of this size instead of pipes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pty: Option<(u16, u16)>,
+        /// A background process: its output goes into a ring (the last
+        /// [`RING_BYTES`] per stream), forwarded only while watched, and the ring is
+        /// kept after its exit until `Forget`.
+        #[serde(default)]
+        background: bool,
+    },
+    /// Start forwarding a background process's output: first what its ring holds, as
+    /// `Replay` frames on this call's channel, then the reply (`{"exited": null}`, or
+    /// its [`Exited`] if it ended), then its output as it comes.
+    Watch {
+        /// init's id of the process.
+        pid: u32,
+    },
+    /// Stop forwarding a background process's output (it goes on into the ring).
+    Unwatch {
+        /// init's id of the process.
+        pid: u32,
+    },
+    /// Drop an ended background process's ring.
+    Forget {
+        /// init's id of the process.
+        pid: u32,
     },
     /// Send a signal to a process's group.
     Signal {

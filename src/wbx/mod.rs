@@ -10,6 +10,7 @@
 //! pause, public URLs, network allowlists, jobs) is absent and answers 404 like any
 //! unknown path.
 
+pub mod processes;
 pub mod routes;
 pub mod sandboxes;
 

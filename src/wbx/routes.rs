@@ -1,6 +1,7 @@
 //! The WBX face's route table (paths relative to [`super::BASE`]): pattern, methods,
 //! route, body cap and admission class in one row, resolved with `router::resolve`.
 
+use super::processes::{self, ProcOp};
 use super::sandboxes::{self, Limits, Op};
 use crate::admission::Class;
 use crate::http::limits::DEFAULT_BODY_BYTES;
@@ -31,6 +32,20 @@ pub enum Route {
     Resume,
     /// `GET /v1/sandboxes/{id}/metrics`
     Metrics,
+    /// `POST /v1/sandboxes/{id}/env`
+    Env,
+    /// `GET`, `POST /v1/sandboxes/{id}/process`
+    Processes,
+    /// `GET`, `DELETE /v1/sandboxes/{id}/process/{pid}`
+    Process,
+    /// `GET /v1/sandboxes/{id}/process/{pid}/stream`
+    ProcStream,
+    /// `POST /v1/sandboxes/{id}/process/{pid}/stdin`
+    ProcStdin,
+    /// `POST /v1/sandboxes/{id}/process/{pid}/signal`
+    ProcSignal,
+    /// `POST /v1/sandboxes/{id}/process/{pid}/resize`
+    ProcResize,
 }
 
 /// Everything the face says about one route.
@@ -94,6 +109,13 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/pause", POST, Route::Pause, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/resume", POST, Route::Resume, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/metrics", GET, Route::Metrics, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/env", POST, Route::Env, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/process", &["GET", "HEAD", "POST"], Route::Processes, Class::Memory, EXEC_BODY_BYTES),
+    row("/v1/sandboxes/{id}/process/{pid}", &["GET", "HEAD", "DELETE"], Route::Process, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/process/{pid}/stream", GET, Route::ProcStream, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/process/{pid}/stdin", POST, Route::ProcStdin, Class::Memory, EXEC_BODY_BYTES),
+    row("/v1/sandboxes/{id}/process/{pid}/signal", POST, Route::ProcSignal, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/process/{pid}/resize", POST, Route::ProcResize, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.
@@ -137,6 +159,20 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         (true, None) => return Asked::Respond(sandboxes::not_found()),
         (_, s) => s.unwrap_or_default(),
     };
+    // A process's id: anything but a pid is no process.
+    let pid = req.params.get("pid").map(processes::parse_pid);
+    if let Some(None) = pid {
+        let raw: String = req
+            .params
+            .get("pid")
+            .unwrap_or_default()
+            .chars()
+            .take(24)
+            .collect();
+        return Asked::Respond(super::error(404, &format!("no such process: {raw}")));
+    }
+    let pid = pid.flatten().unwrap_or(0);
+    let method = req.head.method.as_str();
     let r = match spec.id {
         Route::Templates => return Asked::Respond(sandboxes::templates_json(runtimes)),
         Route::SandboxList => Ok(Op::List),
@@ -149,6 +185,15 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         Route::Pause => sandboxes::no_fields(req, Op::Pause(sid)),
         Route::Resume => sandboxes::no_fields(req, Op::Resume(sid)),
         Route::Metrics => Ok(Op::Metrics(sid)),
+        Route::Env => processes::env(req, sid),
+        Route::Processes if method == "POST" => processes::start(req, sid),
+        Route::Processes => Ok(Op::Proc(sid, ProcOp::List)),
+        Route::Process if method == "DELETE" => Ok(Op::Proc(sid, ProcOp::Kill(pid))),
+        Route::Process => Ok(Op::Proc(sid, ProcOp::Get(pid))),
+        Route::ProcStream => Ok(Op::Proc(sid, ProcOp::Stream(pid))),
+        Route::ProcStdin => processes::stdin(req, sid, pid),
+        Route::ProcSignal => processes::signal(req, sid, pid),
+        Route::ProcResize => processes::resize(req, sid, pid),
     };
     match r {
         Ok(op) => Asked::Op(op),

@@ -163,6 +163,10 @@ pub enum Op {
         /// NDJSON events as it runs.
         stream: bool,
     },
+    /// `POST /v1/sandboxes/{id}/env`.
+    Env(String, Vec<(String, String)>),
+    /// A background process's endpoint: the sandbox and what is asked.
+    Proc(String, super::processes::ProcOp),
 }
 
 /// A sandbox id as this daemon makes them: `sb_` and 24 lowercase hex digits. Anything
@@ -179,10 +183,10 @@ pub fn not_found() -> Response {
 
 /// A request body's fields: a JSON object (an empty body is `{}`), with only the
 /// fields the endpoint takes. Each field is then read with a message that names it.
-struct Fields(serde_json::Map<String, serde_json::Value>);
+pub(super) struct Fields(pub(super) serde_json::Map<String, serde_json::Value>);
 
 impl Fields {
-    fn of(req: &Request, known: &[&str]) -> Result<Fields, Response> {
+    pub(super) fn of(req: &Request, known: &[&str]) -> Result<Fields, Response> {
         let b: &[u8] = if req.body.iter().all(u8::is_ascii_whitespace) {
             b"{}"
         } else {
@@ -209,11 +213,11 @@ impl Fields {
     }
 
     /// A field that is absent or null.
-    fn absent(&self, name: &str) -> bool {
+    pub(super) fn absent(&self, name: &str) -> bool {
         self.0.get(name).is_none_or(serde_json::Value::is_null)
     }
 
-    fn string(&self, name: &str) -> Result<Option<String>, Response> {
+    pub(super) fn string(&self, name: &str) -> Result<Option<String>, Response> {
         if self.absent(name) {
             return Ok(None);
         }
@@ -223,7 +227,7 @@ impl Fields {
         }
     }
 
-    fn whole(&self, name: &str, what: &str) -> Result<Option<u64>, Response> {
+    pub(super) fn whole(&self, name: &str, what: &str) -> Result<Option<u64>, Response> {
         if self.absent(name) {
             return Ok(None);
         }
@@ -233,7 +237,7 @@ impl Fields {
             .ok_or_else(|| error(400, &format!("{name}: must be {what}")))
     }
 
-    fn strings(&self, name: &str) -> Result<Option<BTreeMap<String, String>>, Response> {
+    pub(super) fn strings(&self, name: &str) -> Result<Option<BTreeMap<String, String>>, Response> {
         if self.absent(name) {
             return Ok(None);
         }
@@ -257,7 +261,9 @@ impl Fields {
     }
 }
 
-fn env_vars(v: Option<BTreeMap<String, String>>) -> Result<Vec<(String, String)>, Response> {
+pub(super) fn env_vars(
+    v: Option<BTreeMap<String, String>>,
+) -> Result<Vec<(String, String)>, Response> {
     let v = v.unwrap_or_default();
     if v.len() > MAX_ENV {
         return Err(error(400, &format!("env: at most {MAX_ENV} variables")));
@@ -391,9 +397,8 @@ pub fn no_fields(req: &Request, op: Op) -> Result<Op, Response> {
     Ok(op)
 }
 
-/// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`.
-pub fn exec(req: &Request, id: String, stream: bool) -> Result<Op, Response> {
-    let f = Fields::of(req, &["cmd", "cwd", "env", "timeout_ms", "stdin"])?;
+/// A command line (required, `/bin/sh -c`'s) and its working directory (absolute).
+pub(super) fn cmd_and_cwd(f: &Fields) -> Result<(String, Option<String>), Response> {
     let cmd = match f.string("cmd")? {
         None => return Err(error(400, "cmd: required")),
         Some(c) if c.trim().is_empty() => return Err(error(400, "cmd: must not be empty")),
@@ -411,6 +416,13 @@ pub fn exec(req: &Request, id: String, stream: bool) -> Result<Op, Response> {
             return Err(error(400, "cwd: must be an absolute path"));
         }
     }
+    Ok((cmd, cwd))
+}
+
+/// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`.
+pub fn exec(req: &Request, id: String, stream: bool) -> Result<Op, Response> {
+    let f = Fields::of(req, &["cmd", "cwd", "env", "timeout_ms", "stdin"])?;
+    let (cmd, cwd) = cmd_and_cwd(&f)?;
     let timeout_ms = f
         .whole("timeout_ms", "a whole number of milliseconds (0: no limit)")?
         .unwrap_or(DEFAULT_EXEC_TIMEOUT_MS);

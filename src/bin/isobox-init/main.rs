@@ -16,6 +16,7 @@
 //! process runs as the init's own user, from the init's working directory.
 
 mod procs;
+mod ring;
 
 use isobox::sandbox::wire::{self, Call, Decoder, Hello, Kind, Reply};
 use mio::net::UnixStream;
@@ -80,6 +81,8 @@ pub struct Init {
     /// INVARIANT: `wpos <= wbuf.len()`.
     wpos: usize,
     procs: procs::Procs,
+    /// The buffer output is read into (reused: every allocation costs more in gVisor).
+    buf: Vec<u8>,
 }
 
 impl Init {
@@ -156,7 +159,7 @@ impl Init {
         match f.kind {
             Kind::Call => {
                 let reply = match serde_json::from_slice::<Call>(&f.payload) {
-                    Ok(call) => self.call(call),
+                    Ok(call) => self.call(f.channel, call),
                     Err(e) => Reply::Error(format!("bad call: {e}")),
                 };
                 self.send_json(Kind::Reply, f.channel, &reply);
@@ -169,11 +172,12 @@ impl Init {
                 procs::input(self, pid, &f.payload);
                 true
             }
-            Kind::Hello | Kind::Reply | Kind::Output | Kind::Exit => false,
+            Kind::Hello | Kind::Reply | Kind::Output | Kind::Exit | Kind::Replay => false,
         }
     }
 
-    fn call(&mut self, call: Call) -> Reply {
+    /// Carries out call `id`.
+    fn call(&mut self, id: u32, call: Call) -> Reply {
         match call {
             Call::Spawn {
                 cmd,
@@ -181,10 +185,23 @@ impl Init {
                 env,
                 stdin,
                 pty,
-            } => match procs::spawn(self, &cmd, cwd.as_deref(), &env, stdin, pty) {
+                background,
+            } => match procs::spawn(self, &cmd, cwd.as_deref(), &env, stdin, pty, background) {
                 Ok(pid) => Reply::Ok(serde_json::json!({ "pid": pid })),
                 Err(e) => Reply::Error(e),
             },
+            Call::Watch { pid } => match procs::watch(self, id, pid) {
+                Ok(exited) => Reply::Ok(serde_json::json!({ "exited": exited })),
+                Err(e) => Reply::Error(e),
+            },
+            Call::Unwatch { pid } => match procs::unwatch(self, pid) {
+                Ok(()) => Reply::Ok(serde_json::Value::Null),
+                Err(e) => Reply::Error(e),
+            },
+            Call::Forget { pid } => {
+                procs::forget(self, pid);
+                Reply::Ok(serde_json::Value::Null)
+            }
             Call::Signal { pid, signal } => match procs::signal(self, pid, signal) {
                 Ok(()) => Reply::Ok(serde_json::Value::Null),
                 Err(e) => Reply::Error(e),
@@ -236,6 +253,7 @@ fn run(settings: Settings) -> io::Result<()> {
         wbuf: Vec::new(),
         wpos: 0,
         procs,
+        buf: Vec::new(),
     };
     init.send_json(
         Kind::Hello,

@@ -1,7 +1,10 @@
 //! The init's processes: starting them (pipes or a terminal, each in its own process
 //! group), forwarding their output and stdin, signals, and reporting each exit after
-//! its last output.
+//! its last output. A background process's output also goes into its ring, and is
+//! forwarded only while the daemon watches it; the ring outlives the process until the
+//! daemon forgets it.
 
+use super::ring::Ring;
 use super::{Init, Settings};
 use isobox::sandbox::wire::{Exited, Kind, Stream, MAX_DATA_BYTES};
 use mio::unix::pipe;
@@ -34,6 +37,11 @@ struct Proc {
     held: bool,
     /// It was reaped; its `Exit` goes once what its pipes held is forwarded.
     exited: Option<Exited>,
+    /// A background process's ring.
+    ring: Option<Ring>,
+    /// Its output is forwarded (always, unless it is a background process nobody
+    /// watches).
+    watched: bool,
 }
 
 /// Every process the daemon started and has not heard the end of.
@@ -47,7 +55,12 @@ pub struct Procs {
     /// Every process group started: what a process left running lives on in its group
     /// after the process itself is gone.
     groups: Vec<i32>,
+    /// Ended background processes' rings and exits, oldest first, until forgotten.
+    ended: Vec<(i32, Ring, Exited)>,
 }
+
+/// Ended background processes kept at most (the daemon forgets them sooner).
+const MAX_ENDED: usize = 64;
 
 impl Procs {
     /// Processes' defaults; as root with `--user`, the user gets a passwd entry and a
@@ -76,6 +89,7 @@ impl Procs {
             user: s.user,
             home: s.home.clone(),
             groups: Vec::new(),
+            ended: Vec::new(),
         })
     }
 
@@ -127,6 +141,7 @@ pub fn spawn(
     env: &[(String, String)],
     stdin: bool,
     pty: Option<(u16, u16)>,
+    background: bool,
 ) -> Result<u32, String> {
     let p = &init.procs;
     let dir = cwd.or(p.home.as_deref()).unwrap_or(".").to_string();
@@ -177,6 +192,8 @@ pub fn spawn(
         pty: None,
         held: false,
         exited: None,
+        ring: background.then(Ring::default),
+        watched: !background,
     };
     let reg = init.poll.registry();
     let procs = &mut init.procs;
@@ -231,6 +248,21 @@ pub fn input(init: &mut Init, pid: i32, data: &[u8]) {
     };
     if data.is_empty() {
         p.eof = true;
+    } else if let Some(ctl) = p.pty.as_ref().filter(|_| !p.eof) {
+        // A terminal's ^C, ^\ and ^Z signal its foreground process group. Older
+        // gVisor line disciplines (runsc before 2023) pass them on as plain bytes, so
+        // the init does it, and the byte goes no further (a newer kernel, seeing no
+        // byte, signals nothing: never twice). In raw mode (ISIG off) they are input.
+        let specials = isobox::sys::process::pty_signal_chars(ctl.as_fd()).unwrap_or_default();
+        for &b in data {
+            match specials.iter().find(|&&(c, _)| c == b) {
+                Some(&(_, sig)) => {
+                    let group = isobox::sys::process::pty_foreground(ctl.as_fd()).unwrap_or(pid);
+                    let _ = isobox::sys::process::signal_group(group, sig);
+                }
+                None => p.pending.push(b),
+            }
+        }
     } else if !p.eof {
         p.pending.extend_from_slice(data);
     }
@@ -310,21 +342,26 @@ pub fn event(init: &mut Init, t: Token, readable: bool, writable: bool) {
 /// Forwards what `pid`'s outputs hold, until they would block or close. False when it
 /// stopped early: the process is held, or the daemon fell behind.
 fn pump(init: &mut Init, pid: i32) -> bool {
-    let mut buf = vec![0u8; MAX_DATA_BYTES + 1];
+    let mut buf = std::mem::take(&mut init.buf);
+    buf.resize(MAX_DATA_BYTES + 1, 0);
     let mut frames: Vec<Vec<u8>> = Vec::new();
     let mut closed = Vec::new();
     let mut drained = true;
     {
         let Some(p) = init.procs.by_pid.get_mut(&pid) else {
+            init.buf = buf;
             return true;
         };
         if p.held {
+            init.buf = buf;
             return false;
         }
         let mut backlog = init.wbuf.len() - init.wpos;
         for (i, (stream, rx, _)) in p.out.iter_mut().enumerate() {
             loop {
-                if backlog >= super::MAX_CTL_BACKLOG_BYTES {
+                // Output nobody watches goes into the ring only: it never waits for
+                // the daemon.
+                if p.watched && backlog >= super::MAX_CTL_BACKLOG_BYTES {
                     drained = false;
                     break;
                 }
@@ -335,9 +372,14 @@ fn pump(init: &mut Init, pid: i32) -> bool {
                         break;
                     }
                     Ok(n) => {
-                        backlog += n + 10;
-                        buf[0] = *stream as u8;
-                        frames.push(buf[..=n].to_vec());
+                        if let Some(r) = p.ring.as_mut() {
+                            r.push(*stream, &buf[1..=n]);
+                        }
+                        if p.watched {
+                            backlog += n + 10;
+                            buf[0] = *stream as u8;
+                            frames.push(buf[..=n].to_vec());
+                        }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -350,6 +392,7 @@ fn pump(init: &mut Init, pid: i32) -> bool {
             }
         }
     }
+    init.buf = buf;
     let channel = u32::try_from(pid).unwrap_or(0);
     for payload in frames {
         init.send(Kind::Output, channel, &payload);
@@ -441,6 +484,71 @@ fn finish(init: &mut Init, pid: i32) {
     }
     if let Some(exited) = p.exited {
         init.send_json(Kind::Exit, u32::try_from(pid).unwrap_or(0), &exited);
+        if let Some(ring) = p.ring.take() {
+            let ended = &mut init.procs.ended;
+            ended.push((pid, ring, exited));
+            if ended.len() > MAX_ENDED {
+                ended.remove(0);
+            }
+        }
+    }
+}
+
+/// `Watch`: replays `pid`'s ring on call `call`'s channel and forwards its output from
+/// now on; whether (and how) it ended.
+pub fn watch(init: &mut Init, call: u32, pid: u32) -> Result<Option<Exited>, String> {
+    let pid = i32::try_from(pid).map_err(|_| "no such process".to_string())?;
+    let mut frames = Vec::new();
+    let add = |frames: &mut Vec<Vec<u8>>, ring: &Ring| {
+        for (stream, data) in ring.replay() {
+            for part in data.chunks(MAX_DATA_BYTES) {
+                let mut f = Vec::with_capacity(part.len() + 1);
+                f.push(stream as u8);
+                f.extend_from_slice(part);
+                frames.push(f);
+            }
+        }
+    };
+    let exited = if let Some(p) = init.procs.by_pid.get_mut(&pid) {
+        let ring = p
+            .ring
+            .as_ref()
+            .ok_or_else(|| format!("process {pid} is not a background process"))?;
+        add(&mut frames, ring);
+        p.watched = true;
+        None
+    } else if let Some((_, ring, exited)) = init.procs.ended.iter().find(|(p, _, _)| *p == pid) {
+        add(&mut frames, ring);
+        Some(*exited)
+    } else {
+        return Err(format!("no such process: {pid}"));
+    };
+    for f in frames {
+        init.send(Kind::Replay, call, &f);
+    }
+    Ok(exited)
+}
+
+/// `Unwatch`: `pid`'s output goes into its ring only (and is never held).
+pub fn unwatch(init: &mut Init, pid: u32) -> Result<(), String> {
+    let pid = i32::try_from(pid).map_err(|_| "no such process".to_string())?;
+    let Some(p) = init.procs.by_pid.get_mut(&pid) else {
+        // Ended meanwhile: nothing is forwarded any more.
+        return Ok(());
+    };
+    if p.ring.is_none() {
+        return Err(format!("process {pid} is not a background process"));
+    }
+    p.watched = false;
+    p.held = false;
+    pump_and_finish(init, pid);
+    Ok(())
+}
+
+/// `Forget`: drops an ended background process's ring.
+pub fn forget(init: &mut Init, pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        init.procs.ended.retain(|(p, _, _)| *p != pid);
     }
 }
 
