@@ -1453,6 +1453,40 @@ fn test_background_processes_attach_stdin_signals_and_delete() {
         Some(&json!({"env": {"1X": "y"}})),
     );
     assert_eq!(r.status, 400);
+    // A sandbox has at most 128 variables of its own, across requests: LATER and
+    // 126 more is 127; one more name is 128 (the bound), LATER again adds none, and
+    // one past it is refused and changes nothing.
+    let vars = |names: std::ops::Range<usize>| -> Value {
+        json!({ "env": names.map(|i| (format!("V{i}"), Value::from(i.to_string()))).collect::<serde_json::Map<_, _>>() })
+    };
+    let post_env = |body: &Value| {
+        wbx(
+            &d,
+            "POST",
+            &format!("/v1/sandboxes/{id}/env"),
+            None,
+            Some(body),
+        )
+    };
+    assert_eq!(post_env(&vars(0..126)).status, 204);
+    assert_eq!(post_env(&vars(126..127)).status, 204);
+    assert_eq!(post_env(&json!({"env": {"LATER": "again"}})).status, 204);
+    let r = post_env(&vars(127..128));
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (
+            400,
+            "env: a sandbox has at most 128 variables; it has 128 and this adds 1"
+        )
+    );
+    assert_eq!(
+        exec(
+            &d,
+            &id,
+            &json!({"cmd": "echo $LATER $V0 $V126 ${V127-unset}"})
+        )["stdout"],
+        "again 0 126 unset\n"
+    );
 
     // Paused: nothing starts or is sent; the list still answers.
     assert_eq!(

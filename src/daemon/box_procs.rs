@@ -237,6 +237,23 @@ impl Daemon {
             );
             return;
         }
+        let b = &mut self.boxes.boxes[key];
+        let new = env.iter().filter(|(k, _)| !b.env_names.contains(k)).count();
+        let has = b.env_names.len();
+        if has + new > crate::wbx::sandboxes::MAX_ENV {
+            self.respond(
+                ck,
+                crate::wbx::error(
+                    400,
+                    &format!(
+                        "env: a sandbox has at most {} variables; it has {has} and this adds {new}",
+                        crate::wbx::sandboxes::MAX_ENV,
+                    ),
+                ),
+            );
+            return;
+        }
+        b.env_names.extend(env.iter().map(|(k, _)| k.clone()));
         // At most 128 variables of 32 KiB: within a frame.
         self.box_call(key, &Call::Env { env });
         self.respond(ck, Response::no_content());

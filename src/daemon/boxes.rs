@@ -123,6 +123,8 @@ pub(crate) struct Sbx {
     /// Metrics requests waiting for the init's disk figures, by call id.
     pub(super) metrics: HashMap<u32, super::box_verbs::MetricsWait>,
     metadata: BTreeMap<String, String>,
+    /// The names of its environment (create's `env` and every `POST …/env`).
+    pub(super) env_names: std::collections::BTreeSet<String>,
     network: Net,
     started: Instant,
     start_ms: u64,
@@ -376,6 +378,7 @@ impl Daemon {
             metadata,
             network,
         } = *c;
+        let env_names = env.iter().map(|(k, _)| k.clone()).collect();
         let plan = crate::sandbox::plan::ExecPlan {
             limits: crate::sandbox::limits::Limits {
                 memory_bytes: wsb::MEM_MB << 20,
@@ -410,6 +413,7 @@ impl Daemon {
             verb_busy: false,
             metrics: HashMap::new(),
             metadata,
+            env_names,
             network,
             started: now,
             start_ms: 0,

@@ -5,10 +5,10 @@
 //! answers. Its errors are that document's: `{"error": "message"}`, the message naming
 //! the parameter or the limit.
 //!
-//! Built so far: sandboxes (create, list, get, delete, timeout), templates, and
-//! commands (`exec`, `exec/stream`). The rest of the document (processes, files,
-//! pause, public URLs, network allowlists, jobs) is absent and answers 404 like any
-//! unknown path.
+//! Built so far: sandboxes (create, list, get, delete, timeout, pause, resume,
+//! metrics), templates, commands (`exec`, `exec/stream`), background processes and
+//! terminals (`process…`) and `env`. The rest of the document (files, public URLs,
+//! network allowlists, jobs) is absent and answers 404 like any unknown path.
 
 pub mod processes;
 pub mod routes;

@@ -32,8 +32,9 @@ pub const DEFAULT_TIMEOUT_S: u64 = 300;
 pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 60_000;
 /// Output kept per stream of a command (more sets `truncated`).
 pub const EXEC_OUTPUT_BYTES: usize = 1 << 20;
-/// Environment variables one request may set.
-const MAX_ENV: usize = 128;
+/// Environment variables one request may set, and one sandbox may have (on top of
+/// its template's).
+pub const MAX_ENV: usize = 128;
 /// Largest environment value.
 const MAX_ENV_VALUE_BYTES: usize = 32 << 10;
 /// Metadata labels one sandbox may carry, and their sizes.
