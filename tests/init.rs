@@ -3,7 +3,9 @@
 //! end of a socket pair as its fd 0, speaking `isobox::sandbox::wire`. What it does inside
 //! gVisor (as pid 1, with a user) is tested through the daemon in `tests/wbx.rs`.
 
-use isobox::sandbox::wire::{self, Call, Decoder, Exited, Frame, Hello, Kind, Reply, Stream};
+use isobox::sandbox::wire::{
+    self, Call, Decoder, Exited, Frame, FsCall, Hello, Kind, Reply, Stream,
+};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
@@ -100,7 +102,7 @@ impl Init {
             background,
         }) {
             Reply::Ok(v) => v["pid"].as_u64().unwrap() as u32,
-            Reply::Error(e) => panic!("spawn: {e}"),
+            r => panic!("spawn: {r:?}"),
         }
     }
 
@@ -420,8 +422,13 @@ fn test_background_process_ring_watch_unwatch_forget() {
     assert_eq!(reply, Reply::Error(format!("no such process: {pid}")));
 
     // Unwatch: forwarding stops, the ring goes on; a foreground process has no ring.
+    // It also writes its count to a file: the test waits for progress, not a time.
+    let count = std::env::temp_dir().join(format!("isobox-init-ring-{}", std::process::id()));
     let pid = init.spawn_as(
-        "i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done",
+        &format!(
+            "i=0; while :; do i=$((i+1)); echo $i; echo $i > {}; sleep 0.02; done",
+            count.display()
+        ),
         false,
         None,
         true,
@@ -430,7 +437,18 @@ fn test_background_process_ring_watch_unwatch_forget() {
     init.wait_output(pid, "3\n");
     assert!(matches!(init.call(&Call::Unwatch { pid }), Reply::Ok(_)));
     init.queue.retain(|f| f.channel != pid);
-    std::thread::sleep(Duration::from_millis(300));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let counted = || -> u32 {
+        std::fs::read_to_string(&count)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    while counted() < 10 {
+        assert!(std::time::Instant::now() < deadline, "the process stalled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reached = counted();
     assert!(
         !init
             .queue
@@ -446,7 +464,11 @@ fn test_background_process_ring_watch_unwatch_forget() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(last >= 10, "the ring went on while unwatched: {text:?}");
+    assert!(
+        last >= reached,
+        "the ring went on while unwatched: {reached} written, ring {text:?}"
+    );
+    let _ = std::fs::remove_file(&count);
     assert!(text.starts_with("O:1\n2\n"), "{text:?}");
     assert!(matches!(
         init.call(&Call::Signal { pid, signal: 9 }),
@@ -460,5 +482,76 @@ fn test_background_process_ring_watch_unwatch_forget() {
     assert_eq!(
         init.call(&Call::Unwatch { pid: fg }),
         Reply::Error(format!("process {fg} is not a background process"))
+    );
+}
+
+#[test]
+fn test_file_operations_are_answered_by_their_thread() {
+    let mut init = Init::start();
+    let dir = std::env::temp_dir().join(format!("isobox-init-fs-test-{}", std::process::id()));
+    let d = dir.display().to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    let fs = |init: &mut Init, op: FsCall| init.call(&Call::Fs(op));
+    let r = fs(
+        &mut init,
+        FsCall::Mkdir {
+            path: format!("{d}/x/y"),
+            parents: true,
+        },
+    );
+    let Reply::Ok(v) = r else { panic!("{r:?}") };
+    assert_eq!(
+        (v["path"].as_str(), v["type"].as_str()),
+        (Some(format!("{d}/x/y").as_str()), Some("dir"))
+    );
+    std::fs::write(dir.join("x/f"), b"abc").unwrap();
+    // A process runs meanwhile: the loop serves both.
+    let pid = init.spawn("echo still here", false, None);
+    let r = fs(
+        &mut init,
+        FsCall::List {
+            path: d.clone(),
+            depth: 3,
+        },
+    );
+    let Reply::Ok(v) = r else { panic!("{r:?}") };
+    let listed: Vec<(&str, &str, u64)> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap(),
+                e["type"].as_str().unwrap(),
+                e["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed[1..],
+        [
+            (format!("{d}/x/f").as_str(), "file", 3),
+            (format!("{d}/x/y").as_str(), "dir", listed[2].2)
+        ]
+    );
+    assert_eq!(listed[0].0, format!("{d}/x"));
+    let (out, _, exited) = init.run_out(pid);
+    assert_eq!((out.as_str(), exited.code), ("still here\n", 0));
+    let r = fs(
+        &mut init,
+        FsCall::Remove {
+            path: d.clone(),
+            recursive: true,
+            files_only: false,
+        },
+    );
+    assert_eq!(r, Reply::Ok(serde_json::Value::Null));
+    let r = fs(&mut init, FsCall::Stat { path: d.clone() });
+    assert_eq!(
+        r,
+        Reply::Refused {
+            status: 404,
+            message: format!("{d}: no such file or directory")
+        }
     );
 }

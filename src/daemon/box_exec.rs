@@ -163,7 +163,8 @@ impl Daemon {
                 self.exec_refuse(cmd, 400, &e);
                 return;
             }
-            Err(_) => None,
+            // Refused is for file operations only.
+            Ok(Reply::Refused { .. }) | Err(_) => None,
         };
         let Some(pid) = pid else {
             self.exec_refuse(cmd, 502, "the sandbox's init answered nonsense");

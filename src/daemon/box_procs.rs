@@ -565,7 +565,8 @@ impl Daemon {
                 self.proc_answer(client, crate::wbx::error(400, &e));
                 return;
             }
-            None => None,
+            // Refused is for file operations only.
+            Some(Reply::Refused { .. }) | None => None,
         };
         let b = &mut self.boxes.boxes[key];
         let Some(pid) = pid.filter(|&p| !b.procs.running(p) && !b.execs.has(p)) else {
@@ -660,7 +661,7 @@ impl Daemon {
                     self.conn_resume(ck);
                 }
             }
-            None => {
+            Some(Reply::Refused { .. }) | None => {
                 if alive {
                     let line = event_line(
                         &serde_json::json!({"type": "error", "error": "the sandbox's init answered nonsense"}),

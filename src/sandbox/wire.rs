@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol version both sides speak (2: background processes, their rings and
 /// `Replay`).
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Largest frame body (kind, channel and payload).
 pub const MAX_FRAME_BYTES: usize = (1 << 20) + 5;
 /// Largest payload of one `Output` or `Input` frame (bigger data is split).
@@ -276,6 +276,79 @@ pub enum Call {
         /// Variables.
         env: Vec<(String, String)>,
     },
+    /// A file operation, carried out as the sandbox's user with the sandbox's view of
+    /// paths (a relative path is relative to the user's home). Answered with
+    /// [`Reply::Refused`] when the file system says no.
+    Fs(FsCall),
+}
+
+/// A file operation ([`Call::Fs`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "fs", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FsCall {
+    /// One entry, not following a last symlink: reply [`FsEntry`].
+    Stat {
+        /// The path.
+        path: String,
+    },
+    /// A directory's entries to `depth` levels (1 = its own), not following symlinks:
+    /// reply `{"entries": [FsEntry], "truncated": bool}` (at most [`FS_LIST_ENTRIES`]).
+    List {
+        /// The directory.
+        path: String,
+        /// Levels, 1..=5.
+        depth: u8,
+    },
+    /// Make a directory (`parents`: and any missing above it; then an existing
+    /// directory is fine).
+    Mkdir {
+        /// The directory.
+        path: String,
+        /// As `mkdir -p`.
+        parents: bool,
+    },
+    /// Rename `from` to `to` (`overwrite`: replacing what is there).
+    Move {
+        /// From.
+        from: String,
+        /// To.
+        to: String,
+        /// Replace an existing `to`.
+        overwrite: bool,
+    },
+    /// Remove a file, a symlink or a directory (`recursive`: with its contents; else
+    /// only an empty one). `files_only`: refuse a directory (`DELETE …/files`).
+    Remove {
+        /// The path.
+        path: String,
+        /// With its contents.
+        recursive: bool,
+        /// Refuse a directory.
+        files_only: bool,
+    },
+}
+
+/// Most entries one `FsCall::List` answers (the rest: `truncated`).
+pub const FS_LIST_ENTRIES: usize = 5000;
+
+/// One file system entry as init reports it; the face shapes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsEntry {
+    /// Its absolute path.
+    pub path: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Bytes.
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Last modification, Unix milliseconds.
+    pub mtime_ms: i64,
+    /// A symlink's target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 /// A reply: `{"ok": …}` or `{"error": "…"}`.
@@ -286,6 +359,14 @@ pub enum Reply {
     Ok(serde_json::Value),
     /// Why it failed, in words for the client.
     Error(String),
+    /// A file operation the file system refused: the status the client gets (one of
+    /// 400, 403, 404, 409, 413; the daemon maps anything else to 502) and why.
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// In words for the client, naming the path.
+        message: String,
+    },
 }
 
 /// `Exit`'s payload.

@@ -170,6 +170,27 @@ pub fn set_pty_size(controller: BorrowedFd<'_>, cols: u16, rows: u16) -> io::Res
     crate::syscall!(ioctl(controller.as_raw_fd(), libc::TIOCSWINSZ, &ws)).map(drop)
 }
 
+/// Makes the calling thread, and it alone, act as `uid` (and group `uid`, with no
+/// supplementary groups) for good: the raw system calls change one thread's
+/// credentials, where libc's wrappers change every thread's. For a thread that does
+/// file operations on a user's behalf while the rest of the process stays root.
+///
+/// # Errors
+/// `setgroups`, `setresgid` or `setresuid` failures (`EPERM` without the capabilities).
+pub fn become_user_on_this_thread(uid: u32) -> io::Result<()> {
+    let gid: libc::gid_t = uid;
+    // SAFETY: raw system calls with plain integer arguments and one valid gid pointer.
+    unsafe {
+        if libc::syscall(libc::SYS_setgroups, 1usize, &gid as *const libc::gid_t) != 0
+            || libc::syscall(libc::SYS_setresgid, gid, gid, gid) != 0
+            || libc::syscall(libc::SYS_setresuid, uid, uid, uid) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// The characters that make the terminal behind `controller` signal its foreground
 /// process group (`VINTR` → `SIGINT`, `VQUIT` → `SIGQUIT`, `VSUSP` → `SIGTSTP`), as its
 /// termios set them; none when `ISIG` is off (a program in raw mode turned it off) or

@@ -15,6 +15,7 @@
 //! is where processes start and their `HOME`. Without them (the tests' host runs) every
 //! process runs as the init's own user, from the init's working directory.
 
+mod fs;
 mod procs;
 mod ring;
 
@@ -28,6 +29,8 @@ use std::time::Duration;
 const CTL: Token = Token(0);
 /// The SIGCHLD pipe.
 const CHILD: Token = Token(1);
+/// The file thread's waker.
+const FS: Token = Token(2);
 /// Output the daemon has not taken yet beyond which the init stops reading its
 /// processes' output (they then block on their full pipes): backpressure end to end.
 const MAX_CTL_BACKLOG_BYTES: usize = 4 << 20;
@@ -81,6 +84,8 @@ pub struct Init {
     /// INVARIANT: `wpos <= wbuf.len()`.
     wpos: usize,
     procs: procs::Procs,
+    /// The thread that does file operations as the user.
+    fs: fs::Fs,
     /// The buffer output is read into (reused: every allocation costs more in gVisor).
     buf: Vec<u8>,
 }
@@ -160,9 +165,12 @@ impl Init {
             Kind::Call => {
                 let reply = match serde_json::from_slice::<Call>(&f.payload) {
                     Ok(call) => self.call(f.channel, call),
-                    Err(e) => Reply::Error(format!("bad call: {e}")),
+                    Err(e) => Some(Reply::Error(format!("bad call: {e}"))),
                 };
-                self.send_json(Kind::Reply, f.channel, &reply);
+                // A file operation is answered when its thread is done.
+                if let Some(reply) = reply {
+                    self.send_json(Kind::Reply, f.channel, &reply);
+                }
                 true
             }
             Kind::Input => {
@@ -176,8 +184,23 @@ impl Init {
         }
     }
 
-    /// Carries out call `id`.
-    fn call(&mut self, id: u32, call: Call) -> Reply {
+    /// Carries out call `id`: its reply, or none yet (a file operation's comes from
+    /// its thread).
+    fn call(&mut self, id: u32, call: Call) -> Option<Reply> {
+        if let Call::Fs(op) = call {
+            return self.fs.submit(id, op).err().map(Reply::Error);
+        }
+        Some(self.call_now(id, call))
+    }
+
+    /// Answers the file operations that are done.
+    fn fs_done(&mut self) {
+        while let Ok((id, reply)) = self.fs.done.try_recv() {
+            self.send_json(Kind::Reply, id, &reply);
+        }
+    }
+
+    fn call_now(&mut self, id: u32, call: Call) -> Reply {
         match call {
             Call::Spawn {
                 cmd,
@@ -226,6 +249,7 @@ impl Init {
                 self.procs.set_env(env);
                 Reply::Ok(serde_json::Value::Null)
             }
+            Call::Fs(_) => Reply::Error("file operations are answered by their thread".into()),
         }
     }
 }
@@ -246,6 +270,8 @@ fn run(settings: Settings) -> io::Result<()> {
     poll.registry()
         .register(&mut child_rx, CHILD, Interest::READABLE)?;
     let procs = procs::Procs::new(&settings)?;
+    let waker = mio::Waker::new(poll.registry(), FS)?;
+    let fs = fs::Fs::start(settings.user, settings.home.clone(), waker)?;
     let mut init = Init {
         poll,
         ctl,
@@ -253,6 +279,7 @@ fn run(settings: Settings) -> io::Result<()> {
         wbuf: Vec::new(),
         wpos: 0,
         procs,
+        fs,
         buf: Vec::new(),
     };
     init.send_json(
@@ -295,6 +322,7 @@ fn run(settings: Settings) -> io::Result<()> {
                     while matches!(child_rx.read(&mut b), Ok(n) if n > 0) {}
                     reap = true;
                 }
+                FS => init.fs_done(),
                 t => procs::event(
                     &mut init,
                     t,

@@ -1,0 +1,475 @@
+//! File operations ([`FsCall`]) on a thread of their own that acts as the sandbox's
+//! user: the init stays root for what it must do (start processes as the user, signal
+//! them), while every path the daemon names is resolved and checked with the user's
+//! rights, as the user's own commands would see it. A slow operation (a large
+//! recursive remove) blocks this thread only; the init's loop goes on serving
+//! processes and learns of each answer through a waker.
+
+use isobox::sandbox::wire::{FsCall, FsEntry, Reply, FS_LIST_ENTRIES};
+use std::fs::Metadata;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+
+/// Bytes of paths one `List` answer may carry (its frame is at most 1 MiB).
+const LIST_BYTES: usize = 640 << 10;
+/// Roughly what one entry costs in the answer besides its path.
+const ENTRY_OVERHEAD: usize = 96;
+
+/// The thread's two ends, as the init's loop holds them.
+pub struct Fs {
+    tx: mpsc::Sender<(u32, FsCall)>,
+    /// Answers, by call id.
+    pub done: mpsc::Receiver<(u32, Reply)>,
+}
+
+impl Fs {
+    /// Starts the thread: as `user` when given (else as the init), with relative paths
+    /// taken from `home` (else the init's working directory). `waker` is woken after
+    /// each answer.
+    ///
+    /// # Errors
+    /// The thread could not be started.
+    pub fn start(user: Option<u32>, home: Option<String>, waker: mio::Waker) -> io::Result<Fs> {
+        let (tx, jobs) = mpsc::channel::<(u32, FsCall)>();
+        let (answers, done) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("fs".into())
+            .spawn(move || {
+                let creds = match user {
+                    Some(uid) => isobox::sys::process::become_user_on_this_thread(uid)
+                        .map_err(|e| format!("file operations are unavailable: {e}")),
+                    None => Ok(()),
+                };
+                let home = PathBuf::from(home.unwrap_or_else(|| ".".into()));
+                while let Ok((id, call)) = jobs.recv() {
+                    let reply = match &creds {
+                        Ok(()) => carry_out(&home, call),
+                        Err(e) => Reply::Error(e.clone()),
+                    };
+                    if answers.send((id, reply)).is_err() {
+                        break;
+                    }
+                    let _ = waker.wake();
+                }
+            })?;
+        Ok(Fs { tx, done })
+    }
+
+    /// Queues call `id` (the daemon bounds how many it has in flight).
+    pub fn submit(&self, id: u32, call: FsCall) -> Result<(), String> {
+        self.tx
+            .send((id, call))
+            .map_err(|_| "file operations are unavailable".to_string())
+    }
+}
+
+/// A refusal for `path` from the file system's error, in words.
+fn refused(path: &Path, e: &io::Error) -> Reply {
+    let (status, why) = match e.raw_os_error().unwrap_or(0) {
+        libc::ENOENT => (404, "no such file or directory".to_string()),
+        libc::EACCES | libc::EPERM => (403, "permission denied".to_string()),
+        libc::EROFS => (403, "read-only file system".to_string()),
+        libc::EEXIST => (409, "already exists".to_string()),
+        libc::ENOTEMPTY => (409, "the directory is not empty".to_string()),
+        libc::EBUSY => (409, "busy (a mount point?)".to_string()),
+        libc::EXDEV => (
+            409,
+            "is on another file system than the destination; copy it with a command".to_string(),
+        ),
+        libc::ENOTDIR => (400, "a part of the path is not a directory".to_string()),
+        libc::EISDIR => (400, "is a directory".to_string()),
+        libc::ELOOP => (400, "too many levels of symbolic links".to_string()),
+        libc::ENAMETOOLONG => (400, "a name in the path is too long".to_string()),
+        libc::EINVAL => (
+            400,
+            "invalid for this path (a directory into itself?)".to_string(),
+        ),
+        libc::ENOSPC | libc::EDQUOT => (413, "no space left in the sandbox".to_string()),
+        _ => (409, e.to_string()),
+    };
+    Reply::Refused {
+        status,
+        message: format!("{}: {why}", path.display()),
+    }
+}
+
+fn bad(message: String) -> Reply {
+    Reply::Refused {
+        status: 400,
+        message,
+    }
+}
+
+/// `path` resolved against `home` when relative; empty or with NUL refused.
+fn resolve(home: &Path, path: &str) -> Result<PathBuf, Reply> {
+    if path.is_empty() {
+        return Err(bad("path: must not be empty".into()));
+    }
+    if path.contains('\0') {
+        return Err(bad("path: must not contain NUL".into()));
+    }
+    let p = Path::new(path);
+    Ok(if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        home.join(p)
+    })
+}
+
+/// One entry as the protocol carries it.
+pub fn entry(path: &Path, md: &Metadata) -> FsEntry {
+    let ft = md.file_type();
+    let kind = if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_dir() {
+        "dir"
+    } else if ft.is_file() {
+        "file"
+    } else {
+        "other"
+    };
+    FsEntry {
+        path: path.to_string_lossy().into_owned(),
+        kind: kind.into(),
+        size: md.len(),
+        mode: md.mode() & 0o7777,
+        mtime_ms: md.mtime().saturating_mul(1000) + md.mtime_nsec() / 1_000_000,
+        target: ft
+            .is_symlink()
+            .then(|| std::fs::read_link(path).ok())
+            .flatten()
+            .map(|t| t.to_string_lossy().into_owned()),
+    }
+}
+
+fn ok<T: serde::Serialize>(v: &T) -> Reply {
+    Reply::Ok(serde_json::to_value(v).unwrap_or(serde_json::Value::Null))
+}
+
+fn stat(p: &Path) -> Reply {
+    match std::fs::symlink_metadata(p) {
+        Ok(md) => ok(&entry(p, &md)),
+        Err(e) => refused(p, &e),
+    }
+}
+
+/// Carries out one call.
+pub fn carry_out(home: &Path, call: FsCall) -> Reply {
+    match call {
+        FsCall::Stat { path } => match resolve(home, &path) {
+            Ok(p) => stat(&p),
+            Err(r) => r,
+        },
+        FsCall::List { path, depth } => match resolve(home, &path) {
+            Ok(p) => list(&p, depth.clamp(1, 5)),
+            Err(r) => r,
+        },
+        FsCall::Mkdir { path, parents } => {
+            let p = match resolve(home, &path) {
+                Ok(p) => p,
+                Err(r) => return r,
+            };
+            let r = if parents {
+                std::fs::create_dir_all(&p)
+            } else {
+                std::fs::create_dir(&p)
+            };
+            match r {
+                Ok(()) => stat(&p),
+                Err(e) => refused(&p, &e),
+            }
+        }
+        FsCall::Move {
+            from,
+            to,
+            overwrite,
+        } => {
+            let (f, t) = match (resolve(home, &from), resolve(home, &to)) {
+                (Ok(f), Ok(t)) => (f, t),
+                (Err(r), _) | (_, Err(r)) => return r,
+            };
+            if let Err(e) = std::fs::symlink_metadata(&f) {
+                return refused(&f, &e);
+            }
+            if !overwrite && std::fs::symlink_metadata(&t).is_ok() {
+                return Reply::Refused {
+                    status: 409,
+                    message: format!(
+                        "{}: already exists (set \"overwrite\": true to replace it)",
+                        t.display()
+                    ),
+                };
+            }
+            match std::fs::rename(&f, &t) {
+                Ok(()) => stat(&t),
+                // Which side the error is about is not known: name both.
+                Err(e) => match refused(&f, &e) {
+                    Reply::Refused { status, message } => Reply::Refused {
+                        status,
+                        message: message.replacen(
+                            &f.display().to_string(),
+                            &format!("{} -> {}", f.display(), t.display()),
+                            1,
+                        ),
+                    },
+                    r => r,
+                },
+            }
+        }
+        FsCall::Remove {
+            path,
+            recursive,
+            files_only,
+        } => {
+            let p = match resolve(home, &path) {
+                Ok(p) => p,
+                Err(r) => return r,
+            };
+            if p == Path::new("/") {
+                return bad("path: refusing to remove /".into());
+            }
+            let md = match std::fs::symlink_metadata(&p) {
+                Ok(md) => md,
+                Err(e) => return refused(&p, &e),
+            };
+            let r = if md.is_dir() {
+                if files_only {
+                    return bad(format!(
+                        "{}: is a directory (remove directories with fs/remove)",
+                        p.display()
+                    ));
+                }
+                if recursive {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_dir(&p)
+                }
+            } else {
+                std::fs::remove_file(&p)
+            };
+            match r {
+                Ok(()) => Reply::Ok(serde_json::Value::Null),
+                Err(e) => refused(&p, &e),
+            }
+        }
+    }
+}
+
+/// A directory's entries to `depth` levels, by path, not following symlinks; at most
+/// [`FS_LIST_ENTRIES`] and [`LIST_BYTES`] of paths (then `truncated`).
+fn list(dir: &Path, depth: u8) -> Reply {
+    match std::fs::symlink_metadata(dir) {
+        Ok(md) if md.is_dir() => {}
+        Ok(_) => {
+            return bad(format!("{}: is not a directory", dir.display()));
+        }
+        Err(e) => return refused(dir, &e),
+    }
+    let mut entries: Vec<FsEntry> = Vec::new();
+    let mut bytes = 0usize;
+    let mut truncated = false;
+    // Depth-first, each directory's names sorted: the answer reads as a tree.
+    let mut stack: Vec<(PathBuf, u8)> = vec![(dir.to_path_buf(), 1)];
+    'walk: while let Some((d, level)) = stack.pop() {
+        let rd = match std::fs::read_dir(&d) {
+            Ok(rd) => rd,
+            // The top one was checked; a subdirectory the user cannot read is listed
+            // without its contents.
+            Err(e) if d == dir => return refused(dir, &e),
+            Err(_) => continue,
+        };
+        let mut names: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        names.sort();
+        let mut below = Vec::new();
+        for p in names {
+            let Ok(md) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            let e = entry(&p, &md);
+            bytes += e.path.len() + e.target.as_ref().map_or(0, String::len) + ENTRY_OVERHEAD;
+            if entries.len() >= FS_LIST_ENTRIES || bytes > LIST_BYTES {
+                truncated = true;
+                break 'walk;
+            }
+            if md.is_dir() && level < depth {
+                below.push((p, level + 1));
+            }
+            entries.push(e);
+        }
+        stack.extend(below.into_iter().rev());
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    Reply::Ok(serde_json::json!({ "entries": entries, "truncated": truncated }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "isobox-init-fs-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn status(r: &Reply) -> Option<u16> {
+        match r {
+            Reply::Refused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn test_operations_and_their_refusals() {
+        let home = tmp();
+        let h = home.display().to_string();
+        // Relative paths are the home's.
+        let r = carry_out(
+            &home,
+            FsCall::Mkdir {
+                path: "a/b".into(),
+                parents: true,
+            },
+        );
+        let Reply::Ok(v) = r else { panic!("{r:?}") };
+        assert_eq!(v["path"], format!("{h}/a/b"));
+        assert_eq!(v["type"], "dir");
+        std::fs::write(home.join("a/f.txt"), b"hello").unwrap();
+        std::os::unix::fs::symlink("f.txt", home.join("a/link")).unwrap();
+        let Reply::Ok(v) = carry_out(
+            &home,
+            FsCall::Stat {
+                path: format!("{h}/a/link"),
+            },
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            (v["type"].as_str(), v["target"].as_str()),
+            (Some("symlink"), Some("f.txt"))
+        );
+        let Reply::Ok(v) = carry_out(
+            &home,
+            FsCall::List {
+                path: h.clone(),
+                depth: 1,
+            },
+        ) else {
+            panic!()
+        };
+        let paths: Vec<&str> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(paths, [format!("{h}/a")]);
+        let Reply::Ok(v) = carry_out(
+            &home,
+            FsCall::List {
+                path: h.clone(),
+                depth: 2,
+            },
+        ) else {
+            panic!()
+        };
+        let paths: Vec<&str> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                format!("{h}/a"),
+                format!("{h}/a/b"),
+                format!("{h}/a/f.txt"),
+                format!("{h}/a/link")
+            ]
+        );
+        assert_eq!(v["truncated"], false);
+        let f = v["entries"][2].clone();
+        assert_eq!(
+            (f["size"].as_u64(), f["type"].as_str()),
+            (Some(5), Some("file"))
+        );
+        // Refusals carry their status.
+        let mkdir = |path: &str, parents| {
+            carry_out(
+                &home,
+                FsCall::Mkdir {
+                    path: path.into(),
+                    parents,
+                },
+            )
+        };
+        assert_eq!(status(&mkdir("a", false)), Some(409));
+        assert!(matches!(mkdir("a", true), Reply::Ok(_)));
+        assert_eq!(status(&mkdir("a/f.txt/x", true)), Some(400));
+        assert_eq!(status(&mkdir("", true)), Some(400));
+        assert_eq!(
+            status(&carry_out(
+                &home,
+                FsCall::Stat {
+                    path: "nope".into()
+                }
+            )),
+            Some(404)
+        );
+        assert_eq!(
+            status(&carry_out(
+                &home,
+                FsCall::List {
+                    path: "a/f.txt".into(),
+                    depth: 1
+                }
+            )),
+            Some(400)
+        );
+        let mv = |from: &str, to: &str, overwrite| {
+            carry_out(
+                &home,
+                FsCall::Move {
+                    from: from.into(),
+                    to: to.into(),
+                    overwrite,
+                },
+            )
+        };
+        std::fs::write(home.join("g.txt"), b"g").unwrap();
+        let r = mv("g.txt", "a/f.txt", false);
+        assert_eq!(status(&r), Some(409), "{r:?}");
+        assert!(matches!(mv("g.txt", "a/f.txt", true), Reply::Ok(_)));
+        assert_eq!(std::fs::read(home.join("a/f.txt")).unwrap(), b"g");
+        assert_eq!(status(&mv("g.txt", "h.txt", false)), Some(404));
+        let rm = |path: &str, recursive, files_only| {
+            carry_out(
+                &home,
+                FsCall::Remove {
+                    path: path.into(),
+                    recursive,
+                    files_only,
+                },
+            )
+        };
+        assert_eq!(status(&rm("a", true, true)), Some(400));
+        assert_eq!(status(&rm("a", false, false)), Some(409));
+        assert!(matches!(rm("a/link", false, true), Reply::Ok(_)));
+        assert!(
+            home.join("a/f.txt").exists(),
+            "a symlink is removed, not its target"
+        );
+        assert!(matches!(rm("a", true, false), Reply::Ok(_)));
+        assert!(!home.join("a").exists());
+        assert_eq!(status(&rm("/", true, false)), Some(400));
+        let _ = std::fs::remove_dir_all(&home);
+    }
+}
