@@ -1834,3 +1834,368 @@ fn test_process_limits_ring_and_streams() {
     d.assert_clean();
     d.stop();
 }
+
+/// `path` percent-encoded for a query.
+fn q(path: &str) -> String {
+    path.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'.' | b'-' | b'_' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[test]
+fn test_files_list_stat_mkdir_move_remove_as_the_user() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let fs = |method: &str, what: &str, body: Option<&Value>| {
+        wbx(
+            &d,
+            method,
+            &format!("/v1/sandboxes/{id}/fs/{what}"),
+            None,
+            body,
+        )
+    };
+    let r = exec(
+        &d,
+        &id,
+        &json!({"cmd": "mkdir -p proj/src && printf hi > proj/src/a.txt && ln -s src/a.txt proj/link && date +%s"}),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let now: u64 = r["stdout"].as_str().unwrap().trim().parse().unwrap();
+
+    // stat: one entry, as the user's own commands see it.
+    let r = fs(
+        "GET",
+        &format!("stat?path={}", q("/home/user/proj/src/a.txt")),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let modified = v["modified_at"].as_str().unwrap().to_string();
+    assert_eq!(
+        v,
+        json!({"name": "a.txt", "path": "/home/user/proj/src/a.txt", "type": "file", "size": 2, "mode": "0644", "modified_at": modified, "target": null})
+    );
+    let secs = |t: &str| {
+        let t: jiff::Timestamp = t.parse().unwrap();
+        u64::try_from(t.as_second()).unwrap()
+    };
+    assert!(secs(&modified).abs_diff(now) <= 2, "{modified} vs {now}");
+    let r = fs("GET", "stat?path=proj/link", None);
+    assert_eq!(
+        (
+            r.json()["type"].clone(),
+            r.json()["target"].clone(),
+            r.json()["path"].clone()
+        ),
+        (
+            json!("symlink"),
+            json!("src/a.txt"),
+            json!("/home/user/proj/link")
+        )
+    );
+
+    // list: depth 1 and 2, absolute or relative to the home, by path.
+    let names = |r: &Resp| -> Vec<String> {
+        r.json()["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let r = fs("GET", "list?path=/home/user/proj", None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(names(&r), ["/home/user/proj/link", "/home/user/proj/src"]);
+    assert_eq!(r.json()["truncated"], false);
+    assert_eq!(r.json()["path"], "/home/user/proj");
+    let r = fs("GET", "list?path=proj&depth=2", None);
+    assert_eq!(
+        names(&r),
+        [
+            "/home/user/proj/link",
+            "/home/user/proj/src",
+            "/home/user/proj/src/a.txt"
+        ]
+    );
+    for (depth, status) in [("0", 400), ("1", 200), ("5", 200), ("6", 400), ("two", 400)] {
+        let r = fs("GET", &format!("list?path=proj&depth={depth}"), None);
+        assert_eq!(r.status, status, "depth {depth}: {}", r.text());
+    }
+    let r = fs("GET", "list?path=proj/src/a.txt", None);
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            400,
+            "/home/user/proj/src/a.txt: is not a directory".to_string()
+        )
+    );
+
+    // The user's rights, not the init's: /root and /etc are not the user's.
+    let r = fs("GET", "list?path=/root", None);
+    assert_eq!(
+        (r.status, err(&r)),
+        (403, "/root: permission denied".to_string())
+    );
+    let r = fs("POST", "mkdir", Some(&json!({"path": "/etc/isobox-x"})));
+    assert_eq!(
+        (r.status, err(&r)),
+        (403, "/etc/isobox-x: permission denied".to_string())
+    );
+    let r = fs("GET", "stat?path=/nope", None);
+    assert_eq!(
+        (r.status, err(&r)),
+        (404, "/nope: no such file or directory".to_string())
+    );
+
+    // mkdir: parents or not; what it makes is the user's.
+    let r = fs("POST", "mkdir", Some(&json!({"path": "out/deep"})));
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            404,
+            "/home/user/out/deep: no such file or directory".to_string()
+        )
+    );
+    let r = fs(
+        "POST",
+        "mkdir",
+        Some(&json!({"path": "out/deep", "parents": true})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        (r.json()["type"].clone(), r.json()["mode"].clone()),
+        (json!("dir"), json!("0755"))
+    );
+    let r = fs(
+        "POST",
+        "mkdir",
+        Some(&json!({"path": "out/deep", "parents": true})),
+    );
+    assert_eq!(r.status, 200);
+    let r = fs("POST", "mkdir", Some(&json!({"path": "out/deep"})));
+    assert_eq!(
+        (r.status, err(&r)),
+        (409, "/home/user/out/deep: already exists".to_string())
+    );
+    assert_eq!(
+        exec(&d, &id, &json!({"cmd": "stat -c %U out out/deep"}))["stdout"],
+        "user\nuser\n"
+    );
+
+    // move: overwrite or not.
+    let r = fs(
+        "POST",
+        "move",
+        Some(&json!({"from": "proj/src/a.txt", "to": "out/deep/b.txt"})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["path"], "/home/user/out/deep/b.txt");
+    exec(&d, &id, &json!({"cmd": "printf new > proj/c.txt"}));
+    let r = fs(
+        "POST",
+        "move",
+        Some(&json!({"from": "proj/c.txt", "to": "out/deep/b.txt"})),
+    );
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            409,
+            "/home/user/out/deep/b.txt: already exists (set \"overwrite\": true to replace it)"
+                .to_string()
+        )
+    );
+    let r = fs(
+        "POST",
+        "move",
+        Some(&json!({"from": "proj/c.txt", "to": "out/deep/b.txt", "overwrite": true})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        exec(&d, &id, &json!({"cmd": "cat out/deep/b.txt; ls proj"}))["stdout"],
+        "newlink\nsrc\n"
+    );
+    let r = fs(
+        "POST",
+        "move",
+        Some(&json!({"from": "proj/none", "to": "x"})),
+    );
+    assert_eq!(r.status, 404);
+
+    // remove: a non-empty directory only when recursive (the default).
+    let r = fs(
+        "POST",
+        "remove",
+        Some(&json!({"path": "out", "recursive": false})),
+    );
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            409,
+            "/home/user/out: the directory is not empty".to_string()
+        )
+    );
+    let r = fs("POST", "remove", Some(&json!({"path": "out"})));
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(fs("GET", "stat?path=out", None).status, 404);
+    let r = fs("POST", "remove", Some(&json!({"path": "/"})));
+    assert_eq!(
+        (r.status, err(&r)),
+        (400, "path: refusing to remove /".to_string())
+    );
+
+    // Bad input, in words.
+    let r = fs("GET", "stat", None);
+    assert_eq!(
+        (r.status, err(&r)),
+        (400, "path: required, a path in the sandbox".to_string())
+    );
+    let long = "a".repeat(4097);
+    let r = fs("GET", &format!("stat?path={long}"), None);
+    assert_eq!(
+        (r.status, err(&r)),
+        (400, "path: at most 4096 bytes".to_string())
+    );
+    let r = fs("GET", &format!("stat?path={}", &long[..4096]), None);
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            400,
+            format!(
+                "/home/user/{}: a name in the path is too long",
+                &long[..4096]
+            )
+        )
+    );
+    let r = fs("POST", "mkdir", Some(&json!({"path": 7})));
+    assert_eq!(
+        (r.status, err(&r)),
+        (400, "path: must be a string".to_string())
+    );
+    let r = wbx(
+        &d,
+        "GET",
+        "/v1/sandboxes/sb_000000000000000000000000/fs/stat?path=/",
+        None,
+        None,
+    );
+    assert_eq!(r.status, 404);
+
+    // A listing holds at most 5000 entries: below, at and above.
+    exec(
+        &d,
+        &id,
+        &json!({"cmd": "mkdir many && cd many && python3 -c \"[open('f%05d' % i, 'w').close() for i in range(4999)]\""}),
+    );
+    let listing = |d: &Daemon| {
+        let r = wbx(
+            d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/fs/list?path=many"),
+            None,
+            None,
+        );
+        assert_eq!(r.status, 200);
+        let v = r.json();
+        (
+            v["entries"].as_array().unwrap().len(),
+            v["truncated"].as_bool().unwrap(),
+        )
+    };
+    assert_eq!(listing(&d), (4999, false));
+    exec(&d, &id, &json!({"cmd": "touch many/g1"}));
+    assert_eq!(listing(&d), (5000, false));
+    exec(&d, &id, &json!({"cmd": "touch many/g2"}));
+    assert_eq!(listing(&d), (5000, true));
+
+    // 16 file operations may wait on a sandbox; the 17th is refused. init does them one
+    // at a time, so a remove of 40,000 files holds the 15 after it waiting.
+    let r = exec(
+        &d,
+        &id,
+        &json!({"cmd": "mkdir big && cd big && python3 -c \"[open(str(i), 'w').close() for i in range(40000)]\""}),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let statuses = std::thread::scope(|s| {
+        let slow = s.spawn(|| {
+            wbx(
+                &d,
+                "POST",
+                &format!("/v1/sandboxes/{id}/fs/remove"),
+                None,
+                Some(&json!({"path": "big"})),
+            )
+            .status
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let waiting: Vec<_> = (0..15)
+            .map(|_| {
+                s.spawn(|| {
+                    wbx(
+                        &d,
+                        "GET",
+                        &format!("/v1/sandboxes/{id}/fs/stat?path=/"),
+                        None,
+                        None,
+                    )
+                    .status
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let r = wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/fs/stat?path=/"),
+            None,
+            None,
+        );
+        assert_eq!(
+            (r.status, err(&r)),
+            (
+                429,
+                "too many file operations waiting in this sandbox (limit 16); retry when one is answered".to_string()
+            )
+        );
+        let mut all = vec![slow.join().unwrap()];
+        all.extend(waiting.into_iter().map(|t| t.join().unwrap()));
+        all
+    });
+    assert_eq!(statuses, [[204].as_slice(), &[200; 15]].concat());
+    assert_eq!(fs("GET", "stat?path=big", None).status, 404);
+
+    // Paused: nothing is asked of it.
+    assert_eq!(
+        wbx(&d, "POST", &format!("/v1/sandboxes/{id}/pause"), None, None).status,
+        200
+    );
+    let r = fs("GET", "stat?path=/", None);
+    assert_eq!(
+        (r.status, err(&r)),
+        (409, "the sandbox is paused".to_string())
+    );
+    assert_eq!(
+        wbx(
+            &d,
+            "POST",
+            &format!("/v1/sandboxes/{id}/resume"),
+            None,
+            None
+        )
+        .status,
+        200
+    );
+    assert_eq!(fs("GET", "stat?path=/", None).json()["type"], "dir");
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
+}

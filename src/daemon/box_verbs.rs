@@ -28,7 +28,7 @@ pub(crate) struct MetricsWait {
 
 impl Daemon {
     /// The client `ck` is answered by a continuation: it waits (half-closed or not).
-    fn box_wait(&mut self, ck: usize, key: usize) -> Option<(usize, u64)> {
+    pub(super) fn box_wait(&mut self, ck: usize, key: usize) -> Option<(usize, u64)> {
         let serial = self.boxes.boxes.get(key)?.serial;
         let cserial = self.conns.get(ck)?.serial;
         self.conn_own(
@@ -42,7 +42,7 @@ impl Daemon {
         Some((ck, cserial))
     }
 
-    fn box_answer(&mut self, client: (usize, u64), resp: Response) {
+    pub(super) fn box_answer(&mut self, client: (usize, u64), resp: Response) {
         let (ck, cserial) = client;
         if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
             self.respond(ck, resp);

@@ -74,6 +74,7 @@ impl Component<Daemon> for Boxes {
             EXEC_DEADLINE => d.exec_deadline(key, gen),
             super::box_procs::PROC_CALL_DEADLINE => d.proc_deadline(key, gen),
             super::box_procs::PROC_KILL_DEADLINE => d.proc_kill_deadline(key, gen),
+            super::box_files::FS_DEADLINE => d.fs_deadline(key, gen),
             super::box_verbs::METRICS_DEADLINE => d.metrics_deadline(key, gen),
             _ => {}
         }
@@ -122,6 +123,8 @@ pub(crate) struct Sbx {
     pub(super) verb_busy: bool,
     /// Metrics requests waiting for the init's disk figures, by call id.
     pub(super) metrics: HashMap<u32, super::box_verbs::MetricsWait>,
+    /// File operations waiting for the init's answer, by call id.
+    pub(super) fs: HashMap<u32, super::box_files::FsWait>,
     metadata: BTreeMap<String, String>,
     /// The names of its environment (create's `env` and every `POST …/env`).
     pub(super) env_names: std::collections::BTreeSet<String>,
@@ -294,6 +297,10 @@ impl Daemon {
                 Some(k) => self.proc_op(ck, k, op),
                 None => respond(self, wsb::not_found()),
             },
+            Op::Fs(id, call) => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.box_fs(ck, k, call),
+                None => respond(self, wsb::not_found()),
+            },
         }
     }
 
@@ -412,6 +419,7 @@ impl Daemon {
             remaining: Duration::ZERO,
             verb_busy: false,
             metrics: HashMap::new(),
+            fs: HashMap::new(),
             metadata,
             env_names,
             network,
@@ -636,6 +644,7 @@ impl Daemon {
             // A pause can catch frames already on their way: they count as before it.
             (Kind::Reply, State::Running | State::Paused) => {
                 if !self.metrics_reply(key, f.channel, &f.payload)
+                    && !self.fs_reply(key, f.channel, &f.payload)
                     && !self.proc_reply(key, f.channel, &f.payload)
                 {
                     self.exec_reply(key, f.channel, &f.payload)
@@ -725,6 +734,7 @@ impl Daemon {
         self.exec_fail_all(key, status, message);
         self.metrics_fail_all(key, status, message);
         self.proc_fail_all(key, status, message);
+        self.fs_fail_all(key, status, message);
     }
 
     /// Ends the sandbox: gone for every client now; killed, then reaped and removed on

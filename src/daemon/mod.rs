@@ -16,6 +16,7 @@
 
 pub mod agent;
 mod box_exec;
+mod box_files;
 mod box_procs;
 mod box_verbs;
 pub mod boxes;

@@ -1,6 +1,7 @@
 //! The WBX face's route table (paths relative to [`super::BASE`]): pattern, methods,
 //! route, body cap and admission class in one row, resolved with `router::resolve`.
 
+use super::files;
 use super::processes::{self, ProcOp};
 use super::sandboxes::{self, Limits, Op};
 use crate::admission::Class;
@@ -46,6 +47,16 @@ pub enum Route {
     ProcSignal,
     /// `POST /v1/sandboxes/{id}/process/{pid}/resize`
     ProcResize,
+    /// `GET /v1/sandboxes/{id}/fs/list`
+    FsList,
+    /// `GET /v1/sandboxes/{id}/fs/stat`
+    FsStat,
+    /// `POST /v1/sandboxes/{id}/fs/mkdir`
+    FsMkdir,
+    /// `POST /v1/sandboxes/{id}/fs/move`
+    FsMove,
+    /// `POST /v1/sandboxes/{id}/fs/remove`
+    FsRemove,
 }
 
 /// Everything the face says about one route.
@@ -116,6 +127,11 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/process/{pid}/stdin", POST, Route::ProcStdin, Class::Memory, EXEC_BODY_BYTES),
     row("/v1/sandboxes/{id}/process/{pid}/signal", POST, Route::ProcSignal, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/process/{pid}/resize", POST, Route::ProcResize, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/fs/list", GET, Route::FsList, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/fs/stat", GET, Route::FsStat, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/fs/mkdir", POST, Route::FsMkdir, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/fs/move", POST, Route::FsMove, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/fs/remove", POST, Route::FsRemove, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.
@@ -194,6 +210,11 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         Route::ProcStdin => processes::stdin(req, sid, pid),
         Route::ProcSignal => processes::signal(req, sid, pid),
         Route::ProcResize => processes::resize(req, sid, pid),
+        Route::FsList => files::list(req, sid),
+        Route::FsStat => files::stat(req, sid),
+        Route::FsMkdir => files::mkdir(req, sid),
+        Route::FsMove => files::mv(req, sid),
+        Route::FsRemove => files::remove(req, sid),
     };
     match r {
         Ok(op) => Asked::Op(op),

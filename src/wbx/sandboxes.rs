@@ -168,6 +168,8 @@ pub enum Op {
     Env(String, Vec<(String, String)>),
     /// A background process's endpoint: the sandbox and what is asked.
     Proc(String, super::processes::ProcOp),
+    /// A file operation (`fs/…`) in the sandbox.
+    Fs(String, crate::sandbox::wire::FsCall),
 }
 
 /// A sandbox id as this daemon makes them: `sb_` and 24 lowercase hex digits. Anything

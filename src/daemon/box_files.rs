@@ -1,0 +1,135 @@
+//! File operations on a long-lived sandbox (`fs/list`, `fs/stat`, `fs/mkdir`,
+//! `fs/move`, `fs/remove`): each is one call to the sandbox's init, which carries it
+//! out as the sandbox's user on a thread of its own; the client waits for its answer
+//! (bounded in time and in number per sandbox).
+
+use super::boxes::{State, BOXES};
+use super::Daemon;
+use crate::reactor::Addr;
+use crate::sandbox::wire::{self, Call, FsCall, Kind, Reply};
+use std::time::{Duration, Instant};
+
+/// Timers: the wait for init's answer to a file operation (the generation names it).
+pub(super) const FS_DEADLINE: u16 = 5;
+/// How long init may take to answer one (a large recursive remove included).
+const FS_TIMEOUT: Duration = Duration::from_secs(60);
+/// File operations waiting on one sandbox at once; the next gets 429.
+pub const MAX_FS_CALLS: usize = 16;
+
+/// A client waiting for a file operation's answer.
+pub(crate) struct FsWait {
+    client: (usize, u64),
+    call: FsCall,
+    gen: u64,
+}
+
+impl Daemon {
+    /// Sends file operation `call` to sandbox `key`'s init; the client waits.
+    pub(super) fn box_fs(&mut self, ck: usize, key: usize, call: FsCall) {
+        let b = &self.boxes.boxes[key];
+        if b.state != State::Running {
+            self.respond(
+                ck,
+                crate::wbx::error(409, &format!("the sandbox is {}", b.state.name())),
+            );
+            return;
+        }
+        if b.fs.len() >= MAX_FS_CALLS {
+            self.respond(
+                ck,
+                crate::wbx::error(
+                    429,
+                    &format!("too many file operations waiting in this sandbox (limit {MAX_FS_CALLS}); retry when one is answered"),
+                ),
+            );
+            return;
+        }
+        let Some(client) = self.box_wait(ck, key) else {
+            return;
+        };
+        let b = &mut self.boxes.boxes[key];
+        let call_id = b.next_call;
+        b.next_call = b.next_call.wrapping_add(1).max(1);
+        // Paths are at most 4 KiB each: always within a frame.
+        let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, &Call::Fs(call.clone()));
+        let gen = self.reactor.arm_new(
+            Instant::now() + FS_TIMEOUT,
+            Addr::new(BOXES, key, FS_DEADLINE),
+        );
+        if let Some(b) = self.boxes.boxes.get_mut(key) {
+            b.fs.insert(call_id, FsWait { client, call, gen });
+        }
+        self.box_flush(key);
+    }
+
+    /// init answered a call: true if it was a file operation's.
+    pub(super) fn fs_reply(&mut self, key: usize, call_id: u32, payload: &[u8]) -> bool {
+        let Some(w) = self
+            .boxes
+            .boxes
+            .get_mut(key)
+            .and_then(|b| b.fs.remove(&call_id))
+        else {
+            return false;
+        };
+        let answer = serde_json::from_slice::<Reply>(payload)
+            .ok()
+            .and_then(|r| crate::wbx::files::answer(&w.call, r));
+        match answer {
+            Some(resp) => self.box_answer(w.client, resp),
+            None => {
+                self.box_answer(
+                    w.client,
+                    crate::wbx::error(502, "the sandbox's init answered nonsense"),
+                );
+                self.box_end(key, "its init broke the protocol");
+            }
+        }
+        true
+    }
+
+    /// A file operation's wait ran out: the client gets 502; the sandbox goes on (a
+    /// late answer is dropped).
+    pub(super) fn fs_deadline(&mut self, key: usize, gen: u64) {
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        let Some(&call) = b.fs.iter().find(|(_, w)| w.gen == gen).map(|(id, _)| id) else {
+            return;
+        };
+        if b.state == State::Paused {
+            // init is frozen with the rest: the wait goes on.
+            let g = self.reactor.arm_new(
+                Instant::now() + Duration::from_secs(1),
+                Addr::new(BOXES, key, FS_DEADLINE),
+            );
+            if let Some(w) = self.boxes.boxes[key].fs.get_mut(&call) {
+                w.gen = g;
+            }
+            return;
+        }
+        if let Some(w) = b.fs.remove(&call) {
+            self.box_answer(
+                w.client,
+                crate::wbx::error(
+                    502,
+                    &format!(
+                        "the sandbox's init did not answer the file operation in {} s",
+                        FS_TIMEOUT.as_secs()
+                    ),
+                ),
+            );
+        }
+    }
+
+    /// Answers every waiting file operation of sandbox `key` (it ended).
+    pub(super) fn fs_fail_all(&mut self, key: usize, status: u16, message: &str) {
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        let waits: Vec<FsWait> = b.fs.drain().map(|(_, w)| w).collect();
+        for w in waits {
+            self.box_answer(w.client, crate::wbx::error(status, message));
+        }
+    }
+}
