@@ -2208,3 +2208,263 @@ fn test_files_list_stat_mkdir_move_remove_as_the_user() {
     d.assert_clean();
     d.stop();
 }
+
+/// Bytes no run of which repeats soon: a misplaced or lost piece shows.
+fn pattern(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn test_files_upload_download_delete_streamed() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let files = |path: &str| format!("/wbx/v1/sandboxes/{id}/files?path={}", q(path));
+    let sha_in_sandbox = |path: &str| -> String {
+        let r = exec(
+            &d,
+            &id,
+            &json!({"cmd": format!("python3 -c \"import hashlib; print(len(open('{path}','rb').read()), hashlib.sha256(open('{path}','rb').read()).hexdigest()[:16])\"")}),
+        );
+        r["stdout"].as_str().unwrap().trim().to_string()
+    };
+
+    // Upload with a length: parents are made; the answer is the entry.
+    let big = pattern(3 << 20, 1);
+    let r = d.request("PUT", &files("data/in.bin"), &[], &big);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        (
+            v["path"].as_str(),
+            v["size"].as_u64(),
+            v["type"].as_str(),
+            v["mode"].as_str()
+        ),
+        (
+            Some("/home/user/data/in.bin"),
+            Some(3 << 20),
+            Some("file"),
+            Some("0644")
+        )
+    );
+    let local = {
+        // The sandbox's own hash of what it got, against Python's here.
+        let out = std::process::Command::new("python3")
+            .args(["-c", "import sys, hashlib; d = sys.stdin.buffer.read(); print(len(d), hashlib.sha256(d).hexdigest()[:16])"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                        c.stdin.take().unwrap().write_all(&big)?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    assert_eq!(sha_in_sandbox("data/in.bin"), local);
+
+    // Download: the same bytes, with their length; HEAD: the length alone.
+    let r = d.request("GET", &files("/home/user/data/in.bin"), &[], b"");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-length"), Some("3145728"));
+    assert_eq!(r.header("content-type"), Some("application/octet-stream"));
+    assert!(r.body == big, "the download differs from the upload");
+    let r = d.request("HEAD", &files("data/in.bin"), &[], b"");
+    assert_eq!(
+        (r.status, r.header("content-length"), r.body.len()),
+        (200, Some("3145728"), 0)
+    );
+
+    // A chunked upload replaces the file, keeping its mode; an empty one is empty.
+    exec(
+        &d,
+        &id,
+        &json!({"cmd": "printf 'echo old' > run.sh && chmod 755 run.sh"}),
+    );
+    let body = pattern(700_000, 2);
+    let mut s = d.connect();
+    {
+        write!(
+            s,
+            "PUT {} HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+            files("run.sh")
+        )
+        .unwrap();
+        for part in body.chunks(65_536) {
+            write!(s, "{:x}\r\n", part.len()).unwrap();
+            s.write_all(part).unwrap();
+            s.write_all(b"\r\n").unwrap();
+        }
+        s.write_all(b"0\r\n\r\n").unwrap();
+    }
+    let r = read_response(&mut BufReader::new(s), false).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        (r.json()["size"].as_u64(), r.json()["mode"].as_str()),
+        (Some(700_000), Some("0755"))
+    );
+    assert!(d.request("GET", &files("run.sh"), &[], b"").body == body);
+    let r = d.request("PUT", &files("empty"), &[], b"");
+    assert_eq!((r.status, r.json()["size"].as_u64()), (200, Some(0)));
+    let r = d.request("GET", &files("empty"), &[], b"");
+    assert_eq!(
+        (r.status, r.header("content-length"), r.body.len()),
+        (200, Some("0"), 0)
+    );
+
+    // Refusals, in words, and the connection is not confused by an unread body.
+    let err_of = |r: &Resp| r.json()["error"].as_str().unwrap().to_string();
+    let r = d.request("GET", &files("data"), &[], b"");
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (400, "/home/user/data: is a directory".to_string())
+    );
+    let r = d.request("PUT", &files("data"), &[], b"x");
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (400, "/home/user/data: is a directory".to_string())
+    );
+    let r = d.request("GET", &files("nope"), &[], b"");
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (
+            404,
+            "/home/user/nope: no such file or directory".to_string()
+        )
+    );
+    let r = d.request("GET", &files("/etc/shadow"), &[], b"");
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (403, "/etc/shadow: permission denied".to_string())
+    );
+    let r = d.request("PUT", &files("/etc/isobox"), &[], b"x");
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = d.request("GET", &format!("/wbx/v1/sandboxes/{id}/files"), &[], b"");
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (400, "path: required, a path in the sandbox".to_string())
+    );
+    // Over the cap: refused at the head, before a byte of the body.
+    let mut s = d.connect();
+    {
+        write!(
+            s,
+            "PUT {} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+            files("huge"),
+            (100 << 20) + 1
+        )
+        .unwrap();
+    }
+    let r = read_response(&mut BufReader::new(s), false).unwrap();
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (413, "an upload is at most 100 MiB".to_string())
+    );
+
+    // A client that leaves mid-upload leaves no temporary file.
+    let mut s = d.connect();
+    {
+        write!(
+            s,
+            "PUT {} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n",
+            files("data/partial"),
+            1 << 20
+        )
+        .unwrap();
+        s.write_all(&pattern(100_000, 3)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/fs/list?path=data"),
+            None,
+            None,
+        )
+        .json();
+        let names: Vec<String> = v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_string())
+            .collect();
+        if names == ["in.bin"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left behind: {names:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // 8 transfers at once; a 9th is refused. Clients that do not read hold theirs
+    // (init sends no more than its credit).
+    let r = d.request("PUT", &files("big.bin"), &[], &pattern(20 << 20, 4));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut held: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| {
+            let s = d.send("GET", &files("big.bin"), &[], b"");
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s
+        })
+        .collect();
+    for s in &mut held {
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line).unwrap();
+        assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    }
+    let r = d.request("GET", &files("in.bin"), &[], b"");
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (
+            429,
+            "too many file transfers in this sandbox (limit 8); retry when one ends".to_string()
+        )
+    );
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = d.request("GET", &files("big.bin"), &[], b"");
+        if r.status == 200 {
+            assert!(
+                r.body == pattern(20 << 20, 4),
+                "the 20 MiB download differs"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}", r.text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // DELETE: a file; a directory is fs/remove's.
+    let r = d.request("DELETE", &files("data/in.bin"), &[], b"");
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(
+        d.request("DELETE", &files("data/in.bin"), &[], b"").status,
+        404
+    );
+    let r = d.request("DELETE", &files("data"), &[], b"");
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (
+            400,
+            "/home/user/data: is a directory (remove directories with fs/remove)".to_string()
+        )
+    );
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
+}

@@ -5,6 +5,7 @@
 
 use super::boxes::{State, BOXES};
 use super::Daemon;
+use crate::http::Head;
 use crate::reactor::Addr;
 use crate::sandbox::wire::{self, Call, FsCall, Kind, Reply};
 use std::time::{Duration, Instant};
@@ -16,48 +17,91 @@ const FS_TIMEOUT: Duration = Duration::from_secs(60);
 /// File operations waiting on one sandbox at once; the next gets 429.
 pub const MAX_FS_CALLS: usize = 16;
 
+/// What a client waiting on a file operation wants.
+pub(crate) enum WaitKind {
+    /// Its answer (as JSON).
+    Answer,
+    /// A download: the file opened, then its bytes.
+    Download {
+        /// `HEAD`: the head alone.
+        head_only: bool,
+    },
+    /// An upload, at its head: the temporary file opened, then its body is read.
+    Upload(Box<Head>),
+}
+
 /// A client waiting for a file operation's answer.
 pub(crate) struct FsWait {
     client: (usize, u64),
     call: FsCall,
     gen: u64,
+    pub(super) kind: WaitKind,
 }
 
 impl Daemon {
     /// Sends file operation `call` to sandbox `key`'s init; the client waits.
     pub(super) fn box_fs(&mut self, ck: usize, key: usize, call: FsCall) {
+        self.box_fs_as(ck, key, call, WaitKind::Answer);
+    }
+
+    /// A refusal before the call: an upload's unread body means the connection closes.
+    fn fs_refuse(&mut self, ck: usize, kind: &WaitKind, resp: crate::http::Response) {
+        match kind {
+            WaitKind::Upload(head) if head.framing != crate::http::Framing::None => {
+                self.respond_and_close(ck, resp)
+            }
+            _ => self.respond(ck, resp),
+        }
+    }
+
+    /// Sends `call` for a client that wants `kind`.
+    pub(super) fn box_fs_as(&mut self, ck: usize, key: usize, call: FsCall, kind: WaitKind) {
         let b = &self.boxes.boxes[key];
         if b.state != State::Running {
-            self.respond(
-                ck,
-                crate::wbx::error(409, &format!("the sandbox is {}", b.state.name())),
-            );
-            return;
+            let resp = crate::wbx::error(409, &format!("the sandbox is {}", b.state.name()));
+            return self.fs_refuse(ck, &kind, resp);
         }
         if b.fs.len() >= MAX_FS_CALLS {
-            self.respond(
-                ck,
-                crate::wbx::error(
-                    429,
-                    &format!("too many file operations waiting in this sandbox (limit {MAX_FS_CALLS}); retry when one is answered"),
-                ),
+            let resp = crate::wbx::error(
+                429,
+                &format!("too many file operations waiting in this sandbox (limit {MAX_FS_CALLS}); retry when one is answered"),
             );
-            return;
+            return self.fs_refuse(ck, &kind, resp);
         }
         let Some(client) = self.box_wait(ck, key) else {
             return;
         };
+        self.box_fs_send(key, client, &Call::Fs(call.clone()), call, kind);
+    }
+
+    /// Writes `wire_call` to init and waits for its reply, answered as `call`'s.
+    pub(super) fn box_fs_send(
+        &mut self,
+        key: usize,
+        client: (usize, u64),
+        wire_call: &Call,
+        call: FsCall,
+        kind: WaitKind,
+    ) {
         let b = &mut self.boxes.boxes[key];
         let call_id = b.next_call;
         b.next_call = b.next_call.wrapping_add(1).max(1);
         // Paths are at most 4 KiB each: always within a frame.
-        let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, &Call::Fs(call.clone()));
+        let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, wire_call);
         let gen = self.reactor.arm_new(
             Instant::now() + FS_TIMEOUT,
             Addr::new(BOXES, key, FS_DEADLINE),
         );
         if let Some(b) = self.boxes.boxes.get_mut(key) {
-            b.fs.insert(call_id, FsWait { client, call, gen });
+            b.fs.insert(
+                call_id,
+                FsWait {
+                    client,
+                    call,
+                    gen,
+                    kind,
+                },
+            );
         }
         self.box_flush(key);
     }
@@ -72,9 +116,19 @@ impl Daemon {
         else {
             return false;
         };
-        let answer = serde_json::from_slice::<Reply>(payload)
-            .ok()
-            .and_then(|r| crate::wbx::files::answer(&w.call, r));
+        let reply = serde_json::from_slice::<Reply>(payload).ok();
+        match w.kind {
+            WaitKind::Download { head_only } => {
+                self.download_opened(key, call_id, w.client, head_only, reply);
+                return true;
+            }
+            WaitKind::Upload(head) => {
+                self.upload_opened(key, call_id, w.client, head, reply);
+                return true;
+            }
+            WaitKind::Answer => {}
+        }
+        let answer = reply.and_then(|r| crate::wbx::files::answer(&w.call, r));
         match answer {
             Some(resp) => self.box_answer(w.client, resp),
             None => {
@@ -86,6 +140,17 @@ impl Daemon {
             }
         }
         true
+    }
+
+    /// Answers a waiting client with `resp` (an upload's, then closed).
+    fn fs_answer(&mut self, w: FsWait, resp: crate::http::Response) {
+        match &w.kind {
+            WaitKind::Upload(head) => {
+                let head = head.clone();
+                self.upload_refuse(w.client, &head, resp);
+            }
+            _ => self.box_answer(w.client, resp),
+        }
     }
 
     /// A file operation's wait ran out: the client gets 502; the sandbox goes on (a
@@ -109,8 +174,8 @@ impl Daemon {
             return;
         }
         if let Some(w) = b.fs.remove(&call) {
-            self.box_answer(
-                w.client,
+            self.fs_answer(
+                w,
                 crate::wbx::error(
                     502,
                     &format!(
@@ -129,7 +194,7 @@ impl Daemon {
         };
         let waits: Vec<FsWait> = b.fs.drain().map(|(_, w)| w).collect();
         for w in waits {
-            self.box_answer(w.client, crate::wbx::error(status, message));
+            self.fs_answer(w, crate::wbx::error(status, message));
         }
     }
 }

@@ -125,6 +125,10 @@ pub(crate) struct Sbx {
     pub(super) metrics: HashMap<u32, super::box_verbs::MetricsWait>,
     /// File operations waiting for the init's answer, by call id.
     pub(super) fs: HashMap<u32, super::box_files::FsWait>,
+    /// Files being downloaded or uploaded, by handle.
+    pub(super) transfers: HashMap<u32, super::box_transfer::Xfer>,
+    /// Upload connections waiting for room on the channel (key, serial).
+    pub(super) upload_waiting: Vec<(usize, u64)>,
     metadata: BTreeMap<String, String>,
     /// The names of its environment (create's `env` and every `POST …/env`).
     pub(super) env_names: std::collections::BTreeSet<String>,
@@ -301,6 +305,14 @@ impl Daemon {
                 Some(k) => self.box_fs(ck, k, call),
                 None => respond(self, wsb::not_found()),
             },
+            Op::FileGet {
+                id,
+                path,
+                head_only,
+            } => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.file_get(ck, k, path, head_only),
+                None => respond(self, wsb::not_found()),
+            },
         }
     }
 
@@ -420,6 +432,8 @@ impl Daemon {
             verb_busy: false,
             metrics: HashMap::new(),
             fs: HashMap::new(),
+            transfers: HashMap::new(),
+            upload_waiting: Vec::new(),
             metadata,
             env_names,
             network,
@@ -667,6 +681,9 @@ impl Daemon {
             (Kind::Replay, State::Running | State::Paused) => {
                 self.proc_replay(key, f.channel, &f.payload)
             }
+            (Kind::FileData, State::Running | State::Paused) => {
+                self.file_data(key, f.channel, &f.payload)
+            }
             _ => {
                 crate::warn_limited!("sandbox={key} init sent an unexpected frame");
                 self.box_end(key, "its init broke the protocol");
@@ -735,6 +752,7 @@ impl Daemon {
         self.metrics_fail_all(key, status, message);
         self.proc_fail_all(key, status, message);
         self.fs_fail_all(key, status, message);
+        self.transfers_fail_all(key, status, message);
     }
 
     /// Ends the sandbox: gone for every client now; killed, then reaped and removed on
@@ -863,6 +881,7 @@ impl Daemon {
                 Err(_) => break,
             }
         }
+        self.uploads_resume(key);
     }
 
     /// Ends every sandbox (shutdown): what waits on them hears 503, as for a service

@@ -109,6 +109,31 @@ pub enum Owner {
         /// The call that started the command.
         call: u32,
     },
+    /// A download from a long-lived sandbox: its bytes as init sends them.
+    BoxFile {
+        /// The sandbox's key.
+        key: usize,
+        /// Its serial.
+        serial: u64,
+        /// The open file's handle.
+        handle: u32,
+    },
+    /// An upload to a long-lived sandbox: its body, decoded as it arrives, goes to
+    /// init as frames.
+    BoxUpload {
+        /// The sandbox's key.
+        key: usize,
+        /// Its serial.
+        serial: u64,
+        /// The open file's handle.
+        handle: u32,
+        /// Framing state.
+        state: BodyState,
+        /// The path as asked (for the answer).
+        path: String,
+        /// Waiting for room on the sandbox's channel: nothing is read meanwhile.
+        waiting: bool,
+    },
     /// A client streaming a background process (NDJSON).
     BoxProc {
         /// The sandbox's key.
@@ -140,7 +165,9 @@ impl hc::Owner for Owner {
             | Owner::Transfer(_)
             | Owner::Agent { .. }
             | Owner::BoxCmd { .. }
+            | Owner::BoxFile { .. }
             | Owner::BoxProc { .. } => Role::Produces,
+            Owner::BoxUpload { waiting, .. } => Role::Receives { reading: !waiting },
             // A creator that hangs up leaves a sandbox whose id nobody has: its end is
             // noticed (and the sandbox ended), as a run's client's is.
             Owner::BoxWait { create: true, .. } => Role::Produces,
@@ -373,6 +400,11 @@ impl Daemon {
                         return;
                     }
                 }
+                Phase::Owned(Owner::BoxUpload { .. }) => {
+                    if !self.advance_box_upload(ck) {
+                        return;
+                    }
+                }
                 Phase::Owned(_) | Phase::Json(_) => return,
                 Phase::Head => match c.http.next_head(Instant::now()) {
                     HeadStep::Wait => return,
@@ -431,6 +463,12 @@ impl Daemon {
         {
             self.begin_upload(ck, head, tenant, params);
             return;
+        }
+        if let Routed::Wbx(spec) = route {
+            if spec.id == crate::wbx::routes::Route::Files && head.method == "PUT" {
+                self.file_put_begin(ck, head, &tenant, &params);
+                return;
+            }
         }
         let step = c
             .http
@@ -630,6 +668,11 @@ impl Daemon {
                 pid,
                 sub,
             }) if drained => self.proc_drained(key, serial, pid, sub),
+            Some(&Owner::BoxFile {
+                key,
+                serial,
+                handle,
+            }) if drained => self.file_drained(key, serial, handle),
             _ => {}
         }
         true
@@ -706,6 +749,19 @@ impl Daemon {
                 pid,
                 sub,
             }) => self.proc_unsubscribe(key, serial, pid, sub),
+            Phase::Owned(
+                Owner::BoxFile {
+                    key,
+                    serial,
+                    handle,
+                }
+                | Owner::BoxUpload {
+                    key,
+                    serial,
+                    handle,
+                    ..
+                },
+            ) => self.file_client_left(key, serial, handle),
             Phase::Owned(Owner::BoxWait {
                 key,
                 serial,

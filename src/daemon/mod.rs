@@ -18,6 +18,7 @@ pub mod agent;
 mod box_exec;
 mod box_files;
 mod box_procs;
+mod box_transfer;
 mod box_verbs;
 pub mod boxes;
 pub mod conn;

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol version both sides speak (2: background processes, their rings and
 /// `Replay`).
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Largest frame body (kind, channel and payload).
 pub const MAX_FRAME_BYTES: usize = (1 << 20) + 5;
 /// Largest payload of one `Output` or `Input` frame (bigger data is split).
@@ -45,6 +45,10 @@ pub enum Kind {
     /// init → daemon: a piece of what a background process's ring held, for the
     /// `Watch` call `channel` (before its reply): one stream byte, bytes.
     Replay = 7,
+    /// File bytes of open file `channel` (the handle `FsCall::Open` answered): init →
+    /// daemon for a read, within the credit `FileMore` gave, an empty one at its end;
+    /// daemon → init for a write.
+    FileData = 8,
 }
 
 impl Kind {
@@ -57,6 +61,7 @@ impl Kind {
             5 => Kind::Exit,
             6 => Kind::Input,
             7 => Kind::Replay,
+            8 => Kind::FileData,
             _ => return None,
         })
     }
@@ -280,6 +285,24 @@ pub enum Call {
     /// paths (a relative path is relative to the user's home). Answered with
     /// [`Reply::Refused`] when the file system says no.
     Fs(FsCall),
+    /// Let open file `handle` (being read) send `bytes` more.
+    FileMore {
+        /// The handle.
+        handle: u32,
+        /// Bytes.
+        bytes: u64,
+    },
+    /// Open file `handle` (being written) is complete: put it in place (a rename as
+    /// the user); reply [`FsEntry`].
+    FileCommit {
+        /// The handle.
+        handle: u32,
+    },
+    /// Close open file `handle` (a write is abandoned and its temporary file removed).
+    FileClose {
+        /// The handle.
+        handle: u32,
+    },
 }
 
 /// A file operation ([`Call::Fs`]).
@@ -315,6 +338,17 @@ pub enum FsCall {
         to: String,
         /// Replace an existing `to`.
         overwrite: bool,
+    },
+    /// Open a file: for reading (symlinks followed; a regular file only), the reply
+    /// is `{"handle": H, "size": N}` and its bytes come as `FileData` on channel `H`
+    /// as `FileMore` allows; for writing, a temporary file beside `path` (missing
+    /// directories made), the reply `{"handle": H}`, then `FileData` to it and
+    /// `FileCommit` or `FileClose`. The handle is the call's id.
+    Open {
+        /// The file.
+        path: String,
+        /// For writing.
+        write: bool,
     },
     /// Remove a file, a symlink or a directory (`recursive`: with its contents; else
     /// only an empty one). `files_only`: refuse a directory (`DELETE …/files`).

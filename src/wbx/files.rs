@@ -47,6 +47,50 @@ fn query_path(req: &Request) -> Result<String, Response> {
     }
 }
 
+/// `GET`/`HEAD …/files?path=`.
+pub fn get(req: &Request, id: String, head_only: bool) -> Result<Op, Response> {
+    Ok(Op::FileGet {
+        id,
+        path: query_path(req)?,
+        head_only,
+    })
+}
+
+/// `DELETE …/files?path=`: a file or symlink (a directory: 400, fs/remove takes those).
+pub fn delete(req: &Request, id: String) -> Result<Op, Response> {
+    Ok(Op::Fs(
+        id,
+        FsCall::Remove {
+            path: query_path(req)?,
+            recursive: false,
+            files_only: true,
+        },
+    ))
+}
+
+/// `PUT …/files?path=`, at its head: the sandbox id and the path.
+pub fn put_target(
+    head: &crate::http::Head,
+    params: &crate::http::Params,
+) -> Result<(String, String), Response> {
+    let id = params
+        .get("id")
+        .filter(|i| super::sandboxes::valid_id(i))
+        .ok_or_else(super::sandboxes::not_found)?
+        .to_string();
+    let path = match head.query_param("path") {
+        Some(p) => path("path", Some(p))?,
+        None if head.query_param_bytes("path").is_some() => {
+            return Err(error(
+                400,
+                "path: must be UTF-8 (percent-encoded in the query)",
+            ))
+        }
+        None => path("path", None)?,
+    };
+    Ok((id, path))
+}
+
 /// `GET …/fs/stat?path=`.
 pub fn stat(req: &Request, id: String) -> Result<Op, Response> {
     Ok(Op::Fs(
@@ -171,6 +215,8 @@ pub fn answer(call: &FsCall, reply: Reply) -> Option<Response> {
         Reply::Error(e) => Some(error(502, &e)),
         Reply::Ok(v) => match call {
             FsCall::Remove { .. } => Some(Response::no_content()),
+            // Opens are answered by the transfer, never as JSON.
+            FsCall::Open { .. } => None,
             FsCall::List { path, .. } => {
                 let entries: Vec<FsEntry> = serde_json::from_value(v["entries"].clone()).ok()?;
                 let truncated = v["truncated"].as_bool()?;

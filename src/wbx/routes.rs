@@ -57,6 +57,9 @@ pub enum Route {
     FsMove,
     /// `POST /v1/sandboxes/{id}/fs/remove`
     FsRemove,
+    /// `GET`, `HEAD`, `PUT`, `DELETE /v1/sandboxes/{id}/files` (a `PUT` is taken over
+    /// at its head, its body streamed: see `daemon::box_transfer`)
+    Files,
 }
 
 /// Everything the face says about one route.
@@ -132,6 +135,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/fs/mkdir", POST, Route::FsMkdir, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/move", POST, Route::FsMove, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/remove", POST, Route::FsRemove, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/files", &["GET", "HEAD", "PUT", "DELETE"], Route::Files, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.
@@ -215,6 +219,12 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         Route::FsMkdir => files::mkdir(req, sid),
         Route::FsMove => files::mv(req, sid),
         Route::FsRemove => files::remove(req, sid),
+        Route::Files if method == "DELETE" => files::delete(req, sid),
+        Route::Files if method == "PUT" => {
+            // Taken over at its head; never here.
+            Err(super::error(500, "an upload reached the wrong handler"))
+        }
+        Route::Files => files::get(req, sid, method == "HEAD"),
     };
     match r {
         Ok(op) => Asked::Op(op),

@@ -170,6 +170,15 @@ pub enum Op {
     Proc(String, super::processes::ProcOp),
     /// A file operation (`fs/…`) in the sandbox.
     Fs(String, crate::sandbox::wire::FsCall),
+    /// `GET`/`HEAD …/files?path=`: a download.
+    FileGet {
+        /// The sandbox.
+        id: String,
+        /// The file.
+        path: String,
+        /// `HEAD`: the head alone.
+        head_only: bool,
+    },
 }
 
 /// A sandbox id as this daemon makes them: `sb_` and 24 lowercase hex digits. Anything

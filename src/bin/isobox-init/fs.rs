@@ -6,9 +6,9 @@
 //! processes and learns of each answer through a waker.
 
 use isobox::sandbox::wire::{FsCall, FsEntry, Reply, FS_LIST_ENTRIES};
-use std::fs::Metadata;
+use std::fs::{File, Metadata};
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
@@ -17,11 +17,44 @@ const LIST_BYTES: usize = 640 << 10;
 /// Roughly what one entry costs in the answer besides its path.
 const ENTRY_OVERHEAD: usize = 96;
 
+/// What the thread is asked.
+pub enum Job {
+    /// A call from the daemon.
+    Call(u32, FsCall),
+    /// Put a written file in place: call id, temporary file, target.
+    Commit(u32, PathBuf, PathBuf),
+    /// Remove an abandoned write's temporary file.
+    Discard(PathBuf),
+}
+
+/// A file `FsCall::Open` opened, handed to the init's loop with the answer.
+pub enum Opened {
+    /// Being read: `size` bytes are sent.
+    Read {
+        /// The file.
+        file: File,
+        /// Bytes to send.
+        size: u64,
+    },
+    /// Being written to `temp`, to become `target`.
+    Write {
+        /// The temporary file.
+        file: File,
+        /// Its path.
+        temp: PathBuf,
+        /// Where it goes on commit.
+        target: PathBuf,
+    },
+}
+
+/// An answer: the call id, the reply, and what an `Open` opened.
+pub type Done = (u32, Reply, Option<Opened>);
+
 /// The thread's two ends, as the init's loop holds them.
 pub struct Fs {
-    tx: mpsc::Sender<(u32, FsCall)>,
+    tx: mpsc::Sender<Job>,
     /// Answers, by call id.
-    pub done: mpsc::Receiver<(u32, Reply)>,
+    pub done: mpsc::Receiver<Done>,
 }
 
 impl Fs {
@@ -32,7 +65,7 @@ impl Fs {
     /// # Errors
     /// The thread could not be started.
     pub fn start(user: Option<u32>, home: Option<String>, waker: mio::Waker) -> io::Result<Fs> {
-        let (tx, jobs) = mpsc::channel::<(u32, FsCall)>();
+        let (tx, jobs) = mpsc::channel::<Job>();
         let (answers, done) = mpsc::channel();
         std::thread::Builder::new()
             .name("fs".into())
@@ -43,12 +76,27 @@ impl Fs {
                     None => Ok(()),
                 };
                 let home = PathBuf::from(home.unwrap_or_else(|| ".".into()));
-                while let Ok((id, call)) = jobs.recv() {
-                    let reply = match &creds {
-                        Ok(()) => carry_out(&home, call),
-                        Err(e) => Reply::Error(e.clone()),
+                while let Ok(job) = jobs.recv() {
+                    let done = match (job, &creds) {
+                        (Job::Discard(temp), _) => {
+                            let _ = std::fs::remove_file(temp);
+                            continue;
+                        }
+                        (Job::Call(id, _) | Job::Commit(id, ..), Err(e)) => {
+                            (id, Reply::Error(e.clone()), None)
+                        }
+                        (Job::Call(id, FsCall::Open { path, write }), Ok(())) => {
+                            match open(&home, id, &path, write) {
+                                Ok((reply, opened)) => (id, reply, Some(opened)),
+                                Err(r) => (id, r, None),
+                            }
+                        }
+                        (Job::Call(id, call), Ok(())) => (id, carry_out(&home, call), None),
+                        (Job::Commit(id, temp, target), Ok(())) => {
+                            (id, commit(&temp, &target), None)
+                        }
                     };
-                    if answers.send((id, reply)).is_err() {
+                    if answers.send(done).is_err() {
                         break;
                     }
                     let _ = waker.wake();
@@ -57,12 +105,75 @@ impl Fs {
         Ok(Fs { tx, done })
     }
 
-    /// Queues call `id` (the daemon bounds how many it has in flight).
-    pub fn submit(&self, id: u32, call: FsCall) -> Result<(), String> {
+    /// Queues a job (the daemon bounds how many it has in flight).
+    pub fn submit(&self, job: Job) -> Result<(), String> {
         self.tx
-            .send((id, call))
+            .send(job)
             .map_err(|_| "file operations are unavailable".to_string())
     }
+}
+
+/// Opens `path` for call `id`: to read (a regular file, symlinks followed) or to
+/// write (a new temporary file beside it, with its mode if it exists).
+fn open(home: &Path, id: u32, path: &str, write: bool) -> Result<(Reply, Opened), Reply> {
+    let p = resolve(home, path)?;
+    if !write {
+        let file = File::open(&p).map_err(|e| refused(&p, &e))?;
+        let md = file.metadata().map_err(|e| refused(&p, &e))?;
+        if md.is_dir() {
+            return Err(bad(format!("{}: is a directory", p.display())));
+        }
+        if !md.is_file() {
+            return Err(bad(format!("{}: is not a regular file", p.display())));
+        }
+        let size = md.len();
+        return Ok((
+            Reply::Ok(serde_json::json!({ "handle": id, "size": size })),
+            Opened::Read { file, size },
+        ));
+    }
+    let mode = match std::fs::metadata(&p) {
+        Ok(md) if md.is_dir() => return Err(bad(format!("{}: is a directory", p.display()))),
+        Ok(md) => md.permissions().mode() & 0o7777,
+        Err(_) => 0o644,
+    };
+    let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else {
+        return Err(bad(format!("{}: is not a file's path", p.display())));
+    };
+    std::fs::create_dir_all(dir).map_err(|e| refused(dir, &e))?;
+    let temp = dir.join(format!(".{}.isobox-upload-{id}", name.to_string_lossy()));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&temp)
+        .map_err(|e| refused(&p, &e))?;
+    // The umask may have narrowed it.
+    let _ = file.set_permissions(std::fs::Permissions::from_mode(mode));
+    Ok((
+        Reply::Ok(serde_json::json!({ "handle": id })),
+        Opened::Write {
+            file,
+            temp,
+            target: p,
+        },
+    ))
+}
+
+/// Puts a written file in place.
+fn commit(temp: &Path, target: &Path) -> Reply {
+    match std::fs::rename(temp, target) {
+        Ok(()) => stat(target),
+        Err(e) => {
+            let _ = std::fs::remove_file(temp);
+            refused(target, &e)
+        }
+    }
+}
+
+/// A refusal for a write that failed (no space, most likely) at `target`.
+pub fn write_failed(target: &Path, e: &io::Error) -> Reply {
+    refused(target, e)
 }
 
 /// A refusal for `path` from the file system's error, in words.
@@ -158,6 +269,7 @@ fn stat(p: &Path) -> Reply {
 /// Carries out one call.
 pub fn carry_out(home: &Path, call: FsCall) -> Reply {
     match call {
+        FsCall::Open { .. } => Reply::Error("open is answered by the file thread".into()),
         FsCall::Stat { path } => match resolve(home, &path) {
             Ok(p) => stat(&p),
             Err(r) => r,

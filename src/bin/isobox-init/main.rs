@@ -15,6 +15,7 @@
 //! is where processes start and their `HOME`. Without them (the tests' host runs) every
 //! process runs as the init's own user, from the init's working directory.
 
+mod files;
 mod fs;
 mod procs;
 mod ring;
@@ -86,6 +87,8 @@ pub struct Init {
     procs: procs::Procs,
     /// The thread that does file operations as the user.
     fs: fs::Fs,
+    /// Files being read or written for the daemon.
+    files: files::Files,
     /// The buffer output is read into (reused: every allocation costs more in gVisor).
     buf: Vec<u8>,
 }
@@ -180,6 +183,10 @@ impl Init {
                 procs::input(self, pid, &f.payload);
                 true
             }
+            Kind::FileData => {
+                files::data(self, f.channel, &f.payload);
+                true
+            }
             Kind::Hello | Kind::Reply | Kind::Output | Kind::Exit | Kind::Replay => false,
         }
     }
@@ -187,15 +194,24 @@ impl Init {
     /// Carries out call `id`: its reply, or none yet (a file operation's comes from
     /// its thread).
     fn call(&mut self, id: u32, call: Call) -> Option<Reply> {
-        if let Call::Fs(op) = call {
-            return self.fs.submit(id, op).err().map(Reply::Error);
+        match call {
+            Call::Fs(op) => self
+                .fs
+                .submit(fs::Job::Call(id, op))
+                .err()
+                .map(Reply::Error),
+            Call::FileCommit { handle } => files::commit(self, id, handle),
+            call => Some(self.call_now(id, call)),
         }
-        Some(self.call_now(id, call))
     }
 
     /// Answers the file operations that are done.
     fn fs_done(&mut self) {
-        while let Ok((id, reply)) = self.fs.done.try_recv() {
+        while let Ok((id, reply, opened)) = self.fs.done.try_recv() {
+            let reply = match opened {
+                Some(o) => files::opened(self, id, o, reply),
+                None => reply,
+            };
             self.send_json(Kind::Reply, id, &reply);
         }
     }
@@ -249,7 +265,14 @@ impl Init {
                 self.procs.set_env(env);
                 Reply::Ok(serde_json::Value::Null)
             }
-            Call::Fs(_) => Reply::Error("file operations are answered by their thread".into()),
+            Call::FileMore { handle, bytes } => files::more(self, handle, bytes),
+            Call::FileClose { handle } => {
+                files::close(self, handle);
+                Reply::Ok(serde_json::Value::Null)
+            }
+            Call::Fs(_) | Call::FileCommit { .. } => {
+                Reply::Error("answered by the file thread".into())
+            }
         }
     }
 }
@@ -280,6 +303,7 @@ fn run(settings: Settings) -> io::Result<()> {
         wpos: 0,
         procs,
         fs,
+        files: files::Files::default(),
         buf: Vec::new(),
     };
     init.send_json(
@@ -299,6 +323,7 @@ fn run(settings: Settings) -> io::Result<()> {
         if was_backlogged && !init.backlogged() {
             // Edge-triggered: output waiting in the pipes brings no new event.
             procs::pump_all(&mut init);
+            files::pump_all(&mut init);
             continue;
         }
         // A second's timeout: a SIGCHLD that raced the pipe's registration is still seen.
