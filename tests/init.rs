@@ -555,3 +555,63 @@ fn test_file_operations_are_answered_by_their_thread() {
         }
     );
 }
+
+#[test]
+fn test_a_watch_reports_changes_and_ends_with_its_directory() {
+    let mut init = Init::start();
+    let dir = std::env::temp_dir().join(format!("isobox-init-watch-{}", std::process::id()));
+    let d = dir.display().to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    let r = init.call(&Call::Fs(FsCall::Watch {
+        path: d.clone(),
+        recursive: true,
+    }));
+    let Reply::Ok(v) = r else { panic!("{r:?}") };
+    let h = u32::try_from(v["handle"].as_u64().unwrap()).unwrap();
+    let next = |init: &mut Init| -> Option<wire::WatchEvent> {
+        let f = init.frame(|f| f.kind == Kind::FsEvent && f.channel == h);
+        (!f.payload.is_empty()).then(|| serde_json::from_slice(&f.payload).unwrap())
+    };
+    std::fs::write(dir.join("sub/a"), b"1").unwrap();
+    std::fs::rename(dir.join("sub/a"), dir.join("b")).unwrap();
+    let seen: Vec<(String, String, Option<String>)> = (0..3)
+        .map(|_| {
+            let e = next(&mut init).unwrap();
+            (e.kind, e.path, e.from)
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("create".into(), format!("{d}/sub/a"), None),
+            ("write".into(), format!("{d}/sub/a"), None),
+            (
+                "rename".into(),
+                format!("{d}/b"),
+                Some(format!("{d}/sub/a"))
+            ),
+        ]
+    );
+    // Ended: no more frames after WatchEnd; a new watch of a missing path is refused.
+    std::fs::remove_dir_all(&dir).unwrap();
+    let mut last = None;
+    while let Some(e) = next(&mut init) {
+        last = Some(e);
+    }
+    assert_eq!(
+        last.map(|e| (e.kind, e.path)),
+        Some(("remove".to_string(), d.clone()))
+    );
+    let r = init.call(&Call::Fs(FsCall::Watch {
+        path: d.clone(),
+        recursive: false,
+    }));
+    assert_eq!(
+        r,
+        Reply::Refused {
+            status: 404,
+            message: format!("{d}: no such file or directory")
+        }
+    );
+}

@@ -1030,12 +1030,12 @@ struct NdStream {
 
 impl NdStream {
     fn open(d: &Daemon, id: &str, pid: u64) -> NdStream {
-        let s = d.send(
-            "GET",
-            &format!("/wbx/v1/sandboxes/{id}/process/{pid}/stream"),
-            &[],
-            b"",
-        );
+        NdStream::open_at(d, &format!("/wbx/v1/sandboxes/{id}/process/{pid}/stream"))
+    }
+
+    /// Any NDJSON stream of the face, at `path`.
+    fn open_at(d: &Daemon, path: &str) -> NdStream {
+        let s = d.send("GET", path, &[], b"");
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut rd = BufReader::new(s);
         let mut head = String::new();
@@ -2465,6 +2465,146 @@ fn test_files_upload_download_delete_streamed() {
         wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
         204
     );
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_fs_watch_reports_what_commands_change() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    exec(&d, &id, &json!({"cmd": "mkdir -p w/sub"}));
+    let watch =
+        |query: &str| NdStream::open_at(&d, &format!("/wbx/v1/sandboxes/{id}/fs/watch?{query}"));
+    let mut all = watch("path=w&recursive=true");
+    let mut top = watch("path=/home/user/w");
+    let ev = |s: &mut NdStream| s.next().expect("an event");
+    let e = |t: &str, p: &str, dir: bool| json!({"type": t, "path": format!("/home/user/{p}"), "is_dir": dir});
+
+    // A file's life: made, written, renamed, appended to, removed.
+    let r = exec(
+        &d,
+        &id,
+        &json!({"cmd": "cd w && printf a > a.txt && mv a.txt b.txt && printf b >> b.txt && rm b.txt"}),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let mut rename = e("rename", "w/b.txt", false);
+    rename["from"] = json!("/home/user/w/a.txt");
+    let want = [
+        e("create", "w/a.txt", false),
+        e("write", "w/a.txt", false),
+        rename,
+        e("write", "w/b.txt", false),
+        e("remove", "w/b.txt", false),
+    ];
+    for w in &want {
+        assert_eq!(&ev(&mut all), w);
+        assert_eq!(&ev(&mut top), w);
+    }
+    // Below the top: only the recursive watch sees it, a directory made later too.
+    exec(&d, &id, &json!({"cmd": "mkdir w/sub/new"}));
+    assert_eq!(ev(&mut all), e("create", "w/sub/new", true));
+    exec(
+        &d,
+        &id,
+        &json!({"cmd": "printf x > w/sub/new/f && printf y > w/top"}),
+    );
+    assert_eq!(ev(&mut all), e("create", "w/sub/new/f", false));
+    assert_eq!(ev(&mut all), e("write", "w/sub/new/f", false));
+    assert_eq!(ev(&mut all), e("create", "w/top", false));
+    assert_eq!(ev(&mut all), e("write", "w/top", false));
+    assert_eq!(ev(&mut top), e("create", "w/top", false));
+    assert_eq!(ev(&mut top), e("write", "w/top", false));
+    // Moved out of the tree: a remove.
+    exec(&d, &id, &json!({"cmd": "mv w/top /tmp/top"}));
+    assert_eq!(ev(&mut top), e("remove", "w/top", false));
+
+    // Refusals, in words.
+    for (query, status, msg) in [
+        ("", 400, "path: required, a path in the sandbox".to_string()),
+        (
+            "path=w/sub/new/f",
+            400,
+            "/home/user/w/sub/new/f: is not a directory".to_string(),
+        ),
+        ("path=/root", 403, "/root: permission denied".to_string()),
+        (
+            "path=nope",
+            404,
+            "/home/user/nope: no such file or directory".to_string(),
+        ),
+        (
+            "path=w&recursive=maybe",
+            400,
+            "recursive: must be true or false".to_string(),
+        ),
+    ] {
+        let r = wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/fs/watch?{query}"),
+            None,
+            None,
+        );
+        assert_eq!((r.status, err(&r)), (status, msg), "{query}");
+    }
+
+    // 8 watches at once (2 open, 6 more); a 9th is refused; one leaving frees its place.
+    let mut more: Vec<NdStream> = (0..6).map(|_| watch("path=/tmp")).collect();
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/fs/watch?path=/tmp"),
+        None,
+        None,
+    );
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            429,
+            "too many watches in this sandbox (limit 8); stop one first".to_string()
+        )
+    );
+    more.pop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = d.send(
+            "GET",
+            &format!("/wbx/v1/sandboxes/{id}/fs/watch?path=/tmp"),
+            &[],
+            b"",
+        );
+        r.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut line = String::new();
+        BufReader::new(r).read_line(&mut line).unwrap();
+        if line.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{line}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The watched directory removed: the watch ends.
+    exec(&d, &id, &json!({"cmd": "rm -r w"}));
+    let rest = top.rest();
+    assert_eq!(rest.last(), Some(&json!({"type": "end"})), "{rest:?}");
+    assert!(rest.contains(&e("remove", "w", true)), "{rest:?}");
+    let rest = all.rest();
+    assert_eq!(rest.last(), Some(&json!({"type": "end"})), "{rest:?}");
+    // The sandbox deleted: a watch still open ends with an error line.
+    let mut last = more.pop().unwrap();
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    let rest = last.rest();
+    assert_eq!(
+        rest.last().map(|v| v["type"].clone()),
+        Some(json!("error")),
+        "{rest:?}"
+    );
+    drop(more);
     d.assert_clean();
     d.stop();
 }

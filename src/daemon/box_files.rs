@@ -28,6 +28,8 @@ pub(crate) enum WaitKind {
     },
     /// An upload, at its head: the temporary file opened, then its body is read.
     Upload(Box<Head>),
+    /// A watch: its stream, once init has it.
+    Watch,
 }
 
 /// A client waiting for a file operation's answer.
@@ -124,6 +126,10 @@ impl Daemon {
             }
             WaitKind::Upload(head) => {
                 self.upload_opened(key, call_id, w.client, head, reply);
+                return true;
+            }
+            WaitKind::Watch => {
+                self.watch_opened(key, call_id, w.client, reply);
                 return true;
             }
             WaitKind::Answer => {}

@@ -51,7 +51,7 @@ impl Daemon {
         let b = &self.boxes.boxes[key];
         let opening =
             b.fs.values()
-                .filter(|w| !matches!(w.kind, WaitKind::Answer))
+                .filter(|w| matches!(w.kind, WaitKind::Download { .. } | WaitKind::Upload(_)))
                 .count();
         b.transfers.len() + opening >= MAX_TRANSFERS
     }

@@ -129,6 +129,8 @@ pub(crate) struct Sbx {
     pub(super) transfers: HashMap<u32, super::box_transfer::Xfer>,
     /// Upload connections waiting for room on the channel (key, serial).
     pub(super) upload_waiting: Vec<(usize, u64)>,
+    /// Clients watching directories, by watch handle.
+    pub(super) watches: HashMap<u32, super::box_watch::WatchSub>,
     metadata: BTreeMap<String, String>,
     /// The names of its environment (create's `env` and every `POST …/env`).
     pub(super) env_names: std::collections::BTreeSet<String>,
@@ -313,6 +315,14 @@ impl Daemon {
                 Some(k) => self.file_get(ck, k, path, head_only),
                 None => respond(self, wsb::not_found()),
             },
+            Op::FsWatch {
+                id,
+                path,
+                recursive,
+            } => match self.boxes.find(&tenant, &id) {
+                Some(k) => self.file_watch(ck, k, path, recursive),
+                None => respond(self, wsb::not_found()),
+            },
         }
     }
 
@@ -434,6 +444,7 @@ impl Daemon {
             fs: HashMap::new(),
             transfers: HashMap::new(),
             upload_waiting: Vec::new(),
+            watches: HashMap::new(),
             metadata,
             env_names,
             network,
@@ -684,6 +695,9 @@ impl Daemon {
             (Kind::FileData, State::Running | State::Paused) => {
                 self.file_data(key, f.channel, &f.payload)
             }
+            (Kind::FsEvent, State::Running | State::Paused) => {
+                self.watch_event(key, f.channel, &f.payload)
+            }
             _ => {
                 crate::warn_limited!("sandbox={key} init sent an unexpected frame");
                 self.box_end(key, "its init broke the protocol");
@@ -753,6 +767,7 @@ impl Daemon {
         self.proc_fail_all(key, status, message);
         self.fs_fail_all(key, status, message);
         self.transfers_fail_all(key, status, message);
+        self.watches_fail_all(key, message);
     }
 
     /// Ends the sandbox: gone for every client now; killed, then reaped and removed on

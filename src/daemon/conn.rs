@@ -134,6 +134,15 @@ pub enum Owner {
         /// Waiting for room on the sandbox's channel: nothing is read meanwhile.
         waiting: bool,
     },
+    /// A client watching a directory in a long-lived sandbox (NDJSON).
+    BoxWatch {
+        /// The sandbox's key.
+        key: usize,
+        /// Its serial.
+        serial: u64,
+        /// The watch's handle.
+        handle: u32,
+    },
     /// A client streaming a background process (NDJSON).
     BoxProc {
         /// The sandbox's key.
@@ -166,6 +175,7 @@ impl hc::Owner for Owner {
             | Owner::Agent { .. }
             | Owner::BoxCmd { .. }
             | Owner::BoxFile { .. }
+            | Owner::BoxWatch { .. }
             | Owner::BoxProc { .. } => Role::Produces,
             Owner::BoxUpload { waiting, .. } => Role::Receives { reading: !waiting },
             // A creator that hangs up leaves a sandbox whose id nobody has: its end is
@@ -762,6 +772,11 @@ impl Daemon {
                     ..
                 },
             ) => self.file_client_left(key, serial, handle),
+            Phase::Owned(Owner::BoxWatch {
+                key,
+                serial,
+                handle,
+            }) => self.watch_client_left(key, serial, handle),
             Phase::Owned(Owner::BoxWait {
                 key,
                 serial,

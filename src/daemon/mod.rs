@@ -20,6 +20,7 @@ mod box_files;
 mod box_procs;
 mod box_transfer;
 mod box_verbs;
+mod box_watch;
 pub mod boxes;
 pub mod conn;
 pub mod egress;

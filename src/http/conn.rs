@@ -596,9 +596,11 @@ impl<R, W: Owner> Conn<R, W> {
     }
 
     /// Queues the head of an NDJSON response (one JSON object a line, chunked, as the
-    /// lines come). The phase stays the owner's.
+    /// lines come). The phase stays the owner's. For `HEAD` the head is all: the
+    /// connection closes after it (a stream's end is not known), and the lines queued
+    /// later go nowhere.
     pub fn start_ndjson(&mut self, shutting_down: bool) {
-        let keep = self.keeps(shutting_down);
+        let keep = self.keeps(shutting_down) && !self.head_only;
         let headers = [
             ("Content-Type", "application/x-ndjson".to_string()),
             ("Cache-Control", "no-cache".to_string()),
@@ -611,9 +613,11 @@ impl<R, W: Owner> Conn<R, W> {
         }
     }
 
-    /// Queues one chunk of a chunked response.
+    /// Queues one chunk of a chunked response (none for `HEAD`).
     pub fn send_chunk(&mut self, payload: &[u8]) {
-        write_chunk(&mut self.wbuf, payload);
+        if !self.head_only {
+            write_chunk(&mut self.wbuf, payload);
+        }
     }
 
     /// Queues an SSE event as one chunk.
@@ -634,7 +638,9 @@ impl<R, W: Owner> Conn<R, W> {
     /// the connection reads heads again.
     pub fn finish_stream(&mut self, last: &[u8], shutting_down: bool) {
         self.send_chunk(last);
-        self.wbuf.extend_from_slice(LAST_CHUNK);
+        if !self.head_only {
+            self.wbuf.extend_from_slice(LAST_CHUNK);
+        }
         self.phase = Phase::Head;
         if !self.keeps(shutting_down) {
             self.close_after_flush = true;
@@ -832,6 +838,37 @@ mod tests {
         };
         assert_eq!(h.path, "/c");
         assert!(c.rbuf.is_empty());
+    }
+
+    #[test]
+    fn test_a_stream_for_head_is_its_head_alone_then_close() {
+        let now = Instant::now();
+        for (method, want_body) in [("GET", true), ("HEAD", false)] {
+            let mut c = C::new(now);
+            let mut p = Peer::new(format!("{method} /s HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes());
+            c.read_from(&mut p);
+            let HeadStep::Head(h) = head(&mut c, now) else {
+                panic!("no head")
+            };
+            let BodyStep::Dispatch(..) = c.begin_body(h, "s", 10, Params::default(), "t".into())
+            else {
+                panic!("no dispatch")
+            };
+            c.phase = Phase::Owned(Fake(Role::Produces));
+            c.start_ndjson(false);
+            c.send_chunk(b"{}\n");
+            c.finish_stream(b"{\"type\":\"end\"}\n", false);
+            let out = String::from_utf8(c.wbuf.clone()).unwrap();
+            assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+            assert_eq!(out.contains("{}"), want_body, "{method}: {out}");
+            assert_eq!(out.ends_with("0\r\n\r\n"), want_body, "{method}: {out}");
+            assert_eq!(
+                out.contains("Connection: close"),
+                !want_body,
+                "{method}: {out}"
+            );
+            assert_eq!(c.close_after_flush, !want_body);
+        }
     }
 
     #[test]

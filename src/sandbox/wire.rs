@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// The protocol version both sides speak (2: background processes, their rings and
 /// `Replay`).
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// Largest frame body (kind, channel and payload).
 pub const MAX_FRAME_BYTES: usize = (1 << 20) + 5;
 /// Largest payload of one `Output` or `Input` frame (bigger data is split).
@@ -49,6 +49,10 @@ pub enum Kind {
     /// daemon for a read, within the credit `FileMore` gave, an empty one at its end;
     /// daemon → init for a write.
     FileData = 8,
+    /// init → daemon: a change seen by watch `channel` (the handle `FsCall::Watch`
+    /// answered), JSON ([`WatchEvent`]); an empty one: the watch ended (its directory
+    /// is gone).
+    FsEvent = 9,
 }
 
 impl Kind {
@@ -62,6 +66,7 @@ impl Kind {
             6 => Kind::Input,
             7 => Kind::Replay,
             8 => Kind::FileData,
+            9 => Kind::FsEvent,
             _ => return None,
         })
     }
@@ -303,6 +308,11 @@ pub enum Call {
         /// The handle.
         handle: u32,
     },
+    /// Stop watch `handle`.
+    WatchEnd {
+        /// The handle.
+        handle: u32,
+    },
 }
 
 /// A file operation ([`Call::Fs`]).
@@ -350,6 +360,15 @@ pub enum FsCall {
         /// For writing.
         write: bool,
     },
+    /// Watch a directory (`recursive`: and every directory below it, those made
+    /// later too) for changes; the reply is `{"handle": H}` (the call's id), then
+    /// `FsEvent` frames on channel `H`.
+    Watch {
+        /// The directory.
+        path: String,
+        /// Its subdirectories too.
+        recursive: bool,
+    },
     /// Remove a file, a symlink or a directory (`recursive`: with its contents; else
     /// only an empty one). `files_only`: refuse a directory (`DELETE …/files`).
     Remove {
@@ -361,6 +380,26 @@ pub enum FsCall {
         files_only: bool,
     },
 }
+
+/// A change a watch saw (`FsEvent`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchEvent {
+    /// `create`, `write`, `remove`, `rename`, or `overflow` (changes were lost).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The path it is about (after a rename: the new one; empty for `overflow`).
+    pub path: String,
+    /// A rename's old path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// It is about a directory.
+    #[serde(default)]
+    pub is_dir: bool,
+}
+
+/// Directories one watch may watch at once.
+pub const MAX_WATCH_DIRS: usize = 4096;
 
 /// Most entries one `FsCall::List` answers (the rest: `truncated`).
 pub const FS_LIST_ENTRIES: usize = 5000;

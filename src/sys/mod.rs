@@ -3,6 +3,7 @@
 //! Nothing outside `sys/` calls `libc` directly in an `unsafe` block.
 
 pub mod fsat;
+pub mod inotify;
 pub mod loopdev;
 pub mod mountinfo;
 pub mod netlink;

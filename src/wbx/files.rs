@@ -47,6 +47,21 @@ fn query_path(req: &Request) -> Result<String, Response> {
     }
 }
 
+/// `GET …/fs/watch?path=&recursive=`.
+pub fn watch(req: &Request, id: String) -> Result<Op, Response> {
+    let path = query_path(req)?;
+    let recursive = match req.head.query_param("recursive").as_deref() {
+        None | Some("false" | "0") => false,
+        Some("true" | "1") => true,
+        Some(_) => return Err(error(400, "recursive: must be true or false")),
+    };
+    Ok(Op::FsWatch {
+        id,
+        path,
+        recursive,
+    })
+}
+
 /// `GET`/`HEAD …/files?path=`.
 pub fn get(req: &Request, id: String, head_only: bool) -> Result<Op, Response> {
     Ok(Op::FileGet {
@@ -216,7 +231,7 @@ pub fn answer(call: &FsCall, reply: Reply) -> Option<Response> {
         Reply::Ok(v) => match call {
             FsCall::Remove { .. } => Some(Response::no_content()),
             // Opens are answered by the transfer, never as JSON.
-            FsCall::Open { .. } => None,
+            FsCall::Open { .. } | FsCall::Watch { .. } => None,
             FsCall::List { path, .. } => {
                 let entries: Vec<FsEntry> = serde_json::from_value(v["entries"].clone()).ok()?;
                 let truncated = v["truncated"].as_bool()?;

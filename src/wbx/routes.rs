@@ -57,6 +57,8 @@ pub enum Route {
     FsMove,
     /// `POST /v1/sandboxes/{id}/fs/remove`
     FsRemove,
+    /// `GET /v1/sandboxes/{id}/fs/watch`
+    FsWatch,
     /// `GET`, `HEAD`, `PUT`, `DELETE /v1/sandboxes/{id}/files` (a `PUT` is taken over
     /// at its head, its body streamed: see `daemon::box_transfer`)
     Files,
@@ -135,6 +137,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/fs/mkdir", POST, Route::FsMkdir, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/move", POST, Route::FsMove, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/remove", POST, Route::FsRemove, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/fs/watch", GET, Route::FsWatch, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/files", &["GET", "HEAD", "PUT", "DELETE"], Route::Files, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
@@ -219,6 +222,7 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         Route::FsMkdir => files::mkdir(req, sid),
         Route::FsMove => files::mv(req, sid),
         Route::FsRemove => files::remove(req, sid),
+        Route::FsWatch => files::watch(req, sid),
         Route::Files if method == "DELETE" => files::delete(req, sid),
         Route::Files if method == "PUT" => {
             // Taken over at its head; never here.

@@ -170,6 +170,15 @@ pub enum Op {
     Proc(String, super::processes::ProcOp),
     /// A file operation (`fs/…`) in the sandbox.
     Fs(String, crate::sandbox::wire::FsCall),
+    /// `GET …/fs/watch?path=&recursive=`: a stream of changes.
+    FsWatch {
+        /// The sandbox.
+        id: String,
+        /// The directory.
+        path: String,
+        /// Its subdirectories too.
+        recursive: bool,
+    },
     /// `GET`/`HEAD …/files?path=`: a download.
     FileGet {
         /// The sandbox.

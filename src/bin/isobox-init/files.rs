@@ -42,6 +42,10 @@ pub struct Files {
 /// The file thread opened `handle`: it is kept (or, past the bound, closed and its
 /// reply turned into a refusal).
 pub fn opened(init: &mut Init, handle: u32, o: Opened, reply: Reply) -> Reply {
+    let o = match o {
+        Opened::Watch(w) => return super::watch::opened(init, handle, *w, reply),
+        o => o,
+    };
     if init.files.open.len() >= MAX_OPEN {
         if let Opened::Write { temp, .. } = o {
             let _ = init.fs.submit(Job::Discard(temp));
@@ -60,6 +64,7 @@ pub fn opened(init: &mut Init, handle: u32, o: Opened, reply: Reply) -> Reply {
             target,
             failed: None,
         },
+        Opened::Watch(_) => return reply,
     };
     init.files.open.insert(handle, f);
     reply

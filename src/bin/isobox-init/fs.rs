@@ -36,6 +36,8 @@ pub enum Opened {
         /// Bytes to send.
         size: u64,
     },
+    /// A watch: its inotify instance, its directories by watch descriptor.
+    Watch(Box<super::watch::Watch>),
     /// Being written to `temp`, to become `target`.
     Write {
         /// The temporary file.
@@ -88,6 +90,16 @@ impl Fs {
                         (Job::Call(id, FsCall::Open { path, write }), Ok(())) => {
                             match open(&home, id, &path, write) {
                                 Ok((reply, opened)) => (id, reply, Some(opened)),
+                                Err(r) => (id, r, None),
+                            }
+                        }
+                        (Job::Call(id, FsCall::Watch { path, recursive }), Ok(())) => {
+                            match super::watch::open(&home, &path, recursive) {
+                                Ok(w) => (
+                                    id,
+                                    Reply::Ok(serde_json::json!({ "handle": id })),
+                                    Some(Opened::Watch(Box::new(w))),
+                                ),
                                 Err(r) => (id, r, None),
                             }
                         }
@@ -177,7 +189,7 @@ pub fn write_failed(target: &Path, e: &io::Error) -> Reply {
 }
 
 /// A refusal for `path` from the file system's error, in words.
-fn refused(path: &Path, e: &io::Error) -> Reply {
+pub fn refused(path: &Path, e: &io::Error) -> Reply {
     let (status, why) = match e.raw_os_error().unwrap_or(0) {
         libc::ENOENT => (404, "no such file or directory".to_string()),
         libc::EACCES | libc::EPERM => (403, "permission denied".to_string()),
@@ -206,7 +218,7 @@ fn refused(path: &Path, e: &io::Error) -> Reply {
     }
 }
 
-fn bad(message: String) -> Reply {
+pub fn bad(message: String) -> Reply {
     Reply::Refused {
         status: 400,
         message,
@@ -214,7 +226,7 @@ fn bad(message: String) -> Reply {
 }
 
 /// `path` resolved against `home` when relative; empty or with NUL refused.
-fn resolve(home: &Path, path: &str) -> Result<PathBuf, Reply> {
+pub fn resolve(home: &Path, path: &str) -> Result<PathBuf, Reply> {
     if path.is_empty() {
         return Err(bad("path: must not be empty".into()));
     }
@@ -269,7 +281,9 @@ fn stat(p: &Path) -> Reply {
 /// Carries out one call.
 pub fn carry_out(home: &Path, call: FsCall) -> Reply {
     match call {
-        FsCall::Open { .. } => Reply::Error("open is answered by the file thread".into()),
+        FsCall::Open { .. } | FsCall::Watch { .. } => {
+            Reply::Error("answered by the file thread".into())
+        }
         FsCall::Stat { path } => match resolve(home, &path) {
             Ok(p) => stat(&p),
             Err(r) => r,

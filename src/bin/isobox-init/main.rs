@@ -19,6 +19,7 @@ mod files;
 mod fs;
 mod procs;
 mod ring;
+mod watch;
 
 use isobox::sandbox::wire::{self, Call, Decoder, Hello, Kind, Reply};
 use mio::net::UnixStream;
@@ -89,6 +90,8 @@ pub struct Init {
     fs: fs::Fs,
     /// Files being read or written for the daemon.
     files: files::Files,
+    /// Directories watched for the daemon.
+    watches: watch::Watches,
     /// The buffer output is read into (reused: every allocation costs more in gVisor).
     buf: Vec<u8>,
 }
@@ -187,7 +190,12 @@ impl Init {
                 files::data(self, f.channel, &f.payload);
                 true
             }
-            Kind::Hello | Kind::Reply | Kind::Output | Kind::Exit | Kind::Replay => false,
+            Kind::Hello
+            | Kind::Reply
+            | Kind::Output
+            | Kind::Exit
+            | Kind::Replay
+            | Kind::FsEvent => false,
         }
     }
 
@@ -270,6 +278,10 @@ impl Init {
                 files::close(self, handle);
                 Reply::Ok(serde_json::Value::Null)
             }
+            Call::WatchEnd { handle } => {
+                watch::end(self, handle);
+                Reply::Ok(serde_json::Value::Null)
+            }
             Call::Fs(_) | Call::FileCommit { .. } => {
                 Reply::Error("answered by the file thread".into())
             }
@@ -304,6 +316,7 @@ fn run(settings: Settings) -> io::Result<()> {
         procs,
         fs,
         files: files::Files::default(),
+        watches: watch::Watches::default(),
         buf: Vec::new(),
     };
     init.send_json(
@@ -324,6 +337,7 @@ fn run(settings: Settings) -> io::Result<()> {
             // Edge-triggered: output waiting in the pipes brings no new event.
             procs::pump_all(&mut init);
             files::pump_all(&mut init);
+            watch::pump_all(&mut init);
             continue;
         }
         // A second's timeout: a SIGCHLD that raced the pipe's registration is still seen.
@@ -348,6 +362,11 @@ fn run(settings: Settings) -> io::Result<()> {
                     reap = true;
                 }
                 FS => init.fs_done(),
+                t if watch::handle_of(t).is_some() => {
+                    if let Some(h) = watch::handle_of(t) {
+                        watch::pump(&mut init, h);
+                    }
+                }
                 t => procs::event(
                     &mut init,
                     t,
