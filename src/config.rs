@@ -320,7 +320,7 @@ pub struct Config {
     /// The server-side agent.
     pub ai: AiConfig,
     /// The WBX face's per-tenant limits.
-    pub wbx: crate::wbx::sandboxes::Limits,
+    pub wbx: WbxLimits,
     /// The `isobox-init` binary (long-lived sandboxes' init).
     pub init: PathBuf,
 }
@@ -449,7 +449,7 @@ impl Config {
                 python_wall_sec: a.ai_python_wall_sec,
                 shell_wall_sec: a.ai_shell_wall_sec,
             },
-            wbx: crate::wbx::sandboxes::Limits {
+            wbx: WbxLimits {
                 max_sandboxes: a.wbx_max_sandboxes,
                 max_vcpu: a.wbx_max_vcpu,
                 max_mem_mb: a.wbx_max_memory_mb,
@@ -909,6 +909,21 @@ impl AiConfig {
         }
         Ok(())
     }
+}
+
+/// The WBX face's limits (per tenant, for one box by default).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WbxLimits {
+    /// Sandboxes a tenant may have at once.
+    pub max_sandboxes: usize,
+    /// vCPUs of all of a tenant's sandboxes together.
+    pub max_vcpu: u32,
+    /// Memory of all of a tenant's sandboxes together, MiB.
+    pub max_mem_mb: u64,
+    /// Longest lifetime a sandbox may be given, seconds (`timeout_s` is capped to it).
+    pub max_timeout_s: u64,
+    /// Sandboxes on this server at once, all tenants together.
+    pub max_total: usize,
 }
 
 #[cfg(test)]

@@ -7,20 +7,9 @@ use crate::http::{Request, Response};
 use crate::runtimes::{Runtime, Runtimes};
 use std::collections::BTreeMap;
 
-/// The face's settings (per tenant, for one box by default).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits {
-    /// Sandboxes a tenant may have at once.
-    pub max_sandboxes: usize,
-    /// vCPUs of all of a tenant's sandboxes together.
-    pub max_vcpu: u32,
-    /// Memory of all of a tenant's sandboxes together, MiB.
-    pub max_mem_mb: u64,
-    /// Longest lifetime a sandbox may be given, seconds (`timeout_s` is capped to it).
-    pub max_timeout_s: u64,
-    /// Sandboxes on this server at once, all tenants together.
-    pub max_total: usize,
-}
+/// The face's settings (per tenant, for one box by default): kept with the rest of
+/// the configuration, which knows no face.
+pub use crate::config::WbxLimits as Limits;
 
 /// vCPUs of every sandbox.
 pub const VCPU: u32 = 2;
