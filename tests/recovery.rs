@@ -9,7 +9,8 @@
 //! * sessions survive: the token works, uploaded files are byte-exact, a new step sees
 //!   them; the volume is still held by its session, with what a completed step wrote;
 //! * clients whose request was in flight saw their connection closed, not a hang;
-//! * long-lived (WBX) sandboxes, one running a command, are swept like runs: their ids
+//! * long-lived (WBX) sandboxes, one running a command, the other background
+//!   processes (one on a terminal) and a file watch, are swept like runs: their ids
 //!   answer 404 and new ones start.
 
 mod common;
@@ -351,6 +352,21 @@ fn test_kill_9_with_everything_in_flight_then_restart() {
         assert_eq!(r.status, 201, "{}", r.text());
         boxes.push(r.json()["id"].as_str().unwrap().to_string());
     }
+    // The other runs background processes (one with a child of its own, one on a
+    // terminal) and is watched: all of it must go with the crash too.
+    for body in [
+        json!({"cmd": "sleep 600 & sleep 600", "tag": "bg"}),
+        json!({"cmd": "exec python3 -i -q", "pty": {"cols": 80, "rows": 24}}),
+    ] {
+        let r = d.post_json(&format!("/wbx/v1/sandboxes/{}/process", boxes[1]), &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let _watching = d.send(
+        "GET",
+        &format!("/wbx/v1/sandboxes/{}/fs/watch?path=/tmp", boxes[1]),
+        &[],
+        b"",
+    );
     let body = json!({"cmd": "echo go; sleep 600"}).to_string();
     let s = d.send(
         "POST",
