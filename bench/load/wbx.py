@@ -29,6 +29,18 @@ connect to the last byte):
            in-sandbox: one command whose shell starts `/bin/sh -c true` 200 times in a
            loop and times it with `date +%s%N` inside: what starting a process costs
            gVisor itself, the floor under every isoboxd exec.
+  keystroke  a terminal's echo: isoboxd: `exec cat` started on a terminal (POST …/process
+           with "pty"), its NDJSON stream open; one character sent with POST …/stdin
+           (a kept-alive connection, as a web terminal would), timed until the stream
+           carries its echo (gVisor's line discipline echoes it). native: `cat` on a
+           host pty (pty.fork), one character written to the controller, timed until
+           its echo is read back.
+  files    --mib MiB of bytes into /tmp (tmpfs in both) and back out, 5 times each:
+           isoboxd: PUT then GET …/files?path=/tmp/bench.bin (one connection each,
+           the answer and every byte read); bare runsc: `runsc exec --user 1000:1000 ID
+           sh -c 'cat > /tmp/bench.bin'` with the bytes on stdin, and `runsc exec ID cat
+           /tmp/bench.bin` read to the end (runsc's own way to move a file in or out of
+           a running sandbox). Reported as MB/s at the p50 time.
   memory   --idle sandboxes of each kind created and left idle for 2 s: the PSS
            (/proc/PID/smaps_rollup) summed over every host process of each kind's
            sandboxes (the runsc sandbox, gofer and their children, found by the runsc
@@ -123,6 +135,137 @@ def iso_exec(sid):
     v = json.loads(data)
     if v.get("exit_code") != 0 or v.get("timed_out"):
         raise Failure(f"exec: {v}")
+    return dt
+
+
+class IsoTerm:
+    """`exec cat` on a terminal in sandbox `sid`, its NDJSON stream read raw."""
+
+    def __init__(self, sid):
+        status, data = request(
+            "POST", f"/wbx/v1/sandboxes/{sid}/process", {"cmd": "exec cat", "pty": {"cols": 80, "rows": 24}}
+        )
+        if status != 200:
+            raise Failure(f"process: HTTP {status} {data[:300]!r}")
+        self.sid, self.pid = sid, json.loads(data)["pid"]
+        self.sock = socket.create_connection(("127.0.0.1", PORT), timeout=TIMEOUT_S)
+        self.sock.sendall(f"GET /wbx/v1/sandboxes/{sid}/process/{self.pid}/stream HTTP/1.1\r\nHost: b\r\n\r\n".encode())
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(65536)
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise Failure(f"stream: {head[:200]!r}")
+        self.stdin = http.client.HTTPConnection("127.0.0.1", PORT, timeout=TIMEOUT_S)
+
+    def key(self, ch):
+        t0 = time.perf_counter()
+        self.stdin.request(
+            "POST",
+            f"/wbx/v1/sandboxes/{self.sid}/process/{self.pid}/stdin",
+            body=json.dumps({"data": ch}),
+            headers={"Content-Type": "application/json"},
+        )
+        r = self.stdin.getresponse()
+        r.read()
+        if r.status != 204:
+            raise Failure(f"stdin: HTTP {r.status}")
+        want = json.dumps({"data": ch})[1:-1].encode()
+        while want not in self.buf:
+            more = self.sock.recv(65536)
+            if not more:
+                raise Failure("the terminal's stream ended")
+            self.buf += more
+        dt = time.perf_counter() - t0
+        self.buf = self.buf.split(want, 1)[1]
+        return dt
+
+    def close(self):
+        self.stdin.close()
+        self.sock.close()
+
+
+class NativeTerm:
+    """`cat` on a host pty."""
+
+    def __init__(self):
+        import pty
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.execvp("cat", ["cat"])
+
+    def key(self, ch):
+        t0 = time.perf_counter()
+        os.write(self.fd, ch.encode())
+        got = b""
+        while ch.encode() not in got:
+            got += os.read(self.fd, 4096)
+        return time.perf_counter() - t0
+
+    def close(self):
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+def iso_upload(sid, data):
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=TIMEOUT_S)
+    try:
+        t0 = time.perf_counter()
+        conn.request("PUT", f"/wbx/v1/sandboxes/{sid}/files?path=/tmp/bench.bin", body=data)
+        r = conn.getresponse()
+        body = r.read()
+        dt = time.perf_counter() - t0
+    finally:
+        conn.close()
+    if r.status != 200 or json.loads(body)["size"] != len(data):
+        raise Failure(f"upload: HTTP {r.status} {body[:300]!r}")
+    return dt
+
+
+def iso_download(sid, n):
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=TIMEOUT_S)
+    try:
+        t0 = time.perf_counter()
+        conn.request("GET", f"/wbx/v1/sandboxes/{sid}/files?path=/tmp/bench.bin")
+        r = conn.getresponse()
+        got = len(r.read())
+        dt = time.perf_counter() - t0
+    finally:
+        conn.close()
+    if r.status != 200 or got != n:
+        raise Failure(f"download: HTTP {r.status}, {got} of {n} bytes")
+    return dt
+
+
+def bare_upload(cid, data):
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        runsc_base() + ["exec", "--user", "1000:1000", cid, "/bin/sh", "-c", "cat > /tmp/bench.bin"],
+        input=data,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise Failure(f"runsc exec cat >: exit {p.returncode} {p.stderr[-300:]!r}")
+    return dt
+
+
+def bare_download(cid, n):
+    t0 = time.perf_counter()
+    p = subprocess.run(
+        runsc_base() + ["exec", "--user", "1000:1000", cid, "/bin/cat", "/tmp/bench.bin"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    dt = time.perf_counter() - t0
+    if p.returncode != 0 or len(p.stdout) != n:
+        raise Failure(f"runsc exec cat: exit {p.returncode}, {len(p.stdout)} of {n} bytes")
     return dt
 
 
@@ -350,6 +493,8 @@ def main():
     ap.add_argument("--execs", type=int, default=150)
     ap.add_argument("--block", type=int, default=5, help="runs of one mode before the next mode's")
     ap.add_argument("--idle", type=int, default=4, help="idle sandboxes of each kind for the memory figures (at most 8)")
+    ap.add_argument("--keys", type=int, default=200, help="keystrokes per terminal")
+    ap.add_argument("--mib", type=int, default=32, help="MiB per file transfer")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("error: run as root (chroot, runsc and isoboxd need it)")
@@ -394,6 +539,49 @@ def main():
                 args.block,
             )
             inside = in_sandbox_spawn(sid)
+
+            print("keystrokes ...", file=sys.stderr, flush=True)
+            iso_term, native_term = IsoTerm(sid), NativeTerm()
+            try:
+                letters = "abcdefghijklmnopqrstuvwxyz"
+                for i in range(10):
+                    iso_term.key(letters[i % 26])
+                    native_term.key(letters[i % 26])
+                count = [0]
+
+                def stroke(term):
+                    count[0] += 1
+                    return term.key(letters[count[0] % 26])
+
+                keys = blocks(
+                    [("isoboxd", lambda: stroke(iso_term)), ("native pty", lambda: stroke(native_term))],
+                    args.keys,
+                    args.block,
+                )
+            finally:
+                iso_term.close()
+                native_term.close()
+
+            print("files ...", file=sys.stderr, flush=True)
+            payload = os.urandom(args.mib << 20)
+            files = blocks(
+                [
+                    ("isoboxd upload", lambda: iso_upload(sid, payload)),
+                    ("bare runsc upload", lambda: bare_upload(cid, payload)),
+                ],
+                5,
+                1,
+            )
+            files.update(
+                blocks(
+                    [
+                        ("isoboxd download", lambda: iso_download(sid, len(payload))),
+                        ("bare runsc download", lambda: bare_download(cid, len(payload))),
+                    ],
+                    5,
+                    1,
+                )
+            )
         finally:
             iso_delete(sid)
             bare.delete(cid)
@@ -441,6 +629,10 @@ def main():
         print(row("create (ready to run)", name, xs))
     for name, xs in execs.items():
         print(row("exec `true`", name, xs))
+    for name, xs in keys.items():
+        print(row("keystroke to echo", name, xs))
+    for name, xs in files.items():
+        print(row(f"file {args.mib} MiB", name, xs))
     print()
     c = {k: percentile(v, 50) for k, v in creates.items()}
     e = {k: percentile(v, 50) for k, v in execs.items()}
@@ -449,6 +641,14 @@ def main():
     print(
         f"gVisor's own start of `/bin/sh -c true` inside the sandbox (its shell, in a loop): {inside:.1f} ms; "
         f"isoboxd's exec p50 minus that: {e['isoboxd'] - inside:.1f} ms"
+    )
+    k = {k: percentile(v, 50) for k, v in keys.items()}
+    print(f"keystroke p50 isoboxd/native pty: {k['isoboxd'] / k['native pty']:.1f}x ({k['isoboxd']:.2f} ms against {k['native pty']:.3f} ms)")
+    f = {k: args.mib * 1.048576 / (percentile(v, 50) / 1000) for k, v in files.items()}
+    print(
+        f"files at p50, MB/s: upload isoboxd {f['isoboxd upload']:.0f}, bare runsc exec {f['bare runsc upload']:.0f} "
+        f"({f['isoboxd upload'] / f['bare runsc upload']:.2f}x); download isoboxd {f['isoboxd download']:.0f}, "
+        f"bare runsc exec {f['bare runsc download']:.0f} ({f['isoboxd download'] / f['bare runsc download']:.2f}x)"
     )
     print()
     print(f"idle memory, {n} sandboxes of each kind:")

@@ -528,8 +528,8 @@ mod tests {
             }
         }
         let mut d = Decoder::default();
-        d.push(&[0, 0, 0, 5, 9, 0, 0, 0, 0]);
-        assert_eq!(d.next_frame(), Err(WireError::Kind(9)));
+        d.push(&[0, 0, 0, 5, 200, 0, 0, 0, 0]);
+        assert_eq!(d.next_frame(), Err(WireError::Kind(200)));
     }
 
     #[test]
