@@ -170,7 +170,7 @@ class IsoTerm:
         r.read()
         if r.status != 204:
             raise Failure(f"stdin: HTTP {r.status}")
-        want = json.dumps({"data": ch})[1:-1].encode()
+        want = json.dumps({"data": ch}, separators=(",", ":"))[1:-1].encode()
         while want not in self.buf:
             more = self.sock.recv(65536)
             if not more:
