@@ -2369,6 +2369,19 @@ fn test_files_upload_download_delete_streamed() {
         (r.status, err_of(&r)),
         (413, "an upload is at most 100 MiB".to_string())
     );
+    // At the cap: taken whole (then removed: the sandbox's root lives in its memory).
+    let cap = pattern(100 << 20, 5);
+    let r = d.request("PUT", &files("/tmp/cap.bin"), &[], &cap);
+    assert_eq!(
+        (r.status, r.json()["size"].as_u64()),
+        (200, Some(100 << 20)),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        d.request("DELETE", &files("/tmp/cap.bin"), &[], b"").status,
+        204
+    );
 
     // A client that leaves mid-upload leaves no temporary file.
     let mut s = d.connect();
@@ -2584,6 +2597,31 @@ fn test_fs_watch_reports_what_commands_change() {
         assert!(Instant::now() < deadline, "{line}");
         std::thread::sleep(Duration::from_millis(50));
     }
+
+    // A recursive watch takes at most 4096 directories: at the bound, and one above.
+    exec(
+        &d,
+        &id,
+        &json!({"cmd": "mkdir many && cd many && python3 -c \"import os; [os.mkdir('d%04d' % i) for i in range(4095)]\""}),
+    );
+    let at = watch("path=many&recursive=true");
+    drop(at);
+    exec(&d, &id, &json!({"cmd": "mkdir many/one-more"}));
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/fs/watch?path=many&recursive=true"),
+        None,
+        None,
+    );
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            400,
+            "/home/user/many: more than 4096 directories to watch; watch a smaller tree"
+                .to_string()
+        )
+    );
 
     // The watched directory removed: the watch ends.
     exec(&d, &id, &json!({"cmd": "rm -r w"}));
