@@ -85,8 +85,7 @@ impl Daemon {
             );
             return;
         }
-        let call_id = b.next_call;
-        b.next_call = b.next_call.wrapping_add(1).max(1);
+        let call_id = b.take_call_id();
         let Exec {
             cmd,
             cwd,
@@ -417,8 +416,7 @@ impl Daemon {
         let Some(b) = self.boxes.boxes.get_mut(key) else {
             return;
         };
-        let call_id = b.next_call;
-        b.next_call = b.next_call.wrapping_add(1).max(1);
+        let call_id = b.take_call_id();
         // These calls are a few bytes: always within a frame.
         let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, call);
         self.box_flush(key);

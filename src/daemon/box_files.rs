@@ -86,8 +86,7 @@ impl Daemon {
         kind: WaitKind,
     ) {
         let b = &mut self.boxes.boxes[key];
-        let call_id = b.next_call;
-        b.next_call = b.next_call.wrapping_add(1).max(1);
+        let call_id = b.take_call_id();
         // Paths are at most 4 KiB each: always within a frame.
         let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, wire_call);
         let gen = self.reactor.arm_new(

@@ -291,8 +291,7 @@ impl Daemon {
             );
             return;
         }
-        let call_id = b.next_call;
-        b.next_call = b.next_call.wrapping_add(1).max(1);
+        let call_id = b.take_call_id();
         let call = Call::Spawn {
             cmd: start.cmd.clone(),
             cwd: start.cwd.clone(),
@@ -492,8 +491,7 @@ impl Daemon {
             );
             return;
         }
-        let call_id = b.next_call;
-        b.next_call = b.next_call.wrapping_add(1).max(1);
+        let call_id = b.take_call_id();
         // A few bytes: always within a frame.
         let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, &Call::Watch { pid });
         b.procs.next_sub += 1;

@@ -186,7 +186,9 @@ impl Daemon {
         self.conn_flush(client.0);
     }
 
-    fn open_nonsense(&mut self, key: usize, client: (usize, u64)) {
+    /// init answered an `Open` or `Watch` with nonsense: the client gets 502, the
+    /// sandbox ends.
+    pub(super) fn open_nonsense(&mut self, key: usize, client: (usize, u64)) {
         self.box_answer(
             client,
             crate::wbx::error(502, "the sandbox's init answered nonsense"),

@@ -195,8 +195,7 @@ impl Daemon {
                     return;
                 };
                 let b = &mut self.boxes.boxes[key];
-                let call_id = b.next_call;
-                b.next_call = b.next_call.wrapping_add(1).max(1);
+                let call_id = b.take_call_id();
                 let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, &Call::Disk {});
                 let gen = self.reactor.arm_new(
                     Instant::now() + METRICS_TIMEOUT,

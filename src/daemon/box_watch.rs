@@ -67,11 +67,11 @@ impl Daemon {
                 };
                 match crate::wbx::files::answer(&call, r) {
                     Some(resp) => self.box_answer(client, resp),
-                    None => self.watch_nonsense(key, client),
+                    None => self.open_nonsense(key, client),
                 }
                 return;
             }
-            _ => return self.watch_nonsense(key, client),
+            _ => return self.open_nonsense(key, client),
         }
         if self
             .conns
@@ -95,14 +95,6 @@ impl Daemon {
         self.boxes.boxes[key]
             .watches
             .insert(call_id, WatchSub { client, lost: 0 });
-    }
-
-    fn watch_nonsense(&mut self, key: usize, client: (usize, u64)) {
-        self.box_answer(
-            client,
-            crate::wbx::error(502, "the sandbox's init answered nonsense"),
-        );
-        self.box_end(key, "its init broke the protocol");
     }
 
     /// An `FsEvent` frame from init for watch `handle`.

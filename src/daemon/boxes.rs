@@ -94,6 +94,15 @@ pub(crate) enum State {
     Ending,
 }
 
+impl Sbx {
+    /// A new call id for this sandbox's channel (never 0).
+    pub(super) fn take_call_id(&mut self) -> u32 {
+        let id = self.next_call;
+        self.next_call = self.next_call.wrapping_add(1).max(1);
+        id
+    }
+}
+
 impl State {
     /// How the document (and the 409s) name it.
     pub(super) fn name(self) -> &'static str {
