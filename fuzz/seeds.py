@@ -289,7 +289,34 @@ for tag in [b"*", b'"0000000000000001"', b'W/"000000000000002a"', b'"00000000000
         KV.append((f"etag-v{v}", etag_header(tag, v)))
 
 
+def relay_seed(client, app):
+    """The http_relay layout: a split byte placing the client's bytes before the app's."""
+    client, app = client.encode(), app.encode()
+    total = len(client) + len(app)
+    split = min(255, -(-len(client) * 255 // max(total, 1)))
+    return bytes([split]) + client + app
+
+
+RELAY = [
+    ("get-keepalive", relay_seed(
+        "GET /a?x=1 HTTP/1.1\r\nHost: 8000-sb-0123456789abcdef01234567.localhost\r\nCookie: a=1\r\n\r\n"
+        "GET /b HTTP/1.1\r\nHost: h\r\n\r\n",
+        "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 204 No Content\r\n\r\n")),
+    ("post-chunked", relay_seed(
+        "POST /u HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n3;e=1\nabc\n0\nT: 1\n\n",
+        "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")),
+    ("websocket", relay_seed(
+        "GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: k\r\n\r\n\x81\x80abcd",
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\x81\x02hi")),
+    ("until-close", relay_seed("HEAD / HTTP/1.1\r\nHost: h\r\n\r\nGET / HTTP/1.0\r\n\r\n",
+                               "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nHTTP/1.1 200 OK\r\n\r\nrest")),
+    ("smuggle", relay_seed("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                           "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx")),
+]
+
+
 def main():
+    write("http_relay", RELAY)
     write("http_request", HTTP + [(f"malformed-{i:02}", m) for i, m in enumerate(MALFORMED)]
           + [("many-headers", "GET /healthz HTTP/1.1\r\nHost: x\r\n" + "".join(f"X-{i}: 1\r\n" for i in range(99)) + "\r\n"),
              ("long-uri", "GET /" + "a" * 300 + "?q=" + "%41" * 50 + " HTTP/1.1\r\nHost: x\r\n\r\n")])

@@ -256,6 +256,13 @@ struct Args {
     /// longest lifetime of a long-lived sandbox, seconds (a larger timeout_s is capped)
     #[arg(long, env = "ISOBOX_WBX_MAX_TIMEOUT_S", default_value = "86400", value_parser = Value(parsed::<u64>))]
     wbx_max_timeout_s: u64,
+    /// domain of sandboxes' public URLs: `<port>-<id>.<domain>` (with `:port` when the
+    /// URLs need one; default: localhost and the listening port, which needs no DNS)
+    #[arg(long, env = "ISOBOX_PUBLIC_DOMAIN", default_value = "", hide_default_value = true, value_parser = Value(public_domain))]
+    public_domain: String,
+    /// scheme of public URLs: http, or https behind a TLS front (cookies get Secure)
+    #[arg(long, env = "ISOBOX_PUBLIC_SCHEME", default_value = "http", value_parser = Value(public_scheme))]
+    public_scheme: String,
     /// the isobox-init binary long-lived sandboxes run as their init (default: beside
     /// isoboxd's own executable)
     #[arg(long, env = "ISOBOX_INIT", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
@@ -323,6 +330,20 @@ pub struct Config {
     pub wbx: WbxLimits,
     /// The `isobox-init` binary (long-lived sandboxes' init).
     pub init: PathBuf,
+    /// Public URLs of sandboxes' ports.
+    pub public: PublicUrls,
+}
+
+/// Where sandboxes' public URLs live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicUrls {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// The domain, lower case, without a port (empty: `localhost`).
+    pub domain: String,
+    /// The port URLs carry (`None`: the scheme's own; `Some(0)`: the listening port,
+    /// known once bound).
+    pub port: Option<u16>,
 }
 
 /// Settings of the server-side agent (`/v1/agent`).
@@ -455,6 +476,18 @@ impl Config {
                 max_mem_mb: a.wbx_max_memory_mb,
                 max_timeout_s: a.wbx_max_timeout_s,
                 max_total: a.wbx_max_total,
+            },
+            public: {
+                let (domain, port) = match a.public_domain.rsplit_once(':') {
+                    _ if a.public_domain.is_empty() => ("localhost".to_string(), Some(0)),
+                    Some((d, p)) => (d.to_string(), p.parse().ok()),
+                    None => (a.public_domain.clone(), None),
+                };
+                PublicUrls {
+                    scheme: a.public_scheme,
+                    domain,
+                    port,
+                }
             },
             init: a.init.unwrap_or_else(|| {
                 std::env::current_exe()
@@ -752,6 +785,42 @@ fn text(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// A DNS domain of letters, digits, hyphens and dots, with an optional `:port`.
+fn public_domain(s: &str) -> Result<String, String> {
+    let s = s.trim().trim_end_matches('.').to_ascii_lowercase();
+    if s.is_empty() {
+        return Ok(s);
+    }
+    let (d, port) = match s.rsplit_once(':') {
+        Some((d, p)) => (d, Some(p)),
+        None => (s.as_str(), None),
+    };
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
+    };
+    if d.len() > 200 || !d.split('.').all(label_ok) {
+        return Err("a domain like sandboxes.example.com (letters, digits, hyphens, dots), optionally with :port".into());
+    }
+    if let Some(p) = port {
+        if !p.parse::<u16>().is_ok_and(|p| p > 0) {
+            return Err("the port after the domain must be 1-65535".into());
+        }
+    }
+    Ok(s)
+}
+
+/// `http` or `https`.
+fn public_scheme(s: &str) -> Result<String, String> {
+    match s.trim() {
+        "http" | "https" => Ok(s.trim().to_string()),
+        _ => Err("http or https".into()),
+    }
+}
+
 /// The text without surrounding blanks.
 fn trimmed(s: &str) -> Result<String, String> {
     Ok(s.trim().to_string())
@@ -1028,6 +1097,8 @@ mod tests {
         ("--wbx-max-memory-mb", "ISOBOX_WBX_MAX_MEMORY_MB"),
         ("--wbx-max-total", "ISOBOX_WBX_MAX_TOTAL"),
         ("--wbx-max-timeout-s", "ISOBOX_WBX_MAX_TIMEOUT_S"),
+        ("--public-domain", "ISOBOX_PUBLIC_DOMAIN"),
+        ("--public-scheme", "ISOBOX_PUBLIC_SCHEME"),
         ("--init", "ISOBOX_INIT"),
     ];
 

@@ -103,6 +103,15 @@ impl Sbx {
     }
 }
 
+impl Sbx {
+    /// The sandbox's address on its link (`None`: it has no network).
+    pub(super) fn net_addr(&self) -> Option<std::net::Ipv4Addr> {
+        self.net
+            .as_ref()
+            .map(crate::netfilter::NetLease::sandbox_addr)
+    }
+}
+
 impl State {
     /// How the document (and the 409s) name it.
     pub(super) fn name(self) -> &'static str {
@@ -186,6 +195,12 @@ impl Table {
             .get(id)
             .copied()
             .filter(|&k| self.boxes.get(k).is_some_and(|b| b.tenant == tenant))
+    }
+
+    /// The live sandbox `id`, whoever's it is (its public URLs are authorised by its
+    /// token, not by a tenant).
+    pub(super) fn by_id_any(&self, id: &str) -> Option<usize> {
+        self.by_id.get(id).copied()
     }
 
     /// Whether nothing is left to end.
@@ -300,6 +315,13 @@ impl Daemon {
                 Some(k) => self.box_metrics(ck, k),
                 None => respond(self, wsb::not_found()),
             },
+            Op::Url(id, port) => match self.boxes.find(&tenant, &id) {
+                Some(k) => {
+                    let r = self.box_url(k, port);
+                    respond(self, r);
+                }
+                None => respond(self, wsb::not_found()),
+            },
             Op::Exec { id, exec, stream } => match self.boxes.find(&tenant, &id) {
                 Some(k) => self.exec_start(ck, k, *exec, stream),
                 None => respond(self, wsb::not_found()),
@@ -333,6 +355,30 @@ impl Daemon {
                 None => respond(self, wsb::not_found()),
             },
         }
+    }
+
+    /// `GET …/url?port=`: the port's public URL and the sandbox's token. A paused
+    /// sandbox has its URL too (its requests get a page saying it is paused).
+    fn box_url(&self, k: usize, port: u16) -> Response {
+        let b = &self.boxes.boxes[k];
+        if b.state == State::Starting {
+            return crate::wbx::error(409, "the sandbox is starting");
+        }
+        if b.net_addr().is_none() {
+            let why = if b.network == Net::None {
+                "the sandbox has no network (network.mode none): public URLs need mode full"
+            } else {
+                "the sandbox has no network: this server runs without sandbox networking (ISOBOX_EGRESS=off, or egress not verified when it started)"
+            };
+            return crate::wbx::error(409, why);
+        }
+        let url = self.public_url(port, &b.id);
+        let token = self.url_token(&b.id);
+        let with = format!("{url}?wbx_token={token}");
+        Response::json(
+            200,
+            &serde_json::json!({"url": url, "url_with_token": with, "token": token}),
+        )
     }
 
     pub(super) fn box_json(&self, b: &Sbx) -> serde_json::Value {
@@ -793,6 +839,9 @@ impl Daemon {
                 self.boxes.by_id.remove(&id);
             }
             self.box_fail_waiters(key, 502, &format!("the sandbox ended: {why}"));
+            if let Some(serial) = self.boxes.boxes.get(key).map(|b| b.serial) {
+                self.proxy_sandbox_ended(key, serial);
+            }
         }
         let Some(b) = self.boxes.boxes.get_mut(key) else {
             return;

@@ -258,7 +258,7 @@ impl Daemon {
         let per_ip = self.conns_per_ip.get(&client).copied().unwrap_or(0);
         let refuse = if self.app.shutting_down {
             Some("shutting down")
-        } else if self.conns.len() >= self.cfg.max_connections {
+        } else if self.conns.len() + self.proxies.len() >= self.cfg.max_connections {
             Some("too many open connections")
         } else if per_ip >= self.cfg.max_connections_per_ip {
             Some("too many open connections from this address")
@@ -307,7 +307,7 @@ impl Daemon {
     }
 
     /// Forgets one open connection of `peer`'s address.
-    fn conn_uncount(&mut self, peer: SocketAddr) {
+    pub(crate) fn conn_uncount(&mut self, peer: SocketAddr) {
         let client = crate::admission::ratelimit::client_key(peer.ip());
         if let Some(n) = self.conns_per_ip.get_mut(&client) {
             *n -= 1;
@@ -448,6 +448,13 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
+        // A sandbox's public URL never reaches the API: the connection goes to the proxy.
+        if super::proxy::public_host(head.header("host"), &self.public.domain)
+            != super::proxy::PublicHost::No
+        {
+            self.proxy_take(ck, head);
+            return;
+        }
         let (route, params) = match Routed::resolve(&head.method, &head.path) {
             Ok(r) => r,
             Err(resp) => {

@@ -29,6 +29,7 @@ mod finish;
 mod kernel_steps;
 pub mod kernels;
 mod output;
+mod proxy;
 pub mod runs;
 mod sink;
 mod startup;
@@ -60,7 +61,7 @@ const HOUSEKEEPING: u16 = 2;
 const SHUTDOWN_GRACE: u16 = 3;
 
 /// Every component, in the order of their ids (checked by `Reactor::add` at startup).
-fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 8] {
+fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 9] {
     [
         (LIFECYCLE, &Lifecycle),
         (conn::HTTP, &conn::Http),
@@ -70,6 +71,7 @@ fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 8] {
         (agent::AGENT, &agent::Agents),
         (egress::EGRESS, &egress::EgressChecks),
         (boxes::BOXES, &boxes::Boxes),
+        (proxy::PROXY, &proxy::Proxies),
     ]
 }
 
@@ -119,6 +121,13 @@ pub struct Daemon {
     pub(crate) agent_serial: u64,
     /// Long-lived sandboxes (the WBX face's).
     pub(crate) boxes: boxes::Table,
+    /// Connections to sandboxes' public URLs.
+    pub(crate) proxies: Slab<proxy::ProxyConn>,
+    pub(crate) proxy_serial: u64,
+    /// The key public-URL tokens are derived with (drawn at start, never stored).
+    pub(crate) url_key: ring::hmac::Key,
+    /// Where public URLs live (the listening port filled in).
+    pub(crate) public: crate::config::PublicUrls,
 }
 
 impl Host for Daemon {
@@ -319,6 +328,7 @@ impl Daemon {
         // A long-lived sandbox has no end to wait for: it ends now (a restart loses
         // them, as documented).
         self.box_end_all("the daemon is shutting down");
+        self.proxy_close_all();
         self.agent_stop_all();
         self.warm_drain();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);

@@ -271,6 +271,7 @@ impl Daemon {
         } else {
             None
         };
+        let cfg_public = cfg.public.clone();
         Ok(Daemon {
             cfg,
             reactor,
@@ -299,6 +300,26 @@ impl Daemon {
             agent_threads,
             boxes: Default::default(),
             agent_serial: 0,
+            proxies: Slab::new(),
+            proxy_serial: 0,
+            url_key: {
+                use ring::rand::SecureRandom;
+                let mut k = [0u8; 32];
+                ring::rand::SystemRandom::new()
+                    .fill(&mut k)
+                    .map_err(|_| DaemonError::Io {
+                        what: "drawing the public-URL key".into(),
+                        source: io::Error::other("the system's random source failed"),
+                    })?;
+                ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k)
+            },
+            public: {
+                let mut p = cfg_public;
+                if p.port == Some(0) {
+                    p.port = Some(local_addr.port());
+                }
+                p
+            },
         })
     }
 }

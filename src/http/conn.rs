@@ -243,6 +243,14 @@ impl<R, W: Owner> Conn<R, W> {
         self.wbuf.len() - self.wpos
     }
 
+    /// Takes the bytes queued and not yet written (the connection changes hands).
+    pub fn take_pending_write(&mut self) -> Vec<u8> {
+        let rest = self.wbuf.split_off(self.wpos);
+        self.wbuf.clear();
+        self.wpos = 0;
+        rest
+    }
+
     /// The write buffer is at its bound: produce nothing more for this client.
     pub fn write_full(&self) -> bool {
         self.pending_write() >= MAX_WRITE_BUFFER_BYTES

@@ -7,6 +7,7 @@ pub mod conn;
 pub mod lazy;
 pub mod limits;
 pub mod parse;
+pub mod relay;
 pub mod response;
 pub mod sse;
 

@@ -84,6 +84,9 @@ const META_L4PROTO: u32 = 16;
 const META_IIFNAME: u32 = 6;
 const META_OIFNAME: u32 = 7;
 const CT_STATE: u32 = 0;
+const CT_DIRECTION: u32 = 1;
+/// `IP_CT_DIR_REPLY`.
+const DIR_REPLY: u8 = 1;
 const CMP_EQ: u32 = 0;
 const CMP_NEQ: u32 = 1;
 const BASE_NETWORK: u32 = 1;
@@ -271,8 +274,8 @@ fn addr_in(offset: u32, c: Cidr) -> [Expr; 3] {
 impl Ruleset {
     /// The egress policy for sandbox links named `prefix*` with addresses from `pool`:
     /// no IPv6, none of `deny` (which must include the pool), no SMTP, nothing into a
-    /// sandbox but replies, nothing to the host itself, no more than `limits` per sandbox
-    /// link, and masquerade out.
+    /// sandbox but replies, nothing to the host itself but replies to the host's own
+    /// connections, no more than `limits` per sandbox link, and masquerade out.
     pub fn egress(table: &str, prefix: &str, pool: Cidr, deny: &[Cidr], limits: Limits) -> Ruleset {
         let drop = || Expr::Verdict(NF_DROP);
         let mut fwd: Vec<Vec<Expr>> = Vec::new();
@@ -349,6 +352,14 @@ impl Ruleset {
         r.push(drop());
         fwd.push(r);
 
+        // Into the host from a sandbox link: only replies to connections the host
+        // opened (the public-URL proxy's), nothing a sandbox starts.
+        let mut replies: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        replies.extend([
+            Expr::Ct(CT_DIRECTION),
+            Expr::Cmp(CMP_EQ, vec![DIR_REPLY]),
+            Expr::Verdict(NF_ACCEPT),
+        ]);
         let mut input: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
         input.push(drop());
 
@@ -375,7 +386,7 @@ impl Ruleset {
                     kind: "filter",
                     hook: HOOK_INPUT,
                     priority: 0,
-                    rules: vec![input],
+                    rules: vec![replies, input],
                 },
                 Chain {
                     name: "postrouting",
@@ -779,7 +790,7 @@ mod tests {
     #[test]
     fn normalising_our_own_encoding_is_stable_and_readable() {
         let r = rs();
-        assert_eq!(r.rule_count(), 2 + 2 + 3 + 3 + 2 + 1 + 1);
+        assert_eq!(r.rule_count(), 2 + 2 + 3 + 3 + 2 + 2 + 1);
         let fwd = &r.chains[0].rules;
         let text = normalise_rule(&encode_rule(&fwd[2]));
         // iifname "ibabcde*" ip daddr 10.200.0.0/16 drop

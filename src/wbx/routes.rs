@@ -59,6 +59,8 @@ pub enum Route {
     FsRemove,
     /// `GET /v1/sandboxes/{id}/fs/watch`
     FsWatch,
+    /// `GET /v1/sandboxes/{id}/url?port=`
+    Url,
     /// `GET`, `HEAD`, `PUT`, `DELETE /v1/sandboxes/{id}/files` (a `PUT` is taken over
     /// at its head, its body streamed: see `daemon::box_transfer`)
     Files,
@@ -125,6 +127,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/pause", POST, Route::Pause, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/resume", POST, Route::Resume, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/metrics", GET, Route::Metrics, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/url", GET, Route::Url, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/env", POST, Route::Env, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/process", &["GET", "HEAD", "POST"], Route::Processes, Class::Memory, EXEC_BODY_BYTES),
     row("/v1/sandboxes/{id}/process/{pid}", &["GET", "HEAD", "DELETE"], Route::Process, Class::Memory, DEFAULT_BODY_BYTES),
@@ -208,6 +211,7 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         Route::Pause => sandboxes::no_fields(req, Op::Pause(sid)),
         Route::Resume => sandboxes::no_fields(req, Op::Resume(sid)),
         Route::Metrics => Ok(Op::Metrics(sid)),
+        Route::Url => sandboxes::url(req, sid),
         Route::Env => processes::env(req, sid),
         Route::Processes if method == "POST" => processes::start(req, sid),
         Route::Processes => Ok(Op::Proc(sid, ProcOp::List)),

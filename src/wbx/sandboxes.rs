@@ -144,6 +144,8 @@ pub enum Op {
     Resume(String),
     /// `GET /v1/sandboxes/{id}/metrics`.
     Metrics(String),
+    /// `GET /v1/sandboxes/{id}/url?port=`.
+    Url(String, u16),
     /// `POST /v1/sandboxes/{id}/exec` (or `/exec/stream`: NDJSON).
     Exec {
         /// The sandbox.
@@ -402,6 +404,24 @@ pub fn timeout(req: &Request, id: String, limits: &Limits) -> Result<Op, Respons
 }
 
 /// A request whose body, if any, must be an empty JSON object (`pause`, `resume`).
+/// `GET …/url?port=`: the port, 1–65535.
+pub fn url(req: &Request, id: String) -> Result<Op, Response> {
+    match req.head.query_param("port") {
+        None => Err(error(400, "port: required, e.g. ?port=8000")),
+        Some(p) => match p.parse::<u16>() {
+            Ok(n) if n > 0 => Ok(Op::Url(id, n)),
+            _ => Err(error(
+                400,
+                &format!(
+                    "port: must be a port number from 1 to 65535, not {:?}",
+                    p.chars().take(16).collect::<String>()
+                ),
+            )),
+        },
+    }
+}
+
+/// A request that takes no fields.
 pub fn no_fields(req: &Request, op: Op) -> Result<Op, Response> {
     Fields::of(req, &[])?;
     Ok(op)

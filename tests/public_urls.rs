@@ -1,0 +1,597 @@
+//! Public URLs of long-lived sandboxes (`GET /wbx/v1/sandboxes/{id}/url?port=` and the
+//! proxy behind `<port>-<id>.<domain>`), against the real daemon with real runsc and
+//! its own network namespace (egress on, as in production): apps started in a sandbox
+//! reached the way a browser or a program would, with the header and with the cookie
+//! flow, a WebSocket echo through the proxy, and everything that must not be reachable.
+
+mod common;
+#[path = "common/fakenet.rs"]
+mod fakenet;
+
+use common::{read_response, Daemon, Resp};
+use fakenet::{FakeNet, DNS};
+use serde_json::{json, Value};
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// An app for the tests: echoes each request as JSON (its method, path, headers and
+/// the body's length and SHA-256; chunked request bodies decoded), answers `/chunked`
+/// in chunks, `/big?n=` with n bytes, and echoes WebSocket text frames.
+const APP: &str = r#"
+import base64, hashlib, json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return out
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+    def reply(self, body):
+        heads = {}
+        for k, v in self.headers.items():
+            heads.setdefault(k.lower(), []).append(v)
+        out = json.dumps({"method": self.command, "path": self.path, "headers": heads,
+                          "body_len": len(body),
+                          "body_sha256": hashlib.sha256(body).hexdigest()}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.send_header("Set-Cookie", "app_session=xyz; Path=/")
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_GET(self):
+        if self.headers.get("Upgrade", "").lower() == "websocket":
+            return self.websocket()
+        if self.path.startswith("/chunked"):
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (b"one,", b"two,", b"three"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        if self.path.startswith("/big"):
+            n = int(self.path.split("n=")[1])
+            self.send_response(200)
+            self.send_header("Content-Length", str(n))
+            self.end_headers()
+            chunk = bytes(range(256)) * 256
+            while n > 0:
+                self.wfile.write(chunk[:n])
+                n -= min(n, len(chunk))
+            return
+        self.reply(b"")
+
+    def do_POST(self):
+        self.reply(self.body())
+
+    do_PUT = do_POST
+
+    def websocket(self):
+        key = self.headers["Sec-WebSocket-Key"]
+        accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("Sec-WebSocket-Accept", accept.decode())
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        while True:
+            h = self.rfile.read(2)
+            if len(h) < 2:
+                return
+            op, n = h[0] & 0x0F, h[1] & 0x7F
+            if n == 126:
+                n = int.from_bytes(self.rfile.read(2), "big")
+            mask = self.rfile.read(4)
+            data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(n)))
+            if op == 8:
+                self.wfile.write(b"\x88\x00")
+                self.wfile.flush()
+                return
+            reply = b"echo: " + data
+            self.wfile.write(bytes([0x81, len(reply)]) + reply)
+            self.wfile.flush()
+
+ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H).serve_forever()
+"#;
+
+fn wbx(d: &Daemon, method: &str, path: &str, body: Option<&Value>) -> Resp {
+    let b = body.map(|b| b.to_string()).unwrap_or_default();
+    d.request(
+        method,
+        &format!("/wbx{path}"),
+        &[("Content-Type", "application/json")],
+        b.as_bytes(),
+    )
+}
+
+fn create(d: &Daemon, body: &Value) -> String {
+    let r = wbx(d, "POST", "/v1/sandboxes", Some(body));
+    assert_eq!(r.status, 201, "{}\nlog:\n{}", r.text(), d.log());
+    r.json()["id"].as_str().unwrap().to_string()
+}
+
+fn exec(d: &Daemon, id: &str, cmd: &str) -> Value {
+    let r = wbx(
+        d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(&json!({ "cmd": cmd })),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// The error message of a WBX error (checking the shape `{"error": "..."}`).
+fn err(r: &Resp) -> String {
+    let v = r.json();
+    assert_eq!(v.as_object().map(|o| o.len()), Some(1), "{v}");
+    v["error"].as_str().expect("a message").to_string()
+}
+
+/// Writes one raw request to the daemon (from its namespace) and reads the answer.
+fn raw(d: &Daemon, s: &mut TcpStream, req: &[u8], head_only: bool) -> Resp {
+    s.write_all(req).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    read_response(&mut r, head_only).unwrap_or_else(|| panic!("no answer; log:\n{}", d.log()))
+}
+
+/// A request to a public host on a fresh connection, `Connection: close`.
+fn get(d: &Daemon, host: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    raw(d, &mut d.connect(), req.as_bytes(), false)
+}
+
+/// The host part of a URL (`http://HOST/…`).
+fn host_of(url: &str) -> String {
+    url.strip_prefix("http://")
+        .and_then(|r| r.split('/').next())
+        .unwrap_or_else(|| panic!("an http URL: {url}"))
+        .to_string()
+}
+
+/// Polls `host` until it answers 200 (the app is up).
+fn wait_up(d: &Daemon, host: &str, token: &str) {
+    let t0 = Instant::now();
+    loop {
+        let r = get(d, host, "/", &[("X-WBX-Token", token)]);
+        if r.status == 200 {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{host} never came up: {} {}\nlog:\n{}",
+            r.status,
+            r.text(),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
+    let fake = FakeNet::new();
+    let d = Daemon::start_in_netns(&fake.harness, &[("ISOBOX_NET_DNS", DNS)]);
+    d.wait_ready();
+    let a = create(&d, &json!({"template": "base"}));
+    let b = create(&d, &json!({}));
+
+    // The URL, as the document shows it: one token per sandbox, the same on every call.
+    let r = wbx(&d, "GET", &format!("/v1/sandboxes/{a}/url?port=8000"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let u = r.json();
+    let keys: Vec<&String> = u.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["token", "url", "url_with_token"], "{u}");
+    let (url, token) = (u["url"].as_str().unwrap(), u["token"].as_str().unwrap());
+    let hex = a.strip_prefix("sb_").unwrap();
+    assert_eq!(
+        url,
+        format!("http://8000-sb-{hex}.localhost:{}/", d.addr.port()),
+        "<port>-<id>.localhost:<daemon port>, no DNS needed"
+    );
+    assert_eq!(u["url_with_token"], format!("{url}?wbx_token={token}"));
+    assert!(
+        token.len() >= 43
+            && token
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'),
+        "{token}"
+    );
+    let again = wbx(&d, "GET", &format!("/v1/sandboxes/{a}/url?port=8001"), None).json();
+    assert_eq!(again["token"], token, "one token per sandbox");
+    let tb = wbx(&d, "GET", &format!("/v1/sandboxes/{b}/url?port=8000"), None).json();
+    assert_ne!(tb["token"], token, "each sandbox has its own");
+    assert!(!d.log().contains(token), "the token is never logged");
+    // Bad ports and unknown sandboxes.
+    for (q, want) in [
+        ("", "port: required"),
+        ("?port=0", "port: must be a port number from 1 to 65535"),
+        ("?port=65536", "port: must be a port number from 1 to 65535"),
+        ("?port=http", "port: must be a port number from 1 to 65535"),
+    ] {
+        let r = wbx(&d, "GET", &format!("/v1/sandboxes/{a}/url{q}"), None);
+        assert_eq!(r.status, 400, "{q}: {}", r.text());
+        assert!(err(&r).contains(want), "{q}: {}", r.text());
+    }
+    let r = wbx(
+        &d,
+        "GET",
+        "/v1/sandboxes/sb_000000000000000000000000/url?port=80",
+        None,
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    let none = create(&d, &json!({"network": {"mode": "none"}}));
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{none}/url?port=8000"),
+        None,
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(err(&r).contains("network.mode none"), "{}", r.text());
+
+    // The document's own example: python3 -m http.server started in the background.
+    exec(
+        &d,
+        &a,
+        "mkdir -p /home/user/site && echo 'hello from the sandbox' > /home/user/site/hello.txt",
+    );
+    exec(
+        &d,
+        &a,
+        "cd /home/user/site && nohup python3 -m http.server 8000 >/tmp/srv.log 2>&1 &",
+    );
+    let r = d.request(
+        "PUT",
+        &format!("/wbx/v1/sandboxes/{a}/files?path=/home/user/app.py"),
+        &[],
+        APP.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    exec(
+        &d,
+        &a,
+        "nohup python3 /home/user/app.py 0.0.0.0 8001 >/tmp/app.log 2>&1 &",
+    );
+    exec(
+        &d,
+        &a,
+        "nohup python3 /home/user/app.py 127.0.0.1 8002 >/tmp/app2.log 2>&1 &",
+    );
+    let host = host_of(url);
+    wait_up(&d, &host, token);
+
+    // With the header.
+    let r = get(&d, &host, "/hello.txt", &[("X-WBX-Token", token)]);
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "hello from the sandbox\n")
+    );
+    // Without it, or with a wrong one, or another sandbox's: an error page, no app.
+    for t in [None, Some("wrong"), Some(tb["token"].as_str().unwrap())] {
+        let h: Vec<(&str, &str)> = t.map(|t| ("X-WBX-Token", t)).into_iter().collect();
+        let r = get(&d, &host, "/hello.txt", &h);
+        assert_eq!(r.status, 401, "{t:?}: {}", r.text());
+        assert!(r.header("content-type").unwrap().starts_with("text/html"));
+        assert!(
+            r.text().contains("token") && !r.text().contains("hello from"),
+            "{}",
+            r.text()
+        );
+    }
+    // The cookie flow: the token moves into a cookie for this host and out of the URL.
+    let r = get(
+        &d,
+        &host,
+        &format!("/hello.txt?x=1&wbx_token={token}&y=2"),
+        &[],
+    );
+    assert_eq!(r.status, 302, "{}", r.text());
+    assert_eq!(r.header("location"), Some("/hello.txt?x=1&y=2"));
+    let cookie = r.header("set-cookie").unwrap().to_string();
+    assert_eq!(
+        cookie,
+        format!("wbx_token={token}; Path=/; HttpOnly; SameSite=Lax")
+    );
+    let r = get(
+        &d,
+        &host,
+        "/hello.txt?x=1&y=2",
+        &[("Cookie", &format!("wbx_token={token}"))],
+    );
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "hello from the sandbox\n")
+    );
+    let r = get(&d, &host, "/?wbx_token=nope", &[]);
+    assert_eq!(
+        r.status, 401,
+        "a wrong token in a link is refused, not redirected"
+    );
+
+    // What the app gets: the client's address, its own Authorization and cookies;
+    // never our token, header or cookie.
+    let app = host.replacen("8000-", "8001-", 1);
+    let r = get(
+        &d,
+        &app,
+        "/echo?q=1",
+        &[
+            ("X-WBX-Token", token),
+            ("Authorization", "Bearer the-apps-own"),
+            (
+                "Cookie",
+                &format!("session=abc; wbx_token={token}; theme=dark"),
+            ),
+            ("X-Forwarded-For", "203.0.113.50"),
+        ],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("set-cookie"),
+        Some("app_session=xyz; Path=/"),
+        "the app's own cookies come back"
+    );
+    let e = r.json();
+    assert!(
+        !r.text().contains(token),
+        "the app never sees the token: {e}"
+    );
+    assert_eq!(e["path"], "/echo?q=1");
+    assert_eq!(
+        e["headers"]["authorization"],
+        json!(["Bearer the-apps-own"])
+    );
+    assert_eq!(e["headers"]["cookie"], json!(["session=abc; theme=dark"]));
+    assert_eq!(
+        e["headers"]["x-forwarded-for"],
+        json!(["203.0.113.50, 127.0.0.1"])
+    );
+    assert_eq!(e["headers"]["x-forwarded-proto"], json!(["http"]));
+    assert_eq!(e["headers"]["host"], json!([app]));
+    assert!(e["headers"].get("x-wbx-token").is_none(), "{e}");
+
+    // Bodies both ways, chunked and not, several requests on one connection.
+    let mut s = d.connect();
+    let body = vec![b'z'; 3 << 20];
+    let head = format!(
+        "POST /up HTTP/1.1\r\nHost: {app}\r\nX-WBX-Token: {token}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut req = head.into_bytes();
+    req.extend_from_slice(&body);
+    let r = raw(&d, &mut s, &req, false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["body_len"], 3 << 20);
+    let chunked = format!(
+        "PUT /up HTTP/1.1\r\nHost: {app}\r\nX-WBX-Token: {token}\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    );
+    let r = raw(&d, &mut s, chunked.as_bytes(), false);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["body_len"], 11);
+    let r = raw(
+        &d,
+        &mut s,
+        format!("GET /chunked HTTP/1.1\r\nHost: {app}\r\nX-WBX-Token: {token}\r\n\r\n").as_bytes(),
+        false,
+    );
+    assert_eq!((r.status, r.text().as_str()), (200, "one,two,three"));
+    assert_eq!(r.header("transfer-encoding"), Some("chunked"));
+    let n = 5 << 20;
+    let r = raw(
+        &d,
+        &mut s,
+        format!("GET /big?n={n} HTTP/1.1\r\nHost: {app}\r\nX-WBX-Token: {token}\r\n\r\n")
+            .as_bytes(),
+        false,
+    );
+    assert_eq!((r.status, r.body.len()), (200, n));
+    assert!(r
+        .body
+        .chunks(256)
+        .all(|c| c.iter().enumerate().all(|(i, &b)| b as usize == i)));
+    // One connection, two sandboxes' ports: each request goes where its Host says.
+    let r = raw(
+        &d,
+        &mut s,
+        format!("GET /hello.txt HTTP/1.1\r\nHost: {host}\r\nX-WBX-Token: {token}\r\n\r\n")
+            .as_bytes(),
+        false,
+    );
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "hello from the sandbox\n")
+    );
+    // HEAD: the head alone.
+    let r = raw(
+        &d,
+        &mut s,
+        format!("HEAD /hello.txt HTTP/1.1\r\nHost: {host}\r\nX-WBX-Token: {token}\r\n\r\n")
+            .as_bytes(),
+        true,
+    );
+    assert_eq!((r.status, r.header("content-length")), (200, Some("23")));
+    drop(s);
+
+    // A WebSocket through the proxy.
+    let mut ws = d.connect();
+    let handshake = format!(
+        "GET /chat HTTP/1.1\r\nHost: {app}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+         Cookie: wbx_token={token}\r\n\r\n"
+    );
+    ws.write_all(handshake.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        ws.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
+    for msg in ["hello through the proxy", "and again"] {
+        let mask = [1u8, 2, 3, 4];
+        let mut frame = vec![0x81, 0x80 | msg.len() as u8];
+        frame.extend_from_slice(&mask);
+        frame.extend(msg.bytes().enumerate().map(|(i, c)| c ^ mask[i % 4]));
+        ws.write_all(&frame).unwrap();
+        let mut h = [0u8; 2];
+        ws.read_exact(&mut h).unwrap();
+        let mut payload = vec![0u8; usize::from(h[1])];
+        ws.read_exact(&mut payload).unwrap();
+        assert_eq!(
+            (h[0], String::from_utf8(payload).unwrap()),
+            (0x81, format!("echo: {msg}"))
+        );
+    }
+    ws.write_all(&[0x88, 0x80, 0, 0, 0, 0]).unwrap();
+    let mut rest = Vec::new();
+    ws.read_to_end(&mut rest).unwrap();
+    assert_eq!(
+        rest,
+        [0x88, 0x00],
+        "the close frame, then the end of the pipe"
+    );
+
+    // Nothing else is reachable: a port nobody listens on, an app on 127.0.0.1 only,
+    // another sandbox with this one's token, a name that is no sandbox.
+    let r = get(
+        &d,
+        &host.replacen("8000-", "8009-", 1),
+        "/",
+        &[("X-WBX-Token", token)],
+    );
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(
+        r.text().contains("Nothing listens on port 8009"),
+        "{}",
+        r.text()
+    );
+    let r = get(
+        &d,
+        &host.replacen("8000-", "8002-", 1),
+        "/",
+        &[("X-WBX-Token", token)],
+    );
+    assert_eq!(
+        r.status,
+        502,
+        "127.0.0.1 inside the sandbox is not its address: {}",
+        r.text()
+    );
+    let other = host.replacen(hex, b.strip_prefix("sb_").unwrap(), 1);
+    let r = get(&d, &other, "/hello.txt", &[("X-WBX-Token", token)]);
+    assert_eq!(r.status, 401, "{}", r.text());
+    let r = get(
+        &d,
+        &other,
+        "/hello.txt",
+        &[("X-WBX-Token", tb["token"].as_str().unwrap())],
+    );
+    assert_eq!(r.status, 502, "B has no app: {}", r.text());
+    let r = get(
+        &d,
+        &format!("8000-sb-{}.localhost", "0".repeat(24)),
+        "/",
+        &[],
+    );
+    assert_eq!(
+        r.status, 401,
+        "no token, no answer about which sandboxes exist"
+    );
+    let r = get(&d, "nonsense.localhost", "/", &[]);
+    assert_eq!(r.status, 404, "{}", r.text());
+    // The API beside it, on the same port, is untouched.
+    let r = d.get("/healthz");
+    assert_eq!(r.status, 200);
+
+    // Paused: an error page; resumed: the app again; deleted: gone.
+    let r = wbx(&d, "POST", &format!("/v1/sandboxes/{a}/pause"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(&d, &host, "/hello.txt", &[("X-WBX-Token", token)]);
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("paused"), "{}", r.text());
+    let r = wbx(&d, "POST", &format!("/v1/sandboxes/{a}/resume"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(&d, &host, "/hello.txt", &[("X-WBX-Token", token)]);
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "hello from the sandbox\n")
+    );
+    // A keep-alive connection open when the sandbox is deleted is closed with it.
+    let mut s = d.connect();
+    let r = raw(
+        &d,
+        &mut s,
+        format!("GET /hello.txt HTTP/1.1\r\nHost: {host}\r\nX-WBX-Token: {token}\r\n\r\n")
+            .as_bytes(),
+        false,
+    );
+    assert_eq!(r.status, 200);
+    let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{a}"), None);
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = raw(
+        &d,
+        &mut s,
+        format!("GET /hello.txt HTTP/1.1\r\nHost: {host}\r\nX-WBX-Token: {token}\r\n\r\n")
+            .as_bytes(),
+        false,
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains("ended or does not exist"), "{}", r.text());
+    for id in [&b, &none] {
+        assert_eq!(
+            wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None).status,
+            204
+        );
+    }
+}
+
+#[test]
+fn test_no_public_urls_without_sandbox_networking() {
+    // The suite's default daemon runs with ISOBOX_EGRESS=off: sandboxes have no link.
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}));
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/url?port=8000"),
+        None,
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(err(&r).contains("ISOBOX_EGRESS=off"), "{}", r.text());
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None).status,
+        204
+    );
+}
