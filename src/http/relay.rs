@@ -271,10 +271,18 @@ impl Relay {
         out.push(b' ');
         out.extend_from_slice(f.target.as_bytes());
         out.extend_from_slice(b" HTTP/1.1\r\n");
+        // Exactly one Host, the one the request was routed by (an HTTP/1.0 head may
+        // carry none, or several).
+        header(
+            &mut out,
+            "host",
+            head.header("host").unwrap_or("").as_bytes(),
+        );
         let mut xff: Option<Vec<u8>> = None;
         for (name, value) in &head.headers {
             let n = name.as_str();
-            if HOP_BY_HOP.contains(&n)
+            if n == "host"
+                || HOP_BY_HOP.contains(&n)
                 || f.strip.contains(&n)
                 || n == "cookie"
                 || n == "content-length"
@@ -869,6 +877,17 @@ mod tests {
             r.from_upstream.extend_from_slice(bad);
             assert!(r.pump().is_err(), "{}", text(bad));
         }
+        // An HTTP/1.0 head with two Hosts reaches the app with the first alone.
+        let mut r = Relay::new(Vec::new());
+        r.forward(
+            &head("GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"),
+            &fwd("/"),
+        );
+        let up = text(&r.to_upstream);
+        assert!(
+            up.contains("host: a\r\n") && !up.contains("host: b"),
+            "{up}"
+        );
         let mut r = Relay::new(Vec::new());
         r.forward(&head("GET / HTTP/1.1\r\nHost: h\r\n\r\n"), &fwd("/"));
         r.from_upstream.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
