@@ -528,7 +528,7 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
         r.status, 401,
         "no token, no answer about which sandboxes exist"
     );
-    let r = get(&d, "nonsense.localhost", "/", &[]);
+    let r = get(&d, "8000-nonsense.localhost", "/", &[]);
     assert_eq!(r.status, 404, "{}", r.text());
     // The API beside it, on the same port, is untouched.
     let r = d.get("/healthz");

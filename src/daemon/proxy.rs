@@ -130,8 +130,13 @@ pub(crate) fn public_host(host: Option<&str>, domain: &str) -> PublicHost {
     let Some(label) = name.strip_suffix(domain).and_then(|l| l.strip_suffix('.')) else {
         return PublicHost::No;
     };
-    let Some((port, id)) = label.split_once('-') else {
-        return PublicHost::Malformed;
+    // Only `<digits>-…` is a sandbox address: other names under the domain (an
+    // `api.` beside the sandboxes) stay the API's.
+    let Some((port, id)) = label
+        .split_once('-')
+        .filter(|(p, _)| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()))
+    else {
+        return PublicHost::No;
     };
     let port = match port.parse::<u16>() {
         Ok(p) if p > 0 && !port.starts_with('0') => p,
@@ -926,13 +931,12 @@ mod tests {
             assert_eq!(p(no), PublicHost::No, "{no}");
         }
         for bad in [
-            "sb-0123456789abcdef01234567.localhost",
             "0-sb-0123456789abcdef01234567.localhost",
             "08000-sb-0123456789abcdef01234567.localhost",
             "70000-sb-0123456789abcdef01234567.localhost",
             "8000-sb-0123.localhost",
             "8000-sb-0123456789abcdef01234567.a.localhost",
-            "x.localhost",
+            "8000-nonsense.localhost",
         ] {
             assert_eq!(p(bad), PublicHost::Malformed, "{bad}");
         }
