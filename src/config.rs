@@ -263,6 +263,10 @@ struct Args {
     /// scheme of public URLs: http, or https behind a TLS front (cookies get Secure)
     #[arg(long, env = "ISOBOX_PUBLIC_SCHEME", default_value = "http", value_parser = Value(public_scheme))]
     public_scheme: String,
+    /// ready long-lived sandboxes kept booted per template, `template=N,…` (`off`: none);
+    /// a create of that template with network full takes one (`"warm": true`)
+    #[arg(long, env = "ISOBOX_WBX_WARM_POOL", default_value = "base=1", value_parser = Value(warm_pool))]
+    wbx_warm_pool: std::vec::Vec<(String, usize)>,
     /// the isobox-init binary long-lived sandboxes run as their init (default: beside
     /// isoboxd's own executable)
     #[arg(long, env = "ISOBOX_INIT", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
@@ -475,6 +479,7 @@ impl Config {
                 max_vcpu: a.wbx_max_vcpu,
                 max_mem_mb: a.wbx_max_memory_mb,
                 max_timeout_s: a.wbx_max_timeout_s,
+                warm_pool: a.wbx_warm_pool,
                 max_total: a.wbx_max_total,
             },
             public: {
@@ -991,6 +996,8 @@ pub struct WbxLimits {
     pub max_mem_mb: u64,
     /// Longest lifetime a sandbox may be given, seconds (`timeout_s` is capped to it).
     pub max_timeout_s: u64,
+    /// Ready sandboxes kept per template (template name, count).
+    pub warm_pool: Vec<(String, usize)>,
     /// Sandboxes on this server at once, all tenants together.
     pub max_total: usize,
 }
@@ -1097,6 +1104,7 @@ mod tests {
         ("--wbx-max-memory-mb", "ISOBOX_WBX_MAX_MEMORY_MB"),
         ("--wbx-max-total", "ISOBOX_WBX_MAX_TOTAL"),
         ("--wbx-max-timeout-s", "ISOBOX_WBX_MAX_TIMEOUT_S"),
+        ("--wbx-warm-pool", "ISOBOX_WBX_WARM_POOL"),
         ("--public-domain", "ISOBOX_PUBLIC_DOMAIN"),
         ("--public-scheme", "ISOBOX_PUBLIC_SCHEME"),
         ("--init", "ISOBOX_INIT"),

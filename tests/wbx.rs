@@ -2646,3 +2646,107 @@ fn test_fs_watch_reports_what_commands_change() {
     d.assert_clean();
     d.stop();
 }
+
+#[test]
+fn test_the_warm_pool_serves_creates_at_once_and_refills() {
+    let d = Daemon::start_with(&[("ISOBOX_WBX_WARM_POOL", "base=1")]);
+    d.wait_ready();
+    let pool = |d: &Daemon| {
+        let h = d.get("/healthz");
+        assert_eq!(h.status, 200);
+        h.json()["wbxWarmPool"].clone()
+    };
+    let wait_full = |d: &Daemon| {
+        let t0 = Instant::now();
+        while pool(d)["templates"]["base"]["ready"] != 1 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the pool never filled: {}\nlog:\n{}",
+                pool(d),
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_full(&d);
+    assert_eq!(
+        pool(&d),
+        json!({"templates": {"base": {"ready": 1, "target": 1}}, "hits": 0, "misses": 0, "failures": 0})
+    );
+    // A pooled sandbox is nobody's: not listed, not counted against a tenant.
+    let r = wbx(&d, "GET", "/v1/sandboxes", None, None);
+    assert_eq!(r.json(), json!({"sandboxes": []}));
+
+    let t0 = Instant::now();
+    let sb = create(
+        &d,
+        &json!({"template": "base", "timeout_s": 120, "env": {"FROM_CREATE": "yes"},
+                "metadata": {"k": "v"}}),
+    );
+    let took = t0.elapsed();
+    let id = sb["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        (
+            &sb["info"]["warm"],
+            &sb["state"],
+            &sb["network"],
+            &sb["metadata"]
+        ),
+        (
+            &json!(true),
+            &json!("running"),
+            &json!("full"),
+            &json!({"k": "v"})
+        ),
+        "{sb}"
+    );
+    let start_ms = sb["info"]["start_ms"].as_u64().unwrap();
+    assert!(u128::from(start_ms) <= took.as_millis(), "{sb} in {took:?}");
+    // Its lifetime starts when it is taken, not when it was booted.
+    let lifetime =
+        secs(sb["expires_at"].as_str().unwrap()) - secs(sb["created_at"].as_str().unwrap());
+    assert!((119..=121).contains(&lifetime), "{sb}");
+    // The create's env reaches commands and processes, as on a cold sandbox.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "echo $FROM_CREATE; id -un; ls -A /home/user | wc -l"}),
+    );
+    assert_eq!(v["stdout"], "yes\nuser\n0\n", "{v}");
+    let listed = wbx(&d, "GET", "/v1/sandboxes", None, None).json();
+    assert_eq!(listed["sandboxes"][0]["id"], id.as_str());
+    assert_eq!(listed["sandboxes"][0]["info"]["warm"], true);
+
+    // The pool boots the replacement; a create with network none is never pooled.
+    wait_full(&d);
+    let none = create(&d, &json!({"network": {"mode": "none"}}));
+    assert_eq!(none["info"]["warm"], false, "{none}");
+    assert_eq!(
+        (pool(&d)["hits"].as_u64(), pool(&d)["misses"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let second = create(&d, &json!({}));
+    assert_eq!(second["info"]["warm"], true, "{second}");
+    // Right after, the replacement is still booting (a boot takes well over the
+    // millisecond a create takes): the next create boots cold and counts a miss.
+    let third = create(&d, &json!({}));
+    assert_eq!(third["info"]["warm"], false, "{third}");
+    let p = pool(&d);
+    assert_eq!(
+        (p["hits"].as_u64(), p["misses"].as_u64()),
+        (Some(2), Some(1)),
+        "{p}"
+    );
+    for sb in [
+        &id,
+        none["id"].as_str().unwrap(),
+        second["id"].as_str().unwrap(),
+        third["id"].as_str().unwrap(),
+    ] {
+        let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{sb}"), None, None);
+        assert_eq!(r.status, 204, "{}", r.text());
+    }
+    // The pooled sandbox still waiting ends with the daemon (the harness checks that
+    // nothing is left).
+    wait_full(&d);
+}

@@ -163,6 +163,7 @@ class Daemon:
             ISOBOX_LOG="warn",
             ISOBOX_EGRESS="off",
             ISOBOX_WARM_POOL=self.pool,
+            ISOBOX_WBX_WARM_POOL="off",
             ISOBOX_MAX_CONCURRENT="16",
             ISOBOX_SHUTDOWN_GRACE_MS="2000",
             ISOBOX_RATE_PER_MIN="1000000",

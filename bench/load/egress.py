@@ -118,7 +118,7 @@ def main():
     instance = "isobox-bench-egress"
     os.makedirs(data, exist_ok=True)
     env = dict(os.environ, ISOBOX_LISTEN="127.0.0.1:0", ISOBOX_DATA_DIR=data,
-               ISOBOX_INSTANCE=instance, ISOBOX_EGRESS="on", ISOBOX_NET_DNS="198.51.100.53",
+               ISOBOX_INSTANCE=instance, ISOBOX_EGRESS="on", ISOBOX_WBX_WARM_POOL="off", ISOBOX_NET_DNS="198.51.100.53",
                ISOBOX_RATE_PER_MIN="1000000", ISOBOX_RATE_BURST="100000")
     proc = None
     failed = False

@@ -227,6 +227,7 @@ def start_isoboxd():
         # Cold starts are what this compares with a bare `runsc run`; the warm pool
         # (on by default) has its own benchmark, bench/load/warm.py.
         ISOBOX_WARM_POOL="off",
+        ISOBOX_WBX_WARM_POOL="off",
     )
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the daemon
     proc = subprocess.Popen([ISOBOXD], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)

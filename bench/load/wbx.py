@@ -10,9 +10,13 @@ Reproduce (root, from the repository, after `cargo build --release --bins` and
 What it measures (p50/p99 nearest-rank, ms; every request a new connection, timed from
 connect to the last byte):
 
-  create   isoboxd: POST /wbx/v1/sandboxes {"template":"base","timeout_s":600}; the
-           answer (201) comes once the sandbox's init has said hello, so the sandbox
-           can run a command. Then DELETE (untimed, but it must answer 204).
+  create   isoboxd: POST /wbx/v1/sandboxes {"template":"base","timeout_s":600,
+           "network":{"mode":"none"}}; the answer (201) comes once the sandbox's init
+           has said hello, so the sandbox can run a command. Then DELETE (untimed, but
+           it must answer 204).
+           isoboxd pooled: the same create without "network" (full: the default the
+           warm pool serves), answered from ISOBOX_WBX_WARM_POOL=base=1 ("warm": true
+           checked); before each, the pool's refill is awaited (untimed).
            bare runsc: `runsc --root /tmp/bench-runsc --platform=ptrace --network=none
            --overlay2=root:memory run --detach --bundle B ID` of a bundle shaped like
            isoboxd's long-lived one (the `python` root filesystem, writable in memory,
@@ -48,7 +52,8 @@ connect to the last byte):
            with them. For isoboxd also the mean of GET …/metrics' mem_used_mb (the
            sandbox's memory cgroup: its page cache and in-memory root included).
 
-Scheduling: one isoboxd (ISOBOX_WARM_POOL=off, ISOBOX_EGRESS=off, ISOBOX_LOG=warn, its
+Scheduling: one isoboxd (ISOBOX_WARM_POOL=off, ISOBOX_WBX_WARM_POOL=base=1,
+ISOBOX_EGRESS=off, ISOBOX_LOG=warn, its
 own ISOBOX_INSTANCE isobox-bench-wbx, data dir and 127.0.0.1 port). create and exec
 alternate the modes in blocks of 5 so drift hits all alike; 2 warm-up runs of each
 mode first. The script exits 1 if any request or command failed, and fails if a bare
@@ -108,16 +113,38 @@ def request(method, path, body=None):
         conn.close()
 
 
-def iso_create():
+def iso_create(pooled=False):
+    """A create booted for the request (network none: never from the pool; the daemon
+    runs without egress, so network full would get no link either), or, `pooled`, one
+    taken from the warm pool (template base, network full), which must say so."""
+    body = {"template": "base", "timeout_s": 600}
+    if not pooled:
+        body["network"] = {"mode": "none"}
     t0 = time.perf_counter()
-    status, data = request("POST", "/wbx/v1/sandboxes", {"template": "base", "timeout_s": 600})
+    status, data = request("POST", "/wbx/v1/sandboxes", body)
     dt = time.perf_counter() - t0
     if status != 201:
         raise Failure(f"create: HTTP {status} {data[:300]!r}")
     sb = json.loads(data)
-    if sb.get("state") != "running":
-        raise Failure(f"create: {sb}")
+    if sb.get("state") != "running" or sb["info"]["warm"] != pooled:
+        raise Failure(f"create (pooled={pooled}): {sb}")
     return dt, sb["id"]
+
+
+def pool_ready():
+    status, data = request("GET", "/healthz")
+    if status != 200:
+        raise Failure(f"healthz: HTTP {status}")
+    return json.loads(data)["wbxWarmPool"]["templates"]["base"]["ready"]
+
+
+def wait_pool():
+    """Until the pool's sandbox is booted again (untimed: the refill is not the create's)."""
+    deadline = time.monotonic() + 60
+    while pool_ready() < 1:
+        if time.monotonic() > deadline:
+            raise Failure("the warm pool did not refill within 60 s")
+        time.sleep(0.02)
 
 
 def iso_delete(sid):
@@ -283,6 +310,7 @@ def start_isoboxd(data_dir):
         ISOBOX_LISTEN=f"127.0.0.1:{PORT}",
         ISOBOX_LOG="warn",
         ISOBOX_WARM_POOL="off",
+        ISOBOX_WBX_WARM_POOL="base=1",
         ISOBOX_EGRESS="off",
         ISOBOX_SHUTDOWN_GRACE_MS="2000",
     )
@@ -516,15 +544,25 @@ def main():
             iso_delete(sid)
             return dt
 
+        def pooled_cycle():
+            wait_pool()
+            dt, sid = iso_create(pooled=True)
+            iso_delete(sid)
+            return dt
+
         def bare_cycle():
             dt, cid = bare.create()
             bare.delete(cid)
             return dt
 
-        for fn in (iso_cycle, bare_cycle, iso_cycle, bare_cycle):
+        for fn in (iso_cycle, pooled_cycle, bare_cycle, iso_cycle, pooled_cycle, bare_cycle):
             fn()
         print("create ...", file=sys.stderr, flush=True)
-        creates = blocks([("isoboxd", iso_cycle), ("bare runsc", bare_cycle)], args.creates, args.block)
+        creates = blocks(
+            [("isoboxd", iso_cycle), ("isoboxd pooled", pooled_cycle), ("bare runsc", bare_cycle)],
+            args.creates,
+            args.block,
+        )
 
         _, sid = iso_create()
         _, cid = bare.create()
@@ -591,6 +629,8 @@ def main():
         isos = [iso_create()[1] for _ in range(n)]
         bares = [bare.create()[1] for _ in range(n)]
         time.sleep(2)
+        # The pool's waiting sandbox is one of the instance's too.
+        pooled_idle = pool_ready()
         iso_pss, iso_procs = pss_of_root(f"/run/isobox/{INSTANCE}/runsc")
         bare_pss, bare_procs = pss_of_root(RUNSC_ROOT)
         mets = []
@@ -636,7 +676,10 @@ def main():
     print()
     c = {k: percentile(v, 50) for k, v in creates.items()}
     e = {k: percentile(v, 50) for k, v in execs.items()}
-    print(f"create p50 isoboxd/bare runsc: {c['isoboxd'] / c['bare runsc']:.2f}x")
+    print(
+        f"create p50 isoboxd/bare runsc: {c['isoboxd'] / c['bare runsc']:.2f}x; "
+        f"pooled/bare runsc: {c['isoboxd pooled'] / c['bare runsc']:.3f}x ({c['isoboxd pooled']:.1f} ms)"
+    )
     print(f"exec p50 isoboxd/bare runsc: {e['isoboxd'] / e['bare runsc']:.2f}x; isoboxd/native: {e['isoboxd'] / e['native']:.2f}x")
     print(
         f"gVisor's own start of `/bin/sh -c true` inside the sandbox (its shell, in a loop): {inside:.1f} ms; "
@@ -651,8 +694,11 @@ def main():
         f"bare runsc exec {f['bare runsc download']:.0f} ({f['isoboxd download'] / f['bare runsc download']:.2f}x)"
     )
     print()
-    print(f"idle memory, {n} sandboxes of each kind:")
-    print(f"  isoboxd sandboxes: PSS {iso_pss / n / 1024:.1f} MiB per sandbox ({iso_procs} host processes); metrics mem_used_mb mean {sum(mets) / n:.1f}")
+    print(f"idle memory, {n} sandboxes of each kind (isoboxd: and {pooled_idle} waiting in its pool):")
+    print(
+        f"  isoboxd sandboxes: PSS {iso_pss / (n + pooled_idle) / 1024:.1f} MiB per sandbox ({iso_procs} host processes); "
+        f"metrics mem_used_mb mean {sum(mets) / n:.1f}"
+    )
     print(f"  bare runsc:        PSS {bare_pss / n / 1024:.1f} MiB per sandbox ({bare_procs} host processes)")
     print(f"  isoboxd RSS: {rss0} KiB idle, {rss_with} KiB with {n} sandboxes")
     return 0

@@ -21,6 +21,9 @@ struct Health<'a> {
     /// Warm pool occupancy, hits and misses, when a pool is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     warm_pool: Option<&'a super::WarmFigures>,
+    /// The WBX face's pool of ready sandboxes, when one is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wbx_warm_pool: Option<&'a super::WbxWarmFigures>,
 }
 
 /// The run counters, then the capacity rejections the execution slots keep.
@@ -70,6 +73,7 @@ pub fn healthz(app: &App) -> Response {
                 max: app.kernels.max(),
             }),
             warm_pool: app.warm.as_ref(),
+            wbx_warm_pool: app.wbx_warm.as_ref(),
         },
     )
 }

@@ -77,6 +77,21 @@ pub struct App {
     pub kernels: crate::admission::Slots,
     /// The warm pool's figures (`None`: no pool), kept current by the reactor.
     pub warm: Option<WarmFigures>,
+    /// The WBX face's pool of ready long-lived sandboxes (`None`: none configured).
+    pub wbx_warm: Option<WbxWarmFigures>,
+}
+
+/// The WBX face's pool of ready sandboxes on `/healthz`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct WbxWarmFigures {
+    /// Per template: sandboxes ready and the target.
+    pub templates: std::collections::BTreeMap<String, WarmRuntime>,
+    /// Creates served by a pooled sandbox.
+    pub hits: u64,
+    /// Creates of a pooled template with network `full` that found it empty.
+    pub misses: u64,
+    /// Pooled boots that failed.
+    pub failures: u64,
 }
 
 /// The warm pool on `/healthz`.

@@ -17,7 +17,7 @@ use super::conn::Owner;
 use super::Daemon;
 use crate::http::Response;
 use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
-use crate::sandbox::wire::{self, Decoder, Hello, Kind};
+use crate::sandbox::wire::{self, Call, Decoder, Hello, Kind};
 use crate::sandbox::{Cleanup, SandboxError, Spawned, Stdin};
 use crate::wbx::sandboxes::{self as wsb, Create, Net, Op};
 use mio::unix::SourceFd;
@@ -44,6 +44,9 @@ pub(super) const EXEC_DEADLINE: u16 = 1;
 
 /// init must say hello within this.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a ready sandbox waits in the warm pool before it is booted anew (its
+/// lifetime timer must be somewhere).
+const POOLED_WAIT: Duration = Duration::from_secs(24 * 3600);
 
 /// Long-lived sandboxes on the loop.
 pub(crate) struct Boxes;
@@ -155,6 +158,12 @@ pub(crate) struct Sbx {
     network: Net,
     started: Instant,
     start_ms: u64,
+    /// Waiting in the warm pool: no tenant, no lifetime, found by nobody.
+    pub(super) pooled: bool,
+    /// Taken from the warm pool (`info.warm`).
+    warm: bool,
+    /// Egress cuts before it booted (a cut since leaves it without network).
+    cuts_at_boot: u64,
     /// The container's name under the instance.
     pub(super) container: String,
     pub(super) ctl: Option<(mio::net::UnixStream, Token)>,
@@ -186,6 +195,15 @@ pub(crate) struct Table {
     pub(super) boxes: Slab<Sbx>,
     by_id: HashMap<String, usize>,
     serial: u64,
+    /// Pooled boots that failed in a row, and until when the pool waits.
+    warm_failures: u32,
+    warm_pause_until: Option<Instant>,
+    warm_unknown_logged: bool,
+    /// Figures for `/healthz`: creates served from the pool, creates that found it
+    /// empty, boots that failed.
+    warm_hits: u64,
+    warm_misses: u64,
+    warm_failed: u64,
 }
 
 impl Table {
@@ -397,7 +415,7 @@ impl Daemon {
             metadata: &b.metadata,
             network: b.network,
             start_ms: b.start_ms,
-            warm: false,
+            warm: b.warm,
         })
     }
 
@@ -414,7 +432,8 @@ impl Daemon {
             .iter()
             .filter(|(_, b)| b.tenant == tenant)
             .count();
-        if self.boxes.boxes.len() >= l.max_total {
+        let on_server = self.boxes.boxes.iter().filter(|(_, b)| !b.pooled).count();
+        if on_server >= l.max_total {
             return Some(
                 crate::wbx::error(
                     429,
@@ -436,20 +455,60 @@ impl Daemon {
     }
 
     fn box_create(&mut self, ck: usize, tenant: String, c: Box<Create>) {
+        let t0 = Instant::now();
         if let Some(resp) = self.box_refusal(&tenant) {
             self.respond(ck, resp);
             return;
         }
-        let Some(hex) = random_hex() else {
-            self.respond(
-                ck,
-                crate::wbx::error(503, "the system's random source failed; retry"),
-            );
+        if let Some(key) = self.box_warm_take(&c) {
+            self.boxes.warm_hits += 1;
+            self.box_claim(ck, key, tenant, *c, t0);
             return;
-        };
+        }
+        if c.network == Net::Full
+            && self
+                .cfg
+                .wbx
+                .warm_pool
+                .iter()
+                .any(|(t, n)| *t == c.template && *n > 0)
+        {
+            self.boxes.warm_misses += 1;
+        }
         let Some(cserial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
+        match self.box_boot(Some((ck, cserial)), tenant, *c) {
+            Ok(key) => {
+                let serial = self.boxes.boxes[key].serial;
+                self.conn_own(
+                    ck,
+                    Owner::BoxWait {
+                        key,
+                        serial,
+                        create: true,
+                    },
+                );
+            }
+            Err(resp) => self.respond(ck, resp),
+        }
+    }
+
+    /// Boots a sandbox: for `creator` (answered once its init says hello), or, with
+    /// none, for the warm pool (no tenant yet, found by nobody until claimed).
+    fn box_boot(
+        &mut self,
+        creator: Option<(usize, u64)>,
+        tenant: String,
+        c: Create,
+    ) -> Result<usize, Response> {
+        let Some(hex) = random_hex() else {
+            return Err(crate::wbx::error(
+                503,
+                "the system's random source failed; retry",
+            ));
+        };
+        let pooled = creator.is_none();
         self.boxes.serial += 1;
         let serial = self.boxes.serial;
         let id = format!("sb_{hex}");
@@ -461,7 +520,7 @@ impl Daemon {
             env,
             metadata,
             network,
-        } = *c;
+        } = c;
         let env_names = env.iter().map(|(k, _)| k.clone()).collect();
         let plan = crate::sandbox::plan::ExecPlan {
             limits: crate::sandbox::limits::Limits {
@@ -505,6 +564,9 @@ impl Daemon {
             network,
             started: now,
             start_ms: 0,
+            pooled,
+            warm: false,
+            cuts_at_boot: self.app.egress.cuts(),
             container: container.clone(),
             ctl: None,
             decoder: Decoder::default(),
@@ -514,7 +576,7 @@ impl Daemon {
             cgroup: None,
             dir: None,
             net: None,
-            creator: Some((ck, cserial)),
+            creator,
             deleters: Vec::new(),
             timer_gen: 0,
             killing: false,
@@ -523,16 +585,10 @@ impl Daemon {
             execs: Default::default(),
             procs: Default::default(),
         });
-        self.boxes.by_id.insert(id, key);
+        if !pooled {
+            self.boxes.by_id.insert(id, key);
+        }
         self.box_arm(key);
-        self.conn_own(
-            ck,
-            Owner::BoxWait {
-                key,
-                serial,
-                create: true,
-            },
-        );
         // The sandbox's environment is its init's, which every process inherits.
         let mut env_list: Vec<String> = plan.runtime.desc.env.clone();
         env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -550,11 +606,154 @@ impl Daemon {
         });
         if self.reactor.submit(job).is_err() {
             self.box_forget(key);
-            self.respond(
-                ck,
+            return Err(
                 crate::wbx::error(503, "the daemon is overloaded; retry in a second")
                     .with_header("Retry-After", "1"),
             );
+        }
+        Ok(key)
+    }
+
+    /// Publishes the pool's figures for `/healthz`.
+    fn box_warm_publish(&mut self) {
+        let want = &self.cfg.wbx.warm_pool;
+        let t = &self.boxes;
+        self.app.wbx_warm = want
+            .iter()
+            .any(|(_, n)| *n > 0)
+            .then(|| crate::api::WbxWarmFigures {
+                templates: want
+                    .iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(name, n)| {
+                        let ready = t
+                            .boxes
+                            .iter()
+                            .filter(|(_, b)| {
+                                b.pooled && b.state == State::Running && b.template == *name
+                            })
+                            .count();
+                        (name.clone(), crate::api::WarmRuntime { ready, target: *n })
+                    })
+                    .collect(),
+                hits: t.warm_hits,
+                misses: t.warm_misses,
+                failures: t.warm_failed,
+            });
+    }
+
+    /// A ready sandbox of the pool that can serve `c`: its template, network `full`,
+    /// and a network that is still there (none was cut since it booted). Pooled ones
+    /// that can no longer serve anyone are ended (and replaced).
+    fn box_warm_take(&mut self, c: &Create) -> Option<usize> {
+        if c.network != Net::Full {
+            return None;
+        }
+        let egress = std::sync::Arc::clone(&self.app.egress);
+        let stale: Vec<usize> = self
+            .boxes
+            .boxes
+            .iter()
+            .filter(|(_, b)| b.pooled && b.state == State::Running)
+            .filter(|(_, b)| {
+                egress.enabled() && (b.net.is_none() || b.cuts_at_boot != egress.cuts())
+            })
+            .map(|(k, _)| k)
+            .collect();
+        for k in stale {
+            self.box_end(k, "its network went away while it waited in the pool");
+        }
+        self.boxes
+            .boxes
+            .iter()
+            .find(|(_, b)| b.pooled && b.state == State::Running && b.template == c.template)
+            .map(|(k, _)| k)
+    }
+
+    /// Gives pooled sandbox `key` to `tenant` as `c` asks: its lifetime starts now, its
+    /// environment is sent to its init ahead of any command, and the pool is refilled.
+    fn box_claim(&mut self, ck: usize, key: usize, tenant: String, c: Create, t0: Instant) {
+        let now = Instant::now();
+        let created_ms = now_ms();
+        let b = &mut self.boxes.boxes[key];
+        b.pooled = false;
+        b.warm = true;
+        b.tenant = tenant;
+        b.metadata = c.metadata;
+        b.env_names = c.env.iter().map(|(k, _)| k.clone()).collect();
+        b.created_ms = created_ms;
+        b.expires_ms = created_ms + c.timeout_s * 1000;
+        b.deadline = now + Duration::from_secs(c.timeout_s);
+        b.start_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let id = b.id.clone();
+        log::info!(
+            "sandbox={id} template={} taken from the warm pool",
+            b.template
+        );
+        self.boxes.by_id.insert(id, key);
+        if !c.env.is_empty() {
+            // Ordered on the channel: init has it before any command of the client.
+            self.box_call(key, &Call::Env { env: c.env });
+        }
+        self.box_arm(key);
+        let v = self.box_json(&self.boxes.boxes[key]);
+        self.respond(ck, Response::json(201, &v));
+        self.box_warm_fill();
+    }
+
+    /// Boots what the warm pool lacks (after a claim, at start, and every second),
+    /// unless boots keep failing: then it waits, longer after each failure (to 60 s).
+    pub(crate) fn box_warm_fill(&mut self) {
+        self.box_warm_publish();
+        if self.app.shutting_down
+            || self.boxes.warm_pause_until.is_some_and(|t| Instant::now() < t)
+            || self.app.probe != crate::api::ProbeState::Passed
+            // A pooled sandbox has network `full`: only while egress is verified.
+            || (self.app.egress.enabled() && !self.app.egress.verified())
+            // One boot at a time: a pool refilling never competes with itself.
+            || self
+                .boxes
+                .boxes
+                .iter()
+                .any(|(_, b)| b.pooled && b.state == State::Starting)
+        {
+            return;
+        }
+        let want = self.cfg.wbx.warm_pool.clone();
+        for (template, n) in want {
+            let have = self
+                .boxes
+                .boxes
+                .iter()
+                .filter(|(_, b)| b.pooled && b.template == template && b.state != State::Ending)
+                .count();
+            if have >= n {
+                continue;
+            }
+            let Some((name, runtime, _)) = wsb::templates(&self.app.runtimes)
+                .into_iter()
+                .find(|(name, _, _)| *name == template)
+            else {
+                if !self.boxes.warm_unknown_logged {
+                    self.boxes.warm_unknown_logged = true;
+                    log::warn!("ISOBOX_WBX_WARM_POOL: no template {template:?} (GET /wbx/v1/templates lists them); not pooled");
+                }
+                continue;
+            };
+            {
+                let c = Create {
+                    template: name.clone(),
+                    runtime: runtime.clone(),
+                    timeout_s: 0,
+                    env: Vec::new(),
+                    metadata: BTreeMap::new(),
+                    network: Net::Full,
+                };
+                if let Err(r) = self.box_boot(None, String::new(), c) {
+                    log::warn!("warm pool: a sandbox could not be booted ({})", r.status);
+                }
+                return;
+            }
         }
     }
 
@@ -768,14 +967,24 @@ impl Daemon {
         b.start_ms = u64::try_from(b.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let left = b.expires_ms.saturating_sub(now_ms());
         b.deadline = Instant::now() + Duration::from_millis(left);
+        if b.pooled {
+            // Its lifetime starts when it is taken.
+            b.deadline = Instant::now() + POOLED_WAIT;
+            self.boxes.warm_failures = 0;
+        }
         let creator = b.creator.take();
+        let pooled = b.pooled;
         log::info!(
-            "sandbox={} template={} ready in {} ms",
+            "sandbox={} template={} ready in {} ms{}",
             b.id,
             b.template,
-            b.start_ms
+            b.start_ms,
+            if pooled { " (warm pool)" } else { "" }
         );
         self.box_arm(key);
+        if pooled {
+            self.box_warm_publish();
+        }
         if let Some((ck, cserial)) = creator {
             if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
                 let v = self.box_json(&self.boxes.boxes[key]);
@@ -924,6 +1133,18 @@ impl Daemon {
         let Some(b) = self.boxes.boxes.try_remove(key) else {
             return;
         };
+        if b.pooled && b.start_ms == 0 && !self.app.shutting_down {
+            // A pooled boot that never became ready: the pool waits before the next.
+            let t = &mut self.boxes;
+            t.warm_failures = t.warm_failures.saturating_add(1);
+            t.warm_failed += 1;
+            let wait = Duration::from_secs((1u64 << t.warm_failures.min(6)).min(60));
+            t.warm_pause_until = Some(Instant::now() + wait);
+            log::warn!(
+                "warm pool: a sandbox did not start; the pool waits {} s",
+                wait.as_secs()
+            );
+        }
         if self.boxes.by_id.get(&b.id) == Some(&key) {
             self.boxes.by_id.remove(&b.id);
         }

@@ -300,6 +300,7 @@ impl Daemon {
         }
         // Refills after a failed boot wait out their pause; retried from here.
         self.warm_fill();
+        self.box_warm_fill();
         if self.egress.due(now) {
             self.start_egress_check(false);
         }

@@ -216,6 +216,7 @@ impl Daemon {
             egress: Arc::clone(&egress),
             kernels: Slots::new(SlotKind::Kernel, cfg.kernels_max),
             warm: None,
+            wbx_warm: None,
         };
         // Runs lease their networks through the backend.
         let backend: Arc<dyn Backend> = match made {

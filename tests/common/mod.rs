@@ -94,9 +94,10 @@ impl Daemon {
                 c
             }
         };
-        // The warm pool has its own tests (warm.rs); elsewhere its background boots
-        // would only load the machine.
+        // The warm pools have their own tests (warm.rs, wbx.rs); elsewhere their
+        // background boots would only load the machine.
         cmd.env("ISOBOX_WARM_POOL", "off")
+            .env("ISOBOX_WBX_WARM_POOL", "off")
             .env("ISOBOX_DATA_DIR", &data_dir)
             .env("ISOBOX_INSTANCE", &instance)
             .env("ISOBOX_LOG", "info")
