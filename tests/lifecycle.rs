@@ -193,3 +193,68 @@ fn test_a_daemon_that_cannot_bind_creates_nothing() {
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&instance));
     d.stop();
 }
+
+/// Issue 26, item 7: two daemons of one instance would remove each other's sandboxes
+/// at startup; the second refuses to start, naming the first, and touches nothing.
+#[test]
+fn test_a_second_daemon_of_one_instance_refuses_to_start() {
+    let a = Daemon::start();
+    a.wait_ready();
+    // A run in flight in the first while the second tries.
+    let s = start_run(&a, "import time; time.sleep(3); print('survived')");
+    wait_in_flight(&a, 1);
+    let data_dir = std::env::temp_dir().join(format!("{}-second", a.instance));
+    let mut b = std::process::Command::new(env!("CARGO_BIN_EXE_isoboxd"))
+        .env("ISOBOX_INSTANCE", &a.instance)
+        .env("ISOBOX_LISTEN", "127.0.0.1:0")
+        .env("ISOBOX_DATA_DIR", &data_dir)
+        .env("ISOBOX_EGRESS", "off")
+        .env("ISOBOX_WARM_POOL", "off")
+        .env("ISOBOX_WBX_WARM_POOL", "off")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = b.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = b.kill();
+            panic!("a second daemon of instance {} started", a.instance);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut b.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "another isoboxd of instance {:?} is running (pid {})",
+            a.instance,
+            a.pid()
+        )) && err.contains("ISOBOX_INSTANCE"),
+        "{err}"
+    );
+    assert!(!data_dir.exists(), "the second daemon made nothing: {err}");
+    // The first goes on: its run ends normally, and it serves new ones.
+    let r = read_response(&mut BufReader::new(s), false).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["run"]["stdout"], "survived\n", "{}", r.text());
+    let v = a.execute(json!({"language": "python-slim", "network": false, "code": "print(1)"}));
+    assert_eq!(v["run"]["stdout"], "1\n", "{v}");
+    // Its lock file is its own, with its pid, and goes with it.
+    let lock = format!("/run/isobox/{}.lock", a.instance);
+    assert_eq!(
+        std::fs::read_to_string(&lock).unwrap().trim(),
+        a.pid().to_string()
+    );
+    let instance = a.instance.clone();
+    drop(a);
+    assert!(
+        !std::path::Path::new(&format!("/run/isobox/{instance}.lock")).exists(),
+        "the lock file is removed at a clean exit"
+    );
+}

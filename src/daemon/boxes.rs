@@ -474,6 +474,7 @@ impl Daemon {
                 .any(|(t, n)| *t == c.template && *n > 0)
         {
             self.boxes.warm_misses += 1;
+            self.box_warm_publish();
         }
         let Some(cserial) = self.conns.get(ck).map(|c| c.serial) else {
             return;

@@ -128,6 +128,9 @@ pub struct Daemon {
     pub(crate) url_key: ring::hmac::Key,
     /// Where public URLs live (the listening port filled in).
     pub(crate) public: crate::config::PublicUrls,
+    /// The instance's lock and its file (held until the daemon is dropped; the file is
+    /// removed by the teardown, before the lock goes).
+    pub(crate) instance_lock: Option<(std::fs::File, std::path::PathBuf)>,
 }
 
 impl Host for Daemon {
@@ -257,6 +260,7 @@ impl Daemon {
             Arc::clone(&self.app.sessions),
             Arc::clone(&self.app.egress),
         );
+        let lock_file = self.instance_lock.as_ref().map(|(_, p)| p.clone());
         let handle = std::thread::Builder::new()
             .name("isobox-teardown".into())
             .spawn(move || {
@@ -269,6 +273,11 @@ impl Daemon {
                     h.remove_slice(&instance);
                 }
                 backend.teardown();
+                // Removed while still locked: a daemon starting now locks the file it
+                // finds afterwards (startup checks it locked the file at the path).
+                if let Some(p) = lock_file {
+                    let _ = std::fs::remove_file(p);
+                }
             })?;
         Ok((go, handle))
     }

@@ -46,6 +46,60 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DaemonError {
     move |source| DaemonError::Io { what, source }
 }
 
+/// Where the lock of `instance` lives.
+fn lock_path(instance: &str) -> std::path::PathBuf {
+    std::path::Path::new("/run/isobox").join(format!("{instance}.lock"))
+}
+
+/// Takes the lock of `instance` (an exclusive `flock` on `/run/isobox/<instance>.lock`,
+/// holding our pid), or says which daemon has it. A lock dies with its holder, so a
+/// crashed daemon never blocks the next; the file is removed at a clean exit, and
+/// the lock is taken again if it was removed between our open and our lock.
+fn lock_instance(instance: &str) -> Result<(std::fs::File, std::path::PathBuf), DaemonError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+    let path = lock_path(instance);
+    let what = || format!("taking the instance lock {}", path.display());
+    std::fs::create_dir_all("/run/isobox").map_err(io_err(what()))?;
+    for _ in 0..8 {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io_err(what()))?;
+        if !crate::sys::try_lock_exclusive(&f).map_err(io_err(what()))? {
+            let mut pid = String::new();
+            let _ = f.read_to_string(&mut pid);
+            return Err(DaemonError::Io {
+                what: format!(
+                    "another isoboxd of instance {instance:?} is running (pid {}); two daemons of one instance would remove each other's sandboxes: give this one its own ISOBOX_INSTANCE",
+                    pid.trim()
+                ),
+                source: io::Error::other("the instance lock is held"),
+            });
+        }
+        let same = match (f.metadata(), std::fs::metadata(&path)) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        };
+        if !same {
+            // A daemon that was exiting removed it after our open: lock the new one.
+            continue;
+        }
+        f.set_len(0).map_err(io_err(what()))?;
+        f.rewind().map_err(io_err(what()))?;
+        f.write_all(format!("{}\n", std::process::id()).as_bytes())
+            .map_err(io_err(what()))?;
+        return Ok((f, path));
+    }
+    Err(DaemonError::Io {
+        what: what(),
+        source: io::Error::other("the lock file kept changing"),
+    })
+}
+
 impl Daemon {
     /// Sets everything up: sweep, slice, listener, pool, signals. Does not serve yet.
     ///
@@ -97,6 +151,13 @@ impl Daemon {
         // anything.
         let std_listener = std::net::TcpListener::bind(cfg.listen)
             .map_err(io_err(format!("binding {}", cfg.listen)))?;
+        // Then the instance's lock: a second daemon of one instance would sweep the
+        // first one's live sandboxes (the loop's own tests, on their fake backend,
+        // sweep nothing and take none).
+        let instance_lock = match given {
+            Some(_) => None,
+            None => Some(lock_instance(&cfg.instance)?),
+        };
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(io_err(format!("creating {}", cfg.data_dir.display())))?;
         let (cgroups, mut cgroup_error, made) = match given {
@@ -314,6 +375,7 @@ impl Daemon {
                     })?;
                 ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &k)
             },
+            instance_lock,
             public: {
                 let mut p = cfg_public;
                 if p.port == Some(0) {

@@ -94,6 +94,20 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// Takes an exclusive `flock` on `file` without waiting. `Ok(false)`: another open
+/// file description holds it (a lock dies with its holder's last descriptor, so a
+/// crashed holder never leaves it behind).
+///
+/// # Errors
+/// Any failure other than the lock being held.
+pub fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
+    match syscall!(flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB)) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Shuts the writing half of a socket (the peer reads EOF while we may still read); on
 /// anything but a socket it does nothing.
 pub fn shutdown_write(fd: BorrowedFd<'_>) {
