@@ -491,3 +491,92 @@ fn test_slow_steady_reader_gets_the_whole_result() {
     );
     healthy(&d);
 }
+
+/// Issue 26, item 6: a body trickled just faster than the idle deadline (one byte per
+/// 0.5 s against a 1 s head timeout) used to keep its connection forever, each byte
+/// restarting the deadline. A body must average 1 KiB/s beyond its first head
+/// timeout: the trickle gets 408 within about a second of that; a slow but steady
+/// body (4 KiB/s, longer than the timeout) and a pause shorter than it are served. The
+/// same for uploads (a session file, a long-lived sandbox's file).
+#[test]
+fn test_a_trickled_body_gets_408_and_a_steady_one_is_served() {
+    let d = Daemon::start_with(&[("ISOBOX_HEAD_TIMEOUT_MS", "1000")]);
+    d.wait_ready();
+    // Returns the status and when it came, trickling `total` bytes of `head`'s body
+    // `per` bytes at a time every `every`, for at most 8 s.
+    let trickle = |head: String, total: usize, per: usize, every: Duration| -> (u16, Duration) {
+        let mut s = d.connect();
+        s.write_all(head.as_bytes()).unwrap();
+        let t0 = Instant::now();
+        let mut sent = 0;
+        while sent < total && t0.elapsed() < Duration::from_secs(8) {
+            let n = per.min(total - sent);
+            if s.write_all(&vec![b' '; n]).is_err() {
+                break;
+            }
+            sent += n;
+            std::thread::sleep(every);
+            // A 408 may already be waiting: stop sending once the server answered.
+            s.set_nonblocking(true).unwrap();
+            let mut peek = [0u8; 1];
+            let answered = matches!(s.peek(&mut peek), Ok(n) if n > 0);
+            s.set_nonblocking(false).unwrap();
+            if answered {
+                break;
+            }
+        }
+        let r = read_response(&mut BufReader::new(s), false).expect("an answer");
+        (r.status, t0.elapsed())
+    };
+    let post = |path: &str, len: usize| {
+        format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n")
+    };
+    // The trickle: 1 byte per 500 ms, never idle for the 1 s timeout.
+    let (status, at) = trickle(post("/execute", 100), 100, 1, Duration::from_millis(500));
+    assert_eq!(status, 408, "after {at:?}");
+    assert!(
+        at < Duration::from_secs(4),
+        "cut by the rate, not by a total: {at:?}"
+    );
+    // Steady 4 KiB/s for 3 s (well over the head timeout): served (an /execute body of
+    // blanks is refused as JSON, 400, not as time).
+    let (status, at) = trickle(
+        post("/execute", 12 * 1024),
+        12 * 1024,
+        1024,
+        Duration::from_millis(250),
+    );
+    assert_eq!(status, 400, "after {at:?}");
+    assert!(at >= Duration::from_secs(2), "{at:?}");
+    // Uploads: a session file and a long-lived sandbox's file, trickled.
+    let s = d.request("POST", "/v1/sessions", &[], br#"{"runtime":"python-slim"}"#);
+    assert_eq!(s.status, 201, "{}", s.text());
+    let v = s.json();
+    let (id, token) = (v["id"].as_str().unwrap(), v["token"].as_str().unwrap());
+    let head = format!(
+        "PUT /v1/sessions/{id}/fs?path=slow.txt HTTP/1.1\r\nHost: x\r\nX-Session-Token: {token}\r\nContent-Length: 100\r\n\r\n"
+    );
+    let (status, at) = trickle(head, 100, 1, Duration::from_millis(500));
+    assert_eq!(status, 408, "session upload after {at:?}");
+    let sb = d.request("POST", "/wbx/v1/sandboxes", &[], b"{}");
+    assert_eq!(sb.status, 201, "{}", sb.text());
+    let sid = sb.json()["id"].as_str().unwrap().to_string();
+    let head = format!("PUT /wbx/v1/sandboxes/{sid}/files?path=slow.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n");
+    let (status, at) = trickle(head, 100, 1, Duration::from_millis(500));
+    assert_eq!(status, 408, "sandbox upload after {at:?}");
+    assert_eq!(
+        d.request("DELETE", &format!("/wbx/v1/sandboxes/{sid}"), &[], b"")
+            .status,
+        204
+    );
+    assert_eq!(
+        d.request(
+            "DELETE",
+            &format!("/v1/sessions/{id}"),
+            &[("X-Session-Token", token)],
+            b""
+        )
+        .status,
+        204
+    );
+}

@@ -465,7 +465,8 @@ impl Daemon {
         let before = c.http.rbuf.len();
         let room = usize::try_from(WINDOW).unwrap_or(usize::MAX) - b.wbuf.len();
         let fed = state.feed(&mut c.http.rbuf, &mut buf, MAX_UPLOAD_BYTES, room);
-        let progressed = c.http.rbuf.len() != before;
+        let added = before.saturating_sub(c.http.rbuf.len());
+        let progressed = added > 0;
         for part in buf.chunks(wire::MAX_DATA_BYTES) {
             let _ = wire::encode(&mut b.wbuf, Kind::FileData, handle, part);
         }
@@ -484,8 +485,7 @@ impl Daemon {
         };
         self.box_flush(key);
         if progressed {
-            let t = Duration::from_millis(self.cfg.head_timeout_ms);
-            self.arm_conn(ck, t);
+            self.arm_body(ck, added);
         }
         if !done {
             return progressed;

@@ -35,6 +35,10 @@ pub(crate) const LISTENER: u16 = 1;
 const DEADLINE: u16 = 0;
 /// Timers: retry accepting after EMFILE.
 const ACCEPT: u16 = 1;
+/// A request body (an upload too) must arrive at this rate on average, beyond the
+/// first `ISOBOX_HEAD_TIMEOUT_MS`: each byte buys that much more time. Without it a
+/// body trickled one byte per (head timeout − 1 s) would hold its connection forever.
+pub(crate) const MIN_BODY_RATE: f64 = 1024.0;
 
 /// Connections on the loop.
 pub(crate) struct Http;
@@ -206,6 +210,10 @@ pub struct Client {
     pub(crate) deadline: Instant,
     /// Deadline of the live wheel entry, if one is scheduled.
     pub(crate) scheduled: Option<Instant>,
+    /// When the body being read began to arrive, and its bytes so far (the body's
+    /// minimum rate, `MIN_BODY_RATE`).
+    pub(crate) body_since: Option<Instant>,
+    pub(crate) body_bytes: u64,
 }
 
 impl Client {
@@ -301,6 +309,8 @@ impl Daemon {
             timer_gen: 0,
             deadline: now,
             scheduled: None,
+            body_since: None,
+            body_bytes: 0,
         });
         self.arm_conn(ck, Duration::from_millis(self.cfg.idle_timeout_ms));
         log::debug!("conn={ck} peer={peer} accepted");
@@ -337,6 +347,22 @@ impl Daemon {
         };
         c.timer_gen = gen;
         c.scheduled = Some(deadline);
+    }
+
+    /// The body's deadline after `added` more bytes of it arrived: the head timeout from
+    /// now (no byte for that long stalls it), but never later than the head timeout
+    /// plus one second per `MIN_BODY_RATE` bytes from its first byte.
+    pub(crate) fn arm_body(&mut self, ck: usize, added: usize) {
+        let t = Duration::from_millis(self.cfg.head_timeout_ms);
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        let now = Instant::now();
+        let since = *c.body_since.get_or_insert(now);
+        c.body_bytes = c.body_bytes.saturating_add(added as u64);
+        let budget = t + Duration::from_secs_f64(c.body_bytes as f64 / MIN_BODY_RATE);
+        let at = (now + t).min(since + budget);
+        self.arm_conn(ck, at.saturating_duration_since(now));
     }
 
     /// Arms the idle deadline.
@@ -433,8 +459,10 @@ impl Daemon {
                     HeadStep::Head(head) => self.start_request(ck, head),
                 },
                 Phase::Body { .. } => {
+                    let before = c.http.rbuf.len();
                     let step = c.http.advance_body();
-                    if !self.body_step(ck, step) {
+                    let added = before.saturating_sub(c.http.rbuf.len());
+                    if !self.body_step(ck, step, added) {
                         return;
                     }
                 }
@@ -448,6 +476,8 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
+        c.body_since = None;
+        c.body_bytes = 0;
         // A sandbox's public URL never reaches the API: the connection goes to the proxy.
         if super::proxy::public_host(head.header("host"), &self.public.domain)
             != super::proxy::PublicHost::No
@@ -487,21 +517,25 @@ impl Daemon {
                 return;
             }
         }
+        let before = c.http.rbuf.len();
         let step = c
             .http
             .begin_body(head, route, route.body_cap(), params, tenant);
-        self.body_step(ck, step);
+        let added = self
+            .conns
+            .get(ck)
+            .map_or(0, |c| before.saturating_sub(c.http.rbuf.len()));
+        self.body_step(ck, step, added);
     }
 
     /// Acts on what the body reader found. True when a request was dispatched (the
     /// caller may go on with the next one).
-    fn body_step(&mut self, ck: usize, step: BodyStep<Routed>) -> bool {
+    fn body_step(&mut self, ck: usize, step: BodyStep<Routed>, added: usize) -> bool {
         match step {
             BodyStep::Wait { idle } => {
                 if idle {
-                    // The body's idle deadline, re-armed on progress.
-                    let t = Duration::from_millis(self.cfg.head_timeout_ms);
-                    self.arm_conn(ck, t);
+                    // The body's deadlines, moved on by progress (within its rate).
+                    self.arm_body(ck, added);
                 }
                 false
             }

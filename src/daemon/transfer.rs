@@ -284,15 +284,15 @@ impl Daemon {
                 false
             }
         };
-        let progressed = c.http.rbuf.len() != before;
+        let added = before.saturating_sub(c.http.rbuf.len());
+        let progressed = added > 0;
         if let Some(resp) = err {
             self.take_upload(ck);
             self.respond_and_close(ck, resp);
             return false;
         }
         if progressed {
-            let t = Duration::from_millis(self.cfg.head_timeout_ms);
-            self.arm_conn(ck, t);
+            self.arm_body(ck, added);
         }
         let Some(c) = self.conns.get_mut(ck) else {
             return false;
