@@ -98,6 +98,11 @@ pub(crate) struct ProxyConn {
     /// A head waiting for its connection to the app (made on the pool).
     connecting: Option<(Box<Head>, Target, String)>,
     client_eof: bool,
+    /// The client's socket may have bytes to read (set by its readable edge, cleared
+    /// by a read that found it drained): no read is tried otherwise.
+    client_readable: bool,
+    /// The same for the app's socket.
+    up_readable: bool,
     /// Our side is shut; what the client still sends is dropped until it closes.
     closing: bool,
     last_io: Instant,
@@ -282,6 +287,8 @@ impl Daemon {
             up: None,
             connecting: None,
             client_eof: c.http.read_eof,
+            client_readable: true,
+            up_readable: true,
             closing: false,
             last_io: Instant::now(),
             timer_gen: 0,
@@ -541,6 +548,7 @@ impl Daemon {
             }
         };
         if let Some(p) = self.proxies.get_mut(pk) {
+            p.up_readable = true;
             p.up = Some(Upstream {
                 stream,
                 token,
@@ -597,6 +605,7 @@ impl Daemon {
             self.reactor.deregister(&mut u.stream, u.token);
         }
         if let Some(p) = self.proxies.get_mut(pk) {
+            p.up_readable = true;
             p.relay.from_upstream.clear();
             p.relay.to_upstream.clear();
         }
@@ -607,6 +616,7 @@ impl Daemon {
             let Some(p) = self.proxies.get_mut(pk) else {
                 return;
             };
+            p.client_readable = true;
             if p.closing {
                 // Drain what the client still sends, then close at its end.
                 let mut buf = [0u8; 16 * 1024];
@@ -630,7 +640,12 @@ impl Daemon {
         self.proxy_advance(pk);
     }
 
-    fn proxy_upstream_event(&mut self, pk: usize, _readable: bool) {
+    fn proxy_upstream_event(&mut self, pk: usize, readable: bool) {
+        if readable {
+            if let Some(p) = self.proxies.get_mut(pk) {
+                p.up_readable = true;
+            }
+        }
         self.proxy_advance(pk);
     }
 
@@ -751,9 +766,15 @@ impl Daemon {
             return false;
         };
         let mut moved = false;
-        let mut buf = [0u8; 64 * 1024];
-        // Client → relay.
-        while !p.client_eof {
+        // One scratch buffer for every connection (a fresh one would be zeroed on
+        // every pass).
+        let buf = &mut self.proxy_buf;
+        if buf.is_empty() {
+            buf.resize(64 * 1024, 0);
+        }
+        // Client → relay. A read shorter than asked drained the socket: the next bytes
+        // bring a new readable edge, so nothing is read until then.
+        while !p.client_eof && p.client_readable {
             let room = p.relay.room_from_client().min(buf.len());
             if room == 0 {
                 break;
@@ -763,9 +784,10 @@ impl Daemon {
                 Ok(n) => {
                     p.relay.from_client.extend_from_slice(&buf[..n]);
                     moved = true;
+                    p.client_readable = n == room;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => p.client_readable = false,
                 Err(_) => p.client_eof = true,
             }
         }
@@ -811,7 +833,7 @@ impl Daemon {
                 }
             }
             // App → relay.
-            while !u.eof {
+            while !u.eof && p.up_readable {
                 let room = p.relay.room_from_upstream().min(buf.len());
                 if room == 0 {
                     break;
@@ -821,9 +843,10 @@ impl Daemon {
                     Ok(n) => {
                         p.relay.from_upstream.extend_from_slice(&buf[..n]);
                         moved = true;
+                        p.up_readable = n == room;
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => p.up_readable = false,
                     Err(e) if e.kind() == io::ErrorKind::NotConnected => break,
                     Err(_) => u.eof = true,
                 }

@@ -364,6 +364,7 @@ impl Daemon {
             agent_serial: 0,
             proxies: Slab::new(),
             proxy_serial: 0,
+            proxy_buf: Vec::new(),
             url_key: {
                 use ring::rand::SecureRandom;
                 let mut k = [0u8; 32];
