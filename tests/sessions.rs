@@ -356,6 +356,41 @@ fn test_quota_by_code_and_by_upload() {
     let r = common::read_response(&mut BufReader::new(c), false).unwrap();
     assert_eq!(r.status, 413, "{}", r.text());
     assert_eq!(r.json()["error"], "payload_too_large");
+    // A sparse file larger than the quota (issue 26, item 2): not sent as terabytes of
+    // zeros, for GET and HEAD alike, nor zipped; one exactly at the quota is served.
+    let v = exec_ok(
+        &d,
+        &s,
+        &format!(
+            "import os\nos.mkdir('holes')\nopen('holes/tb','wb').truncate(1<<33)\nopen('at','wb').truncate({})\nopen('above','wb').truncate({})",
+            16 * MIB,
+            16 * MIB + 1
+        ),
+    );
+    assert_eq!(v["run"]["exitCode"], 0, "{v}");
+    for (method, path) in [("GET", "holes/tb"), ("HEAD", "holes/tb"), ("GET", "above")] {
+        let r = s.fs(&d, method, &format!("path={path}"), b"");
+        assert_eq!(r.status, 413, "{method} {path}: {}", r.text());
+        assert!(
+            r.header("content-length")
+                .is_none_or(|l| l.parse::<u64>().unwrap() < 4096),
+            "{method} {path}"
+        );
+        if method == "GET" {
+            assert_eq!(r.json()["error"], "quota_exceeded");
+            assert!(
+                r.json()["detail"].as_str().unwrap().contains("sparse"),
+                "{}",
+                r.text()
+            );
+        }
+    }
+    let r = s.fs(&d, "GET", "path=at", b"");
+    assert_eq!((r.status, r.body.len()), (200, 16 * MIB));
+    assert!(r.body.iter().all(|&b| b == 0));
+    let r = s.fs(&d, "GET", "path=holes&format=zip", b"");
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(r.json()["error"], "archive_too_large");
     d.assert_clean();
     d.stop();
 }

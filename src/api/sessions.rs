@@ -473,7 +473,7 @@ fn fs_get_job(
     zip: bool,
     head_only: bool,
 ) -> Result<Outcome, Response> {
-    sessions
+    let record = sessions
         .authorize(tenant, id, tok)
         .map_err(|e| session_error(&e))?;
     let lease = sessions
@@ -545,6 +545,18 @@ fn fs_get_job(
         )),
         wfs::Kind::File { .. } => {
             let (mut file, size) = wfs::open_read(&root, rel).map_err(|e| fs_error(&e))?;
+            // Only a sparse file can be larger than the disk it is on: its holes would
+            // be sent as zeros, up to terabytes (issue 26, item 2).
+            if size > record.quota_bytes {
+                return Err(Response::error(
+                    413,
+                    "quota_exceeded",
+                    Some(&format!(
+                        "this file's size ({size} bytes) is larger than the session's disk quota ({} bytes): it is sparse; read the parts you need in a step",
+                        record.quota_bytes
+                    )),
+                ));
+            }
             let head = download_head("application/octet-stream", &name);
             if head_only {
                 return Ok(Outcome::Download(Box::new(Download {
