@@ -194,7 +194,10 @@ fn wait_up(d: &Daemon, host: &str, token: &str) {
 #[test]
 fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
     let fake = FakeNet::new();
-    let d = Daemon::start_in_netns(&fake.harness, &[("ISOBOX_NET_DNS", DNS)]);
+    let d = Daemon::start_in_netns(
+        &fake.harness,
+        &[("ISOBOX_NET_DNS", DNS), ("ISOBOX_HEAD_TIMEOUT_MS", "2000")],
+    );
     d.wait_ready();
     let a = create(&d, &json!({"template": "base"}));
     let b = create(&d, &json!({}));
@@ -480,6 +483,118 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
         rest,
         [0x88, 0x00],
         "the close frame, then the end of the pipe"
+    );
+
+    // A WebSocket client cannot follow the cookie flow's redirect: a link's token is
+    // taken as it is for an upgrade (and not passed on).
+    let mut ws = d.connect();
+    write!(
+        ws,
+        "GET /chat?wbx_token={token} HTTP/1.1\r\nHost: {app}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    .unwrap();
+    let mut line = [0u8; 13];
+    ws.read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"HTTP/1.1 101 ");
+    drop(ws);
+    // The redirect stays on this host whatever the path looks like (`//elsewhere` is a
+    // path here, not another site).
+    let r = get(
+        &d,
+        &host,
+        &format!("//evil.example/x?wbx_token={token}"),
+        &[],
+    );
+    assert_eq!(r.status, 302, "{}", r.text());
+    assert_eq!(
+        r.header("location"),
+        Some(format!("http://{host}//evil.example/x").as_str())
+    );
+    // Another app under the domain can set a domain-wide `wbx_token` cookie: it does
+    // not lock this sandbox's users out.
+    let r = get(
+        &d,
+        &host,
+        "/hello.txt",
+        &[("Cookie", &format!("wbx_token=planted; wbx_token={token}"))],
+    );
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (200, "hello from the sandbox\n")
+    );
+    // A client that half-closes after its request still gets the whole answer.
+    let mut s = d.connect();
+    write!(
+        s,
+        "GET /big?n={} HTTP/1.1\r\nHost: {app}\r\nX-WBX-Token: {token}\r\n\r\n",
+        2 << 20
+    )
+    .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let r = read_response(&mut BufReader::new(s), false).expect("the whole answer");
+    assert_eq!((r.status, r.body.len()), (200, 2 << 20));
+    // A client that sends requests and never reads the answers (the proxy's own pages
+    // here, no token needed) is not read on once 256 KiB of answers wait for it: its
+    // writes stall, and the daemon's memory does not grow with them.
+    let rss = |pid: u32| -> u64 {
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    };
+    let before = rss(d.pid());
+    let mut s = d.connect();
+    s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+    let req = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").repeat(256);
+    let mut sent = 0usize;
+    while sent < (64 << 20) {
+        match s.write(req.as_bytes()) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    assert!(
+        sent < (64 << 20),
+        "the daemon kept reading a client that reads nothing"
+    );
+    let grew = rss(d.pid()).saturating_sub(before);
+    assert!(grew < 16 * 1024, "RSS grew by {grew} KiB");
+    // It can still read what it asked for.
+    let r = read_response(&mut BufReader::new(s.try_clone().unwrap()), false).unwrap();
+    assert_eq!(r.status, 401);
+    drop(s);
+    // A head begun and not finished is cut at the head timeout (2 s here), as on the
+    // API, however its bytes trickle.
+    let mut s = d.connect();
+    let r = raw(
+        &d,
+        &mut s,
+        format!("GET /hello.txt HTTP/1.1\r\nHost: {host}\r\nX-WBX-Token: {token}\r\n\r\n")
+            .as_bytes(),
+        false,
+    );
+    assert_eq!(r.status, 200);
+    let t0 = Instant::now();
+    let mut cut = false;
+    let slow = b"GET /hello.txt HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    for b in slow.iter().cycle().take(40) {
+        // Closed by the daemon: EOF to read, or the write fails.
+        s.set_nonblocking(true).unwrap();
+        let mut one = [0u8; 1];
+        let eof = matches!(s.peek(&mut one), Ok(0));
+        s.set_nonblocking(false).unwrap();
+        if eof || s.write_all(&[*b]).is_err() {
+            cut = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        cut && t0.elapsed() < Duration::from_secs(5),
+        "a trickled head on a proxied connection was not cut: {:?}",
+        t0.elapsed()
     );
 
     // Nothing else is reachable: a port nobody listens on, an app on 127.0.0.1 only,

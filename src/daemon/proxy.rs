@@ -103,6 +103,12 @@ pub(crate) struct ProxyConn {
     client_readable: bool,
     /// The same for the app's socket.
     up_readable: bool,
+    /// Connections to the app asked for so far (a connect job's result is used only
+    /// if it is the latest one's).
+    attempt: u64,
+    /// When the head being read began (its bytes wait in the relay), for the head
+    /// timeout.
+    head_since: Option<Instant>,
     /// Our side is shut; what the client still sends is dropped until it closes.
     closing: bool,
     last_io: Instant,
@@ -177,8 +183,8 @@ fn take_token_param(query: Option<&str>) -> (Option<String>, Option<String>) {
 }
 
 /// The `Cookie` value without ours, and our cookie's value.
-fn take_token_cookie(head: &Head) -> (Option<String>, Option<String>) {
-    let mut token = None;
+fn take_token_cookie(head: &Head) -> (Option<String>, Vec<String>) {
+    let mut token = Vec::new();
     let mut rest: Vec<String> = Vec::new();
     for (n, v) in &head.headers {
         if n != "cookie" {
@@ -190,7 +196,9 @@ fn take_token_cookie(head: &Head) -> (Option<String>, Option<String>) {
                 continue;
             }
             match pair.split_once('=') {
-                Some((k, v)) if k.trim() == COOKIE => token = Some(v.trim().to_string()),
+                // Every one is kept: an app on another host under the domain can set
+                // a `wbx_token` for the whole domain, which must not lock this one out.
+                Some((k, v)) if k.trim() == COOKIE => token.push(v.trim().to_string()),
                 _ => rest.push(pair.to_string()),
             }
         }
@@ -289,6 +297,8 @@ impl Daemon {
             client_eof: c.http.read_eof,
             client_readable: true,
             up_readable: true,
+            attempt: 0,
+            head_since: None,
             closing: false,
             last_io: Instant::now(),
             timer_gen: 0,
@@ -299,39 +309,38 @@ impl Daemon {
         self.proxy_advance(pk);
     }
 
+    /// When connection `p` is to be closed: lingering, a head begun and not complete
+    /// within the head timeout (as on the API), idle between requests, or no byte
+    /// either way for `ACTIVE_IDLE` while a request is in flight or in a tunnel.
+    fn proxy_deadline(&self, p: &ProxyConn) -> Instant {
+        if p.closing {
+            p.last_io + crate::http::conn::LINGER
+        } else if p.relay.is_idle() && p.connecting.is_none() {
+            match p.head_since {
+                Some(t) => t + Duration::from_millis(self.cfg.head_timeout_ms),
+                None => p.last_io + Duration::from_millis(self.cfg.idle_timeout_ms),
+            }
+        } else {
+            p.last_io + ACTIVE_IDLE
+        }
+    }
+
     fn proxy_arm(&mut self, pk: usize) {
-        let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         let Some(p) = self.proxies.get(pk) else {
             return;
         };
-        let after = if p.closing {
-            crate::http::conn::LINGER
-        } else if p.relay.is_idle() && p.connecting.is_none() {
-            idle
-        } else {
-            ACTIVE_IDLE
-        };
-        let gen = self
-            .reactor
-            .arm_new(p.last_io + after, Addr::new(PROXY, pk, DEADLINE));
+        let at = self.proxy_deadline(p);
+        let gen = self.reactor.arm_new(at, Addr::new(PROXY, pk, DEADLINE));
         if let Some(p) = self.proxies.get_mut(pk) {
             p.timer_gen = gen;
         }
     }
 
     fn proxy_timer(&mut self, pk: usize, gen: u64) {
-        let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         let Some(p) = self.proxies.get(pk).filter(|p| p.timer_gen == gen) else {
             return;
         };
-        let after = if p.closing {
-            crate::http::conn::LINGER
-        } else if p.relay.is_idle() && p.connecting.is_none() {
-            idle
-        } else {
-            ACTIVE_IDLE
-        };
-        if p.closing || p.last_io.elapsed() >= after {
+        if p.closing || Instant::now() >= self.proxy_deadline(p) {
             self.proxy_close(pk);
         } else {
             self.proxy_arm(pk);
@@ -371,17 +380,26 @@ impl Daemon {
                 ),
             };
         let (rest_query, query_token) = take_token_param(head.query.as_deref());
-        let (rest_cookie, cookie_token) = take_token_cookie(&head);
+        let (rest_cookie, cookie_tokens) = take_token_cookie(&head);
         let header_token = head.header(HEADER).map(str::to_string);
-        if let Some(t) = &query_token {
+        let upgrade = head.header("upgrade").is_some();
+        if let Some(t) = query_token.as_ref().filter(|_| !upgrade) {
             if !self.token_ok(&id, Some(t)) {
                 return answer(self, 401, "Wrong token", "The wbx_token in this link is not this sandbox's. Ask for its URL again (GET /v1/sandboxes/{id}/url?port=).");
             }
             // The token moves into a cookie for this host alone and out of the URL.
-            let location = match &rest_query {
-                Some(q) => format!("{}?{q}", head.path),
-                None => head.path.clone(),
-            };
+            // The location is absolute, on this very host: a path like `//elsewhere`
+            // must not send the browser to another site.
+            let location = format!(
+                "{}://{}{}{}",
+                self.public.scheme,
+                head.header("host").unwrap_or_default(),
+                head.path,
+                rest_query
+                    .as_ref()
+                    .map(|q| format!("?{q}"))
+                    .unwrap_or_default()
+            );
             let secure = if self.public.scheme == "https" {
                 "; Secure"
             } else {
@@ -411,7 +429,16 @@ impl Daemon {
             }
             return;
         }
-        if !self.token_ok(&id, header_token.as_deref().or(cookie_token.as_deref())) {
+        // A WebSocket client cannot follow a redirect: its link's token is taken as it is.
+        let given = header_token
+            .iter()
+            .chain(cookie_tokens.iter())
+            .chain(query_token.iter().filter(|_| upgrade));
+        let mut ok = false;
+        for t in given {
+            ok |= self.token_ok(&id, Some(t));
+        }
+        if !ok {
             return answer(self, 401, "Token needed", "This address needs its sandbox's token: open the url_with_token link, or send the X-WBX-Token header.");
         }
         let Some(key) = self.boxes.by_id_any(&id) else {
@@ -463,7 +490,23 @@ impl Daemon {
             return;
         }
         self.proxy_drop_upstream(pk);
-        let serial = self.proxies[pk].serial;
+        // A connect blocks a worker for up to CONNECT_TIMEOUT (a sandbox can make its
+        // port drop SYNs): at most half the workers ever wait on one, so sandbox boots,
+        // runs and file operations always have the others.
+        let cap = (self.cfg.workers / 2).max(1);
+        if self.proxy_connects >= cap {
+            return self.proxy_fail(
+                pk,
+                503,
+                "Busy",
+                "Too many connections to sandboxes are being made right now; retry in a second.",
+            );
+        }
+        let Some(p) = self.proxies.get_mut(pk) else {
+            return;
+        };
+        p.attempt += 1;
+        let (serial, attempt) = (p.serial, p.attempt);
         let to = SocketAddr::new(target.addr.into(), target.port);
         let job = Box::new(move || -> Done<Daemon> {
             let r = std::net::TcpStream::connect_timeout(&to, CONNECT_TIMEOUT).and_then(|s| {
@@ -471,7 +514,7 @@ impl Daemon {
                 s.set_nodelay(true)?;
                 Ok(s)
             });
-            Box::new(move |d: &mut Daemon| d.proxy_connected(pk, serial, r))
+            Box::new(move |d: &mut Daemon| d.proxy_connected(pk, serial, attempt, r))
         });
         if self.reactor.submit(job).is_err() {
             self.proxy_fail(
@@ -480,13 +523,40 @@ impl Daemon {
                 "Busy",
                 "The server is overloaded; retry in a second.",
             );
+            return;
         }
+        self.proxy_connects += 1;
     }
 
     /// The connection to the app was made (or not).
-    fn proxy_connected(&mut self, pk: usize, serial: u64, r: io::Result<std::net::TcpStream>) {
+    fn proxy_connected(
+        &mut self,
+        pk: usize,
+        serial: u64,
+        attempt: u64,
+        r: io::Result<std::net::TcpStream>,
+    ) {
+        self.proxy_connected_to(pk, serial, attempt, r);
+        self.proxy_advance(pk);
+    }
+
+    fn proxy_connected_to(
+        &mut self,
+        pk: usize,
+        serial: u64,
+        attempt: u64,
+        r: io::Result<std::net::TcpStream>,
+    ) {
         log::debug!("proxy={pk} connected: {:?}", r.as_ref().map(|_| ()));
-        let Some(p) = self.proxies.get(pk).filter(|p| p.serial == serial) else {
+        self.proxy_connects = self.proxy_connects.saturating_sub(1);
+        // Only the connection this request asked for: an earlier attempt's (its
+        // request answered meanwhile, say because its sandbox ended) is dropped, never
+        // used for a later request to another sandbox.
+        let Some(p) = self
+            .proxies
+            .get(pk)
+            .filter(|p| p.serial == serial && p.attempt == attempt)
+        else {
             return;
         };
         let Some((_, target, _)) = p.connecting.as_ref() else {
@@ -557,7 +627,6 @@ impl Daemon {
             });
         }
         self.proxy_send(pk);
-        self.proxy_advance(pk);
     }
 
     /// Forwards the head waiting in `connecting` (its cookies already without ours) on
@@ -594,7 +663,8 @@ impl Daemon {
             let out = page(status, title, text, head.method == "HEAD", true);
             p.relay.answer(&head, &out, true);
         }
-        self.proxy_advance(pk);
+        // The caller moves the connection on (from within `proxy_advance`, its loop
+        // does: a call from here would recurse once per pipelined request).
     }
 
     fn proxy_drop_upstream(&mut self, pk: usize) {
@@ -672,6 +742,7 @@ impl Daemon {
                 match p.relay.next_request() {
                     Next::Head(h) => {
                         progressed = true;
+                        p.head_since = None;
                         self.proxy_request(pk, h);
                     }
                     Next::Refused(e) => {
@@ -680,7 +751,16 @@ impl Daemon {
                         p.relay.close_client = true;
                         progressed = true;
                     }
-                    Next::Wait => {}
+                    Next::Wait => {
+                        // A head has begun: it has the head timeout to be complete.
+                        if p.head_since.is_none()
+                            && p.relay.is_idle()
+                            && !p.relay.from_client.is_empty()
+                        {
+                            p.head_since = Some(Instant::now());
+                            self.proxy_arm(pk);
+                        }
+                    }
                 }
             }
             if !progressed && !self.proxy_after(pk) {
@@ -718,7 +798,11 @@ impl Daemon {
             return false;
         };
         let idle = p.relay.is_idle() && p.connecting.is_none();
-        if p.client_eof && (idle || p.relay.is_tunnel()) && p.relay.from_client.is_empty() {
+        if p.client_eof
+            && (idle || p.relay.is_tunnel())
+            && p.relay.from_client.is_empty()
+            && (p.relay.is_tunnel() || p.relay.to_client.is_empty())
+        {
             if p.relay.is_tunnel() {
                 if let Some(u) = p.up.as_mut() {
                     if p.relay.to_upstream.is_empty() {
@@ -743,6 +827,12 @@ impl Daemon {
             self.proxy_drop_upstream(pk);
             self.proxy_arm(pk);
             return false;
+        }
+        // An app connection that cannot carry the next request (HTTP/1.0, `close`,
+        // or an app talking out of turn) is let go at once, not read on.
+        if idle && p.up.is_some() && !p.relay.upstream_reusable() {
+            self.proxy_drop_upstream(pk);
+            return true;
         }
         false
     }
@@ -772,8 +862,9 @@ impl Daemon {
         if buf.is_empty() {
             buf.resize(64 * 1024, 0);
         }
-        // Client → relay. A read shorter than asked drained the socket: the next bytes
-        // bring a new readable edge, so nothing is read until then.
+        // Client → relay, until the socket says it is drained (WouldBlock): a short
+        // read is not enough, since a FIN that came with the last bytes brings no new
+        // edge and must still be read as the end.
         while !p.client_eof && p.client_readable {
             let room = p.relay.room_from_client().min(buf.len());
             if room == 0 {
@@ -784,7 +875,6 @@ impl Daemon {
                 Ok(n) => {
                     p.relay.from_client.extend_from_slice(&buf[..n]);
                     moved = true;
-                    p.client_readable = n == room;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => p.client_readable = false,
@@ -843,7 +933,6 @@ impl Daemon {
                     Ok(n) => {
                         p.relay.from_upstream.extend_from_slice(&buf[..n]);
                         moved = true;
-                        p.up_readable = n == room;
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => p.up_readable = false,
@@ -901,6 +990,7 @@ impl Daemon {
                     "Sandbox not found",
                     "This sandbox has ended or does not exist.",
                 );
+                self.proxy_advance(pk);
                 continue;
             }
             if p.relay.is_idle() {
@@ -983,7 +1073,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             take_token_cookie(&head),
-            (Some("a=1; b=2; c=3".into()), Some("tok".into()))
+            (Some("a=1; b=2; c=3".into()), vec!["tok".to_string()])
         );
     }
 }

@@ -365,6 +365,7 @@ impl Daemon {
             proxies: Slab::new(),
             proxy_serial: 0,
             proxy_buf: Vec::new(),
+            proxy_connects: 0,
             url_key: {
                 use ring::rand::SecureRandom;
                 let mut k = [0u8; 32];

@@ -175,6 +175,13 @@ impl Relay {
         if self.close_client || self.to_upstream.len() >= BUF_BYTES {
             return 0;
         }
+        // A client that does not read its answers gets no more of them: nothing more
+        // is read from it until it takes what is queued (pipelined requests answered
+        // by the proxy itself would otherwise queue pages without bound).
+        if matches!(self.req, ReqPhase::Head | ReqPhase::Sent) && self.to_client.len() >= BUF_BYTES
+        {
+            return 0;
+        }
         cap.saturating_sub(self.from_client.len())
     }
 
@@ -219,7 +226,7 @@ impl Relay {
 
     /// The next request head, when no request is in flight.
     pub fn next_request(&mut self) -> Next {
-        if !self.is_idle() || self.close_client {
+        if !self.is_idle() || self.close_client || self.to_client.len() >= BUF_BYTES {
             return Next::Wait;
         }
         // RFC 9112 §2.2: empty lines before a request line are ignored.
@@ -927,6 +934,17 @@ mod tests {
             .extend_from_slice(b"HTTP/1.1 413 Too Large\r\nContent-Length: 0\r\n\r\n");
         r.pump().unwrap();
         assert!(r.close_client && !r.upstream_reusable());
+        // Answers the proxy gives itself queue no further than the bound: the next
+        // pipelined head waits, and nothing more is read, until the client reads.
+        let mut r = Relay::new(Vec::new());
+        let h = head("GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+        r.from_client
+            .extend_from_slice(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n");
+        r.answer(&h, &vec![b'p'; BUF_BYTES], true);
+        assert!(matches!(r.next_request(), Next::Wait));
+        assert_eq!(r.room_from_client(), 0);
+        r.to_client.clear();
+        assert!(matches!(r.next_request(), Next::Head(_)));
         // A head too long is refused.
         let mut r = Relay::new(vec![b'a'; MAX_HEAD_BYTES + 1]);
         assert!(matches!(

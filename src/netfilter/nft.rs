@@ -355,6 +355,9 @@ impl Ruleset {
         // Into the host from a sandbox link: only replies to connections the host
         // opened (the public-URL proxy's), nothing a sandbox starts.
         let mut replies: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        // From the pool only: a forged outside source is no reply of ours.
+        replies.extend(ipv4());
+        replies.extend(addr_in(12, pool));
         replies.extend([
             Expr::Ct(CT_DIRECTION),
             Expr::Cmp(CMP_EQ, vec![DIR_REPLY]),

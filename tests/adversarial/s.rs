@@ -169,7 +169,17 @@ fn test_s3_runsc_start_failure_is_sandbox_start_failed() {
             && !sse.text().contains("event: done"),
         || format!("S3 (SSE): {} {}", sse.status, sse.text()),
     );
-    a.expect(a.d.log().contains("injected failure"), || {
+    // The log is read from the daemon's stderr by a thread of the harness, and the
+    // message is logged as the run is cleaned up, which may be after the answer: wait
+    // for it a little (a loaded host ran this check before the line arrived).
+    let logged = {
+        let t = Instant::now();
+        while !a.d.log().contains("injected failure") && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        a.d.log().contains("injected failure")
+    };
+    a.expect(logged, || {
         "S3: runsc's message is not in the daemon log".into()
     });
     let h = a.health();
