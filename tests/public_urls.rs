@@ -313,7 +313,10 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
         &[],
     );
     assert_eq!(r.status, 302, "{}", r.text());
-    assert_eq!(r.header("location"), Some("/hello.txt?x=1&y=2"));
+    assert_eq!(
+        r.header("location"),
+        Some(format!("http://{host}/hello.txt?x=1&y=2").as_str())
+    );
     let cookie = r.header("set-cookie").unwrap().to_string();
     assert_eq!(
         cookie,
