@@ -44,6 +44,11 @@ pub(crate) const ACTIVE_IDLE: Duration = Duration::from_secs(600);
 const COOKIE: &str = "wbx_token";
 /// The header that carries it.
 const HEADER: &str = "x-wbx-token";
+/// What a request to a sandbox that is gone is told.
+const GONE: (&str, &str) = (
+    "Sandbox not found",
+    "This sandbox has ended or does not exist.",
+);
 
 /// Proxied connections on the loop.
 pub(crate) struct Proxies;
@@ -442,12 +447,7 @@ impl Daemon {
             return answer(self, 401, "Token needed", "This address needs its sandbox's token: open the url_with_token link, or send the X-WBX-Token header.");
         }
         let Some(key) = self.boxes.by_id_any(&id) else {
-            return answer(
-                self,
-                404,
-                "Sandbox not found",
-                "This sandbox has ended or does not exist.",
-            );
+            return answer(self, 404, GONE.0, GONE.1);
         };
         let b = &self.boxes.boxes[key];
         let target = match b.state {
@@ -469,7 +469,7 @@ impl Daemon {
                 return answer(self, 503, "Sandbox starting", "This sandbox is still starting; retry in a moment.")
             }
             State::Ending => {
-                return answer(self, 404, "Sandbox not found", "This sandbox has ended or does not exist.")
+                return answer(self, 404, GONE.0, GONE.1)
             }
         };
         let target_path = match &rest_query {
@@ -570,14 +570,7 @@ impl Daemon {
             .is_some_and(|b| b.serial == target.serial && b.state == State::Running);
         let s = match r {
             Ok(s) if alive => s,
-            Ok(_) => {
-                return self.proxy_fail(
-                    pk,
-                    404,
-                    "Sandbox not found",
-                    "This sandbox has ended or does not exist.",
-                )
-            }
+            Ok(_) => return self.proxy_fail(pk, 404, GONE.0, GONE.1),
             Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
                 let text = format!("Nothing listens on port {} in this sandbox. Start the app there, listening on 0.0.0.0 (not only 127.0.0.1).", target.port);
                 return self.proxy_fail(pk, 502, "Nothing listening", &text);
@@ -862,83 +855,42 @@ impl Daemon {
         if buf.is_empty() {
             buf.resize(64 * 1024, 0);
         }
-        // Client → relay, until the socket says it is drained (WouldBlock): a short
-        // read is not enough, since a FIN that came with the last bytes brings no new
-        // edge and must still be read as the end.
-        while !p.client_eof && p.client_readable {
-            let room = p.relay.room_from_client().min(buf.len());
-            if room == 0 {
-                break;
-            }
-            match p.client.read(&mut buf[..room]) {
-                Ok(0) => p.client_eof = true,
-                Ok(n) => {
-                    p.relay.from_client.extend_from_slice(&buf[..n]);
-                    moved = true;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => p.client_readable = false,
-                Err(_) => p.client_eof = true,
-            }
-        }
-        // Relay → client.
+        // Each side is read until it says it is drained (WouldBlock): a short read is
+        // not enough, since a FIN that came with the last bytes brings no new edge and
+        // must still be read as the end.
         let mut client_failed = false;
-        while !p.relay.to_client.is_empty() {
-            match p.client.write(&p.relay.to_client) {
-                Ok(0) => {
-                    client_failed = true;
-                    break;
-                }
-                Ok(n) => {
-                    p.relay.to_client.drain(..n);
-                    moved = true;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(_) => {
-                    client_failed = true;
-                    break;
-                }
-            }
+        if !p.client_eof && p.client_readable {
+            let got = read_side(
+                &mut p.client,
+                buf,
+                &mut p.relay,
+                Relay::room_from_client,
+                |r| &mut r.from_client,
+            );
+            moved |= got.moved;
+            p.client_readable = !got.drained;
+            p.client_eof |= got.eof;
+        }
+        match write_side(&mut p.client, &mut p.relay.to_client) {
+            Some(m) => moved |= m,
+            None => client_failed = true,
         }
         if let Some(u) = p.up.as_mut() {
-            // Relay → app.
-            while !p.relay.to_upstream.is_empty() {
-                match u.stream.write(&p.relay.to_upstream) {
-                    Ok(0) => {
-                        u.eof = true;
-                        break;
-                    }
-                    Ok(n) => {
-                        p.relay.to_upstream.drain(..n);
-                        moved = true;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::NotConnected => break,
-                    Err(_) => {
-                        u.eof = true;
-                        break;
-                    }
-                }
+            match write_side(&mut u.stream, &mut p.relay.to_upstream) {
+                Some(m) => moved |= m,
+                None => u.eof = true,
             }
-            // App → relay.
-            while !u.eof && p.up_readable {
-                let room = p.relay.room_from_upstream().min(buf.len());
-                if room == 0 {
-                    break;
-                }
-                match u.stream.read(&mut buf[..room]) {
-                    Ok(0) => u.eof = true,
-                    Ok(n) => {
-                        p.relay.from_upstream.extend_from_slice(&buf[..n]);
-                        moved = true;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => p.up_readable = false,
-                    Err(e) if e.kind() == io::ErrorKind::NotConnected => break,
-                    Err(_) => u.eof = true,
-                }
+            if !u.eof && p.up_readable {
+                let got = read_side(
+                    &mut u.stream,
+                    buf,
+                    &mut p.relay,
+                    Relay::room_from_upstream,
+                    |r| &mut r.from_upstream,
+                );
+                moved |= got.moved;
+                p.up_readable = !got.drained;
+                u.eof |= got.eof;
             }
         }
         if moved {
@@ -984,12 +936,7 @@ impl Daemon {
                 continue;
             };
             if p.connecting.is_some() {
-                self.proxy_fail(
-                    pk,
-                    404,
-                    "Sandbox not found",
-                    "This sandbox has ended or does not exist.",
-                );
+                self.proxy_fail(pk, 404, GONE.0, GONE.1);
                 self.proxy_advance(pk);
                 continue;
             }
@@ -1008,6 +955,78 @@ impl Daemon {
             self.proxy_close(pk);
         }
     }
+}
+
+/// What one side's reads found.
+struct Got {
+    /// Bytes came.
+    moved: bool,
+    /// The socket said WouldBlock: nothing more until its next readable edge.
+    drained: bool,
+    /// The peer closed its side (or the socket failed).
+    eof: bool,
+}
+
+/// Reads `sock` into the relay buffer `into` picks, as far as `room` allows, until it
+/// is drained, closed, or out of room.
+fn read_side(
+    sock: &mut TcpStream,
+    buf: &mut [u8],
+    relay: &mut Relay,
+    room: fn(&Relay) -> usize,
+    into: fn(&mut Relay) -> &mut Vec<u8>,
+) -> Got {
+    let mut got = Got {
+        moved: false,
+        drained: false,
+        eof: false,
+    };
+    loop {
+        let n = room(relay).min(buf.len());
+        if n == 0 {
+            return got;
+        }
+        match sock.read(&mut buf[..n]) {
+            Ok(0) => got.eof = true,
+            Ok(k) => {
+                into(relay).extend_from_slice(&buf[..k]);
+                got.moved = true;
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => got.drained = true,
+            // A connection still being made has nothing to read yet.
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => {}
+            Err(_) => got.eof = true,
+        }
+        return got;
+    }
+}
+
+/// Writes what `out` holds to `sock` until it is empty or the socket is full. Whether
+/// bytes went out, or `None` when the socket failed.
+fn write_side(sock: &mut TcpStream, out: &mut Vec<u8>) -> Option<bool> {
+    let mut moved = false;
+    while !out.is_empty() {
+        match sock.write(out) {
+            Ok(0) => return None,
+            Ok(n) => {
+                out.drain(..n);
+                moved = true;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::NotConnected
+                ) =>
+            {
+                break
+            }
+            Err(_) => return None,
+        }
+    }
+    Some(moved)
 }
 
 /// Replaces `head`'s `Cookie` fields by `rest` (the client's cookies without ours).
