@@ -262,6 +262,7 @@ fn decode_with(
         args,
         limits,
         network_requested: b.network.unwrap_or(true),
+        allowlist: None,
         code_given,
         preload: None,
         workspace: None,

@@ -156,6 +156,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             args: Vec::new(),
             limits: crate::sandbox::limits::RequestedLimits::default().resolve(&rt.desc.limits),
             network_requested: b.network.unwrap_or(true),
+            allowlist: None,
             code_given: false,
             preload: None,
             workspace: None,

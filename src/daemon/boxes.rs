@@ -384,7 +384,7 @@ impl Daemon {
         }
         if b.net_addr().is_none() {
             let why = if b.network == Net::None {
-                "the sandbox has no network (network.mode none): public URLs need mode full"
+                "the sandbox has no network (network.mode none): public URLs need mode full or allowlist"
             } else {
                 "the sandbox has no network: this server runs without sandbox networking (ISOBOX_EGRESS=off, or egress not verified when it started)"
             };
@@ -413,7 +413,7 @@ impl Daemon {
             created_ms: b.created_ms,
             expires_ms,
             metadata: &b.metadata,
-            network: b.network,
+            network: b.network.clone(),
             start_ms: b.start_ms,
             warm: b.warm,
         })
@@ -536,7 +536,8 @@ impl Daemon {
             entry: String::new(),
             stdin: Vec::new(),
             args: Vec::new(),
-            network_requested: network == Net::Full,
+            network_requested: network != Net::None,
+            allowlist: network.allowlist(),
             code_given: false,
             preload: None,
             workspace: None,

@@ -26,6 +26,7 @@ pub mod conn;
 pub mod egress;
 mod faces;
 mod finish;
+mod gate;
 mod kernel_steps;
 pub mod kernels;
 mod output;
@@ -61,7 +62,7 @@ const HOUSEKEEPING: u16 = 2;
 const SHUTDOWN_GRACE: u16 = 3;
 
 /// Every component, in the order of their ids (checked by `Reactor::add` at startup).
-fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 9] {
+fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 10] {
     [
         (LIFECYCLE, &Lifecycle),
         (conn::HTTP, &conn::Http),
@@ -72,6 +73,7 @@ fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 9] {
         (egress::EGRESS, &egress::EgressChecks),
         (boxes::BOXES, &boxes::Boxes),
         (proxy::PROXY, &proxy::Proxies),
+        (gate::GATE, &gate::Gates),
     ]
 }
 
@@ -128,6 +130,8 @@ pub struct Daemon {
     pub(crate) proxy_buf: Vec<u8>,
     /// The proxy's connect jobs on the pool now.
     pub(crate) proxy_connects: usize,
+    /// Allowlisted sandboxes' web connections.
+    pub(crate) gate: gate::Gate,
     /// The key public-URL tokens are derived with (drawn at start, never stored).
     pub(crate) url_key: ring::hmac::Key,
     /// Where public URLs live (the listening port filled in).
@@ -343,6 +347,7 @@ impl Daemon {
         // them, as documented).
         self.box_end_all("the daemon is shutting down");
         self.proxy_close_all();
+        self.gate_close_all();
         self.agent_stop_all();
         self.warm_drain();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);

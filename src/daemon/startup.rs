@@ -223,7 +223,24 @@ impl Daemon {
         );
         // After the sessions' sweep: egress makes the data dir a shared mount, which
         // would hide mounts a crash left below it.
-        let egress = crate::netfilter::Egress::new(&cfg.egress, &cfg.instance, &cfg.data_dir);
+        // The gate (allowlisted sandboxes' web traffic) listens on every address, on a
+        // port of the kernel's choosing that the table's rules name; the table lets
+        // only redirected sandbox connections reach it.
+        let gate_listener = if cfg.egress.enabled {
+            let l = std::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+                .map_err(io_err("binding the egress gate"))?;
+            l.set_nonblocking(true)
+                .map_err(io_err("egress gate nonblocking"))?;
+            Some(l)
+        } else {
+            None
+        };
+        let gate_port = gate_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map_or(0, |a| a.port());
+        let egress =
+            crate::netfilter::Egress::new(&cfg.egress, &cfg.instance, &cfg.data_dir, gate_port);
         egress.start();
         let mut reactor: Reactor<Daemon> =
             Reactor::new(cfg.workers).map_err(io_err("starting the reactor"))?;
@@ -237,6 +254,18 @@ impl Daemon {
             .set_nonblocking(true)
             .map_err(io_err("listener nonblocking"))?;
         let local_addr = std_listener.local_addr().map_err(io_err("local_addr"))?;
+        let mut gate = super::gate::Gate::default();
+        if let Some(l) = gate_listener {
+            let mut l = TcpListener::from_std(l);
+            let t = reactor
+                .register(
+                    &mut l,
+                    Addr::new(super::gate::GATE, 0, super::gate::LISTENER),
+                    Interest::READABLE,
+                )
+                .map_err(io_err("register the egress gate"))?;
+            gate.listener = Some((l, t));
+        }
         let mut listener = TcpListener::from_std(std_listener);
         let listener_token = reactor
             .register(
@@ -366,6 +395,7 @@ impl Daemon {
             proxy_serial: 0,
             proxy_buf: Vec::new(),
             proxy_connects: 0,
+            gate,
             url_key: {
                 use ring::rand::SecureRandom;
                 let mut k = [0u8; 32];

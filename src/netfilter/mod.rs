@@ -11,11 +11,15 @@
 //! offline and says so (`run.network: false` and the spec's warning).
 
 pub mod ct;
+pub mod dns;
 pub mod nft;
 pub mod nl;
+pub mod policy;
 pub mod rtnl;
+pub mod sniff;
 
 use crate::sys::netlink as sys;
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::Ipv4Addr;
@@ -223,6 +227,34 @@ pub struct Egress {
     next_slot: std::sync::atomic::AtomicU32,
     /// The startup sweep of the pool's conntrack entries has run.
     ct_swept: AtomicBool,
+    /// The leases alive, by slot: what the table's per-lease sets hold for them (put
+    /// back whenever the table is programmed anew), and what the gate asks about a
+    /// sandbox address. Held while the table is programmed.
+    leases: Mutex<HashMap<u32, LeaseInfo>>,
+    /// Leases made so far (each one's serial).
+    lease_serial: std::sync::atomic::AtomicU64,
+    /// The deny list (built-in, the pool, `ISOBOX_EGRESS_DENY`).
+    deny: Vec<Cidr>,
+    gate_port: u16,
+}
+
+/// What the table and the gate know of one lease.
+#[derive(Debug, Clone)]
+struct LeaseInfo {
+    serial: u64,
+    addr: Ipv4Addr,
+    policy: Option<Arc<policy::Allowlist>>,
+    elements: Vec<nft::Element>,
+}
+
+/// What the gate learns of a sandbox address: its lease, and its allowlist (`None`:
+/// the whole public internet).
+#[derive(Debug, Clone)]
+pub struct LeaseView {
+    /// The lease's serial (a connection whose lease is gone is closed).
+    pub serial: u64,
+    /// Its allowlist.
+    pub policy: Option<Arc<policy::Allowlist>>,
 }
 
 /// One run's network: its namespace (bind-mounted at `ns_path`) and veth pair.
@@ -230,6 +262,7 @@ pub struct Egress {
 pub struct NetLease {
     egress: Arc<Egress>,
     slot: u32,
+    serial: u64,
     host_if: String,
     ns_path: PathBuf,
     released: bool,
@@ -244,6 +277,11 @@ impl NetLease {
     /// The sandbox's address.
     pub fn sandbox_addr(&self) -> Ipv4Addr {
         self.egress.addr(self.slot, 2)
+    }
+
+    /// The lease's serial (what the gate compares).
+    pub fn serial(&self) -> u64 {
+        self.serial
     }
 
     /// The resolv.conf to bind into the sandbox.
@@ -264,6 +302,9 @@ impl NetLease {
         if let Err(err) = rtnl::Rtnl::open().and_then(|mut r| r.del_link(&self.host_if)) {
             log::warn!("egress: deleting link {}: {err}", self.host_if);
         }
+        // The link is gone: nothing matches its elements any more; a later lease of
+        // the slot (same link name) must not find them.
+        e.forget_lease(self.slot, self.serial);
         // With the link gone nothing new arrives; what conntrack still holds of the run
         // would otherwise stay for days and count against the link's next user.
         ct::forget_addr(self.sandbox_addr());
@@ -356,7 +397,9 @@ fn is_mount_point(path: &Path) -> bool {
 impl Egress {
     /// The service for `e`, for the daemon instance `instance` with its state under
     /// `data_dir` (nothing is touched until [`Egress::start`]).
-    pub fn new(e: &EgressConfig, instance: &str, data_dir: &Path) -> Arc<Egress> {
+    /// `gate_port` is the gate's listening port, where allowlisted links' web traffic
+    /// is redirected.
+    pub fn new(e: &EgressConfig, instance: &str, data_dir: &Path, gate_port: u16) -> Arc<Egress> {
         let prefix = if_prefix(instance);
         let mut deny: Vec<Cidr> = DENIED.iter().filter_map(|s| s.parse().ok()).collect();
         deny.push(e.pool);
@@ -377,6 +420,10 @@ impl Egress {
                     rate_bytes: e.rate_bytes,
                     links: u32::try_from(slots).unwrap_or(u32::MAX),
                 },
+                &nft::Gate {
+                    port: gate_port,
+                    resolvers: e.dns.clone(),
+                },
             ),
             prefix,
             dns: e.dns.clone(),
@@ -393,7 +440,72 @@ impl Egress {
             slots: Mutex::new(vec![0u64; slots.div_ceil(64)]),
             next_slot: std::sync::atomic::AtomicU32::new(0),
             ct_swept: AtomicBool::new(false),
+            leases: Mutex::new(HashMap::new()),
+            lease_serial: std::sync::atomic::AtomicU64::new(0),
+            deny,
+            gate_port,
         })
+    }
+
+    /// The ranges sandboxes never reach (built-in, the pool, `ISOBOX_EGRESS_DENY`).
+    pub fn deny(&self) -> &[Cidr] {
+        &self.deny
+    }
+
+    /// Whether a sandbox may reach `ip` (not in the deny list).
+    pub fn reachable(&self, ip: Ipv4Addr) -> bool {
+        !self.deny.iter().any(|c| c.contains(ip))
+    }
+
+    /// The resolvers sandboxes use.
+    pub fn resolvers(&self) -> &[Ipv4Addr] {
+        &self.dns
+    }
+
+    /// The gate's port.
+    pub fn gate_port(&self) -> u16 {
+        self.gate_port
+    }
+
+    /// The pool of sandbox addresses.
+    pub fn pool(&self) -> Cidr {
+        self.pool
+    }
+
+    /// The lease of sandbox address `addr`, if one is alive.
+    pub fn lease_of(&self, addr: Ipv4Addr) -> Option<LeaseView> {
+        if !self.pool.contains(addr) {
+            return None;
+        }
+        let slot = (u32::from(addr) - self.pool.net()) / 4;
+        let leases = self.leases.lock().ok()?;
+        let l = leases.get(&slot).filter(|l| l.addr == addr)?;
+        Some(LeaseView {
+            serial: l.serial,
+            policy: l.policy.clone(),
+        })
+    }
+
+    /// Whether lease `serial` is still alive.
+    pub fn lease_alive(&self, addr: Ipv4Addr, serial: u64) -> bool {
+        self.lease_of(addr).is_some_and(|l| l.serial == serial)
+    }
+
+    fn forget_lease(&self, slot: u32, serial: u64) {
+        let Ok(mut leases) = self.leases.lock() else {
+            return;
+        };
+        if leases.get(&slot).is_none_or(|l| l.serial != serial) {
+            return;
+        }
+        let Some(info) = leases.remove(&slot) else {
+            return;
+        };
+        if let Err(e) =
+            nft::Nft::open().and_then(|mut n| n.elements(self.table(), &info.elements, false))
+        {
+            log::warn!("egress: removing the set elements of {}: {e}", info.addr);
+        }
     }
 
     /// Whether runs may get a network right now.
@@ -602,7 +714,15 @@ impl Egress {
         if !self.ct_swept.swap(true, Ordering::AcqRel) {
             ct::forget_pool(self.pool);
         }
-        let r = nft::Nft::open().and_then(|mut n| n.apply(&self.ruleset));
+        // The live leases' elements go into the new table in the same transaction; the
+        // lock keeps a lease from adding its own meanwhile (and losing them).
+        let Ok(leases) = self.leases.lock() else {
+            self.set(State::Unverified("the lease table is poisoned".into()));
+            return;
+        };
+        let elems: Vec<nft::Element> = leases.values().flat_map(|l| l.elements.clone()).collect();
+        let r = nft::Nft::open().and_then(|mut n| n.apply(&self.ruleset, &elems));
+        drop(leases);
         if let Err(e) = r {
             self.set(State::Unverified(format!("programming nftables: {e}")));
             return;
@@ -662,20 +782,59 @@ impl Egress {
     ///
     /// # Errors
     /// Not verified, no free slot, or a netlink failure (everything made is undone).
-    pub fn lease(self: &Arc<Egress>, run_id: &str) -> Result<NetLease, NetfilterError> {
+    /// With `policy`, the sandbox reaches only what it allows (`None`: the whole public
+    /// internet).
+    pub fn lease(
+        self: &Arc<Egress>,
+        run_id: &str,
+        policy: Option<Arc<policy::Allowlist>>,
+    ) -> Result<NetLease, NetfilterError> {
         if !self.verified() {
             return Err(NetfilterError::NotVerified);
         }
         let slot = self.alloc().ok_or(NetfilterError::PoolExhausted)?;
+        let serial = self.lease_serial.fetch_add(1, Ordering::AcqRel) + 1;
         let lease = NetLease {
             egress: Arc::clone(self),
             slot,
+            serial,
             host_if: format!("{}{slot:x}", self.prefix),
             ns_path: self.ns_dir.join(run_id),
             released: false,
         };
         // On error, dropping the lease undoes whatever was made.
         self.build(&lease).map_err(NetfilterError::Setup)?;
+        let addr = lease.sandbox_addr();
+        let mut elements = vec![nft::Element::link(&lease.host_if, addr)];
+        match &policy {
+            None => elements.push(nft::Element::full(&lease.host_if)),
+            Some(p) => {
+                for c in p.nets() {
+                    elements.push(nft::Element::range("allowed", &lease.host_if, *c));
+                }
+                for c in p.block_nets() {
+                    elements.push(nft::Element::range("blocked", &lease.host_if, *c));
+                }
+            }
+        }
+        {
+            let mut leases = self
+                .leases
+                .lock()
+                .map_err(|_| NetfilterError::Setup(io::Error::other("lease table poisoned")))?;
+            nft::Nft::open()
+                .and_then(|mut n| n.elements(self.table(), &elements, true))
+                .map_err(|e| NetfilterError::Setup(ctx("adding the link's set elements")(e)))?;
+            leases.insert(
+                slot,
+                LeaseInfo {
+                    serial,
+                    addr,
+                    policy,
+                    elements,
+                },
+            );
+        }
         // A check that failed while we built may have cut the links before ours
         // existed: look again now that it does. (`set` clears the flag before cutting,
         // so either we see it cleared here, or the cut sees our link.)

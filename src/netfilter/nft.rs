@@ -25,6 +25,8 @@ const MSG_NEWRULE: u16 = 6;
 const MSG_GETRULE: u16 = 7;
 const MSG_NEWSET: u16 = 9;
 const MSG_GETSET: u16 = 10;
+const MSG_NEWSETELEM: u16 = 12;
+const MSG_DELSETELEM: u16 = 14;
 const BATCH_BEGIN: u16 = 0x10;
 const BATCH_END: u16 = 0x11;
 const NFPROTO_INET: u8 = 1;
@@ -57,11 +59,34 @@ const SET_KEY_LEN: u16 = 5;
 const SET_DESC: u16 = 9;
 const SET_DESC_SIZE: u16 = 1;
 const SET_ID: u16 = 10;
+const SET_DESC_CONCAT: u16 = 2;
+const SET_FIELD_LEN: u16 = 1;
+/// `NFT_SET_INTERVAL`: elements are ranges.
+const SET_F_INTERVAL: u32 = 0x4;
 /// `NFT_SET_EVAL`: elements are added from the packet path (`flags dynamic`).
 const SET_F_EVAL: u32 = 0x20;
-/// nft's datatype number for `ifname` (only shown by `nft list`; the kernel keeps it).
+/// `NFT_SET_CONCAT`: keys are concatenations (with `INTERVAL`: the pipapo backend).
+const SET_F_CONCAT: u32 = 0x80;
+/// nft's datatype numbers (only shown by `nft list`; the kernel keeps them): `ifname`,
+/// `ipv4_addr`, and their concatenation (`ifname . ipv4_addr`, nft's `a << 6 | b`).
 const TYPE_IFNAME: u32 = 41;
+const TYPE_IPV4: u32 = 7;
+const TYPE_IFNAME_IPV4: u32 = TYPE_IFNAME << 6 | TYPE_IPV4;
 const IFNAMSIZ: u32 = 16;
+const ELEMS_TABLE: u16 = 1;
+const ELEMS_SET: u16 = 2;
+const ELEMS_LIST: u16 = 3;
+const ELEMS_SET_ID: u16 = 4;
+const ELEM_KEY: u16 = 1;
+const ELEM_KEY_END: u16 = 10;
+const LOOKUP_SET: u16 = 1;
+const LOOKUP_SREG: u16 = 2;
+const LOOKUP_SET_ID: u16 = 4;
+const LOOKUP_FLAGS: u16 = 5;
+/// `NFT_LOOKUP_F_INV`: match when the key is not in the set.
+const LOOKUP_F_INV: u32 = 1;
+/// `NF_NAT_RANGE_PROTO_SPECIFIED`: `redirect to :port`.
+const NAT_RANGE_PROTO_SPECIFIED: u32 = 0x2;
 const DYNSET_SET_NAME: u16 = 1;
 const DYNSET_SET_ID: u16 = 2;
 const DYNSET_OP: u16 = 3;
@@ -72,6 +97,7 @@ const DYNSET_OP_ADD: u32 = 0;
 const F_INV: u32 = 1;
 const NFT_LIMIT_PKT_BYTES: u32 = 1;
 
+const HOOK_PREROUTING: u32 = 0;
 const HOOK_INPUT: u32 = 1;
 const HOOK_FORWARD: u32 = 2;
 const HOOK_POSTROUTING: u32 = 4;
@@ -79,12 +105,18 @@ const NF_DROP: u32 = 0;
 const NF_ACCEPT: u32 = 1;
 const REG_VERDICT: u32 = 0;
 const REG_1: u32 = 1;
+/// The 16-byte register after `REG_1` (where a concatenation's second field goes when
+/// the first is an interface name).
+const REG_2: u32 = 2;
 const META_NFPROTO: u32 = 15;
 const META_L4PROTO: u32 = 16;
 const META_IIFNAME: u32 = 6;
 const META_OIFNAME: u32 = 7;
 const CT_STATE: u32 = 0;
 const CT_DIRECTION: u32 = 1;
+const CT_STATUS: u32 = 2;
+/// `IPS_DST_NAT`: the connection's destination was rewritten (by our `redirect`).
+const CT_STATUS_DNAT: u32 = 1 << 5;
 /// `IP_CT_DIR_REPLY`.
 const DIR_REPLY: u8 = 1;
 const CMP_EQ: u32 = 0;
@@ -94,6 +126,7 @@ const BASE_TRANSPORT: u32 = 2;
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
 /// `ct state established,related` as conntrack's state bits.
 const CT_ESTABLISHED_RELATED: u32 = 0x2 | 0x4;
 /// `ct state new`.
@@ -105,6 +138,8 @@ enum Expr {
     Meta(u32),
     Cmp(u32, Vec<u8>),
     Payload(u32, u32, u32),
+    /// A payload load into `REG_2` (a concatenation's second field).
+    Payload2(u32, u32, u32),
     Bitwise(u32, Vec<u8>),
     Ct(u32),
     Verdict(u32),
@@ -115,6 +150,12 @@ enum Expr {
     Connlimit(u32),
     /// `limit rate over N bytes/second` (only inside a dynset).
     LimitBytes(u64),
+    /// `<reg 1> [!=] @set` (true: inverted).
+    Lookup(&'static str, bool),
+    /// Loads bytes into `REG_1` (a port for `Redir`).
+    Imm(Vec<u8>),
+    /// `redirect to :<port in reg 1>`.
+    Redir,
 }
 
 impl Expr {
@@ -129,7 +170,7 @@ impl Expr {
         let name = match self {
             Expr::Meta(_) => "meta",
             Expr::Cmp(..) => "cmp",
-            Expr::Payload(..) => "payload",
+            Expr::Payload(..) | Expr::Payload2(..) => "payload",
             Expr::Bitwise(..) => "bitwise",
             Expr::Ct(_) => "ct",
             Expr::Verdict(_) => "immediate",
@@ -137,6 +178,9 @@ impl Expr {
             Expr::Dynset(..) => "dynset",
             Expr::Connlimit(_) => "connlimit",
             Expr::LimitBytes(_) => "limit",
+            Expr::Lookup(..) => "lookup",
+            Expr::Imm(_) => "immediate",
+            Expr::Redir => "redir",
         };
         m.attr_str(EXPR_NAME, name).begin(EXPR_DATA);
         match self {
@@ -149,6 +193,12 @@ impl Expr {
             }
             Expr::Payload(base, off, len) => {
                 m.attr_be32(1, REG_1)
+                    .attr_be32(2, *base)
+                    .attr_be32(3, *off)
+                    .attr_be32(4, *len);
+            }
+            Expr::Payload2(base, off, len) => {
+                m.attr_be32(1, REG_2)
                     .attr_be32(2, *base)
                     .attr_be32(3, *off)
                     .attr_be32(4, *len);
@@ -193,6 +243,20 @@ impl Expr {
                     .attr_be32(4, NFT_LIMIT_PKT_BYTES)
                     .attr_be32(5, F_INV);
             }
+            Expr::Lookup(set, inv) => {
+                m.attr_str(LOOKUP_SET, set)
+                    .attr_be32(LOOKUP_SET_ID, set_id(set))
+                    .attr_be32(LOOKUP_SREG, REG_1)
+                    .attr_be32(LOOKUP_FLAGS, if *inv { LOOKUP_F_INV } else { 0 });
+            }
+            Expr::Imm(data) => {
+                m.attr_be32(1, REG_1);
+                m.begin(2).attr(DATA_VALUE, data).end();
+            }
+            Expr::Redir => {
+                m.attr_be32(1, REG_1)
+                    .attr_be32(3, NAT_RANGE_PROTO_SPECIFIED);
+            }
         }
         m.end();
     }
@@ -208,14 +272,127 @@ struct Chain {
     rules: Vec<Vec<Expr>>,
 }
 
-/// The per-link sets (N14), in the order they are created.
-const SETS: [&str; 3] = ["conns", "up", "down"];
+/// A named set of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SetDef {
+    name: &'static str,
+    flags: u32,
+    key_type: u32,
+    key_len: u32,
+    /// The concatenation's field lengths (interval concatenations only).
+    fields: &'static [u32],
+}
+
+const fn ifname_set(name: &'static str, flags: u32) -> SetDef {
+    SetDef {
+        name,
+        flags,
+        key_type: TYPE_IFNAME,
+        key_len: IFNAMSIZ,
+        fields: &[],
+    }
+}
+
+/// `ifname . ipv4_addr`, exact (`interval` false) or ranges.
+const fn link_addr_set(name: &'static str, interval: bool) -> SetDef {
+    SetDef {
+        name,
+        flags: if interval {
+            SET_F_CONCAT | SET_F_INTERVAL
+        } else {
+            0
+        },
+        key_type: TYPE_IFNAME_IPV4,
+        key_len: IFNAMSIZ + 4,
+        fields: if interval { &[IFNAMSIZ, 4] } else { &[] },
+    }
+}
+
+/// The table's sets, in the order they are created: the per-link meters (N14), filled
+/// from the packet path; then those the daemon fills per lease: each link with its
+/// sandbox's address (`links`, anti-spoofing), the links with the whole public
+/// internet (`full`; a link missing there is held to its allowlist), and each
+/// allowlisted link's listed (`allowed`) and blocked (`blocked`) ranges. Every one
+/// fails closed when emptied: a link without its `links` element sends nothing, one
+/// without its `full` element gets only its allowlist.
+const SETS: [SetDef; 7] = [
+    ifname_set("conns", SET_F_EVAL),
+    ifname_set("up", SET_F_EVAL),
+    ifname_set("down", SET_F_EVAL),
+    link_addr_set("links", false),
+    ifname_set("full", 0),
+    link_addr_set("allowed", true),
+    link_addr_set("blocked", true),
+];
 
 /// A set's id within the batch that creates it (what links a rule to it there).
 fn set_id(name: &str) -> u32 {
     SETS.iter()
-        .position(|s| *s == name)
+        .position(|s| s.name == name)
         .map_or(0, |i| i as u32 + 1)
+}
+
+/// A key of the per-lease sets: an interface name, padded as `meta iifname` loads it,
+/// and optionally an address.
+pub fn link_key(ifname: &str, addr: Option<std::net::Ipv4Addr>) -> Vec<u8> {
+    let mut k = ifname.as_bytes().to_vec();
+    k.resize(IFNAMSIZ as usize, 0);
+    if let Some(a) = addr {
+        k.extend_from_slice(&a.octets());
+    }
+    k
+}
+
+/// One element of a per-lease set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Element {
+    /// `links`, `full`, `allowed` or `blocked`.
+    pub set: &'static str,
+    /// The key ([`link_key`]).
+    pub key: Vec<u8>,
+    /// The range's last key, for `allowed` and `blocked`.
+    pub key_end: Option<Vec<u8>>,
+}
+
+impl Element {
+    /// `ifname . addr` in `links`.
+    pub fn link(ifname: &str, addr: std::net::Ipv4Addr) -> Element {
+        Element {
+            set: "links",
+            key: link_key(ifname, Some(addr)),
+            key_end: None,
+        }
+    }
+
+    /// `ifname` in `full`.
+    pub fn full(ifname: &str) -> Element {
+        Element {
+            set: "full",
+            key: link_key(ifname, None),
+            key_end: None,
+        }
+    }
+
+    /// `ifname . range` in `allowed` (or `blocked`).
+    pub fn range(set: &'static str, ifname: &str, c: Cidr) -> Element {
+        let first = std::net::Ipv4Addr::from(c.net());
+        let last = std::net::Ipv4Addr::from(c.net() | !c.mask());
+        Element {
+            set,
+            key: link_key(ifname, Some(first)),
+            key_end: Some(link_key(ifname, Some(last))),
+        }
+    }
+}
+
+/// What redirects an allowlisted link's web traffic to the daemon's gate: the gate's
+/// port, and the resolvers such a link may ask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gate {
+    /// The gate's TCP port on every host address.
+    pub port: u16,
+    /// The resolvers (DNS on udp and tcp 53 to these only).
+    pub resolvers: Vec<std::net::Ipv4Addr>,
 }
 
 /// Per-sandbox network limits (catalogue N14).
@@ -233,10 +410,10 @@ pub struct Limits {
 #[derive(Debug, Clone)]
 pub struct Ruleset {
     table: String,
-    /// Dynamic sets keyed by interface name: one element per sandbox link, holding
-    /// that link's connection count or byte bucket.
-    sets: Vec<&'static str>,
-    /// Their size: as many elements as sandbox links can exist.
+    /// The named sets ([`SETS`]).
+    sets: Vec<SetDef>,
+    /// Their size: as many elements as sandbox links can exist (times the ranges an
+    /// allowlist may hold, for `allowed` and `blocked`).
     set_size: u32,
     chains: Vec<Chain>,
 }
@@ -271,13 +448,59 @@ fn addr_in(offset: u32, c: Cidr) -> [Expr; 3] {
     ]
 }
 
+/// At most this many ranges per allowlisted link in `allowed`, and as many in
+/// `blocked` (what a sandbox's policy may list).
+pub const MAX_RANGES: u32 = 64;
+
+fn l4(proto: u8) -> [Expr; 2] {
+    [Expr::Meta(META_L4PROTO), Expr::Cmp(CMP_EQ, vec![proto])]
+}
+
+fn dport(port: u16) -> [Expr; 2] {
+    [
+        Expr::Payload(BASE_TRANSPORT, 2, 2),
+        Expr::Cmp(CMP_EQ, port.to_be_bytes().to_vec()),
+    ]
+}
+
+/// `iifname . ip {saddr|daddr} [!=] @set` (offset 12 = source, 16 = destination).
+fn link_addr_in(offset: u32, set: &'static str, inv: bool) -> [Expr; 3] {
+    [
+        Expr::Meta(META_IIFNAME),
+        Expr::Payload2(BASE_NETWORK, offset, 4),
+        Expr::Lookup(set, inv),
+    ]
+}
+
+/// `iifname "prefix*" iifname != @full`: a link held to its allowlist.
+fn allowlisted(prefix: &str) -> Vec<Expr> {
+    let mut r = iif(prefix, CMP_EQ).to_vec();
+    r.extend([Expr::Meta(META_IIFNAME), Expr::Lookup("full", true)]);
+    r
+}
+
 impl Ruleset {
     /// The egress policy for sandbox links named `prefix*` with addresses from `pool`:
-    /// no IPv6, none of `deny` (which must include the pool), no SMTP, nothing into a
-    /// sandbox but replies, nothing to the host itself but replies to the host's own
-    /// connections, no more than `limits` per sandbox link, and masquerade out.
-    pub fn egress(table: &str, prefix: &str, pool: Cidr, deny: &[Cidr], limits: Limits) -> Ruleset {
+    /// no IPv6, each link only from its own address, none of `deny` (which must include
+    /// the pool), no SMTP, nothing into a sandbox but replies, nothing to the host
+    /// itself but replies to the host's own connections and, from allowlisted links,
+    /// their web traffic redirected to the `gate`; no more than `limits` per sandbox
+    /// link, and masquerade out.
+    ///
+    /// A link in `full` reaches the public internet. Any other is allowlisted: it
+    /// reaches its `allowed` ranges (never its `blocked` ones) and the resolvers on port
+    /// 53, and its TCP to ports 80 and 443 elsewhere is redirected to the gate, which
+    /// checks the name the connection asks for.
+    pub fn egress(
+        table: &str,
+        prefix: &str,
+        pool: Cidr,
+        deny: &[Cidr],
+        limits: Limits,
+        gate: &Gate,
+    ) -> Ruleset {
         let drop = || Expr::Verdict(NF_DROP);
+        let accept = || Expr::Verdict(NF_ACCEPT);
         let mut fwd: Vec<Vec<Expr>> = Vec::new();
         let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
         r.extend([
@@ -286,14 +509,12 @@ impl Ruleset {
             drop(),
         ]);
         fwd.push(r);
-        // A sandbox link only ever sends from the pool (anti-spoofing).
+        // A sandbox link only ever sends from its own sandbox's address (anti-spoofing,
+        // per link: a sandbox cannot answer as another, nor leave conntrack entries
+        // under an address its lease does not own).
         let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
-        r.extend([
-            Expr::Payload(BASE_NETWORK, 12, 4),
-            Expr::Bitwise(4, pool.mask().to_be_bytes().to_vec()),
-            Expr::Cmp(CMP_NEQ, pool.net().to_be_bytes().to_vec()),
-            drop(),
-        ]);
+        r.extend(link_addr_in(12, "links", true));
+        r.push(drop());
         fwd.push(r);
         for &c in deny {
             let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
@@ -303,13 +524,9 @@ impl Ruleset {
         }
         for port in [25u16, 465, 587] {
             let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
-            r.extend([
-                Expr::Meta(META_L4PROTO),
-                Expr::Cmp(CMP_EQ, vec![IPPROTO_TCP]),
-                Expr::Payload(BASE_TRANSPORT, 2, 2),
-                Expr::Cmp(CMP_EQ, port.to_be_bytes().to_vec()),
-                drop(),
-            ]);
+            r.extend(l4(IPPROTO_TCP));
+            r.extend(dport(port));
+            r.push(drop());
             fwd.push(r);
         }
         // Per link: a new connection beyond `max_conns` tracked ones is dropped (before
@@ -333,6 +550,30 @@ impl Ruleset {
             drop(),
         ]);
         fwd.push(r);
+        // Allowlisted links: never a blocked range; DNS to the resolvers; otherwise
+        // only their allowed ranges (their web traffic to other addresses never gets
+        // here: prerouting sent it to the gate).
+        let mut r = allowlisted(prefix);
+        r.extend(link_addr_in(16, "blocked", false));
+        r.push(drop());
+        fwd.push(r);
+        for &ns in &gate.resolvers {
+            for proto in [IPPROTO_UDP, IPPROTO_TCP] {
+                let mut r = allowlisted(prefix);
+                r.extend([
+                    Expr::Payload(BASE_NETWORK, 16, 4),
+                    Expr::Cmp(CMP_EQ, ns.octets().to_vec()),
+                ]);
+                r.extend(l4(proto));
+                r.extend(dport(53));
+                r.push(accept());
+                fwd.push(r);
+            }
+        }
+        let mut r = allowlisted(prefix);
+        r.extend(link_addr_in(16, "allowed", true));
+        r.push(drop());
+        fwd.push(r);
         let mut r: Vec<Expr> = oif(prefix, CMP_EQ).to_vec();
         r.extend([
             Expr::Meta(META_OIFNAME),
@@ -345,15 +586,20 @@ impl Ruleset {
             Expr::Ct(CT_STATE),
             Expr::Bitwise(4, CT_ESTABLISHED_RELATED.to_ne_bytes().to_vec()),
             Expr::Cmp(CMP_NEQ, vec![0; 4]),
-            Expr::Verdict(NF_ACCEPT),
+            accept(),
         ]);
         fwd.push(r);
         let mut r: Vec<Expr> = oif(prefix, CMP_EQ).to_vec();
         r.push(drop());
         fwd.push(r);
 
-        // Into the host from a sandbox link: only replies to connections the host
-        // opened (the public-URL proxy's), nothing a sandbox starts.
+        // Into the host from a sandbox link: only from the link's own address, and
+        // then only replies to connections the host opened (the public-URL proxy's)
+        // and an allowlisted link's connections that prerouting redirected to the gate.
+        let mut spoofed: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        spoofed.extend(ipv4());
+        spoofed.extend(link_addr_in(12, "links", true));
+        spoofed.push(drop());
         let mut replies: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
         // From the pool only: a forged outside source is no reply of ours.
         replies.extend(ipv4());
@@ -361,10 +607,39 @@ impl Ruleset {
         replies.extend([
             Expr::Ct(CT_DIRECTION),
             Expr::Cmp(CMP_EQ, vec![DIR_REPLY]),
-            Expr::Verdict(NF_ACCEPT),
+            accept(),
+        ]);
+        let mut to_gate = allowlisted(prefix);
+        to_gate.extend(ipv4());
+        to_gate.extend(l4(IPPROTO_TCP));
+        to_gate.extend(dport(gate.port));
+        to_gate.extend([
+            Expr::Ct(CT_STATUS),
+            Expr::Bitwise(4, CT_STATUS_DNAT.to_ne_bytes().to_vec()),
+            Expr::Cmp(CMP_NEQ, vec![0; 4]),
+            accept(),
         ]);
         let mut input: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
         input.push(drop());
+        // The gate's port is for redirected sandbox traffic only: nothing from any
+        // other interface reaches it.
+        let mut gate_only: Vec<Expr> = iif(prefix, CMP_NEQ).to_vec();
+        gate_only.extend(l4(IPPROTO_TCP));
+        gate_only.extend(dport(gate.port));
+        gate_only.push(drop());
+
+        // An allowlisted link's TCP to ports 80 and 443 of an address it does not list
+        // goes to the gate, whatever address it was meant for.
+        let mut pre: Vec<Vec<Expr>> = Vec::new();
+        for port in [80u16, 443] {
+            let mut r = allowlisted(prefix);
+            r.extend(ipv4());
+            r.extend(l4(IPPROTO_TCP));
+            r.extend(dport(port));
+            r.extend(link_addr_in(16, "allowed", true));
+            r.extend([Expr::Imm(gate.port.to_be_bytes().to_vec()), Expr::Redir]);
+            pre.push(r);
+        }
 
         let mut masq: Vec<Expr> = ipv4().to_vec();
         masq.extend(addr_in(12, pool));
@@ -389,7 +664,14 @@ impl Ruleset {
                     kind: "filter",
                     hook: HOOK_INPUT,
                     priority: 0,
-                    rules: vec![replies, input],
+                    rules: vec![spoofed, replies, to_gate, input, gate_only],
+                },
+                Chain {
+                    name: "prerouting",
+                    kind: "nat",
+                    hook: HOOK_PREROUTING,
+                    priority: -100,
+                    rules: pre,
                 },
                 Chain {
                     name: "postrouting",
@@ -399,6 +681,15 @@ impl Ruleset {
                     rules: vec![masq],
                 },
             ],
+        }
+    }
+
+    /// A set's size: one element per link, or `MAX_RANGES` per link for the ranges.
+    fn size_of(&self, s: &SetDef) -> u32 {
+        if s.flags & SET_F_INTERVAL != 0 {
+            self.set_size.saturating_mul(MAX_RANGES)
+        } else {
+            self.set_size
         }
     }
 
@@ -422,6 +713,29 @@ pub struct Nft {
 fn nfgen(family: u8, res_id: u16) -> [u8; 4] {
     let r = res_id.to_be_bytes();
     [family, 0, r[0], r[1]]
+}
+
+/// One `NEWSETELEM`/`DELSETELEM` message for `e` (`by_id`: the set is created in the
+/// same batch, which finds it only by its id).
+fn element_msg(table: &str, e: &Element, add: bool, seq: u32, by_id: bool) -> Vec<u8> {
+    let (ty, flags) = if add {
+        (MSG_NEWSETELEM, nl::F_CREATE)
+    } else {
+        (MSG_DELSETELEM, 0)
+    };
+    let mut m = Msg::new(SUBSYS | ty, nl::F_REQUEST | nl::F_ACK | flags, seq);
+    m.header(&nfgen(NFPROTO_INET, 0));
+    m.attr_str(ELEMS_TABLE, table).attr_str(ELEMS_SET, e.set);
+    if by_id {
+        m.attr_be32(ELEMS_SET_ID, set_id(e.set));
+    }
+    m.begin(ELEMS_LIST).begin(LIST_ELEM);
+    m.begin(ELEM_KEY).attr(DATA_VALUE, &e.key).end();
+    if let Some(end) = &e.key_end {
+        m.begin(ELEM_KEY_END).attr(DATA_VALUE, end).end();
+    }
+    m.end().end();
+    m.finish()
 }
 
 impl Nft {
@@ -454,11 +768,12 @@ impl Nft {
     }
 
     /// Replaces the table with `rs` in one transaction: add (no-op if present), delete,
-    /// add again with its chains and rules. Nothing else on the host is touched.
+    /// add again with its sets, chains, rules and the live leases' `elems`. Nothing else
+    /// on the host is touched.
     ///
     /// # Errors
     /// The kernel's error (the transaction is then rolled back whole).
-    pub fn apply(&mut self, rs: &Ruleset) -> io::Result<()> {
+    pub fn apply(&mut self, rs: &Ruleset, elems: &[Element]) -> io::Result<()> {
         self.batch(|bytes, seqs, conn| {
             let mut msg = |ty: u16, flags: u16| {
                 let s = conn.next_seq();
@@ -476,17 +791,24 @@ impl Nft {
                 m.attr_str(TABLE_NAME, &rs.table);
                 bytes.extend(m.finish());
             }
-            for name in &rs.sets {
+            for set in &rs.sets {
                 let mut m = msg(MSG_NEWSET, nl::F_CREATE);
                 m.attr_str(SET_TABLE, &rs.table)
-                    .attr_str(SET_NAME, name)
-                    .attr_be32(SET_ID, set_id(name))
-                    .attr_be32(SET_FLAGS, SET_F_EVAL)
-                    .attr_be32(SET_KEY_TYPE, TYPE_IFNAME)
-                    .attr_be32(SET_KEY_LEN, IFNAMSIZ)
+                    .attr_str(SET_NAME, set.name)
+                    .attr_be32(SET_ID, set_id(set.name))
+                    .attr_be32(SET_FLAGS, set.flags)
+                    .attr_be32(SET_KEY_TYPE, set.key_type)
+                    .attr_be32(SET_KEY_LEN, set.key_len)
                     .begin(SET_DESC)
-                    .attr_be32(SET_DESC_SIZE, rs.set_size)
-                    .end();
+                    .attr_be32(SET_DESC_SIZE, rs.size_of(set));
+                if !set.fields.is_empty() {
+                    m.begin(SET_DESC_CONCAT);
+                    for len in set.fields {
+                        m.begin(LIST_ELEM).attr_be32(SET_FIELD_LEN, *len).end();
+                    }
+                    m.end();
+                }
+                m.end();
                 bytes.extend(m.finish());
             }
             for c in &rs.chains {
@@ -514,7 +836,48 @@ impl Nft {
                     bytes.extend(m.finish());
                 }
             }
+            for e in elems {
+                let s = conn.next_seq();
+                seqs.push(s);
+                bytes.extend(element_msg(&rs.table, e, true, s, true));
+            }
         })
+    }
+
+    /// Adds (or with `add` false, deletes) `elems` in table `table`, in one transaction.
+    /// Deleting an element that is not there is not an error.
+    ///
+    /// # Errors
+    /// The kernel's error (nothing is changed then).
+    pub fn elements(&mut self, table: &str, elems: &[Element], add: bool) -> io::Result<()> {
+        if elems.is_empty() {
+            return Ok(());
+        }
+        let r = self.batch(|bytes, seqs, conn| {
+            for e in elems {
+                let s = conn.next_seq();
+                seqs.push(s);
+                bytes.extend(element_msg(table, e, add, s, false));
+            }
+        });
+        match r {
+            Err(e) if !add && e.raw_os_error() == Some(libc::ENOENT) => {
+                // One missing element fails the whole batch: delete them one by one.
+                for el in elems {
+                    let r = self.batch(|bytes, seqs, conn| {
+                        let s = conn.next_seq();
+                        seqs.push(s);
+                        bytes.extend(element_msg(table, el, false, s, false));
+                    });
+                    match r {
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                        r => r?,
+                    }
+                }
+                Ok(())
+            }
+            r => r,
+        }
     }
 
     /// Deletes the table `name` of family inet; a missing table is fine.
@@ -605,12 +968,15 @@ impl Nft {
         let want: BTreeMap<String, String> = rs
             .sets
             .iter()
-            .map(|name| {
+            .map(|set| {
                 (
-                    name.to_string(),
+                    set.name.to_string(),
                     format!(
-                        "flags={SET_F_EVAL:#x} keylen={IFNAMSIZ} size={}",
-                        rs.set_size
+                        "flags={:#x} type={} keylen={} size={}",
+                        set.flags,
+                        set.key_type,
+                        set.key_len,
+                        rs.size_of(set)
                     ),
                 )
             })
@@ -698,8 +1064,9 @@ fn set_signature(a: &[(u16, &[u8])]) -> String {
         })
     });
     format!(
-        "flags={:#x} keylen={} size={size}",
+        "flags={:#x} type={} keylen={} size={size}",
         be(SET_FLAGS),
+        be(SET_KEY_TYPE),
         be(SET_KEY_LEN)
     )
 }
@@ -726,7 +1093,8 @@ fn normalise_attrs(expr: &str, data: &[u8]) -> String {
         .filter(|(ty, d)| match (expr, *ty) {
             // A set id only links a rule to a set in the same batch; the kernel's dump
             // names the set instead. It also dumps a zero timeout and zero flags.
-            ("dynset", DYNSET_SET_ID) => false,
+            ("dynset", DYNSET_SET_ID) | ("lookup", LOOKUP_SET_ID) => false,
+            ("lookup", LOOKUP_FLAGS) => d.iter().any(|b| *b != 0),
             ("dynset", 6 | 9) => d.iter().any(|b| *b != 0),
             // Alignment padding before 64-bit values (NFTA_DYNSET_PAD, NFTA_LIMIT_PAD),
             // which kernels add on CPUs without efficient unaligned access.
@@ -787,13 +1155,17 @@ mod tests {
                 rate_bytes: 1 << 20,
                 links: 16384,
             },
+            &Gate {
+                port: 4321,
+                resolvers: vec!["198.51.100.53".parse().unwrap()],
+            },
         )
     }
 
     #[test]
     fn normalising_our_own_encoding_is_stable_and_readable() {
         let r = rs();
-        assert_eq!(r.rule_count(), 2 + 2 + 3 + 3 + 2 + 2 + 1);
+        assert_eq!(r.rule_count(), 16 + 5 + 2 + 1);
         let fwd = &r.chains[0].rules;
         let text = normalise_rule(&encode_rule(&fwd[2]));
         // iifname "ibabcde*" ip daddr 10.200.0.0/16 drop

@@ -24,6 +24,9 @@ pub struct ExecPlan {
     pub limits: Limits,
     /// Whether the client asked for network (explicitly or by default).
     pub network_requested: bool,
+    /// With `network_requested`: reach only what this allows (`None`: the whole
+    /// public internet).
+    pub allowlist: Option<std::sync::Arc<crate::netfilter::policy::Allowlist>>,
     /// `files[0]` is the request's `code` (not one of its `files`).
     pub code_given: bool,
     /// A warm-pool harness to bind read-only under `/opt/isobox-warm/` (node and ruby

@@ -26,6 +26,7 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
             wall_time_ms: 20_000,
         },
         network_requested: false,
+        allowlist: None,
         code_given: false,
         preload: None,
         workspace: None,

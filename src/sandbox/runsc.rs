@@ -275,7 +275,7 @@ impl Backend for Gvisor {
         // Network only while egress is verified; otherwise the run goes offline and
         // its result says so.
         let net = match (&self.egress, plan.network_requested) {
-            (Some(e), true) if e.verified() => match e.lease(id) {
+            (Some(e), true) if e.verified() => match e.lease(id, plan.allowlist.clone()) {
                 Ok(l) => Some(l),
                 Err(why) => {
                     crate::warn_limited!("sandbox={id} op=network err={why}; running offline");

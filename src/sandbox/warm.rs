@@ -196,6 +196,7 @@ pub(crate) fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> Exe
         args: Vec::new(),
         limits,
         network_requested: network,
+        allowlist: None,
         code_given: false,
         preload,
         workspace: None,

@@ -94,6 +94,33 @@ pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// The destination a connection had before netfilter redirected it to us
+/// (`SO_ORIGINAL_DST`; IPv4 only).
+///
+/// # Errors
+/// When the socket has no such destination (it was not redirected) or is not IPv4.
+pub fn original_dst(fd: BorrowedFd<'_>) -> io::Result<std::net::SocketAddrV4> {
+    /// `SO_ORIGINAL_DST` (linux/netfilter_ipv4.h).
+    const SO_ORIGINAL_DST: libc::c_int = 80;
+    // SAFETY: an all-zero sockaddr_in is a valid value.
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    syscall!(getsockopt(
+        fd.as_raw_fd(),
+        libc::SOL_IP,
+        SO_ORIGINAL_DST,
+        std::ptr::addr_of_mut!(sa).cast(),
+        &mut len
+    ))?;
+    if sa.sin_family != libc::AF_INET as libc::sa_family_t {
+        return Err(io::Error::other("not an IPv4 destination"));
+    }
+    Ok(std::net::SocketAddrV4::new(
+        u32::from_be(sa.sin_addr.s_addr).into(),
+        u16::from_be(sa.sin_port),
+    ))
+}
+
 /// Takes an exclusive `flock` on `file` without waiting. `Ok(false)`: another open
 /// file description holds it (a lock dies with its holder's last descriptor, so a
 /// crashed holder never leaves it behind).

@@ -75,21 +75,59 @@ pub fn templates_json(runtimes: &Runtimes) -> Response {
 }
 
 /// A sandbox's network, as asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Net {
     /// The public internet only (the daemon's filtered egress).
     Full,
     /// No network at all.
     None,
+    /// Only what the allowlist lets through (within the public internet).
+    Allowlist(std::sync::Arc<crate::netfilter::policy::Allowlist>),
 }
 
 impl Net {
     /// The document's name of it.
-    pub fn name(self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             Net::Full => "full",
             Net::None => "none",
+            Net::Allowlist(_) => "allowlist",
         }
+    }
+
+    /// The allowlist, in mode allowlist.
+    pub fn allowlist(&self) -> Option<std::sync::Arc<crate::netfilter::policy::Allowlist>> {
+        match self {
+            Net::Allowlist(a) => Some(std::sync::Arc::clone(a)),
+            _ => None,
+        }
+    }
+}
+
+/// `network.allow` or `network.block`: a list of strings.
+fn string_list(
+    n: &serde_json::Map<String, serde_json::Value>,
+    k: &str,
+) -> Result<Vec<String>, Response> {
+    match n.get(k) {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| {
+                    error(
+                        400,
+                        &format!(
+                            "network.{k}: a list of strings (domains, IPv4 addresses or ranges)"
+                        ),
+                    )
+                })
+            })
+            .collect(),
+        Some(_) => Err(error(
+            400,
+            &format!("network.{k}: a list of strings (domains, IPv4 addresses or ranges)"),
+        )),
     }
 }
 
@@ -364,10 +402,16 @@ pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op,
                 }
                 "full" => Net::Full,
                 "none" => Net::None,
-                "allowlist" => return Err(error(
-                    400,
-                    "network.mode: allowlist is not available on this server yet; use full or none",
-                )),
+                "allowlist" => {
+                    let (allow, block) = (string_list(n, "allow")?, string_list(n, "block")?);
+                    let denied: Vec<crate::netfilter::Cidr> = crate::netfilter::DENIED
+                        .iter()
+                        .filter_map(|s| s.parse().ok())
+                        .collect();
+                    let a = crate::netfilter::policy::Allowlist::parse(&allow, &block, &denied)
+                        .map_err(|e| error(400, &e))?;
+                    Net::Allowlist(std::sync::Arc::new(a))
+                }
                 other => {
                     return Err(error(
                         400,

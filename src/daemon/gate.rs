@@ -1,0 +1,614 @@
+//! The gate: where an allowlisted sandbox's web traffic arrives. The table's prerouting
+//! chain redirects such a sandbox's TCP to ports 80 and 443 of any address it does not
+//! list here, whatever address it meant; the gate reads the name the connection asks
+//! for (the HTTP `Host`, the TLS SNI), checks it against the sandbox's allowlist,
+//! resolves that name itself with the sandboxes' resolvers, re-checks every address
+//! against the deny list, the allowlist's `block` and the host's own addresses, and
+//! connects to the name's address on the original port — never to the address the
+//! sandbox chose. So `/etc/hosts`, a lying resolver or DNS rebinding change nothing.
+//!
+//! After the first bytes (forwarded as they came) it is a pipe with a bounded buffer
+//! each way, closed when both sides are done, after `IDLE` without a byte, when the
+//! sandbox's lease ends, or when egress stops being verified.
+
+use super::Daemon;
+use crate::netfilter::policy::Allowlist;
+use crate::netfilter::sniff::{self, Sniff};
+use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Interest, Token};
+use slab::Slab;
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The gate component.
+pub(crate) const GATE: ComponentId = ComponentId(9);
+/// The listening socket (key 0).
+pub(crate) const LISTENER: u16 = 0;
+const CLIENT: u16 = 1;
+const UPSTREAM: u16 = 2;
+/// Timer: accept again after a failed accept (key 0); a connection's check.
+const ACCEPT_RETRY: u16 = 3;
+const CHECK: u16 = 4;
+
+/// How long a connection may take to say which name it wants.
+const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
+/// One resolver's time to answer, per try.
+const DNS_TRY: Duration = Duration::from_secs(2);
+/// How long a connection to the name's address may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Addresses of one name tried in turn.
+const TRIES: usize = 3;
+/// A pipe with no byte either way for this long is closed.
+const IDLE: Duration = super::proxy::ACTIVE_IDLE;
+/// How often a connection checks that its lease and egress are still there.
+const CHECK_EVERY: Duration = Duration::from_secs(2);
+/// Bytes buffered each way.
+const BUF: usize = 64 * 1024;
+/// Connections through the gate at once, all sandboxes together.
+const MAX_CONNS: usize = 4096;
+/// A TLS alert: fatal, `access_denied`.
+const TLS_ACCESS_DENIED: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31];
+
+/// The gate's events on the loop.
+pub(crate) struct Gates;
+
+impl Component<Daemon> for Gates {
+    fn name(&self) -> &'static str {
+        "gate"
+    }
+
+    fn ready(&self, d: &mut Daemon, gk: usize, what: u16, _: Readiness) {
+        match what {
+            LISTENER => d.gate_accept(),
+            CLIENT => {
+                if let Some(c) = d.gate.conns.get_mut(gk) {
+                    c.c_readable = true;
+                }
+                d.gate_pump(gk);
+            }
+            UPSTREAM => {
+                if let Some(c) = d.gate.conns.get_mut(gk) {
+                    c.u_readable = true;
+                }
+                d.gate_pump(gk);
+            }
+            _ => {}
+        }
+    }
+
+    fn timer(&self, d: &mut Daemon, gk: usize, what: u16, gen: u64) {
+        match what {
+            ACCEPT_RETRY => d.gate_accept(),
+            CHECK => d.gate_check(gk, gen),
+            _ => {}
+        }
+    }
+}
+
+/// Where a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Reading the first bytes for the name.
+    Sniff,
+    /// Resolving and connecting (on the pool).
+    Connecting,
+    /// Relaying both ways.
+    Pipe,
+    /// Writing a refusal, then closing.
+    Refusing,
+}
+
+/// One sandbox connection through the gate.
+pub(crate) struct GateConn {
+    client: TcpStream,
+    ctok: Token,
+    up: Option<(TcpStream, Token)>,
+    serial: u64,
+    sandbox: Ipv4Addr,
+    lease: u64,
+    /// The port the sandbox meant (80 or 443).
+    port: u16,
+    policy: Arc<Allowlist>,
+    phase: Phase,
+    /// Client to upstream (first: the sniffed bytes).
+    to_up: Vec<u8>,
+    to_client: Vec<u8>,
+    c_readable: bool,
+    u_readable: bool,
+    c_eof: bool,
+    u_eof: bool,
+    /// Our write side to the upstream / client is shut.
+    u_shut: bool,
+    c_shut: bool,
+    since: Instant,
+    last_io: Instant,
+    timer_gen: u64,
+}
+
+/// The gate's state.
+#[derive(Default)]
+pub(crate) struct Gate {
+    pub(crate) listener: Option<(TcpListener, Token)>,
+    pub(crate) conns: Slab<GateConn>,
+    serial: u64,
+    per_sandbox: HashMap<Ipv4Addr, usize>,
+}
+
+/// What reading one side gave.
+#[derive(Default)]
+struct Got {
+    moved: bool,
+    eof: bool,
+}
+
+/// Reads `sock` into `buf` up to `cap` bytes; `readable` is cleared when the socket
+/// is drained.
+fn read_into(sock: &mut TcpStream, buf: &mut Vec<u8>, cap: usize, readable: &mut bool) -> Got {
+    let mut got = Got::default();
+    let mut chunk = [0u8; 16 * 1024];
+    while *readable && buf.len() < cap {
+        let n = (cap - buf.len()).min(chunk.len());
+        match sock.read(&mut chunk[..n]) {
+            Ok(0) => {
+                got.eof = true;
+                return got;
+            }
+            Ok(k) => {
+                buf.extend_from_slice(&chunk[..k]);
+                got.moved = true;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => *readable = false,
+            Err(_) => {
+                got.eof = true;
+                return got;
+            }
+        }
+    }
+    got
+}
+
+/// Writes `out` to `sock` until it is empty or the socket is full; whether bytes went,
+/// or `None` when the socket failed.
+fn write_out(sock: &mut TcpStream, out: &mut Vec<u8>) -> Option<bool> {
+    let mut moved = false;
+    while !out.is_empty() {
+        match sock.write(out) {
+            Ok(0) => return None,
+            Ok(n) => {
+                out.drain(..n);
+                moved = true;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(_) => return None,
+        }
+    }
+    Some(moved)
+}
+
+/// The plain-text answer an HTTP client gets when the gate refuses.
+fn http_refusal(status: u16, text: &str) -> Vec<u8> {
+    let reason = match status {
+        403 => "Forbidden",
+        504 => "Gateway Timeout",
+        _ => "Bad Gateway",
+    };
+    let body = format!("isobox: {text}\n");
+    format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Resolves `host` with `resolvers`, keeps the addresses a sandbox may reach, and
+/// connects to one of them on `port`. Runs on the pool.
+fn dial(
+    host: &str,
+    port: u16,
+    egress: &crate::netfilter::Egress,
+    policy: &Allowlist,
+) -> Result<std::net::TcpStream, (u16, String)> {
+    let addrs = crate::netfilter::dns::resolve(host, egress.resolvers(), DNS_TRY)
+        .map_err(|e| (502, format!("{host} did not resolve: {e}")))?;
+    // The host's own addresses are never a destination (the input chain keeps
+    // sandboxes from them; the gate is on the host, so it checks itself).
+    let local: Vec<Ipv4Addr> = crate::netfilter::rtnl::Rtnl::open()
+        .and_then(|mut r| r.addrs())
+        .map_err(|e| (502, format!("listing the host's addresses: {e}")))?
+        .into_iter()
+        .map(|a| a.addr)
+        .collect();
+    let ok: Vec<Ipv4Addr> = addrs
+        .into_iter()
+        .filter(|a| egress.reachable(*a) && !policy.blocks(*a) && !local.contains(a))
+        .collect();
+    if ok.is_empty() {
+        return Err((
+            403,
+            format!("{host} resolves only to addresses this sandbox may not reach"),
+        ));
+    }
+    let mut last = None;
+    for a in ok.into_iter().take(TRIES) {
+        match std::net::TcpStream::connect_timeout(
+            &SocketAddr::new(a.into(), port),
+            CONNECT_TIMEOUT,
+        ) {
+            Ok(s) => {
+                s.set_nonblocking(true)
+                    .and_then(|()| s.set_nodelay(true))
+                    .map_err(|e| (502, format!("connecting to {host}: {e}")))?;
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let e = last.map(|e| e.to_string()).unwrap_or_default();
+    Err((502, format!("connecting to {host} port {port}: {e}")))
+}
+
+impl Daemon {
+    /// Accepts every pending connection on the gate's socket.
+    pub(crate) fn gate_accept(&mut self) {
+        loop {
+            let Some((l, _)) = &self.gate.listener else {
+                return;
+            };
+            match l.accept() {
+                Ok((s, peer)) => self.gate_add(s, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    crate::error_limited!("op=gate_accept err={e}");
+                    self.reactor.arm(
+                        Instant::now() + Duration::from_millis(50),
+                        Addr::new(GATE, 0, ACCEPT_RETRY),
+                        0,
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    fn gate_add(&mut self, mut s: TcpStream, peer: SocketAddr) {
+        // Only an allowlisted sandbox's redirected connection: anything else is closed
+        // at once (the table lets nothing else reach this port; this checks again).
+        let SocketAddr::V4(p4) = peer else {
+            return;
+        };
+        let ip = *p4.ip();
+        let egress = Arc::clone(&self.app.egress);
+        let Some(view) = egress.lease_of(ip) else {
+            crate::warn_limited!("gate: refused {peer}: no sandbox has that address");
+            return;
+        };
+        let Some(policy) = view.policy else {
+            return;
+        };
+        let Ok(orig) = crate::sys::original_dst(s.as_fd()) else {
+            return;
+        };
+        if !matches!(orig.port(), 80 | 443) || !egress.verified() || self.app.shutting_down {
+            return;
+        }
+        let n = self.gate.per_sandbox.get(&ip).copied().unwrap_or(0);
+        if n >= self.cfg.egress.max_conns as usize || self.gate.conns.len() >= MAX_CONNS {
+            crate::warn_limited!("gate: refused {peer}: too many connections");
+            return;
+        }
+        let _ = s.set_nodelay(true);
+        let entry = self.gate.conns.vacant_entry();
+        let gk = entry.key();
+        let ctok = match self.reactor.register(
+            &mut s,
+            Addr::new(GATE, gk, CLIENT),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                crate::error_limited!("op=register gate err={e}");
+                return;
+            }
+        };
+        self.gate.serial += 1;
+        let now = Instant::now();
+        entry.insert(GateConn {
+            client: s,
+            ctok,
+            up: None,
+            serial: self.gate.serial,
+            sandbox: ip,
+            lease: view.serial,
+            port: orig.port(),
+            policy,
+            phase: Phase::Sniff,
+            to_up: Vec::new(),
+            to_client: Vec::new(),
+            c_readable: true,
+            u_readable: false,
+            c_eof: false,
+            u_eof: false,
+            u_shut: false,
+            c_shut: false,
+            since: now,
+            last_io: now,
+            timer_gen: 0,
+        });
+        *self.gate.per_sandbox.entry(ip).or_insert(0) += 1;
+        self.gate_arm(gk);
+        self.gate_pump(gk);
+    }
+
+    fn gate_arm(&mut self, gk: usize) {
+        let gen = self
+            .reactor
+            .arm_new(Instant::now() + CHECK_EVERY, Addr::new(GATE, gk, CHECK));
+        if let Some(c) = self.gate.conns.get_mut(gk) {
+            c.timer_gen = gen;
+        }
+    }
+
+    /// The periodic check: the connection's deadline, its lease, and egress.
+    fn gate_check(&mut self, gk: usize, gen: u64) {
+        let Some(c) = self.gate.conns.get(gk).filter(|c| c.timer_gen == gen) else {
+            return;
+        };
+        let deadline = match c.phase {
+            Phase::Sniff => c.since + SNIFF_TIMEOUT,
+            Phase::Connecting => c.since + SNIFF_TIMEOUT + 4 * DNS_TRY + 4 * CONNECT_TIMEOUT,
+            Phase::Pipe => c.last_io + IDLE,
+            Phase::Refusing => c.last_io + Duration::from_secs(5),
+        };
+        let egress = &self.app.egress;
+        if Instant::now() >= deadline
+            || !egress.verified()
+            || !egress.lease_alive(c.sandbox, c.lease)
+        {
+            self.gate_close(gk);
+        } else {
+            self.gate_arm(gk);
+        }
+    }
+
+    /// Refuses connection `gk` with `status` and `text` (an HTTP answer on port 80, a
+    /// TLS alert on 443), then closes it.
+    fn gate_refuse(&mut self, gk: usize, status: u16, text: &str) {
+        let Some(c) = self.gate.conns.get_mut(gk) else {
+            return;
+        };
+        crate::warn_limited!(
+            "gate: refused sandbox={} port={}: {text}",
+            c.sandbox,
+            c.port
+        );
+        c.to_client = if c.port == 80 {
+            http_refusal(status, text)
+        } else if status == 403 {
+            TLS_ACCESS_DENIED.to_vec()
+        } else {
+            Vec::new()
+        };
+        c.to_up.clear();
+        c.phase = Phase::Refusing;
+    }
+
+    /// Moves bytes until nothing moves; takes each phase's next step.
+    pub(crate) fn gate_pump(&mut self, gk: usize) {
+        loop {
+            let Some(c) = self.gate.conns.get_mut(gk) else {
+                return;
+            };
+            match c.phase {
+                Phase::Sniff => {
+                    let got = read_into(
+                        &mut c.client,
+                        &mut c.to_up,
+                        sniff::MAX_SNIFF,
+                        &mut c.c_readable,
+                    );
+                    let s = if c.port == 80 {
+                        sniff::http_host(&c.to_up)
+                    } else {
+                        sniff::tls_sni(&c.to_up)
+                    };
+                    match s {
+                        Sniff::More if got.eof => return self.gate_close(gk),
+                        Sniff::More => return,
+                        Sniff::Refuse(why) => self.gate_refuse(gk, 403, why),
+                        Sniff::Name(host) if !c.policy.allows_name(&host) => {
+                            let text = format!("{host} is not in this sandbox's network allowlist");
+                            self.gate_refuse(gk, 403, &text);
+                        }
+                        Sniff::Name(host) => self.gate_dial(gk, host),
+                    }
+                }
+                Phase::Connecting => return,
+                Phase::Refusing => {
+                    let ok = write_out(&mut c.client, &mut c.to_client);
+                    if ok.is_none() || c.to_client.is_empty() {
+                        return self.gate_close(gk);
+                    }
+                    return;
+                }
+                Phase::Pipe => {
+                    if !self.gate_relay(gk) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One round of relaying both ways; whether anything moved (false also when the
+    /// connection was closed).
+    fn gate_relay(&mut self, gk: usize) -> bool {
+        let Some(c) = self.gate.conns.get_mut(gk) else {
+            return false;
+        };
+        let Some((up, _)) = c.up.as_mut() else {
+            return false;
+        };
+        let mut moved = false;
+        let mut failed = false;
+        if !c.c_eof {
+            let g = read_into(&mut c.client, &mut c.to_up, BUF, &mut c.c_readable);
+            moved |= g.moved;
+            c.c_eof |= g.eof;
+        }
+        match write_out(up, &mut c.to_up) {
+            Some(m) => moved |= m,
+            None => failed = true,
+        }
+        if c.c_eof && c.to_up.is_empty() && !c.u_shut {
+            let _ = up.shutdown(std::net::Shutdown::Write);
+            c.u_shut = true;
+        }
+        if !c.u_eof {
+            let g = read_into(up, &mut c.to_client, BUF, &mut c.u_readable);
+            moved |= g.moved;
+            c.u_eof |= g.eof;
+        }
+        match write_out(&mut c.client, &mut c.to_client) {
+            Some(m) => moved |= m,
+            None => failed = true,
+        }
+        if c.u_eof && c.to_client.is_empty() && !c.c_shut {
+            let _ = c.client.shutdown(std::net::Shutdown::Write);
+            c.c_shut = true;
+        }
+        if moved {
+            c.last_io = Instant::now();
+        }
+        if failed || (c.c_shut && c.u_shut) {
+            self.gate_close(gk);
+            return false;
+        }
+        moved
+    }
+
+    /// Resolves and connects on the pool (at most half the workers wait on connects,
+    /// shared with the public-URL proxy).
+    fn gate_dial(&mut self, gk: usize, host: String) {
+        let cap = (self.cfg.workers / 2).max(1);
+        if self.proxy_connects >= cap {
+            return self.gate_refuse(
+                gk,
+                502,
+                "the server is busy making other connections; retry",
+            );
+        }
+        let Some(c) = self.gate.conns.get_mut(gk) else {
+            return;
+        };
+        c.phase = Phase::Connecting;
+        let (serial, port, policy) = (c.serial, c.port, Arc::clone(&c.policy));
+        let egress = Arc::clone(&self.app.egress);
+        let job = Box::new(move || -> Done<Daemon> {
+            let r = dial(&host, port, &egress, &policy);
+            Box::new(move |d: &mut Daemon| d.gate_connected(gk, serial, r))
+        });
+        if self.reactor.submit(job).is_err() {
+            return self.gate_refuse(gk, 502, "the server is overloaded; retry");
+        }
+        self.proxy_connects += 1;
+    }
+
+    fn gate_connected(
+        &mut self,
+        gk: usize,
+        serial: u64,
+        r: Result<std::net::TcpStream, (u16, String)>,
+    ) {
+        self.proxy_connects = self.proxy_connects.saturating_sub(1);
+        if self
+            .gate
+            .conns
+            .get(gk)
+            .is_none_or(|c| c.serial != serial || c.phase != Phase::Connecting)
+        {
+            return;
+        }
+        let s = match r {
+            Ok(s) => s,
+            Err((status, text)) => {
+                self.gate_refuse(gk, status, &text);
+                return self.gate_pump(gk);
+            }
+        };
+        let mut stream = TcpStream::from_std(s);
+        let tok = match self.reactor.register(
+            &mut stream,
+            Addr::new(GATE, gk, UPSTREAM),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                crate::error_limited!("op=register gate upstream err={e}");
+                return self.gate_close(gk);
+            }
+        };
+        if let Some(c) = self.gate.conns.get_mut(gk) {
+            c.up = Some((stream, tok));
+            c.u_readable = true;
+            c.phase = Phase::Pipe;
+            c.last_io = Instant::now();
+        }
+        self.gate_pump(gk);
+    }
+
+    fn gate_close(&mut self, gk: usize) {
+        let Some(mut c) = self.gate.conns.try_remove(gk) else {
+            return;
+        };
+        self.reactor.deregister(&mut c.client, c.ctok);
+        if let Some((mut s, t)) = c.up.take() {
+            self.reactor.deregister(&mut s, t);
+        }
+        if let Some(n) = self.gate.per_sandbox.get_mut(&c.sandbox) {
+            *n -= 1;
+            if *n == 0 {
+                self.gate.per_sandbox.remove(&c.sandbox);
+            }
+        }
+    }
+
+    /// Shutdown: every connection and the listener go.
+    pub(crate) fn gate_close_all(&mut self) {
+        let keys: Vec<usize> = self.gate.conns.iter().map(|(k, _)| k).collect();
+        for k in keys {
+            self.gate_close(k);
+        }
+        if let Some((mut l, t)) = self.gate.listener.take() {
+            self.reactor.deregister(&mut l, t);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_say_why_in_plain_text() {
+        let r = String::from_utf8(http_refusal(
+            403,
+            "x.org is not in this sandbox's network allowlist",
+        ))
+        .unwrap();
+        assert!(r.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{r}");
+        assert!(r.ends_with("\r\n\r\nisobox: x.org is not in this sandbox's network allowlist\n"));
+        let body = r.split("\r\n\r\n").nth(1).unwrap();
+        assert!(r.contains(&format!("Content-Length: {}\r\n", body.len())));
+        assert!(String::from_utf8(http_refusal(502, "y"))
+            .unwrap()
+            .starts_with("HTTP/1.1 502 Bad Gateway"));
+    }
+}
