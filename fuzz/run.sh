@@ -6,7 +6,7 @@
 #   fuzz/run.sh [seconds-per-target]
 #
 # Environment:
-#   FUZZ_TARGETS  targets to run (default: all ten)
+#   FUZZ_TARGETS  targets to run (default: all)
 #   FUZZ_BUILD    cargo-fuzz (default when `cargo fuzz` is installed) or plain
 #                 (libfuzzer-sys + `cargo build`, no sanitizer; needs nothing installed)
 #   FUZZ_ARGS     extra libFuzzer flags, e.g. "-max_len=8192"
@@ -26,7 +26,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # Stable only: never pick up a nightly that happens to be installed (or a toolchain
 # file): the point is that this works on the toolchain the project uses.
 export RUSTUP_TOOLCHAIN="${RUSTUP_TOOLCHAIN:-stable}"
-TARGETS=(${FUZZ_TARGETS:-http_request http_chunked http_conn http_relay wire_frames ndjson_stream execute_decode sse_utf8 build_frame fs_normalize kv_cursor search_html})
+TARGETS=(${FUZZ_TARGETS:-http_request http_chunked http_conn http_relay wire_frames ndjson_stream execute_decode sse_utf8 build_frame fs_normalize kv_cursor search_html egress_sniff})
 TRIPLE="$(rustc -vV | sed -n 's/^host: //p')"
 
 if [ -z "${FUZZ_BUILD:-}" ]; then

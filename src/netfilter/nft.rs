@@ -609,6 +609,14 @@ impl Ruleset {
             Expr::Cmp(CMP_EQ, vec![DIR_REPLY]),
             accept(),
         ]);
+        // What an allowlisted link sends the gate counts against its upload budget, as
+        // forwarded traffic does.
+        let mut gate_meter = allowlisted(prefix);
+        gate_meter.extend([
+            Expr::Meta(META_IIFNAME),
+            Expr::Dynset("up", Box::new(Expr::LimitBytes(limits.rate_bytes))),
+            drop(),
+        ]);
         let mut to_gate = allowlisted(prefix);
         to_gate.extend(ipv4());
         to_gate.extend(l4(IPPROTO_TCP));
@@ -664,7 +672,7 @@ impl Ruleset {
                     kind: "filter",
                     hook: HOOK_INPUT,
                     priority: 0,
-                    rules: vec![spoofed, replies, to_gate, input, gate_only],
+                    rules: vec![spoofed, replies, gate_meter, to_gate, input, gate_only],
                 },
                 Chain {
                     name: "prerouting",
@@ -1165,7 +1173,7 @@ mod tests {
     #[test]
     fn normalising_our_own_encoding_is_stable_and_readable() {
         let r = rs();
-        assert_eq!(r.rule_count(), 16 + 5 + 2 + 1);
+        assert_eq!(r.rule_count(), 16 + 6 + 2 + 1);
         let fwd = &r.chains[0].rules;
         let text = normalise_rule(&encode_rule(&fwd[2]));
         // iifname "ibabcde*" ip daddr 10.200.0.0/16 drop

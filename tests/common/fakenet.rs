@@ -44,6 +44,8 @@ pub const SECRET_BODY: &str = "FAKE-METADATA-SECRET";
 /// known name is an empty NOERROR.
 pub const DNS_MAP: &[(&str, Ipv4Addr)] = &[
     ("public.test", Ipv4Addr::new(198, 51, 100, 7)),
+    ("other.test", Ipv4Addr::new(198, 51, 100, 7)),
+    ("tls.test", Ipv4Addr::new(203, 0, 113, 10)),
     ("meta.evil.test", Ipv4Addr::new(169, 254, 169, 254)),
     ("rebind.test", Ipv4Addr::new(10, 0, 0, 1)),
 ];
@@ -75,6 +77,15 @@ pub const DENIED_V4: &[&str] = &[
 
 /// The second allowed public stand-in (tcp 80 answers HTTP with [`PUBLIC_BODY`]).
 pub const PUBLIC2: &str = "203.0.113.9";
+
+/// A public address with no listener of ours: a test starts its own TLS server there
+/// (`tls.test`).
+pub const TLS_HOST: &str = "203.0.113.10";
+
+/// Ports of the public stand-in that are neither web nor DNS: tcp (a banner) and udp
+/// (logs datagrams).
+pub const PUBLIC_OTHER_TCP: u16 = 8080;
+pub const PUBLIC_OTHER_UDP: u16 = 9999;
 
 /// The fake public v6 host (tcp 443 and 80).
 pub const PUBLIC_V6: &str = "2001:db8::7";
@@ -233,7 +244,10 @@ impl FakeNet {
             "dev",
             "uplink0",
         ]);
-        for a in [PUBLIC, PUBLIC2, SMTP, DNS].iter().chain(DENIED_V4) {
+        for a in [PUBLIC, PUBLIC2, TLS_HOST, SMTP, DNS]
+            .iter()
+            .chain(DENIED_V4)
+        {
             ip_f(&["addr", "add", &format!("{a}/32"), "dev", "lo"]);
         }
         ip_f(&[
@@ -258,6 +272,8 @@ impl FakeNet {
             (PUBLIC, 80, true, Kind::Public),
             (PUBLIC, 443, true, Kind::Banner("fake-tls")),
             (PUBLIC2, 80, true, Kind::Http(PUBLIC_BODY)),
+            (PUBLIC, PUBLIC_OTHER_TCP, true, Kind::Banner("fake-other")),
+            (PUBLIC, PUBLIC_OTHER_UDP, false, Kind::Sink),
             (DNS, 53, false, Kind::Dns),
             (PUBLIC_V6, 443, true, Kind::Banner("fake-tls-v6")),
             (PUBLIC_V6, 80, true, Kind::Http(PUBLIC_BODY)),
