@@ -520,7 +520,7 @@ fn test_a_link_sends_only_from_its_own_address() {
         .flatten()
         .map(|e| e.path())
         .collect();
-    assert_eq!(ns.len(), 1, "{ns:?}");
+    assert_eq!(ns.len(), 1, "{ns:?}\nlog:\n{}", d.log());
     let net = format!("--net={}", ns[0].display());
     let in_sb = |args: &[&str]| {
         let mut v = vec!["nsenter", net.as_str()];

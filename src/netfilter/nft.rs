@@ -254,7 +254,9 @@ impl Expr {
                 m.begin(2).attr(DATA_VALUE, data).end();
             }
             Expr::Redir => {
+                // Min and max port from the same register (the kernel dumps both).
                 m.attr_be32(1, REG_1)
+                    .attr_be32(2, REG_1)
                     .attr_be32(3, NAT_RANGE_PROTO_SPECIFIED);
             }
         }
@@ -1071,9 +1073,14 @@ fn set_signature(a: &[(u16, &[u8])]) -> String {
             u32::from_be_bytes(b.try_into().unwrap_or_default())
         })
     });
+    // A set without flags is dumped without the attribute.
+    let flags = if nl::find(a, SET_FLAGS).is_some() {
+        be(SET_FLAGS)
+    } else {
+        0
+    };
     format!(
-        "flags={:#x} type={} keylen={} size={size}",
-        be(SET_FLAGS),
+        "flags={flags:#x} type={} keylen={} size={size}",
         be(SET_KEY_TYPE),
         be(SET_KEY_LEN)
     )

@@ -62,9 +62,25 @@ pub fn normalize_host(host: &str) -> Option<String> {
 /// One entry of `allow` or `block`: a name pattern or a range.
 fn entry(field: &str, s: &str) -> Result<Result<Name, Cidr>, String> {
     let t = s.trim();
+    let bad = || {
+        format!(
+            "{field}: {s:?} is not a domain (like pypi.org or *.pythonhosted.org), an IPv4 address or a range like 203.0.113.0/24"
+        )
+    };
+    if t.contains("://") {
+        return Err(bad());
+    }
+    if t.parse::<std::net::Ipv6Addr>().is_ok()
+        || t.split_once('/')
+            .is_some_and(|(a, _)| a.parse::<std::net::Ipv6Addr>().is_ok())
+    {
+        return Err(format!(
+            "{field}: {s:?}: IPv6 is not available to sandboxes"
+        ));
+    }
     if t.contains(':') {
         return Err(format!(
-            "{field}: {s:?}: IPv6 is not available to sandboxes, and a name takes no port"
+            "{field}: {s:?}: an entry takes no port (names apply to ports 80 and 443; an address or range to every port)"
         ));
     }
     if t.parse::<Ipv4Addr>().is_ok() {
@@ -73,17 +89,15 @@ fn entry(field: &str, s: &str) -> Result<Result<Name, Cidr>, String> {
             .map(Err)
             .map_err(|e| format!("{field}: {s:?}: {e}"));
     }
-    if t.contains('/') {
+    if let Some((a, _)) = t.split_once('/') {
+        if a.parse::<Ipv4Addr>().is_err() {
+            return Err(bad());
+        }
         return t
             .parse::<Cidr>()
             .map(Err)
             .map_err(|e| format!("{field}: {s:?}: {e}"));
     }
-    let bad = || {
-        format!(
-            "{field}: {s:?} is not a domain (like pypi.org or *.pythonhosted.org), an IPv4 address or a range like 203.0.113.0/24"
-        )
-    };
     if let Some(rest) = t.strip_prefix("*.") {
         let n = normalize_host(rest).ok_or_else(bad)?;
         // `*.com` would open a whole top-level domain; ask for a registrable name.
