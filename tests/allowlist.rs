@@ -584,3 +584,71 @@ fn test_a_link_sends_only_from_its_own_address() {
     let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), b"");
     assert!(r.status == 200 || r.status == 204, "{}", r.text());
 }
+
+/// The gate's bounds: connections per sandbox (`ISOBOX_EGRESS_MAX_CONNS`: below and
+/// at the bound they are kept, above it closed at once), and a connection that never
+/// says which name it wants is closed after 10 s (kept at 8 s, gone by 14 s); then the
+/// sandbox's budget is free again.
+#[test]
+fn test_gate_bounds_connections_per_sandbox_and_silent_ones() {
+    let fake = FakeNet::new();
+    let d = Daemon::start_in_netns(
+        &fake.harness,
+        &[("ISOBOX_NET_DNS", DNS), ("ISOBOX_EGRESS_MAX_CONNS", "3")],
+    );
+    d.wait_ready();
+    let id = create(&d, json!({"mode": "allowlist", "allow": ["public.test"]}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    put_file(&d, &id, "/tmp/probe.py", PROBE.as_bytes());
+    let script = format!(
+        r#"
+import json, socket, time
+def state(s):
+    s.settimeout(0.5)
+    try:
+        return "closed" if s.recv(1) == b"" else "data"
+    except socket.timeout:
+        return "open"
+    except OSError as e:
+        return "closed"
+t0 = time.time()
+held = [socket.create_connection(("{PUBLIC}", 80), timeout=3) for _ in range(3)]
+over = socket.create_connection(("{PUBLIC}", 80), timeout=3)
+time.sleep(1)
+out = {{"over": state(over), "held_at_1s": [state(s) for s in held]}}
+time.sleep(max(0, 8 - (time.time() - t0)))
+out["held_at_8s"] = [state(s) for s in held]
+time.sleep(max(0, 14 - (time.time() - t0)))
+out["held_at_14s"] = [state(s) for s in held]
+print(json.dumps(out))
+"#
+    );
+    put_file(&d, &id, "/tmp/bounds.py", script.as_bytes());
+    let body = json!({ "cmd": "python3 /tmp/bounds.py", "timeout_ms": 60000 }).to_string();
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let out: Value = serde_json::from_str(r.json()["stdout"].as_str().unwrap().trim())
+        .unwrap_or_else(|e| panic!("{e}: {}\nlog:\n{}", r.text(), d.log()));
+    assert_eq!(
+        out["over"], "closed",
+        "the 4th connection is closed at once: {out}"
+    );
+    assert_eq!(out["held_at_1s"], json!(["open", "open", "open"]), "{out}");
+    assert_eq!(out["held_at_8s"], json!(["open", "open", "open"]), "{out}");
+    assert_eq!(
+        out["held_at_14s"],
+        json!(["closed", "closed", "closed"]),
+        "{out}"
+    );
+    // The budget is free again.
+    let r = probe(&d, &id, "again=http:public.test");
+    assert!(is_ok_200(&r["again"], PUBLIC_BODY), "{r}");
+    assert!(d.log().contains("too many connections"), "{}", d.log());
+}
