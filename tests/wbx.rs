@@ -427,8 +427,8 @@ fn test_errors_limits_expiry_and_tenants() {
         ),
         (json!({"timeout_s": 0}), "timeout_s: must be at least 1"),
         (
-            json!({"network": {"mode": "allowlist", "allow": ["pypi.org"]}}),
-            "allowlist is not available",
+            json!({"network": {"mode": "allowlist", "allow": ["10.1.2.3"]}}),
+            "network.allow: \"10.1.2.3\" is inside 10.0.0.0/8",
         ),
         (json!({"network": {"mode": "wide"}}), "network.mode"),
         (json!({"env": {"1X": "y"}}), "not a variable name"),

@@ -835,9 +835,15 @@ impl Egress {
                 },
             );
         }
-        // A check that failed while we built may have cut the links before ours
-        // existed: look again now that it does. (`set` clears the flag before cutting,
-        // so either we see it cleared here, or the cut sees our link.)
+        // Cut first, verify after (issue 26 item 9): the link exists and its elements
+        // are in, but nothing runs behind it yet. Read the table back now, so a sandbox
+        // never starts on a table that was last checked before its link existed: an
+        // outside change made since the last check (whose own check may not have run
+        // yet) is caught here, and a failed check cuts every link, ours included.
+        // (A check that failed while we built may also have cut the links before ours
+        // existed: `set` clears the flag before cutting, so either the flag is clear
+        // here, or the cut saw our link.)
+        self.verify();
         if !self.verified() {
             return Err(NetfilterError::StoppedVerifying);
         }
@@ -988,6 +994,80 @@ mod tests {
         for ip in ["198.51.100.7", "203.0.113.9", "1.1.1.1", "8.8.8.8"] {
             assert!(!d.iter().any(|c| c.contains(ip.parse().unwrap())), "{ip}");
         }
+    }
+
+    /// Issue 26 item 9: a lease made after an outside change to the table, before any
+    /// periodic or notified check has run (there is no monitor here at all), is
+    /// refused, and the link it made is gone. Runs in a network namespace of its own.
+    #[test]
+    fn test_a_lease_after_an_unchecked_change_is_refused() {
+        if !nix_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("isobox-lease-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let d2 = dir.clone();
+        let r = std::thread::spawn(move || -> Result<(), String> {
+            sys::unshare_netns().map_err(|e| e.to_string())?;
+            let cfg = EgressConfig {
+                enabled: true,
+                pool: Cidr::DEFAULT_POOL,
+                dns: vec!["198.51.100.53".parse().unwrap()],
+                deny: Vec::new(),
+                verify_sec: 3600,
+                max_conns: 16,
+                rate_bytes: 1 << 20,
+            };
+            let e = Egress::new(&cfg, "isobox-leasetest", &d2, 40000);
+            e.start();
+            if !e.verified() {
+                return Err(format!("not verified at start: {:?}", e.state()));
+            }
+            let ok = e.lease("run-ok", None).map_err(|x| x.to_string())?;
+            drop(ok);
+            // The outside change: the forward chain is flushed (the table and its sets
+            // stay, so the lease's own element writes still succeed), and nobody has
+            // checked since.
+            let out = std::process::Command::new("nft")
+                .args(["flush", "chain", "inet", e.table(), "forward"])
+                .output()
+                .map_err(|x| format!("nft: {x}"))?;
+            if !out.status.success() {
+                return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+            }
+            assert!(e.verified(), "the flag is stale: no check ran");
+            let r = e.lease("run-late", None);
+            let links: Vec<String> = rtnl::Rtnl::open()
+                .and_then(|mut r| r.links())
+                .map_err(|x| x.to_string())?
+                .into_iter()
+                .map(|l| l.name)
+                .filter(|n| n.starts_with(&e.prefix))
+                .collect();
+            e.stop();
+            match r {
+                Err(NetfilterError::StoppedVerifying) if links.is_empty() => Ok(()),
+                Err(other) => Err(format!("refused, but as {other}; links {links:?}")),
+                Ok(_) => Err("a lease was given on a table nobody had checked".into()),
+            }
+        })
+        .join()
+        .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        r.unwrap();
+    }
+
+    fn nix_root() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .map(|l| l.split_whitespace().nth(1) == Some("0"))
+            })
+            .unwrap_or(false)
     }
 
     #[test]
