@@ -417,6 +417,8 @@ pub struct Ruleset {
     /// Their size: as many elements as sandbox links can exist (times the ranges an
     /// allowlist may hold, for `allowed` and `blocked`).
     set_size: u32,
+    /// The forward chain drops traffic neither from nor to an isobox link.
+    drop_others: bool,
     chains: Vec<Chain>,
 }
 
@@ -449,6 +451,9 @@ fn addr_in(offset: u32, c: Cidr) -> [Expr; 3] {
         Expr::Cmp(CMP_EQ, c.net().to_be_bytes().to_vec()),
     ]
 }
+
+/// What every isobox instance's link names begin with (`if_prefix`).
+const OUR_LINKS: &str = "ib";
 
 /// At most this many ranges per allowlisted link in `allowed`, and as many in
 /// `blocked` (what a sandbox's policy may list).
@@ -500,10 +505,20 @@ impl Ruleset {
         deny: &[Cidr],
         limits: Limits,
         gate: &Gate,
+        drop_others: bool,
     ) -> Ruleset {
         let drop = || Expr::Verdict(NF_DROP);
         let accept = || Expr::Verdict(NF_ACCEPT);
         let mut fwd: Vec<Vec<Expr>> = Vec::new();
+        if drop_others {
+            // Forwarding is on because of us: nothing else is to be routed through the
+            // host (neighbours into networks only it reaches). Any isobox instance's
+            // links (`ib*`) are left to their own rules.
+            let mut r: Vec<Expr> = iif(OUR_LINKS, CMP_NEQ).to_vec();
+            r.extend(oif(OUR_LINKS, CMP_NEQ));
+            r.push(drop());
+            fwd.push(r);
+        }
         let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
         r.extend([
             Expr::Meta(META_NFPROTO),
@@ -661,6 +676,7 @@ impl Ruleset {
             table: table.to_string(),
             sets: SETS.to_vec(),
             set_size: limits.links,
+            drop_others,
             chains: vec![
                 Chain {
                     name: "forward",
@@ -701,6 +717,11 @@ impl Ruleset {
         } else {
             self.set_size
         }
+    }
+
+    /// Whether forwarded traffic of others is dropped.
+    pub fn drops_others(&self) -> bool {
+        self.drop_others
     }
 
     /// The table's name.
@@ -1174,6 +1195,7 @@ mod tests {
                 port: 4321,
                 resolvers: vec!["198.51.100.53".parse().unwrap()],
             },
+            false,
         )
     }
 
