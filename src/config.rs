@@ -189,6 +189,11 @@ struct Args {
     /// (65536-10000000000)
     #[arg(long, env = "ISOBOX_EGRESS_RATE", default_value = "12500000", value_parser = Value(parsed::<u64>))]
     egress_rate: u64,
+    /// what isobox's table does with forwarded traffic that is neither from nor to a
+    /// sandbox link: `drop`, `keep` (the host's own firewall decides), or `auto`: drop
+    /// when isobox turned IPv4 forwarding on, keep when the host forwarded already
+    #[arg(long, env = "ISOBOX_EGRESS_FORWARD_OTHERS", default_value = "auto", value_parser = Value(forward_others))]
+    egress_forward_others: crate::netfilter::ForwardOthers,
     /// sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python,
     /// JavaScript, Ruby and the compiled runtimes; `off` disables): each serves one
     /// /execute with the runtime's default memory and pids (offline, or with filtered
@@ -458,6 +463,7 @@ impl Config {
                 verify_sec: a.egress_verify_sec,
                 max_conns: a.egress_max_conns,
                 rate_bytes: a.egress_rate,
+                forward_others: a.egress_forward_others,
             },
             kernels_max: a.kernels_max,
             warm_pool: a.warm_pool,
@@ -818,6 +824,17 @@ fn public_domain(s: &str) -> Result<String, String> {
     Ok(s)
 }
 
+/// `auto`, `drop` or `keep`.
+fn forward_others(s: &str) -> Result<crate::netfilter::ForwardOthers, String> {
+    use crate::netfilter::ForwardOthers as F;
+    match s.trim() {
+        "auto" => Ok(F::Auto),
+        "drop" => Ok(F::Drop),
+        "keep" => Ok(F::Keep),
+        _ => Err("auto, drop or keep".into()),
+    }
+}
+
 /// `http` or `https`.
 fn public_scheme(s: &str) -> Result<String, String> {
     match s.trim() {
@@ -1085,6 +1102,7 @@ mod tests {
         ("--egress-verify-sec", "ISOBOX_EGRESS_VERIFY_SEC"),
         ("--egress-max-conns", "ISOBOX_EGRESS_MAX_CONNS"),
         ("--egress-rate", "ISOBOX_EGRESS_RATE"),
+        ("--egress-forward-others", "ISOBOX_EGRESS_FORWARD_OTHERS"),
         ("--warm-pool", "ISOBOX_WARM_POOL"),
         ("--kernels-max", "ISOBOX_KERNELS_MAX"),
         ("--kernel-idle-sec", "ISOBOX_KERNEL_IDLE_SEC"),

@@ -14,7 +14,7 @@ use common::session::Session;
 use common::sse::Stream;
 use common::{in_netns, merged, Daemon};
 use fakenet::{
-    try_sh, FakeNet, Hit, DNS, HARNESS_UPLINK, PUBLIC, PUBLIC2, PUBLIC_BODY, SECRET_BODY, SMTP,
+    sh, try_sh, FakeNet, Hit, DNS, HARNESS_UPLINK, PUBLIC, PUBLIC2, PUBLIC_BODY, SECRET_BODY, SMTP,
 };
 use serde_json::{json, Map, Value};
 use std::io::{Read, Write};
@@ -1657,4 +1657,169 @@ fn test_foreign_conntrack_entries_in_the_pool_range_survive() {
         "a daemon's start or stop deleted a conntrack entry that was not isobox's"
     );
     harness(&fake, &["nft", "delete", "table", "inet", "isobox_test_ct"]);
+}
+
+/// Issue 26 item 4: isobox turns IPv4 forwarding on for its sandboxes; it must not make
+/// the host a router for anyone else. A network behind the harness (10.99.0.2, in a
+/// namespace of this test's own, reached only through the harness) stands for a
+/// container bridge or a peered network; fakenet routes to it through the harness.
+/// With forwarding off before the daemon (its `auto`), the daemon's table drops that
+/// traffic, also after a restart (forwarding is on by then, and known to be isobox's);
+/// with forwarding already on by someone else, `auto` leaves it alone and says so.
+#[test]
+fn test_forwarding_for_others_only_where_the_host_forwarded_already() {
+    let fake = FakeNet::new();
+    let (h, f) = (fake.harness.clone(), fake.fakenet.clone());
+    let inner = format!("{h}n");
+    sh(&["ip", "netns", "add", &inner]);
+    struct DelNs(String);
+    impl Drop for DelNs {
+        fn drop(&mut self) {
+            let _ = try_sh(&["ip", "netns", "del", &self.0]);
+        }
+    }
+    let _inner_guard = DelNs(inner.clone());
+    sh(&[
+        "ip", "-n", &h, "link", "add", "lan0", "type", "veth", "peer", "name", "eth0", "netns",
+        &inner,
+    ]);
+    sh(&["ip", "-n", &h, "addr", "add", "10.99.0.1/30", "dev", "lan0"]);
+    sh(&["ip", "-n", &h, "link", "set", "lan0", "up"]);
+    sh(&[
+        "ip",
+        "-n",
+        &inner,
+        "addr",
+        "add",
+        "10.99.0.2/30",
+        "dev",
+        "eth0",
+    ]);
+    sh(&["ip", "-n", &inner, "link", "set", "eth0", "up"]);
+    sh(&["ip", "-n", &inner, "link", "set", "lo", "up"]);
+    sh(&[
+        "ip",
+        "-n",
+        &inner,
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.99.0.1",
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        &f,
+        "route",
+        "add",
+        "10.99.0.0/30",
+        "via",
+        "192.0.2.2",
+    ]);
+    let listener = in_netns(&inner, || {
+        std::net::TcpListener::bind("10.99.0.2:0").expect("bind behind the harness")
+    });
+    let to = listener.local_addr().unwrap();
+    // A connection from the fake internet to the network behind the harness.
+    let reach = |f: &str| -> bool {
+        in_netns(f, move || {
+            std::net::TcpStream::connect_timeout(&to, Duration::from_millis(1500)).is_ok()
+        })
+    };
+    let fwd = |v: &str| {
+        let v = v.to_string();
+        in_netns(&h, move || {
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", v).unwrap()
+        })
+    };
+    let marker = {
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(format!("/run/netns/{h}")).unwrap().ino();
+        std::path::PathBuf::from(format!("/run/isobox/ip_forward-by-isobox.{ino}"))
+    };
+    let _ = std::fs::remove_file(&marker);
+    // The control: with forwarding on and no isobox, the harness routes it.
+    fwd("1");
+    assert!(reach(&f), "the topology routes when the harness forwards");
+    fwd("0");
+    assert!(!reach(&f));
+
+    // Forwarding off before the daemon: isobox turns it on, and drops others' traffic.
+    let d = Daemon::start_in_netns(&h, &[("ISOBOX_NET_DNS", DNS)]);
+    d.wait_ready();
+    wait_egress(&d, "verified", Duration::from_secs(10));
+    assert!(
+        marker.exists(),
+        "the daemon notes that forwarding is its own doing"
+    );
+    assert!(!reach(&f), "others' traffic is not routed through the host");
+    let (_, res) = run(
+        &d,
+        &format!("probe({{'pub': (http, '{PUBLIC}')}})"),
+        json!({}),
+    );
+    assert!(
+        ok(&res, "pub"),
+        "sandboxes still reach the internet: {res:?}"
+    );
+    d.stop();
+    // A restart finds forwarding on, and knows it as isobox's.
+    let d = Daemon::start_in_netns(&h, &[("ISOBOX_NET_DNS", DNS)]);
+    d.wait_ready();
+    wait_egress(&d, "verified", Duration::from_secs(10));
+    assert!(!reach(&f), "still dropped after a restart");
+    assert!(!d.log().contains("was already on"), "{}", d.log());
+    d.stop();
+
+    // Forwarding on by someone else: `auto` keeps out of it, and says so.
+    let _ = std::fs::remove_file(&marker);
+    fwd("1");
+    let d = Daemon::start_in_netns(&h, &[("ISOBOX_NET_DNS", DNS)]);
+    d.wait_ready();
+    wait_egress(&d, "verified", Duration::from_secs(10));
+    assert!(reach(&f), "the host's own routing is left alone");
+    assert!(
+        d.log().contains("IPv4 forwarding was already on"),
+        "{}",
+        d.log()
+    );
+    d.stop();
+    // ... unless the operator asks.
+    let d = Daemon::start_in_netns(
+        &h,
+        &[
+            ("ISOBOX_NET_DNS", DNS),
+            ("ISOBOX_EGRESS_FORWARD_OTHERS", "drop"),
+        ],
+    );
+    d.wait_ready();
+    wait_egress(&d, "verified", Duration::from_secs(10));
+    assert!(!reach(&f), "ISOBOX_EGRESS_FORWARD_OTHERS=drop drops it");
+    d.stop();
+    let _ = std::fs::remove_file(&marker);
+}
+
+/// Issue 26 item 8: the deny list is one interval set an operator reads as addresses
+/// (`nft list table` prints `ip daddr @denied drop` and the ranges), and its elements
+/// are verified like the rules: flushing them is noticed, and the repair puts them back.
+#[test]
+fn test_deny_list_is_one_readable_set_and_a_flush_is_noticed() {
+    let (fake, d) = setup(&[("ISOBOX_EGRESS_VERIFY_SEC", "1")]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    let t = table(&d);
+    let list = || harness(&fake, &["nft", "list", "table", "inet", &t]);
+    let shown = list();
+    assert!(shown.contains("ip daddr @denied drop"), "{shown}");
+    for range in ["10.0.0.0/8", "169.254.0.0/16", "100.64.0.0/10", "168.63.129.16", "224.0.0.0/3"] {
+        assert!(shown.contains(range), "{range} is shown as an address:\n{shown}");
+    }
+    assert!(!shown.contains("@nh,128,32"), "no raw payload matches:\n{shown}");
+    let (ok, out) = fake.in_harness(&["nft", "flush", "set", "inet", &t, "denied"]);
+    assert!(ok, "{out}");
+    wait_egress(&d, "unverified", Duration::from_secs(5));
+    // The periodic check programs it again (ISOBOX_EGRESS_VERIFY_SEC=1).
+    wait_egress(&d, "verified", Duration::from_secs(10));
+    assert!(d.log().contains("set denied holds 0 elements"), "{}", d.log());
+    assert!(list().contains("10.0.0.0/8"), "the elements are back");
 }

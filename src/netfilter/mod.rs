@@ -386,6 +386,53 @@ pub struct EgressConfig {
     pub max_conns: u32,
     /// Bytes per second per sandbox, each way.
     pub rate_bytes: u64,
+    /// Forwarded traffic of others (neither from nor to a sandbox link).
+    pub forward_others: ForwardOthers,
+}
+
+/// What isobox's table does with forwarded traffic that is neither from nor to a
+/// sandbox link (issue 26 item 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ForwardOthers {
+    /// Drop it when isobox turned IPv4 forwarding on in this network namespace (nothing
+    /// on the host forwarded before, so nothing relies on it), keep it when the host
+    /// forwarded already (a router, a container host: its own firewall decides).
+    #[default]
+    Auto,
+    /// Always drop it.
+    Drop,
+    /// Never touch it.
+    Keep,
+}
+
+/// Where isobox notes that it turned IPv4 forwarding on in the network namespace of
+/// inode `ns` (so a restart still knows forwarding is its own doing). Under /run: gone
+/// at reboot, as the setting itself is.
+fn forwarding_marker(ns: u64) -> PathBuf {
+    PathBuf::from(format!("/run/isobox/ip_forward-by-isobox.{ns}"))
+}
+
+/// The inode of the calling thread's network namespace.
+fn netns_inode() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/thread-self/ns/net")
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// Whether the table drops others' forwarded traffic, decided at start: `Auto` drops
+/// when forwarding is off now (isobox is about to turn it on) or was turned on by isobox
+/// (its marker).
+fn drops_others(mode: ForwardOthers) -> bool {
+    match mode {
+        ForwardOthers::Drop => true,
+        ForwardOthers::Keep => false,
+        ForwardOthers::Auto => {
+            let off = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+                .is_ok_and(|s| s.trim() == "0");
+            off || netns_inode().is_some_and(|ns| forwarding_marker(ns).exists())
+        }
+    }
 }
 
 /// Whether `path` is a mount point (resolved, so a trailing slash or a symlink in the
@@ -407,6 +454,7 @@ impl Egress {
         let table = instance.replace('-', "_");
         let slots = 1usize << (32 - u32::from(e.pool.prefix_len()) - 2);
         let net_dir = data_dir.join("net");
+        let drop_others = e.enabled && drops_others(e.forward_others);
         Arc::new(Egress {
             enabled: e.enabled,
             pool: e.pool,
@@ -424,6 +472,7 @@ impl Egress {
                     port: gate_port,
                     resolvers: e.dns.clone(),
                 },
+                drop_others,
             ),
             prefix,
             dns: e.dns.clone(),
@@ -594,6 +643,13 @@ impl Egress {
     /// mount propagation and resolv.conf, enables forwarding, then programs and
     /// verifies. Never fails: problems leave egress unverified, with the reason.
     pub fn start(&self) {
+        if self.enabled && !self.ruleset.drops_others() {
+            log::warn!(
+                "egress: IPv4 forwarding was already on in this network namespace (not by isobox): \
+                 forwarded traffic other than the sandboxes' is left to the host's own firewall \
+                 (ISOBOX_EGRESS_FORWARD_OTHERS=drop makes isobox's table drop it)"
+            );
+        }
         self.sweep();
         if !self.enabled {
             // What an earlier egress-on daemon of this instance may have left.
@@ -639,6 +695,14 @@ impl Egress {
         })?;
         let fwd = Path::new("/proc/sys/net/ipv4/ip_forward");
         if !std::fs::read_to_string(fwd).is_ok_and(|s| s.trim() == "1") {
+            // The marker first: a crash between the two still knows it was ours.
+            if let Some(ns) = netns_inode() {
+                let m = forwarding_marker(ns);
+                if let Some(dir) = m.parent() {
+                    std::fs::create_dir_all(dir).map_err(path("creating", dir))?;
+                }
+                std::fs::write(&m, b"").map_err(path("writing", &m))?;
+            }
             std::fs::write(fwd, "1").map_err(path("enabling", fwd))?;
             log::info!("egress: enabled IPv4 forwarding ({})", fwd.display());
         }

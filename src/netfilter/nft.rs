@@ -26,6 +26,7 @@ const MSG_GETRULE: u16 = 7;
 const MSG_NEWSET: u16 = 9;
 const MSG_GETSET: u16 = 10;
 const MSG_NEWSETELEM: u16 = 12;
+const MSG_GETSETELEM: u16 = 13;
 const MSG_DELSETELEM: u16 = 14;
 const BATCH_BEGIN: u16 = 0x10;
 const BATCH_END: u16 = 0x11;
@@ -78,6 +79,9 @@ const ELEMS_SET: u16 = 2;
 const ELEMS_LIST: u16 = 3;
 const ELEMS_SET_ID: u16 = 4;
 const ELEM_KEY: u16 = 1;
+const ELEM_FLAGS: u16 = 3;
+/// `NFT_SET_ELEM_INTERVAL_END`: the element ends a range (exclusive) in an interval set.
+const ELEM_INTERVAL_END: u32 = 1;
 const ELEM_KEY_END: u16 = 10;
 const LOOKUP_SET: u16 = 1;
 const LOOKUP_SREG: u16 = 2;
@@ -310,14 +314,23 @@ const fn link_addr_set(name: &'static str, interval: bool) -> SetDef {
     }
 }
 
-/// The table's sets, in the order they are created: the per-link meters (N14), filled
+/// The table's sets, in the order they are created: the deny list (ranges, as
+/// `nft list` prints them; its elements are the table's own and verified with it); the
+/// per-link meters (N14), filled
 /// from the packet path; then those the daemon fills per lease: each link with its
 /// sandbox's address (`links`, anti-spoofing), the links with the whole public
 /// internet (`full`; a link missing there is held to its allowlist), and each
 /// allowlisted link's listed (`allowed`) and blocked (`blocked`) ranges. Every one
 /// fails closed when emptied: a link without its `links` element sends nothing, one
 /// without its `full` element gets only its allowlist.
-const SETS: [SetDef; 7] = [
+const SETS: [SetDef; 8] = [
+    SetDef {
+        name: "denied",
+        flags: SET_F_INTERVAL,
+        key_type: TYPE_IPV4,
+        key_len: 4,
+        fields: &[],
+    },
     ifname_set("conns", SET_F_EVAL),
     ifname_set("up", SET_F_EVAL),
     ifname_set("down", SET_F_EVAL),
@@ -354,6 +367,8 @@ pub struct Element {
     pub key: Vec<u8>,
     /// The range's last key, for `allowed` and `blocked`.
     pub key_end: Option<Vec<u8>>,
+    /// `ELEM_INTERVAL_END` for the end of a range in `denied`.
+    flags: u32,
 }
 
 impl Element {
@@ -363,6 +378,7 @@ impl Element {
             set: "links",
             key: link_key(ifname, Some(addr)),
             key_end: None,
+            flags: 0,
         }
     }
 
@@ -372,6 +388,7 @@ impl Element {
             set: "full",
             key: link_key(ifname, None),
             key_end: None,
+            flags: 0,
         }
     }
 
@@ -383,8 +400,41 @@ impl Element {
             set,
             key: link_key(ifname, Some(first)),
             key_end: Some(link_key(ifname, Some(last))),
+            flags: 0,
         }
     }
+}
+
+/// The deny list as elements of `denied`: the ranges merged where they overlap or
+/// touch, each a start element and (unless it runs to 255.255.255.255) an end element
+/// one past its last address, in order.
+fn denied_elements(deny: &[Cidr]) -> Vec<Element> {
+    let mut r: Vec<(u64, u64)> = deny
+        .iter()
+        .map(|c| (u64::from(c.net()), u64::from(c.net() | !c.mask())))
+        .collect();
+    r.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (a, b) in r {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 + 1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    let el = |v: u64, flags| Element {
+        set: "denied",
+        key: (v as u32).to_be_bytes().to_vec(),
+        key_end: None,
+        flags,
+    };
+    let mut out = Vec::new();
+    for (a, b) in merged {
+        out.push(el(a, 0));
+        if b < u64::from(u32::MAX) {
+            out.push(el(b + 1, ELEM_INTERVAL_END));
+        }
+    }
+    out
 }
 
 /// What redirects an allowlisted link's web traffic to the daemon's gate: the gate's
@@ -417,6 +467,10 @@ pub struct Ruleset {
     /// Their size: as many elements as sandbox links can exist (times the ranges an
     /// allowlist may hold, for `allowed` and `blocked`).
     set_size: u32,
+    /// The forward chain drops traffic neither from nor to an isobox link.
+    drop_others: bool,
+    /// The elements of `denied` (the table's own, programmed and verified with it).
+    denied: Vec<Element>,
     chains: Vec<Chain>,
 }
 
@@ -449,6 +503,9 @@ fn addr_in(offset: u32, c: Cidr) -> [Expr; 3] {
         Expr::Cmp(CMP_EQ, c.net().to_be_bytes().to_vec()),
     ]
 }
+
+/// What every isobox instance's link names begin with (`if_prefix`).
+const OUR_LINKS: &str = "ib";
 
 /// At most this many ranges per allowlisted link in `allowed`, and as many in
 /// `blocked` (what a sandbox's policy may list).
@@ -500,10 +557,20 @@ impl Ruleset {
         deny: &[Cidr],
         limits: Limits,
         gate: &Gate,
+        drop_others: bool,
     ) -> Ruleset {
         let drop = || Expr::Verdict(NF_DROP);
         let accept = || Expr::Verdict(NF_ACCEPT);
         let mut fwd: Vec<Vec<Expr>> = Vec::new();
+        if drop_others {
+            // Forwarding is on because of us: nothing else is to be routed through the
+            // host (neighbours into networks only it reaches). Any isobox instance's
+            // links (`ib*`) are left to their own rules.
+            let mut r: Vec<Expr> = iif(OUR_LINKS, CMP_NEQ).to_vec();
+            r.extend(oif(OUR_LINKS, CMP_NEQ));
+            r.push(drop());
+            fwd.push(r);
+        }
         let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
         r.extend([
             Expr::Meta(META_NFPROTO),
@@ -518,12 +585,14 @@ impl Ruleset {
         r.extend(link_addr_in(12, "links", true));
         r.push(drop());
         fwd.push(r);
-        for &c in deny {
-            let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
-            r.extend(addr_in(16, c));
-            r.push(drop());
-            fwd.push(r);
-        }
+        // The deny list: one lookup in the interval set `denied`.
+        let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        r.extend([
+            Expr::Payload(BASE_NETWORK, 16, 4),
+            Expr::Lookup("denied", false),
+            drop(),
+        ]);
+        fwd.push(r);
         for port in [25u16, 465, 587] {
             let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
             r.extend(l4(IPPROTO_TCP));
@@ -661,6 +730,8 @@ impl Ruleset {
             table: table.to_string(),
             sets: SETS.to_vec(),
             set_size: limits.links,
+            drop_others,
+            denied: denied_elements(deny),
             chains: vec![
                 Chain {
                     name: "forward",
@@ -696,11 +767,18 @@ impl Ruleset {
 
     /// A set's size: one element per link, or `MAX_RANGES` per link for the ranges.
     fn size_of(&self, s: &SetDef) -> u32 {
-        if s.flags & SET_F_INTERVAL != 0 {
+        if s.name == "denied" {
+            self.denied.len().max(1) as u32
+        } else if s.flags & SET_F_INTERVAL != 0 {
             self.set_size.saturating_mul(MAX_RANGES)
         } else {
             self.set_size
         }
+    }
+
+    /// Whether forwarded traffic of others is dropped.
+    pub fn drops_others(&self) -> bool {
+        self.drop_others
     }
 
     /// The table's name.
@@ -743,6 +821,9 @@ fn element_msg(table: &str, e: &Element, add: bool, seq: u32, by_id: bool) -> Ve
     m.begin(ELEM_KEY).attr(DATA_VALUE, &e.key).end();
     if let Some(end) = &e.key_end {
         m.begin(ELEM_KEY_END).attr(DATA_VALUE, end).end();
+    }
+    if e.flags != 0 {
+        m.attr_be32(ELEM_FLAGS, e.flags);
     }
     m.end().end();
     m.finish()
@@ -846,7 +927,7 @@ impl Nft {
                     bytes.extend(m.finish());
                 }
             }
-            for e in elems {
+            for e in rs.denied.iter().chain(elems) {
                 let s = conn.next_seq();
                 seqs.push(s);
                 bytes.extend(element_msg(&rs.table, e, true, s, true));
@@ -906,6 +987,31 @@ impl Nft {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
             r => r,
         }
+    }
+
+    /// The elements of set `set` in table `table`: each key with its flags, sorted.
+    fn set_elements(&mut self, table: &str, set: &str) -> io::Result<Vec<(Vec<u8>, u32)>> {
+        let s = self.conn.next_seq();
+        let mut m = Msg::new(SUBSYS | MSG_GETSETELEM, nl::F_REQUEST | nl::F_DUMP, s);
+        m.header(&nfgen(NFPROTO_INET, 0));
+        m.attr_str(ELEMS_TABLE, table).attr_str(ELEMS_SET, set);
+        let mut out = Vec::new();
+        for (_, p) in self.conn.dump(m, s)? {
+            let a = nl::attrs(&p, 4);
+            let list = nl::find(&a, ELEMS_LIST).unwrap_or_default();
+            for (_, el) in nl::attrs(&list, 0) {
+                let ea = nl::attrs(el, 0);
+                let key = nl::find(&ea, ELEM_KEY)
+                    .and_then(|k| nl::find(&nl::attrs(&k, 0), DATA_VALUE))
+                    .unwrap_or_default();
+                let flags = nl::find(&ea, ELEM_FLAGS)
+                    .and_then(|d| d.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])))
+                    .unwrap_or(0);
+                out.push((key, flags));
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 
     fn dump(&mut self, ty: u16) -> io::Result<Vec<Vec<u8>>> {
@@ -994,6 +1100,17 @@ impl Nft {
         if sets != want {
             return Ok(Some(format!(
                 "sets differ: kernel has {sets:?}, expected {want:?}"
+            )));
+        }
+        let got = self.set_elements(&rs.table, "denied")?;
+        let mut want: Vec<(Vec<u8>, u32)> =
+            rs.denied.iter().map(|e| (e.key.clone(), e.flags)).collect();
+        want.sort();
+        if got != want {
+            return Ok(Some(format!(
+                "set denied holds {} elements, expected {} (the deny list was changed)",
+                got.len(),
+                want.len()
             )));
         }
         let mut rules: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -1174,22 +1291,56 @@ mod tests {
                 port: 4321,
                 resolvers: vec!["198.51.100.53".parse().unwrap()],
             },
+            false,
         )
     }
 
     #[test]
     fn normalising_our_own_encoding_is_stable_and_readable() {
         let r = rs();
-        assert_eq!(r.rule_count(), 16 + 6 + 2 + 1);
+        assert_eq!(r.rule_count(), 15 + 6 + 2 + 1);
         let fwd = &r.chains[0].rules;
         let text = normalise_rule(&encode_rule(&fwd[2]));
-        // iifname "ibabcde*" ip daddr 10.200.0.0/16 drop
+        // iifname "ibabcde*" ip daddr @denied drop
         assert_eq!(
             text,
             "meta(1=00000001,2=00000006) cmp(1=00000001,2=00000000,3{1=69626162636465}) \
              payload(1=00000001,2=00000001,3=00000010,4=00000004) \
-             bitwise(1=00000001,2=00000001,3=00000004,4{1=ffff0000},5{1=00000000},6=00000000) \
-             cmp(1=00000001,2=00000000,3{1=0ac80000}) immediate(1=00000000,2{2{1=00000000}})"
+             lookup(1=64656e69656400,2=00000001) immediate(1=00000000,2{2{1=00000000}})"
+        );
+    }
+
+    #[test]
+    fn the_deny_list_becomes_merged_ranges() {
+        let c = |s: &str| s.parse::<Cidr>().unwrap();
+        let el = denied_elements(&[
+            c("10.200.0.0/16"),
+            c("10.0.0.0/8"),
+            c("0.0.0.0/8"),
+            c("11.0.0.0/8"),
+            c("240.0.0.0/4"),
+            c("192.168.0.0/16"),
+        ]);
+        let shown: Vec<String> = el
+            .iter()
+            .map(|e| {
+                let ip = std::net::Ipv4Addr::new(e.key[0], e.key[1], e.key[2], e.key[3]);
+                format!("{ip}{}", if e.flags == ELEM_INTERVAL_END { ")" } else { "[" })
+            })
+            .collect();
+        // 0/8, then 10/8 + its pool + the touching 11/8 as one, 192.168/16, and 240/4
+        // to the end of the space (no end element).
+        assert_eq!(
+            shown,
+            [
+                "0.0.0.0[",
+                "1.0.0.0)",
+                "10.0.0.0[",
+                "12.0.0.0)",
+                "192.168.0.0[",
+                "192.169.0.0)",
+                "240.0.0.0["
+            ]
         );
     }
 
