@@ -1811,15 +1811,31 @@ fn test_deny_list_is_one_readable_set_and_a_flush_is_noticed() {
     let list = || harness(&fake, &["nft", "list", "table", "inet", &t]);
     let shown = list();
     assert!(shown.contains("ip daddr @denied drop"), "{shown}");
-    for range in ["10.0.0.0/8", "169.254.0.0/16", "100.64.0.0/10", "168.63.129.16", "224.0.0.0/3"] {
-        assert!(shown.contains(range), "{range} is shown as an address:\n{shown}");
+    for range in [
+        "10.0.0.0/8",
+        "169.254.0.0/16",
+        "100.64.0.0/10",
+        "168.63.129.16",
+        "224.0.0.0/3",
+    ] {
+        assert!(
+            shown.contains(range),
+            "{range} is shown as an address:\n{shown}"
+        );
     }
-    assert!(!shown.contains("@nh,128,32"), "no raw payload matches:\n{shown}");
+    assert!(
+        !shown.contains("@nh,128,32"),
+        "no raw payload matches:\n{shown}"
+    );
     let (ok, out) = fake.in_harness(&["nft", "flush", "set", "inet", &t, "denied"]);
     assert!(ok, "{out}");
     wait_egress(&d, "unverified", Duration::from_secs(5));
     // The periodic check programs it again (ISOBOX_EGRESS_VERIFY_SEC=1).
     wait_egress(&d, "verified", Duration::from_secs(10));
-    assert!(d.log().contains("set denied holds 0 elements"), "{}", d.log());
+    assert!(
+        d.log().contains("set denied holds 0 elements"),
+        "{}",
+        d.log()
+    );
     assert!(list().contains("10.0.0.0/8"), "the elements are back");
 }

@@ -1083,6 +1083,7 @@ mod tests {
                 verify_sec: 3600,
                 max_conns: 16,
                 rate_bytes: 1 << 20,
+                forward_others: ForwardOthers::Keep,
             };
             let e = Egress::new(&cfg, "isobox-leasetest", &d2, 40000);
             e.start();

@@ -1005,7 +1005,10 @@ impl Nft {
                     .and_then(|k| nl::find(&nl::attrs(&k, 0), DATA_VALUE))
                     .unwrap_or_default();
                 let flags = nl::find(&ea, ELEM_FLAGS)
-                    .and_then(|d| d.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])))
+                    .and_then(|d| {
+                        d.get(..4)
+                            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                    })
                     .unwrap_or(0);
                 out.push((key, flags));
             }
@@ -1325,7 +1328,14 @@ mod tests {
             .iter()
             .map(|e| {
                 let ip = std::net::Ipv4Addr::new(e.key[0], e.key[1], e.key[2], e.key[3]);
-                format!("{ip}{}", if e.flags == ELEM_INTERVAL_END { ")" } else { "[" })
+                format!(
+                    "{ip}{}",
+                    if e.flags == ELEM_INTERVAL_END {
+                        ")"
+                    } else {
+                        "["
+                    }
+                )
             })
             .collect();
         // 0/8, then 10/8 + its pool + the touching 11/8 as one, 192.168/16, and 240/4
