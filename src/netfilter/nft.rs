@@ -523,8 +523,11 @@ fn dport(port: u16) -> [Expr; 2] {
 }
 
 /// `iifname . ip {saddr|daddr} [!=] @set` (offset 12 = source, 16 = destination).
-fn link_addr_in(offset: u32, set: &'static str, inv: bool) -> [Expr; 3] {
+fn link_addr_in(offset: u32, set: &'static str, inv: bool) -> [Expr; 5] {
     [
+        // `meta nfproto ipv4` first: what lets `nft list` print `ip saddr`/`ip daddr`.
+        Expr::Meta(META_NFPROTO),
+        Expr::Cmp(CMP_EQ, vec![NFPROTO_IPV4]),
         Expr::Meta(META_IIFNAME),
         Expr::Payload2(BASE_NETWORK, offset, 4),
         Expr::Lookup(set, inv),
@@ -587,6 +590,7 @@ impl Ruleset {
         fwd.push(r);
         // The deny list: one lookup in the interval set `denied`.
         let mut r: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
+        r.extend(ipv4());
         r.extend([
             Expr::Payload(BASE_NETWORK, 16, 4),
             Expr::Lookup("denied", false),
@@ -631,6 +635,7 @@ impl Ruleset {
         for &ns in &gate.resolvers {
             for proto in [IPPROTO_UDP, IPPROTO_TCP] {
                 let mut r = allowlisted(prefix);
+                r.extend(ipv4());
                 r.extend([
                     Expr::Payload(BASE_NETWORK, 16, 4),
                     Expr::Cmp(CMP_EQ, ns.octets().to_vec()),
@@ -668,7 +673,6 @@ impl Ruleset {
         // then only replies to connections the host opened (the public-URL proxy's)
         // and an allowlisted link's connections that prerouting redirected to the gate.
         let mut spoofed: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
-        spoofed.extend(ipv4());
         spoofed.extend(link_addr_in(12, "links", true));
         spoofed.push(drop());
         let mut replies: Vec<Expr> = iif(prefix, CMP_EQ).to_vec();
@@ -1304,10 +1308,11 @@ mod tests {
         assert_eq!(r.rule_count(), 15 + 6 + 2 + 1);
         let fwd = &r.chains[0].rules;
         let text = normalise_rule(&encode_rule(&fwd[2]));
-        // iifname "ibabcde*" ip daddr @denied drop
+        // iifname "ibabcde*" meta nfproto ipv4 ip daddr @denied drop
         assert_eq!(
             text,
             "meta(1=00000001,2=00000006) cmp(1=00000001,2=00000000,3{1=69626162636465}) \
+             meta(1=00000001,2=0000000f) cmp(1=00000001,2=00000000,3{1=02}) \
              payload(1=00000001,2=00000001,3=00000010,4=00000004) \
              lookup(1=64656e69656400,2=00000001) immediate(1=00000000,2{2{1=00000000}})"
         );
