@@ -146,6 +146,10 @@ struct Args {
     /// sessions that may exist at once (429 too_many_sessions above)
     #[arg(long, env = "ISOBOX_MAX_SESSIONS", default_value = "1000", value_parser = Value(parsed::<usize>))]
     max_sessions: usize,
+    /// sessions one tenant (API key) may have at once, within ISOBOX_MAX_SESSIONS (429
+    /// too_many_sessions above)
+    #[arg(long, env = "ISOBOX_MAX_SESSIONS_PER_TENANT", default_value = "100", value_parser = Value(parsed::<usize>))]
+    max_sessions_per_tenant: usize,
     /// disk all session workspaces may really use together (507 storage_full above)
     #[arg(long, env = "ISOBOX_STORAGE_MAX_BYTES", default_value = "34359738368", value_parser = Value(parsed::<u64>))]
     storage_max_bytes: u64,
@@ -161,6 +165,10 @@ struct Args {
     /// volumes that may exist at once (429 too_many_volumes above)
     #[arg(long, env = "ISOBOX_MAX_VOLUMES", default_value = "1000", value_parser = Value(parsed::<usize>))]
     max_volumes: usize,
+    /// volumes one tenant (API key) may have at once, within ISOBOX_MAX_VOLUMES (429
+    /// too_many_volumes above)
+    #[arg(long, env = "ISOBOX_MAX_VOLUMES_PER_TENANT", default_value = "100", value_parser = Value(parsed::<usize>))]
+    max_volumes_per_tenant: usize,
     /// `on`: runs asking for network get filtered egress (public internet only) while the
     /// firewall is verified; `off`: every run is offline
     #[arg(long, env = "ISOBOX_EGRESS", default_value = "on", value_parser = Value(on_off))]
@@ -387,6 +395,8 @@ pub struct SessionConfig {
     pub quota_bytes: u64,
     /// Most sessions at once.
     pub max_sessions: usize,
+    /// Most sessions of one tenant at once.
+    pub max_sessions_per_tenant: usize,
     /// Ceiling on the disk all workspaces really use.
     pub storage_max_bytes: u64,
     /// Free disk to keep on the data dir's filesystem.
@@ -397,6 +407,8 @@ pub struct SessionConfig {
     pub volume_quota_bytes: u64,
     /// Most volumes at once.
     pub max_volumes: usize,
+    /// Most volumes of one tenant at once.
+    pub max_volumes_per_tenant: usize,
 }
 
 impl Config {
@@ -449,11 +461,13 @@ impl Config {
             sessions: SessionConfig {
                 quota_bytes: a.session_quota_bytes,
                 max_sessions: a.max_sessions,
+                max_sessions_per_tenant: a.max_sessions_per_tenant,
                 storage_max_bytes: a.storage_max_bytes,
                 storage_reserve_bytes: a.storage_reserve_bytes,
                 ttl_max_sec: a.session_ttl_max_sec,
                 volume_quota_bytes: a.volume_quota_bytes,
                 max_volumes: a.max_volumes,
+                max_volumes_per_tenant: a.max_volumes_per_tenant,
             },
             egress: crate::netfilter::EgressConfig {
                 enabled: a.egress,
@@ -569,6 +583,20 @@ impl Config {
             return Err(invalid(
                 "ISOBOX_MAX_SESSIONS",
                 &s.max_sessions.to_string(),
+                "between 1 and 1000000",
+            ));
+        }
+        if !(1..=1_000_000).contains(&s.max_sessions_per_tenant) {
+            return Err(invalid(
+                "ISOBOX_MAX_SESSIONS_PER_TENANT",
+                &s.max_sessions_per_tenant.to_string(),
+                "between 1 and 1000000",
+            ));
+        }
+        if !(1..=1_000_000).contains(&s.max_volumes_per_tenant) {
+            return Err(invalid(
+                "ISOBOX_MAX_VOLUMES_PER_TENANT",
+                &s.max_volumes_per_tenant.to_string(),
                 "between 1 and 1000000",
             ));
         }
@@ -1090,11 +1118,16 @@ mod tests {
         ("--trusted-proxies", "ISOBOX_TRUSTED_PROXIES"),
         ("--session-quota-bytes", "ISOBOX_SESSION_QUOTA_BYTES"),
         ("--max-sessions", "ISOBOX_MAX_SESSIONS"),
+        (
+            "--max-sessions-per-tenant",
+            "ISOBOX_MAX_SESSIONS_PER_TENANT",
+        ),
         ("--storage-max-bytes", "ISOBOX_STORAGE_MAX_BYTES"),
         ("--storage-reserve-bytes", "ISOBOX_STORAGE_RESERVE_BYTES"),
         ("--session-ttl-max-sec", "ISOBOX_SESSION_TTL_MAX_SEC"),
         ("--volume-quota-bytes", "ISOBOX_VOLUME_QUOTA_BYTES"),
         ("--max-volumes", "ISOBOX_MAX_VOLUMES"),
+        ("--max-volumes-per-tenant", "ISOBOX_MAX_VOLUMES_PER_TENANT"),
         ("--egress", "ISOBOX_EGRESS"),
         ("--net-pool", "ISOBOX_NET_POOL"),
         ("--net-dns", "ISOBOX_NET_DNS"),

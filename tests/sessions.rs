@@ -749,3 +749,83 @@ fn pct(b: &[u8]) -> String {
         })
         .collect()
 }
+
+/// Issue 26 item 5: one key cannot take every session or volume. Per tenant at most
+/// `ISOBOX_MAX_SESSIONS_PER_TENANT` sessions and `ISOBOX_MAX_VOLUMES_PER_TENANT` volumes
+/// (below and at the cap: 201; above: 429 naming the setting), within the global caps
+/// (which keep their own message); another key is unaffected by the first one's cap,
+/// and a delete frees a place.
+#[test]
+fn test_per_tenant_session_and_volume_caps() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "key-one,key-two"),
+        ("ISOBOX_REQUIRE_AUTH", "1"),
+        ("ISOBOX_MAX_SESSIONS", "3"),
+        ("ISOBOX_MAX_SESSIONS_PER_TENANT", "2"),
+        ("ISOBOX_MAX_VOLUMES", "2"),
+        ("ISOBOX_MAX_VOLUMES_PER_TENANT", "1"),
+    ]);
+    d.wait_ready();
+    let post = |key: &str, path: &str, body: Value| {
+        d.request(
+            "POST",
+            path,
+            &[("X-API-Key", key)],
+            body.to_string().as_bytes(),
+        )
+    };
+    let session = |key: &str| post(key, "/v1/sessions", json!({"runtime": "python-slim"}));
+    let detail = |r: &common::Resp| r.json()["detail"].as_str().unwrap_or_default().to_string();
+    let one_a = session("key-one");
+    assert_eq!(one_a.status, 201, "below the cap: {}", one_a.text());
+    let one_b = session("key-one");
+    assert_eq!(one_b.status, 201, "at the cap: {}", one_b.text());
+    let r = session("key-one");
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (429, Some("too_many_sessions")),
+        "{}",
+        r.text()
+    );
+    assert!(
+        detail(&r).contains("ISOBOX_MAX_SESSIONS_PER_TENANT"),
+        "{}",
+        r.text()
+    );
+    // Another key is not held by the first one's cap; the global cap (3) still applies.
+    assert_eq!(session("key-two").status, 201);
+    let r = session("key-two");
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(detail(&r).contains("(ISOBOX_MAX_SESSIONS)"), "{}", r.text());
+    // A delete frees a place for its tenant.
+    let v = one_a.json();
+    let r = d.request(
+        "DELETE",
+        &format!("/v1/sessions/{}", v["id"].as_str().unwrap()),
+        &[
+            ("X-API-Key", "key-one"),
+            ("X-Session-Token", v["token"].as_str().unwrap()),
+        ],
+        b"",
+    );
+    assert!(r.status == 200 || r.status == 204, "{}", r.text());
+    assert_eq!(session("key-one").status, 201);
+
+    let volume = |key: &str| post(key, "/v1/volumes", json!({"name": "mem"}));
+    let r = volume("key-one");
+    assert_eq!(r.status, 201, "at the cap: {}", r.text());
+    let r = volume("key-one");
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (429, Some("too_many_volumes")),
+        "{}",
+        r.text()
+    );
+    assert!(
+        detail(&r).contains("ISOBOX_MAX_VOLUMES_PER_TENANT"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(volume("key-two").status, 201, "another key has its own");
+    d.stop();
+}

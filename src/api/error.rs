@@ -23,7 +23,18 @@ pub fn session_error(e: &SessionError) -> Response {
             "session_busy",
             Some("a step is already running in this session; retry when it ends"),
         ),
-        SessionError::TooMany => Response::error(429, "too_many_sessions", None),
+        SessionError::TooMany => Response::error(
+            429,
+            "too_many_sessions",
+            Some("the server holds as many sessions as it may (ISOBOX_MAX_SESSIONS); retry later"),
+        ),
+        SessionError::TooManyForTenant(n) => Response::error(
+            429,
+            "too_many_sessions",
+            Some(&format!(
+                "this API key has {n} sessions, its most (ISOBOX_MAX_SESSIONS_PER_TENANT); delete one first"
+            )),
+        ),
         SessionError::StorageFull(why) => Response::error(507, "storage_full", Some(why)),
         SessionError::VolumeNotFound => Response::error(404, "volume_not_found", None),
         SessionError::VolumeBusy => Response::error(
@@ -31,7 +42,18 @@ pub fn session_error(e: &SessionError) -> Response {
             "volume_busy",
             Some("the volume is attached to another session; end that session first"),
         ),
-        SessionError::TooManyVolumes => Response::error(429, "too_many_volumes", None),
+        SessionError::TooManyVolumes => Response::error(
+            429,
+            "too_many_volumes",
+            Some("the server holds as many volumes as it may (ISOBOX_MAX_VOLUMES); retry later"),
+        ),
+        SessionError::TooManyVolumesForTenant(n) => Response::error(
+            429,
+            "too_many_volumes",
+            Some(&format!(
+                "this API key has {n} volumes, its most (ISOBOX_MAX_VOLUMES_PER_TENANT); delete one first"
+            )),
+        ),
         SessionError::CreatesBusy => {
             Response::error(503, "busy", Some("too many creates in progress"))
                 .with_header("Retry-After", "1")

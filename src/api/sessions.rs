@@ -513,11 +513,14 @@ fn fs_get_job(
         }
         wfs::Kind::Dir { .. } => {
             let size = wfs::tree_size(&root, rel, MAX_ZIP_ENTRIES).map_err(|e| fs_error(&e))?;
-            if size.truncated || size.bytes > MAX_ZIP_BYTES {
+            if size.truncated
+                || size.bytes > MAX_ZIP_BYTES
+                || size.name_bytes > workspace::zip::MAX_NAME_BYTES as u64
+            {
                 return Err(Response::error(
                     413,
                     "archive_too_large",
-                    Some("a zip is capped at 256 MiB of files and 65534 entries; download a subdirectory"),
+                    Some("a zip is capped at 256 MiB of files, 65534 entries and 8 MiB of entry names (paths); download a subdirectory"),
                 ));
             }
             let mut zip_name = name;

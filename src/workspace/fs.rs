@@ -878,6 +878,9 @@ pub struct TreeSize {
     pub files: u64,
     /// Number of directories (the walked directory itself not included).
     pub dirs: u64,
+    /// Bytes of every entry's path below the walked directory (what an archive's
+    /// names hold; a directory's trailing `/` included).
+    pub name_bytes: u64,
     /// Whether the walk stopped early (entry limit, depth limit or an oversized
     /// directory); the totals then cover only part of the tree.
     pub truncated: bool,
@@ -1016,6 +1019,7 @@ fn walk(
             count += 1;
             totals.files += 1;
             totals.bytes = totals.bytes.saturating_add(st.size);
+            totals.name_bytes += path.len() as u64;
             let entry = WalkEntry::File {
                 size: st.size,
                 mtime: mtime(&st),
@@ -1033,6 +1037,7 @@ fn walk(
         let st = fsat::fstat(sub.as_fd())?;
         count += 1;
         totals.dirs += 1;
+        totals.name_bytes += path.len() as u64 + 1;
         let entry = WalkEntry::Dir { mtime: mtime(&st) };
         f(&path, entry, None).map_err(FsError::Io)?;
         if stack.len() >= MAX_WALK_DEPTH {

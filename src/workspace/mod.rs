@@ -59,6 +59,9 @@ pub enum SessionError {
     /// The session count is at its maximum.
     #[error("too many sessions")]
     TooMany,
+    /// The tenant's session count is at its maximum (the limit).
+    #[error("too many sessions for this tenant")]
+    TooManyForTenant(usize),
     /// No room for another workspace.
     #[error("{0}")]
     StorageFull(String),
@@ -77,6 +80,9 @@ pub enum SessionError {
     /// The volume count is at its maximum.
     #[error("too many volumes")]
     TooManyVolumes,
+    /// The tenant's volume count is at its maximum (the limit).
+    #[error("too many volumes for this tenant")]
+    TooManyVolumesForTenant(usize),
     /// The workspace is gone or unusable.
     #[error("workspace unavailable: {0}")]
     Workspace(String),
@@ -373,6 +379,19 @@ impl Sessions {
         let count = self.store.session_count()?;
         if count >= self.cfg.max_sessions as u64 {
             return Err(SessionError::TooMany);
+        }
+        // One tenant (or, in open mode, everyone) cannot take every session: its own
+        // cap within the global one. Counted from the registry, under the create lock.
+        let mine = self
+            .store
+            .sessions()?
+            .iter()
+            .filter(|(_, r)| r.tenant == tenant)
+            .count();
+        if mine >= self.cfg.max_sessions_per_tenant {
+            return Err(SessionError::TooManyForTenant(
+                self.cfg.max_sessions_per_tenant,
+            ));
         }
         let quota = self.cfg.quota_bytes;
         let used = self.storage_used.load(Ordering::Relaxed);

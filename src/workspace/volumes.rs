@@ -109,8 +109,15 @@ impl Sessions {
         name: &str,
     ) -> Result<(String, VolumeRecord), SessionError> {
         let _g = self.create_guard()?;
-        if self.store.volumes()?.len() >= self.cfg.max_volumes {
+        let all = self.store.volumes()?;
+        if all.len() >= self.cfg.max_volumes {
             return Err(SessionError::TooManyVolumes);
+        }
+        if all.iter().filter(|(_, r)| r.tenant == tenant).count() >= self.cfg.max_volumes_per_tenant
+        {
+            return Err(SessionError::TooManyVolumesForTenant(
+                self.cfg.max_volumes_per_tenant,
+            ));
         }
         let quota = self.cfg.volume_quota_bytes;
         let used = self.storage_used.load(Ordering::Relaxed);

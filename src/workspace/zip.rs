@@ -67,6 +67,12 @@ use flate2::Compression;
 /// Maximum number of entries (files + directories) in one archive.
 pub const MAX_ENTRIES: usize = 0xFFFE;
 
+/// The most bytes all entry names of one archive may take together. Each name is kept
+/// once until the central directory is written (a digest stands for it in the
+/// duplicate check), so this bounds a transfer's memory: 65 534 entries at 16 KiB paths
+/// would otherwise hold a gigabyte.
+pub const MAX_NAME_BYTES: usize = 8 << 20;
+
 /// Maximum value of any 32-bit size or offset field (`0xFFFF_FFFF` is the
 /// ZIP64 sentinel and is never written).
 pub const MAX_SIZE: u64 = 0xFFFF_FFFE;
@@ -180,12 +186,23 @@ enum State {
 pub struct ZipStreamWriter<W: Write> {
     out: CountingWriter<W>,
     entries: Vec<Entry>,
-    /// Names (without trailing `/`) already used, to refuse duplicates.
-    names: HashSet<Vec<u8>>,
+    /// Digests of the names (without trailing `/`) already used, to refuse duplicates
+    /// without keeping each name a second time.
+    names: HashSet<[u8; 16]>,
+    /// Bytes of the entries' names so far.
+    name_bytes: usize,
     state: State,
     /// Created on the first file, reused (reset) for later files.
     encoder: Option<DeflateEncoder<Vec<u8>>>,
     read_buf: Vec<u8>,
+}
+
+/// What stands for a name in the duplicate check: 128 bits of its SHA-256.
+fn name_digest(name: &[u8]) -> [u8; 16] {
+    let d = ring::digest::digest(&ring::digest::SHA256, name);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d.as_ref()[..16]);
+    out
 }
 
 impl<W: Write> ZipStreamWriter<W> {
@@ -196,6 +213,7 @@ impl<W: Write> ZipStreamWriter<W> {
             out: CountingWriter { inner: w, count: 0 },
             entries: Vec::new(),
             names: HashSet::new(),
+            name_bytes: 0,
             state: State::Idle,
             encoder: None,
             read_buf: Vec::new(),
@@ -236,7 +254,8 @@ impl<W: Write> ZipStreamWriter<W> {
             name: full,
         };
         self.guard(|w| w.write_local_header(&entry))?;
-        self.names.insert(base.to_vec());
+        self.names.insert(name_digest(base));
+        self.name_bytes += entry.name.len();
         self.entries.push(entry);
         Ok(())
     }
@@ -296,7 +315,8 @@ impl<W: Write> ZipStreamWriter<W> {
             }
             w.write_local_header(&entry)
         })?;
-        self.names.insert(name.to_vec());
+        self.names.insert(name_digest(name));
+        self.name_bytes += name.len();
         self.state = State::InFile(Box::new(OpenFile {
             entry,
             hasher: crc32fast::Hasher::new(),
@@ -494,8 +514,11 @@ impl<W: Write> ZipStreamWriter<W> {
         if full.len() > usize::from(u16::MAX) {
             return Err(bad_name(key, "longer than 65535 bytes"));
         }
-        if self.names.contains(key) {
+        if self.names.contains(&name_digest(key)) {
             return Err(bad_name(key, "duplicate entry"));
+        }
+        if self.name_bytes + full.len() > MAX_NAME_BYTES {
+            return Err(ZipError::TooLarge("entry names exceed 8 mib"));
         }
         if self.entries.len() >= MAX_ENTRIES {
             return Err(ZipError::TooLarge(
@@ -1144,6 +1167,39 @@ for i, info in enumerate(zf.infolist()):
         let eocd = &bytes[bytes.len() - 22..];
         assert_eq!(&eocd[..4], &SIG_EOCD.to_le_bytes());
         assert_eq!(u16::from_le_bytes([eocd[10], eocd[11]]), 0xFFFE);
+    }
+
+    /// Issue 26 item 1: names are bounded as a whole (below and at `MAX_NAME_BYTES`
+    /// they go in; one byte more is refused), and duplicates are still found through
+    /// the digests.
+    #[test]
+    fn entry_names_are_bounded_together_and_kept_once() {
+        let mut z = ZipStreamWriter::new(Vec::new());
+        // 16 KiB paths, as 63 levels of 255-byte names give.
+        let long = |i: usize| format!("{}/{i:08}", "d".repeat(16_000 - 9)).into_bytes();
+        let per = long(0).len();
+        let fit = MAX_NAME_BYTES / per;
+        for i in 0..fit {
+            z.start_file(&long(i), t0(), 0o644).unwrap();
+            z.finish_file().unwrap();
+        }
+        assert_eq!(z.name_bytes, fit * per);
+        // The same name again is a duplicate (found by digest), not a size error.
+        assert!(matches!(
+            z.start_file(&long(3), t0(), 0o644),
+            Err(ZipError::BadName(_))
+        ));
+        let left = MAX_NAME_BYTES - z.name_bytes;
+        let exact = vec![b'x'; left];
+        z.add_file(&exact, t0(), 0o644, &mut &b""[..]).unwrap();
+        assert_eq!(z.name_bytes, MAX_NAME_BYTES, "at the bound");
+        assert!(matches!(
+            z.add_dir(b"y", t0()),
+            Err(ZipError::TooLarge("entry names exceed 8 mib"))
+        ));
+        // The archive still ends well.
+        let bytes = z.finish().unwrap();
+        assert_eq!(&bytes[bytes.len() - 22..][..4], &SIG_EOCD.to_le_bytes());
     }
 
     #[test]
