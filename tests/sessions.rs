@@ -829,3 +829,60 @@ fn test_per_tenant_session_and_volume_caps() {
     assert_eq!(volume("key-two").status, 201, "another key has its own");
     d.stop();
 }
+
+/// Issue 26 item 1: a zip's entry names are bounded together (8 MiB), checked before
+/// the download starts. 600 hard links to one empty file at the bottom of 63 levels
+/// of 255-byte directory names take a few KiB of disk and ~9.7 MiB of names: refused
+/// with 413 naming the cap; the same tree with 400 links (~6.5 MiB of names) is
+/// served, every name in it whole.
+#[test]
+fn test_zip_names_are_bounded_before_the_download_starts() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let s = Session::create(&d, &json!({"runtime": "python-slim"}));
+    let mk = |links: usize| {
+        format!(
+            r#"
+import os, shutil
+os.chdir("/workspace")
+shutil.rmtree("deep", ignore_errors=True)
+os.mkdir("deep"); os.chdir("deep")
+for i in range(63):
+    n = ("%02d" % i) + "d" * 253
+    os.mkdir(n); os.chdir(n)
+open("f", "w").close()
+for i in range({links}):
+    os.link("f", "l%04d" % i)
+print("made", flush=True)
+"#
+        )
+    };
+    let r = s.step(&d, &mk(600));
+    assert!(
+        r["run"]["stdout"].as_str().unwrap_or("").contains("made"),
+        "{r}"
+    );
+    let r = s.fs(&d, "GET", "path=deep&format=zip", b"");
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(r.json()["error"], "archive_too_large");
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("8 MiB of entry names"),
+        "{}",
+        r.text()
+    );
+    let r = s.step(&d, &mk(400));
+    assert!(
+        r["run"]["stdout"].as_str().unwrap_or("").contains("made"),
+        "{r}"
+    );
+    let r = s.fs(&d, "GET", "path=deep&format=zip", b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Central directory: 63 directories + f + 400 links.
+    let eocd = &r.body[r.body.len() - 22..];
+    assert_eq!(&eocd[..4], b"PK\x05\x06");
+    assert_eq!(u16::from_le_bytes([eocd[10], eocd[11]]), 63 + 1 + 400);
+    d.stop();
+}
