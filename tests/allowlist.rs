@@ -93,6 +93,20 @@ def https(host):
         data += b
     return data.decode(errors="replace")
 
+def fetch(target):
+    import hashlib
+    host, path = target.split("/", 1)
+    s = socket.create_connection((socket.gethostbyname(host), 80), timeout=10)
+    s.sendall(("GET /%s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (path, host)).encode())
+    data = b""
+    while True:
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        data += b
+    head, _, body = data.partition(b"\r\n\r\n")
+    return "%s %d %s" % (head.split(b"\r\n")[0].decode(), len(body), hashlib.sha256(body).hexdigest())
+
 def tcp(addr, port):
     s = socket.create_connection((addr, int(port)), timeout=3)
     return "connected: " + s.recv(100).decode(errors="replace")
@@ -115,6 +129,8 @@ for arg in sys.argv[1:]:
             r = http(host, addr)
         elif kind == "https":
             r = https(target)
+        elif kind == "fetch":
+            r = fetch(target)
         elif kind == "tcp":
             r = tcp(*target.split(","))
         elif kind == "udp":
@@ -370,6 +386,18 @@ fn test_allowlist_names_addresses_and_everything_else_refused() {
     // The gate connected from the host (masqueraded or not, from the uplink); the
     // direct one came through the forward path.
     assert!(!fake.hits_to(PUBLIC).is_empty() && !fake.hits_to(PUBLIC2).is_empty());
+
+    // A large answer through the gate arrives whole (the gate relays it in turns).
+    let big: Vec<u8> = (0..6u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fake.publish_bytes("/big", &big);
+    let r = probe(&d, &a, "big=fetch:public.test/big");
+    assert_eq!(
+        r["big"].as_str().unwrap_or_default(),
+        format!("HTTP/1.1 200 OK {} {}", big.len(), common::sha256_hex(&big)),
+        "{r}"
+    );
 
     // A lying address: the sandbox sends `Host: public.test` to 10.0.0.1 (as
     // /etc/hosts or a lying resolver would make it): the gate dials the name itself.

@@ -34,6 +34,11 @@ const UPSTREAM: u16 = 2;
 /// Timer: accept again after a failed accept (key 0); a connection's check.
 const ACCEPT_RETRY: u16 = 3;
 const CHECK: u16 = 4;
+/// Timer: go on relaying a connection that still had bytes moving when its turn ended.
+const CONTINUE: u16 = 5;
+/// Relay rounds (each up to 64 KiB each way) one connection gets per turn of the loop,
+/// so one fast pipe cannot keep the reactor from everything else.
+const ROUNDS_PER_TURN: usize = 8;
 
 /// How long a connection may take to say which name it wants.
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
@@ -85,6 +90,7 @@ impl Component<Daemon> for Gates {
         match what {
             ACCEPT_RETRY => d.gate_accept(),
             CHECK => d.gate_check(gk, gen),
+            CONTINUE => d.gate_pump(gk),
             _ => {}
         }
     }
@@ -402,6 +408,7 @@ impl Daemon {
 
     /// Moves bytes until nothing moves; takes each phase's next step.
     pub(crate) fn gate_pump(&mut self, gk: usize) {
+        let mut rounds = 0;
         loop {
             let Some(c) = self.gate.conns.get_mut(gk) else {
                 return;
@@ -440,6 +447,14 @@ impl Daemon {
                 }
                 Phase::Pipe => {
                     if !self.gate_relay(gk) {
+                        return;
+                    }
+                    rounds += 1;
+                    if rounds >= ROUNDS_PER_TURN {
+                        // Readiness is edge-triggered: what is left to read raises no
+                        // new event, so the connection's next turn is a timer's.
+                        self.reactor
+                            .arm(Instant::now(), Addr::new(GATE, gk, CONTINUE), 0);
                         return;
                     }
                 }
