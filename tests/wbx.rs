@@ -133,6 +133,13 @@ fn test_create_exec_get_list_delete() {
             "truncated"
         ]
     );
+    // `base` is Python, Node and the usual shell tools (issue 22), offline here.
+    let v = exec(
+        &d,
+        &id,
+        &json!({"cmd": "python3 -c 'import numpy, pandas; print(numpy.arange(3).sum())'; node -e 'console.log([1,2,3].map(x => x * 2).join(\",\"))'; npm --version >/dev/null && echo npm-ok; for t in curl git jq rg; do command -v $t >/dev/null && echo $t; done"}),
+    );
+    assert_eq!(v["stdout"], "3\n2,4,6\nnpm-ok\ncurl\ngit\njq\nrg\n", "{v}");
     // State lasts: files in the home, in /tmp, and stdin and cwd.
     let v = exec(
         &d,

@@ -37,7 +37,7 @@ const MAX_CMD_BYTES: usize = 256 << 10;
 pub const DEFAULT_TEMPLATE: &str = "base";
 
 /// The templates: `base` (the `python` runtime's tree: CPython with its data and web
-/// libraries, pip, and curl, wget, git, jq, ripgrep, unzip), then one per installed
+/// libraries, pip, Node.js with npm, and curl, wget, git, jq, ripgrep, unzip), then one per installed
 /// runtime, named as the runtime is. (name, runtime, description).
 pub fn templates(runtimes: &Runtimes) -> Vec<(String, Runtime, String)> {
     let mut out = Vec::new();
@@ -45,7 +45,7 @@ pub fn templates(runtimes: &Runtimes) -> Vec<(String, Runtime, String)> {
         out.push((
             DEFAULT_TEMPLATE.to_string(),
             py.clone(),
-            "Python 3 with numpy, pandas, matplotlib, requests, pip, and curl, wget, git, jq, ripgrep".to_string(),
+            "Python 3 with numpy, pandas, matplotlib, requests, pip; Node.js with npm; and curl, wget, git, jq, ripgrep".to_string(),
         ));
     }
     for r in runtimes.installed() {
