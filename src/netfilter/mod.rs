@@ -1104,6 +1104,10 @@ mod tests {
             }
             assert!(e.verified(), "the flag is stale: no check ran");
             let r = e.lease("run-late", None);
+            // This namespace dies with the thread: so does its forwarding marker.
+            if let Some(ns) = netns_inode() {
+                let _ = std::fs::remove_file(forwarding_marker(ns));
+            }
             let links: Vec<String> = rtnl::Rtnl::open()
                 .and_then(|mut r| r.links())
                 .map_err(|x| x.to_string())?

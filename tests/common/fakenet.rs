@@ -397,6 +397,12 @@ impl Drop for FakeNet {
         while self.threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
+        // What a daemon in the harness noted when it turned forwarding on there
+        // (`/run/isobox/ip_forward-by-isobox.<netns inode>`) goes with the namespace.
+        if let Ok(m) = std::fs::metadata(format!("/run/netns/{}", self.harness)) {
+            use std::os::unix::fs::MetadataExt;
+            let _ = std::fs::remove_file(format!("/run/isobox/ip_forward-by-isobox.{}", m.ino()));
+        }
         let _ = try_sh(&["ip", "netns", "del", &self.harness]);
         let _ = try_sh(&["ip", "netns", "del", &self.fakenet]);
     }
