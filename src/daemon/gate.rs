@@ -11,6 +11,7 @@
 //! each way, closed when both sides are done, after `IDLE` without a byte, when the
 //! sandbox's lease ends, or when egress stops being verified.
 
+use super::proxy::write_side;
 use super::Daemon;
 use crate::netfilter::policy::Allowlist;
 use crate::netfilter::sniff::{self, Sniff};
@@ -19,7 +20,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Interest, Token};
 use slab::Slab;
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -177,25 +178,6 @@ fn read_into(sock: &mut TcpStream, buf: &mut Vec<u8>, cap: usize, readable: &mut
         }
     }
     got
-}
-
-/// Writes `out` to `sock` until it is empty or the socket is full; whether bytes went,
-/// or `None` when the socket failed.
-fn write_out(sock: &mut TcpStream, out: &mut Vec<u8>) -> Option<bool> {
-    let mut moved = false;
-    while !out.is_empty() {
-        match sock.write(out) {
-            Ok(0) => return None,
-            Ok(n) => {
-                out.drain(..n);
-                moved = true;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(_) => return None,
-        }
-    }
-    Some(moved)
 }
 
 /// The plain-text answer an HTTP client gets when the gate refuses.
@@ -439,7 +421,7 @@ impl Daemon {
                 }
                 Phase::Connecting => return,
                 Phase::Refusing => {
-                    let ok = write_out(&mut c.client, &mut c.to_client);
+                    let ok = write_side(&mut c.client, &mut c.to_client);
                     if ok.is_none() || c.to_client.is_empty() {
                         return self.gate_close(gk);
                     }
@@ -478,7 +460,7 @@ impl Daemon {
             moved |= g.moved;
             c.c_eof |= g.eof;
         }
-        match write_out(up, &mut c.to_up) {
+        match write_side(up, &mut c.to_up) {
             Some(m) => moved |= m,
             None => failed = true,
         }
@@ -491,7 +473,7 @@ impl Daemon {
             moved |= g.moved;
             c.u_eof |= g.eof;
         }
-        match write_out(&mut c.client, &mut c.to_client) {
+        match write_side(&mut c.client, &mut c.to_client) {
             Some(m) => moved |= m,
             None => failed = true,
         }

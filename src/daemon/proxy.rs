@@ -1005,7 +1005,7 @@ fn read_side(
 
 /// Writes what `out` holds to `sock` until it is empty or the socket is full. Whether
 /// bytes went out, or `None` when the socket failed.
-fn write_side(sock: &mut TcpStream, out: &mut Vec<u8>) -> Option<bool> {
+pub(crate) fn write_side(sock: &mut TcpStream, out: &mut Vec<u8>) -> Option<bool> {
     let mut moved = false;
     while !out.is_empty() {
         match sock.write(out) {
