@@ -125,6 +125,7 @@ fn record(rng: &mut Rng, now_ms: u64) -> SessionRecord {
         last_used_ms: now_ms,
         quota_bytes: 512 << 20,
         volume_id: None,
+        network: None,
     }
 }
 

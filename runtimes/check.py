@@ -44,6 +44,7 @@ UID = GID = 65534
 FIELDS = {
     "language": str,
     "aliases": list,
+    "version_forms": list,
     "rootfs": str,
     "version_key": str,
     "compiled": bool,
@@ -70,7 +71,7 @@ def validate(path: Path) -> tuple[dict, list[str]]:
             errs.append(f"{k!r} must be {t.__name__}")
     if errs:
         return d, errs
-    for k in ("aliases", "build", "run", "env"):
+    for k in ("aliases", "version_forms", "build", "run", "env"):
         if not all(isinstance(x, str) for x in d[k]):
             errs.append(f"{k!r} must be an array of strings")
     if d["language"] != path.stem:

@@ -66,6 +66,11 @@ pub struct Descriptor {
     /// Other accepted names.
     #[serde(default)]
     pub aliases: Vec<String>,
+    /// Version strings accepted beside the real one, as written by clients of the seed
+    /// document (`3.14-agent`, `node-26`): `*` stands for one or more digits and dots.
+    /// They select this runtime; the response says the version that actually ran.
+    #[serde(default)]
+    pub version_forms: Vec<String>,
     /// The root filesystem tree under the rootfs dir.
     pub rootfs: String,
     /// Key of the version line in `<rootfs>/.isobox/versions`.
@@ -101,10 +106,35 @@ pub struct Runtime {
 }
 
 impl Runtime {
+    /// Whether a request's `version` selects this runtime: its real version, or one of
+    /// its [`Descriptor::version_forms`].
+    pub fn accepts_version(&self, v: &str) -> bool {
+        self.version.as_deref() == Some(v)
+            || self
+                .desc
+                .version_forms
+                .iter()
+                .any(|f| version_form_matches(f, v))
+    }
+
     /// Installed and self-checked.
     pub fn is_installed(&self) -> bool {
         self.missing.is_none() && self.version.is_some()
     }
+}
+
+/// Whether `v` is of `form`, where `*` stands for one or more digits and dots and every
+/// other character for itself.
+fn version_form_matches(form: &str, v: &str) -> bool {
+    let Some((pre, post)) = form.split_once('*') else {
+        return form == v;
+    };
+    v.len() > pre.len() + post.len()
+        && v.starts_with(pre)
+        && v.ends_with(post)
+        && v[pre.len()..v.len() - post.len()]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b == b'.')
 }
 
 /// All runtimes, with name and alias resolution.
@@ -284,6 +314,22 @@ fn self_check(desc: &Descriptor, rootfs: &Path) -> (Option<String>, Option<Strin
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn version_forms_take_digits_and_dots_only() {
+        use super::version_form_matches as m;
+        assert!(m("*-agent", "3.14-agent"));
+        assert!(m("*-agent", "3-agent"));
+        assert!(!m("*-agent", "-agent"));
+        assert!(!m("*-agent", "3.14x-agent"));
+        assert!(m("node-*", "node-26"));
+        assert!(!m("node-*", "node-"));
+        assert!(!m("node-*", "deno-26"));
+        assert!(m("3-alpine", "3-alpine"));
+        assert!(!m("3-alpine", "3.1-alpine"));
+        assert!(m("3.*", "3.14.5"));
+        assert!(!m("3.*", "2.7"));
+    }
+
     use super::*;
 
     #[test]

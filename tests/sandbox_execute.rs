@@ -79,6 +79,26 @@ fn test_hello_world_in_every_installed_runtime_and_aliases() {
     );
     assert_eq!(r.status, 400);
     assert_eq!(r.json()["error"], "unknown_version");
+    let detail = r.json()["detail"].as_str().unwrap().to_string();
+    assert!(
+        detail.contains(&format!("it has {v}")) && detail.contains("\"3.*\""),
+        "{detail}"
+    );
+    // A client of the seed document sends its version strings ("3.14.5" for
+    // python-slim, "node-26" for javascript): they select the runtime, and the answer
+    // says the version that actually ran.
+    let r = d.execute(
+        json!({"language": PY, "version": "3.14.5", "code": "print(2)", "network": false}),
+    );
+    assert_eq!(
+        (r["run"]["stdout"].as_str(), &r["version"]),
+        (Some("2\n"), &v)
+    );
+    let r = d.post_json(
+        "/execute",
+        &json!({"language": PY, "version": "3.14.5-agent", "code": "print(1)"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
     d.assert_clean();
     d.stop();
 }

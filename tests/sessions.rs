@@ -463,10 +463,6 @@ fn test_tokens_tenants_and_limits() {
         (json!({"runtime": "python", "type": "vm"}), "invalid_json"),
         // Kernels run Python only (tests/kernels.rs has the rest).
         (json!({"runtime": "ruby", "type": "kernel"}), "invalid_json"),
-        (
-            json!({"runtime": "python", "network": true}),
-            "invalid_json",
-        ),
     ] {
         let r = post("key-one", body.clone());
         assert_eq!(r.status, 400, "{body}: {}", r.text());

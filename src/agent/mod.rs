@@ -574,6 +574,8 @@ impl Loop {
             &self.shared.runtimes,
             br#"{"code":""}"#,
             &rec_runtime,
+            // A kernel's network is its own, fixed at create (`kernel_steps`).
+            true,
         ) {
             Ok(p) => p,
             Err(resp) => return Ran::Stop("internal".into(), response_message(&resp)),

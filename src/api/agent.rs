@@ -59,7 +59,22 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
             Some("the server-side agent is off (set ISOBOX_AI_BASE and ISOBOX_AI_MODEL)"),
         ));
     }
-    let body: Body = match super::decode_json(&req.body) {
+    let body: Body = match super::decode_json(
+        &req.body,
+        &[
+            (
+                "messages",
+                "a list of chat messages ({\"role\", \"content\"} objects)",
+            ),
+            (
+                "session",
+                "an object {\"id\", \"token\"} of a kernel session",
+            ),
+            ("session.id", "the session's id, a string"),
+            ("session.token", "the session's token, a string"),
+            ("maxIters", "a whole number of model calls"),
+        ],
+    ) {
         Ok(b) => b,
         Err(resp) => return Action::Respond(resp),
     };

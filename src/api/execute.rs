@@ -85,6 +85,40 @@ impl ExecuteResponse {
     }
 }
 
+/// Words for the body's fields in its 400s (`http::json`).
+const HINTS: crate::http::json::Hints = &[
+    (
+        "language",
+        "a runtime name or alias such as \"python\" (see GET /runtimes)",
+    ),
+    ("version", "a version string (see GET /runtimes)"),
+    ("code", "the program's source text, a string"),
+    (
+        "files",
+        "a list of {\"name\", \"content\", \"encoding\"} objects",
+    ),
+    ("files[]", "an object {\"name\", \"content\", \"encoding\"}"),
+    ("files[].name", "a relative file name, a string"),
+    (
+        "files[].content",
+        "the file's content, a string (utf8, base64 or hex as encoding says)",
+    ),
+    ("files[].encoding", "\"utf8\", \"base64\" or \"hex\""),
+    ("stdin", "a string"),
+    ("args", "a list of strings"),
+    ("args[]", "a string"),
+    (
+        "limits",
+        "an object of limits (memoryBytes, cpus, pids, outputBytes, wallTimeMs)",
+    ),
+    ("limits.memoryBytes", "a number of bytes"),
+    ("limits.cpus", "a number of CPUs (e.g. 0.5)"),
+    ("limits.pids", "a number of processes"),
+    ("limits.outputBytes", "a number of bytes"),
+    ("limits.wallTimeMs", "a number of milliseconds"),
+    ("network", "true or false"),
+];
+
 fn bad(code: &str, detail: impl AsRef<str>) -> Response {
     Response::error(400, code, Some(detail.as_ref()))
 }
@@ -122,7 +156,7 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
 /// # Errors
 /// The 400 response the spec prescribes.
 pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
-    decode_with(runtimes, body, None)
+    decode_with(runtimes, body, None, true)
 }
 
 /// Decodes a session step: the `/execute` body minus `language` (which, if given
@@ -134,17 +168,18 @@ pub fn decode_for_session(
     runtimes: &Runtimes,
     body: &[u8],
     runtime: &str,
+    default_network: bool,
 ) -> Result<ExecPlan, Response> {
-    decode_with(runtimes, body, Some(runtime))
+    decode_with(runtimes, body, Some(runtime), default_network)
 }
 
 fn decode_with(
     runtimes: &Runtimes,
     body: &[u8],
     session_runtime: Option<&str>,
+    default_network: bool,
 ) -> Result<ExecPlan, Response> {
-    // The error names the field at fault (e.g. `limits.wallTimeMs: invalid type: ...`).
-    let b: Body = super::decode_json(body)?;
+    let b: Body = super::decode_json(body, HINTS)?;
     if let Some(fixed) = session_runtime {
         let given = b.language.as_deref().map(str::trim).unwrap_or("");
         if !given.is_empty()
@@ -176,14 +211,18 @@ fn decode_with(
         )
     })?;
     if let Some(v) = b.version.as_deref().filter(|v| !v.is_empty()) {
-        let have = runtime.version.as_deref().unwrap_or("");
-        if v != have {
+        if !runtime.accepts_version(v) {
+            let have = runtime.version.as_deref().unwrap_or("");
+            let mut forms = vec![serde_json::Value::from(have).to_string()];
+            forms.extend(runtime.desc.version_forms.iter().map(|f| format!("{f:?}")));
             return Err(bad(
                 "unknown_version",
                 format!(
-                    "{} has version {}; see GET /runtimes",
+                    "{} is not a version of {}; it has {} (also accepted: {}, where * is digits and dots); see GET /runtimes",
+                    serde_json::Value::from(v),
                     serde_json::Value::from(runtime.desc.language.as_str()),
-                    serde_json::Value::from(have)
+                    forms[0],
+                    if forms.len() > 1 { forms[1..].join(", ") } else { "nothing else".into() },
                 ),
             ));
         }
@@ -261,7 +300,7 @@ fn decode_with(
         stdin: b.stdin.unwrap_or_default().into_bytes(),
         args,
         limits,
-        network_requested: b.network.unwrap_or(true),
+        network_requested: b.network.unwrap_or(default_network),
         allowlist: None,
         code_given,
         preload: None,

@@ -219,26 +219,19 @@ pub struct UploadTarget {
 /// The head-time job of an upload.
 pub type UploadJob = Box<dyn FnOnce() -> Result<Box<UploadTarget>, Response> + Send + 'static>;
 
-/// Decodes a JSON body whole (trailing bytes refused); the 400 `invalid_json` names the
-/// field at fault (e.g. `ttlSec: invalid type: ...`).
+/// Decodes a JSON body that must be an object (`http::json`): the 400 `invalid_json`
+/// says in words what is wrong and names the field by its path (`limits.wallTimeMs
+/// must be a number of milliseconds, not a string`), using `hints` for fields whose
+/// type alone says too little.
 ///
 /// # Errors
 /// The 400 response.
-pub fn decode_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let v: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let detail = if path == "." || path.is_empty() {
-            inner.to_string()
-        } else {
-            format!("{path}: {inner}")
-        };
-        Response::error(400, "invalid_json", Some(&detail))
-    })?;
-    de.end()
-        .map_err(|e| Response::error(400, "invalid_json", Some(&e.to_string())))?;
-    Ok(v)
+pub fn decode_json<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    hints: crate::http::json::Hints,
+) -> Result<T, Response> {
+    crate::http::json::decode(body, hints, false)
+        .map_err(|why| Response::error(400, "invalid_json", Some(&why)))
 }
 
 /// The row of [`routes::ROUTES`] for a head, and the path's parameters (resolved

@@ -44,6 +44,18 @@ struct CreateBody {
     network: Option<bool>,
 }
 
+/// Words for the create body's fields in its 400s (`http::json`).
+const CREATE_HINTS: crate::http::json::Hints = &[
+    (
+        "runtime",
+        "a runtime name or alias such as \"python\" (see GET /runtimes)",
+    ),
+    ("ttlSec", "a whole number of seconds"),
+    ("type", "\"filesystem\" or \"kernel\""),
+    ("volumeId", "a volume id (from POST /v1/volumes), a string"),
+    ("network", "true or false"),
+];
+
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct CreatedBody<'a> {
@@ -72,7 +84,7 @@ fn token(head: &Head) -> Option<String> {
 
 /// `POST /v1/sessions`.
 pub fn create(app: &mut App, req: &Request) -> Action {
-    let b: CreateBody = match super::decode_json(&req.body) {
+    let b: CreateBody = match super::decode_json(&req.body, CREATE_HINTS) {
         Ok(b) => b,
         Err(r) => return Action::Respond(r),
     };
@@ -90,13 +102,6 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             ))
         }
     };
-    if b.network.is_some() && !kernel {
-        return Action::Respond(Response::error(
-            400,
-            "invalid_json",
-            Some("network: fixed at create for kernel sessions only; a filesystem session's steps each give their own"),
-        ));
-    }
     if let Some(v) = &b.volume_id {
         if !workspace::valid_id(v) {
             return Action::Respond(Response::error(404, "volume_not_found", None));
@@ -169,9 +174,10 @@ pub fn create(app: &mut App, req: &Request) -> Action {
     let sessions = sessions(app);
     let tenant = req.tenant.clone();
     let volume_id = b.volume_id;
+    let network = b.network;
     let kind = if kernel { "kernel" } else { "filesystem" };
     Action::Job(Box::new(move || {
-        let c = match sessions.create(&tenant, &language, ttl, volume_id, kind) {
+        let c = match sessions.create(&tenant, &language, ttl, volume_id, kind, network) {
             Ok(c) => c,
             Err(e) if kernel_plan.is_some() => {
                 return Outcome::KernelCreated(Err(session_error(&e)))
@@ -267,7 +273,12 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             Ok(r) => r,
             Err(e) => return Outcome::Respond(session_error(&e)),
         };
-        let mut plan = match super::execute::decode_for_session(&runtimes, &body, &rec.runtime) {
+        let mut plan = match super::execute::decode_for_session(
+            &runtimes,
+            &body,
+            &rec.runtime,
+            rec.network.unwrap_or(true),
+        ) {
             Ok(p) => p,
             Err(resp) => return Outcome::Respond(resp),
         };

@@ -44,7 +44,10 @@ pub fn collection(app: &mut App, req: &Request) -> Action {
     let sessions = Arc::clone(&app.sessions);
     let tenant = req.tenant.clone();
     if req.head.method == "POST" {
-        let b: CreateBody = match super::decode_json(&req.body) {
+        let b: CreateBody = match super::decode_json(
+            &req.body,
+            &[("name", "a name, a string of 1 to 128 bytes")],
+        ) {
             Ok(b) => b,
             Err(r) => return Action::Respond(r),
         };

@@ -375,6 +375,7 @@ impl Daemon {
             truncated: run.out.iter().any(|c| c.truncated),
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             network,
+            limits: run.plan.limits,
         };
         self.run_deliver(run, result, compile);
     }

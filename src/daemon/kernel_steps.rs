@@ -85,6 +85,10 @@ impl Daemon {
             }
         }
         plan.network_requested = k.plan.network_requested;
+        // The kernel's cgroup caps the step: say so in `run.limits`.
+        plan.limits.memory_bytes = k.plan.limits.memory_bytes;
+        plan.limits.cpus = k.plan.limits.cpus;
+        plan.limits.pids = k.plan.limits.pids;
         k.step_artifacts = 0;
         if let Some(l) = &k.plan.workspace {
             l.touch();
@@ -306,6 +310,7 @@ impl Daemon {
             truncated: truncated || run.artifacts_truncated || run.out.iter().any(|c| c.truncated),
             duration_ms: u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
             network: run.kernel_network,
+            limits: run.plan.limits,
         };
         self.run_deliver(run, result, None);
     }

@@ -4,6 +4,7 @@
 
 pub mod chunked;
 pub mod conn;
+pub mod json;
 pub mod lazy;
 pub mod limits;
 pub mod parse;

@@ -83,6 +83,9 @@ pub struct RunResult {
     pub duration_ms: u64,
     /// Whether filtered egress was actually applied.
     pub network: bool,
+    /// The limits the run actually had, after clamping the request's into their
+    /// bounds (a kernel step: the kernel's memory, CPUs and processes).
+    pub limits: Limits,
 }
 
 /// One rich output of a kernel step.

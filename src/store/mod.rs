@@ -55,6 +55,10 @@ pub struct SessionRecord {
     /// The volume it holds read-write at `/memory`, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_id: Option<String>,
+    /// Network of its steps when a step does not say (`network` at create); absent:
+    /// on, as for `/execute`. A kernel session's is fixed for the kernel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
 }
 
 impl SessionRecord {
@@ -242,6 +246,7 @@ mod tests {
             last_used_ms: 1000,
             quota_bytes: 1 << 20,
             volume_id: None,
+            network: None,
         }
     }
 

@@ -237,19 +237,8 @@ pub(super) struct Fields(pub(super) serde_json::Map<String, serde_json::Value>);
 
 impl Fields {
     pub(super) fn of(req: &Request, known: &[&str]) -> Result<Fields, Response> {
-        let b: &[u8] = if req.body.iter().all(u8::is_ascii_whitespace) {
-            b"{}"
-        } else {
-            &req.body
-        };
-        let v: serde_json::Value = serde_json::from_slice(b)
-            .map_err(|e| error(400, &format!("invalid request body: not valid JSON ({e})")))?;
-        let serde_json::Value::Object(map) = v else {
-            return Err(error(
-                400,
-                "invalid request body: the body must be a JSON object",
-            ));
-        };
+        let map = crate::http::json::parse_object(&req.body, true)
+            .map_err(|why| error(400, &format!("invalid request body: {why}")))?;
         if let Some(k) = map.keys().find(|k| !known.contains(&k.as_str())) {
             return Err(error(
                 400,

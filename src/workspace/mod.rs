@@ -374,6 +374,7 @@ impl Sessions {
         ttl_sec: u64,
         volume_id: Option<String>,
         kind: &str,
+        network: Option<bool>,
     ) -> Result<Created, SessionError> {
         let _g = self.create_guard()?;
         let count = self.store.session_count()?;
@@ -451,6 +452,7 @@ impl Sessions {
             last_used_ms: now,
             quota_bytes: quota,
             volume_id,
+            network,
         };
         match self.store.insert_session_holding(&id, &record) {
             Ok(true) => {}
