@@ -216,6 +216,19 @@ struct Args {
     /// session's TTL)
     #[arg(long, env = "ISOBOX_KERNEL_IDLE_SEC", default_value = "1800", value_parser = Value(parsed::<u64>))]
     kernel_idle_sec: u64,
+    /// live kernels one client address may hold (default: half of ISOBOX_KERNELS_MAX,
+    /// rounded up)
+    #[arg(long, env = "ISOBOX_KERNELS_PER_CLIENT", default_value = "", hide_default_value = true, value_parser = Value(optional::<usize>))]
+    kernels_per_client: std::option::Option<usize>,
+    /// live kernels one API key may hold, from any address (default: half of
+    /// ISOBOX_KERNELS_MAX, rounded up; without keys everyone is one tenant and only the
+    /// per-client cap applies)
+    #[arg(long, env = "ISOBOX_KERNELS_PER_TENANT", default_value = "", hide_default_value = true, value_parser = Value(optional::<usize>))]
+    kernels_per_tenant: std::option::Option<usize>,
+    /// when every kernel slot is taken, the kernel idle longest is ended to make room for
+    /// a new one, if it has been idle at least this long
+    #[arg(long, env = "ISOBOX_KERNEL_EVICT_IDLE_SEC", default_value = "120", value_parser = Value(parsed::<u64>))]
+    kernel_evict_idle_sec: u64,
     /// OpenAI-compatible endpoint of the server-side agent, e.g. https://api.openai.com/v1
     /// (POST {base}/chat/completions); unset: /v1/agent is off
     #[arg(long, env = "ISOBOX_AI_BASE", default_value = "", hide_default_value = true, value_parser = Value(ai_base))]
@@ -341,6 +354,12 @@ pub struct Config {
     pub warm_pool: Vec<(String, usize)>,
     /// Idle time after which a kernel is ended.
     pub kernel_idle_sec: u64,
+    /// Live kernels one client address may hold.
+    pub kernels_per_client: usize,
+    /// Live kernels one tenant (API key) may hold.
+    pub kernels_per_tenant: usize,
+    /// Idle time after which a kernel may be ended to make room when the pool is full.
+    pub kernel_evict_idle_sec: u64,
     /// The server-side agent.
     pub ai: AiConfig,
     /// The WBX face's per-tenant limits.
@@ -482,6 +501,9 @@ impl Config {
             kernels_max: a.kernels_max,
             warm_pool: a.warm_pool,
             kernel_idle_sec: a.kernel_idle_sec,
+            kernels_per_client: a.kernels_per_client.unwrap_or(a.kernels_max.div_ceil(2)),
+            kernels_per_tenant: a.kernels_per_tenant.unwrap_or(a.kernels_max.div_ceil(2)),
+            kernel_evict_idle_sec: a.kernel_evict_idle_sec,
             ai: AiConfig {
                 base: a.ai_base,
                 key: a.ai_key,
@@ -659,6 +681,25 @@ impl Config {
             return Err(invalid(
                 "ISOBOX_KERNEL_IDLE_SEC",
                 &self.kernel_idle_sec.to_string(),
+                "between 1 and 604800",
+            ));
+        }
+        for (name, v) in [
+            ("ISOBOX_KERNELS_PER_CLIENT", self.kernels_per_client),
+            ("ISOBOX_KERNELS_PER_TENANT", self.kernels_per_tenant),
+        ] {
+            if self.kernels_max > 0 && !(1..=self.kernels_max).contains(&v) {
+                return Err(invalid(
+                    name,
+                    &v.to_string(),
+                    "between 1 and ISOBOX_KERNELS_MAX",
+                ));
+            }
+        }
+        if !(1..=7 * 86_400).contains(&self.kernel_evict_idle_sec) {
+            return Err(invalid(
+                "ISOBOX_KERNEL_EVICT_IDLE_SEC",
+                &self.kernel_evict_idle_sec.to_string(),
                 "between 1 and 604800",
             ));
         }
@@ -1139,6 +1180,9 @@ mod tests {
         ("--warm-pool", "ISOBOX_WARM_POOL"),
         ("--kernels-max", "ISOBOX_KERNELS_MAX"),
         ("--kernel-idle-sec", "ISOBOX_KERNEL_IDLE_SEC"),
+        ("--kernels-per-client", "ISOBOX_KERNELS_PER_CLIENT"),
+        ("--kernels-per-tenant", "ISOBOX_KERNELS_PER_TENANT"),
+        ("--kernel-evict-idle-sec", "ISOBOX_KERNEL_EVICT_IDLE_SEC"),
         ("--ai-base", "ISOBOX_AI_BASE"),
         ("--ai-key", "ISOBOX_AI_KEY"),
         ("--ai-model", "ISOBOX_AI_MODEL"),

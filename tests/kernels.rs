@@ -509,6 +509,81 @@ fn test_pool_cap_idle_reaping_and_disabled() {
     d.stop();
 }
 
+/// A kernel create from client address `ip` (behind the trusted loopback proxy).
+fn create_from(d: &Daemon, ip: &str) -> common::Resp {
+    d.request(
+        "POST",
+        "/v1/sessions",
+        &[("X-Forwarded-For", ip)],
+        json!({"runtime": "python", "type": "kernel", "network": false})
+            .to_string()
+            .as_bytes(),
+    )
+}
+
+#[test]
+fn test_kernels_cannot_be_hoarded() {
+    // Two slots, one per client; a kernel idle 2 s makes room when the pool is full.
+    let d = Daemon::start_with(&[
+        ("ISOBOX_KERNELS_MAX", "2"),
+        ("ISOBOX_KERNEL_EVICT_IDLE_SEC", "2"),
+        ("ISOBOX_TRUSTED_PROXIES", "127.0.0.1/32"),
+    ]);
+    d.wait_ready();
+    let r = create_from(&d, "198.51.100.1");
+    assert_eq!(r.status, 201, "{}", r.text());
+    let a = Session::from_created(r.json());
+    // Client 1's second kernel is over its share, though a slot is free.
+    let r = create_from(&d, "198.51.100.1");
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"], "too_many_kernels");
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("ISOBOX_KERNELS_PER_CLIENT"),
+        "{}",
+        r.text()
+    );
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(kernels_used(&d), 1);
+    let r = create_from(&d, "198.51.100.2");
+    assert_eq!(r.status, 201, "{}", r.text());
+    let b = Session::from_created(r.json());
+    // Full, and nobody idle for 2 s yet: a third client waits.
+    let r = create_from(&d, "198.51.100.3");
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.json()["error"], "too_many_kernels");
+    // a stays idle; b keeps working. Past 2 s the longest idle (a) makes room.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(2300) {
+        assert_eq!(b.step(&d, "print(1)")["run"]["stdout"], "1\n");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let r = create_from(&d, "198.51.100.3");
+    assert_eq!(r.status, 201, "{}", r.text());
+    let c = Session::from_created(r.json());
+    assert_eq!(c.step(&d, "print('c')")["run"]["stdout"], "c\n");
+    assert_eq!(b.step(&d, "print('b')")["run"]["stdout"], "b\n");
+    let r = a.exec(&d, &json!({"code": "1"}));
+    assert_eq!(r.status, 410, "{}", r.text());
+    assert_eq!(r.json()["error"], "kernel_dead");
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("to make room"),
+        "{}",
+        r.text()
+    );
+    wait_kernels_used(&d, 2);
+    for s in [&a, &b, &c] {
+        assert_eq!(s.delete(&d).status, 204);
+    }
+    d.assert_clean();
+    d.stop();
+}
+
 #[test]
 fn test_streaming_user_site_volume_and_restart() {
     let mut d = Daemon::start();
@@ -582,7 +657,10 @@ fn test_streaming_user_site_volume_and_restart() {
 
 #[test]
 fn test_writing_to_the_harness_channel_ends_only_that_kernel() {
-    let d = Daemon::start_with(&[("ISOBOX_KERNELS_MAX", "3")]);
+    let d = Daemon::start_with(&[
+        ("ISOBOX_KERNELS_MAX", "3"),
+        ("ISOBOX_KERNELS_PER_CLIENT", "3"),
+    ]);
     d.wait_ready();
     // The channel is a socket among the kernel's fds; code that finds it and writes to
     // it breaks the protocol: its own kernel is ended, nothing else.

@@ -11,7 +11,7 @@ pub mod keys;
 pub mod ratelimit;
 pub mod slots;
 
-pub use slots::Slots;
+pub use slots::{KernelAdmission, KernelSlots, Slots};
 
 use crate::http::{Head, Response};
 use keys::Key;

@@ -74,7 +74,7 @@ pub struct App {
     pub egress: Arc<crate::netfilter::Egress>,
     /// Kernel slots: held by every kernel running, starting, or reserved by a create
     /// in progress.
-    pub kernels: crate::admission::Slots,
+    pub kernels: crate::admission::KernelSlots,
     /// The warm pool's figures (`None`: no pool), kept current by the reactor.
     pub warm: Option<WarmFigures>,
     /// The WBX face's pool of ready long-lived sandboxes (`None`: none configured).
@@ -190,6 +190,8 @@ pub struct KernelCreated {
     pub plan: Box<crate::sandbox::plan::ExecPlan>,
     /// The session's TTL: a kernel idle that long ends sooner than the kernel idle limit.
     pub ttl_sec: u64,
+    /// The tenant that made it (its kernel counts against the tenant's share).
+    pub tenant: String,
 }
 
 /// A response body streamed from a transfer thread.

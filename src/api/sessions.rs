@@ -150,8 +150,15 @@ pub fn create(app: &mut App, req: &Request) -> Action {
                 )),
             ));
         }
-        if let Some(refusal) = app.kernels.refusal(app.shutting_down) {
-            return Action::Respond(refusal);
+        // Asked early to spare the pool a session that could not get a kernel; the
+        // daemon asks again, with the client's address, where it takes the slot.
+        if let crate::admission::KernelAdmission::Refused(r) = app.kernels.admit(
+            &req.tenant,
+            None,
+            app.shutting_down,
+            std::time::Instant::now(),
+        ) {
+            return Action::Respond(r);
         }
         Some(Box::new(crate::sandbox::plan::ExecPlan {
             runtime: rt.clone(),
@@ -215,6 +222,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
                     response: resp,
                     plan,
                     ttl_sec: c.record.ttl_sec,
+                    tenant,
                 })))
             }
             Err(e) => {

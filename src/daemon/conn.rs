@@ -204,6 +204,9 @@ pub struct Client {
     pub(crate) token: Token,
     pub(crate) serial: u64,
     pub(crate) peer: SocketAddr,
+    /// The address the current request is accounted to (the peer, or the client
+    /// behind a trusted proxy), as the rate limiter keys it.
+    pub(crate) client: std::net::IpAddr,
     pub(crate) http: HttpConn,
     pub(crate) timer_gen: u64,
     /// The current deadline (head, body, idle or write stall).
@@ -305,6 +308,7 @@ impl Daemon {
             token,
             serial: self.conn_serial,
             peer,
+            client: crate::admission::ratelimit::client_key(peer.ip()),
             http: HttpConn::new(now),
             timer_gen: 0,
             deadline: now,
@@ -503,6 +507,7 @@ impl Daemon {
                 return;
             }
         };
+        c.client = crate::admission::ratelimit::client_key(self.admission.client_ip(&head, peer));
         if let Routed::Isobox(Spec {
             handler: Handler::Upload,
             ..

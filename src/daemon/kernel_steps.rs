@@ -176,6 +176,7 @@ impl Daemon {
         }
         if let Some(k) = self.kernels.get_mut(kk) {
             k.state = KState::Busy(rk);
+            self.app.kernels.busy(k.serial);
         }
         self.app.runs.take();
         self.run_attach(rk);
@@ -227,6 +228,7 @@ impl Daemon {
                 self.kernel_take_pipes(kk, rk);
                 if let Some(k) = self.kernels.get_mut(kk) {
                     k.state = KState::Idle;
+                    self.app.kernels.idle(k.serial, k.last_used);
                 }
                 self.run_refuse(rk, resp);
             }
@@ -273,6 +275,7 @@ impl Daemon {
         }
         k.state = KState::Idle;
         k.last_used = Instant::now();
+        self.app.kernels.idle(k.serial, k.last_used);
         if let Some(l) = &k.plan.workspace {
             l.touch();
         }

@@ -149,23 +149,35 @@ impl Daemon {
                 return;
             }
         };
-        let refusal = if let Some(r) = self.app.kernels.refusal(self.app.shutting_down) {
-            Some(r)
-        } else if !self.conn_waiting(ck, cserial, false) {
-            // The creator left: nobody has the token, so no kernel; the session goes.
-            Some(Response::error(503, "client_closed", None))
-        } else {
-            None
+        let client = self.conns.get(ck).map(|c| c.client);
+        let admission = self.app.kernels.admit(
+            &created.tenant,
+            client,
+            self.app.shutting_down,
+            Instant::now(),
+        );
+        let (refusal, evict) = match admission {
+            crate::admission::KernelAdmission::Refused(r) => (Some(r), None),
+            crate::admission::KernelAdmission::Evict(old) => (None, Some(old)),
+            crate::admission::KernelAdmission::Free => (None, None),
         };
+        // The creator left: nobody has the token, so no kernel; the session goes.
+        let refusal = refusal.or_else(|| {
+            (!self.conn_waiting(ck, cserial, false))
+                .then(|| Response::error(503, "client_closed", None))
+        });
         if let Some(resp) = refusal {
             // Nobody got the token: the session goes again, then the answer.
             let KernelCreated { session, plan, .. } = created;
             self.delete_session_job(&session, plan, Some((ck, cserial)), Some(resp));
             return;
         }
-        self.app.kernels.take();
+        if let Some(old) = evict {
+            self.kernel_evict(old);
+        }
         self.kernel_serial += 1;
         let serial = self.kernel_serial;
+        self.app.kernels.take(serial, &created.tenant, client);
         let id = format!("{}-{:x}-k{serial}", self.cfg.instance, std::process::id());
         let idle = Duration::from_secs(self.cfg.kernel_idle_sec.min(created.ttl_sec.max(1)));
         let plan_for_job = created.plan.clone();
@@ -447,6 +459,7 @@ impl Daemon {
         };
         k.state = KState::Idle;
         k.last_used = Instant::now();
+        self.app.kernels.idle(k.serial, k.last_used);
         k.timer_gen = gen;
         let at = k.last_used + k.idle_limit;
         let (serial, create) = (k.serial, k.create.take());
@@ -598,7 +611,7 @@ impl Daemon {
         let Some(mut k) = self.kernels.try_remove(kk) else {
             return;
         };
-        self.app.kernels.give_back();
+        self.app.kernels.give_back(k.serial);
         let mut release = Vec::new();
         if let Some((mut ctl, t)) = k.ctl.take() {
             let _ = self.reactor.registry().deregister(&mut ctl);
@@ -756,6 +769,27 @@ impl Daemon {
             }
             KState::Spawning => {}
         }
+    }
+
+    /// Ends the idle kernel `serial` to make room in a full pool: its slot is free at
+    /// once (its cgroup is being killed), and its session's next step is told why.
+    fn kernel_evict(&mut self, serial: u64) {
+        let Some(kk) = self
+            .kernels
+            .iter()
+            .find(|(_, k)| k.serial == serial)
+            .map(|(kk, _)| kk)
+        else {
+            return;
+        };
+        self.app.kernels.give_back(serial);
+        let idle = self.kernels[kk].last_used.elapsed().as_secs();
+        log::info!("kernel={kk} evicted after {idle} s idle: the kernel pool was full");
+        self.kernel_kill(
+            kk,
+            serial,
+            &format!("ended after {idle} s idle to make room: every kernel slot was taken and this kernel had been idle longest"),
+        );
     }
 
     /// Ends every kernel not running a step.

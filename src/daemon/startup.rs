@@ -304,7 +304,12 @@ impl Daemon {
             process_figures: (crate::sys::open_fd_count(), crate::sys::rss_bytes()),
             sessions,
             egress: Arc::clone(&egress),
-            kernels: Slots::new(SlotKind::Kernel, cfg.kernels_max),
+            kernels: crate::admission::KernelSlots::new(
+                cfg.kernels_max,
+                cfg.kernels_per_client,
+                cfg.kernels_per_tenant,
+                std::time::Duration::from_secs(cfg.kernel_evict_idle_sec),
+            ),
             warm: None,
             wbx_warm: None,
         };
