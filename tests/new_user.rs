@@ -144,3 +144,22 @@ fn test_seed_clients_network_at_create_and_applied_limits() {
     d.assert_clean();
     d.stop();
 }
+
+#[test]
+fn test_a_flood_of_malformed_requests_cannot_flood_the_log() {
+    let d = Daemon::start();
+    for _ in 0..100 {
+        let rs = common::raw_exchange(d.addr, b"GARBAGE\r\n\r\n");
+        assert_eq!(rs.len(), 1);
+        assert_eq!(rs[0].status, 400);
+    }
+    // One client causes at most 5 limited lines per 10-second window (the flood may
+    // straddle two windows); the rest are counted, not written.
+    let lines = d.log().matches("bad request").count();
+    assert!((1..=10).contains(&lines), "{lines} lines:\n{}", d.log());
+    let h = d.get("/healthz").json();
+    let suppressed = h["counters"]["logLinesSuppressed"].as_u64().unwrap();
+    assert!(suppressed >= 90, "{h}");
+    assert_eq!(d.get("/healthz").status, 200);
+    d.stop();
+}

@@ -34,6 +34,8 @@ struct CountersView<'a> {
     runs: &'a super::Counters,
     /// Requests refused for lack of a slot.
     capacity_rejections: u64,
+    /// Log lines the per-call-site and per-client limiters dropped (`log.rs`).
+    log_lines_suppressed: u64,
 }
 
 #[derive(Serialize)]
@@ -64,6 +66,7 @@ pub fn healthz(app: &App) -> Response {
             counters: CountersView {
                 runs: &app.counters,
                 capacity_rejections: app.runs.rejections(),
+                log_lines_suppressed: crate::log::suppressed(),
             },
             open_fds: app.process_figures.0,
             rss_bytes: app.process_figures.1,

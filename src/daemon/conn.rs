@@ -283,7 +283,7 @@ impl Daemon {
                 .with_header("Retry-After", "1")
                 .write_to(&mut out, false, false);
             let _ = stream.write(&out);
-            crate::warn_limited!("conn refused peer={peer} reason={reason}");
+            crate::warn_limited!(client = peer.ip(); "conn refused peer={peer} reason={reason}");
             return;
         }
         self.conn_serial += 1;
@@ -454,7 +454,7 @@ impl Daemon {
                     }
                     HeadStep::Refused { err } => {
                         if let Some(e) = err {
-                            crate::warn_limited!("conn={ck} peer={} bad request: {e}", c.peer);
+                            crate::warn_limited!(client = c.peer.ip(); "conn={ck} peer={} bad request: {e}", c.peer);
                         }
                         // The refusal gets the idle deadline to be read, as any response.
                         self.arm_idle(ck);
@@ -855,15 +855,15 @@ impl Daemon {
             Expired::Rearm(after) => self.arm_conn(ck, after),
             Expired::Close => self.close_conn(ck),
             Expired::HeadTimeout => {
-                crate::warn_limited!("conn={ck} peer={peer} request head not complete in time");
+                crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} request head not complete in time");
                 self.close_conn(ck);
             }
             Expired::Stalled => {
-                crate::warn_limited!("conn={ck} peer={peer} stopped reading; dropping");
+                crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} stopped reading; dropping");
                 self.close_conn(ck);
             }
             Expired::BodyTimeout => {
-                crate::warn_limited!("conn={ck} peer={peer} request body stalled");
+                crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} request body stalled");
                 self.take_upload(ck);
                 self.respond_and_close(
                     ck,

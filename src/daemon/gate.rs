@@ -275,7 +275,7 @@ impl Daemon {
         let ip = *p4.ip();
         let egress = Arc::clone(&self.app.egress);
         let Some(view) = egress.lease_of(ip) else {
-            crate::warn_limited!("gate: refused {peer}: no sandbox has that address");
+            crate::warn_limited!(client = peer.ip(); "gate: refused {peer}: no sandbox has that address");
             return;
         };
         let Some(policy) = view.policy else {
@@ -289,7 +289,7 @@ impl Daemon {
         }
         let n = self.gate.per_sandbox.get(&ip).copied().unwrap_or(0);
         if n >= self.cfg.egress.max_conns as usize || self.gate.conns.len() >= MAX_CONNS {
-            crate::warn_limited!("gate: refused {peer}: too many connections");
+            crate::warn_limited!(client = peer.ip(); "gate: refused {peer}: too many connections");
             return;
         }
         let _ = s.set_nodelay(true);
