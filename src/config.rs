@@ -61,241 +61,241 @@ pub enum ConfigError {
 )]
 struct Args {
     /// address to listen on (port 0 picks a free one)
-    #[arg(long, env = "ISOBOX_LISTEN", default_value = "127.0.0.1:8090", value_parser = Value(parsed::<SocketAddr>))]
+    #[arg(long, env = "ISOBOX_LISTEN", help_heading = "Server", default_value = "127.0.0.1:8090", value_parser = Value(parsed::<SocketAddr>))]
     listen: SocketAddr,
     /// state directory (runs, LMDB, workspaces)
-    #[arg(long, env = "ISOBOX_DATA_DIR", default_value = "/var/lib/isobox", value_parser = Value(path))]
+    #[arg(long, env = "ISOBOX_DATA_DIR", help_heading = "Server", default_value = "/var/lib/isobox", value_parser = Value(path))]
     data_dir: PathBuf,
     /// where `make runtimes` builds the runtimes' root filesystems
-    #[arg(long, env = "ISOBOX_ROOTFS_DIR", default_value = "/var/lib/isobox/rootfs", value_parser = Value(path))]
+    #[arg(long, env = "ISOBOX_ROOTFS_DIR", help_heading = "Sandboxes and runtimes", default_value = "/var/lib/isobox/rootfs", value_parser = Value(path))]
     rootfs_dir: PathBuf,
     /// directory of runtime descriptors (*.toml); default: the ones built into the binary
-    #[arg(long, env = "ISOBOX_RUNTIMES_DIR", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
+    #[arg(long, env = "ISOBOX_RUNTIMES_DIR", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
     runtimes_dir: std::option::Option<PathBuf>,
     /// name for this daemon's cgroups, runsc root and containers; must start with `isobox`
-    #[arg(long, env = "ISOBOX_INSTANCE", default_value = "isobox", value_parser = Value(text))]
+    #[arg(long, env = "ISOBOX_INSTANCE", help_heading = "Server", default_value = "isobox", value_parser = Value(text))]
     instance: String,
     /// path of the runsc binary
-    #[arg(long, env = "ISOBOX_RUNSC", default_value = "/usr/bin/runsc", value_parser = Value(path))]
+    #[arg(long, env = "ISOBOX_RUNSC", help_heading = "Sandboxes and runtimes", default_value = "/usr/bin/runsc", value_parser = Value(path))]
     runsc: PathBuf,
     /// gVisor platform (ptrace works everywhere; kvm needs /dev/kvm)
-    #[arg(long, env = "ISOBOX_PLATFORM", default_value = "ptrace", value_parser = Value(text))]
+    #[arg(long, env = "ISOBOX_PLATFORM", help_heading = "Sandboxes and runtimes", default_value = "ptrace", value_parser = Value(text))]
     platform: String,
     /// log level: error, warn, info, debug, trace
-    #[arg(long, env = "ISOBOX_LOG", default_value = "info", value_parser = Value(text))]
+    #[arg(long, env = "ISOBOX_LOG", help_heading = "Server", default_value = "info", value_parser = Value(text))]
     log: String,
     /// worker threads for blocking work
-    #[arg(long, env = "ISOBOX_WORKERS", default_value = "4", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_WORKERS", help_heading = "Server", default_value = "4", value_parser = Value(parsed::<usize>))]
     workers: usize,
     /// open connections beyond this are answered 503 and closed
-    #[arg(long, env = "ISOBOX_MAX_CONNECTIONS", default_value = "1024", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_MAX_CONNECTIONS", help_heading = "Connections", default_value = "1024", value_parser = Value(parsed::<usize>))]
     max_connections: usize,
     /// open connections from one address (IPv6: one /64) beyond this are answered 503 and closed
-    #[arg(long, env = "ISOBOX_MAX_CONNECTIONS_PER_IP", default_value = "256", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_MAX_CONNECTIONS_PER_IP", help_heading = "Connections", default_value = "256", value_parser = Value(parsed::<usize>))]
     max_connections_per_ip: usize,
     /// an idle keep-alive connection is closed after this
-    #[arg(long, env = "ISOBOX_IDLE_TIMEOUT_MS", default_value = "60000", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_IDLE_TIMEOUT_MS", help_heading = "Connections", default_value = "60000", value_parser = Value(parsed::<u64>))]
     idle_timeout_ms: u64,
     /// a request head must arrive within this (slowloris guard)
-    #[arg(long, env = "ISOBOX_HEAD_TIMEOUT_MS", default_value = "10000", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_HEAD_TIMEOUT_MS", help_heading = "Connections", default_value = "10000", value_parser = Value(parsed::<u64>))]
     head_timeout_ms: u64,
     /// executions at once; the next gets 429 capacity
-    #[arg(long, env = "ISOBOX_MAX_CONCURRENT", default_value = "4", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_MAX_CONCURRENT", help_heading = "Sandboxes and runtimes", default_value = "4", value_parser = Value(parsed::<usize>))]
     max_concurrent: usize,
     /// memory cap of the protective cgroup slice holding every sandbox (default: half of
     /// host memory)
-    #[arg(long, env = "ISOBOX_SLICE_MEMORY_BYTES", default_value = "", hide_default_value = true, value_parser = Value(optional::<u64>))]
+    #[arg(long, env = "ISOBOX_SLICE_MEMORY_BYTES", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional::<u64>))]
     slice_memory_bytes: std::option::Option<u64>,
     /// time limit of the build step of compiled runtimes (go, rust, typescript)
-    #[arg(long, env = "ISOBOX_COMPILE_TIMEOUT_MS", default_value = "30000", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_COMPILE_TIMEOUT_MS", help_heading = "Sandboxes and runtimes", default_value = "30000", value_parser = Value(parsed::<u64>))]
     compile_timeout_ms: u64,
     /// interval of `: keep-alive` comments on silent SSE streams
-    #[arg(long, env = "ISOBOX_SSE_KEEPALIVE_MS", default_value = "10000", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_SSE_KEEPALIVE_MS", help_heading = "Connections", default_value = "10000", value_parser = Value(parsed::<u64>))]
     sse_keepalive_ms: u64,
     /// 0: do not confine the reactor thread with its seccomp allowlist (for debugging
     /// only; the sandboxes are confined either way)
-    #[arg(long, env = "ISOBOX_SECCOMP", default_value = "1", value_parser = Value(zero_one))]
+    #[arg(long, env = "ISOBOX_SECCOMP", help_heading = "Server", value_name = "0|1", default_value = "1", value_parser = Value(zero_one))]
     seccomp: std::primitive::bool,
     /// comma-separated API keys; with keys, requests need X-API-Key or Authorization:
     /// Bearer (default: none, an open API)
-    #[arg(long, env = "ISOBOX_API_KEYS", default_value = "", hide_default_value = true, value_parser = Value(secret))]
+    #[arg(long, env = "ISOBOX_API_KEYS", help_heading = "API keys and rate limits", default_value = "", hide_default_value = true, value_parser = Value(secret))]
     api_keys: std::option::Option<Secret>,
     /// file with one API key per line, re-read on SIGHUP (default: none)
-    #[arg(long, env = "ISOBOX_API_KEYS_FILE", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
+    #[arg(long, env = "ISOBOX_API_KEYS_FILE", help_heading = "API keys and rate limits", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
     api_keys_file: std::option::Option<PathBuf>,
     /// 1: refuse to start without API keys; keys required everywhere even with
     /// --memory-require-key
-    #[arg(long, env = "ISOBOX_REQUIRE_AUTH", default_value = "0", value_parser = Value(zero_one))]
+    #[arg(long, env = "ISOBOX_REQUIRE_AUTH", help_heading = "API keys and rate limits", value_name = "0|1", default_value = "0", value_parser = Value(zero_one))]
     require_auth: std::primitive::bool,
     /// 1: with keys, require them only on /v1/memory, /v1/volumes and POST /v1/agent (the
     /// public demo's setup)
-    #[arg(long, env = "ISOBOX_MEMORY_REQUIRE_KEY", default_value = "0", value_parser = Value(zero_one))]
+    #[arg(long, env = "ISOBOX_MEMORY_REQUIRE_KEY", help_heading = "API keys and rate limits", value_name = "0|1", default_value = "0", value_parser = Value(zero_one))]
     memory_require_key: std::primitive::bool,
     /// per-client /execute requests per minute (token bucket refill)
-    #[arg(long, env = "ISOBOX_RATE_PER_MIN", default_value = "30", value_parser = Value(parsed::<u32>))]
+    #[arg(long, env = "ISOBOX_RATE_PER_MIN", help_heading = "API keys and rate limits", default_value = "30", value_parser = Value(parsed::<u32>))]
     rate_per_min: u32,
     /// per-client token bucket size
-    #[arg(long, env = "ISOBOX_RATE_BURST", default_value = "10", value_parser = Value(parsed::<u32>))]
+    #[arg(long, env = "ISOBOX_RATE_BURST", help_heading = "API keys and rate limits", default_value = "10", value_parser = Value(parsed::<u32>))]
     rate_burst: u32,
     /// comma-separated CIDRs whose X-Forwarded-For is believed (default: none)
-    #[arg(long, env = "ISOBOX_TRUSTED_PROXIES", default_value = "", hide_default_value = true, value_parser = Value(proxies))]
+    #[arg(long, env = "ISOBOX_TRUSTED_PROXIES", help_heading = "API keys and rate limits", default_value = "", hide_default_value = true, value_parser = Value(proxies))]
     trusted_proxies: std::vec::Vec<crate::admission::Cidr>,
     /// disk quota of each session's /workspace (its own filesystem)
-    #[arg(long, env = "ISOBOX_SESSION_QUOTA_BYTES", default_value = "536870912", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_SESSION_QUOTA_BYTES", help_heading = "Sessions, volumes and storage", default_value = "536870912", value_parser = Value(parsed::<u64>))]
     session_quota_bytes: u64,
     /// sessions that may exist at once (429 too_many_sessions above)
-    #[arg(long, env = "ISOBOX_MAX_SESSIONS", default_value = "1000", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_MAX_SESSIONS", help_heading = "Sessions, volumes and storage", default_value = "1000", value_parser = Value(parsed::<usize>))]
     max_sessions: usize,
     /// sessions one tenant (API key) may have at once, within ISOBOX_MAX_SESSIONS (429
     /// too_many_sessions above)
-    #[arg(long, env = "ISOBOX_MAX_SESSIONS_PER_TENANT", default_value = "100", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_MAX_SESSIONS_PER_TENANT", help_heading = "Sessions, volumes and storage", default_value = "100", value_parser = Value(parsed::<usize>))]
     max_sessions_per_tenant: usize,
     /// disk all session workspaces may really use together (507 storage_full above)
-    #[arg(long, env = "ISOBOX_STORAGE_MAX_BYTES", default_value = "34359738368", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_STORAGE_MAX_BYTES", help_heading = "Sessions, volumes and storage", default_value = "34359738368", value_parser = Value(parsed::<u64>))]
     storage_max_bytes: u64,
     /// free disk kept on the data dir's filesystem (507 storage_full below)
-    #[arg(long, env = "ISOBOX_STORAGE_RESERVE_BYTES", default_value = "2147483648", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_STORAGE_RESERVE_BYTES", help_heading = "Sessions, volumes and storage", default_value = "2147483648", value_parser = Value(parsed::<u64>))]
     storage_reserve_bytes: u64,
     /// largest ttlSec a session may ask for (larger values are clamped)
-    #[arg(long, env = "ISOBOX_SESSION_TTL_MAX_SEC", default_value = "604800", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_SESSION_TTL_MAX_SEC", help_heading = "Sessions, volumes and storage", default_value = "604800", value_parser = Value(parsed::<u64>))]
     session_ttl_max_sec: u64,
     /// disk quota of each volume (its own filesystem, mounted at /memory)
-    #[arg(long, env = "ISOBOX_VOLUME_QUOTA_BYTES", default_value = "536870912", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_VOLUME_QUOTA_BYTES", help_heading = "Sessions, volumes and storage", default_value = "536870912", value_parser = Value(parsed::<u64>))]
     volume_quota_bytes: u64,
     /// volumes that may exist at once (429 too_many_volumes above)
-    #[arg(long, env = "ISOBOX_MAX_VOLUMES", default_value = "1000", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_MAX_VOLUMES", help_heading = "Sessions, volumes and storage", default_value = "1000", value_parser = Value(parsed::<usize>))]
     max_volumes: usize,
     /// volumes one tenant (API key) may have at once, within ISOBOX_MAX_VOLUMES (429
     /// too_many_volumes above)
-    #[arg(long, env = "ISOBOX_MAX_VOLUMES_PER_TENANT", default_value = "100", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_MAX_VOLUMES_PER_TENANT", help_heading = "Sessions, volumes and storage", default_value = "100", value_parser = Value(parsed::<usize>))]
     max_volumes_per_tenant: usize,
     /// `on`: runs asking for network get filtered egress (public internet only) while the
     /// firewall is verified; `off`: every run is offline
-    #[arg(long, env = "ISOBOX_EGRESS", default_value = "on", value_parser = Value(on_off))]
+    #[arg(long, env = "ISOBOX_EGRESS", help_heading = "Network", value_name = "on|off", default_value = "on", value_parser = Value(on_off))]
     egress: std::primitive::bool,
     /// private IPv4 range the sandboxes' links are numbered from (a /30 each); must not
     /// overlap the host's networks
-    #[arg(long, env = "ISOBOX_NET_POOL", default_value = "10.200.0.0/16", value_parser = Value(parsed::<crate::netfilter::Cidr>))]
+    #[arg(long, env = "ISOBOX_NET_POOL", help_heading = "Network", default_value = "10.200.0.0/16", value_parser = Value(parsed::<crate::netfilter::Cidr>))]
     net_pool: crate::netfilter::Cidr,
     /// resolvers written to the sandbox's /etc/resolv.conf (public addresses: private ones
     /// are blocked)
-    #[arg(long, env = "ISOBOX_NET_DNS", default_value = "1.1.1.1,8.8.8.8", value_parser = Value(list::<Ipv4Addr>))]
+    #[arg(long, env = "ISOBOX_NET_DNS", help_heading = "Network", default_value = "1.1.1.1,8.8.8.8", value_parser = Value(list::<Ipv4Addr>))]
     net_dns: std::vec::Vec<Ipv4Addr>,
     /// extra IPv4 ranges sandboxes may not reach (comma-separated CIDRs), beside the
     /// built-in private and special ranges (default: none)
-    #[arg(long, env = "ISOBOX_EGRESS_DENY", default_value = "", hide_default_value = true, value_parser = Value(list::<crate::netfilter::Cidr>))]
+    #[arg(long, env = "ISOBOX_EGRESS_DENY", help_heading = "Network", default_value = "", hide_default_value = true, value_parser = Value(list::<crate::netfilter::Cidr>))]
     egress_deny: std::vec::Vec<crate::netfilter::Cidr>,
     /// how often the firewall is read back and, when it is found wrong, programmed again
-    #[arg(long, env = "ISOBOX_EGRESS_VERIFY_SEC", default_value = "10", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_EGRESS_VERIFY_SEC", help_heading = "Network", default_value = "10", value_parser = Value(parsed::<u64>))]
     egress_verify_sec: u64,
     /// connections one networked sandbox may have open at once (conntrack entries, TCP,
     /// UDP and ICMP alike); a new one beyond it is dropped (1-65536)
-    #[arg(long, env = "ISOBOX_EGRESS_MAX_CONNS", default_value = "256", value_parser = Value(parsed::<u32>))]
+    #[arg(long, env = "ISOBOX_EGRESS_MAX_CONNS", help_heading = "Network", default_value = "256", value_parser = Value(parsed::<u32>))]
     egress_max_conns: u32,
     /// bytes per second one networked sandbox may send, and separately receive (100 Mbit/s
     /// by default); packets beyond it are dropped, bursts of up to a second's worth pass
     /// (65536-10000000000)
-    #[arg(long, env = "ISOBOX_EGRESS_RATE", default_value = "12500000", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_EGRESS_RATE", help_heading = "Network", default_value = "12500000", value_parser = Value(parsed::<u64>))]
     egress_rate: u64,
     /// what isobox's table does with forwarded traffic that is neither from nor to a
     /// sandbox link: `drop`, `keep` (the host's own firewall decides), or `auto`: drop
     /// when isobox turned IPv4 forwarding on, keep when the host forwarded already
-    #[arg(long, env = "ISOBOX_EGRESS_FORWARD_OTHERS", default_value = "auto", value_parser = Value(forward_others))]
+    #[arg(long, env = "ISOBOX_EGRESS_FORWARD_OTHERS", help_heading = "Network", default_value = "auto", value_parser = Value(forward_others))]
     egress_forward_others: crate::netfilter::ForwardOthers,
     /// sandboxes booted ahead of time per runtime, `name=N` comma-separated (Python,
     /// JavaScript, Ruby and the compiled runtimes; `off` disables): each serves one
     /// /execute with the runtime's default memory and pids (offline, or with filtered
     /// egress from the `<runtime>+net` pool)
-    #[arg(long, env = "ISOBOX_WARM_POOL", default_value = "python=2,python-slim=1,javascript=1", value_parser = Value(warm_pool))]
+    #[arg(long, env = "ISOBOX_WARM_POOL", help_heading = "Sandboxes and runtimes", default_value = "python=2,python-slim=1,javascript=1", value_parser = Value(warm_pool))]
     warm_pool: std::vec::Vec<(String, usize)>,
     /// live-kernel sessions that may run at once (429 too_many_kernels above; 0 disables
     /// kernel sessions)
-    #[arg(long, env = "ISOBOX_KERNELS_MAX", default_value = "4", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_KERNELS_MAX", help_heading = "Kernel sessions", default_value = "4", value_parser = Value(parsed::<usize>))]
     kernels_max: usize,
     /// a kernel with no step for this long is ended (its session's files stay until the
     /// session's TTL)
-    #[arg(long, env = "ISOBOX_KERNEL_IDLE_SEC", default_value = "1800", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_KERNEL_IDLE_SEC", help_heading = "Kernel sessions", default_value = "1800", value_parser = Value(parsed::<u64>))]
     kernel_idle_sec: u64,
     /// live kernels one client address may hold (default: half of ISOBOX_KERNELS_MAX,
     /// rounded up)
-    #[arg(long, env = "ISOBOX_KERNELS_PER_CLIENT", default_value = "", hide_default_value = true, value_parser = Value(optional::<usize>))]
+    #[arg(long, env = "ISOBOX_KERNELS_PER_CLIENT", help_heading = "Kernel sessions", default_value = "", hide_default_value = true, value_parser = Value(optional::<usize>))]
     kernels_per_client: std::option::Option<usize>,
     /// live kernels one API key may hold, from any address (default: half of
     /// ISOBOX_KERNELS_MAX, rounded up; without keys everyone is one tenant and only the
     /// per-client cap applies)
-    #[arg(long, env = "ISOBOX_KERNELS_PER_TENANT", default_value = "", hide_default_value = true, value_parser = Value(optional::<usize>))]
+    #[arg(long, env = "ISOBOX_KERNELS_PER_TENANT", help_heading = "Kernel sessions", default_value = "", hide_default_value = true, value_parser = Value(optional::<usize>))]
     kernels_per_tenant: std::option::Option<usize>,
     /// when every kernel slot is taken, the kernel idle longest is ended to make room for
     /// a new one, if it has been idle at least this long
-    #[arg(long, env = "ISOBOX_KERNEL_EVICT_IDLE_SEC", default_value = "120", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_KERNEL_EVICT_IDLE_SEC", help_heading = "Kernel sessions", default_value = "120", value_parser = Value(parsed::<u64>))]
     kernel_evict_idle_sec: u64,
     /// OpenAI-compatible endpoint of the server-side agent, e.g. https://api.openai.com/v1
     /// (POST {base}/chat/completions); unset: /v1/agent is off
-    #[arg(long, env = "ISOBOX_AI_BASE", default_value = "", hide_default_value = true, value_parser = Value(ai_base))]
+    #[arg(long, env = "ISOBOX_AI_BASE", help_heading = "Server-side agent", default_value = "", hide_default_value = true, value_parser = Value(ai_base))]
     ai_base: std::option::Option<String>,
     /// the upstream's key, sent as Authorization: Bearer (never logged, never sent to a
     /// client; prefer the environment to the flag)
-    #[arg(long, env = "ISOBOX_AI_KEY", default_value = "", hide_default_value = true, value_parser = Value(ai_key))]
+    #[arg(long, env = "ISOBOX_AI_KEY", help_heading = "Server-side agent", default_value = "", hide_default_value = true, value_parser = Value(ai_key))]
     ai_key: std::option::Option<Secret>,
     /// the model the agent asks for (required with ISOBOX_AI_BASE)
-    #[arg(long, env = "ISOBOX_AI_MODEL", default_value = "", hide_default_value = true, value_parser = Value(trimmed))]
+    #[arg(long, env = "ISOBOX_AI_MODEL", help_heading = "Server-side agent", default_value = "", hide_default_value = true, value_parser = Value(trimmed))]
     ai_model: String,
     /// model calls per agent loop at most (a request's maxIters is clamped to it)
-    #[arg(long, env = "ISOBOX_AI_MAX_ITERS", default_value = "8", value_parser = Value(parsed::<u32>))]
+    #[arg(long, env = "ISOBOX_AI_MAX_ITERS", help_heading = "Server-side agent", default_value = "8", value_parser = Value(parsed::<u32>))]
     ai_max_iters: u32,
     /// agent loops a client address may start per minute (429 rate_limited above)
-    #[arg(long, env = "ISOBOX_AI_RATE_PER_MIN", default_value = "6", value_parser = Value(parsed::<u32>))]
+    #[arg(long, env = "ISOBOX_AI_RATE_PER_MIN", help_heading = "Server-side agent", default_value = "6", value_parser = Value(parsed::<u32>))]
     ai_rate_per_min: u32,
     /// offer the agent the server-side web_search tool (on or off)
-    #[arg(long, env = "ISOBOX_AI_SEARCH", default_value = "on", value_parser = Value(on_off))]
+    #[arg(long, env = "ISOBOX_AI_SEARCH", help_heading = "Server-side agent", value_name = "on|off", default_value = "on", value_parser = Value(on_off))]
     ai_search: std::primitive::bool,
     /// where web_search asks (DuckDuckGo's HTML results; GET ?q=)
-    #[arg(long, env = "ISOBOX_AI_SEARCH_URL", default_value = "https://html.duckduckgo.com/html/", value_parser = Value(trimmed))]
+    #[arg(long, env = "ISOBOX_AI_SEARCH_URL", help_heading = "Server-side agent", default_value = "https://html.duckduckgo.com/html/", value_parser = Value(trimmed))]
     ai_search_url: String,
     /// longest silence of the agent's upstream before the loop ends with upstream_error
-    #[arg(long, env = "ISOBOX_AI_TIMEOUT_SEC", default_value = "120", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_AI_TIMEOUT_SEC", help_heading = "Server-side agent", default_value = "120", value_parser = Value(parsed::<u64>))]
     ai_timeout_sec: u64,
     /// wall time of the agent's run_python steps (past it the kernel ends, as any kernel
     /// step's wall time does)
-    #[arg(long, env = "ISOBOX_AI_PYTHON_WALL_SEC", default_value = "60", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_AI_PYTHON_WALL_SEC", help_heading = "Server-side agent", default_value = "60", value_parser = Value(parsed::<u64>))]
     ai_python_wall_sec: u64,
     /// wall time of the agent's run_shell commands (then killed in place: exit 124, the
     /// kernel survives)
-    #[arg(long, env = "ISOBOX_AI_SHELL_WALL_SEC", default_value = "180", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_AI_SHELL_WALL_SEC", help_heading = "Server-side agent", default_value = "180", value_parser = Value(parsed::<u64>))]
     ai_shell_wall_sec: u64,
     /// on SIGTERM, running executions get this long before they are killed
-    #[arg(long, env = "ISOBOX_SHUTDOWN_GRACE_MS", default_value = "10000", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_SHUTDOWN_GRACE_MS", help_heading = "Server", default_value = "10000", value_parser = Value(parsed::<u64>))]
     shutdown_grace_ms: u64,
     /// long-lived sandboxes (/wbx) a tenant may have at once (429 above; 0: none)
-    #[arg(long, env = "ISOBOX_WBX_MAX_SANDBOXES", default_value = "8", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_WBX_MAX_SANDBOXES", help_heading = "WBX face (/wbx)", default_value = "8", value_parser = Value(parsed::<usize>))]
     wbx_max_sandboxes: usize,
     /// vCPUs of a tenant's long-lived sandboxes together (each has 2)
-    #[arg(long, env = "ISOBOX_WBX_MAX_VCPU", default_value = "16", value_parser = Value(parsed::<u32>))]
+    #[arg(long, env = "ISOBOX_WBX_MAX_VCPU", help_heading = "WBX face (/wbx)", default_value = "16", value_parser = Value(parsed::<u32>))]
     wbx_max_vcpu: u32,
     /// memory of a tenant's long-lived sandboxes together, MiB (each has 512)
-    #[arg(long, env = "ISOBOX_WBX_MAX_MEMORY_MB", default_value = "4096", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_WBX_MAX_MEMORY_MB", help_heading = "WBX face (/wbx)", default_value = "4096", value_parser = Value(parsed::<u64>))]
     wbx_max_memory_mb: u64,
     /// long-lived sandboxes on this server at once, all tenants together (429 "no free
     /// capacity" above)
-    #[arg(long, env = "ISOBOX_WBX_MAX_TOTAL", default_value = "16", value_parser = Value(parsed::<usize>))]
+    #[arg(long, env = "ISOBOX_WBX_MAX_TOTAL", help_heading = "WBX face (/wbx)", default_value = "16", value_parser = Value(parsed::<usize>))]
     wbx_max_total: usize,
     /// longest lifetime of a long-lived sandbox, seconds (a larger timeout_s is capped)
-    #[arg(long, env = "ISOBOX_WBX_MAX_TIMEOUT_S", default_value = "86400", value_parser = Value(parsed::<u64>))]
+    #[arg(long, env = "ISOBOX_WBX_MAX_TIMEOUT_S", help_heading = "WBX face (/wbx)", default_value = "86400", value_parser = Value(parsed::<u64>))]
     wbx_max_timeout_s: u64,
     /// domain of sandboxes' public URLs: `<port>-<id>.<domain>` (with `:port` when the
     /// URLs need one; default: localhost and the listening port, which needs no DNS)
-    #[arg(long, env = "ISOBOX_PUBLIC_DOMAIN", default_value = "", hide_default_value = true, value_parser = Value(public_domain))]
+    #[arg(long, env = "ISOBOX_PUBLIC_DOMAIN", help_heading = "WBX face (/wbx)", default_value = "", hide_default_value = true, value_parser = Value(public_domain))]
     public_domain: String,
     /// scheme of public URLs: http, or https behind a TLS front (cookies get Secure)
-    #[arg(long, env = "ISOBOX_PUBLIC_SCHEME", default_value = "http", value_parser = Value(public_scheme))]
+    #[arg(long, env = "ISOBOX_PUBLIC_SCHEME", help_heading = "WBX face (/wbx)", default_value = "http", value_parser = Value(public_scheme))]
     public_scheme: String,
     /// ready long-lived sandboxes kept booted per template, `template=N,…` (`off`: none);
     /// a create of that template with network full takes one (`"warm": true`)
-    #[arg(long, env = "ISOBOX_WBX_WARM_POOL", default_value = "base=1", value_parser = Value(warm_pool))]
+    #[arg(long, env = "ISOBOX_WBX_WARM_POOL", help_heading = "WBX face (/wbx)", default_value = "base=1", value_parser = Value(warm_pool))]
     wbx_warm_pool: std::vec::Vec<(String, usize)>,
     /// the isobox-init binary long-lived sandboxes run as their init (default: beside
     /// isoboxd's own executable)
-    #[arg(long, env = "ISOBOX_INIT", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
+    #[arg(long, env = "ISOBOX_INIT", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
     init: std::option::Option<PathBuf>,
 }
 
