@@ -124,6 +124,12 @@ try {
   for (const r of ['python', 'javascript']) assert.ok(opts.includes(r), `runtime ${r} listed: ${opts}`);
   assert.equal(await page.evaluate(() => localStorage.getItem('isobox.apiKey')), KEY);
 
+  step('the network box follows the server: egress is off here, so unchecked, disabled, and why');
+  await page.locator('#netWhy').waitFor({ state: 'visible', timeout: T });
+  assert.match(await page.locator('#netWhy').textContent(), /ISOBOX_EGRESS=off/);
+  assert.equal(await page.locator('#net').isChecked(), false);
+  assert.equal(await page.locator('#net').isDisabled(), true);
+
   const cell = i => page.locator('.cell').nth(i);
   const runShiftEnter = async (i, code) => {
     await cell(i).locator('textarea.code').fill(code);
