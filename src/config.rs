@@ -131,10 +131,12 @@ struct Args {
     /// public demo's setup)
     #[arg(long, env = "ISOBOX_MEMORY_REQUIRE_KEY", help_heading = "API keys and rate limits", value_name = "0|1", default_value = "0", value_parser = Value(zero_one))]
     memory_require_key: std::primitive::bool,
-    /// per-client /execute requests per minute (token bucket refill)
+    /// refill of each client's token bucket, requests a minute; the bucket is spent by
+    /// exactly POST /execute, POST /v1/sessions, POST /v1/sessions/{id}/exec, POST
+    /// /v1/volumes and POST /wbx/v1/sandboxes (empty: 429 rate_limited)
     #[arg(long, env = "ISOBOX_RATE_PER_MIN", help_heading = "API keys and rate limits", default_value = "30", value_parser = Value(parsed::<u32>))]
     rate_per_min: u32,
-    /// per-client token bucket size
+    /// size of each client's token bucket (the requests it may make at once after a pause)
     #[arg(long, env = "ISOBOX_RATE_BURST", help_heading = "API keys and rate limits", default_value = "10", value_parser = Value(parsed::<u32>))]
     rate_burst: u32,
     /// comma-separated CIDRs whose X-Forwarded-For is believed (default: none)

@@ -36,3 +36,44 @@ fn test_openapi_valid_and_complete() {
     assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
     d.stop();
 }
+
+/// Which requests spend the per-client rate limit is said one way everywhere: the
+/// route tables decide, and README, llms.txt, the OpenAPI document and `--help` name
+/// exactly those routes, in the same words.
+#[test]
+fn test_one_story_on_the_rate_limit() {
+    use isobox::admission::Class;
+    let spends = |c: Class| matches!(c, Class::Starts | Class::MemoryStarts);
+    let mut routes: Vec<String> = Vec::new();
+    for r in isobox::api::routes::ROUTES {
+        if spends(r.route.class) {
+            routes.extend(r.methods.iter().map(|m| format!("{m} {}", r.pattern)));
+        }
+    }
+    for r in isobox::wbx::routes::ROUTES {
+        if spends(r.route.class) {
+            routes.extend(r.methods.iter().map(|m| format!("{m} /wbx{}", r.pattern)));
+        }
+    }
+    assert!(routes.len() >= 5, "{routes:?}");
+    let join = |items: Vec<String>| {
+        let (last, rest) = items.split_last().unwrap();
+        format!("{} and {last}", rest.join(", "))
+    };
+    let ticked = join(routes.iter().map(|r| format!("`{r}`")).collect());
+    let root = env!("CARGO_MANIFEST_DIR");
+    for doc in ["README.md", "docs/llms.txt", "docs/openapi.yaml"] {
+        let text = std::fs::read_to_string(format!("{root}/{doc}")).unwrap();
+        assert!(
+            text.contains(&ticked),
+            "{doc} does not name the rate-limited requests as `{ticked}`"
+        );
+    }
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_isoboxd"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let plain = join(routes.clone());
+    assert!(help.contains(&plain), "--help does not say `{plain}`:\n{help}");
+}
