@@ -75,5 +75,8 @@ fn test_one_story_on_the_rate_limit() {
         .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
     let plain = join(routes.clone());
-    assert!(help.contains(&plain), "--help does not say `{plain}`:\n{help}");
+    assert!(
+        help.contains(&plain),
+        "--help does not say `{plain}`:\n{help}"
+    );
 }
