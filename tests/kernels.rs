@@ -347,7 +347,6 @@ print('real end')"#;
     for body in [
         json!({"runtime": "javascript", "type": "kernel"}),
         json!({"runtime": "python", "type": "repl"}),
-        json!({"runtime": "python", "network": false}),
         json!({"runtime": "python", "type": "kernel", "network": "no"}),
     ] {
         let r = d.post_json("/v1/sessions", &body);
