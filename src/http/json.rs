@@ -242,7 +242,8 @@ fn unexpected(u: &Unexpected) -> String {
         Unexpected::Bool(b) => b.to_string(),
         Unexpected::Unsigned(n) => n.to_string(),
         Unexpected::Signed(n) => n.to_string(),
-        Unexpected::Float(n) => n.to_string(),
+        // `8.0`, not `8`: "must be a whole number, not 8" would read as a contradiction.
+        Unexpected::Float(n) => format!("{n:?}"),
         Unexpected::Char(_) | Unexpected::Str(_) => "a string".into(),
         Unexpected::Unit | Unexpected::Option => "null".into(),
         Unexpected::Seq => "a list".into(),
@@ -503,6 +504,7 @@ mod tests {
         network: Option<bool>,
         n: Option<serde_json::Number>,
         any: Option<Value>,
+        k: Option<u32>,
     }
 
     const HINTS: Hints = &[("limits.wallTimeMs", "a number of milliseconds")];
@@ -566,9 +568,11 @@ mod tests {
         );
         assert_eq!(err(r#"{"files":[{}]}"#), "files[0].name is required");
         assert_eq!(err(r#"{"n":"1"}"#), "n must be a number, not a string");
+        assert_eq!(err(r#"{"k":8.0}"#), "k must be a whole number ≥ 0, not 8.0");
+        assert_eq!(err(r#"{"k":-1}"#), "k must be a whole number ≥ 0; -1 is not");
         assert_eq!(
             err(r#"{"langauge":"py"}"#),
-            "unknown field \"langauge\" in the body; it takes language, limits, files, network, n, any"
+            "unknown field \"langauge\" in the body; it takes language, limits, files, network, n, any, k"
         );
         assert_eq!(
             err(r#"{"limits":{"wall":1}}"#),
