@@ -38,10 +38,13 @@ deps:
 runtimes:
 	@for r in $(RUNTIMES); do runtimes/rootfs/build.sh $$r $(ROOTFS_DIR)/$$r || exit 1; done
 
-## test-venv: Python clients the integration tests use (SSE client, OpenAPI validator)
+## test-venv: Python clients the integration tests use (SSE client, OpenAPI validator), and
+## schemathesis in a venv of its own (tests/schemathesis.rs)
 test-venv:
 	@test -x /tmp/isobox-test-venv/bin/python || python3 -m venv /tmp/isobox-test-venv
 	@/tmp/isobox-test-venv/bin/pip install -q -r tests/python/requirements.txt -r tests/openapi/requirements.txt
+	@test -x /tmp/isobox-st-venv/bin/python || python3 -m venv /tmp/isobox-st-venv
+	@/tmp/isobox-st-venv/bin/pip install -q -r tests/schemathesis/requirements.txt
 
 ## test-ui-deps: what the UI's browser test needs: Debian's chromium, node and npm (kept
 ## when already installed, e.g. NodeSource's nodejs, which bundles npm), and

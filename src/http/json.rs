@@ -142,6 +142,19 @@ impl<'de> Visitor<'de> for StrictVisitor {
         Ok(Strict(v.into()))
     }
     fn visit_f64<E>(self, v: f64) -> Result<Strict, E> {
+        // JSON has one kind of number: `999.0` and `1e3` are whole numbers, as JSON
+        // Schema's `integer` says, and are read as such (a field that takes a whole
+        // number takes them too).
+        const TWO_POW_64: f64 = 18_446_744_073_709_551_616.0;
+        const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+        if v.fract() == 0.0 {
+            if (0.0..TWO_POW_64).contains(&v) {
+                return Ok(Strict(Value::from(v as u64)));
+            }
+            if (-TWO_POW_63..0.0).contains(&v) {
+                return Ok(Strict(Value::from(v as i64)));
+            }
+        }
         Ok(Strict(
             serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number),
         ))
@@ -511,6 +524,16 @@ mod tests {
 
     fn err(body: &str) -> String {
         decode::<Body>(body.as_bytes(), HINTS, false).unwrap_err()
+    }
+
+    #[test]
+    fn whole_numbers_written_with_a_fraction_or_exponent_are_whole() {
+        let m = parse_object(br#"{"a":999.0,"b":1e3,"c":-2.0,"d":2.5,"e":1e300}"#, false).unwrap();
+        assert_eq!(m["a"].as_u64(), Some(999));
+        assert_eq!(m["b"].as_u64(), Some(1000));
+        assert_eq!(m["c"].as_i64(), Some(-2));
+        assert_eq!(m["d"].as_f64(), Some(2.5));
+        assert_eq!(m["e"].as_u64(), None);
     }
 
     #[test]
