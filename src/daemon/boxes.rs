@@ -513,7 +513,7 @@ impl Daemon {
         self.boxes.serial += 1;
         let serial = self.boxes.serial;
         let id = format!("sb_{hex}");
-        let container = format!("{}-{:x}-b{serial}", self.cfg.instance, std::process::id());
+        let container = self.container_id("b", serial);
         let Create {
             template,
             runtime,

@@ -474,7 +474,7 @@ impl Daemon {
             return;
         };
         let backend = Arc::clone(&self.backend);
-        let id = format!("{}-{:x}-probe", self.cfg.instance, std::process::id());
+        let id = self.container_id("probe", 0);
         let job = Box::new(move || -> Done<Daemon> {
             let res = crate::sandbox::probe::probe(&*backend, &id, rt);
             Box::new(move |d: &mut Daemon| d.probed(res))

@@ -178,7 +178,7 @@ impl Daemon {
         self.kernel_serial += 1;
         let serial = self.kernel_serial;
         self.app.kernels.take(serial, &created.tenant, client);
-        let id = format!("{}-{:x}-k{serial}", self.cfg.instance, std::process::id());
+        let id = self.container_id("k", serial);
         let idle = Duration::from_secs(self.cfg.kernel_idle_sec.min(created.ttl_sec.max(1)));
         let plan_for_job = created.plan.clone();
         let kk = self.kernels.insert(Kernel {

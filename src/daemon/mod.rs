@@ -78,6 +78,11 @@ fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 10] {
 }
 
 /// A continuation that does nothing (a kill, a removal: jobs with nothing to report).
+/// See [`Daemon::container_id`].
+fn container_id(instance: &str, pid: u32, kind: &str, serial: u64) -> String {
+    format!("{instance}-{pid:x}-{kind}{serial}.")
+}
+
 pub(crate) fn nothing() -> Done<Daemon> {
     Box::new(|_| {})
 }
@@ -201,6 +206,14 @@ pub enum DaemonError {
 }
 
 impl Daemon {
+    /// A container id of this daemon: `<instance>-<pid>-<kind><serial>.`. runsc finds a
+    /// container by id PREFIX, so without the final dot `…-b1` would be ambiguous (and
+    /// every verb on it, delete too, would fail) while `…-b10` exists; no id here can
+    /// be a prefix of another, since a dot appears only at the end.
+    pub(crate) fn container_id(&self, kind: &str, serial: u64) -> String {
+        container_id(&self.cfg.instance, std::process::id(), kind, serial)
+    }
+
     /// The bound address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr

@@ -180,7 +180,7 @@ impl Daemon {
         });
         self.run_serial += 1;
         let serial = self.run_serial;
-        let id = format!("{}-{:x}-{serial}", self.cfg.instance, std::process::id());
+        let id = self.container_id("r", serial);
         let cap = usize::try_from(plan.limits.output_bytes).unwrap_or(usize::MAX);
         let compiled = plan.runtime.desc.compiled;
         let run = Run {

@@ -546,3 +546,24 @@ fn test_a_second_signal_kills_runs_and_still_answers_their_clients() {
     l.stop();
     assert_eq!(fake.live.load(Ordering::SeqCst), 0, "nothing left behind");
 }
+
+#[test]
+fn test_no_container_id_is_a_prefix_of_another() {
+    // runsc resolves ids by prefix: `…-b1` next to `…-b10` made every verb on `…-b1`
+    // fail as ambiguous (found by schemathesis: a pause answered 502).
+    let mut ids = Vec::new();
+    for kind in ["r", "k", "b", "w", "probe"] {
+        for serial in [0, 1, 2, 9, 10, 11, 19, 100, 101, 1000, u64::MAX] {
+            ids.push(super::container_id("isobox-t1", 0x1a2b, kind, serial));
+        }
+    }
+    for a in &ids {
+        assert!(a.starts_with("isobox-t1-1a2b-") && a.ends_with('.'), "{a}");
+        for b in &ids {
+            assert!(
+                a == b || !b.starts_with(a.as_str()),
+                "{a} is a prefix of {b}"
+            );
+        }
+    }
+}

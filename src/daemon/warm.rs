@@ -57,12 +57,7 @@ impl Daemon {
             return;
         };
         self.warm.serial += 1;
-        let id = format!(
-            "{}-{:x}-w{}",
-            self.cfg.instance,
-            std::process::id(),
-            self.warm.serial
-        );
+        let id = self.container_id("w", self.warm.serial);
         let backend = Arc::clone(&self.backend);
         let job_lang = lang.clone();
         let job = Box::new(move || -> Done<Daemon> {

@@ -592,7 +592,10 @@ mod tests {
         assert_eq!(err(r#"{"files":[{}]}"#), "files[0].name is required");
         assert_eq!(err(r#"{"n":"1"}"#), "n must be a number, not a string");
         assert_eq!(err(r#"{"k":8.5}"#), "k must be a whole number ≥ 0, not 8.5");
-        assert_eq!(err(r#"{"k":-1}"#), "k must be a whole number ≥ 0; -1 is not");
+        assert_eq!(
+            err(r#"{"k":-1}"#),
+            "k must be a whole number ≥ 0; -1 is not"
+        );
         assert_eq!(
             err(r#"{"langauge":"py"}"#),
             "unknown field \"langauge\" in the body; it takes language, limits, files, network, n, any, k"

@@ -407,11 +407,12 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     out
 }
 
-/// Whether a container id is a warm pool's (`...-w<digits>`).
+/// Whether a container id is a warm pool's (`...-w<digits>.`).
 fn is_pool_id(id: &str) -> bool {
     id.starts_with("isobox")
         && id
-            .rsplit_once("-w")
+            .strip_suffix('.')
+            .and_then(|id| id.rsplit_once("-w"))
             .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
