@@ -1506,6 +1506,66 @@ mod tests {
             }
             r => panic!("{:?}", r.map(|_| ())),
         }
+        // `-V` too (issue 27).
+        match load(&["-V"]) {
+            Err(ConfigError::Args(e)) => {
+                assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
+            }
+            r => panic!("{:?}", r.map(|_| ())),
+        }
+    }
+
+    #[test]
+    fn help_is_grouped_by_topic_and_says_what_each_value_takes() {
+        let help = with_env(&[], Config::help);
+        let lines: Vec<&str> = help.lines().collect();
+        let heading = |h: &str| {
+            lines
+                .iter()
+                .position(|l| *l == format!("{h}:"))
+                .unwrap_or_else(|| panic!("no heading {h}:\n{help}"))
+        };
+        // Each setting sits under its topic's heading.
+        for (h, flag) in [
+            ("Server", "--listen <LISTEN>"),
+            ("Connections", "--idle-timeout-ms <IDLE_TIMEOUT_MS>"),
+            ("API keys and rate limits", "--rate-per-min <RATE_PER_MIN>"),
+            ("Sandboxes and runtimes", "--runsc <RUNSC>"),
+            (
+                "Sessions, volumes and storage",
+                "--max-sessions <MAX_SESSIONS>",
+            ),
+            (
+                "Kernel sessions",
+                "--kernels-per-client <KERNELS_PER_CLIENT>",
+            ),
+            ("Network", "--egress <on|off>"),
+            ("Server-side agent", "--ai-model <AI_MODEL>"),
+            ("WBX face (/wbx)", "--wbx-max-sandboxes <WBX_MAX_SANDBOXES>"),
+        ] {
+            let at = lines
+                .iter()
+                .position(|l| l.trim_start() == flag)
+                .unwrap_or_else(|| panic!("no {flag}:\n{help}"));
+            let under = lines[..at]
+                .iter()
+                .rposition(|l| !l.starts_with(' ') && l.ends_with(':'))
+                .unwrap();
+            assert_eq!(under, heading(h), "{flag} is not under {h}:\n{help}");
+        }
+        // Switches say which values they take; no setting shows an empty default.
+        for flag in [
+            "--seccomp <0|1>",
+            "--require-auth <0|1>",
+            "--memory-require-key <0|1>",
+            "--ai-search <on|off>",
+        ] {
+            assert!(
+                lines.iter().any(|l| l.trim_start() == flag),
+                "{flag}:\n{help}"
+            );
+        }
+        assert!(!help.contains("[default: ]"), "{help}");
     }
 
     #[test]

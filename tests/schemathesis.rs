@@ -54,6 +54,9 @@ fn test_schemathesis_finds_no_failure() {
         .arg("run")
         .arg(format!("http://{}/openapi.yaml", d.addr))
         .args(["--checks", "all"])
+        // `--checks all` overrides a check's `enabled = false` in the config file, so
+        // this one is left out here (why: schemathesis.toml).
+        .args(["--exclude-checks", "ensure_resource_availability"])
         .args(["--phases", "examples,coverage,fuzzing,stateful"])
         .args(["--max-time", &max_time()])
         .args(["--seed", "1"])
