@@ -212,17 +212,23 @@ fn decode_with(
     })?;
     if let Some(v) = b.version.as_deref().filter(|v| !v.is_empty()) {
         if !runtime.accepts_version(v) {
-            let have = runtime.version.as_deref().unwrap_or("");
-            let mut forms = vec![serde_json::Value::from(have).to_string()];
-            forms.extend(runtime.desc.version_forms.iter().map(|f| format!("{f:?}")));
+            let forms = &runtime.desc.version_forms;
+            let also = if forms.is_empty() {
+                String::new()
+            } else {
+                let quoted: Vec<String> = forms.iter().map(|f| format!("{f:?}")).collect();
+                format!(
+                    " (also accepted: {}, where * is digits and dots)",
+                    quoted.join(", ")
+                )
+            };
             return Err(bad(
                 "unknown_version",
                 format!(
-                    "{} is not a version of {}; it has {} (also accepted: {}, where * is digits and dots); see GET /runtimes",
+                    "{} is not a version of {}; it has {}{also}; see GET /runtimes",
                     serde_json::Value::from(v),
                     serde_json::Value::from(runtime.desc.language.as_str()),
-                    forms[0],
-                    if forms.len() > 1 { forms[1..].join(", ") } else { "nothing else".into() },
+                    serde_json::Value::from(runtime.version.as_deref().unwrap_or("")),
                 ),
             ));
         }

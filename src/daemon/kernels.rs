@@ -774,6 +774,8 @@ impl Daemon {
     /// Ends the idle kernel `serial` to make room in a full pool: its slot is free at
     /// once (its cgroup is being killed), and its session's next step is told why.
     fn kernel_evict(&mut self, serial: u64) {
+        // Given back first, whatever follows: the create about to take a slot counts on it.
+        self.app.kernels.give_back(serial);
         let Some(kk) = self
             .kernels
             .iter()
@@ -782,7 +784,6 @@ impl Daemon {
         else {
             return;
         };
-        self.app.kernels.give_back(serial);
         let idle = self.kernels[kk].last_used.elapsed().as_secs();
         log::info!("kernel={kk} evicted after {idle} s idle: the kernel pool was full");
         self.kernel_kill(
