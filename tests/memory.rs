@@ -424,7 +424,10 @@ fn test_volumes_across_sessions_exclusive_and_restart() {
 }
 
 /// K4: every acknowledged write survives `kill -9` in the middle of a write storm,
-/// byte-exact, and the store opens as it is.
+/// byte-exact, and the store opens as it is. 16 writers on keep-alive connections, as
+/// many as the writer's group commit batches together: each writes new keys and, with
+/// each, the next number of its own counter key, so after the restart the counter must
+/// hold at least the last number acknowledged (writes to one key keep their order).
 #[test]
 fn test_kv_acknowledged_writes_survive_kill_9() {
     let mut d = Daemon::start();
@@ -443,40 +446,58 @@ fn test_kv_acknowledged_writes_survive_kill_9() {
         );
     }
     let acked = std::sync::Mutex::new(Vec::new());
+    let counters = std::sync::Mutex::new(std::collections::HashMap::new());
     let stop = std::sync::atomic::AtomicBool::new(false);
     let mut child = d.child.take().unwrap();
     let addr = d.addr;
     std::thread::scope(|sc| {
-        for t in 0..4 {
-            let (acked, stop) = (&acked, &stop);
+        for t in 0..16 {
+            let (acked, counters, stop) = (&acked, &counters, &stop);
             sc.spawn(move || {
-                let mut i = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let key = format!("storm{t}-{i}");
-                    let value = format!("{key}:{}", "v".repeat(i % 700));
-                    // Raw write: once the daemon is gone, requests fail instead of panicking.
-                    let Ok(mut c) = std::net::TcpStream::connect(addr) else { break };
+                // Raw writes: once the daemon is gone, requests fail instead of panicking.
+                let Ok(c) = std::net::TcpStream::connect(addr) else { return };
+                let Ok(mut w) = c.try_clone() else { return };
+                let mut r = std::io::BufReader::new(c);
+                let mut put = |path: &str, value: &str| -> bool {
                     let req = format!(
-                        "PUT /v1/memory/k4/{key} HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{value}",
+                        "PUT /v1/memory/k4/{path} HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\n\r\n{value}",
                         value.len()
                     );
-                    if std::io::Write::write_all(&mut c, req.as_bytes()).is_err() {
+                    std::io::Write::write_all(&mut w, req.as_bytes()).is_ok()
+                        && matches!(common::read_response(&mut r, false), Some(resp) if resp.status == 204)
+                };
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let key = format!("storm{t}-{i}");
+                    let value = format!("{key}:{}", "v".repeat((i % 700) as usize));
+                    if !put(&key, &value) {
                         break;
                     }
-                    let mut r = std::io::BufReader::new(c);
-                    match common::read_response(&mut r, false) {
-                        Some(resp) if resp.status == 204 => acked.lock().unwrap().push((key, value)),
-                        _ => break,
+                    acked.lock().unwrap().push((key, value));
+                    if !put(&format!("seq{t}"), &i.to_string()) {
+                        break;
                     }
+                    counters.lock().unwrap().insert(t, i);
                     i += 1;
                 }
             });
         }
         std::thread::sleep(Duration::from_millis(1500));
+        // Mid-storm, the writer reports its group commit: 16 writers waiting on
+        // syncs means commits carry several writes each.
+        let h: serde_json::Value = serde_json::from_slice(&d.get("/healthz").body).unwrap();
+        let store = &h["store"];
+        let (commits, writes, largest) = (
+            store["commits"].as_u64().unwrap(),
+            store["writes"].as_u64().unwrap(),
+            store["largestBatch"].as_u64().unwrap(),
+        );
+        assert!(writes >= 200 && commits < writes && largest > 1, "{store}");
         child.kill().unwrap();
         child.wait().unwrap();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
+    let counters = counters.into_inner().unwrap();
     let acked = acked.into_inner().unwrap();
     assert!(
         acked.len() > 20,
@@ -500,6 +521,17 @@ fn test_kv_acknowledged_writes_survive_kill_9() {
             (r.status, r.body.as_slice()),
             (200, value.as_bytes()),
             "{key}"
+        );
+    }
+    assert_eq!(counters.len(), 16, "every writer had a write acknowledged");
+    for (t, last) in &counters {
+        let r = kv(&d, "GET", &format!("k4/seq{t}"), &[], b"");
+        assert_eq!(r.status, 200, "seq{t}");
+        let stored: u64 = std::str::from_utf8(&r.body).unwrap().parse().unwrap();
+        // At least the last acknowledged number; at most the one sent after it.
+        assert!(
+            (*last..=*last + 1).contains(&stored),
+            "seq{t}: stored {stored}, last acknowledged {last}"
         );
     }
     let state: Vec<String> = std::fs::read_dir(d.data_dir.join("state"))

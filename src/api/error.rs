@@ -6,6 +6,7 @@
 use crate::http::Response;
 use crate::router::RouteError;
 use crate::store::kv::KvError;
+use crate::store::StoreError;
 use crate::workspace::fs::FsError;
 use crate::workspace::SessionError;
 
@@ -115,6 +116,9 @@ pub fn kv_error(e: &KvError) -> Response {
         KvError::Quota { .. } => Response::error(413, "quota_exceeded", Some(&d)),
         KvError::PreconditionFailed => Response::error(412, "precondition_failed", None),
         KvError::BadCursor => Response::error(400, "invalid_cursor", Some(&d)),
+        KvError::Store(StoreError::Busy) => {
+            Response::error(503, "overloaded", Some(&d)).with_header("Retry-After", "1")
+        }
         KvError::Store(e) => {
             log::error!("kv store: {e}");
             Response::error(

@@ -15,6 +15,7 @@ struct Health<'a> {
     open_fds: usize,
     rss_bytes: u64,
     egress: serde_json::Value,
+    store: StoreFigures,
     /// Kernel slot occupancy, when kernel sessions are enabled.
     #[serde(skip_serializing_if = "Option::is_none")]
     kernels: Option<Kernels>,
@@ -38,6 +39,18 @@ struct CountersView<'a> {
     log_lines_suppressed: u64,
 }
 
+/// The store writer's group commit since start.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StoreFigures {
+    /// Commits (one sync each).
+    commits: u64,
+    /// Writes they carried.
+    writes: u64,
+    /// The most writes one commit carried.
+    largest_batch: u64,
+}
+
 #[derive(Serialize)]
 struct Kernels {
     used: usize,
@@ -56,6 +69,7 @@ pub fn egress_json(app: &App) -> serde_json::Value {
 
 /// Liveness: always 200 while the loop turns, with slot and run figures.
 pub fn healthz(app: &App) -> Response {
+    let (commits, writes, largest_batch) = app.sessions.store().writer_stats();
     Response::json(
         200,
         &Health {
@@ -71,6 +85,11 @@ pub fn healthz(app: &App) -> Response {
             open_fds: app.process_figures.0,
             rss_bytes: app.process_figures.1,
             egress: egress_json(app),
+            store: StoreFigures {
+                commits,
+                writes,
+                largest_batch,
+            },
             kernels: (app.kernels.max() > 0).then_some(Kernels {
                 used: app.kernels.used(),
                 max: app.kernels.max(),

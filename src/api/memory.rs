@@ -4,7 +4,7 @@
 
 use super::error::kv_error;
 use super::sessions::rfc3339;
-use super::{Action, App, Outcome};
+use super::{Action, App, Outcome, Reply};
 use crate::http::parse::percent_decode_path;
 use crate::http::{Head, Request, Response};
 use crate::store::kv::{self, Precondition};
@@ -72,34 +72,41 @@ pub fn key(app: &mut App, req: &Request) -> Action {
                 },
             };
             let value = req.body.clone();
-            Action::Job(Box::new(move || {
-                Outcome::Respond(
-                    match sessions
-                        .store()
-                        .kv_put(&tenant, &ns, &key, &value, ttl, cond, now_ms())
-                    {
-                        Ok(p) => {
-                            let mut r = Response::no_content().with_header("ETag", p.etag);
-                            if let Some(at) = p.expires_at_ms {
-                                r = r.with_header("X-Expires-At", rfc3339(at));
+            // Handed to the store's writer without a worker: writes that arrive
+            // together share one commit, and no thread waits for the sync.
+            Action::Deferred(Box::new(move |reply: Reply| {
+                sessions.store().kv_put_then(
+                    &tenant,
+                    &ns,
+                    &key,
+                    value,
+                    ttl,
+                    cond,
+                    now_ms(),
+                    move |r| {
+                        reply(Outcome::Respond(match r {
+                            Ok(p) => {
+                                let mut r = Response::no_content().with_header("ETag", p.etag);
+                                if let Some(at) = p.expires_at_ms {
+                                    r = r.with_header("X-Expires-At", rfc3339(at));
+                                }
+                                r
                             }
-                            r
-                        }
-                        Err(e) => kv_error(&e),
+                            Err(e) => kv_error(&e),
+                        }));
                     },
-                )
+                );
             }))
         }
-        "DELETE" => Action::Job(Box::new(move || {
-            Outcome::Respond(
-                match sessions
-                    .store()
-                    .kv_delete(&tenant, &ns, &key, cond, now_ms())
-                {
-                    Ok(_) => Response::no_content(),
-                    Err(e) => kv_error(&e),
-                },
-            )
+        "DELETE" => Action::Deferred(Box::new(move |reply: Reply| {
+            sessions
+                .store()
+                .kv_delete_then(&tenant, &ns, &key, cond, now_ms(), move |r| {
+                    reply(Outcome::Respond(match r {
+                        Ok(_) => Response::no_content(),
+                        Err(e) => kv_error(&e),
+                    }));
+                });
         })),
         _ => Action::Job(Box::new(move || {
             Outcome::Respond(

@@ -135,12 +135,22 @@ pub enum Action {
     },
     /// Run this on the worker pool and act on its outcome.
     Job(Job),
+    /// Hand this work on without blocking (a write for the store's writer): it is given
+    /// the way to answer and answers exactly once, from any thread.
+    Deferred(Deferred),
     /// Start this agent loop, streaming SSE.
     Agent(Box<agent::AgentStart>),
 }
 
 /// Blocking work of a request (LMDB, mounts, files), run on the pool.
 pub type Job = Box<dyn FnOnce() -> Outcome + Send + 'static>;
+
+/// Work that answers on its own: called on the reactor thread with a [`Reply`], it
+/// must not block; it passes the reply on to whoever finishes the work.
+pub type Deferred = Box<dyn FnOnce(Reply) + Send + 'static>;
+
+/// How [`Deferred`] work answers: once, from any thread.
+pub type Reply = Box<dyn FnOnce(Outcome) + Send + 'static>;
 
 /// What a [`Job`] found.
 pub enum Outcome {

@@ -581,6 +581,7 @@ impl Daemon {
             Action::Agent(start) => self.agent_start(ck, start),
             Action::Execute { plan, stream } => self.start_run(ck, plan, stream),
             Action::Job(job) => self.start_job(ck, job),
+            Action::Deferred(work) => self.start_deferred(ck, work),
         }
     }
 

@@ -83,6 +83,22 @@ impl Daemon {
         }
     }
 
+    /// Starts work that answers on its own (a store write): the connection waits as for
+    /// a job, and the answer comes back through the reactor's mailbox.
+    pub(crate) fn start_deferred(&mut self, ck: usize, work: api::Deferred) {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        c.http.phase = Phase::Owned(Owner::Job);
+        let serial = c.serial;
+        let mailbox = self.reactor.mailbox();
+        work(Box::new(move |outcome| {
+            mailbox.send(Box::new(move |d: &mut Daemon| {
+                d.on_outcome(ck, serial, outcome);
+            }));
+        }));
+    }
+
     /// Whether connection `ck` is still the one (by serial) in `phase`.
     pub(crate) fn conn_waiting(&self, ck: usize, serial: u64, upload: bool) -> bool {
         self.conns.get(ck).is_some_and(|c| {

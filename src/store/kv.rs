@@ -3,8 +3,8 @@
 //! It stays one file: the layout, the quota accounting and every operation that must
 //! keep the three tables consistent in one transaction are read together.
 //!
-//! Layout (all in the one environment; every operation is one LMDB transaction, and
-//! writes commit before returning):
+//! Layout (all in the one environment; every operation is one LMDB transaction, and a
+//! write answers only once the writer's batch holding it is committed):
 //!
 //! - `kv`: `tenant \0 namespace \0 key` → 32-byte header ++ raw value. The header is
 //!   `version u64 BE, expires_at_ms u64 BE (0 = never), created_at_ms u64 BE,
@@ -33,7 +33,7 @@
 //! The limit is checked at run time: a key that does not fit is refused with
 //! [`KvError::InvalidKey`] rather than an LMDB error.
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, Tables};
 use base64::Engine as _;
 use heed::{RoTxn, RwTxn};
 use std::collections::HashMap;
@@ -520,6 +520,49 @@ impl Store {
         cond: Precondition,
         now_ms: u64,
     ) -> Result<PutOutcome, KvError> {
+        let (weight, op) = self.put_op(tenant, ns, key, value.to_vec(), ttl_sec, cond, now_ms)?;
+        self.write(weight, op)
+    }
+
+    /// [`Store::kv_put`] without waiting: `then` gets the result, at once when the
+    /// request is invalid or the writer's queue is full, otherwise from the writer
+    /// thread once the write is durable.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_put_then(
+        &self,
+        tenant: &str,
+        ns: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl_sec: Option<u64>,
+        cond: Precondition,
+        now_ms: u64,
+        then: impl FnOnce(Result<PutOutcome, KvError>) + Send + 'static,
+    ) {
+        match self.put_op(tenant, ns, key, value, ttl_sec, cond, now_ms) {
+            Ok((weight, op)) => self.write_then(weight, op, then),
+            Err(e) => then(Err(e)),
+        }
+    }
+
+    /// Checks a put and makes the write that does it.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn put_op(
+        &self,
+        tenant: &str,
+        ns: &str,
+        key: &str,
+        value: Vec<u8>,
+        ttl_sec: Option<u64>,
+        cond: Precondition,
+        now_ms: u64,
+    ) -> Result<
+        (
+            usize,
+            impl FnOnce(&Tables, &mut RwTxn<'_>) -> Result<PutOutcome, KvError> + Send + 'static,
+        ),
+        KvError,
+    > {
         check_tenant(tenant)?;
         validate_namespace(ns)?;
         validate_key(key)?;
@@ -531,21 +574,109 @@ impl Store {
         let expires_at_ms = expiry(ttl_sec, now_ms)?;
         let dbk = db_key(tenant, ns, key);
         self.check_fits(&dbk)?;
-        let mut wtxn = self.env.write_txn()?;
-        let out = self.put_in(
-            &mut wtxn,
-            tenant,
-            &dbk,
-            key.len(),
-            value,
-            expires_at_ms,
-            &cond,
-            now_ms,
-        )?;
-        wtxn.commit()?;
-        Ok(out)
+        let (tenant, key_len) = (tenant.to_string(), key.len());
+        let weight = dbk.len() + value.len();
+        Ok((weight, move |t: &Tables, wtxn: &mut RwTxn<'_>| {
+            t.put_in(
+                wtxn,
+                &tenant,
+                &dbk,
+                key_len,
+                &value,
+                expires_at_ms,
+                &cond,
+                now_ms,
+            )
+        }))
     }
 
+    /// Deletes `tenant`/`ns`/`key` if `cond` holds. Returns whether a live entry
+    /// existed (an expired one is removed too, but counts as absent).
+    ///
+    /// # Errors
+    /// [`KvError::InvalidNamespace`], [`KvError::InvalidKey`],
+    /// [`KvError::PreconditionFailed`] (nothing deleted), [`KvError::Store`].
+    pub fn kv_delete(
+        &self,
+        tenant: &str,
+        ns: &str,
+        key: &str,
+        cond: Precondition,
+        now_ms: u64,
+    ) -> Result<bool, KvError> {
+        let op = self.delete_op(tenant, ns, key, cond, now_ms)?;
+        self.write(0, op)
+    }
+
+    /// [`Store::kv_delete`] without waiting, as [`Store::kv_put_then`].
+    pub fn kv_delete_then(
+        &self,
+        tenant: &str,
+        ns: &str,
+        key: &str,
+        cond: Precondition,
+        now_ms: u64,
+        then: impl FnOnce(Result<bool, KvError>) + Send + 'static,
+    ) {
+        match self.delete_op(tenant, ns, key, cond, now_ms) {
+            Ok(op) => self.write_then(0, op, then),
+            Err(e) => then(Err(e)),
+        }
+    }
+
+    /// Checks a delete and makes the write that does it.
+    fn delete_op(
+        &self,
+        tenant: &str,
+        ns: &str,
+        key: &str,
+        cond: Precondition,
+        now_ms: u64,
+    ) -> Result<
+        impl FnOnce(&Tables, &mut RwTxn<'_>) -> Result<bool, KvError> + Send + 'static,
+        KvError,
+    > {
+        check_tenant(tenant)?;
+        validate_namespace(ns)?;
+        validate_key(key)?;
+        let dbk = db_key(tenant, ns, key);
+        self.check_fits(&dbk)?;
+        let (tenant, key_len) = (tenant.to_string(), key.len() as u64);
+        Ok(move |t: &Tables, wtxn: &mut RwTxn<'_>| {
+            let old = t.existing(wtxn, &dbk)?;
+            let live = old.filter(|(h, _)| h.live(now_ms));
+            if !cond.holds(live.map(|(h, _)| etag(h.version)).as_deref()) {
+                return Err(KvError::PreconditionFailed);
+            }
+            if let Some((h, vlen)) = old {
+                t.kv.delete(wtxn, &dbk)?;
+                if h.expires_at_ms != 0 {
+                    t.kv_exp.delete(wtxn, &exp_key(h.expires_at_ms, &dbk))?;
+                }
+                let usage = t.read_usage(wtxn, tenant.as_bytes())?;
+                let after = usage.replace(Some(key_len + vlen), None);
+                t.write_usage(wtxn, tenant.as_bytes(), after)?;
+            }
+            Ok(live.is_some())
+        })
+    }
+
+    /// Removes up to `max` expired entries (oldest expiry first) in one transaction,
+    /// fixing their tenants' usage. Returns how many were removed.
+    ///
+    /// # Errors
+    /// [`KvError::Store`].
+    pub fn kv_purge_expired(&self, now_ms: u64, max: usize) -> Result<usize, KvError> {
+        if max == 0 {
+            return Ok(0);
+        }
+        self.write(0, move |t, wtxn| {
+            t.purge_in(wtxn, now_ms, max, None, None, usize::MAX)
+        })
+    }
+}
+
+impl Tables {
     /// Reads `tenant`/`ns`/`key`; `None` when absent or expired.
     ///
     /// # Errors
@@ -575,45 +706,6 @@ impl Store {
             etag: etag(h.version),
             expires_at_ms: h.expires(),
         }))
-    }
-
-    /// Deletes `tenant`/`ns`/`key` if `cond` holds. Returns whether a live entry
-    /// existed (an expired one is removed too, but counts as absent).
-    ///
-    /// # Errors
-    /// [`KvError::InvalidNamespace`], [`KvError::InvalidKey`],
-    /// [`KvError::PreconditionFailed`] (nothing deleted), [`KvError::Store`].
-    pub fn kv_delete(
-        &self,
-        tenant: &str,
-        ns: &str,
-        key: &str,
-        cond: Precondition,
-        now_ms: u64,
-    ) -> Result<bool, KvError> {
-        check_tenant(tenant)?;
-        validate_namespace(ns)?;
-        validate_key(key)?;
-        let dbk = db_key(tenant, ns, key);
-        self.check_fits(&dbk)?;
-        let mut wtxn = self.env.write_txn()?;
-        let old = self.existing(&wtxn, &dbk)?;
-        let live = old.filter(|(h, _)| h.live(now_ms));
-        if !cond.holds(live.map(|(h, _)| etag(h.version)).as_deref()) {
-            return Err(KvError::PreconditionFailed);
-        }
-        if let Some((h, vlen)) = old {
-            self.kv.delete(&mut wtxn, &dbk)?;
-            if h.expires_at_ms != 0 {
-                self.kv_exp
-                    .delete(&mut wtxn, &exp_key(h.expires_at_ms, &dbk))?;
-            }
-            let usage = self.read_usage(&wtxn, tenant.as_bytes())?;
-            let after = usage.replace(Some(key.len() as u64 + vlen), None);
-            self.write_usage(&mut wtxn, tenant.as_bytes(), after)?;
-            wtxn.commit()?;
-        }
-        Ok(live.is_some())
     }
 
     /// Lists the live keys of `tenant`/`ns` that start with `prefix`, in byte order, at
@@ -690,23 +782,6 @@ impl Store {
             None
         };
         Ok(ListPage { keys, next_cursor })
-    }
-
-    /// Removes up to `max` expired entries (oldest expiry first) in one transaction,
-    /// fixing their tenants' usage. Returns how many were removed.
-    ///
-    /// # Errors
-    /// [`KvError::Store`].
-    pub fn kv_purge_expired(&self, now_ms: u64, max: usize) -> Result<usize, KvError> {
-        if max == 0 {
-            return Ok(0);
-        }
-        let mut wtxn = self.env.write_txn()?;
-        let n = self.purge_in(&mut wtxn, now_ms, max, None, None, usize::MAX)?;
-        if n > 0 {
-            wtxn.commit()?;
-        }
-        Ok(n)
     }
 
     /// A tenant's usage: (key + value bytes, keys), expired-but-unpurged entries

@@ -1,16 +1,20 @@
-//! Durable state in one LMDB environment (heed): the session registry now, memory KV,
-//! volumes and kernels later. Every write is one transaction, committed (fsynced)
-//! before the client hears about it. Callers run on the worker pool, never on the
-//! reactor thread.
+//! Durable state in one LMDB environment (heed): the session registry, memory KV and
+//! volumes. Every write goes through the one [`writer`] thread, which commits the
+//! writes that arrive together in one transaction (group commit) and answers each only
+//! after that commit is synced: an answer means durable. Reads open their own read
+//! transaction on the caller's thread. Blocking calls run on the worker pool, never on
+//! the reactor thread; the reactor uses the `*_then` forms, which never wait.
 
 pub mod env;
 pub mod kv;
 pub mod volumes;
+pub mod writer;
 
 use heed::types::{Bytes, Str};
-use heed::{Database, Env};
+use heed::{Database, Env, RwTxn};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::Arc;
 
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +22,12 @@ pub enum StoreError {
     /// LMDB refused.
     #[error("lmdb: {0}")]
     Lmdb(#[from] heed::Error),
+    /// The write succeeded on its own but its batch did not become durable.
+    #[error("{}", .0.0)]
+    Write(writer::WriteFailed),
+    /// The writer's queue is full (the caller answers 503).
+    #[error("the state store is busy: too many writes waiting")]
+    Busy,
     /// A record did not decode.
     #[error("corrupt record {key}: {source}")]
     Corrupt {
@@ -69,24 +79,40 @@ impl SessionRecord {
     }
 }
 
-/// The environment and its tables.
-pub struct Store {
-    pub(crate) env: Env,
+/// The environment and its tables: what reads use, and what a write is given.
+pub struct Tables {
+    /// Private to `store`: only the writer opens write transactions.
+    env: Env,
     sessions: Database<Str, Bytes>,
     /// Memory KV values: `tenant \0 namespace \0 key` → header + value (see `kv`).
-    pub(crate) kv: Database<Bytes, Bytes>,
+    kv: Database<Bytes, Bytes>,
     /// Expiry index: `expires_at_ms (big-endian u64) ++ kv key` → empty.
-    pub(crate) kv_exp: Database<Bytes, Bytes>,
+    kv_exp: Database<Bytes, Bytes>,
     /// Per-tenant KV usage: tenant → `bytes u64 LE ++ keys u64 LE`.
-    pub(crate) kv_usage: Database<Bytes, Bytes>,
+    kv_usage: Database<Bytes, Bytes>,
     /// Meta values (schema version, the KV version counter).
-    pub(crate) meta: Database<Str, Bytes>,
+    meta: Database<Str, Bytes>,
     /// Volumes: id → JSON record.
-    pub(crate) volumes: Database<Str, Bytes>,
+    volumes: Database<Str, Bytes>,
+}
+
+/// The tables and the writer thread. Reads go to [`Tables`] (through `Deref`).
+pub struct Store {
+    // Declared first: dropped first, so the writer finishes its queue while the
+    // environment is still open.
+    writer: writer::Writer,
+    tables: Arc<Tables>,
+}
+
+impl std::ops::Deref for Store {
+    type Target = Tables;
+    fn deref(&self) -> &Tables {
+        &self.tables
+    }
 }
 
 impl Store {
-    /// Opens the environment under `dir` and its tables.
+    /// Opens the environment under `dir` and its tables, and starts the writer.
     ///
     /// # Errors
     /// [`StoreError`] when LMDB cannot open or create them.
@@ -103,7 +129,7 @@ impl Store {
         let kv_usage = env.create_database(&mut wtxn, Some("kv_usage"))?;
         let volumes = env.create_database(&mut wtxn, Some("volumes"))?;
         wtxn.commit()?;
-        Ok(Store {
+        let tables = Arc::new(Tables {
             env,
             sessions,
             kv,
@@ -111,7 +137,64 @@ impl Store {
             kv_usage,
             meta,
             volumes,
+        });
+        let writer = writer::Writer::start(Arc::clone(&tables))
+            .map_err(|e| StoreError::Lmdb(heed::Error::Io(e)))?;
+        Ok(Store { writer, tables })
+    }
+
+    /// Runs `f` in the writer's next batch and waits until that batch is durable.
+    /// Worker threads only: it blocks for a sync.
+    ///
+    /// # Errors
+    /// What `f` returns, or [`StoreError::Write`] when the batch did not commit.
+    pub fn write<R, E, F>(&self, weight: usize, f: F) -> Result<R, E>
+    where
+        F: FnOnce(&Tables, &mut RwTxn<'_>) -> Result<R, E> + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let q = writer::Queued::new(weight, f, move |r| {
+            let _ = tx.send(r);
+        });
+        if self.writer.submit(q).is_err() {
+            return Err(E::from(StoreError::Write(writer::WriteFailed(
+                "the writer has stopped".into(),
+            ))));
+        }
+        rx.recv().unwrap_or_else(|_| {
+            Err(E::from(StoreError::Write(writer::WriteFailed(
+                "the writer dropped the write".into(),
+            ))))
         })
+    }
+
+    /// Queues `f` for the writer's next batch without waiting; `then` gets its result
+    /// once the batch is durable, on the writer thread (it must only hand it on). When
+    /// the queue is full, `then` gets [`StoreError::Busy`] at once, on this thread.
+    pub fn write_then<R, E, F, T>(&self, weight: usize, f: F, then: T)
+    where
+        F: FnOnce(&Tables, &mut RwTxn<'_>) -> Result<R, E> + Send + 'static,
+        T: FnOnce(Result<R, E>) + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        let q = writer::Queued::new(weight, f, then);
+        if let Err(q) = self.writer.try_submit(q) {
+            q.refuse(StoreError::Busy);
+        }
+    }
+
+    /// The writer's counters: commits, writes, largest batch.
+    pub fn writer_stats(&self) -> (u64, u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.writer.stats;
+        (
+            s.commits.load(Relaxed),
+            s.writes.load(Relaxed),
+            s.max_batch.load(Relaxed),
+        )
     }
 
     /// Inserts a new session; fails when the id exists (ids are random: never expected).
@@ -119,19 +202,64 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on LMDB errors.
     pub fn insert_session(&self, id: &str, rec: &SessionRecord) -> Result<bool, StoreError> {
-        let bytes = serde_json::to_vec(rec).map_err(|source| StoreError::Corrupt {
-            key: id.to_string(),
-            source,
-        })?;
-        let mut wtxn = self.env.write_txn()?;
-        if self.sessions.get(&wtxn, id)?.is_some() {
-            return Ok(false);
-        }
-        self.sessions.put(&mut wtxn, id, &bytes)?;
-        wtxn.commit()?;
-        Ok(true)
+        let bytes = encode(id, rec)?;
+        let id = id.to_string();
+        self.write(bytes.len(), move |t, wtxn| {
+            if t.sessions.get(wtxn, &id)?.is_some() {
+                return Ok(false);
+            }
+            t.sessions.put(wtxn, &id, &bytes)?;
+            Ok(true)
+        })
     }
 
+    /// Updates `last_used_ms` of a session (no-op when it is gone).
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn touch_session(&self, id: &str, now_ms: u64) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.write(0, move |t, wtxn| {
+            let Some(bytes) = t.sessions.get(wtxn, &id)? else {
+                return Ok(());
+            };
+            let mut rec: SessionRecord = decode(&id, bytes)?;
+            rec.last_used_ms = rec.last_used_ms.max(now_ms);
+            let bytes = encode(&id, &rec)?;
+            t.sessions.put(wtxn, &id, &bytes)?;
+            Ok(())
+        })
+    }
+
+    /// Deletes a session record, releasing the volume it holds in the same
+    /// transaction. Returns whether it existed.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_string();
+        self.write(0, move |t, wtxn| {
+            let Some(bytes) = t.sessions.get(wtxn, &id)? else {
+                return Ok(false);
+            };
+            let rec: SessionRecord = decode(&id, bytes)?;
+            if let Some(vid) = &rec.volume_id {
+                if let Some(vb) = t.volumes.get(wtxn, vid)? {
+                    let mut v: volumes::VolumeRecord = decode(vid, vb)?;
+                    if v.held_by.as_deref() == Some(id.as_str()) {
+                        v.held_by = None;
+                        let b = encode(vid, &v)?;
+                        t.volumes.put(wtxn, vid, &b)?;
+                    }
+                }
+            }
+            t.sessions.delete(wtxn, &id)?;
+            Ok(true)
+        })
+    }
+}
+
+impl Tables {
     /// Reads one session.
     ///
     /// # Errors
@@ -142,52 +270,6 @@ impl Store {
             return Ok(None);
         };
         decode(id, bytes).map(Some)
-    }
-
-    /// Updates `last_used_ms` of a session (no-op when it is gone).
-    ///
-    /// # Errors
-    /// [`StoreError`] on LMDB errors.
-    pub fn touch_session(&self, id: &str, now_ms: u64) -> Result<(), StoreError> {
-        let mut wtxn = self.env.write_txn()?;
-        let Some(bytes) = self.sessions.get(&wtxn, id)? else {
-            return Ok(());
-        };
-        let mut rec: SessionRecord = decode(id, bytes)?;
-        rec.last_used_ms = rec.last_used_ms.max(now_ms);
-        let bytes = serde_json::to_vec(&rec).map_err(|source| StoreError::Corrupt {
-            key: id.to_string(),
-            source,
-        })?;
-        self.sessions.put(&mut wtxn, id, &bytes)?;
-        wtxn.commit()?;
-        Ok(())
-    }
-
-    /// Deletes a session record, releasing the volume it holds in the same
-    /// transaction. Returns whether it existed.
-    ///
-    /// # Errors
-    /// [`StoreError`] on LMDB errors.
-    pub fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
-        let mut wtxn = self.env.write_txn()?;
-        let Some(bytes) = self.sessions.get(&wtxn, id)? else {
-            return Ok(false);
-        };
-        let rec: SessionRecord = decode(id, bytes)?;
-        if let Some(vid) = &rec.volume_id {
-            if let Some(vb) = self.volumes.get(&wtxn, vid)? {
-                let mut v: volumes::VolumeRecord = decode(vid, vb)?;
-                if v.held_by.as_deref() == Some(id) {
-                    v.held_by = None;
-                    let b = encode(vid, &v)?;
-                    self.volumes.put(&mut wtxn, vid, &b)?;
-                }
-            }
-        }
-        self.sessions.delete(&mut wtxn, id)?;
-        wtxn.commit()?;
-        Ok(true)
     }
 
     /// Every session (id, record). Corrupt records are logged and skipped.

@@ -2,7 +2,7 @@
 //! releasing happen in the same transaction as the session's insert and delete, so a
 //! crash can never leave a volume held by a session that does not exist.
 
-use super::{decode, encode, SessionRecord, Store, StoreError};
+use super::{decode, encode, SessionRecord, Store, StoreError, Tables};
 use serde::{Deserialize, Serialize};
 
 /// One volume, as stored.
@@ -43,15 +43,105 @@ impl Store {
     /// [`StoreError`] on LMDB errors.
     pub fn insert_volume(&self, id: &str, rec: &VolumeRecord) -> Result<bool, StoreError> {
         let bytes = encode(id, rec)?;
-        let mut wtxn = self.env.write_txn()?;
-        if self.volumes.get(&wtxn, id)?.is_some() {
-            return Ok(false);
-        }
-        self.volumes.put(&mut wtxn, id, &bytes)?;
-        wtxn.commit()?;
-        Ok(true)
+        let id = id.to_string();
+        self.write(bytes.len(), move |t, wtxn| {
+            if t.volumes.get(wtxn, &id)?.is_some() {
+                return Ok(false);
+            }
+            t.volumes.put(wtxn, &id, &bytes)?;
+            Ok(true)
+        })
     }
 
+    /// Deletes a volume unless a session holds it. `Ok(None)`: no such volume;
+    /// `Ok(Some(false))`: held; `Ok(Some(true))`: deleted.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn delete_volume(&self, id: &str) -> Result<Option<bool>, StoreError> {
+        let id = id.to_string();
+        self.write(0, move |t, wtxn| {
+            let Some(bytes) = t.volumes.get(wtxn, &id)? else {
+                return Ok(None);
+            };
+            let rec: VolumeRecord = decode(&id, bytes)?;
+            if rec.held_by.is_some() {
+                return Ok(Some(false));
+            }
+            t.volumes.delete(wtxn, &id)?;
+            Ok(Some(true))
+        })
+    }
+
+    /// Inserts a session and, when it names a volume, takes that volume (it must be the
+    /// same tenant's and free), all in one transaction.
+    ///
+    /// # Errors
+    /// [`HoldError`].
+    pub fn insert_session_holding(&self, id: &str, rec: &SessionRecord) -> Result<bool, HoldError> {
+        let bytes = encode(id, rec)?;
+        let (id, rec) = (id.to_string(), rec.clone());
+        self.write(bytes.len(), move |t, wtxn| {
+            if t.sessions
+                .get(wtxn, &id)
+                .map_err(StoreError::from)?
+                .is_some()
+            {
+                return Ok(false);
+            }
+            if let Some(vid) = &rec.volume_id {
+                let vbytes = t
+                    .volumes
+                    .get(wtxn, vid)
+                    .map_err(StoreError::from)?
+                    .ok_or(HoldError::NotFound)?;
+                let mut vrec: VolumeRecord = decode(vid, vbytes)?;
+                if vrec.tenant != rec.tenant {
+                    return Err(HoldError::NotFound);
+                }
+                if vrec.held_by.is_some() {
+                    return Err(HoldError::Held);
+                }
+                vrec.held_by = Some(id.clone());
+                let vb = encode(vid, &vrec)?;
+                t.volumes.put(wtxn, vid, &vb).map_err(StoreError::from)?;
+            }
+            t.sessions
+                .put(wtxn, &id, &bytes)
+                .map_err(StoreError::from)?;
+            Ok(true)
+        })
+    }
+
+    /// Releases holds whose session no longer exists (startup repair; normally the
+    /// session delete releases its volume in the same transaction). Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn release_orphan_holds(&self) -> Result<usize, StoreError> {
+        self.write(0, |t, wtxn| {
+            let mut fixes = Vec::new();
+            for item in t.volumes.iter(wtxn)? {
+                let (vid, bytes) = item?;
+                let rec: VolumeRecord = decode(vid, bytes)?;
+                if let Some(sid) = &rec.held_by {
+                    if t.sessions.get(wtxn, sid)?.is_none() {
+                        fixes.push((vid.to_string(), rec));
+                    }
+                }
+            }
+            let n = fixes.len();
+            for (vid, mut rec) in fixes {
+                rec.held_by = None;
+                let b = encode(&vid, &rec)?;
+                t.volumes.put(wtxn, &vid, &b)?;
+            }
+            Ok(n)
+        })
+    }
+}
+
+impl Tables {
     /// Reads one volume.
     ///
     /// # Errors
@@ -79,93 +169,5 @@ impl Store {
             }
         }
         Ok(out)
-    }
-
-    /// Deletes a volume unless a session holds it. `Ok(None)`: no such volume;
-    /// `Ok(Some(false))`: held; `Ok(Some(true))`: deleted.
-    ///
-    /// # Errors
-    /// [`StoreError`] on LMDB errors.
-    pub fn delete_volume(&self, id: &str) -> Result<Option<bool>, StoreError> {
-        let mut wtxn = self.env.write_txn()?;
-        let Some(bytes) = self.volumes.get(&wtxn, id)? else {
-            return Ok(None);
-        };
-        let rec: VolumeRecord = decode(id, bytes)?;
-        if rec.held_by.is_some() {
-            return Ok(Some(false));
-        }
-        self.volumes.delete(&mut wtxn, id)?;
-        wtxn.commit()?;
-        Ok(Some(true))
-    }
-
-    /// Inserts a session and, when it names a volume, takes that volume (it must be the
-    /// same tenant's and free), all in one transaction.
-    ///
-    /// # Errors
-    /// [`HoldError`].
-    pub fn insert_session_holding(&self, id: &str, rec: &SessionRecord) -> Result<bool, HoldError> {
-        let bytes = encode(id, rec)?;
-        let mut wtxn = self.env.write_txn().map_err(StoreError::from)?;
-        if self
-            .sessions
-            .get(&wtxn, id)
-            .map_err(StoreError::from)?
-            .is_some()
-        {
-            return Ok(false);
-        }
-        if let Some(vid) = &rec.volume_id {
-            let vbytes = self
-                .volumes
-                .get(&wtxn, vid)
-                .map_err(StoreError::from)?
-                .ok_or(HoldError::NotFound)?;
-            let mut vrec: VolumeRecord = decode(vid, vbytes)?;
-            if vrec.tenant != rec.tenant {
-                return Err(HoldError::NotFound);
-            }
-            if vrec.held_by.is_some() {
-                return Err(HoldError::Held);
-            }
-            vrec.held_by = Some(id.to_string());
-            let vb = encode(vid, &vrec)?;
-            self.volumes
-                .put(&mut wtxn, vid, &vb)
-                .map_err(StoreError::from)?;
-        }
-        self.sessions
-            .put(&mut wtxn, id, &bytes)
-            .map_err(StoreError::from)?;
-        wtxn.commit().map_err(StoreError::from)?;
-        Ok(true)
-    }
-
-    /// Releases holds whose session no longer exists (startup repair; normally the
-    /// session delete releases its volume in the same transaction). Returns how many.
-    ///
-    /// # Errors
-    /// [`StoreError`] on LMDB errors.
-    pub fn release_orphan_holds(&self) -> Result<usize, StoreError> {
-        let mut wtxn = self.env.write_txn()?;
-        let mut fixes = Vec::new();
-        for item in self.volumes.iter(&wtxn)? {
-            let (vid, bytes) = item?;
-            let rec: VolumeRecord = decode(vid, bytes)?;
-            if let Some(sid) = &rec.held_by {
-                if self.sessions.get(&wtxn, sid)?.is_none() {
-                    fixes.push((vid.to_string(), rec));
-                }
-            }
-        }
-        let n = fixes.len();
-        for (vid, mut rec) in fixes {
-            rec.held_by = None;
-            let b = encode(&vid, &rec)?;
-            self.volumes.put(&mut wtxn, &vid, &b)?;
-        }
-        wtxn.commit()?;
-        Ok(n)
     }
 }

@@ -1,0 +1,486 @@
+//! The one writer: every durable write of the daemon goes through this thread, and the
+//! writes that queue up while a commit is being synced share the next one (group
+//! commit, as Redis's `appendfsync always` does once per event-loop pass).
+//!
+//! A write is a closure run on the writer thread inside a nested transaction of the
+//! batch's transaction, so a write that returns `Err` undoes only its own changes. After
+//! the last write of a batch the batch commits (LMDB syncs its data pages, then its meta
+//! page), and only then does each write's `then` run: with the write's own result, or
+//! with the commit's failure for a write that had succeeded. So an answer still means
+//! "durable", as it did with one transaction per write. Writes apply in the order they
+//! were queued; a connection (and a worker) queues its next write only after its
+//! previous one answered, so order per connection and per key is kept.
+//!
+//! `then` runs on the writer thread: it hands the result on (a channel, the reactor's
+//! mailbox) and never waits or writes itself.
+//!
+//! Bounds: at most [`MAX_QUEUED`] writes wait (beyond it the non-blocking submit fails
+//! and the caller answers 503); a batch takes at most [`MAX_BATCH`] writes and about
+//! [`MAX_BATCH_WEIGHT`] bytes of values, far inside what one LMDB transaction may dirty.
+
+use super::{StoreError, Tables};
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use heed::RwTxn;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Writes that may wait for the writer.
+pub const MAX_QUEUED: usize = 4096;
+/// Writes in one commit at most.
+pub const MAX_BATCH: usize = 1024;
+/// Value bytes in one commit, about (a single write may be larger).
+pub const MAX_BATCH_WEIGHT: usize = 64 << 20;
+
+/// Why a write did not become durable although it succeeded on its own.
+#[derive(Debug, Clone)]
+pub struct WriteFailed(pub String);
+
+/// One queued write, its closure and result erased.
+pub(crate) trait Write: Send {
+    /// Runs the write in `txn`; whether to keep its changes.
+    fn apply(&mut self, t: &Tables, txn: &mut RwTxn<'_>) -> bool;
+    /// Records a failure of the machinery around it (nested begin or merge).
+    fn fail(&mut self, why: WriteFailed);
+    /// Delivers the result; `failed` is the batch's commit failure, if any.
+    fn finish(self: Box<Self>, failed: Option<&WriteFailed>);
+    /// Delivers `e` without ever running the write.
+    fn refuse(self: Box<Self>, e: StoreError);
+}
+
+struct Op<F, T, R, E> {
+    f: Option<F>,
+    then: T,
+    result: Option<Result<R, E>>,
+}
+
+impl<F, T, R, E> Write for Op<F, T, R, E>
+where
+    F: FnOnce(&Tables, &mut RwTxn<'_>) -> Result<R, E> + Send,
+    T: FnOnce(Result<R, E>) + Send,
+    R: Send,
+    E: From<StoreError> + Send,
+{
+    fn apply(&mut self, t: &Tables, txn: &mut RwTxn<'_>) -> bool {
+        let Some(f) = self.f.take() else {
+            return false;
+        };
+        let r = f(t, txn);
+        let keep = r.is_ok();
+        self.result = Some(r);
+        keep
+    }
+
+    fn fail(&mut self, why: WriteFailed) {
+        self.f = None;
+        self.result = Some(Err(E::from(StoreError::Write(why))));
+    }
+
+    fn finish(self: Box<Self>, failed: Option<&WriteFailed>) {
+        let r = match (self.result, failed) {
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(v)), None) => Ok(v),
+            (_, Some(why)) => Err(E::from(StoreError::Write(why.clone()))),
+            (None, None) => Err(E::from(StoreError::Write(WriteFailed(
+                "the write was never applied".into(),
+            )))),
+        };
+        (self.then)(r);
+    }
+
+    fn refuse(self: Box<Self>, e: StoreError) {
+        (self.then)(Err(E::from(e)));
+    }
+}
+
+/// A write with the bytes it adds (for the batch bound).
+pub(crate) struct Queued {
+    weight: usize,
+    write: Box<dyn Write>,
+}
+
+impl Queued {
+    pub(crate) fn new<F, T, R, E>(weight: usize, f: F, then: T) -> Queued
+    where
+        F: FnOnce(&Tables, &mut RwTxn<'_>) -> Result<R, E> + Send + 'static,
+        T: FnOnce(Result<R, E>) + Send + 'static,
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+    {
+        Queued {
+            weight,
+            write: Box::new(Op {
+                f: Some(f),
+                then,
+                result: None,
+            }),
+        }
+    }
+}
+
+impl Queued {
+    /// Answers the write with `e` without running it.
+    pub(crate) fn refuse(self, e: StoreError) {
+        self.write.refuse(e);
+    }
+}
+
+/// Counters of the writer, for `/healthz` and the tests.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// Batches committed (one sync each).
+    pub commits: AtomicU64,
+    /// Writes that went into them.
+    pub writes: AtomicU64,
+    /// The largest batch so far.
+    pub max_batch: AtomicU64,
+}
+
+/// The writer thread's handle.
+pub(crate) struct Writer {
+    tx: Option<Sender<Queued>>,
+    thread: Option<JoinHandle<()>>,
+    pub(crate) stats: Arc<WriterStats>,
+}
+
+impl Writer {
+    /// Starts the thread over `tables`.
+    pub(crate) fn start(tables: Arc<Tables>) -> std::io::Result<Writer> {
+        let (tx, rx) = bounded::<Queued>(MAX_QUEUED);
+        let stats = Arc::new(WriterStats::default());
+        let st = Arc::clone(&stats);
+        let thread = std::thread::Builder::new()
+            .name("isobox-writer".into())
+            .spawn(move || run(&tables, &rx, &st))?;
+        Ok(Writer {
+            tx: Some(tx),
+            thread: Some(thread),
+            stats,
+        })
+    }
+
+    /// Queues without waiting; gives the write back when the queue is full.
+    pub(crate) fn try_submit(&self, q: Queued) -> Result<(), Queued> {
+        match &self.tx {
+            Some(tx) => tx.try_send(q).map_err(|e| match e {
+                TrySendError::Full(q) | TrySendError::Disconnected(q) => q,
+            }),
+            None => Err(q),
+        }
+    }
+
+    /// Queues, waiting for room (worker threads only, never the reactor).
+    pub(crate) fn submit(&self, q: Queued) -> Result<(), Queued> {
+        match &self.tx {
+            Some(tx) => tx.send(q).map_err(|e| e.0),
+            None => Err(q),
+        }
+    }
+}
+
+impl Drop for Writer {
+    /// Lets the thread finish every queued write, then waits for it.
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats) {
+    let mut carry: Option<Queued> = None;
+    let mut batch: Vec<Box<dyn Write>> = Vec::with_capacity(64);
+    loop {
+        let first = match carry.take() {
+            Some(q) => q,
+            None => match rx.recv() {
+                Ok(q) => q,
+                Err(_) => return,
+            },
+        };
+        let mut weight = first.weight;
+        let mut queued = vec![first];
+        while queued.len() < MAX_BATCH && weight < MAX_BATCH_WEIGHT {
+            match rx.try_recv() {
+                Ok(q) if weight + q.weight > MAX_BATCH_WEIGHT => {
+                    carry = Some(q);
+                    break;
+                }
+                Ok(q) => {
+                    weight += q.weight;
+                    queued.push(q);
+                }
+                Err(_) => break,
+            }
+        }
+        batch.extend(queued.into_iter().map(|q| q.write));
+        let failed = commit_batch(t, &mut batch);
+        stats.commits.fetch_add(1, Ordering::Relaxed);
+        stats
+            .writes
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        stats
+            .max_batch
+            .fetch_max(batch.len() as u64, Ordering::Relaxed);
+        if let Some(why) = &failed {
+            log::error!(
+                "store: a commit of {} writes failed: {}",
+                batch.len(),
+                why.0
+            );
+        }
+        for w in batch.drain(..) {
+            w.finish(failed.as_ref());
+        }
+    }
+}
+
+/// Applies every write of `batch` in one transaction and commits it. `Some` when the
+/// transaction could not begin or commit: then nothing of it is durable.
+fn commit_batch(t: &Tables, batch: &mut [Box<dyn Write>]) -> Option<WriteFailed> {
+    let mut txn = match t.env.write_txn() {
+        Ok(txn) => txn,
+        Err(e) => return Some(WriteFailed(format!("lmdb write transaction: {e}"))),
+    };
+    for w in batch.iter_mut() {
+        let mut child = match t.env.nested_write_txn(&mut txn) {
+            Ok(c) => c,
+            Err(e) => {
+                w.fail(WriteFailed(format!("lmdb nested transaction: {e}")));
+                continue;
+            }
+        };
+        if w.apply(t, &mut child) {
+            if let Err(e) = child.commit() {
+                w.fail(WriteFailed(format!("lmdb nested commit: {e}")));
+            }
+        } else {
+            child.abort();
+        }
+    }
+    match txn.commit() {
+        Ok(()) => None,
+        Err(e) => Some(WriteFailed(format!("lmdb commit: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::kv::{KvError, Precondition};
+    use super::super::Store;
+    use super::*;
+    use crossbeam_channel::{unbounded, Receiver};
+    use std::path::PathBuf;
+
+    struct Temp {
+        store: Option<Store>,
+        dir: PathBuf,
+    }
+
+    impl Drop for Temp {
+        fn drop(&mut self) {
+            self.store.take();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn open(name: &str) -> Temp {
+        let dir =
+            std::env::temp_dir().join(format!("isobox-writer-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Temp {
+            store: Some(Store::open(&dir).unwrap()),
+            dir,
+        }
+    }
+
+    /// Queues a write that holds the writer until `go` is sent; returns once the
+    /// writer is inside it (so everything queued next waits for the following commit).
+    fn hold_writer(s: &Store) -> crossbeam_channel::Sender<()> {
+        let (entered_tx, entered) = unbounded::<()>();
+        let (go, go_rx) = unbounded::<()>();
+        s.write_then(
+            0,
+            move |_t: &Tables, _txn: &mut RwTxn<'_>| -> Result<(), StoreError> {
+                entered_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                Ok(())
+            },
+            |r| r.unwrap(),
+        );
+        entered.recv().unwrap();
+        go
+    }
+
+    fn put_then(
+        s: &Store,
+        key: &str,
+        value: &str,
+        cond: Precondition,
+        done: &crossbeam_channel::Sender<(String, Result<String, KvError>)>,
+    ) {
+        let (done, k) = (done.clone(), key.to_string());
+        s.kv_put_then(
+            "public",
+            "w",
+            key,
+            value.as_bytes().to_vec(),
+            None,
+            cond,
+            1_000,
+            move |r| {
+                let _ = done.send((k, r.map(|p| p.etag)));
+            },
+        );
+    }
+
+    fn collect(
+        rx: &Receiver<(String, Result<String, KvError>)>,
+        n: usize,
+    ) -> Vec<(String, Result<String, KvError>)> {
+        (0..n).map(|_| rx.recv().unwrap()).collect()
+    }
+
+    #[test]
+    fn test_writes_queued_during_a_commit_share_the_next_one_and_keep_their_order() {
+        let t = open("group");
+        let s = t.store.as_ref().unwrap();
+        let (done, rx) = unbounded();
+        let go = hold_writer(s);
+        for i in 0..48 {
+            put_then(
+                s,
+                &format!("k{i}"),
+                &format!("v{i}"),
+                Precondition::None,
+                &done,
+            );
+        }
+        // The same key twice in one batch: the later write wins, with the later ETag.
+        put_then(s, "same", "first", Precondition::None, &done);
+        put_then(s, "same", "second", Precondition::None, &done);
+        go.send(()).unwrap();
+        let got = collect(&rx, 50);
+        // Answers come in queue order, each with a strictly larger version.
+        let etags: Vec<String> = got
+            .iter()
+            .map(|(_, r)| r.as_ref().unwrap().clone())
+            .collect();
+        let mut sorted = etags.clone();
+        sorted.sort();
+        assert_eq!(etags, sorted);
+        assert_eq!(got[48].0, "same");
+        let e = s.kv_get("public", "w", "same", 1_000).unwrap().unwrap();
+        assert_eq!(
+            (e.value.as_slice(), e.etag.as_str()),
+            (&b"second"[..], etags[49].as_str())
+        );
+        for i in 0..48 {
+            let e = s
+                .kv_get("public", "w", &format!("k{i}"), 1_000)
+                .unwrap()
+                .unwrap();
+            assert_eq!(e.value, format!("v{i}").as_bytes());
+        }
+        // The holder's commit, then one commit for the 50 writes queued behind it.
+        assert_eq!(s.writer_stats(), (2, 51, 50));
+    }
+
+    #[test]
+    fn test_a_refused_write_is_undone_alone() {
+        let t = open("undo");
+        let s = t.store.as_ref().unwrap();
+        let (done, rx) = unbounded();
+        let go = hold_writer(s);
+        put_then(s, "a", "1", Precondition::None, &done);
+        // Writes something, then fails: none of it may stay.
+        let (fail_tx, fail_rx) = unbounded();
+        s.write_then(
+            0,
+            |t: &Tables, txn: &mut RwTxn<'_>| -> Result<(), StoreError> {
+                t.meta.put(txn, "half-done", b"x")?;
+                Err(StoreError::Busy)
+            },
+            move |r| fail_tx.send(r.is_err()).unwrap(),
+        );
+        // A precondition that cannot hold: refused, nothing written.
+        put_then(
+            s,
+            "b",
+            "2",
+            Precondition::IfMatch(vec!["\"0000000000000063\"".into()]),
+            &done,
+        );
+        put_then(s, "c", "3", Precondition::None, &done);
+        go.send(()).unwrap();
+        let got = collect(&rx, 3);
+        assert!(fail_rx.recv().unwrap());
+        assert!(got[0].1.is_ok() && got[2].1.is_ok());
+        assert!(matches!(got[1].1, Err(KvError::PreconditionFailed)));
+        let rtxn = s.env.read_txn().unwrap();
+        assert!(s.meta.get(&rtxn, "half-done").unwrap().is_none());
+        drop(rtxn);
+        assert!(s.kv_get("public", "w", "b", 1_000).unwrap().is_none());
+        assert_eq!(
+            s.kv_get("public", "w", "c", 1_000).unwrap().unwrap().value,
+            b"3"
+        );
+        // The quota's usage record counts exactly a and c.
+        assert_eq!(s.kv_usage("public").unwrap(), (4, 2));
+        assert_eq!(s.writer_stats().0, 2);
+    }
+
+    #[test]
+    fn test_a_full_queue_refuses_at_once_and_loses_nothing_queued() {
+        let t = open("full");
+        let s = t.store.as_ref().unwrap();
+        let (done, rx) = unbounded();
+        let go = hold_writer(s);
+        for i in 0..MAX_QUEUED {
+            put_then(s, &format!("q{i}"), "v", Precondition::None, &done);
+        }
+        // At the bound: refused on this thread, before anything else answers.
+        put_then(s, "over", "v", Precondition::None, &done);
+        let (k, r) = rx.try_recv().unwrap();
+        assert_eq!(k, "over");
+        assert!(matches!(r, Err(KvError::Store(StoreError::Busy))));
+        go.send(()).unwrap();
+        let got = collect(&rx, MAX_QUEUED);
+        assert!(got.iter().all(|(_, r)| r.is_ok()));
+        assert_eq!(s.kv_usage("public").unwrap().1, MAX_QUEUED as u64);
+        // 4096 writes behind the holder: at most MAX_BATCH per commit.
+        let (commits, writes, largest) = s.writer_stats();
+        assert_eq!((writes, largest), (MAX_QUEUED as u64 + 1, MAX_BATCH as u64));
+        assert_eq!(commits, 1 + (MAX_QUEUED / MAX_BATCH) as u64);
+        // Below the bound again once drained.
+        put_then(s, "after", "v", Precondition::None, &done);
+        assert!(rx.recv().unwrap().1.is_ok());
+    }
+
+    #[test]
+    fn test_blocking_writes_from_many_threads_all_land() {
+        let t = open("threads");
+        let s = t.store.as_ref().unwrap();
+        std::thread::scope(|sc| {
+            for th in 0..8 {
+                sc.spawn(move || {
+                    for i in 0..50 {
+                        s.kv_put(
+                            "public",
+                            "w",
+                            &format!("t{th}-{i}"),
+                            b"x",
+                            None,
+                            Precondition::None,
+                            1_000,
+                        )
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(s.kv_usage("public").unwrap().1, 400);
+        assert_eq!(s.writer_stats().1, 400);
+    }
+}
