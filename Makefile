@@ -10,14 +10,14 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps clean
+.PHONY: run test build deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
 run: deps runtimes build
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
-test: deps runtimes test-venv test-ui-deps
+test: deps runtimes test-venv test-ui-deps test-promtool
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(CARGO) test --release --no-fail-fast -- --test-threads=2
@@ -45,6 +45,19 @@ test-venv:
 	@/tmp/isobox-test-venv/bin/pip install -q -r tests/python/requirements.txt -r tests/openapi/requirements.txt
 	@test -x /tmp/isobox-st-venv/bin/python || python3 -m venv /tmp/isobox-st-venv
 	@/tmp/isobox-st-venv/bin/pip install -q -r tests/schemathesis/requirements.txt
+
+## test-promtool: Prometheus's own checker, for the test of GET /metrics (tests/metrics.rs):
+## promtool, taken out of Debian's prometheus package with apt-get download and dpkg-deb
+## into /var/cache/isobox-tools, without installing the package (no service, no user)
+PROMTOOL := /var/cache/isobox-tools/promtool
+test-promtool:
+	@if [ ! -x $(PROMTOOL) ]; then \
+		d=$$(mktemp -d) && cd $$d && \
+		{ apt-get download prometheus >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get download prometheus; }; } && \
+		dpkg-deb -x prometheus_*.deb x && mkdir -p $(dir $(PROMTOOL)) && \
+		install -m 0755 x/usr/bin/promtool $(PROMTOOL) && cd / && rm -rf $$d && \
+		echo "installed $(PROMTOOL): $$($(PROMTOOL) --version 2>&1 | head -1)"; \
+	fi
 
 ## test-ui-deps: what the UI's browser test needs: Debian's chromium, node and npm (kept
 ## when already installed, e.g. NodeSource's nodejs, which bundles npm), and

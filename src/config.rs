@@ -139,6 +139,11 @@ struct Args {
     /// size of each client's token bucket (the requests it may make at once after a pause)
     #[arg(long, env = "ISOBOX_RATE_BURST", help_heading = "API keys and rate limits", default_value = "10", value_parser = Value(parsed::<u32>))]
     rate_burst: u32,
+    /// key a scraper off this host presents to GET /metrics (Authorization: Bearer),
+    /// at least 16 characters; clients on this host need none (default: none, /metrics
+    /// is served to this host only)
+    #[arg(long, env = "ISOBOX_METRICS_KEY", help_heading = "API keys and rate limits", default_value = "", hide_default_value = true, value_parser = Value(metrics_key))]
+    metrics_key: std::option::Option<Secret>,
     /// comma-separated CIDRs whose X-Forwarded-For is believed (default: none)
     #[arg(long, env = "ISOBOX_TRUSTED_PROXIES", help_heading = "API keys and rate limits", default_value = "", hide_default_value = true, value_parser = Value(proxies))]
     trusted_proxies: std::vec::Vec<crate::admission::Cidr>,
@@ -457,6 +462,7 @@ impl Config {
                 rate_burst: a.rate_burst,
                 trusted_proxies: a.trusted_proxies,
                 ai_rate_per_min: a.ai_rate_per_min,
+                metrics_key: a.metrics_key,
             },
             listen: a.listen,
             data_dir: a.data_dir,
@@ -839,7 +845,17 @@ impl<T: Clone + Send + Sync + 'static> TypedValueParser for Value<T> {
                 .unwrap_or(""),
             t => t,
         };
-        (self.0)(text).map_err(|why| refuse(format!("invalid value {text:?} for {name}: {why}")))
+        // A key's value is never echoed, not even a wrong one.
+        let secret = arg
+            .and_then(|a| a.get_env())
+            .is_some_and(|e| e.to_string_lossy().contains("KEY"));
+        (self.0)(text).map_err(|why| {
+            if secret {
+                refuse(format!("invalid value for {name}: {why}"))
+            } else {
+                refuse(format!("invalid value {text:?} for {name}: {why}"))
+            }
+        })
     }
 }
 
@@ -934,6 +950,17 @@ fn secret(s: &str) -> Result<Option<Secret>, String> {
     Ok(Some(s)
         .filter(|s| !s.is_empty())
         .map(|s| Secret::new(s.to_string())))
+}
+
+/// The metrics key: none when empty, else at least 16 characters with no blank.
+fn metrics_key(s: &str) -> Result<Option<Secret>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    if s.len() < 16 || s.chars().any(char::is_whitespace) {
+        return Err("a key of at least 16 characters, without blanks".into());
+    }
+    Ok(Some(Secret::new(s.to_string())))
 }
 
 /// The agent's key without surrounding blanks, or `None` for blanks alone.
@@ -1158,6 +1185,7 @@ mod tests {
         ("--memory-require-key", "ISOBOX_MEMORY_REQUIRE_KEY"),
         ("--rate-per-min", "ISOBOX_RATE_PER_MIN"),
         ("--rate-burst", "ISOBOX_RATE_BURST"),
+        ("--metrics-key", "ISOBOX_METRICS_KEY"),
         ("--trusted-proxies", "ISOBOX_TRUSTED_PROXIES"),
         ("--session-quota-bytes", "ISOBOX_SESSION_QUOTA_BYTES"),
         ("--max-sessions", "ISOBOX_MAX_SESSIONS"),
@@ -1566,6 +1594,26 @@ mod tests {
             );
         }
         assert!(!help.contains("[default: ]"), "{help}");
+    }
+
+    #[test]
+    fn metrics_key_at_below_and_above_its_length_and_never_echoed() {
+        let key = |v: &str| load(&["--metrics-key", v]).map(|c| c.admission.metrics_key.is_some());
+        assert!(matches!(key(&"k".repeat(16)), Ok(true)));
+        assert!(matches!(key(&"k".repeat(17)), Ok(true)));
+        match key(&"s".repeat(15)) {
+            Err(ConfigError::Args(e)) => {
+                let text = e.to_string();
+                assert!(text.contains("at least 16 characters"), "{text}");
+                assert!(!text.contains(&"s".repeat(15)), "{text}");
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(key("sixteen chars ok").is_err(), "blanks are refused");
+        assert!(matches!(
+            load(&[]).map(|c| c.admission.metrics_key.is_none()),
+            Ok(true)
+        ));
     }
 
     #[test]

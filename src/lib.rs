@@ -23,6 +23,8 @@ pub mod daemon;
 pub mod http;
 /// Rate-limited logging macros.
 pub mod log;
+/// Figures for `GET /metrics` that nothing else keeps, and their text exposition.
+pub mod metrics;
 /// Filtered egress: nftables and rtnetlink over netlink, fail-closed.
 pub mod netfilter;
 /// The event loop, feature-free: poll, tokens and timers naming components, worker pool.

@@ -60,6 +60,16 @@ pub fn load_file(path: &Path) -> std::io::Result<Vec<Key>> {
     Ok(parse_list(&std::fs::read_to_string(path)?))
 }
 
+/// Whether `presented` hashes to `digest` (compared in constant time).
+pub fn digest_eq(digest: &[u8; 32], presented: &str) -> bool {
+    bool::from(digest.ct_eq(&sha256(presented.as_bytes())))
+}
+
+/// The SHA-256 digest a key is kept as.
+pub fn key_digest(key: &str) -> [u8; 32] {
+    sha256(key.as_bytes())
+}
+
 /// Finds the key matching `presented`, comparing against every key in constant time
 /// (digests of equal length, no early exit), so timing reveals neither which key nor how
 /// many bytes matched.

@@ -118,6 +118,8 @@ pub struct AdmissionConfig {
     pub trusted_proxies: Vec<Cidr>,
     /// Agent loops per minute per client (the bucket holds as many).
     pub ai_rate_per_min: u32,
+    /// The key a scraper off this host presents to `GET /metrics`.
+    pub metrics_key: Option<crate::secret::Secret>,
 }
 
 /// The admission state.
@@ -127,6 +129,8 @@ pub struct Admission {
     limiter: RateLimiter,
     /// The stricter per-client limit of agent loops (`ISOBOX_AI_RATE_PER_MIN`).
     ai_limiter: RateLimiter,
+    /// SHA-256 of the metrics key (the key itself is not kept).
+    metrics_digest: Option<[u8; 32]>,
 }
 
 /// What admission decided.
@@ -158,6 +162,10 @@ pub enum Class {
     /// An agent loop, which spends the operator's model budget: a key whenever keys
     /// are configured, and the agent's own, stricter rate.
     Agent,
+    /// `GET /metrics`: open to a client on this host (loopback, after trusted proxies'
+    /// `X-Forwarded-For`); from anywhere else only with the metrics key
+    /// (`ISOBOX_METRICS_KEY`), never with an API key; never a rate limit.
+    Metrics,
 }
 
 impl Admission {
@@ -177,11 +185,16 @@ impl Admission {
         }
         let limiter = RateLimiter::new(cfg.rate_per_min, cfg.rate_burst);
         let ai_limiter = RateLimiter::new(cfg.ai_rate_per_min, cfg.ai_rate_per_min.max(1));
+        let metrics_digest = cfg
+            .metrics_key
+            .as_ref()
+            .map(|k| keys::key_digest(k.expose()));
         Ok(Admission {
             cfg,
             keys,
             limiter,
             ai_limiter,
+            metrics_digest,
         })
     }
 
@@ -238,11 +251,14 @@ impl Admission {
                 tenant: PUBLIC_TENANT.to_string(),
             };
         }
+        if class == Class::Metrics {
+            return self.check_metrics(head, peer);
+        }
         let limiter = match class {
             // Each loop may run a model for minutes: a stricter bucket of its own.
             Class::Agent => Some(&mut self.ai_limiter),
             Class::Starts | Class::MemoryStarts => Some(&mut self.limiter),
-            Class::Open | Class::Keyed | Class::Memory => None,
+            Class::Open | Class::Keyed | Class::Memory | Class::Metrics => None,
         };
         if let Some(limiter) = limiter {
             let ip = client_ip(&self.cfg.trusted_proxies, head, peer);
@@ -280,6 +296,31 @@ impl Admission {
                 },
                 None => Verdict::Deny(unauthorized()),
             },
+        }
+    }
+
+    /// [`Class::Metrics`]: this host, or the metrics key.
+    fn check_metrics(&self, head: &Head, peer: IpAddr) -> Verdict {
+        let allow = || Verdict::Allow {
+            tenant: PUBLIC_TENANT.to_string(),
+        };
+        if client_ip(&self.cfg.trusted_proxies, head, peer)
+            .to_canonical()
+            .is_loopback()
+        {
+            return allow();
+        }
+        let Some(digest) = &self.metrics_digest else {
+            return Verdict::Deny(Response::error(
+                403,
+                "forbidden",
+                Some("metrics are served to clients on this host only; set ISOBOX_METRICS_KEY to scrape from elsewhere"),
+            ));
+        };
+        match presented_key(head) {
+            Err(resp) => Verdict::Deny(resp),
+            Ok(Some(k)) if keys::digest_eq(digest, &k) => allow(),
+            Ok(_) => Verdict::Deny(unauthorized()),
         }
     }
 
@@ -387,6 +428,56 @@ mod tests {
             ..Default::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn test_metrics_open_to_this_host_and_elsewhere_only_with_its_key() {
+        let verdict = |a: &mut Admission, h: &[(&str, &str)], ip: &str| match a.check(
+            Class::Metrics,
+            &head(h),
+            ip.parse().unwrap(),
+            Instant::now(),
+        ) {
+            Verdict::Allow { .. } => 200,
+            Verdict::Deny(r) => r.status,
+        };
+        // No metrics key: this host only (an API key does not open it).
+        let mut a = adm("k1", &["127.0.0.1/32"]);
+        assert_eq!(verdict(&mut a, &[], "127.0.0.1"), 200);
+        assert_eq!(verdict(&mut a, &[], "::1"), 200);
+        assert_eq!(verdict(&mut a, &[], "::ffff:127.0.0.1"), 200);
+        assert_eq!(verdict(&mut a, &[], "192.0.2.7"), 403);
+        assert_eq!(verdict(&mut a, &[("X-API-Key", "k1")], "192.0.2.7"), 403);
+        // Through a trusted proxy on this host, the client it names decides.
+        assert_eq!(
+            verdict(&mut a, &[("X-Forwarded-For", "192.0.2.7")], "127.0.0.1"),
+            403
+        );
+        let key = "m-0123456789abcdef";
+        let mut a = Admission::new(AdmissionConfig {
+            api_keys: Some(crate::secret::Secret::new("k1".into())),
+            metrics_key: Some(crate::secret::Secret::new(key.into())),
+            require_auth: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let bearer = format!("Bearer {key}");
+        assert_eq!(
+            verdict(&mut a, &[("Authorization", &bearer)], "192.0.2.7"),
+            200
+        );
+        assert_eq!(verdict(&mut a, &[("X-API-Key", key)], "192.0.2.7"), 200);
+        assert_eq!(verdict(&mut a, &[], "192.0.2.7"), 401);
+        assert_eq!(
+            verdict(
+                &mut a,
+                &[("Authorization", "Bearer m-0123456789abcdeF")],
+                "192.0.2.7"
+            ),
+            401
+        );
+        assert_eq!(verdict(&mut a, &[("X-API-Key", "k1")], "192.0.2.7"), 401);
+        assert_eq!(verdict(&mut a, &[], "127.0.0.1"), 200);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod error;
 pub mod execute;
 pub mod health;
 pub mod memory;
+pub mod metrics;
 pub mod routes;
 pub mod sessions;
 pub mod volumes;
@@ -79,6 +80,8 @@ pub struct App {
     pub warm: Option<WarmFigures>,
     /// The WBX face's pool of ready long-lived sandboxes (`None`: none configured).
     pub wbx_warm: Option<WbxWarmFigures>,
+    /// What only `/metrics` reads (runs by outcome, latencies, HTTP, bytes).
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// The WBX face's pool of ready sandboxes on `/healthz`.

@@ -4,7 +4,7 @@
 //! to the row's cap, and calls the row's handler with the path's parameters in
 //! `Request::params`.
 
-use super::{agent, docs, execute, health, memory, sessions, volumes, Action, App};
+use super::{agent, docs, execute, health, memory, metrics, sessions, volumes, Action, App};
 use crate::admission::Class;
 use crate::http::limits::{
     AGENT_BODY_BYTES, DEFAULT_BODY_BYTES, EXECUTE_BODY_BYTES, KV_VALUE_BODY_BYTES,
@@ -22,6 +22,8 @@ pub enum Route {
     Healthz,
     /// `GET /readyz`
     Readyz,
+    /// `GET /metrics`: Prometheus text.
+    Metrics,
     /// `GET /runtimes`
     Runtimes,
     /// `GET /llms.txt`
@@ -85,6 +87,8 @@ impl std::fmt::Debug for Handler {
 pub struct Spec {
     /// Which route.
     pub id: Route,
+    /// Its path pattern (the `route` label of `/metrics`).
+    pub pattern: &'static str,
     /// Largest body accepted.
     pub body_cap: usize,
     /// How admission treats it.
@@ -131,6 +135,7 @@ const fn row(
         methods,
         route: Spec {
             id,
+            pattern,
             body_cap,
             class,
             handler,
@@ -149,6 +154,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/", GET, Route::Ui, Open, DEFAULT_BODY_BYTES, H(|_, _| Action::Respond(docs::ui()))),
     row("/healthz", GET, Route::Healthz, Open, DEFAULT_BODY_BYTES, H(|app, _| Action::Respond(health::healthz(app)))),
     row("/readyz", GET, Route::Readyz, Open, DEFAULT_BODY_BYTES, H(|app, _| Action::Respond(health::readyz(app)))),
+    row("/metrics", GET, Route::Metrics, Class::Metrics, DEFAULT_BODY_BYTES, H(|app, _| Action::Respond(metrics::metrics(app)))),
     row("/runtimes", GET, Route::Runtimes, Keyed, DEFAULT_BODY_BYTES, H(|app, _| Action::Respond(health::runtimes(app)))),
     row("/llms.txt", GET, Route::LlmsTxt, Open, DEFAULT_BODY_BYTES, H(|_, _| Action::Respond(docs::llms_txt()))),
     row("/openapi.yaml", GET, Route::OpenApi, Open, DEFAULT_BODY_BYTES, H(|_, _| Action::Respond(docs::openapi_yaml()))),

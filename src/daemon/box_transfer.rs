@@ -202,6 +202,7 @@ impl Daemon {
             return;
         };
         let keep = c.http.keep_alive && !shutting_down;
+        c.http.note_head(200);
         crate::http::response::write_head(
             &mut c.http.wbuf,
             200,

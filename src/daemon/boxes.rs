@@ -590,6 +590,7 @@ impl Daemon {
         if !pooled {
             self.boxes.by_id.insert(id, key);
         }
+        self.box_count_publish();
         self.box_arm(key);
         // The sandbox's environment is its init's, which every process inherits.
         let mut env_list: Vec<String> = plan.runtime.desc.env.clone();
@@ -616,8 +617,15 @@ impl Daemon {
         Ok(key)
     }
 
+    /// Publishes the number of live sandboxes (tenants', pooled) for `/metrics`.
+    pub(super) fn box_count_publish(&mut self) {
+        let pooled = self.boxes.boxes.iter().filter(|(_, b)| b.pooled).count();
+        self.app.metrics.sandboxes = (self.boxes.boxes.len() - pooled, pooled);
+    }
+
     /// Publishes the pool's figures for `/healthz`.
     fn box_warm_publish(&mut self) {
+        self.box_count_publish();
         let want = &self.cfg.wbx.warm_pool;
         let t = &self.boxes;
         self.app.wbx_warm = want
@@ -1135,6 +1143,7 @@ impl Daemon {
         let Some(b) = self.boxes.boxes.try_remove(key) else {
             return;
         };
+        self.box_count_publish();
         if b.pooled && b.start_ms == 0 && !self.app.shutting_down {
             // A pooled boot that never became ready: the pool waits before the next.
             let t = &mut self.boxes;

@@ -489,6 +489,15 @@ impl Daemon {
             self.proxy_take(ck, head);
             return;
         }
+        c.http.label = (
+            if Routed::is_wbx(&head.path) {
+                "wbx"
+            } else {
+                "isobox"
+            },
+            crate::metrics::method_label(&head.method),
+            "unmatched",
+        );
         let (route, params) = match Routed::resolve(&head.method, &head.path) {
             Ok(r) => r,
             Err(resp) => {
@@ -496,6 +505,8 @@ impl Daemon {
                 return;
             }
         };
+        let (face, pattern) = route.label();
+        c.http.label = (face, c.http.label.1, pattern);
         let peer = c.peer.ip();
         let tenant = match self
             .admission
@@ -710,7 +721,9 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return false;
         };
-        if !c.http.write_to(&mut c.stream, Instant::now()) {
+        let written = c.http.write_to(&mut c.stream, Instant::now());
+        tally(&mut self.app.metrics, &mut c.http);
+        if !written {
             return false;
         }
         let drained = c.http.pending_write() < MAX_WRITE_BUFFER_BYTES / 2;
@@ -788,6 +801,7 @@ impl Daemon {
         let Some(mut c) = self.conns.try_remove(ck) else {
             return;
         };
+        tally(&mut self.app.metrics, &mut c.http);
         self.conn_uncount(c.peer);
         self.reactor.deregister(&mut c.stream, c.token);
         match std::mem::replace(&mut c.http.phase, Phase::Head) {
@@ -911,4 +925,17 @@ impl Daemon {
     pub(crate) fn conns_all_flushed(&self) -> bool {
         self.conns.iter().all(|(_, c)| c.http.flushed())
     }
+}
+
+/// Moves a connection's counted heads and bytes into the metrics.
+fn tally<R, W: crate::http::conn::Owner>(
+    m: &mut crate::metrics::Metrics,
+    http: &mut crate::http::conn::Conn<R, W>,
+) {
+    for ((face, method, route), status) in http.heads.drain(..) {
+        m.response(face, method, route, status);
+    }
+    let (r, w) = std::mem::take(&mut http.io_bytes);
+    m.bytes_in += r;
+    m.bytes_out += w;
 }

@@ -131,6 +131,13 @@ impl Daemon {
 
     fn egress_checked(&mut self) {
         self.egress.running = false;
+        self.app.metrics.egress_checks += 1;
+        if matches!(
+            self.app.egress.state(),
+            crate::netfilter::State::Unverified(_)
+        ) {
+            self.app.metrics.egress_check_failures += 1;
+        }
         self.warm_purge_stale();
         if self.egress.dirty {
             self.start_egress_check(false);

@@ -31,6 +31,19 @@ impl Routed {
         }
     }
 
+    /// Whether `path` is under the WBX face's base path.
+    pub(crate) fn is_wbx(path: &str) -> bool {
+        wbx_path(path).is_some()
+    }
+
+    /// (face, path pattern): the labels `/metrics` counts the request under.
+    pub(crate) fn label(self) -> (&'static str, &'static str) {
+        match self {
+            Routed::Isobox(s) => ("isobox", s.pattern),
+            Routed::Wbx(s) => ("wbx", s.pattern),
+        }
+    }
+
     pub(crate) fn body_cap(self) -> usize {
         match self {
             Routed::Isobox(s) => s.body_cap,

@@ -10,6 +10,7 @@ use crate::api::execute;
 use crate::api::ProbeState;
 use crate::http::sse::take_utf8;
 use crate::http::Response;
+use crate::metrics::RunOutcome;
 use crate::reactor::{Addr, Done};
 use crate::sandbox::plan::{CompileResult, RunResult};
 use crate::sandbox::Cleanup;
@@ -293,6 +294,7 @@ impl Daemon {
                 // that left has no sink.
                 self.app.counters.runs_total += 1;
                 self.app.counters.runs_cancelled += 1;
+                self.count_run(&run, RunOutcome::Cancelled);
                 log::debug!("run={} cancelled before it started", run.id);
                 let resp = Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
                     .with_header("Retry-After", "5");
@@ -300,6 +302,7 @@ impl Daemon {
                 return;
             }
             self.app.counters.runs_failed += 1;
+            self.count_run(&run, RunOutcome::Failed);
             let said = String::from_utf8_lossy(&run.gate.noise()).into_owned();
             let (why, detail) = if run.timed_out {
                 (
@@ -398,6 +401,14 @@ impl Daemon {
         if run.cancelled {
             c.runs_cancelled += 1;
         }
+        let outcome = RunOutcome::of(
+            run.cancelled,
+            result.timed_out,
+            result.oom_killed,
+            result.truncated,
+            result.exit_code,
+        );
+        self.count_run(&run, outcome);
         log::info!(
             "run={} lang={} exit={} timed_out={} oom={} truncated={} ms={} cancelled={}",
             run.id,
@@ -415,6 +426,20 @@ impl Daemon {
         // A kernel lives on unless this step ended it (it is being reaped then).
         let kernel_alive = run.kernel.is_some_and(|(kk, ks)| self.kernel_alive(kk, ks));
         sink.result(self, body, kernel_alive);
+    }
+
+    /// Counts a run that ended with `outcome` in `/metrics`: by runtime, with its
+    /// latency from admission and its start latency (admission to the program's start).
+    fn count_run(&mut self, run: &Run, outcome: RunOutcome) {
+        let start = run
+            .program_started
+            .map(|p| p.saturating_duration_since(run.admitted));
+        self.app.metrics.run(
+            &run.plan.runtime.desc.language,
+            outcome,
+            run.admitted.elapsed(),
+            start,
+        );
     }
 
     /// Fails a run before it produced a result: a 500 (or an SSE `error` event).

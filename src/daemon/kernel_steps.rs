@@ -140,6 +140,7 @@ impl Daemon {
         let rk = self.runs.insert(Run {
             compile: None,
             program_started: Some(now),
+            admitted: now,
             gate: crate::sandbox::start::StartGate::open(),
             serial,
             id,

@@ -109,6 +109,8 @@ pub struct Run {
     pub(super) compile: Option<CompileState>,
     /// When the program itself started (after a build, when the frame arrived).
     pub(super) program_started: Option<Instant>,
+    /// When the run was admitted (its slot taken): where `/metrics` latencies start.
+    pub(super) admitted: Instant,
     pub(super) serial: u64,
     pub(super) id: String,
     /// Where its output and result go; `None` once its consumer left (cancelled).
@@ -191,6 +193,7 @@ impl Daemon {
                 result: None,
             }),
             program_started: None,
+            admitted: Instant::now(),
             serial,
             id: id.clone(),
             sink: Some(sink),
@@ -342,6 +345,11 @@ impl Daemon {
             Err(e) => {
                 crate::error_limited!("run={rk} op=spawn err={e}");
                 self.app.counters.runs_failed += 1;
+                if let Some(run) = self.runs.get(rk) {
+                    let (lang, since) = (run.plan.runtime.desc.language.clone(), run.admitted);
+                    let outcome = crate::metrics::RunOutcome::Failed;
+                    self.app.metrics.run(&lang, outcome, since.elapsed(), None);
+                }
                 // The detail stays generic: the error names host paths; the log has it.
                 self.run_fail(
                     rk,

@@ -312,6 +312,7 @@ impl Daemon {
             ),
             warm: None,
             wbx_warm: None,
+            metrics: crate::metrics::Metrics::default(),
         };
         // Runs lease their networks through the backend.
         let backend: Arc<dyn Backend> = match made {

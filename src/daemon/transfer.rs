@@ -431,6 +431,7 @@ impl Daemon {
             headers.push(("Transfer-Encoding", "chunked".into()));
         }
         headers.push(("Cache-Control", "no-store".into()));
+        c.http.note_head(head.status);
         crate::http::response::write_head(
             &mut c.http.wbuf,
             head.status,

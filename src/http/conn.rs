@@ -217,7 +217,20 @@ pub struct Conn<R, W> {
     pub keep_alive: bool,
     /// The request being served is a HEAD.
     pub head_only: bool,
+    /// Labels of the request being served, (face, method, route), for counting: set
+    /// by the caller as it routes the head; `UNROUTED` until then.
+    pub label: Label,
+    /// Response heads queued and not yet taken by the caller, with their status.
+    pub heads: Vec<(Label, u16)>,
+    /// Bytes read from and written to the socket since the caller last took them.
+    pub io_bytes: (u64, u64),
 }
+
+/// (face, method, route) of a request, as `/metrics` labels it.
+pub type Label = (&'static str, &'static str, &'static str);
+
+/// The labels of a request whose head did not parse.
+pub const UNROUTED: Label = ("isobox", "other", "unmatched");
 
 impl<R, W: Owner> Conn<R, W> {
     /// A fresh connection, waiting for a head.
@@ -235,6 +248,18 @@ impl<R, W: Owner> Conn<R, W> {
             last_write: now,
             keep_alive: true,
             head_only: false,
+            label: UNROUTED,
+            heads: Vec::new(),
+            io_bytes: (0, 0),
+        }
+    }
+
+    /// Records a response head of `status` for the request being served.
+    pub fn note_head(&mut self, status: u16) {
+        // Bounded: the caller takes them after every turn; a pipelining client that
+        // never reads stops being parsed once the write buffer is full.
+        if self.heads.len() < 1024 {
+            self.heads.push((self.label, status));
         }
     }
 
@@ -293,10 +318,11 @@ impl<R, W: Owner> Conn<R, W> {
                 match io.read(&mut buf) {
                     Ok(0) => self.read_eof = true,
                     Ok(n) if drained < MAX_READ_AHEAD_BYTES * 4 => {
+                        self.io_bytes.0 += n as u64;
                         drained += n;
                         continue;
                     }
-                    Ok(_) => {}
+                    Ok(n) => self.io_bytes.0 += n as u64,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(_) => self.read_eof = true,
@@ -313,7 +339,10 @@ impl<R, W: Owner> Conn<R, W> {
                     self.read_eof = true;
                     return false;
                 }
-                Ok(n) => self.rbuf.extend_from_slice(&buf[..n]),
+                Ok(n) => {
+                    self.io_bytes.0 += n as u64;
+                    self.rbuf.extend_from_slice(&buf[..n]);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => {
@@ -350,6 +379,7 @@ impl<R, W: Owner> Conn<R, W> {
                 Ok(0) => return false,
                 Ok(n) => {
                     self.wpos += n;
+                    self.io_bytes.1 += n as u64;
                     self.last_write = now;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -393,6 +423,8 @@ impl<R, W: Owner> Conn<R, W> {
                 return HeadStep::Wait;
             }
             self.head_started = Some(now);
+            // Until this head is routed, what it gets (a 414, a 431) is unrouted.
+            self.label = UNROUTED;
             return HeadStep::Began;
         }
         let Some(end) = find_head_end(&self.rbuf, self.scan_from) else {
@@ -421,6 +453,7 @@ impl<R, W: Owner> Conn<R, W> {
         self.rbuf.drain(..end);
         self.scan_from = 0;
         self.head_started = None;
+        self.label = UNROUTED;
         match parsed {
             Ok(head) => {
                 self.keep_alive = head.keep_alive;
@@ -548,6 +581,7 @@ impl<R, W: Owner> Conn<R, W> {
 
     /// Queues a complete response; the connection goes back to reading heads.
     pub fn respond(&mut self, resp: Response, shutting_down: bool) {
+        self.note_head(resp.status);
         let keep = self.keeps(shutting_down);
         resp.write_to(&mut self.wbuf, self.head_only, keep);
         self.phase = Phase::Head;
@@ -564,6 +598,7 @@ impl<R, W: Owner> Conn<R, W> {
 
     /// A 200 JSON response whose body is encoded as the socket drains.
     pub fn respond_lazy(&mut self, body: LazyBody, shutting_down: bool) {
+        self.note_head(200);
         let keep = self.keeps(shutting_down);
         super::response::write_head(
             &mut self.wbuf,
@@ -596,6 +631,7 @@ impl<R, W: Owner> Conn<R, W> {
     /// Queues the head of an SSE response (chunked; kept alive unless the client or a
     /// shutdown says otherwise). The phase stays the owner's.
     pub fn start_sse(&mut self, shutting_down: bool) {
+        self.note_head(200);
         let keep = self.keeps(shutting_down);
         super::sse::write_head(&mut self.wbuf, keep);
         if !keep {
@@ -608,6 +644,7 @@ impl<R, W: Owner> Conn<R, W> {
     /// connection closes after it (a stream's end is not known), and the lines queued
     /// later go nowhere.
     pub fn start_ndjson(&mut self, shutting_down: bool) {
+        self.note_head(200);
         let keep = self.keeps(shutting_down) && !self.head_only;
         let headers = [
             ("Content-Type", "application/x-ndjson".to_string()),

@@ -71,6 +71,8 @@ pub enum Route {
 pub struct Spec {
     /// Which route.
     pub id: Route,
+    /// Its path pattern after `/wbx` (the `route` label of `/metrics`).
+    pub pattern: &'static str,
     /// Largest body accepted.
     pub body_cap: usize,
     /// How admission treats it.
@@ -102,6 +104,7 @@ const fn row(
         methods,
         route: Spec {
             id,
+            pattern,
             body_cap,
             class,
         },
