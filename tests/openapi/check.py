@@ -310,7 +310,7 @@ def check_live(c: Checker, h: Http, doc: dict[str, Any], routes: dict[str, set[s
         except OSError as e:
             c.fail(f"GET {path}", str(e))
             continue
-        if path in ("/", "/llms.txt", "/openapi.yaml"):
+        if path in ("/", "/llms.txt", "/openapi.yaml", "/metrics"):
             op = (doc.get("paths") or {}).get(path, {}).get("get", {})
             documented = list(((op.get("responses") or {}).get("200") or {}).get("content", {}).keys())
             ctype = hdrs.get("content-type", "")
