@@ -22,7 +22,8 @@ a family's samples) and hold isobox_runs_total with RUNS ok runs.
 Usage (root): python3 bench/load/metrics.py
 Settings (environment): RUNS (20), SCRAPES (200), INTERVAL_MS (100: a scrape every 0.1 s
 during the load phase, 150x Prometheus's usual 15 s), DURATION (s of load per measurement,
-10), SERVER_CPU (0), WRK_CPU (1), ISOBOXD (binary). Python 3.11 standard library only;
+5), ROUNDS (5 alternating rounds of PUTs alone and PUTs with scrapes; medians reported),
+SERVER_CPU (0), WRK_CPU (1), ISOBOXD (binary). Python 3.11 standard library only;
 wrk is installed with apt-get when missing.
 """
 
@@ -44,7 +45,8 @@ ISOBOXD = os.environ.get("ISOBOXD", os.path.join(ROOT, "target/release/isoboxd")
 RUNS = int(os.environ.get("RUNS", "20"))
 SCRAPES = int(os.environ.get("SCRAPES", "200"))
 INTERVAL_MS = int(os.environ.get("INTERVAL_MS", "100"))
-DURATION = int(os.environ.get("DURATION", "10"))
+DURATION = int(os.environ.get("DURATION", "5"))
+ROUNDS = int(os.environ.get("ROUNDS", "5"))
 SERVER_CPU = os.environ.get("SERVER_CPU", "0")
 WRK_CPU = os.environ.get("WRK_CPU", "1")
 
@@ -56,7 +58,8 @@ request = function()
 end
 """
 
-SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})? [0-9.eE+\-]+(Inf)?$')
+# name, then labels whose quoted values may hold anything escaped (route patterns hold braces)
+SAMPLE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*",?)*\})? [0-9.eE+\-]+$')
 
 
 def start():
@@ -170,23 +173,33 @@ def main():
         print(f"== /metrics scrape cost: isoboxd {url}, server on CPU {SERVER_CPU}, wrk on CPU "
               f"{WRK_CPU}; {RUNS} runs done first; {SCRAPES} scrapes of each endpoint per phase")
         idle, size = scrape_pair(host, port, SCRAPES)
-        # Under load: the PUT rate alone, then with scrapes every INTERVAL_MS.
-        alone = wrk(url, DURATION, lua.name)
+        # Under load: the PUT rate alone and with scrapes every INTERVAL_MS, alternating
+        # over ROUNDS rounds (the rate swings ~10 % between runs of a few seconds).
         under = {"/metrics": [], "/healthz": []}
-        stop = threading.Event()
+        failed = []
+        alone, with_scr = [], []
+        for _ in range(ROUNDS):
+            alone.append(wrk(url, DURATION, lua.name))
+            stop = threading.Event()
 
-        def scraper():
-            while not stop.is_set():
-                lat, _ = scrape_pair(host, port, 1)
-                for k, v in lat.items():
-                    under[k].extend(v)
-                time.sleep(INTERVAL_MS / 1000)
+            def scraper(stop=stop):
+                try:
+                    while not stop.is_set():
+                        lat, _ = scrape_pair(host, port, 1)
+                        for k, v in lat.items():
+                            under[k].extend(v)
+                        time.sleep(INTERVAL_MS / 1000)
+                except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                    failed.append(repr(e))
 
-        t = threading.Thread(target=scraper)
-        t.start()
-        with_scrapes = wrk(url, DURATION, lua.name)
-        stop.set()
-        t.join()
+            t = threading.Thread(target=scraper)
+            t.start()
+            with_scr.append(wrk(url, DURATION, lua.name))
+            stop.set()
+            t.join()
+            if failed:
+                sys.exit(f"the scraper failed under load: {failed[0]}")
+        alone_m, with_m = statistics.median(alone), statistics.median(with_scr)
         print(f"{'phase':<12} {'endpoint':<10} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'bytes':>7}")
         for phase, lat in (("idle", idle), ("under load", under)):
             for path in ("/metrics", "/healthz"):
@@ -195,8 +208,9 @@ def main():
             r50 = pct(lat["/metrics"], 50) / pct(lat["/healthz"], 50)
             r99 = pct(lat["/metrics"], 99) / pct(lat["/healthz"], 99)
             print(f"{phase:<12} ratio /metrics / /healthz: p50 {r50:.2f}, p99 {r99:.2f}")
-        print(f"KV PUT req/s at c=16: {alone:.0f} alone, {with_scrapes:.0f} with a scrape of each "
-              f"every {INTERVAL_MS} ms ({with_scrapes / alone:.3f}x)")
+        print(f"KV PUT req/s at c=16, median of {ROUNDS} alternating rounds: {alone_m:.0f} alone "
+              f"({', '.join(f'{x:.0f}' for x in alone)}), {with_m:.0f} with a scrape of each every "
+              f"{INTERVAL_MS} ms ({', '.join(f'{x:.0f}' for x in with_scr)}): {with_m / alone_m:.3f}x")
     finally:
         os.unlink(lua.name)
         proc.send_signal(signal.SIGTERM)
