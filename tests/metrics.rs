@@ -105,10 +105,14 @@ fn test_metrics_parse_and_move_with_runs_and_requests() {
     assert_eq!(d.get("/wbx/v1/nothing").status, 404);
     assert_eq!(d.request("DELETE", "/healthz", &[], b"").status, 405);
     // A head too large after a routed one on the same connection: unrouted, not /healthz.
-    let mut raw = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /healthz HTTP/1.1\r\nX-Big: ".to_vec();
+    let mut raw =
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /healthz HTTP/1.1\r\nX-Big: ".to_vec();
     raw.extend(std::iter::repeat_n(b'a', 17 * 1024));
     raw.extend_from_slice(b"\r\n\r\n");
-    let got: Vec<u16> = common::raw_exchange(d.addr, &raw).iter().map(|r| r.status).collect();
+    let got: Vec<u16> = common::raw_exchange(d.addr, &raw)
+        .iter()
+        .map(|r| r.status)
+        .collect();
     assert_eq!(got, vec![200, 431]);
 
     let after = scrape(&d);
