@@ -84,6 +84,10 @@ struct Args {
     /// log level: error, warn, info, debug, trace
     #[arg(long, env = "ISOBOX_LOG", help_heading = "Server", default_value = "info", value_parser = Value(text))]
     log: String,
+    /// log line format: `text` (a timestamp, the level, the module, the message) or
+    /// `json` (one object per line: ts, level, target, msg)
+    #[arg(long, env = "ISOBOX_LOG_FORMAT", help_heading = "Server", value_name = "text|json", default_value = "text", value_parser = Value(log_format))]
+    log_format: std::primitive::bool,
     /// worker threads for blocking work
     #[arg(long, env = "ISOBOX_WORKERS", help_heading = "Server", default_value = "4", value_parser = Value(parsed::<usize>))]
     workers: usize,
@@ -329,6 +333,8 @@ pub struct Config {
     pub platform: String,
     /// Log level.
     pub log_level: String,
+    /// Log lines as JSON objects (`ISOBOX_LOG_FORMAT=json`) instead of text.
+    pub log_json: bool,
     /// Worker threads.
     pub workers: usize,
     /// Connection cap.
@@ -472,6 +478,7 @@ impl Config {
             runsc: a.runsc,
             platform: a.platform,
             log_level: a.log,
+            log_json: a.log_format,
             workers: a.workers,
             max_connections: a.max_connections,
             max_connections_per_ip: a.max_connections_per_ip,
@@ -986,6 +993,15 @@ fn zero_one(s: &str) -> Result<bool, String> {
     }
 }
 
+/// `text` (false) or `json` (true): the log line format.
+fn log_format(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "text" => Ok(false),
+        "json" => Ok(true),
+        _ => Err("text or json".into()),
+    }
+}
+
 /// `on`/`1`/`true` or `off`/`0`/`false`, surrounding blanks ignored.
 fn on_off(s: &str) -> Result<bool, String> {
     match s.trim() {
@@ -1169,6 +1185,7 @@ mod tests {
         ("--runsc", "ISOBOX_RUNSC"),
         ("--platform", "ISOBOX_PLATFORM"),
         ("--log", "ISOBOX_LOG"),
+        ("--log-format", "ISOBOX_LOG_FORMAT"),
         ("--workers", "ISOBOX_WORKERS"),
         ("--max-connections", "ISOBOX_MAX_CONNECTIONS"),
         ("--max-connections-per-ip", "ISOBOX_MAX_CONNECTIONS_PER_IP"),
@@ -1328,6 +1345,7 @@ mod tests {
         );
         assert_eq!(c.runsc, PathBuf::from("/usr/bin/runsc"));
         assert_eq!(c.log_level, "info");
+        assert!(!c.log_json);
         assert_eq!(
             (c.workers, c.max_connections, c.max_connections_per_ip),
             (4, 1024, 256)
@@ -1398,6 +1416,17 @@ mod tests {
     }
 
     #[test]
+    fn log_format_is_text_or_json() {
+        let json = load_env(&[("ISOBOX_LOG_FORMAT", Some("json"))], &[]).unwrap();
+        assert!(json.log_json);
+        let text = load_env(
+            &[("ISOBOX_LOG_FORMAT", Some("json"))],
+            &["--log-format", "text"],
+        );
+        assert!(!text.unwrap().log_json);
+    }
+
+    #[test]
     fn an_invalid_variable_is_refused_by_name() {
         for (var, value) in [
             ("ISOBOX_LISTEN", "nope"),
@@ -1409,6 +1438,7 @@ mod tests {
             ("ISOBOX_TRUSTED_PROXIES", "10.0.0.0/99"),
             ("ISOBOX_WARM_POOL", "python=99"),
             ("ISOBOX_SLICE_MEMORY_BYTES", "lots"),
+            ("ISOBOX_LOG_FORMAT", "yaml"),
         ] {
             let e = load_env(&[(var, Some(value))], &[]).unwrap_err();
             let msg = e.to_string();

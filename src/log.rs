@@ -137,6 +137,21 @@ pub fn dropped_note(n: u64) -> String {
     }
 }
 
+/// One log line as a JSON object (`ISOBOX_LOG_FORMAT=json`): `ts` (RFC 3339, UTC,
+/// milliseconds), `level` (`ERROR` … `TRACE`), `target` (the module) and `msg`, in that
+/// order, on one line whatever the message holds (newlines and quotes are escaped).
+pub fn json_line(ts: &str, level: ::log::Level, target: &str, msg: &str) -> String {
+    // Keys written by hand keep their order; serde_json escapes each value.
+    let q = |v: &str| serde_json::Value::from(v).to_string();
+    format!(
+        "{{\"ts\":{},\"level\":{},\"target\":{},\"msg\":{}}}",
+        q(ts),
+        q(level.as_str()),
+        q(target),
+        q(msg)
+    )
+}
+
 /// A warning a peer could trigger: rate limited per call site, and per client when
 /// it is named first (`warn_limited!(client = ip; "...")`).
 #[macro_export]
@@ -193,6 +208,25 @@ mod tests {
         // The next window: the first line says how many were dropped.
         assert_eq!(site.allow_at(101, None, &clients), Some(3));
         assert_eq!(site.allow_at(101, None, &clients), Some(0));
+    }
+
+    #[test]
+    fn test_a_json_line_is_one_object_whatever_the_message_holds() {
+        let msg = "two\nlines with \"quotes\", a tab\t, a \\ and \u{1b}[31m";
+        let line = json_line(
+            "2026-12-03T07:00:00.123Z",
+            ::log::Level::Warn,
+            "isobox::x",
+            msg,
+        );
+        assert!(!line.contains('\n'), "{line}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["ts"], "2026-12-03T07:00:00.123Z");
+        assert_eq!(v["level"], "WARN");
+        assert_eq!(v["target"], "isobox::x");
+        assert_eq!(v["msg"], msg);
+        assert_eq!(v.as_object().unwrap().len(), 4);
+        assert!(line.starts_with("{\"ts\":"), "{line}");
     }
 
     #[test]

@@ -17,10 +17,23 @@ fn main() {
             std::process::exit(2);
         }
     };
-    env_logger::Builder::new()
+    let mut logger = env_logger::Builder::new();
+    logger
         .parse_filters(&cfg.log_level)
-        .format_timestamp_millis()
-        .init();
+        .format_timestamp_millis();
+    if cfg.log_json {
+        logger.format(|buf, record| {
+            use std::io::Write;
+            let line = isobox::log::json_line(
+                &buf.timestamp_millis().to_string(),
+                record.level(),
+                record.target(),
+                &record.args().to_string(),
+            );
+            writeln!(buf, "{line}")
+        });
+    }
+    logger.init();
     let mut daemon = match Daemon::new(cfg) {
         Ok(d) => d,
         Err(e) => {

@@ -66,6 +66,53 @@ fn test_sigterm_lets_runs_finish_within_grace_then_kills() {
 }
 
 #[test]
+fn test_json_log_lines_are_one_object_each() {
+    let mut d = Daemon::start_with(&[("ISOBOX_LOG_FORMAT", "json")]);
+    d.wait_ready();
+    let r = d.execute(json!({"language": "python-slim", "network": false, "code": "print(1)"}));
+    assert_eq!(r["run"]["stdout"], "1\n");
+    d.stop_keep_data();
+    // The reader thread takes the last lines after the exit.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.log().contains("isoboxd stopped") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = d.log();
+    let mut msgs = Vec::new();
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        let o = v.as_object().unwrap();
+        let keys: Vec<&str> = o.keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 4, "{line}");
+        for k in ["ts", "level", "target", "msg"] {
+            assert!(o[k].is_string(), "{k} in {line}");
+        }
+        let ts = o["ts"].as_str().unwrap();
+        // RFC 3339 in UTC with milliseconds: 2026-12-03T07:00:00.123Z
+        assert!(
+            ts.len() == 24 && ts.ends_with('Z') && &ts[10..11] == "T",
+            "{ts}"
+        );
+        assert!(
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&o["level"].as_str().unwrap()),
+            "{line}"
+        );
+        assert!(
+            o["target"].as_str().unwrap().starts_with("isobox"),
+            "{line}"
+        );
+        msgs.push(o["msg"].as_str().unwrap().to_string());
+    }
+    assert!(
+        msgs.iter().any(|m| m.contains("listening on http://")),
+        "{log}"
+    );
+    assert!(msgs.iter().any(|m| m == "isoboxd stopped"), "{log}");
+    d.stop();
+}
+
+#[test]
 fn test_crash_leftovers_are_swept_at_startup() {
     let d = Daemon::start();
     d.wait_ready();

@@ -120,9 +120,11 @@ impl Daemon {
             let mut tx = Some(tx);
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                // The ready line, as text or as a JSON object's `msg` (ISOBOX_LOG_FORMAT).
                 if let Some(rest) = line.split("listening on http://").nth(1) {
                     if let Some(tx) = tx.take() {
-                        let _ = tx.send(rest.trim().to_string());
+                        let end = rest.find(['"', ' ']).unwrap_or(rest.len());
+                        let _ = tx.send(rest[..end].trim().to_string());
                     }
                 }
                 let mut l = log2.lock().unwrap();
