@@ -54,7 +54,7 @@ pub enum ConfigError {
     about = "run untrusted code in gVisor sandboxes over HTTP",
     // Not the doc comment above, which is for this file's readers.
     long_about = None,
-    after_help = "Every flag can also be set by its environment variable; flags win.",
+    after_help = "Every flag can also be set by its environment variable; flags win.\n\n`isoboxd check [FLAGS]` prints what is missing or wrong on this host with these settings (runsc, cgroups, runtimes, nftables, forwarding, disk, the listening address), changing nothing, and exits 1 when the daemon could not serve.",
     next_line_help = true,
     // As before: a repeated flag's last value wins.
     args_override_self = true
@@ -305,7 +305,7 @@ struct Args {
     #[arg(long, env = "ISOBOX_WBX_WARM_POOL", help_heading = "WBX face (/wbx)", default_value = "base=1", value_parser = Value(warm_pool))]
     wbx_warm_pool: std::vec::Vec<(String, usize)>,
     /// the isobox-init binary long-lived sandboxes run as their init (default: beside
-    /// isoboxd's own executable)
+    /// isoboxd's own executable, else /usr/libexec/isobox/isobox-init)
     #[arg(long, env = "ISOBOX_INIT", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
     init: std::option::Option<PathBuf>,
 }
@@ -551,11 +551,13 @@ impl Config {
                     port,
                 }
             },
+            // Beside the daemon (a build tree), else where the Debian package puts it.
             init: a.init.unwrap_or_else(|| {
                 std::env::current_exe()
                     .ok()
                     .and_then(|e| e.parent().map(|d| d.join("isobox-init")))
-                    .unwrap_or_else(|| PathBuf::from("/usr/lib/isobox/isobox-init"))
+                    .filter(|p| p.exists())
+                    .unwrap_or_else(|| PathBuf::from("/usr/libexec/isobox/isobox-init"))
             }),
         };
         cfg.validate()?;

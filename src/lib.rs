@@ -15,6 +15,8 @@ pub mod agent;
 pub mod api;
 /// cgroups v1 and v2: the protective slice and each run's cgroup.
 pub mod cgroup;
+/// `isoboxd check`: what is missing or wrong on this host.
+pub mod check;
 /// Settings from flags and `ISOBOX_*` variables (clap), checked once.
 pub mod config;
 /// The reactor's host: every component on the loop; the top of the import graph.

@@ -1,4 +1,6 @@
 //! `isoboxd`: parse flags and environment, start the daemon, print the error chain on failure.
+//! `isoboxd check [FLAGS]`: report what is missing or wrong on this host with those
+//! settings, and exit 1 when the daemon could not serve.
 
 use isobox::config::{Config, ConfigError};
 use isobox::daemon::Daemon;
@@ -8,7 +10,12 @@ fn main() {
     // freed memory than glibc's default of 8 per core (a 30-minute soak saw RSS ratchet
     // up with connection bursts and never come down).
     isobox::sys::limit_malloc_arenas(2);
-    let cfg = match Config::load(std::env::args_os().skip(1)) {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let check = args.first().is_some_and(|a| a == "check");
+    if check {
+        args.remove(0);
+    }
+    let cfg = match Config::load(args) {
         Ok(c) => c,
         // `--help` and `--version` (stdout, exit 0), or what clap refused (stderr, 2).
         Err(ConfigError::Args(e)) => e.exit(),
@@ -17,6 +24,11 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if check {
+        let (report, serves) = isobox::check::render(&isobox::check::run(&cfg));
+        print!("{report}");
+        std::process::exit(if serves { 0 } else { 1 });
+    }
     let mut logger = env_logger::Builder::new();
     logger
         .parse_filters(&cfg.log_level)

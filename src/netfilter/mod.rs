@@ -412,6 +412,27 @@ fn forwarding_marker(ns: u64) -> PathBuf {
     PathBuf::from(format!("/run/isobox/ip_forward-by-isobox.{ns}"))
 }
 
+/// IPv4 forwarding in the calling thread's network namespace now (`None`: unreadable),
+/// with whether isobox turned it on there (its marker is present).
+pub fn forwarding_now() -> Option<(bool, bool)> {
+    let on = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+        .ok()?
+        .trim()
+        == "1";
+    let ours = netns_inode().is_some_and(|ns| forwarding_marker(ns).exists());
+    Some((on, ours))
+}
+
+/// Whether nf_tables answers over netlink with the rights to change it, without
+/// changing anything: a transaction deleting a table that does not exist (`name`,
+/// which must be no live table's) comes back "no such table" only when both hold.
+///
+/// # Errors
+/// The socket's or the kernel's error (no nf_tables, no CAP_NET_ADMIN).
+pub fn nftables_usable(name: &str) -> io::Result<()> {
+    nft::Nft::open()?.delete_table(name)
+}
+
 /// The inode of the calling thread's network namespace.
 fn netns_inode() -> Option<u64> {
     use std::os::unix::fs::MetadataExt;

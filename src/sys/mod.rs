@@ -154,6 +154,12 @@ pub fn set_thread_nice(nice: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// The effective user id of this process.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// The number of open fds of this process (for health figures and leak tests).
 pub fn open_fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd")

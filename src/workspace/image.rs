@@ -275,7 +275,8 @@ fn read_superblock(file: &File) -> io::Result<Superblock> {
     })
 }
 
-fn find_mkfs() -> Option<&'static str> {
+/// The mkfs.ext4 workspaces and volumes are made with, if installed.
+pub fn find_mkfs() -> Option<&'static str> {
     MKFS_CANDIDATES.into_iter().find(|p| Path::new(p).is_file())
 }
 
