@@ -10,20 +10,24 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool clean
+.PHONY: run test build deb deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
 run: deps runtimes build
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
-test: deps runtimes test-venv test-ui-deps test-promtool
+test: deps runtimes test-venv test-ui-deps test-promtool test-deb-deps
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(CARGO) test --release --no-fail-fast -- --test-threads=2
 
 build:
 	$(CARGO) build --release
+
+## deb: the Debian package (isoboxd, the systemd unit, isobox-runtimes) in target/deb
+deb: build
+	deb/build.sh target/deb
 
 ## deps: Debian packages the daemon and its tests need (installed only when missing)
 deps:
@@ -57,6 +61,15 @@ test-promtool:
 		dpkg-deb -x prometheus_*.deb x && mkdir -p $(dir $(PROMTOOL)) && \
 		install -m 0755 x/usr/bin/promtool $(PROMTOOL) && cd / && rm -rf $$d && \
 		echo "installed $(PROMTOOL): $$($(PROMTOOL) --version 2>&1 | head -1)"; \
+	fi
+
+## test-deb-deps: lintian, which tests/package.rs runs on the package (Debian's
+## lintian; dpkg-deb, dpkg-shlibdeps and systemd-analyze are on Debian 12 already)
+test-deb-deps:
+	@missing=""; for p in lintian dpkg-dev systemd; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
 	fi
 
 ## test-ui-deps: what the UI's browser test needs: Debian's chromium, node and npm (kept

@@ -64,7 +64,17 @@ impl Daemon {
         Self::spawn(Some(netns), env)
     }
 
+    /// Starts as `wrapper… isoboxd` (a wrapper that execs it, e.g. `setpriv
+    /// --no-new-privs`, so `pid()` is still the daemon's).
+    pub fn start_wrapped(wrapper: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Self::spawn_as(None, wrapper, env)
+    }
+
     fn spawn(netns: Option<&str>, env: &[(&str, &str)]) -> Daemon {
+        Self::spawn_as(netns, &[], env)
+    }
+
+    fn spawn_as(netns: Option<&str>, wrapper: &[&str], env: &[(&str, &str)]) -> Daemon {
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         // A test may restart an instance (same name and data dir) to check what survives.
         let reused = env
@@ -81,7 +91,14 @@ impl Daemon {
         std::fs::create_dir_all(&data_dir).unwrap();
         let mut cmd = match netns {
             None => {
-                let mut c = Command::new(env!("CARGO_BIN_EXE_isoboxd"));
+                let mut c = match wrapper.split_first() {
+                    None => Command::new(env!("CARGO_BIN_EXE_isoboxd")),
+                    Some((w, args)) => {
+                        let mut c = Command::new(w);
+                        c.args(args).arg(env!("CARGO_BIN_EXE_isoboxd"));
+                        c
+                    }
+                };
                 c.env("ISOBOX_LISTEN", "127.0.0.1:0")
                     .env("ISOBOX_EGRESS", "off");
                 c
