@@ -57,6 +57,7 @@ pub fn run(cfg: &Config) -> Vec<Finding> {
     out.push(cgroups(Path::new("/sys/fs/cgroup")));
     out.extend(runtimes(cfg));
     out.push(init(&cfg.init));
+    out.push(overlay(Path::new("/proc/filesystems"), &kernel_modules()));
     out.push(mkfs());
     out.extend(egress(cfg));
     out.extend(data_dir(cfg));
@@ -288,6 +289,37 @@ fn init(path: &Path) -> Finding {
                 "{} is missing: long-lived sandboxes (/wbx) cannot start (set ISOBOX_INIT)",
                 path.display()
             ),
+        )
+    }
+}
+
+/// Where this kernel's modules are (`/lib/modules/<release>`).
+fn kernel_modules() -> PathBuf {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    Path::new("/lib/modules").join(release.trim())
+}
+
+/// Every run's root is an overlay of the runtime's tree (`sandbox::bundle::mount_root`).
+fn overlay(filesystems: &Path, modules: &Path) -> Finding {
+    let listed = std::fs::read_to_string(filesystems).is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.split_whitespace().last() == Some("overlay"))
+    });
+    if listed {
+        return found(Level::Ok, "overlay", "overlayfs (each run's root)");
+    }
+    let module = modules.join("kernel/fs/overlayfs");
+    if module.is_dir() {
+        found(
+            Level::Ok,
+            "overlay",
+            "overlayfs as a module, loaded at the first run",
+        )
+    } else {
+        found(
+            Level::Fail,
+            "overlay",
+            "this kernel has no overlayfs: every run's root is an overlay of its runtime's tree",
         )
     }
 }
@@ -525,6 +557,24 @@ mod tests {
         assert_eq!(
             (f.level, f.detail.as_str()),
             (Level::Ok, "v2 with memory, cpu and pids")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn overlay_found_listed_as_a_module_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("isobox-check-ovl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fs = dir.join("filesystems");
+        std::fs::write(&fs, "nodev\ttmpfs\nnodev\toverlay\n").unwrap();
+        assert_eq!(overlay(&fs, &dir).level, Level::Ok);
+        std::fs::write(&fs, "nodev\ttmpfs\n\text4\n").unwrap();
+        assert_eq!(overlay(&fs, &dir).level, Level::Fail);
+        std::fs::create_dir_all(dir.join("kernel/fs/overlayfs")).unwrap();
+        let f = overlay(&fs, &dir);
+        assert_eq!(
+            (f.level, f.detail.as_str()),
+            (Level::Ok, "overlayfs as a module, loaded at the first run")
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -77,6 +77,10 @@ fn test_check_passes_on_this_host_and_changes_nothing() {
         "ok    egress     nftables answers over netlink"
     );
     assert!(line(&out, "ok    init").ends_with("/isobox-init"), "{out}");
+    assert!(
+        line(&out, "ok    overlay").starts_with("ok    overlay    overlayfs"),
+        "{out}"
+    );
     assert_eq!(
         line(&out, "ok    data dir"),
         format!(

@@ -632,3 +632,136 @@ fn test_broken_descriptor_stops_startup_naming_file_and_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("broken.toml:3:"), "names file and line: {err}");
 }
+
+/// Every entry of a tree, not following links: path, kind, size, mode and mtime.
+fn tree_state(root: &std::path::Path) -> std::collections::BTreeMap<String, String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let m = e.path().symlink_metadata().unwrap();
+            let rel = e.path().strip_prefix(root).unwrap().display().to_string();
+            out.insert(
+                rel,
+                format!(
+                    "{:o} {} {}.{}",
+                    m.mode(),
+                    m.len(),
+                    m.mtime(),
+                    m.mtime_nsec()
+                ),
+            );
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+        let m = dir.symlink_metadata().unwrap();
+        out.insert(
+            format!("{}/.", dir.strip_prefix(root).unwrap().display()),
+            format!("{}.{}", m.mtime(), m.mtime_nsec()),
+        );
+    }
+    out
+}
+
+/// Issue 21 item 5: runsc makes the mount points of a run's binds inside the root it is
+/// given, so with the shared tree as root a request's file layout (`main.rb/x`) was left
+/// behind in it and broke every later cold run of that runtime for every tenant. Each
+/// run's root is now an overlay of its own: hostile layouts in every interpreted
+/// runtime, pooled sandboxes' preload binds and a long-lived sandbox's init bind leave
+/// every shared tree exactly as it was, and later runs see what they always saw.
+#[test]
+fn test_a_run_never_writes_the_shared_root_filesystems() {
+    let rootfs = std::path::Path::new("/var/lib/isobox/rootfs");
+    let trees: Vec<std::path::PathBuf> = std::fs::read_dir(rootfs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join(".isobox/stamp").exists())
+        .collect();
+    assert!(trees.len() >= 2, "{trees:?}");
+    let before: Vec<_> = trees.iter().map(|t| tree_state(t)).collect();
+
+    // Pools with preload binds (/opt/isobox-warm) for node and ruby; pools off for the
+    // Python runtimes so their runs are cold (per-file binds under /workspace).
+    let d = Daemon::start_with(&[("ISOBOX_WARM_POOL", "javascript=1,ruby=1")]);
+    d.wait_ready();
+    let cold = json!({"memoryBytes": 200_000_000});
+    for (lang, entry, normal) in [
+        ("python-slim", "main.py", "print('ok')"),
+        ("python", "main.py", "print('ok')"),
+        ("ruby", "main.rb", "puts 'ok'"),
+        ("javascript", "main.js", "console.log('ok')"),
+    ] {
+        // The entry's own name as a directory, a deep tree, a dotfile.
+        let hostile = d.execute(json!({"language": lang, "network": false, "limits": cold,
+        "files": [
+            {"name": format!("{entry}/x"), "content": "x"},
+            {"name": "a/b/c/d/e.txt", "content": "deep"},
+            {"name": ".hidden", "content": "h"},
+        ]}));
+        assert!(
+            hostile["run"]["exitCode"].as_i64().is_some(),
+            "{lang}: {hostile}"
+        );
+        // The next cold run of that runtime, by anyone, still has its entry as a file.
+        let r =
+            d.execute(json!({"language": lang, "network": false, "limits": cold, "code": normal}));
+        assert_eq!(
+            (r["run"]["stdout"].as_str(), r["run"]["exitCode"].as_i64()),
+            (Some("ok\n"), Some(0)),
+            "{lang}: {r}"
+        );
+        // And sees none of the hostile run's names in its /workspace.
+        let ls = d.execute(
+            json!({"language": "python-slim", "network": false, "limits": cold,
+            "code": "import os; print(sorted(os.listdir('.')))"}),
+        );
+        assert_eq!(ls["run"]["stdout"], "['main.py']\n", "{ls}");
+    }
+    // Pooled runs (default limits), served from sandboxes booted with the preload bind.
+    for (lang, code) in [("javascript", "console.log('ok')"), ("ruby", "puts 'ok'")] {
+        let r = d.execute(json!({"language": lang, "network": false, "code": code}));
+        assert_eq!(r["run"]["stdout"], "ok\n", "{lang}: {r}");
+    }
+    // A long-lived sandbox: its init is bound at /opt/isobox/init.
+    let h = [("Content-Type", "application/json")];
+    let sb = d.request(
+        "POST",
+        "/wbx/v1/sandboxes",
+        &h,
+        br#"{"template": "base", "network": {"mode": "none"}}"#,
+    );
+    assert_eq!(sb.status, 201, "{}", sb.text());
+    let id = sb.json()["id"].as_str().unwrap().to_string();
+    let ex = d.request(
+        "POST",
+        &format!("/wbx/v1/sandboxes/{id}/exec"),
+        &h,
+        br#"{"cmd": "touch /opt/mine /workspace-nope 2>/dev/null; ls /opt"}"#,
+    );
+    assert_eq!(ex.status, 200, "{}", ex.text());
+    assert_eq!(
+        d.request("DELETE", &format!("/wbx/v1/sandboxes/{id}"), &[], b"")
+            .status,
+        204
+    );
+    d.stop();
+
+    for (t, b) in trees.iter().zip(&before) {
+        let after = tree_state(t);
+        let added: Vec<&String> = after.keys().filter(|k| !b.contains_key(*k)).collect();
+        let changed: Vec<&String> = after
+            .iter()
+            .filter(|(k, v)| b.get(*k).is_some_and(|bv| bv != *v))
+            .map(|(k, _)| k)
+            .collect();
+        let removed: Vec<&String> = b.keys().filter(|k| !after.contains_key(*k)).collect();
+        assert!(
+            added.is_empty() && changed.is_empty() && removed.is_empty(),
+            "{} was written: added {added:?}, changed {changed:?}, removed {removed:?}",
+            t.display()
+        );
+    }
+}

@@ -1,6 +1,12 @@
 //! The OCI bundle of one execution: `config.json` plus the program's files.
 //!
-//! The root filesystem is the runtime's tree, read-only. `/workspace` (the working
+//! The root filesystem is the runtime's tree, read-only, seen through a per-run overlay
+//! ([`mount_root`]): runsc creates the mount points of the spec's binds (`/workspace/<file>`,
+//! `/opt/isobox-warm`, `/opt/isobox/init`) inside the root it is given, on the host, and
+//! in a shared tree they would outlive the run and change what every later run of any
+//! tenant sees (a file named `main.rb/x` would leave a directory where every cold Ruby
+//! run needs its `main.rb`). In the overlay they land in the run's own upper directory,
+//! removed with the run; the shared tree is never written. `/workspace` (the working
 //! directory) and `/tmp` are tmpfs capped at the run's memory; the program's files are
 //! bound read-only on top of `/workspace`, one bind per top-level entry, so the host copy
 //! can never be written. The process runs as uid 65534 with no capabilities,
@@ -96,6 +102,91 @@ fn set_tree_readable(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The per-run root of `dir`: an overlay mounted at `dir/root` with the runtime's tree
+/// `lower` below (never written) and `dir/upper` above, where only runsc's mount points
+/// land (the sandbox's own view of the root stays read-only, or, for a long-lived
+/// sandbox, writes into its memory overlay inside gVisor). Unmounted by [`remove_run_dir`].
+///
+/// # Errors
+/// [`SandboxError::Bundle`] when a directory cannot be made, the tree's path cannot be
+/// named in overlay options (`,` `:` `\\`), or the mount fails (no overlayfs, or a data
+/// directory on a filesystem overlayfs cannot use as its upper layer).
+pub fn mount_root(dir: &Path, lower: &Path) -> Result<PathBuf, SandboxError> {
+    let err = |path: &Path, source: std::io::Error| SandboxError::Bundle {
+        path: path.to_path_buf(),
+        source,
+    };
+    let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
+    for d in [&upper, &work, &root] {
+        fs::create_dir(d).map_err(|e| err(d, e))?;
+    }
+    // The run's /workspace starts empty whatever the tree holds there: an opaque
+    // directory hides the lower one, so names a run before this fix (or anything else)
+    // left in a shared tree's /workspace cannot stand where this run's files go.
+    if lower.join("workspace").is_dir() {
+        let ws = upper.join("workspace");
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&ws)
+            .map_err(|e| err(&ws, e))?;
+        crate::sys::loopdev::set_xattr(&ws, "trusted.overlay.opaque", b"y")
+            .map_err(|e| err(&ws, e))?;
+    }
+    let named = |p: &Path| {
+        p.to_str()
+            .filter(|s| !s.contains([',', ':', '\\']))
+            .map(str::to_string)
+            .ok_or_else(|| {
+                err(
+                    p,
+                    std::io::Error::other("cannot be named in overlay options (`,` `:` `\\`)"),
+                )
+            })
+    };
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        named(lower)?,
+        named(&upper)?,
+        named(&work)?
+    );
+    crate::sys::loopdev::mount(
+        Path::new("overlay"),
+        &root,
+        "overlay",
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &data,
+    )
+    .map_err(|e| {
+        err(
+            &root,
+            std::io::Error::new(
+                e.kind(),
+                format!("mount overlay of {}: {e}", lower.display()),
+            ),
+        )
+    })?;
+    Ok(root)
+}
+
+/// Removes a run's directory: its root overlay unmounted first (detached, so a
+/// process that still holds it cannot keep the directory), then the tree.
+///
+/// # Errors
+/// The removal's error (a root that was not mounted is fine).
+pub fn remove_run_dir(dir: &Path) -> std::io::Result<()> {
+    let root = dir.join("root");
+    if let Err(e) = crate::sys::loopdev::umount2(&root, libc::MNT_DETACH) {
+        // EINVAL: not a mount point (never mounted, or already gone); ENOENT: no dir.
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
+            return Err(e);
+        }
+    }
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        r => r,
+    }
+}
+
 /// Top-level entries of the files dir (each becomes one read-only bind).
 pub fn top_level_entries(files: &[(String, Vec<u8>)]) -> Vec<String> {
     let mut tops: Vec<String> = files
@@ -111,6 +202,7 @@ pub fn top_level_entries(files: &[(String, Vec<u8>)]) -> Vec<String> {
 pub fn config(
     plan: &ExecPlan,
     proc_spec: &ProcessSpec<'_>,
+    root: &Path,
     src_dir: &Path,
     cgroups_path: &str,
     net: Option<&crate::netfilter::NetLease>,
@@ -210,7 +302,7 @@ pub fn config(
             ],
             "noNewPrivileges": true
         },
-        "root": {"path": plan.runtime.rootfs_path, "readonly": plan.long_lived.is_none()},
+        "root": {"path": root, "readonly": plan.long_lived.is_none()},
         "hostname": "isobox",
         "mounts": mounts,
         "linux": {

@@ -248,15 +248,16 @@ impl Backend for Gvisor {
         } else {
             &plan.files
         };
-        let src = match bundle::write_files(&dir, files).and_then(|s| {
+        let (src, root) = match bundle::write_files(&dir, files).and_then(|s| {
             if let Some(preload) = plan.preload {
                 bundle::write_preload(&dir, preload)?;
             }
-            Ok(s)
+            let root = bundle::mount_root(&dir, &plan.runtime.rootfs_path)?;
+            Ok((s, root))
         }) {
             Ok(s) => s,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = bundle::remove_run_dir(&dir);
                 return Err(e);
             }
         };
@@ -268,7 +269,7 @@ impl Backend for Gvisor {
         let cgroup = match hier.create_run(&self.instance, id, limits) {
             Ok(c) => c,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = bundle::remove_run_dir(&dir);
                 return Err(e.into());
             }
         };
@@ -287,6 +288,7 @@ impl Backend for Gvisor {
         let cfg = bundle::config(
             plan,
             &ProcessSpec { args: argv, env },
+            &root,
             &src,
             &format!("/{}/{}", self.instance, id),
             net.as_ref(),
@@ -305,7 +307,7 @@ impl Backend for Gvisor {
             Ok(s) => Ok(s),
             Err(e) => {
                 let _ = cgroup.destroy();
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = bundle::remove_run_dir(&dir);
                 Err(e)
             }
         }
@@ -354,7 +356,7 @@ impl Backend for Gvisor {
             crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
         }
         self.remove_v1_strays(id);
-        if let Err(e) = std::fs::remove_dir_all(dir) {
+        if let Err(e) = bundle::remove_run_dir(dir) {
             crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
         }
     }
@@ -400,12 +402,17 @@ impl Backend for Gvisor {
                 }
             }
         }
+        // Run directories, each root overlay unmounted first (whatever else a crash
+        // left mounted below them too, deepest first).
+        for m in crate::sys::mountinfo::mounts_under(&self.runs_dir) {
+            let _ = crate::sys::loopdev::umount2(&m, libc::MNT_DETACH);
+        }
         for e in std::fs::read_dir(&self.runs_dir)
             .into_iter()
             .flatten()
             .flatten()
         {
-            if std::fs::remove_dir_all(e.path()).is_ok() {
+            if bundle::remove_run_dir(&e.path()).is_ok() {
                 n += 1;
             }
         }

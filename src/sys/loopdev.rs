@@ -223,6 +223,24 @@ pub fn mount(
     Ok(())
 }
 
+/// `lsetxattr(2)`: sets the extended attribute `name` of `path` (not following a final
+/// symlink) to `value`.
+///
+/// # Errors
+/// Any `lsetxattr(2)` error (`ENOTSUP` where the filesystem has no such namespace).
+pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+    let path = cpath(path)?;
+    let name = cstring(name.as_bytes())?;
+    crate::syscall!(lsetxattr(
+        path.as_ptr(),
+        name.as_ptr(),
+        value.as_ptr().cast::<libc::c_void>(),
+        value.len(),
+        0,
+    ))?;
+    Ok(())
+}
+
 /// `umount2(2)` with `MNT_*`/`UMOUNT_*` `flags`.
 ///
 /// # Errors
