@@ -398,15 +398,17 @@ def pct(xs, p):
 
 
 def pool_target(h):
-    """How many pooled sandboxes the daemon may hold at once (its warm pool's targets)."""
+    """How many pooled sandboxes the daemon may hold at once: its warm pool's targets and
+    the WBX face's (`wbxWarmPool`, long-lived sandboxes booted ahead)."""
     pools = (h.get("warmPool") or {}).get("runtimes") or {}
-    return sum(int(p.get("target", 0)) for p in pools.values())
+    wbx = (h.get("wbxWarmPool") or {}).get("templates") or {}
+    return sum(int(p.get("target", 0)) for p in list(pools.values()) + list(wbx.values()))
 
 
 def leftovers(instance, data_dir, pid, pooled=0):
-    """What is left once the load has stopped. The warm pool's own sandboxes (ids ending
-    in `-w<N>`) are live, not left over, as long as there are no more of them than the
-    pool's targets."""
+    """What is left once the load has stopped. The warm pools' own sandboxes (ids ending
+    in `-w<N>` or `-b<N>`) are live, not left over, as long as there are no more of them
+    than the pools' targets."""
     out = []
     if instance:
         d = f"/sys/fs/cgroup/memory/{instance}"
@@ -426,7 +428,9 @@ def leftovers(instance, data_dir, pid, pooled=0):
     if pid:
         r = subprocess.run(["ps", "--ppid", str(pid), "-o", "pid=,stat=,args="], capture_output=True, text=True)
         out += [f"child {l.strip()}" for l in r.stdout.splitlines() if l.split()[1].startswith("Z")]
-    pool = re.compile(r"^(cgroup .*/|runsc container )(.*-w[0-9]+)$")
+    # Pooled sandboxes: `…-w<N>` (runs) and `…-b<N>` (WBX), with the ids' trailing dot;
+    # each also has its root overlay mounted at <data dir>/runs/<id>/root.
+    pool = re.compile(r"^(cgroup .*/|runsc container |mount .*/runs/)(.*-[wb][0-9]+\.?)(/root)?$")
     pool_ids = {m.group(2) for m in map(pool.match, out) if m}
     if len(pool_ids) <= pooled:
         out = [l for l in out if not pool.match(l)]
