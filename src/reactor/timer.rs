@@ -95,9 +95,12 @@ impl<T> TimerWheel<T> {
                 i += 1;
             }
         }
-        // Give memory back after a burst.
-        if slot.capacity() > 64 && slot.len() < slot.capacity() / 4 {
-            slot.shrink_to(slot.len().max(8));
+        // Give memory back after a burst. Every slot is drained each time the cursor
+        // passes it (every `SLOTS` ticks), so no slot keeps more than twice what it
+        // holds, whatever it held once: kept capacity would ratchet up slot by slot as
+        // each one sees its own worst moment, and a daemon's memory with it.
+        if slot.capacity() > 4 && slot.len() < slot.capacity() / 2 {
+            slot.shrink_to(slot.len().max(4));
         }
     }
 
@@ -163,5 +166,36 @@ mod tests {
         assert!(out.is_empty());
         w.advance(t0 + one_rev + Duration::from_millis(20), &mut out);
         assert_eq!(out, vec![1]);
+    }
+
+    #[test]
+    fn test_slots_give_their_memory_back_after_a_burst() {
+        let t0 = Instant::now();
+        let mut w = TimerWheel::new(t0);
+        // A burst: 20 000 deadlines a minute out (what 20 000 closed connections' idle
+        // timers leave behind), ~12 rounds deep in every slot.
+        for i in 0..20_000u64 {
+            w.insert(t0 + Duration::from_secs(60) + TICK * (i % 4096) as u32, i);
+        }
+        let held = |w: &TimerWheel<u64>| w.slots.iter().map(Vec::capacity).sum::<usize>();
+        assert!(held(&w) >= 20_000);
+        let mut out = Vec::new();
+        w.advance(t0 + Duration::from_secs(90), &mut out);
+        assert_eq!(out.len(), 20_000);
+        // Once they fired, every slot holds at most its floor again, not its high water.
+        assert!(w.slots.iter().all(|s| s.capacity() <= 4), "{}", held(&w));
+        // And a half-drained slot keeps at most twice what it holds.
+        for i in 0..64u64 {
+            w.insert(
+                t0 + Duration::from_secs(91) + TICK * SLOTS as u32 * (i % 2) as u32,
+                i,
+            );
+        }
+        w.advance(t0 + Duration::from_secs(91) + TICK, &mut out);
+        assert!(
+            w.slots.iter().all(|s| s.capacity() <= (2 * s.len()).max(4)),
+            "{}",
+            held(&w)
+        );
     }
 }
