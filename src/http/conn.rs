@@ -256,8 +256,8 @@ impl<R, W: Owner> Conn<R, W> {
 
     /// Records a response head of `status` for the request being served.
     pub fn note_head(&mut self, status: u16) {
-        // Bounded: the caller takes them after every turn; a pipelining client that
-        // never reads stops being parsed once the write buffer is full.
+        // Bounded: the daemon takes them at every flush and at close; a pipelining
+        // client that never reads stops being parsed once the write buffer is full.
         if self.heads.len() < 1024 {
             self.heads.push((self.label, status));
         }
