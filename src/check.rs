@@ -11,7 +11,7 @@
 use crate::config::Config;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,21 +196,14 @@ fn run_for(prog: &Path, args: &[&str], limit: Duration) -> std::io::Result<(bool
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(std::io::Error::other(format!(
-                "did not answer within {} s",
-                limit.as_secs()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let timed_out = std::cell::Cell::new(false);
+    let code = crate::sandbox::backend::wait_bounded(&mut child, limit, || timed_out.set(true));
+    if timed_out.get() {
+        return Err(std::io::Error::other(format!(
+            "did not answer within {} s",
+            limit.as_secs()
+        )));
+    }
     let mut text = String::new();
     if let Some(mut o) = child.stdout.take() {
         let _ = o.read_to_string(&mut text);
@@ -219,7 +212,7 @@ fn run_for(prog: &Path, args: &[&str], limit: Duration) -> std::io::Result<(bool
         let _ = e.read_to_string(&mut text);
     }
     text.truncate(text.floor_char_boundary(2000));
-    Ok((status.success(), text))
+    Ok((code == 0, text))
 }
 
 fn cgroups(root: &Path) -> Finding {
@@ -476,7 +469,7 @@ fn human(n: u64) -> String {
 /// The pid of the running isoboxd of `instance`, from its lock file (read, not locked:
 /// a check never holds a daemon's lock).
 fn running_daemon(instance: &str) -> Option<u32> {
-    let path = Path::new("/run/isobox").join(format!("{instance}.lock"));
+    let path = crate::daemon::lock_path(instance);
     let pid: u32 = std::fs::read_to_string(path).ok()?.trim().parse().ok()?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     (comm.trim() == "isoboxd").then_some(pid)

@@ -142,7 +142,7 @@ pub fn dropped_note(n: u64) -> String {
 /// order, on one line whatever the message holds (newlines and quotes are escaped).
 pub fn json_line(ts: &str, level: ::log::Level, target: &str, msg: &str) -> String {
     // Keys written by hand keep their order; serde_json escapes each value.
-    let q = |v: &str| serde_json::Value::from(v).to_string();
+    let q = |v: &str| serde_json::to_string(v).unwrap_or_default();
     format!(
         "{{\"ts\":{},\"level\":{},\"target\":{},\"msg\":{}}}",
         q(ts),

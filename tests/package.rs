@@ -235,30 +235,12 @@ fn test_the_daemon_works_without_new_privileges() {
         (Some("42\n"), Some(0)),
         "{r}"
     );
-    let h = [("Content-Type", "application/json")];
-    let sb = d.request(
-        "POST",
-        "/wbx/v1/sandboxes",
-        &h,
-        br#"{"template": "base", "network": {"mode": "none"}}"#,
-    );
-    assert_eq!(sb.status, 201, "{}", sb.text());
-    let id = sb.json()["id"].as_str().unwrap().to_string();
-    let ex = d.request(
-        "POST",
-        &format!("/wbx/v1/sandboxes/{id}/exec"),
-        &h,
-        br#"{"cmd": "echo hi from $(id -u); exit 3"}"#,
-    );
-    assert_eq!(ex.status, 200, "{}", ex.text());
+    let id = d.wbx_sandbox();
+    let ex = d.wbx_exec(&id, "echo hi from $(id -u); exit 3");
     assert_eq!(
-        (
-            ex.json()["stdout"].as_str(),
-            ex.json()["exit_code"].as_i64()
-        ),
+        (ex["stdout"].as_str(), ex["exit_code"].as_i64()),
         (Some("hi from 1000\n"), Some(3)),
-        "{}",
-        ex.text()
+        "{ex}"
     );
     let s = common::session::Session::create(&d, &json!({"runtime": "python-slim"}));
     let step = s.exec(

@@ -726,22 +726,8 @@ fn test_a_run_never_writes_the_shared_root_filesystems() {
         assert_eq!(r["run"]["stdout"], "ok\n", "{lang}: {r}");
     }
     // A long-lived sandbox: its init is bound at /opt/isobox/init.
-    let h = [("Content-Type", "application/json")];
-    let sb = d.request(
-        "POST",
-        "/wbx/v1/sandboxes",
-        &h,
-        br#"{"template": "base", "network": {"mode": "none"}}"#,
-    );
-    assert_eq!(sb.status, 201, "{}", sb.text());
-    let id = sb.json()["id"].as_str().unwrap().to_string();
-    let ex = d.request(
-        "POST",
-        &format!("/wbx/v1/sandboxes/{id}/exec"),
-        &h,
-        br#"{"cmd": "touch /opt/mine /workspace-nope 2>/dev/null; ls /opt"}"#,
-    );
-    assert_eq!(ex.status, 200, "{}", ex.text());
+    let id = d.wbx_sandbox();
+    d.wbx_exec(&id, "touch /opt/mine /workspace-nope 2>/dev/null; ls /opt");
     assert_eq!(
         d.request("DELETE", &format!("/wbx/v1/sandboxes/{id}"), &[], b"")
             .status,

@@ -34,6 +34,7 @@ mod proxy;
 pub mod runs;
 mod sink;
 mod startup;
+pub use startup::lock_path;
 pub mod transfer;
 pub mod warm;
 

@@ -46,8 +46,8 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DaemonError {
     move |source| DaemonError::Io { what, source }
 }
 
-/// Where the lock of `instance` lives.
-fn lock_path(instance: &str) -> std::path::PathBuf {
+/// Where the lock of `instance` lives (holding the pid of the daemon that has it).
+pub fn lock_path(instance: &str) -> std::path::PathBuf {
     std::path::Path::new("/run/isobox").join(format!("{instance}.lock"))
 }
 

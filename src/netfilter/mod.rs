@@ -448,11 +448,7 @@ fn drops_others(mode: ForwardOthers) -> bool {
     match mode {
         ForwardOthers::Drop => true,
         ForwardOthers::Keep => false,
-        ForwardOthers::Auto => {
-            let off = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
-                .is_ok_and(|s| s.trim() == "0");
-            off || netns_inode().is_some_and(|ns| forwarding_marker(ns).exists())
-        }
+        ForwardOthers::Auto => forwarding_now().is_some_and(|(on, ours)| !on || ours),
     }
 }
 

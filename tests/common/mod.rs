@@ -264,6 +264,22 @@ impl Daemon {
         r.json()
     }
 
+    /// Creates a `base` WBX sandbox without network (201, or a panic); its id.
+    pub fn wbx_sandbox(&self) -> String {
+        let body = serde_json::json!({"template": "base", "network": {"mode": "none"}});
+        let r = self.post_json("/wbx/v1/sandboxes", &body);
+        assert_eq!(r.status, 201, "{}", r.text());
+        r.json()["id"].as_str().unwrap().to_string()
+    }
+
+    /// `POST /wbx/v1/sandboxes/{id}/exec` of `cmd` (200, or a panic); its body.
+    pub fn wbx_exec(&self, id: &str, cmd: &str) -> serde_json::Value {
+        let body = serde_json::json!({ "cmd": cmd });
+        let r = self.post_json(&format!("/wbx/v1/sandboxes/{id}/exec"), &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
