@@ -116,6 +116,13 @@ struct Args {
     /// interval of `: keep-alive` comments on silent SSE streams
     #[arg(long, env = "ISOBOX_SSE_KEEPALIVE_MS", help_heading = "Connections", default_value = "10000", value_parser = Value(parsed::<u64>))]
     sse_keepalive_ms: u64,
+    /// bytes of recorded run events (streamed and detached runs) kept for clients that
+    /// reconnect; past it, the records of ended runs go, oldest first
+    #[arg(long, env = "ISOBOX_RUN_RETAIN_BYTES", help_heading = "Connections", default_value = "67108864", value_parser = Value(parsed::<usize>))]
+    run_retain_bytes: usize,
+    /// seconds a streamed or detached run's record is kept after the run ended
+    #[arg(long, env = "ISOBOX_RUN_RETAIN_S", help_heading = "Connections", default_value = "600", value_parser = Value(parsed::<u64>))]
+    run_retain_s: u64,
     /// 0: do not confine the reactor thread with its seccomp allowlist (for debugging
     /// only; the sandboxes are confined either way)
     #[arg(long, env = "ISOBOX_SECCOMP", help_heading = "Server", value_name = "0|1", default_value = "1", value_parser = Value(zero_one))]
@@ -355,6 +362,10 @@ pub struct Config {
     pub compile_timeout_ms: u64,
     /// SSE keep-alive comment interval.
     pub sse_keepalive_ms: u64,
+    /// Bytes of run records kept (the ended runs' records go first).
+    pub run_retain_bytes: usize,
+    /// How long an ended run's record is kept.
+    pub run_retain_s: u64,
     /// Confine the reactor thread with seccomp.
     pub seccomp: bool,
     /// Session settings.
@@ -491,6 +502,8 @@ impl Config {
             shutdown_grace_ms: a.shutdown_grace_ms,
             compile_timeout_ms: a.compile_timeout_ms,
             sse_keepalive_ms: a.sse_keepalive_ms,
+            run_retain_bytes: a.run_retain_bytes,
+            run_retain_s: a.run_retain_s,
             seccomp: a.seccomp,
             sessions: SessionConfig {
                 quota_bytes: a.session_quota_bytes,
@@ -773,6 +786,20 @@ impl Config {
                 "ISOBOX_SSE_KEEPALIVE_MS",
                 &self.sse_keepalive_ms.to_string(),
                 "between 100 and 600000",
+            ));
+        }
+        if !(64 << 10..=1 << 34).contains(&self.run_retain_bytes) {
+            return Err(invalid(
+                "ISOBOX_RUN_RETAIN_BYTES",
+                &self.run_retain_bytes.to_string(),
+                "between 65536 (64 KiB) and 17179869184 (16 GiB)",
+            ));
+        }
+        if !(1..=86_400).contains(&self.run_retain_s) {
+            return Err(invalid(
+                "ISOBOX_RUN_RETAIN_S",
+                &self.run_retain_s.to_string(),
+                "between 1 and 86400",
             ));
         }
         if self.slice_memory_bytes < 64 << 20 {
@@ -1197,6 +1224,8 @@ mod tests {
         ("--slice-memory-bytes", "ISOBOX_SLICE_MEMORY_BYTES"),
         ("--compile-timeout-ms", "ISOBOX_COMPILE_TIMEOUT_MS"),
         ("--sse-keepalive-ms", "ISOBOX_SSE_KEEPALIVE_MS"),
+        ("--run-retain-bytes", "ISOBOX_RUN_RETAIN_BYTES"),
+        ("--run-retain-s", "ISOBOX_RUN_RETAIN_S"),
         ("--seccomp", "ISOBOX_SECCOMP"),
         ("--api-keys", "ISOBOX_API_KEYS"),
         ("--api-keys-file", "ISOBOX_API_KEYS_FILE"),
@@ -1356,6 +1385,7 @@ mod tests {
         assert_eq!(c.max_concurrent, 4);
         assert_eq!(c.slice_memory_bytes, crate::sys::host_memory_bytes() / 2);
         assert_eq!((c.compile_timeout_ms, c.sse_keepalive_ms), (30_000, 10_000));
+        assert_eq!((c.run_retain_bytes, c.run_retain_s), (64 << 20, 600));
         assert_eq!(c.shutdown_grace_ms, 10_000);
         assert!(c.seccomp);
         let a = &c.admission;
@@ -1447,9 +1477,27 @@ mod tests {
             assert!(matches!(e, ConfigError::Args(_)), "{var}: {msg}");
             assert!(msg.contains(var) && msg.contains(value), "{var}: {msg}");
         }
-        // Range checks name the variable too.
+        // Range checks name the variable too, and take their bounds.
         let e = load_env(&[("ISOBOX_WORKERS", Some("65"))], &[]).unwrap_err();
         assert!(e.to_string().contains("ISOBOX_WORKERS"), "{e}");
+        for (var, below, at_low, at_high, above) in [
+            (
+                "ISOBOX_RUN_RETAIN_BYTES",
+                "65535",
+                "65536",
+                "17179869184",
+                "17179869185",
+            ),
+            ("ISOBOX_RUN_RETAIN_S", "0", "1", "86400", "86401"),
+        ] {
+            for bad in [below, above] {
+                let e = load_env(&[(var, Some(bad))], &[]).unwrap_err();
+                assert!(e.to_string().contains(var), "{var}={bad}: {e}");
+            }
+            for good in [at_low, at_high] {
+                assert!(load_env(&[(var, Some(good))], &[]).is_ok(), "{var}={good}");
+            }
+        }
     }
 
     #[test]

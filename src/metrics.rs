@@ -128,6 +128,8 @@ pub struct Metrics {
     pub egress_check_failures: u64,
     /// Long-lived sandboxes owned by a tenant, and booted in the WBX pool.
     pub sandboxes: (usize, usize),
+    /// Run records kept (streamed and detached runs), and the bytes they count.
+    pub records: (usize, usize),
 }
 
 impl Metrics {

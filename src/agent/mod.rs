@@ -570,7 +570,7 @@ impl Loop {
             let code = v["error"].as_str().unwrap_or("storage_full").to_string();
             return Ran::Stop(code, response_message(&resp));
         }
-        let mut plan = match crate::api::execute::decode_for_session(
+        let (mut plan, _) = match crate::api::execute::decode_for_session(
             &self.shared.runtimes,
             br#"{"code":""}"#,
             &rec_runtime,

@@ -30,6 +30,7 @@ struct Body {
     args: Option<Vec<String>>,
     limits: Option<RequestedLimits>,
     network: Option<bool>,
+    detach: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -117,6 +118,10 @@ const HINTS: crate::http::json::Hints = &[
     ("limits.outputBytes", "a number of bytes"),
     ("limits.wallTimeMs", "a number of milliseconds"),
     ("network", "true or false"),
+    (
+        "detach",
+        "true or false (true: answer 202 with the run's id at once)",
+    ),
 ];
 
 fn bad(code: &str, detail: impl AsRef<str>) -> Response {
@@ -141,13 +146,14 @@ pub fn wants_stream(req: &Request) -> bool {
 
 /// Decodes and validates; answers 400/429 itself or returns the plan to run.
 pub fn handle(app: &mut App, req: &Request) -> Action {
-    let plan = match decode(&app.runtimes, &req.body) {
+    let (plan, detach) = match decode_with(&app.runtimes, &req.body, None, true) {
         Ok(p) => p,
         Err(resp) => return Action::Respond(resp),
     };
     Action::Execute {
         plan: Box::new(plan),
-        stream: wants_stream(req),
+        delivery: super::Delivery::of(detach, req),
+        tenant: req.tenant.clone(),
     }
 }
 
@@ -156,11 +162,11 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
 /// # Errors
 /// The 400 response the spec prescribes.
 pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
-    decode_with(runtimes, body, None, true)
+    decode_with(runtimes, body, None, true).map(|(plan, _)| plan)
 }
 
 /// Decodes a session step: the `/execute` body minus `language` (which, if given
-/// anyway, must name the session's runtime).
+/// anyway, must name the session's runtime); and whether it asked to be detached.
 ///
 /// # Errors
 /// The 400 response.
@@ -169,7 +175,7 @@ pub fn decode_for_session(
     body: &[u8],
     runtime: &str,
     default_network: bool,
-) -> Result<ExecPlan, Response> {
+) -> Result<(ExecPlan, bool), Response> {
     decode_with(runtimes, body, Some(runtime), default_network)
 }
 
@@ -178,7 +184,7 @@ fn decode_with(
     body: &[u8],
     session_runtime: Option<&str>,
     default_network: bool,
-) -> Result<ExecPlan, Response> {
+) -> Result<(ExecPlan, bool), Response> {
     let b: Body = super::decode_json(body, HINTS)?;
     if let Some(fixed) = session_runtime {
         let given = b.language.as_deref().map(str::trim).unwrap_or("");
@@ -299,7 +305,7 @@ fn decode_with(
         return Err(bad("invalid_json", "args may not contain NUL"));
     }
     let limits = b.limits.unwrap_or_default().resolve(&runtime.desc.limits);
-    Ok(ExecPlan {
+    let plan = ExecPlan {
         runtime: runtime.clone(),
         files,
         entry,
@@ -312,7 +318,8 @@ fn decode_with(
         preload: None,
         workspace: None,
         long_lived: None,
-    })
+    };
+    Ok((plan, b.detach.unwrap_or(false)))
 }
 
 /// A file name is a relative path of plain components: no `..`, `.`, empty parts, NUL,

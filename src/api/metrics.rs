@@ -96,6 +96,18 @@ pub fn render(app: &App) -> String {
         &[("kind", "pooled")],
         m.sandboxes.1,
     );
+    t.single(
+        "isobox_run_records",
+        "gauge",
+        "Records of streamed and detached runs kept for clients that reconnect.",
+        m.records.0,
+    );
+    t.single(
+        "isobox_run_record_bytes",
+        "gauge",
+        "Bytes those records count against ISOBOX_RUN_RETAIN_BYTES.",
+        m.records.1,
+    );
 
     warm_pools(app, &mut t);
 

@@ -11,6 +11,7 @@ pub mod health;
 pub mod memory;
 pub mod metrics;
 pub mod routes;
+pub mod runs;
 pub mod sessions;
 pub mod volumes;
 
@@ -129,13 +130,17 @@ pub struct WarmRuntime {
 pub enum Action {
     /// Send this response.
     Respond(Response),
-    /// Run this plan, answering as JSON or as an SSE stream.
+    /// Run this plan, answering as JSON, as an SSE stream, or at once with its id.
     Execute {
         /// The validated plan.
         plan: Box<crate::sandbox::plan::ExecPlan>,
-        /// Stream as SSE.
-        stream: bool,
+        /// How its result reaches the client.
+        delivery: Delivery,
+        /// Who asked (a recorded run is theirs only).
+        tenant: String,
     },
+    /// Read, follow or cancel a recorded run (`/v1/runs/{id}`).
+    Run(runs::RunOp),
     /// Run this on the worker pool and act on its outcome.
     Job(Job),
     /// Hand this work on without blocking (a write for the store's writer): it is given
@@ -143,6 +148,35 @@ pub enum Action {
     Deferred(Deferred),
     /// Start this agent loop, streaming SSE.
     Agent(Box<agent::AgentStart>),
+}
+
+/// How a run's result reaches the client that started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// One JSON body when it ends.
+    Json,
+    /// SSE as output comes, each event with an id; the run is recorded, so a client
+    /// that lost the stream reads the rest at `/v1/runs/{id}/events`.
+    Stream,
+    /// `202` with the run's id at once; the run is recorded and read later. Leaving
+    /// does not cancel it.
+    Detach,
+}
+
+impl Delivery {
+    /// A request's delivery: `detach` in its body wins over `Accept`.
+    pub fn of(detach: bool, req: &crate::http::Request) -> Delivery {
+        Delivery::of_parts(detach, execute::wants_stream(req))
+    }
+
+    /// From `detach` and whether the client asked for SSE.
+    pub fn of_parts(detach: bool, stream: bool) -> Delivery {
+        match (detach, stream) {
+            (true, _) => Delivery::Detach,
+            (false, true) => Delivery::Stream,
+            (false, false) => Delivery::Json,
+        }
+    }
 }
 
 /// Blocking work of a request (LMDB, mounts, files), run on the pool.
@@ -165,8 +199,10 @@ pub enum Outcome {
     Execute {
         /// The validated plan, holding its session lease.
         plan: Box<crate::sandbox::plan::ExecPlan>,
-        /// Stream as SSE.
-        stream: bool,
+        /// How its result reaches the client.
+        delivery: Delivery,
+        /// Who asked (a recorded run is theirs only).
+        tenant: String,
     },
     /// Send this head, then the bytes a transfer thread writes into `rx`.
     Download(Box<Download>),

@@ -4,7 +4,7 @@
 //! to the row's cap, and calls the row's handler with the path's parameters in
 //! `Request::params`.
 
-use super::{agent, docs, execute, health, memory, metrics, sessions, volumes, Action, App};
+use super::{agent, docs, execute, health, memory, metrics, runs, sessions, volumes, Action, App};
 use crate::admission::Class;
 use crate::http::limits::{
     AGENT_BODY_BYTES, DEFAULT_BODY_BYTES, EXECUTE_BODY_BYTES, KV_VALUE_BODY_BYTES,
@@ -32,6 +32,12 @@ pub enum Route {
     OpenApi,
     /// `POST /execute`
     Execute,
+    /// `GET /v1/runs/{id}`: a recorded run's state and result.
+    RunGet,
+    /// `GET /v1/runs/{id}/events`: a recorded run's events, resumed.
+    RunEvents,
+    /// `POST /v1/runs/{id}/cancel`
+    RunCancel,
     /// `POST /v1/sessions`
     SessionCreate,
     /// `DELETE /v1/sessions/{id}`
@@ -159,6 +165,9 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/llms.txt", GET, Route::LlmsTxt, Open, DEFAULT_BODY_BYTES, H(|_, _| Action::Respond(docs::llms_txt()))),
     row("/openapi.yaml", GET, Route::OpenApi, Open, DEFAULT_BODY_BYTES, H(|_, _| Action::Respond(docs::openapi_yaml()))),
     row("/execute", POST, Route::Execute, Starts, EXECUTE_BODY_BYTES, H(execute::handle)),
+    row("/v1/runs/{id}", GET, Route::RunGet, Keyed, DEFAULT_BODY_BYTES, H(runs::get)),
+    row("/v1/runs/{id}/events", GET, Route::RunEvents, Keyed, DEFAULT_BODY_BYTES, H(runs::events)),
+    row("/v1/runs/{id}/cancel", POST, Route::RunCancel, Keyed, DEFAULT_BODY_BYTES, H(runs::cancel)),
     row("/v1/sessions", POST, Route::SessionCreate, Starts, DEFAULT_BODY_BYTES, H(sessions::create)),
     row("/v1/sessions/{id}", DELETE, Route::Session, Keyed, DEFAULT_BODY_BYTES, H(sessions::delete)),
     row("/v1/sessions/{id}/exec", POST, Route::SessionExec, Starts, EXECUTE_BODY_BYTES, H(sessions::exec)),

@@ -276,12 +276,13 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
     let id = req.params.get("id").unwrap_or("").to_string();
     let body = req.body.clone();
     let stream = super::execute::wants_stream(req);
+    let delivery = move |detach| super::Delivery::of_parts(detach, stream);
     Action::Job(Box::new(move || {
         let rec = match sessions.authorize(&tenant, &id, tok.as_deref()) {
             Ok(r) => r,
             Err(e) => return Outcome::Respond(session_error(&e)),
         };
-        let mut plan = match super::execute::decode_for_session(
+        let (mut plan, detach) = match super::execute::decode_for_session(
             &runtimes,
             &body,
             &rec.runtime,
@@ -294,6 +295,13 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             return Outcome::Respond(session_error(&e));
         }
         if rec.kind == "kernel" {
+            if detach {
+                return Outcome::Respond(Response::error(
+                    400,
+                    "invalid_json",
+                    Some("detach: a kernel session's steps cannot be detached"),
+                ));
+            }
             return kernel_step(id, plan, stream);
         }
         let lease = match sessions.acquire(&id, true, rec.volume_id.as_deref()) {
@@ -311,7 +319,8 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
         plan.workspace = Some(Arc::new(lease));
         Outcome::Execute {
             plan: Box::new(plan),
-            stream,
+            delivery: delivery(detach),
+            tenant,
         }
     }))
 }

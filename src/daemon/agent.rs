@@ -49,11 +49,11 @@ impl Sink for AgentSink {
         &self,
         _: &mut Daemon,
         body: crate::api::execute::ExecuteResponse,
-        kernel_alive: bool,
+        ended: super::sink::Ended,
     ) {
         let _ = self.reply.send(StepReply::Ran {
             result: Box::new(body),
-            kernel_alive,
+            kernel_alive: ended.kernel_alive,
         });
     }
 

@@ -238,7 +238,7 @@ pub(super) fn now_ms() -> u64 {
 }
 
 /// 24 hex digits of the system's randomness: the unguessable part of an id.
-fn random_hex() -> Option<String> {
+pub(super) fn random_hex() -> Option<String> {
     use ring::rand::SecureRandom;
     let mut b = [0u8; 12];
     ring::rand::SystemRandom::new().fill(&mut b).ok()?;

@@ -147,6 +147,22 @@ pub enum Owner {
         /// The watch's handle.
         handle: u32,
     },
+    /// A client following a recorded run's events (SSE), from event `next` on.
+    RunEvents {
+        /// The record's key.
+        rec: usize,
+        /// Its serial.
+        serial: u64,
+        /// Index of the next event to write.
+        next: usize,
+    },
+    /// A client waiting for a recorded run's end (`?wait=`).
+    RunWait {
+        /// The record's key.
+        rec: usize,
+        /// Its serial.
+        serial: u64,
+    },
     /// A client streaming a background process (NDJSON).
     BoxProc {
         /// The sandbox's key.
@@ -180,7 +196,9 @@ impl hc::Owner for Owner {
             | Owner::BoxCmd { .. }
             | Owner::BoxFile { .. }
             | Owner::BoxWatch { .. }
-            | Owner::BoxProc { .. } => Role::Produces,
+            | Owner::BoxProc { .. }
+            | Owner::RunEvents { .. }
+            | Owner::RunWait { .. } => Role::Produces,
             Owner::BoxUpload { waiting, .. } => Role::Receives { reading: !waiting },
             // A creator that hangs up leaves a sandbox whose id nobody has: its end is
             // noticed (and the sandbox ended), as a run's client's is.
@@ -590,7 +608,12 @@ impl Daemon {
         match handle(&mut self.app, &req) {
             Action::Respond(resp) => self.respond(ck, resp),
             Action::Agent(start) => self.agent_start(ck, start),
-            Action::Execute { plan, stream } => self.start_run(ck, plan, stream),
+            Action::Execute {
+                plan,
+                delivery,
+                tenant,
+            } => self.start_run(ck, plan, delivery, &tenant),
+            Action::Run(op) => self.record_op(ck, op),
             Action::Job(job) => self.start_job(ck, job),
             Action::Deferred(work) => self.start_deferred(ck, work),
         }
@@ -677,10 +700,26 @@ impl Daemon {
 
     /// Starts an SSE response on `ck` (its owner stays).
     pub(crate) fn conn_start_sse(&mut self, ck: usize) {
+        self.conn_start_sse_with(ck, &[]);
+    }
+
+    /// Starts an SSE response on `ck` with `extra` headers (its owner stays).
+    pub(crate) fn conn_start_sse_with(&mut self, ck: usize, extra: &[(&'static str, String)]) {
         let shutting_down = self.app.shutting_down;
         if let Some(c) = self.conns.get_mut(ck) {
-            c.http.start_sse(shutting_down);
+            c.http.start_sse_with(shutting_down, extra);
         }
+    }
+
+    /// Queues a framed SSE event on `ck`'s stream and tries to write it. True when the
+    /// client is this far behind: the producer should pause.
+    pub(crate) fn conn_send_sse(&mut self, ck: usize, frame: &[u8]) -> bool {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return false;
+        };
+        c.http.send_chunk(frame);
+        self.conn_flush(ck);
+        self.conns.get(ck).is_some_and(|c| c.http.write_full())
     }
 
     /// Queues one SSE event on `ck`'s stream and tries to write it. True when the
@@ -716,16 +755,26 @@ impl Daemon {
         self.conn_pump(ck);
     }
 
-    /// Writes what is queued. Returns false when the connection failed.
-    pub(crate) fn conn_flush(&mut self, ck: usize) -> bool {
+    /// Writes what is queued, and nothing else. Returns false when the connection
+    /// failed.
+    pub(crate) fn conn_write(&mut self, ck: usize) -> bool {
         let Some(c) = self.conns.get_mut(ck) else {
             return false;
         };
         let written = c.http.write_to(&mut c.stream, Instant::now());
         tally(&mut self.app.metrics, &mut c.http);
-        if !written {
+        written
+    }
+
+    /// Writes what is queued; a producer whose client drained makes more. Returns false
+    /// when the connection failed.
+    pub(crate) fn conn_flush(&mut self, ck: usize) -> bool {
+        if !self.conn_write(ck) {
             return false;
         }
+        let Some(c) = self.conns.get(ck) else {
+            return false;
+        };
         let drained = c.http.pending_write() < MAX_WRITE_BUFFER_BYTES / 2;
         match c.owner() {
             Some(&Owner::Run { run, stream: true }) if drained => self.run_resume(run),
@@ -743,6 +792,7 @@ impl Daemon {
                 serial,
                 handle,
             }) if drained => self.file_drained(key, serial, handle),
+            Some(Owner::RunEvents { .. }) if drained => self.record_pump(ck),
             _ => {}
         }
         true
@@ -806,6 +856,9 @@ impl Daemon {
         self.reactor.deregister(&mut c.stream, c.token);
         match std::mem::replace(&mut c.http.phase, Phase::Head) {
             Phase::Owned(Owner::Run { run, .. }) => self.run_cancel(run),
+            Phase::Owned(Owner::RunEvents { rec, serial, .. } | Owner::RunWait { rec, serial }) => {
+                self.record_reader_closed(ck, c.serial, rec, serial)
+            }
             Phase::Owned(Owner::Upload { target, .. }) => self.abort_upload(target),
             Phase::Owned(Owner::Transfer(t)) => self.transfer_release(*t),
             Phase::Owned(Owner::Agent { cancel, .. }) => {

@@ -128,15 +128,36 @@ impl Daemon {
         self.reactor.submit_must(job);
     }
 
-    /// The client went away: detach and kill.
+    /// Cancelled by request (`POST /v1/runs/{id}/cancel`): killed, and its sink (the
+    /// record, a client still streaming) gets the cancelled result as usual.
+    pub(crate) fn run_stop(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        if run.cancelled || run.kernel.is_some() {
+            return;
+        }
+        run.cancelled = true;
+        // Starting: `run_spawned` kills it once it exists.
+        if run.state == State::Running {
+            self.run_kill(rk);
+        }
+    }
+
+    /// The client went away: detach and kill. A recorded run's record still takes its
+    /// end (what happened stays readable at `/v1/runs/{id}`).
     pub(crate) fn run_cancel(&mut self, rk: usize) {
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
-        if run.sink.is_none() {
+        let Some(sink) = run.sink.as_ref() else {
+            return;
+        };
+        if !sink.client_left() {
+            run.sink = None;
+        } else if run.cancelled {
             return;
         }
-        run.sink = None;
         run.cancelled = true;
         if run.kernel.is_some() {
             // The step finishes (its wall time bounds it); the kernel and its state live on.
@@ -425,7 +446,11 @@ impl Daemon {
         let Some(sink) = run.sink.take() else { return };
         // A kernel lives on unless this step ended it (it is being reaped then).
         let kernel_alive = run.kernel.is_some_and(|(kk, ks)| self.kernel_alive(kk, ks));
-        sink.result(self, body, kernel_alive);
+        let ended = super::sink::Ended {
+            kernel_alive,
+            cancelled: run.cancelled,
+        };
+        sink.result(self, body, ended);
     }
 
     /// Counts a run that ended with `outcome` in `/metrics`: by runtime, with its

@@ -5,7 +5,8 @@
 //! connections), `transfer::Transfers` (download pipes), `runs::Runs` (a sandbox run's
 //! pipes, pidfd and deadlines; `output` and `finish` hold the rest of a run's life),
 //! `kernels::Kernels` (a kernel's control socket, pidfd and deadline; its steps are
-//! `kernel_steps`), `agent::Agents` (agent loops' keep-alives), `egress::EgressChecks`
+//! `kernel_steps`), `records::Records` (streamed and detached runs' records and the
+//! clients reading them), `agent::Agents` (agent loops' keep-alives), `egress::EgressChecks`
 //! (the nftables monitor) and `Lifecycle` here (signals, reload, housekeeping, the
 //! shutdown grace). Blocking work goes to the pool as a job whose continuation the loop
 //! applies to the daemon; `warm` (the pool of pre-booted sandboxes) lives on those.
@@ -31,6 +32,7 @@ mod kernel_steps;
 pub mod kernels;
 mod output;
 mod proxy;
+mod records;
 pub mod runs;
 mod sink;
 mod startup;
@@ -63,7 +65,7 @@ const HOUSEKEEPING: u16 = 2;
 const SHUTDOWN_GRACE: u16 = 3;
 
 /// Every component, in the order of their ids (checked by `Reactor::add` at startup).
-fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 10] {
+fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 11] {
     [
         (LIFECYCLE, &Lifecycle),
         (conn::HTTP, &conn::Http),
@@ -75,6 +77,7 @@ fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 10] {
         (boxes::BOXES, &boxes::Boxes),
         (proxy::PROXY, &proxy::Proxies),
         (gate::GATE, &gate::Gates),
+        (records::RECORDS, &records::Records),
     ]
 }
 
@@ -96,6 +99,8 @@ pub struct Daemon {
     pub(crate) local_addr: SocketAddr,
     pub(crate) conns: Slab<Client>,
     pub(crate) runs: Slab<Run>,
+    /// Streamed and detached runs' records, for clients that reconnect.
+    pub(crate) records: records::Table,
     pub(crate) app: App,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) conn_serial: u64,
@@ -329,6 +334,8 @@ impl Daemon {
                 self.next_upkeep = now + Duration::from_secs(5);
             }
         }
+        // Ended runs' records past their retention go.
+        self.records_trim();
         // Refills after a failed boot wait out their pause; retried from here.
         self.warm_fill();
         self.box_warm_fill();

@@ -6,6 +6,7 @@
 
 use super::sink::{HttpSink, Sink};
 use super::Daemon;
+use crate::api::Delivery;
 use crate::cgroup::RunCgroup;
 use crate::http::Response;
 use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
@@ -66,6 +67,21 @@ impl Component<Daemon> for Runs {
             _ => {}
         }
     }
+}
+
+/// The `202` of a detached run: its id and where to read it.
+fn detached_response(id: &str) -> Response {
+    let url = format!("/v1/runs/{id}");
+    Response::json(
+        202,
+        &serde_json::json!({
+            "id": id,
+            "status": "running",
+            "url": url,
+            "eventsUrl": format!("{url}/events"),
+        }),
+    )
+    .with_header("Location", url)
 }
 
 /// Extra wall time allowed for gVisor to boot before the program's own wall time counts.
@@ -168,18 +184,49 @@ impl Daemon {
         self.app.runs.refusal(self.app.shutting_down)
     }
 
-    pub(crate) fn start_run(&mut self, ck: usize, plan: Box<ExecPlan>, stream: bool) {
+    /// Starts a run for connection `ck`, which gets its result as `delivery` says: a
+    /// streamed or detached run is recorded (`records`) under `tenant`.
+    pub(crate) fn start_run(
+        &mut self,
+        ck: usize,
+        plan: Box<ExecPlan>,
+        delivery: Delivery,
+        tenant: &str,
+    ) {
         if !self.run_admit(ck) {
             return;
         }
-        let Some(c) = self.conns.get_mut(ck) else {
+        let Some(conn_serial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
-        let sink: Rc<dyn Sink> = Rc::new(HttpSink {
-            conn: ck,
-            serial: c.serial,
-            stream,
-        });
+        let mut record = None;
+        let sink: Rc<dyn Sink> = match delivery {
+            Delivery::Json => Rc::new(HttpSink {
+                conn: ck,
+                serial: conn_serial,
+                stream: false,
+            }),
+            Delivery::Stream | Delivery::Detach => {
+                let detached = delivery == Delivery::Detach;
+                let client = (!detached).then_some((ck, conn_serial));
+                let lang = &plan.runtime.desc.language;
+                let Some((id, sink)) = self.record_open(tenant, lang, detached, client) else {
+                    self.respond(
+                        ck,
+                        Response::error(
+                            503,
+                            "overloaded",
+                            Some("the system's random source failed; retry"),
+                        )
+                        .with_header("Retry-After", "1"),
+                    );
+                    return;
+                };
+                let sink = Rc::new(sink);
+                record = Some((id, Rc::clone(&sink)));
+                sink
+            }
+        };
         self.run_serial += 1;
         let serial = self.run_serial;
         let id = self.container_id("r", serial);
@@ -307,6 +354,9 @@ impl Daemon {
                 self.warm_put_back(w, &lang);
             }
             self.runs.remove(rk);
+            if let Some((_, rec)) = &record {
+                self.record_discard(rec);
+            }
             self.respond(
                 ck,
                 Response::error(503, "overloaded", Some("worker queue full"))
@@ -316,6 +366,9 @@ impl Daemon {
         }
         self.app.runs.take();
         self.run_attach(rk);
+        if let (Delivery::Detach, Some((id, _))) = (delivery, record) {
+            self.respond(ck, detached_response(&id));
+        }
     }
 
     /// The run's sink waits for it (an HTTP client: plain, or with the SSE head sent

@@ -1,9 +1,11 @@
 //! Where a run's output and its end go: a [`Sink`]. A run (or a kernel step) reads its
 //! pipes, caps and decodes what it reads, and hands whole UTF-8 text to its sink; it
 //! never frames bytes for a wire. Today's sinks: an HTTP response (`HttpSink`: one JSON
-//! body, or SSE events as output comes; the framing is `http`'s) and an agent loop's
-//! thread (`agent::AgentSink`). A WebSocket, a job's log and a process's ring buffer
-//! are sinks to come; each is a new implementation, and the run does not change.
+//! body, or SSE events as output comes; the framing is `http`'s), an agent loop's
+//! thread (`agent::AgentSink`), and a run's record (`records::RecordSink`: events with
+//! ids, streamed live and kept for clients that reconnect or read a detached run).
+//! A WebSocket, a job's log and a process's ring buffer are sinks to come; each is a
+//! new implementation, and the run does not change.
 //!
 //! Sinks hold addresses (a connection's key and serial, a channel), never the thing
 //! itself, so the run keeps an `Rc` of its sink and calls it with the whole daemon.
@@ -41,6 +43,16 @@ impl Stream {
     }
 }
 
+/// How a run with a result ended, besides the result.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ended {
+    /// A kernel step's kernel lives on.
+    pub(crate) kernel_alive: bool,
+    /// It was cancelled (its client left, it was cancelled by request, or the daemon
+    /// stopped it).
+    pub(crate) cancelled: bool,
+}
+
 /// What a run's consumer is.
 pub(crate) trait Sink {
     /// Run `rk` now works for this consumer (an HTTP connection waits on it).
@@ -61,12 +73,18 @@ pub(crate) trait Sink {
     /// A live consumer's stream has been quiet for a keep-alive interval.
     fn keepalive(&self, _d: &mut Daemon) {}
 
-    /// The run's result; `kernel_alive` says whether a kernel step's kernel lives on.
-    fn result(&self, d: &mut Daemon, body: ExecuteResponse, kernel_alive: bool);
+    /// The run's result, and how it ended.
+    fn result(&self, d: &mut Daemon, body: ExecuteResponse, ended: Ended);
 
     /// The run ended without a result, with this refusal (a 500 when the sandbox did
     /// not start, a kernel that is dead or busy, a full daemon).
     fn refused(&self, d: &mut Daemon, resp: Response);
+
+    /// The client that started the run left (the run is cancelled). True when this
+    /// sink still takes the run's end (a record); false drops it.
+    fn client_left(&self) -> bool {
+        false
+    }
 }
 
 /// An HTTP client waiting on connection `conn` (of `serial`): one JSON body, or SSE.
@@ -112,7 +130,7 @@ impl Sink for HttpSink {
         }
     }
 
-    fn result(&self, d: &mut Daemon, body: ExecuteResponse, _kernel_alive: bool) {
+    fn result(&self, d: &mut Daemon, body: ExecuteResponse, _: Ended) {
         let Some(ck) = self.conn(d) else { return };
         if self.stream {
             // One `data:` line: serialised JSON holds no raw line breaks.

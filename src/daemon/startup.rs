@@ -376,6 +376,7 @@ impl Daemon {
             local_addr,
             conns: Slab::new(),
             runs: Slab::new(),
+            records: super::records::Table::default(),
             app,
             backend,
             conn_serial: 0,

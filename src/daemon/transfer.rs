@@ -131,8 +131,12 @@ impl Daemon {
                 self.respond_and_close(ck, resp);
                 self.conn_after_io(ck);
             }
-            Outcome::Execute { plan, stream } => {
-                self.start_run(ck, plan, stream);
+            Outcome::Execute {
+                plan,
+                delivery,
+                tenant,
+            } => {
+                self.start_run(ck, plan, delivery, &tenant);
                 // A refusal (capacity, shutdown) or the SSE head is queued: send it.
                 self.conn_after_io(ck);
             }

@@ -631,9 +631,14 @@ impl<R, W: Owner> Conn<R, W> {
     /// Queues the head of an SSE response (chunked; kept alive unless the client or a
     /// shutdown says otherwise). The phase stays the owner's.
     pub fn start_sse(&mut self, shutting_down: bool) {
+        self.start_sse_with(shutting_down, &[]);
+    }
+
+    /// [`Conn::start_sse`] with `extra` headers.
+    pub fn start_sse_with(&mut self, shutting_down: bool, extra: &[(&'static str, String)]) {
         self.note_head(200);
         let keep = self.keeps(shutting_down);
-        super::sse::write_head(&mut self.wbuf, keep);
+        super::sse::write_head(&mut self.wbuf, keep, extra);
         if !keep {
             self.close_after_flush = true;
         }

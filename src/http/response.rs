@@ -116,6 +116,7 @@ pub fn reason(status: u16) -> &'static str {
         100 => "Continue",
         200 => "OK",
         201 => "Created",
+        202 => "Accepted",
         204 => "No Content",
         304 => "Not Modified",
         400 => "Bad Request",

@@ -5,19 +5,29 @@
 //! A run's output becomes text here too ([`take_utf8`]): never a broken character.
 
 /// Appends the head of an SSE response: 200, `text/event-stream`, not cached nor
-/// buffered by proxies, chunked.
-pub fn write_head(out: &mut Vec<u8>, keep_alive: bool) {
-    let headers = [
+/// buffered by proxies, chunked, with `extra` headers (a run's id).
+pub fn write_head(out: &mut Vec<u8>, keep_alive: bool, extra: &[(&'static str, String)]) {
+    let mut headers = vec![
         ("Content-Type", "text/event-stream".to_string()),
         ("Cache-Control", "no-cache".to_string()),
         ("X-Accel-Buffering", "no".to_string()),
         ("Transfer-Encoding", "chunked".to_string()),
     ];
+    headers.extend_from_slice(extra);
     super::response::write_head(out, 200, &headers, None, keep_alive);
 }
 
 /// Appends one event with name `event` and payload `data` to `out`.
 pub fn write_event(out: &mut Vec<u8>, event: &str, data: &str) {
+    write_event_id(out, None, event, data);
+}
+
+/// [`write_event`] with an `id:` field (what a reconnecting client sends back as
+/// `Last-Event-ID`).
+pub fn write_event_id(out: &mut Vec<u8>, id: Option<u64>, event: &str, data: &str) {
+    if let Some(id) = id {
+        out.extend_from_slice(format!("id: {id}\n").as_bytes());
+    }
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(event.as_bytes());
     out.push(b'\n');

@@ -49,6 +49,10 @@ pub struct Stream {
     pub stderr: String,
     /// The `done` event's data, once read.
     pub done: Option<Value>,
+    /// Every event read: its `id:` (if it had one), name and data.
+    pub events: Vec<(Option<u64>, String, Value)>,
+    /// The `X-Run-Id` header, when the stream is a recorded run's.
+    pub run_id: Option<String>,
 }
 
 impl Stream {
@@ -60,23 +64,45 @@ impl Stream {
     /// `POST path` with `Accept: text/event-stream`, `headers` and the JSON `body`;
     /// asserts the answer starts 200.
     pub fn post(d: &Daemon, path: &str, headers: &[(&str, &str)], body: &Value) -> Stream {
+        Self::open(d, "POST", path, headers, Some(body))
+    }
+
+    /// `GET path` (a recorded run's events) with `headers`; asserts the answer starts 200.
+    pub fn get(d: &Daemon, path: &str, headers: &[(&str, &str)]) -> Stream {
+        Self::open(d, "GET", path, headers, None)
+    }
+
+    fn open(
+        d: &Daemon,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> Stream {
         let mut s = d.connect();
-        let b = body.to_string();
-        let mut head = format!("POST {path} HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n");
+        let mut head =
+            format!("{method} {path} HTTP/1.1\r\nHost: t\r\nAccept: text/event-stream\r\n");
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
-        write!(
-            s,
-            "{head}Content-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{b}",
-            b.len()
-        )
-        .unwrap();
+        match body {
+            Some(body) => {
+                let b = body.to_string();
+                write!(
+                    s,
+                    "{head}Content-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{b}",
+                    b.len()
+                )
+                .unwrap();
+            }
+            None => write!(s, "{head}Connection: close\r\n\r\n").unwrap(),
+        }
         let mut r = BufReader::new(s);
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
         assert!(line.contains(" 200 "), "SSE status: {line}");
         let mut chunked = false;
+        let mut run_id = None;
         loop {
             let mut h = String::new();
             r.read_line(&mut h).unwrap();
@@ -88,6 +114,9 @@ impl Stream {
             if l.starts_with("transfer-encoding:") && l.contains("chunked") {
                 chunked = true;
             }
+            if l.starts_with("x-run-id:") {
+                run_id = Some(h["x-run-id:".len()..].trim().to_string());
+            }
         }
         Stream {
             r,
@@ -97,6 +126,8 @@ impl Stream {
             stdout: String::new(),
             stderr: String::new(),
             done: None,
+            events: Vec::new(),
+            run_id,
         }
     }
 
@@ -130,6 +161,11 @@ impl Stream {
             let Some((name, p)) = parse_event(&block) else {
                 continue;
             };
+            let id = block
+                .lines()
+                .find_map(|l| l.strip_prefix("id: "))
+                .map(|i| i.parse::<u64>().expect("a numeric event id"));
+            self.events.push((id, name.clone(), p.clone()));
             let chunk = || {
                 p["chunk"]
                     .as_str()

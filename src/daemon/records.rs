@@ -1,0 +1,653 @@
+//! Run records: what a streamed or detached run said, kept so that a client whose
+//! connection dropped reconnects and gets what it missed, then the live rest, and so
+//! that a detached run is read after it ended (`/v1/runs/{id}`, `api::runs`).
+//!
+//! A record is the run's events in order — each `stdout`/`stderr` chunk and the final
+//! `done` (or `error`) — numbered from 1; the number is the SSE `id:`. Its run writes it
+//! through a [`RecordSink`], which also streams to the client that started the run
+//! (when it streams and has not left). Readers of the record are connections that
+//! follow it (`Owner::RunEvents`, a cursor into the events, written as the socket
+//! drains) or wait for its end (`Owner::RunWait`, with a deadline timer here).
+//!
+//! Bounds: a run's events are bounded by its output caps (two streams of at most
+//! `outputBytes` each, and the result holding them once more), and live runs by the
+//! execution slots. Ended runs' records are kept `run_retain_s` seconds, and while
+//! all records hold more than `run_retain_bytes`, the oldest ended ones go first; a
+//! live run's record, and the newest ended one, are never dropped for bytes. Reactor
+//! thread only.
+
+use super::conn::Owner;
+use super::sink::{Ended, Sink, Stream};
+use super::Daemon;
+use crate::api::execute::ExecuteResponse;
+use crate::api::runs::{not_found, RunOp, RunVerb};
+use crate::http::sse::write_event_id;
+use crate::http::Response;
+use crate::reactor::{Addr, Component, ComponentId, Readiness};
+use slab::Slab;
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// The records component (timers only; key: a waiting connection).
+pub(crate) const RECORDS: ComponentId = ComponentId(10);
+/// Timers: a waiting client's deadline (generation: the connection's serial).
+const WAIT: u16 = 0;
+
+/// What a record counts for itself besides its events' text (its id, tenant, the
+/// event headers), so that many tiny records are bounded too.
+const RECORD_OVERHEAD: usize = 512;
+/// What each event counts besides its data.
+const EVENT_OVERHEAD: usize = 32;
+/// Most connections following or waiting on one record at once.
+pub(crate) const MAX_READERS: usize = 16;
+
+/// The records component.
+pub(crate) struct Records;
+
+impl Component<Daemon> for Records {
+    fn name(&self) -> &'static str {
+        "records"
+    }
+
+    fn ready(&self, _: &mut Daemon, _: usize, _: u16, _: Readiness) {}
+
+    fn timer(&self, d: &mut Daemon, ck: usize, what: u16, gen: u64) {
+        if what == WAIT {
+            d.record_wait_over(ck, gen);
+        }
+    }
+}
+
+/// Where a recorded run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Starting or running.
+    Running,
+    /// Ended with a result.
+    Done,
+    /// Ended with a result after it was cancelled (its client left, `…/cancel`, or the
+    /// daemon stopped).
+    Cancelled,
+    /// Ended without a result (the sandbox did not start, the daemon was stopping).
+    Failed,
+}
+
+impl Status {
+    fn name(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Done => "done",
+            Status::Cancelled => "cancelled",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+/// One event: its name and its data (JSON text). Its id is its index + 1.
+struct Event {
+    kind: &'static str,
+    data: String,
+}
+
+/// One run's record.
+pub(crate) struct Record {
+    id: String,
+    tenant: String,
+    serial: u64,
+    language: String,
+    detached: bool,
+    /// When the run was admitted (Unix ms).
+    created_ms: u64,
+    status: Status,
+    ended: Option<Instant>,
+    events: Vec<Event>,
+    /// What it counts against `run_retain_bytes`.
+    bytes: usize,
+    /// The run (key, serial) while it lives: what `…/cancel` stops.
+    run: Option<(usize, u64)>,
+    /// Connections (key, serial) following or waiting on it.
+    readers: Vec<(usize, u64)>,
+}
+
+/// Every record.
+#[derive(Default)]
+pub(crate) struct Table {
+    records: Slab<Record>,
+    by_id: HashMap<String, usize>,
+    /// Ended records (key, serial), oldest end first.
+    ended: VecDeque<(usize, u64)>,
+    bytes: usize,
+    serial: u64,
+}
+
+impl Table {
+    fn get(&self, key: usize, serial: u64) -> Option<&Record> {
+        self.records.get(key).filter(|r| r.serial == serial)
+    }
+
+    fn get_mut(&mut self, key: usize, serial: u64) -> Option<&mut Record> {
+        self.records.get_mut(key).filter(|r| r.serial == serial)
+    }
+
+    /// Records kept now, and the bytes they count (for `/metrics`).
+    fn figures(&self) -> (usize, usize) {
+        (self.records.len(), self.bytes)
+    }
+}
+
+/// A run's sink when it is recorded: every event goes into its record (and to the
+/// record's followers), and live to the client that started it while it is there.
+pub(crate) struct RecordSink {
+    rec: usize,
+    serial: u64,
+    /// The streaming client (connection key, serial); `None` when detached or gone.
+    client: Cell<Option<(usize, u64)>>,
+}
+
+impl RecordSink {
+    /// The client, if it is still the connection that asked.
+    fn client(&self, d: &Daemon) -> Option<usize> {
+        let (ck, cs) = self.client.get()?;
+        d.conns
+            .get(ck)
+            .is_some_and(|c| c.serial == cs)
+            .then_some(ck)
+    }
+}
+
+impl Sink for RecordSink {
+    fn attach(&self, d: &mut Daemon, rk: usize) {
+        let run_serial = d.runs.get(rk).map(|r| r.serial);
+        let mut id = None;
+        if let Some(r) = d.records.get_mut(self.rec, self.serial) {
+            r.run = run_serial.map(|s| (rk, s));
+            id = Some(r.id.clone());
+        }
+        if let (Some(ck), Some(id)) = (self.client(d), id) {
+            d.conn_own(
+                ck,
+                Owner::Run {
+                    run: rk,
+                    stream: true,
+                },
+            );
+            d.conn_start_sse_with(ck, &[("X-Run-Id", id)]);
+        }
+    }
+
+    fn live(&self) -> bool {
+        true
+    }
+
+    fn output(&self, d: &mut Daemon, stream: Stream, text: &str) -> bool {
+        let data = serde_json::json!({ "chunk": text }).to_string();
+        let frame = d.record_push(self.rec, self.serial, stream.name(), data);
+        match (self.client(d), frame) {
+            (Some(ck), Some(frame)) => d.conn_send_sse(ck, &frame),
+            _ => false,
+        }
+    }
+
+    fn keepalive(&self, d: &mut Daemon) {
+        if let Some(ck) = self.client(d) {
+            d.conn_send_comment(ck, "keep-alive");
+        }
+        d.record_keepalive(self.rec, self.serial);
+    }
+
+    fn result(&self, d: &mut Daemon, body: ExecuteResponse, ended: Ended) {
+        let data = serde_json::to_string(&body).unwrap_or_default();
+        let status = if ended.cancelled {
+            Status::Cancelled
+        } else {
+            Status::Done
+        };
+        let frame = d.record_end(self.rec, self.serial, "done", data, status);
+        if let (Some(ck), Some(frame)) = (self.client(d), frame) {
+            d.finish_stream(ck, &frame);
+            d.conn_resume(ck);
+        }
+    }
+
+    fn refused(&self, d: &mut Daemon, resp: Response) {
+        let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+        let code = v["error"].as_str().unwrap_or("error");
+        let msg = match v["detail"].as_str() {
+            Some(detail) => format!("{code}: {detail}"),
+            None => code.to_string(),
+        };
+        let data = serde_json::json!({ "error": msg }).to_string();
+        let frame = d.record_end(self.rec, self.serial, "error", data, Status::Failed);
+        let Some(ck) = self.client(d) else { return };
+        let streaming = d
+            .conns
+            .get(ck)
+            .is_some_and(|c| matches!(c.owner(), Some(Owner::Run { stream: true, .. })));
+        match frame {
+            // The head already said 200: the refusal is the stream's `error` event.
+            Some(frame) if streaming => d.finish_stream(ck, &frame),
+            _ => d.respond(ck, resp),
+        }
+        d.conn_resume(ck);
+    }
+
+    fn client_left(&self) -> bool {
+        self.client.set(None);
+        true
+    }
+}
+
+/// The frame of event `seq` of a record.
+fn frame(seq: usize, ev: &Event) -> Vec<u8> {
+    let mut f = Vec::with_capacity(ev.data.len() + 40);
+    write_event_id(&mut f, Some(seq as u64), ev.kind, &ev.data);
+    f
+}
+
+impl Daemon {
+    /// A new record for a run of `language` started by `tenant`, and its sink; the
+    /// streaming client `client` (connection key and serial), if any. `None` when the
+    /// system's random source failed (the id must be unguessable).
+    pub(crate) fn record_open(
+        &mut self,
+        tenant: &str,
+        language: &str,
+        detached: bool,
+        client: Option<(usize, u64)>,
+    ) -> Option<(String, RecordSink)> {
+        let id = format!("run_{}", super::boxes::random_hex()?);
+        let t = &mut self.records;
+        t.serial += 1;
+        let serial = t.serial;
+        let bytes = RECORD_OVERHEAD + tenant.len() + language.len();
+        let key = t.records.insert(Record {
+            id: id.clone(),
+            tenant: tenant.to_string(),
+            serial,
+            language: language.to_string(),
+            detached,
+            created_ms: super::boxes::now_ms(),
+            status: Status::Running,
+            ended: None,
+            events: Vec::new(),
+            bytes,
+            run: None,
+            readers: Vec::new(),
+        });
+        t.bytes += bytes;
+        t.by_id.insert(id.clone(), key);
+        self.app.metrics.records = self.records.figures();
+        let sink = RecordSink {
+            rec: key,
+            serial,
+            client: Cell::new(client),
+        };
+        Some((id, sink))
+    }
+
+    /// Forgets a record whose run never started (it was refused before it existed).
+    pub(crate) fn record_discard(&mut self, rec: &RecordSink) {
+        self.record_remove(rec.rec, rec.serial);
+    }
+
+    /// Appends an event; its frame (for the streaming client), or `None` when the
+    /// record is gone or has ended.
+    fn record_push(
+        &mut self,
+        rec: usize,
+        serial: u64,
+        kind: &'static str,
+        data: String,
+    ) -> Option<Vec<u8>> {
+        let t = &mut self.records;
+        let r = t
+            .get_mut(rec, serial)
+            .filter(|r| r.status == Status::Running)?;
+        let n = data.len() + EVENT_OVERHEAD;
+        r.bytes += n;
+        r.events.push(Event { kind, data });
+        let f = frame(r.events.len(), r.events.last()?);
+        t.bytes += n;
+        self.app.metrics.records = self.records.figures();
+        self.record_pump_all(rec, serial);
+        Some(f)
+    }
+
+    /// Appends the last event and ends the record: followers get the rest and their
+    /// stream ends, waiters get their answer. The last event's frame, as `record_push`.
+    fn record_end(
+        &mut self,
+        rec: usize,
+        serial: u64,
+        kind: &'static str,
+        data: String,
+        status: Status,
+    ) -> Option<Vec<u8>> {
+        let f = self.record_push(rec, serial, kind, data);
+        let t = &mut self.records;
+        let r = t.get_mut(rec, serial)?;
+        r.status = status;
+        r.ended = Some(Instant::now());
+        r.run = None;
+        t.ended.push_back((rec, serial));
+        // Every reader: followers write the last event and end; waiters are answered.
+        self.record_pump_all(rec, serial);
+        self.records_trim();
+        f
+    }
+
+    /// A keep-alive comment to followers that have everything so far.
+    fn record_keepalive(&mut self, rec: usize, serial: u64) {
+        let Some(r) = self.records.get(rec, serial) else {
+            return;
+        };
+        let n = r.events.len();
+        let readers = r.readers.clone();
+        for (ck, cs) in readers {
+            let caught_up = self.conns.get(ck).is_some_and(|c| {
+                c.serial == cs
+                    && matches!(c.owner(), Some(Owner::RunEvents { next, .. }) if *next >= n)
+            });
+            if caught_up {
+                self.conn_send_comment(ck, "keep-alive");
+            }
+        }
+    }
+
+    /// Moves every reader of a record along (after an event, or at its end).
+    fn record_pump_all(&mut self, rec: usize, serial: u64) {
+        let Some(r) = self.records.get(rec, serial) else {
+            return;
+        };
+        for (ck, _) in r.readers.clone() {
+            self.record_pump(ck);
+        }
+    }
+
+    /// Writes what a follower has not had yet, as far as its socket takes it; ends its
+    /// stream with the last event of an ended record. Answers a waiter whose record
+    /// ended.
+    pub(crate) fn record_pump(&mut self, ck: usize) {
+        loop {
+            let Some(c) = self.conns.get(ck) else { return };
+            let (rec, serial, next) = match c.owner() {
+                Some(&Owner::RunEvents { rec, serial, next }) => (rec, serial, next),
+                Some(&Owner::RunWait { rec, serial }) => {
+                    let ended = self
+                        .records
+                        .get(rec, serial)
+                        .is_none_or(|r| r.status != Status::Running);
+                    if ended {
+                        self.record_answer_waiter(ck, rec, serial);
+                    }
+                    return;
+                }
+                _ => return,
+            };
+            let Some(r) = self.records.get(rec, serial) else {
+                return;
+            };
+            let ended = r.status != Status::Running;
+            let total = r.events.len();
+            let Some(c) = self.conns.get_mut(ck) else {
+                return;
+            };
+            let mut at = next;
+            let mut last = Vec::new();
+            while at < total && !c.http.write_full() {
+                let f = frame(at + 1, &r.events[at]);
+                at += 1;
+                if ended && at == total {
+                    last = f;
+                } else {
+                    c.http.send_chunk(&f);
+                }
+            }
+            if ended && at >= total {
+                // The last event (none when the reader had them all) ends the stream.
+                self.record_unread(ck, rec, serial);
+                self.finish_stream(ck, &last);
+                self.conn_resume(ck);
+                return;
+            }
+            if let Some(Owner::RunEvents { next, .. }) = c.owner_mut() {
+                *next = at;
+            }
+            if !self.conn_write(ck) {
+                return;
+            }
+            // Go on while events are left and the socket took what was queued; else
+            // the drain (`conn_flush`) or the next event calls again.
+            let drained = self.conns.get(ck).is_some_and(|c| {
+                c.http.pending_write() < crate::http::limits::MAX_WRITE_BUFFER_BYTES / 2
+            });
+            if at >= total || !drained {
+                return;
+            }
+        }
+    }
+
+    /// Drops `ck` from a record's readers.
+    fn record_unread(&mut self, ck: usize, rec: usize, serial: u64) {
+        let cs = self.conns.get(ck).map(|c| c.serial);
+        if let Some(r) = self.records.get_mut(rec, serial) {
+            r.readers.retain(|&(k, s)| !(k == ck && Some(s) == cs));
+        }
+    }
+
+    /// A following or waiting connection closed.
+    pub(crate) fn record_reader_closed(&mut self, ck: usize, cs: u64, rec: usize, serial: u64) {
+        if let Some(r) = self.records.get_mut(rec, serial) {
+            r.readers.retain(|&(k, s)| !(k == ck && s == cs));
+        }
+    }
+
+    /// Answers a waiter with the record as it is now.
+    fn record_answer_waiter(&mut self, ck: usize, rec: usize, serial: u64) {
+        self.record_unread(ck, rec, serial);
+        let resp = match self.records.get(rec, serial) {
+            Some(r) => record_response(r, 200),
+            None => not_found(),
+        };
+        self.respond(ck, resp);
+        self.conn_resume(ck);
+    }
+
+    /// A waiter's time is up: it gets the record as it is.
+    fn record_wait_over(&mut self, ck: usize, gen: u64) {
+        let Some(c) = self.conns.get(ck).filter(|c| c.serial == gen) else {
+            return;
+        };
+        if let Some(&Owner::RunWait { rec, serial }) = c.owner() {
+            self.record_answer_waiter(ck, rec, serial);
+        }
+    }
+
+    /// Carries out a request on a recorded run.
+    pub(crate) fn record_op(&mut self, ck: usize, op: RunOp) {
+        // A record past its time is gone now, not at the next housekeeping tick.
+        self.records_trim();
+        let found = self
+            .records
+            .by_id
+            .get(&op.id)
+            .copied()
+            .and_then(|k| self.records.records.get(k).map(|r| (k, r)))
+            .filter(|(_, r)| r.tenant == op.tenant)
+            .map(|(k, r)| (k, r.serial));
+        let Some((rec, serial)) = found else {
+            self.respond(ck, not_found());
+            return;
+        };
+        let Some(r) = self.records.get(rec, serial) else {
+            return;
+        };
+        let Some(cs) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        match op.verb {
+            RunVerb::Get { wait_ms } => {
+                if wait_ms == 0 || r.status != Status::Running {
+                    let resp = record_response(r, 200);
+                    self.respond(ck, resp);
+                    return;
+                }
+                if r.readers.len() >= MAX_READERS {
+                    self.respond(ck, too_many_readers());
+                    return;
+                }
+                if let Some(r) = self.records.get_mut(rec, serial) {
+                    r.readers.push((ck, cs));
+                }
+                self.conn_own(ck, Owner::RunWait { rec, serial });
+                let at = Instant::now() + Duration::from_millis(wait_ms);
+                self.reactor.arm(at, Addr::new(RECORDS, ck, WAIT), cs);
+            }
+            RunVerb::Events { after } => {
+                let n = r.events.len() as u64;
+                if after > n {
+                    let resp = Response::error(
+                        400,
+                        "invalid_query",
+                        Some(&format!(
+                            "after: the run has {n} events so far; give the id of the last one received"
+                        )),
+                    );
+                    self.respond(ck, resp);
+                    return;
+                }
+                if r.readers.len() >= MAX_READERS {
+                    self.respond(ck, too_many_readers());
+                    return;
+                }
+                let id = r.id.clone();
+                if self.conns.get(ck).is_some_and(|c| c.http.head_only) {
+                    // `HEAD`: the head is the whole answer, whether the run lives or not.
+                    self.conn_start_sse_with(ck, &[("X-Run-Id", id)]);
+                    self.finish_stream(ck, b"");
+                    return;
+                }
+                if let Some(r) = self.records.get_mut(rec, serial) {
+                    r.readers.push((ck, cs));
+                }
+                self.conn_own(
+                    ck,
+                    Owner::RunEvents {
+                        rec,
+                        serial,
+                        next: usize::try_from(after).unwrap_or(usize::MAX),
+                    },
+                );
+                self.conn_start_sse_with(ck, &[("X-Run-Id", id)]);
+                self.record_pump(ck);
+            }
+            RunVerb::Cancel => {
+                let run = r.run;
+                let status = if r.status == Status::Running {
+                    202
+                } else {
+                    200
+                };
+                let resp = record_response(r, status);
+                if let Some((rk, rs)) = run {
+                    if self.runs.get(rk).is_some_and(|x| x.serial == rs) {
+                        self.run_stop(rk);
+                    }
+                }
+                self.respond(ck, resp);
+            }
+        }
+    }
+
+    /// Drops expired records and, while over the byte budget, the oldest ended ones
+    /// (housekeeping, and after each end).
+    pub(crate) fn records_trim(&mut self) {
+        let keep = Duration::from_secs(self.cfg.run_retain_s);
+        let budget = self.cfg.run_retain_bytes;
+        while let Some(&(rec, serial)) = self.records.ended.front() {
+            let Some(r) = self.records.get(rec, serial) else {
+                self.records.ended.pop_front();
+                continue;
+            };
+            let expired = r.ended.is_some_and(|e| e.elapsed() >= keep);
+            // Over the budget, the newest ended record stays whatever its size (one run's
+            // record is bounded by its output caps): a detached run's result is always
+            // readable until another run ends or its time is up.
+            let over = self.records.bytes > budget && self.records.ended.len() > 1;
+            if !expired && !over {
+                break;
+            }
+            self.records.ended.pop_front();
+            self.record_remove(rec, serial);
+        }
+    }
+
+    /// Removes a record; a follower still reading it gets an `error` event.
+    fn record_remove(&mut self, rec: usize, serial: u64) {
+        if self.records.get(rec, serial).is_none() {
+            return;
+        }
+        let r = self.records.records.remove(rec);
+        self.records.by_id.remove(&r.id);
+        self.records.bytes = self.records.bytes.saturating_sub(r.bytes);
+        self.app.metrics.records = self.records.figures();
+        for (ck, cs) in r.readers {
+            let Some(c) = self.conns.get(ck).filter(|c| c.serial == cs) else {
+                continue;
+            };
+            match c.owner() {
+                Some(Owner::RunEvents { .. }) => {
+                    let mut f = Vec::new();
+                    let data = serde_json::json!({
+                        "error": "run_expired: the run's record was dropped (retention) before this reader had every event"
+                    });
+                    crate::http::sse::write_event(&mut f, "error", &data.to_string());
+                    self.finish_stream(ck, &f);
+                    self.conn_resume(ck);
+                }
+                Some(Owner::RunWait { .. }) => {
+                    self.respond(ck, not_found());
+                    self.conn_resume(ck);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+fn too_many_readers() -> Response {
+    Response::error(
+        429,
+        "too_many_readers",
+        Some(&format!(
+            "at most {MAX_READERS} connections may follow or wait on one run"
+        )),
+    )
+    .with_header("Retry-After", "1")
+}
+
+/// `GET /v1/runs/{id}`'s body: the record's state, and its result (the `done` event's
+/// object) or its error once it ended.
+fn record_response(r: &Record, status: u16) -> Response {
+    let mut v = serde_json::json!({
+        "id": r.id,
+        "status": r.status.name(),
+        "language": r.language,
+        "detached": r.detached,
+        "createdAt": crate::api::sessions::rfc3339(r.created_ms),
+        "events": r.events.len(),
+        "eventsUrl": format!("/v1/runs/{}/events", r.id),
+    });
+    if r.status != Status::Running {
+        if let Some(last) = r.events.last() {
+            let parsed: serde_json::Value =
+                serde_json::from_str(&last.data).unwrap_or(serde_json::Value::Null);
+            match last.kind {
+                "done" => v["result"] = parsed,
+                _ => v["error"] = parsed["error"].clone(),
+            }
+        }
+    }
+    Response::json(status, &v)
+}
