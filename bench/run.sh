@@ -54,6 +54,7 @@ python3 bench/load/sessions.py || rc=1
 echo
 python3 bench/load/kv.py || rc=1; echo
 python3 bench/load/metrics.py || rc=1; echo
+python3 bench/load/batch.py || rc=1; echo
 python3 bench/load/egress.py || rc=1; echo
 python3 bench/load/kernel.py || rc=1; echo
 python3 bench/load/warm.py || rc=1; echo

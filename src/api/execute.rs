@@ -18,6 +18,8 @@ pub const MAX_FILES: usize = 64;
 pub const MAX_FILE_PATH_BYTES: usize = 255;
 /// Most args.
 pub const MAX_ARGS: usize = 256;
+/// Most inputs in one request (`inputs`).
+pub const MAX_INPUTS: usize = 64;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +33,35 @@ struct Body {
     limits: Option<RequestedLimits>,
     network: Option<bool>,
     detach: Option<bool>,
+    inputs: Option<Vec<InputIn>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InputIn {
+    stdin: Option<String>,
+    args: Option<Vec<String>>,
+}
+
+/// One input of a many-input request: the program's stdin and args for one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Input {
+    /// Fed to stdin.
+    pub stdin: Vec<u8>,
+    /// Appended to the run argv.
+    pub args: Vec<String>,
+}
+
+/// A decoded request: the plan, and how the client wants it run.
+#[derive(Debug)]
+pub struct Decoded {
+    /// The validated plan (with `inputs`: its stdin and args are empty; each input
+    /// brings its own).
+    pub plan: ExecPlan,
+    /// `"detach": true`.
+    pub detach: bool,
+    /// `inputs`: the same code once per input, in order.
+    pub inputs: Option<Vec<Input>>,
 }
 
 #[derive(Deserialize)]
@@ -119,6 +150,14 @@ const HINTS: crate::http::json::Hints = &[
     ("limits.wallTimeMs", "a number of milliseconds"),
     ("network", "true or false"),
     (
+        "inputs",
+        "a list of {\"stdin\", \"args\"} objects, one run each (at most 64)",
+    ),
+    ("inputs[]", "an object {\"stdin\", \"args\"}"),
+    ("inputs[].stdin", "a string"),
+    ("inputs[].args", "a list of strings"),
+    ("inputs[].args[]", "a string"),
+    (
         "detach",
         "true or false (true: answer 202 with the run's id at once)",
     ),
@@ -146,13 +185,20 @@ pub fn wants_stream(req: &Request) -> bool {
 
 /// Decodes and validates; answers 400/429 itself or returns the plan to run.
 pub fn handle(app: &mut App, req: &Request) -> Action {
-    let (plan, detach) = match decode_with(&app.runtimes, &req.body, None, true) {
+    let d = match decode_with(&app.runtimes, &req.body, None, true) {
         Ok(p) => p,
         Err(resp) => return Action::Respond(resp),
     };
+    if let Some(inputs) = d.inputs {
+        return Action::ExecuteMany {
+            plan: Box::new(d.plan),
+            inputs,
+            stream: wants_stream(req),
+        };
+    }
     Action::Execute {
-        plan: Box::new(plan),
-        delivery: super::Delivery::of(detach, req),
+        plan: Box::new(d.plan),
+        delivery: super::Delivery::of(d.detach, req),
         tenant: req.tenant.clone(),
     }
 }
@@ -162,7 +208,7 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
 /// # Errors
 /// The 400 response the spec prescribes.
 pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
-    decode_with(runtimes, body, None, true).map(|(plan, _)| plan)
+    decode_with(runtimes, body, None, true).map(|d| d.plan)
 }
 
 /// Decodes a session step: the `/execute` body minus `language` (which, if given
@@ -176,7 +222,14 @@ pub fn decode_for_session(
     runtime: &str,
     default_network: bool,
 ) -> Result<(ExecPlan, bool), Response> {
-    decode_with(runtimes, body, Some(runtime), default_network)
+    let d = decode_with(runtimes, body, Some(runtime), default_network)?;
+    if d.inputs.is_some() {
+        return Err(bad(
+            "invalid_json",
+            "inputs: a session step runs once; send one step per input",
+        ));
+    }
+    Ok((d.plan, d.detach))
 }
 
 fn decode_with(
@@ -184,7 +237,7 @@ fn decode_with(
     body: &[u8],
     session_runtime: Option<&str>,
     default_network: bool,
-) -> Result<(ExecPlan, bool), Response> {
+) -> Result<Decoded, Response> {
     let b: Body = super::decode_json(body, HINTS)?;
     if let Some(fixed) = session_runtime {
         let given = b.language.as_deref().map(str::trim).unwrap_or("");
@@ -304,6 +357,51 @@ fn decode_with(
     if args.iter().any(|a| a.contains('\0')) {
         return Err(bad("invalid_json", "args may not contain NUL"));
     }
+    let detach = b.detach.unwrap_or(false);
+    let inputs = match b.inputs {
+        None => None,
+        Some(list) => {
+            if list.is_empty() || list.len() > MAX_INPUTS {
+                return Err(bad(
+                    "invalid_json",
+                    format!("inputs: 1 to {MAX_INPUTS} inputs (it has {})", list.len()),
+                ));
+            }
+            if b.stdin.is_some() || !args.is_empty() {
+                return Err(bad(
+                    "invalid_json",
+                    "stdin/args: with inputs, each input gives its own stdin and args",
+                ));
+            }
+            if detach {
+                return Err(bad(
+                    "invalid_json",
+                    "detach: a request with inputs cannot be detached",
+                ));
+            }
+            let mut out = Vec::with_capacity(list.len());
+            for (i, inp) in list.into_iter().enumerate() {
+                let args = inp.args.unwrap_or_default();
+                if args.len() > MAX_ARGS {
+                    return Err(bad(
+                        "invalid_json",
+                        format!("inputs[{i}].args: at most {MAX_ARGS} args"),
+                    ));
+                }
+                if args.iter().any(|a| a.contains('\0')) {
+                    return Err(bad(
+                        "invalid_json",
+                        format!("inputs[{i}].args may not contain NUL"),
+                    ));
+                }
+                out.push(Input {
+                    stdin: inp.stdin.unwrap_or_default().into_bytes(),
+                    args,
+                });
+            }
+            Some(out)
+        }
+    };
     let limits = b.limits.unwrap_or_default().resolve(&runtime.desc.limits);
     let plan = ExecPlan {
         runtime: runtime.clone(),
@@ -319,7 +417,11 @@ fn decode_with(
         workspace: None,
         long_lived: None,
     };
-    Ok((plan, b.detach.unwrap_or(false)))
+    Ok(Decoded {
+        plan,
+        detach,
+        inputs,
+    })
 }
 
 /// A file name is a relative path of plain components: no `..`, `.`, empty parts, NUL,

@@ -139,6 +139,16 @@ pub enum Action {
         /// Who asked (a recorded run is theirs only).
         tenant: String,
     },
+    /// Run this plan once per input, answering with every result in input order (as
+    /// JSON, or as an SSE stream whose events carry the input's index).
+    ExecuteMany {
+        /// The validated plan (its stdin and args are the inputs').
+        plan: Box<crate::sandbox::plan::ExecPlan>,
+        /// Each run's stdin and args, in order.
+        inputs: Vec<execute::Input>,
+        /// Stream as SSE.
+        stream: bool,
+    },
     /// Read, follow or cancel a recorded run (`/v1/runs/{id}`).
     Run(runs::RunOp),
     /// Run this on the worker pool and act on its outcome.

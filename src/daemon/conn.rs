@@ -147,6 +147,13 @@ pub enum Owner {
         /// The watch's handle.
         handle: u32,
     },
+    /// A many-input request's runs answer: every result at the end, or SSE.
+    Batch {
+        /// The batch's key.
+        batch: usize,
+        /// Its serial.
+        serial: u64,
+    },
     /// A client following a recorded run's events (SSE), from event `next` on.
     RunEvents {
         /// The record's key.
@@ -198,7 +205,8 @@ impl hc::Owner for Owner {
             | Owner::BoxWatch { .. }
             | Owner::BoxProc { .. }
             | Owner::RunEvents { .. }
-            | Owner::RunWait { .. } => Role::Produces,
+            | Owner::RunWait { .. }
+            | Owner::Batch { .. } => Role::Produces,
             Owner::BoxUpload { waiting, .. } => Role::Receives { reading: !waiting },
             // A creator that hangs up leaves a sandbox whose id nobody has: its end is
             // noticed (and the sandbox ended), as a run's client's is.
@@ -614,6 +622,11 @@ impl Daemon {
                 tenant,
             } => self.start_run(ck, plan, delivery, &tenant),
             Action::Run(op) => self.record_op(ck, op),
+            Action::ExecuteMany {
+                plan,
+                inputs,
+                stream,
+            } => self.start_batch(ck, plan, inputs, stream),
             Action::Job(job) => self.start_job(ck, job),
             Action::Deferred(work) => self.start_deferred(ck, work),
         }
@@ -648,12 +661,17 @@ impl Daemon {
 
     /// Ends an SSE stream with a `done` event whose data is `json`, encoded as the
     /// socket drains like a JSON response, then the last chunk.
-    pub(crate) fn finish_stream_lazy(&mut self, ck: usize, json: crate::http::lazy::LazyBody) {
+    pub(crate) fn finish_stream_lazy(
+        &mut self,
+        ck: usize,
+        json: crate::http::lazy::LazyBody,
+        id: Option<u64>,
+    ) {
         let shutting_down = self.app.shutting_down;
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        c.http.finish_stream_lazy(json, shutting_down);
+        c.http.finish_stream_lazy(json, id, shutting_down);
         self.arm_idle(ck);
         self.conn_flush(ck);
     }
@@ -793,6 +811,7 @@ impl Daemon {
                 handle,
             }) if drained => self.file_drained(key, serial, handle),
             Some(Owner::RunEvents { .. }) if drained => self.record_pump(ck),
+            Some(&Owner::Batch { batch, serial }) if drained => self.batch_resume(batch, serial),
             _ => {}
         }
         true
@@ -856,6 +875,7 @@ impl Daemon {
         self.reactor.deregister(&mut c.stream, c.token);
         match std::mem::replace(&mut c.http.phase, Phase::Head) {
             Phase::Owned(Owner::Run { run, .. }) => self.run_cancel(run),
+            Phase::Owned(Owner::Batch { batch, serial }) => self.batch_cancel(batch, serial),
             Phase::Owned(Owner::RunEvents { rec, serial, .. } | Owner::RunWait { rec, serial }) => {
                 self.record_reader_closed(ck, c.serial, rec, serial)
             }

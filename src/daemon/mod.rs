@@ -16,6 +16,7 @@
 //! (`reactor`), and nothing imports it but `main`. `startup` is `Daemon::new`.
 
 pub mod agent;
+mod batch;
 mod box_exec;
 mod box_files;
 mod box_procs;
@@ -99,6 +100,9 @@ pub struct Daemon {
     pub(crate) local_addr: SocketAddr,
     pub(crate) conns: Slab<Client>,
     pub(crate) runs: Slab<Run>,
+    /// Many-input requests on their way.
+    pub(crate) batches: Slab<batch::Batch>,
+    pub(crate) batch_serial: u64,
     /// Streamed and detached runs' records, for clients that reconnect.
     pub(crate) records: records::Table,
     pub(crate) app: App,

@@ -84,10 +84,57 @@ impl Status {
     }
 }
 
-/// One event: its name and its data (JSON text). Its id is its index + 1.
-struct Event {
-    kind: &'static str,
-    data: String,
+/// One event; its id is its index + 1. Kept as the run gave it (text, the result
+/// object), never as escaped JSON: a chunk of control characters would take six times
+/// its size. Its frame is made when it is written.
+enum Event {
+    /// A `stdout` or `stderr` chunk.
+    Output(Stream, String),
+    /// The `done` event: the result.
+    Done(Box<ExecuteResponse>),
+    /// The `error` event: `<code>: <detail>`.
+    Error(String),
+}
+
+impl Event {
+    /// What it counts against the budget: its text, plus [`EVENT_OVERHEAD`].
+    fn bytes(&self) -> usize {
+        EVENT_OVERHEAD
+            + match self {
+                Event::Output(_, text) | Event::Error(text) => text.len(),
+                Event::Done(b) => {
+                    let run = b.run.stdout.len() + b.run.stderr.len();
+                    let compile = b
+                        .compile
+                        .as_ref()
+                        .map_or(0, |c| c.stdout.len() + c.stderr.len());
+                    let artifacts: usize = b
+                        .artifacts
+                        .iter()
+                        .map(|a| match a {
+                            crate::sandbox::plan::Artifact::Png { data_b64 } => data_b64.len(),
+                            crate::sandbox::plan::Artifact::Html { data } => data.len(),
+                        })
+                        .sum();
+                    run + compile + artifacts + 512
+                }
+            }
+    }
+
+    /// Its SSE frame with id `seq` (`Done`: see [`Daemon::record_finish_reader`]).
+    fn frame(&self, seq: usize) -> Vec<u8> {
+        let (kind, data) = match self {
+            Event::Output(stream, text) => (
+                stream.name(),
+                serde_json::json!({ "chunk": text }).to_string(),
+            ),
+            Event::Error(msg) => ("error", serde_json::json!({ "error": msg }).to_string()),
+            Event::Done(b) => ("done", serde_json::to_string(b).unwrap_or_default()),
+        };
+        let mut f = Vec::with_capacity(data.len() + 40);
+        write_event_id(&mut f, Some(seq as u64), kind, &data);
+        f
+    }
 }
 
 /// One run's record.
@@ -181,10 +228,14 @@ impl Sink for RecordSink {
     }
 
     fn output(&self, d: &mut Daemon, stream: Stream, text: &str) -> bool {
-        let data = serde_json::json!({ "chunk": text }).to_string();
-        let frame = d.record_push(self.rec, self.serial, stream.name(), data);
-        match (self.client(d), frame) {
-            (Some(ck), Some(frame)) => d.conn_send_sse(ck, &frame),
+        let seq = d.record_push(self.rec, self.serial, Event::Output(stream, text.into()));
+        match (self.client(d), seq) {
+            (Some(ck), Some(seq)) => {
+                let mut f = Vec::with_capacity(text.len() + 48);
+                let data = serde_json::json!({ "chunk": text }).to_string();
+                write_event_id(&mut f, Some(seq as u64), stream.name(), &data);
+                d.conn_send_sse(ck, &f)
+            }
             _ => false,
         }
     }
@@ -197,15 +248,16 @@ impl Sink for RecordSink {
     }
 
     fn result(&self, d: &mut Daemon, body: ExecuteResponse, ended: Ended) {
-        let data = serde_json::to_string(&body).unwrap_or_default();
         let status = if ended.cancelled {
             Status::Cancelled
         } else {
             Status::Done
         };
-        let frame = d.record_end(self.rec, self.serial, "done", data, status);
-        if let (Some(ck), Some(frame)) = (self.client(d), frame) {
-            d.finish_stream(ck, &frame);
+        // The client's copy is escaped as its socket drains (`http/lazy.rs`).
+        let lazy = self.client(d).map(|_| body.clone().into_lazy());
+        let seq = d.record_end(self.rec, self.serial, Event::Done(Box::new(body)), status);
+        if let (Some(ck), Some(lazy)) = (self.client(d), lazy) {
+            d.finish_stream_lazy(ck, lazy, seq.map(|s| s as u64));
             d.conn_resume(ck);
         }
     }
@@ -217,8 +269,14 @@ impl Sink for RecordSink {
             Some(detail) => format!("{code}: {detail}"),
             None => code.to_string(),
         };
-        let data = serde_json::json!({ "error": msg }).to_string();
-        let frame = d.record_end(self.rec, self.serial, "error", data, Status::Failed);
+        let ev = Event::Error(msg);
+        let seq = d.record_end(self.rec, self.serial, ev, Status::Failed);
+        let frame = seq.and_then(|seq| {
+            d.records
+                .get(self.rec, self.serial)
+                .and_then(|r| r.events.get(seq - 1))
+                .map(|e| e.frame(seq))
+        });
         let Some(ck) = self.client(d) else { return };
         let streaming = d
             .conns
@@ -236,13 +294,6 @@ impl Sink for RecordSink {
         self.client.set(None);
         true
     }
-}
-
-/// The frame of event `seq` of a record.
-fn frame(seq: usize, ev: &Event) -> Vec<u8> {
-    let mut f = Vec::with_capacity(ev.data.len() + 40);
-    write_event_id(&mut f, Some(seq as u64), ev.kind, &ev.data);
-    f
 }
 
 impl Daemon {
@@ -291,40 +342,26 @@ impl Daemon {
         self.record_remove(rec.rec, rec.serial);
     }
 
-    /// Appends an event; its frame (for the streaming client), or `None` when the
-    /// record is gone or has ended.
-    fn record_push(
-        &mut self,
-        rec: usize,
-        serial: u64,
-        kind: &'static str,
-        data: String,
-    ) -> Option<Vec<u8>> {
+    /// Appends an event; its id, or `None` when the record is gone or has ended.
+    fn record_push(&mut self, rec: usize, serial: u64, ev: Event) -> Option<usize> {
         let t = &mut self.records;
         let r = t
             .get_mut(rec, serial)
             .filter(|r| r.status == Status::Running)?;
-        let n = data.len() + EVENT_OVERHEAD;
+        let n = ev.bytes();
         r.bytes += n;
-        r.events.push(Event { kind, data });
-        let f = frame(r.events.len(), r.events.last()?);
+        r.events.push(ev);
+        let seq = r.events.len();
         t.bytes += n;
         self.app.metrics.records = self.records.figures();
         self.record_pump_all(rec, serial);
-        Some(f)
+        Some(seq)
     }
 
     /// Appends the last event and ends the record: followers get the rest and their
-    /// stream ends, waiters get their answer. The last event's frame, as `record_push`.
-    fn record_end(
-        &mut self,
-        rec: usize,
-        serial: u64,
-        kind: &'static str,
-        data: String,
-        status: Status,
-    ) -> Option<Vec<u8>> {
-        let f = self.record_push(rec, serial, kind, data);
+    /// stream ends, waiters get their answer. The last event's id, as `record_push`.
+    fn record_end(&mut self, rec: usize, serial: u64, ev: Event, status: Status) -> Option<usize> {
+        let f = self.record_push(rec, serial, ev);
         let t = &mut self.records;
         let r = t.get_mut(rec, serial)?;
         r.status = status;
@@ -394,20 +431,23 @@ impl Daemon {
                 return;
             };
             let mut at = next;
-            let mut last = Vec::new();
-            while at < total && !c.http.write_full() {
-                let f = frame(at + 1, &r.events[at]);
+            while at < total && !(ended && at + 1 == total) && !c.http.write_full() {
+                c.http.send_chunk(&r.events[at].frame(at + 1));
                 at += 1;
-                if ended && at == total {
-                    last = f;
-                } else {
-                    c.http.send_chunk(&f);
-                }
             }
-            if ended && at >= total {
-                // The last event (none when the reader had them all) ends the stream.
+            if ended && at + 1 >= total {
+                // The last event (none when the reader had them all) ends the stream:
+                // a result is escaped as the socket drains, like the client's own.
+                let last = match r.events.get(at).filter(|_| at < total) {
+                    Some(Event::Done(b)) => Err((b.as_ref().clone().into_lazy(), at + 1)),
+                    Some(ev) => Ok(ev.frame(at + 1)),
+                    None => Ok(Vec::new()),
+                };
                 self.record_unread(ck, rec, serial);
-                self.finish_stream(ck, &last);
+                match last {
+                    Ok(frame) => self.finish_stream(ck, &frame),
+                    Err((lazy, seq)) => self.finish_stream_lazy(ck, lazy, Some(seq as u64)),
+                }
                 self.conn_resume(ck);
                 return;
             }
@@ -639,15 +679,10 @@ fn record_response(r: &Record, status: u16) -> Response {
         "events": r.events.len(),
         "eventsUrl": format!("/v1/runs/{}/events", r.id),
     });
-    if r.status != Status::Running {
-        if let Some(last) = r.events.last() {
-            let parsed: serde_json::Value =
-                serde_json::from_str(&last.data).unwrap_or(serde_json::Value::Null);
-            match last.kind {
-                "done" => v["result"] = parsed,
-                _ => v["error"] = parsed["error"].clone(),
-            }
-        }
+    match r.events.last().filter(|_| r.status != Status::Running) {
+        Some(Event::Done(b)) => v["result"] = serde_json::to_value(b).unwrap_or_default(),
+        Some(Event::Error(msg)) => v["error"] = serde_json::json!(msg),
+        _ => {}
     }
     Response::json(status, &v)
 }

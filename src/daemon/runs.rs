@@ -227,6 +227,26 @@ impl Daemon {
                 sink
             }
         };
+        if self.launch_run(plan, sink).is_none() {
+            if let Some((_, rec)) = &record {
+                self.record_discard(rec);
+            }
+            self.respond(
+                ck,
+                Response::error(503, "overloaded", Some("worker queue full"))
+                    .with_header("Retry-After", "1"),
+            );
+            return;
+        }
+        if let (Delivery::Detach, Some((id, _))) = (delivery, record) {
+            self.respond(ck, detached_response(&id));
+        }
+    }
+
+    /// Starts `plan` with `sink` taking its output and end: takes a slot (the caller
+    /// checked one is free) and hands the sandbox's start to the pool. `None` when the
+    /// worker queue is full (nothing was started, no slot taken).
+    pub(crate) fn launch_run(&mut self, plan: Box<ExecPlan>, sink: Rc<dyn Sink>) -> Option<usize> {
         self.run_serial += 1;
         let serial = self.run_serial;
         let id = self.container_id("r", serial);
@@ -354,21 +374,11 @@ impl Daemon {
                 self.warm_put_back(w, &lang);
             }
             self.runs.remove(rk);
-            if let Some((_, rec)) = &record {
-                self.record_discard(rec);
-            }
-            self.respond(
-                ck,
-                Response::error(503, "overloaded", Some("worker queue full"))
-                    .with_header("Retry-After", "1"),
-            );
-            return;
+            return None;
         }
         self.app.runs.take();
         self.run_attach(rk);
-        if let (Delivery::Detach, Some((id, _))) = (delivery, record) {
-            self.respond(ck, detached_response(&id));
-        }
+        Some(rk)
     }
 
     /// The run's sink waits for it (an HTTP client: plain, or with the SSE head sent

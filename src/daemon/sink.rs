@@ -134,7 +134,7 @@ impl Sink for HttpSink {
         let Some(ck) = self.conn(d) else { return };
         if self.stream {
             // One `data:` line: serialised JSON holds no raw line breaks.
-            d.finish_stream_lazy(ck, body.into_lazy());
+            d.finish_stream_lazy(ck, body.into_lazy(), None);
         } else {
             d.respond_lazy(ck, body.into_lazy());
         }

@@ -377,6 +377,8 @@ impl Daemon {
             conns: Slab::new(),
             runs: Slab::new(),
             records: super::records::Table::default(),
+            batches: Slab::new(),
+            batch_serial: 0,
             app,
             backend,
             conn_serial: 0,

@@ -699,11 +699,14 @@ impl<R, W: Owner> Conn<R, W> {
 
     /// Ends an SSE stream with a `done` event whose data is `json`, encoded as the
     /// socket drains like a JSON response, then the last chunk.
-    pub fn finish_stream_lazy(&mut self, json: LazyBody, shutting_down: bool) {
-        let prefix = b"event: done\ndata: ";
+    pub fn finish_stream_lazy(&mut self, json: LazyBody, id: Option<u64>, shutting_down: bool) {
+        let prefix = match id {
+            Some(id) => format!("id: {id}\nevent: done\ndata: ").into_bytes(),
+            None => b"event: done\ndata: ".to_vec(),
+        };
         let event_len = prefix.len() + json.len() + 2;
         let body = json.wrapped(
-            [&chunk_head(event_len)[..], prefix].concat(),
+            [&chunk_head(event_len)[..], &prefix].concat(),
             [&b"\n\n\r\n"[..], LAST_CHUNK].concat(),
         );
         self.queue_lazy(body);
