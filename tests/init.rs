@@ -115,6 +115,8 @@ impl Init {
     /// Everything `pid` wrote, by stream, until its exit.
     fn run_out(&mut self, pid: u32) -> (String, String, Exited) {
         let (mut out, mut err) = (Vec::new(), Vec::new());
+        // Where each stream's first frame here started (after a replay: not at 0).
+        let mut start: [Option<u64>; 2] = [None, None];
         loop {
             let f = self.frame(|f| f.channel == pid && matches!(f.kind, Kind::Output | Kind::Exit));
             if f.kind == Kind::Exit {
@@ -125,11 +127,13 @@ impl Init {
                     e,
                 );
             }
-            match f.payload[0] {
-                b if b == Stream::Stdout as u8 => out.extend_from_slice(&f.payload[1..]),
-                b if b == Stream::Stderr as u8 => err.extend_from_slice(&f.payload[1..]),
-                b => panic!("stream byte {b}"),
-            }
+            let (stream, offset, data) = wire::parse_output(&f.payload).expect("an output payload");
+            let i = usize::from(stream == Stream::Stderr);
+            let side = if i == 0 { &mut out } else { &mut err };
+            // Each frame says where in its stream it is: right after the last one.
+            let first = *start[i].get_or_insert(offset);
+            assert_eq!(offset, first + side.len() as u64, "{stream:?} frame offset");
+            side.extend_from_slice(data);
         }
     }
 
@@ -138,7 +142,7 @@ impl Init {
         let mut got = Vec::new();
         while !String::from_utf8_lossy(&got).contains(needle) {
             let f = self.frame(|f| f.channel == pid && f.kind == Kind::Output);
-            got.extend_from_slice(&f.payload[1..]);
+            got.extend_from_slice(wire::parse_output(&f.payload).unwrap().2);
         }
         String::from_utf8_lossy(&got).into_owned()
     }
@@ -347,7 +351,7 @@ fn test_hold_stops_output_and_release_delivers_it_all_before_the_exit() {
         .queue
         .iter()
         .filter(|f| f.kind == Kind::Output && f.channel == pid)
-        .map(|f| f.payload.len() - 1)
+        .map(|f| f.payload.len() - wire::OUTPUT_HEAD_BYTES)
         .sum();
     assert!(so_far < 1_000_000, "held, yet {so_far} bytes came");
     assert!(
@@ -375,13 +379,10 @@ fn watch(init: &mut Init, pid: u32) -> (String, Reply) {
         .position(|f| f.kind == Kind::Replay && f.channel == id)
     {
         let f = init.queue.remove(i);
-        let tag = if f.payload[0] == Stream::Stderr as u8 {
-            "E:"
-        } else {
-            "O:"
-        };
+        let (stream, _, data) = wire::parse_output(&f.payload).unwrap();
+        let tag = if stream == Stream::Stderr { "E:" } else { "O:" };
         text.push_str(tag);
-        text.push_str(&String::from_utf8_lossy(&f.payload[1..]));
+        text.push_str(&String::from_utf8_lossy(data));
     }
     (text, reply)
 }
@@ -407,8 +408,14 @@ fn test_background_process_ring_watch_unwatch_forget() {
     assert_eq!(reply, Reply::Ok(serde_json::json!({"exited": null})));
     // Watched: what comes next is forwarded, then the exit.
     init.input(pid, b"go\n");
+    let four = init.frame(|f| f.channel == pid && f.kind == Kind::Output);
+    // Its offset goes on from the replayed "one\nthree\n" (10 bytes of stdout).
+    assert_eq!(
+        wire::parse_output(&four.payload),
+        Some((Stream::Stdout, 10, &b"four\n"[..]))
+    );
     let (out, err, exit) = init.run_out(pid);
-    assert_eq!((out.as_str(), err.as_str(), exit.code), ("four\n", "", 4));
+    assert_eq!((out.as_str(), err.as_str(), exit.code), ("", "", 4));
     // After its end the ring is still there, with the exit.
     let (text, reply) = watch(&mut init, pid);
     assert_eq!(text, "O:one\nE:two\nO:three\nfour\n");

@@ -2757,3 +2757,156 @@ fn test_the_warm_pool_serves_creates_at_once_and_refills() {
     // nothing is left).
     wait_full(&d);
 }
+
+/// Every line of a process's stream until its exit (the exit line last).
+fn lines_to_exit(s: &mut NdStream) -> Vec<Value> {
+    let mut v = Vec::new();
+    while let Some(l) = s.next() {
+        let exit = l["type"] == "exit";
+        v.push(l);
+        if exit {
+            break;
+        }
+    }
+    v
+}
+
+/// Output lines of `stream` joined, and the offset of the last (0 when none).
+fn joined(lines: &[Value], stream: &str) -> (String, u64) {
+    let mut text = String::new();
+    let mut last = 0;
+    for l in lines.iter().filter(|l| l["type"] == stream) {
+        text.push_str(l["data"].as_str().unwrap());
+        let off = l["offset"].as_u64().expect("an output line has its offset");
+        assert_eq!(off, last + l["data"].as_str().unwrap().len() as u64, "{l}");
+        last = off;
+    }
+    (text, last)
+}
+
+#[test]
+fn test_a_process_stream_resumed_at_its_offsets_gets_every_byte_once() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    // Numbered lines on both streams, paced, so a reader drops in the middle.
+    let pid = start_proc(
+        &d,
+        &id,
+        &json!({"cmd": "for i in $(seq 1 60); do echo out-$i; echo err-$i >&2; [ $((i % 10)) = 0 ] && sleep 0.2; done; echo end"}),
+    );
+    let want_out: String = (1..=60).map(|i| format!("out-{i}\n")).collect::<String>() + "end\n";
+    let want_err: String = (1..=60).map(|i| format!("err-{i}\n")).collect();
+    // The first reader takes what it gets until out-15, then drops.
+    let mut first = NdStream::open(&d, &id, pid);
+    let mut seen = Vec::new();
+    while !joined(&seen, "stdout").0.contains("out-15\n") {
+        seen.push(first.next().expect("output before out-15"));
+    }
+    drop(first);
+    let (o1, out_at) = joined(&seen, "stdout");
+    let (e1, err_at) = joined(&seen, "stderr");
+    // The second asks for what comes after those offsets: no byte twice, none lost.
+    let mut second = NdStream::open_at(
+        &d,
+        &format!("/wbx/v1/sandboxes/{id}/process/{pid}/stream?stdout_offset={out_at}&stderr_offset={err_at}"),
+    );
+    let rest = lines_to_exit(&mut second);
+    assert_eq!(rest.last().unwrap()["type"], "exit", "{rest:?}");
+    let rest_out: String = rest
+        .iter()
+        .filter(|l| l["type"] == "stdout")
+        .map(|l| l["data"].as_str().unwrap())
+        .collect();
+    let rest_err: String = rest
+        .iter()
+        .filter(|l| l["type"] == "stderr")
+        .map(|l| l["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(o1 + &rest_out, want_out);
+    assert_eq!(e1 + &rest_err, want_err);
+    // The resumed lines' offsets go on from where the first reader stopped.
+    let first_out = rest.iter().find(|l| l["type"] == "stdout").unwrap();
+    assert_eq!(
+        first_out["offset"].as_u64().unwrap(),
+        out_at + first_out["data"].as_str().unwrap().len() as u64
+    );
+    // From 0 (no offsets) after the end: everything the ring holds, offsets from 0.
+    let mut all = NdStream::open(&d, &id, pid);
+    let lines = lines_to_exit(&mut all);
+    assert_eq!(
+        joined(&lines, "stdout"),
+        (want_out.clone(), want_out.len() as u64)
+    );
+    assert_eq!(
+        joined(&lines, "stderr"),
+        (want_err.clone(), want_err.len() as u64)
+    );
+    // Past the end: nothing but the exit.
+    let mut none = NdStream::open_at(
+        &d,
+        &format!(
+            "/wbx/v1/sandboxes/{id}/process/{pid}/stream?stdout_offset=999999&stderr_offset=999999"
+        ),
+    );
+    let lines = lines_to_exit(&mut none);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    // exec/stream lines carry offsets too.
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec/stream"),
+        None,
+        Some(&json!({"cmd": "printf abc; printf de"})),
+    );
+    let offs: Vec<u64> = r
+        .text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["type"] == "stdout")
+        .map(|l| l["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offs.last(), Some(&5), "{}", r.text());
+    // A bad offset is a 400 in the face's shape.
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}/stream?stdout_offset=-1"),
+        None,
+        None,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("stdout_offset"));
+    let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(r.status, 204);
+    d.assert_clean();
+}
+
+#[test]
+fn test_a_resume_past_the_ring_shows_the_gap_in_its_offsets() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    // 1.5 MiB on stdout: the ring keeps the last 1 MiB.
+    let pid = start_proc(
+        &d,
+        &id,
+        &json!({"cmd": "head -c 1572864 /dev/zero | tr '\\0' x; echo"}),
+    );
+    let mut s = NdStream::open(&d, &id, pid);
+    let lines = lines_to_exit(&mut s);
+    let outs: Vec<&Value> = lines.iter().filter(|l| l["type"] == "stdout").collect();
+    let first = outs[0];
+    let kept: usize = outs.iter().map(|l| l["data"].as_str().unwrap().len()).sum();
+    // Asked from 0, it starts where the ring starts: its first offset says what is gone.
+    let start = first["offset"].as_u64().unwrap() - first["data"].as_str().unwrap().len() as u64;
+    assert_eq!(start, 1572865 - (1 << 20), "{first}");
+    assert_eq!(kept, 1 << 20);
+    assert_eq!(outs.last().unwrap()["offset"], 1572865);
+    let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(r.status, 204);
+    d.assert_clean();
+}

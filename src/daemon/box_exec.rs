@@ -216,14 +216,10 @@ impl Daemon {
 
     /// A command's output.
     pub(super) fn exec_output(&mut self, key: usize, pid: u32, payload: &[u8]) {
-        let Some((&stream_byte, data)) = payload.split_first() else {
+        let Some((stream, offset, data)) = crate::sandbox::wire::parse_output(payload) else {
             return;
         };
-        let idx = if stream_byte == Stream::Stderr as u8 {
-            1
-        } else {
-            0
-        };
+        let idx = usize::from(stream == Stream::Stderr);
         let Some(b) = self.boxes.boxes.get_mut(key) else {
             return;
         };
@@ -242,7 +238,12 @@ impl Daemon {
                 return;
             }
             let name = if idx == 0 { "stdout" } else { "stderr" };
-            let line = event_line(&serde_json::json!({"type": name, "data": text}));
+            // The stream's offset after this line's bytes (held-back ones excluded).
+            // Saturating: the offsets come from inside the sandbox, and are not trusted.
+            let end = offset
+                .saturating_add(data.len() as u64)
+                .saturating_sub(out.pending.len() as u64);
+            let line = event_line(&serde_json::json!({"type": name, "data": text, "offset": end}));
             if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
                 self.conn_send_chunked(ck, &line);
                 // A client this far behind: init holds this command's output (it blocks

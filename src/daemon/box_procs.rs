@@ -41,6 +41,8 @@ struct Sub {
     client: (usize, u64),
     /// Incomplete UTF-8 characters held back, per stream.
     utf8: [Vec<u8>; 2],
+    /// Per stream, the offset it asked to start at: bytes before it are not sent.
+    from: [u64; 2],
     /// Its connection holds more than [`HOLD_BYTES`] not yet sent.
     behind: bool,
 }
@@ -138,8 +140,27 @@ fn exit_line(e: &Exited, duration_ms: u64) -> Vec<u8> {
     }))
 }
 
-fn stream_index(b: u8) -> usize {
-    usize::from(b == Stream::Stderr as u8)
+/// The NDJSON line of output `data` at `offset` in stream `idx` for `sub`: bytes before
+/// its `from` are skipped, an incomplete character is held back; `None` when there is
+/// nothing to say. The line's `offset` is the stream's offset after its bytes: where a
+/// client that reconnects asks to start.
+fn sub_line(sub: &mut Sub, idx: usize, offset: u64, data: &[u8]) -> Option<Vec<u8>> {
+    let skip = usize::try_from(sub.from[idx].saturating_sub(offset))
+        .unwrap_or(usize::MAX)
+        .min(data.len());
+    sub.utf8[idx].extend_from_slice(&data[skip..]);
+    let text = take_utf8(&mut sub.utf8[idx], false);
+    if text.is_empty() {
+        return None;
+    }
+    // Saturating: the offsets come from inside the sandbox, and are not trusted.
+    let end = offset
+        .saturating_add(data.len() as u64)
+        .saturating_sub(sub.utf8[idx].len() as u64);
+    let name = if idx == 0 { "stdout" } else { "stderr" };
+    Some(event_line(
+        &serde_json::json!({"type": name, "data": text, "offset": end}),
+    ))
 }
 
 impl Daemon {
@@ -190,7 +211,7 @@ impl Daemon {
         match op {
             ProcOp::Start(s) => self.proc_start(ck, key, s),
             ProcOp::Kill(pid) => self.proc_kill(ck, key, pid),
-            ProcOp::Stream(pid) => self.proc_stream(ck, key, pid),
+            ProcOp::Stream(pid, from) => self.proc_stream(ck, key, pid, from),
             ProcOp::Stdin(pid, input) => self.proc_stdin(ck, key, pid, input),
             ProcOp::Signal(pid, sig) => {
                 let r = self.proc_running(key, pid);
@@ -472,7 +493,7 @@ impl Daemon {
     }
 
     /// `GET …/process/{pid}/stream`: the head now, then the ring, live output, the exit.
-    fn proc_stream(&mut self, ck: usize, key: usize, pid: u32) {
+    fn proc_stream(&mut self, ck: usize, key: usize, pid: u32, from: [u64; 2]) {
         let Some(cserial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
@@ -499,6 +520,7 @@ impl Daemon {
             id: b.procs.next_sub,
             client: (ck, cserial),
             utf8: Default::default(),
+            from,
             behind: false,
         };
         let sub_id = sub.id;
@@ -685,7 +707,7 @@ impl Daemon {
 
     /// A piece of a process's ring for the `Watch` call `call_id`.
     pub(super) fn proc_replay(&mut self, key: usize, call_id: u32, payload: &[u8]) {
-        let Some((&stream_byte, data)) = payload.split_first() else {
+        let Some((stream, offset, data)) = crate::sandbox::wire::parse_output(payload) else {
             return;
         };
         let Some(b) = self.boxes.boxes.get_mut(key) else {
@@ -695,25 +717,21 @@ impl Daemon {
             // A replay for no watch: dropped (the daemon asked for none).
             return;
         };
-        let idx = stream_index(stream_byte);
-        sub.utf8[idx].extend_from_slice(data);
-        let text = take_utf8(&mut sub.utf8[idx], false);
+        let idx = usize::from(stream == Stream::Stderr);
+        let line = sub_line(sub, idx, offset, data);
         let client = sub.client;
-        if text.is_empty() || !self.sub_alive(client) {
+        let Some(line) = line.filter(|_| self.sub_alive(client)) else {
             return;
-        }
-        let name = if idx == 0 { "stdout" } else { "stderr" };
-        let line = event_line(&serde_json::json!({"type": name, "data": text}));
+        };
         self.conn_send_chunked(client.0, &line);
     }
 
     /// A background process's output: to every client streaming it.
     pub(super) fn proc_output(&mut self, key: usize, pid: u32, payload: &[u8]) {
-        let Some((&stream_byte, data)) = payload.split_first() else {
+        let Some((stream, offset, data)) = crate::sandbox::wire::parse_output(payload) else {
             return;
         };
-        let idx = stream_index(stream_byte);
-        let name = if idx == 0 { "stdout" } else { "stderr" };
+        let idx = usize::from(stream == Stream::Stderr);
         let Some(p) = self
             .boxes
             .boxes
@@ -724,14 +742,8 @@ impl Daemon {
         };
         let mut sends = Vec::new();
         for sub in &mut p.subs {
-            sub.utf8[idx].extend_from_slice(data);
-            let text = take_utf8(&mut sub.utf8[idx], false);
-            if !text.is_empty() {
-                sends.push((
-                    sub.id,
-                    sub.client,
-                    event_line(&serde_json::json!({"type": name, "data": text})),
-                ));
+            if let Some(line) = sub_line(sub, idx, offset, data) {
+                sends.push((sub.id, sub.client, line));
             }
         }
         let mut behind = Vec::new();

@@ -14,8 +14,8 @@
 use serde::{Deserialize, Serialize};
 
 /// The protocol version both sides speak (2: background processes, their rings and
-/// `Replay`).
-pub const VERSION: u32 = 5;
+/// `Replay`; 6: output frames say where in their stream they are).
+pub const VERSION: u32 = 6;
 /// Largest frame body (kind, channel and payload).
 pub const MAX_FRAME_BYTES: usize = (1 << 20) + 5;
 /// Largest payload of one `Output` or `Input` frame (bigger data is split).
@@ -36,14 +36,16 @@ pub enum Kind {
     Call = 2,
     /// init → daemon: the answer to call `channel`, JSON ([`Reply`]).
     Reply = 3,
-    /// init → daemon: output of process `channel`: one stream byte ([`Stream`]), bytes.
+    /// init → daemon: output of process `channel`: one stream byte ([`Stream`]), the
+    /// stream's byte offset of the first byte (8 bytes, big-endian), bytes
+    /// ([`output_payload`]).
     Output = 4,
     /// init → daemon: process `channel` ended, JSON ([`Exited`]).
     Exit = 5,
     /// daemon → init: bytes for process `channel`'s stdin; empty means end of input.
     Input = 6,
     /// init → daemon: a piece of what a background process's ring held, for the
-    /// `Watch` call `channel` (before its reply): one stream byte, bytes.
+    /// `Watch` call `channel` (before its reply): as `Output`.
     Replay = 7,
     /// File bytes of open file `channel` (the handle `FsCall::Open` answered): init →
     /// daemon for a read, within the credit `FileMore` gave, an empty one at its end;
@@ -80,6 +82,41 @@ pub enum Stream {
     Stdout = 1,
     /// stderr.
     Stderr = 2,
+}
+
+/// Bytes of an `Output` or `Replay` payload before its data.
+pub const OUTPUT_HEAD_BYTES: usize = 9;
+
+/// Writes the head of an `Output` or `Replay` payload into `head`: the stream and the
+/// stream's offset of the data's first byte.
+pub fn output_head(head: &mut [u8; OUTPUT_HEAD_BYTES], stream: Stream, offset: u64) {
+    head[0] = stream as u8;
+    head[1..].copy_from_slice(&offset.to_be_bytes());
+}
+
+/// An `Output` or `Replay` payload: stream, offset, data.
+pub fn output_payload(stream: Stream, offset: u64, data: &[u8]) -> Vec<u8> {
+    let mut head = [0u8; OUTPUT_HEAD_BYTES];
+    output_head(&mut head, stream, offset);
+    let mut v = Vec::with_capacity(OUTPUT_HEAD_BYTES + data.len());
+    v.extend_from_slice(&head);
+    v.extend_from_slice(data);
+    v
+}
+
+/// Reads an `Output` or `Replay` payload: (stream, offset of the data's first byte in
+/// its stream, data); `None` when it is too short.
+pub fn parse_output(payload: &[u8]) -> Option<(Stream, u64, &[u8])> {
+    if payload.len() < OUTPUT_HEAD_BYTES {
+        return None;
+    }
+    let stream = if payload[0] == Stream::Stderr as u8 {
+        Stream::Stderr
+    } else {
+        Stream::Stdout
+    };
+    let offset = u64::from_be_bytes(payload[1..OUTPUT_HEAD_BYTES].try_into().ok()?);
+    Some((stream, offset, &payload[OUTPUT_HEAD_BYTES..]))
 }
 
 /// One decoded frame.
@@ -456,6 +493,19 @@ pub struct Exited {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_output_payloads_carry_stream_and_offset() {
+        let p = output_payload(Stream::Stderr, (1 << 40) + 7, b"hi");
+        assert_eq!(p.len(), OUTPUT_HEAD_BYTES + 2);
+        assert_eq!(
+            parse_output(&p),
+            Some((Stream::Stderr, (1 << 40) + 7, &b"hi"[..]))
+        );
+        let p = output_payload(Stream::Stdout, 0, b"");
+        assert_eq!(parse_output(&p), Some((Stream::Stdout, 0, &b""[..])));
+        assert_eq!(parse_output(&p[..OUTPUT_HEAD_BYTES - 1]), None);
+    }
 
     #[test]
     fn test_frames_round_trip_in_any_pieces() {

@@ -58,8 +58,9 @@ pub enum ProcOp {
     Get(u32),
     /// `DELETE …/process/{pid}`: kill it and its children (its process group).
     Kill(u32),
-    /// `GET …/process/{pid}/stream`.
-    Stream(u32),
+    /// `GET …/process/{pid}/stream`, from these offsets of stdout and stderr on
+    /// (`stdout_offset`, `stderr_offset`; 0: all the ring holds).
+    Stream(u32, [u64; 2]),
     /// `POST …/process/{pid}/stdin`.
     Stdin(u32, Input),
     /// `POST …/process/{pid}/signal`: the signal's number.
@@ -112,6 +113,25 @@ pub fn parse_pid(s: &str) -> Option<u32> {
     s.parse::<u32>()
         .ok()
         .filter(|&p| p > 0 && p <= i32::MAX as u32)
+}
+
+/// The offsets a stream starts at: `?stdout_offset=N&stderr_offset=M` (each a whole
+/// number of bytes, default 0).
+pub fn stream_offsets(req: &Request) -> Result<[u64; 2], Response> {
+    let mut from = [0u64; 2];
+    for (i, name) in ["stdout_offset", "stderr_offset"].iter().enumerate() {
+        if let Some(v) = req.head.query_param(name).filter(|v| !v.is_empty()) {
+            from[i] = v.parse::<u64>().map_err(|_| {
+                error(
+                    400,
+                    &format!(
+                        "{name}: a whole number of bytes (the offset of the last line received)"
+                    ),
+                )
+            })?;
+        }
+    }
+    Ok(from)
 }
 
 /// The 404 for a process the sandbox does not have (or no longer keeps).

@@ -220,7 +220,9 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         Route::Processes => Ok(Op::Proc(sid, ProcOp::List)),
         Route::Process if method == "DELETE" => Ok(Op::Proc(sid, ProcOp::Kill(pid))),
         Route::Process => Ok(Op::Proc(sid, ProcOp::Get(pid))),
-        Route::ProcStream => Ok(Op::Proc(sid, ProcOp::Stream(pid))),
+        Route::ProcStream => {
+            processes::stream_offsets(req).map(|from| Op::Proc(sid, ProcOp::Stream(pid, from)))
+        }
         Route::ProcStdin => processes::stdin(req, sid, pid),
         Route::ProcSignal => processes::signal(req, sid, pid),
         Route::ProcResize => processes::resize(req, sid, pid),

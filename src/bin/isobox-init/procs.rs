@@ -6,7 +6,9 @@
 
 use super::ring::Ring;
 use super::{Init, Settings};
-use isobox::sandbox::wire::{Exited, Kind, Stream, MAX_DATA_BYTES};
+use isobox::sandbox::wire::{
+    output_head, output_payload, Exited, Kind, Stream, MAX_DATA_BYTES, OUTPUT_HEAD_BYTES,
+};
 use mio::unix::pipe;
 use mio::{Interest, Token};
 use std::collections::HashMap;
@@ -42,6 +44,8 @@ struct Proc {
     /// Its output is forwarded (always, unless it is a background process nobody
     /// watches).
     watched: bool,
+    /// Bytes read so far from stdout and from stderr: the offset of the next.
+    written: [u64; 2],
 }
 
 /// Every process the daemon started and has not heard the end of.
@@ -194,6 +198,7 @@ pub fn spawn(
         exited: None,
         ring: background.then(Ring::default),
         watched: !background,
+        written: [0; 2],
     };
     let reg = init.poll.registry();
     let procs = &mut init.procs;
@@ -343,7 +348,7 @@ pub fn event(init: &mut Init, t: Token, readable: bool, writable: bool) {
 /// stopped early: the process is held, or the daemon fell behind.
 fn pump(init: &mut Init, pid: i32) -> bool {
     let mut buf = std::mem::take(&mut init.buf);
-    buf.resize(MAX_DATA_BYTES + 1, 0);
+    buf.resize(MAX_DATA_BYTES + OUTPUT_HEAD_BYTES, 0);
     let mut frames: Vec<Vec<u8>> = Vec::new();
     let mut closed = Vec::new();
     let mut drained = true;
@@ -365,20 +370,26 @@ fn pump(init: &mut Init, pid: i32) -> bool {
                     drained = false;
                     break;
                 }
-                // The frame's stream byte comes first.
-                match rx.read(&mut buf[1..]) {
+                // The frame's head (stream, offset) comes first.
+                match rx.read(&mut buf[OUTPUT_HEAD_BYTES..]) {
                     Ok(0) => {
                         closed.push(i);
                         break;
                     }
                     Ok(n) => {
+                        let data = OUTPUT_HEAD_BYTES..OUTPUT_HEAD_BYTES + n;
                         if let Some(r) = p.ring.as_mut() {
-                            r.push(*stream, &buf[1..=n]);
+                            r.push(*stream, &buf[data.clone()]);
                         }
+                        let side = usize::from(*stream == Stream::Stderr);
+                        let offset = p.written[side];
+                        p.written[side] += n as u64;
                         if p.watched {
-                            backlog += n + 10;
-                            buf[0] = *stream as u8;
-                            frames.push(buf[..=n].to_vec());
+                            backlog += n + 18;
+                            let mut head = [0u8; OUTPUT_HEAD_BYTES];
+                            output_head(&mut head, *stream, offset);
+                            buf[..OUTPUT_HEAD_BYTES].copy_from_slice(&head);
+                            frames.push(buf[..data.end].to_vec());
                         }
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -500,12 +511,10 @@ pub fn watch(init: &mut Init, call: u32, pid: u32) -> Result<Option<Exited>, Str
     let pid = i32::try_from(pid).map_err(|_| "no such process".to_string())?;
     let mut frames = Vec::new();
     let add = |frames: &mut Vec<Vec<u8>>, ring: &Ring| {
-        for (stream, data) in ring.replay() {
-            for part in data.chunks(MAX_DATA_BYTES) {
-                let mut f = Vec::with_capacity(part.len() + 1);
-                f.push(stream as u8);
-                f.extend_from_slice(part);
-                frames.push(f);
+        for (stream, offset, data) in ring.replay() {
+            for (i, part) in data.chunks(MAX_DATA_BYTES).enumerate() {
+                let at = offset + (i * MAX_DATA_BYTES) as u64;
+                frames.push(output_payload(stream, at, part));
             }
         }
     };

@@ -14,6 +14,8 @@ const JOIN_BYTES: usize = 64 << 10;
 struct Side {
     pieces: VecDeque<(u64, Vec<u8>)>,
     bytes: usize,
+    /// The stream's offset of the first byte kept (every byte dropped before it).
+    start: u64,
 }
 
 /// Both streams of one process.
@@ -76,23 +78,28 @@ impl Ring {
             };
             if front.len() <= excess {
                 side.bytes -= front.len();
+                side.start += front.len() as u64;
                 side.pieces.pop_front();
             } else {
                 front.drain(..excess);
                 side.bytes -= excess;
+                side.start += excess as u64;
             }
         }
         while side.pieces.len() > self.cap_pieces {
             if let Some((_, p)) = side.pieces.pop_front() {
                 side.bytes -= p.len();
+                side.start += p.len() as u64;
             }
         }
     }
 
-    /// What it holds, oldest first, both streams in the order they were written.
-    pub fn replay(&self) -> Vec<(Stream, &[u8])> {
+    /// What it holds, oldest first, both streams in the order they were written: each
+    /// piece with its stream's offset of its first byte.
+    pub fn replay(&self) -> Vec<(Stream, u64, &[u8])> {
         let [out, err] = &self.sides;
         let (mut a, mut b) = (out.pieces.iter().peekable(), err.pieces.iter().peekable());
+        let (mut at_out, mut at_err) = (out.start, err.start);
         let mut v = Vec::with_capacity(out.pieces.len() + err.pieces.len());
         loop {
             let take_out = match (a.peek(), b.peek()) {
@@ -103,10 +110,12 @@ impl Ring {
             };
             if take_out {
                 if let Some((_, p)) = a.next() {
-                    v.push((Stream::Stdout, p.as_slice()));
+                    v.push((Stream::Stdout, at_out, p.as_slice()));
+                    at_out += p.len() as u64;
                 }
             } else if let Some((_, p)) = b.next() {
-                v.push((Stream::Stderr, p.as_slice()));
+                v.push((Stream::Stderr, at_err, p.as_slice()));
+                at_err += p.len() as u64;
             }
         }
     }
@@ -119,7 +128,7 @@ mod tests {
     fn text(r: &Ring) -> Vec<(Stream, String)> {
         r.replay()
             .into_iter()
-            .map(|(s, d)| (s, String::from_utf8_lossy(d).into_owned()))
+            .map(|(s, _, d)| (s, String::from_utf8_lossy(d).into_owned()))
             .collect()
     }
 
@@ -139,6 +148,9 @@ mod tests {
                 (Stream::Stdout, "c".to_string())
             ]
         );
+        // Each piece's offset is in its own stream.
+        let offsets: Vec<u64> = r.replay().iter().map(|p| p.1).collect();
+        assert_eq!(offsets, [0, 0, 2]);
     }
 
     #[test]
@@ -162,10 +174,11 @@ mod tests {
                 .collect();
             assert_eq!(out, want, "{n}");
         }
-        // One big piece is cut to its newest bytes.
+        // One big piece is cut to its newest bytes, and says where they start.
         let mut r = Ring::with_caps(4, 100);
         r.push(Stream::Stdout, b"abcdefgh");
         assert_eq!(text(&r), [(Stream::Stdout, "efgh".to_string())]);
+        assert_eq!(r.replay()[0].1, 4);
         // The other stream keeps its own budget.
         r.push(Stream::Stderr, b"12");
         r.push(Stream::Stdout, b"ij");
@@ -205,10 +218,12 @@ mod tests {
         let got: Vec<u8> = r
             .replay()
             .into_iter()
-            .flat_map(|(_, d)| d.to_vec())
+            .flat_map(|(_, _, d)| d.to_vec())
             .collect();
         assert!(all.len() > RING_BYTES);
         assert_eq!(got.len(), RING_BYTES);
         assert!(all.ends_with(&got));
+        // Its first piece says where in the stream it starts: what was dropped.
+        assert_eq!(r.replay()[0].1, (all.len() - RING_BYTES) as u64);
     }
 }
