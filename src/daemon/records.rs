@@ -342,8 +342,16 @@ impl Daemon {
         self.record_remove(rec.rec, rec.serial);
     }
 
-    /// Appends an event; its id, or `None` when the record is gone or has ended.
+    /// Appends an event and moves the readers along; its id, or `None` when the record
+    /// is gone or has ended.
     fn record_push(&mut self, rec: usize, serial: u64, ev: Event) -> Option<usize> {
+        let seq = self.record_append(rec, serial, ev)?;
+        self.record_pump_all(rec, serial);
+        Some(seq)
+    }
+
+    /// Appends an event (the readers are not moved).
+    fn record_append(&mut self, rec: usize, serial: u64, ev: Event) -> Option<usize> {
         let t = &mut self.records;
         let r = t
             .get_mut(rec, serial)
@@ -354,14 +362,15 @@ impl Daemon {
         let seq = r.events.len();
         t.bytes += n;
         self.app.metrics.records = self.records.figures();
-        self.record_pump_all(rec, serial);
         Some(seq)
     }
 
     /// Appends the last event and ends the record: followers get the rest and their
     /// stream ends, waiters get their answer. The last event's id, as `record_push`.
     fn record_end(&mut self, rec: usize, serial: u64, ev: Event, status: Status) -> Option<usize> {
-        let f = self.record_push(rec, serial, ev);
+        // Appended only: the readers move once it has ended, so that they write the
+        // last event as the stream's end (a result escaped as the socket drains).
+        let f = self.record_append(rec, serial, ev);
         let t = &mut self.records;
         let r = t.get_mut(rec, serial)?;
         r.status = status;
