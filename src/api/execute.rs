@@ -117,6 +117,14 @@ impl ExecuteResponse {
     }
 }
 
+/// Files' base64: the standard alphabet, padded, and lenient about the unused bits of
+/// the last character (as Python's `base64` and browsers' `atob` are: `"QQ=="` and
+/// `"QR=="` are both `A`).
+const FILE_BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    base64::engine::GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
+
 /// Words for the body's fields in its 400s (`http::json`).
 const HINTS: crate::http::json::Hints = &[
     (
@@ -312,17 +320,15 @@ fn decode_with(
         })?;
         let content = match f.encoding.as_deref().unwrap_or("utf8") {
             "utf8" | "utf-8" => f.content.into_bytes(),
-            "base64" => base64::engine::general_purpose::STANDARD
-                .decode(f.content.trim_end())
-                .map_err(|e| {
-                    bad(
-                        "invalid_file",
-                        format!(
-                            "files[{i}] ({}): invalid base64: {e}",
-                            serde_json::Value::from(f.name.as_str())
-                        ),
-                    )
-                })?,
+            "base64" => FILE_BASE64.decode(f.content.trim_end()).map_err(|e| {
+                bad(
+                    "invalid_file",
+                    format!(
+                        "files[{i}] ({}): invalid base64: {e}",
+                        serde_json::Value::from(f.name.as_str())
+                    ),
+                )
+            })?,
             "hex" => decode_hex(f.content.trim()).ok_or_else(|| {
                 bad(
                     "invalid_file",
@@ -531,6 +537,16 @@ mod tests {
         assert!(check_collisions(&[f("a"), f("a/b")]).is_err());
         assert!(check_collisions(&[f("a/b"), f("a")]).is_err());
         assert!(check_collisions(&[f("a"), f("ab"), f("a.b/c")]).is_ok());
+    }
+
+    #[test]
+    fn test_file_base64_allows_the_last_characters_unused_bits() {
+        assert_eq!(FILE_BASE64.decode("QQ==").unwrap(), b"A");
+        assert_eq!(FILE_BASE64.decode("QR==").unwrap(), b"A");
+        // Found by schemathesis: a schema-valid string the strict decoder refused.
+        assert!(FILE_BASE64.decode("EI2X/o/ZyynBJ3JC06qDFZ6BzE==").is_ok());
+        assert!(FILE_BASE64.decode("Q").is_err());
+        assert!(FILE_BASE64.decode("Q===").is_err());
     }
 
     #[test]
