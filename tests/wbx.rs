@@ -2896,6 +2896,23 @@ fn test_a_resume_past_the_ring_shows_the_gap_in_its_offsets() {
         &id,
         &json!({"cmd": "head -c 1572864 /dev/zero | tr '\\0' x; echo"}),
     );
+    // Once it has ended (nobody streamed it meanwhile), only the ring is left.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let p = wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/process/{pid}"),
+            None,
+            None,
+        )
+        .json();
+        if p["state"] == "exited" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running: {p}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut s = NdStream::open(&d, &id, pid);
     let lines = lines_to_exit(&mut s);
     let outs: Vec<&Value> = lines.iter().filter(|l| l["type"] == "stdout").collect();
@@ -2903,7 +2920,12 @@ fn test_a_resume_past_the_ring_shows_the_gap_in_its_offsets() {
     let kept: usize = outs.iter().map(|l| l["data"].as_str().unwrap().len()).sum();
     // Asked from 0, it starts where the ring starts: its first offset says what is gone.
     let start = first["offset"].as_u64().unwrap() - first["data"].as_str().unwrap().len() as u64;
-    assert_eq!(start, 1572865 - (1 << 20), "{first}");
+    assert_eq!(
+        start,
+        1572865 - (1 << 20),
+        "first line at {}",
+        first["offset"]
+    );
     assert_eq!(kept, 1 << 20);
     assert_eq!(outs.last().unwrap()["offset"], 1572865);
     let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None);
