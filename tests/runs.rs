@@ -59,7 +59,7 @@ fn python(code: &str) -> Value {
 }
 
 /// A program that prints numbered lines with pauses, so a reader can drop between them.
-const PACED: &str = "import sys,time\nfor i in range(40):\n print('line-%02d' % i + 'x' * 200, flush=True)\n if i % 4 == 3: time.sleep(0.1)\nprint('to stderr', file=sys.stderr)";
+const PACED: &str = "import sys,time\nfor i in range(40):\n print('line-%02d' % i + 'x' * 200, flush=True)\n if i % 4 == 3: time.sleep(0.3)\nprint('to stderr', file=sys.stderr)";
 
 fn paced_stdout() -> String {
     (0..40)
@@ -89,6 +89,8 @@ fn test_a_dropped_stream_resumed_with_last_event_id_gets_every_byte_once_in_orde
     let seen = first.events.clone();
     let last = seen.last().unwrap().0.expect("events carry ids");
     drop(first);
+    // The run goes on (~3 s of pauses): the second reader follows it live.
+    assert_eq!(get_run(&d, &id, 0, &[]).json()["status"], "running");
     // The second resumes after the last event it had, by header.
     let mut second = Stream::get(
         &d,
@@ -242,8 +244,9 @@ fn test_records_go_after_their_seconds_and_oldest_first_past_their_bytes() {
     // Below the budget: kept.
     assert_eq!(get_run(&d, &a, 0, &[]).status, 200);
     let b = detach(&d, &[], big.clone());
-    let t_b = Instant::now();
     ended(&d, &b);
+    // Measured from when its end was seen (after the end itself): a lower bound.
+    let t_b = Instant::now();
     // Past the budget: the oldest ended record went, the newer one stays.
     let gone = get_run(&d, &a, 0, &[]);
     assert_eq!(gone.status, 404, "{}", gone.text());
@@ -401,5 +404,79 @@ fn test_at_most_sixteen_readers_follow_one_run() {
         assert_eq!(r.finish()["run"]["exitCode"], 137);
     }
     drop(again);
+    d.assert_clean();
+}
+
+#[test]
+fn test_cancels_waits_and_odd_cursors() {
+    let d = Daemon::start();
+    // Cancelled at once, while its sandbox boots: cancelled, never "failed".
+    let id = detach(&d, &[], python("import time\ntime.sleep(30)"));
+    let r = post(&d, &format!("/v1/runs/{id}/cancel"), &[], &json!({}));
+    assert_eq!(r.status, 202, "{}", r.text());
+    let v = ended(&d, &id);
+    assert_eq!(v["status"], "cancelled", "{v}");
+    match v.get("result") {
+        Some(res) => assert_eq!(res["run"]["exitCode"], 137, "{v}"),
+        None => assert!(v["error"].as_str().unwrap().starts_with("cancelled"), "{v}"),
+    }
+    // A wait that runs out answers with the run still running, not before its time.
+    let long = detach(
+        &d,
+        &[],
+        python("import time\nprint('up', flush=True)\ntime.sleep(30)"),
+    );
+    let t = Instant::now();
+    let v = get_run(&d, &long, 1, &[]).json();
+    assert_eq!(v["status"], "running", "{v}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+    // Two waits on one keep-alive connection: the first's deadline does not cut the
+    // second short.
+    let short = detach(&d, &[], python("print(1)"));
+    let mut s = d.connect();
+    let mut rd = std::io::BufReader::new(s.try_clone().unwrap());
+    std::io::Write::write_all(
+        &mut s,
+        format!("GET /v1/runs/{short}?wait=2 HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let first = common::read_response(&mut rd, false).unwrap();
+    assert_eq!(first.json()["status"], "done", "{}", first.text());
+    let t = Instant::now();
+    std::io::Write::write_all(
+        &mut s,
+        format!("GET /v1/runs/{long}?wait=4 HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let second = common::read_response(&mut rd, false).unwrap();
+    assert_eq!(second.json()["status"], "running");
+    assert!(
+        t.elapsed() >= Duration::from_millis(3800),
+        "answered after {:?}",
+        t.elapsed()
+    );
+    // Cursors at the edges: 19 digits are a cursor (nothing after it), 20 are not.
+    let r = d.request(
+        "GET",
+        &format!("/v1/runs/{short}/events?after=9999999999999999999"),
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(!r.text().contains("event:"), "{}", r.text());
+    let r = d.request(
+        "GET",
+        &format!("/v1/runs/{short}/events?after=18446744073709551615"),
+        &[],
+        b"",
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = post(&d, &format!("/v1/runs/{long}/cancel"), &[], &json!({}));
+    assert_eq!(r.status, 202);
+    assert_eq!(ended(&d, &long)["status"], "cancelled");
     d.assert_clean();
 }

@@ -101,6 +101,13 @@ impl ExecuteResponse {
     /// six times their size.
     pub fn into_lazy(mut self) -> crate::http::lazy::LazyBody {
         let mut d = crate::http::lazy::Deferred::new();
+        self.defer(&mut d);
+        d.body(&self)
+    }
+
+    /// Takes its large strings (outputs, artifacts) out into `d`, for a body that holds
+    /// this response and is encoded lazily.
+    pub fn defer(&mut self, d: &mut crate::http::lazy::Deferred) {
         d.take(&mut self.run.stdout);
         d.take(&mut self.run.stderr);
         if let Some(c) = self.compile.as_mut() {
@@ -113,7 +120,6 @@ impl ExecuteResponse {
                 Artifact::Html { data } => d.take(data),
             }
         }
-        d.body(&self)
     }
 }
 

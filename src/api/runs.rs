@@ -94,9 +94,10 @@ pub fn events(_: &mut App, req: &Request) -> Action {
     };
     let after = match given.as_deref() {
         None | Some("") => 0,
-        Some(s) => match s.parse::<u64>() {
-            Ok(n) => n,
-            Err(_) => {
+        // At most 19 digits (what the OpenAPI document says; always a u64).
+        Some(s) => match s.parse::<u64>().ok().filter(|_| s.len() <= 19) {
+            Some(n) => n,
+            None => {
                 return Action::Respond(Response::error(
                     400,
                     "invalid_query",

@@ -169,6 +169,8 @@ pub enum Owner {
         rec: usize,
         /// Its serial.
         serial: u64,
+        /// Its deadline timer's generation.
+        gen: u64,
     },
     /// A client streaming a background process (NDJSON).
     BoxProc {
@@ -205,8 +207,9 @@ impl hc::Owner for Owner {
             | Owner::BoxWatch { .. }
             | Owner::BoxProc { .. }
             | Owner::RunEvents { .. }
-            | Owner::RunWait { .. }
             | Owner::Batch { .. } => Role::Produces,
+            // Like a pool job: a client that half-closed still gets the answer.
+            Owner::RunWait { .. } => Role::Answers,
             Owner::BoxUpload { waiting, .. } => Role::Receives { reading: !waiting },
             // A creator that hangs up leaves a sandbox whose id nobody has: its end is
             // noticed (and the sandbox ended), as a run's client's is.
@@ -876,9 +879,9 @@ impl Daemon {
         match std::mem::replace(&mut c.http.phase, Phase::Head) {
             Phase::Owned(Owner::Run { run, .. }) => self.run_cancel(run),
             Phase::Owned(Owner::Batch { batch, serial }) => self.batch_cancel(batch, serial),
-            Phase::Owned(Owner::RunEvents { rec, serial, .. } | Owner::RunWait { rec, serial }) => {
-                self.record_reader_closed(ck, c.serial, rec, serial)
-            }
+            Phase::Owned(
+                Owner::RunEvents { rec, serial, .. } | Owner::RunWait { rec, serial, .. },
+            ) => self.record_reader_closed(ck, c.serial, rec, serial),
             Phase::Owned(Owner::Upload { target, .. }) => self.abort_upload(target),
             Phase::Owned(Owner::Transfer(t)) => self.transfer_release(*t),
             Phase::Owned(Owner::Agent { cancel, .. }) => {
@@ -987,7 +990,7 @@ impl Daemon {
         let stuck: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| !matches!(c.owner(), Some(Owner::Run { .. })))
+            .filter(|(_, c)| !matches!(c.owner(), Some(Owner::Run { .. } | Owner::Batch { .. })))
             .map(|(k, _)| k)
             .collect();
         for ck in stuck {

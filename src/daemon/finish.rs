@@ -134,7 +134,12 @@ impl Daemon {
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
-        if run.cancelled || run.kernel.is_some() {
+        // A run already ending (its program exited, or it is being cleaned up) ends as
+        // it would: it is not reported cancelled.
+        if run.cancelled || run.kernel.is_some() || run.exited_at.is_some() {
+            return;
+        }
+        if run.state == State::Cleaning {
             return;
         }
         run.cancelled = true;
@@ -317,8 +322,17 @@ impl Daemon {
                 self.app.counters.runs_cancelled += 1;
                 self.count_run(&run, RunOutcome::Cancelled);
                 log::debug!("run={} cancelled before it started", run.id);
-                let resp = Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
-                    .with_header("Retry-After", "5");
+                let resp = if self.app.shutting_down {
+                    Response::error(503, "shutting_down", Some("isoboxd is shutting down"))
+                        .with_header("Retry-After", "5")
+                } else {
+                    // Its client left or cancelled it: only a record still hears this.
+                    Response::error(
+                        409,
+                        "cancelled",
+                        Some("the run was cancelled before it started"),
+                    )
+                };
                 self.refuse_removed(run, resp);
                 return;
             }

@@ -38,7 +38,9 @@ const WAIT: u16 = 0;
 /// event headers), so that many tiny records are bounded too.
 const RECORD_OVERHEAD: usize = 512;
 /// What each event counts besides its data.
-const EVENT_OVERHEAD: usize = 32;
+/// What each event counts besides its text: its slot, its string's allocation, the
+/// list's growth (a program flushing a byte at a time makes many small ones).
+const EVENT_OVERHEAD: usize = 96;
 /// Most connections following or waiting on one record at once.
 pub(crate) const MAX_READERS: usize = 16;
 
@@ -265,12 +267,18 @@ impl Sink for RecordSink {
     fn refused(&self, d: &mut Daemon, resp: Response) {
         let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
         let code = v["error"].as_str().unwrap_or("error");
+        // Cancelled before it started: no result, but cancelled, not failed.
+        let status = if code == "cancelled" {
+            Status::Cancelled
+        } else {
+            Status::Failed
+        };
         let msg = match v["detail"].as_str() {
             Some(detail) => format!("{code}: {detail}"),
             None => code.to_string(),
         };
         let ev = Event::Error(msg);
-        let seq = d.record_end(self.rec, self.serial, ev, Status::Failed);
+        let seq = d.record_end(self.rec, self.serial, ev, status);
         let frame = seq.and_then(|seq| {
             d.records
                 .get(self.rec, self.serial)
@@ -419,7 +427,7 @@ impl Daemon {
             let Some(c) = self.conns.get(ck) else { return };
             let (rec, serial, next) = match c.owner() {
                 Some(&Owner::RunEvents { rec, serial, next }) => (rec, serial, next),
-                Some(&Owner::RunWait { rec, serial }) => {
+                Some(&Owner::RunWait { rec, serial, .. }) => {
                     let ended = self
                         .records
                         .get(rec, serial)
@@ -440,11 +448,11 @@ impl Daemon {
                 return;
             };
             let mut at = next;
-            while at < total && !(ended && at + 1 == total) && !c.http.write_full() {
+            while at < total && !(ended && at.saturating_add(1) == total) && !c.http.write_full() {
                 c.http.send_chunk(&r.events[at].frame(at + 1));
                 at += 1;
             }
-            if ended && at + 1 >= total {
+            if ended && at.saturating_add(1) >= total {
                 // The last event (none when the reader had them all) ends the stream:
                 // a result is escaped as the socket drains, like the client's own.
                 let last = match r.events.get(at).filter(|_| at < total) {
@@ -495,21 +503,29 @@ impl Daemon {
     /// Answers a waiter with the record as it is now.
     fn record_answer_waiter(&mut self, ck: usize, rec: usize, serial: u64) {
         self.record_unread(ck, rec, serial);
-        let resp = match self.records.get(rec, serial) {
+        let answer = match self.records.get(rec, serial) {
             Some(r) => record_response(r, 200),
-            None => not_found(),
+            None => RecordAnswer::Small(not_found()),
         };
-        self.respond(ck, resp);
+        self.record_respond(ck, answer);
         self.conn_resume(ck);
     }
 
-    /// A waiter's time is up: it gets the record as it is.
+    /// A waiter's time is up: it gets the record as it is (a timer of an earlier wait
+    /// on the same connection finds another generation, and does nothing).
     fn record_wait_over(&mut self, ck: usize, gen: u64) {
-        let Some(c) = self.conns.get(ck).filter(|c| c.serial == gen) else {
+        let Some(c) = self.conns.get(ck) else {
             return;
         };
-        if let Some(&Owner::RunWait { rec, serial }) = c.owner() {
-            self.record_answer_waiter(ck, rec, serial);
+        if let Some(&Owner::RunWait {
+            rec,
+            serial,
+            gen: g,
+        }) = c.owner()
+        {
+            if g == gen {
+                self.record_answer_waiter(ck, rec, serial);
+            }
         }
     }
 
@@ -538,8 +554,8 @@ impl Daemon {
         match op.verb {
             RunVerb::Get { wait_ms } => {
                 if wait_ms == 0 || r.status != Status::Running {
-                    let resp = record_response(r, 200);
-                    self.respond(ck, resp);
+                    let answer = record_response(r, 200);
+                    self.record_respond(ck, answer);
                     return;
                 }
                 if r.readers.len() >= MAX_READERS {
@@ -549,9 +565,9 @@ impl Daemon {
                 if let Some(r) = self.records.get_mut(rec, serial) {
                     r.readers.push((ck, cs));
                 }
-                self.conn_own(ck, Owner::RunWait { rec, serial });
                 let at = Instant::now() + Duration::from_millis(wait_ms);
-                self.reactor.arm(at, Addr::new(RECORDS, ck, WAIT), cs);
+                let gen = self.reactor.arm_new(at, Addr::new(RECORDS, ck, WAIT));
+                self.conn_own(ck, Owner::RunWait { rec, serial, gen });
             }
             RunVerb::Events { after } => {
                 // An `after` past the events so far: the events with a greater id.
@@ -587,14 +603,22 @@ impl Daemon {
                 } else {
                     200
                 };
-                let resp = record_response(r, status);
+                let answer = record_response(r, status);
                 if let Some((rk, rs)) = run {
                     if self.runs.get(rk).is_some_and(|x| x.serial == rs) {
                         self.run_stop(rk);
                     }
                 }
-                self.respond(ck, resp);
+                self.record_respond(ck, answer);
             }
+        }
+    }
+
+    /// Sends a record's answer.
+    fn record_respond(&mut self, ck: usize, answer: RecordAnswer) {
+        match answer {
+            RecordAnswer::Small(resp) => self.respond(ck, resp),
+            RecordAnswer::Lazy(body) => self.respond_lazy(ck, body),
         }
     }
 
@@ -667,20 +691,56 @@ fn too_many_readers() -> Response {
 
 /// `GET /v1/runs/{id}`'s body: the record's state, and its result (the `done` event's
 /// object) or its error once it ended.
-fn record_response(r: &Record, status: u16) -> Response {
-    let mut v = serde_json::json!({
-        "id": r.id,
-        "status": r.status.name(),
-        "language": r.language,
-        "detached": r.detached,
-        "createdAt": crate::api::sessions::rfc3339(r.created_ms),
-        "events": r.events.len(),
-        "eventsUrl": format!("/v1/runs/{}/events", r.id),
-    });
-    match r.events.last().filter(|_| r.status != Status::Running) {
-        Some(Event::Done(b)) => v["result"] = serde_json::to_value(b).unwrap_or_default(),
-        Some(Event::Error(msg)) => v["error"] = serde_json::json!(msg),
-        _ => {}
+/// What `GET /v1/runs/{id}` answers: the record's state, and its result or error.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RecordView<'a> {
+    id: &'a str,
+    status: &'static str,
+    language: &'a str,
+    detached: bool,
+    created_at: String,
+    events: usize,
+    events_url: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<ExecuteResponse>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+/// A record's answer: small, or (with a result) a body escaped as the socket drains,
+/// like `/execute`'s (catalogue H12: a result of control bytes is six times larger
+/// escaped).
+enum RecordAnswer {
+    Small(Response),
+    Lazy(crate::http::lazy::LazyBody),
+}
+
+fn record_response(r: &Record, status: u16) -> RecordAnswer {
+    let ended = r.events.last().filter(|_| r.status != Status::Running);
+    let mut view = RecordView {
+        id: &r.id,
+        status: r.status.name(),
+        language: &r.language,
+        detached: r.detached,
+        created_at: crate::api::sessions::rfc3339(r.created_ms),
+        events: r.events.len(),
+        events_url: format!("/v1/runs/{}/events", r.id),
+        result: None,
+        error: None,
+    };
+    match ended {
+        Some(Event::Done(b)) if status == 200 => {
+            let mut d = crate::http::lazy::Deferred::new();
+            let mut result = b.as_ref().clone();
+            result.defer(&mut d);
+            view.result = Some(result);
+            RecordAnswer::Lazy(d.body(&view))
+        }
+        Some(Event::Error(msg)) => {
+            view.error = Some(msg);
+            RecordAnswer::Small(Response::json(status, &view))
+        }
+        _ => RecordAnswer::Small(Response::json(status, &view)),
     }
-    Response::json(status, &v)
 }
