@@ -884,10 +884,15 @@ while True:
         send(3, ch, json.dumps({"ok": {"pid": n}}).encode())
         if cmd == "hang":
             continue
+        # Output: the stream byte, the offset (8 bytes, big-endian), the data.
         if cmd == "forged":
-            send(4, 4242, b"\x01not yours\n")
+            send(4, 4242, b"\x01" + struct.pack(">Q", 0) + b"not yours\n")
             send(5, 4243, b'{"code": 0}')
-        send(4, n, b"\x01" + cmd.encode() + b"\n")
+        if cmd == "offset":
+            # An offset at the very end of the range: the daemon must not overflow.
+            send(4, n, b"\x01" + struct.pack(">Q", 2**64 - 1) + cmd.encode() + b"\n")
+        else:
+            send(4, n, b"\x01" + struct.pack(">Q", 0) + cmd.encode() + b"\n")
         send(5, n, b'{"code": 0}')
 "#;
 
@@ -932,6 +937,9 @@ fn test_a_forged_init_ends_only_its_own_sandbox() {
         );
     };
     says("hi");
+    // An output frame whose offset is at the end of the range is taken (offsets from
+    // inside a sandbox are not trusted: no overflow).
+    says("offset");
     // Frames about processes that do not exist are dropped; the command is answered.
     says("forged");
 
