@@ -1149,6 +1149,26 @@ fn proc_post(d: &Daemon, id: &str, pid: u64, what: &str, body: &Value) -> Resp {
 }
 
 /// `(type, data)` of output events, and the exit event.
+/// Waits (up to 30 s) until process `pid` has ended.
+fn wait_exited(d: &Daemon, id: &str, pid: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let p = wbx(
+            d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/process/{pid}"),
+            None,
+            None,
+        )
+        .json();
+        if p["state"] == "exited" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid} never ended: {p}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn split_events(events: &[Value]) -> (Vec<(String, String)>, Value) {
     let (last, out) = events.split_last().expect("events");
     let out = out
@@ -1659,20 +1679,7 @@ fn test_process_limits_ring_and_streams() {
         &id,
         &json!({"cmd": "python3 -c \"import sys\nfor i in range(250000): sys.stdout.write('line %07d\\n' % i)\""}),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while wbx(
-        &d,
-        "GET",
-        &format!("/v1/sandboxes/{id}/process/{pid}"),
-        None,
-        None,
-    )
-    .json()["state"]
-        != "exited"
-    {
-        assert!(Instant::now() < deadline, "the writer never ended");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_exited(&d, &id, pid);
     let (out, exit) = split_events(&NdStream::open(&d, &id, pid).rest());
     assert_eq!(exit["exit_code"], 0);
     let text: String = out.iter().map(|(_, t)| t.as_str()).collect();
@@ -2766,19 +2773,6 @@ fn test_the_warm_pool_serves_creates_at_once_and_refills() {
     wait_full(&d);
 }
 
-/// Every line of a process's stream until its exit (the exit line last).
-fn lines_to_exit(s: &mut NdStream) -> Vec<Value> {
-    let mut v = Vec::new();
-    while let Some(l) = s.next() {
-        let exit = l["type"] == "exit";
-        v.push(l);
-        if exit {
-            break;
-        }
-    }
-    v
-}
-
 /// Output lines of `stream` joined, and the offset of the last (0 when none).
 fn joined(lines: &[Value], stream: &str) -> (String, u64) {
     let mut text = String::new();
@@ -2819,7 +2813,7 @@ fn test_a_process_stream_resumed_at_its_offsets_gets_every_byte_once() {
         &d,
         &format!("/wbx/v1/sandboxes/{id}/process/{pid}/stream?stdout_offset={out_at}&stderr_offset={err_at}"),
     );
-    let rest = lines_to_exit(&mut second);
+    let rest = second.rest();
     assert_eq!(rest.last().unwrap()["type"], "exit", "{rest:?}");
     let rest_out: String = rest
         .iter()
@@ -2841,7 +2835,7 @@ fn test_a_process_stream_resumed_at_its_offsets_gets_every_byte_once() {
     );
     // From 0 (no offsets) after the end: everything the ring holds, offsets from 0.
     let mut all = NdStream::open(&d, &id, pid);
-    let lines = lines_to_exit(&mut all);
+    let lines = all.rest();
     assert_eq!(
         joined(&lines, "stdout"),
         (want_out.clone(), want_out.len() as u64)
@@ -2857,7 +2851,7 @@ fn test_a_process_stream_resumed_at_its_offsets_gets_every_byte_once() {
             "/wbx/v1/sandboxes/{id}/process/{pid}/stream?stdout_offset=999999&stderr_offset=999999"
         ),
     );
-    let lines = lines_to_exit(&mut none);
+    let lines = none.rest();
     assert_eq!(lines.len(), 1, "{lines:?}");
     // exec/stream lines carry offsets too.
     let r = wbx(
@@ -2905,24 +2899,9 @@ fn test_a_resume_past_the_ring_shows_the_gap_in_its_offsets() {
         &json!({"cmd": "head -c 1572864 /dev/zero | tr '\\0' x; echo"}),
     );
     // Once it has ended (nobody streamed it meanwhile), only the ring is left.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let p = wbx(
-            &d,
-            "GET",
-            &format!("/v1/sandboxes/{id}/process/{pid}"),
-            None,
-            None,
-        )
-        .json();
-        if p["state"] == "exited" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "still running: {p}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_exited(&d, &id, pid);
     let mut s = NdStream::open(&d, &id, pid);
-    let lines = lines_to_exit(&mut s);
+    let lines = s.rest();
     let outs: Vec<&Value> = lines.iter().filter(|l| l["type"] == "stdout").collect();
     let first = outs[0];
     let kept: usize = outs.iter().map(|l| l["data"].as_str().unwrap().len()).sum();

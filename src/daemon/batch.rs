@@ -50,8 +50,6 @@ struct InputSink {
     serial: u64,
     index: usize,
     stream: bool,
-    /// Its run was started (and holds one of the batch's places until it ends).
-    launched: bool,
 }
 
 impl Sink for InputSink {
@@ -85,16 +83,8 @@ impl Sink for InputSink {
     }
 
     fn refused(&self, d: &mut Daemon, resp: Response) {
-        let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
-        let item = serde_json::json!({ "error": v["error"], "detail": v["detail"] });
-        d.batch_ended(
-            self.batch,
-            self.serial,
-            self.index,
-            item,
-            None,
-            self.launched,
-        );
+        // Its run had started: it held one of the batch's places.
+        d.batch_refused(self.batch, self.serial, self.index, &resp, true);
     }
 }
 
@@ -165,14 +155,7 @@ impl Daemon {
                 if let Some(b) = self.batches.get_mut(key) {
                     b.next += 1;
                 }
-                let sink = InputSink {
-                    batch: key,
-                    serial,
-                    index,
-                    stream: false,
-                    launched: false,
-                };
-                sink.refused(self, refusal);
+                self.batch_refused(key, serial, index, &refusal, false);
                 continue;
             }
             let Some(b) = self.batches.get(key) else {
@@ -191,7 +174,6 @@ impl Daemon {
                 serial,
                 index,
                 stream,
-                launched: true,
             });
             match self.launch_run(plan, sink) {
                 Some(rk) => {
@@ -204,15 +186,8 @@ impl Daemon {
                     if let Some(b) = self.batches.get_mut(key) {
                         b.running -= 1;
                     }
-                    let sink = InputSink {
-                        batch: key,
-                        serial,
-                        index,
-                        stream: false,
-                        launched: false,
-                    };
                     let resp = Response::error(503, "overloaded", Some("worker queue full"));
-                    sink.refused(self, resp);
+                    self.batch_refused(key, serial, index, &resp, false);
                 }
             }
         }
@@ -268,6 +243,21 @@ impl Daemon {
         }
     }
 
+    /// Input `index` got no result: its entry is the refusal's `{"error", "detail"}`
+    /// (`launched`: its run had started, and held one of the batch's places).
+    fn batch_refused(
+        &mut self,
+        key: usize,
+        serial: u64,
+        index: usize,
+        resp: &Response,
+        launched: bool,
+    ) {
+        let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+        let item = serde_json::json!({ "error": v["error"], "detail": v["detail"] });
+        self.batch_ended(key, serial, index, item, None, launched);
+    }
+
     /// Input `index` ended with `item` (its `run` object, or its refusal).
     fn batch_ended(
         &mut self,
@@ -281,34 +271,20 @@ impl Daemon {
         let Some(b) = self.batches.get_mut(key).filter(|b| b.serial == serial) else {
             return;
         };
-        let ran = launched;
-        if ran {
+        if launched {
             b.running = b.running.saturating_sub(1);
         }
         if warning.is_some() {
             b.warning = warning;
         }
-        let stream = b.stream;
         // The `result` event is the input's outcome without its output (which went out
         // as its `stdout`/`stderr` events): a few hundred bytes, whatever the output.
-        let mut event = item.clone();
-        if let Some(o) = event.as_object_mut() {
-            for k in ["stdout", "stderr"] {
-                o.remove(k);
-            }
-            if let Some(c) = o.get_mut("compile").and_then(|c| c.as_object_mut()) {
-                c.remove("stdout");
-                c.remove("stderr");
-            }
-        }
-        event["index"] = serde_json::json!(index);
+        let event = b.stream.then(|| without_output(&item, index));
         b.results[index] = Some(item);
-        if stream {
-            if let Some(ck) = self.batch_client(key, serial) {
-                self.conn_send_event(ck, "result", &event.to_string());
-            }
+        if let (Some(event), Some(ck)) = (event, self.batch_client(key, serial)) {
+            self.conn_send_event(ck, "result", &event.to_string());
         }
-        if ran {
+        if launched {
             self.batch_fill(key, serial);
         } else {
             self.batch_check_done(key, serial);
@@ -375,4 +351,21 @@ impl Daemon {
             }
         }
     }
+}
+
+/// An input's entry without its outputs (its own and its build's), with its index.
+fn without_output(item: &serde_json::Value, index: usize) -> serde_json::Value {
+    type Map = serde_json::Map<String, serde_json::Value>;
+    fn strip(o: &Map) -> Map {
+        o.iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "stdout" | "stderr"))
+            .map(|(k, v)| match (k.as_str(), v.as_object()) {
+                ("compile", Some(c)) => (k.clone(), strip(c).into()),
+                _ => (k.clone(), v.clone()),
+            })
+            .collect()
+    }
+    let mut event = item.as_object().map(strip).unwrap_or_default();
+    event.insert("index".into(), index.into());
+    event.into()
 }

@@ -265,26 +265,15 @@ impl Sink for RecordSink {
     }
 
     fn refused(&self, d: &mut Daemon, resp: Response) {
-        let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
-        let code = v["error"].as_str().unwrap_or("error");
+        let (code, msg) = super::sink::refusal_message(&resp);
         // Cancelled before it started: no result, but cancelled, not failed.
         let status = if code == "cancelled" {
             Status::Cancelled
         } else {
             Status::Failed
         };
-        let msg = match v["detail"].as_str() {
-            Some(detail) => format!("{code}: {detail}"),
-            None => code.to_string(),
-        };
-        let ev = Event::Error(msg);
-        let seq = d.record_end(self.rec, self.serial, ev, status);
-        let frame = seq.and_then(|seq| {
-            d.records
-                .get(self.rec, self.serial)
-                .and_then(|r| r.events.get(seq - 1))
-                .map(|e| e.frame(seq))
-        });
+        let seq = d.record_end(self.rec, self.serial, Event::Error(msg.clone()), status);
+        let frame = seq.map(|seq| Event::Error(msg).frame(seq));
         let Some(ck) = self.client(d) else { return };
         let streaming = d
             .conns

@@ -53,6 +53,17 @@ pub(crate) struct Ended {
     pub(crate) cancelled: bool,
 }
 
+/// A refusal as a stream's `error` event says it: (its code, `"<code>: <detail>"`).
+pub(crate) fn refusal_message(resp: &Response) -> (String, String) {
+    let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
+    let code = v["error"].as_str().unwrap_or("error").to_string();
+    let msg = match v["detail"].as_str() {
+        Some(d) => format!("{code}: {d}"),
+        None => code.clone(),
+    };
+    (code, msg)
+}
+
 /// What a run's consumer is.
 pub(crate) trait Sink {
     /// Run `rk` now works for this consumer (an HTTP connection waits on it).
@@ -154,12 +165,7 @@ impl Sink for HttpSink {
         if streaming {
             // The head already said 200: the refusal is an `error` event,
             // `{"error": "<code>: <detail>"}`.
-            let v: serde_json::Value = serde_json::from_slice(&resp.body).unwrap_or_default();
-            let code = v["error"].as_str().unwrap_or("error");
-            let msg = match v["detail"].as_str() {
-                Some(d) => format!("{code}: {d}"),
-                None => code.to_string(),
-            };
+            let (_, msg) = refusal_message(&resp);
             let mut frame = Vec::new();
             crate::http::sse::write_event(
                 &mut frame,
