@@ -34,6 +34,8 @@ struct Body {
     network: Option<bool>,
     detach: Option<bool>,
     inputs: Option<Vec<InputIn>>,
+    #[serde(rename = "sharedSandbox")]
+    shared_sandbox: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -62,6 +64,9 @@ pub struct Decoded {
     pub detach: bool,
     /// `inputs`: the same code once per input, in order.
     pub inputs: Option<Vec<Input>>,
+    /// `"sharedSandbox": true` (with `inputs` only): every input in one sandbox, one
+    /// after another, the build done once.
+    pub shared: bool,
 }
 
 #[derive(Deserialize)]
@@ -172,6 +177,10 @@ const HINTS: crate::http::json::Hints = &[
     ("inputs[].args", "a list of strings"),
     ("inputs[].args[]", "a string"),
     (
+        "sharedSandbox",
+        "true or false (with inputs: run them one after another in one sandbox)",
+    ),
+    (
         "detach",
         "true or false (true: answer 202 with the run's id at once)",
     ),
@@ -208,6 +217,7 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
             plan: Box::new(d.plan),
             inputs,
             stream: wants_stream(req),
+            shared: d.shared,
         };
     }
     Action::Execute {
@@ -370,6 +380,13 @@ fn decode_with(
         return Err(bad("invalid_json", "args may not contain NUL"));
     }
     let detach = b.detach.unwrap_or(false);
+    let shared = b.shared_sandbox.unwrap_or(false);
+    if shared && b.inputs.is_none() {
+        return Err(bad(
+            "invalid_json",
+            "sharedSandbox: only with inputs (it says how they share a sandbox)",
+        ));
+    }
     let inputs = match b.inputs {
         None => None,
         Some(list) => {
@@ -433,6 +450,7 @@ fn decode_with(
         plan,
         detach,
         inputs,
+        shared,
     })
 }
 

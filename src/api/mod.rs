@@ -148,6 +148,8 @@ pub enum Action {
         inputs: Vec<execute::Input>,
         /// Stream as SSE.
         stream: bool,
+        /// Every input in one sandbox, one after another (`"sharedSandbox": true`).
+        shared: bool,
     },
     /// Read, follow or cancel a recorded run (`/v1/runs/{id}`).
     Run(runs::RunOp),

@@ -9,7 +9,12 @@
 //! and never more than half of all slots (at least one), so a batch leaves room for
 //! others; as an input ends, its slot goes to the batch's next input.
 //!
+//! With `"sharedSandbox": true` the inputs run one after another in one sandbox
+//! instead (`shared.rs`).
+//!
 //! A client that leaves cancels every input. Reactor thread only.
+
+pub(super) mod shared;
 
 use super::conn::Owner;
 use super::sink::{Ended, Sink, Stream};
@@ -42,6 +47,8 @@ pub(crate) struct Batch {
     runs: Vec<(usize, u64)>,
     /// Runs paused because the client is behind.
     paused: bool,
+    /// Every input in one sandbox, one after another (`"sharedSandbox": true`).
+    shared: Option<Box<shared::Shared>>,
 }
 
 /// The sink of one input's run: its output and result go to the batch.
@@ -97,6 +104,7 @@ impl Daemon {
         plan: Box<ExecPlan>,
         inputs: Vec<Input>,
         stream: bool,
+        shared: bool,
     ) {
         if !self.run_admit(ck) {
             return;
@@ -106,7 +114,11 @@ impl Daemon {
         };
         let slots = &self.app.runs;
         let free = slots.max().saturating_sub(slots.used());
-        let width = free.min((slots.max() / 2).max(1)).min(inputs.len()).max(1);
+        let width = if shared {
+            1
+        } else {
+            free.min((slots.max() / 2).max(1)).min(inputs.len()).max(1)
+        };
         self.batch_serial += 1;
         let serial = self.batch_serial;
         let n = inputs.len();
@@ -123,13 +135,19 @@ impl Daemon {
             warning: None,
             runs: Vec::new(),
             paused: false,
+            shared: shared.then(Box::default),
         });
         self.conn_own(ck, Owner::Batch { batch: key, serial });
         if stream {
             self.conn_start_sse(ck);
         }
-        log::info!("batch={serial} inputs={n} width={width}");
-        self.batch_fill(key, serial);
+        if shared {
+            log::info!("batch={serial} inputs={n} in one shared sandbox");
+            self.shared_start(key, serial);
+        } else {
+            log::info!("batch={serial} inputs={n} width={width}");
+            self.batch_fill(key, serial);
+        }
     }
 
     /// Starts inputs while the batch has room and a slot is free.
@@ -241,6 +259,7 @@ impl Daemon {
                 self.run_resume(rk);
             }
         }
+        self.shared_release(key, serial);
     }
 
     /// Input `index` got no result: its entry is the refusal's `{"error", "detail"}`
@@ -300,6 +319,9 @@ impl Daemon {
             return;
         }
         let b = self.batches.remove(key);
+        if let Some(sh) = &b.shared {
+            self.shared_finish(sh);
+        }
         // Outputs are escaped as the socket drains (`http/lazy.rs`): 64 inputs of
         // control bytes would be ~190 MB escaped at once.
         let mut lazy = crate::http::lazy::Deferred::new();
@@ -325,6 +347,9 @@ impl Daemon {
         if let Some(w) = b.warning {
             body["warning"] = serde_json::json!(w);
         }
+        if let Some(sh) = &b.shared {
+            body["shared"] = serde_json::json!({"sandboxes": sh.sandboxes, "builds": sh.builds});
+        }
         let (ck, cs) = b.conn;
         if self.conns.get(ck).is_none_or(|c| c.serial != cs) {
             return;
@@ -345,6 +370,9 @@ impl Daemon {
         }
         let b = self.batches.remove(key);
         log::info!("batch={serial} cancelled: its client left");
+        if let Some(sh) = &b.shared {
+            self.shared_finish(sh);
+        }
         for (rk, rs) in b.runs {
             if self.runs.get(rk).is_some_and(|r| r.serial == rs) {
                 self.run_cancel(rk);

@@ -79,6 +79,7 @@ impl Component<Daemon> for Boxes {
             super::box_procs::PROC_KILL_DEADLINE => d.proc_kill_deadline(key, gen),
             super::box_files::FS_DEADLINE => d.fs_deadline(key, gen),
             super::box_verbs::METRICS_DEADLINE => d.metrics_deadline(key, gen),
+            super::batch::shared::STEP_DEADLINE => d.shared_deadline(key, gen),
             _ => {}
         }
     }
@@ -187,6 +188,21 @@ pub(crate) struct Sbx {
     pub(super) execs: super::box_exec::Execs,
     /// Background processes.
     pub(super) procs: super::box_procs::Procs,
+    /// The many-input request (batch key, serial) whose shared sandbox this is: found
+    /// by nobody else, every frame of its init goes to the batch (`batch_shared.rs`).
+    pub(super) batch: Option<(usize, u64)>,
+    /// The kernel OOM-killed something in its cgroup (known once it is removed).
+    oom_killed: bool,
+    /// Why it ended (for a batch's inputs).
+    end_why: String,
+}
+
+/// What a shared-sandbox batch gives the sandbox it boots: its owner, the request's
+/// limits and the program's files (bound at `/workspace` as a one-shot run has them).
+pub(super) struct BatchBoot {
+    pub(super) owner: (usize, u64),
+    pub(super) limits: crate::sandbox::limits::Limits,
+    pub(super) files: Vec<(String, Vec<u8>)>,
 }
 
 /// The component's state.
@@ -262,7 +278,9 @@ impl Daemon {
                     .boxes
                     .iter()
                     .filter(|(_, b)| {
-                        b.tenant == tenant && matches!(b.state, State::Running | State::Paused)
+                        b.tenant == tenant
+                            && b.batch.is_none()
+                            && matches!(b.state, State::Running | State::Paused)
                     })
                     .map(|(_, b)| self.box_json(b))
                     .collect();
@@ -430,9 +448,15 @@ impl Daemon {
             .boxes
             .boxes
             .iter()
-            .filter(|(_, b)| b.tenant == tenant)
+            .filter(|(_, b)| b.tenant == tenant && b.batch.is_none())
             .count();
-        let on_server = self.boxes.boxes.iter().filter(|(_, b)| !b.pooled).count();
+        // A batch's shared sandbox holds an execution slot instead.
+        let on_server = self
+            .boxes
+            .boxes
+            .iter()
+            .filter(|(_, b)| !b.pooled && b.batch.is_none())
+            .count();
         if on_server >= l.max_total {
             return Some(
                 crate::wbx::error(
@@ -479,7 +503,7 @@ impl Daemon {
         let Some(cserial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
-        match self.box_boot(Some((ck, cserial)), tenant, *c) {
+        match self.box_boot(Some((ck, cserial)), tenant, *c, None) {
             Ok(key) => {
                 let serial = self.boxes.boxes[key].serial;
                 self.conn_own(
@@ -495,13 +519,15 @@ impl Daemon {
         }
     }
 
-    /// Boots a sandbox: for `creator` (answered once its init says hello), or, with
-    /// none, for the warm pool (no tenant yet, found by nobody until claimed).
-    fn box_boot(
+    /// Boots a sandbox: for `creator` (answered once its init says hello), for a
+    /// many-input request's shared sandbox (`batch`: found by nobody else), or, with
+    /// neither, for the warm pool (no tenant yet, found by nobody until claimed).
+    pub(super) fn box_boot(
         &mut self,
         creator: Option<(usize, u64)>,
         tenant: String,
         c: Create,
+        batch: Option<BatchBoot>,
     ) -> Result<usize, Response> {
         let Some(hex) = random_hex() else {
             return Err(crate::wbx::error(
@@ -509,7 +535,7 @@ impl Daemon {
                 "the system's random source failed; retry",
             ));
         };
-        let pooled = creator.is_none();
+        let pooled = creator.is_none() && batch.is_none();
         self.boxes.serial += 1;
         let serial = self.boxes.serial;
         let id = format!("sb_{hex}");
@@ -523,16 +549,24 @@ impl Daemon {
             network,
         } = c;
         let env_names = env.iter().map(|(k, _)| k.clone()).collect();
+        let (owner, limits, files) = match batch {
+            Some(bb) => (Some(bb.owner), bb.limits, bb.files),
+            None => (
+                None,
+                crate::sandbox::limits::Limits {
+                    memory_bytes: wsb::MEM_MB << 20,
+                    cpus: f64::from(wsb::VCPU),
+                    pids: crate::sandbox::limits::PIDS.1,
+                    output_bytes: crate::sandbox::limits::OUTPUT_BYTES.1,
+                    wall_time_ms: crate::sandbox::limits::WALL_TIME_MS.1,
+                },
+                Vec::new(),
+            ),
+        };
         let plan = crate::sandbox::plan::ExecPlan {
-            limits: crate::sandbox::limits::Limits {
-                memory_bytes: wsb::MEM_MB << 20,
-                cpus: f64::from(wsb::VCPU),
-                pids: crate::sandbox::limits::PIDS.1,
-                output_bytes: crate::sandbox::limits::OUTPUT_BYTES.1,
-                wall_time_ms: crate::sandbox::limits::WALL_TIME_MS.1,
-            },
+            limits,
             runtime,
-            files: Vec::new(),
+            files,
             entry: String::new(),
             stdin: Vec::new(),
             args: Vec::new(),
@@ -586,8 +620,11 @@ impl Daemon {
             next_call: 1,
             execs: Default::default(),
             procs: Default::default(),
+            batch: owner,
+            oom_killed: false,
+            end_why: String::new(),
         });
-        if !pooled {
+        if !pooled && owner.is_none() {
             self.boxes.by_id.insert(id, key);
         }
         self.box_count_publish();
@@ -618,9 +655,16 @@ impl Daemon {
     }
 
     /// Publishes the number of live sandboxes (tenants', pooled) for `/metrics`.
+    /// (A batch's shared sandbox counts as its runs do, in the slots.)
     pub(super) fn box_count_publish(&mut self) {
         let pooled = self.boxes.boxes.iter().filter(|(_, b)| b.pooled).count();
-        self.app.metrics.sandboxes = (self.boxes.boxes.len() - pooled, pooled);
+        let batch = self
+            .boxes
+            .boxes
+            .iter()
+            .filter(|(_, b)| b.batch.is_some())
+            .count();
+        self.app.metrics.sandboxes = (self.boxes.boxes.len() - pooled - batch, pooled);
     }
 
     /// Publishes the pool's figures for `/healthz`.
@@ -759,7 +803,7 @@ impl Daemon {
                     metadata: BTreeMap::new(),
                     network: Net::Full,
                 };
-                if let Err(r) = self.box_boot(None, String::new(), c) {
+                if let Err(r) = self.box_boot(None, String::new(), c, None) {
                     log::warn!("warm pool: a sandbox could not be booted ({})", r.status);
                 }
                 return;
@@ -921,6 +965,13 @@ impl Daemon {
         let Some(b) = self.boxes.boxes.get(key) else {
             return;
         };
+        if let (Some((bk, bs)), Kind::Reply | Kind::Output | Kind::Exit, State::Running) =
+            (b.batch, f.kind, b.state)
+        {
+            // A batch's shared sandbox runs nothing but the batch's commands.
+            self.shared_frame(bk, bs, key, &f);
+            return;
+        }
         match (f.kind, b.state) {
             (Kind::Hello, State::Starting) => match serde_json::from_slice::<Hello>(&f.payload) {
                 Ok(h) if h.version == wire::VERSION => self.box_ready(key),
@@ -984,6 +1035,7 @@ impl Daemon {
         }
         let creator = b.creator.take();
         let pooled = b.pooled;
+        let batch = b.batch;
         log::info!(
             "sandbox={} template={} ready in {} ms{}",
             b.id,
@@ -1001,6 +1053,9 @@ impl Daemon {
                 self.respond(ck, Response::json(201, &v));
                 self.conn_resume(ck);
             }
+        }
+        if let Some((bk, bs)) = batch {
+            self.shared_ready(bk, bs, key);
         }
     }
 
@@ -1053,6 +1108,7 @@ impl Daemon {
         if b.state != State::Ending {
             log::info!("sandbox={} ending: {why}", b.id);
             b.state = State::Ending;
+            b.end_why = why.to_string();
             let id = b.id.clone();
             if self.boxes.by_id.get(&id) == Some(&key) {
                 self.boxes.by_id.remove(&id);
@@ -1123,17 +1179,13 @@ impl Daemon {
                 "sandbox container={container} removed (exit {})",
                 c.exit_code
             );
-            Box::new(move |d: &mut Daemon| d.box_removed(key, serial))
+            Box::new(move |d: &mut Daemon| d.box_removed(key, serial, c.oom_killed))
         }));
     }
 
-    fn box_removed(&mut self, key: usize, serial: u64) {
-        if self
-            .boxes
-            .boxes
-            .get(key)
-            .is_some_and(|b| b.serial == serial)
-        {
+    fn box_removed(&mut self, key: usize, serial: u64, oom_killed: bool) {
+        if let Some(b) = self.boxes.boxes.get_mut(key).filter(|b| b.serial == serial) {
+            b.oom_killed = oom_killed;
             self.box_forget(key);
         }
     }
@@ -1158,6 +1210,17 @@ impl Daemon {
         }
         if self.boxes.by_id.get(&b.id) == Some(&key) {
             self.boxes.by_id.remove(&b.id);
+        }
+        if let Some((bk, bs)) = b.batch {
+            // Its processes and memory are gone: the batch goes on (or gives its slot
+            // back).
+            self.shared_box_gone(
+                (bk, bs),
+                (key, b.serial),
+                b.start_ms > 0,
+                b.oom_killed,
+                &b.end_why,
+            );
         }
         for (ck, cserial) in b.deleters {
             if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
@@ -1191,14 +1254,36 @@ impl Daemon {
 
     /// Ends every sandbox (shutdown): what waits on them hears 503, as for a service
     /// restarting.
+    /// A batch's shared sandbox is not among them: it is a run, and has the runs'
+    /// grace (`box_end_batches`).
     pub(crate) fn box_end_all(&mut self, why: &str) {
-        let keys: Vec<usize> = self.boxes.boxes.iter().map(|(k, _)| k).collect();
+        let keys: Vec<usize> = self
+            .boxes
+            .boxes
+            .iter()
+            .filter(|(_, b)| b.batch.is_none())
+            .map(|(k, _)| k)
+            .collect();
         for k in keys {
             self.box_fail_waiters(
                 k,
                 503,
                 "the service is shutting down; retry in a few seconds",
             );
+            self.box_end(k, why);
+        }
+    }
+
+    /// Ends every batch's shared sandbox (the shutdown grace is over).
+    pub(crate) fn box_end_batches(&mut self, why: &str) {
+        let keys: Vec<usize> = self
+            .boxes
+            .boxes
+            .iter()
+            .filter(|(_, b)| b.batch.is_some())
+            .map(|(k, _)| k)
+            .collect();
+        for k in keys {
             self.box_end(k, why);
         }
     }

@@ -629,7 +629,8 @@ impl Daemon {
                 plan,
                 inputs,
                 stream,
-            } => self.start_batch(ck, plan, inputs, stream),
+                shared,
+            } => self.start_batch(ck, plan, inputs, stream, shared),
             Action::Job(job) => self.start_job(ck, job),
             Action::Deferred(work) => self.start_deferred(ck, work),
         }

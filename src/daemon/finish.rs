@@ -512,6 +512,7 @@ impl Daemon {
             self.run_kill(rk);
         }
         self.kill_all_kernels("the daemon is shutting down");
+        self.box_end_batches("the daemon is shutting down");
     }
 
     /// The startup self-probe ended: `/readyz` says so, and the warm pool may fill.

@@ -213,9 +213,20 @@ pub fn config(
         json!({"destination": "/proc", "type": "proc", "source": "proc"}),
         tmpfs("/tmp", mem),
     ];
+    let program_files = |mounts: &mut Vec<Value>| {
+        mounts.push(tmpfs("/workspace", mem));
+        for top in top_level_entries(&plan.files) {
+            mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
+        }
+    };
     if let Some(init) = &plan.long_lived {
         // The init, read-only; the rest of the tree is the sandbox's own to write.
         mounts.push(json!({"destination": super::plan::INIT_PATH, "type": "bind", "source": init, "options": ["rbind", "ro", "nosuid", "nodev"]}));
+        // Many inputs in one shared sandbox: the program's files, as a one-shot run
+        // has them (a WBX sandbox has none).
+        if !plan.files.is_empty() {
+            program_files(&mut mounts);
+        }
     } else if let Some(ws) = &plan.workspace {
         // A session step: the session's own filesystem, read-write. Its size is the
         // quota, so writes past it fail inside with ENOSPC.
@@ -224,10 +235,7 @@ pub fn config(
             mounts.push(json!({"destination": "/memory", "type": "bind", "source": vol, "options": ["rbind", "rw", "nosuid", "nodev"]}));
         }
     } else {
-        mounts.push(tmpfs("/workspace", mem));
-        for top in top_level_entries(&plan.files) {
-            mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
-        }
+        program_files(&mut mounts);
     }
     // A pooled node or ruby sandbox's preload harness, outside /workspace and /tmp (a
     // debootstrap tree's /opt is empty), so the program's own directories look as cold.
