@@ -632,11 +632,20 @@ impl Daemon {
         // The sandbox's environment is its init's, which every process inherits.
         let mut env_list: Vec<String> = plan.runtime.desc.env.clone();
         env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
-        let argv = vec![
-            crate::sandbox::plan::INIT_PATH.to_string(),
-            "--user=1000".to_string(),
-            "--home=/home/user".to_string(),
-        ];
+        let argv = if owner.is_some() {
+            // A batch's inputs run as a one-shot run's program does: as nobody, with
+            // HOME=/tmp (the sandbox's environment), no home of their own.
+            vec![
+                crate::sandbox::plan::INIT_PATH.to_string(),
+                format!("--user={}", crate::sys::NOBODY),
+            ]
+        } else {
+            vec![
+                crate::sandbox::plan::INIT_PATH.to_string(),
+                "--user=1000".to_string(),
+                "--home=/home/user".to_string(),
+            ]
+        };
         let backend = Arc::clone(&self.backend);
         let job = Box::new(move || -> Done<Daemon> {
             let result = backend
