@@ -320,7 +320,7 @@ impl Daemon {
         }
         let b = self.batches.remove(key);
         if let Some(sh) = &b.shared {
-            self.shared_finish(sh);
+            self.shared_finish(sh, &b.plan.runtime.desc.language);
         }
         // Outputs are escaped as the socket drains (`http/lazy.rs`): 64 inputs of
         // control bytes would be ~190 MB escaped at once.
@@ -371,7 +371,7 @@ impl Daemon {
         let b = self.batches.remove(key);
         log::info!("batch={serial} cancelled: its client left");
         if let Some(sh) = &b.shared {
-            self.shared_finish(sh);
+            self.shared_finish(sh, &b.plan.runtime.desc.language);
         }
         for (rk, rs) in b.runs {
             if self.runs.get(rk).is_some_and(|r| r.serial == rs) {

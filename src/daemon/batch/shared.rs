@@ -706,7 +706,16 @@ impl Daemon {
 
     /// The batch is over (answered, or its client left): its sandbox ends, and its
     /// slot is given back once the sandbox is gone (now, when it is gone already).
-    pub(super) fn shared_finish(&mut self, sh: &Shared) {
+    pub(super) fn shared_finish(&mut self, sh: &Shared, lang: &str) {
+        if let Some(step) = sh.step.as_ref().filter(|s| s.input.is_some()) {
+            // Its client left while an input ran: that input is a cancelled run.
+            self.app.counters.runs_total += 1;
+            self.app.counters.runs_cancelled += 1;
+            let spent = step.spawned.elapsed();
+            self.app
+                .metrics
+                .run(lang, RunOutcome::Cancelled, spent, None);
+        }
         match sh.sbx {
             Some((key, serial))
                 if self
