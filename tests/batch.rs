@@ -285,8 +285,9 @@ fn test_in_a_shared_sandbox_each_input_has_its_own_outcome_and_nothing_left_by_t
     );
     assert_eq!(res[3]["timedOut"], false);
     assert_eq!(res[4]["exitCode"], 3, "{}", res[4]);
-    // A fresh sandbox after the memory kill: /tmp is new.
+    // (`fail` exits before it prints.)
     assert_eq!(res[4]["stdout"], "", "{}", res[4]);
+    // A fresh sandbox after the memory kill: /tmp is new; `stray` sees its child.
     assert_eq!(
         res[5]["stdout"],
         format!("stray {who} 3 False\n"),

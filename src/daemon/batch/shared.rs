@@ -14,8 +14,9 @@
 //! input writes to `/tmp` or `/workspace` stay for the next: the inputs share a
 //! filesystem, which is what the request opted into.
 //!
-//! Admission: the request holds one execution slot from its admission until its last
-//! sandbox is gone. Reactor thread only.
+//! Admission: the request holds one execution slot from its admission until it is
+//! answered (or its client leaves), its sandboxes one after another. Reactor thread
+//! only.
 
 use super::Batch;
 use crate::api::execute::NETWORK_WARNING;
@@ -645,8 +646,8 @@ impl Daemon {
     }
 
     /// The batch's sandbox (`key`, `serial`) is gone: its processes, cgroup and memory.
-    /// With the batch gone too, its slot is given back; else the step it ran ends (an
-    /// OOM kill is that input's result), and the inputs left go on in a fresh sandbox.
+    /// Unless the batch is over, the step it ran ends (an OOM kill is that input's
+    /// result), and the inputs left go on in a fresh sandbox.
     pub(in crate::daemon) fn shared_box_gone(
         &mut self,
         (bk, bs): (usize, u64),
@@ -657,7 +658,6 @@ impl Daemon {
     ) {
         let Some(sh) = self.shared(bk, bs) else {
             // The batch answered (or its client left) and ended it.
-            self.app.runs.give_back();
             return;
         };
         if sh.sbx != Some(sbx) {
@@ -704,8 +704,9 @@ impl Daemon {
         }
     }
 
-    /// The batch is over (answered, or its client left): its sandbox ends, and its
-    /// slot is given back once the sandbox is gone (now, when it is gone already).
+    /// The batch is over (answered, or its client left): its slot is free and its
+    /// sandbox ends (killed now, removed on the pool), as a one-shot run's slot is
+    /// free once its sandbox is killed.
     pub(super) fn shared_finish(&mut self, sh: &Shared, lang: &str) {
         if let Some(step) = sh.step.as_ref().filter(|s| s.input.is_some()) {
             // Its client left while an input ran: that input is a cancelled run.
@@ -716,17 +717,16 @@ impl Daemon {
                 .metrics
                 .run(lang, RunOutcome::Cancelled, spent, None);
         }
-        match sh.sbx {
-            Some((key, serial))
-                if self
-                    .boxes
-                    .boxes
-                    .get(key)
-                    .is_some_and(|s| s.serial == serial) =>
+        self.app.runs.give_back();
+        if let Some((key, serial)) = sh.sbx {
+            if self
+                .boxes
+                .boxes
+                .get(key)
+                .is_some_and(|s| s.serial == serial)
             {
                 self.box_end(key, "its many-input request is over");
             }
-            _ => self.app.runs.give_back(),
         }
     }
 }
