@@ -6,16 +6,25 @@ isobox-bench-batch, data dir /tmp/isobox-bench-batch-PID, egress and warm pools 
 limit lifted, ISOBOX_MAX_CONCURRENT=SLOTS). The program is python-slim
 `print(input())`. In alternating rounds:
 
-  batch     one POST /execute with `inputs`: N inputs (stdin "i"); a batch runs at most
-            half of the slots at once (SLOTS/2)
+  batch     one POST /execute with `inputs`: N inputs (stdin "i"), each in its own
+            sandbox; a batch runs at most half of the slots at once (SLOTS/2)
+  shared    the same request with "sharedSandbox": true: one sandbox, the inputs one
+            after another
   separate  N POST /execute, each with one stdin, from SLOTS/2 client threads (the
             batch's concurrency)
 
-Reported per mode: runs/s (N / wall time of the round), median over ROUNDS, and the
-ratio batch / separate; every result is checked (stdout "i\\n", exit 0).
+Then the same for go (GO_N inputs, `fmt.Println` of a line read from stdin), where an
+isolated input builds the program each time and the shared sandbox builds it once
+(separate requests are left out: they are the isolated batch, as python shows).
+
+Reported per mode: runs/s (inputs / wall time of the round) and host CPU-seconds per
+input (the whole machine's busy time from /proc/stat over the round, divided by the
+inputs: run it on a quiet host), medians over ROUNDS, and the ratios to the isolated
+batch; every result is checked (stdout "i\\n", exit 0).
 
 Usage (root): python3 bench/load/batch.py
-Settings (environment): N (64), ROUNDS (3), SLOTS (4), PORT (18097), ISOBOXD (binary).
+Settings (environment): N (64), GO_N (8; 0 skips go), ROUNDS (3), SLOTS (4), PORT
+(18097), ISOBOXD (binary).
 Python 3.11 standard library only.
 """
 
@@ -32,10 +41,20 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ISOBOXD = os.environ.get("ISOBOXD", os.path.join(ROOT, "target/release/isoboxd"))
 N = int(os.environ.get("N", "64"))
+GO_N = int(os.environ.get("GO_N", "8"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 SLOTS = int(os.environ.get("SLOTS", "4"))
 PORT = int(os.environ.get("PORT", "18097"))
 CODE = "print(input())"
+GO_CODE = ('package main\nimport ("bufio"; "fmt"; "os")\n'
+           'func main() { s, _ := bufio.NewReader(os.Stdin).ReadString(\'\\n\'); fmt.Println(s) }\n')
+
+
+def busy_seconds() -> float:
+    """The host's busy CPU time so far (all CPUs; idle and iowait excluded)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def post(body: dict, timeout: float = 600) -> dict:
@@ -49,19 +68,26 @@ def post(body: dict, timeout: float = 600) -> dict:
     return json.loads(data)
 
 
-def batch_round() -> float:
-    t0 = time.monotonic()
-    v = post({"language": "python-slim", "network": False, "code": CODE,
-              "inputs": [{"stdin": str(i)} for i in range(N)]})
-    wall = time.monotonic() - t0
+def batch_round(shared: bool, lang: str = "python-slim", n: int = N) -> tuple[float, float]:
+    """(runs/s, host CPU-s per input) of one many-input request."""
+    code, want = (GO_CODE, "{i}\n\n") if lang == "go" else (CODE, "{i}\n")
+    body = {"language": lang, "network": False, "code": code,
+            "inputs": [{"stdin": f"{i}\n"} for i in range(n)]}
+    if shared:
+        body["sharedSandbox"] = True
+    c0, t0 = busy_seconds(), time.monotonic()
+    v = post(body)
+    wall, cpu = time.monotonic() - t0, busy_seconds() - c0
     res = v["results"]
-    assert len(res) == N, len(res)
+    assert len(res) == n, len(res)
     for i, r in enumerate(res):
-        assert r["stdout"] == f"{i}\n" and r["exitCode"] == 0, (i, r)
-    return N / wall
+        assert r.get("stdout") == want.format(i=i) and r["exitCode"] == 0, (i, r)
+    if shared:
+        assert v["shared"]["sandboxes"] == 1, v["shared"]
+    return n / wall, cpu / n
 
 
-def separate_round(conc: int) -> float:
+def separate_round(conc: int) -> tuple[float, float]:
     todo = list(range(N))
     lock = threading.Lock()
     errors = []
@@ -79,16 +105,30 @@ def separate_round(conc: int) -> float:
                 errors.append(e)
                 return
 
-    t0 = time.monotonic()
+    c0, t0 = busy_seconds(), time.monotonic()
     threads = [threading.Thread(target=worker) for _ in range(conc)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, busy_seconds() - c0
     if errors:
         raise errors[0]
-    return N / wall
+    return N / wall, cpu / N
+
+
+def table(title: str, rows: dict) -> None:
+    """Medians of each mode, and each one's ratios to the first row."""
+    print(f"\n{title}")
+    print("| mode | runs/s (median) | host CPU-s per input (median) | runs/s ratio | CPU ratio | rounds (runs/s) |")
+    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    base = None
+    for name, v in rows.items():
+        rate = statistics.median(x[0] for x in v)
+        cpu = statistics.median(x[1] for x in v)
+        base = base or (rate, cpu)
+        print(f"| {name} | {rate:.2f} | {cpu:.3f} | {rate / base[0]:.2f} | {cpu / base[1]:.2f} | "
+              f"{', '.join(f'{x[0]:.2f}' for x in v)} |")
 
 
 def main() -> int:
@@ -119,18 +159,30 @@ def main() -> int:
         conc = max(1, SLOTS // 2)
         for i in range(4):
             post({"language": "python-slim", "network": False, "code": CODE, "stdin": "w"})
-        b, s = [], []
+        modes = {"batch": [], "shared": [], "separate": []}
         for r in range(ROUNDS):
-            b.append(batch_round())
-            s.append(separate_round(conc))
-            print(f"round {r + 1}: batch {b[-1]:.2f} runs/s, separate {s[-1]:.2f} runs/s", flush=True)
-        mb, ms = statistics.median(b), statistics.median(s)
-        print(f"\n{N} inputs of python-slim print(input()), {SLOTS} slots, concurrency {conc}")
-        print("| mode | runs/s (median) | rounds |")
-        print("| --- | ---: | --- |")
-        print(f"| one request, {N} inputs | {mb:.2f} | {', '.join(f'{x:.2f}' for x in b)} |")
-        print(f"| {N} requests, {conc} at a time | {ms:.2f} | {', '.join(f'{x:.2f}' for x in s)} |")
-        print(f"\nratio batch / separate: {mb / ms:.2f}")
+            modes["batch"].append(batch_round(False))
+            modes["shared"].append(batch_round(True))
+            modes["separate"].append(separate_round(conc))
+            print(f"round {r + 1}: " + ", ".join(
+                f"{k} {v[-1][0]:.2f} runs/s {v[-1][1]:.3f} CPU-s" for k, v in modes.items()), flush=True)
+        table(f"{N} inputs of python-slim print(input()), {SLOTS} slots, concurrency {conc}", {
+            f"one request, {N} inputs, a sandbox each": modes["batch"],
+            f"one request, {N} inputs, one shared sandbox": modes["shared"],
+            f"{N} requests, {conc} at a time": modes["separate"],
+        })
+        if GO_N > 0:
+            post({"language": "go", "network": False, "code": GO_CODE, "stdin": "w\n"})
+            go = {"batch": [], "shared": []}
+            for r in range(ROUNDS):
+                go["batch"].append(batch_round(False, "go", GO_N))
+                go["shared"].append(batch_round(True, "go", GO_N))
+                print(f"go round {r + 1}: " + ", ".join(
+                    f"{k} {v[-1][0]:.2f} runs/s {v[-1][1]:.3f} CPU-s" for k, v in go.items()), flush=True)
+            table(f"{GO_N} inputs of go (read a line, print it), {SLOTS} slots", {
+                f"one request, {GO_N} inputs, a sandbox and a build each": go["batch"],
+                f"one request, {GO_N} inputs, one shared sandbox, one build": go["shared"],
+            })
         return 0
     finally:
         d.terminate()
