@@ -419,6 +419,33 @@ fn test_a_shared_sandbox_streams_each_index_and_holds_one_slot_until_its_client_
     assert_eq!(h["counters"]["runsCancelled"], 1, "{h}");
 }
 
+#[test]
+fn test_a_shared_sandbox_has_the_runs_shutdown_grace_and_its_client_an_answer() {
+    let d = Daemon::start_with(&[("ISOBOX_SHUTDOWN_GRACE_MS", "2000")]);
+    let mut s = Stream::execute(
+        &d,
+        &shared(
+            "import time\nprint('started', flush=True)\ntime.sleep(60)",
+            json!([{}, {}, {}]),
+        ),
+    );
+    s.wait_line("started");
+    std::process::Command::new("kill")
+        .args(["-TERM", &d.pid().to_string()])
+        .status()
+        .unwrap();
+    while s.more() {}
+    let done = s.done.clone().expect("done");
+    let res = done["results"].as_array().unwrap();
+    // The running input is killed at the grace's end, as a run is; the rest never start.
+    assert_eq!(res[0]["exitCode"], 137, "{done}");
+    assert_eq!(res[0]["stdout"], "started\n", "{done}");
+    for r in &res[1..] {
+        assert_eq!(r["error"], "shutting_down", "{done}");
+    }
+    d.stop();
+}
+
 fn merge(mut a: Value, b: Value) -> Value {
     for (k, v) in b.as_object().unwrap() {
         a[k] = v.clone();

@@ -53,6 +53,8 @@ pub(in crate::daemon) struct Shared {
     pub(super) sandboxes: u32,
     /// Builds run.
     pub(super) builds: u32,
+    /// The current sandbox has the network it asked for (filtered egress applied).
+    network: bool,
 }
 
 /// One command in the shared sandbox: the build, or an input.
@@ -74,6 +76,8 @@ struct Step {
     gen: u64,
     /// Its output is held by init (the SSE client is behind).
     held: bool,
+    /// Killed for flooding its output far past the cap.
+    flooded: bool,
 }
 
 /// One output stream of a step, as kept.
@@ -189,6 +193,17 @@ impl Daemon {
         if current != Some(key) {
             return;
         }
+        let network = self
+            .boxes
+            .boxes
+            .get(key)
+            .is_some_and(|s| s.net_addr().is_some());
+        let Some(b) = self.shared_batch(bk, bs) else {
+            return;
+        };
+        if let Some(sh) = b.shared.as_deref_mut() {
+            sh.network = network;
+        }
         if b.plan.runtime.desc.compiled {
             self.shared_spawn(bk, bs, None);
         } else {
@@ -291,6 +306,7 @@ impl Daemon {
                 timed_out: false,
                 gen,
                 held: false,
+                flooded: false,
             });
         }
         self.box_flush(key);
@@ -402,7 +418,8 @@ impl Daemon {
             out.truncated = true;
             out.past_cap += (data.len() - keep) as u64;
         }
-        let flood = out.past_cap > MAX_DRAIN_PAST_CAP_BYTES;
+        let flood = out.past_cap > MAX_DRAIN_PAST_CAP_BYTES && !step.flooded;
+        step.flooded |= flood;
         let (input, pid) = (step.input, step.pid.unwrap_or(0));
         let mut text = String::new();
         if let (Some(_), true, true) = (input, live, keep > 0) {
@@ -501,11 +518,7 @@ impl Daemon {
         let Some(mut step) = sh.step.take() else {
             return;
         };
-        let compile = sh.compile.clone();
-        let network = sh
-            .sbx
-            .and_then(|(k, _)| self.boxes.boxes.get(k))
-            .is_some_and(|s| s.net_addr().is_some());
+        let (compile, network) = (sh.compile.clone(), sh.network);
         let duration = step.pid.map_or(Duration::ZERO, |_| step.started.elapsed());
         let duration_ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
         let exit_code = if step.timed_out || oom {
@@ -672,6 +685,10 @@ impl Daemon {
                     // The build was OOM-killed: every input has the build's outcome.
                     return;
                 }
+            }
+            // The shutdown grace is over: the input was killed, as a run is then.
+            Some(Some(_)) if self.app.shutting_down => {
+                self.shared_step_ended(bk, bs, 128 + libc::SIGKILL, false);
             }
             Some(_) => self.shared_step_failed(
                 bk,
