@@ -211,7 +211,7 @@ fn test_a_detached_run_is_read_after_it_ended_waited_on_and_cancelled() {
 }
 
 #[test]
-fn test_a_filesystem_session_step_can_be_detached_a_kernel_step_cannot() {
+fn test_session_steps_are_recorded_and_can_be_detached_filesystem_and_kernel() {
     let d = Daemon::start();
     let s = Session::create(&d, &json!({"runtime": "python-slim", "network": false}));
     let r = s.exec(
@@ -223,11 +223,55 @@ fn test_a_filesystem_session_step_can_be_detached_a_kernel_step_cannot() {
     let v = ended(&d, &id);
     assert_eq!(v["result"]["run"]["stdout"], "stepped\n", "{v}");
     assert_eq!(s.fs(&d, "GET", "path=kept.txt", b"").text(), "k");
+    // A kernel's step, detached: answered 202 at once, read when it ended; the kernel
+    // keeps what it set.
     let k = Session::kernel(&d);
+    let r = k.exec(
+        &d,
+        &json!({"detach": true, "code": "import time\nx = 41\ntime.sleep(1)\nprint('kernel step')"}),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    // It cannot be cancelled (only ending the kernel stops a step): 409, and it goes on.
+    let c = post(&d, &format!("/v1/runs/{id}/cancel"), &[], &json!({}));
+    assert_eq!(c.status, 409, "{}", c.text());
+    assert_eq!(c.json()["error"], "not_cancellable");
+    let v = ended(&d, &id);
+    assert_eq!(v["status"], "done", "{v}");
+    assert_eq!(v["result"]["run"]["stdout"], "kernel step\n", "{v}");
+    let r = k.exec(&d, &json!({"code": "print(x + 1)"}));
+    assert_eq!(r.json()["run"]["stdout"], "42\n", "{}", r.text());
+    // A streamed kernel step has an id and ids on its events; its client leaving does
+    // not end it (the kernel runs it through), and its record has all of it, done.
+    let mut st = k.stream(
+        &d,
+        &json!({"code": "import time\nprint('a', flush=True)\ntime.sleep(1.5)\nx = 100\nprint('b')"}),
+    );
+    let id = st
+        .run_id
+        .clone()
+        .expect("a streamed kernel step has X-Run-Id");
+    st.wait_line("a");
+    assert_eq!(st.events[0].0, Some(1), "{}", st.text);
+    drop(st);
+    let v = ended(&d, &id);
+    assert_eq!(v["status"], "done", "{v}");
+    assert_eq!(v["result"]["run"]["stdout"], "a\nb\n", "{v}");
+    let mut again = Stream::get(&d, &format!("/v1/runs/{id}/events"), &[]);
+    while again.more() {}
+    assert_eq!(chunks(&again.events, "stdout"), "a\nb\n");
+    let r = k.exec(&d, &json!({"code": "print(x)"}));
+    assert_eq!(r.json()["run"]["stdout"], "100\n", "{}", r.text());
+    // A step the kernel cannot take now is refused before any record exists.
+    let busy = k.exec(
+        &d,
+        &json!({"detach": true, "code": "import time\ntime.sleep(2)"}),
+    );
+    assert_eq!(busy.status, 202, "{}", busy.text());
     let r = k.exec(&d, &json!({"detach": true, "code": "1"}));
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.json()["error"], "invalid_json");
-    assert!(r.text().contains("detach"), "{}", r.text());
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["error"], "session_busy", "{}", r.text());
+    ended(&d, busy.json()["id"].as_str().unwrap());
 }
 
 #[test]

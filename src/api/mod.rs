@@ -230,8 +230,10 @@ pub enum Outcome {
         plan: Box<crate::sandbox::plan::ExecPlan>,
         /// The code.
         code: String,
-        /// Stream as SSE.
-        stream: bool,
+        /// JSON, SSE (recorded) or detached (recorded, `202` at once).
+        delivery: Delivery,
+        /// Who asked (a recorded step's record is theirs).
+        tenant: String,
     },
     /// End the session's kernel, then delete the session.
     KernelDelete {

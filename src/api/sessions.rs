@@ -295,14 +295,7 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             return Outcome::Respond(session_error(&e));
         }
         if rec.kind == "kernel" {
-            if detach {
-                return Outcome::Respond(Response::error(
-                    400,
-                    "invalid_json",
-                    Some("detach: a kernel session's steps cannot be detached"),
-                ));
-            }
-            return kernel_step(id, plan, stream);
+            return kernel_step(id, plan, delivery(detach), tenant);
         }
         let lease = match sessions.acquire(&id, true, rec.volume_id.as_deref()) {
             Ok(l) => l,
@@ -327,7 +320,12 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
 
 /// A kernel session's step, checked: the reactor gives it to the kernel, which writes
 /// its files into the workspace first.
-fn kernel_step(id: String, mut plan: crate::sandbox::plan::ExecPlan, stream: bool) -> Outcome {
+fn kernel_step(
+    id: String,
+    mut plan: crate::sandbox::plan::ExecPlan,
+    delivery: super::Delivery,
+    tenant: String,
+) -> Outcome {
     let refuse = |why: &str| Outcome::Respond(Response::error(400, "invalid_json", Some(why)));
     if !plan.stdin.is_empty() {
         return refuse(
@@ -356,7 +354,8 @@ fn kernel_step(id: String, mut plan: crate::sandbox::plan::ExecPlan, stream: boo
         session: id,
         plan: Box::new(plan),
         code,
-        stream,
+        delivery,
+        tenant,
     }
 }
 

@@ -158,21 +158,25 @@ impl Daemon {
         let Some(sink) = run.sink.as_ref() else {
             return;
         };
-        if !sink.client_left() {
+        let recorded = sink.client_left();
+        if !recorded {
             run.sink = None;
         } else if run.cancelled {
             return;
         }
-        run.cancelled = true;
         if run.kernel.is_some() {
             // The step finishes (its wall time bounds it); the kernel and its state live on.
-            // Nobody reads the stream now: keep draining the pipes, or a paused step
-            // would block on a full pipe until its wall time ended the kernel.
+            // A recorded step's record takes its real end (it was not cancelled); an
+            // unrecorded one is counted cancelled: nobody has its result. Nobody reads
+            // the stream now: keep draining the pipes, or a paused step would block on a
+            // full pipe until its wall time ended the kernel.
+            run.cancelled = !recorded;
             run.paused = false;
             self.run_pipe_event(rk, false);
             self.run_pipe_event(rk, true);
             return;
         }
+        run.cancelled = true;
         if run.state == State::Running {
             self.run_kill(rk);
         }

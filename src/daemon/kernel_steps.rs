@@ -19,6 +19,57 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Daemon {
+    /// Starts a step of `session`'s kernel for connection `ck`, which gets its result as
+    /// `delivery` says: a streamed or detached step is recorded (`records`) under
+    /// `tenant`, as a run is — a step the kernel cannot take now is refused before any
+    /// record exists.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start_kernel_step(
+        &mut self,
+        ck: usize,
+        serial: u64,
+        session: &str,
+        plan: Box<ExecPlan>,
+        code: String,
+        delivery: crate::api::Delivery,
+        tenant: &str,
+    ) {
+        use crate::api::Delivery;
+        let sink: Rc<dyn Sink> = match delivery {
+            Delivery::Json => Rc::new(super::sink::HttpSink {
+                conn: ck,
+                serial,
+                stream: false,
+            }),
+            Delivery::Stream | Delivery::Detach => {
+                if let Err(resp) = self.kernel_step_check(session) {
+                    self.respond(ck, resp);
+                    return;
+                }
+                let detached = delivery == Delivery::Detach;
+                let client = (!detached).then_some((ck, serial));
+                let lang = plan.runtime.desc.language.clone();
+                let Some((id, sink)) = self.record_open(tenant, &lang, detached, client) else {
+                    self.respond(
+                        ck,
+                        Response::error(
+                            503,
+                            "overloaded",
+                            Some("the system's random source failed; retry"),
+                        )
+                        .with_header("Retry-After", "1"),
+                    );
+                    return;
+                };
+                if detached {
+                    self.respond(ck, super::runs::detached_response(&id));
+                }
+                Rc::new(sink)
+            }
+        };
+        self.kernel_step(sink, session, plan, code);
+    }
+
     /// Why a step of `session`'s kernel cannot start now, if it cannot; else its key.
     pub(super) fn kernel_step_check(&mut self, session: &str) -> Result<usize, Response> {
         if let Some(resp) = self.admit_refusal() {

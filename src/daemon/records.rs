@@ -587,6 +587,24 @@ impl Daemon {
             }
             RunVerb::Cancel => {
                 let run = r.run;
+                let step = run.is_some_and(|(rk, rs)| {
+                    self.runs
+                        .get(rk)
+                        .is_some_and(|x| x.serial == rs && x.kernel.is_some())
+                });
+                if step {
+                    // The kernel runs one step at a time in one interpreter: there is no
+                    // stopping a step but ending the kernel.
+                    self.respond(
+                        ck,
+                        Response::error(
+                            409,
+                            "not_cancellable",
+                            Some("a kernel session's step cannot be cancelled: it ends by itself or at its wall time (which ends the kernel); DELETE the session to end it now"),
+                        ),
+                    );
+                    return;
+                }
                 let status = if r.status == Status::Running {
                     202
                 } else {

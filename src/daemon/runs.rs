@@ -70,7 +70,7 @@ impl Component<Daemon> for Runs {
 }
 
 /// The `202` of a detached run: its id and where to read it.
-fn detached_response(id: &str) -> Response {
+pub(super) fn detached_response(id: &str) -> Response {
     let url = format!("/v1/runs/{id}");
     Response::json(
         202,

@@ -146,14 +146,10 @@ impl Daemon {
                 session,
                 plan,
                 code,
-                stream,
+                delivery,
+                tenant,
             } => {
-                let sink = super::sink::HttpSink {
-                    conn: ck,
-                    serial,
-                    stream,
-                };
-                self.kernel_step(std::rc::Rc::new(sink), &session, plan, code);
+                self.start_kernel_step(ck, serial, &session, plan, code, delivery, &tenant);
                 self.conn_after_io(ck);
             }
             Outcome::KernelDelete { session } => {
