@@ -189,7 +189,7 @@ pub(crate) struct Sbx {
     /// Background processes.
     pub(super) procs: super::box_procs::Procs,
     /// The many-input request (batch key, serial) whose shared sandbox this is: found
-    /// by nobody else, every frame of its init goes to the batch (`batch_shared.rs`).
+    /// by nobody else, every frame of its init goes to the batch (`batch/shared.rs`).
     pub(super) batch: Option<(usize, u64)>,
     /// The kernel OOM-killed something in its cgroup (known once it is removed).
     oom_killed: bool,
