@@ -78,6 +78,18 @@ struct Step {
     held: bool,
     /// Killed for flooding its output far past the cap.
     flooded: bool,
+    /// Killed because the daemon stopped (the shutdown grace ended).
+    cancelled: bool,
+}
+
+/// When an input's step began and ended, for `/metrics`.
+struct Took {
+    /// The spawn was asked for.
+    spawned: Instant,
+    /// Its process started (init answered the spawn).
+    began: Option<Instant>,
+    /// Killed because the daemon stopped.
+    cancelled: bool,
 }
 
 /// One output stream of a step, as kept.
@@ -307,6 +319,7 @@ impl Daemon {
                 gen,
                 held: false,
                 flooded: false,
+                cancelled: false,
             });
         }
         self.box_flush(key);
@@ -570,7 +583,12 @@ impl Daemon {
                     network,
                     limits,
                 };
-                self.shared_input_ended(bk, bs, index, &lang, run, Some(c.clone()), step.spawned);
+                let took = Took {
+                    spawned: step.spawned,
+                    began: None,
+                    cancelled: false,
+                };
+                self.shared_input_ended(bk, bs, index, &lang, run, Some(c.clone()), &took);
             }
         };
         if live {
@@ -593,7 +611,12 @@ impl Daemon {
             network,
             limits,
         };
-        self.shared_input_ended(bk, bs, index, &lang, run, compile, step.spawned);
+        let took = Took {
+            spawned: step.spawned,
+            began: step.pid.map(|_| step.started),
+            cancelled: step.cancelled,
+        };
+        self.shared_input_ended(bk, bs, index, &lang, run, compile, &took);
         if !oom {
             self.shared_next(bk, bs);
         }
@@ -609,20 +632,27 @@ impl Daemon {
         lang: &str,
         run: RunResult,
         compile: Option<CompileResult>,
-        spawned: Instant,
+        took: &Took,
     ) {
         let c = &mut self.app.counters;
         c.runs_total += 1;
         c.runs_timed_out += u64::from(run.timed_out);
         c.runs_oom_killed += u64::from(run.oom_killed);
+        c.runs_cancelled += u64::from(took.cancelled);
         let outcome = RunOutcome::of(
-            false,
+            took.cancelled,
             run.timed_out,
             run.oom_killed,
             run.truncated,
             run.exit_code,
         );
-        self.app.metrics.run(lang, outcome, spawned.elapsed(), None);
+        // Its start: from the spawn asked for to its process running.
+        let start = took
+            .began
+            .map(|b| b.saturating_duration_since(took.spawned));
+        self.app
+            .metrics
+            .run(lang, outcome, took.spawned.elapsed(), start);
         log::info!(
             "batch={bs} input={index} exit={} timed_out={} oom={} truncated={} ms={} (shared sandbox)",
             run.exit_code,
@@ -688,6 +718,9 @@ impl Daemon {
             }
             // The shutdown grace is over: the input was killed, as a run is then.
             Some(Some(_)) if self.app.shutting_down => {
+                if let Some(step) = self.shared(bk, bs).and_then(|s| s.step.as_mut()) {
+                    step.cancelled = true;
+                }
                 self.shared_step_ended(bk, bs, 128 + libc::SIGKILL, false);
             }
             Some(_) => self.shared_step_failed(
