@@ -284,6 +284,15 @@ impl Daemon {
             .get_mut(key)
             .filter(|s| s.state == State::Running)
         else {
+            // Ending already: this input has no sandbox (the end gives the rest theirs).
+            if let Some(i) = input {
+                let resp = Response::error(
+                    500,
+                    "sandbox_failed",
+                    Some("the shared sandbox ended before this input started"),
+                );
+                self.batch_refused(bk, bs, i, &resp, false);
+            }
             return;
         };
         let call_id = sbx.take_call_id();
@@ -367,7 +376,7 @@ impl Daemon {
             Ok(Reply::Ok(v)) => v["pid"].as_u64().and_then(|p| u32::try_from(p).ok()),
             Ok(Reply::Error(e)) => {
                 // The shell could not be started (out of processes, say).
-                self.shared_step_failed(bk, bs, &format!("the input could not start: {e}"));
+                self.shared_step_failed(bk, bs, &format!("could not start: {e}"));
                 return;
             }
             Ok(Reply::Refused { .. }) | Err(_) => None,
