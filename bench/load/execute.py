@@ -15,9 +15,12 @@ and /workspace, the program bound read-only at /workspace/<source_file>, the
 descriptor's argv and env, pid/net/ipc/uts/mount namespaces. It has no cgroupsPath:
 isoboxd's per-run cgroup setup/teardown and `runsc delete` are part of what it adds.
 
-Reports p50/p99/mean latency and runs/s per mode, the ratios isoboxd/bare runsc and
-isoboxd/native, and isoboxd's own run.durationMs (program start to exit) so the
-daemon's share is visible. Every bare runsc container is deleted afterwards; the script
+Reports p50/p99/mean latency, runs/s and host CPU-seconds per run for each mode, the
+ratios isoboxd/bare runsc and isoboxd/native, and isoboxd's own run.durationMs (program
+start to exit) so the daemon's share is visible. CPU per run is the whole host's busy
+time (/proc/stat, all CPUs, idle and iowait excluded) from the first request to 1 s
+after the last answer (so the daemon's cleanup after its answers counts), divided by the
+runs that succeeded: run it on a quiet host. Every bare runsc container is deleted afterwards; the script
 fails if `runsc --root /tmp/bench-runsc list` is not empty at the end.
 
 Usage (root): python3 bench/load/execute.py [--runs1 30] [--runs4 40]
@@ -180,8 +183,16 @@ def percentile(xs, q):
     return s[int(k)]
 
 
+def busy_seconds():
+    """The host's busy CPU time so far (all CPUs; idle and iowait excluded)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(fn, rt, runs, conc):
     lat, durs, errors = [], [], []
+    c0 = busy_seconds()
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(max_workers=conc) as ex:
         for fut in [ex.submit(fn, rt) for _ in range(runs)]:
@@ -193,7 +204,11 @@ def measure(fn, rt, runs, conc):
             except Exception as e:  # noqa: BLE001 - every failure is reported
                 errors.append(str(e))
     wall = time.perf_counter() - t0
-    return {"lat": lat, "durs": durs, "errors": errors, "rps": len(lat) / wall if wall > 0 else 0.0, "runs": runs}
+    # What a run leaves to do after its answer (cleanup, a pool refill) is its cost too.
+    time.sleep(1)
+    cpu = (busy_seconds() - c0) / len(lat) if lat else 0.0
+    return {"lat": lat, "durs": durs, "errors": errors, "rps": len(lat) / wall if wall > 0 else 0.0, "runs": runs,
+            "cpu": cpu}
 
 
 # --- isoboxd and runsc state ----------------------------------------------------------
@@ -339,7 +354,8 @@ def fmt_row(name, conc, r):
     extra = ""
     if r["durs"]:
         extra = f"   durationMs p50 {percentile(r['durs'], 50)}"
-    return f"{name:<11} {conc:>2} {r['runs']:>5} {ok:>4} {percentile(lat, 50):>9.1f} {percentile(lat, 99):>9.1f} {mean:>9.1f} {r['rps']:>7.2f}{extra}"
+    return (f"{name:<11} {conc:>2} {r['runs']:>5} {ok:>4} {percentile(lat, 50):>9.1f} {percentile(lat, 99):>9.1f} "
+            f"{mean:>9.1f} {r['rps']:>7.2f} {r['cpu']:>8.3f}{extra}")
 
 
 def main():
@@ -369,7 +385,7 @@ def main():
             for _, fn in MODES:
                 for _ in range(2):
                     fn(rt)
-            print(f"{'mode':<11} {'c':>2} {'runs':>5} {'ok':>4} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'runs/s':>7}")
+            print(f"{'mode':<11} {'c':>2} {'runs':>5} {'ok':>4} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'runs/s':>7} {'cpu s':>8}")
             results = {}
             for conc, runs in ((1, args.runs1), (4, args.runs4)):
                 for name, fn in MODES:
@@ -392,7 +408,8 @@ def main():
                         parts.append(
                             f"isoboxd/{ref}: p50 {percentile(iso['lat'], 50) / percentile(r['lat'], 50):.2f}x "
                             f"p99 {percentile(iso['lat'], 99) / percentile(r['lat'], 99):.2f}x "
-                            f"runs/s {iso['rps'] / r['rps']:.2f}x"
+                            f"runs/s {iso['rps'] / r['rps']:.2f}x "
+                            f"cpu/run {iso['cpu'] / r['cpu']:.2f}x"
                         )
                 print(f"ratios c={conc}: " + "; ".join(parts))
                 if iso["durs"] and len(iso["durs"]) == len(iso["lat"]):
