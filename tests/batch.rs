@@ -23,34 +23,43 @@ fn many(code: &str, inputs: Value) -> Value {
     json!({"language": "python-slim", "network": false, "code": code, "inputs": inputs})
 }
 
-#[test]
-fn test_sixty_four_inputs_give_sixty_four_results_in_order() {
-    let d = Daemon::start();
+/// 64 inputs of `print(input(), sys.argv[1:])` with `extra` merged into the body, each
+/// input's second arg `arg` (which Python prints as `shown`): 64 results in order, each
+/// the `run` object a single run answers (its keys and limits). Returns the answer.
+fn sixty_four_in_order(d: &Daemon, extra: Value, arg: &str, shown: &str) -> Value {
     let inputs: Vec<Value> = (0..64)
-        .map(|i| json!({"stdin": format!("in{i}\n"), "args": [format!("a{i}"), "b c"]}))
+        .map(|i| json!({"stdin": format!("in{i}\n"), "args": [format!("a{i}"), arg]}))
         .collect();
-    let r = post(
-        &d,
-        &many("import sys\nprint(input(), sys.argv[1:])", json!(inputs)),
+    let body = merge(
+        many("import sys\nprint(input(), sys.argv[1:])", json!(inputs)),
+        extra,
     );
+    let r = post(d, &body);
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["language"], "python-slim");
     assert_eq!(v["backend"], "gvisor");
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 64);
-    // Each is a `run` object as a single run answers it.
     let single = d.execute(json!({"language": "python-slim", "network": false, "code": "1"}));
     let keys = |o: &Value| o.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     for (i, res) in results.iter().enumerate() {
         assert_eq!(
             res["stdout"],
-            format!("in{i} ['a{i}', 'b c']\n"),
+            format!("in{i} ['a{i}', {shown}]\n"),
             "input {i}: {res}"
         );
         assert_eq!(res["exitCode"], 0);
+        assert_eq!(res["limits"], single["run"]["limits"]);
         assert_eq!(keys(res), keys(&single["run"]));
     }
+    v
+}
+
+#[test]
+fn test_sixty_four_inputs_give_sixty_four_results_in_order() {
+    let d = Daemon::start();
+    sixty_four_in_order(&d, json!({}), "b c", "'b c'");
     d.assert_clean();
 }
 
@@ -216,31 +225,14 @@ fn shared(code: &str, inputs: Value) -> Value {
 #[test]
 fn test_sixty_four_inputs_in_one_shared_sandbox_boot_it_once() {
     let d = Daemon::start();
-    let inputs: Vec<Value> = (0..64)
-        .map(|i| json!({"stdin": format!("in{i}\n"), "args": [format!("a{i}"), "it's $HOME"]}))
-        .collect();
-    let r = post(
+    // Args reach the program as words, whatever quotes or `$` they hold.
+    let v = sixty_four_in_order(
         &d,
-        &shared("import sys\nprint(input(), sys.argv[1:])", json!(inputs)),
+        json!({"sharedSandbox": true}),
+        "it's $HOME",
+        "\"it's $HOME\"",
     );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let v = r.json();
     assert_eq!(v["shared"], json!({"sandboxes": 1, "builds": 0}), "{v}");
-    let results = v["results"].as_array().unwrap();
-    assert_eq!(results.len(), 64);
-    let single = d.execute(json!({"language": "python-slim", "network": false, "code": "1"}));
-    let keys = |o: &Value| o.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
-    for (i, res) in results.iter().enumerate() {
-        // Args reach the program as words, whatever quotes or `$` they hold.
-        assert_eq!(
-            res["stdout"],
-            format!("in{i} ['a{i}', \"it's $HOME\"]\n"),
-            "input {i}: {res}"
-        );
-        assert_eq!(res["exitCode"], 0);
-        assert_eq!(res["limits"], single["run"]["limits"]);
-        assert_eq!(keys(res), keys(&single["run"]));
-    }
     let h = d.get("/healthz").json();
     assert_eq!(h["counters"]["runsTotal"], 65, "{h}");
     d.assert_clean();

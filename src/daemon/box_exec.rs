@@ -400,15 +400,20 @@ impl Daemon {
             Instant::now() + CALL_TIMEOUT,
             Addr::new(BOXES, key, EXEC_DEADLINE),
         );
-        self.exec_signal(key, pid, libc::SIGKILL);
-        if held {
-            // Its exit comes after its output: let the output go.
-            self.box_call(key, &Call::Release { pid });
-        }
+        self.box_kill(key, pid, held);
     }
 
     fn exec_signal(&mut self, key: usize, pid: u32, signal: i32) {
         self.box_call(key, &Call::Signal { pid, signal });
+    }
+
+    /// Has init kill process `pid`'s group; one whose output was `held` gets it
+    /// released too, since its exit comes only after its output.
+    pub(super) fn box_kill(&mut self, key: usize, pid: u32, held: bool) {
+        self.exec_signal(key, pid, libc::SIGKILL);
+        if held {
+            self.box_call(key, &Call::Release { pid });
+        }
     }
 
     /// Sends init a call nobody waits on (a signal, a hold or a release: init's reply
@@ -438,10 +443,7 @@ impl Daemon {
         };
         cmd.client = None;
         let held = std::mem::replace(&mut cmd.held, false);
-        self.exec_signal(key, pid, libc::SIGKILL);
-        if held {
-            self.box_call(key, &Call::Release { pid });
-        }
+        self.box_kill(key, pid, held);
     }
 
     /// Answers a command that could not start.

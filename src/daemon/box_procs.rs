@@ -384,16 +384,7 @@ impl Daemon {
             p.killed = true;
             p.deleter = Some(((ck, cserial), gen));
             let held = std::mem::replace(&mut p.held, false);
-            self.box_call(
-                key,
-                &Call::Signal {
-                    pid,
-                    signal: libc::SIGKILL,
-                },
-            );
-            if held {
-                self.box_call(key, &Call::Release { pid });
-            }
+            self.box_kill(key, pid, held);
             self.conn_own(
                 ck,
                 Owner::BoxWait {

@@ -1266,14 +1266,7 @@ impl Daemon {
     /// A batch's shared sandbox is not among them: it is a run, and has the runs'
     /// grace (`box_end_batches`).
     pub(crate) fn box_end_all(&mut self, why: &str) {
-        let keys: Vec<usize> = self
-            .boxes
-            .boxes
-            .iter()
-            .filter(|(_, b)| b.batch.is_none())
-            .map(|(k, _)| k)
-            .collect();
-        for k in keys {
+        for k in self.box_keys(false) {
             self.box_fail_waiters(
                 k,
                 503,
@@ -1285,16 +1278,18 @@ impl Daemon {
 
     /// Ends every batch's shared sandbox (the shutdown grace is over).
     pub(crate) fn box_end_batches(&mut self, why: &str) {
-        let keys: Vec<usize> = self
-            .boxes
-            .boxes
-            .iter()
-            .filter(|(_, b)| b.batch.is_some())
-            .map(|(k, _)| k)
-            .collect();
-        for k in keys {
+        for k in self.box_keys(true) {
             self.box_end(k, why);
         }
+    }
+
+    /// The sandboxes that are batches' shared ones (`batch`), or all the others.
+    fn box_keys(&self, batch: bool) -> Vec<usize> {
+        let t = &self.boxes.boxes;
+        t.iter()
+            .filter(|(_, b)| b.batch.is_some() == batch)
+            .map(|(k, _)| k)
+            .collect()
     }
 
     /// The client creating sandbox `key` left before it was ready: nobody has its id,

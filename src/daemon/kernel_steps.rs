@@ -35,38 +35,19 @@ impl Daemon {
         tenant: &str,
     ) {
         use crate::api::Delivery;
-        let sink: Rc<dyn Sink> = match delivery {
-            Delivery::Json => Rc::new(super::sink::HttpSink {
-                conn: ck,
-                serial,
-                stream: false,
-            }),
-            Delivery::Stream | Delivery::Detach => {
-                if let Err(resp) = self.kernel_step_check(session) {
-                    self.respond(ck, resp);
-                    return;
-                }
-                let detached = delivery == Delivery::Detach;
-                let client = (!detached).then_some((ck, serial));
-                let lang = plan.runtime.desc.language.clone();
-                let Some((id, sink)) = self.record_open(tenant, &lang, detached, client) else {
-                    self.respond(
-                        ck,
-                        Response::error(
-                            503,
-                            "overloaded",
-                            Some("the system's random source failed; retry"),
-                        )
-                        .with_header("Retry-After", "1"),
-                    );
-                    return;
-                };
-                if detached {
-                    self.respond(ck, super::runs::detached_response(&id));
-                }
-                Rc::new(sink)
+        if delivery != Delivery::Json {
+            if let Err(resp) = self.kernel_step_check(session) {
+                self.respond(ck, resp);
+                return;
             }
+        }
+        let lang = &plan.runtime.desc.language;
+        let Some((sink, record)) = self.delivery_sink(ck, serial, delivery, tenant, lang) else {
+            return;
         };
+        if let (Delivery::Detach, Some((id, _))) = (delivery, record) {
+            self.respond(ck, super::runs::detached_response(&id));
+        }
         self.kernel_step(sink, session, plan, code);
     }
 

@@ -69,6 +69,9 @@ impl Component<Daemon> for Runs {
     }
 }
 
+/// A recorded run's id and its record's sink.
+type Recorded = (String, Rc<super::records::RecordSink>);
+
 /// The `202` of a detached run: its id and where to read it.
 pub(super) fn detached_response(id: &str) -> Response {
     let url = format!("/v1/runs/{id}");
@@ -199,33 +202,10 @@ impl Daemon {
         let Some(conn_serial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
-        let mut record = None;
-        let sink: Rc<dyn Sink> = match delivery {
-            Delivery::Json => Rc::new(HttpSink {
-                conn: ck,
-                serial: conn_serial,
-                stream: false,
-            }),
-            Delivery::Stream | Delivery::Detach => {
-                let detached = delivery == Delivery::Detach;
-                let client = (!detached).then_some((ck, conn_serial));
-                let lang = &plan.runtime.desc.language;
-                let Some((id, sink)) = self.record_open(tenant, lang, detached, client) else {
-                    self.respond(
-                        ck,
-                        Response::error(
-                            503,
-                            "overloaded",
-                            Some("the system's random source failed; retry"),
-                        )
-                        .with_header("Retry-After", "1"),
-                    );
-                    return;
-                };
-                let sink = Rc::new(sink);
-                record = Some((id, Rc::clone(&sink)));
-                sink
-            }
+        let lang = &plan.runtime.desc.language;
+        let Some((sink, record)) = self.delivery_sink(ck, conn_serial, delivery, tenant, lang)
+        else {
+            return;
         };
         if self.launch_run(plan, sink).is_none() {
             if let Some((_, rec)) = &record {
@@ -241,6 +221,44 @@ impl Daemon {
         if let (Delivery::Detach, Some((id, _))) = (delivery, record) {
             self.respond(ck, detached_response(&id));
         }
+    }
+
+    /// Where the result of connection `ck`'s run or kernel step goes, as `delivery`
+    /// says: a streamed or detached one is recorded (`records`) under `tenant`, and its
+    /// record (id and sink) comes back too. `None` when the system's random source
+    /// failed (answered `503`: a record's id must be unguessable).
+    pub(super) fn delivery_sink(
+        &mut self,
+        ck: usize,
+        serial: u64,
+        delivery: Delivery,
+        tenant: &str,
+        lang: &str,
+    ) -> Option<(Rc<dyn Sink>, Option<Recorded>)> {
+        if delivery == Delivery::Json {
+            let sink = HttpSink {
+                conn: ck,
+                serial,
+                stream: false,
+            };
+            return Some((Rc::new(sink), None));
+        }
+        let detached = delivery == Delivery::Detach;
+        let client = (!detached).then_some((ck, serial));
+        let Some((id, sink)) = self.record_open(tenant, lang, detached, client) else {
+            self.respond(
+                ck,
+                Response::error(
+                    503,
+                    "overloaded",
+                    Some("the system's random source failed; retry"),
+                )
+                .with_header("Retry-After", "1"),
+            );
+            return None;
+        };
+        let sink = Rc::new(sink);
+        Some((Rc::clone(&sink) as Rc<dyn Sink>, Some((id, sink))))
     }
 
     /// Starts `plan` with `sink` taking its output and end: takes a slot (the caller

@@ -181,17 +181,19 @@ impl Daemon {
         }
     }
 
+    /// The next input not yet run, taken (`None`: none is left, or the batch is over).
+    fn shared_take_next(&mut self, bk: usize, bs: u64) -> Option<usize> {
+        let b = self.shared_batch(bk, bs)?;
+        let index = b.next;
+        (index < b.inputs.len()).then(|| {
+            b.next += 1;
+            index
+        })
+    }
+
     /// Every input not yet run gets `resp` as its entry.
     fn shared_fail_rest(&mut self, bk: usize, bs: u64, resp: &Response) {
-        loop {
-            let Some(b) = self.shared_batch(bk, bs) else {
-                return;
-            };
-            if b.next >= b.inputs.len() {
-                return;
-            }
-            let index = b.next;
-            b.next += 1;
+        while let Some(index) = self.shared_take_next(bk, bs) {
             self.batch_refused(bk, bs, index, resp, false);
         }
     }
@@ -236,9 +238,9 @@ impl Daemon {
             // Its sandbox is gone: the next one starts the input once it is ready.
             return;
         }
-        let index = b.next;
-        b.next += 1;
-        self.shared_spawn(bk, bs, Some(index));
+        if let Some(index) = self.shared_take_next(bk, bs) {
+            self.shared_spawn(bk, bs, Some(index));
+        }
     }
 
     /// Asks the sandbox's init to start the build (`None`) or input `input`.
@@ -460,13 +462,11 @@ impl Daemon {
             }
         }
         if flood {
-            self.box_call(
-                key,
-                &Call::Signal {
-                    pid,
-                    signal: libc::SIGKILL,
-                },
-            );
+            let held = self
+                .shared(bk, bs)
+                .and_then(|s| s.step.as_mut())
+                .is_some_and(|s| std::mem::replace(&mut s.held, false));
+            self.box_kill(key, pid, held);
         }
     }
 
@@ -514,17 +514,7 @@ impl Daemon {
         if let Some(step) = self.shared(bk, bs).and_then(|s| s.step.as_mut()) {
             step.gen = gen;
         }
-        self.box_call(
-            key,
-            &Call::Signal {
-                pid,
-                signal: libc::SIGKILL,
-            },
-        );
-        if held {
-            // Its exit comes after its output: let the output go.
-            self.box_call(key, &Call::Release { pid });
-        }
+        self.box_kill(key, pid, held);
     }
 
     /// The step ended with `code` (`oom`: its sandbox was OOM-killed under it).
@@ -572,15 +562,7 @@ impl Daemon {
             }
             // The program never runs: every input gets the build's outcome, as each
             // would in a sandbox of its own.
-            loop {
-                let Some(b) = self.shared_batch(bk, bs) else {
-                    return;
-                };
-                if b.next >= b.inputs.len() {
-                    return;
-                }
-                let index = b.next;
-                b.next += 1;
+            while let Some(index) = self.shared_take_next(bk, bs) {
                 let run = RunResult {
                     stdout: String::new(),
                     stderr: c.stderr.clone(),
@@ -599,6 +581,7 @@ impl Daemon {
                 };
                 self.shared_input_ended(bk, bs, index, &lang, run, Some(c.clone()), &took);
             }
+            return;
         };
         if live {
             for (idx, out) in [(0, &o), (1, &e)] {
