@@ -286,6 +286,9 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
     );
     let host = host_of(url);
     wait_up(&d, &host, token);
+    // Each app is its own process: the one on 8001 may still be importing when
+    // the http.server on 8000 already answers.
+    wait_up(&d, &host.replacen("8000-", "8001-", 1), token);
 
     // With the header.
     let r = get(&d, &host, "/hello.txt", &[("X-WBX-Token", token)]);
@@ -614,6 +617,14 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
         "{}",
         r.text()
     );
+    // The app on 127.0.0.1:8002 does listen (seen from inside), so the 502 below
+    // is the address, not a slow start.
+    let seen = exec(
+        &d,
+        &a,
+        "python3 -c 'import socket,time\nfor _ in range(150):\n    try:\n        socket.create_connection((\"127.0.0.1\", 8002), 1).close(); print(\"up\"); break\n    except OSError: time.sleep(0.1)'",
+    );
+    assert_eq!(seen["stdout"], "up\n", "{seen}");
     let r = get(
         &d,
         &host.replacen("8000-", "8002-", 1),
