@@ -10,20 +10,28 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build deb deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps clean
+.PHONY: run test build wasm-snapshot deb deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
-run: deps runtimes build
+run: deps runtimes build wasm-snapshot
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
 test: deps runtimes test-venv test-ui-deps test-promtool test-deb-deps
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
+	$(MAKE) wasm-snapshot
 	$(CARGO) test --release --no-fail-fast -- --test-threads=2
 
 build:
 	$(CARGO) build --release
+
+## wasm-snapshot: the eryx face's pre-initialised, pre-compiled Python (~60 MB, ~20 s
+## once per eryx version and CPU) in ISOBOX_WASM_CACHE_DIR; isoboxd also makes it at
+## start when it is missing
+WASM_CACHE_DIR ?= /var/cache/isobox/wasm
+wasm-snapshot:
+	@./target/release/isobox-wasm prepare --cache $(WASM_CACHE_DIR) >/dev/null
 
 ## deb: the Debian package (isoboxd, the systemd unit, isobox-runtimes) in target/deb
 deb: build

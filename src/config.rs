@@ -144,7 +144,8 @@ struct Args {
     memory_require_key: std::primitive::bool,
     /// refill of each client's token bucket, requests a minute; the bucket is spent by
     /// exactly POST /execute, POST /v1/sessions, POST /v1/sessions/{id}/exec, POST
-    /// /v1/volumes and POST /wbx/v1/sandboxes (empty: 429 rate_limited)
+    /// /v1/volumes, POST /wbx/v1/sandboxes and POST /eryx/v1/execute (empty: 429
+    /// rate_limited)
     #[arg(long, env = "ISOBOX_RATE_PER_MIN", help_heading = "API keys and rate limits", default_value = "30", value_parser = Value(parsed::<u32>))]
     rate_per_min: u32,
     /// size of each client's token bucket (the requests it may make at once after a pause)
@@ -311,6 +312,44 @@ struct Args {
     /// a create of that template with network full takes one (`"warm": true`)
     #[arg(long, env = "ISOBOX_WBX_WARM_POOL", help_heading = "WBX face (/wbx)", default_value = "base=1", value_parser = Value(warm_pool))]
     wbx_warm_pool: std::vec::Vec<(String, usize)>,
+    /// the WebAssembly worker binary, isobox-wasm, that runs the eryx face's Python
+    /// (default: beside isoboxd's own executable, else /usr/libexec/isobox/isobox-wasm;
+    /// `off`: no eryx face, every /eryx request answers 503)
+    #[arg(
+        long,
+        env = "ISOBOX_WASM_WORKER",
+        help_heading = "eryx face (/eryx)",
+        default_value = "",
+        hide_default_value = true
+    )]
+    wasm_worker: std::string::String,
+    /// where the worker keeps its pre-compiled Python snapshot (~60 MB, made once per
+    /// eryx version and CPU, ~20 s) and the standard library it reads
+    #[arg(
+        long,
+        env = "ISOBOX_WASM_CACHE_DIR",
+        help_heading = "eryx face (/eryx)",
+        default_value = "/var/cache/isobox/wasm"
+    )]
+    wasm_cache_dir: PathBuf,
+    /// runs the worker executes at once (its threads), all tenants together
+    #[arg(long, env = "ISOBOX_WASM_THREADS", help_heading = "eryx face (/eryx)", default_value = "2", value_parser = Value(parsed::<usize>))]
+    wasm_threads: usize,
+    /// the worker's memory cap, MiB (its own cgroup; every run's memory is inside it)
+    #[arg(long, env = "ISOBOX_WASM_WORKER_MEMORY_MB", help_heading = "eryx face (/eryx)", default_value = "1024", value_parser = Value(parsed::<u64>))]
+    wasm_worker_memory_mb: u64,
+    /// runs one tenant may have going at once (429 concurrency_limit above)
+    #[arg(long, env = "ISOBOX_ERYX_CONCURRENCY", help_heading = "eryx face (/eryx)", default_value = "5", value_parser = Value(parsed::<usize>))]
+    eryx_concurrency: usize,
+    /// a run's time limit, seconds (a request may ask for less)
+    #[arg(long, env = "ISOBOX_ERYX_TIMEOUT_S", help_heading = "eryx face (/eryx)", default_value = "30", value_parser = Value(parsed::<u64>))]
+    eryx_timeout_s: u64,
+    /// a run's compute units (WebAssembly instructions; a request may ask for fewer)
+    #[arg(long, env = "ISOBOX_ERYX_FUEL_LIMIT", help_heading = "eryx face (/eryx)", default_value = "20000000000", value_parser = Value(parsed::<u64>))]
+    eryx_fuel_limit: u64,
+    /// a run's memory, MiB (past it Python raises MemoryError)
+    #[arg(long, env = "ISOBOX_ERYX_MEMORY_MB", help_heading = "eryx face (/eryx)", default_value = "64", value_parser = Value(parsed::<u64>))]
+    eryx_memory_mb: u64,
     /// the isobox-init binary long-lived sandboxes run as their init (default: beside
     /// isoboxd's own executable, else /usr/libexec/isobox/isobox-init)
     #[arg(long, env = "ISOBOX_INIT", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
@@ -390,6 +429,8 @@ pub struct Config {
     pub wbx: WbxLimits,
     /// The `isobox-init` binary (long-lived sandboxes' init).
     pub init: PathBuf,
+    /// The eryx face and its WebAssembly worker.
+    pub eryx: EryxConfig,
     /// Public URLs of sandboxes' ports.
     pub public: PublicUrls,
 }
@@ -572,6 +613,26 @@ impl Config {
                     .filter(|p| p.exists())
                     .unwrap_or_else(|| PathBuf::from("/usr/libexec/isobox/isobox-init"))
             }),
+            eryx: EryxConfig {
+                worker: match a.wasm_worker.as_str() {
+                    "off" => None,
+                    "" => Some(
+                        std::env::current_exe()
+                            .ok()
+                            .and_then(|e| e.parent().map(|d| d.join("isobox-wasm")))
+                            .filter(|p| p.exists())
+                            .unwrap_or_else(|| PathBuf::from("/usr/libexec/isobox/isobox-wasm")),
+                    ),
+                    p => Some(PathBuf::from(p)),
+                },
+                cache_dir: a.wasm_cache_dir,
+                threads: a.wasm_threads,
+                worker_memory_bytes: a.wasm_worker_memory_mb << 20,
+                concurrency: a.eryx_concurrency,
+                timeout_ms: a.eryx_timeout_s.saturating_mul(1000),
+                fuel_limit: a.eryx_fuel_limit,
+                memory_bytes: a.eryx_memory_mb << 20,
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -593,6 +654,35 @@ impl Config {
                 "ISOBOX_INSTANCE",
                 &self.instance,
                 "must start with `isobox`, at most 40 of [a-z0-9-]",
+            ));
+        }
+        let e = &self.eryx;
+        if !(1..=64).contains(&e.threads) {
+            return Err(invalid(
+                "ISOBOX_WASM_THREADS",
+                &e.threads.to_string(),
+                "1 to 64",
+            ));
+        }
+        if !(16..=1 << 20).contains(&(e.memory_bytes >> 20)) {
+            return Err(invalid(
+                "ISOBOX_ERYX_MEMORY_MB",
+                &(e.memory_bytes >> 20).to_string(),
+                "16 to 1048576",
+            ));
+        }
+        if e.worker_memory_bytes < e.memory_bytes.saturating_mul(e.threads as u64) + (128 << 20) {
+            return Err(invalid(
+                "ISOBOX_WASM_WORKER_MEMORY_MB",
+                &(e.worker_memory_bytes >> 20).to_string(),
+                "at least ISOBOX_ERYX_MEMORY_MB x ISOBOX_WASM_THREADS + 128 (the engine's own)",
+            ));
+        }
+        if e.timeout_ms == 0 || e.fuel_limit == 0 || e.concurrency == 0 {
+            return Err(invalid(
+                "ISOBOX_ERYX_TIMEOUT_S, ISOBOX_ERYX_FUEL_LIMIT and ISOBOX_ERYX_CONCURRENCY",
+                "0",
+                "at least 1",
             ));
         }
         if self.wbx.max_timeout_s == 0 {
@@ -1162,6 +1252,27 @@ pub struct WbxLimits {
     pub max_total: usize,
 }
 
+/// The eryx face (`/eryx`) and its WebAssembly worker.
+#[derive(Debug, Clone)]
+pub struct EryxConfig {
+    /// The worker binary (`None`: the face is off).
+    pub worker: Option<PathBuf>,
+    /// The worker's snapshot cache.
+    pub cache_dir: PathBuf,
+    /// Runs the worker executes at once.
+    pub threads: usize,
+    /// The worker's memory cap, bytes.
+    pub worker_memory_bytes: u64,
+    /// Runs one tenant may have going at once.
+    pub concurrency: usize,
+    /// A run's time limit, ms.
+    pub timeout_ms: u64,
+    /// A run's compute units.
+    pub fuel_limit: u64,
+    /// A run's memory, bytes.
+    pub memory_bytes: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1281,6 +1392,14 @@ mod tests {
         ("--public-domain", "ISOBOX_PUBLIC_DOMAIN"),
         ("--public-scheme", "ISOBOX_PUBLIC_SCHEME"),
         ("--init", "ISOBOX_INIT"),
+        ("--wasm-worker", "ISOBOX_WASM_WORKER"),
+        ("--wasm-cache-dir", "ISOBOX_WASM_CACHE_DIR"),
+        ("--wasm-threads", "ISOBOX_WASM_THREADS"),
+        ("--wasm-worker-memory-mb", "ISOBOX_WASM_WORKER_MEMORY_MB"),
+        ("--eryx-concurrency", "ISOBOX_ERYX_CONCURRENCY"),
+        ("--eryx-timeout-s", "ISOBOX_ERYX_TIMEOUT_S"),
+        ("--eryx-fuel-limit", "ISOBOX_ERYX_FUEL_LIMIT"),
+        ("--eryx-memory-mb", "ISOBOX_ERYX_MEMORY_MB"),
     ];
 
     #[test]
@@ -1674,6 +1793,61 @@ mod tests {
             );
         }
         assert!(!help.contains("[default: ]"), "{help}");
+    }
+
+    #[test]
+    fn eryx_limits_at_below_and_above_their_bounds() {
+        let c = load(&[]).unwrap();
+        assert_eq!(
+            (
+                c.eryx.threads,
+                c.eryx.concurrency,
+                c.eryx.timeout_ms,
+                c.eryx.memory_bytes
+            ),
+            (2, 5, 30_000, 64 << 20)
+        );
+        assert_eq!(c.eryx.worker_memory_bytes, 1024 << 20);
+        assert_eq!(
+            c.eryx.cache_dir,
+            std::path::PathBuf::from("/var/cache/isobox/wasm")
+        );
+        assert!(load(&["--wasm-worker", "off"])
+            .unwrap()
+            .eryx
+            .worker
+            .is_none());
+        for ok in [
+            &["--wasm-threads", "1"][..],
+            &["--wasm-threads", "64", "--wasm-worker-memory-mb", "4224"],
+            &["--eryx-memory-mb", "16"],
+            &["--wasm-worker-memory-mb", "256"],
+            &[
+                "--eryx-timeout-s",
+                "1",
+                "--eryx-fuel-limit",
+                "1",
+                "--eryx-concurrency",
+                "1",
+            ],
+        ] {
+            assert!(load(ok).is_ok(), "{ok:?}");
+        }
+        for (bad, name) in [
+            (&["--wasm-threads", "0"][..], "ISOBOX_WASM_THREADS"),
+            (&["--wasm-threads", "65"], "ISOBOX_WASM_THREADS"),
+            (&["--eryx-memory-mb", "15"], "ISOBOX_ERYX_MEMORY_MB"),
+            (
+                &["--wasm-worker-memory-mb", "255"],
+                "ISOBOX_WASM_WORKER_MEMORY_MB",
+            ),
+            (&["--eryx-timeout-s", "0"], "ISOBOX_ERYX_TIMEOUT_S"),
+            (&["--eryx-fuel-limit", "0"], "ISOBOX_ERYX_FUEL_LIMIT"),
+            (&["--eryx-concurrency", "0"], "ISOBOX_ERYX_CONCURRENCY"),
+        ] {
+            let e = load(bad).unwrap_err().to_string();
+            assert!(e.contains(name), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub mod check;
 pub mod config;
 /// The reactor's host: every component on the loop; the top of the import graph.
 pub mod daemon;
+/// The eryx face (`/eryx`): Python in WebAssembly, its route table and error bodies.
+pub mod eryx;
 /// Sans-IO HTTP/1.1: the connection state machine, parsing, bodies, responses, SSE, limits.
 pub mod http;
 /// Rate-limited logging macros.
@@ -43,6 +45,8 @@ pub mod secret;
 pub mod store;
 /// All raw libc and FFI.
 pub mod sys;
+/// The WebAssembly engine: a supervisor of the jailed `isobox-wasm` worker.
+pub mod wasm;
 /// The WBX face (`/wbx`): long-lived sandboxes and commands, its routes and errors.
 pub mod wbx;
 /// Sessions' workspaces and volumes, the confined file API, zip downloads.

@@ -13,6 +13,7 @@ fn test_openapi_valid_and_complete() {
     let text: String = isobox::api::routes::paths()
         .iter()
         .chain(isobox::wbx::routes::paths().iter())
+        .chain(isobox::eryx::paths().iter())
         .map(|(p, m)| format!("{p}\t{m}\n"))
         .collect();
     std::fs::write(&paths, text).unwrap();
@@ -53,6 +54,11 @@ fn test_one_story_on_the_rate_limit() {
     for r in isobox::wbx::routes::ROUTES {
         if spends(r.route.class) {
             routes.extend(r.methods.iter().map(|m| format!("{m} /wbx{}", r.pattern)));
+        }
+    }
+    for r in isobox::eryx::ROUTES {
+        if spends(r.route.class) {
+            routes.extend(r.methods.iter().map(|m| format!("{m} /eryx{}", r.pattern)));
         }
     }
     assert!(routes.len() >= 5, "{routes:?}");

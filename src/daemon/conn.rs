@@ -519,11 +519,7 @@ impl Daemon {
             return;
         }
         c.http.label = (
-            if Routed::is_wbx(&head.path) {
-                "wbx"
-            } else {
-                "isobox"
-            },
+            Routed::face_of(&head.path),
             crate::metrics::method_label(&head.method),
             "unmatched",
         );
@@ -543,7 +539,8 @@ impl Daemon {
         {
             crate::admission::Verdict::Allow { tenant } => tenant,
             crate::admission::Verdict::Deny(resp) => {
-                c.http.refuse_head(&head, route.shaped(resp), shutting_down);
+                let resp = route.shaped(resp, head.header("authorization"));
+                c.http.refuse_head(&head, resp, shutting_down);
                 return;
             }
         };
@@ -608,6 +605,10 @@ impl Daemon {
                     crate::wbx::routes::Asked::Respond(resp) => self.respond(ck, resp),
                     crate::wbx::routes::Asked::Op(op) => self.box_op(ck, req.tenant, op),
                 }
+                return;
+            }
+            Routed::Eryx(spec) => {
+                self.eryx_request(ck, spec, req);
                 return;
             }
         };

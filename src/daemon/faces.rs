@@ -12,6 +12,8 @@ pub enum Routed {
     Isobox(&'static Spec),
     /// The WBX face (`/wbx`).
     Wbx(&'static crate::wbx::routes::Spec),
+    /// The eryx face (`/eryx`).
+    Eryx(&'static crate::eryx::Spec),
 }
 
 impl Routed {
@@ -21,6 +23,9 @@ impl Routed {
     /// # Errors
     /// 404 or 405, in that face's shape.
     pub(crate) fn resolve(method: &str, path: &str) -> Result<(Routed, Params), Response> {
+        if let Some(rest) = under(path, crate::eryx::BASE) {
+            return crate::eryx::resolve(method, rest).map(|(s, p)| (Routed::Eryx(s), p));
+        }
         match wbx_path(path) {
             Some(rest) => {
                 crate::wbx::routes::resolve(method, rest).map(|(s, p)| (Routed::Wbx(s), p))
@@ -31,9 +36,15 @@ impl Routed {
         }
     }
 
-    /// Whether `path` is under the WBX face's base path.
-    pub(crate) fn is_wbx(path: &str) -> bool {
-        wbx_path(path).is_some()
+    /// The face `path` is under (the `face` label of `/metrics`).
+    pub(crate) fn face_of(path: &str) -> &'static str {
+        if under(path, crate::eryx::BASE).is_some() {
+            "eryx"
+        } else if wbx_path(path).is_some() {
+            "wbx"
+        } else {
+            "isobox"
+        }
     }
 
     /// (face, path pattern): the labels `/metrics` counts the request under.
@@ -41,6 +52,7 @@ impl Routed {
         match self {
             Routed::Isobox(s) => ("isobox", s.pattern),
             Routed::Wbx(s) => ("wbx", s.pattern),
+            Routed::Eryx(s) => ("eryx", s.pattern),
         }
     }
 
@@ -48,6 +60,7 @@ impl Routed {
         match self {
             Routed::Isobox(s) => s.body_cap,
             Routed::Wbx(s) => s.body_cap,
+            Routed::Eryx(s) => s.body_cap,
         }
     }
 
@@ -55,6 +68,7 @@ impl Routed {
         match self {
             Routed::Isobox(s) => s.class,
             Routed::Wbx(s) => s.class,
+            Routed::Eryx(s) => s.class,
         }
     }
 
@@ -62,22 +76,29 @@ impl Routed {
         match self {
             Routed::Isobox(s) => s.over_cap(),
             Routed::Wbx(s) => s.over_cap(),
+            Routed::Eryx(s) => s.over_cap(),
         }
     }
 
-    /// An answer made in the isobox shape (admission's), in this route's face's.
-    pub(crate) fn shaped(self, resp: Response) -> Response {
+    /// An answer made in the isobox shape (admission's), in this route's face's
+    /// (`authorization`: the request's header, which the eryx face's codes tell apart).
+    pub(crate) fn shaped(self, resp: Response, authorization: Option<&str>) -> Response {
         match self {
             Routed::Isobox(_) => resp,
             Routed::Wbx(_) => crate::wbx::reshape(resp),
+            Routed::Eryx(_) => crate::eryx::reshape(resp, authorization),
         }
     }
 }
 
 /// The part of `path` under the WBX face's base, if it is there.
 fn wbx_path(path: &str) -> Option<&str> {
-    let rest = path.strip_prefix(crate::wbx::BASE)?;
-    match rest {
+    under(path, crate::wbx::BASE)
+}
+
+/// The part of `path` under `base`, if it is there (`base` itself: `/`).
+fn under<'a>(path: &'a str, base: &str) -> Option<&'a str> {
+    match path.strip_prefix(base)? {
         "" => Some("/"),
         r if r.starts_with('/') => Some(r),
         _ => None,
@@ -106,6 +127,15 @@ mod tests {
         assert_eq!(r.status, 404);
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v, serde_json::json!({"error": "no such endpoint"}));
+        assert!(matches!(
+            Routed::resolve("POST", "/eryx/v1/execute"),
+            Ok((Routed::Eryx(_), _))
+        ));
+        assert_eq!(Routed::face_of("/eryx/v1/stream"), "eryx");
+        assert_eq!(Routed::face_of("/eryxx"), "isobox");
+        let r = Routed::resolve("GET", "/eryx/v1/nothing").unwrap_err();
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "not_found");
         let r = Routed::resolve("GET", "/nothing").unwrap_err();
         let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["error"], "not_found");

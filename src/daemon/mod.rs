@@ -26,6 +26,7 @@ mod box_watch;
 pub mod boxes;
 pub mod conn;
 pub mod egress;
+mod eryx;
 mod faces;
 mod finish;
 mod gate;
@@ -151,6 +152,10 @@ pub struct Daemon {
     pub(crate) url_key: ring::hmac::Key,
     /// Where public URLs live (the listening port filled in).
     pub(crate) public: crate::config::PublicUrls,
+    /// The eryx face's WebAssembly engine (`None`: the face is off).
+    pub(crate) wasm: Option<crate::wasm::Engine>,
+    /// eryx runs going, per tenant.
+    pub(crate) eryx_running: std::collections::HashMap<String, usize>,
     /// The instance's lock and its file (held until the daemon is dropped; the file is
     /// removed by the teardown, before the lock goes).
     pub(crate) instance_lock: Option<(std::fs::File, std::path::PathBuf)>,
@@ -268,6 +273,10 @@ impl Daemon {
         // Nothing queued may be lost: every overflowed job goes to the pool, and every
         // job finishes.
         self.reactor.join();
+        // The WebAssembly worker and its cgroup go before the slice does.
+        if let Some(mut engine) = self.wasm.take() {
+            engine.stop();
+        }
         // Only now is the slice empty. Its removal runs on the teardown thread, made
         // before the seccomp filter, since this thread may not rmdir.
         if let Some((go, handle)) = teardown {

@@ -154,6 +154,7 @@ impl Daemon {
         // Then the instance's lock: a second daemon of one instance would sweep the
         // first one's live sandboxes (the loop's own tests, on their fake backend,
         // sweep nothing and take none).
+        let fake = given.is_some();
         let instance_lock = match given {
             Some(_) => None,
             None => Some(lock_instance(&cfg.instance)?),
@@ -368,8 +369,23 @@ impl Daemon {
         } else {
             None
         };
+        // The eryx face's engine, out of process (never on the loop's fake backend).
+        let wasm = match (&cfg.eryx.worker, fake) {
+            (Some(worker), false) => Some(
+                crate::wasm::Engine::start(
+                    cfg.eryx.clone(),
+                    worker.clone(),
+                    app.cgroups.clone(),
+                    cfg.instance.clone(),
+                )
+                .map_err(io_err("starting the WebAssembly supervisor"))?,
+            ),
+            _ => None,
+        };
         let cfg_public = cfg.public.clone();
         Ok(Daemon {
+            wasm,
+            eryx_running: std::collections::HashMap::new(),
             cfg,
             reactor,
             listener: Some((listener, listener_token)),

@@ -66,12 +66,12 @@ pub fn kill(pid: i32, signal: i32) -> io::Result<()> {
 }
 
 /// Sends `signal` to every process of group `pgid` (the tests' fake backend: a run's
-/// shell and what it started). A group that is already gone is not an error.
+/// shell and what it started; the WebAssembly worker). A group that is already gone is
+/// not an error.
 ///
 /// # Errors
 /// Any error other than `ESRCH`; `InvalidInput` for a group id under 2 (0 and 1 would
 /// mean our own group and init's).
-#[cfg(test)]
 pub fn kill_group(pgid: i32, signal: i32) -> io::Result<()> {
     if pgid <= 1 {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
@@ -278,6 +278,50 @@ pub fn die_with_parent_on_spawn(cmd: &mut std::process::Command) {
         cmd.pre_exec(|| {
             die_with_parent()?;
             new_process_group()
+        });
+    }
+}
+
+/// Jails a worker started by `cmd` (the WebAssembly engine's): in the child, before it
+/// runs, it joins the cgroups whose `cgroup.procs` are `procs`, dies with the spawning
+/// thread, leads its own process group, gets network, IPC and UTS namespaces of its
+/// own (no network at all: a new network namespace has only a down loopback), gets
+/// `sock` as fd 3, drops to `uid`/`gid` with no supplementary groups, may gain no
+/// privileges, and dumps no core.
+///
+/// The fds must stay open until `cmd` is spawned.
+pub fn jail_on_spawn(cmd: &mut std::process::Command, procs: &[OwnedFd], sock: &OwnedFd, id: u32) {
+    use std::os::unix::process::CommandExt;
+    let procs: Vec<i32> = procs.iter().map(AsRawFd::as_raw_fd).collect();
+    let sock = sock.as_raw_fd();
+    // SAFETY: the closure only calls async-signal-safe functions (write, prctl,
+    // setpgid, unshare, dup2, fcntl, setgroups, setgid, setuid, setrlimit) on values it
+    // owns; it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &procs {
+                join_cgroup_in_child(*fd)?;
+            }
+            die_with_parent()?;
+            new_process_group()?;
+            syscall!(unshare(
+                libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS
+            ))?;
+            if sock == 3 {
+                syscall!(fcntl(3, libc::F_SETFD, 0))?;
+            } else {
+                syscall!(dup2(sock, 3))?;
+            }
+            let core = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            syscall!(setrlimit(libc::RLIMIT_CORE, &core))?;
+            syscall!(setgroups(0, std::ptr::null()))?;
+            syscall!(setgid(id))?;
+            syscall!(setuid(id))?;
+            syscall!(prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            Ok(())
         });
     }
 }

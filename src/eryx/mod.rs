@@ -1,0 +1,389 @@
+//! The eryx face (`/eryx`): `eryx-api.md`, field for field, at its own base path, so a
+//! client written for that document works with base URL `http://HOST:8090/eryx`. Thin,
+//! as every face: it parses and checks requests into runs for the WebAssembly engine
+//! (`wasm`, a jailed worker process) and shapes their answers. Its errors are that
+//! document's: `{"error": {"code": "...", "message": "..."}}`.
+//!
+//! Built so far: `POST /v1/execute` (Python in WebAssembly, compute units, time, fuel
+//! and memory limits, per-tenant concurrency). The WebSocket stream with callbacks,
+//! sessions and environments are absent and answer 404 like any unknown path.
+
+use crate::admission::Class;
+use crate::http::{Request, Response};
+use crate::router::{RouteError, Row};
+use serde_json::{json, Value};
+
+/// The face's base path.
+pub const BASE: &str = "/eryx";
+
+/// Largest `POST /v1/execute` body (the code and its fields).
+pub const EXECUTE_BODY_BYTES: usize = 1 << 20;
+
+/// `{"error": {"code", "message"}}` with `status`.
+pub fn error(status: u16, code: &str, message: &str) -> Response {
+    Response::json(
+        status,
+        &json!({ "error": { "code": code, "message": message } }),
+    )
+}
+
+/// Which route a request is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/execute`
+    Execute,
+}
+
+/// Everything the face says about one route.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// Which route.
+    pub id: Route,
+    /// Its path pattern after `/eryx` (the `route` label of `/metrics`).
+    pub pattern: &'static str,
+    /// Largest body accepted.
+    pub body_cap: usize,
+    /// How admission treats it.
+    pub class: Class,
+}
+
+impl Spec {
+    /// The answer to a body over the cap.
+    pub fn over_cap(&self) -> Response {
+        error(
+            413,
+            "invalid_request",
+            &format!("The request body is over {} KiB", self.body_cap / 1024),
+        )
+    }
+}
+
+/// Every route of the face. Runs start engines: a key whenever keys are configured
+/// (as the WBX face), and the per-client request rate.
+pub static ROUTES: &[Row<Spec>] = &[Row {
+    pattern: "/v1/execute",
+    methods: &["POST"],
+    route: Spec {
+        id: Route::Execute,
+        pattern: "/v1/execute",
+        body_cap: EXECUTE_BODY_BYTES,
+        class: Class::MemoryStarts,
+    },
+}];
+
+/// The row for `method` and `path` (without the base), and its parameters.
+///
+/// # Errors
+/// 404 or 405 in the face's shape.
+pub fn resolve(method: &str, path: &str) -> Result<(&'static Spec, crate::http::Params), Response> {
+    crate::router::resolve(ROUTES, method, path)
+        .map(|(row, params)| (&row.route, params))
+        .map_err(|e| match e {
+            RouteError::NotFound => error(404, "not_found", "No such endpoint"),
+            RouteError::MethodNotAllowed(allow) => error(
+                405,
+                "invalid_request",
+                &format!("Method not allowed; this endpoint answers {allow}"),
+            )
+            .with_header("Allow", allow),
+        })
+}
+
+/// Every path of the face as OpenAPI writes it (with the base), with its methods.
+pub fn paths() -> Vec<(String, String)> {
+    crate::router::paths(ROUTES)
+        .into_iter()
+        .map(|(p, m)| (format!("{BASE}{p}"), m.join(", ")))
+        .collect()
+}
+
+/// An answer made in the isobox face's error shape (admission's, the HTTP layer's) in
+/// this face's, with the document's codes; `authorization` is the request's header, to
+/// tell a missing key from a malformed or a wrong one. Headers (`Retry-After`) are
+/// kept; any other response passes unchanged.
+pub fn reshape(resp: Response, authorization: Option<&str>) -> Response {
+    if resp.status < 400 {
+        return resp;
+    }
+    let Ok(v) = serde_json::from_slice::<Value>(&resp.body) else {
+        return resp;
+    };
+    let Some(code) = v["error"].as_str() else {
+        return resp;
+    };
+    let detail = v["detail"].as_str().unwrap_or("");
+    let (code, message) = match (resp.status, code) {
+        (401, _) => match authorization {
+            None => ("missing_auth", "Missing Authorization header".to_string()),
+            Some(a)
+                if !a
+                    .split_once(' ')
+                    .is_some_and(|(s, t)| s.eq_ignore_ascii_case("bearer") && !t.is_empty()) =>
+            {
+                (
+                    "invalid_auth",
+                    "The Authorization header must use the Bearer scheme".to_string(),
+                )
+            }
+            Some(_) => ("invalid_key", "Invalid API key".to_string()),
+        },
+        (429, _) => (
+            "rate_limit_exceeded",
+            "Too many requests; retry after the Retry-After seconds".to_string(),
+        ),
+        (404, _) => ("not_found", "No such endpoint".to_string()),
+        (503, _) => (
+            "unavailable",
+            detail_or(detail, "At capacity; retry shortly"),
+        ),
+        (500..=599, _) => ("internal_error", detail_or(detail, "Internal error")),
+        (_, c) => ("invalid_request", detail_or(detail, &c.replace('_', " "))),
+    };
+    let mut out = error(resp.status, code, &message);
+    out.headers.extend(
+        resp.headers
+            .into_iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case("content-type")),
+    );
+    out
+}
+
+fn detail_or(detail: &str, or: &str) -> String {
+    if detail.is_empty() {
+        or.to_string()
+    } else {
+        detail.to_string()
+    }
+}
+
+/// A tenant's limits on one run (the settings).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Time per run, ms.
+    pub timeout_ms: u64,
+    /// Compute units per run.
+    pub fuel: u64,
+}
+
+/// A checked `POST /v1/execute`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Execute {
+    /// The code.
+    pub code: String,
+    /// Time limit, ms (the request's, never above the tenant's).
+    pub timeout_ms: u64,
+    /// Compute units (the request's, never above the tenant's).
+    pub fuel: u64,
+}
+
+/// Parses and checks an execute request.
+///
+/// # Errors
+/// 415 when not sent as JSON, 400 when the body is no JSON object, 422 when a field is
+/// missing or wrong, 404 for an environment that does not exist: all `invalid_request`
+/// but the last (`not_found`), as the document says.
+pub fn parse_execute(req: &Request, limits: Limits) -> Result<Execute, Response> {
+    let ct = req.head.header("content-type").unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    if !mime.eq_ignore_ascii_case("application/json") {
+        return Err(error(
+            415,
+            "invalid_request",
+            "Send the body as Content-Type: application/json",
+        ));
+    }
+    let v: Value = serde_json::from_slice(&req.body).map_err(|e| {
+        error(
+            400,
+            "invalid_request",
+            &format!("The body is not JSON: {e}"),
+        )
+    })?;
+    let Some(o) = v.as_object() else {
+        return Err(error(
+            400,
+            "invalid_request",
+            "The body must be a JSON object",
+        ));
+    };
+    let code = match o.get("code") {
+        Some(Value::String(c)) => c.clone(),
+        Some(_) => return Err(error(422, "invalid_request", "`code` must be a string")),
+        None => return Err(error(422, "invalid_request", "`code` is required")),
+    };
+    match o.get("environment") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(e)) if e == "python" => {}
+        Some(Value::String(e)) => {
+            let shown: String = e.chars().take(64).collect();
+            return Err(error(
+                404,
+                "not_found",
+                &format!("No such environment: {shown}"),
+            ));
+        }
+        Some(_) => {
+            return Err(error(
+                422,
+                "invalid_request",
+                "`environment` must be a string",
+            ))
+        }
+    }
+    let positive = |name: &str| -> Result<Option<u64>, Response> {
+        match o.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(n) => match n.as_u64() {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(error(
+                    422,
+                    "invalid_request",
+                    &format!("`{name}` must be a positive integer"),
+                )),
+            },
+        }
+    };
+    let timeout_ms = positive("timeout_secs")?.map_or(limits.timeout_ms, |s| {
+        s.saturating_mul(1000).min(limits.timeout_ms)
+    });
+    let fuel = positive("fuel_limit")?.map_or(limits.fuel, |f| f.min(limits.fuel));
+    Ok(Execute {
+        code,
+        timeout_ms,
+        fuel,
+    })
+}
+
+/// A finished run as the document's response: `stdout`, `stderr`, `compute_units`,
+/// `status`, and `error` when it did not succeed.
+pub fn run_json(a: &crate::wasm::RunAnswer) -> Value {
+    let mut v = json!({
+        "stdout": a.stdout,
+        "stderr": a.stderr,
+        "compute_units": a.compute_units,
+        "status": a.status,
+    });
+    if a.status != "success" {
+        v["error"] = json!(a.error.clone().unwrap_or_default());
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(ct: &str, body: &str) -> Request {
+        let head = format!("POST /v1/execute HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\n\r\n");
+        Request {
+            head: crate::http::parse::parse_head(head.as_bytes()).unwrap(),
+            body: body.as_bytes().to_vec(),
+            tenant: "t".into(),
+            params: Default::default(),
+        }
+    }
+
+    const L: Limits = Limits {
+        timeout_ms: 30_000,
+        fuel: 1_000_000,
+    };
+
+    fn code_of(r: Response) -> (u16, String) {
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+        (r.status, v["error"]["code"].as_str().unwrap().to_string())
+    }
+
+    #[test]
+    fn test_execute_requests_are_checked_and_capped() {
+        let e = parse_execute(&req("application/json", r#"{"code": "print(1)"}"#), L).unwrap();
+        assert_eq!((e.timeout_ms, e.fuel), (30_000, 1_000_000));
+        let e = parse_execute(
+            &req(
+                "application/json; charset=utf-8",
+                r#"{"code": "x", "timeout_secs": 2, "fuel_limit": 5, "environment": "python"}"#,
+            ),
+            L,
+        )
+        .unwrap();
+        assert_eq!((e.timeout_ms, e.fuel), (2_000, 5));
+        // A request may lower its limits, never raise them.
+        let e = parse_execute(
+            &req(
+                "application/json",
+                r#"{"code": "x", "timeout_secs": 31, "fuel_limit": 1000001}"#,
+            ),
+            L,
+        )
+        .unwrap();
+        assert_eq!((e.timeout_ms, e.fuel), (30_000, 1_000_000));
+        for (ct, body, want) in [
+            ("text/plain", r#"{"code": "x"}"#, (415, "invalid_request")),
+            ("application/json", "{", (400, "invalid_request")),
+            ("application/json", "[1]", (400, "invalid_request")),
+            ("application/json", "{}", (422, "invalid_request")),
+            (
+                "application/json",
+                r#"{"code": 1}"#,
+                (422, "invalid_request"),
+            ),
+            (
+                "application/json",
+                r#"{"code": "x", "timeout_secs": 0}"#,
+                (422, "invalid_request"),
+            ),
+            (
+                "application/json",
+                r#"{"code": "x", "fuel_limit": -1}"#,
+                (422, "invalid_request"),
+            ),
+            (
+                "application/json",
+                r#"{"code": "x", "fuel_limit": 1.5}"#,
+                (422, "invalid_request"),
+            ),
+            (
+                "application/json",
+                r#"{"code": "x", "environment": "nope"}"#,
+                (404, "not_found"),
+            ),
+            (
+                "application/json",
+                r#"{"code": "x", "environment": 3}"#,
+                (422, "invalid_request"),
+            ),
+        ] {
+            let r = parse_execute(&req(ct, body), L).unwrap_err();
+            assert_eq!(code_of(r), (want.0, want.1.to_string()), "{ct} {body}");
+        }
+    }
+
+    #[test]
+    fn test_admission_answers_take_this_faces_codes() {
+        let r401 = || Response::error(401, "unauthorized", None);
+        assert_eq!(code_of(reshape(r401(), None)), (401, "missing_auth".into()));
+        assert_eq!(
+            code_of(reshape(r401(), Some("Basic abc"))),
+            (401, "invalid_auth".into())
+        );
+        assert_eq!(
+            code_of(reshape(r401(), Some("Bearer eryx_wrong"))),
+            (401, "invalid_key".into())
+        );
+        let r = reshape(
+            Response::error(429, "rate_limited", None).with_header("Retry-After", "7"),
+            None,
+        );
+        assert!(r
+            .headers
+            .iter()
+            .any(|(n, v)| *n == "Retry-After" && v == "7"));
+        assert_eq!(code_of(r), (429, "rate_limit_exceeded".into()));
+        let (r, _) = (resolve("GET", "/v1/execute").unwrap_err(), ());
+        assert_eq!(code_of(r), (405, "invalid_request".into()));
+        assert_eq!(
+            code_of(resolve("POST", "/v1/nothing").unwrap_err()),
+            (404, "not_found".into())
+        );
+    }
+}

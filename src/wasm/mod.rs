@@ -1,0 +1,558 @@
+//! The WebAssembly engine, out of process: a supervisor thread of the daemon that
+//! prepares, starts, feeds and restarts `isobox-wasm` (the worker binary of this
+//! repository, `wasm-worker/`), which runs Python in WebAssembly with eryx on wasmtime.
+//!
+//! The worker is jailed (`sys::jail_on_spawn`): its own cgroup under the isobox slice
+//! with a memory and a process cap, its own empty network namespace, the overflow
+//! user, no new privileges. It holds no keys and sees no API: only the runs it is
+//! sent, over a socket pair, in frames of a 4-byte big-endian length and a JSON
+//! object. A worker that dies or stops answering fails only the runs it had (each
+//! gets [`Failure::Crashed`]); the next is started at once, or after a second when
+//! they die in a row.
+
+use crate::cgroup::{Hierarchy, HostLimits};
+use crate::config::EryxConfig;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Largest frame either side sends (a run's code and its answer are bounded below it).
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// Time past a run's own limit before a worker that has not answered is presumed
+/// stuck and replaced.
+const STUCK_GRACE: Duration = Duration::from_secs(10);
+
+/// One run.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// Python source.
+    pub code: String,
+    /// Wall-time limit.
+    pub timeout_ms: u64,
+    /// Compute units (WebAssembly instructions) allowed.
+    pub fuel: u64,
+    /// Memory allowed.
+    pub memory_bytes: u64,
+}
+
+/// How a run ended (the worker's answer).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct RunAnswer {
+    /// `success`, `error`, `timeout` or `resource_limit`.
+    pub status: String,
+    /// What it printed (empty unless success).
+    pub stdout: String,
+    /// What it wrote to stderr (empty unless success).
+    pub stderr: String,
+    /// WebAssembly instructions executed.
+    pub compute_units: u64,
+    /// Why it did not succeed.
+    pub error: Option<String>,
+}
+
+/// Why a run got no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// The engine is not there (no worker binary, preparation failed, shutting down).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The worker died or stopped answering while the run was on it.
+    #[error("the WebAssembly worker ended during the run ({0})")]
+    Crashed(String),
+}
+
+/// Where an answer goes (called on the supervisor thread: it must not block).
+pub type Reply = Box<dyn FnOnce(Result<RunAnswer, Failure>) + Send>;
+
+enum Msg {
+    Run(RunRequest, Reply),
+    /// A frame from worker `gen`.
+    Frame(u64, Vec<u8>),
+    /// Worker `gen`'s socket ended (it exited, or broke the protocol).
+    Gone(u64, String),
+    Stop,
+}
+
+/// What the engine is doing, for health and errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Preparing the snapshot or starting the worker.
+    Starting,
+    /// Serving.
+    Ready,
+    /// Not available, and why.
+    Down(String),
+}
+
+/// The daemon's handle on the engine.
+pub struct Engine {
+    tx: crossbeam_channel::Sender<Msg>,
+    state: Arc<Mutex<State>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the supervisor (call before the reactor's seccomp filter: the supervisor
+    /// forks and waits, which the reactor thread may not).
+    ///
+    /// # Errors
+    /// When the thread cannot be made.
+    pub fn start(
+        cfg: EryxConfig,
+        worker: std::path::PathBuf,
+        cgroups: Option<Hierarchy>,
+        slice: String,
+    ) -> std::io::Result<Engine> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let state = Arc::new(Mutex::new(State::Starting));
+        let sup = Supervisor {
+            cfg,
+            worker,
+            cgroups,
+            slice,
+            tx: tx.clone(),
+            rx,
+            state: Arc::clone(&state),
+            live: None,
+            gen: 0,
+            next_id: 0,
+            pending: HashMap::new(),
+            queued: Vec::new(),
+            last_start: None,
+            prepared_failed: false,
+        };
+        let thread = std::thread::Builder::new()
+            .name("isobox-wasm-sup".into())
+            .spawn(move || sup.main())?;
+        Ok(Engine {
+            tx,
+            state,
+            thread: Some(thread),
+        })
+    }
+
+    /// Sends a run; `reply` gets its answer (or why there is none).
+    pub fn run(&self, req: RunRequest, reply: Reply) {
+        if let Err(crossbeam_channel::SendError(Msg::Run(_, reply))) =
+            self.tx.send(Msg::Run(req, reply))
+        {
+            reply(Err(Failure::Unavailable("the engine has stopped".into())));
+        }
+    }
+
+    /// What the engine is doing.
+    pub fn state(&self) -> State {
+        self.state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(State::Starting)
+    }
+
+    /// Stops the worker (its runs fail) and the supervisor, and waits for them.
+    pub fn stop(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A running worker.
+struct Live {
+    gen: u64,
+    child: Child,
+    sock: UnixStream,
+    cgroup: Option<crate::cgroup::RunCgroup>,
+    ready: bool,
+}
+
+struct Supervisor {
+    cfg: EryxConfig,
+    worker: std::path::PathBuf,
+    cgroups: Option<Hierarchy>,
+    slice: String,
+    tx: crossbeam_channel::Sender<Msg>,
+    rx: crossbeam_channel::Receiver<Msg>,
+    state: Arc<Mutex<State>>,
+    live: Option<Live>,
+    gen: u64,
+    next_id: u64,
+    /// Runs on the worker: id → (deadline past which it is stuck, reply).
+    pending: HashMap<u64, (Instant, Reply)>,
+    /// Runs that came while the worker was starting.
+    queued: Vec<(RunRequest, Reply)>,
+    last_start: Option<Instant>,
+    /// The snapshot could not be made: nothing can run until a restart.
+    prepared_failed: bool,
+}
+
+impl Supervisor {
+    fn set_state(&self, s: State) {
+        if let Ok(mut g) = self.state.lock() {
+            *g = s;
+        }
+    }
+
+    fn main(mut self) {
+        // The snapshot now (the first start on a host takes ~20 s); the worker at the
+        // first run, so a daemon nobody asks for Python in WebAssembly runs none.
+        if let Err(e) = self.prepare() {
+            log::error!("wasm: {e}");
+            self.prepared_failed = true;
+            self.set_state(State::Down(e));
+        }
+        loop {
+            let next = self.pending.values().map(|(d, _)| *d).min();
+            let msg = match next {
+                Some(at) => match self.rx.recv_deadline(at) {
+                    Ok(m) => m,
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        self.worker_failed("it stopped answering".into());
+                        continue;
+                    }
+                    Err(_) => break,
+                },
+                None => match self.rx.recv() {
+                    Ok(m) => m,
+                    Err(_) => break,
+                },
+            };
+            match msg {
+                Msg::Run(req, reply) => self.on_run(req, reply),
+                Msg::Frame(gen, f) if self.live.as_ref().is_some_and(|l| l.gen == gen) => {
+                    self.on_frame(&f)
+                }
+                Msg::Gone(gen, why) if self.live.as_ref().is_some_and(|l| l.gen == gen) => {
+                    self.worker_failed(why)
+                }
+                Msg::Frame(..) | Msg::Gone(..) => {}
+                Msg::Stop => break,
+            }
+        }
+        self.set_state(State::Down("the daemon is shutting down".into()));
+        self.kill_worker();
+        for (_, (_, reply)) in self.pending.drain() {
+            reply(Err(Failure::Unavailable(
+                "the daemon is shutting down".into(),
+            )));
+        }
+        for (_, reply) in self.queued.drain(..) {
+            reply(Err(Failure::Unavailable(
+                "the daemon is shutting down".into(),
+            )));
+        }
+    }
+
+    /// Makes the snapshot unless it is there (`isobox-wasm prepare`, as root: it writes
+    /// the cache, which only root may write).
+    fn prepare(&self) -> Result<(), String> {
+        if !self.worker.exists() {
+            return Err(format!(
+                "the WebAssembly worker {} is not installed",
+                self.worker.display()
+            ));
+        }
+        let t0 = Instant::now();
+        let out = Command::new(&self.worker)
+            .arg("prepare")
+            .arg("--cache")
+            .arg(&self.cfg.cache_dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("running {} prepare: {e}", self.worker.display()))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return Err(format!(
+                "preparing the Python snapshot failed: {}",
+                err.trim().chars().take(2000).collect::<String>()
+            ));
+        }
+        log::info!(
+            "wasm: Python snapshot {} ready in {} ms",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            t0.elapsed().as_millis()
+        );
+        Ok(())
+    }
+
+    fn start_worker(&mut self) {
+        // Two deaths within a second: wait out the rest of it.
+        if let Some(t) = self.last_start {
+            let since = t.elapsed();
+            if since < Duration::from_secs(1) {
+                std::thread::sleep(Duration::from_secs(1) - since);
+            }
+        }
+        self.last_start = Some(Instant::now());
+        self.gen += 1;
+        match self.spawn() {
+            Ok(live) => {
+                self.live = Some(live);
+                self.set_state(State::Starting);
+            }
+            Err(e) => {
+                log::error!("wasm: starting the worker: {e}");
+                self.set_state(State::Down(format!(
+                    "the WebAssembly worker could not start: {e}"
+                )));
+                for (_, reply) in self.queued.drain(..) {
+                    reply(Err(Failure::Unavailable(format!(
+                        "the WebAssembly worker could not start: {e}"
+                    ))));
+                }
+            }
+        }
+    }
+
+    fn spawn(&mut self) -> Result<Live, String> {
+        let cgroup = match &self.cgroups {
+            Some(h) => Some(
+                h.create_run(
+                    &self.slice,
+                    &format!("wasm-worker-{}", self.gen),
+                    HostLimits {
+                        memory_bytes: self.cfg.worker_memory_bytes,
+                        // At most one core per thread.
+                        cpu_quota_us: crate::cgroup::CPU_PERIOD_US * self.cfg.threads as u64,
+                        pids: 64 + 2 * self.cfg.threads as u64,
+                    },
+                )
+                .map_err(|e| e.to_string())?,
+            ),
+            None => None,
+        };
+        let procs: Vec<OwnedFd> = match &cgroup {
+            Some(cg) => cg.open_procs().map_err(|e| e.to_string())?,
+            None => Vec::new(),
+        };
+        let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+        let theirs = OwnedFd::from(theirs);
+        let mut cmd = Command::new(&self.worker);
+        cmd.arg("serve")
+            .arg("--cache")
+            .arg(&self.cfg.cache_dir)
+            .arg("--threads")
+            .arg(self.cfg.threads.to_string())
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir("/")
+            // The guest's raw fd 1 and 2 are the worker's: never the daemon's log.
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        crate::sys::jail_on_spawn(&mut cmd, &procs, &theirs, crate::sys::NOBODY);
+        let spawned = cmd.spawn();
+        drop(theirs);
+        drop(procs);
+        let child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(cg) = cgroup {
+                    let _ = cg.destroy();
+                }
+                return Err(e.to_string());
+            }
+        };
+        let mut reader = ours.try_clone().map_err(|e| e.to_string())?;
+        let (tx, gen) = (self.tx.clone(), self.gen);
+        std::thread::Builder::new()
+            .name("isobox-wasm-read".into())
+            .spawn(move || loop {
+                match read_frame(&mut reader) {
+                    Ok(Some(f)) => {
+                        if tx.send(Msg::Frame(gen, f)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => {
+                        let _ = tx.send(Msg::Gone(gen, "it exited".into()));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Msg::Gone(gen, e.to_string()));
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        log::info!("wasm: worker {} started (pid {})", self.gen, child.id());
+        Ok(Live {
+            gen: self.gen,
+            child,
+            sock: ours,
+            cgroup,
+            ready: false,
+        })
+    }
+
+    fn on_run(&mut self, req: RunRequest, reply: Reply) {
+        match (&self.live, self.state()) {
+            (Some(l), _) if l.ready => self.send(req, reply),
+            (Some(_), _) => self.queued.push((req, reply)),
+            (None, State::Down(why)) if self.prepared_failed => {
+                reply(Err(Failure::Unavailable(why)))
+            }
+            (None, _) => {
+                self.start_worker();
+                match (&self.live, self.state()) {
+                    (Some(_), _) => self.queued.push((req, reply)),
+                    (None, State::Down(why)) => reply(Err(Failure::Unavailable(why))),
+                    (None, _) => reply(Err(Failure::Unavailable(
+                        "the WebAssembly worker could not start".into(),
+                    ))),
+                }
+            }
+        }
+    }
+
+    fn state(&self) -> State {
+        self.state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(State::Starting)
+    }
+
+    fn send(&mut self, req: RunRequest, reply: Reply) {
+        self.next_id += 1;
+        let id = self.next_id;
+        let frame = serde_json::json!({
+            "id": id,
+            "code": req.code,
+            "timeout_ms": req.timeout_ms,
+            "fuel": req.fuel,
+            "memory_bytes": req.memory_bytes,
+        })
+        .to_string();
+        let deadline = Instant::now() + Duration::from_millis(req.timeout_ms) + STUCK_GRACE;
+        self.pending.insert(id, (deadline, reply));
+        let ok = self
+            .live
+            .as_mut()
+            .is_some_and(|l| write_frame(&mut l.sock, frame.as_bytes()).is_ok());
+        if !ok {
+            self.worker_failed("its socket refused a run".into());
+        }
+    }
+
+    fn on_frame(&mut self, f: &[u8]) {
+        #[derive(Deserialize)]
+        struct Frame {
+            id: Option<u64>,
+            ready: Option<bool>,
+            fatal: Option<String>,
+            #[serde(flatten)]
+            answer: Option<RunAnswer>,
+        }
+        let Ok(frame) = serde_json::from_slice::<Frame>(f) else {
+            self.worker_failed("it sent a frame that is not one".into());
+            return;
+        };
+        if let Some(why) = frame.fatal {
+            let why: String = why.chars().take(2000).collect();
+            log::error!("wasm: worker failed to serve: {why}");
+            self.worker_failed(why);
+            return;
+        }
+        if frame.ready == Some(true) {
+            if let Some(l) = self.live.as_mut() {
+                l.ready = true;
+            }
+            self.set_state(State::Ready);
+            for (req, reply) in std::mem::take(&mut self.queued) {
+                self.send(req, reply);
+            }
+            return;
+        }
+        match (
+            frame.id.and_then(|id| self.pending.remove(&id)),
+            frame.answer,
+        ) {
+            (Some((_, reply)), Some(a)) => reply(Ok(a)),
+            _ => self.worker_failed("it answered a run it was not given".into()),
+        }
+    }
+
+    /// The worker is dead or untrustworthy: its runs fail, it is removed, and the next
+    /// one starts.
+    fn worker_failed(&mut self, why: String) {
+        log::warn!(
+            "wasm: worker {} failed ({why}); {} runs on it fail",
+            self.gen,
+            self.pending.len()
+        );
+        self.kill_worker();
+        for (_, (_, reply)) in self.pending.drain() {
+            reply(Err(Failure::Crashed(why.clone())));
+        }
+        self.start_worker();
+    }
+
+    fn kill_worker(&mut self) {
+        let Some(mut l) = self.live.take() else {
+            return;
+        };
+        let _ = l.sock.shutdown(std::net::Shutdown::Both);
+        // Its process group: the worker and anything it started.
+        let _ = crate::sys::kill_group(l.child.id() as i32, libc::SIGKILL);
+        let _ = l.child.kill();
+        let _ = l.child.wait();
+        if let Some(cg) = l.cgroup.take() {
+            cg.kill_all();
+            let _ = cg.destroy();
+        }
+    }
+}
+
+fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let n = u32::from_be_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(std::io::Error::other(format!("a frame of {n} bytes")));
+    }
+    let mut buf = vec![0u8; n];
+    r.read_exact(&mut buf)?;
+    Ok(Some(buf))
+}
+
+fn write_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+    let n = u32::try_from(body.len()).map_err(std::io::Error::other)?;
+    if body.len() > MAX_FRAME {
+        return Err(std::io::Error::other("frame too large"));
+    }
+    w.write_all(&n.to_be_bytes())?;
+    w.write_all(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_frames_round_trip_and_oversize_is_refused() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, b"{\"a\":1}").unwrap();
+        let mut r = std::io::Cursor::new(buf);
+        assert_eq!(read_frame(&mut r).unwrap().unwrap(), b"{\"a\":1}");
+        assert_eq!(read_frame(&mut r).unwrap(), None);
+        let mut big = ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec();
+        big.extend_from_slice(&[0; 8]);
+        assert!(read_frame(&mut std::io::Cursor::new(big)).is_err());
+    }
+}

@@ -1,0 +1,425 @@
+//! The eryx face (`/eryx`, eryx-api.md): Python in WebAssembly, run by the real
+//! `isobox-wasm` worker (eryx on wasmtime) that the real daemon starts jailed.
+//! Compute units, the time, fuel and memory limits at and around their bounds, the
+//! document's error codes, per-tenant concurrency, what sandboxed code cannot do, the
+//! worker's jail, a worker killed mid-run, and nothing left behind.
+
+mod common;
+use common::{Daemon, Resp};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn execute(d: &Daemon, body: &Value, key: Option<&str>) -> Resp {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let mut h: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
+    if let Some(a) = &auth {
+        h.push(("Authorization", a));
+    }
+    d.request("POST", "/eryx/v1/execute", &h, body.to_string().as_bytes())
+}
+
+/// A run that must be answered 200: its body.
+fn run(d: &Daemon, body: Value) -> Value {
+    let r = execute(d, &body, None);
+    assert_eq!(r.status, 200, "{}\nlog:\n{}", r.text(), d.log());
+    r.json()
+}
+
+/// `{"error": {"code", "message"}}` and nothing else: the code.
+fn code(r: &Resp) -> String {
+    let v = r.json();
+    assert_eq!(v.as_object().map(|o| o.len()), Some(1), "{v}");
+    assert_eq!(v["error"].as_object().map(|o| o.len()), Some(2), "{v}");
+    assert!(!v["error"]["message"].as_str().unwrap().is_empty(), "{v}");
+    v["error"]["code"].as_str().unwrap().to_string()
+}
+
+/// The worker of this daemon: its pid, from its cgroup under the daemon's slice.
+fn worker_pid(d: &Daemon) -> Option<u32> {
+    let slice = std::path::PathBuf::from("/sys/fs/cgroup/pids").join(&d.instance);
+    for e in std::fs::read_dir(&slice).ok()?.flatten() {
+        if e.file_name().to_string_lossy().starts_with("wasm-worker-") {
+            let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).ok()?;
+            return procs.lines().next().and_then(|l| l.trim().parse().ok());
+        }
+    }
+    None
+}
+
+#[test]
+fn test_the_documents_examples_compute_units_and_outcomes() {
+    let d = Daemon::start();
+    d.wait_ready();
+    // The quick start, field for field.
+    let v = run(&d, json!({"code": "print(1 + 1)"}));
+    assert_eq!(v["stdout"], "2\n", "{v}");
+    assert_eq!(v["stderr"], "");
+    assert_eq!(v["status"], "success");
+    assert_eq!(v.as_object().unwrap().len(), 4, "{v}");
+    let units = v["compute_units"].as_u64().unwrap();
+    assert!(units > 1000, "{v}");
+    // The same code uses the same units, every time.
+    for _ in 0..4 {
+        let again = run(&d, json!({"code": "print(1 + 1)"}));
+        assert_eq!(again["compute_units"].as_u64(), Some(units), "{again}");
+    }
+    let v = run(
+        &d,
+        json!({"code": "import math\nprint(math.factorial(20))"}),
+    );
+    assert_eq!(v["stdout"], "2432902008176640000\n", "{v}");
+    // More work, more units.
+    let v = run(
+        &d,
+        json!({"code": "s = 0\nfor i in range(100000):\n    s += i\nprint(s)"}),
+    );
+    assert_eq!(v["stdout"], "4999950000\n", "{v}");
+    assert!(v["compute_units"].as_u64().unwrap() > units * 2, "{v}");
+    // An exception: 200, status error, the traceback with the user's own line
+    // numbers, no output, and the units it used.
+    let v = run(
+        &d,
+        json!({"code": "print('before')\n\nraise ValueError(\"bad input\")"}),
+    );
+    assert_eq!(v["status"], "error", "{v}");
+    assert_eq!(
+        (v["stdout"].as_str(), v["stderr"].as_str()),
+        (Some(""), Some(""))
+    );
+    let err = v["error"].as_str().unwrap();
+    assert!(
+        err.starts_with("Traceback (most recent call last):\n"),
+        "{err}"
+    );
+    assert!(err.contains("line 3"), "{err}");
+    assert!(err.ends_with("ValueError: bad input\n"), "{err}");
+    assert!(!err.contains("isobox"), "the wrapper shows: {err}");
+    assert!(v["compute_units"].as_u64().unwrap() > 0, "{v}");
+    // A syntax error is an error too.
+    let v = run(&d, json!({"code": "def f(:\n  pass"}));
+    assert_eq!(v["status"], "error");
+    assert!(v["error"].as_str().unwrap().contains("SyntaxError"), "{v}");
+    // Top-level await, stderr, sys.exit(0) as success.
+    let v = run(
+        &d,
+        json!({"code": "import asyncio, sys\nasync def two(x):\n    await asyncio.sleep(0)\n    return 2 * x\nprint(await asyncio.gather(two(1), two(2)))\nprint('warn', file=sys.stderr)\nsys.exit(0)"}),
+    );
+    assert_eq!(
+        (
+            v["status"].as_str(),
+            v["stdout"].as_str(),
+            v["stderr"].as_str()
+        ),
+        (Some("success"), Some("[2, 4]\n"), Some("warn\n")),
+        "{v}"
+    );
+    let v = run(&d, json!({"code": "import sys\nsys.exit(3)"}));
+    assert_eq!(v["status"], "error", "{v}");
+    // Each run starts fresh.
+    run(&d, json!({"code": "leftover = 1"}));
+    let v = run(&d, json!({"code": "print(leftover)"}));
+    assert!(v["error"].as_str().unwrap().contains("NameError"), "{v}");
+    // Unicode both ways.
+    let v = run(&d, json!({"code": "print('héllo ✓', len('✓'))"}));
+    assert_eq!(v["stdout"], "héllo ✓ 1\n");
+    d.stop();
+}
+
+#[test]
+fn test_fuel_time_and_memory_limits_at_their_bounds() {
+    let d = Daemon::start_with(&[("ISOBOX_ERYX_TIMEOUT_S", "3")]);
+    d.wait_ready();
+    let code = "print(sum(range(1000)))";
+    let units = run(&d, json!({"code": code}))["compute_units"]
+        .as_u64()
+        .unwrap();
+    // At the bound and above it: success with the same units; below: resource_limit.
+    // (The engine checks fuel at its own granularity: a limit a few units short of
+    // what a run needs may still see it through.)
+    for (limit, status) in [
+        (units, "success"),
+        (units + 1, "success"),
+        (units / 100 * 99, "resource_limit"),
+        (units / 2, "resource_limit"),
+    ] {
+        let v = run(&d, json!({"code": code, "fuel_limit": limit}));
+        assert_eq!(v["status"], status, "fuel_limit {limit} of {units}: {v}");
+        if status == "success" {
+            assert_eq!(v["compute_units"].as_u64(), Some(units), "{v}");
+            assert_eq!(v["stdout"], "499500\n");
+        } else {
+            assert_eq!(v["stdout"], "", "{v}");
+            let used = v["compute_units"].as_u64().unwrap();
+            assert!(
+                used <= limit && used + 10_000 >= limit,
+                "{used} of {limit}: {v}"
+            );
+        }
+    }
+    // Time: the request's own limit, and the server's cap over a larger one.
+    let t0 = Instant::now();
+    let v = run(
+        &d,
+        json!({"code": "while True:\n    pass", "timeout_secs": 1}),
+    );
+    assert_eq!(v["status"], "timeout", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("time limit"), "{v}");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let t0 = Instant::now();
+    let v = run(
+        &d,
+        json!({"code": "import time\ntime.sleep(30)", "timeout_secs": 100}),
+    );
+    assert_eq!(v["status"], "timeout", "{v}");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(2900) && took < Duration::from_secs(6),
+        "capped at 3 s: {took:?}"
+    );
+    // Memory: 64 MB by default. Under it works; over it is MemoryError, reported as
+    // resource_limit.
+    let v = run(
+        &d,
+        json!({"code": "b = bytearray(32 * 1024 * 1024)\nprint(len(b))"}),
+    );
+    assert_eq!(v["stdout"], "33554432\n", "{v}");
+    let v = run(
+        &d,
+        json!({"code": "b = bytearray(200 * 1024 * 1024)\nprint(len(b))"}),
+    );
+    assert_eq!(v["status"], "resource_limit", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("MemoryError"), "{v}");
+    // And the worker is fine afterwards.
+    assert_eq!(run(&d, json!({"code": "print(7)"}))["stdout"], "7\n");
+    d.stop();
+}
+
+#[test]
+fn test_errors_auth_and_per_tenant_concurrency() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "eryx_alpha,eryx_beta"),
+        ("ISOBOX_ERYX_CONCURRENCY", "1"),
+    ]);
+    d.wait_ready();
+    let ok = json!({"code": "print(1)"});
+    // Auth, as the document spells it.
+    let r = execute(&d, &ok, None);
+    assert_eq!((r.status, code(&r)), (401, "missing_auth".into()));
+    let r = d.request(
+        "POST",
+        "/eryx/v1/execute",
+        &[
+            ("Content-Type", "application/json"),
+            ("Authorization", "Basic YTpi"),
+        ],
+        ok.to_string().as_bytes(),
+    );
+    assert_eq!((r.status, code(&r)), (401, "invalid_auth".into()));
+    let r = execute(&d, &ok, Some("eryx_wrong"));
+    assert_eq!((r.status, code(&r)), (401, "invalid_key".into()));
+    let r = execute(&d, &ok, Some("eryx_alpha"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["stdout"], "1\n");
+    // Bad requests.
+    let h = [("Authorization", "Bearer eryx_alpha")];
+    let r = d.request("POST", "/eryx/v1/execute", &h, ok.to_string().as_bytes());
+    assert_eq!((r.status, code(&r)), (415, "invalid_request".into()));
+    for (body, status, want) in [
+        ("{", 400, "invalid_request"),
+        ("{}", 422, "invalid_request"),
+        (r#"{"code": 5}"#, 422, "invalid_request"),
+        (
+            r#"{"code": "x", "timeout_secs": 0}"#,
+            422,
+            "invalid_request",
+        ),
+        (
+            r#"{"code": "x", "environment": "templating"}"#,
+            404,
+            "not_found",
+        ),
+    ] {
+        let r = d.request(
+            "POST",
+            "/eryx/v1/execute",
+            &[
+                ("Authorization", "Bearer eryx_alpha"),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_bytes(),
+        );
+        assert_eq!((r.status, code(&r)), (status, want.into()), "{body}");
+    }
+    let r = d.request("GET", "/eryx/v1/execute", &h, b"");
+    assert_eq!((r.status, code(&r)), (405, "invalid_request".into()));
+    let r = d.request("GET", "/eryx/v1/stream", &h, b"");
+    assert_eq!((r.status, code(&r)), (404, "not_found".into()));
+    // The body cap: 1 MiB of code is refused, just under it runs.
+    let big = "#".repeat(1 << 20);
+    let r = execute(&d, &json!({"code": big}), Some("eryx_alpha"));
+    assert_eq!((r.status, code(&r)), (413, "invalid_request".into()));
+    let under = format!("{}\nprint('ok')", "#".repeat((1 << 20) - 100));
+    let r = execute(&d, &json!({"code": under}), Some("eryx_alpha"));
+    assert_eq!((r.status, r.json()["stdout"].as_str()), (200, Some("ok\n")));
+    // One run at a time for alpha: a second is refused at once, beta is not held up,
+    // and alpha's next run works once the first ended.
+    let addr = d.addr;
+    let slow = std::thread::spawn(move || {
+        let body = json!({"code": "import time\ntime.sleep(2)\nprint('slept')"}).to_string();
+        common::raw_exchange(
+            addr,
+            format!(
+                "POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer eryx_alpha\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let t0 = Instant::now();
+    let r = execute(&d, &ok, Some("eryx_alpha"));
+    assert_eq!((r.status, code(&r)), (429, "concurrency_limit".into()));
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("limit: 1"));
+    assert!(t0.elapsed() < Duration::from_millis(500), "not queued");
+    let r = execute(&d, &ok, Some("eryx_beta"));
+    assert_eq!((r.status, r.json()["stdout"].as_str()), (200, Some("1\n")));
+    let answers = slow.join().unwrap();
+    assert_eq!(answers.len(), 1);
+    assert_eq!(
+        answers[0].json()["stdout"],
+        "slept\n",
+        "{}",
+        answers[0].text()
+    );
+    let r = execute(&d, &ok, Some("eryx_alpha"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    d.stop();
+}
+
+#[test]
+fn test_what_sandboxed_code_cannot_do_ends_in_a_status() {
+    let d = Daemon::start();
+    d.wait_ready();
+    for (what, code, want) in [
+        ("a socket", "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\ns.connect(('127.0.0.1', 8090))", "PermissionError"),
+        ("a file write", "open('/tmp/x', 'w').write('x')", "Error"),
+        ("/proc", "print(open('/proc/self/status').read())", "Error"),
+        ("os.system", "import os\nprint(os.system('id'))", "Error"),
+        ("subprocess", "import subprocess\nsubprocess.run(['id'])", "Error"),
+        ("ctypes", "import ctypes\nctypes.CDLL(None)", "Error"),
+        ("a native module", "import numpy", "ModuleNotFoundError"),
+        ("deep recursion", "def f(n):\n    return f(n + 1)\nf(0)", "RecursionError"),
+    ] {
+        let v = run(&d, json!({"code": code}));
+        assert_eq!(v["status"], "error", "{what}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(want), "{what}: {v}");
+        assert_eq!(v["stdout"], "", "{what}: {v}");
+    }
+    let v = run(&d, json!({"code": "x = bytearray(1 << 30)"}));
+    assert_eq!(v["status"], "resource_limit", "{v}");
+    // Raw writes to fd 1 and 2 go nowhere the daemon reads: not into its log.
+    let v = run(
+        &d,
+        json!({"code": "import os\nos.write(2, b'INJECTED-LINE\\n')\nprint('fine')"}),
+    );
+    assert_eq!(v["status"], "success", "{v}");
+    assert!(!d.log().contains("INJECTED-LINE"), "{}", d.log());
+    assert_eq!(run(&d, json!({"code": "print(7)"}))["stdout"], "7\n");
+    d.stop();
+}
+
+#[test]
+fn test_the_worker_is_jailed_and_a_killed_worker_fails_only_its_runs() {
+    let d = Daemon::start();
+    d.wait_ready();
+    assert_eq!(run(&d, json!({"code": "print(1)"}))["stdout"], "1\n");
+    let pid = worker_pid(&d).expect("the worker's cgroup under the slice");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default()
+    };
+    assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
+    assert_eq!(field("Gid:"), "65534 65534 65534 65534", "{status}");
+    assert_eq!(field("Groups:"), "", "{status}");
+    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
+    assert_ne!(
+        ns(&pid.to_string()),
+        ns("self"),
+        "its own network namespace"
+    );
+    let mem = std::path::PathBuf::from("/sys/fs/cgroup/memory")
+        .join(&d.instance)
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("wasm-worker-"))
+        .unwrap()
+        .path();
+    let cap: u64 = std::fs::read_to_string(mem.join("memory.limit_in_bytes"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(cap, 1024 << 20);
+    // kill -9 mid-run: that run gets 500 internal_error; the next one works on a new
+    // worker.
+    let addr = d.addr;
+    let slow = std::thread::spawn(move || {
+        let body = json!({"code": "import time\ntime.sleep(20)"}).to_string();
+        common::raw_exchange(
+            addr,
+            format!(
+                "POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let t0 = Instant::now();
+    unsafe_free_kill(pid);
+    let answers = slow.join().unwrap();
+    assert_eq!(answers[0].status, 500, "{}", answers[0].text());
+    assert_eq!(code(&answers[0]), "internal_error");
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(run(&d, json!({"code": "print(2)"}))["stdout"], "2\n");
+    let again = worker_pid(&d).unwrap();
+    assert_ne!(again, pid);
+    // Nothing left: the old worker's cgroup is gone now, the new one with the daemon.
+    let workers: Vec<_> = std::path::PathBuf::from("/sys/fs/cgroup/memory")
+        .join(&d.instance)
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("wasm-worker-"))
+        .collect();
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    d.stop();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{again}")).exists(),
+        "the worker outlived the daemon"
+    );
+}
+
+/// SIGKILL through kill(1): the test needs no unsafe code of its own.
+fn unsafe_free_kill(pid: u32) {
+    let ok = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}

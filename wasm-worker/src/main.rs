@@ -1,0 +1,439 @@
+//! `isobox-wasm`: the WebAssembly worker of isoboxd. Python (CPython 3.14 compiled to
+//! WebAssembly, run by eryx on wasmtime) runs here, never inside the daemon: an engine
+//! escape lands in this process, which the daemon starts jailed (its own cgroup with a
+//! memory cap, its own empty network namespace, no new privileges, an unprivileged
+//! user) and which holds no keys.
+//!
+//! Two commands:
+//! - `isobox-wasm prepare --cache DIR`: makes the pre-initialised, pre-compiled Python
+//!   snapshot (`DIR/python-eryx<version>-<cpu>.cwasm`, ~60 MB, ~20 s) and the standard
+//!   library it reads (`DIR/eryx-embedded/python-stdlib`) unless they are there.
+//! - `isobox-wasm serve --cache DIR --threads N`: loads them and serves runs on fd 3, a
+//!   Unix stream socket to the daemon, in frames of a 4-byte big-endian length and a
+//!   JSON object ([`Request`] in, [`Answer`] out; `{"ready": …}` first).
+
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The eryx version this worker is built with (pinned in Cargo.toml).
+const ERYX_VERSION: &str = "0.5.0";
+
+/// Largest frame either side sends.
+const MAX_FRAME: usize = 16 << 20;
+
+/// Modules imported into the snapshot, so runs do not pay for them.
+const PREIMPORTS: &[&str] = &[
+    "asyncio",
+    "json",
+    "re",
+    "math",
+    "datetime",
+    "decimal",
+    "collections",
+    "itertools",
+    "functools",
+    "traceback",
+    "ast",
+    "types",
+];
+
+/// One run the daemon asks for.
+#[derive(Debug, Deserialize)]
+struct Request {
+    id: u64,
+    code: String,
+    timeout_ms: u64,
+    fuel: u64,
+    memory_bytes: u64,
+}
+
+/// How a run ended, as the eryx face reports it.
+#[derive(Debug, Serialize)]
+struct Answer {
+    id: u64,
+    status: &'static str,
+    stdout: String,
+    stderr: String,
+    compute_units: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let Some(cache) = flag("--cache").map(PathBuf::from) else {
+        eprintln!("usage: isobox-wasm prepare|serve --cache DIR [--threads N]");
+        std::process::exit(2);
+    };
+    let code = match args.get(1).map(String::as_str) {
+        Some("prepare") => match prepare(&cache) {
+            Ok(p) => {
+                println!("{}", p.display());
+                0
+            }
+            Err(e) => {
+                eprintln!("isobox-wasm prepare: {e}");
+                1
+            }
+        },
+        Some("serve") => {
+            let threads = flag("--threads")
+                .and_then(|t| t.parse::<usize>().ok())
+                .unwrap_or(2)
+                .clamp(1, 64);
+            match serve(&cache, threads) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("isobox-wasm serve: {e}");
+                    1
+                }
+            }
+        }
+        _ => {
+            eprintln!("usage: isobox-wasm prepare|serve --cache DIR [--threads N]");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+/// The snapshot's path for this eryx version and this CPU (wasmtime compiles for the
+/// host's features; a snapshot from another CPU would be refused on load).
+fn snapshot_path(cache: &Path) -> PathBuf {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .unwrap_or_default();
+    let key = fnv1a(format!("{}|{flags}", std::env::consts::ARCH).as_bytes());
+    cache.join(format!("python-eryx{ERYX_VERSION}-{key:016x}.cwasm"))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The standard library, extracted from the binary into `cache` (eryx extracts it
+/// under the temporary directory: pointed at the cache here).
+fn stdlib(cache: &Path) -> Result<PathBuf, String> {
+    std::env::set_var("TMPDIR", cache);
+    eryx::embedded_stdlib::EmbeddedStdlib::get()
+        .map(|s| s.path().to_path_buf())
+        .map_err(|e| format!("extracting the Python standard library: {e}"))
+}
+
+/// Makes the snapshot unless it is there; its path.
+fn prepare(cache: &Path) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    // One preparer at a time (daemons starting together wait for the first).
+    let lock = std::fs::File::create(cache.join(".prepare.lock"))
+        .map_err(|e| format!("{}: {e}", cache.display()))?;
+    lock.lock().map_err(|e| format!("locking the cache: {e}"))?;
+    let lib = stdlib(cache)?;
+    let path = snapshot_path(cache);
+    if path.exists() {
+        return Ok(path);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let component = rt
+        .block_on(eryx::preinit::pre_initialize(&lib, None, PREIMPORTS, &[]))
+        .map_err(|e| format!("pre-initialising Python: {e}"))?;
+    let compiled = eryx::PythonExecutor::precompile(&component)
+        .map_err(|e| format!("compiling the snapshot: {e}"))?;
+    // Written aside and renamed: a concurrent preparer or a reader never sees half.
+    let tmp = cache.join(format!(".prepare-{}.tmp", std::process::id()));
+    std::fs::write(&tmp, &compiled).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("{}: {e}", path.display())
+    })?;
+    Ok(path)
+}
+
+/// Serves runs on fd 3 until the daemon closes it; a failure to start is told there
+/// (`{"fatal": why}`), since stdout and stderr lead nowhere.
+fn serve(cache: &Path, threads: usize) -> Result<(), String> {
+    let sock = fd3()?;
+    let mut told = sock.try_clone().map_err(|e| e.to_string())?;
+    serve_on(cache, threads, sock).inspect_err(|e| {
+        let _ = write_frame(
+            &mut told,
+            serde_json::json!({"fatal": e}).to_string().as_bytes(),
+        );
+    })
+}
+
+fn serve_on(
+    cache: &Path,
+    threads: usize,
+    sock: std::os::unix::net::UnixStream,
+) -> Result<(), String> {
+    let lib = stdlib(cache)?;
+    let path = snapshot_path(cache);
+    if !path.exists() {
+        return Err(format!(
+            "{} is missing: run isobox-wasm prepare first",
+            path.display()
+        ));
+    }
+    // SAFETY: the snapshot was compiled by `prepare` of this same binary (same eryx,
+    // same wasmtime, same engine settings) into a cache only root may write; wasmtime
+    // checks its version and settings on load and refuses a mismatch.
+    let executor = unsafe { eryx::PythonExecutor::from_precompiled_file(&path) }
+        .map_err(|e| format!("loading {}: {e}", path.display()))?
+        .with_python_stdlib(&lib)
+        .with_result_variable(OUTCOME_VAR);
+    let executor = Arc::new(executor);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let mut out = sock.try_clone().map_err(|e| e.to_string())?;
+    let writer = std::thread::spawn(move || {
+        for frame in rx {
+            if write_frame(&mut out, &frame).is_err() {
+                break;
+            }
+        }
+    });
+    let hello = serde_json::json!({"ready": true, "eryx": ERYX_VERSION, "threads": threads});
+    let _ = tx.send(hello.to_string().into_bytes());
+    let mut input = sock;
+    loop {
+        let frame = match read_frame(&mut input) {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return Err(format!("reading a request: {e}")),
+        };
+        let req: Request = match serde_json::from_slice(&frame) {
+            Ok(r) => r,
+            Err(e) => return Err(format!("a request that is not one: {e}")),
+        };
+        let (executor, tx) = (Arc::clone(&executor), tx.clone());
+        rt.spawn(async move {
+            let answer = run(&executor, req).await;
+            let _ = tx.send(serde_json::to_vec(&answer).unwrap_or_default());
+        });
+    }
+    drop(tx);
+    rt.shutdown_timeout(Duration::from_millis(100));
+    let _ = writer.join();
+    Ok(())
+}
+
+/// The variable the wrapper leaves its verdict in (eryx's result capture).
+const OUTCOME_VAR: &str = "_isobox_outcome_7f3a";
+
+/// Characters kept per stream (past them, the rest is dropped and a line says so).
+const OUTPUT_CHARS: usize = 1 << 20;
+
+/// What runs: tracing off (eryx traces every line, which would make compute units
+/// measure the tracer); stdout and stderr captured here, exactly (eryx's own capture
+/// trims trailing newlines) and bounded; sockets refused with `PermissionError`, as
+/// the document says (eryx's shim raises a plain `OSError` at connect); then the
+/// user's code, compiled from its own text (so its line numbers are its own), in the
+/// user's namespace. An exception is caught here, so the run ends normally and its
+/// compute units are known; it is reported as a traceback without this wrapper's
+/// frame. Nothing of the wrapper stays in the namespace.
+fn wrap(code: &str) -> String {
+    let lit = serde_json::to_string(code).unwrap_or_else(|_| "\"\"".into());
+    format!(
+        r#"import sys as _isobox_sys
+_isobox_sys.settrace(None)
+_isobox_sys._getframe().f_trace = None
+def _isobox_setup():
+    import sys, socket
+    class Capture:
+        encoding = "utf-8"
+        errors = "strict"
+        newlines = None
+        closed = False
+        def __init__(self):
+            self.parts, self.n, self.cut = [], 0, False
+        def write(self, s):
+            if not isinstance(s, str):
+                raise TypeError("write() argument must be str, not " + type(s).__name__)
+            room = {OUTPUT_CHARS} - self.n
+            if len(s) > room:
+                self.cut = True
+                s = s[:max(room, 0)]
+            if s:
+                self.parts.append(s)
+                self.n += len(s)
+            return len(s)
+        def writelines(self, lines):
+            for l in lines:
+                self.write(l)
+        def flush(self):
+            pass
+        def writable(self):
+            return True
+        def readable(self):
+            return False
+        def seekable(self):
+            return False
+        def isatty(self):
+            return False
+        def value(self):
+            v = "".join(self.parts)
+            return v + "\n[output truncated at {OUTPUT_CHARS} characters]\n" if self.cut else v
+    def denied(*a, **k):
+        raise PermissionError(1, "Operation not permitted: this sandbox has no network")
+    socket.socket.__init__ = denied
+    sys.stdout, sys.stderr = Capture(), Capture()
+    return sys.stdout, sys.stderr
+def _isobox_verdict(e):
+    import traceback
+    if isinstance(e, SystemExit) and e.code in (None, 0):
+        return None
+    tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+    kind = "memory" if isinstance(e, MemoryError) else "error"
+    return {{"kind": kind, "error": "".join(traceback.format_exception(type(e), e, tb))}}
+_isobox_out = _isobox_setup()
+try:
+    _isobox_code = compile({lit}, "<user>", "exec", flags=__import__("ast").PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    if _isobox_code.co_flags & 0x80:
+        await __import__("types").FunctionType(_isobox_code, globals())()
+    else:
+        exec(_isobox_code, globals())
+    {OUTCOME_VAR} = None
+except BaseException as _isobox_e:
+    {OUTCOME_VAR} = _isobox_verdict(_isobox_e)
+    del _isobox_e
+finally:
+    if {OUTCOME_VAR} is None:
+        {OUTCOME_VAR} = {{"stdout": _isobox_out[0].value(), "stderr": _isobox_out[1].value()}}
+    for _isobox_n in ("_isobox_code", "_isobox_verdict", "_isobox_sys", "_isobox_setup", "_isobox_out", "_isobox_n"):
+        globals().pop(_isobox_n, None)
+"#
+    )
+}
+
+async fn run(executor: &eryx::PythonExecutor, req: Request) -> Answer {
+    let mut answer = Answer {
+        id: req.id,
+        status: "success",
+        stdout: String::new(),
+        stderr: String::new(),
+        compute_units: 0,
+        error: None,
+    };
+    if req.code.contains('\0') {
+        answer.status = "error";
+        answer.error = Some("SyntaxError: source code cannot contain null bytes\n".into());
+        return answer;
+    }
+    let result = executor
+        .execute(wrap(&req.code))
+        .with_memory_limit(req.memory_bytes)
+        .with_timeout(Duration::from_millis(req.timeout_ms.max(1)))
+        .with_fuel_limit(req.fuel)
+        .run()
+        .await;
+    match result {
+        Ok(out) => {
+            answer.compute_units = out.fuel_consumed.unwrap_or(0);
+            let verdict: serde_json::Value = out
+                .result
+                .as_deref()
+                .and_then(|r| serde_json::from_str(r).ok())
+                .unwrap_or(serde_json::Value::Null);
+            match verdict["kind"].as_str() {
+                None => {
+                    let text = |k: &str| verdict[k].as_str().unwrap_or_default().to_string();
+                    answer.stdout = text("stdout");
+                    answer.stderr = text("stderr");
+                }
+                Some(kind) => {
+                    answer.status = if kind == "memory" {
+                        "resource_limit"
+                    } else {
+                        "error"
+                    };
+                    answer.error = verdict["error"].as_str().map(str::to_string);
+                }
+            }
+        }
+        Err(eryx::Error::FuelExhausted { consumed, limit }) => {
+            answer.status = "resource_limit";
+            answer.compute_units = consumed;
+            answer.error = Some(format!(
+                "The run used up its compute units (limit: {limit})"
+            ));
+        }
+        Err(eryx::Error::Timeout(t)) => {
+            answer.status = "timeout";
+            answer.error = Some(format!(
+                "The run took longer than its time limit ({} s)",
+                t.as_secs_f64()
+            ));
+        }
+        Err(eryx::Error::ResourceLimit(m)) => {
+            answer.status = "resource_limit";
+            answer.error = Some(format!("The run used up its memory: {m}"));
+        }
+        Err(eryx::Error::PythonException(tb)) => {
+            answer.status = "error";
+            answer.error = Some(tb);
+        }
+        Err(e) => {
+            // A trap the wrapper could not catch (a stack overflow in the engine, say).
+            answer.status = "error";
+            answer.error = Some(format!("The run failed in the engine: {e}"));
+        }
+    }
+    answer
+}
+
+/// fd 3, the socket the daemon gave us.
+fn fd3() -> Result<std::os::unix::net::UnixStream, String> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: fd 3 is the socket the daemon passes at spawn, and nothing else in this
+    // process opens or owns it; fstat checks it is open and a socket before we take it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid, writable stat buffer.
+    if unsafe { libc::fstat(3, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err("fd 3 is not the daemon's socket".into());
+    }
+    // SAFETY: see above: fd 3 is open, a socket, and owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(3) };
+    Ok(std::os::unix::net::UnixStream::from(fd))
+}
+
+fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let n = u32::from_be_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(std::io::Error::other(format!("a frame of {n} bytes")));
+    }
+    let mut buf = vec![0u8; n];
+    r.read_exact(&mut buf)?;
+    Ok(Some(buf))
+}
+
+fn write_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
+    let n = u32::try_from(body.len()).map_err(std::io::Error::other)?;
+    w.write_all(&n.to_be_bytes())?;
+    w.write_all(body)
+}
