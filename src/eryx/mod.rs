@@ -233,7 +233,12 @@ pub fn parse_execute(req: &Request, limits: Limits) -> Result<Execute, Response>
     let positive = |name: &str| -> Result<Option<u64>, Response> {
         match o.get(name) {
             None | Some(Value::Null) => Ok(None),
-            Some(n) => match n.as_u64() {
+            // JSON's integers: `20` and `20.0` alike (JSON Schema's reading).
+            Some(n) => match n.as_u64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 1.0 && *f < 9.0e15)
+                    .map(|f| f as u64)
+            }) {
                 Some(n) if n > 0 => Ok(Some(n)),
                 _ => Err(error(
                     422,
@@ -308,6 +313,15 @@ mod tests {
         .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (2_000, 5));
         // A request may lower its limits, never raise them.
+        let e = parse_execute(
+            &req(
+                "application/json",
+                r#"{"code": "x", "timeout_secs": 3.0, "fuel_limit": null, "environment": null}"#,
+            ),
+            L,
+        )
+        .unwrap();
+        assert_eq!((e.timeout_ms, e.fuel), (3_000, 1_000_000));
         let e = parse_execute(
             &req(
                 "application/json",
