@@ -3,7 +3,7 @@
 #
 #   deb/build.sh [OUTDIR]        (default OUTDIR: target/deb; `make deb` builds first)
 #
-# Packs target/release/{isoboxd,isobox-init} (stripped), the systemd unit and slice,
+# Packs target/release/{isoboxd,isobox-init,isobox-wasm} (stripped), the systemd unit and slice,
 # the environment file, the runtimes' build (isobox-runtimes and the package lists)
 # and the manual pages with dpkg-deb, as root:root, and prints the .deb's path. The
 # version is Cargo.toml's plus the commit (0.1.0+git20261203.1a2b3c4); the shared
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 # The binaries: the release build, or ISOBOX_DEB_BIN_DIR (the tests' own build).
 release="${ISOBOX_DEB_BIN_DIR:-${CARGO_TARGET_DIR:-target}/release}"
 out="${1:-target/deb}"
-for b in isoboxd isobox-init; do
+for b in isoboxd isobox-init isobox-wasm; do
     [[ -x "$release/$b" ]] || { echo "deb/build.sh: $release/$b missing: cargo build --release first" >&2; exit 1; }
 done
 cargo_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
@@ -35,8 +35,11 @@ umask 022
 install -D -m 0755 "$release/isoboxd" "$root/usr/bin/isoboxd"
 # Found by isoboxd in /usr/libexec/isobox when it is not beside the daemon.
 install -D -m 0755 "$release/isobox-init" "$root/usr/libexec/isobox/isobox-init"
+# The eryx face's WebAssembly worker, found there likewise.
+install -D -m 0755 "$release/isobox-wasm" "$root/usr/libexec/isobox/isobox-wasm"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note \
-    "$root/usr/bin/isoboxd" "$root/usr/libexec/isobox/isobox-init"
+    "$root/usr/bin/isoboxd" "$root/usr/libexec/isobox/isobox-init" \
+    "$root/usr/libexec/isobox/isobox-wasm"
 install -D -m 0755 deb/isobox-runtimes "$root/usr/sbin/isobox-runtimes"
 install -D -m 0755 runtimes/rootfs/build.sh "$root/usr/share/isobox/rootfs/build.sh"
 for f in runtimes/rootfs/*.packages runtimes/rootfs/*.postinst; do
@@ -61,7 +64,7 @@ gzip -9n "$doc/changelog"
 shl=$(mktemp -d /tmp/isobox-shlibs.XXXXXX)
 mkdir "$shl/debian"
 printf 'Source: isobox\n\nPackage: isobox\nArchitecture: any\n' > "$shl/debian/control"
-shlibs=$(cd "$shl" && dpkg-shlibdeps -O "$root/usr/bin/isoboxd" "$root/usr/libexec/isobox/isobox-init" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+shlibs=$(cd "$shl" && dpkg-shlibdeps -O "$root/usr/bin/isoboxd" "$root/usr/libexec/isobox/isobox-init" "$root/usr/libexec/isobox/isobox-wasm" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
 rm -rf "$shl"
 [[ -n "$shlibs" ]] || { echo "deb/build.sh: dpkg-shlibdeps found no libraries" >&2; exit 1; }
 

@@ -57,6 +57,7 @@ pub fn run(cfg: &Config) -> Vec<Finding> {
     out.push(cgroups(Path::new("/sys/fs/cgroup")));
     out.extend(runtimes(cfg));
     out.push(init(&cfg.init));
+    out.push(wasm(cfg.eryx.worker.as_deref(), &cfg.eryx.cache_dir));
     out.push(overlay(Path::new("/proc/filesystems"), &kernel_modules()));
     out.push(mkfs());
     out.extend(egress(cfg));
@@ -284,6 +285,44 @@ fn init(path: &Path) -> Finding {
             ),
         )
     }
+}
+
+/// The eryx face's worker, and whether its Python snapshot is made already.
+fn wasm(worker: Option<&Path>, cache: &Path) -> Finding {
+    let Some(worker) = worker else {
+        return found(
+            Level::Ok,
+            "wasm",
+            "off (ISOBOX_WASM_WORKER=off): /eryx answers 503",
+        );
+    };
+    if !executable(worker) {
+        return found(
+            Level::Warn,
+            "wasm",
+            format!(
+                "{} is missing: Python in WebAssembly (/eryx) answers 503 (set ISOBOX_WASM_WORKER)",
+                worker.display()
+            ),
+        );
+    }
+    let made = std::fs::read_dir(cache).is_ok_and(|rd| {
+        rd.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".cwasm"))
+    });
+    let snapshot = if made {
+        format!("snapshot in {}", cache.display())
+    } else {
+        format!(
+            "no snapshot in {} yet: made at the first start (~20 s)",
+            cache.display()
+        )
+    };
+    found(
+        Level::Ok,
+        "wasm",
+        format!("{}, {snapshot}", worker.display()),
+    )
 }
 
 /// Where this kernel's modules are (`/lib/modules/<release>`).

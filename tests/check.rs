@@ -77,6 +77,11 @@ fn test_check_passes_on_this_host_and_changes_nothing() {
         "ok    egress     nftables answers over netlink"
     );
     assert!(line(&out, "ok    init").ends_with("/isobox-init"), "{out}");
+    // `make test` made the snapshot before the suite.
+    assert!(
+        line(&out, "ok    wasm").ends_with("/isobox-wasm, snapshot in /var/cache/isobox/wasm"),
+        "{out}"
+    );
     assert!(
         line(&out, "ok    overlay").starts_with("ok    overlay    overlayfs"),
         "{out}"
@@ -211,6 +216,7 @@ fn test_check_warns_but_passes_for_what_only_limits_the_daemon() {
     env.extend([
         ("ISOBOX_STORAGE_RESERVE_BYTES", "1152921504606846976"),
         ("ISOBOX_INIT", "/nonexistent/isobox-init"),
+        ("ISOBOX_WASM_WORKER", "/nonexistent/isobox-wasm"),
         ("ISOBOX_EGRESS", "off"),
     ]);
     let (code, out, _) = check(&env);
@@ -226,10 +232,21 @@ fn test_check_warns_but_passes_for_what_only_limits_the_daemon() {
         "warn  init       /nonexistent/isobox-init is missing: long-lived sandboxes (/wbx) cannot start (set ISOBOX_INIT)"
     );
     assert_eq!(
+        line(&out, "warn  wasm"),
+        "warn  wasm       /nonexistent/isobox-wasm is missing: Python in WebAssembly (/eryx) answers 503 (set ISOBOX_WASM_WORKER)"
+    );
+    assert_eq!(
         line(&out, "ok    egress"),
         "ok    egress     off (ISOBOX_EGRESS=off): every run is offline"
     );
     assert!(!out.contains("forwarding"), "{out}");
+    let mut off = base.to_vec();
+    off.push(("ISOBOX_WASM_WORKER", "off"));
+    let (_, out, _) = check(&off);
+    assert_eq!(
+        line(&out, "ok    wasm"),
+        "ok    wasm       off (ISOBOX_WASM_WORKER=off): /eryx answers 503"
+    );
 }
 
 #[test]

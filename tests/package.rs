@@ -63,6 +63,7 @@ fn test_the_package_holds_what_the_readme_says_and_passes_lintian_and_systemd() 
         "-rw-r--r-- /lib/systemd/system/isobox.slice",
         "-rwxr-xr-x /usr/bin/isoboxd",
         "-rwxr-xr-x /usr/libexec/isobox/isobox-init",
+        "-rwxr-xr-x /usr/libexec/isobox/isobox-wasm",
         "-rwxr-xr-x /usr/sbin/isobox-runtimes",
         "-rw-r--r-- /usr/share/doc/isobox/README.md.gz",
         "-rw-r--r-- /usr/share/doc/isobox/changelog.gz",
