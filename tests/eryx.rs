@@ -354,6 +354,8 @@ fn test_the_worker_is_jailed_and_a_killed_worker_fails_only_its_runs() {
     assert_eq!(field("Groups:"), "", "{status}");
     assert_eq!(field("NoNewPrivs:"), "1", "{status}");
     assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    // Its own seccomp filter (mode 2), installed on every thread before the first run.
+    assert_eq!(field("Seccomp:"), "2", "{status}");
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
     assert_ne!(
         ns(&pid.to_string()),
@@ -422,4 +424,38 @@ fn unsafe_free_kill(pid: u32) {
         .unwrap()
         .success();
     assert!(ok);
+}
+
+/// The worker's seccomp filter, tried by the worker itself (`isobox-wasm selftest`):
+/// sockets, fork, exec, namespaces and ptrace refused; threads and memory fine;
+/// `clone3` answered ENOSYS so threads go through `clone`, whose flags it checks.
+#[test]
+fn test_the_workers_seccomp_filter_refuses_what_an_escape_needs() {
+    let worker = std::path::Path::new(env!("CARGO_BIN_EXE_isoboxd")).with_file_name("isobox-wasm");
+    let out = std::process::Command::new(&worker)
+        .arg("selftest")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "socket_inet=EPERM",
+            "socket_unix=EPERM",
+            "fork=EPERM",
+            "execve=EPERM",
+            "unshare=EPERM",
+            "ptrace=EPERM",
+            "clone3=ENOSYS",
+            "thread=ok",
+            "alloc=ok",
+        ],
+        "{text}"
+    );
 }

@@ -8,9 +8,14 @@
 //! - `isobox-wasm prepare --cache DIR`: makes the pre-initialised, pre-compiled Python
 //!   snapshot (`DIR/python-eryx<version>-<cpu>.cwasm`, ~60 MB, ~20 s) and the standard
 //!   library it reads (`DIR/eryx-embedded/python-stdlib`) unless they are there.
-//! - `isobox-wasm serve --cache DIR --threads N`: loads them and serves runs on fd 3, a
-//!   Unix stream socket to the daemon, in frames of a 4-byte big-endian length and a
-//!   JSON object ([`Request`] in, [`Answer`] out; `{"ready": …}` first).
+//! - `isobox-wasm serve --cache DIR --threads N`: loads them, installs its seccomp
+//!   filter (`seccomp.rs`) and serves runs on fd 3, a Unix stream socket to the
+//!   daemon, in frames of a 4-byte big-endian length and a JSON object ([`Request`]
+//!   in, [`Answer`] out; `{"ready": …}` first).
+//! - `isobox-wasm selftest`: installs the filter and prints what it refuses.
+//! - `isobox-wasm bench --cache DIR`: the in-process reference of `bench/load/eryx.py`.
+
+mod seccomp;
 
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -70,8 +75,18 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    if args.get(1).map(String::as_str) == Some("selftest") {
+        let code = match seccomp::selftest() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("isobox-wasm selftest: {e}");
+                1
+            }
+        };
+        std::process::exit(code);
+    }
     let Some(cache) = flag("--cache").map(PathBuf::from) else {
-        eprintln!("usage: isobox-wasm prepare|serve --cache DIR [--threads N]");
+        eprintln!("usage: isobox-wasm prepare|serve|bench --cache DIR [--threads N] [--runs N --code CODE]");
         std::process::exit(2);
     };
     let code = match args.get(1).map(String::as_str) {
@@ -85,6 +100,17 @@ fn main() {
                 1
             }
         },
+        Some("bench") => {
+            let runs = flag("--runs").and_then(|t| t.parse().ok()).unwrap_or(100);
+            let code = flag("--code").unwrap_or_else(|| "print(1 + 1)".into());
+            match bench(&cache, runs, &code) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("isobox-wasm bench: {e}");
+                    1
+                }
+            }
+        }
         Some("serve") => {
             let threads = flag("--threads")
                 .and_then(|t| t.parse::<usize>().ok())
@@ -99,7 +125,7 @@ fn main() {
             }
         }
         _ => {
-            eprintln!("usage: isobox-wasm prepare|serve --cache DIR [--threads N]");
+            eprintln!("usage: isobox-wasm prepare|serve|bench --cache DIR [--threads N] [--runs N --code CODE]");
             2
         }
     };
@@ -212,6 +238,9 @@ fn serve_on(
             }
         }
     });
+    // From here on no thread of this process may open a socket, exec, fork or reach
+    // outside (the engine is loaded, its threads exist).
+    seccomp::install()?;
     let hello = serde_json::json!({"ready": true, "eryx": ERYX_VERSION, "threads": threads});
     let _ = tx.send(hello.to_string().into_bytes());
     let mut input = sock;
@@ -399,6 +428,52 @@ async fn run(executor: &eryx::PythonExecutor, req: Request) -> Answer {
         }
     }
     answer
+}
+
+/// The in-process reference of `bench/load/eryx.py`: `runs` runs of `code` on one
+/// executor in this process, one after another, exactly as `serve` runs them (the
+/// same snapshot, wrapper and limits) but with no socket, no jail and no daemon.
+/// Prints `{"runs", "p50_ms", "p99_ms", "compute_units", "status"}`.
+fn bench(cache: &Path, runs: usize, code: &str) -> Result<(), String> {
+    let lib = stdlib(cache)?;
+    let path = snapshot_path(cache);
+    // SAFETY: as in `serve_on`: our own snapshot, checked by wasmtime on load.
+    let executor = unsafe { eryx::PythonExecutor::from_precompiled_file(&path) }
+        .map_err(|e| format!("loading {}: {e}", path.display()))?
+        .with_python_stdlib(&lib)
+        .with_result_variable(OUTCOME_VAR);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut ms = Vec::with_capacity(runs);
+    let mut last = None;
+    for i in 0..runs.max(1) as u64 {
+        let req = Request {
+            id: i,
+            code: code.to_string(),
+            timeout_ms: 30_000,
+            fuel: 20_000_000_000,
+            memory_bytes: 64 << 20,
+        };
+        let t0 = std::time::Instant::now();
+        let a = rt.block_on(run(&executor, req));
+        ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+        last = Some(a);
+    }
+    ms.sort_by(f64::total_cmp);
+    let pct = |q: usize| {
+        ms[((ms.len() * q).div_ceil(100))
+            .saturating_sub(1)
+            .min(ms.len() - 1)]
+    };
+    let a = last.ok_or("no run")?;
+    println!(
+        "{}",
+        serde_json::json!({"runs": ms.len(), "p50_ms": pct(50), "p99_ms": pct(99),
+            "compute_units": a.compute_units, "status": a.status})
+    );
+    Ok(())
 }
 
 /// fd 3, the socket the daemon gave us.
