@@ -119,6 +119,13 @@ fn test_the_documents_examples_compute_units_and_outcomes() {
     run(&d, json!({"code": "leftover = 1"}));
     let v = run(&d, json!({"code": "print(leftover)"}));
     assert!(v["error"].as_str().unwrap().contains("NameError"), "{v}");
+    // eryx's line tracer is off for the code (compute units measure the code, not it),
+    // and nothing of the wrapper is left in the namespace.
+    let v = run(
+        &d,
+        json!({"code": "import sys\nprint(sys.gettrace(), sys._getframe().f_trace)\nprint(sorted(k for k in globals() if 'isobox' in k))"}),
+    );
+    assert_eq!(v["stdout"], "None None\n[]\n", "{v}");
     // Unicode both ways.
     let v = run(&d, json!({"code": "print('héllo ✓', len('✓'))"}));
     assert_eq!(v["stdout"], "héllo ✓ 1\n");
