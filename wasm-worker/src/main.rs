@@ -279,15 +279,19 @@ const OUTPUT_CHARS: usize = 1 << 20;
 /// user's code, compiled from its own text (so its line numbers are its own), in the
 /// user's namespace. An exception is caught here, so the run ends normally and its
 /// compute units are known; it is reported as a traceback without this wrapper's
-/// frame. Nothing of the wrapper stays in the namespace.
+/// frame. The wrapper is one function that removes its own name before the code
+/// runs: the code sees a namespace with nothing of it.
 fn wrap(code: &str) -> String {
     let lit = serde_json::to_string(code).unwrap_or_else(|_| "\"\"".into());
     format!(
-        r#"import sys as _isobox_sys
-_isobox_sys.settrace(None)
-_isobox_sys._getframe().f_trace = None
-def _isobox_setup():
-    import sys, socket
+        r#"async def _isobox_main():
+    import sys
+    sys.settrace(None)
+    sys._getframe().f_trace = None
+    sys._getframe(1).f_trace = None
+    g = globals()
+    del g["_isobox_main"]
+    import socket
     class Capture:
         encoding = "utf-8"
         errors = "strict"
@@ -325,31 +329,26 @@ def _isobox_setup():
     def denied(*a, **k):
         raise PermissionError(1, "Operation not permitted: this sandbox has no network")
     socket.socket.__init__ = denied
-    sys.stdout, sys.stderr = Capture(), Capture()
-    return sys.stdout, sys.stderr
-def _isobox_verdict(e):
-    import traceback
-    if isinstance(e, SystemExit) and e.code in (None, 0):
-        return None
-    tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
-    kind = "memory" if isinstance(e, MemoryError) else "error"
-    return {{"kind": kind, "error": "".join(traceback.format_exception(type(e), e, tb))}}
-_isobox_out = _isobox_setup()
-try:
-    _isobox_code = compile({lit}, "<user>", "exec", flags=__import__("ast").PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    if _isobox_code.co_flags & 0x80:
-        await __import__("types").FunctionType(_isobox_code, globals())()
-    else:
-        exec(_isobox_code, globals())
-    {OUTCOME_VAR} = None
-except BaseException as _isobox_e:
-    {OUTCOME_VAR} = _isobox_verdict(_isobox_e)
-    del _isobox_e
-finally:
-    if {OUTCOME_VAR} is None:
-        {OUTCOME_VAR} = {{"stdout": _isobox_out[0].value(), "stderr": _isobox_out[1].value()}}
-    for _isobox_n in ("_isobox_code", "_isobox_verdict", "_isobox_sys", "_isobox_setup", "_isobox_out", "_isobox_n"):
-        globals().pop(_isobox_n, None)
+    out, err = Capture(), Capture()
+    sys.stdout, sys.stderr = out, err
+    outcome = None
+    try:
+        import ast, types
+        code = compile({lit}, "<user>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        if code.co_flags & 0x80:
+            await types.FunctionType(code, g)()
+        else:
+            exec(code, g)
+    except BaseException as e:
+        if not (isinstance(e, SystemExit) and e.code in (None, 0)):
+            import traceback
+            tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+            kind = "memory" if isinstance(e, MemoryError) else "error"
+            outcome = {{"kind": kind, "error": "".join(traceback.format_exception(type(e), e, tb))}}
+    if outcome is None:
+        outcome = {{"stdout": out.value(), "stderr": err.value()}}
+    g["{OUTCOME_VAR}"] = outcome
+await _isobox_main()
 "#
     )
 }
