@@ -34,6 +34,18 @@ fn code(r: &Resp) -> String {
     v["error"]["code"].as_str().unwrap().to_string()
 }
 
+/// `code` run on a connection of its own, in a thread: its answers when it ends.
+fn in_background(d: &Daemon, code: &str, key: Option<&str>) -> std::thread::JoinHandle<Vec<Resp>> {
+    let addr = d.addr;
+    let body = json!({ "code": code }).to_string();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let req = format!(
+        "POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    std::thread::spawn(move || common::raw_exchange(addr, req.as_bytes()))
+}
+
 /// The worker of this daemon: its pid, from its cgroup under the daemon's slice.
 fn worker_pid(d: &Daemon) -> Option<u32> {
     let slice = std::path::PathBuf::from("/sys/fs/cgroup/pids").join(&d.instance);
@@ -274,18 +286,11 @@ fn test_errors_auth_and_per_tenant_concurrency() {
     assert_eq!((r.status, r.json()["stdout"].as_str()), (200, Some("ok\n")));
     // One run at a time for alpha: a second is refused at once, beta is not held up,
     // and alpha's next run works once the first ended.
-    let addr = d.addr;
-    let slow = std::thread::spawn(move || {
-        let body = json!({"code": "import time\ntime.sleep(2)\nprint('slept')"}).to_string();
-        common::raw_exchange(
-            addr,
-            format!(
-                "POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer eryx_alpha\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-    });
+    let slow = in_background(
+        &d,
+        "import time\ntime.sleep(2)\nprint('slept')",
+        Some("eryx_alpha"),
+    );
     std::thread::sleep(Duration::from_millis(700));
     let t0 = Instant::now();
     let r = execute(&d, &ok, Some("eryx_alpha"));
@@ -385,18 +390,7 @@ fn test_the_worker_is_jailed_and_a_killed_worker_fails_only_its_runs() {
     assert_eq!(cap, 1024 << 20);
     // kill -9 mid-run: that run gets 500 internal_error; the next one works on a new
     // worker.
-    let addr = d.addr;
-    let slow = std::thread::spawn(move || {
-        let body = json!({"code": "import time\ntime.sleep(20)"}).to_string();
-        common::raw_exchange(
-            addr,
-            format!(
-                "POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-    });
+    let slow = in_background(&d, "import time\ntime.sleep(20)", None);
     std::thread::sleep(Duration::from_millis(800));
     let t0 = Instant::now();
     unsafe_free_kill(pid);

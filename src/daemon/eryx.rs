@@ -42,6 +42,9 @@ impl Daemon {
                 return;
             }
         };
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
         let limit = self.cfg.eryx.concurrency;
         let running = self.eryx_running.entry(req.tenant.clone()).or_default();
         if *running >= limit {
@@ -56,9 +59,6 @@ impl Daemon {
             return;
         }
         *running += 1;
-        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
-            return;
-        };
         self.conn_own(ck, Owner::Job);
         let mailbox = self.reactor.mailbox();
         let tenant = req.tenant;

@@ -10,19 +10,19 @@
 //! gets [`Failure::Crashed`]); the next is started at once, or after a second when
 //! they die in a row.
 
+// Shared with the worker, which includes the same file (`wasm-worker/src/main.rs`).
+pub mod frame;
+
 use crate::cgroup::{Hierarchy, HostLimits};
 use crate::config::EryxConfig;
+use frame::{read_frame, write_frame};
 use serde::Deserialize;
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Largest frame either side sends (a run's code and its answer are bounded below it).
-pub const MAX_FRAME: usize = 16 << 20;
 
 /// Time past a run's own limit before a worker that has not answered is presumed
 /// stuck and replaced.
@@ -512,47 +512,5 @@ impl Supervisor {
             cg.kill_all();
             let _ = cg.destroy();
         }
-    }
-}
-
-fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let n = u32::from_be_bytes(len) as usize;
-    if n > MAX_FRAME {
-        return Err(std::io::Error::other(format!("a frame of {n} bytes")));
-    }
-    let mut buf = vec![0u8; n];
-    r.read_exact(&mut buf)?;
-    Ok(Some(buf))
-}
-
-fn write_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
-    let n = u32::try_from(body.len()).map_err(std::io::Error::other)?;
-    if body.len() > MAX_FRAME {
-        return Err(std::io::Error::other("frame too large"));
-    }
-    w.write_all(&n.to_be_bytes())?;
-    w.write_all(body)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn test_frames_round_trip_and_oversize_is_refused() {
-        let mut buf = Vec::new();
-        write_frame(&mut buf, b"{\"a\":1}").unwrap();
-        let mut r = std::io::Cursor::new(buf);
-        assert_eq!(read_frame(&mut r).unwrap().unwrap(), b"{\"a\":1}");
-        assert_eq!(read_frame(&mut r).unwrap(), None);
-        let mut big = ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec();
-        big.extend_from_slice(&[0; 8]);
-        assert!(read_frame(&mut std::io::Cursor::new(big)).is_err());
     }
 }

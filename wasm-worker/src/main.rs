@@ -15,19 +15,20 @@
 //! - `isobox-wasm selftest`: installs the filter and prints what it refuses.
 //! - `isobox-wasm bench --cache DIR`: the in-process reference of `bench/load/eryx.py`.
 
+// The frames' format, one file shared with the daemon (`src/wasm/frame.rs`).
+#[path = "../../src/wasm/frame.rs"]
+mod frame;
 mod seccomp;
 
+use frame::{read_frame, write_frame};
+
 use serde::{Deserialize, Serialize};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The eryx version this worker is built with (pinned in Cargo.toml).
 const ERYX_VERSION: &str = "0.5.0";
-
-/// Largest frame either side sends.
-const MAX_FRAME: usize = 16 << 20;
 
 /// Modules imported into the snapshot, so runs do not pay for them.
 const PREIMPORTS: &[&str] = &[
@@ -488,26 +489,4 @@ fn fd3() -> Result<std::os::unix::net::UnixStream, String> {
     // SAFETY: see above: fd 3 is open, a socket, and owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(3) };
     Ok(std::os::unix::net::UnixStream::from(fd))
-}
-
-fn read_frame(r: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let n = u32::from_be_bytes(len) as usize;
-    if n > MAX_FRAME {
-        return Err(std::io::Error::other(format!("a frame of {n} bytes")));
-    }
-    let mut buf = vec![0u8; n];
-    r.read_exact(&mut buf)?;
-    Ok(Some(buf))
-}
-
-fn write_frame(w: &mut impl Write, body: &[u8]) -> std::io::Result<()> {
-    let n = u32::try_from(body.len()).map_err(std::io::Error::other)?;
-    w.write_all(&n.to_be_bytes())?;
-    w.write_all(body)
 }
