@@ -144,7 +144,8 @@ struct Args {
     memory_require_key: std::primitive::bool,
     /// refill of each client's token bucket, requests a minute; the bucket is spent by
     /// exactly POST /execute, POST /v1/sessions, POST /v1/sessions/{id}/exec, POST
-    /// /v1/volumes, POST /wbx/v1/sandboxes and POST /eryx/v1/execute (empty: 429
+    /// /v1/volumes, POST /wbx/v1/sandboxes, POST /eryx/v1/execute and GET
+    /// /eryx/v1/stream (each execute message on it and a HEAD of it too; empty: 429
     /// rate_limited)
     #[arg(long, env = "ISOBOX_RATE_PER_MIN", help_heading = "API keys and rate limits", default_value = "30", value_parser = Value(parsed::<u32>))]
     rate_per_min: u32,
@@ -350,6 +351,10 @@ struct Args {
     /// a run's memory, MiB (past it Python raises MemoryError)
     #[arg(long, env = "ISOBOX_ERYX_MEMORY_MB", help_heading = "eryx face (/eryx)", default_value = "64", value_parser = Value(parsed::<u64>))]
     eryx_memory_mb: u64,
+    /// how long one callback call on the eryx WebSocket waits for the client's answer,
+    /// ms (past it the call raises RuntimeError in Python)
+    #[arg(long, env = "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS", help_heading = "eryx face (/eryx)", default_value = "30000", value_parser = Value(parsed::<u64>))]
+    eryx_callback_timeout_ms: u64,
     /// the isobox-init binary long-lived sandboxes run as their init (default: beside
     /// isoboxd's own executable, else /usr/libexec/isobox/isobox-init)
     #[arg(long, env = "ISOBOX_INIT", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
@@ -632,6 +637,7 @@ impl Config {
                 timeout_ms: a.eryx_timeout_s.saturating_mul(1000),
                 fuel_limit: a.eryx_fuel_limit,
                 memory_bytes: a.eryx_memory_mb << 20,
+                callback_timeout_ms: a.eryx_callback_timeout_ms,
             },
         };
         cfg.validate()?;
@@ -669,6 +675,13 @@ impl Config {
                 "ISOBOX_ERYX_MEMORY_MB",
                 &(e.memory_bytes >> 20).to_string(),
                 "16 to 1048576",
+            ));
+        }
+        if !(100..=600_000).contains(&e.callback_timeout_ms) {
+            return Err(invalid(
+                "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS",
+                &e.callback_timeout_ms.to_string(),
+                "100 to 600000",
             ));
         }
         if e.worker_memory_bytes < e.memory_bytes.saturating_mul(e.threads as u64) + (128 << 20) {
@@ -1271,6 +1284,8 @@ pub struct EryxConfig {
     pub fuel_limit: u64,
     /// A run's memory, bytes.
     pub memory_bytes: u64,
+    /// How long a callback call waits for its answer, ms.
+    pub callback_timeout_ms: u64,
 }
 
 #[cfg(test)]
@@ -1400,6 +1415,10 @@ mod tests {
         ("--eryx-timeout-s", "ISOBOX_ERYX_TIMEOUT_S"),
         ("--eryx-fuel-limit", "ISOBOX_ERYX_FUEL_LIMIT"),
         ("--eryx-memory-mb", "ISOBOX_ERYX_MEMORY_MB"),
+        (
+            "--eryx-callback-timeout-ms",
+            "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS",
+        ),
     ];
 
     #[test]
@@ -1808,6 +1827,7 @@ mod tests {
             (2, 5, 30_000, 64 << 20)
         );
         assert_eq!(c.eryx.worker_memory_bytes, 1024 << 20);
+        assert_eq!(c.eryx.callback_timeout_ms, 30_000);
         assert_eq!(
             c.eryx.cache_dir,
             std::path::PathBuf::from("/var/cache/isobox/wasm")
@@ -1822,6 +1842,8 @@ mod tests {
             &["--wasm-threads", "64", "--wasm-worker-memory-mb", "4224"],
             &["--eryx-memory-mb", "16"],
             &["--wasm-worker-memory-mb", "256"],
+            &["--eryx-callback-timeout-ms", "100"],
+            &["--eryx-callback-timeout-ms", "600000"],
             &[
                 "--eryx-timeout-s",
                 "1",
@@ -1837,6 +1859,14 @@ mod tests {
             (&["--wasm-threads", "0"][..], "ISOBOX_WASM_THREADS"),
             (&["--wasm-threads", "65"], "ISOBOX_WASM_THREADS"),
             (&["--eryx-memory-mb", "15"], "ISOBOX_ERYX_MEMORY_MB"),
+            (
+                &["--eryx-callback-timeout-ms", "99"],
+                "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS",
+            ),
+            (
+                &["--eryx-callback-timeout-ms", "600001"],
+                "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS",
+            ),
             (
                 &["--wasm-worker-memory-mb", "255"],
                 "ISOBOX_WASM_WORKER_MEMORY_MB",

@@ -56,9 +56,15 @@ fn test_one_story_on_the_rate_limit() {
             routes.extend(r.methods.iter().map(|m| format!("{m} /wbx{}", r.pattern)));
         }
     }
+    // A HEAD of a GET route is that request without its body: the docs name the GET.
     for r in isobox::eryx::ROUTES {
         if spends(r.route.class) {
-            routes.extend(r.methods.iter().map(|m| format!("{m} /eryx{}", r.pattern)));
+            routes.extend(
+                r.methods
+                    .iter()
+                    .filter(|m| **m != "HEAD")
+                    .map(|m| format!("{m} /eryx{}", r.pattern)),
+            );
         }
     }
     assert!(routes.len() >= 5, "{routes:?}");

@@ -18,7 +18,7 @@ use keys::Key;
 use ratelimit::RateLimiter;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Tenant of every request when no keys are configured.
 pub const PUBLIC_TENANT: &str = "public";
@@ -322,6 +322,15 @@ impl Admission {
             Ok(Some(k)) if keys::digest_eq(digest, &k) => allow(),
             Ok(_) => Verdict::Deny(unauthorized()),
         }
+    }
+
+    /// Counts one more request of `client` against the per-client rate, outside any
+    /// head (a WebSocket `execute`); how long to wait when over it.
+    ///
+    /// # Errors
+    /// The wait until the next request is allowed.
+    pub fn charge(&mut self, client: IpAddr, now: Instant) -> Result<(), Duration> {
+        self.limiter.check(client, now)
     }
 
     /// Periodic upkeep (bucket sweep).

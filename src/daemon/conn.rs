@@ -194,6 +194,8 @@ pub enum Owner {
         /// Model calls the loop has made (for the `done` a shutdown sends for it).
         iterations: std::sync::Arc<std::sync::atomic::AtomicU32>,
     },
+    /// The eryx face's WebSocket (`/eryx/v1/stream`), after its upgrade.
+    Ws(Box<super::eryx::WsState>),
 }
 
 impl hc::Owner for Owner {
@@ -215,6 +217,9 @@ impl hc::Owner for Owner {
             // noticed (and the sandbox ended), as a run's client's is.
             Owner::BoxWait { create: true, .. } => Role::Produces,
             Owner::Job | Owner::UploadWait { .. } | Owner::BoxWait { .. } => Role::Answers,
+            Owner::Ws(w) => Role::Converses {
+                busy: w.run.is_some(),
+            },
             Owner::Upload { target, .. } => Role::Receives {
                 reading: target.is_some(),
             },
@@ -471,6 +476,11 @@ impl Daemon {
                 }
                 Phase::Owned(Owner::BoxUpload { .. }) => {
                     if !self.advance_box_upload(ck) {
+                        return;
+                    }
+                }
+                Phase::Owned(Owner::Ws(_)) => {
+                    if !self.advance_ws(ck) {
                         return;
                     }
                 }
@@ -889,6 +899,7 @@ impl Daemon {
             Phase::Owned(Owner::Agent { cancel, .. }) => {
                 cancel.store(true, std::sync::atomic::Ordering::Relaxed);
             }
+            Phase::Owned(Owner::Ws(w)) => self.ws_closed(*w),
             Phase::Owned(Owner::BoxCmd { key, serial, call }) => {
                 self.exec_cancel(key, serial, call)
             }
@@ -977,10 +988,23 @@ impl Daemon {
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.http.idle())
+            .filter(|(_, c)| {
+                c.http.idle() || matches!(c.owner(), Some(Owner::Ws(w)) if w.run.is_none())
+            })
             .map(|(k, _)| k)
             .collect();
         for ck in idle {
+            // A WebSocket is told why (best effort: what the socket takes now).
+            if let Some(c) = self.conns.get_mut(ck) {
+                if matches!(c.owner(), Some(Owner::Ws(_))) {
+                    crate::http::ws::write_close(
+                        &mut c.http.wbuf,
+                        1001,
+                        "the server is shutting down",
+                    );
+                    self.conn_write(ck);
+                }
+            }
             self.close_conn(ck);
         }
     }

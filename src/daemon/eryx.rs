@@ -4,31 +4,408 @@
 //! has at most `ISOBOX_ERYX_CONCURRENCY` runs going: past that, 429 at once (the
 //! document: requests do not queue). A client that leaves does not stop its run; the
 //! run still counts until it ends.
+//!
+//! `/v1/stream` is a WebSocket on the loop (`http::ws` frames it): one run at a time
+//! per connection, its callback calls sent to the client as `callback` messages and
+//! the client's `callback_response`s sent back to the engine by call. A client that
+//! leaves mid-run leaves the run going: its calls waiting and to come fail at once in
+//! Python (`RuntimeError`), so the run ends soon, and its units count as any run's.
 
 use super::conn::Owner;
 use super::Daemon;
 use crate::eryx::{self, Route, Spec};
+use crate::http::ws::{self, Message};
 use crate::http::{Request, Response};
-use crate::wasm::{Failure, RunAnswer, RunRequest};
+use crate::wasm::{Call, Failure, RunAnswer, RunRequest};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// A WebSocket connection of the eryx face.
+#[derive(Debug)]
+pub struct WsState {
+    dec: ws::Decoder,
+    /// Whose runs these are.
+    tenant: String,
+    /// The engine's id of the run going, if one is.
+    pub run: Option<u64>,
+    /// Calls sent to the client and not answered: `call_id` → the engine's call.
+    calls: HashMap<String, u64>,
+}
+
+/// Why a client's calls fail once it is gone.
+const CLIENT_GONE: &str = "The client disconnected";
 
 impl Daemon {
     /// A complete request on the eryx face.
     pub(crate) fn eryx_request(&mut self, ck: usize, spec: &Spec, req: Request) {
         match spec.id {
             Route::Execute => self.eryx_execute(ck, req),
+            Route::Stream => self.eryx_stream_open(ck, &req),
+        }
+    }
+
+    /// The engine, or the 503 that says it is off.
+    fn eryx_off(&self) -> Option<Response> {
+        self.wasm.is_none().then(|| {
+            eryx::error(
+                503,
+                "unavailable",
+                "Python in WebAssembly is off on this server (ISOBOX_WASM_WORKER=off)",
+            )
+        })
+    }
+
+    /// `GET /v1/stream`: the upgrade (admission, the key and the rate, is done).
+    fn eryx_stream_open(&mut self, ck: usize, req: &Request) {
+        if let Some(resp) = self.eryx_off() {
+            self.respond(ck, resp);
+            return;
+        }
+        let accept = match ws::check_upgrade(&req.head) {
+            Ok(a) => a,
+            Err(r) => {
+                let resp = ws::refusal(&r, eryx::error(r.status, "invalid_request", r.message));
+                self.respond(ck, resp);
+                return;
+            }
+        };
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        c.http.note_head(101);
+        c.http.wbuf.extend_from_slice(&ws::handshake(&accept));
+        c.http.phase = super::conn::Phase::Owned(Owner::Ws(Box::new(WsState {
+            dec: ws::Decoder::new(eryx::STREAM_MESSAGE_BYTES),
+            tenant: req.tenant.clone(),
+            run: None,
+            calls: HashMap::new(),
+        })));
+        log::debug!("conn={ck} eryx stream open");
+        self.arm_conn(
+            ck,
+            std::time::Duration::from_millis(self.cfg.idle_timeout_ms),
+        );
+    }
+
+    /// Takes the client's frames out of the read buffer and acts on each message.
+    /// True when the caller may go on (the phase changed); false to wait for bytes.
+    pub(crate) fn advance_ws(&mut self, ck: usize) -> bool {
+        loop {
+            let Some(c) = self.conns.get_mut(ck) else {
+                return false;
+            };
+            if c.http.close_after_flush || c.http.write_full() {
+                return false;
+            }
+            let http = &mut c.http;
+            let super::conn::Phase::Owned(Owner::Ws(w)) = &mut http.phase else {
+                return true;
+            };
+            let next = w.dec.next(&mut http.rbuf);
+            match next {
+                Ok(None) => return false,
+                Ok(Some(m)) => self.ws_message(ck, m),
+                Err(e) => {
+                    let peer = c.peer;
+                    crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} websocket: {e}");
+                    self.ws_close(ck, e.close_code(), &e.to_string());
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Queues a close frame; the connection ends once it is out.
+    fn ws_close(&mut self, ck: usize, code: u16, reason: &str) {
+        if let Some(c) = self.conns.get_mut(ck) {
+            ws::write_close(&mut c.http.wbuf, code, reason);
+            c.http.close_after_flush = true;
+        }
+    }
+
+    /// Queues a text message.
+    fn ws_send(&mut self, ck: usize, text: &str) {
+        if let Some(c) = self.conns.get_mut(ck) {
+            ws::write_text(&mut c.http.wbuf, text);
+        }
+    }
+
+    fn ws_message(&mut self, ck: usize, m: Message) {
+        // Any frame is a sign of life.
+        self.arm_conn(
+            ck,
+            std::time::Duration::from_millis(self.cfg.idle_timeout_ms),
+        );
+        let text = match m {
+            Message::Text(t) => t,
+            Message::Ping(p) => {
+                if let Some(c) = self.conns.get_mut(ck) {
+                    ws::write_pong(&mut c.http.wbuf, &p);
+                }
+                return;
+            }
+            Message::Pong(_) => return,
+            Message::Close(code) => {
+                // The close handshake: its code echoed (RFC 6455 §5.5.1).
+                let code = code.map_or(1000, |(c, _)| c);
+                self.ws_close(ck, code, "");
+                return;
+            }
+            Message::Binary(_) => {
+                if !self.ws_busy(ck) {
+                    self.ws_send(
+                        ck,
+                        &eryx::ws_error("invalid_request", "Messages are JSON text, not binary"),
+                    );
+                }
+                return;
+            }
+        };
+        let busy = self.ws_busy(ck);
+        let o = match serde_json::from_str::<Value>(&text) {
+            Ok(Value::Object(o)) => o,
+            Ok(_) | Err(_) if busy => return,
+            Ok(_) => {
+                self.ws_send(
+                    ck,
+                    &eryx::ws_error("invalid_request", "A message must be a JSON object"),
+                );
+                return;
+            }
+            Err(e) => {
+                self.ws_send(
+                    ck,
+                    &eryx::ws_error("invalid_request", &format!("The message is not JSON: {e}")),
+                );
+                return;
+            }
+        };
+        match (o.get("type").and_then(Value::as_str), busy) {
+            (Some("callback_response"), true) => self.ws_callback_response(ck, &o),
+            // Mid-run, anything else is ignored (the document).
+            (_, true) => {}
+            (Some("execute"), false) => self.ws_execute(ck, &o),
+            // An answer with no run going: late, for a run that ended.
+            (Some("callback_response"), false) => {}
+            (t, false) => {
+                let shown: String = t.unwrap_or("").chars().take(64).collect();
+                let msg = if t.is_some() {
+                    format!("Unknown message type {shown:?}: send execute or callback_response")
+                } else {
+                    "A message needs a string `type`".to_string()
+                };
+                self.ws_send(ck, &eryx::ws_error("invalid_request", &msg));
+            }
+        }
+    }
+
+    fn ws_busy(&self, ck: usize) -> bool {
+        matches!(self.conns.get(ck).and_then(|c| c.owner()), Some(Owner::Ws(w)) if w.run.is_some())
+    }
+
+    /// An `execute` on an idle connection: counted against the rate, checked, and
+    /// started unless the tenant is at its concurrency limit.
+    fn ws_execute(&mut self, ck: usize, o: &serde_json::Map<String, Value>) {
+        let Some(c) = self.conns.get(ck) else {
+            return;
+        };
+        let (client, serial) = (c.client, c.serial);
+        let Some(Owner::Ws(w)) = c.owner() else {
+            return;
+        };
+        let tenant = w.tenant.clone();
+        if let Err(wait) = self.admission.charge(client, Instant::now()) {
+            let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+            self.ws_send(
+                ck,
+                &eryx::ws_error(
+                    "rate_limit_exceeded",
+                    &format!("Too many requests; retry after {secs} s"),
+                ),
+            );
+            return;
+        }
+        let limits = eryx::Limits {
+            timeout_ms: self.cfg.eryx.timeout_ms,
+            fuel: self.cfg.eryx.fuel_limit,
+        };
+        let ex = match eryx::parse_stream_execute(o, limits) {
+            Ok(ex) => ex,
+            Err(r) => {
+                self.ws_send(ck, &r.message());
+                return;
+            }
+        };
+        let limit = self.cfg.eryx.concurrency;
+        let running = self.eryx_running.entry(tenant.clone()).or_default();
+        if *running >= limit {
+            self.ws_send(
+                ck,
+                &eryx::ws_error(
+                    "concurrency_limit",
+                    &format!("Too many concurrent executions (limit: {limit})"),
+                ),
+            );
+            return;
+        }
+        *running += 1;
+        let (done, calls) = (self.reactor.mailbox(), self.reactor.mailbox());
+        let Some(engine) = &self.wasm else {
+            return;
+        };
+        let t = tenant.clone();
+        let id = engine.run(
+            RunRequest {
+                code: ex.code,
+                timeout_ms: ex.timeout_ms,
+                fuel: ex.fuel,
+                memory_bytes: self.cfg.eryx.memory_bytes,
+                callbacks: ex.callbacks,
+                callback_timeout_ms: self.cfg.eryx.callback_timeout_ms,
+            },
+            Box::new(move |res| {
+                done.send(Box::new(move |d: &mut Daemon| {
+                    d.eryx_ws_done(ck, serial, &t, res);
+                }));
+            }),
+            Some(Box::new(move |call| {
+                calls.send(Box::new(move |d: &mut Daemon| {
+                    d.eryx_ws_call(ck, serial, call);
+                }));
+            })),
+        );
+        if let Some(Owner::Ws(w)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
+            w.run = Some(id);
+        }
+    }
+
+    /// The connection's WebSocket state if it is still `serial`'s and runs `run`.
+    fn ws_of(&mut self, ck: usize, serial: u64, run: u64) -> Option<&mut WsState> {
+        let c = self.conns.get_mut(ck).filter(|c| c.serial == serial)?;
+        if c.http.close_after_flush {
+            return None;
+        }
+        match c.owner_mut() {
+            Some(Owner::Ws(w)) if w.run == Some(run) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// A run called one of its callbacks: the client is asked, or, gone, the call
+    /// fails at once.
+    fn eryx_ws_call(&mut self, ck: usize, serial: u64, call: Call) {
+        let call_id = match self.ws_of(ck, serial, call.run) {
+            // The worker bounds a run's calls; this bounds what one connection holds
+            // should it not.
+            Some(w) if w.calls.len() < 2 * crate::wasm::MAX_CALLBACKS as usize => {
+                let id = call_id();
+                w.calls.insert(id.clone(), call.call);
+                Some(id)
+            }
+            _ => None,
+        };
+        let Some(call_id) = call_id else {
+            if let Some(e) = &self.wasm {
+                e.answer(call.run, call.call, Err(CLIENT_GONE.into()));
+            }
+            return;
+        };
+        let msg = json!({
+            "type": "callback",
+            "call_id": call_id,
+            "name": call.name,
+            "args": call.args,
+        });
+        self.ws_send(ck, &msg.to_string());
+        self.conn_flush(ck);
+    }
+
+    /// The client's answer to a call.
+    fn ws_callback_response(&mut self, ck: usize, v: &serde_json::Map<String, Value>) {
+        let Some(Owner::Ws(w)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) else {
+            return;
+        };
+        let (Some(run), Some(call)) = (
+            w.run,
+            v.get("call_id")
+                .and_then(Value::as_str)
+                .and_then(|id| w.calls.remove(id)),
+        ) else {
+            // An unknown or already answered call_id: nothing waits for it.
+            return;
+        };
+        let result = match v.get("error") {
+            None | Some(Value::Null) => Ok(v.get("result").cloned().unwrap_or(Value::Null)),
+            Some(Value::String(e)) => Err(e.clone()),
+            Some(other) => Err(other.to_string()),
+        };
+        if let Some(e) = &self.wasm {
+            e.answer(run, call, result);
+        }
+    }
+
+    /// A WebSocket run ended: its tenant's count goes down, and its client, if still
+    /// there, gets `completed` (or `error`, when the engine failed it).
+    fn eryx_ws_done(
+        &mut self,
+        ck: usize,
+        serial: u64,
+        tenant: &str,
+        res: Result<RunAnswer, Failure>,
+    ) {
+        self.eryx_uncount(tenant);
+        let Some(c) = self.conns.get_mut(ck).filter(|c| c.serial == serial) else {
+            return;
+        };
+        let Some(Owner::Ws(w)) = c.owner_mut() else {
+            return;
+        };
+        w.run = None;
+        w.calls.clear();
+        let msg = match res {
+            Ok(a) => {
+                let mut v = eryx::run_json(&a);
+                v["type"] = json!("completed");
+                v.to_string()
+            }
+            Err(Failure::Unavailable(m)) => eryx::ws_error("unavailable", &m),
+            Err(e @ Failure::Crashed(_)) => eryx::ws_error("internal_error", &e.to_string()),
+        };
+        self.ws_send(ck, &msg);
+        self.arm_conn(
+            ck,
+            std::time::Duration::from_millis(self.cfg.idle_timeout_ms),
+        );
+        // Messages that came mid-run were read and ignored; what is buffered now is
+        // the next run's.
+        self.conn_pump(ck);
+    }
+
+    /// A WebSocket connection closed: the calls it was asked fail at once in Python;
+    /// its run goes on (the document) and ends as runs do.
+    pub(crate) fn ws_closed(&mut self, w: WsState) {
+        let (Some(run), Some(e)) = (w.run, &self.wasm) else {
+            return;
+        };
+        log::info!("eryx stream: client left during run {run}");
+        for call in w.calls.into_values() {
+            e.answer(run, call, Err(CLIENT_GONE.into()));
+        }
+    }
+
+    fn eryx_uncount(&mut self, tenant: &str) {
+        if let Some(n) = self.eryx_running.get_mut(tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.eryx_running.remove(tenant);
+            }
         }
     }
 
     fn eryx_execute(&mut self, ck: usize, req: Request) {
-        if self.wasm.is_none() {
-            self.respond(
-                ck,
-                eryx::error(
-                    503,
-                    "unavailable",
-                    "Python in WebAssembly is off on this server (ISOBOX_WASM_WORKER=off)",
-                ),
-            );
+        if let Some(resp) = self.eryx_off() {
+            self.respond(ck, resp);
             return;
         }
         let limits = eryx::Limits {
@@ -71,12 +448,15 @@ impl Daemon {
                 timeout_ms: ex.timeout_ms,
                 fuel: ex.fuel,
                 memory_bytes: self.cfg.eryx.memory_bytes,
+                callbacks: Vec::new(),
+                callback_timeout_ms: self.cfg.eryx.callback_timeout_ms,
             },
             Box::new(move |res| {
                 mailbox.send(Box::new(move |d: &mut Daemon| {
                     d.eryx_answer(ck, serial, &tenant, res);
                 }));
             }),
+            None,
         );
     }
 
@@ -89,12 +469,7 @@ impl Daemon {
         tenant: &str,
         res: Result<RunAnswer, Failure>,
     ) {
-        if let Some(n) = self.eryx_running.get_mut(tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.eryx_running.remove(tenant);
-            }
-        }
+        self.eryx_uncount(tenant);
         if !self.conn_waiting(ck, serial, false) {
             return;
         }
@@ -106,4 +481,12 @@ impl Daemon {
         self.respond(ck, resp);
         self.conn_pump(ck);
     }
+}
+
+/// A call's id for the client: 128 random bits in hex (the client names the call
+/// by it; nothing else about the run can be read from it).
+fn call_id() -> String {
+    let mut b = [0u8; 16];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

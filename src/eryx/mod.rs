@@ -5,8 +5,9 @@
 //! document's: `{"error": {"code": "...", "message": "..."}}`.
 //!
 //! Built so far: `POST /v1/execute` (Python in WebAssembly, compute units, time, fuel
-//! and memory limits, per-tenant concurrency). The WebSocket stream with callbacks,
-//! sessions and environments are absent and answer 404 like any unknown path.
+//! and memory limits, per-tenant concurrency) and the `/v1/stream` WebSocket with
+//! callbacks (`daemon::eryx` drives it). Sessions and environments are absent and
+//! answer 404 like any unknown path.
 
 use crate::admission::Class;
 use crate::http::{Request, Response};
@@ -27,11 +28,20 @@ pub fn error(status: u16, code: &str, message: &str) -> Response {
     )
 }
 
+/// Largest WebSocket message on `/v1/stream` (an `execute` with its code, a
+/// `callback_response` with its result).
+pub const STREAM_MESSAGE_BYTES: usize = 4 << 20;
+
+/// Callbacks one `execute` may list.
+pub const MAX_LISTED_CALLBACKS: usize = 100;
+
 /// Which route a request is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     /// `POST /v1/execute`
     Execute,
+    /// `GET /v1/stream` (a WebSocket)
+    Stream,
 }
 
 /// Everything the face says about one route.
@@ -60,16 +70,30 @@ impl Spec {
 
 /// Every route of the face. Runs start engines: a key whenever keys are configured
 /// (as the WBX face), and the per-client request rate.
-pub static ROUTES: &[Row<Spec>] = &[Row {
-    pattern: "/v1/execute",
-    methods: &["POST"],
-    route: Spec {
-        id: Route::Execute,
+/// The WebSocket's upgrade counts as one request, as the document says; each
+/// `execute` on it counts again (`Admission::charge`).
+pub static ROUTES: &[Row<Spec>] = &[
+    Row {
         pattern: "/v1/execute",
-        body_cap: EXECUTE_BODY_BYTES,
-        class: Class::MemoryStarts,
+        methods: &["POST"],
+        route: Spec {
+            id: Route::Execute,
+            pattern: "/v1/execute",
+            body_cap: EXECUTE_BODY_BYTES,
+            class: Class::MemoryStarts,
+        },
     },
-}];
+    Row {
+        pattern: "/v1/stream",
+        methods: &["GET", "HEAD"],
+        route: Spec {
+            id: Route::Stream,
+            pattern: "/v1/stream",
+            body_cap: 0,
+            class: Class::MemoryStarts,
+        },
+    },
+];
 
 /// The row for `method` and `path` (without the base), and its parameters.
 ///
@@ -165,7 +189,7 @@ pub struct Limits {
     pub fuel: u64,
 }
 
-/// A checked `POST /v1/execute`.
+/// A checked `POST /v1/execute` (or a WebSocket `execute`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Execute {
     /// The code.
@@ -174,6 +198,45 @@ pub struct Execute {
     pub timeout_ms: u64,
     /// Compute units (the request's, never above the tenant's).
     pub fuel: u64,
+    /// Callbacks the code may call (WebSocket only).
+    pub callbacks: Vec<String>,
+}
+
+/// Why a request is refused: its status, the document's code and a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// HTTP status.
+    pub status: u16,
+    /// The document's code.
+    pub code: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Rejection {
+    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Rejection {
+        Rejection {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// As an HTTP answer.
+    pub fn response(&self) -> Response {
+        error(self.status, self.code, &self.message)
+    }
+
+    /// As a WebSocket `error` message (the document's `type` and `message`, and the
+    /// code the HTTP face would give).
+    pub fn message(&self) -> String {
+        ws_error(self.code, &self.message)
+    }
+}
+
+/// A WebSocket `{"type": "error", "code", "message"}`.
+pub fn ws_error(code: &str, message: &str) -> String {
+    json!({"type": "error", "code": code, "message": message}).to_string()
 }
 
 /// Parses and checks an execute request.
@@ -206,31 +269,147 @@ pub fn parse_execute(req: &Request, limits: Limits) -> Result<Execute, Response>
             "The body must be a JSON object",
         ));
     };
+    parse_fields(o, limits).map_err(|r| r.response())
+}
+
+/// Checks a WebSocket `execute` message (its `type` already read): the fields of
+/// `POST /v1/execute`, `callbacks` and `session_id`.
+///
+/// # Errors
+/// What is wrong, as [`parse_execute`] would say it.
+pub fn parse_stream_execute(
+    o: &serde_json::Map<String, Value>,
+    limits: Limits,
+) -> Result<Execute, Rejection> {
+    let mut ex = parse_fields(o, limits)?;
+    match o.get("session_id") {
+        None | Some(Value::Null) => {}
+        // Sessions are not built yet: no id names one.
+        Some(Value::String(s)) => {
+            let shown: String = s.chars().take(64).collect();
+            return Err(Rejection::new(
+                404,
+                "not_found",
+                format!("No such session: {shown}"),
+            ));
+        }
+        Some(_) => {
+            return Err(Rejection::new(
+                422,
+                "invalid_request",
+                "`session_id` must be a string",
+            ))
+        }
+    }
+    let listed = match o.get("callbacks") {
+        None | Some(Value::Null) => &Vec::new(),
+        Some(Value::Array(a)) => a,
+        Some(_) => {
+            return Err(Rejection::new(
+                422,
+                "invalid_request",
+                "`callbacks` must be an array of {\"name\", \"description\"}",
+            ))
+        }
+    };
+    if listed.len() > MAX_LISTED_CALLBACKS {
+        return Err(Rejection::new(
+            422,
+            "invalid_request",
+            format!("At most {MAX_LISTED_CALLBACKS} callbacks can be listed"),
+        ));
+    }
+    for cb in listed {
+        let name = match cb.get("name") {
+            Some(Value::String(n)) => n,
+            _ => {
+                return Err(Rejection::new(
+                    422,
+                    "invalid_request",
+                    "Each callback needs a `name` (a string)",
+                ))
+            }
+        };
+        if !matches!(
+            cb.get("description"),
+            None | Some(Value::Null | Value::String(_))
+        ) {
+            return Err(Rejection::new(
+                422,
+                "invalid_request",
+                "A callback's `description` must be a string",
+            ));
+        }
+        if !is_identifier(name) {
+            let shown: String = name.chars().take(64).collect();
+            return Err(Rejection::new(
+                422,
+                "invalid_request",
+                format!("Callback name {shown:?} is not a Python identifier (letters, digits and _, up to 64, not a keyword)"),
+            ));
+        }
+        if ex.callbacks.contains(name) {
+            return Err(Rejection::new(
+                422,
+                "invalid_request",
+                format!("Callback {name} is listed twice"),
+            ));
+        }
+        ex.callbacks.push(name.clone());
+    }
+    Ok(ex)
+}
+
+/// A name Python code can call: an ASCII identifier that is no keyword.
+fn is_identifier(name: &str) -> bool {
+    const KEYWORDS: &[&str] = &[
+        "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
+        "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global",
+        "if", "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return",
+        "try", "while", "with", "yield",
+    ];
+    let mut chars = name.chars();
+    name.len() <= 64
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !KEYWORDS.contains(&name)
+}
+
+/// The fields both kinds of execute share.
+fn parse_fields(o: &serde_json::Map<String, Value>, limits: Limits) -> Result<Execute, Rejection> {
     let code = match o.get("code") {
         Some(Value::String(c)) => c.clone(),
-        Some(_) => return Err(error(422, "invalid_request", "`code` must be a string")),
-        None => return Err(error(422, "invalid_request", "`code` is required")),
+        Some(_) => {
+            return Err(Rejection::new(
+                422,
+                "invalid_request",
+                "`code` must be a string",
+            ))
+        }
+        None => return Err(Rejection::new(422, "invalid_request", "`code` is required")),
     };
     match o.get("environment") {
         None | Some(Value::Null) => {}
         Some(Value::String(e)) if e == "python" => {}
         Some(Value::String(e)) => {
             let shown: String = e.chars().take(64).collect();
-            return Err(error(
+            return Err(Rejection::new(
                 404,
                 "not_found",
-                &format!("No such environment: {shown}"),
+                format!("No such environment: {shown}"),
             ));
         }
         Some(_) => {
-            return Err(error(
+            return Err(Rejection::new(
                 422,
                 "invalid_request",
                 "`environment` must be a string",
             ))
         }
     }
-    let positive = |name: &str| -> Result<Option<u64>, Response> {
+    let positive = |name: &str| -> Result<Option<u64>, Rejection> {
         match o.get(name) {
             None | Some(Value::Null) => Ok(None),
             // JSON's integers: `20` and `20.0` alike (JSON Schema's reading).
@@ -240,10 +419,10 @@ pub fn parse_execute(req: &Request, limits: Limits) -> Result<Execute, Response>
                     .map(|f| f as u64)
             }) {
                 Some(n) if n > 0 => Ok(Some(n)),
-                _ => Err(error(
+                _ => Err(Rejection::new(
                     422,
                     "invalid_request",
-                    &format!("`{name}` must be a positive integer"),
+                    format!("`{name}` must be a positive integer"),
                 )),
             },
         }
@@ -256,6 +435,7 @@ pub fn parse_execute(req: &Request, limits: Limits) -> Result<Execute, Response>
         code,
         timeout_ms,
         fuel,
+        callbacks: Vec::new(),
     })
 }
 

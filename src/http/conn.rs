@@ -94,6 +94,14 @@ pub enum Role {
         /// It takes body bytes now.
         reading: bool,
     },
+    /// Talks with the client for as long as the connection lasts (a WebSocket): it
+    /// takes input always, ends when the client leaves, and a client that stops
+    /// reading is dropped. `busy`: work is going on for it, so silence is not
+    /// idleness (else the idle deadline closes it).
+    Converses {
+        /// Work is going on for it.
+        busy: bool,
+    },
 }
 
 /// What a connection owner tells the connection about itself.
@@ -286,7 +294,10 @@ impl<R, W: Owner> Conn<R, W> {
         let takes = match &self.phase {
             Phase::Head | Phase::Body { .. } => true,
             Phase::Json(_) => false,
-            Phase::Owned(w) => matches!(w.role(), Role::Receives { reading: true }),
+            Phase::Owned(w) => matches!(
+                w.role(),
+                Role::Receives { reading: true } | Role::Converses { .. }
+            ),
         };
         takes && !self.close_after_flush
     }
@@ -723,6 +734,12 @@ impl<R, W: Owner> Conn<R, W> {
                 // A client that half-closed after its request still gets the answer of a
                 // pool job (a failed write closes the connection then).
                 Role::Answers => After::Stay,
+                Role::Converses { .. } if gone => After::Close,
+                // It said its last (a close frame): out, then a linger.
+                Role::Converses { .. } if self.close_after_flush && self.pending_write() == 0 => {
+                    After::Linger
+                }
+                Role::Converses { .. } => After::Stay,
                 Role::Produces | Role::Receives { .. } if gone => After::Close,
                 Role::Produces | Role::Receives { .. } => After::Stay,
             },
@@ -763,6 +780,9 @@ impl<R, W: Owner> Conn<R, W> {
             Phase::Body { .. } => Expired::BodyTimeout,
             Phase::Owned(w) => match w.role() {
                 Role::Receives { .. } => Expired::BodyTimeout,
+                Role::Converses { .. } if stalled => Expired::Stalled,
+                Role::Converses { busy: true } => Expired::Rearm(idle),
+                Role::Converses { busy: false } => Expired::Close,
                 Role::Answers => Expired::Rearm(idle),
                 Role::Produces if stalled => Expired::Stalled,
                 Role::Produces => Expired::Rearm(idle),

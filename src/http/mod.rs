@@ -11,6 +11,7 @@ pub mod parse;
 pub mod relay;
 pub mod response;
 pub mod sse;
+pub mod ws;
 
 pub use parse::{Framing, Head, HttpError};
 pub use response::Response;

@@ -39,7 +39,31 @@ pub struct RunRequest {
     pub fuel: u64,
     /// Memory allowed.
     pub memory_bytes: u64,
+    /// Functions the code may `await` (the eryx WebSocket's callbacks): each call
+    /// reaches the run's [`CallSink`], and [`Engine::answer`] answers it.
+    pub callbacks: Vec<String>,
+    /// How long one call waits for its answer before it fails in Python.
+    pub callback_timeout_ms: u64,
 }
+
+/// Calls one run may make to its callbacks.
+pub const MAX_CALLBACKS: u32 = 100;
+
+/// A run's call to one of its callbacks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    /// The run that calls.
+    pub run: u64,
+    /// The call's number (unique in the engine; answered with [`Engine::answer`]).
+    pub call: u64,
+    /// The callback's name (one the run listed).
+    pub name: String,
+    /// Its keyword arguments.
+    pub args: serde_json::Value,
+}
+
+/// Where a run's calls go (called on the supervisor thread: it must not block).
+pub type CallSink = Box<dyn Fn(Call) + Send>;
 
 /// How a run ended (the worker's answer).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -71,7 +95,9 @@ pub enum Failure {
 pub type Reply = Box<dyn FnOnce(Result<RunAnswer, Failure>) + Send>;
 
 enum Msg {
-    Run(RunRequest, Reply),
+    Run(u64, RunRequest, Reply, Option<CallSink>),
+    /// The answer to call `.1` of run `.0`: its result, or the error to raise.
+    Answer(u64, u64, Result<serde_json::Value, String>),
     /// A frame from worker `gen`.
     Frame(u64, Vec<u8>),
     /// Worker `gen`'s socket ended (it exited, or broke the protocol).
@@ -93,6 +119,7 @@ pub enum State {
 /// The daemon's handle on the engine.
 pub struct Engine {
     tx: crossbeam_channel::Sender<Msg>,
+    next_run: std::sync::atomic::AtomicU64,
     state: Arc<Mutex<State>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -121,7 +148,6 @@ impl Engine {
             state: Arc::clone(&state),
             live: None,
             gen: 0,
-            next_id: 0,
             pending: HashMap::new(),
             queued: Vec::new(),
             last_start: None,
@@ -132,18 +158,30 @@ impl Engine {
             .spawn(move || sup.main())?;
         Ok(Engine {
             tx,
+            next_run: std::sync::atomic::AtomicU64::new(1),
             state,
             thread: Some(thread),
         })
     }
 
-    /// Sends a run; `reply` gets its answer (or why there is none).
-    pub fn run(&self, req: RunRequest, reply: Reply) {
-        if let Err(crossbeam_channel::SendError(Msg::Run(_, reply))) =
-            self.tx.send(Msg::Run(req, reply))
+    /// Sends a run; `reply` gets its answer (or why there is none), `calls` its calls
+    /// to its callbacks. Returns the run's id (what [`Engine::answer`] names).
+    pub fn run(&self, req: RunRequest, reply: Reply, calls: Option<CallSink>) -> u64 {
+        let id = self
+            .next_run
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Err(crossbeam_channel::SendError(Msg::Run(_, _, reply, _))) =
+            self.tx.send(Msg::Run(id, req, reply, calls))
         {
             reply(Err(Failure::Unavailable("the engine has stopped".into())));
         }
+        id
+    }
+
+    /// Answers call `call` of run `run` (dropped if the run has ended or the call
+    /// already timed out).
+    pub fn answer(&self, run: u64, call: u64, result: Result<serde_json::Value, String>) {
+        let _ = self.tx.send(Msg::Answer(run, call, result));
     }
 
     /// What the engine is doing.
@@ -178,6 +216,22 @@ struct Live {
     ready: bool,
 }
 
+/// A run on the worker.
+struct Pending {
+    /// Past it, the worker is presumed stuck.
+    deadline: Instant,
+    reply: Reply,
+    calls: Option<CallSink>,
+}
+
+/// A run waiting for the worker to start.
+struct Queued {
+    id: u64,
+    req: RunRequest,
+    reply: Reply,
+    calls: Option<CallSink>,
+}
+
 struct Supervisor {
     cfg: EryxConfig,
     worker: std::path::PathBuf,
@@ -188,11 +242,10 @@ struct Supervisor {
     state: Arc<Mutex<State>>,
     live: Option<Live>,
     gen: u64,
-    next_id: u64,
-    /// Runs on the worker: id → (deadline past which it is stuck, reply).
-    pending: HashMap<u64, (Instant, Reply)>,
+    /// Runs on the worker, by id.
+    pending: HashMap<u64, Pending>,
     /// Runs that came while the worker was starting.
-    queued: Vec<(RunRequest, Reply)>,
+    queued: Vec<Queued>,
     last_start: Option<Instant>,
     /// The snapshot could not be made: nothing can run until a restart.
     prepared_failed: bool,
@@ -214,7 +267,7 @@ impl Supervisor {
             self.set_state(State::Down(e));
         }
         loop {
-            let next = self.pending.values().map(|(d, _)| *d).min();
+            let next = self.pending.values().map(|p| p.deadline).min();
             let msg = match next {
                 Some(at) => match self.rx.recv_deadline(at) {
                     Ok(m) => m,
@@ -230,7 +283,13 @@ impl Supervisor {
                 },
             };
             match msg {
-                Msg::Run(req, reply) => self.on_run(req, reply),
+                Msg::Run(id, req, reply, calls) => self.on_run(Queued {
+                    id,
+                    req,
+                    reply,
+                    calls,
+                }),
+                Msg::Answer(run, call, result) => self.on_answer(run, call, result),
                 Msg::Frame(gen, f) if self.live.as_ref().is_some_and(|l| l.gen == gen) => {
                     self.on_frame(&f)
                 }
@@ -243,13 +302,13 @@ impl Supervisor {
         }
         self.set_state(State::Down("the daemon is shutting down".into()));
         self.kill_worker();
-        for (_, (_, reply)) in self.pending.drain() {
-            reply(Err(Failure::Unavailable(
+        for (_, p) in self.pending.drain() {
+            (p.reply)(Err(Failure::Unavailable(
                 "the daemon is shutting down".into(),
             )));
         }
-        for (_, reply) in self.queued.drain(..) {
-            reply(Err(Failure::Unavailable(
+        for q in self.queued.drain(..) {
+            (q.reply)(Err(Failure::Unavailable(
                 "the daemon is shutting down".into(),
             )));
         }
@@ -307,8 +366,8 @@ impl Supervisor {
                 self.set_state(State::Down(format!(
                     "the WebAssembly worker could not start: {e}"
                 )));
-                for (_, reply) in self.queued.drain(..) {
-                    reply(Err(Failure::Unavailable(format!(
+                for q in self.queued.drain(..) {
+                    (q.reply)(Err(Failure::Unavailable(format!(
                         "the WebAssembly worker could not start: {e}"
                     ))));
                 }
@@ -397,23 +456,42 @@ impl Supervisor {
         })
     }
 
-    fn on_run(&mut self, req: RunRequest, reply: Reply) {
+    fn on_run(&mut self, q: Queued) {
         match (&self.live, self.state()) {
-            (Some(l), _) if l.ready => self.send(req, reply),
-            (Some(_), _) => self.queued.push((req, reply)),
+            (Some(l), _) if l.ready => self.send(q),
+            (Some(_), _) => self.queued.push(q),
             (None, State::Down(why)) if self.prepared_failed => {
-                reply(Err(Failure::Unavailable(why)))
+                (q.reply)(Err(Failure::Unavailable(why)))
             }
             (None, _) => {
                 self.start_worker();
                 match (&self.live, self.state()) {
-                    (Some(_), _) => self.queued.push((req, reply)),
-                    (None, State::Down(why)) => reply(Err(Failure::Unavailable(why))),
-                    (None, _) => reply(Err(Failure::Unavailable(
+                    (Some(_), _) => self.queued.push(q),
+                    (None, State::Down(why)) => (q.reply)(Err(Failure::Unavailable(why))),
+                    (None, _) => (q.reply)(Err(Failure::Unavailable(
                         "the WebAssembly worker could not start".into(),
                     ))),
                 }
             }
+        }
+    }
+
+    /// A client's answer to a call: to the worker, if its run is still on it.
+    fn on_answer(&mut self, run: u64, call: u64, result: Result<serde_json::Value, String>) {
+        if !self.pending.contains_key(&run) {
+            return;
+        }
+        let answer = match result {
+            Ok(v) => serde_json::json!({"id": run, "call": call, "result": v}),
+            Err(e) => serde_json::json!({"id": run, "call": call, "error": e}),
+        };
+        let frame = serde_json::json!({ "answer": answer }).to_string();
+        let ok = self
+            .live
+            .as_mut()
+            .is_some_and(|l| write_frame(&mut l.sock, frame.as_bytes()).is_ok());
+        if !ok {
+            self.worker_failed("its socket refused an answer".into());
         }
     }
 
@@ -424,19 +502,33 @@ impl Supervisor {
             .unwrap_or(State::Starting)
     }
 
-    fn send(&mut self, req: RunRequest, reply: Reply) {
-        self.next_id += 1;
-        let id = self.next_id;
+    fn send(&mut self, q: Queued) {
+        let Queued {
+            id,
+            req,
+            reply,
+            calls,
+        } = q;
         let frame = serde_json::json!({
             "id": id,
             "code": req.code,
             "timeout_ms": req.timeout_ms,
             "fuel": req.fuel,
             "memory_bytes": req.memory_bytes,
+            "callbacks": req.callbacks,
+            "callback_timeout_ms": req.callback_timeout_ms,
+            "max_callbacks": MAX_CALLBACKS,
         })
         .to_string();
         let deadline = Instant::now() + Duration::from_millis(req.timeout_ms) + STUCK_GRACE;
-        self.pending.insert(id, (deadline, reply));
+        self.pending.insert(
+            id,
+            Pending {
+                deadline,
+                reply,
+                calls,
+            },
+        );
         let ok = self
             .live
             .as_mut()
@@ -448,10 +540,19 @@ impl Supervisor {
 
     fn on_frame(&mut self, f: &[u8]) {
         #[derive(Deserialize)]
+        struct CallFrame {
+            id: u64,
+            call: u64,
+            name: String,
+            #[serde(default)]
+            args: serde_json::Value,
+        }
+        #[derive(Deserialize)]
         struct Frame {
             id: Option<u64>,
             ready: Option<bool>,
             fatal: Option<String>,
+            callback: Option<CallFrame>,
             #[serde(flatten)]
             answer: Option<RunAnswer>,
         }
@@ -470,8 +571,23 @@ impl Supervisor {
                 l.ready = true;
             }
             self.set_state(State::Ready);
-            for (req, reply) in std::mem::take(&mut self.queued) {
-                self.send(req, reply);
+            for q in std::mem::take(&mut self.queued) {
+                self.send(q);
+            }
+            return;
+        }
+        if let Some(c) = frame.callback {
+            // A call of a run that is not (or no longer) here is the worker's confusion,
+            // or a race with a crash: nobody can answer it.
+            match self.pending.get(&c.id).map(|p| &p.calls) {
+                Some(Some(sink)) => sink(Call {
+                    run: c.id,
+                    call: c.call,
+                    name: c.name,
+                    args: c.args,
+                }),
+                Some(None) => self.on_answer(c.id, c.call, Err("this run has no callbacks".into())),
+                None => {}
             }
             return;
         }
@@ -479,7 +595,7 @@ impl Supervisor {
             frame.id.and_then(|id| self.pending.remove(&id)),
             frame.answer,
         ) {
-            (Some((_, reply)), Some(a)) => reply(Ok(a)),
+            (Some(p), Some(a)) => (p.reply)(Ok(a)),
             _ => self.worker_failed("it answered a run it was not given".into()),
         }
     }
@@ -493,8 +609,8 @@ impl Supervisor {
             self.pending.len()
         );
         self.kill_worker();
-        for (_, (_, reply)) in self.pending.drain() {
-            reply(Err(Failure::Crashed(why.clone())));
+        for (_, p) in self.pending.drain() {
+            (p.reply)(Err(Failure::Crashed(why.clone())));
         }
         self.start_worker();
     }

@@ -23,8 +23,10 @@ mod seccomp;
 use frame::{read_frame, write_frame};
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The eryx version this worker is built with (pinned in Cargo.toml).
@@ -54,6 +56,39 @@ struct Request {
     timeout_ms: u64,
     fuel: u64,
     memory_bytes: u64,
+    /// Functions the code may `await`, answered by the daemon's client (the eryx
+    /// WebSocket): each call goes out as a `{"callback": …}` frame and comes back as an
+    /// `{"answer": …}` frame.
+    #[serde(default)]
+    callbacks: Vec<String>,
+    /// How long one call may wait for its answer.
+    #[serde(default = "default_callback_timeout_ms")]
+    callback_timeout_ms: u64,
+    /// Calls one run may make.
+    #[serde(default = "default_max_callbacks")]
+    max_callbacks: u32,
+}
+
+fn default_callback_timeout_ms() -> u64 {
+    30_000
+}
+
+fn default_max_callbacks() -> u32 {
+    100
+}
+
+/// The daemon's answer to one callback call.
+#[derive(Debug, Deserialize)]
+struct CallAnswer {
+    /// The run.
+    id: u64,
+    /// The call, as the worker numbered it.
+    call: u64,
+    /// What `await` returns (JSON), unless `error` is set.
+    #[serde(default)]
+    result: serde_json::Value,
+    /// Raised in Python as `RuntimeError(error)`.
+    error: Option<String>,
 }
 
 /// How a run ended, as the eryx face reports it.
@@ -244,6 +279,11 @@ fn serve_on(
     seccomp::install()?;
     let hello = serde_json::json!({"ready": true, "eryx": ERYX_VERSION, "threads": threads});
     let _ = tx.send(hello.to_string().into_bytes());
+    let calls = Arc::new(Calls {
+        out: Mutex::new(tx.clone()),
+        waiting: Mutex::new(HashMap::new()),
+        next: AtomicU64::new(0),
+    });
     let mut input = sock;
     loop {
         let frame = match read_frame(&mut input) {
@@ -251,13 +291,23 @@ fn serve_on(
             Ok(None) => break,
             Err(e) => return Err(format!("reading a request: {e}")),
         };
-        let req: Request = match serde_json::from_slice(&frame) {
+        let v: serde_json::Value = match serde_json::from_slice(&frame) {
+            Ok(v) => v,
+            Err(e) => return Err(format!("a frame that is not JSON: {e}")),
+        };
+        if let Some(a) = v.get("answer") {
+            let a: CallAnswer = serde_json::from_value(a.clone())
+                .map_err(|e| format!("an answer that is not one: {e}"))?;
+            calls.answer(a);
+            continue;
+        }
+        let req: Request = match serde_json::from_value(v) {
             Ok(r) => r,
             Err(e) => return Err(format!("a request that is not one: {e}")),
         };
-        let (executor, tx) = (Arc::clone(&executor), tx.clone());
+        let (executor, tx, calls) = (Arc::clone(&executor), tx.clone(), Arc::clone(&calls));
         rt.spawn(async move {
-            let answer = run(&executor, req).await;
+            let answer = run(&executor, req, Some(&calls)).await;
             let _ = tx.send(serde_json::to_vec(&answer).unwrap_or_default());
         });
     }
@@ -265,6 +315,115 @@ fn serve_on(
     rt.shutdown_timeout(Duration::from_millis(100));
     let _ = writer.join();
     Ok(())
+}
+
+/// Where one call's answer goes: its JSON result, or the error to raise.
+type AnswerSlot = tokio::sync::oneshot::Sender<Result<serde_json::Value, String>>;
+
+/// Callback calls waiting for the daemon's answer, over all runs.
+struct Calls {
+    /// Frames to the daemon.
+    out: Mutex<std::sync::mpsc::Sender<Vec<u8>>>,
+    /// (run, call) → where its answer goes.
+    waiting: Mutex<HashMap<(u64, u64), AnswerSlot>>,
+    next: AtomicU64,
+}
+
+impl Calls {
+    fn answer(&self, a: CallAnswer) {
+        let slot = self
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(&(a.id, a.call)));
+        // An answer to a call that already timed out, or to a run that ended: dropped.
+        if let Some(slot) = slot {
+            let _ = slot.send(match a.error {
+                Some(e) => Err(e),
+                None => Ok(a.result),
+            });
+        }
+    }
+
+    /// A run ended: its calls still waiting end at once (they fail in a run that is
+    /// gone anyway).
+    fn forget_run(&self, run: u64) {
+        if let Ok(mut w) = self.waiting.lock() {
+            w.retain(|(r, _), _| *r != run);
+        }
+    }
+}
+
+/// One callback of a run: a call is a frame to the daemon, which asks its client and
+/// sends the client's answer back.
+struct Remote {
+    name: String,
+    run: u64,
+    timeout: Duration,
+    calls: Arc<Calls>,
+}
+
+impl eryx::Callback for Remote {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn description(&self) -> &str {
+        ""
+    }
+
+    fn parameters_schema(&self) -> eryx::Schema {
+        eryx::empty_schema()
+    }
+
+    fn invoke(
+        &self,
+        args: serde_json::Value,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<serde_json::Value, eryx::CallbackError>>
+                + Send
+                + '_,
+        >,
+    > {
+        Box::pin(async move {
+            let call = self.calls.next.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if let Ok(mut w) = self.calls.waiting.lock() {
+                w.insert((self.run, call), tx);
+            }
+            let frame = serde_json::json!({"callback": {
+                "id": self.run, "call": call, "name": self.name, "args": args,
+            }});
+            let sent = self
+                .calls
+                .out
+                .lock()
+                .is_ok_and(|o| o.send(frame.to_string().into_bytes()).is_ok());
+            if !sent {
+                self.calls.forget_run(self.run);
+                return Err(eryx::CallbackError::Replayed("the daemon is gone".into()));
+            }
+            match tokio::time::timeout(self.timeout, rx).await {
+                Ok(Ok(Ok(v))) => Ok(v),
+                Ok(Ok(Err(e))) => Err(eryx::CallbackError::Replayed(e)),
+                Ok(Err(_)) => Err(eryx::CallbackError::Replayed(format!(
+                    "{}() got no answer: the run ended",
+                    self.name
+                ))),
+                Err(_) => {
+                    if let Ok(mut w) = self.calls.waiting.lock() {
+                        w.remove(&(self.run, call));
+                    }
+                    Err(eryx::CallbackError::Replayed(format!(
+                        "{}() got no answer within {} s",
+                        self.name,
+                        self.timeout.as_secs_f64()
+                    )))
+                }
+            }
+        })
+    }
 }
 
 /// The variable the wrapper leaves its verdict in (eryx's result capture).
@@ -282,16 +441,31 @@ const OUTPUT_CHARS: usize = 1 << 20;
 /// compute units are known; it is reported as a traceback without this wrapper's
 /// frame. The wrapper is one function that removes its own name before the code
 /// runs: the code sees a namespace with nothing of it.
-fn wrap(code: &str) -> String {
+fn wrap(code: &str, callbacks: &[String]) -> String {
     let lit = serde_json::to_string(code).unwrap_or_else(|_| "\"\"".into());
+    let names = serde_json::to_string(callbacks).unwrap_or_else(|_| "[]".into());
     format!(
         r#"async def _isobox_main():
-    import sys
+    import sys, types
     sys.settrace(None)
     sys._getframe().f_trace = None
     sys._getframe(1).f_trace = None
     g = globals()
     del g["_isobox_main"]
+    inv = g.pop("invoke", None)
+    for n in ("list_callbacks", "_EryxNamespace", "_EryxCallbackLeaf"):
+        g.pop(n, None)
+    def make(name):
+        async def callback(**kwargs):
+            try:
+                return await inv(name, **kwargs)
+            except Exception as e:
+                raise RuntimeError(str(e)) from None
+        callback.__name__ = callback.__qualname__ = name
+        return callback
+    made = {{n: make(n) for n in {names}}}
+    cbcode = make("_").__code__
+    g.update(made)
     import socket
     class Capture:
         encoding = "utf-8"
@@ -344,8 +518,20 @@ fn wrap(code: &str) -> String {
         if not (isinstance(e, SystemExit) and e.code in (None, 0)):
             import traceback
             tb = e.__traceback__.tb_next if e.__traceback__ is not None else None
+            # Without the callbacks' own frames: the code called get_user(), and
+            # that is where its error is.
+            kept = []
+            while tb is not None:
+                if tb.tb_frame.f_code is not cbcode:
+                    kept.append(tb)
+                tb = tb.tb_next
+            for t in reversed(kept):
+                tb = types.TracebackType(tb, t.tb_frame, t.tb_lasti, t.tb_lineno)
             kind = "memory" if isinstance(e, MemoryError) else "error"
             outcome = {{"kind": kind, "error": "".join(traceback.format_exception(type(e), e, tb))}}
+    for n, f in made.items():
+        if g.get(n) is f:
+            del g[n]
     if outcome is None:
         outcome = {{"stdout": out.value(), "stderr": err.value()}}
     g["{OUTCOME_VAR}"] = outcome
@@ -354,7 +540,7 @@ await _isobox_main()
     )
 }
 
-async fn run(executor: &eryx::PythonExecutor, req: Request) -> Answer {
+async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<Calls>>) -> Answer {
     let mut answer = Answer {
         id: req.id,
         status: "success",
@@ -368,13 +554,51 @@ async fn run(executor: &eryx::PythonExecutor, req: Request) -> Answer {
         answer.error = Some("SyntaxError: source code cannot contain null bytes\n".into());
         return answer;
     }
-    let result = executor
-        .execute(wrap(&req.code))
+    let mut exec = executor
+        .execute(wrap(&req.code, &req.callbacks))
         .with_memory_limit(req.memory_bytes)
         .with_timeout(Duration::from_millis(req.timeout_ms.max(1)))
-        .with_fuel_limit(req.fuel)
-        .run()
-        .await;
+        .with_fuel_limit(req.fuel);
+    let mut handler = None;
+    if let (Some(calls), false) = (calls, req.callbacks.is_empty()) {
+        let remotes: Vec<Arc<dyn eryx::Callback>> = req
+            .callbacks
+            .iter()
+            .map(|name| {
+                Arc::new(Remote {
+                    name: name.clone(),
+                    run: req.id,
+                    timeout: Duration::from_millis(req.callback_timeout_ms.max(1)),
+                    calls: Arc::clone(calls),
+                }) as Arc<dyn eryx::Callback>
+            })
+            .collect();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        exec = exec.with_callbacks(&remotes, tx);
+        let map: HashMap<String, Arc<dyn eryx::Callback>> = remotes
+            .into_iter()
+            .map(|r| (r.name().to_string(), r))
+            .collect();
+        let limits = eryx::ResourceLimits {
+            // Each call's own wait is bounded by `Remote` (with a message that names it).
+            callback_timeout: None,
+            max_callback_invocations: Some(req.max_callbacks),
+            ..eryx::ResourceLimits::default()
+        };
+        handler = Some(tokio::spawn(eryx::callback_handler::run_callback_handler(
+            rx,
+            Arc::new(map),
+            limits,
+            Arc::new(HashMap::new()),
+        )));
+    }
+    let result = exec.run().await;
+    if let Some(calls) = calls {
+        calls.forget_run(req.id);
+    }
+    if let Some(h) = handler {
+        let _ = h.await;
+    }
     match result {
         Ok(out) => {
             answer.compute_units = out.fuel_consumed.unwrap_or(0);
@@ -455,9 +679,12 @@ fn bench(cache: &Path, runs: usize, code: &str) -> Result<(), String> {
             timeout_ms: 30_000,
             fuel: 20_000_000_000,
             memory_bytes: 64 << 20,
+            callbacks: Vec::new(),
+            callback_timeout_ms: default_callback_timeout_ms(),
+            max_callbacks: default_max_callbacks(),
         };
         let t0 = std::time::Instant::now();
-        let a = rt.block_on(run(&executor, req));
+        let a = rt.block_on(run(&executor, req, None));
         ms.push(t0.elapsed().as_secs_f64() * 1000.0);
         last = Some(a);
     }
