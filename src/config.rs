@@ -333,10 +333,12 @@ struct Args {
         default_value = "/var/cache/isobox/wasm"
     )]
     wasm_cache_dir: PathBuf,
-    /// runs the worker executes at once (its threads), all tenants together
+    /// worker processes, of one engine thread each: the runs that execute in parallel,
+    /// all tenants together
     #[arg(long, env = "ISOBOX_WASM_THREADS", help_heading = "eryx face (/eryx)", default_value = "2", value_parser = Value(parsed::<usize>))]
     wasm_threads: usize,
-    /// the worker's memory cap, MiB (its own cgroup; every run's memory is inside it)
+    /// the workers' memory cap, MiB, shared equally: each worker process's cgroup gets
+    /// this divided by ISOBOX_WASM_THREADS (its runs' memory is inside it)
     #[arg(long, env = "ISOBOX_WASM_WORKER_MEMORY_MB", help_heading = "eryx face (/eryx)", default_value = "1024", value_parser = Value(parsed::<u64>))]
     wasm_worker_memory_mb: u64,
     /// runs one tenant may have going at once (429 concurrency_limit above)
@@ -684,11 +686,13 @@ impl Config {
                 "100 to 600000",
             ));
         }
-        if e.worker_memory_bytes < e.memory_bytes.saturating_mul(e.threads as u64) + (128 << 20) {
+        // Each worker process gets an equal share, and needs a run's memory and the
+        // engine's own (~128 MiB) in it.
+        if e.worker_memory_bytes / (e.threads as u64) < e.memory_bytes + (128 << 20) {
             return Err(invalid(
                 "ISOBOX_WASM_WORKER_MEMORY_MB",
                 &(e.worker_memory_bytes >> 20).to_string(),
-                "at least ISOBOX_ERYX_MEMORY_MB x ISOBOX_WASM_THREADS + 128 (the engine's own)",
+                "at least (ISOBOX_ERYX_MEMORY_MB + 128) x ISOBOX_WASM_THREADS (each worker process's share holds a run and the engine's own)",
             ));
         }
         if e.timeout_ms == 0 || e.fuel_limit == 0 || e.concurrency == 0 {
@@ -1272,9 +1276,9 @@ pub struct EryxConfig {
     pub worker: Option<PathBuf>,
     /// The worker's snapshot cache.
     pub cache_dir: PathBuf,
-    /// Runs the worker executes at once.
+    /// Worker processes (one engine thread each): the runs that execute in parallel.
     pub threads: usize,
-    /// The worker's memory cap, bytes.
+    /// The workers' memory cap, bytes, shared equally among them.
     pub worker_memory_bytes: u64,
     /// Runs one tenant may have going at once.
     pub concurrency: usize,
@@ -1839,9 +1843,9 @@ mod tests {
             .is_none());
         for ok in [
             &["--wasm-threads", "1"][..],
-            &["--wasm-threads", "64", "--wasm-worker-memory-mb", "4224"],
+            &["--wasm-threads", "64", "--wasm-worker-memory-mb", "12288"],
             &["--eryx-memory-mb", "16"],
-            &["--wasm-worker-memory-mb", "256"],
+            &["--wasm-worker-memory-mb", "384"],
             &["--eryx-callback-timeout-ms", "100"],
             &["--eryx-callback-timeout-ms", "600000"],
             &[
@@ -1868,7 +1872,11 @@ mod tests {
                 "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS",
             ),
             (
-                &["--wasm-worker-memory-mb", "255"],
+                &["--wasm-worker-memory-mb", "383"],
+                "ISOBOX_WASM_WORKER_MEMORY_MB",
+            ),
+            (
+                &["--wasm-threads", "64", "--wasm-worker-memory-mb", "12287"],
                 "ISOBOX_WASM_WORKER_MEMORY_MB",
             ),
             (&["--eryx-timeout-s", "0"], "ISOBOX_ERYX_TIMEOUT_S"),

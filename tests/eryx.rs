@@ -46,16 +46,24 @@ fn in_background(d: &Daemon, code: &str, key: Option<&str>) -> std::thread::Join
     std::thread::spawn(move || common::raw_exchange(addr, req.as_bytes()))
 }
 
-/// The worker of this daemon: its pid, from its cgroup under the daemon's slice.
-fn worker_pid(d: &Daemon) -> Option<u32> {
+/// The workers of this daemon: their pids, from their cgroups under the daemon's
+/// slice.
+fn worker_pids(d: &Daemon) -> Vec<u32> {
     let slice = std::path::PathBuf::from("/sys/fs/cgroup/pids").join(&d.instance);
-    for e in std::fs::read_dir(&slice).ok()?.flatten() {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&slice).into_iter().flatten().flatten() {
         if e.file_name().to_string_lossy().starts_with("wasm-worker-") {
-            let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).ok()?;
-            return procs.lines().next().and_then(|l| l.trim().parse().ok());
+            let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+            out.extend(
+                procs
+                    .lines()
+                    .next()
+                    .and_then(|l| l.trim().parse::<u32>().ok()),
+            );
         }
     }
-    None
+    out.sort_unstable();
+    out
 }
 
 #[test]
@@ -275,7 +283,12 @@ fn test_errors_auth_and_per_tenant_concurrency() {
     }
     let r = d.request("GET", "/eryx/v1/execute", &h, b"");
     assert_eq!((r.status, code(&r)), (405, "invalid_request".into()));
+    // The stream is a WebSocket (tests/eryx_stream.rs); a plain GET is told so.
     let r = d.request("GET", "/eryx/v1/stream", &h, b"");
+    assert_eq!((r.status, code(&r)), (426, "invalid_request".into()));
+    assert_eq!(r.header("upgrade"), Some("websocket"));
+    // Sessions are not built: their path is unknown.
+    let r = d.request("POST", "/eryx/v1/sessions", &h, b"");
     assert_eq!((r.status, code(&r)), (404, "not_found".into()));
     // The body cap: 1 MiB of code is refused, just under it runs.
     let big = "#".repeat(1 << 20);
@@ -352,69 +365,102 @@ fn test_the_worker_is_jailed_and_a_killed_worker_fails_only_its_runs() {
     let d = Daemon::start();
     d.wait_ready();
     assert_eq!(run(&d, json!({"code": "print(1)"}))["stdout"], "1\n");
-    let pid = worker_pid(&d).expect("the worker's cgroup under the slice");
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default()
+    // ISOBOX_WASM_THREADS (2) worker processes, each jailed the same way.
+    let pids = worker_pids(&d);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    // The first run went to the first worker ready; the other may still be loading:
+    // its filter goes on before it says it is ready.
+    let filtered = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.split_whitespace().eq(["Seccomp:", "2"]))
+        })
     };
-    assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
-    assert_eq!(field("Gid:"), "65534 65534 65534 65534", "{status}");
-    assert_eq!(field("Groups:"), "", "{status}");
-    assert_eq!(field("NoNewPrivs:"), "1", "{status}");
-    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
-    // Its own seccomp filter (mode 2), installed on every thread before the first run.
-    assert_eq!(field("Seccomp:"), "2", "{status}");
-    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
-    assert_ne!(
-        ns(&pid.to_string()),
-        ns("self"),
-        "its own network namespace"
-    );
-    let mem = std::path::PathBuf::from("/sys/fs/cgroup/memory")
-        .join(&d.instance)
-        .read_dir()
-        .unwrap()
-        .flatten()
-        .find(|e| e.file_name().to_string_lossy().starts_with("wasm-worker-"))
-        .unwrap()
-        .path();
-    let cap: u64 = std::fs::read_to_string(mem.join("memory.limit_in_bytes"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert_eq!(cap, 1024 << 20);
-    // kill -9 mid-run: that run gets 500 internal_error; the next one works on a new
-    // worker.
-    let slow = in_background(&d, "import time\ntime.sleep(20)", None);
+    let t0 = Instant::now();
+    while !pids.iter().all(filtered) && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for pid in &pids {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
+                .unwrap_or_default()
+        };
+        assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
+        assert_eq!(field("Gid:"), "65534 65534 65534 65534", "{status}");
+        assert_eq!(field("Groups:"), "", "{status}");
+        assert_eq!(field("NoNewPrivs:"), "1", "{status}");
+        assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+        // Its own seccomp filter (mode 2), installed on every thread before the first run.
+        assert_eq!(field("Seccomp:"), "2", "{status}");
+        let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
+        assert_ne!(
+            ns(&pid.to_string()),
+            ns("self"),
+            "its own network namespace"
+        );
+    }
+    // Each in a cgroup of its own with its share of ISOBOX_WASM_WORKER_MEMORY_MB.
+    let cgroups = || -> Vec<std::path::PathBuf> {
+        std::path::PathBuf::from("/sys/fs/cgroup/memory")
+            .join(&d.instance)
+            .read_dir()
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("wasm-worker-"))
+            .map(|e| e.path())
+            .collect()
+    };
+    let mems = cgroups();
+    assert_eq!(mems.len(), 2, "{mems:?}");
+    for mem in &mems {
+        let cap: u64 = std::fs::read_to_string(mem.join("memory.limit_in_bytes"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert_eq!(cap, 512 << 20);
+    }
+    // Two runs at once go to the two workers. kill -9 of one mid-run: its run gets
+    // 500 internal_error, the other run finishes on the other worker, and the next
+    // run works.
+    let sleeper = "import time\ntime.sleep(4)\nprint('survived')";
+    let first = in_background(&d, sleeper, None);
+    std::thread::sleep(Duration::from_millis(300));
+    let second = in_background(&d, sleeper, None);
     std::thread::sleep(Duration::from_millis(800));
     let t0 = Instant::now();
-    unsafe_free_kill(pid);
-    let answers = slow.join().unwrap();
-    assert_eq!(answers[0].status, 500, "{}", answers[0].text());
-    assert_eq!(code(&answers[0]), "internal_error");
-    assert!(t0.elapsed() < Duration::from_secs(5));
+    unsafe_free_kill(pids[0]);
+    let mut answers = [
+        first.join().unwrap().remove(0),
+        second.join().unwrap().remove(0),
+    ];
+    answers.sort_by_key(|a| a.status);
+    assert_eq!(answers[0].status, 200, "{}", answers[0].text());
+    assert_eq!(answers[0].json()["stdout"], "survived\n");
+    assert_eq!(answers[1].status, 500, "{}", answers[1].text());
+    assert_eq!(code(&answers[1]), "internal_error");
+    assert!(t0.elapsed() < Duration::from_secs(8));
     assert_eq!(run(&d, json!({"code": "print(2)"}))["stdout"], "2\n");
-    let again = worker_pid(&d).unwrap();
-    assert_ne!(again, pid);
-    // Nothing left: the old worker's cgroup is gone now, the new one with the daemon.
-    let workers: Vec<_> = std::path::PathBuf::from("/sys/fs/cgroup/memory")
-        .join(&d.instance)
-        .read_dir()
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("wasm-worker-"))
-        .collect();
-    assert_eq!(workers.len(), 1, "{workers:?}");
-    d.stop();
+    let again = worker_pids(&d);
+    assert_eq!(again.len(), 2, "{again:?}");
+    assert!(!again.contains(&pids[0]), "{again:?}");
     assert!(
-        !std::path::Path::new(&format!("/proc/{again}")).exists(),
-        "the worker outlived the daemon"
+        again.contains(&pids[1]),
+        "the other worker was left alone: {again:?}"
     );
+    // Nothing left: the killed worker's cgroup is gone now, the others with the daemon.
+    assert_eq!(cgroups().len(), 2);
+    d.stop();
+    for pid in again {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "a worker outlived the daemon"
+        );
+    }
 }
 
 /// SIGKILL through kill(1): the test needs no unsafe code of its own.

@@ -399,7 +399,7 @@ impl Raw {
 
 #[test]
 fn test_the_protocols_rules_on_raw_frames() {
-    let d = Daemon::start();
+    let d = Daemon::start_with(&[("ISOBOX_IDLE_TIMEOUT_MS", "2000")]);
     // A ping is answered with its payload; a run split over fragments, with a ping
     // between them, runs.
     let mut c = Raw::open(&d);
@@ -436,18 +436,40 @@ fn test_the_protocols_rules_on_raw_frames() {
     assert_eq!(c.close_code(), 1009);
     c.ends();
 
+    // Each broken frame gets a close frame with its code and nothing else, then the
+    // connection ends.
     for (first, payload, unmasked, code) in [
         (0x81u8, &br#"{"type":"execute"}"#[..], true, 1002u16),
         (0xC1, &b"{}"[..], false, 1002),
         (0x83, &b""[..], false, 1002),
         (0x81, &[0xff, 0xfe][..], false, 1007),
         (0x80, &b"x"[..], false, 1002),
+        (0x88, &[0x03, 0xed][..], false, 1002),
+        (0x88, &[0x03][..], false, 1002),
+        (0x09, &b""[..], false, 1002),
     ] {
         let mut c = Raw::open(&d);
         c.send(first, payload, unmasked);
-        assert_eq!(c.close_code(), code, "{first:x} {payload:?}");
+        let (op, p) = c.recv().expect("a close frame");
+        assert_eq!(op, 8, "{first:x} {payload:?}: {p:?}");
+        assert_eq!(
+            u16::from_be_bytes([p[0], p[1]]),
+            code,
+            "{first:x} {payload:?}"
+        );
         c.ends();
     }
+
+    // A connection with no run and no frame is closed at the idle deadline, told so.
+    let mut c = Raw::open(&d);
+    let t0 = std::time::Instant::now();
+    assert_eq!(c.close_code(), 1001);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    c.ends();
 
     // Not an upgrade, or the wrong version: 426 with what would work.
     let r = common::raw_exchange(
@@ -470,5 +492,13 @@ fn test_the_protocols_rules_on_raw_frames() {
     );
     assert_eq!(r[0].status, 405);
     assert_eq!(d.get("/healthz").status, 200);
-    d.stop();
+
+    // At shutdown an idle connection is told why (1001) and ends; the daemon stops.
+    let mut c = Raw::open(&d);
+    c.send(0x89, b"x", false);
+    assert_eq!(c.recv(), Some((10, b"x".to_vec())));
+    let stopper = std::thread::spawn(move || d.stop());
+    assert_eq!(c.close_code(), 1001);
+    c.ends();
+    stopper.join().unwrap();
 }

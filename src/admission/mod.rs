@@ -324,6 +324,15 @@ impl Admission {
         }
     }
 
+    /// Whether `tenant` may still act: with keys configured, some key of it is still
+    /// loaded (a reload may have removed it); without keys, it is the public tenant.
+    pub fn tenant_active(&self, tenant: &str) -> bool {
+        if self.keys.is_empty() {
+            return tenant == PUBLIC_TENANT;
+        }
+        self.keys.iter().any(|k| k.tenant == tenant)
+    }
+
     /// Counts one more request of `client` against the per-client rate, outside any
     /// head (a WebSocket `execute`); how long to wait when over it.
     ///
@@ -437,6 +446,31 @@ mod tests {
             ..Default::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn test_a_tenant_is_active_while_a_key_of_it_is_loaded() {
+        let mut a = adm("k1,k2", &[]);
+        let tenant = match a.check(
+            Class::MemoryStarts,
+            &head(&[("Authorization", "Bearer k1")]),
+            "192.0.2.7".parse().unwrap(),
+            Instant::now(),
+        ) {
+            Verdict::Allow { tenant } => tenant,
+            Verdict::Deny(r) => panic!("{}", r.status),
+        };
+        assert!(a.tenant_active(&tenant));
+        assert!(!a.tenant_active("someone-else"));
+        assert!(!a.tenant_active(PUBLIC_TENANT));
+        // A reload that drops the key: its tenant is no longer active.
+        a.keys.retain(|k| k.tenant != tenant);
+        assert!(!a.keys.is_empty());
+        assert!(!a.tenant_active(&tenant));
+        // No keys at all: only the public tenant.
+        a.keys.clear();
+        assert!(a.tenant_active(PUBLIC_TENANT));
+        assert!(!a.tenant_active(&tenant));
     }
 
     #[test]

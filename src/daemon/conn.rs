@@ -957,7 +957,10 @@ impl Daemon {
         let peer = c.peer;
         match c.http.expired(now, idle) {
             Expired::Rearm(after) => self.arm_conn(ck, after),
-            Expired::Close => self.close_conn(ck),
+            Expired::Close => {
+                self.ws_goodbye(ck, 1001, "idle");
+                self.close_conn(ck);
+            }
             Expired::HeadTimeout => {
                 crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} request head not complete in time");
                 self.close_conn(ck);
@@ -994,17 +997,7 @@ impl Daemon {
             .map(|(k, _)| k)
             .collect();
         for ck in idle {
-            // A WebSocket is told why (best effort: what the socket takes now).
-            if let Some(c) = self.conns.get_mut(ck) {
-                if matches!(c.owner(), Some(Owner::Ws(_))) {
-                    crate::http::ws::write_close(
-                        &mut c.http.wbuf,
-                        1001,
-                        "the server is shutting down",
-                    );
-                    self.conn_write(ck);
-                }
-            }
+            self.ws_goodbye(ck, 1001, "the server is shutting down");
             self.close_conn(ck);
         }
     }
@@ -1020,6 +1013,7 @@ impl Daemon {
             .map(|(k, _)| k)
             .collect();
         for ck in stuck {
+            self.ws_goodbye(ck, 1001, "the server is shutting down");
             self.close_conn(ck);
         }
     }

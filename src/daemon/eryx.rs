@@ -36,6 +36,10 @@ pub struct WsState {
 /// Why a client's calls fail once it is gone.
 const CLIENT_GONE: &str = "The client disconnected";
 
+/// Bytes queued for a client past which a new call fails at once instead of adding
+/// to them (a client that does not read cannot make the daemon hold its calls).
+const CALL_BACKLOG_BYTES: usize = 8 << 20;
+
 impl Daemon {
     /// A complete request on the eryx face.
     pub(crate) fn eryx_request(&mut self, ck: usize, spec: &Spec, req: Request) {
@@ -62,6 +66,13 @@ impl Daemon {
             self.respond(ck, resp);
             return;
         }
+        if self.app.shutting_down {
+            self.respond(
+                ck,
+                eryx::error(503, "unavailable", "The server is shutting down"),
+            );
+            return;
+        }
         let accept = match ws::check_upgrade(&req.head) {
             Ok(a) => a,
             Err(r) => {
@@ -82,10 +93,7 @@ impl Daemon {
             calls: HashMap::new(),
         })));
         log::debug!("conn={ck} eryx stream open");
-        self.arm_conn(
-            ck,
-            std::time::Duration::from_millis(self.cfg.idle_timeout_ms),
-        );
+        self.ws_arm_idle(ck);
     }
 
     /// Takes the client's frames out of the read buffer and acts on each message.
@@ -124,6 +132,29 @@ impl Daemon {
         }
     }
 
+    /// The idle deadline from now.
+    fn ws_arm_idle(&mut self, ck: usize) {
+        self.arm_conn(
+            ck,
+            std::time::Duration::from_millis(self.cfg.idle_timeout_ms),
+        );
+    }
+
+    /// Tells a WebSocket why it is closed (best effort: what the socket takes now),
+    /// unless it already said its last. For a closing path that drops the connection.
+    pub(crate) fn ws_goodbye(&mut self, ck: usize, code: u16, reason: &str) {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        if !matches!(c.owner(), Some(Owner::Ws(_))) || c.http.close_after_flush || c.http.lingering
+        {
+            return;
+        }
+        ws::write_close(&mut c.http.wbuf, code, reason);
+        c.http.close_after_flush = true;
+        self.conn_write(ck);
+    }
+
     /// Queues a text message.
     fn ws_send(&mut self, ck: usize, text: &str) {
         if let Some(c) = self.conns.get_mut(ck) {
@@ -132,11 +163,15 @@ impl Daemon {
     }
 
     fn ws_message(&mut self, ck: usize, m: Message) {
-        // Any frame is a sign of life.
-        self.arm_conn(
-            ck,
-            std::time::Duration::from_millis(self.cfg.idle_timeout_ms),
+        // A message is a sign of life; a ping is one too, but not while a fragmented
+        // message is held half-read (pings must not keep its bytes forever).
+        let mid = matches!(
+            self.conns.get(ck).and_then(|c| c.owner()),
+            Some(Owner::Ws(w)) if w.dec.mid_message()
         );
+        if !(mid && matches!(m, Message::Ping(_) | Message::Pong(_))) {
+            self.ws_arm_idle(ck);
+        }
         let text = match m {
             Message::Text(t) => t,
             Message::Ping(p) => {
@@ -215,6 +250,23 @@ impl Daemon {
             return;
         };
         let tenant = w.tenant.clone();
+        // A key removed by a reload stops working on connections opened with it too.
+        if !self.admission.tenant_active(&tenant) {
+            self.ws_send(
+                ck,
+                &eryx::ws_error("invalid_key", "The key of this connection was revoked"),
+            );
+            self.ws_close(ck, 1008, "the key was revoked");
+            return;
+        }
+        if self.app.shutting_down {
+            self.ws_send(
+                ck,
+                &eryx::ws_error("unavailable", "The server is shutting down"),
+            );
+            self.ws_close(ck, 1001, "the server is shutting down");
+            return;
+        }
         if let Err(wait) = self.admission.charge(client, Instant::now()) {
             let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
             self.ws_send(
@@ -295,10 +347,21 @@ impl Daemon {
     /// A run called one of its callbacks: the client is asked, or, gone, the call
     /// fails at once.
     fn eryx_ws_call(&mut self, ck: usize, serial: u64, call: Call) {
+        let backlog = self.conns.get(ck).map_or(0, |c| c.http.pending_write());
+        let refused = if !call.args.is_object() {
+            // Only reachable by going around the callback functions.
+            Some("A callback takes keyword arguments only")
+        } else if backlog > CALL_BACKLOG_BYTES {
+            Some("The client is not reading its messages")
+        } else {
+            None
+        };
         let call_id = match self.ws_of(ck, serial, call.run) {
             // The worker bounds a run's calls; this bounds what one connection holds
             // should it not.
-            Some(w) if w.calls.len() < 2 * crate::wasm::MAX_CALLBACKS as usize => {
+            Some(w)
+                if refused.is_none() && w.calls.len() < 2 * crate::wasm::MAX_CALLBACKS as usize =>
+            {
                 let id = call_id();
                 w.calls.insert(id.clone(), call.call);
                 Some(id)
@@ -307,7 +370,8 @@ impl Daemon {
         };
         let Some(call_id) = call_id else {
             if let Some(e) = &self.wasm {
-                e.answer(call.run, call.call, Err(CLIENT_GONE.into()));
+                let why = refused.unwrap_or(CLIENT_GONE);
+                e.answer(call.run, call.call, Err(why.into()));
             }
             return;
         };
@@ -355,14 +419,20 @@ impl Daemon {
         res: Result<RunAnswer, Failure>,
     ) {
         self.eryx_uncount(tenant);
+        let shutting_down = self.app.shutting_down;
         let Some(c) = self.conns.get_mut(ck).filter(|c| c.serial == serial) else {
             return;
         };
+        // After our close frame nothing more may be sent (RFC 6455 §5.5.1).
+        let closing = c.http.close_after_flush || c.http.lingering;
         let Some(Owner::Ws(w)) = c.owner_mut() else {
             return;
         };
         w.run = None;
         w.calls.clear();
+        if closing {
+            return;
+        }
         let msg = match res {
             Ok(a) => {
                 let mut v = eryx::run_json(&a);
@@ -373,10 +443,12 @@ impl Daemon {
             Err(e @ Failure::Crashed(_)) => eryx::ws_error("internal_error", &e.to_string()),
         };
         self.ws_send(ck, &msg);
-        self.arm_conn(
-            ck,
-            std::time::Duration::from_millis(self.cfg.idle_timeout_ms),
-        );
+        if shutting_down {
+            self.ws_close(ck, 1001, "the server is shutting down");
+            self.conn_after_io(ck);
+            return;
+        }
+        self.ws_arm_idle(ck);
         // Messages that came mid-run were read and ignored; what is buffered now is
         // the next run's.
         self.conn_pump(ck);
@@ -486,7 +558,12 @@ impl Daemon {
 /// A call's id for the client: 128 random bits in hex (the client names the call
 /// by it; nothing else about the run can be read from it).
 fn call_id() -> String {
+    static FALLBACK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut b = [0u8; 16];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).is_err() {
+        // Never seen; still unique on this daemon.
+        let n = FALLBACK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return format!("{n:032x}");
+    }
     b.iter().map(|x| format!("{x:02x}")).collect()
 }

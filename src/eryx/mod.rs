@@ -345,7 +345,7 @@ pub fn parse_stream_execute(
             return Err(Rejection::new(
                 422,
                 "invalid_request",
-                format!("Callback name {shown:?} is not a Python identifier (letters, digits and _, up to 64, not a keyword)"),
+                format!("Callback name {shown:?} is not a Python identifier (letters, digits and _, up to 64, not a keyword, not __dunder__)"),
             ));
         }
         if ex.callbacks.contains(name) {
@@ -375,6 +375,8 @@ fn is_identifier(name: &str) -> bool {
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
         && !KEYWORDS.contains(&name)
+        // `__builtins__` and its kind are Python's own.
+        && !(name.len() > 4 && name.starts_with("__") && name.ends_with("__"))
 }
 
 /// The fields both kinds of execute share.

@@ -734,6 +734,8 @@ impl<R, W: Owner> Conn<R, W> {
                 // A client that half-closed after its request still gets the answer of a
                 // pool job (a failed write closes the connection then).
                 Role::Answers => After::Stay,
+                // Lingering after its close frame: the linger's own deadline ends it.
+                Role::Converses { .. } if self.lingering && !gone => After::Stay,
                 Role::Converses { .. } if gone => After::Close,
                 // It said its last (a close frame): out, then a linger.
                 Role::Converses { .. } if self.close_after_flush && self.pending_write() == 0 => {
@@ -782,6 +784,12 @@ impl<R, W: Owner> Conn<R, W> {
                 Role::Receives { .. } => Expired::BodyTimeout,
                 Role::Converses { .. } if stalled => Expired::Stalled,
                 Role::Converses { busy: true } => Expired::Rearm(idle),
+                // A long message still being taken, steadily: not idle yet.
+                Role::Converses { busy: false }
+                    if self.pending_write() > 0 && since_write < idle =>
+                {
+                    Expired::Rearm(idle - since_write)
+                }
                 Role::Converses { busy: false } => Expired::Close,
                 Role::Answers => Expired::Rearm(idle),
                 Role::Produces if stalled => Expired::Stalled,

@@ -181,6 +181,11 @@ impl Decoder {
         }
     }
 
+    /// A data message has begun and not ended (its fragments so far are held).
+    pub fn mid_message(&self) -> bool {
+        self.msg.is_some()
+    }
+
     /// The next whole message, taking what it reads from the front of `buf`; `None`
     /// when more bytes are needed.
     ///

@@ -138,6 +138,7 @@ impl Engine {
     ) -> std::io::Result<Engine> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let state = Arc::new(Mutex::new(State::Starting));
+        let cfg_threads = cfg.threads.max(1);
         let sup = Supervisor {
             cfg,
             worker,
@@ -146,11 +147,10 @@ impl Engine {
             tx: tx.clone(),
             rx,
             state: Arc::clone(&state),
-            live: None,
+            slots: (0..cfg_threads).map(|_| Slot::default()).collect(),
             gen: 0,
             pending: HashMap::new(),
             queued: Vec::new(),
-            last_start: None,
             prepared_failed: false,
         };
         let thread = std::thread::Builder::new()
@@ -207,7 +207,7 @@ impl Drop for Engine {
     }
 }
 
-/// A running worker.
+/// A running worker process.
 struct Live {
     gen: u64,
     child: Child,
@@ -216,15 +216,24 @@ struct Live {
     ready: bool,
 }
 
-/// A run on the worker.
+/// One worker process's place: the process, if one runs, and when it last started.
+#[derive(Default)]
+struct Slot {
+    live: Option<Live>,
+    last_start: Option<Instant>,
+}
+
+/// A run on a worker.
 struct Pending {
+    /// The worker it is on.
+    gen: u64,
     /// Past it, the worker is presumed stuck.
     deadline: Instant,
     reply: Reply,
     calls: Option<CallSink>,
 }
 
-/// A run waiting for the worker to start.
+/// A run waiting for a worker to be ready.
 struct Queued {
     id: u64,
     req: RunRequest,
@@ -232,6 +241,10 @@ struct Queued {
     calls: Option<CallSink>,
 }
 
+/// Runs `ISOBOX_WASM_THREADS` worker processes of one engine thread each: two runs in
+/// one process do not execute in parallel (measured: the second waits for the
+/// first), two processes do. Each run goes to the ready worker with the fewest runs;
+/// a worker that fails takes only its own runs with it.
 struct Supervisor {
     cfg: EryxConfig,
     worker: std::path::PathBuf,
@@ -240,13 +253,12 @@ struct Supervisor {
     tx: crossbeam_channel::Sender<Msg>,
     rx: crossbeam_channel::Receiver<Msg>,
     state: Arc<Mutex<State>>,
-    live: Option<Live>,
+    slots: Vec<Slot>,
     gen: u64,
-    /// Runs on the worker, by id.
+    /// Runs on the workers, by id.
     pending: HashMap<u64, Pending>,
-    /// Runs that came while the worker was starting.
+    /// Runs that came while no worker was ready.
     queued: Vec<Queued>,
-    last_start: Option<Instant>,
     /// The snapshot could not be made: nothing can run until a restart.
     prepared_failed: bool,
 }
@@ -258,8 +270,22 @@ impl Supervisor {
         }
     }
 
+    fn state(&self) -> State {
+        self.state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(State::Starting)
+    }
+
+    /// The slot whose live worker is `gen`.
+    fn slot_of(&self, gen: u64) -> Option<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.live.as_ref().is_some_and(|l| l.gen == gen))
+    }
+
     fn main(mut self) {
-        // The snapshot now (the first start on a host takes ~20 s); the worker at the
+        // The snapshot now (the first start on a host takes ~20 s); the workers at the
         // first run, so a daemon nobody asks for Python in WebAssembly runs none.
         if let Err(e) = self.prepare() {
             log::error!("wasm: {e}");
@@ -272,7 +298,16 @@ impl Supervisor {
                 Some(at) => match self.rx.recv_deadline(at) {
                     Ok(m) => m,
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                        self.worker_failed("it stopped answering".into());
+                        let now = Instant::now();
+                        let stuck: Vec<u64> = self
+                            .pending
+                            .values()
+                            .filter(|p| p.deadline <= now)
+                            .map(|p| p.gen)
+                            .collect();
+                        for gen in stuck {
+                            self.worker_failed(gen, "it stopped answering".into());
+                        }
                         continue;
                     }
                     Err(_) => break,
@@ -290,18 +325,16 @@ impl Supervisor {
                     calls,
                 }),
                 Msg::Answer(run, call, result) => self.on_answer(run, call, result),
-                Msg::Frame(gen, f) if self.live.as_ref().is_some_and(|l| l.gen == gen) => {
-                    self.on_frame(&f)
-                }
-                Msg::Gone(gen, why) if self.live.as_ref().is_some_and(|l| l.gen == gen) => {
-                    self.worker_failed(why)
-                }
+                Msg::Frame(gen, f) if self.slot_of(gen).is_some() => self.on_frame(gen, &f),
+                Msg::Gone(gen, why) if self.slot_of(gen).is_some() => self.worker_failed(gen, why),
                 Msg::Frame(..) | Msg::Gone(..) => {}
                 Msg::Stop => break,
             }
         }
         self.set_state(State::Down("the daemon is shutting down".into()));
-        self.kill_worker();
+        for i in 0..self.slots.len() {
+            self.kill_slot(i);
+        }
         for (_, p) in self.pending.drain() {
             (p.reply)(Err(Failure::Unavailable(
                 "the daemon is shutting down".into(),
@@ -346,46 +379,51 @@ impl Supervisor {
         Ok(())
     }
 
-    fn start_worker(&mut self) {
-        // Two deaths within a second: wait out the rest of it.
-        if let Some(t) = self.last_start {
+    /// Starts slot `i`'s worker (after a pause when it died within a second of its
+    /// last start).
+    fn start_slot(&mut self, i: usize) {
+        if let Some(t) = self.slots[i].last_start {
             let since = t.elapsed();
             if since < Duration::from_secs(1) {
                 std::thread::sleep(Duration::from_secs(1) - since);
             }
         }
-        self.last_start = Some(Instant::now());
+        self.slots[i].last_start = Some(Instant::now());
         self.gen += 1;
-        match self.spawn() {
+        let gen = self.gen;
+        match self.spawn(gen) {
             Ok(live) => {
-                self.live = Some(live);
-                self.set_state(State::Starting);
+                self.slots[i].live = Some(live);
+                if self.state() != State::Ready {
+                    self.set_state(State::Starting);
+                }
             }
             Err(e) => {
-                log::error!("wasm: starting the worker: {e}");
-                self.set_state(State::Down(format!(
-                    "the WebAssembly worker could not start: {e}"
-                )));
-                for q in self.queued.drain(..) {
-                    (q.reply)(Err(Failure::Unavailable(format!(
-                        "the WebAssembly worker could not start: {e}"
-                    ))));
+                log::error!("wasm: starting a worker: {e}");
+                if self.slots.iter().all(|s| s.live.is_none()) {
+                    let why = format!("the WebAssembly worker could not start: {e}");
+                    self.set_state(State::Down(why.clone()));
+                    for q in self.queued.drain(..) {
+                        (q.reply)(Err(Failure::Unavailable(why.clone())));
+                    }
                 }
             }
         }
     }
 
-    fn spawn(&mut self) -> Result<Live, String> {
+    /// Starts worker process `gen` in a cgroup of its own (its share of the memory
+    /// cap, one core, a process cap).
+    fn spawn(&mut self, gen: u64) -> Result<Live, String> {
         let cgroup = match &self.cgroups {
             Some(h) => Some(
                 h.create_run(
                     &self.slice,
-                    &format!("wasm-worker-{}", self.gen),
+                    &format!("wasm-worker-{gen}"),
                     HostLimits {
-                        memory_bytes: self.cfg.worker_memory_bytes,
-                        // At most one core per thread.
-                        cpu_quota_us: crate::cgroup::CPU_PERIOD_US * self.cfg.threads as u64,
-                        pids: 64 + 2 * self.cfg.threads as u64,
+                        memory_bytes: self.cfg.worker_memory_bytes / self.cfg.threads as u64,
+                        // One engine thread: at most one core.
+                        cpu_quota_us: crate::cgroup::CPU_PERIOD_US,
+                        pids: 64,
                     },
                 )
                 .map_err(|e| e.to_string())?,
@@ -403,7 +441,7 @@ impl Supervisor {
             .arg("--cache")
             .arg(&self.cfg.cache_dir)
             .arg("--threads")
-            .arg(self.cfg.threads.to_string())
+            .arg("1")
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
             .current_dir("/")
@@ -425,7 +463,7 @@ impl Supervisor {
             }
         };
         let mut reader = ours.try_clone().map_err(|e| e.to_string())?;
-        let (tx, gen) = (self.tx.clone(), self.gen);
+        let tx = self.tx.clone();
         std::thread::Builder::new()
             .name("isobox-wasm-read".into())
             .spawn(move || loop {
@@ -446,9 +484,9 @@ impl Supervisor {
                 }
             })
             .map_err(|e| e.to_string())?;
-        log::info!("wasm: worker {} started (pid {})", self.gen, child.id());
+        log::info!("wasm: worker {gen} started (pid {})", child.id());
         Ok(Live {
-            gen: self.gen,
+            gen,
             child,
             sock: ours,
             cgroup,
@@ -457,52 +495,76 @@ impl Supervisor {
     }
 
     fn on_run(&mut self, q: Queued) {
-        match (&self.live, self.state()) {
-            (Some(l), _) if l.ready => self.send(q),
-            (Some(_), _) => self.queued.push(q),
-            (None, State::Down(why)) if self.prepared_failed => {
-                (q.reply)(Err(Failure::Unavailable(why)))
+        if self.prepared_failed {
+            let why = match self.state() {
+                State::Down(why) => why,
+                _ => "the Python snapshot could not be made".into(),
+            };
+            (q.reply)(Err(Failure::Unavailable(why)));
+            return;
+        }
+        // The first run starts every worker; a worker that could not start is tried
+        // again at the next run.
+        for i in 0..self.slots.len() {
+            if self.slots[i].live.is_none() {
+                self.start_slot(i);
             }
-            (None, _) => {
-                self.start_worker();
-                match (&self.live, self.state()) {
-                    (Some(_), _) => self.queued.push(q),
-                    (None, State::Down(why)) => (q.reply)(Err(Failure::Unavailable(why))),
-                    (None, _) => (q.reply)(Err(Failure::Unavailable(
-                        "the WebAssembly worker could not start".into(),
-                    ))),
-                }
-            }
+        }
+        if let Some(gen) = self.pick() {
+            self.send(q, gen);
+        } else if self.slots.iter().any(|s| s.live.is_some()) {
+            self.queued.push(q);
+        } else {
+            let why = match self.state() {
+                State::Down(why) => why,
+                _ => "the WebAssembly worker could not start".into(),
+            };
+            (q.reply)(Err(Failure::Unavailable(why)));
         }
     }
 
-    /// A client's answer to a call: to the worker, if its run is still on it.
+    /// The ready worker with the fewest runs.
+    fn pick(&self) -> Option<u64> {
+        self.slots
+            .iter()
+            .filter_map(|s| s.live.as_ref().filter(|l| l.ready))
+            .map(|l| {
+                (
+                    self.pending.values().filter(|p| p.gen == l.gen).count(),
+                    l.gen,
+                )
+            })
+            .min()
+            .map(|(_, gen)| gen)
+    }
+
+    /// A client's answer to a call: to the worker its run is on, if it still is.
     fn on_answer(&mut self, run: u64, call: u64, result: Result<serde_json::Value, String>) {
-        if !self.pending.contains_key(&run) {
+        let Some(gen) = self.pending.get(&run).map(|p| p.gen) else {
             return;
-        }
+        };
         let answer = match result {
             Ok(v) => serde_json::json!({"id": run, "call": call, "result": v}),
             Err(e) => serde_json::json!({"id": run, "call": call, "error": e}),
         };
         let frame = serde_json::json!({ "answer": answer }).to_string();
-        let ok = self
-            .live
-            .as_mut()
-            .is_some_and(|l| write_frame(&mut l.sock, frame.as_bytes()).is_ok());
+        self.write_to(gen, frame.as_bytes(), "an answer");
+    }
+
+    /// Writes a frame to worker `gen`; a worker that refuses it has failed.
+    fn write_to(&mut self, gen: u64, frame: &[u8], what: &str) {
+        let ok = self.slot_of(gen).is_some_and(|i| {
+            self.slots[i]
+                .live
+                .as_mut()
+                .is_some_and(|l| write_frame(&mut l.sock, frame).is_ok())
+        });
         if !ok {
-            self.worker_failed("its socket refused an answer".into());
+            self.worker_failed(gen, format!("its socket refused {what}"));
         }
     }
 
-    fn state(&self) -> State {
-        self.state
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or(State::Starting)
-    }
-
-    fn send(&mut self, q: Queued) {
+    fn send(&mut self, q: Queued, gen: u64) {
         let Queued {
             id,
             req,
@@ -524,21 +586,16 @@ impl Supervisor {
         self.pending.insert(
             id,
             Pending {
+                gen,
                 deadline,
                 reply,
                 calls,
             },
         );
-        let ok = self
-            .live
-            .as_mut()
-            .is_some_and(|l| write_frame(&mut l.sock, frame.as_bytes()).is_ok());
-        if !ok {
-            self.worker_failed("its socket refused a run".into());
-        }
+        self.write_to(gen, frame.as_bytes(), "a run");
     }
 
-    fn on_frame(&mut self, f: &[u8]) {
+    fn on_frame(&mut self, gen: u64, f: &[u8]) {
         #[derive(Deserialize)]
         struct CallFrame {
             id: u64,
@@ -557,29 +614,37 @@ impl Supervisor {
             answer: Option<RunAnswer>,
         }
         let Ok(frame) = serde_json::from_slice::<Frame>(f) else {
-            self.worker_failed("it sent a frame that is not one".into());
+            self.worker_failed(gen, "it sent a frame that is not one".into());
             return;
         };
         if let Some(why) = frame.fatal {
             let why: String = why.chars().take(2000).collect();
-            log::error!("wasm: worker failed to serve: {why}");
-            self.worker_failed(why);
+            log::error!("wasm: worker {gen} failed to serve: {why}");
+            self.worker_failed(gen, why);
             return;
         }
         if frame.ready == Some(true) {
-            if let Some(l) = self.live.as_mut() {
+            if let Some(l) = self.slot_of(gen).and_then(|i| self.slots[i].live.as_mut()) {
                 l.ready = true;
             }
             self.set_state(State::Ready);
             for q in std::mem::take(&mut self.queued) {
-                self.send(q);
+                match self.pick() {
+                    Some(g) => self.send(q, g),
+                    None => self.queued.push(q),
+                }
             }
             return;
         }
         if let Some(c) = frame.callback {
-            // A call of a run that is not (or no longer) here is the worker's confusion,
-            // or a race with a crash: nobody can answer it.
-            match self.pending.get(&c.id).map(|p| &p.calls) {
+            // A call of a run that is not on this worker is its confusion, or a race
+            // with a crash: nobody can answer it.
+            match self
+                .pending
+                .get(&c.id)
+                .filter(|p| p.gen == gen)
+                .map(|p| &p.calls)
+            {
                 Some(Some(sink)) => sink(Call {
                     run: c.id,
                     call: c.call,
@@ -591,32 +656,49 @@ impl Supervisor {
             }
             return;
         }
-        match (
-            frame.id.and_then(|id| self.pending.remove(&id)),
-            frame.answer,
-        ) {
+        let mine = frame
+            .id
+            .filter(|id| self.pending.get(id).is_some_and(|p| p.gen == gen));
+        match (mine.and_then(|id| self.pending.remove(&id)), frame.answer) {
             (Some(p), Some(a)) => (p.reply)(Ok(a)),
-            _ => self.worker_failed("it answered a run it was not given".into()),
+            _ => self.worker_failed(gen, "it answered a run it was not given".into()),
         }
     }
 
-    /// The worker is dead or untrustworthy: its runs fail, it is removed, and the next
-    /// one starts.
-    fn worker_failed(&mut self, why: String) {
+    /// Worker `gen` is dead or untrustworthy: its runs fail, it is removed, and its
+    /// slot starts a new one.
+    fn worker_failed(&mut self, gen: u64, why: String) {
+        let Some(i) = self.slot_of(gen) else {
+            return;
+        };
+        let lost: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.gen == gen)
+            .map(|(id, _)| *id)
+            .collect();
         log::warn!(
-            "wasm: worker {} failed ({why}); {} runs on it fail",
-            self.gen,
-            self.pending.len()
+            "wasm: worker {gen} failed ({why}); {} runs on it fail",
+            lost.len()
         );
-        self.kill_worker();
-        for (_, p) in self.pending.drain() {
-            (p.reply)(Err(Failure::Crashed(why.clone())));
+        self.kill_slot(i);
+        for id in lost {
+            if let Some(p) = self.pending.remove(&id) {
+                (p.reply)(Err(Failure::Crashed(why.clone())));
+            }
         }
-        self.start_worker();
+        if !self
+            .slots
+            .iter()
+            .any(|s| s.live.as_ref().is_some_and(|l| l.ready))
+        {
+            self.set_state(State::Starting);
+        }
+        self.start_slot(i);
     }
 
-    fn kill_worker(&mut self) {
-        let Some(mut l) = self.live.take() else {
+    fn kill_slot(&mut self, i: usize) {
+        let Some(mut l) = self.slots[i].live.take() else {
             return;
         };
         let _ = l.sock.shutdown(std::net::Shutdown::Both);

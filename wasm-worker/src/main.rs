@@ -269,6 +269,12 @@ fn serve_on(
     let mut out = sock.try_clone().map_err(|e| e.to_string())?;
     let writer = std::thread::spawn(move || {
         for frame in rx {
+            // Every frame is bounded below MAX_FRAME (outputs, errors and call
+            // arguments are cut or refused first); one that is not is dropped, never
+            // half-written, so the stream stays in step.
+            if frame.len() > frame::MAX_FRAME {
+                continue;
+            }
             if write_frame(&mut out, &frame).is_err() {
                 break;
             }
@@ -354,6 +360,9 @@ impl Calls {
     }
 }
 
+/// Largest arguments of one call, as JSON.
+const MAX_CALL_ARGS: usize = 1 << 20;
+
 /// One callback of a run: a call is a frame to the daemon, which asks its client and
 /// sends the client's answer back.
 struct Remote {
@@ -387,6 +396,13 @@ impl eryx::Callback for Remote {
         >,
     > {
         Box::pin(async move {
+            let size = args.to_string().len();
+            if size > MAX_CALL_ARGS {
+                return Err(eryx::CallbackError::Replayed(format!(
+                    "the arguments of {}() are {size} bytes as JSON; at most {MAX_CALL_ARGS}",
+                    self.name
+                )));
+            }
             let call = self.calls.next.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = tokio::sync::oneshot::channel();
             if let Ok(mut w) = self.calls.waiting.lock() {
@@ -596,8 +612,9 @@ async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<C
     if let Some(calls) = calls {
         calls.forget_run(req.id);
     }
+    // Calls still being made as the run ended have nobody to answer them.
     if let Some(h) = handler {
-        let _ = h.await;
+        h.abort();
     }
     match result {
         Ok(out) => {
@@ -651,7 +668,27 @@ async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<C
             answer.error = Some(format!("The run failed in the engine: {e}"));
         }
     }
+    if let Some(e) = answer.error.take() {
+        answer.error = Some(cut(e, ERROR_CHARS));
+    }
     answer
+}
+
+/// Characters of an error kept (its head and its tail, where a traceback's last line
+/// is).
+const ERROR_CHARS: usize = 64 << 10;
+
+/// `s` cut to `max` characters: the head, a line saying how much was left out, the
+/// tail.
+fn cut(s: String, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s;
+    }
+    let half = max / 2;
+    let head: String = s.chars().take(half).collect();
+    let tail: String = s.chars().skip(n - half).collect();
+    format!("{head}\n[… {} characters left out …]\n{tail}", n - 2 * half)
 }
 
 /// The in-process reference of `bench/load/eryx.py`: `runs` runs of `code` on one
