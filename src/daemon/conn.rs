@@ -404,7 +404,7 @@ impl Daemon {
     }
 
     /// Arms the idle deadline.
-    fn arm_idle(&mut self, ck: usize) {
+    pub(crate) fn arm_idle(&mut self, ck: usize) {
         self.arm_conn(ck, Duration::from_millis(self.cfg.idle_timeout_ms));
     }
 

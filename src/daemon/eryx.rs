@@ -33,6 +33,9 @@ pub struct WsState {
     calls: HashMap<String, u64>,
 }
 
+/// Why no run starts when the engine is off.
+const ENGINE_OFF: &str = "Python in WebAssembly is off on this server (ISOBOX_WASM_WORKER=off)";
+
 /// Why a client's calls fail once it is gone.
 const CLIENT_GONE: &str = "The client disconnected";
 
@@ -51,13 +54,9 @@ impl Daemon {
 
     /// The engine, or the 503 that says it is off.
     fn eryx_off(&self) -> Option<Response> {
-        self.wasm.is_none().then(|| {
-            eryx::error(
-                503,
-                "unavailable",
-                "Python in WebAssembly is off on this server (ISOBOX_WASM_WORKER=off)",
-            )
-        })
+        self.wasm
+            .is_none()
+            .then(|| eryx::error(503, "unavailable", ENGINE_OFF))
     }
 
     /// `GET /v1/stream`: the upgrade (admission, the key and the rate, is done).
@@ -93,7 +92,7 @@ impl Daemon {
             calls: HashMap::new(),
         })));
         log::debug!("conn={ck} eryx stream open");
-        self.ws_arm_idle(ck);
+        self.arm_idle(ck);
     }
 
     /// Takes the client's frames out of the read buffer and acts on each message.
@@ -132,14 +131,6 @@ impl Daemon {
         }
     }
 
-    /// The idle deadline from now.
-    fn ws_arm_idle(&mut self, ck: usize) {
-        self.arm_conn(
-            ck,
-            std::time::Duration::from_millis(self.cfg.idle_timeout_ms),
-        );
-    }
-
     /// Tells a WebSocket why it is closed (best effort: what the socket takes now),
     /// unless it already said its last. For a closing path that drops the connection.
     pub(crate) fn ws_goodbye(&mut self, ck: usize, code: u16, reason: &str) {
@@ -170,7 +161,7 @@ impl Daemon {
             Some(Owner::Ws(w)) if w.dec.mid_message()
         );
         if !(mid && matches!(m, Message::Ping(_) | Message::Pong(_))) {
-            self.ws_arm_idle(ck);
+            self.arm_idle(ck);
         }
         let text = match m {
             Message::Text(t) => t,
@@ -278,44 +269,18 @@ impl Daemon {
             );
             return;
         }
-        let limits = eryx::Limits {
-            timeout_ms: self.cfg.eryx.timeout_ms,
-            fuel: self.cfg.eryx.fuel_limit,
-        };
-        let ex = match eryx::parse_stream_execute(o, limits) {
+        let ex = match eryx::parse_stream_execute(o, self.eryx_limits()) {
             Ok(ex) => ex,
             Err(r) => {
                 self.ws_send(ck, &r.message());
                 return;
             }
         };
-        let limit = self.cfg.eryx.concurrency;
-        let running = self.eryx_running.entry(tenant.clone()).or_default();
-        if *running >= limit {
-            self.ws_send(
-                ck,
-                &eryx::ws_error(
-                    "concurrency_limit",
-                    &format!("Too many concurrent executions (limit: {limit})"),
-                ),
-            );
-            return;
-        }
-        *running += 1;
         let (done, calls) = (self.reactor.mailbox(), self.reactor.mailbox());
-        let Some(engine) = &self.wasm else {
-            return;
-        };
         let t = tenant.clone();
-        let id = engine.run(
-            RunRequest {
-                code: ex.code,
-                timeout_ms: ex.timeout_ms,
-                fuel: ex.fuel,
-                memory_bytes: self.cfg.eryx.memory_bytes,
-                callbacks: ex.callbacks,
-                callback_timeout_ms: self.cfg.eryx.callback_timeout_ms,
-            },
+        let started = self.eryx_start(
+            &tenant,
+            ex,
             Box::new(move |res| {
                 done.send(Box::new(move |d: &mut Daemon| {
                     d.eryx_ws_done(ck, serial, &t, res);
@@ -327,6 +292,13 @@ impl Daemon {
                 }));
             })),
         );
+        let id = match started {
+            Ok(id) => id,
+            Err(r) => {
+                self.ws_send(ck, &r.message());
+                return;
+            }
+        };
         if let Some(Owner::Ws(w)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
             w.run = Some(id);
         }
@@ -439,8 +411,7 @@ impl Daemon {
                 v["type"] = json!("completed");
                 v.to_string()
             }
-            Err(Failure::Unavailable(m)) => eryx::ws_error("unavailable", &m),
-            Err(e @ Failure::Crashed(_)) => eryx::ws_error("internal_error", &e.to_string()),
+            Err(f) => eryx::Rejection::of_failure(&f).message(),
         };
         self.ws_send(ck, &msg);
         if shutting_down {
@@ -448,7 +419,7 @@ impl Daemon {
             self.conn_after_io(ck);
             return;
         }
-        self.ws_arm_idle(ck);
+        self.arm_idle(ck);
         // Messages that came mid-run were read and ignored; what is buffered now is
         // the next run's.
         self.conn_pump(ck);
@@ -480,11 +451,7 @@ impl Daemon {
             self.respond(ck, resp);
             return;
         }
-        let limits = eryx::Limits {
-            timeout_ms: self.cfg.eryx.timeout_ms,
-            fuel: self.cfg.eryx.fuel_limit,
-        };
-        let ex = match eryx::parse_execute(&req, limits) {
+        let ex = match eryx::parse_execute(&req, self.eryx_limits()) {
             Ok(ex) => ex,
             Err(resp) => {
                 self.respond(ck, resp);
@@ -494,35 +461,11 @@ impl Daemon {
         let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
-        let limit = self.cfg.eryx.concurrency;
-        let running = self.eryx_running.entry(req.tenant.clone()).or_default();
-        if *running >= limit {
-            self.respond(
-                ck,
-                eryx::error(
-                    429,
-                    "concurrency_limit",
-                    &format!("Too many concurrent executions (limit: {limit})"),
-                ),
-            );
-            return;
-        }
-        *running += 1;
-        self.conn_own(ck, Owner::Job);
         let mailbox = self.reactor.mailbox();
-        let tenant = req.tenant;
-        let Some(engine) = &self.wasm else {
-            return;
-        };
-        engine.run(
-            RunRequest {
-                code: ex.code,
-                timeout_ms: ex.timeout_ms,
-                fuel: ex.fuel,
-                memory_bytes: self.cfg.eryx.memory_bytes,
-                callbacks: Vec::new(),
-                callback_timeout_ms: self.cfg.eryx.callback_timeout_ms,
-            },
+        let tenant = req.tenant.clone();
+        let started = self.eryx_start(
+            &req.tenant,
+            ex,
             Box::new(move |res| {
                 mailbox.send(Box::new(move |d: &mut Daemon| {
                     d.eryx_answer(ck, serial, &tenant, res);
@@ -530,6 +473,52 @@ impl Daemon {
             }),
             None,
         );
+        match started {
+            Ok(_) => self.conn_own(ck, Owner::Job),
+            Err(r) => self.respond(ck, r.response()),
+        }
+    }
+
+    /// The server's limits on one run.
+    fn eryx_limits(&self) -> eryx::Limits {
+        eryx::Limits {
+            timeout_ms: self.cfg.eryx.timeout_ms,
+            fuel: self.cfg.eryx.fuel_limit,
+        }
+    }
+
+    /// Starts a checked run for `tenant` unless it is at its concurrency limit (the
+    /// document: refused at once, never queued); the run counts until `reply` is
+    /// called. Its id, for answering its calls.
+    fn eryx_start(
+        &mut self,
+        tenant: &str,
+        ex: eryx::Execute,
+        reply: crate::wasm::Reply,
+        calls: Option<crate::wasm::CallSink>,
+    ) -> Result<u64, eryx::Rejection> {
+        let Some(engine) = &self.wasm else {
+            return Err(eryx::Rejection::new(503, "unavailable", ENGINE_OFF));
+        };
+        let limit = self.cfg.eryx.concurrency;
+        let running = self.eryx_running.entry(tenant.to_string()).or_default();
+        if *running >= limit {
+            return Err(eryx::Rejection::new(
+                429,
+                "concurrency_limit",
+                format!("Too many concurrent executions (limit: {limit})"),
+            ));
+        }
+        *running += 1;
+        let req = RunRequest {
+            code: ex.code,
+            timeout_ms: ex.timeout_ms,
+            fuel: ex.fuel,
+            memory_bytes: self.cfg.eryx.memory_bytes,
+            callbacks: ex.callbacks,
+            callback_timeout_ms: self.cfg.eryx.callback_timeout_ms,
+        };
+        Ok(engine.run(req, reply, calls))
     }
 
     /// A run's end: its tenant's count goes down, and its client, if still there, gets
@@ -547,8 +536,7 @@ impl Daemon {
         }
         let resp = match res {
             Ok(a) => Response::json(200, &eryx::run_json(&a)),
-            Err(Failure::Unavailable(m)) => eryx::error(503, "unavailable", &m),
-            Err(e @ Failure::Crashed(_)) => eryx::error(500, "internal_error", &e.to_string()),
+            Err(f) => eryx::Rejection::of_failure(&f).response(),
         };
         self.respond(ck, resp);
         self.conn_pump(ck);

@@ -214,11 +214,22 @@ pub struct Rejection {
 }
 
 impl Rejection {
-    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Rejection {
+    /// A refusal with `status`, `code` and `message`.
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Rejection {
         Rejection {
             status,
             code,
             message: message.into(),
+        }
+    }
+
+    /// Why the engine gave a run no answer: `503 unavailable` or `500 internal_error`.
+    pub fn of_failure(f: &crate::wasm::Failure) -> Rejection {
+        match f {
+            crate::wasm::Failure::Unavailable(m) => Rejection::new(503, "unavailable", m.clone()),
+            crate::wasm::Failure::Crashed(_) => {
+                Rejection::new(500, "internal_error", f.to_string())
+            }
         }
     }
 
