@@ -144,9 +144,10 @@ struct Args {
     memory_require_key: std::primitive::bool,
     /// refill of each client's token bucket, requests a minute; the bucket is spent by
     /// exactly POST /execute, POST /v1/sessions, POST /v1/sessions/{id}/exec, POST
-    /// /v1/volumes, POST /wbx/v1/sandboxes, POST /eryx/v1/execute and GET
-    /// /eryx/v1/stream (each execute message on it and a HEAD of it too; empty: 429
-    /// rate_limited)
+    /// /v1/volumes, POST /wbx/v1/sandboxes, POST /eryx/v1/execute, GET
+    /// /eryx/v1/stream, POST /eryx/v1/sessions, DELETE /eryx/v1/sessions/{id} and POST
+    /// /eryx/v1/sessions/{id}/execute (the stream: each execute message on it and a
+    /// HEAD of it too; empty: 429 rate_limited)
     #[arg(long, env = "ISOBOX_RATE_PER_MIN", help_heading = "API keys and rate limits", default_value = "30", value_parser = Value(parsed::<u32>))]
     rate_per_min: u32,
     /// size of each client's token bucket (the requests it may make at once after a pause)
@@ -357,6 +358,10 @@ struct Args {
     /// ms (past it the call raises RuntimeError in Python)
     #[arg(long, env = "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS", help_heading = "eryx face (/eryx)", default_value = "30000", value_parser = Value(parsed::<u64>))]
     eryx_callback_timeout_ms: u64,
+    /// unexpired sessions one tenant may have on the eryx face (429 session_limit
+    /// above; 1 to 10000)
+    #[arg(long, env = "ISOBOX_ERYX_SESSIONS", help_heading = "eryx face (/eryx)", default_value = "50", value_parser = Value(parsed::<usize>))]
+    eryx_sessions: usize,
     /// the isobox-init binary long-lived sandboxes run as their init (default: beside
     /// isoboxd's own executable, else /usr/libexec/isobox/isobox-init)
     #[arg(long, env = "ISOBOX_INIT", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
@@ -640,6 +645,7 @@ impl Config {
                 fuel_limit: a.eryx_fuel_limit,
                 memory_bytes: a.eryx_memory_mb << 20,
                 callback_timeout_ms: a.eryx_callback_timeout_ms,
+                sessions: a.eryx_sessions,
             },
         };
         cfg.validate()?;
@@ -677,6 +683,13 @@ impl Config {
                 "ISOBOX_ERYX_MEMORY_MB",
                 &(e.memory_bytes >> 20).to_string(),
                 "16 to 1048576",
+            ));
+        }
+        if !(1..=10_000).contains(&e.sessions) {
+            return Err(invalid(
+                "ISOBOX_ERYX_SESSIONS",
+                &e.sessions.to_string(),
+                "1 to 10000",
             ));
         }
         if !(100..=600_000).contains(&e.callback_timeout_ms) {
@@ -1290,6 +1303,8 @@ pub struct EryxConfig {
     pub memory_bytes: u64,
     /// How long a callback call waits for its answer, ms.
     pub callback_timeout_ms: u64,
+    /// Unexpired sessions one tenant may have.
+    pub sessions: usize,
 }
 
 #[cfg(test)]
@@ -1423,6 +1438,7 @@ mod tests {
             "--eryx-callback-timeout-ms",
             "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS",
         ),
+        ("--eryx-sessions", "ISOBOX_ERYX_SESSIONS"),
     ];
 
     #[test]
@@ -1832,6 +1848,11 @@ mod tests {
         );
         assert_eq!(c.eryx.worker_memory_bytes, 1024 << 20);
         assert_eq!(c.eryx.callback_timeout_ms, 30_000);
+        assert_eq!(c.eryx.sessions, 50);
+        for n in [1, 10_000] {
+            let c = load(&["--eryx-sessions", &n.to_string()]).unwrap();
+            assert_eq!(c.eryx.sessions, n);
+        }
         assert_eq!(
             c.eryx.cache_dir,
             std::path::PathBuf::from("/var/cache/isobox/wasm")
@@ -1882,6 +1903,8 @@ mod tests {
             (&["--eryx-timeout-s", "0"], "ISOBOX_ERYX_TIMEOUT_S"),
             (&["--eryx-fuel-limit", "0"], "ISOBOX_ERYX_FUEL_LIMIT"),
             (&["--eryx-concurrency", "0"], "ISOBOX_ERYX_CONCURRENCY"),
+            (&["--eryx-sessions", "0"], "ISOBOX_ERYX_SESSIONS"),
+            (&["--eryx-sessions", "10001"], "ISOBOX_ERYX_SESSIONS"),
         ] {
             let e = load(bad).unwrap_err().to_string();
             assert!(e.contains(name), "{bad:?}: {e}");

@@ -196,6 +196,28 @@ fn test_fuel_time_and_memory_limits_at_their_bounds() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(3),
         "{took:?}"
     );
+    // A run that times out reports the units it used (the document: "accurate to
+    // within a few million"), a loop that calls nothing included: a second of it is
+    // far more than the run's start.
+    assert!(
+        v["compute_units"].as_u64().unwrap() > 50 * units,
+        "{units} per start: {v}"
+    );
+    // The same work, then a wait past the limit: the units of the work, within a
+    // million or two of the same work followed by no wait.
+    let work = "s = 0\nfor i in range(200000):\n    s += i\nimport time\ntime.sleep";
+    let done = run(&d, json!({ "code": format!("{work}(0)") }));
+    assert_eq!(done["status"], "success", "{done}");
+    let cut = run(
+        &d,
+        json!({ "code": format!("{work}(10)"), "timeout_secs": 1 }),
+    );
+    assert_eq!(cut["status"], "timeout", "{cut}");
+    let (a, b) = (
+        done["compute_units"].as_i64().unwrap(),
+        cut["compute_units"].as_i64().unwrap(),
+    );
+    assert!((a - b).abs() < 2_000_000, "{a} and {b}");
     let t0 = Instant::now();
     let v = run(
         &d,
@@ -287,8 +309,8 @@ fn test_errors_auth_and_per_tenant_concurrency() {
     let r = d.request("GET", "/eryx/v1/stream", &h, b"");
     assert_eq!((r.status, code(&r)), (426, "invalid_request".into()));
     assert_eq!(r.header("upgrade"), Some("websocket"));
-    // Sessions are not built: their path is unknown.
-    let r = d.request("POST", "/eryx/v1/sessions", &h, b"");
+    // Environments are not built: their path is unknown (sessions: eryx_sessions.rs).
+    let r = d.request("POST", "/eryx/v1/environments", &h, b"");
     assert_eq!((r.status, code(&r)), (404, "not_found".into()));
     // The body cap: 1 MiB of code is refused, just under it runs.
     let big = "#".repeat(1 << 20);

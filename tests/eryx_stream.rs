@@ -136,6 +136,27 @@ fn upgrade_refused(d: &Daemon, auth: Option<&str>) -> (u16, Value) {
 }
 
 #[test]
+fn test_a_session_over_the_websocket_with_callbacks() {
+    let d = Daemon::start();
+    let v = scenario(&d, "session", None);
+    // A callback's answer kept as session state; the callback itself is not.
+    completed(&v["first"], "success");
+    completed(&v["second"], "success");
+    assert_eq!(v["second"]["stdout"], "Ada 7 False\n", "{v}");
+    // An unknown session and another environment: `error`, and the connection runs
+    // the next execute.
+    assert_eq!(v["unknown"]["type"], "error", "{v}");
+    assert_eq!(v["unknown"]["code"], "not_found", "{v}");
+    assert_eq!(v["other_env"]["type"], "error", "{v}");
+    assert_eq!(v["other_env"]["code"], "invalid_request", "{v}");
+    completed(&v["after"], "success");
+    assert_eq!(v["after"]["stdout"], "3\n");
+    // The same state over HTTP.
+    assert_eq!(v["http"]["stdout"], "Ada\n", "{v}");
+    d.stop();
+}
+
+#[test]
 fn test_callbacks_in_any_order_limits_errors_and_bad_messages() {
     let d = Daemon::start_with(&[("ISOBOX_ERYX_CALLBACK_TIMEOUT_MS", "1500")]);
     let v = scenario(&d, "callbacks", None);

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The eryx face (`/eryx`): Python in WebAssembly over HTTP, beside eryx in-process.
 
-One table, side by side in one run, for `print(1 + 1)` (and a loop of 10 000 steps):
+One table, side by side in one run, for `print(1 + 1)`, a loop of 10 000 steps, and a
+session step (`n += 1` in a session: its state restored before the code and saved
+after it, each run):
 
   in-process   `isobox-wasm bench`: the same snapshot, wrapper and limits on one
                executor in one process, run after run (no socket, no jail, no daemon):
@@ -39,11 +41,15 @@ CODES = {
     "print(1 + 1)": "print(1 + 1)",
     "loop 10k": "s = 0\nfor i in range(10000):\n    s += i\nprint(s)",
 }
+# Run in a session (one per client), whose state carries from run to run.
+SESSION_CODE = "n = n + 1 if 'n' in globals() else 1\nrows = [{'i': i, 'sq': i * i} for i in range(50)]"
+SESSION = "session step"
 
 
-def in_process(code, runs):
+def in_process(code, runs, session=False):
     out = subprocess.run(
-        [WORKER, "bench", "--cache", CACHE, "--runs", str(runs), "--code", code],
+        [WORKER, "bench", "--cache", CACHE, "--runs", str(runs), "--code", code]
+        + (["--session"] if session else []),
         check=True,
         capture_output=True,
         text=True,
@@ -56,10 +62,19 @@ def client(url):
     return http.client.HTTPConnection(u.hostname, u.port, timeout=60)
 
 
-def one(conn, code):
+def new_session(conn):
+    conn.request("POST", "/eryx/v1/sessions", "", {})
+    r = conn.getresponse()
+    data = r.read()
+    if r.status != 201:
+        sys.exit(f"error: {r.status} {data[:300]!r}")
+    return f"/eryx/v1/sessions/{json.loads(data)['id']}/execute"
+
+
+def one(conn, code, path="/eryx/v1/execute"):
     body = json.dumps({"code": code})
     t0 = time.perf_counter()
-    conn.request("POST", "/eryx/v1/execute", body, {"Content-Type": "application/json"})
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
     r = conn.getresponse()
     data = r.read()
     dt = time.perf_counter() - t0
@@ -71,14 +86,15 @@ def one(conn, code):
     return dt, v["compute_units"]
 
 
-def over_http(url, code, runs):
+def over_http(url, code, runs, session=False):
     conn = client(url)
+    path = new_session(conn) if session else "/eryx/v1/execute"
     for _ in range(WARMUP):
-        one(conn, code)
+        one(conn, code, path)
     times, units = [], 0
     t0 = time.perf_counter()
     for _ in range(runs):
-        dt, units = one(conn, code)
+        dt, units = one(conn, code, path)
         times.append(dt)
     wall = time.perf_counter() - t0
     conn.close()
@@ -86,17 +102,18 @@ def over_http(url, code, runs):
     return base.percentile(ms, 50), base.percentile(ms, 99), runs / wall, units
 
 
-def concurrent(url, code, runs, n):
+def concurrent(url, code, runs, n, session=False):
     per = max(1, runs // n)
     times, lock = [], threading.Lock()
 
     def worker():
         conn = client(url)
+        path = new_session(conn) if session else "/eryx/v1/execute"
         for _ in range(WARMUP):
-            one(conn, code)
+            one(conn, code, path)
         mine = []
         for _ in range(per):
-            mine.append(one(conn, code)[0])
+            mine.append(one(conn, code, path)[0])
         conn.close()
         with lock:
             times.extend(mine)
@@ -134,10 +151,11 @@ def main():
         conn.close()
         print(f"eryx face, {a.runs} runs each, {a.threads} worker threads ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
         print(f"{'code':<14} {'path':<14} {'p50 ms':>8} {'p99 ms':>8} {'runs/s':>8} {'units':>12} {'p50 ratio':>10}")
-        for name, code in CODES.items():
-            ip = in_process(code, a.runs + WARMUP)
-            p50, p99, rps, units = over_http(url, code, a.runs)
-            cp50, cp99, crps = concurrent(url, code, a.runs, a.threads)
+        for name, code in list(CODES.items()) + [(SESSION, SESSION_CODE)]:
+            sess = name == SESSION
+            ip = in_process(code, a.runs + WARMUP, sess)
+            p50, p99, rps, units = over_http(url, code, a.runs, sess)
+            cp50, cp99, crps = concurrent(url, code, a.runs, a.threads, sess)
             ip_rps = 1000.0 / ip["p50_ms"]
             print(f"{name:<14} {'in-process':<14} {ip['p50_ms']:>8.1f} {ip['p99_ms']:>8.1f} {ip_rps:>8.1f} {ip['compute_units']:>12} {'1.00x':>10}")
             print(f"{'':<14} {'over HTTP':<14} {p50:>8.1f} {p99:>8.1f} {rps:>8.1f} {units:>12} {p50 / ip['p50_ms']:>9.2f}x")

@@ -29,6 +29,8 @@ pub struct WsState {
     tenant: String,
     /// The engine's id of the run going, if one is.
     pub run: Option<u64>,
+    /// A session run is being started (its state read): the connection is busy.
+    starting: bool,
     /// Calls sent to the client and not answered: `call_id` → the engine's call.
     calls: HashMap<String, u64>,
 }
@@ -49,11 +51,14 @@ impl Daemon {
         match spec.id {
             Route::Execute => self.eryx_execute(ck, req),
             Route::Stream => self.eryx_stream_open(ck, &req),
+            Route::Sessions => self.eryx_session_create(ck, &req),
+            Route::Session => self.eryx_session_delete(ck, &req),
+            Route::SessionExecute => self.eryx_session_execute(ck, &req),
         }
     }
 
     /// The engine, or the 503 that says it is off.
-    fn eryx_off(&self) -> Option<Response> {
+    pub(crate) fn eryx_off(&self) -> Option<Response> {
         self.wasm
             .is_none()
             .then(|| eryx::error(503, "unavailable", ENGINE_OFF))
@@ -89,6 +94,7 @@ impl Daemon {
             dec: ws::Decoder::new(eryx::STREAM_MESSAGE_BYTES),
             tenant: req.tenant.clone(),
             run: None,
+            starting: false,
             calls: HashMap::new(),
         })));
         log::debug!("conn={ck} eryx stream open");
@@ -227,7 +233,7 @@ impl Daemon {
     }
 
     fn ws_busy(&self, ck: usize) -> bool {
-        matches!(self.conns.get(ck).and_then(|c| c.owner()), Some(Owner::Ws(w)) if w.run.is_some())
+        matches!(self.conns.get(ck).and_then(|c| c.owner()), Some(Owner::Ws(w)) if w.run.is_some() || w.starting)
     }
 
     /// An `execute` on an idle connection: counted against the rate, checked, and
@@ -278,29 +284,66 @@ impl Daemon {
         };
         let (done, calls) = (self.reactor.mailbox(), self.reactor.mailbox());
         let t = tenant.clone();
-        let started = self.eryx_start(
-            &tenant,
-            ex,
-            Box::new(move |res| {
-                done.send(Box::new(move |d: &mut Daemon| {
-                    d.eryx_ws_done(ck, serial, &t, res);
-                }));
-            }),
-            Some(Box::new(move |call| {
-                calls.send(Box::new(move |d: &mut Daemon| {
-                    d.eryx_ws_call(ck, serial, call);
-                }));
-            })),
-        );
-        let id = match started {
-            Ok(id) => id,
-            Err(r) => {
-                self.ws_send(ck, &r.message());
-                return;
+        let reply: crate::wasm::Reply = Box::new(move |res| {
+            done.send(Box::new(move |d: &mut Daemon| {
+                d.eryx_ws_done(ck, serial, &t, res);
+            }));
+        });
+        let sink: crate::wasm::CallSink = Box::new(move |call| {
+            calls.send(Box::new(move |d: &mut Daemon| {
+                d.eryx_ws_call(ck, serial, call);
+            }));
+        });
+        let started = if ex.session_id.is_some() {
+            let refused = self.eryx_session_run(
+                &tenant,
+                ex,
+                reply,
+                Some(sink),
+                Box::new(move |d, started| d.eryx_ws_started(ck, serial, started)),
+            );
+            match refused {
+                Ok(()) => {
+                    // Busy until the run starts (its state is being read).
+                    if let Some(Owner::Ws(w)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
+                        w.starting = true;
+                    }
+                    return;
+                }
+                Err(r) => Err(r),
             }
+        } else {
+            ex.check_environment(None)
+                .and_then(|()| self.eryx_start(&tenant, ex, None, reply, Some(sink)))
         };
-        if let Some(Owner::Ws(w)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
-            w.run = Some(id);
+        match started {
+            Ok(id) => {
+                if let Some(Owner::Ws(w)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
+                    w.run = Some(id);
+                }
+            }
+            Err(r) => self.ws_send(ck, &r.message()),
+        }
+    }
+
+    /// A session run on a WebSocket started (its id), or did not (why, sent to the
+    /// client), once its state was read.
+    fn eryx_ws_started(&mut self, ck: usize, serial: u64, started: Result<u64, eryx::Rejection>) {
+        let Some(c) = self.conns.get_mut(ck).filter(|c| c.serial == serial) else {
+            return;
+        };
+        let closing = c.http.close_after_flush || c.http.lingering;
+        let Some(Owner::Ws(w)) = c.owner_mut() else {
+            return;
+        };
+        w.starting = false;
+        match started {
+            Ok(id) => w.run = Some(id),
+            Err(r) if !closing => {
+                self.ws_send(ck, &r.message());
+                self.conn_flush(ck);
+            }
+            Err(_) => {}
         }
     }
 
@@ -451,7 +494,7 @@ impl Daemon {
             self.respond(ck, resp);
             return;
         }
-        let ex = match eryx::parse_execute(&req, self.eryx_limits()) {
+        let ex = match eryx::parse_execute(&req, self.eryx_limits(), false) {
             Ok(ex) => ex,
             Err(resp) => {
                 self.respond(ck, resp);
@@ -466,6 +509,7 @@ impl Daemon {
         let started = self.eryx_start(
             &req.tenant,
             ex,
+            None,
             Box::new(move |res| {
                 mailbox.send(Box::new(move |d: &mut Daemon| {
                     d.eryx_answer(ck, serial, &tenant, res);
@@ -480,36 +524,49 @@ impl Daemon {
     }
 
     /// The server's limits on one run.
-    fn eryx_limits(&self) -> eryx::Limits {
+    pub(crate) fn eryx_limits(&self) -> eryx::Limits {
         eryx::Limits {
             timeout_ms: self.cfg.eryx.timeout_ms,
             fuel: self.cfg.eryx.fuel_limit,
         }
     }
 
-    /// Starts a checked run for `tenant` unless it is at its concurrency limit (the
-    /// document: refused at once, never queued); the run counts until `reply` is
-    /// called. Its id, for answering its calls.
-    fn eryx_start(
-        &mut self,
-        tenant: &str,
-        ex: eryx::Execute,
-        reply: crate::wasm::Reply,
-        calls: Option<crate::wasm::CallSink>,
-    ) -> Result<u64, eryx::Rejection> {
-        let Some(engine) = &self.wasm else {
-            return Err(eryx::Rejection::new(503, "unavailable", ENGINE_OFF));
-        };
+    /// Whether `tenant` may start one more run (the document: past its concurrency
+    /// limit, refused at once, never queued).
+    ///
+    /// # Errors
+    /// 429 `concurrency_limit`.
+    pub(crate) fn eryx_room(&self, tenant: &str) -> Result<(), eryx::Rejection> {
         let limit = self.cfg.eryx.concurrency;
-        let running = self.eryx_running.entry(tenant.to_string()).or_default();
-        if *running >= limit {
+        if self.eryx_running.get(tenant).copied().unwrap_or(0) >= limit {
             return Err(eryx::Rejection::new(
                 429,
                 "concurrency_limit",
                 format!("Too many concurrent executions (limit: {limit})"),
             ));
         }
-        *running += 1;
+        Ok(())
+    }
+
+    /// Starts a checked run for `tenant` unless it is at its concurrency limit; the
+    /// run counts until `reply` is called. `session`: a session's run, with the state
+    /// its last kept run left. Its id, for answering its calls.
+    pub(crate) fn eryx_start(
+        &mut self,
+        tenant: &str,
+        ex: eryx::Execute,
+        session: Option<Option<Vec<u8>>>,
+        reply: crate::wasm::Reply,
+        calls: Option<crate::wasm::CallSink>,
+    ) -> Result<u64, eryx::Rejection> {
+        if self.wasm.is_none() {
+            return Err(eryx::Rejection::new(503, "unavailable", ENGINE_OFF));
+        }
+        self.eryx_room(tenant)?;
+        *self.eryx_running.entry(tenant.to_string()).or_default() += 1;
+        let Some(engine) = &self.wasm else {
+            return Err(eryx::Rejection::new(503, "unavailable", ENGINE_OFF));
+        };
         let req = RunRequest {
             code: ex.code,
             timeout_ms: ex.timeout_ms,
@@ -517,13 +574,14 @@ impl Daemon {
             memory_bytes: self.cfg.eryx.memory_bytes,
             callbacks: ex.callbacks,
             callback_timeout_ms: self.cfg.eryx.callback_timeout_ms,
+            session,
         };
         Ok(engine.run(req, reply, calls))
     }
 
     /// A run's end: its tenant's count goes down, and its client, if still there, gets
     /// the answer.
-    fn eryx_answer(
+    pub(crate) fn eryx_answer(
         &mut self,
         ck: usize,
         serial: u64,

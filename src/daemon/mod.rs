@@ -27,6 +27,7 @@ pub mod boxes;
 pub mod conn;
 pub mod egress;
 mod eryx;
+mod eryx_sessions;
 mod faces;
 mod finish;
 mod gate;
@@ -156,6 +157,8 @@ pub struct Daemon {
     pub(crate) wasm: Option<crate::wasm::Engine>,
     /// eryx runs going, per tenant.
     pub(crate) eryx_running: std::collections::HashMap<String, usize>,
+    /// The eryx face's sessions (their state is in the store).
+    pub(crate) eryx_sessions: eryx_sessions::Registry,
     /// The instance's lock and its file (held until the daemon is dropped; the file is
     /// removed by the teardown, before the lock goes).
     pub(crate) instance_lock: Option<(std::fs::File, std::path::PathBuf)>,
@@ -349,6 +352,7 @@ impl Daemon {
         }
         // Ended runs' records past their retention go.
         self.records_trim();
+        self.eryx_sessions_sweep();
         // Refills after a failed boot wait out their pause; retried from here.
         self.warm_fill();
         self.box_warm_fill();

@@ -386,6 +386,7 @@ impl Daemon {
         Ok(Daemon {
             wasm,
             eryx_running: std::collections::HashMap::new(),
+            eryx_sessions: super::eryx_sessions::load(app.sessions.store()),
             cfg,
             reactor,
             listener: Some((listener, listener_token)),

@@ -5,9 +5,10 @@
 //! document's: `{"error": {"code": "...", "message": "..."}}`.
 //!
 //! Built so far: `POST /v1/execute` (Python in WebAssembly, compute units, time, fuel
-//! and memory limits, per-tenant concurrency) and the `/v1/stream` WebSocket with
-//! callbacks (`daemon::eryx` drives it). Sessions and environments are absent and
-//! answer 404 like any unknown path.
+//! and memory limits, per-tenant concurrency), the `/v1/stream` WebSocket with
+//! callbacks (`daemon::eryx` drives it), and sessions (`/v1/sessions`: Python state
+//! kept between runs, in LMDB, across restarts; `daemon::eryx_sessions`). Environments
+//! are absent and answer 404 like any unknown path.
 
 use crate::admission::Class;
 use crate::http::{Request, Response};
@@ -35,6 +36,20 @@ pub const STREAM_MESSAGE_BYTES: usize = 4 << 20;
 /// Callbacks one `execute` may list.
 pub const MAX_LISTED_CALLBACKS: usize = 100;
 
+/// Largest `POST /v1/sessions` body (`environment` and `ttl_secs`).
+pub const SESSION_BODY_BYTES: usize = 4 << 10;
+
+/// A session's idle time before it expires when its create does not say (the
+/// document: an hour).
+pub const SESSION_TTL_SECS: u64 = 3600;
+
+/// The longest `ttl_secs` a session may ask for (the document: a day).
+pub const MAX_SESSION_TTL_SECS: u64 = 86_400;
+
+/// The only environment that exists in this build (uploaded environments are not
+/// built yet).
+pub const DEFAULT_ENVIRONMENT: &str = "python";
+
 /// Which route a request is on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -42,6 +57,12 @@ pub enum Route {
     Execute,
     /// `GET /v1/stream` (a WebSocket)
     Stream,
+    /// `POST /v1/sessions`
+    Sessions,
+    /// `DELETE /v1/sessions/{id}`
+    Session,
+    /// `POST /v1/sessions/{id}/execute`
+    SessionExecute,
 }
 
 /// Everything the face says about one route.
@@ -69,7 +90,8 @@ impl Spec {
 }
 
 /// Every route of the face. Runs start engines: a key whenever keys are configured
-/// (as the WBX face), and the per-client request rate.
+/// (as the WBX face), and the per-client request rate, which every request of the
+/// face spends (the document: "each API request … counts as one").
 /// The WebSocket's upgrade counts as one request, as the document says; each
 /// `execute` on it counts again (`Admission::charge`).
 pub static ROUTES: &[Row<Spec>] = &[
@@ -90,6 +112,36 @@ pub static ROUTES: &[Row<Spec>] = &[
             id: Route::Stream,
             pattern: "/v1/stream",
             body_cap: 0,
+            class: Class::MemoryStarts,
+        },
+    },
+    Row {
+        pattern: "/v1/sessions",
+        methods: &["POST"],
+        route: Spec {
+            id: Route::Sessions,
+            pattern: "/v1/sessions",
+            body_cap: SESSION_BODY_BYTES,
+            class: Class::MemoryStarts,
+        },
+    },
+    Row {
+        pattern: "/v1/sessions/{id}",
+        methods: &["DELETE"],
+        route: Spec {
+            id: Route::Session,
+            pattern: "/v1/sessions/{id}",
+            body_cap: 0,
+            class: Class::MemoryStarts,
+        },
+    },
+    Row {
+        pattern: "/v1/sessions/{id}/execute",
+        methods: &["POST"],
+        route: Spec {
+            id: Route::SessionExecute,
+            pattern: "/v1/sessions/{id}/execute",
+            body_cap: EXECUTE_BODY_BYTES,
             class: Class::MemoryStarts,
         },
     },
@@ -200,6 +252,39 @@ pub struct Execute {
     pub fuel: u64,
     /// Callbacks the code may call (WebSocket only).
     pub callbacks: Vec<String>,
+    /// The environment the request names, if it names one (checked by
+    /// [`Execute::check_environment`]: what is valid depends on the session).
+    pub environment: Option<String>,
+    /// The session the run is in (the WebSocket's `session_id`; over HTTP, the path's).
+    pub session_id: Option<String>,
+}
+
+impl Execute {
+    /// Whether the environment named fits: in a session (`session_env`), it may only
+    /// repeat the session's (else 422); outside one, it must exist (else 404).
+    ///
+    /// # Errors
+    /// The refusal, in the document's codes.
+    pub fn check_environment(&self, session_env: Option<&str>) -> Result<(), Rejection> {
+        let Some(e) = self.environment.as_deref() else {
+            return Ok(());
+        };
+        let shown: String = e.chars().take(64).collect();
+        match session_env {
+            Some(s) if s == e => Ok(()),
+            Some(s) => Err(Rejection::new(
+                422,
+                "invalid_request",
+                format!("This session runs in environment {s:?}; a run in it cannot name another ({shown:?})"),
+            )),
+            None if e == DEFAULT_ENVIRONMENT => Ok(()),
+            None => Err(Rejection::new(
+                404,
+                "not_found",
+                format!("No such environment: {shown}"),
+            )),
+        }
+    }
 }
 
 /// Why a request is refused: its status, the document's code and a message.
@@ -227,7 +312,7 @@ impl Rejection {
     pub fn of_failure(f: &crate::wasm::Failure) -> Rejection {
         match f {
             crate::wasm::Failure::Unavailable(m) => Rejection::new(503, "unavailable", m.clone()),
-            crate::wasm::Failure::Crashed(_) => {
+            crate::wasm::Failure::Crashed(_) | crate::wasm::Failure::Lost(_) => {
                 Rejection::new(500, "internal_error", f.to_string())
             }
         }
@@ -250,13 +335,14 @@ pub fn ws_error(code: &str, message: &str) -> String {
     json!({"type": "error", "code": code, "message": message}).to_string()
 }
 
-/// Parses and checks an execute request.
+/// Parses and checks an execute request (`in_session`: a session's, whose
+/// environment the caller checks against the session's).
 ///
 /// # Errors
 /// 415 when not sent as JSON, 400 when the body is no JSON object, 422 when a field is
 /// missing or wrong, 404 for an environment that does not exist: all `invalid_request`
 /// but the last (`not_found`), as the document says.
-pub fn parse_execute(req: &Request, limits: Limits) -> Result<Execute, Response> {
+pub fn parse_execute(req: &Request, limits: Limits, in_session: bool) -> Result<Execute, Response> {
     let ct = req.head.header("content-type").unwrap_or("");
     let mime = ct.split(';').next().unwrap_or("").trim();
     if !mime.eq_ignore_ascii_case("application/json") {
@@ -280,7 +366,136 @@ pub fn parse_execute(req: &Request, limits: Limits) -> Result<Execute, Response>
             "The body must be a JSON object",
         ));
     };
-    parse_fields(o, limits).map_err(|r| r.response())
+    let ex = parse_fields(o, limits).map_err(|r| r.response())?;
+    if !in_session {
+        ex.check_environment(None).map_err(|r| r.response())?;
+    }
+    Ok(ex)
+}
+
+/// The body of a JSON request that may also be empty: its object, or none.
+fn optional_object(req: &Request) -> Result<Option<serde_json::Map<String, Value>>, Response> {
+    if req.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let ct = req.head.header("content-type").unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    if !mime.eq_ignore_ascii_case("application/json") {
+        return Err(error(
+            415,
+            "invalid_request",
+            "Send the body as Content-Type: application/json",
+        ));
+    }
+    match serde_json::from_slice::<Value>(&req.body) {
+        Ok(Value::Object(o)) => Ok(Some(o)),
+        Ok(_) => Err(error(
+            400,
+            "invalid_request",
+            "The body must be a JSON object",
+        )),
+        Err(e) => Err(error(
+            400,
+            "invalid_request",
+            &format!("The body is not JSON: {e}"),
+        )),
+    }
+}
+
+/// A checked `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSession {
+    /// The environment its runs use.
+    pub environment: String,
+    /// Idle time after its last run before it expires.
+    pub ttl_secs: u64,
+}
+
+/// Parses and checks a session create: no body, or `{"environment", "ttl_secs"}`.
+///
+/// # Errors
+/// 415/400 for a body that is not a JSON object, 422 for a wrong field, 404 for an
+/// environment that does not exist.
+pub fn parse_new_session(req: &Request) -> Result<NewSession, Response> {
+    let Some(o) = optional_object(req)? else {
+        return Ok(NewSession {
+            environment: DEFAULT_ENVIRONMENT.into(),
+            ttl_secs: SESSION_TTL_SECS,
+        });
+    };
+    let environment = match o.get("environment") {
+        None | Some(Value::Null) => DEFAULT_ENVIRONMENT.to_string(),
+        Some(Value::String(e)) if e == DEFAULT_ENVIRONMENT => e.clone(),
+        Some(Value::String(e)) => {
+            let shown: String = e.chars().take(64).collect();
+            return Err(error(
+                404,
+                "not_found",
+                &format!("No such environment: {shown}"),
+            ));
+        }
+        Some(_) => {
+            return Err(error(
+                422,
+                "invalid_request",
+                "`environment` must be a string",
+            ))
+        }
+    };
+    let ttl_secs = match positive(&o, "ttl_secs").map_err(|r| r.response())? {
+        None => SESSION_TTL_SECS,
+        Some(t) if t <= MAX_SESSION_TTL_SECS => t,
+        Some(_) => {
+            return Err(error(
+                422,
+                "invalid_request",
+                &format!("`ttl_secs` can be at most {MAX_SESSION_TTL_SECS} (a day)"),
+            ))
+        }
+    };
+    Ok(NewSession {
+        environment,
+        ttl_secs,
+    })
+}
+
+/// A session's id: a random (version 4) UUID, as the document shows them.
+pub fn new_session_id() -> Option<String> {
+    let mut b = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).ok()?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Some(format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    ))
+}
+
+/// A time as the document writes it: RFC 3339 in UTC, to the second.
+pub fn timestamp(ms: u64) -> String {
+    let t = crate::api::sessions::rfc3339(ms);
+    format!("{}Z", &t[..19])
+}
+
+/// A session as `POST /v1/sessions` answers it.
+pub fn session_json(id: &str, environment: &str, ttl_secs: u64, expires_at_ms: u64) -> Value {
+    json!({
+        "id": id,
+        "environment": environment,
+        "ttl_secs": ttl_secs,
+        "expires_at": timestamp(expires_at_ms),
+    })
+}
+
+/// The answer for a session that is not the tenant's, has expired, or never was.
+pub fn no_session(id: &str) -> Rejection {
+    let shown: String = id.chars().take(64).collect();
+    Rejection::new(404, "not_found", format!("No such session: {shown}"))
 }
 
 /// Checks a WebSocket `execute` message (its `type` already read): the fields of
@@ -295,15 +510,7 @@ pub fn parse_stream_execute(
     let mut ex = parse_fields(o, limits)?;
     match o.get("session_id") {
         None | Some(Value::Null) => {}
-        // Sessions are not built yet: no id names one.
-        Some(Value::String(s)) => {
-            let shown: String = s.chars().take(64).collect();
-            return Err(Rejection::new(
-                404,
-                "not_found",
-                format!("No such session: {shown}"),
-            ));
-        }
+        Some(Value::String(s)) => ex.session_id = Some(s.clone()),
         Some(_) => {
             return Err(Rejection::new(
                 422,
@@ -403,17 +610,9 @@ fn parse_fields(o: &serde_json::Map<String, Value>, limits: Limits) -> Result<Ex
         }
         None => return Err(Rejection::new(422, "invalid_request", "`code` is required")),
     };
-    match o.get("environment") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(e)) if e == "python" => {}
-        Some(Value::String(e)) => {
-            let shown: String = e.chars().take(64).collect();
-            return Err(Rejection::new(
-                404,
-                "not_found",
-                format!("No such environment: {shown}"),
-            ));
-        }
+    let environment = match o.get("environment") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(e)) => Some(e.clone()),
         Some(_) => {
             return Err(Rejection::new(
                 422,
@@ -421,35 +620,41 @@ fn parse_fields(o: &serde_json::Map<String, Value>, limits: Limits) -> Result<Ex
                 "`environment` must be a string",
             ))
         }
-    }
-    let positive = |name: &str| -> Result<Option<u64>, Rejection> {
-        match o.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            // JSON's integers: `20` and `20.0` alike (JSON Schema's reading).
-            Some(n) => match n.as_u64().or_else(|| {
-                n.as_f64()
-                    .filter(|f| f.fract() == 0.0 && *f >= 1.0 && *f < 9.0e15)
-                    .map(|f| f as u64)
-            }) {
-                Some(n) if n > 0 => Ok(Some(n)),
-                _ => Err(Rejection::new(
-                    422,
-                    "invalid_request",
-                    format!("`{name}` must be a positive integer"),
-                )),
-            },
-        }
     };
-    let timeout_ms = positive("timeout_secs")?.map_or(limits.timeout_ms, |s| {
+    let timeout_ms = positive(o, "timeout_secs")?.map_or(limits.timeout_ms, |s| {
         s.saturating_mul(1000).min(limits.timeout_ms)
     });
-    let fuel = positive("fuel_limit")?.map_or(limits.fuel, |f| f.min(limits.fuel));
+    let fuel = positive(o, "fuel_limit")?.map_or(limits.fuel, |f| f.min(limits.fuel));
     Ok(Execute {
         code,
         timeout_ms,
         fuel,
         callbacks: Vec::new(),
+        environment,
+        session_id: None,
     })
+}
+
+/// Field `name` as a positive integer, if present: JSON's integers, `20` and `20.0`
+/// alike (JSON Schema's reading), one past u64 counted as u64's largest (every use
+/// caps it far lower); `null` counts as absent.
+fn positive(o: &serde_json::Map<String, Value>, name: &str) -> Result<Option<u64>, Rejection> {
+    match o.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(n) => match n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.is_finite() && f.fract() == 0.0 && *f >= 1.0)
+                // `as` saturates: 1e300 is u64::MAX.
+                .map(|f| f as u64)
+        }) {
+            Some(n) if n > 0 => Ok(Some(n)),
+            _ => Err(Rejection::new(
+                422,
+                "invalid_request",
+                format!("`{name}` must be a positive integer"),
+            )),
+        },
+    }
 }
 
 /// A finished run as the document's response: `stdout`, `stderr`, `compute_units`,
@@ -463,6 +668,9 @@ pub fn run_json(a: &crate::wasm::RunAnswer) -> Value {
     });
     if a.status != "success" {
         v["error"] = json!(a.error.clone().unwrap_or_default());
+    }
+    if !a.unsaved_variables.is_empty() {
+        v["unsaved_variables"] = json!(a.unsaved_variables);
     }
     v
 }
@@ -494,7 +702,12 @@ mod tests {
 
     #[test]
     fn test_execute_requests_are_checked_and_capped() {
-        let e = parse_execute(&req("application/json", r#"{"code": "print(1)"}"#), L).unwrap();
+        let e = parse_execute(
+            &req("application/json", r#"{"code": "print(1)"}"#),
+            L,
+            false,
+        )
+        .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (30_000, 1_000_000));
         let e = parse_execute(
             &req(
@@ -502,6 +715,7 @@ mod tests {
                 r#"{"code": "x", "timeout_secs": 2, "fuel_limit": 5, "environment": "python"}"#,
             ),
             L,
+            false,
         )
         .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (2_000, 5));
@@ -512,6 +726,7 @@ mod tests {
                 r#"{"code": "x", "timeout_secs": 3.0, "fuel_limit": null, "environment": null}"#,
             ),
             L,
+            false,
         )
         .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (3_000, 1_000_000));
@@ -521,6 +736,18 @@ mod tests {
                 r#"{"code": "x", "timeout_secs": 31, "fuel_limit": 1000001}"#,
             ),
             L,
+            false,
+        )
+        .unwrap();
+        assert_eq!((e.timeout_ms, e.fuel), (30_000, 1_000_000));
+        // An integer past u64 is still a positive integer: capped like any other.
+        let e = parse_execute(
+            &req(
+                "application/json",
+                r#"{"code": "x", "timeout_secs": 740590284250017374928896, "fuel_limit": 1e300}"#,
+            ),
+            L,
+            false,
         )
         .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (30_000, 1_000_000));
@@ -560,7 +787,7 @@ mod tests {
                 (422, "invalid_request"),
             ),
         ] {
-            let r = parse_execute(&req(ct, body), L).unwrap_err();
+            let r = parse_execute(&req(ct, body), L, false).unwrap_err();
             assert_eq!(code_of(r), (want.0, want.1.to_string()), "{ct} {body}");
         }
     }

@@ -6,6 +6,7 @@
 //! the reactor thread; the reactor uses the `*_then` forms, which never wait.
 
 pub mod env;
+pub mod eryx;
 pub mod kv;
 pub mod volumes;
 pub mod writer;
@@ -94,6 +95,10 @@ pub struct Tables {
     meta: Database<Str, Bytes>,
     /// Volumes: id → JSON record.
     volumes: Database<Str, Bytes>,
+    /// The eryx face's sessions: id → JSON record.
+    eryx_sessions: Database<Str, Bytes>,
+    /// The eryx face's session state: id → dill's bytes.
+    eryx_state: Database<Str, Bytes>,
 }
 
 /// The tables and the writer thread. Reads go to [`Tables`] (through `Deref`).
@@ -128,6 +133,8 @@ impl Store {
         let kv_exp = env.create_database(&mut wtxn, Some("kv_exp"))?;
         let kv_usage = env.create_database(&mut wtxn, Some("kv_usage"))?;
         let volumes = env.create_database(&mut wtxn, Some("volumes"))?;
+        let eryx_sessions = env.create_database(&mut wtxn, Some("eryx_sessions"))?;
+        let eryx_state = env.create_database(&mut wtxn, Some("eryx_state"))?;
         wtxn.commit()?;
         let tables = Arc::new(Tables {
             env,
@@ -137,6 +144,8 @@ impl Store {
             kv_usage,
             meta,
             volumes,
+            eryx_sessions,
+            eryx_state,
         });
         let writer = writer::Writer::start(Arc::clone(&tables))
             .map_err(|e| StoreError::Lmdb(heed::Error::Io(e)))?;

@@ -8,6 +8,19 @@ use std::io::{Read, Write};
 /// Largest frame either side sends (a run's code and its answer are bounded below it).
 pub const MAX_FRAME: usize = 16 << 20;
 
+/// Largest saved state of an eryx session (the document: "up to 1 MB"), as the bytes
+/// dill writes; in frames it travels as base64.
+pub const STATE_BYTES: usize = 1 << 20;
+
+/// Wall time each of a session run's two bookkeeping phases (restoring the state
+/// before the code, saving it after) may take, beside the run's own limit. They are
+/// not charged to the run (the document: "saving and restoring the state is free"),
+/// but bounded: objects can run their own code while they are saved or loaded.
+pub const STATE_PHASE_MS: u64 = 10_000;
+
+/// WebAssembly instructions each bookkeeping phase may use (see [`STATE_PHASE_MS`]).
+pub const STATE_PHASE_FUEL: u64 = 10_000_000_000;
+
 /// The next frame; `None` at a clean end of the stream.
 ///
 /// # Errors

@@ -44,6 +44,10 @@ pub struct RunRequest {
     pub callbacks: Vec<String>,
     /// How long one call waits for its answer before it fails in Python.
     pub callback_timeout_ms: u64,
+    /// Set for a run in an eryx session: the state its last kept run left (dill's
+    /// bytes; `None` before the first). The worker restores it before the code and
+    /// answers the state to keep in [`RunAnswer::state`].
+    pub session: Option<Option<Vec<u8>>>,
 }
 
 /// Calls one run may make to its callbacks.
@@ -78,6 +82,14 @@ pub struct RunAnswer {
     pub compute_units: u64,
     /// Why it did not succeed.
     pub error: Option<String>,
+    /// A session run whose changes are kept: the state to keep, base64 of dill's
+    /// bytes (at most [`frame::STATE_BYTES`] of them). `None`: the session's state
+    /// stays as it was.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// A session run: names whose values could not be saved.
+    #[serde(default)]
+    pub unsaved_variables: Vec<String>,
 }
 
 /// Why a run got no answer.
@@ -89,6 +101,10 @@ pub enum Failure {
     /// The worker died or stopped answering while the run was on it.
     #[error("the WebAssembly worker ended during the run ({0})")]
     Crashed(String),
+    /// The run ended, but what it left could not be kept (a session's state that the
+    /// store refused).
+    #[error("{0}")]
+    Lost(String),
 }
 
 /// Where an answer goes (called on the supervisor thread: it must not block).
@@ -571,7 +587,7 @@ impl Supervisor {
             reply,
             calls,
         } = q;
-        let frame = serde_json::json!({
+        let mut frame = serde_json::json!({
             "id": id,
             "code": req.code,
             "timeout_ms": req.timeout_ms,
@@ -580,9 +596,20 @@ impl Supervisor {
             "callbacks": req.callbacks,
             "callback_timeout_ms": req.callback_timeout_ms,
             "max_callbacks": MAX_CALLBACKS,
-        })
-        .to_string();
-        let deadline = Instant::now() + Duration::from_millis(req.timeout_ms) + STUCK_GRACE;
+        });
+        // A session run has two bookkeeping phases beside the code, each with its
+        // own bound (restoring its state, saving it).
+        let mut allowed = Duration::from_millis(req.timeout_ms) + STUCK_GRACE;
+        if let Some(state) = &req.session {
+            use base64::Engine as _;
+            let state = state
+                .as_ref()
+                .map(|s| base64::engine::general_purpose::STANDARD.encode(s));
+            frame["session"] = serde_json::json!({ "state": state });
+            allowed += 2 * Duration::from_millis(frame::STATE_PHASE_MS);
+        }
+        let frame = frame.to_string();
+        let deadline = Instant::now() + allowed;
         self.pending.insert(
             id,
             Pending {

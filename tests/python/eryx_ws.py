@@ -213,6 +213,60 @@ async def rate():
     return out
 
 
+async def session():
+    """A session's state over the WebSocket, callbacks included; an unknown session_id
+    is an `error` on a connection that stays open; the same state over HTTP."""
+    import urllib.request
+
+    base = URL.replace("ws://", "http://", 1).rsplit("/stream", 1)[0]
+
+    def post(path, body):
+        req = urllib.request.Request(
+            base + path,
+            method="POST",
+            headers={**HEADERS, "Content-Type": "application/json"},
+            data=json.dumps(body).encode() if body is not None else b"",
+        )
+        with urllib.request.urlopen(req) as r:
+            return json.loads(r.read())
+
+    sid = post("/sessions", None)["id"]
+    out = {}
+
+    async def answer(m):
+        return result(m, {"name": "Ada", "id": m["args"]["id"]})
+
+    async with connect() as ws:
+        out["first"] = await run(
+            ws,
+            {
+                "type": "execute",
+                "session_id": sid,
+                "code": "user = await get_user(id=7)",
+                "callbacks": [{"name": "get_user", "description": "Look up a user"}],
+            },
+            answer,
+        )
+        out["second"] = await run(
+            ws,
+            {
+                "type": "execute",
+                "session_id": sid,
+                "code": "print(user['name'], user['id'], 'get_user' in globals())",
+            },
+        )
+        out["unknown"] = await run(
+            ws, {"type": "execute", "session_id": "no-such-session", "code": "print(1)"}
+        )
+        out["other_env"] = await run(
+            ws,
+            {"type": "execute", "session_id": sid, "environment": "other", "code": "print(1)"},
+        )
+        out["after"] = await run(ws, {"type": "execute", "code": "print(3)"})
+    out["http"] = post(f"/sessions/{sid}/execute", {"code": "print(user['name'])"})
+    return out
+
+
 async def main():
     print(json.dumps(await globals()[SCENARIO]()))
 

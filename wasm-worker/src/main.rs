@@ -46,6 +46,9 @@ const PREIMPORTS: &[&str] = &[
     "traceback",
     "ast",
     "types",
+    // Sessions save and restore their state with these.
+    "dill",
+    "base64",
 ];
 
 /// One run the daemon asks for.
@@ -67,6 +70,19 @@ struct Request {
     /// Calls one run may make.
     #[serde(default = "default_max_callbacks")]
     max_callbacks: u32,
+    /// Present when the run is a session's: its state is restored before the code
+    /// and saved after it.
+    #[serde(default)]
+    session: Option<SessionIn>,
+}
+
+/// A session run's state going in.
+#[derive(Debug, Deserialize)]
+struct SessionIn {
+    /// The state the session's last kept run left (dill's bytes, base64); absent for
+    /// a session's first run.
+    #[serde(default)]
+    state: Option<String>,
 }
 
 fn default_callback_timeout_ms() -> u64 {
@@ -101,6 +117,15 @@ struct Answer {
     compute_units: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// A session run whose changes are kept: the state to keep (base64 of dill's
+    /// bytes). Absent when the session's state stays as it was (a limit was hit, the
+    /// state could not be restored or saved), and for runs outside a session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<String>,
+    /// A session run: the names whose values could not be saved (open files,
+    /// generators, …); later runs will not see them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    unsaved_variables: Vec<String>,
 }
 
 fn main() {
@@ -139,7 +164,8 @@ fn main() {
         Some("bench") => {
             let runs = flag("--runs").and_then(|t| t.parse().ok()).unwrap_or(100);
             let code = flag("--code").unwrap_or_else(|| "print(1 + 1)".into());
-            match bench(&cache, runs, &code) {
+            let session = args.iter().any(|a| a == "--session");
+            match bench(&cache, runs, &code, session) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("isobox-wasm bench: {e}");
@@ -176,7 +202,16 @@ fn snapshot_path(cache: &Path) -> PathBuf {
         .lines()
         .find(|l| l.starts_with("flags"))
         .unwrap_or_default();
-    let key = fnv1a(format!("{}|{flags}", std::env::consts::ARCH).as_bytes());
+    // What the snapshot holds is part of its name: a build that imports other modules
+    // into it makes a new one rather than using one without them.
+    let key = fnv1a(
+        format!(
+            "{}|{flags}|{}",
+            std::env::consts::ARCH,
+            PREIMPORTS.join(",")
+        )
+        .as_bytes(),
+    );
     cache.join(format!("python-eryx{ERYX_VERSION}-{key:016x}.cwasm"))
 }
 
@@ -556,7 +591,51 @@ await _isobox_main()
     )
 }
 
-async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<Calls>>) -> Answer {
+/// Instructions between a run's yields to the worker's scheduler (see `run`): the
+/// precision of a timed-out run's compute units.
+const FUEL_YIELD: u64 = 1_000_000;
+
+/// The memory a run's WebAssembly may grow to. Every run a worker gets carries the
+/// daemon's one setting (`ISOBOX_ERYX_MEMORY_MB`); it is stored here before each run
+/// because a store's limiter cannot hold state of its own beside eryx's.
+static MEMORY_CAP: AtomicU64 = AtomicU64::new(64 << 20);
+
+/// The memory cap of a run's store: growing past [`MEMORY_CAP`] fails, which Python
+/// reports as `MemoryError`. (eryx's session executor, which every run goes through,
+/// sets no memory limit of its own.)
+struct Cap;
+
+impl wasmtime::ResourceLimiter for Cap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired as u64 <= MEMORY_CAP.load(Ordering::Relaxed)
+            && maximum.is_none_or(|m| desired <= m))
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(maximum.is_none_or(|m| desired <= m))
+    }
+}
+
+/// One run. Every run goes through eryx's session executor, a session's or not: its
+/// store outlives a timeout, so a run that times out still reports the compute units
+/// it used (the document: "accurate to within a few million"), and a session's state
+/// is restored before the code and saved after it in the same instance, in phases of
+/// their own whose instructions are not charged.
+async fn run(
+    executor: &Arc<eryx::PythonExecutor>,
+    req: Request,
+    calls: Option<&Arc<Calls>>,
+) -> Answer {
     let mut answer = Answer {
         id: req.id,
         status: "success",
@@ -564,20 +643,17 @@ async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<C
         stderr: String::new(),
         compute_units: 0,
         error: None,
+        state: None,
+        unsaved_variables: Vec::new(),
     };
     if req.code.contains('\0') {
         answer.status = "error";
         answer.error = Some("SyntaxError: source code cannot contain null bytes\n".into());
         return answer;
     }
-    let mut exec = executor
-        .execute(wrap(&req.code, &req.callbacks))
-        .with_memory_limit(req.memory_bytes)
-        .with_timeout(Duration::from_millis(req.timeout_ms.max(1)))
-        .with_fuel_limit(req.fuel);
-    let mut handler = None;
-    if let (Some(calls), false) = (calls, req.callbacks.is_empty()) {
-        let remotes: Vec<Arc<dyn eryx::Callback>> = req
+    MEMORY_CAP.store(req.memory_bytes, Ordering::Relaxed);
+    let remotes: Vec<Arc<dyn eryx::Callback>> = match calls {
+        Some(calls) => req
             .callbacks
             .iter()
             .map(|name| {
@@ -588,12 +664,51 @@ async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<C
                     calls: Arc::clone(calls),
                 }) as Arc<dyn eryx::Callback>
             })
-            .collect();
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut session = match eryx::SessionExecutor::new(Arc::clone(executor), &remotes).await {
+        Ok(s) => s,
+        Err(e) => {
+            answer.status = "error";
+            answer.error = Some(format!("The engine could not start the run: {e}"));
+            return answer;
+        }
+    };
+    if let Some(store) = session.store_mut() {
+        // `Cap` has no size: leaking a box of it allocates nothing.
+        store.limiter(|_| Box::leak(Box::new(Cap)));
+        // Compiled code keeps its fuel count in a register and writes it back only at
+        // calls; a run interrupted at its time limit inside a loop that calls nothing
+        // would lose the count since. Yielding every FUEL_YIELD instructions writes it
+        // back, so a timed-out run's units are exact to within that many.
+        if let Err(e) = store.fuel_async_yield_interval(Some(FUEL_YIELD)) {
+            answer.status = "error";
+            answer.error = Some(format!("The engine could not start the run: {e}"));
+            return answer;
+        }
+    }
+    if let Some(state) = req.session.as_ref().and_then(|s| s.state.as_deref()) {
+        if let Err(e) = restore(&mut session, state).await {
+            answer.status = "error";
+            answer.error = Some(cut(
+                format!("Failed to restore session state: {e}"),
+                ERROR_CHARS,
+            ));
+            return answer;
+        }
+    }
+    session.set_execution_timeout(Some(Duration::from_millis(req.timeout_ms.max(1))));
+    let mut exec = session
+        .execute(wrap(&req.code, &req.callbacks))
+        .with_fuel_limit(req.fuel);
+    let mut handler = None;
+    if !remotes.is_empty() {
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         exec = exec.with_callbacks(&remotes, tx);
         let map: HashMap<String, Arc<dyn eryx::Callback>> = remotes
-            .into_iter()
-            .map(|r| (r.name().to_string(), r))
+            .iter()
+            .map(|r| (r.name().to_string(), Arc::clone(r)))
             .collect();
         let limits = eryx::ResourceLimits {
             // Each call's own wait is bounded by `Remote` (with a message that names it).
@@ -616,24 +731,26 @@ async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<C
     if let Some(h) = handler {
         h.abort();
     }
+    // Whether the code ran to its end or to an exception the wrapper caught: only
+    // then are a session's changes kept (the document: a run stopped by a limit keeps
+    // none; an instance that trapped is not entered again).
+    let mut finished = false;
     match result {
         Ok(out) => {
             answer.compute_units = out.fuel_consumed.unwrap_or(0);
-            let verdict: serde_json::Value = out
-                .result
-                .as_deref()
-                .and_then(|r| serde_json::from_str(r).ok())
-                .unwrap_or(serde_json::Value::Null);
+            let verdict = verdict(out.result.as_deref());
             match verdict["kind"].as_str() {
                 None => {
                     let text = |k: &str| verdict[k].as_str().unwrap_or_default().to_string();
                     answer.stdout = text("stdout");
                     answer.stderr = text("stderr");
+                    finished = true;
                 }
                 Some(kind) => {
                     answer.status = if kind == "memory" {
                         "resource_limit"
                     } else {
+                        finished = true;
                         "error"
                     };
                     answer.error = verdict["error"].as_str().map(str::to_string);
@@ -649,6 +766,9 @@ async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<C
         }
         Err(eryx::Error::Timeout(t)) => {
             answer.status = "timeout";
+            // The store outlives the timeout: what fuel is left tells what was used.
+            let left = session.store_mut().and_then(|s| s.get_fuel().ok());
+            answer.compute_units = left.map_or(0, |l| req.fuel.saturating_sub(l));
             answer.error = Some(format!(
                 "The run took longer than its time limit ({} s)",
                 t.as_secs_f64()
@@ -668,10 +788,235 @@ async fn run(executor: &eryx::PythonExecutor, req: Request, calls: Option<&Arc<C
             answer.error = Some(format!("The run failed in the engine: {e}"));
         }
     }
+    if finished && req.session.is_some() {
+        keep(&mut session, &req.callbacks, &mut answer).await;
+    }
     if let Some(e) = answer.error.take() {
         answer.error = Some(cut(e, ERROR_CHARS));
     }
     answer
+}
+
+/// The wrapper's verdict, left in [`OUTCOME_VAR`] (null when there is none).
+fn verdict(result: Option<&str>) -> serde_json::Value {
+    result
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// The variable a session's saved state is handed in by.
+const STATE_VAR: &str = "_isobox_state_7f3a";
+
+/// What eryx's `restore_state` takes (an 8-byte time, then a pickle of a dict that it
+/// merges into the code's globals) for `{STATE_VAR: state}`: a pickle written here,
+/// of protocol 4, so the state itself is only ever decoded by [`RESTORE`].
+fn handover(state: &str) -> Vec<u8> {
+    let mut p = Vec::with_capacity(state.len() + 48);
+    p.extend_from_slice(&0u64.to_le_bytes());
+    p.extend_from_slice(b"\x80\x04}\x8c");
+    p.push(STATE_VAR.len() as u8);
+    p.extend_from_slice(STATE_VAR.as_bytes());
+    p.push(b'X');
+    p.extend_from_slice(&(state.len() as u32).to_le_bytes());
+    p.extend_from_slice(state.as_bytes());
+    p.extend_from_slice(b"s.");
+    p
+}
+
+/// Restores a session's state: dill's bytes loaded into the code's globals, with
+/// functions (and classes' methods) bound to those globals again, since dill gives
+/// each its own. Its verdict: `{"ok": true}` or `{"error": why}`.
+const RESTORE: &str = r#"def _isobox_restore():
+    import sys, types, traceback
+    sys.settrace(None)
+    sys._getframe().f_trace = None
+    g = globals()
+    del g["_isobox_restore"]
+    blob = g.pop("STATE_VAR", "")
+    def rebind(f):
+        n = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
+        n.__kwdefaults__ = f.__kwdefaults__
+        n.__qualname__ = f.__qualname__
+        n.__doc__ = f.__doc__
+        n.__module__ = f.__module__
+        n.__dict__.update(f.__dict__)
+        return n
+    try:
+        import dill, base64
+        d = dill.loads(base64.b64decode(blob, validate=True))
+        if not isinstance(d, dict):
+            raise TypeError("the saved state is not a namespace")
+        for k, v in list(d.items()):
+            if isinstance(v, types.FunctionType):
+                d[k] = rebind(v)
+            elif isinstance(v, type):
+                for a, m in list(vars(v).items()):
+                    if isinstance(m, types.FunctionType):
+                        setattr(v, a, rebind(m))
+        g.update(d)
+        verdict = {"ok": True}
+    except BaseException as e:
+        verdict = {"error": "".join(traceback.format_exception_only(type(e), e)).strip()}
+    g["OUTCOME_VAR"] = verdict
+_isobox_restore()
+"#;
+
+/// Saves a session's state: every name of the code's globals whose value dill can
+/// write (checked one by one, so one that cannot is named, not silently dropped as
+/// eryx's own snapshot does), then all of them in one pickle (so objects shared
+/// between names stay shared). Its verdict: `{"state", "unsaved"}`, `{"too_big",
+/// "unsaved"}`, `{"memory": true}` or `{"error"}`.
+const SAVE: &str = r#"def _isobox_save():
+    import sys, traceback
+    sys.settrace(None)
+    sys._getframe().f_trace = None
+    g = globals()
+    del g["_isobox_save"]
+    skip = {"invoke", "list_callbacks", "_EryxNamespace", "_EryxCallbackLeaf"} | set(CALLBACKS)
+    kept, unsaved = {}, []
+    try:
+        import dill, base64
+        for k in list(g):
+            if k in skip or k.startswith(("_eryx_", "_isobox_")) or (k.startswith("__") and k.endswith("__")):
+                continue
+            v = g[k]
+            try:
+                dill.dumps(v, recurse=True)
+            except MemoryError:
+                raise
+            except BaseException:
+                unsaved.append(k)
+                continue
+            kept[k] = v
+        blob = dill.dumps(kept, recurse=True)
+        if len(blob) > STATE_BYTES:
+            verdict = {"too_big": len(blob), "unsaved": unsaved}
+        else:
+            verdict = {"state": base64.b64encode(blob).decode("ascii"), "unsaved": unsaved}
+    except MemoryError:
+        verdict = {"memory": True}
+    except BaseException as e:
+        verdict = {"error": "".join(traceback.format_exception_only(type(e), e)).strip()}
+    g["OUTCOME_VAR"] = verdict
+_isobox_save()
+"#;
+
+/// One of a session run's bookkeeping phases: `code` run in the session's instance,
+/// bounded by its own time and instructions (not the run's, and not charged to it);
+/// its verdict.
+async fn phase(
+    session: &mut eryx::SessionExecutor,
+    code: String,
+) -> Result<serde_json::Value, String> {
+    session.set_execution_timeout(Some(Duration::from_millis(frame::STATE_PHASE_MS)));
+    match session
+        .execute(code)
+        .with_fuel_limit(frame::STATE_PHASE_FUEL)
+        .run()
+        .await
+    {
+        Ok(out) => match verdict(out.result.as_deref()) {
+            serde_json::Value::Null => Err("it left no verdict".into()),
+            v => Ok(v),
+        },
+        Err(eryx::Error::Timeout(_)) => Err(format!(
+            "it took longer than {} s",
+            frame::STATE_PHASE_MS / 1000
+        )),
+        Err(eryx::Error::FuelExhausted { limit, .. }) => {
+            Err(format!("it used more than {limit} compute units"))
+        }
+        Err(eryx::Error::PythonException(tb)) => Err(tb),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Loads a session's saved state into the run's instance before its code.
+async fn restore(session: &mut eryx::SessionExecutor, state: &str) -> Result<(), String> {
+    let snapshot =
+        eryx::PythonStateSnapshot::from_bytes(&handover(state)).map_err(|e| e.to_string())?;
+    session
+        .restore_state(&snapshot)
+        .await
+        .map_err(|e| e.to_string())?;
+    let code = RESTORE
+        .replace("STATE_VAR", STATE_VAR)
+        .replace("OUTCOME_VAR", OUTCOME_VAR);
+    let v = phase(session, code).await?;
+    match v["error"].as_str() {
+        Some(e) => Err(e.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// Saves a session's state after code that ran to its end (or to an exception): the
+/// answer then carries the state to keep and the names that could not be saved; or,
+/// when the state cannot be kept, the run keeps none of its changes and says why.
+async fn keep(session: &mut eryx::SessionExecutor, callbacks: &[String], answer: &mut Answer) {
+    let names = serde_json::to_string(callbacks).unwrap_or_else(|_| "[]".into());
+    let code = SAVE
+        .replace("OUTCOME_VAR", OUTCOME_VAR)
+        .replace("STATE_BYTES", &frame::STATE_BYTES.to_string())
+        .replace("CALLBACKS", &names);
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["unsaved"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|n| n.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let refused = match phase(session, code).await {
+        Ok(v) => {
+            if let Some(state) = v["state"].as_str() {
+                answer.state = Some(state.to_string());
+                answer.unsaved_variables = names(&v);
+                return;
+            }
+            if let Some(n) = v["too_big"].as_u64() {
+                answer.unsaved_variables = names(&v);
+                Some((
+                    "resource_limit",
+                    format!(
+                        "The session's state after this run would be {n} bytes; at most {} are kept",
+                        frame::STATE_BYTES
+                    ),
+                ))
+            } else if v["memory"].as_bool() == Some(true) {
+                Some((
+                    "resource_limit",
+                    "Saving the session's state used up the run's memory".to_string(),
+                ))
+            } else {
+                Some((
+                    "error",
+                    format!(
+                        "The session's state could not be saved: {}",
+                        v["error"].as_str().unwrap_or("no reason given")
+                    ),
+                ))
+            }
+        }
+        Err(e) => Some((
+            "error",
+            format!("The session's state could not be saved: {e}"),
+        )),
+    };
+    if let Some((status, why)) = refused {
+        answer.status = status;
+        answer.stdout.clear();
+        answer.stderr.clear();
+        let before = answer
+            .error
+            .take()
+            .map(|e| format!("\n\nThe run itself ended with:\n{e}"))
+            .unwrap_or_default();
+        answer.error = Some(format!(
+            "{why}. None of this run's changes were kept.{before}"
+        ));
+    }
 }
 
 /// Characters of an error kept (its head and its tail, where a traceback's last line
@@ -693,9 +1038,10 @@ fn cut(s: String, max: usize) -> String {
 
 /// The in-process reference of `bench/load/eryx.py`: `runs` runs of `code` on one
 /// executor in this process, one after another, exactly as `serve` runs them (the
-/// same snapshot, wrapper and limits) but with no socket, no jail and no daemon.
+/// same snapshot, wrapper and limits) but with no socket, no jail and no daemon;
+/// `session`: as a session's runs, each restoring the state the last one saved.
 /// Prints `{"runs", "p50_ms", "p99_ms", "compute_units", "status"}`.
-fn bench(cache: &Path, runs: usize, code: &str) -> Result<(), String> {
+fn bench(cache: &Path, runs: usize, code: &str, session: bool) -> Result<(), String> {
     let lib = stdlib(cache)?;
     let path = snapshot_path(cache);
     // SAFETY: as in `serve_on`: our own snapshot, checked by wasmtime on load.
@@ -703,12 +1049,14 @@ fn bench(cache: &Path, runs: usize, code: &str) -> Result<(), String> {
         .map_err(|e| format!("loading {}: {e}", path.display()))?
         .with_python_stdlib(&lib)
         .with_result_variable(OUTCOME_VAR);
+    let executor = Arc::new(executor);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     let mut ms = Vec::with_capacity(runs);
-    let mut last = None;
+    let mut last: Option<Answer> = None;
+    let mut state: Option<String> = None;
     for i in 0..runs.max(1) as u64 {
         let req = Request {
             id: i,
@@ -719,10 +1067,16 @@ fn bench(cache: &Path, runs: usize, code: &str) -> Result<(), String> {
             callbacks: Vec::new(),
             callback_timeout_ms: default_callback_timeout_ms(),
             max_callbacks: default_max_callbacks(),
+            session: session.then(|| SessionIn {
+                state: state.clone(),
+            }),
         };
         let t0 = std::time::Instant::now();
         let a = rt.block_on(run(&executor, req, None));
         ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+        if a.state.is_some() {
+            state.clone_from(&a.state);
+        }
         last = Some(a);
     }
     ms.sort_by(f64::total_cmp);
