@@ -321,10 +321,10 @@ pub(super) fn env_vars(
                 &format!("env: {k:?} is not a variable name (letters, digits and _, not starting with a digit)"),
             ));
         }
-        if val.len() > MAX_ENV_VALUE_BYTES || val.contains('\0') {
+        if !within(&val, MAX_ENV_VALUE_BYTES, MAX_ENV_VALUE_BYTES / 4) || val.contains('\0') {
             return Err(error(
                 400,
-                &format!("env: the value of {k} must be at most {MAX_ENV_VALUE_BYTES} bytes, without NUL"),
+                &format!("env: the value of {k} must be at most {MAX_ENV_VALUE_BYTES} bytes (ASCII up to {MAX_ENV_VALUE_BYTES} characters, or any UTF-8 up to {}), without NUL", MAX_ENV_VALUE_BYTES / 4),
             ));
         }
         out.push((k, val));
@@ -362,10 +362,13 @@ pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op,
         ));
     }
     for (k, v) in &metadata {
-        if k.is_empty() || k.len() > MAX_METADATA_KEY_BYTES || v.len() > MAX_METADATA_VALUE_BYTES {
+        if k.is_empty()
+            || !within(k, MAX_METADATA_KEY_BYTES, MAX_METADATA_KEY_BYTES / 4)
+            || !within(v, MAX_METADATA_VALUE_BYTES, MAX_METADATA_VALUE_BYTES / 4)
+        {
             return Err(error(
                 400,
-                &format!("metadata: keys of 1 to {MAX_METADATA_KEY_BYTES} bytes, values of at most {MAX_METADATA_VALUE_BYTES}"),
+                &format!("metadata: keys of 1 to {MAX_METADATA_KEY_BYTES} bytes, values of at most {MAX_METADATA_VALUE_BYTES} (ASCII up to that many characters, or any UTF-8 up to a quarter of it)"),
             ));
         }
     }
@@ -475,11 +478,27 @@ pub(super) fn cmd_and_cwd(f: &Fields) -> Result<(String, Option<String>), Respon
     };
     let cwd = f.string("cwd")?;
     if let Some(cwd) = &cwd {
-        if !cwd.starts_with('/') || cwd.contains('\0') || cwd.len() > 4096 {
-            return Err(error(400, "cwd: must be an absolute path"));
+        if !cwd.starts_with('/') || cwd.contains('\0') || !within(cwd, 4096, 1023) {
+            return Err(error(
+                400,
+                "cwd: must be an absolute path of at most 4096 bytes (ASCII up to 4096 characters, or any UTF-8 up to 1023), without NUL",
+            ));
         }
     }
     Ok((cmd, cwd))
+}
+
+/// Whether `s` is within a byte limit as the OpenAPI document states it exactly in
+/// characters (JSON Schema counts characters, not bytes): ASCII up to `ascii`
+/// characters, or any UTF-8 up to `any` (a quarter: no character takes more than 4
+/// bytes, so both stay within `ascii` bytes). One rule for the server and the document,
+/// so a request is refused exactly when the document calls it invalid.
+fn within(s: &str, ascii: usize, any: usize) -> bool {
+    if s.is_ascii() {
+        s.len() <= ascii
+    } else {
+        s.chars().count() <= any
+    }
 }
 
 /// `POST /v1/sandboxes/{id}/exec` and `/exec/stream`.
@@ -665,5 +684,39 @@ mod tests {
             msg(r#"{"cmd":"x","env":{"A":1}}"#),
             "env: must be an object whose values are strings"
         );
+        // Byte limits as the document states them in characters, at and past each
+        // bound: ASCII up to the limit, any UTF-8 up to a quarter of it.
+        let cwd = |c: String| serde_json::json!({"cmd": "x", "cwd": c}).to_string();
+        assert!(exec(
+            &req(&cwd(format!("/{}", "a".repeat(4095)))),
+            "sb".into(),
+            false
+        )
+        .is_ok());
+        assert!(msg(&cwd(format!("/{}", "a".repeat(4096)))).contains("cwd"));
+        assert!(exec(
+            &req(&cwd(format!("/{}", "é".repeat(1022)))),
+            "sb".into(),
+            false
+        )
+        .is_ok());
+        assert!(msg(&cwd(format!("/{}", "é".repeat(1023)))).contains("cwd"));
+        let env = |v: String| serde_json::json!({"cmd": "x", "env": {"A": v}}).to_string();
+        assert!(exec(&req(&env("é".repeat(8192))), "sb".into(), false).is_ok());
+        assert!(msg(&env("é".repeat(8193))).contains("env: the value of A"));
+        assert!(exec(&req(&env("a".repeat(32768))), "sb".into(), false).is_ok());
+        assert!(msg(&env("a".repeat(32769))).contains("env: the value of A"));
+    }
+
+    #[test]
+    fn test_within_counts_characters_as_the_document_does() {
+        assert!(within(&"a".repeat(64), 64, 16));
+        assert!(!within(&"a".repeat(65), 64, 16));
+        assert!(within(&"é".repeat(16), 64, 16));
+        // 17 two-byte characters are 34 bytes, under 64, but past what the document
+        // allows for non-ASCII text: refused, as the document says.
+        assert!(!within(&"é".repeat(17), 64, 16));
+        assert!(!within(&format!("{}é", "a".repeat(16)), 64, 16));
+        assert!(within("", 64, 16));
     }
 }
