@@ -61,7 +61,11 @@ fn lock_instance(instance: &str) -> Result<(std::fs::File, std::path::PathBuf), 
     let path = lock_path(instance);
     let what = || format!("taking the instance lock {}", path.display());
     std::fs::create_dir_all("/run/isobox").map_err(io_err(what()))?;
-    for _ in 0..8 {
+    // A lock whose recorded holder is gone is waited for a little: a process it was
+    // starting when it died may still hold a copy of the descriptor until its exec.
+    let mut orphan_waits = 0;
+    // 8 tries for a file removed under us, and the waits above.
+    for _ in 0..58 {
         let mut f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -72,10 +76,23 @@ fn lock_instance(instance: &str) -> Result<(std::fs::File, std::path::PathBuf), 
         if !crate::sys::try_lock_exclusive(&f).map_err(io_err(what()))? {
             let mut pid = String::new();
             let _ = f.read_to_string(&mut pid);
+            let pid = pid.trim().to_string();
+            let alive = !pid.is_empty() && std::path::Path::new("/proc").join(&pid).exists();
+            if !alive && orphan_waits < 50 {
+                orphan_waits += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+            let who = if alive {
+                format!("is running (pid {pid})")
+            } else {
+                format!(
+                    "left it held (pid {pid} is gone; a process it started still holds the lock)"
+                )
+            };
             return Err(DaemonError::Io {
                 what: format!(
-                    "another isoboxd of instance {instance:?} is running (pid {}); two daemons of one instance would remove each other's sandboxes: give this one its own ISOBOX_INSTANCE",
-                    pid.trim()
+                    "another isoboxd of instance {instance:?} {who}; two daemons of one instance would remove each other's sandboxes: give this one its own ISOBOX_INSTANCE"
                 ),
                 source: io::Error::other("the instance lock is held"),
             });
