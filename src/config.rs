@@ -144,10 +144,8 @@ struct Args {
     memory_require_key: std::primitive::bool,
     /// refill of each client's token bucket, requests a minute; the bucket is spent by
     /// exactly POST /execute, POST /v1/sessions, POST /v1/sessions/{id}/exec, POST
-    /// /v1/volumes, POST /wbx/v1/sandboxes, POST /eryx/v1/execute, GET
-    /// /eryx/v1/stream, POST /eryx/v1/sessions, DELETE /eryx/v1/sessions/{id} and POST
-    /// /eryx/v1/sessions/{id}/execute (the stream: each execute message on it and a
-    /// HEAD of it too; empty: 429 rate_limited)
+    /// /v1/volumes and POST /wbx/v1/sandboxes (empty: 429 rate_limited; the eryx
+    /// face has a bucket per tenant instead: ISOBOX_ERYX_RATE_PER_MIN)
     #[arg(long, env = "ISOBOX_RATE_PER_MIN", help_heading = "API keys and rate limits", default_value = "30", value_parser = Value(parsed::<u32>))]
     rate_per_min: u32,
     /// size of each client's token bucket (the requests it may make at once after a pause)
@@ -358,6 +356,14 @@ struct Args {
     /// ms (past it the call raises RuntimeError in Python)
     #[arg(long, env = "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS", help_heading = "eryx face (/eryx)", default_value = "30000", value_parser = Value(parsed::<u64>))]
     eryx_callback_timeout_ms: u64,
+    /// refill of each tenant's token bucket on the eryx face (/eryx), requests a
+    /// minute: every request there spends it, from whatever address (requests without
+    /// a valid key spend their client address's bucket instead); 1 to 1000000
+    #[arg(long, env = "ISOBOX_ERYX_RATE_PER_MIN", help_heading = "eryx face (/eryx)", default_value = "600", value_parser = Value(parsed::<u32>))]
+    eryx_rate_per_min: u32,
+    /// size of each tenant's token bucket on the eryx face (1 to 100000)
+    #[arg(long, env = "ISOBOX_ERYX_RATE_BURST", help_heading = "eryx face (/eryx)", default_value = "100", value_parser = Value(parsed::<u32>))]
+    eryx_rate_burst: u32,
     /// unexpired sessions one tenant may have on the eryx face (429 session_limit
     /// above; 1 to 10000)
     #[arg(long, env = "ISOBOX_ERYX_SESSIONS", help_heading = "eryx face (/eryx)", default_value = "50", value_parser = Value(parsed::<usize>))]
@@ -533,6 +539,8 @@ impl Config {
                 trusted_proxies: a.trusted_proxies,
                 ai_rate_per_min: a.ai_rate_per_min,
                 metrics_key: a.metrics_key,
+                tenant_rate_per_min: a.eryx_rate_per_min,
+                tenant_rate_burst: a.eryx_rate_burst,
             },
             listen: a.listen,
             data_dir: a.data_dir,
@@ -868,6 +876,20 @@ impl Config {
                 "ISOBOX_RATE_BURST/ISOBOX_RATE_PER_MIN",
                 "",
                 "burst between 1 and 100000, rate at most 1000000",
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.admission.tenant_rate_per_min) {
+            return Err(invalid(
+                "ISOBOX_ERYX_RATE_PER_MIN",
+                &self.admission.tenant_rate_per_min.to_string(),
+                "1 to 1000000",
+            ));
+        }
+        if !(1..=100_000).contains(&self.admission.tenant_rate_burst) {
+            return Err(invalid(
+                "ISOBOX_ERYX_RATE_BURST",
+                &self.admission.tenant_rate_burst.to_string(),
+                "1 to 100000",
             ));
         }
         if !(1..=1_000_000).contains(&self.max_connections) {
@@ -1439,6 +1461,8 @@ mod tests {
             "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS",
         ),
         ("--eryx-sessions", "ISOBOX_ERYX_SESSIONS"),
+        ("--eryx-rate-per-min", "ISOBOX_ERYX_RATE_PER_MIN"),
+        ("--eryx-rate-burst", "ISOBOX_ERYX_RATE_BURST"),
     ];
 
     #[test]
@@ -1853,6 +1877,24 @@ mod tests {
             let c = load(&["--eryx-sessions", &n.to_string()]).unwrap();
             assert_eq!(c.eryx.sessions, n);
         }
+        let a = &load(&[]).unwrap().admission;
+        assert_eq!((a.tenant_rate_per_min, a.tenant_rate_burst), (600, 100));
+        for (rate, burst) in [(1, 1), (1_000_000, 100_000)] {
+            let c = load(&[
+                "--eryx-rate-per-min",
+                &rate.to_string(),
+                "--eryx-rate-burst",
+                &burst.to_string(),
+            ])
+            .unwrap();
+            assert_eq!(
+                (
+                    c.admission.tenant_rate_per_min,
+                    c.admission.tenant_rate_burst
+                ),
+                (rate, burst)
+            );
+        }
         assert_eq!(
             c.eryx.cache_dir,
             std::path::PathBuf::from("/var/cache/isobox/wasm")
@@ -1905,6 +1947,13 @@ mod tests {
             (&["--eryx-concurrency", "0"], "ISOBOX_ERYX_CONCURRENCY"),
             (&["--eryx-sessions", "0"], "ISOBOX_ERYX_SESSIONS"),
             (&["--eryx-sessions", "10001"], "ISOBOX_ERYX_SESSIONS"),
+            (&["--eryx-rate-per-min", "0"], "ISOBOX_ERYX_RATE_PER_MIN"),
+            (
+                &["--eryx-rate-per-min", "1000001"],
+                "ISOBOX_ERYX_RATE_PER_MIN",
+            ),
+            (&["--eryx-rate-burst", "0"], "ISOBOX_ERYX_RATE_BURST"),
+            (&["--eryx-rate-burst", "100001"], "ISOBOX_ERYX_RATE_BURST"),
         ] {
             let e = load(bad).unwrap_err().to_string();
             assert!(e.contains(name), "{bad:?}: {e}");

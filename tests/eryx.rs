@@ -66,6 +66,77 @@ fn worker_pids(d: &Daemon) -> Vec<u32> {
     out
 }
 
+/// A request sent from local address `from` (all of 127/8 is this host's): its status
+/// and its JSON body (null when it has none).
+fn from_address(
+    d: &Daemon,
+    from: &str,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (u16, Value) {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-s", "-o", "-", "-w", "\n%{http_code}", "--interface", from])
+        .args(["-X", method, "-H", "Content-Type: application/json"]);
+    if let Some(k) = key {
+        cmd.args(["-H", &format!("Authorization: Bearer {k}")]);
+    }
+    cmd.args(["--data-binary", body, &format!("http://{}{path}", d.addr)]);
+    let out = cmd.output().expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (
+        status.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn test_the_request_rate_is_per_org_and_per_address_without_a_key() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "eryx_alpha,eryx_beta"),
+        ("ISOBOX_ERYX_RATE_PER_MIN", "1"),
+        ("ISOBOX_ERYX_RATE_BURST", "2"),
+        ("ISOBOX_RATE_PER_MIN", "1"),
+        ("ISOBOX_RATE_BURST", "1"),
+    ]);
+    d.wait_ready();
+    let run = r#"{"code": "print(1)"}"#;
+    let post = |from: &str, path: &str, key: Option<&str>, body: &str| {
+        from_address(&d, from, "POST", path, key, body)
+    };
+    // One org's requests from two addresses spend one bucket (a burst of 2): the third,
+    // from a third address, is refused with the document's code.
+    let alpha = Some("eryx_alpha");
+    assert_eq!(post("127.0.0.2", "/eryx/v1/execute", alpha, run).0, 200);
+    assert_eq!(post("127.0.0.3", "/eryx/v1/sessions", alpha, "").0, 201);
+    let (status, v) = post("127.0.0.4", "/eryx/v1/execute", alpha, run);
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
+    // Another org has its own, from that same address.
+    let (status, v) = post("127.0.0.4", "/eryx/v1/execute", Some("eryx_beta"), run);
+    assert_eq!((status, &v["stdout"]), (200, &json!("1\n")), "{v}");
+    // Without a valid key the address pays (so guessing keys is limited): two
+    // refusals fill its bucket, the third is 429; another address is not held up.
+    for _ in 0..2 {
+        let (status, v) = post("127.0.0.5", "/eryx/v1/execute", Some("eryx_wrong"), run);
+        assert_eq!((status, &v["error"]["code"]), (401, &json!("invalid_key")));
+    }
+    let (status, v) = post("127.0.0.5", "/eryx/v1/execute", None, run);
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (429, &json!("rate_limit_exceeded"))
+    );
+    let (status, v) = post("127.0.0.6", "/eryx/v1/execute", None, run);
+    assert_eq!((status, &v["error"]["code"]), (401, &json!("missing_auth")));
+    // The other faces' per-client bucket (a burst of 1 here) is not the eryx face's:
+    // the first address still has its token.
+    let (status, v) = post("127.0.0.2", "/v1/volumes", alpha, r#"{"name": "v"}"#);
+    assert_eq!(status, 201, "{v}");
+    d.stop();
+}
+
 #[test]
 fn test_the_documents_examples_compute_units_and_outcomes() {
     let d = Daemon::start();

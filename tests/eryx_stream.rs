@@ -299,8 +299,12 @@ fn test_a_client_that_leaves_mid_run_and_the_concurrency_limit() {
 
 #[test]
 fn test_each_execute_counts_against_the_rate() {
-    // The upgrade takes one token, each execute one more: 1 + 2 fit a burst of 3.
-    let d = Daemon::start_with(&[("ISOBOX_RATE_PER_MIN", "1"), ("ISOBOX_RATE_BURST", "3")]);
+    // The upgrade takes one token, each execute one more: 1 + 2 fit a burst of 3 (the
+    // face's bucket: per tenant, and without keys per client address).
+    let d = Daemon::start_with(&[
+        ("ISOBOX_ERYX_RATE_PER_MIN", "1"),
+        ("ISOBOX_ERYX_RATE_BURST", "3"),
+    ]);
     let v = scenario(&d, "rate", None);
     let runs = v.as_array().unwrap();
     completed(&runs[0], "success");

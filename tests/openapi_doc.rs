@@ -68,17 +68,23 @@ fn test_one_story_on_the_rate_limit() {
         }
     }
     assert!(routes.len() >= 5, "{routes:?}");
+    // The eryx face limits per org (its document), not per client: a bucket per tenant.
+    for r in isobox::eryx::ROUTES {
+        assert_eq!(r.route.class, Class::Tenant, "/eryx{}", r.pattern);
+    }
     let join = |items: Vec<String>| {
         let (last, rest) = items.split_last().unwrap();
         format!("{} and {last}", rest.join(", "))
     };
     let ticked = join(routes.iter().map(|r| format!("`{r}`")).collect());
     let root = env!("CARGO_MANIFEST_DIR");
+    let eryx =
+        "(the eryx face, `/eryx`, has a bucket per tenant instead: `ISOBOX_ERYX_RATE_PER_MIN`)";
     for doc in ["README.md", "docs/llms.txt", "docs/openapi.yaml"] {
         let text = std::fs::read_to_string(format!("{root}/{doc}")).unwrap();
         assert!(
-            text.contains(&ticked),
-            "{doc} does not name the rate-limited requests as `{ticked}`"
+            text.contains(&format!("{ticked} {eryx}")),
+            "{doc} does not name the rate-limited requests as `{ticked} {eryx}`"
         );
     }
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_isoboxd"))
@@ -86,7 +92,10 @@ fn test_one_story_on_the_rate_limit() {
         .output()
         .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
-    let plain = join(routes.clone());
+    let plain = format!(
+        "{} (empty: 429 rate_limited; the eryx face has a bucket per tenant instead: ISOBOX_ERYX_RATE_PER_MIN)",
+        join(routes.clone())
+    );
     assert!(
         help.contains(&plain),
         "--help does not say `{plain}`:\n{help}"

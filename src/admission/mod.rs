@@ -120,6 +120,11 @@ pub struct AdmissionConfig {
     pub ai_rate_per_min: u32,
     /// The key a scraper off this host presents to `GET /metrics`.
     pub metrics_key: Option<crate::secret::Secret>,
+    /// Tokens per minute of each tenant's bucket on [`Class::Tenant`] routes (and of
+    /// each client address's, for requests there without a valid key).
+    pub tenant_rate_per_min: u32,
+    /// That bucket's size.
+    pub tenant_rate_burst: u32,
 }
 
 /// The admission state.
@@ -129,6 +134,10 @@ pub struct Admission {
     limiter: RateLimiter,
     /// The stricter per-client limit of agent loops (`ISOBOX_AI_RATE_PER_MIN`).
     ai_limiter: RateLimiter,
+    /// [`Class::Tenant`]'s buckets: one per tenant (`ISOBOX_ERYX_RATE_PER_MIN`)…
+    tenant_limiter: RateLimiter<String>,
+    /// …and one per client address for requests without a valid key.
+    anon_limiter: RateLimiter,
     /// SHA-256 of the metrics key (the key itself is not kept).
     metrics_digest: Option<[u8; 32]>,
 }
@@ -142,6 +151,13 @@ pub enum Verdict {
     },
     /// Answer this instead.
     Deny(Response),
+}
+
+impl Verdict {
+    /// Whether the request may go ahead.
+    pub fn is_allow(&self) -> bool {
+        matches!(self, Verdict::Allow { .. })
+    }
 }
 
 /// How admission treats a route; each row of a face's route table names one.
@@ -166,6 +182,12 @@ pub enum Class {
     /// `X-Forwarded-For`); from anywhere else only with the metrics key
     /// (`ISOBOX_METRICS_KEY`), never with an API key; never a rate limit.
     Metrics,
+    /// The eryx face, whose document limits requests per org: a key whenever keys are
+    /// configured (as [`Class::Memory`]), and a bucket per tenant
+    /// (`ISOBOX_ERYX_RATE_PER_MIN`) that every request spends, from whatever address;
+    /// a request without a valid key spends its client address's bucket instead
+    /// (the document: "rate limited per IP address instead"), before it is refused.
+    Tenant,
 }
 
 impl Admission {
@@ -185,6 +207,8 @@ impl Admission {
         }
         let limiter = RateLimiter::new(cfg.rate_per_min, cfg.rate_burst);
         let ai_limiter = RateLimiter::new(cfg.ai_rate_per_min, cfg.ai_rate_per_min.max(1));
+        let tenant_limiter = RateLimiter::new(cfg.tenant_rate_per_min, cfg.tenant_rate_burst);
+        let anon_limiter = RateLimiter::new(cfg.tenant_rate_per_min, cfg.tenant_rate_burst);
         let metrics_digest = cfg
             .metrics_key
             .as_ref()
@@ -194,6 +218,8 @@ impl Admission {
             keys,
             limiter,
             ai_limiter,
+            tenant_limiter,
+            anon_limiter,
             metrics_digest,
         })
     }
@@ -254,20 +280,19 @@ impl Admission {
         if class == Class::Metrics {
             return self.check_metrics(head, peer);
         }
+        if class == Class::Tenant {
+            return self.check_tenant(head, peer, now);
+        }
         let limiter = match class {
             // Each loop may run a model for minutes: a stricter bucket of its own.
             Class::Agent => Some(&mut self.ai_limiter),
             Class::Starts | Class::MemoryStarts => Some(&mut self.limiter),
-            Class::Open | Class::Keyed | Class::Memory | Class::Metrics => None,
+            Class::Open | Class::Keyed | Class::Memory | Class::Metrics | Class::Tenant => None,
         };
         if let Some(limiter) = limiter {
             let ip = client_ip(&self.cfg.trusted_proxies, head, peer);
             if let Err(wait) = limiter.check(ip, now) {
-                let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
-                return Verdict::Deny(
-                    Response::error(429, "rate_limited", None)
-                        .with_header("Retry-After", secs.to_string()),
-                );
+                return Verdict::Deny(rate_limited(wait));
             }
         }
         if self.keys.is_empty() {
@@ -296,6 +321,31 @@ impl Admission {
                 },
                 None => Verdict::Deny(unauthorized()),
             },
+        }
+    }
+
+    /// [`Class::Tenant`]: the key decides the bucket (its tenant's), and without a valid
+    /// one the client address's bucket pays, so guessing keys is rate limited too.
+    fn check_tenant(&mut self, head: &Head, peer: IpAddr, now: Instant) -> Verdict {
+        let ip = client_ip(&self.cfg.trusted_proxies, head, peer);
+        let (tenant, refusal) = if self.keys.is_empty() {
+            (PUBLIC_TENANT.to_string(), None)
+        } else {
+            match presented_key(head) {
+                Err(resp) => (PUBLIC_TENANT.to_string(), Some(resp)),
+                Ok(None) => (PUBLIC_TENANT.to_string(), Some(unauthorized())),
+                Ok(Some(k)) => match keys::find(&self.keys, &k) {
+                    Some(key) => (key.tenant.clone(), None),
+                    None => (PUBLIC_TENANT.to_string(), Some(unauthorized())),
+                },
+            }
+        };
+        if let Err(wait) = self.charge_tenant(&tenant, ip, now) {
+            return Verdict::Deny(rate_limited(wait));
+        }
+        match refusal {
+            Some(resp) => Verdict::Deny(resp),
+            None => Verdict::Allow { tenant },
         }
     }
 
@@ -333,19 +383,31 @@ impl Admission {
         self.keys.iter().any(|k| k.tenant == tenant)
     }
 
-    /// Counts one more request of `client` against the per-client rate, outside any
-    /// head (a WebSocket `execute`); how long to wait when over it.
+    /// Counts one more request of `tenant` against [`Class::Tenant`]'s rate, also
+    /// outside any head (a WebSocket `execute`): the tenant's bucket, or for the public
+    /// tenant (no key) the client address's; how long to wait when over it.
     ///
     /// # Errors
     /// The wait until the next request is allowed.
-    pub fn charge(&mut self, client: IpAddr, now: Instant) -> Result<(), Duration> {
-        self.limiter.check(client, now)
+    pub fn charge_tenant(
+        &mut self,
+        tenant: &str,
+        client: IpAddr,
+        now: Instant,
+    ) -> Result<(), Duration> {
+        if tenant == PUBLIC_TENANT {
+            self.anon_limiter.check(client, now)
+        } else {
+            self.tenant_limiter.check_key(tenant.to_string(), now)
+        }
     }
 
     /// Periodic upkeep (bucket sweep).
     pub fn tick(&mut self, now: Instant) {
         self.limiter.sweep(now);
         self.ai_limiter.sweep(now);
+        self.tenant_limiter.sweep(now);
+        self.anon_limiter.sweep(now);
     }
 }
 
@@ -373,6 +435,12 @@ fn client_ip(trusted_proxies: &[Cidr], head: &Head, peer: IpAddr) -> IpAddr {
         .rev()
         .find(|ip| !trusted(*ip))
         .unwrap_or(peer)
+}
+
+/// 429 with the seconds to wait.
+fn rate_limited(wait: Duration) -> Response {
+    let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+    Response::error(429, "rate_limited", None).with_header("Retry-After", secs.to_string())
 }
 
 fn unauthorized() -> Response {
@@ -521,6 +589,70 @@ mod tests {
         );
         assert_eq!(verdict(&mut a, &[("X-API-Key", "k1")], "192.0.2.7"), 401);
         assert_eq!(verdict(&mut a, &[], "127.0.0.1"), 200);
+    }
+
+    #[test]
+    fn test_the_tenant_rate_is_per_key_from_any_address_and_per_address_without_one() {
+        let mut a = Admission::new(AdmissionConfig {
+            api_keys: Some(crate::secret::Secret::new("k1,k2".into())),
+            rate_per_min: 60,
+            rate_burst: 100,
+            tenant_rate_per_min: 60,
+            tenant_rate_burst: 2,
+            ..Default::default()
+        })
+        .unwrap();
+        let now = Instant::now();
+        let mut status = |h: &[(&str, &str)], ip: &str| match a.check(
+            Class::Tenant,
+            &head(h),
+            ip.parse().unwrap(),
+            now,
+        ) {
+            Verdict::Allow { .. } => 200,
+            Verdict::Deny(r) => r.status,
+        };
+        let k1 = [("Authorization", "Bearer k1")];
+        // One key's bucket, whatever address it comes from.
+        assert_eq!(status(&k1, "192.0.2.1"), 200);
+        assert_eq!(status(&k1, "192.0.2.2"), 200);
+        assert_eq!(status(&k1, "192.0.2.3"), 429);
+        // Another key has its own.
+        assert_eq!(status(&[("Authorization", "Bearer k2")], "192.0.2.3"), 200);
+        // Without a valid key: the address's bucket pays, then the refusal.
+        let bad = [("Authorization", "Bearer nope")];
+        assert_eq!(status(&bad, "192.0.2.9"), 401);
+        assert_eq!(status(&[], "192.0.2.9"), 401);
+        assert_eq!(status(&bad, "192.0.2.9"), 429);
+        assert_eq!(status(&bad, "192.0.2.10"), 401);
+        // The per-client bucket of the other routes is untouched.
+        assert!(a
+            .check(
+                Class::MemoryStarts,
+                &head(&k1),
+                "192.0.2.1".parse().unwrap(),
+                now
+            )
+            .is_allow());
+        // Without keys every client is the public tenant, limited per address.
+        let mut open = Admission::new(AdmissionConfig {
+            tenant_rate_per_min: 60,
+            tenant_rate_burst: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        assert!(open.check(Class::Tenant, &head(&[]), ip, now).is_allow());
+        assert!(!open.check(Class::Tenant, &head(&[]), ip, now).is_allow());
+        assert!(open
+            .check(Class::Tenant, &head(&[]), "192.0.2.2".parse().unwrap(), now)
+            .is_allow());
+        assert!(open
+            .charge_tenant(PUBLIC_TENANT, "192.0.2.3".parse().unwrap(), now)
+            .is_ok());
+        assert!(open
+            .charge_tenant(PUBLIC_TENANT, "192.0.2.3".parse().unwrap(), now)
+            .is_err());
     }
 
     #[test]

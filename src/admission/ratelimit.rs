@@ -1,11 +1,12 @@
-//! Per-client token buckets with a bounded table.
+//! Token buckets with a bounded table, keyed by client address or by tenant.
 //!
-//! Clients are keyed by IPv4 address or IPv6 /64 (one host usually owns a whole /64).
+//! Addresses are keyed by IPv4 address or IPv6 /64 (one host usually owns a whole /64).
 //! A bucket that has refilled is indistinguishable from a new one, so such entries are
 //! dropped by the sweep; when the table is still full the least recently seen entry
 //! goes. A flood of distinct addresses therefore costs bounded memory.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -18,12 +19,12 @@ struct Bucket {
     last: Instant,
 }
 
-/// The limiter.
+/// The limiter: one bucket per key (a client address, or a tenant).
 #[derive(Debug)]
-pub struct RateLimiter {
+pub struct RateLimiter<K = IpAddr> {
     per_sec: f64,
     burst: f64,
-    clients: HashMap<IpAddr, Bucket>,
+    clients: HashMap<K, Bucket>,
     max_clients: usize,
 }
 
@@ -42,13 +43,21 @@ pub fn client_key(ip: IpAddr) -> IpAddr {
 }
 
 impl RateLimiter {
+    /// Takes a token for `ip` (its address's bucket); `Err(retry_after)` when there is
+    /// none.
+    pub fn check(&mut self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        self.check_key(client_key(ip), now)
+    }
+}
+
+impl<K: Hash + Eq + Clone> RateLimiter<K> {
     /// `per_min` tokens per minute, at most `burst` saved up.
-    pub fn new(per_min: u32, burst: u32) -> RateLimiter {
+    pub fn new(per_min: u32, burst: u32) -> RateLimiter<K> {
         Self::with_capacity(per_min, burst, MAX_CLIENTS)
     }
 
     /// As `new`, with a custom table bound.
-    pub fn with_capacity(per_min: u32, burst: u32, max_clients: usize) -> RateLimiter {
+    pub fn with_capacity(per_min: u32, burst: u32, max_clients: usize) -> RateLimiter<K> {
         RateLimiter {
             per_sec: f64::from(per_min) / 60.0,
             burst: f64::from(burst.max(1)),
@@ -57,20 +66,20 @@ impl RateLimiter {
         }
     }
 
-    /// Takes a token for `ip`; `Err(retry_after)` when there is none.
-    pub fn check(&mut self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
-        let key = client_key(ip);
+    /// Takes a token for `key`; `Err(retry_after)` when there is none.
+    pub fn check_key(&mut self, key: K, now: Instant) -> Result<(), Duration> {
         if !self.clients.contains_key(&key) && self.clients.len() >= self.max_clients {
             self.sweep(now);
             if self.clients.len() >= self.max_clients {
                 // Evict the least recently seen eighth at once: one O(n) pass per n/8 new
                 // clients instead of a full scan for every one (a flood of addresses
                 // must not stall the event loop).
-                let mut by_age: Vec<(Instant, IpAddr)> =
-                    self.clients.iter().map(|(k, b)| (b.last, *k)).collect();
+                let mut by_age: Vec<(Instant, &K)> =
+                    self.clients.iter().map(|(k, b)| (b.last, k)).collect();
                 let cut = (by_age.len() / 8).max(1);
-                by_age.select_nth_unstable(cut - 1);
-                for (_, k) in &by_age[..cut] {
+                by_age.select_nth_unstable_by_key(cut - 1, |(t, _)| *t);
+                let old: Vec<K> = by_age[..cut].iter().map(|(_, k)| (*k).clone()).collect();
+                for k in &old {
                     self.clients.remove(k);
                 }
             }
@@ -147,5 +156,18 @@ mod tests {
         assert!(rl.check(a, t).is_ok());
         assert!(rl.check(b, t).is_ok());
         assert!(rl.check(a, t).is_err(), "one /64 shares a bucket");
+    }
+
+    #[test]
+    fn test_buckets_by_tenant_are_separate_and_bounded() {
+        let mut rl: RateLimiter<String> = RateLimiter::with_capacity(60, 1, 16);
+        let t = Instant::now();
+        assert!(rl.check_key("key-a".into(), t).is_ok());
+        assert!(rl.check_key("key-a".into(), t).is_err());
+        assert!(rl.check_key("key-b".into(), t).is_ok());
+        for i in 0..1000 {
+            let _ = rl.check_key(format!("key-{i}"), t);
+        }
+        assert!(rl.len() <= 16);
     }
 }

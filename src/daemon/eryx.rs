@@ -264,7 +264,10 @@ impl Daemon {
             self.ws_close(ck, 1001, "the server is shutting down");
             return;
         }
-        if let Err(wait) = self.admission.charge(client, Instant::now()) {
+        if let Err(wait) = self
+            .admission
+            .charge_tenant(&tenant, client, Instant::now())
+        {
             let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
             self.ws_send(
                 ck,

@@ -90,10 +90,11 @@ impl Spec {
 }
 
 /// Every route of the face. Runs start engines: a key whenever keys are configured
-/// (as the WBX face), and the per-client request rate, which every request of the
-/// face spends (the document: "each API request … counts as one").
+/// (as the WBX face), and the request rate per org, which every request of the face
+/// spends (the document: "each API request … counts as one"; "requests without a
+/// valid key are rate limited per IP address instead"): [`Class::Tenant`].
 /// The WebSocket's upgrade counts as one request, as the document says; each
-/// `execute` on it counts again (`Admission::charge`).
+/// `execute` on it counts again (`Admission::charge_tenant`).
 pub static ROUTES: &[Row<Spec>] = &[
     Row {
         pattern: "/v1/execute",
@@ -102,7 +103,7 @@ pub static ROUTES: &[Row<Spec>] = &[
             id: Route::Execute,
             pattern: "/v1/execute",
             body_cap: EXECUTE_BODY_BYTES,
-            class: Class::MemoryStarts,
+            class: Class::Tenant,
         },
     },
     Row {
@@ -112,7 +113,7 @@ pub static ROUTES: &[Row<Spec>] = &[
             id: Route::Stream,
             pattern: "/v1/stream",
             body_cap: 0,
-            class: Class::MemoryStarts,
+            class: Class::Tenant,
         },
     },
     Row {
@@ -122,7 +123,7 @@ pub static ROUTES: &[Row<Spec>] = &[
             id: Route::Sessions,
             pattern: "/v1/sessions",
             body_cap: SESSION_BODY_BYTES,
-            class: Class::MemoryStarts,
+            class: Class::Tenant,
         },
     },
     Row {
@@ -132,7 +133,7 @@ pub static ROUTES: &[Row<Spec>] = &[
             id: Route::Session,
             pattern: "/v1/sessions/{id}",
             body_cap: 0,
-            class: Class::MemoryStarts,
+            class: Class::Tenant,
         },
     },
     Row {
@@ -142,7 +143,7 @@ pub static ROUTES: &[Row<Spec>] = &[
             id: Route::SessionExecute,
             pattern: "/v1/sessions/{id}/execute",
             body_cap: EXECUTE_BODY_BYTES,
-            class: Class::MemoryStarts,
+            class: Class::Tenant,
         },
     },
 ];

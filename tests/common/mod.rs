@@ -122,6 +122,8 @@ impl Daemon {
             // Rate limits get their own tests; elsewhere they would only throttle the suite.
             .env("ISOBOX_RATE_PER_MIN", "1000000")
             .env("ISOBOX_RATE_BURST", "100000")
+            .env("ISOBOX_ERYX_RATE_PER_MIN", "1000000")
+            .env("ISOBOX_ERYX_RATE_BURST", "100000")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
