@@ -202,6 +202,9 @@ def start_isoboxd(data_dir):
         ISOBOX_INSTANCE=INSTANCE,
         ISOBOX_RATE_PER_MIN="1000000",
         ISOBOX_RATE_BURST="100000",
+        # The eryx face's bucket per tenant (bench/load/eryx*.py start through here).
+        ISOBOX_ERYX_RATE_PER_MIN="1000000",
+        ISOBOX_ERYX_RATE_BURST="100000",
         ISOBOX_SHUTDOWN_GRACE_MS="2000",
     )
     env.pop("ISOBOX_LOG", None)  # the ready line is logged at info
