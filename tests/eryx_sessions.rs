@@ -130,6 +130,24 @@ fn test_state_is_kept_between_runs_and_across_a_restart() {
         ok(&d, &id, "print(inc(), both['b'] is both['a'])"),
         "3 True\n"
     );
+    // Imported functions and classes are the modules' own after a restore: they keep
+    // their modules' globals (a dataclass needs `dataclasses`' helpers, `dumps` its
+    // encoder), and the module's classes are not changed for the session.
+    ok(
+        &d,
+        &id,
+        "from dataclasses import dataclass\nfrom json import dumps\nfrom pathlib import PurePosixPath",
+    );
+    assert_eq!(
+        ok(
+            &d,
+            &id,
+            "@dataclass\nclass Q:\n    x: int\nprint(Q(1), dumps({'a': 1}), PurePosixPath('/a/b').name)\n\
+             import pathlib\nprint(pathlib.PurePosixPath is PurePosixPath)"
+        ),
+        "Q(x=1) {\"a\": 1} b\nTrue\n"
+    );
+    assert_eq!(ok(&d, &id, "print(Q(2) == Q(2), dumps([1]))"), "True [1]\n");
     // Durable: a restart of the daemon (same instance, same data) keeps the session,
     // its expiry and its state.
     d.stop_keep_data();
@@ -286,6 +304,50 @@ fn test_failed_runs_limits_unsaved_values_the_cap_and_bad_state() {
     // The session can still be deleted.
     let r = send(&d, "DELETE", &format!("/eryx/v1/sessions/{bad}"), None, "");
     assert_eq!(r.status, 204);
+    // Objects run code while they are saved: that code is bounded by the run's own
+    // compute units (with a floor), not free for ever, and the run keeps nothing.
+    let spin = create(&d, None, "")["id"].as_str().unwrap().to_string();
+    ok(&d, &spin, "kept = 1");
+    let t0 = Instant::now();
+    let r = exec(
+        &d,
+        &spin,
+        None,
+        json!({"code": "kept = 2\nclass Spin:\n    def __reduce__(self):\n        while True:\n            pass\ns = Spin()", "fuel_limit": 100_000_000}),
+    );
+    let v = r.json();
+    assert_eq!(v["status"], "error", "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.contains("could not be saved") && e.contains("2000000000"),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(ok(&d, &spin, "print(kept)"), "1\n");
+    // What the code can reach of the answer is bounded in the worker too: a name of
+    // 3 million characters that cannot be saved, output pushed past the capture's cap.
+    let v = step(&d, &spin, "globals()['n' * 3_000_000] = (i for i in ())");
+    assert_eq!(v["status"], "success", "{v}");
+    let names = v["unsaved_variables"].as_array().unwrap();
+    assert_eq!(names.len(), 1, "{v}");
+    assert!(
+        names[0].as_str().unwrap().len() < 400,
+        "{}",
+        names[0].as_str().unwrap().len()
+    );
+    let v = step(
+        &d,
+        &spin,
+        "import sys\nsys.stdout.parts.append('x' * 8_000_000)",
+    );
+    assert_eq!(v["status"], "success", "{}", &v.to_string()[..200]);
+    let out = v["stdout"].as_str().unwrap();
+    assert!(out.len() < 1_100_000, "{}", out.len());
+    assert!(
+        out.ends_with("[output truncated at 1048576 characters]\n"),
+        "{}",
+        &out[out.len() - 80..]
+    );
     d.stop();
 }
 
@@ -318,6 +380,35 @@ fn test_one_run_at_a_time_expiry_and_the_session_limit() {
     assert_eq!(first[0].json()["status"], "success");
     let r = exec(&d, &id, alpha, json!({"code": "print(slow)"}));
     assert_eq!(r.json()["stdout"], "done\n", "{}", r.text());
+    // A session deleted during a run: 204 at once; the run is answered as it is, the
+    // session is gone after it (its state is not brought back), and the tenant's
+    // concurrency and session counts come back.
+    let doomed = create(&d, alpha, "")["id"].as_str().unwrap().to_string();
+    let path = format!("/eryx/v1/sessions/{doomed}/execute");
+    let running = std::thread::spawn(move || {
+        let body = json!({"code": "import time\ntime.sleep(1.5)\nlate = 1"}).to_string();
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer eryx_alpha\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        common::raw_exchange(addr, req.as_bytes())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let r = send(
+        &d,
+        "DELETE",
+        &format!("/eryx/v1/sessions/{doomed}"),
+        alpha,
+        "",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = exec(&d, &doomed, alpha, json!({"code": "print(1)"}));
+    assert_eq!(refusal(&r), (404, "not_found".into()));
+    let answered = running.join().unwrap();
+    assert_eq!(answered[0].status, 200, "{}", answered[0].text());
+    assert_eq!(answered[0].json()["status"], "success");
+    let r = exec(&d, &doomed, alpha, json!({"code": "print(late)"}));
+    assert_eq!(refusal(&r), (404, "not_found".into()));
     // Another tenant's session does not exist for this one.
     let beta = Some("eryx_beta");
     let r = exec(&d, &id, beta, json!({"code": "print(slow)"}));

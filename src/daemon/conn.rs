@@ -217,9 +217,7 @@ impl hc::Owner for Owner {
             // noticed (and the sandbox ended), as a run's client's is.
             Owner::BoxWait { create: true, .. } => Role::Produces,
             Owner::Job | Owner::UploadWait { .. } | Owner::BoxWait { .. } => Role::Answers,
-            Owner::Ws(w) => Role::Converses {
-                busy: w.run.is_some(),
-            },
+            Owner::Ws(w) => Role::Converses { busy: w.busy() },
             Owner::Upload { target, .. } => Role::Receives {
                 reading: target.is_some(),
             },
@@ -991,9 +989,7 @@ impl Daemon {
         let idle: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| {
-                c.http.idle() || matches!(c.owner(), Some(Owner::Ws(w)) if w.run.is_none())
-            })
+            .filter(|(_, c)| c.http.idle() || matches!(c.owner(), Some(Owner::Ws(w)) if !w.busy()))
             .map(|(k, _)| k)
             .collect();
         for ck in idle {

@@ -30,9 +30,16 @@ pub struct WsState {
     /// The engine's id of the run going, if one is.
     pub run: Option<u64>,
     /// A session run is being started (its state read): the connection is busy.
-    starting: bool,
+    pub starting: bool,
     /// Calls sent to the client and not answered: `call_id` → the engine's call.
     calls: HashMap<String, u64>,
+}
+
+impl WsState {
+    /// Whether a run is going or being started on this connection.
+    pub fn busy(&self) -> bool {
+        self.run.is_some() || self.starting
+    }
 }
 
 /// Why no run starts when the engine is off.
@@ -233,7 +240,7 @@ impl Daemon {
     }
 
     fn ws_busy(&self, ck: usize) -> bool {
-        matches!(self.conns.get(ck).and_then(|c| c.owner()), Some(Owner::Ws(w)) if w.run.is_some() || w.starting)
+        matches!(self.conns.get(ck).and_then(|c| c.owner()), Some(Owner::Ws(w)) if w.busy())
     }
 
     /// An `execute` on an idle connection: counted against the rate, checked, and
@@ -483,7 +490,7 @@ impl Daemon {
         }
     }
 
-    fn eryx_uncount(&mut self, tenant: &str) {
+    pub(crate) fn eryx_uncount(&mut self, tenant: &str) {
         if let Some(n) = self.eryx_running.get_mut(tenant) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -567,7 +574,21 @@ impl Daemon {
         }
         self.eryx_room(tenant)?;
         *self.eryx_running.entry(tenant.to_string()).or_default() += 1;
+        self.eryx_launch(tenant, ex, session, reply, calls)
+    }
+
+    /// Starts a run already counted against `tenant`'s concurrency (its count goes
+    /// down when `reply` is called; here, at once, when the engine is off). Its id.
+    pub(crate) fn eryx_launch(
+        &mut self,
+        tenant: &str,
+        ex: eryx::Execute,
+        session: Option<Option<Vec<u8>>>,
+        reply: crate::wasm::Reply,
+        calls: Option<crate::wasm::CallSink>,
+    ) -> Result<u64, eryx::Rejection> {
         let Some(engine) = &self.wasm else {
+            self.eryx_uncount(tenant);
             return Err(eryx::Rejection::new(503, "unavailable", ENGINE_OFF));
         };
         let req = RunRequest {

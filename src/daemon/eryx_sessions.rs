@@ -35,6 +35,9 @@ pub struct EryxSession {
     pub expires_at_ms: u64,
     /// A run is starting or going in it (until its state is durable).
     pub busy: bool,
+    /// Its delete is being written: gone for every request, kept here until the
+    /// delete is durable (if it fails, the session is still there, busy or not).
+    pub deleting: bool,
 }
 
 /// Sessions by id.
@@ -56,6 +59,7 @@ pub fn load(store: &crate::store::Store) -> Registry {
                     ttl_secs: r.ttl_secs,
                     expires_at_ms: r.expires_at_ms,
                     busy: false,
+                    deleting: false,
                 };
                 (id, s)
             })
@@ -82,7 +86,7 @@ impl Daemon {
         let live = self
             .eryx_sessions
             .values()
-            .filter(|s| s.tenant == req.tenant && s.expires_at_ms > now)
+            .filter(|s| s.tenant == req.tenant && s.expires_at_ms > now && !s.deleting)
             .count();
         if live >= limit {
             self.respond(
@@ -118,6 +122,7 @@ impl Daemon {
                 ttl_secs: rec.ttl_secs,
                 expires_at_ms: rec.expires_at_ms,
                 busy: false,
+                deleting: false,
             },
         );
         let body = eryx::session_json(&id, &rec.environment, rec.ttl_secs, rec.expires_at_ms);
@@ -152,12 +157,13 @@ impl Daemon {
     /// goes on; its state is not kept.
     pub(crate) fn eryx_session_delete(&mut self, ck: usize, req: &Request) {
         let id = req.params.get("id").unwrap_or_default().to_string();
-        let Some(s) = self.eryx_session_of(&req.tenant, &id) else {
+        if self.eryx_session_of(&req.tenant, &id).is_none() {
             self.respond(ck, eryx::no_session(&id).response());
             return;
-        };
-        let s = s.clone();
-        self.eryx_sessions.remove(&id);
+        }
+        if let Some(s) = self.eryx_sessions.get_mut(&id) {
+            s.deleting = true;
+        }
         self.eryx_later(ck, move |d, serial| {
             let mailbox = d.reactor.mailbox();
             d.app
@@ -168,12 +174,16 @@ impl Daemon {
                         let resp = match r {
                             Ok(_) => {
                                 log::info!("eryx session {id} deleted");
+                                d.eryx_sessions.remove(&id);
                                 Response::no_content()
                             }
                             Err(e) => {
                                 log::error!("eryx session {id}: deleting it: {e}");
-                                // Still there: it stays usable.
-                                d.eryx_sessions.insert(id, s);
+                                // Still there: it stays usable (a run going in it
+                                // keeps it busy until it ends, as before).
+                                if let Some(s) = d.eryx_sessions.get_mut(&id) {
+                                    s.deleting = false;
+                                }
                                 store_refusal()
                             }
                         };
@@ -229,7 +239,7 @@ impl Daemon {
         let now = now_ms();
         self.eryx_sessions
             .get(id)
-            .filter(|s| s.tenant == tenant && s.expires_at_ms > now)
+            .filter(|s| s.tenant == tenant && s.expires_at_ms > now && !s.deleting)
     }
 
     /// Starts a checked run in its session (`ex.session_id`), for either face: the
@@ -264,6 +274,9 @@ impl Daemon {
         if let Some(s) = self.eryx_sessions.get_mut(&sid) {
             s.busy = true;
         }
+        // Counted from here, its state's read included: a tenant has at most its
+        // concurrency limit of runs starting or going.
+        *self.eryx_running.entry(tenant.to_string()).or_default() += 1;
         let sessions = Arc::clone(&self.app.sessions);
         let tenant = tenant.to_string();
         let id = sid.clone();
@@ -290,21 +303,24 @@ impl Daemon {
         started: Started,
     ) {
         let sid = ex.session_id.clone().unwrap_or_default();
-        if !self.eryx_sessions.contains_key(&sid) {
-            // Deleted while its state was read.
-            started(self, Err(eryx::no_session(&sid)));
-            return;
-        }
         let free = |d: &mut Daemon| {
             if let Some(s) = d.eryx_sessions.get_mut(&sid) {
                 s.busy = false;
             }
         };
+        if self.eryx_sessions.get(&sid).is_none_or(|s| s.deleting) {
+            // Deleted while its state was read.
+            free(self);
+            self.eryx_uncount(tenant);
+            started(self, Err(eryx::no_session(&sid)));
+            return;
+        }
         let state = match state {
             Ok(s) => s,
             Err(e) => {
                 log::error!("eryx session {sid}: reading its state: {e}");
                 free(self);
+                self.eryx_uncount(tenant);
                 started(
                     self,
                     Err(Rejection::new(
@@ -323,7 +339,7 @@ impl Daemon {
                 d.eryx_session_ran(&t, id, res, reply);
             }));
         });
-        match self.eryx_start(tenant, ex, Some(state), wrapped, calls) {
+        match self.eryx_launch(tenant, ex, Some(state), wrapped, calls) {
             Ok(run) => started(self, Ok(run)),
             Err(r) => {
                 free(self);
@@ -342,8 +358,12 @@ impl Daemon {
         reply: Reply,
     ) {
         let now = now_ms();
-        let Some(s) = self.eryx_sessions.get_mut(&sid) else {
-            // Deleted during the run: answered as it is; nothing is kept.
+        let Some(s) = self.eryx_sessions.get_mut(&sid).filter(|s| !s.deleting) else {
+            // Deleted (or being deleted) during the run: answered as it is; nothing
+            // is kept.
+            if let Some(s) = self.eryx_sessions.get_mut(&sid) {
+                s.busy = false;
+            }
             reply(res.map(|mut a| {
                 a.state = None;
                 a
@@ -394,7 +414,7 @@ impl Daemon {
         let gone: Vec<String> = self
             .eryx_sessions
             .iter()
-            .filter(|(_, s)| !s.busy && s.expires_at_ms <= now)
+            .filter(|(_, s)| !s.busy && !s.deleting && s.expires_at_ms <= now)
             .map(|(id, _)| id.clone())
             .collect();
         if gone.is_empty() {

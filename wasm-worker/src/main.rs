@@ -349,13 +349,36 @@ fn serve_on(
         let (executor, tx, calls) = (Arc::clone(&executor), tx.clone(), Arc::clone(&calls));
         rt.spawn(async move {
             let answer = run(&executor, req, Some(&calls)).await;
-            let _ = tx.send(serde_json::to_vec(&answer).unwrap_or_default());
+            let _ = tx.send(answer_frame(&answer));
         });
     }
     drop(tx);
     rt.shutdown_timeout(Duration::from_millis(100));
     let _ = writer.join();
     Ok(())
+}
+
+/// An answer as its frame; one too large to send (never expected: every part is
+/// bounded) becomes an error answer for its run, so the daemon is never left waiting.
+fn answer_frame(a: &Answer) -> Vec<u8> {
+    let frame = serde_json::to_vec(a).unwrap_or_default();
+    if frame.len() <= frame::MAX_FRAME && !frame.is_empty() {
+        return frame;
+    }
+    let small = Answer {
+        id: a.id,
+        status: "error",
+        stdout: String::new(),
+        stderr: String::new(),
+        compute_units: a.compute_units,
+        error: Some(format!(
+            "The run's answer was {} bytes, more than the worker sends",
+            frame.len()
+        )),
+        state: None,
+        unsaved_variables: Vec::new(),
+    };
+    serde_json::to_vec(&small).unwrap_or_default()
 }
 
 /// Where one call's answer goes: its JSON result, or the error to raise.
@@ -689,7 +712,7 @@ async fn run(
         }
     }
     if let Some(state) = req.session.as_ref().and_then(|s| s.state.as_deref()) {
-        if let Err(e) = restore(&mut session, state).await {
+        if let Err(e) = restore(&mut session, state, phase_fuel(req.fuel)).await {
             answer.status = "error";
             answer.error = Some(cut(
                 format!("Failed to restore session state: {e}"),
@@ -741,7 +764,8 @@ async fn run(
             let verdict = verdict(out.result.as_deref());
             match verdict["kind"].as_str() {
                 None => {
-                    let text = |k: &str| verdict[k].as_str().unwrap_or_default().to_string();
+                    // Bounded here too: the code can reach the capture's own list.
+                    let text = |k: &str| bounded(verdict[k].as_str().unwrap_or_default());
                     answer.stdout = text("stdout");
                     answer.stderr = text("stderr");
                     finished = true;
@@ -789,7 +813,13 @@ async fn run(
         }
     }
     if finished && req.session.is_some() {
-        keep(&mut session, &req.callbacks, &mut answer).await;
+        keep(
+            &mut session,
+            &req.callbacks,
+            phase_fuel(req.fuel),
+            &mut answer,
+        )
+        .await;
     }
     if let Some(e) = answer.error.take() {
         answer.error = Some(cut(e, ERROR_CHARS));
@@ -802,6 +832,22 @@ fn verdict(result: Option<&str>) -> serde_json::Value {
     result
         .and_then(|r| serde_json::from_str(r).ok())
         .unwrap_or(serde_json::Value::Null)
+}
+
+/// Names of `unsaved_variables` kept in an answer, and the characters kept of each.
+const MAX_UNSAVED: usize = 100;
+const MAX_NAME_CHARS: usize = 256;
+
+/// The least a bookkeeping phase may use, whatever the run's own `fuel_limit` (a
+/// state of 1 MB takes far fewer to load or save; a lower cap could make good state
+/// look unrestorable).
+const PHASE_FUEL_FLOOR: u64 = 2_000_000_000;
+
+/// The instructions each bookkeeping phase of a run may use: the run's own limit (so
+/// the code of objects saved or loaded cannot buy more than the run itself could),
+/// with a floor, and never above [`frame::STATE_PHASE_FUEL`].
+fn phase_fuel(run_fuel: u64) -> u64 {
+    run_fuel.clamp(PHASE_FUEL_FLOOR, frame::STATE_PHASE_FUEL)
 }
 
 /// The variable a session's saved state is handed in by.
@@ -823,9 +869,10 @@ fn handover(state: &str) -> Vec<u8> {
     p
 }
 
-/// Restores a session's state: dill's bytes loaded into the code's globals, with
-/// functions (and classes' methods) bound to those globals again, since dill gives
-/// each its own. Its verdict: `{"ok": true}` or `{"error": why}`.
+/// Restores a session's state: dill's bytes loaded into the code's globals, with the
+/// session's own top-level functions (and its classes' methods) bound to those globals
+/// again, since dill gives each its own; imported ones are left as they are. Its
+/// verdict: `{"ok": true}` or `{"error": why}`.
 const RESTORE: &str = r#"def _isobox_restore():
     import sys, types, traceback
     sys.settrace(None)
@@ -833,6 +880,7 @@ const RESTORE: &str = r#"def _isobox_restore():
     g = globals()
     del g["_isobox_restore"]
     blob = g.pop("STATE_VAR", "")
+    own = g.get("__name__")
     def rebind(f):
         n = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
         n.__kwdefaults__ = f.__kwdefaults__
@@ -846,12 +894,14 @@ const RESTORE: &str = r#"def _isobox_restore():
         d = dill.loads(base64.b64decode(blob, validate=True))
         if not isinstance(d, dict):
             raise TypeError("the saved state is not a namespace")
+        # Only what the session defined: an imported function or class (saved by
+        # reference) keeps its module's globals.
         for k, v in list(d.items()):
-            if isinstance(v, types.FunctionType):
+            if isinstance(v, types.FunctionType) and v.__module__ == own:
                 d[k] = rebind(v)
-            elif isinstance(v, type):
+            elif isinstance(v, type) and v.__module__ == own:
                 for a, m in list(vars(v).items()):
-                    if isinstance(m, types.FunctionType):
+                    if isinstance(m, types.FunctionType) and m.__module__ == own:
                         setattr(v, a, rebind(m))
         g.update(d)
         verdict = {"ok": True}
@@ -902,19 +952,15 @@ _isobox_save()
 "#;
 
 /// One of a session run's bookkeeping phases: `code` run in the session's instance,
-/// bounded by its own time and instructions (not the run's, and not charged to it);
+/// bounded by its own time and `fuel` (see [`phase_fuel`]), not charged to the run;
 /// its verdict.
 async fn phase(
     session: &mut eryx::SessionExecutor,
     code: String,
+    fuel: u64,
 ) -> Result<serde_json::Value, String> {
     session.set_execution_timeout(Some(Duration::from_millis(frame::STATE_PHASE_MS)));
-    match session
-        .execute(code)
-        .with_fuel_limit(frame::STATE_PHASE_FUEL)
-        .run()
-        .await
-    {
+    match session.execute(code).with_fuel_limit(fuel).run().await {
         Ok(out) => match verdict(out.result.as_deref()) {
             serde_json::Value::Null => Err("it left no verdict".into()),
             v => Ok(v),
@@ -932,7 +978,11 @@ async fn phase(
 }
 
 /// Loads a session's saved state into the run's instance before its code.
-async fn restore(session: &mut eryx::SessionExecutor, state: &str) -> Result<(), String> {
+async fn restore(
+    session: &mut eryx::SessionExecutor,
+    state: &str,
+    fuel: u64,
+) -> Result<(), String> {
     let snapshot =
         eryx::PythonStateSnapshot::from_bytes(&handover(state)).map_err(|e| e.to_string())?;
     session
@@ -942,7 +992,7 @@ async fn restore(session: &mut eryx::SessionExecutor, state: &str) -> Result<(),
     let code = RESTORE
         .replace("STATE_VAR", STATE_VAR)
         .replace("OUTCOME_VAR", OUTCOME_VAR);
-    let v = phase(session, code).await?;
+    let v = phase(session, code, fuel).await?;
     match v["error"].as_str() {
         Some(e) => Err(e.to_string()),
         None => Ok(()),
@@ -952,30 +1002,46 @@ async fn restore(session: &mut eryx::SessionExecutor, state: &str) -> Result<(),
 /// Saves a session's state after code that ran to its end (or to an exception): the
 /// answer then carries the state to keep and the names that could not be saved; or,
 /// when the state cannot be kept, the run keeps none of its changes and says why.
-async fn keep(session: &mut eryx::SessionExecutor, callbacks: &[String], answer: &mut Answer) {
+async fn keep(
+    session: &mut eryx::SessionExecutor,
+    callbacks: &[String],
+    fuel: u64,
+    answer: &mut Answer,
+) {
     let names = serde_json::to_string(callbacks).unwrap_or_else(|_| "[]".into());
     let code = SAVE
         .replace("OUTCOME_VAR", OUTCOME_VAR)
         .replace("STATE_BYTES", &frame::STATE_BYTES.to_string())
         .replace("CALLBACKS", &names);
+    // Bounded whatever the code did to the names or to the saver's own helpers.
     let names = |v: &serde_json::Value| -> Vec<String> {
         v["unsaved"]
             .as_array()
             .map(|a| {
                 a.iter()
-                    .filter_map(|n| n.as_str().map(str::to_string))
+                    .filter_map(|n| n.as_str().map(|n| cut(n.to_string(), MAX_NAME_CHARS)))
+                    .take(MAX_UNSAVED)
                     .collect()
             })
             .unwrap_or_default()
     };
-    let refused = match phase(session, code).await {
+    // The state as base64 is 4 bytes for every 3; a saver the code tampered with may
+    // still say a larger one fits.
+    let state_cap = frame::STATE_BYTES.div_ceil(3) * 4;
+    let refused = match phase(session, code, fuel).await {
         Ok(v) => {
-            if let Some(state) = v["state"].as_str() {
+            let too_big = v["too_big"].as_u64().or_else(|| {
+                v["state"]
+                    .as_str()
+                    .filter(|s| s.len() > state_cap)
+                    .map(|s| (s.len() / 4 * 3) as u64)
+            });
+            if let (Some(state), None) = (v["state"].as_str(), too_big) {
                 answer.state = Some(state.to_string());
                 answer.unsaved_variables = names(&v);
                 return;
             }
-            if let Some(n) = v["too_big"].as_u64() {
+            if let Some(n) = too_big {
                 answer.unsaved_variables = names(&v);
                 Some((
                     "resource_limit",
@@ -1016,6 +1082,24 @@ async fn keep(session: &mut eryx::SessionExecutor, callbacks: &[String], answer:
         answer.error = Some(format!(
             "{why}. None of this run's changes were kept.{before}"
         ));
+    }
+}
+
+/// A stream's text as the wrapper bounds it: past [`OUTPUT_CHARS`] characters the
+/// rest is dropped and a line says so.
+fn bounded(s: &str) -> String {
+    match s.char_indices().nth(OUTPUT_CHARS + 64) {
+        None => s.to_string(),
+        Some(_) => {
+            let end = s
+                .char_indices()
+                .nth(OUTPUT_CHARS)
+                .map_or(s.len(), |(i, _)| i);
+            format!(
+                "{}\n[output truncated at {OUTPUT_CHARS} characters]\n",
+                &s[..end]
+            )
+        }
     }
 }
 
