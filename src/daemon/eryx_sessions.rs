@@ -14,6 +14,7 @@
 //! housekeeping sweep; a restart loads the records again (state and all).
 
 use super::Daemon;
+use crate::api::Outcome;
 use crate::eryx::{self, Execute, Rejection};
 use crate::http::{Request, Response};
 use crate::store::eryx::EryxSessionRecord;
@@ -147,7 +148,7 @@ impl Daemon {
                                 store_refusal()
                             }
                         };
-                        d.eryx_reply(ck, serial, resp);
+                        d.on_outcome(ck, serial, Outcome::Respond(resp));
                     }));
                 });
         });
@@ -187,7 +188,7 @@ impl Daemon {
                                 store_refusal()
                             }
                         };
-                        d.eryx_reply(ck, serial, resp);
+                        d.on_outcome(ck, serial, Outcome::Respond(resp));
                     }));
                 });
         });
@@ -224,7 +225,7 @@ impl Daemon {
             None,
             Box::new(move |d, started| {
                 if let Err(r) = started {
-                    d.eryx_reply(ck, serial, r.response());
+                    d.on_outcome(ck, serial, Outcome::Respond(r.response()));
                 }
             }),
         );
@@ -333,10 +334,10 @@ impl Daemon {
             }
         };
         let mailbox = self.reactor.mailbox();
-        let (t, id) = (tenant.to_string(), sid.clone());
+        let id = sid.clone();
         let wrapped: Reply = Box::new(move |res| {
             mailbox.send(Box::new(move |d: &mut Daemon| {
-                d.eryx_session_ran(&t, id, res, reply);
+                d.eryx_session_ran(id, res, reply);
             }));
         });
         match self.eryx_launch(tenant, ex, Some(state), wrapped, calls) {
@@ -350,13 +351,7 @@ impl Daemon {
 
     /// A session run ended: the state it leaves and the session's new expiry are made
     /// durable, then its client is answered and the session is free again.
-    fn eryx_session_ran(
-        &mut self,
-        tenant: &str,
-        sid: String,
-        res: Result<RunAnswer, Failure>,
-        reply: Reply,
-    ) {
+    fn eryx_session_ran(&mut self, sid: String, res: Result<RunAnswer, Failure>, reply: Reply) {
         let now = now_ms();
         let Some(s) = self.eryx_sessions.get_mut(&sid).filter(|s| !s.deleting) else {
             // Deleted (or being deleted) during the run: answered as it is; nothing
@@ -372,20 +367,9 @@ impl Daemon {
         };
         let expires = now.saturating_add(s.ttl_secs.saturating_mul(1000));
         s.expires_at_ms = expires;
-        let (state, mut res) = match res {
+        let (bytes, mut res) = match res {
             Ok(mut a) => (a.state.take(), Ok(a)),
             Err(f) => (None, Err(f)),
-        };
-        let bytes = match state.as_deref().map(decode_state) {
-            None => None,
-            Some(Ok(b)) => Some(b),
-            Some(Err(why)) => {
-                log::error!("eryx session {sid} tenant={tenant}: the worker's state: {why}");
-                res = Err(Failure::Lost(format!(
-                    "The session's state could not be kept: {why}"
-                )));
-                None
-            }
         };
         let mailbox = self.reactor.mailbox();
         self.app
@@ -434,7 +418,7 @@ impl Daemon {
     }
 
     /// Runs `f` with the connection waiting for its answer (a store write that answers
-    /// through the mailbox; `serial` tells [`Daemon::eryx_reply`] it is still the one).
+    /// through the mailbox; `serial` tells `on_outcome` it is still the one).
     fn eryx_later(&mut self, ck: usize, f: impl FnOnce(&mut Daemon, u64)) {
         let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
@@ -442,31 +426,6 @@ impl Daemon {
         self.conn_own(ck, super::conn::Owner::Job);
         f(self, serial);
     }
-
-    /// Answers a connection that waits (if it is still there).
-    pub(crate) fn eryx_reply(&mut self, ck: usize, serial: u64, resp: Response) {
-        if !self.conn_waiting(ck, serial, false) {
-            return;
-        }
-        self.respond(ck, resp);
-        self.conn_pump(ck);
-    }
-}
-
-/// The worker's state (base64 of dill's bytes), checked against the cap.
-fn decode_state(b64: &str) -> Result<Vec<u8>, String> {
-    use base64::Engine as _;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(b64)
-        .map_err(|e| format!("not base64: {e}"))?;
-    if bytes.len() > crate::wasm::frame::STATE_BYTES {
-        return Err(format!(
-            "{} bytes, over the {} kept",
-            bytes.len(),
-            crate::wasm::frame::STATE_BYTES
-        ));
-    }
-    Ok(bytes)
 }
 
 /// The answer when the store refused a session's write.

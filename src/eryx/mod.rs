@@ -344,30 +344,8 @@ pub fn ws_error(code: &str, message: &str) -> String {
 /// missing or wrong, 404 for an environment that does not exist: all `invalid_request`
 /// but the last (`not_found`), as the document says.
 pub fn parse_execute(req: &Request, limits: Limits, in_session: bool) -> Result<Execute, Response> {
-    let ct = req.head.header("content-type").unwrap_or("");
-    let mime = ct.split(';').next().unwrap_or("").trim();
-    if !mime.eq_ignore_ascii_case("application/json") {
-        return Err(error(
-            415,
-            "invalid_request",
-            "Send the body as Content-Type: application/json",
-        ));
-    }
-    let v: Value = serde_json::from_slice(&req.body).map_err(|e| {
-        error(
-            400,
-            "invalid_request",
-            &format!("The body is not JSON: {e}"),
-        )
-    })?;
-    let Some(o) = v.as_object() else {
-        return Err(error(
-            400,
-            "invalid_request",
-            "The body must be a JSON object",
-        ));
-    };
-    let ex = parse_fields(o, limits).map_err(|r| r.response())?;
+    let o = json_object(req)?;
+    let ex = parse_fields(&o, limits).map_err(|r| r.response())?;
     if !in_session {
         ex.check_environment(None).map_err(|r| r.response())?;
     }
@@ -379,6 +357,12 @@ fn optional_object(req: &Request) -> Result<Option<serde_json::Map<String, Value
     if req.body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
+    json_object(req).map(Some)
+}
+
+/// The body of a JSON request: sent as `application/json` (else 415), a JSON object
+/// (else 400).
+fn json_object(req: &Request) -> Result<serde_json::Map<String, Value>, Response> {
     let ct = req.head.header("content-type").unwrap_or("");
     let mime = ct.split(';').next().unwrap_or("").trim();
     if !mime.eq_ignore_ascii_case("application/json") {
@@ -389,7 +373,7 @@ fn optional_object(req: &Request) -> Result<Option<serde_json::Map<String, Value
         ));
     }
     match serde_json::from_slice::<Value>(&req.body) {
-        Ok(Value::Object(o)) => Ok(Some(o)),
+        Ok(Value::Object(o)) => Ok(o),
         Ok(_) => Err(error(
             400,
             "invalid_request",

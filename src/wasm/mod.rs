@@ -82,14 +82,34 @@ pub struct RunAnswer {
     pub compute_units: u64,
     /// Why it did not succeed.
     pub error: Option<String>,
-    /// A session run whose changes are kept: the state to keep, base64 of dill's
-    /// bytes (at most [`frame::STATE_BYTES`] of them). `None`: the session's state
-    /// stays as it was.
-    #[serde(default)]
-    pub state: Option<String>,
+    /// A session run whose changes are kept: the state to keep, dill's bytes (at most
+    /// [`frame::STATE_BYTES`]; base64 in the frame, decoded here with the frame, on the
+    /// supervisor thread). `None`: the session's state stays as it was.
+    #[serde(default, deserialize_with = "state_bytes")]
+    pub state: Option<Vec<u8>>,
     /// A session run: names whose values could not be saved.
     #[serde(default)]
     pub unsaved_variables: Vec<String>,
+}
+
+/// A frame's `state`: base64 of at most [`frame::STATE_BYTES`]; anything else breaks
+/// the protocol (the worker bounds it).
+fn state_bytes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+    use base64::Engine as _;
+    let Some(b64) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| serde::de::Error::custom(format!("state not base64: {e}")))?;
+    if bytes.len() > frame::STATE_BYTES {
+        return Err(serde::de::Error::custom(format!(
+            "state of {} bytes, over {}",
+            bytes.len(),
+            frame::STATE_BYTES
+        )));
+    }
+    Ok(Some(bytes))
 }
 
 /// Why a run got no answer.
