@@ -10,14 +10,14 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build wasm-snapshot deb deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps clean
+.PHONY: run test build wasm-snapshot deb deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps test-wheels clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
 run: deps runtimes build wasm-snapshot
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
-test: deps runtimes test-venv test-ui-deps test-promtool test-deb-deps
+test: deps runtimes test-venv test-ui-deps test-promtool test-deb-deps test-wheels
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(MAKE) wasm-snapshot
@@ -57,6 +57,22 @@ test-venv:
 	@/tmp/isobox-test-venv/bin/pip install -q -r tests/python/requirements.txt -r tests/openapi/requirements.txt
 	@test -x /tmp/isobox-st-venv/bin/python || python3 -m venv /tmp/isobox-st-venv
 	@/tmp/isobox-st-venv/bin/pip install -q -r tests/schemathesis/requirements.txt
+
+## test-wheels: the packages tests/eryx_envs.rs uploads to eryx environments, from PyPI,
+## pinned by hash (tests/python/env-*.txt), into /var/cache/isobox-tools/wheels
+WHEELS := /var/cache/isobox-tools/wheels
+test-wheels: test-venv
+	@if [ ! -f $(WHEELS)/.complete-1 ]; then \
+		rm -rf $(WHEELS) && mkdir -p $(WHEELS)/src && \
+		/tmp/isobox-test-venv/bin/pip download -q --no-deps --require-hashes -d $(WHEELS)/src \
+			--only-binary=jinja2 --no-binary=markupsafe -r tests/python/env-packages.txt && \
+		mv $(WHEELS)/src/jinja2-*.whl $(WHEELS)/ && \
+		CC=/bin/false /tmp/isobox-test-venv/bin/pip wheel -q --no-deps -w $(WHEELS) $(WHEELS)/src/markupsafe-3.0.2.tar.gz && \
+		/tmp/isobox-test-venv/bin/pip download -q --no-deps --require-hashes -d $(WHEELS)/native \
+			--only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.11 \
+			--implementation cp --abi cp311 -r tests/python/env-native.txt && \
+		rm -rf $(WHEELS)/src && touch $(WHEELS)/.complete-1 && ls $(WHEELS) $(WHEELS)/native; \
+	fi
 
 ## test-promtool: Prometheus's own checker, for the test of GET /metrics (tests/metrics.rs):
 ## promtool, taken out of Debian's prometheus package with apt-get download and dpkg-deb

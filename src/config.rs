@@ -368,6 +368,17 @@ struct Args {
     /// above; 1 to 10000)
     #[arg(long, env = "ISOBOX_ERYX_SESSIONS", help_heading = "eryx face (/eryx)", default_value = "50", value_parser = Value(parsed::<usize>))]
     eryx_sessions: usize,
+    /// uploaded environments one tenant may have on the eryx face (429
+    /// environment_limit above; 1 to 1000)
+    #[arg(long, env = "ISOBOX_ERYX_ENVIRONMENTS", help_heading = "eryx face (/eryx)", default_value = "10", value_parser = Value(parsed::<usize>))]
+    eryx_environments: usize,
+    /// seconds an environment's build may take before it is stopped and failed (30 to
+    /// 3600)
+    #[arg(long, env = "ISOBOX_ERYX_BUILD_TIMEOUT_S", help_heading = "eryx face (/eryx)", default_value = "600", value_parser = Value(parsed::<u64>))]
+    eryx_build_timeout_s: u64,
+    /// memory an environment's build may use, MiB (512 to 65536)
+    #[arg(long, env = "ISOBOX_ERYX_BUILD_MEMORY_MB", help_heading = "eryx face (/eryx)", default_value = "2048", value_parser = Value(parsed::<u64>))]
+    eryx_build_memory_mb: u64,
     /// the isobox-init binary long-lived sandboxes run as their init (default: beside
     /// isoboxd's own executable, else /usr/libexec/isobox/isobox-init)
     #[arg(long, env = "ISOBOX_INIT", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
@@ -654,6 +665,9 @@ impl Config {
                 memory_bytes: a.eryx_memory_mb << 20,
                 callback_timeout_ms: a.eryx_callback_timeout_ms,
                 sessions: a.eryx_sessions,
+                environments: a.eryx_environments,
+                build_timeout_ms: a.eryx_build_timeout_s.saturating_mul(1000),
+                build_memory_bytes: a.eryx_build_memory_mb << 20,
             },
         };
         cfg.validate()?;
@@ -698,6 +712,27 @@ impl Config {
                 "ISOBOX_ERYX_SESSIONS",
                 &e.sessions.to_string(),
                 "1 to 10000",
+            ));
+        }
+        if !(1..=1000).contains(&e.environments) {
+            return Err(invalid(
+                "ISOBOX_ERYX_ENVIRONMENTS",
+                &e.environments.to_string(),
+                "1 to 1000",
+            ));
+        }
+        if !(30_000..=3_600_000).contains(&e.build_timeout_ms) {
+            return Err(invalid(
+                "ISOBOX_ERYX_BUILD_TIMEOUT_S",
+                &(e.build_timeout_ms / 1000).to_string(),
+                "30 to 3600",
+            ));
+        }
+        if !((512 << 20)..=(65536 << 20)).contains(&e.build_memory_bytes) {
+            return Err(invalid(
+                "ISOBOX_ERYX_BUILD_MEMORY_MB",
+                &(e.build_memory_bytes >> 20).to_string(),
+                "512 to 65536",
             ));
         }
         if !(100..=600_000).contains(&e.callback_timeout_ms) {
@@ -1327,6 +1362,12 @@ pub struct EryxConfig {
     pub callback_timeout_ms: u64,
     /// Unexpired sessions one tenant may have.
     pub sessions: usize,
+    /// Uploaded environments one tenant may have.
+    pub environments: usize,
+    /// How long one environment's build may take, ms.
+    pub build_timeout_ms: u64,
+    /// The memory one environment's build may use, bytes.
+    pub build_memory_bytes: u64,
 }
 
 #[cfg(test)]
@@ -1461,6 +1502,9 @@ mod tests {
             "ISOBOX_ERYX_CALLBACK_TIMEOUT_MS",
         ),
         ("--eryx-sessions", "ISOBOX_ERYX_SESSIONS"),
+        ("--eryx-environments", "ISOBOX_ERYX_ENVIRONMENTS"),
+        ("--eryx-build-timeout-s", "ISOBOX_ERYX_BUILD_TIMEOUT_S"),
+        ("--eryx-build-memory-mb", "ISOBOX_ERYX_BUILD_MEMORY_MB"),
         ("--eryx-rate-per-min", "ISOBOX_ERYX_RATE_PER_MIN"),
         ("--eryx-rate-burst", "ISOBOX_ERYX_RATE_BURST"),
     ];
@@ -1947,6 +1991,24 @@ mod tests {
             (&["--eryx-concurrency", "0"], "ISOBOX_ERYX_CONCURRENCY"),
             (&["--eryx-sessions", "0"], "ISOBOX_ERYX_SESSIONS"),
             (&["--eryx-sessions", "10001"], "ISOBOX_ERYX_SESSIONS"),
+            (&["--eryx-environments", "0"], "ISOBOX_ERYX_ENVIRONMENTS"),
+            (&["--eryx-environments", "1001"], "ISOBOX_ERYX_ENVIRONMENTS"),
+            (
+                &["--eryx-build-timeout-s", "29"],
+                "ISOBOX_ERYX_BUILD_TIMEOUT_S",
+            ),
+            (
+                &["--eryx-build-timeout-s", "3601"],
+                "ISOBOX_ERYX_BUILD_TIMEOUT_S",
+            ),
+            (
+                &["--eryx-build-memory-mb", "511"],
+                "ISOBOX_ERYX_BUILD_MEMORY_MB",
+            ),
+            (
+                &["--eryx-build-memory-mb", "65537"],
+                "ISOBOX_ERYX_BUILD_MEMORY_MB",
+            ),
             (&["--eryx-rate-per-min", "0"], "ISOBOX_ERYX_RATE_PER_MIN"),
             (
                 &["--eryx-rate-per-min", "1000001"],

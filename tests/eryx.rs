@@ -380,9 +380,9 @@ fn test_errors_auth_and_per_tenant_concurrency() {
     let r = d.request("GET", "/eryx/v1/stream", &h, b"");
     assert_eq!((r.status, code(&r)), (426, "invalid_request".into()));
     assert_eq!(r.header("upgrade"), Some("websocket"));
-    // Environments are not built: their path is unknown (sessions: eryx_sessions.rs).
-    let r = d.request("POST", "/eryx/v1/environments", &h, b"");
-    assert_eq!((r.status, code(&r)), (404, "not_found".into()));
+    // An environment is uploaded as a multipart form (eryx_envs.rs), not as JSON.
+    let r = d.request("POST", "/eryx/v1/environments", &h, b"{}");
+    assert_eq!((r.status, code(&r)), (415, "invalid_request".into()));
     // The body cap: 1 MiB of code is refused, just under it runs.
     let big = "#".repeat(1 << 20);
     let r = execute(&d, &json!({"code": big}), Some("eryx_alpha"));

@@ -29,13 +29,16 @@ fn max_time() -> String {
 #[test]
 fn test_schemathesis_finds_no_failure() {
     // As a client would meet it, minus what would only slow or throttle the run: no
-    // egress (loopback only), no warm pools, a burst large enough for every request.
+    // egress (loopback only), no warm pools, a burst large enough for every request,
+    // one eryx environment (each accepted upload starts a build of ~20 CPU-seconds:
+    // one is exercised, the rest are 429 `environment_limit`).
     let d = Daemon::start_with(&[
         ("ISOBOX_EGRESS", "off"),
         ("ISOBOX_WARM_POOL", "off"),
         ("ISOBOX_WBX_WARM_POOL", "off"),
         ("ISOBOX_RATE_BURST", "100000"),
         ("ISOBOX_RATE_PER_MIN", "100000"),
+        ("ISOBOX_ERYX_ENVIRONMENTS", "1"),
     ]);
     d.wait_ready();
     let report = std::env::temp_dir().join(format!("isobox-st-report-{}", std::process::id()));

@@ -14,7 +14,7 @@
 use super::faces::Routed;
 use super::Daemon;
 use crate::api::routes::{Handler, Spec};
-use crate::api::{self, Action};
+use crate::api::Action;
 use crate::http::conn::{self as hc, After, BodyState, BodyStep, Expired, HeadStep, Role};
 use crate::http::limits::MAX_WRITE_BUFFER_BYTES;
 use crate::http::{Head, Request, Response};
@@ -87,7 +87,7 @@ pub enum Owner {
         /// Framing state.
         state: BodyState,
         /// The file being written; `None` while a pool job is writing a chunk to it.
-        target: Option<Box<api::UploadTarget>>,
+        target: Option<Box<dyn super::transfer::UploadSink>>,
         /// Decoded bytes not yet handed to the pool.
         buf: Vec<u8>,
     },
@@ -560,6 +560,12 @@ impl Daemon {
         {
             self.begin_upload(ck, head, tenant, params);
             return;
+        }
+        if let Routed::Eryx(spec) = route {
+            if spec.id == crate::eryx::Route::Environments && head.method == "POST" {
+                self.eryx_env_upload_begin(ck, head, tenant);
+                return;
+            }
         }
         if let Routed::Wbx(spec) = route {
             if spec.id == crate::wbx::routes::Route::Files && head.method == "PUT" {

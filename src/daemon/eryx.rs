@@ -61,6 +61,8 @@ impl Daemon {
             Route::Sessions => self.eryx_session_create(ck, &req),
             Route::Session => self.eryx_session_delete(ck, &req),
             Route::SessionExecute => self.eryx_session_execute(ck, &req),
+            Route::Environments => self.eryx_env_request(ck, &req, false),
+            Route::Environment => self.eryx_env_request(ck, &req, true),
         }
     }
 
@@ -323,8 +325,12 @@ impl Daemon {
                 Err(r) => Err(r),
             }
         } else {
-            ex.check_environment(None)
-                .and_then(|()| self.eryx_start(&tenant, ex, None, reply, Some(sink)))
+            let mut ex = ex;
+            self.eryx_env_for_run(&tenant, ex.environment_name())
+                .and_then(|env| {
+                    ex.env = env;
+                    self.eryx_start(&tenant, ex, None, reply, Some(sink))
+                })
         };
         match started {
             Ok(id) => {
@@ -504,13 +510,20 @@ impl Daemon {
             self.respond(ck, resp);
             return;
         }
-        let ex = match eryx::parse_execute(&req, self.eryx_limits(), false) {
+        let mut ex = match eryx::parse_execute(&req, self.eryx_limits(), false) {
             Ok(ex) => ex,
             Err(resp) => {
                 self.respond(ck, resp);
                 return;
             }
         };
+        match self.eryx_env_for_run(&req.tenant, ex.environment_name()) {
+            Ok(env) => ex.env = env,
+            Err(r) => {
+                self.respond(ck, r.response());
+                return;
+            }
+        }
         let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
@@ -599,6 +612,7 @@ impl Daemon {
             callbacks: ex.callbacks,
             callback_timeout_ms: self.cfg.eryx.callback_timeout_ms,
             session,
+            env: ex.env,
         };
         Ok(engine.run(req, reply, calls))
     }

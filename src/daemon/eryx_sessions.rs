@@ -82,6 +82,13 @@ impl Daemon {
                 return;
             }
         };
+        if !self.eryx_env_exists(&req.tenant, &new.environment) {
+            self.respond(
+                ck,
+                super::eryx_envs::no_environment(&new.environment).response(),
+            );
+            return;
+        }
         let now = now_ms();
         let limit = self.cfg.eryx.sessions;
         let live = self
@@ -268,10 +275,14 @@ impl Daemon {
                 "session_busy",
                 "Another run is going in this session",
             )),
-            Some(s) => ex.check_environment(Some(&s.environment)),
+            Some(s) => ex
+                .check_environment(&s.environment)
+                .map(|()| s.environment.clone()),
         }
-        .and_then(|()| self.eryx_room(tenant));
-        checked?;
+        .and_then(|env| self.eryx_env_for_run(tenant, &env))
+        .and_then(|env| self.eryx_room(tenant).map(|()| env));
+        let mut ex = ex;
+        ex.env = checked?;
         if let Some(s) = self.eryx_sessions.get_mut(&sid) {
             s.busy = true;
         }

@@ -27,6 +27,7 @@ pub mod boxes;
 pub mod conn;
 pub mod egress;
 mod eryx;
+mod eryx_envs;
 mod eryx_sessions;
 mod faces;
 mod finish;
@@ -159,6 +160,8 @@ pub struct Daemon {
     pub(crate) eryx_running: std::collections::HashMap<String, usize>,
     /// The eryx face's sessions (their state is in the store).
     pub(crate) eryx_sessions: eryx_sessions::Registry,
+    /// The eryx face's uploaded environments.
+    pub(crate) eryx_envs: eryx_envs::EnvRegistry,
     /// The instance's lock and its file (held until the daemon is dropped; the file is
     /// removed by the teardown, before the lock goes).
     pub(crate) instance_lock: Option<(std::fs::File, std::path::PathBuf)>,
@@ -245,6 +248,7 @@ impl Daemon {
         let teardown = Some(self.spawn_teardown()?);
         self.warm_publish();
         self.start_probe();
+        self.eryx_envs_resume();
         self.reactor.arm(
             Instant::now() + Duration::from_secs(1),
             Addr::new(LIFECYCLE, 0, HOUSEKEEPING),

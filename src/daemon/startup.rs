@@ -404,6 +404,7 @@ impl Daemon {
             wasm,
             eryx_running: std::collections::HashMap::new(),
             eryx_sessions: super::eryx_sessions::load(app.sessions.store()),
+            eryx_envs: super::eryx_envs::load(app.sessions.store(), &cfg.data_dir),
             cfg,
             reactor,
             listener: Some((listener, listener_token)),

@@ -51,6 +51,59 @@ impl Component<Daemon> for Transfers {
     fn timer(&self, _: &mut Daemon, _: usize, _: u16, _: u64) {}
 }
 
+/// Where an upload's body goes: a temporary file written by pool jobs, and what
+/// happens on the pool once the body is whole. A workspace upload
+/// ([`UploadTarget`]: a file of a session) and an eryx environment's packages
+/// (`eryx_envs`) are both received this way.
+pub trait UploadSink: Send {
+    /// The file the body is written to.
+    fn file(&mut self) -> &mut std::fs::File;
+    /// Bytes the body may have (past them: refused with [`UploadSink::too_large`]).
+    fn cap(&self) -> u64;
+    /// The answer to a body over [`UploadSink::cap`].
+    fn too_large(&self) -> Response;
+    /// An error answer (made in the isobox face's shape) in the shape of the face
+    /// the upload is on.
+    fn shape(&self, resp: Response) -> Response {
+        resp
+    }
+    /// The body is whole (on the pool): what the loop does next for connection `ck`
+    /// (`serial`).
+    fn commit(self: Box<Self>, ck: usize, serial: u64) -> Done<Daemon>;
+}
+
+impl UploadSink for UploadTarget {
+    fn file(&mut self) -> &mut std::fs::File {
+        self.upload.file()
+    }
+
+    fn cap(&self) -> u64 {
+        self.avail_bytes.min(UPLOAD_BODY_BYTES as u64)
+    }
+
+    fn too_large(&self) -> Response {
+        if self.avail_bytes < UPLOAD_BODY_BYTES as u64 {
+            Response::error(
+                413,
+                "quota_exceeded",
+                Some("the upload is larger than the free space of the session's workspace"),
+            )
+        } else {
+            too_large()
+        }
+    }
+
+    fn commit(self: Box<Self>, ck: usize, serial: u64) -> Done<Daemon> {
+        let resp = sapi::upload_commit(*self);
+        let outcome = if resp.status >= 400 {
+            Outcome::RespondClose(resp)
+        } else {
+            Outcome::Respond(resp)
+        };
+        Box::new(move |d: &mut Daemon| d.on_outcome(ck, serial, outcome))
+    }
+}
+
 /// A download being forwarded.
 pub struct Transfer {
     rx: pipe::Receiver,
@@ -179,6 +232,21 @@ impl Daemon {
                 return;
             }
         };
+        self.begin_upload_with(
+            ck,
+            head,
+            Box::new(move || job().map(|t| t as Box<dyn UploadSink>)),
+        );
+    }
+
+    /// Runs `job` (which makes the upload's file) on the pool, then receives the body
+    /// into it.
+    pub(crate) fn begin_upload_with(
+        &mut self,
+        ck: usize,
+        head: Head,
+        job: Box<dyn FnOnce() -> Result<Box<dyn UploadSink>, Response> + Send>,
+    ) {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
@@ -205,7 +273,7 @@ impl Daemon {
         &mut self,
         ck: usize,
         serial: u64,
-        result: Result<Box<UploadTarget>, Response>,
+        result: Result<Box<dyn UploadSink>, Response>,
     ) {
         if !self.conn_waiting(ck, serial, true) {
             if let Ok(t) = result {
@@ -235,16 +303,10 @@ impl Daemon {
             }
         };
         if let Framing::Length(n) = head.framing {
-            if n > target.avail_bytes {
+            if n > target.cap() {
+                let resp = target.too_large();
                 self.abort_upload(Some(target));
-                self.respond_and_close(
-                    ck,
-                    Response::error(
-                        413,
-                        "quota_exceeded",
-                        Some("the upload is larger than the free space of the session's workspace"),
-                    ),
-                );
+                self.respond_and_close(ck, resp);
                 self.conn_after_io(ck);
                 return;
             }
@@ -289,14 +351,18 @@ impl Daemon {
         // The decoder counts a chunked body against the cap itself; the room bounds
         // what one pass decodes, so the chunk buffer stays near UPLOAD_CHUNK_BYTES.
         let room = UPLOAD_CHUNK_BYTES.saturating_sub(buf.len());
-        let done = match state.feed(&mut c.http.rbuf, buf, UPLOAD_BODY_BYTES, room) {
+        let Some(sink) = target.as_ref() else {
+            return false;
+        };
+        let cap = usize::try_from(sink.cap()).unwrap_or(usize::MAX);
+        let done = match state.feed(&mut c.http.rbuf, buf, cap, room) {
             Ok(done) => done,
             Err(ChunkError::TooLarge) => {
-                err = Some(too_large());
+                err = Some(sink.too_large());
                 false
             }
             Err(e) => {
-                err = Some(Response::error(400, "bad_request", Some(&e.to_string())));
+                err = Some(sink.shape(Response::error(400, "bad_request", Some(&e.to_string()))));
                 false
             }
         };
@@ -329,19 +395,15 @@ impl Daemon {
             // The last chunk and the commit (fsync, rename) in one job.
             let job = Box::new(move || -> Done<Daemon> {
                 let mut t = t;
-                let resp = match t.upload.file().write_all(&buf) {
-                    Ok(()) => sapi::upload_commit(*t),
+                match t.file().write_all(&buf) {
+                    Ok(()) => t.commit(ck, serial),
                     Err(e) => {
+                        let resp = t.shape(write_error(&e));
                         drop(t);
-                        write_error(&e)
+                        let outcome = Outcome::RespondClose(resp);
+                        Box::new(move |d: &mut Daemon| d.on_outcome(ck, serial, outcome))
                     }
-                };
-                let outcome = if resp.status >= 400 {
-                    Outcome::RespondClose(resp)
-                } else {
-                    Outcome::Respond(resp)
-                };
-                Box::new(move |d: &mut Daemon| d.on_outcome(ck, serial, outcome))
+                }
             });
             self.reactor.submit_must(job);
             return false;
@@ -352,10 +414,9 @@ impl Daemon {
             };
             let job = Box::new(move || -> Done<Daemon> {
                 let result = t
-                    .upload
                     .file()
                     .write_all(&chunk)
-                    .map_err(|e| write_error(&e));
+                    .map_err(|e| t.shape(write_error(&e)));
                 Box::new(move |d: &mut Daemon| d.on_upload_wrote(ck, serial, t, result))
             });
             self.reactor.submit_must(job);
@@ -368,7 +429,7 @@ impl Daemon {
         &mut self,
         ck: usize,
         serial: u64,
-        target: Box<UploadTarget>,
+        target: Box<dyn UploadSink>,
         result: Result<(), Response>,
     ) {
         let live = self.conns.get(ck).is_some_and(|c| {
@@ -403,7 +464,7 @@ impl Daemon {
 
     /// Removes an unfinished upload's temporary file on the pool (never here: this
     /// thread may not unlink).
-    pub(crate) fn abort_upload(&mut self, t: Option<Box<UploadTarget>>) {
+    pub(crate) fn abort_upload(&mut self, t: Option<Box<dyn UploadSink>>) {
         if let Some(t) = t {
             self.reactor.submit_must(Box::new(move || {
                 drop(t);

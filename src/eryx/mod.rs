@@ -7,8 +7,12 @@
 //! Built so far: `POST /v1/execute` (Python in WebAssembly, compute units, time, fuel
 //! and memory limits, per-tenant concurrency), the `/v1/stream` WebSocket with
 //! callbacks (`daemon::eryx` drives it), and sessions (`/v1/sessions`: Python state
-//! kept between runs, in LMDB, across restarts; `daemon::eryx_sessions`). Environments
-//! are absent and answer 404 like any unknown path.
+//! kept between runs, in LMDB, across restarts; `daemon::eryx_sessions`), and uploaded
+//! environments (`/v1/environments`: packages unpacked and imported into a snapshot of
+//! their own by a jailed build; `form` reads the upload, `daemon::eryx_envs` keeps
+//! them).
+
+pub mod form;
 
 use crate::admission::Class;
 use crate::http::{Request, Response};
@@ -46,8 +50,7 @@ pub const SESSION_TTL_SECS: u64 = 3600;
 /// The longest `ttl_secs` a session may ask for (the document: a day).
 pub const MAX_SESSION_TTL_SECS: u64 = 86_400;
 
-/// The only environment that exists in this build (uploaded environments are not
-/// built yet).
+/// The environment every tenant has: the standard library only.
 pub const DEFAULT_ENVIRONMENT: &str = "python";
 
 /// Which route a request is on.
@@ -63,6 +66,10 @@ pub enum Route {
     Session,
     /// `POST /v1/sessions/{id}/execute`
     SessionExecute,
+    /// `POST`, `GET /v1/environments`
+    Environments,
+    /// `GET`, `DELETE /v1/environments/{name}`
+    Environment,
 }
 
 /// Everything the face says about one route.
@@ -143,6 +150,28 @@ pub static ROUTES: &[Row<Spec>] = &[
             id: Route::SessionExecute,
             pattern: "/v1/sessions/{id}/execute",
             body_cap: EXECUTE_BODY_BYTES,
+            class: Class::Tenant,
+        },
+    },
+    // A POST's body is streamed to a file as it arrives (`daemon::eryx_envs`), never
+    // held; its cap is the form's.
+    Row {
+        pattern: "/v1/environments",
+        methods: &["GET", "HEAD", "POST"],
+        route: Spec {
+            id: Route::Environments,
+            pattern: "/v1/environments",
+            body_cap: 0,
+            class: Class::Tenant,
+        },
+    },
+    Row {
+        pattern: "/v1/environments/{name}",
+        methods: &["GET", "HEAD", "DELETE"],
+        route: Spec {
+            id: Route::Environment,
+            pattern: "/v1/environments/{name}",
+            body_cap: 0,
             class: Class::Tenant,
         },
     },
@@ -258,33 +287,35 @@ pub struct Execute {
     pub environment: Option<String>,
     /// The session the run is in (the WebSocket's `session_id`; over HTTP, the path's).
     pub session_id: Option<String>,
+    /// The uploaded environment it runs in, once the daemon found it ready.
+    pub env: Option<crate::wasm::EnvPaths>,
 }
 
 impl Execute {
-    /// Whether the environment named fits: in a session (`session_env`), it may only
-    /// repeat the session's (else 422); outside one, it must exist (else 404).
+    /// Whether the environment named fits a session that runs in `session_env`: it may
+    /// only repeat the session's (else 422). Whether an environment exists and is
+    /// ready is the daemon's to say.
     ///
     /// # Errors
     /// The refusal, in the document's codes.
-    pub fn check_environment(&self, session_env: Option<&str>) -> Result<(), Rejection> {
+    pub fn check_environment(&self, session_env: &str) -> Result<(), Rejection> {
         let Some(e) = self.environment.as_deref() else {
             return Ok(());
         };
         let shown: String = e.chars().take(64).collect();
-        match session_env {
-            Some(s) if s == e => Ok(()),
-            Some(s) => Err(Rejection::new(
-                422,
-                "invalid_request",
-                format!("This session runs in environment {s:?}; a run in it cannot name another ({shown:?})"),
-            )),
-            None if e == DEFAULT_ENVIRONMENT => Ok(()),
-            None => Err(Rejection::new(
-                404,
-                "not_found",
-                format!("No such environment: {shown}"),
-            )),
+        if e == session_env {
+            return Ok(());
         }
+        Err(Rejection::new(
+            422,
+            "invalid_request",
+            format!("This session runs in environment {session_env:?}; a run in it cannot name another ({shown:?})"),
+        ))
+    }
+
+    /// The environment this run names (`python` when it names none).
+    pub fn environment_name(&self) -> &str {
+        self.environment.as_deref().unwrap_or(DEFAULT_ENVIRONMENT)
     }
 }
 
@@ -345,11 +376,8 @@ pub fn ws_error(code: &str, message: &str) -> String {
 /// but the last (`not_found`), as the document says.
 pub fn parse_execute(req: &Request, limits: Limits, in_session: bool) -> Result<Execute, Response> {
     let o = json_object(req)?;
-    let ex = parse_fields(&o, limits).map_err(|r| r.response())?;
-    if !in_session {
-        ex.check_environment(None).map_err(|r| r.response())?;
-    }
-    Ok(ex)
+    let _ = in_session;
+    parse_fields(&o, limits).map_err(|r| r.response())
 }
 
 /// The body of a JSON request that may also be empty: its object, or none.
@@ -410,15 +438,8 @@ pub fn parse_new_session(req: &Request) -> Result<NewSession, Response> {
     };
     let environment = match o.get("environment") {
         None | Some(Value::Null) => DEFAULT_ENVIRONMENT.to_string(),
-        Some(Value::String(e)) if e == DEFAULT_ENVIRONMENT => e.clone(),
-        Some(Value::String(e)) => {
-            let shown: String = e.chars().take(64).collect();
-            return Err(error(
-                404,
-                "not_found",
-                &format!("No such environment: {shown}"),
-            ));
-        }
+        // Whether it exists is the daemon's to say (404).
+        Some(Value::String(e)) => e.clone(),
         Some(_) => {
             return Err(error(
                 422,
@@ -617,6 +638,7 @@ fn parse_fields(o: &serde_json::Map<String, Value>, limits: Limits) -> Result<Ex
         callbacks: Vec::new(),
         environment,
         session_id: None,
+        env: None,
     })
 }
 

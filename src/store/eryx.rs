@@ -3,6 +3,10 @@
 //! most `wasm::frame::STATE_BYTES`). A run's state and its session's new expiry are
 //! written in one transaction, and only while the session still exists, so a session
 //! deleted during a run never comes back with that run's state.
+//!
+//! Uploaded environments (`eryx_envs`: id → JSON record): what was uploaded and how
+//! its build went. The packages themselves are files under the data directory
+//! (`daemon::eryx_envs`).
 
 use super::{decode, encode, Store, StoreError, Tables};
 use serde::{Deserialize, Serialize};
@@ -23,7 +27,72 @@ pub struct EryxSessionRecord {
     pub expires_at_ms: u64,
 }
 
+/// One uploaded environment, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EryxEnvRecord {
+    /// Owning tenant.
+    pub tenant: String,
+    /// Its name, unique in the tenant.
+    pub name: String,
+    /// `building`, `ready` or `failed`.
+    pub status: String,
+    /// Modules imported into its snapshot.
+    pub imports: Vec<String>,
+    /// The packages' names as uploaded.
+    pub packages: Vec<String>,
+    /// Why its last build failed.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The snapshot its last good build made (its name says which engine and CPU it
+    /// is for).
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// Unix milliseconds.
+    pub created_at_ms: u64,
+    /// Unix milliseconds.
+    pub updated_at_ms: u64,
+}
+
 impl Store {
+    /// Writes environment `id`'s record; with `new`, only if no record has that id
+    /// (`false` then). Without `new`, only if the record still exists (`false` when it
+    /// was deleted meanwhile).
+    pub fn put_eryx_env_then(
+        &self,
+        id: &str,
+        rec: &EryxEnvRecord,
+        new: bool,
+        then: impl FnOnce(Result<bool, StoreError>) + Send + 'static,
+    ) {
+        let bytes = match encode(id, rec) {
+            Ok(b) => b,
+            Err(e) => return then(Err(e)),
+        };
+        let id = id.to_string();
+        self.write_then(
+            bytes.len(),
+            move |t, wtxn| {
+                if t.eryx_envs.get(wtxn, &id)?.is_some() == new {
+                    return Ok(false);
+                }
+                t.eryx_envs.put(wtxn, &id, &bytes)?;
+                Ok(true)
+            },
+            then,
+        );
+    }
+
+    /// Deletes environment `id`'s record; whether it existed.
+    pub fn delete_eryx_env_then(
+        &self,
+        id: &str,
+        then: impl FnOnce(Result<bool, StoreError>) + Send + 'static,
+    ) {
+        let id = id.to_string();
+        self.write_then(0, move |t, wtxn| Ok(t.eryx_envs.delete(wtxn, &id)?), then);
+    }
+
     /// Inserts a new session; `false` when the id exists (ids are random: never
     /// expected).
     ///
@@ -108,6 +177,24 @@ impl Store {
 }
 
 impl Tables {
+    /// Every uploaded environment (id, record). Corrupt records are logged and
+    /// skipped.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn eryx_envs(&self) -> Result<Vec<(String, EryxEnvRecord)>, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        let mut out = Vec::new();
+        for item in self.eryx_envs.iter(&rtxn)? {
+            let (id, bytes) = item?;
+            match decode(id, bytes) {
+                Ok(rec) => out.push((id.to_string(), rec)),
+                Err(e) => log::error!("store: eryx environment: {e}"),
+            }
+        }
+        Ok(out)
+    }
+
     /// Every eryx session (id, record). Corrupt records are logged and skipped.
     ///
     /// # Errors

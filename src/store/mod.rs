@@ -99,6 +99,8 @@ pub struct Tables {
     eryx_sessions: Database<Str, Bytes>,
     /// The eryx face's session state: id → dill's bytes.
     eryx_state: Database<Str, Bytes>,
+    /// The eryx face's uploaded environments: id → JSON record.
+    eryx_envs: Database<Str, Bytes>,
 }
 
 /// The tables and the writer thread. Reads go to [`Tables`] (through `Deref`).
@@ -135,6 +137,7 @@ impl Store {
         let volumes = env.create_database(&mut wtxn, Some("volumes"))?;
         let eryx_sessions = env.create_database(&mut wtxn, Some("eryx_sessions"))?;
         let eryx_state = env.create_database(&mut wtxn, Some("eryx_state"))?;
+        let eryx_envs = env.create_database(&mut wtxn, Some("eryx_envs"))?;
         wtxn.commit()?;
         let tables = Arc::new(Tables {
             env,
@@ -146,6 +149,7 @@ impl Store {
             volumes,
             eryx_sessions,
             eryx_state,
+            eryx_envs,
         });
         let writer = writer::Writer::start(Arc::clone(&tables))
             .map_err(|e| StoreError::Lmdb(heed::Error::Io(e)))?;

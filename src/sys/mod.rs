@@ -14,6 +14,11 @@ pub mod seccomp;
 /// also owns every workspace and volume the programs write.
 pub const NOBODY: u32 = 65534;
 
+/// The uid and gid of eryx environment builds (`wasm::build`): not [`NOBODY`], so a
+/// WebAssembly worker (which runs as nobody) can never write into a build going on.
+/// Debian reserves 65000–65533 and allocates none of them to users or packages.
+pub const BUILDER: u32 = 65533;
+
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 

@@ -11,6 +11,7 @@
 //! they die in a row.
 
 // Shared with the worker, which includes the same file (`wasm-worker/src/main.rs`).
+pub mod build;
 pub mod frame;
 
 use crate::cgroup::{Hierarchy, HostLimits};
@@ -48,6 +49,17 @@ pub struct RunRequest {
     /// bytes; `None` before the first). The worker restores it before the code and
     /// answers the state to keep in [`RunAnswer::state`].
     pub session: Option<Option<Vec<u8>>>,
+    /// Set for a run in an uploaded environment: its snapshot and site-packages.
+    pub env: Option<EnvPaths>,
+}
+
+/// An uploaded environment's build, as a run uses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvPaths {
+    /// Its snapshot.
+    pub snapshot: std::path::PathBuf,
+    /// Its unpacked packages.
+    pub site: std::path::PathBuf,
 }
 
 /// Calls one run may make to its callbacks.
@@ -155,6 +167,11 @@ pub enum State {
 /// The daemon's handle on the engine.
 pub struct Engine {
     tx: crossbeam_channel::Sender<Msg>,
+    builds: Option<crossbeam_channel::Sender<(build::BuildRequest, build::BuildReply)>>,
+    builder: Option<std::thread::JoinHandle<()>>,
+    /// The standard snapshot's file name once it is made (an environment built for
+    /// another one is out of date).
+    snapshot: Arc<Mutex<Option<String>>>,
     next_run: std::sync::atomic::AtomicU64,
     state: Arc<Mutex<State>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -174,6 +191,19 @@ impl Engine {
     ) -> std::io::Result<Engine> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let state = Arc::new(Mutex::new(State::Starting));
+        let snapshot = Arc::new(Mutex::new(None));
+        let builder = build::Builder {
+            worker: worker.clone(),
+            cache_dir: cfg.cache_dir.clone(),
+            cgroups: cgroups.clone(),
+            slice: slice.clone(),
+            timeout: Duration::from_millis(cfg.build_timeout_ms),
+            memory_bytes: cfg.build_memory_bytes,
+        };
+        let (builds, build_rx) = crossbeam_channel::unbounded();
+        let builder = std::thread::Builder::new()
+            .name("isobox-wasm-build".into())
+            .spawn(move || builder.main(&build_rx))?;
         let cfg_threads = cfg.threads.max(1);
         let sup = Supervisor {
             cfg,
@@ -188,12 +218,16 @@ impl Engine {
             pending: HashMap::new(),
             queued: Vec::new(),
             prepared_failed: false,
+            snapshot: Arc::clone(&snapshot),
         };
         let thread = std::thread::Builder::new()
             .name("isobox-wasm-sup".into())
             .spawn(move || sup.main())?;
         Ok(Engine {
             tx,
+            builds: Some(builds),
+            builder: Some(builder),
+            snapshot,
             next_run: std::sync::atomic::AtomicU64::new(1),
             state,
             thread: Some(thread),
@@ -220,6 +254,25 @@ impl Engine {
         let _ = self.tx.send(Msg::Answer(run, call, result));
     }
 
+    /// Queues an environment's build (one at a time, in order); `reply` gets how it
+    /// went.
+    pub fn build(&self, req: build::BuildRequest, reply: build::BuildReply) {
+        match &self.builds {
+            Some(tx) => {
+                if let Err(crossbeam_channel::SendError((_, reply))) = tx.send((req, reply)) {
+                    reply(Err("The server is shutting down".into()));
+                }
+            }
+            None => reply(Err("The server is shutting down".into())),
+        }
+    }
+
+    /// The standard snapshot's file name, once it is made: an environment's build is
+    /// current when its snapshot has this name.
+    pub fn snapshot_name(&self) -> Option<String> {
+        self.snapshot.lock().ok().and_then(|s| s.clone())
+    }
+
     /// What the engine is doing.
     pub fn state(&self) -> State {
         self.state
@@ -234,6 +287,10 @@ impl Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // A build going is not waited for: its process dies with the builder's
+        // thread's parent (the daemon), and its environment is built again at start.
+        self.builds = None;
+        drop(self.builder.take());
     }
 }
 
@@ -297,6 +354,8 @@ struct Supervisor {
     queued: Vec<Queued>,
     /// The snapshot could not be made: nothing can run until a restart.
     prepared_failed: bool,
+    /// The snapshot's file name, once made.
+    snapshot: Arc<Mutex<Option<String>>>,
 }
 
 impl Supervisor {
@@ -407,11 +466,17 @@ impl Supervisor {
                 err.trim().chars().take(2000).collect::<String>()
             ));
         }
+        let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
         log::info!(
-            "wasm: Python snapshot {} ready in {} ms",
-            String::from_utf8_lossy(&out.stdout).trim(),
+            "wasm: Python snapshot {path} ready in {} ms",
             t0.elapsed().as_millis()
         );
+        let name = std::path::Path::new(&path)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        if let Ok(mut s) = self.snapshot.lock() {
+            *s = name;
+        }
         Ok(())
     }
 
@@ -619,6 +684,9 @@ impl Supervisor {
         });
         // A session run has two bookkeeping phases beside the code, each with its
         // own bound (restoring its state, saving it).
+        if let Some(env) = &req.env {
+            frame["env"] = serde_json::json!({"snapshot": env.snapshot, "site": env.site});
+        }
         let mut allowed = Duration::from_millis(req.timeout_ms) + STUCK_GRACE;
         if let Some(state) = &req.session {
             use base64::Engine as _;

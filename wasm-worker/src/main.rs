@@ -12,10 +12,14 @@
 //!   filter (`seccomp.rs`) and serves runs on fd 3, a Unix stream socket to the
 //!   daemon, in frames of a 4-byte big-endian length and a JSON object ([`Request`]
 //!   in, [`Answer`] out; `{"ready": …}` first).
+//! - `isobox-wasm build --cache DIR --packages DIR --out DIR [--name N]… [--import M]…`:
+//!   an eryx environment's snapshot (`build.rs`); one JSON line on stdout says how it
+//!   went.
 //! - `isobox-wasm selftest`: installs the filter and prints what it refuses.
 //! - `isobox-wasm bench --cache DIR`: the in-process reference of `bench/load/eryx.py`.
 
 // The frames' format, one file shared with the daemon (`src/wasm/frame.rs`).
+mod build;
 #[path = "../../src/wasm/frame.rs"]
 mod frame;
 mod seccomp;
@@ -74,6 +78,19 @@ struct Request {
     /// and saved after it.
     #[serde(default)]
     session: Option<SessionIn>,
+    /// Present when the run is in an uploaded environment: its snapshot and the
+    /// site-packages it was built with (made by `isobox-wasm build`).
+    #[serde(default)]
+    env: Option<EnvIn>,
+}
+
+/// An uploaded environment a run uses.
+#[derive(Debug, Deserialize)]
+struct EnvIn {
+    /// Its snapshot (`.cwasm`).
+    snapshot: PathBuf,
+    /// Its unpacked packages, mounted read-only at `/site-packages`.
+    site: PathBuf,
 }
 
 /// A session run's state going in.
@@ -151,6 +168,49 @@ fn main() {
         std::process::exit(2);
     };
     let code = match args.get(1).map(String::as_str) {
+        Some("build") => {
+            let many = |name: &str| -> Vec<String> {
+                args.windows(2)
+                    .filter(|w| w[0] == name)
+                    .map(|w| w[1].clone())
+                    .collect()
+            };
+            let (Some(packages), Some(out)) = (flag("--packages"), flag("--out")) else {
+                eprintln!("usage: isobox-wasm build --cache DIR --packages DIR --out DIR [--name N]... [--import M]...");
+                std::process::exit(2);
+            };
+            let (packages, out) = (PathBuf::from(packages), PathBuf::from(out));
+            let result = stdlib(&cache).and_then(|lib| {
+                // The runtime first: its signal driver makes a socket pair.
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                // Unpacking and importing packages is running what a tenant sent: from
+                // here on no socket, exec or new process (as a serving worker).
+                seccomp::install()?;
+                let name = snapshot_path(&out)
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .to_string();
+                build::build(
+                    &rt,
+                    &lib,
+                    &packages,
+                    &many("--name"),
+                    &out,
+                    &many("--import"),
+                    &name,
+                )
+            });
+            let line = match &result {
+                Ok(name) => serde_json::json!({ "snapshot": name }),
+                Err(e) => serde_json::json!({ "error": e }),
+            };
+            println!("{line}");
+            i32::from(result.is_err())
+        }
         Some("prepare") => match prepare(&cache) {
             Ok(p) => {
                 println!("{}", p.display());
@@ -325,6 +385,7 @@ fn serve_on(
         waiting: Mutex::new(HashMap::new()),
         next: AtomicU64::new(0),
     });
+    let mut envs = Envs::default();
     let mut input = sock;
     loop {
         let frame = match read_frame(&mut input) {
@@ -346,7 +407,26 @@ fn serve_on(
             Ok(r) => r,
             Err(e) => return Err(format!("a request that is not one: {e}")),
         };
-        let (executor, tx, calls) = (Arc::clone(&executor), tx.clone(), Arc::clone(&calls));
+        let executor = match req.env.as_ref() {
+            None => Arc::clone(&executor),
+            Some(env) => match envs.get(env, &lib) {
+                Ok(e) => e,
+                Err(e) => {
+                    let _ = tx.send(answer_frame(&Answer {
+                        id: req.id,
+                        status: "error",
+                        stdout: String::new(),
+                        stderr: String::new(),
+                        compute_units: 0,
+                        error: Some(format!("The environment could not be loaded: {e}")),
+                        state: None,
+                        unsaved_variables: Vec::new(),
+                    }));
+                    continue;
+                }
+            },
+        };
+        let (tx, calls) = (tx.clone(), Arc::clone(&calls));
         rt.spawn(async move {
             let answer = run(&executor, req, Some(&calls)).await;
             let _ = tx.send(answer_frame(&answer));
@@ -356,6 +436,43 @@ fn serve_on(
     rt.shutdown_timeout(Duration::from_millis(100));
     let _ = writer.join();
     Ok(())
+}
+
+/// Uploaded environments' executors, loaded at their first run and kept for the next
+/// (at most [`ENVS_KEPT`]; the least recently used goes first).
+#[derive(Default)]
+struct Envs {
+    loaded: Vec<(PathBuf, Arc<eryx::PythonExecutor>)>,
+}
+
+/// Environments' executors one worker keeps loaded.
+const ENVS_KEPT: usize = 8;
+
+impl Envs {
+    fn get(&mut self, env: &EnvIn, lib: &Path) -> Result<Arc<eryx::PythonExecutor>, String> {
+        if let Some(i) = self.loaded.iter().position(|(p, _)| *p == env.snapshot) {
+            let kept = self.loaded.remove(i);
+            let e = Arc::clone(&kept.1);
+            self.loaded.push(kept);
+            return Ok(e);
+        }
+        // SAFETY: an environment's snapshot is compiled by `isobox-wasm build` of this
+        // same binary (same eryx, wasmtime and settings), then made root's and
+        // read-only by the daemon before any run uses it; wasmtime checks its version
+        // and settings on load and refuses a mismatch.
+        let executor = unsafe { eryx::PythonExecutor::from_precompiled_file(&env.snapshot) }
+            .map_err(|e| format!("loading {}: {e}", env.snapshot.display()))?
+            .with_python_stdlib(lib)
+            .with_site_packages(&env.site)
+            .with_result_variable(OUTCOME_VAR);
+        let executor = Arc::new(executor);
+        if self.loaded.len() >= ENVS_KEPT {
+            self.loaded.remove(0);
+        }
+        self.loaded
+            .push((env.snapshot.clone(), Arc::clone(&executor)));
+        Ok(executor)
+    }
 }
 
 /// An answer as its frame; one too large to send (never expected: every part is
@@ -1154,6 +1271,7 @@ fn bench(cache: &Path, runs: usize, code: &str, session: bool) -> Result<(), Str
             session: session.then(|| SessionIn {
                 state: state.clone(),
             }),
+            env: None,
         };
         let t0 = std::time::Instant::now();
         let a = rt.block_on(run(&executor, req, None));

@@ -1,0 +1,252 @@
+//! Building eryx environments: a thread of the daemon (started with the engine, before
+//! the reactor's seccomp filter, since it forks) that runs one `isobox-wasm build` at a
+//! time, jailed as a worker is (its own cgroup with `ISOBOX_ERYX_BUILD_MEMORY_MB` and
+//! two cores, no network, no new privileges, the worker's seccomp filter once its
+//! runtime exists), but as a user of its own (`sys::BUILDER`, not the workers'
+//! nobody), stopped past `ISOBOX_ERYX_BUILD_TIMEOUT_S`.
+//!
+//! The build writes into a directory the daemon made for it and handed to that user;
+//! once it ends, everything in it becomes root's and read-only, so neither a worker nor
+//! a later build can change a snapshot that runs load.
+
+use crate::cgroup::{Hierarchy, HostLimits};
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One environment to build.
+#[derive(Debug, Clone)]
+pub struct BuildRequest {
+    /// The uploaded packages (`NN.whl`, `NN.tar.gz`, `NN.tgz`), unpacked in name order.
+    pub packages: PathBuf,
+    /// Their names as uploaded (for errors).
+    pub names: Vec<String>,
+    /// An empty directory for the build's output (`site-packages/` and the snapshot).
+    pub out: PathBuf,
+    /// Modules to import into the snapshot.
+    pub imports: Vec<String>,
+}
+
+/// How a build went: the snapshot's file name in `out`, or why it failed (for the
+/// environment's `error`).
+pub type BuildResult = Result<String, String>;
+
+/// Where a build's result goes (called on the builder thread: it must not block).
+pub type BuildReply = Box<dyn FnOnce(BuildResult) + Send>;
+
+/// The builder's settings.
+pub(super) struct Builder {
+    pub worker: PathBuf,
+    pub cache_dir: PathBuf,
+    pub cgroups: Option<Hierarchy>,
+    pub slice: String,
+    pub timeout: Duration,
+    pub memory_bytes: u64,
+}
+
+/// Bytes of the build's answer read (one JSON line; its error is at most 64 KiB).
+const ANSWER_BYTES: u64 = 1 << 20;
+
+impl Builder {
+    /// Builds until the channel closes.
+    pub(super) fn main(self, rx: &crossbeam_channel::Receiver<(BuildRequest, BuildReply)>) {
+        let mut n = 0u64;
+        for (req, reply) in rx {
+            n += 1;
+            let t0 = Instant::now();
+            let result = self.build(n, &req);
+            if let Err(e) = seal(&req.out) {
+                log::error!("wasm: sealing {}: {e}", req.out.display());
+            }
+            match &result {
+                Ok(s) => log::info!(
+                    "wasm: environment built into {} ({s}) in {} ms",
+                    req.out.display(),
+                    t0.elapsed().as_millis()
+                ),
+                Err(e) => log::info!(
+                    "wasm: environment build {} failed in {} ms: {}",
+                    req.out.display(),
+                    t0.elapsed().as_millis(),
+                    e.lines().next().unwrap_or_default()
+                ),
+            }
+            reply(result);
+        }
+    }
+
+    fn build(&self, n: u64, req: &BuildRequest) -> BuildResult {
+        let internal = |e: String| {
+            log::error!("wasm: environment build: {e}");
+            "The build could not be started on the server".to_string()
+        };
+        // A fresh directory (what an earlier build left goes), which the build writes
+        // as the builder user; it writes nowhere else.
+        match std::fs::remove_dir_all(&req.out) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(internal(e.to_string())),
+        }
+        std::fs::create_dir(&req.out).map_err(|e| internal(e.to_string()))?;
+        chown(&req.out, crate::sys::BUILDER).map_err(|e| internal(e.to_string()))?;
+        let cgroup = match &self.cgroups {
+            Some(h) => Some(
+                h.create_run(
+                    &self.slice,
+                    &format!("wasm-build-{n}"),
+                    HostLimits {
+                        memory_bytes: self.memory_bytes,
+                        cpu_quota_us: 2 * crate::cgroup::CPU_PERIOD_US,
+                        pids: 64,
+                    },
+                )
+                .map_err(|e| internal(e.to_string()))?,
+            ),
+            None => None,
+        };
+        let result = self.run(req, cgroup.as_ref());
+        if let Some(cg) = cgroup {
+            cg.kill_all();
+            if let Err(e) = cg.destroy() {
+                log::warn!("wasm: removing a build's cgroup: {e}");
+            }
+        }
+        result.map_err(|e| match e {
+            Why::Internal(e) => internal(e),
+            Why::User(e) => e,
+        })
+    }
+
+    fn run(
+        &self,
+        req: &BuildRequest,
+        cgroup: Option<&crate::cgroup::RunCgroup>,
+    ) -> Result<String, Why> {
+        let procs: Vec<OwnedFd> = match cgroup {
+            Some(cg) => cg.open_procs().map_err(|e| Why::Internal(e.to_string()))?,
+            None => Vec::new(),
+        };
+        // fd 3 of a jailed process; a build does not use it.
+        let (_ours, theirs) = UnixStream::pair().map_err(|e| Why::Internal(e.to_string()))?;
+        let theirs = OwnedFd::from(theirs);
+        let mut cmd = Command::new(&self.worker);
+        cmd.arg("build")
+            .arg("--cache")
+            .arg(&self.cache_dir)
+            .arg("--packages")
+            .arg(&req.packages)
+            .arg("--out")
+            .arg(&req.out);
+        for name in &req.names {
+            cmd.arg("--name").arg(name);
+        }
+        for m in &req.imports {
+            cmd.arg("--import").arg(m);
+        }
+        cmd.env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        crate::sys::jail_on_spawn(&mut cmd, &procs, &theirs, crate::sys::BUILDER);
+        let spawned = cmd.spawn();
+        drop(theirs);
+        drop(procs);
+        let mut child =
+            spawned.map_err(|e| Why::Internal(format!("{}: {e}", self.worker.display())))?;
+        // Read on a thread of its own, so a long answer never fills the pipe while the
+        // build is waited for.
+        let stdout = child.stdout.take();
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(out) = stdout {
+                let _ = out.take(ANSWER_BYTES).read_to_string(&mut s);
+            }
+            s
+        });
+        let deadline = Instant::now() + self.timeout;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() >= deadline => break None,
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => return Err(Why::Internal(e.to_string())),
+            }
+        };
+        if status.is_none() {
+            let _ = crate::sys::kill_group(child.id() as i32, libc::SIGKILL);
+            let _ = child.kill();
+            let _ = child.wait();
+            if let Some(cg) = cgroup {
+                cg.kill_all();
+            }
+            let _ = reader.join();
+            return Err(Why::User(format!(
+                "The build took longer than {} s and was stopped",
+                self.timeout.as_secs()
+            )));
+        }
+        let answer = reader.join().unwrap_or_default();
+        let v: serde_json::Value = match serde_json::from_str(answer.trim()) {
+            Ok(v) => v,
+            Err(_) => {
+                let oom = cgroup.is_some_and(|cg| cg.oom_kills() > 0);
+                return Err(Why::User(if oom {
+                    format!(
+                        "The build ran out of memory (it may use {} MiB)",
+                        self.memory_bytes >> 20
+                    )
+                } else {
+                    format!(
+                        "The build ended without an answer ({})",
+                        status.map(|s| s.to_string()).unwrap_or_default()
+                    )
+                }));
+            }
+        };
+        if let Some(name) = v["snapshot"].as_str() {
+            return Ok(name.to_string());
+        }
+        Err(Why::User(
+            v["error"]
+                .as_str()
+                .unwrap_or("The build failed without saying why")
+                .to_string(),
+        ))
+    }
+}
+
+/// Why a build failed: the user's packages (shown to them), or the server (logged; the
+/// user is told only that).
+enum Why {
+    User(String),
+    Internal(String),
+}
+
+fn chown(path: &Path, id: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(id), Some(id))
+}
+
+/// Makes everything under `dir` root's and read-only (links are not followed: a build
+/// cannot make any).
+pub fn seal(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(dir)?;
+    chown(dir, 0)?;
+    if meta.is_dir() {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555))?;
+        for entry in std::fs::read_dir(dir)? {
+            seal(&entry?.path())?;
+        }
+    } else if meta.is_file() {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o444))?;
+    } else {
+        // Never made by a build; not left for a worker to follow.
+        std::fs::remove_file(dir)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,707 @@
+//! The eryx face's uploaded environments (`/eryx/v1/environments`, eryx-api.md,
+//! *Environments*), on the real daemon, the real jailed builder and worker: the
+//! document's example run unchanged with curl (jinja2 and markupsafe wheels from PyPI,
+//! `make test-wheels`); `409 environment_not_ready` while building; runs and sessions
+//! in an environment; an environment kept across a restart and rebuilt when it was
+//! built for another snapshot; delete; builds that fail (native Linux code, a failing
+//! import, a package escaping its directory, one that is not a wheel, a build past its
+//! time); the form's bounds (50 MB of packages at and above, the body's cap) and
+//! rules; the per-tenant limit (429 `environment_limit`); nothing left behind.
+
+mod common;
+use common::{Daemon, Resp};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const WHEELS: &str = "/var/cache/isobox-tools/wheels";
+
+/// One part of a form: field, file name (a file part) and content.
+type Part<'a> = (&'a str, Option<&'a str>, Vec<u8>);
+
+/// A multipart form: its Content-Type and body.
+fn form(parts: &[Part]) -> (String, Vec<u8>) {
+    let b = "isoboxTestBoundary7f3a";
+    let mut body = Vec::new();
+    for (name, file, content) in parts {
+        body.extend_from_slice(format!("--{b}\r\n").as_bytes());
+        let disp = match file {
+            Some(f) => format!(
+                "Content-Disposition: form-data; name=\"{name}\"; filename=\"{f}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+            ),
+            None => format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n"),
+        };
+        body.extend_from_slice(disp.as_bytes());
+        body.extend_from_slice(content);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{b}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={b}"), body)
+}
+
+fn upload(d: &Daemon, parts: &[Part]) -> Resp {
+    let (ct, body) = form(parts);
+    d.request(
+        "POST",
+        "/eryx/v1/environments",
+        &[("Content-Type", ct.as_str())],
+        &body,
+    )
+}
+
+fn run(d: &Daemon, env: &str, code: &str) -> Resp {
+    d.request(
+        "POST",
+        "/eryx/v1/execute",
+        &[("Content-Type", "application/json")],
+        json!({"code": code, "environment": env})
+            .to_string()
+            .as_bytes(),
+    )
+}
+
+/// A run that must succeed: its stdout.
+fn ok(d: &Daemon, env: &str, code: &str) -> String {
+    let r = run(d, env, code);
+    assert_eq!(r.status, 200, "{}\nlog:\n{}", r.text(), d.log());
+    let v = r.json();
+    assert_eq!(v["status"], "success", "{code}: {v}");
+    v["stdout"].as_str().unwrap().to_string()
+}
+
+/// `{"error": {"code", "message"}}` and nothing else: status, code, message.
+fn refusal(r: &Resp) -> (u16, String, String) {
+    let v = r.json();
+    assert_eq!(v.as_object().map(|o| o.len()), Some(1), "{v}");
+    assert_eq!(v["error"].as_object().map(|o| o.len()), Some(2), "{v}");
+    (
+        r.status,
+        v["error"]["code"].as_str().unwrap().to_string(),
+        v["error"]["message"].as_str().unwrap().to_string(),
+    )
+}
+
+/// The environment once its build ended (`ready` or `failed`).
+fn built(d: &Daemon, name: &str) -> Value {
+    let t0 = Instant::now();
+    loop {
+        let r = d.get(&format!("/eryx/v1/environments/{name}"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        if v["status"] != "building" {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "{name} still building: {v}\nlog:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// An environment as the API shows it: exactly the document's fields (and `error`
+/// when failed).
+fn check_fields(v: &Value) {
+    let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    let mut want = vec![
+        "created_at",
+        "id",
+        "imports",
+        "name",
+        "packages",
+        "status",
+        "updated_at",
+    ];
+    if v["status"] == "failed" {
+        want.insert(1, "error");
+    }
+    assert_eq!(keys, want, "{v}");
+    let at = v["created_at"].as_str().unwrap();
+    assert_eq!((at.len(), &at[10..11], &at[19..]), (20, "T", "Z"), "{v}");
+}
+
+fn wheel(name: &str) -> Vec<u8> {
+    std::fs::read(Path::new(WHEELS).join(name))
+        .unwrap_or_else(|e| panic!("{WHEELS}/{name}: {e} (make test-wheels makes it)"))
+}
+
+/// A zip file with `entries` (name, content), made by Python's zipfile.
+fn zip(entries: &[(&str, &str)]) -> Vec<u8> {
+    let path = std::env::temp_dir().join(format!(
+        "isobox-envs-zip-{}-{}.whl",
+        std::process::id(),
+        entries.len()
+    ));
+    let spec = serde_json::to_string(&entries).unwrap();
+    let st = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import json, sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\nfor n, c in json.loads(sys.argv[2]):\n    z.writestr(n, c)\nz.close()")
+        .arg(&path)
+        .arg(spec)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let b = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    b
+}
+
+/// The environments' directories under the daemon's data directory.
+fn env_dirs(d: &Daemon) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(d.data_dir.join("eryx-envs"))
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The document's upload and its run, as the document writes them (only the base URL
+/// differs), run by curl in a directory holding the two wheels.
+const DOC_UPLOAD: &str = r#"curl -X POST https://api.dev.eryx.run/v1/environments -H "Authorization: Bearer $ERYX_API_KEY" \
+  -F name=templating -F imports=jinja2 \
+  -F package=@jinja2-3.1.4-py3-none-any.whl -F package=@markupsafe-3.0.2-py3-none-any.whl"#;
+const DOC_RUN: &str = r#"curl -X POST https://api.dev.eryx.run/v1/execute -H "Authorization: Bearer $ERYX_API_KEY" \
+  -H "Content-Type: application/json" \
+  -d '{"code": "from markupsafe import escape\nprint(escape(\"<b>hi</b>\"))", "environment": "templating"}'"#;
+
+fn doc_curl(d: &Daemon, snippet: &str, key: &str) -> Value {
+    let seed = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/seeds/eryx-api.md");
+    if let Ok(doc) = std::fs::read_to_string(&seed) {
+        assert!(
+            doc.contains(snippet),
+            "the snippet is no longer the document's"
+        );
+    }
+    let base = format!("http://{}/eryx", d.addr);
+    let cmd = snippet.replace("https://api.dev.eryx.run", &base);
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{cmd} -sS"))
+        .current_dir(WHEELS)
+        .env("ERYX_API_KEY", key)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stdout)))
+}
+
+#[test]
+fn test_the_documents_environment_runs_lives_across_restarts_and_is_rebuilt_when_stale() {
+    const KEY: &str = "eryx_env_key";
+    let mut d = Daemon::start_with(&[("ISOBOX_API_KEYS", KEY)]);
+    d.wait_ready();
+    let auth = format!("Bearer {KEY}");
+    let h = |ct: &str| {
+        vec![
+            ("Authorization", auth.clone()),
+            ("Content-Type", ct.to_string()),
+        ]
+    };
+    let req = |d: &Daemon, method: &str, path: &str, ct: &str, body: &[u8]| {
+        let hs = h(ct);
+        let hs: Vec<(&str, &str)> = hs.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        d.request(method, path, &hs, body)
+    };
+    // The document's upload, unchanged: 202, building, its fields exactly.
+    let v = doc_curl(&d, DOC_UPLOAD, KEY);
+    check_fields(&v);
+    assert_eq!(v["name"], "templating");
+    assert_eq!(v["status"], "building");
+    assert_eq!(v["imports"], json!(["jinja2"]));
+    assert_eq!(
+        v["packages"],
+        json!([
+            "jinja2-3.1.4-py3-none-any.whl",
+            "markupsafe-3.0.2-py3-none-any.whl"
+        ])
+    );
+    let id = v["id"].as_str().unwrap().to_string();
+    // While it builds, runs in it are refused.
+    let code = r#"{"code": "print(1)", "environment": "templating"}"#;
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/execute",
+        "application/json",
+        code.as_bytes(),
+    );
+    let (status, c, m) = refusal(&r);
+    assert_eq!((status, c.as_str()), (409, "environment_not_ready"), "{m}");
+    // Without a key: 401, as every route.
+    let r = d.get("/eryx/v1/environments");
+    assert_eq!(refusal(&r).1, "missing_auth");
+    // Ready, then the document's run, unchanged.
+    let t0 = Instant::now();
+    let v = loop {
+        let r = req(
+            &d,
+            "GET",
+            "/eryx/v1/environments/templating",
+            "application/json",
+            b"",
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        if v["status"] != "building" {
+            break v;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(300), "{v}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(v["status"], "ready", "{v}\nlog:\n{}", d.log());
+    check_fields(&v);
+    // What the build wrote is root's and read-only (no worker or later build can
+    // change a snapshot that runs load).
+    {
+        use std::os::unix::fs::MetadataExt;
+        let build = d.data_dir.join("eryx-envs").join(&id).join("build");
+        let mut seen = 0;
+        let mut stack = vec![build];
+        while let Some(p) = stack.pop() {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            assert_eq!((m.uid(), m.gid()), (0, 0), "{}", p.display());
+            let want = if m.is_dir() { 0o555 } else { 0o444 };
+            assert_eq!(m.mode() & 0o7777, want, "{}", p.display());
+            if m.is_dir() {
+                stack.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+            }
+            seen += 1;
+        }
+        assert!(seen > 20, "{seen}");
+    }
+    let out = doc_curl(&d, DOC_RUN, KEY);
+    assert_eq!(out["status"], "success", "{out}");
+    assert_eq!(out["stdout"], "&lt;b&gt;hi&lt;/b&gt;\n", "{out}");
+    // jinja2 was imported at the build (in the snapshot); it renders; the same code
+    // uses the same compute units every time.
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/execute",
+        "application/json",
+        json!({"environment": "templating", "code": "import sys\npre = 'jinja2' in sys.modules\nimport jinja2\nprint(pre, jinja2.Template('Hello {{ n }}!').render(n='<Ada>'))"}).to_string().as_bytes(),
+    );
+    let a = r.json();
+    assert_eq!(a["stdout"], "True Hello <Ada>!\n", "{a}");
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/execute",
+        "application/json",
+        json!({"environment": "templating", "code": "import sys\npre = 'jinja2' in sys.modules\nimport jinja2\nprint(pre, jinja2.Template('Hello {{ n }}!').render(n='<Ada>'))"}).to_string().as_bytes(),
+    );
+    assert_eq!(r.json()["compute_units"], a["compute_units"]);
+    // The standard environment has none of it.
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/execute",
+        "application/json",
+        br#"{"code": "import jinja2"}"#,
+    );
+    let v = r.json();
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("ModuleNotFoundError"),
+        "{v}"
+    );
+    // A session in the environment keeps its state; a run in it naming another is 422.
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/sessions",
+        "application/json",
+        br#"{"environment": "templating"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sid = r.json()["id"].as_str().unwrap().to_string();
+    let step = |d: &Daemon, body: Value| {
+        req(
+            d,
+            "POST",
+            &format!("/eryx/v1/sessions/{sid}/execute"),
+            "application/json",
+            body.to_string().as_bytes(),
+        )
+    };
+    let v = step(
+        &d,
+        json!({"code": "from markupsafe import Markup\nm = Markup('<i>a</i>')"}),
+    )
+    .json();
+    assert_eq!(v["status"], "success", "{v}");
+    let v = step(
+        &d,
+        json!({"code": "print(m + '<b>')", "environment": "templating"}),
+    )
+    .json();
+    assert_eq!(v["stdout"], "<i>a</i>&lt;b&gt;\n", "{v}");
+    let r = step(&d, json!({"code": "print(1)", "environment": "python"}));
+    assert_eq!(refusal(&r).0, 422);
+    // A session in an environment that does not exist: 404.
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/sessions",
+        "application/json",
+        br#"{"environment": "nope"}"#,
+    );
+    assert_eq!(refusal(&r).1, "not_found");
+    // The same name again: 409 conflict.
+    let (ct, body) = form(&[("name", None, b"templating".to_vec())]);
+    let r = req(&d, "POST", "/eryx/v1/environments", &ct, &body);
+    let (status, c, _) = refusal(&r);
+    assert_eq!((status, c.as_str()), (409, "conflict"));
+    // Listed.
+    let r = req(&d, "GET", "/eryx/v1/environments", "application/json", b"");
+    let list = r.json();
+    let list = list["environments"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["id"], id.as_str());
+    // Durable: a restart keeps it ready, and its session.
+    d.stop_keep_data();
+    let mut d = Daemon::start_with(&[
+        ("ISOBOX_INSTANCE", &d.instance.clone()),
+        ("ISOBOX_API_KEYS", KEY),
+    ]);
+    d.wait_ready();
+    let v = step(
+        &d,
+        json!({"code": "import jinja2\nprint(m, jinja2.__version__)"}),
+    )
+    .json();
+    assert_eq!(v["stdout"], "<i>a</i> 3.1.4\n", "{v}\nlog:\n{}", d.log());
+    // Built for another snapshot (as after an upgrade of eryx, or on another CPU): the
+    // next use rebuilds it, and gets 409 meanwhile.
+    d.stop_keep_data();
+    {
+        let store = isobox::store::Store::open(&d.data_dir.join("state")).unwrap();
+        let (_, mut rec) = store
+            .eryx_envs()
+            .unwrap()
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .unwrap();
+        rec.snapshot = Some("python-eryx0.4.0-0000000000000000.cwasm".into());
+        let (tx, rx) = std::sync::mpsc::channel();
+        store.put_eryx_env_then(&id, &rec, false, move |r| tx.send(r.unwrap()).unwrap());
+        assert!(rx.recv().unwrap());
+    }
+    let d = Daemon::start_with(&[
+        ("ISOBOX_INSTANCE", &d.instance.clone()),
+        ("ISOBOX_API_KEYS", KEY),
+    ]);
+    d.wait_ready();
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/execute",
+        "application/json",
+        code.as_bytes(),
+    );
+    let (status, c, m) = refusal(&r);
+    assert_eq!((status, c.as_str()), (409, "environment_not_ready"));
+    assert!(m.contains("rebuilt"), "{m}");
+    let t0 = Instant::now();
+    loop {
+        let r = req(
+            &d,
+            "GET",
+            "/eryx/v1/environments/templating",
+            "application/json",
+            b"",
+        );
+        if r.json()["status"] == "ready" {
+            break;
+        }
+        assert_eq!(r.json()["status"], "building", "{}", r.text());
+        assert!(t0.elapsed() < Duration::from_secs(300), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/execute",
+        "application/json",
+        code.as_bytes(),
+    );
+    assert_eq!(r.json()["stdout"], "1\n", "{}", r.text());
+    // Deleted: 204, then gone for every route, and its directory with it.
+    assert_eq!(env_dirs(&d), std::slice::from_ref(&id));
+    let r = req(
+        &d,
+        "DELETE",
+        "/eryx/v1/environments/templating",
+        "application/json",
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    let r = req(
+        &d,
+        "GET",
+        "/eryx/v1/environments/templating",
+        "application/json",
+        b"",
+    );
+    assert_eq!(refusal(&r).1, "not_found");
+    let r = req(
+        &d,
+        "POST",
+        "/eryx/v1/execute",
+        "application/json",
+        code.as_bytes(),
+    );
+    assert_eq!(refusal(&r).1, "not_found");
+    let r = req(
+        &d,
+        "DELETE",
+        "/eryx/v1/environments/templating",
+        "application/json",
+        b"",
+    );
+    assert_eq!(refusal(&r).1, "not_found");
+    let t0 = Instant::now();
+    while !env_dirs(&d).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", env_dirs(&d));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    d.stop();
+}
+
+#[test]
+fn test_failed_builds_bad_forms_bounds_and_the_limit() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_ERYX_ENVIRONMENTS", "5"),
+        ("ISOBOX_ERYX_BUILD_TIMEOUT_S", "30"),
+    ]);
+    d.wait_ready();
+    let name = |n: &str| ("name", None, n.as_bytes().to_vec());
+    // Native code for Linux: failed, and why.
+    let native = "MarkupSafe-3.0.2-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl";
+    let r = upload(
+        &d,
+        &[
+            name("native"),
+            ("package", Some(native), wheel(&format!("native/{native}"))),
+            // A file input left empty, as a browser sends it: skipped.
+            ("package", Some(""), Vec::new()),
+        ],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["packages"], json!([native]));
+    let v = built(&d, "native");
+    check_fields(&v);
+    assert_eq!(v["status"], "failed", "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.contains(native)
+            && e.contains("_speedups.cpython-311-x86_64-linux-gnu.so is native code for Linux"),
+        "{e}"
+    );
+    let r = run(&d, "native", "print(1)");
+    let (status, c, m) = refusal(&r);
+    assert_eq!((status, c.as_str()), (409, "environment_not_ready"));
+    assert!(m.contains("failed to build"), "{m}");
+    // An import that fails: its traceback.
+    let bad = zip(&[(
+        "badpkg/__init__.py",
+        "x = 1\nraise ValueError('boom at import')\n",
+    )]);
+    let r = upload(
+        &d,
+        &[
+            name("badimport"),
+            ("imports", None, b"badpkg".to_vec()),
+            ("package", Some("badpkg-1.0-py3-none-any.whl"), bad),
+        ],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let v = built(&d, "badimport");
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("Importing badpkg failed:")
+            && e.contains("/site-packages/badpkg/__init__.py\", line 2")
+            && e.contains("ValueError: boom at import"),
+        "{e}"
+    );
+    // A package that reaches outside its directory, and one that is no wheel.
+    let evil = zip(&[("../../evil.py", "x = 1\n")]);
+    let r = upload(
+        &d,
+        &[
+            name("escape"),
+            ("package", Some("evil-1.0-py3-none-any.whl"), evil),
+        ],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let v = built(&d, "escape");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("points outside its package"),
+        "{v}"
+    );
+    let r = upload(
+        &d,
+        &[
+            name("notzip"),
+            (
+                "package",
+                Some("x-1.0-py3-none-any.whl"),
+                b"not a zip".to_vec(),
+            ),
+        ],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let v = built(&d, "notzip");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("not a readable wheel"),
+        "{v}"
+    );
+    // A build past its time (an import that never ends): stopped, failed, and the
+    // builder goes on with the next.
+    let forever = zip(&[("forever/__init__.py", "while True:\n    pass\n")]);
+    let r = upload(
+        &d,
+        &[
+            name("forever"),
+            ("imports", None, b"forever".to_vec()),
+            ("package", Some("forever-1.0-py3-none-any.whl"), forever),
+        ],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let v = built(&d, "forever");
+    assert_eq!(
+        v["error"], "The build took longer than 30 s and was stopped",
+        "{v}"
+    );
+    // Five environments: the sixth is refused (429 environment_limit) at its head,
+    // before its body is read; one deleted makes room.
+    let r = upload(&d, &[name("sixth")]);
+    let (status, c, m) = refusal(&r);
+    assert_eq!((status, c.as_str()), (429, "environment_limit"));
+    assert_eq!(m, "Your org already has 5 environments (limit: 5)");
+    let r = d.request("DELETE", "/eryx/v1/environments/notzip", &[], b"");
+    assert_eq!(r.status, 204);
+    // Packages of exactly 50 MB in all are taken (this one is no wheel: it fails to
+    // build); one byte more is 413 with the document's message.
+    let half = vec![b'x'; 25 << 20];
+    let r = upload(
+        &d,
+        &[
+            name("big"),
+            ("package", Some("a.whl"), half.clone()),
+            ("package", Some("b.whl"), half.clone()),
+        ],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(built(&d, "big")["status"], "failed");
+    let r = d.request("DELETE", "/eryx/v1/environments/big", &[], b"");
+    assert_eq!(r.status, 204);
+    let mut over = half.clone();
+    over.push(b'x');
+    let r = upload(
+        &d,
+        &[
+            name("big"),
+            ("package", Some("a.whl"), half),
+            ("package", Some("b.whl"), over),
+        ],
+    );
+    let (status, c, m) = refusal(&r);
+    assert_eq!(
+        (status, c.as_str(), m.as_str()),
+        (413, "invalid_request", "Packages can be up to 50 MB in all")
+    );
+    // A body declared over the form's cap: 413 before it is sent.
+    let mut s = d.connect();
+    std::io::Write::write_all(
+        &mut s,
+        b"POST /eryx/v1/environments HTTP/1.1\r\nHost: t\r\nContent-Type: multipart/form-data; boundary=x\r\nContent-Length: 53477377\r\n\r\n",
+    )
+    .unwrap();
+    let r = common::read_response(&mut std::io::BufReader::new(s), false).unwrap();
+    assert_eq!(refusal(&r).0, 413);
+    // Bad forms, each in the document's shape.
+    let cases: Vec<(Vec<Part>, u16)> = vec![
+        (vec![("imports", None, b"x".to_vec())], 422),
+        (vec![name("Bad_Name")], 422),
+        (vec![name("python")], 422),
+        (vec![name("python-extra")], 422),
+        (vec![name(&"a".repeat(64))], 422),
+        (vec![name("a"), name("b")], 422),
+        (vec![name("a"), ("color", None, b"red".to_vec())], 422),
+        (
+            vec![name("a"), ("package", Some("x.zip"), b"z".to_vec())],
+            422,
+        ),
+        (
+            vec![name("a"), ("imports", None, b"os; evil()".to_vec())],
+            422,
+        ),
+    ];
+    for (parts, want) in cases {
+        let r = upload(&d, &parts);
+        let (status, c, m) = refusal(&r);
+        assert_eq!(
+            (status, c.as_str()),
+            (want, "invalid_request"),
+            "{parts:?}: {m}"
+        );
+    }
+    let r = d.request(
+        "POST",
+        "/eryx/v1/environments",
+        &[("Content-Type", "application/json")],
+        b"{}",
+    );
+    assert_eq!(refusal(&r).0, 415);
+    let r = d.request(
+        "POST",
+        "/eryx/v1/environments",
+        &[("Content-Type", "multipart/form-data; boundary=x")],
+        b"garbage without a boundary",
+    );
+    assert_eq!(refusal(&r).0, 400);
+    // A name of 63 characters is one (it builds: no packages, nothing to import).
+    let long = "a".repeat(63);
+    let r = upload(&d, &[name(&long)]);
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(built(&d, &long)["status"], "ready");
+    assert_eq!(ok(&d, &long, "print(6 * 7)"), "42\n");
+    // Everything refused or deleted left no directory; the daemon still serves.
+    let names: Vec<String> = d.get("/eryx/v1/environments").json()["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    let mut ids = names.clone();
+    ids.sort();
+    let t0 = Instant::now();
+    while env_dirs(&d) != ids {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?} vs {ids:?}",
+            env_dirs(&d)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(ok(&d, "python", "print('still here')"), "still here\n");
+    d.stop();
+}

@@ -1,0 +1,298 @@
+//! `isobox-wasm build`: an eryx environment's snapshot. The daemon starts it jailed as
+//! the worker is (its own cgroup with a memory cap, no network, the overflow user, no
+//! new privileges), kills it past its time, and reads one JSON line from its stdout:
+//! `{"snapshot": FILE}` or `{"error": WHY}`.
+//!
+//! The uploaded packages (`.whl` zip files, `.tar.gz`/`.tgz` archives) are unpacked here,
+//! never in the daemon, into `OUT/site-packages`, within bounds: no entry outside the
+//! directory (absolute paths, `..`, links, devices are refused), at most
+//! [`MAX_FILES`] files and [`MAX_BYTES`] bytes unpacked in all. A library with native
+//! code for Linux, macOS or Windows fails the build with a clear error; so does one
+//! built for WebAssembly, which this build does not link yet. Then Python is
+//! pre-initialised with the site-packages mounted and the environment's imports run
+//! (a failing import fails the build with its traceback), and compiled: the snapshot
+//! `OUT/<name>` has the same name the standard snapshot has, so a daemon knows an
+//! environment built by an older eryx or on another CPU from its name.
+
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+/// Files unpacked from all of an environment's packages.
+pub const MAX_FILES: usize = 20_000;
+/// Bytes unpacked from all of an environment's packages.
+pub const MAX_BYTES: u64 = 512 << 20;
+/// Directory levels of one unpacked path.
+const MAX_DEPTH: usize = 32;
+/// Bytes of one unpacked path.
+const MAX_PATH: usize = 1024;
+
+/// What the unpacking has used so far.
+#[derive(Default)]
+struct Budget {
+    files: usize,
+    bytes: u64,
+}
+
+/// Builds the environment whose packages are the files of `packages` (named
+/// `NN.whl`, `NN.tar.gz` or `NN.tgz`, unpacked in name order; `names` are the names
+/// they were uploaded as, for errors) into `out`; the snapshot's file name.
+pub fn build(
+    rt: &tokio::runtime::Runtime,
+    lib: &Path,
+    packages: &Path,
+    names: &[String],
+    out: &Path,
+    imports: &[String],
+    snapshot_name: &str,
+) -> Result<String, String> {
+    let site = out.join("site-packages");
+    std::fs::create_dir_all(&site).map_err(|e| format!("{}: {e}", site.display()))?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(packages)
+        .map_err(|e| format!("{}: {e}", packages.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    let mut budget = Budget::default();
+    for (i, f) in files.iter().enumerate() {
+        let shown = names
+            .get(i)
+            .cloned()
+            .unwrap_or_else(|| f.display().to_string());
+        let file_name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let r = if file_name.ends_with(".whl") {
+            unpack_wheel(f, &site, &mut budget)
+        } else if file_name.ends_with(".tar.gz") || file_name.ends_with(".tgz") {
+            unpack_tar_gz(f, &site, &mut budget)
+        } else {
+            Err("not a .whl, .tar.gz or .tgz file".into())
+        };
+        r.map_err(|e| format!("{shown}: {e}"))?;
+    }
+    for m in imports {
+        if !is_module_name(m) {
+            return Err(format!("{m:?} is not a module name"));
+        }
+    }
+    let mut all: Vec<&str> = crate::PREIMPORTS.to_vec();
+    all.extend(imports.iter().map(String::as_str));
+    let component = rt
+        .block_on(eryx::preinit::pre_initialize(lib, Some(&site), &all, &[]))
+        .map_err(|e| import_error(&format!("{e:#}"), imports))?;
+    let compiled = eryx::PythonExecutor::precompile(&component)
+        .map_err(|e| format!("compiling the snapshot: {e}"))?;
+    let path = out.join(snapshot_name);
+    std::fs::write(&path, &compiled).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(snapshot_name.to_string())
+}
+
+/// A dotted Python module name (`jinja2`, `xml.etree`).
+pub fn is_module_name(m: &str) -> bool {
+    !m.is_empty()
+        && m.len() <= 200
+        && m.split('.').all(|p| {
+            let mut c = p.chars();
+            c.next()
+                .is_some_and(|f| f == '_' || f.is_ascii_alphabetic())
+                && c.all(|ch| ch == '_' || ch.is_ascii_alphanumeric())
+        })
+}
+
+/// The pre-initialisation's error as the user should read it: the traceback of the
+/// import that failed, without eryx's wrapping.
+fn import_error(e: &str, imports: &[String]) -> String {
+    let body = e
+        .split_once("Pre-init import execution failed: ")
+        .map_or(e, |(_, rest)| rest);
+    let body = body
+        .split_once("\nImport code:")
+        .map_or(body, |(tb, _)| tb)
+        .trim_end();
+    let what = if imports.is_empty() {
+        "Starting Python with these packages failed".to_string()
+    } else {
+        format!("Importing {} failed", imports.join(", "))
+    };
+    let mut s = format!("{what}:\n{body}\n");
+    if s.len() > 64 << 10 {
+        let mut end = 64 << 10;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("\n[cut]\n");
+    }
+    s
+}
+
+/// Where an archive's entry `name` goes under `site`, or `None` for entries that are
+/// not installed (a wheel's scripts, headers and data).
+fn target(site: &Path, name: &str, wheel: bool) -> Result<Option<PathBuf>, String> {
+    if name.len() > MAX_PATH {
+        return Err(format!("an entry's name is over {MAX_PATH} bytes"));
+    }
+    if name.contains('\\') || name.contains('\0') {
+        return Err(format!(
+            "the entry {name:?} has a backslash or a NUL in its name"
+        ));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for c in Path::new(name).components() {
+        match c {
+            Component::Normal(p) => parts.push(p.to_str().unwrap_or_default()),
+            Component::CurDir => {}
+            _ => return Err(format!("the entry {name:?} points outside its package")),
+        }
+    }
+    // A wheel's `NAME.data/purelib/…` and `…/platlib/…` go to site-packages; its
+    // other `.data` directories are not for a sandbox without files or commands.
+    if wheel && parts.first().is_some_and(|p| p.ends_with(".data")) {
+        match parts.get(1) {
+            Some(&"purelib") | Some(&"platlib") => {
+                parts.drain(..2);
+            }
+            _ => return Ok(None),
+        }
+    }
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    if parts.len() > MAX_DEPTH {
+        return Err(format!(
+            "the entry {name:?} is over {MAX_DEPTH} levels deep"
+        ));
+    }
+    Ok(Some(
+        parts.iter().fold(site.to_path_buf(), |p, c| p.join(c)),
+    ))
+}
+
+/// Copies one file's bytes within the budget, then refuses native code.
+fn write_file(path: &Path, from: &mut impl Read, budget: &mut Budget) -> Result<(), String> {
+    budget.files += 1;
+    if budget.files > MAX_FILES {
+        return Err(format!("the packages hold over {MAX_FILES} files"));
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let room = MAX_BYTES - budget.bytes;
+    let mut limited = from.take(room + 1);
+    let mut head = [0u8; 4];
+    let mut got = 0;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = limited
+            .read(&mut buf)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        if got < 4 {
+            let k = (4 - got).min(n);
+            head[got..got + k].copy_from_slice(&buf[..k]);
+        }
+        got += n;
+        budget.bytes += n as u64;
+        if budget.bytes > MAX_BYTES {
+            return Err(format!(
+                "the packages unpack to over {} MiB",
+                MAX_BYTES >> 20
+            ));
+        }
+        f.write_all(&buf[..n])
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    native_code(path, &head[..got.min(4)])
+}
+
+/// Refuses a library of native code: Python in WebAssembly cannot load it.
+fn native_code(path: &Path, head: &[u8]) -> Result<(), String> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let library = name.ends_with(".so")
+        || name.contains(".so.")
+        || name.ends_with(".pyd")
+        || name.ends_with(".dylib");
+    if !library {
+        return Ok(());
+    }
+    let kind = match head {
+        [0x7f, b'E', b'L', b'F'] => "native code for Linux",
+        [0xcf, 0xfa, 0xed, 0xfe] | [0xce, 0xfa, 0xed, 0xfe] | [0xca, 0xfe, 0xba, 0xbe] => {
+            "native code for macOS"
+        }
+        [b'M', b'Z', ..] => "native code for Windows",
+        [0, b'a', b's', b'm'] => {
+            return Err(format!(
+            "{name} is a WebAssembly extension module; this build loads pure-Python packages only"
+        ))
+        }
+        _ => return Ok(()),
+    };
+    Err(format!(
+        "{name} is {kind}, which Python in WebAssembly cannot load: packages must be pure Python"
+    ))
+}
+
+/// Unpacks a wheel (a zip file).
+fn unpack_wheel(file: &Path, site: &Path, budget: &mut Budget) -> Result<(), String> {
+    let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
+    let mut zip = zip::ZipArchive::new(std::io::BufReader::new(f))
+        .map_err(|e| format!("not a readable wheel (zip): {e}"))?;
+    if zip.len() > MAX_FILES {
+        return Err(format!("over {MAX_FILES} entries"));
+    }
+    for i in 0..zip.len() {
+        let mut entry = zip.by_index(i).map_err(|e| format!("entry {i}: {e}"))?;
+        let name = entry.name().to_string();
+        if entry.unix_mode().is_some_and(|m| m & 0o170000 == 0o120000) {
+            return Err(format!("the entry {name:?} is a symbolic link"));
+        }
+        let Some(path) = target(site, &name, true)? else {
+            continue;
+        };
+        if entry.is_dir() {
+            std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            continue;
+        }
+        write_file(&path, &mut entry, budget)?;
+    }
+    Ok(())
+}
+
+/// Unpacks a gzipped tar archive (the layout of wasi-wheels: the packages' own
+/// directories at its top).
+fn unpack_tar_gz(file: &Path, site: &Path, budget: &mut Budget) -> Result<(), String> {
+    let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(std::io::BufReader::new(f)));
+    let entries = tar
+        .entries()
+        .map_err(|e| format!("not a readable .tar.gz: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| format!("not a readable .tar.gz: {e}"))?;
+        let name = entry
+            .path()
+            .map_err(|e| format!("an entry's name: {e}"))?
+            .to_string_lossy()
+            .into_owned();
+        let kind = entry.header().entry_type();
+        let Some(path) = target(site, &name, false)? else {
+            continue;
+        };
+        if kind.is_dir() {
+            std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        } else if kind.is_file() {
+            write_file(&path, &mut entry, budget)?;
+        } else if kind.is_pax_global_extensions() || kind.is_pax_local_extensions() {
+            continue;
+        } else {
+            return Err(format!(
+                "the entry {name:?} is not a file or a directory (links and devices are refused)"
+            ));
+        }
+    }
+    Ok(())
+}
