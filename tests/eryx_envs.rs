@@ -100,6 +100,21 @@ fn built(d: &Daemon, name: &str) -> Value {
     }
 }
 
+/// Uploads environment `env` with one package (`file`, `content`) and `imports`, and
+/// waits for its build: the environment as it ended.
+fn build_one(d: &Daemon, env: &str, imports: &str, file: &str, content: Vec<u8>) -> Value {
+    let r = upload(
+        d,
+        &[
+            ("name", None, env.as_bytes().to_vec()),
+            ("imports", None, imports.as_bytes().to_vec()),
+            ("package", Some(file), content),
+        ],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    built(d, env)
+}
+
 /// An environment as the API shows it: exactly the document's fields (and `error`
 /// when failed).
 fn check_fields(v: &Value) {
@@ -285,23 +300,21 @@ fn test_the_documents_environment_runs_lives_across_restarts_and_is_rebuilt_when
     assert_eq!(out["stdout"], "&lt;b&gt;hi&lt;/b&gt;\n", "{out}");
     // jinja2 was imported at the build (in the snapshot); it renders; the same code
     // uses the same compute units every time.
-    let r = req(
-        &d,
-        "POST",
-        "/eryx/v1/execute",
-        "application/json",
-        json!({"environment": "templating", "code": "import sys\npre = 'jinja2' in sys.modules\nimport jinja2\nprint(pre, jinja2.Template('Hello {{ n }}!').render(n='<Ada>'))"}).to_string().as_bytes(),
-    );
-    let a = r.json();
-    assert_eq!(a["stdout"], "True Hello <Ada>!\n", "{a}");
-    let r = req(
-        &d,
-        "POST",
-        "/eryx/v1/execute",
-        "application/json",
-        json!({"environment": "templating", "code": "import sys\npre = 'jinja2' in sys.modules\nimport jinja2\nprint(pre, jinja2.Template('Hello {{ n }}!').render(n='<Ada>'))"}).to_string().as_bytes(),
-    );
-    assert_eq!(r.json()["compute_units"], a["compute_units"]);
+    let render = json!({"environment": "templating", "code": "import sys\npre = 'jinja2' in sys.modules\nimport jinja2\nprint(pre, jinja2.Template('Hello {{ n }}!').render(n='<Ada>'))"}).to_string();
+    let runs: Vec<Value> = (0..2)
+        .map(|_| {
+            req(
+                &d,
+                "POST",
+                "/eryx/v1/execute",
+                "application/json",
+                render.as_bytes(),
+            )
+            .json()
+        })
+        .collect();
+    assert_eq!(runs[0]["stdout"], "True Hello <Ada>!\n", "{}", runs[0]);
+    assert_eq!(runs[0]["compute_units"], runs[1]["compute_units"]);
     // The standard environment has none of it.
     let r = req(
         &d,
@@ -518,16 +531,13 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
         "badpkg/__init__.py",
         "x = 1\nraise ValueError('boom at import')\n",
     )]);
-    let r = upload(
+    let v = build_one(
         &d,
-        &[
-            name("badimport"),
-            ("imports", None, b"badpkg".to_vec()),
-            ("package", Some("badpkg-1.0-py3-none-any.whl"), bad),
-        ],
+        "badimport",
+        "badpkg",
+        "badpkg-1.0-py3-none-any.whl",
+        bad,
     );
-    assert_eq!(r.status, 202, "{}", r.text());
-    let v = built(&d, "badimport");
     let e = v["error"].as_str().unwrap();
     assert!(
         e.starts_with("Importing badpkg failed:")
@@ -537,15 +547,7 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
     );
     // A package that reaches outside its directory, and one that is no wheel.
     let evil = zip(&[("../../evil.py", "x = 1\n")]);
-    let r = upload(
-        &d,
-        &[
-            name("escape"),
-            ("package", Some("evil-1.0-py3-none-any.whl"), evil),
-        ],
-    );
-    assert_eq!(r.status, 202, "{}", r.text());
-    let v = built(&d, "escape");
+    let v = build_one(&d, "escape", "", "evil-1.0-py3-none-any.whl", evil);
     assert!(
         v["error"]
             .as_str()
@@ -553,19 +555,13 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
             .contains("points outside its package"),
         "{v}"
     );
-    let r = upload(
+    let v = build_one(
         &d,
-        &[
-            name("notzip"),
-            (
-                "package",
-                Some("x-1.0-py3-none-any.whl"),
-                b"not a zip".to_vec(),
-            ),
-        ],
+        "notzip",
+        "",
+        "x-1.0-py3-none-any.whl",
+        b"not a zip".to_vec(),
     );
-    assert_eq!(r.status, 202, "{}", r.text());
-    let v = built(&d, "notzip");
     assert!(
         v["error"]
             .as_str()
@@ -576,16 +572,13 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
     // A build past its time (an import that never ends): stopped, failed, and the
     // builder goes on with the next.
     let forever = zip(&[("forever/__init__.py", "while True:\n    pass\n")]);
-    let r = upload(
+    let v = build_one(
         &d,
-        &[
-            name("forever"),
-            ("imports", None, b"forever".to_vec()),
-            ("package", Some("forever-1.0-py3-none-any.whl"), forever),
-        ],
+        "forever",
+        "forever",
+        "forever-1.0-py3-none-any.whl",
+        forever,
     );
-    assert_eq!(r.status, 202, "{}", r.text());
-    let v = built(&d, "forever");
     assert_eq!(
         v["error"], "The build took longer than 30 s and was stopped",
         "{v}"

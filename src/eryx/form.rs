@@ -423,17 +423,7 @@ pub fn parse_imports(text: &str) -> Result<Vec<String>, Rejection> {
     Ok(out)
 }
 
-/// A dotted Python module name (`jinja2`, `xml.etree`), ASCII.
-pub fn is_module_name(m: &str) -> bool {
-    !m.is_empty()
-        && m.len() <= 200
-        && m.split('.').all(|p| {
-            let mut c = p.chars();
-            c.next()
-                .is_some_and(|f| f == '_' || f.is_ascii_alphabetic())
-                && c.all(|ch| ch == '_' || ch.is_ascii_alphanumeric())
-        })
-}
+pub use crate::wasm::modname::is_module_name;
 
 #[cfg(test)]
 mod tests {

@@ -13,6 +13,7 @@
 // Shared with the worker, which includes the same file (`wasm-worker/src/main.rs`).
 pub mod build;
 pub mod frame;
+pub mod modname;
 
 use crate::cgroup::{Hierarchy, HostLimits};
 use crate::config::EryxConfig;

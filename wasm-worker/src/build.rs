@@ -69,7 +69,7 @@ pub fn build(
         r.map_err(|e| format!("{shown}: {e}"))?;
     }
     for m in imports {
-        if !is_module_name(m) {
+        if !crate::modname::is_module_name(m) {
             return Err(format!("{m:?} is not a module name"));
         }
     }
@@ -83,18 +83,6 @@ pub fn build(
     let path = out.join(snapshot_name);
     std::fs::write(&path, &compiled).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(snapshot_name.to_string())
-}
-
-/// A dotted Python module name (`jinja2`, `xml.etree`).
-pub fn is_module_name(m: &str) -> bool {
-    !m.is_empty()
-        && m.len() <= 200
-        && m.split('.').all(|p| {
-            let mut c = p.chars();
-            c.next()
-                .is_some_and(|f| f == '_' || f.is_ascii_alphabetic())
-                && c.all(|ch| ch == '_' || ch.is_ascii_alphanumeric())
-        })
 }
 
 /// The pre-initialisation's error as the user should read it: the traceback of the

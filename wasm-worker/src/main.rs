@@ -22,6 +22,9 @@
 mod build;
 #[path = "../../src/wasm/frame.rs"]
 mod frame;
+// Module names as the daemon checks them (`src/wasm/modname.rs`).
+#[path = "../../src/wasm/modname.rs"]
+mod modname;
 mod seccomp;
 
 use frame::{read_frame, write_frame};
