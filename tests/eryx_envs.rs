@@ -163,6 +163,27 @@ fn zip(entries: &[(&str, &str)]) -> Vec<u8> {
     b
 }
 
+/// A gzipped tar file with `entries` (name, content), made by Python's tarfile.
+fn targz(entries: &[(&str, &str)]) -> Vec<u8> {
+    let path = std::env::temp_dir().join(format!(
+        "isobox-envs-tgz-{}-{}.tar.gz",
+        std::process::id(),
+        entries.len()
+    ));
+    let spec = serde_json::to_string(&entries).unwrap();
+    let st = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import io, json, sys, tarfile\nt = tarfile.open(sys.argv[1], 'w:gz')\nfor n, c in json.loads(sys.argv[2]):\n    b = c.encode()\n    i = tarfile.TarInfo(n)\n    i.size = len(b)\n    t.addfile(i, io.BytesIO(b))\nt.close()")
+        .arg(&path)
+        .arg(spec)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let b = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    b
+}
+
 /// The environments' directories under the daemon's data directory.
 fn env_dirs(d: &Daemon) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(d.data_dir.join("eryx-envs"))
@@ -569,6 +590,19 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
             .contains("not a readable wheel"),
         "{v}"
     );
+    // A source archive is not installable code; a .tar.gz of a site-packages tree is
+    // (its module imports at the build).
+    let sdist = targz(&[
+        ("pkg-1.0/PKG-INFO", "Metadata-Version: 2.1\nName: pkg\n"),
+        ("pkg-1.0/pkg/__init__.py", "x = 1\n"),
+    ]);
+    let v = build_one(&d, "sdist", "", "pkg-1.0.tar.gz", sdist);
+    assert!(
+        v["error"].as_str().unwrap().contains("a source archive"),
+        "{v}"
+    );
+    let r = d.request("DELETE", "/eryx/v1/environments/sdist", &[], b"");
+    assert_eq!(r.status, 204);
     // A build past its time (an import that never ends): stopped, failed, and the
     // builder goes on with the next.
     let forever = zip(&[("forever/__init__.py", "while True:\n    pass\n")]);
@@ -591,6 +625,40 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
     assert_eq!(m, "Your org already has 5 environments (limit: 5)");
     let r = d.request("DELETE", "/eryx/v1/environments/notzip", &[], b"");
     assert_eq!(r.status, 204);
+    // An upload in flight counts from its head: with four environments and one upload
+    // still sending, another upload is the sixth (429); once the first client leaves,
+    // there is room again.
+    let mut slow = d.connect();
+    std::io::Write::write_all(
+        &mut slow,
+        b"POST /eryx/v1/environments HTTP/1.1\r\nHost: t\r\nContent-Type: multipart/form-data; boundary=x\r\nContent-Length: 100000\r\n\r\n--x\r\n",
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    loop {
+        let r = upload(&d, &[name("sixth")]);
+        if r.status == 429 {
+            assert_eq!(
+                refusal(&r).2,
+                "Your org already has 5 environments (limit: 5)"
+            );
+            break;
+        }
+        // Not counted yet (its head not read): this one took the fifth place.
+        assert_eq!(r.status, 202, "{}", r.text());
+        let r = d.request("DELETE", "/eryx/v1/environments/sixth", &[], b"");
+        assert_eq!(r.status, 204);
+        assert!(t0.elapsed() < Duration::from_secs(10));
+    }
+    drop(slow);
+    let t0 = Instant::now();
+    while upload(&d, &[name("a"), ("color", None, b"x".to_vec())]).status == 429 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the upload that left still counts"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // Packages of exactly 50 MB in all are taken (this one is no wheel: it fails to
     // build); one byte more is 413 with the document's message.
     let half = vec![b'x'; 25 << 20];
@@ -671,12 +739,13 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
         b"garbage without a boundary",
     );
     assert_eq!(refusal(&r).0, 400);
-    // A name of 63 characters is one (it builds: no packages, nothing to import).
+    // A name of 63 characters is one; a .tgz of a site-packages tree (as wasi-wheels
+    // ships them) is installed as it is, and runs import from it.
     let long = "a".repeat(63);
-    let r = upload(&d, &[name(&long)]);
-    assert_eq!(r.status, 202, "{}", r.text());
-    assert_eq!(built(&d, &long)["status"], "ready");
-    assert_eq!(ok(&d, &long, "print(6 * 7)"), "42\n");
+    let tree = targz(&[("tmod/__init__.py", "x = 6 * 7\n")]);
+    let v = build_one(&d, &long, "", "tmod-tree.tgz", tree);
+    assert_eq!(v["status"], "ready", "{v}");
+    assert_eq!(ok(&d, &long, "import tmod\nprint(tmod.x)"), "42\n");
     // Everything refused or deleted left no directory; the daemon still serves.
     let names: Vec<String> = d.get("/eryx/v1/environments").json()["environments"]
         .as_array()
@@ -696,5 +765,53 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(ok(&d, "python", "print('still here')"), "still here\n");
+    // Deleted during its build: the build is killed at once (it would spin for 30 s),
+    // its files go, and the builder takes the next.
+    let r = d.request("DELETE", "/eryx/v1/environments/native", &[], b"");
+    assert_eq!(r.status, 204);
+    let spin = zip(&[("spin/__init__.py", "while True:\n    pass\n")]);
+    let spinning = |d: &Daemon, env: &str| {
+        let r = upload(
+            d,
+            &[
+                name(env),
+                ("imports", None, b"spin".to_vec()),
+                ("package", Some("spin-1.0-py3-none-any.whl"), spin.clone()),
+            ],
+        );
+        assert_eq!(r.status, 202, "{}", r.text());
+        r.json()["id"].as_str().unwrap().to_string()
+    };
+    let before = env_dirs(&d).len();
+    spinning(&d, "spinning");
+    std::thread::sleep(Duration::from_secs(2));
+    let r = d.request("DELETE", "/eryx/v1/environments/spinning", &[], b"");
+    assert_eq!(r.status, 204);
+    let t0 = Instant::now();
+    while env_dirs(&d).len() != before {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", env_dirs(&d));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(d.log().contains("cancelled (deleted)"), "{}", d.log());
+    // A daemon stopped during a build kills it and leaves no cgroup (`stop` checks the
+    // instance's slice is gone in every controller).
+    spinning(&d, "spinning");
+    std::thread::sleep(Duration::from_secs(3));
+    let log = std::sync::Arc::clone(&d.log);
+    let t0 = Instant::now();
     d.stop();
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    let t0 = Instant::now();
+    while !log
+        .lock()
+        .unwrap()
+        .contains("a build was stopped with the daemon")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "{}",
+            log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -1,8 +1,8 @@
 //! `POST /eryx/v1/execute` and `POST /eryx/v1/sessions` bodies: `parse_execute` and
 //! `parse_new_session` never panic, and what they accept is within the tenant's limits.
 //!
-//! The first byte picks the Content-Type (JSON, JSON with a charset, or not JSON) and
-//! whether the execute is a session's; the rest is the body. A session create must
+//! The first byte picks the Content-Type (JSON, JSON with a charset, or not JSON); the
+//! rest is the body. A session create must
 //! accept an empty body, and give a TTL of 1 s to a day. On `Ok`: the code is the body's `code` string, the time and
 //! compute-unit limits are at least 1 and never above the tenant's. On `Err`: one of
 //! the statuses the document names, and a body that is exactly
@@ -34,7 +34,6 @@ fuzz_target!(|data: &[u8]| {
         tenant: "t".into(),
         params: Default::default(),
     };
-    let in_session = pick & 4 != 0;
     check_error_or(parse_new_session(&req), |s| {
         assert!((1..=MAX_SESSION_TTL_SECS).contains(&s.ttl_secs), "{s:?}");
         // The body's string, or `python` when it names none (whether it exists is
@@ -47,9 +46,8 @@ fuzz_target!(|data: &[u8]| {
             assert!(pick % 3 != 2, "accepted a body without a JSON content type");
         }
     });
-    match parse_execute(&req, LIMITS, in_session) {
+    match parse_execute(&req, LIMITS) {
         Ok(ex) => {
-            let _ = in_session;
             if let Some(e) = &ex.environment {
                 assert!(ex.check_environment(e).is_ok(), "{ex:?}");
             }

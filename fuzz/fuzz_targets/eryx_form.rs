@@ -62,7 +62,7 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(e) => {
             assert!([400, 413, 415, 422].contains(&e.status), "{e:?}");
-            assert_eq!(e.code, "invalid_request");
+            assert_eq!(e.code, "invalid_request", "{e:?}");
             assert!(!e.message.is_empty());
         }
     }

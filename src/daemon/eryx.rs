@@ -510,7 +510,7 @@ impl Daemon {
             self.respond(ck, resp);
             return;
         }
-        let mut ex = match eryx::parse_execute(&req, self.eryx_limits(), false) {
+        let mut ex = match eryx::parse_execute(&req, self.eryx_limits()) {
             Ok(ex) => ex,
             Err(resp) => {
                 self.respond(ck, resp);

@@ -21,11 +21,14 @@ use crate::eryx::{self, form, Rejection};
 use crate::http::{Framing, Head, Request, Response};
 use crate::reactor::Done;
 use crate::store::eryx::EryxEnvRecord;
+use crate::wasm::build::BuildOutcome;
 use crate::wasm::EnvPaths;
 use crate::workspace::now_ms;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The environments' directory under the data directory.
 pub const ENVS_DIR: &str = "eryx-envs";
@@ -39,6 +42,31 @@ pub struct EryxEnv {
     pub building: bool,
     /// Its delete is being written: gone for every request.
     pub deleting: bool,
+    /// Its build's cancel switch, while one is queued or going.
+    pub cancel: Option<Arc<AtomicBool>>,
+}
+
+/// Uploads going per tenant (counted against its environments from their head, so
+/// uploads in flight cannot outnumber what the tenant may keep).
+pub type Pending = Arc<Mutex<HashMap<String, usize>>>;
+
+/// One upload in flight, counted in [`Pending`] until dropped.
+struct PendingUpload {
+    tenant: String,
+    pending: Pending,
+}
+
+impl Drop for PendingUpload {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.pending.lock() {
+            if let Some(n) = p.get_mut(&self.tenant) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    p.remove(&self.tenant);
+                }
+            }
+        }
+    }
 }
 
 /// Environments by id.
@@ -57,6 +85,7 @@ pub fn load(store: &crate::store::Store, data_dir: &Path) -> EnvRegistry {
                         rec,
                         building: false,
                         deleting: false,
+                        cancel: None,
                     },
                 )
             })
@@ -114,6 +143,8 @@ struct EnvUpload {
     boundary: String,
     /// Set once the form was read into the directory: it stays.
     keep: bool,
+    /// Counts this upload against its tenant until its form is taken in (or refused).
+    pending: Option<PendingUpload>,
 }
 
 impl Drop for EnvUpload {
@@ -138,7 +169,7 @@ impl UploadSink for EnvUpload {
     }
 
     fn shape(&self, resp: Response) -> Response {
-        eryx::reshape(resp, Some("Bearer -"))
+        shape(resp)
     }
 
     fn commit(mut self: Box<Self>, ck: usize, serial: u64) -> Done<Daemon> {
@@ -163,8 +194,13 @@ impl UploadSink for EnvUpload {
         let _ = std::fs::remove_file(&body);
         self.keep = read.is_ok();
         let (id, tenant, dir) = (self.id.clone(), self.tenant.clone(), self.dir.clone());
+        let pending = self.pending.take();
         drop(self);
-        Box::new(move |d: &mut Daemon| d.eryx_env_uploaded(ck, serial, &tenant, id, &dir, read))
+        Box::new(move |d: &mut Daemon| {
+            d.eryx_env_uploaded(ck, serial, &tenant, id, &dir, read);
+            // Counted in the registry now (or refused).
+            drop(pending);
+        })
     }
 }
 
@@ -179,6 +215,14 @@ impl Daemon {
         self.eryx_envs
             .iter()
             .find(|(_, e)| e.rec.tenant == tenant && e.rec.name == name && !e.deleting)
+    }
+
+    /// Whether `name` is taken in the tenant (by an environment, or one whose delete is
+    /// being written: if that delete fails, it is still there).
+    fn eryx_env_taken(&self, tenant: &str, name: &str) -> bool {
+        self.eryx_envs
+            .values()
+            .any(|e| e.rec.tenant == tenant && e.rec.name == name)
     }
 
     /// The tenant's environments (not being deleted).
@@ -213,9 +257,21 @@ impl Daemon {
         };
         let limit = self.cfg.eryx.environments;
         let n = self.eryx_env_count(&tenant);
-        if n >= limit {
-            return refuse(self, environment_limit(n, limit));
+        let uploading = self
+            .eryx_env_pending
+            .lock()
+            .map(|p| p.get(&tenant).copied().unwrap_or(0))
+            .unwrap_or(0);
+        if n + uploading >= limit {
+            return refuse(self, environment_limit(n + uploading, limit));
         }
+        if let Ok(mut p) = self.eryx_env_pending.lock() {
+            *p.entry(tenant.clone()).or_default() += 1;
+        }
+        let pending = PendingUpload {
+            tenant: tenant.clone(),
+            pending: Arc::clone(&self.eryx_env_pending),
+        };
         let Some(id) = eryx::new_session_id() else {
             return refuse(
                 self,
@@ -263,9 +319,10 @@ impl Daemon {
                 file,
                 boundary,
                 keep: false,
+                pending: Some(pending),
             }))
         });
-        self.begin_upload_with(ck, head, job);
+        self.begin_upload_with(ck, head, job, shape);
     }
 
     /// The form is read into environment `id`'s directory (or refused): checked
@@ -287,7 +344,7 @@ impl Daemon {
         };
         let limit = self.cfg.eryx.environments;
         let n = self.eryx_env_count(tenant);
-        let refused = if self.eryx_env_named(tenant, &f.name).is_some() {
+        let refused = if self.eryx_env_taken(tenant, &f.name) {
             Some(eryx::error(
                 409,
                 "conflict",
@@ -322,6 +379,7 @@ impl Daemon {
                 rec: rec.clone(),
                 building: false,
                 deleting: false,
+                cancel: None,
             },
         );
         let mailbox = self.reactor.mailbox();
@@ -374,16 +432,19 @@ impl Daemon {
         let (Some(engine), Some(env)) = (&self.wasm, self.eryx_envs.get_mut(id)) else {
             return;
         };
-        if env.building {
+        if env.building || env.deleting {
             return;
         }
         env.building = true;
         env.rec.status = "building".into();
+        let cancel = Arc::new(AtomicBool::new(false));
+        env.cancel = Some(Arc::clone(&cancel));
         let req = crate::wasm::build::BuildRequest {
             packages: dir.join("packages"),
             names: env.rec.packages.clone(),
             out: dir.join("build"),
             imports: env.rec.imports.clone(),
+            cancel,
         };
         let mailbox = self.reactor.mailbox();
         let id = id.to_string();
@@ -396,30 +457,33 @@ impl Daemon {
     }
 
     /// Environment `id`'s build ended: its record says how, durably. An environment
-    /// deleted meanwhile has its directory removed now.
-    fn eryx_env_built(&mut self, id: &str, result: crate::wasm::build::BuildResult) {
+    /// deleted meanwhile has its directory removed now; one the server failed to build
+    /// stays `building`, to be built again at its next use or the next start.
+    fn eryx_env_built(&mut self, id: &str, outcome: BuildOutcome) {
         let dir = self.eryx_envs_dir().join(id);
         let Some(env) = self.eryx_envs.get_mut(id) else {
             self.eryx_env_remove_dir(dir);
             return;
         };
         env.building = false;
-        if env.deleting {
+        env.cancel = None;
+        if env.deleting || outcome == BuildOutcome::Cancelled {
             // Its delete is being written; the directory goes when it is durable.
             return;
         }
         env.rec.updated_at_ms = now_ms();
-        match result {
-            Ok(snapshot) => {
+        match outcome {
+            BuildOutcome::Ready(snapshot) => {
                 env.rec.status = "ready".into();
                 env.rec.error = None;
                 env.rec.snapshot = Some(snapshot);
             }
-            Err(e) => {
+            BuildOutcome::Failed(e) => {
                 env.rec.status = "failed".into();
                 env.rec.error = Some(e);
                 env.rec.snapshot = None;
             }
+            BuildOutcome::Retry | BuildOutcome::Cancelled => return,
         }
         let rec = env.rec.clone();
         let id = id.to_string();
@@ -474,6 +538,11 @@ impl Daemon {
         }
         if let Some(e) = self.eryx_envs.get_mut(&id) {
             e.deleting = true;
+            // A queued build is skipped, a build going is killed: a deleted environment
+            // costs no more CPU, and its files go as soon as the builder lets go.
+            if let Some(c) = &e.cancel {
+                c.store(true, Ordering::Relaxed);
+            }
         }
         let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
@@ -498,6 +567,8 @@ impl Daemon {
                         }
                         Err(e) => {
                             log::error!("eryx environment {id}: deleting it: {e}");
+                            // Still there; a build its delete cancelled is done
+                            // again at its next use.
                             if let Some(env) = d.eryx_envs.get_mut(&id) {
                                 env.deleting = false;
                             }
@@ -528,6 +599,23 @@ impl Daemon {
         };
         let id = id.clone();
         let not_ready = |why: String| Rejection::new(409, "environment_not_ready", why);
+        // Until the engine's own snapshot is prepared (at start), no environment's
+        // build can be known to be current.
+        let Some(current) = self
+            .wasm
+            .as_ref()
+            .and_then(crate::wasm::Engine::snapshot_name)
+        else {
+            return Err(not_ready(format!(
+                "Environment {name} is not ready: the server is starting"
+            )));
+        };
+        if env.rec.status == "building" && !env.building {
+            // Its last build ended on the server's side (or was cancelled by a delete
+            // that then failed): built again now.
+            self.eryx_env_build(&id);
+            return Err(not_ready(format!("Environment {name} is being built")));
+        }
         match env.rec.status.as_str() {
             "ready" => {}
             "failed" => {
@@ -543,12 +631,8 @@ impl Daemon {
             }
             _ => return Err(not_ready(format!("Environment {name} is being built"))),
         }
-        let current = self
-            .wasm
-            .as_ref()
-            .and_then(crate::wasm::Engine::snapshot_name);
         let snapshot = env.rec.snapshot.clone().unwrap_or_default();
-        if current.is_some_and(|c| c != snapshot) {
+        if current != snapshot {
             log::info!("eryx environment {id} ({name}) was built for {snapshot}: rebuilding it");
             if let Some(e) = self.eryx_envs.get_mut(&id) {
                 e.rec.status = "building".into();
@@ -580,6 +664,19 @@ impl Daemon {
     pub(crate) fn eryx_env_exists(&self, tenant: &str, name: &str) -> bool {
         name == eryx::DEFAULT_ENVIRONMENT || self.eryx_env_named(tenant, name).is_some()
     }
+}
+
+/// An error made in the isobox face's shape, in this face's; a full disk is the
+/// server's (`503`), not the upload's.
+fn shape(resp: Response) -> Response {
+    if resp.status == 413 {
+        return eryx::error(
+            503,
+            "unavailable",
+            "The server has no room for the upload now; retry later",
+        );
+    }
+    eryx::reshape(resp, Some("Bearer -"))
 }
 
 /// `429 environment_limit`.

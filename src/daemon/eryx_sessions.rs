@@ -207,7 +207,7 @@ impl Daemon {
             self.respond(ck, resp);
             return;
         }
-        let mut ex = match eryx::parse_execute(req, self.eryx_limits(), true) {
+        let mut ex = match eryx::parse_execute(req, self.eryx_limits()) {
             Ok(ex) => ex,
             Err(resp) => {
                 self.respond(ck, resp);

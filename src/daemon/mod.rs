@@ -162,6 +162,8 @@ pub struct Daemon {
     pub(crate) eryx_sessions: eryx_sessions::Registry,
     /// The eryx face's uploaded environments.
     pub(crate) eryx_envs: eryx_envs::EnvRegistry,
+    /// Environment uploads going, per tenant.
+    pub(crate) eryx_env_pending: eryx_envs::Pending,
     /// The instance's lock and its file (held until the daemon is dropped; the file is
     /// removed by the teardown, before the lock goes).
     pub(crate) instance_lock: Option<(std::fs::File, std::path::PathBuf)>,

@@ -405,6 +405,7 @@ impl Daemon {
             eryx_running: std::collections::HashMap::new(),
             eryx_sessions: super::eryx_sessions::load(app.sessions.store()),
             eryx_envs: super::eryx_envs::load(app.sessions.store(), &cfg.data_dir),
+            eryx_env_pending: std::sync::Arc::default(),
             cfg,
             reactor,
             listener: Some((listener, listener_token)),

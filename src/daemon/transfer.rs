@@ -236,6 +236,7 @@ impl Daemon {
             ck,
             head,
             Box::new(move || job().map(|t| t as Box<dyn UploadSink>)),
+            |r| r,
         );
     }
 
@@ -246,6 +247,7 @@ impl Daemon {
         ck: usize,
         head: Head,
         job: Box<dyn FnOnce() -> Result<Box<dyn UploadSink>, Response> + Send>,
+        shape: fn(Response) -> Response,
     ) {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
@@ -261,8 +263,10 @@ impl Daemon {
         if self.reactor.submit(wrapped).is_err() {
             self.respond_and_close(
                 ck,
-                Response::error(503, "overloaded", Some("worker queue full"))
-                    .with_header("Retry-After", "1"),
+                shape(
+                    Response::error(503, "overloaded", Some("worker queue full"))
+                        .with_header("Retry-After", "1"),
+                ),
             );
         }
     }

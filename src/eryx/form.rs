@@ -49,21 +49,12 @@ pub fn boundary(content_type: Option<&str>) -> Result<String, Rejection> {
         )
     };
     let ct = content_type.ok_or_else(refuse)?;
-    let mut parts = ct.split(';');
-    let mime = parts.next().unwrap_or_default().trim();
+    let (mime, params) = header_params(ct);
     if !mime.eq_ignore_ascii_case("multipart/form-data") {
         return Err(refuse());
     }
-    for p in parts {
-        let Some((k, v)) = p.split_once('=') else {
-            continue;
-        };
-        if k.trim().eq_ignore_ascii_case("boundary") {
-            let v = v.trim();
-            let v = v
-                .strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or(v);
+    for (k, v) in params {
+        if k.eq_ignore_ascii_case("boundary") {
             // RFC 2046: 1 to 70 characters.
             if v.is_empty() || v.len() > 70 || v.bytes().any(|b| b.is_ascii_control()) {
                 return Err(Rejection::new(
@@ -72,7 +63,7 @@ pub fn boundary(content_type: Option<&str>) -> Result<String, Rejection> {
                     "The multipart boundary must be 1 to 70 characters",
                 ));
             }
-            return Ok(v.to_string());
+            return Ok(v);
         }
     }
     Err(refuse())
@@ -159,6 +150,68 @@ impl<R: Read> Scan<R> {
     }
 }
 
+/// A header value's first token and its `; key=value` parameters, values quoted or
+/// not (a quoted value may hold `;` and `\"`).
+fn header_params(v: &str) -> (String, Vec<(String, String)>) {
+    let mut out = Vec::new();
+    let mut chars = v.chars().peekable();
+    let mut first = String::new();
+    while let Some(&c) = chars.peek() {
+        if c == ';' {
+            break;
+        }
+        first.push(c);
+        chars.next();
+    }
+    while chars.next() == Some(';') {
+        let mut key = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' || c == ';' {
+                break;
+            }
+            key.push(c);
+            chars.next();
+        }
+        let mut val = String::new();
+        if chars.peek() == Some(&'=') {
+            chars.next();
+            while chars.peek() == Some(&' ') {
+                chars.next();
+            }
+            if chars.peek() == Some(&'"') {
+                chars.next();
+                while let Some(c) = chars.next() {
+                    match c {
+                        '"' => break,
+                        // `\"` is a quote; any other backslash is itself (browsers
+                        // send Windows paths as they are).
+                        '\\' if chars.peek() == Some(&'"') => {
+                            val.push('"');
+                            chars.next();
+                        }
+                        c => val.push(c),
+                    }
+                }
+                // Up to the next parameter.
+                while chars.peek().is_some_and(|c| *c != ';') {
+                    chars.next();
+                }
+            } else {
+                while let Some(&c) = chars.peek() {
+                    if c == ';' {
+                        break;
+                    }
+                    val.push(c);
+                    chars.next();
+                }
+                val = val.trim().to_string();
+            }
+        }
+        out.push((key.trim().to_string(), val));
+    }
+    (first.trim().to_string(), out)
+}
+
 /// One part's head: its field name and, for a file, its file name.
 fn part_head(head: &[u8]) -> Result<(String, Option<String>), Rejection> {
     let text = std::str::from_utf8(head).map_err(|_| bad("A form part's head is not UTF-8"))?;
@@ -171,27 +224,13 @@ fn part_head(head: &[u8]) -> Result<(String, Option<String>), Rejection> {
         }
     }
     let d = disposition.ok_or_else(|| bad("A form part has no Content-Disposition"))?;
-    let mut params = d.split(';');
-    if !params
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .eq_ignore_ascii_case("form-data")
-    {
+    let (kind, params) = header_params(&d);
+    if !kind.eq_ignore_ascii_case("form-data") {
         return Err(bad("A form part is not form-data"));
     }
     let (mut name, mut filename) = (None, None);
-    for p in params {
-        let Some((k, v)) = p.split_once('=') else {
-            continue;
-        };
-        let v = v.trim();
-        let v = v
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(v)
-            .to_string();
-        match k.trim().to_ascii_lowercase().as_str() {
+    for (k, v) in params {
+        match k.to_ascii_lowercase().as_str() {
             "name" => name = Some(v),
             "filename" => filename = Some(v),
             _ => {}
@@ -217,6 +256,13 @@ fn package_ext(file: &str) -> Option<&'static str> {
 /// field, 500 when a package could not be written.
 pub fn read(body: impl Read, boundary: &str, packages: &Path) -> Result<EnvForm, Rejection> {
     let io = |e: std::io::Error| {
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+            return Rejection::new(
+                503,
+                "unavailable",
+                "The server has no room for the upload now; retry later",
+            );
+        }
         log::error!("eryx environment: reading its upload: {e}");
         Rejection::new(500, "internal_error", "The upload could not be stored")
     };
@@ -547,6 +593,25 @@ mod tests {
             ("package", Some("b.whl"), &half),
         ]);
         assert_eq!(read(&body[..], "XyZ", &d).unwrap_err().status, 413);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn test_quoted_parameters_may_hold_semicolons_and_quotes() {
+        let (kind, p) =
+            header_params(r#"form-data; name="package"; filename="a;b \"c\".whl"; x=1"#);
+        assert_eq!(kind, "form-data");
+        assert_eq!(
+            p,
+            [
+                ("name".to_string(), "package".to_string()),
+                ("filename".to_string(), r#"a;b "c".whl"#.to_string()),
+                ("x".to_string(), "1".to_string())
+            ]
+        );
+        let d = dir("quoted");
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\na\r\n--XyZ\r\nContent-Disposition: form-data; name=\"package\"; filename=\"x;y.whl\"\r\n\r\nPK\r\n--XyZ--";
+        assert_eq!(read(&body[..], "XyZ", &d).unwrap().packages, ["x;y.whl"]);
         std::fs::remove_dir_all(&d).unwrap();
     }
 

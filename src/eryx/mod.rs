@@ -367,16 +367,14 @@ pub fn ws_error(code: &str, message: &str) -> String {
     json!({"type": "error", "code": code, "message": message}).to_string()
 }
 
-/// Parses and checks an execute request (`in_session`: a session's, whose
-/// environment the caller checks against the session's).
+/// Parses and checks an execute request (a session's or not: the daemon checks the
+/// environment it names against the session's, and whether it exists and is ready).
 ///
 /// # Errors
 /// 415 when not sent as JSON, 400 when the body is no JSON object, 422 when a field is
-/// missing or wrong, 404 for an environment that does not exist: all `invalid_request`
-/// but the last (`not_found`), as the document says.
-pub fn parse_execute(req: &Request, limits: Limits, in_session: bool) -> Result<Execute, Response> {
+/// missing or wrong: all `invalid_request`, as the document says.
+pub fn parse_execute(req: &Request, limits: Limits) -> Result<Execute, Response> {
     let o = json_object(req)?;
-    let _ = in_session;
     parse_fields(&o, limits).map_err(|r| r.response())
 }
 
@@ -709,12 +707,7 @@ mod tests {
 
     #[test]
     fn test_execute_requests_are_checked_and_capped() {
-        let e = parse_execute(
-            &req("application/json", r#"{"code": "print(1)"}"#),
-            L,
-            false,
-        )
-        .unwrap();
+        let e = parse_execute(&req("application/json", r#"{"code": "print(1)"}"#), L).unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (30_000, 1_000_000));
         let e = parse_execute(
             &req(
@@ -722,7 +715,6 @@ mod tests {
                 r#"{"code": "x", "timeout_secs": 2, "fuel_limit": 5, "environment": "python"}"#,
             ),
             L,
-            false,
         )
         .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (2_000, 5));
@@ -733,7 +725,6 @@ mod tests {
                 r#"{"code": "x", "timeout_secs": 3.0, "fuel_limit": null, "environment": null}"#,
             ),
             L,
-            false,
         )
         .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (3_000, 1_000_000));
@@ -743,7 +734,6 @@ mod tests {
                 r#"{"code": "x", "timeout_secs": 31, "fuel_limit": 1000001}"#,
             ),
             L,
-            false,
         )
         .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (30_000, 1_000_000));
@@ -754,7 +744,6 @@ mod tests {
                 r#"{"code": "x", "timeout_secs": 740590284250017374928896, "fuel_limit": 1e300}"#,
             ),
             L,
-            false,
         )
         .unwrap();
         assert_eq!((e.timeout_ms, e.fuel), (30_000, 1_000_000));
@@ -785,18 +774,26 @@ mod tests {
             ),
             (
                 "application/json",
-                r#"{"code": "x", "environment": "nope"}"#,
-                (404, "not_found"),
-            ),
-            (
-                "application/json",
                 r#"{"code": "x", "environment": 3}"#,
                 (422, "invalid_request"),
             ),
         ] {
-            let r = parse_execute(&req(ct, body), L, false).unwrap_err();
+            let r = parse_execute(&req(ct, body), L).unwrap_err();
             assert_eq!(code_of(r), (want.0, want.1.to_string()), "{ct} {body}");
         }
+        // Whether an environment exists is the daemon's to say (404, or 409 while it
+        // builds): the face only reads its name.
+        let ex = parse_execute(
+            &req(
+                "application/json",
+                r#"{"code": "x", "environment": "nope"}"#,
+            ),
+            L,
+        )
+        .unwrap();
+        assert_eq!(ex.environment_name(), "nope");
+        let ex = parse_execute(&req("application/json", r#"{"code": "x"}"#), L).unwrap();
+        assert_eq!(ex.environment_name(), "python");
     }
 
     #[test]

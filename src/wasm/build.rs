@@ -15,6 +15,8 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One environment to build.
@@ -24,18 +26,31 @@ pub struct BuildRequest {
     pub packages: PathBuf,
     /// Their names as uploaded (for errors).
     pub names: Vec<String>,
-    /// An empty directory for the build's output (`site-packages/` and the snapshot).
+    /// The build's output directory (`site-packages/` and the snapshot), made anew.
     pub out: PathBuf,
     /// Modules to import into the snapshot.
     pub imports: Vec<String>,
+    /// Set when the environment is deleted: a queued build is skipped, a build going is
+    /// killed.
+    pub cancel: Arc<AtomicBool>,
 }
 
-/// How a build went: the snapshot's file name in `out`, or why it failed (for the
-/// environment's `error`).
-pub type BuildResult = Result<String, String>;
+/// How a build ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildOutcome {
+    /// Built: the snapshot's file name in `out`, whose files are root's and read-only.
+    Ready(String),
+    /// The packages' fault (shown to the tenant as the environment's `error`); `out`
+    /// is removed.
+    Failed(String),
+    /// The server's fault (logged): the environment stays to be built again.
+    Retry,
+    /// Its environment was deleted: nothing was (or is any longer) built.
+    Cancelled,
+}
 
-/// Where a build's result goes (called on the builder thread: it must not block).
-pub type BuildReply = Box<dyn FnOnce(BuildResult) + Send>;
+/// Where a build's outcome goes (called on the builder thread: it must not block).
+pub type BuildReply = Box<dyn FnOnce(BuildOutcome) + Send>;
 
 /// The builder's settings.
 pub(super) struct Builder {
@@ -45,6 +60,13 @@ pub(super) struct Builder {
     pub slice: String,
     pub timeout: Duration,
     pub memory_bytes: u64,
+    /// Set when the daemon stops: a build going is killed (its cgroup removed) and no
+    /// other starts.
+    pub stop: Arc<AtomicBool>,
+    /// The standard snapshot's file name, once the supervisor has prepared it: builds
+    /// wait for it (the standard library they read is extracted with it), and a build's
+    /// snapshot must have that name.
+    pub snapshot: Arc<Mutex<Option<String>>>,
 }
 
 /// Bytes of the build's answer read (one JSON line; its error is at most 64 KiB).
@@ -55,56 +77,103 @@ impl Builder {
     pub(super) fn main(self, rx: &crossbeam_channel::Receiver<(BuildRequest, BuildReply)>) {
         let mut n = 0u64;
         for (req, reply) in rx {
+            let Some(expected) = self.wait_prepared() else {
+                // Stopping: nothing is answered, so the environment stays `building` in
+                // its record and is built again at the next start.
+                drop(reply);
+                continue;
+            };
+            if req.cancel.load(Ordering::Relaxed) {
+                reply(BuildOutcome::Cancelled);
+                continue;
+            }
             n += 1;
             let t0 = Instant::now();
-            let result = self.build(n, &req);
-            if let Err(e) = seal(&req.out) {
-                log::error!("wasm: sealing {}: {e}", req.out.display());
+            let outcome = self.build(n, &req, &expected);
+            if self.stopping() {
+                log::info!("wasm: a build was stopped with the daemon");
+                drop(reply);
+                continue;
             }
-            match &result {
-                Ok(s) => log::info!(
-                    "wasm: environment built into {} ({s}) in {} ms",
-                    req.out.display(),
-                    t0.elapsed().as_millis()
-                ),
-                Err(e) => log::info!(
-                    "wasm: environment build {} failed in {} ms: {}",
-                    req.out.display(),
-                    t0.elapsed().as_millis(),
-                    e.lines().next().unwrap_or_default()
-                ),
+            let outcome = match outcome {
+                _ if req.cancel.load(Ordering::Relaxed) => BuildOutcome::Cancelled,
+                BuildOutcome::Ready(name) => match seal(&req.out) {
+                    Ok(()) => BuildOutcome::Ready(name),
+                    Err(e) => {
+                        log::error!("wasm: sealing {}: {e}", req.out.display());
+                        BuildOutcome::Retry
+                    }
+                },
+                other => other,
+            };
+            if !matches!(outcome, BuildOutcome::Ready(_)) {
+                // What a failed build unpacked is of no use, and counts on disk.
+                let _ = std::fs::remove_dir_all(&req.out);
             }
-            reply(result);
+            log::info!(
+                "wasm: environment build {} in {} ms: {}",
+                req.out.display(),
+                t0.elapsed().as_millis(),
+                match &outcome {
+                    BuildOutcome::Ready(s) => format!("ready ({s})"),
+                    BuildOutcome::Failed(e) =>
+                        format!("failed: {}", e.lines().next().unwrap_or_default()),
+                    BuildOutcome::Retry => "the server failed; built again later".into(),
+                    BuildOutcome::Cancelled => "cancelled (deleted)".into(),
+                }
+            );
+            reply(outcome);
         }
     }
 
-    fn build(&self, n: u64, req: &BuildRequest) -> BuildResult {
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the standard snapshot is prepared: its name, or `None` when the
+    /// daemon stops first.
+    fn wait_prepared(&self) -> Option<String> {
+        loop {
+            if self.stopping() {
+                return None;
+            }
+            if let Some(name) = self.snapshot.lock().ok().and_then(|s| s.clone()) {
+                return Some(name);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn build(&self, n: u64, req: &BuildRequest, expected: &str) -> BuildOutcome {
         let internal = |e: String| {
-            log::error!("wasm: environment build: {e}");
-            "The build could not be started on the server".to_string()
+            log::error!("wasm: environment build {}: {e}", req.out.display());
+            BuildOutcome::Retry
         };
         // A fresh directory (what an earlier build left goes), which the build writes
         // as the builder user; it writes nowhere else.
         match std::fs::remove_dir_all(&req.out) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(internal(e.to_string())),
+            Err(e) => return internal(e.to_string()),
         }
-        std::fs::create_dir(&req.out).map_err(|e| internal(e.to_string()))?;
-        chown(&req.out, crate::sys::BUILDER).map_err(|e| internal(e.to_string()))?;
+        if let Err(e) =
+            std::fs::create_dir(&req.out).and_then(|()| chown(&req.out, crate::sys::BUILDER))
+        {
+            return internal(e.to_string());
+        }
         let cgroup = match &self.cgroups {
-            Some(h) => Some(
-                h.create_run(
-                    &self.slice,
-                    &format!("wasm-build-{n}"),
-                    HostLimits {
-                        memory_bytes: self.memory_bytes,
-                        cpu_quota_us: 2 * crate::cgroup::CPU_PERIOD_US,
-                        pids: 64,
-                    },
-                )
-                .map_err(|e| internal(e.to_string()))?,
-            ),
+            Some(h) => match h.create_run(
+                &self.slice,
+                &format!("wasm-build-{n}"),
+                HostLimits {
+                    memory_bytes: self.memory_bytes,
+                    cpu_quota_us: 2 * crate::cgroup::CPU_PERIOD_US,
+                    pids: 64,
+                },
+            ) {
+                Ok(cg) => Some(cg),
+                Err(e) => return internal(e.to_string()),
+            },
             None => None,
         };
         let result = self.run(req, cgroup.as_ref());
@@ -114,10 +183,15 @@ impl Builder {
                 log::warn!("wasm: removing a build's cgroup: {e}");
             }
         }
-        result.map_err(|e| match e {
-            Why::Internal(e) => internal(e),
-            Why::User(e) => e,
-        })
+        match result {
+            // Only the name this engine's snapshot has (never a path).
+            Ok(name) if name == expected => BuildOutcome::Ready(name),
+            Ok(name) => internal(format!(
+                "the build answered snapshot {name:?}, not {expected:?}"
+            )),
+            Err(Why::User(e)) => BuildOutcome::Failed(e),
+            Err(Why::Internal(e)) => internal(e),
+        }
     }
 
     fn run(
@@ -172,7 +246,13 @@ impl Builder {
         let status = loop {
             match child.try_wait() {
                 Ok(Some(st)) => break Some(st),
-                Ok(None) if Instant::now() >= deadline => break None,
+                Ok(None)
+                    if Instant::now() >= deadline
+                        || self.stopping()
+                        || req.cancel.load(Ordering::Relaxed) =>
+                {
+                    break None
+                }
                 Ok(None) => std::thread::sleep(Duration::from_millis(50)),
                 Err(e) => return Err(Why::Internal(e.to_string())),
             }
@@ -242,10 +322,11 @@ pub fn seal(dir: &Path) -> std::io::Result<()> {
         for entry in std::fs::read_dir(dir)? {
             seal(&entry?.path())?;
         }
-    } else if meta.is_file() {
+    } else if meta.is_file() && std::os::unix::fs::MetadataExt::nlink(&meta) == 1 {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o444))?;
     } else {
-        // Never made by a build; not left for a worker to follow.
+        // A hard link (a build makes none: it could name a file outside) or anything
+        // but a file or a directory: removed, never followed.
         std::fs::remove_file(dir)?;
     }
     Ok(())

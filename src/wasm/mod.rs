@@ -169,6 +169,7 @@ pub enum State {
 pub struct Engine {
     tx: crossbeam_channel::Sender<Msg>,
     builds: Option<crossbeam_channel::Sender<(build::BuildRequest, build::BuildReply)>>,
+    build_stop: Arc<std::sync::atomic::AtomicBool>,
     builder: Option<std::thread::JoinHandle<()>>,
     /// The standard snapshot's file name once it is made (an environment built for
     /// another one is out of date).
@@ -193,7 +194,10 @@ impl Engine {
         let (tx, rx) = crossbeam_channel::unbounded();
         let state = Arc::new(Mutex::new(State::Starting));
         let snapshot = Arc::new(Mutex::new(None));
+        let build_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let builder = build::Builder {
+            stop: Arc::clone(&build_stop),
+            snapshot: Arc::clone(&snapshot),
             worker: worker.clone(),
             cache_dir: cfg.cache_dir.clone(),
             cgroups: cgroups.clone(),
@@ -226,6 +230,7 @@ impl Engine {
             .spawn(move || sup.main())?;
         Ok(Engine {
             tx,
+            build_stop,
             builds: Some(builds),
             builder: Some(builder),
             snapshot,
@@ -255,16 +260,13 @@ impl Engine {
         let _ = self.tx.send(Msg::Answer(run, call, result));
     }
 
-    /// Queues an environment's build (one at a time, in order); `reply` gets how it
-    /// went.
+    /// Queues an environment's build (one at a time, in order, once the standard
+    /// snapshot is prepared); `reply` gets how it went.
     pub fn build(&self, req: build::BuildRequest, reply: build::BuildReply) {
-        match &self.builds {
-            Some(tx) => {
-                if let Err(crossbeam_channel::SendError((_, reply))) = tx.send((req, reply)) {
-                    reply(Err("The server is shutting down".into()));
-                }
-            }
-            None => reply(Err("The server is shutting down".into())),
+        // Once the engine has stopped nothing is built or answered: the environment
+        // stays `building` in its record and is built at the next start.
+        if let Some(tx) = &self.builds {
+            let _ = tx.send((req, reply));
         }
     }
 
@@ -288,10 +290,14 @@ impl Engine {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // A build going is not waited for: its process dies with the builder's
-        // thread's parent (the daemon), and its environment is built again at start.
+        // A build going is killed and its cgroup removed (its environment is built
+        // again at the next start); builds queued are not started.
+        self.build_stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.builds = None;
-        drop(self.builder.take());
+        if let Some(t) = self.builder.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -1,12 +1,14 @@
 //! `isobox-wasm build`: an eryx environment's snapshot. The daemon starts it jailed as
-//! the worker is (its own cgroup with a memory cap, no network, the overflow user, no
-//! new privileges), kills it past its time, and reads one JSON line from its stdout:
-//! `{"snapshot": FILE}` or `{"error": WHY}`.
+//! the worker is (its own cgroup with a memory cap, no network, no new privileges), as
+//! a user of its own (not the workers'), kills it past its time, and reads one JSON
+//! line from its stdout: `{"snapshot": FILE}` or `{"error": WHY}`.
 //!
 //! The uploaded packages (`.whl` zip files, `.tar.gz`/`.tgz` archives) are unpacked here,
 //! never in the daemon, into `OUT/site-packages`, within bounds: no entry outside the
 //! directory (absolute paths, `..`, links, devices are refused), at most
-//! [`MAX_FILES`] files and [`MAX_BYTES`] bytes unpacked in all. A library with native
+//! [`MAX_FILES`] files, [`MAX_DIRS`] directories and [`MAX_BYTES`] bytes unpacked in
+//! all. A source archive (`PKG-INFO` one level down) is refused: it is not installed
+//! code. A library with native
 //! code for Linux, macOS or Windows fails the build with a clear error; so does one
 //! built for WebAssembly, which this build does not link yet. Then Python is
 //! pre-initialised with the site-packages mounted and the environment's imports run
@@ -19,6 +21,9 @@ use std::path::{Component, Path, PathBuf};
 
 /// Files unpacked from all of an environment's packages.
 pub const MAX_FILES: usize = 20_000;
+/// Directories made for all of an environment's packages (explicit or implied by a
+/// file's path).
+pub const MAX_DIRS: usize = 20_000;
 /// Bytes unpacked from all of an environment's packages.
 pub const MAX_BYTES: u64 = 512 << 20;
 /// Directory levels of one unpacked path.
@@ -26,11 +31,88 @@ const MAX_DEPTH: usize = 32;
 /// Bytes of one unpacked path.
 const MAX_PATH: usize = 1024;
 
-/// What the unpacking has used so far.
-#[derive(Default)]
-struct Budget {
+/// Unpacks into `site`, within the bounds, counting what all packages use.
+struct Unpacker {
+    site: PathBuf,
     files: usize,
     bytes: u64,
+    /// Directories made so far (relative to `site`).
+    dirs: std::collections::HashSet<PathBuf>,
+}
+
+impl Unpacker {
+    /// `path` as the user should read it: relative to site-packages (never the host's
+    /// layout).
+    fn shown(&self, path: &Path) -> String {
+        path.strip_prefix(&self.site)
+            .unwrap_or(path)
+            .display()
+            .to_string()
+    }
+
+    /// Makes directory `dir` (under `site`) and its parents, each counted once.
+    fn mkdirs(&mut self, dir: &Path) -> Result<(), String> {
+        let rel = dir.strip_prefix(&self.site).unwrap_or(dir).to_path_buf();
+        let mut at = PathBuf::new();
+        for c in rel.components() {
+            at.push(c);
+            if self.dirs.contains(&at) {
+                continue;
+            }
+            if self.dirs.len() >= MAX_DIRS {
+                return Err(format!("the packages make over {MAX_DIRS} directories"));
+            }
+            let full = self.site.join(&at);
+            match std::fs::create_dir(&full) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && full.is_dir() => {}
+                Err(e) => return Err(format!("{}: {e}", self.shown(&full))),
+            }
+            self.dirs.insert(at.clone());
+        }
+        Ok(())
+    }
+
+    /// Copies one file's bytes within the bounds, then refuses native code.
+    fn file(&mut self, path: &Path, from: &mut impl Read) -> Result<(), String> {
+        self.files += 1;
+        if self.files > MAX_FILES {
+            return Err(format!("the packages hold over {MAX_FILES} files"));
+        }
+        if let Some(parent) = path.parent() {
+            self.mkdirs(parent)?;
+        }
+        let shown = self.shown(path);
+        let mut f = std::fs::File::create(path).map_err(|e| format!("{shown}: {e}"))?;
+        let room = MAX_BYTES - self.bytes;
+        let mut limited = from.take(room + 1);
+        let mut head = [0u8; 4];
+        let mut got = 0;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = limited
+                .read(&mut buf)
+                .map_err(|e| format!("reading {shown}: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            if got < 4 {
+                let k = (4 - got).min(n);
+                head[got..got + k].copy_from_slice(&buf[..k]);
+            }
+            got += n;
+            self.bytes += n as u64;
+            if self.bytes > MAX_BYTES {
+                return Err(format!(
+                    "the packages unpack to over {} MiB",
+                    MAX_BYTES >> 20
+                ));
+            }
+            f.write_all(&buf[..n])
+                .map_err(|e| format!("{shown}: {e}"))?;
+        }
+        native_code(path, &head[..got.min(4)])
+    }
 }
 
 /// Builds the environment whose packages are the files of `packages` (named
@@ -46,13 +128,18 @@ pub fn build(
     snapshot_name: &str,
 ) -> Result<String, String> {
     let site = out.join("site-packages");
-    std::fs::create_dir_all(&site).map_err(|e| format!("{}: {e}", site.display()))?;
+    std::fs::create_dir_all(&site).map_err(|e| format!("site-packages: {e}"))?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(packages)
-        .map_err(|e| format!("{}: {e}", packages.display()))?
+        .map_err(|e| format!("the packages: {e}"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     files.sort();
-    let mut budget = Budget::default();
+    let mut up = Unpacker {
+        site: site.clone(),
+        files: 0,
+        bytes: 0,
+        dirs: std::collections::HashSet::new(),
+    };
     for (i, f) in files.iter().enumerate() {
         let shown = names
             .get(i)
@@ -60,9 +147,9 @@ pub fn build(
             .unwrap_or_else(|| f.display().to_string());
         let file_name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default();
         let r = if file_name.ends_with(".whl") {
-            unpack_wheel(f, &site, &mut budget)
+            unpack_wheel(f, &mut up)
         } else if file_name.ends_with(".tar.gz") || file_name.ends_with(".tgz") {
-            unpack_tar_gz(f, &site, &mut budget)
+            unpack_tar_gz(f, &mut up)
         } else {
             Err("not a .whl, .tar.gz or .tgz file".into())
         };
@@ -81,7 +168,7 @@ pub fn build(
     let compiled = eryx::PythonExecutor::precompile(&component)
         .map_err(|e| format!("compiling the snapshot: {e}"))?;
     let path = out.join(snapshot_name);
-    std::fs::write(&path, &compiled).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(&path, &compiled).map_err(|e| format!("writing the snapshot: {e}"))?;
     Ok(snapshot_name.to_string())
 }
 
@@ -154,46 +241,6 @@ fn target(site: &Path, name: &str, wheel: bool) -> Result<Option<PathBuf>, Strin
     ))
 }
 
-/// Copies one file's bytes within the budget, then refuses native code.
-fn write_file(path: &Path, from: &mut impl Read, budget: &mut Budget) -> Result<(), String> {
-    budget.files += 1;
-    if budget.files > MAX_FILES {
-        return Err(format!("the packages hold over {MAX_FILES} files"));
-    }
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-    }
-    let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let room = MAX_BYTES - budget.bytes;
-    let mut limited = from.take(room + 1);
-    let mut head = [0u8; 4];
-    let mut got = 0;
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = limited
-            .read(&mut buf)
-            .map_err(|e| format!("reading {}: {e}", path.display()))?;
-        if n == 0 {
-            break;
-        }
-        if got < 4 {
-            let k = (4 - got).min(n);
-            head[got..got + k].copy_from_slice(&buf[..k]);
-        }
-        got += n;
-        budget.bytes += n as u64;
-        if budget.bytes > MAX_BYTES {
-            return Err(format!(
-                "the packages unpack to over {} MiB",
-                MAX_BYTES >> 20
-            ));
-        }
-        f.write_all(&buf[..n])
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    native_code(path, &head[..got.min(4)])
-}
-
 /// Refuses a library of native code: Python in WebAssembly cannot load it.
 fn native_code(path: &Path, head: &[u8]) -> Result<(), String> {
     let name = path
@@ -226,12 +273,12 @@ fn native_code(path: &Path, head: &[u8]) -> Result<(), String> {
 }
 
 /// Unpacks a wheel (a zip file).
-fn unpack_wheel(file: &Path, site: &Path, budget: &mut Budget) -> Result<(), String> {
+fn unpack_wheel(file: &Path, up: &mut Unpacker) -> Result<(), String> {
     let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
     let mut zip = zip::ZipArchive::new(std::io::BufReader::new(f))
         .map_err(|e| format!("not a readable wheel (zip): {e}"))?;
-    if zip.len() > MAX_FILES {
-        return Err(format!("over {MAX_FILES} entries"));
+    if zip.len() > MAX_FILES + MAX_DIRS {
+        return Err(format!("over {} entries", MAX_FILES + MAX_DIRS));
     }
     for i in 0..zip.len() {
         let mut entry = zip.by_index(i).map_err(|e| format!("entry {i}: {e}"))?;
@@ -239,21 +286,21 @@ fn unpack_wheel(file: &Path, site: &Path, budget: &mut Budget) -> Result<(), Str
         if entry.unix_mode().is_some_and(|m| m & 0o170000 == 0o120000) {
             return Err(format!("the entry {name:?} is a symbolic link"));
         }
-        let Some(path) = target(site, &name, true)? else {
+        let Some(path) = target(&up.site, &name, true)? else {
             continue;
         };
         if entry.is_dir() {
-            std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            up.mkdirs(&path)?;
             continue;
         }
-        write_file(&path, &mut entry, budget)?;
+        up.file(&path, &mut entry)?;
     }
     Ok(())
 }
 
 /// Unpacks a gzipped tar archive (the layout of wasi-wheels: the packages' own
-/// directories at its top).
-fn unpack_tar_gz(file: &Path, site: &Path, budget: &mut Budget) -> Result<(), String> {
+/// directories at its top). A source archive (`NAME-VERSION/PKG-INFO`) is refused.
+fn unpack_tar_gz(file: &Path, up: &mut Unpacker) -> Result<(), String> {
     let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(std::io::BufReader::new(f)));
     let entries = tar
@@ -267,13 +314,22 @@ fn unpack_tar_gz(file: &Path, site: &Path, budget: &mut Budget) -> Result<(), St
             .to_string_lossy()
             .into_owned();
         let kind = entry.header().entry_type();
-        let Some(path) = target(site, &name, false)? else {
+        let parts: Vec<&str> = name
+            .split('/')
+            .filter(|p| !p.is_empty() && *p != ".")
+            .collect();
+        if parts.len() == 2 && parts[1] == "PKG-INFO" {
+            return Err(format!(
+                "a source archive ({name} at its top), not installable code: upload the package's wheel (.whl)"
+            ));
+        }
+        let Some(path) = target(&up.site, &name, false)? else {
             continue;
         };
         if kind.is_dir() {
-            std::fs::create_dir_all(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            up.mkdirs(&path)?;
         } else if kind.is_file() {
-            write_file(&path, &mut entry, budget)?;
+            up.file(&path, &mut entry)?;
         } else if kind.is_pax_global_extensions() || kind.is_pax_local_extensions() {
             continue;
         } else {

@@ -464,7 +464,12 @@ impl Envs {
         // read-only by the daemon before any run uses it; wasmtime checks its version
         // and settings on load and refuses a mismatch.
         let executor = unsafe { eryx::PythonExecutor::from_precompiled_file(&env.snapshot) }
-            .map_err(|e| format!("loading {}: {e}", env.snapshot.display()))?
+            // Without the host's path (the error reaches the tenant).
+            .map_err(|e| {
+                let e = e.to_string();
+                let shown = env.snapshot.display().to_string();
+                format!("its snapshot: {}", e.replace(&shown, "snapshot"))
+            })?
             .with_python_stdlib(lib)
             .with_site_packages(&env.site)
             .with_result_variable(OUTCOME_VAR);
