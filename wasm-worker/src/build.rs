@@ -160,17 +160,71 @@ pub fn build(
             return Err(format!("{m:?} is not a module name"));
         }
     }
+    // The relocation runs last, after the environment's imports.
+    let relocate = site.join(format!("{RELOCATE}.py"));
+    std::fs::write(&relocate, RELOCATE_PY).map_err(|e| format!("site-packages: {e}"))?;
     let mut all: Vec<&str> = crate::PREIMPORTS.to_vec();
     all.extend(imports.iter().map(String::as_str));
-    let component = rt
-        .block_on(eryx::preinit::pre_initialize(lib, Some(&site), &all, &[]))
-        .map_err(|e| import_error(&format!("{e:#}"), imports))?;
+    all.push(RELOCATE);
+    let initialised = rt.block_on(eryx::preinit::pre_initialize(lib, Some(&site), &all, &[]));
+    std::fs::remove_file(&relocate).map_err(|e| format!("site-packages: {e}"))?;
+    let component = initialised.map_err(|e| import_error(&format!("{e:#}"), imports))?;
     let compiled = eryx::PythonExecutor::precompile(&component)
         .map_err(|e| format!("compiling the snapshot: {e}"))?;
     let path = out.join(snapshot_name);
     std::fs::write(&path, &compiled).map_err(|e| format!("writing the snapshot: {e}"))?;
     Ok(snapshot_name.to_string())
 }
+
+/// The module that moves what the snapshot knows of site-packages to where runs see
+/// it. eryx pre-initialises with the packages at `/site-packages`, but its session
+/// executor (every run goes through one) mounts them at `/site-packages-0`: without
+/// this, `sys.path` would name a directory runs do not have, and a package imported at
+/// the build would look for its submodules and data files there.
+const RELOCATE: &str = "_isobox_relocate_site";
+
+/// Its code: every path under `/site-packages` in `sys.path`, the importer cache and
+/// the imported modules (`__file__`, `__cached__`, `__path__`, their specs and
+/// loaders) is moved under `/site-packages-0`; then it removes itself.
+const RELOCATE_PY: &str = r#"import sys
+OLD, NEW = "/site-packages", "/site-packages-0"
+def _fix(p):
+    if isinstance(p, str) and (p == OLD or p.startswith(OLD + "/")):
+        return NEW + p[len(OLD):]
+    return p
+sys.path[:] = [_fix(p) for p in sys.path]
+for _k in [k for k in sys.path_importer_cache if _fix(k) != k]:
+    del sys.path_importer_cache[_k]
+for _m in list(sys.modules.values()):
+    _d = getattr(_m, "__dict__", None)
+    if not isinstance(_d, dict):
+        continue
+    for _a in ("__file__", "__cached__"):
+        if isinstance(_d.get(_a), str):
+            _d[_a] = _fix(_d[_a])
+    _p = _d.get("__path__")
+    if isinstance(_p, list):
+        _p[:] = [_fix(x) for x in _p]
+    elif _p is not None and isinstance(getattr(_p, "_path", None), list):
+        _p._path[:] = [_fix(x) for x in _p._path]
+    _s = _d.get("__spec__")
+    if _s is not None:
+        try:
+            _s.origin = _fix(_s.origin)
+            if isinstance(_s.submodule_search_locations, list):
+                _s.submodule_search_locations[:] = [_fix(x) for x in _s.submodule_search_locations]
+            if isinstance(getattr(_s, "_cached", None), str):
+                _s._cached = _fix(_s._cached)
+        except Exception:
+            pass
+    _l = _d.get("__loader__")
+    if _l is not None and isinstance(getattr(_l, "path", None), str):
+        try:
+            _l.path = _fix(_l.path)
+        except Exception:
+            pass
+del sys.modules[__name__]
+"#;
 
 /// The pre-initialisation's error as the user should read it: the traceback of the
 /// import that failed, without eryx's wrapping.
