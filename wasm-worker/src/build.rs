@@ -185,7 +185,8 @@ const RELOCATE: &str = "_isobox_relocate_site";
 
 /// Its code: every path under `/site-packages` in `sys.path`, the importer cache and
 /// the imported modules (`__file__`, `__cached__`, `__path__`, their specs and
-/// loaders) is moved under `/site-packages-0`; then it removes itself.
+/// loaders) is moved under `/site-packages-0`. (It stays in `sys.modules`: the import
+/// system needs it there to finish its import; its file is gone before any run.)
 const RELOCATE_PY: &str = r#"import sys
 OLD, NEW = "/site-packages", "/site-packages-0"
 def _fix(p):
@@ -223,7 +224,6 @@ for _m in list(sys.modules.values()):
             _l.path = _fix(_l.path)
         except Exception:
             pass
-del sys.modules[__name__]
 "#;
 
 /// The pre-initialisation's error as the user should read it: the traceback of the
