@@ -336,6 +336,22 @@ fn test_the_documents_environment_runs_lives_across_restarts_and_is_rebuilt_when
         .collect();
     assert_eq!(runs[0]["stdout"], "True Hello <Ada>!\n", "{}", runs[0]);
     assert_eq!(runs[0]["compute_units"], runs[1]["compute_units"]);
+    // What the build imported and what it did not are both found where runs see the
+    // packages: a submodule imported only now, and a package's data file.
+    let probe = json!({"environment": "templating", "code": "import importlib.resources, jinja2.nativetypes\nprint(importlib.resources.files('jinja2').joinpath('py.typed').is_file(), jinja2.__file__, jinja2.nativetypes.__file__)"}).to_string();
+    let v = req(
+        &d,
+        "POST",
+        "/eryx/v1/execute",
+        "application/json",
+        probe.as_bytes(),
+    )
+    .json();
+    assert_eq!(
+        v["stdout"],
+        "True /site-packages-0/jinja2/__init__.py /site-packages-0/jinja2/nativetypes.py\n",
+        "{v}"
+    );
     // The standard environment has none of it.
     let r = req(
         &d,
