@@ -738,7 +738,8 @@ fn test_failed_builds_bad_forms_bounds_and_the_limit() {
         assert_eq!(
             (status, c.as_str()),
             (want, "invalid_request"),
-            "{parts:?}: {m}"
+            "{parts:?}: {m}\n{}",
+            d.get("/eryx/v1/environments").text()
         );
     }
     let r = d.request(

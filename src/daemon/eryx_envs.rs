@@ -172,6 +172,10 @@ impl UploadSink for EnvUpload {
         shape(resp)
     }
 
+    fn release(&mut self) {
+        self.pending = None;
+    }
+
     fn commit(mut self: Box<Self>, ck: usize, serial: u64) -> Done<Daemon> {
         use std::io::{Seek, SeekFrom};
         let body = self.dir.join("upload.body");

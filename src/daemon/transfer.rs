@@ -70,6 +70,9 @@ pub trait UploadSink: Send {
     /// The body is whole (on the pool): what the loop does next for connection `ck`
     /// (`serial`).
     fn commit(self: Box<Self>, ck: usize, serial: u64) -> Done<Daemon>;
+    /// The upload is aborted (on the loop, before its file is removed on the pool):
+    /// what it holds of its tenant's limits is given back at once.
+    fn release(&mut self) {}
 }
 
 impl UploadSink for UploadTarget {
@@ -469,7 +472,8 @@ impl Daemon {
     /// Removes an unfinished upload's temporary file on the pool (never here: this
     /// thread may not unlink).
     pub(crate) fn abort_upload(&mut self, t: Option<Box<dyn UploadSink>>) {
-        if let Some(t) = t {
+        if let Some(mut t) = t {
+            t.release();
             self.reactor.submit_must(Box::new(move || {
                 drop(t);
                 super::nothing()
