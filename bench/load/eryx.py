@@ -16,6 +16,11 @@ Columns: p50 and p99 latency (ms), runs/s, compute units of one run, and the HTT
 p50 as a ratio of the in-process p50. The first HTTP run (the worker's start) is not
 counted; WARMUP runs of each are discarded.
 
+Then, when `make test-wheels` has fetched them, an uploaded environment (the
+document's: jinja2 and markupsafe, `imports=jinja2`): its build time, and runs in it
+over HTTP beside the same code in the standard environment (`python`), alternating
+in rounds, with the ratio of their p50s.
+
 Usage (root, after `cargo build --release` and `make wasm-snapshot`):
   python3 bench/load/eryx.py [--runs 200] [--threads 2]
 """
@@ -71,8 +76,11 @@ def new_session(conn):
     return f"/eryx/v1/sessions/{json.loads(data)['id']}/execute"
 
 
-def one(conn, code, path="/eryx/v1/execute"):
-    body = json.dumps({"code": code})
+def one(conn, code, path="/eryx/v1/execute", environment=None):
+    body = {"code": code}
+    if environment:
+        body["environment"] = environment
+    body = json.dumps(body)
     t0 = time.perf_counter()
     conn.request("POST", path, body, {"Content-Type": "application/json"})
     r = conn.getresponse()
@@ -129,6 +137,76 @@ def concurrent(url, code, runs, n, session=False):
     return base.percentile(ms, 50), base.percentile(ms, 99), len(times) / wall
 
 
+WHEELS = "/var/cache/isobox-tools/wheels"
+ENV_FILES = ["jinja2-3.1.4-py3-none-any.whl", "markupsafe-3.0.2-py3-none-any.whl"]
+ENV_CODES = {
+    "print(1 + 1)": "print(1 + 1)",
+    "render": "import jinja2\nprint(jinja2.Template('Hello {{ n }}!').render(n='Ada'))",
+}
+
+
+def upload_env(url, name):
+    """Uploads the document's environment and waits for its build: seconds taken."""
+    b = "isoboxBenchBoundary"
+    parts = [("name", None, name.encode()), ("imports", None, b"jinja2")]
+    for f in ENV_FILES:
+        with open(os.path.join(WHEELS, f), "rb") as fh:
+            parts.append(("package", f, fh.read()))
+    body = b""
+    for field, fname, data in parts:
+        disp = f'form-data; name="{field}"' + (f'; filename="{fname}"' if fname else "")
+        body += f"--{b}\r\nContent-Disposition: {disp}\r\n\r\n".encode() + data + b"\r\n"
+    body += f"--{b}--\r\n".encode()
+    conn = client(url)
+    t0 = time.perf_counter()
+    conn.request("POST", "/eryx/v1/environments", body, {"Content-Type": f"multipart/form-data; boundary={b}"})
+    r = conn.getresponse()
+    data = r.read()
+    if r.status != 202:
+        sys.exit(f"error: upload {r.status} {data[:300]!r}")
+    while True:
+        conn.request("GET", f"/eryx/v1/environments/{name}")
+        r = conn.getresponse()
+        v = json.loads(r.read())
+        if v["status"] == "ready":
+            break
+        if v["status"] != "building":
+            sys.exit(f"error: build {v}")
+        time.sleep(0.1)
+    conn.close()
+    return time.perf_counter() - t0
+
+
+def env_rows(url, runs, rounds=4):
+    """Runs in the environment beside the standard one, alternating in rounds."""
+    build_s = upload_env(url, "bench-env")
+    print(f"\nuploaded environment (jinja2 + markupsafe, imports=jinja2): built in {build_s:.1f} s")
+    print(f"{'code':<14} {'environment':<14} {'p50 ms':>8} {'p99 ms':>8} {'units':>12} {'p50 ratio':>10}")
+    conn = client(url)
+    for name, code in ENV_CODES.items():
+        t = {"python": [], "bench-env": []}
+        units = {}
+        for env in t:
+            for _ in range(WARMUP):
+                if name != "render" or env != "python":
+                    one(conn, code, environment=env)
+        for _ in range(rounds):
+            for env in t:
+                if name == "render" and env == "python":
+                    continue  # jinja2 is only in the environment
+                for _ in range(max(1, runs // rounds)):
+                    dt, units[env] = one(conn, code, environment=env)
+                    t[env].append(dt * 1000)
+        ref = base.percentile(t["python"], 50) if t["python"] else None
+        for env, ms in t.items():
+            if not ms:
+                continue
+            p50 = base.percentile(ms, 50)
+            ratio = f"{p50 / ref:>9.2f}x" if ref else f"{'-':>10}"
+            print(f"{name:<14} {env:<14} {p50:>8.1f} {base.percentile(ms, 99):>8.1f} {units[env]:>12} {ratio}")
+    conn.close()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=200)
@@ -162,6 +240,10 @@ def main():
             print(f"{'':<14} {f'HTTP, c={a.threads}':<14} {cp50:>8.1f} {cp99:>8.1f} {crps:>8.1f} {'':>12} {cp50 / ip['p50_ms']:>9.2f}x")
             if units != ip["compute_units"]:
                 problems.append(f"{name}: {units} units over HTTP, {ip['compute_units']} in-process")
+        if all(os.path.exists(os.path.join(WHEELS, f)) for f in ENV_FILES):
+            env_rows(url, a.runs)
+        else:
+            print(f"\n(no uploaded environment: {WHEELS} lacks the wheels; make test-wheels)")
     finally:
         problems += base.stop_isoboxd(proc, data_dir)
     for p in problems:
