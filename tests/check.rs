@@ -51,11 +51,15 @@ fn test_check_passes_on_this_host_and_changes_nothing() {
     let dir = scratch("ok");
     let data = dir.join("data");
     let instance = format!("isobox-chk{}", std::process::id());
-    let (code, out, err) = check(&[
-        ("ISOBOX_INSTANCE", &instance),
-        ("ISOBOX_DATA_DIR", data.to_str().unwrap()),
-        ("ISOBOX_LISTEN", "127.0.0.1:0"),
-    ]);
+    // The same settings each time: this test's instance and data dir.
+    let run = || {
+        check(&[
+            ("ISOBOX_INSTANCE", &instance),
+            ("ISOBOX_DATA_DIR", data.to_str().unwrap()),
+            ("ISOBOX_LISTEN", "127.0.0.1:0"),
+        ])
+    };
+    let (code, out, err) = run();
     assert_eq!(code, 0, "{out}{err}");
     assert!(!out.contains("FAIL"), "{out}");
     assert_eq!(line(&out, "ok    root"), "ok    root       running as root");
@@ -109,11 +113,7 @@ fn test_check_passes_on_this_host_and_changes_nothing() {
     assert!(!nft_tables().contains("isobox_check"), "{}", nft_tables());
     // An existing data dir is written to (one file, removed at once).
     std::fs::create_dir(&data).unwrap();
-    let (code, out, _) = check(&[
-        ("ISOBOX_INSTANCE", &instance),
-        ("ISOBOX_DATA_DIR", data.to_str().unwrap()),
-        ("ISOBOX_LISTEN", "127.0.0.1:0"),
-    ]);
+    let (code, out, _) = run();
     assert_eq!(code, 0, "{out}");
     assert_eq!(
         line(&out, "ok    data dir"),
@@ -125,11 +125,7 @@ fn test_check_passes_on_this_host_and_changes_nothing() {
     // read it (a warning: the rest of the daemon serves).
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let (code, out, _) = check(&[
-        ("ISOBOX_INSTANCE", &instance),
-        ("ISOBOX_DATA_DIR", data.to_str().unwrap()),
-        ("ISOBOX_LISTEN", "127.0.0.1:0"),
-    ]);
+    let (code, out, _) = run();
     assert_eq!(code, 0, "{out}");
     assert_eq!(
         line(&out, "warn  eryx envs"),

@@ -142,46 +142,40 @@ fn wheel(name: &str) -> Vec<u8> {
         .unwrap_or_else(|e| panic!("{WHEELS}/{name}: {e} (make test-wheels makes it)"))
 }
 
-/// A zip file with `entries` (name, content), made by Python's zipfile.
-fn zip(entries: &[(&str, &str)]) -> Vec<u8> {
-    let path = std::env::temp_dir().join(format!(
-        "isobox-envs-zip-{}-{}.whl",
-        std::process::id(),
-        entries.len()
-    ));
-    let spec = serde_json::to_string(&entries).unwrap();
-    let st = std::process::Command::new("python3")
+/// An archive with `entries` (name, content), made by Python's own modules: `make`
+/// writes them into `f`, a file object, and the archive comes back on stdout (no file,
+/// so tests running side by side cannot meet).
+fn archive(make: &str, entries: &[(&str, &str)]) -> Vec<u8> {
+    let out = std::process::Command::new("python3")
         .arg("-c")
-        .arg("import json, sys, zipfile\nz = zipfile.ZipFile(sys.argv[1], 'w')\nfor n, c in json.loads(sys.argv[2]):\n    z.writestr(n, c)\nz.close()")
-        .arg(&path)
-        .arg(spec)
-        .status()
+        .arg(format!(
+            "import io, json, sys, tarfile, zipfile\nf = io.BytesIO()\nentries = json.loads(sys.argv[1])\n{make}\nsys.stdout.buffer.write(f.getvalue())"
+        ))
+        .arg(serde_json::to_string(&entries).unwrap())
+        .output()
         .unwrap();
-    assert!(st.success());
-    let b = std::fs::read(&path).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    b
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
-/// A gzipped tar file with `entries` (name, content), made by Python's tarfile.
+/// A zip file (a wheel's format) with `entries`.
+fn zip(entries: &[(&str, &str)]) -> Vec<u8> {
+    archive(
+        "with zipfile.ZipFile(f, 'w') as z:\n    for n, c in entries:\n        z.writestr(n, c)",
+        entries,
+    )
+}
+
+/// A gzipped tar file with `entries`.
 fn targz(entries: &[(&str, &str)]) -> Vec<u8> {
-    let path = std::env::temp_dir().join(format!(
-        "isobox-envs-tgz-{}-{}.tar.gz",
-        std::process::id(),
-        entries.len()
-    ));
-    let spec = serde_json::to_string(&entries).unwrap();
-    let st = std::process::Command::new("python3")
-        .arg("-c")
-        .arg("import io, json, sys, tarfile\nt = tarfile.open(sys.argv[1], 'w:gz')\nfor n, c in json.loads(sys.argv[2]):\n    b = c.encode()\n    i = tarfile.TarInfo(n)\n    i.size = len(b)\n    t.addfile(i, io.BytesIO(b))\nt.close()")
-        .arg(&path)
-        .arg(spec)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    let b = std::fs::read(&path).unwrap();
-    std::fs::remove_file(&path).unwrap();
-    b
+    archive(
+        "with tarfile.open(fileobj=f, mode='w:gz') as t:\n    for n, c in entries:\n        b = c.encode()\n        i = tarfile.TarInfo(n)\n        i.size = len(b)\n        t.addfile(i, io.BytesIO(b))",
+        entries,
+    )
 }
 
 /// The environments' directories under the daemon's data directory.

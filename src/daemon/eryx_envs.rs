@@ -38,12 +38,18 @@ pub const ENVS_DIR: &str = "eryx-envs";
 pub struct EryxEnv {
     /// As stored.
     pub rec: EryxEnvRecord,
-    /// Its build is going (its directory is the builder's until it ends).
-    pub building: bool,
     /// Its delete is being written: gone for every request.
     pub deleting: bool,
-    /// Its build's cancel switch, while one is queued or going.
+    /// Its build's cancel switch, while one is queued or going (its directory is the
+    /// builder's until it ends).
     pub cancel: Option<Arc<AtomicBool>>,
+}
+
+impl EryxEnv {
+    /// Whether a build of it is queued or going.
+    pub fn building(&self) -> bool {
+        self.cancel.is_some()
+    }
 }
 
 /// Uploads going per tenant (counted against its environments from their head, so
@@ -83,7 +89,6 @@ pub fn load(store: &crate::store::Store, data_dir: &Path) -> EnvRegistry {
                     id,
                     EryxEnv {
                         rec,
-                        building: false,
                         deleting: false,
                         cancel: None,
                     },
@@ -381,7 +386,6 @@ impl Daemon {
             id.clone(),
             EryxEnv {
                 rec: rec.clone(),
-                building: false,
                 deleting: false,
                 cancel: None,
             },
@@ -436,10 +440,9 @@ impl Daemon {
         let (Some(engine), Some(env)) = (&self.wasm, self.eryx_envs.get_mut(id)) else {
             return;
         };
-        if env.building || env.deleting {
+        if env.building() || env.deleting {
             return;
         }
-        env.building = true;
         env.rec.status = "building".into();
         let cancel = Arc::new(AtomicBool::new(false));
         env.cancel = Some(Arc::clone(&cancel));
@@ -469,7 +472,6 @@ impl Daemon {
             self.eryx_env_remove_dir(dir);
             return;
         };
-        env.building = false;
         env.cancel = None;
         if env.deleting || outcome == BuildOutcome::Cancelled {
             // Its delete is being written; the directory goes when it is durable.
@@ -561,7 +563,7 @@ impl Daemon {
                     let resp = match r {
                         Ok(_) => {
                             log::info!("eryx environment {id} ({name}) deleted");
-                            let building = d.eryx_envs.remove(&id).is_some_and(|e| e.building);
+                            let building = d.eryx_envs.remove(&id).is_some_and(|e| e.building());
                             // A build going still writes there: its end removes it.
                             if !building {
                                 let dir = d.eryx_envs_dir().join(&id);
@@ -614,7 +616,7 @@ impl Daemon {
                 "Environment {name} is not ready: the server is starting"
             )));
         };
-        if env.rec.status == "building" && !env.building {
+        if env.rec.status == "building" && !env.building() {
             // Its last build ended on the server's side (or was cancelled by a delete
             // that then failed): built again now.
             self.eryx_env_build(&id);
@@ -680,7 +682,8 @@ fn shape(resp: Response) -> Response {
             "The server has no room for the upload now; retry later",
         );
     }
-    eryx::reshape(resp, Some("Bearer -"))
+    // Admission is done: no refusal here is about the key.
+    eryx::reshape(resp, None)
 }
 
 /// `429 environment_limit`.

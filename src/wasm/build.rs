@@ -11,8 +11,6 @@
 
 use crate::cgroup::{Hierarchy, HostLimits};
 use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -199,13 +197,6 @@ impl Builder {
         req: &BuildRequest,
         cgroup: Option<&crate::cgroup::RunCgroup>,
     ) -> Result<String, Why> {
-        let procs: Vec<OwnedFd> = match cgroup {
-            Some(cg) => cg.open_procs().map_err(|e| Why::Internal(e.to_string()))?,
-            None => Vec::new(),
-        };
-        // fd 3 of a jailed process; a build does not use it.
-        let (_ours, theirs) = UnixStream::pair().map_err(|e| Why::Internal(e.to_string()))?;
-        let theirs = OwnedFd::from(theirs);
         let mut cmd = Command::new(&self.worker);
         cmd.arg("build")
             .arg("--cache")
@@ -220,18 +211,10 @@ impl Builder {
         for m in &req.imports {
             cmd.arg("--import").arg(m);
         }
-        cmd.env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        crate::sys::jail_on_spawn(&mut cmd, &procs, &theirs, crate::sys::BUILDER);
-        let spawned = cmd.spawn();
-        drop(theirs);
-        drop(procs);
-        let mut child =
-            spawned.map_err(|e| Why::Internal(format!("{}: {e}", self.worker.display())))?;
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        // Its fd 3 (`_ours`'s other end) is not used by a build.
+        let (mut child, _ours) =
+            super::spawn_jailed(cmd, cgroup, crate::sys::BUILDER).map_err(Why::Internal)?;
         // Read on a thread of its own, so a long answer never fills the pipe while the
         // build is waited for.
         let stdout = child.stdout.take();

@@ -307,6 +307,32 @@ impl Drop for Engine {
     }
 }
 
+/// Spawns `cmd` (its arguments, stdout and stderr set) jailed as `uid`
+/// (`sys::jail_on_spawn`) in `cgroup`, with an empty environment but `PATH`, `/` as its
+/// directory, no stdin, and one end of a new socket pair as its fd 3: the child, and
+/// the daemon's end.
+fn spawn_jailed(
+    mut cmd: Command,
+    cgroup: Option<&crate::cgroup::RunCgroup>,
+    uid: u32,
+) -> Result<(Child, UnixStream), String> {
+    let procs: Vec<OwnedFd> = match cgroup {
+        Some(cg) => cg.open_procs().map_err(|e| e.to_string())?,
+        None => Vec::new(),
+    };
+    let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+    let theirs = OwnedFd::from(theirs);
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .current_dir("/")
+        .stdin(Stdio::null());
+    crate::sys::jail_on_spawn(&mut cmd, &procs, &theirs, uid);
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("{}: {e}", cmd.get_program().to_string_lossy()))?;
+    Ok((child, ours))
+}
+
 /// A running worker process.
 struct Live {
     gen: u64,
@@ -538,36 +564,22 @@ impl Supervisor {
             ),
             None => None,
         };
-        let procs: Vec<OwnedFd> = match &cgroup {
-            Some(cg) => cg.open_procs().map_err(|e| e.to_string())?,
-            None => Vec::new(),
-        };
-        let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
-        let theirs = OwnedFd::from(theirs);
         let mut cmd = Command::new(&self.worker);
         cmd.arg("serve")
             .arg("--cache")
             .arg(&self.cfg.cache_dir)
             .arg("--threads")
             .arg("1")
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .current_dir("/")
             // The guest's raw fd 1 and 2 are the worker's: never the daemon's log.
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        crate::sys::jail_on_spawn(&mut cmd, &procs, &theirs, crate::sys::NOBODY);
-        let spawned = cmd.spawn();
-        drop(theirs);
-        drop(procs);
-        let child = match spawned {
-            Ok(c) => c,
+        let (child, ours) = match spawn_jailed(cmd, cgroup.as_ref(), crate::sys::NOBODY) {
+            Ok(spawned) => spawned,
             Err(e) => {
                 if let Some(cg) = cgroup {
                     let _ = cg.destroy();
                 }
-                return Err(e.to_string());
+                return Err(e);
             }
         };
         let mut reader = ours.try_clone().map_err(|e| e.to_string())?;
