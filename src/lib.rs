@@ -25,6 +25,8 @@ pub mod daemon;
 pub mod eryx;
 /// Sans-IO HTTP/1.1: the connection state machine, parsing, bodies, responses, SSE, limits.
 pub mod http;
+/// Background jobs' pieces off the loop: sealed env values, redaction, patterns, money.
+pub mod jobs;
 /// Rate-limited logging macros.
 pub mod log;
 /// Figures for `GET /metrics` that nothing else keeps, and their text exposition.

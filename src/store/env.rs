@@ -8,7 +8,7 @@ use std::path::Path;
 /// Virtual size of the memory map. LMDB only uses what it needs; this bounds the file.
 pub const MAP_SIZE_BYTES: usize = 4 << 30;
 /// Named databases the environment may hold.
-pub const MAX_DBS: u32 = 16;
+pub const MAX_DBS: u32 = 32;
 
 /// Opens (creating when missing) the environment in `dir`.
 ///

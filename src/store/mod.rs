@@ -7,6 +7,7 @@
 
 pub mod env;
 pub mod eryx;
+pub mod jobs;
 pub mod kv;
 pub mod volumes;
 pub mod writer;
@@ -101,6 +102,14 @@ pub struct Tables {
     eryx_state: Database<Str, Bytes>,
     /// The eryx face's uploaded environments: id → JSON record.
     eryx_envs: Database<Str, Bytes>,
+    /// The WBX face's jobs: id → JSON record.
+    jobs: Database<Str, Bytes>,
+    /// Jobs by tenant in submission order: `tenant \0 seq (u64 BE)` → id.
+    job_index: Database<Bytes, Bytes>,
+    /// Idempotency keys: `tenant \0 key` → id.
+    job_idem: Database<Bytes, Bytes>,
+    /// Unfinished jobs' secret keys: id → 32 bytes.
+    job_keys: Database<Str, Bytes>,
 }
 
 /// The tables and the writer thread. Reads go to [`Tables`] (through `Deref`).
@@ -138,6 +147,10 @@ impl Store {
         let eryx_sessions = env.create_database(&mut wtxn, Some("eryx_sessions"))?;
         let eryx_state = env.create_database(&mut wtxn, Some("eryx_state"))?;
         let eryx_envs = env.create_database(&mut wtxn, Some("eryx_envs"))?;
+        let jobs = env.create_database(&mut wtxn, Some("jobs"))?;
+        let job_index = env.create_database(&mut wtxn, Some("job_index"))?;
+        let job_idem = env.create_database(&mut wtxn, Some("job_idem"))?;
+        let job_keys = env.create_database(&mut wtxn, Some("job_keys"))?;
         wtxn.commit()?;
         let tables = Arc::new(Tables {
             env,
@@ -150,6 +163,10 @@ impl Store {
             eryx_sessions,
             eryx_state,
             eryx_envs,
+            jobs,
+            job_index,
+            job_idem,
+            job_keys,
         });
         let writer = writer::Writer::start(Arc::clone(&tables))
             .map_err(|e| StoreError::Lmdb(heed::Error::Io(e)))?;

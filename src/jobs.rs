@@ -1,0 +1,402 @@
+//! Background jobs' pieces that are not the loop: sealing a job's env values with its
+//! own key, keeping them out of its log, the result-file patterns, and money as
+//! decimal strings. The loop that runs jobs is `daemon::jobs`; the face that parses
+//! and shapes them is `wbx::jobs`.
+
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
+use ring::rand::{SecureRandom, SystemRandom};
+
+pub use crate::store::jobs::{Sealed, JOB_KEY_BYTES};
+
+/// What replaces an env value in the log.
+pub const REDACTED: &[u8] = b"[REDACTED]";
+
+/// Values shorter than this are not redacted: a one-letter value would blank every
+/// occurrence of that letter and say what it was.
+pub const MIN_REDACTED_BYTES: usize = 3;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Seals `env` under a fresh key: the key (kept apart from the job's record and
+/// deleted when the job ends) and the sealed values.
+///
+/// # Errors
+/// When the system's random source fails.
+pub fn seal(env: &[(String, String)]) -> Result<([u8; JOB_KEY_BYTES], Sealed), String> {
+    let rng = SystemRandom::new();
+    let mut key = [0u8; JOB_KEY_BYTES];
+    let mut nonce = [0u8; NONCE_LEN];
+    rng.fill(&mut key)
+        .and_then(|()| rng.fill(&mut nonce))
+        .map_err(|_| "the system's random source failed".to_string())?;
+    let sealing = LessSafeKey::new(
+        UnboundKey::new(&CHACHA20_POLY1305, &key).map_err(|_| "bad key length".to_string())?,
+    );
+    let mut data = serde_json::to_vec(env).map_err(|e| e.to_string())?;
+    sealing
+        .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut data)
+        .map_err(|_| "sealing failed".to_string())?;
+    use base64::Engine as _;
+    Ok((
+        key,
+        Sealed {
+            nonce: hex(&nonce),
+            data: base64::engine::general_purpose::STANDARD.encode(&data),
+        },
+    ))
+}
+
+/// Opens what [`seal`] sealed with `key`; `None` when it does not open (another key,
+/// or edited).
+pub fn open(key: &[u8; JOB_KEY_BYTES], sealed: &Sealed) -> Option<Vec<(String, String)>> {
+    use base64::Engine as _;
+    let nonce: [u8; NONCE_LEN] = unhex(&sealed.nonce)?.try_into().ok()?;
+    let mut data = base64::engine::general_purpose::STANDARD
+        .decode(&sealed.data)
+        .ok()?;
+    let opening = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, key).ok()?);
+    let plain = opening
+        .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut data)
+        .ok()?;
+    serde_json::from_slice(plain).ok()
+}
+
+/// SHA-256 of env values as the receipt names them: of the JSON object of names to
+/// values, names sorted, hex.
+pub fn env_sha256(env: &[(String, String)]) -> String {
+    let sorted: std::collections::BTreeMap<&str, &str> =
+        env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let bytes = serde_json::to_vec(&sorted).unwrap_or_default();
+    sha256_hex(&bytes)
+}
+
+/// SHA-256 of `bytes`, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
+}
+
+/// Replaces secret values in one output stream as it passes, holding back only as
+/// many bytes as a value could still need to complete.
+#[derive(Debug, Default)]
+pub struct Redactor {
+    secrets: Vec<Vec<u8>>,
+    longest: usize,
+    pending: Vec<u8>,
+}
+
+impl Redactor {
+    /// A redactor of `values` (those shorter than [`MIN_REDACTED_BYTES`] are left).
+    pub fn new<'a>(values: impl IntoIterator<Item = &'a str>) -> Redactor {
+        let mut secrets: Vec<Vec<u8>> = values
+            .into_iter()
+            .filter(|v| v.len() >= MIN_REDACTED_BYTES)
+            .map(|v| v.as_bytes().to_vec())
+            .collect();
+        // Longest first: a value that contains another is replaced whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        secrets.dedup();
+        let longest = secrets.first().map_or(0, Vec::len);
+        Redactor {
+            secrets,
+            longest,
+            pending: Vec::new(),
+        }
+    }
+
+    /// Takes `data`; gives what can be written now.
+    pub fn push(&mut self, data: &[u8]) -> Vec<u8> {
+        if self.secrets.is_empty() {
+            return data.to_vec();
+        }
+        self.pending.extend_from_slice(data);
+        // Only a value starting at or after `safe` could still be incomplete.
+        let safe = self.pending.len().saturating_sub(self.longest - 1);
+        self.drain(safe)
+    }
+
+    /// The rest, at the stream's end.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let n = self.pending.len();
+        self.drain(n)
+    }
+
+    /// Writes out the pending bytes before `upto` (a value starting before it is
+    /// complete in `pending`, and is replaced whole even if it reaches past it).
+    fn drain(&mut self, upto: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(upto);
+        let mut i = 0;
+        while i < upto {
+            let hit = self
+                .secrets
+                .iter()
+                .find(|s| self.pending[i..].starts_with(s));
+            match hit {
+                Some(s) => {
+                    out.extend_from_slice(REDACTED);
+                    i += s.len();
+                }
+                None => {
+                    out.push(self.pending[i]);
+                    i += 1;
+                }
+            }
+        }
+        self.pending.drain(..i.min(self.pending.len()));
+        out
+    }
+}
+
+/// One result-file pattern, relative to the job's working directory: `dir/` takes
+/// the whole tree under `dir`; otherwise a glob over the path where `*` and `?` stay
+/// within one path segment and a `**` segment stands for any number of directories
+/// (`*.csv` is the working directory's own CSV files, `**/*.csv` every one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
+    segments: Vec<String>,
+    tree: bool,
+}
+
+/// Longest pattern.
+pub const MAX_PATTERN_BYTES: usize = 1024;
+
+impl Pattern {
+    /// Parses a pattern.
+    ///
+    /// # Errors
+    /// In words, when it is empty, absolute, climbs out with `..`, or holds a NUL.
+    pub fn parse(s: &str) -> Result<Pattern, String> {
+        if s.is_empty() || s.len() > MAX_PATTERN_BYTES || s.contains('\0') {
+            return Err(format!(
+                "{s:?}: a pattern is 1 to {MAX_PATTERN_BYTES} bytes, without NUL"
+            ));
+        }
+        if s.starts_with('/') {
+            return Err(format!(
+                "{s:?}: patterns are relative to the working directory"
+            ));
+        }
+        let tree = s.ends_with('/');
+        let segments: Vec<String> = s
+            .trim_end_matches('/')
+            .split('/')
+            .filter(|p| !p.is_empty() && *p != ".")
+            .map(str::to_string)
+            .collect();
+        if segments.iter().any(|p| p == "..") {
+            return Err(format!("{s:?}: a pattern may not climb out with .."));
+        }
+        if segments.is_empty() && !tree {
+            return Err(format!("{s:?}: names no file"));
+        }
+        Ok(Pattern { segments, tree })
+    }
+
+    /// The directory (relative, `""` for the working directory) under which every match
+    /// lies, and how many levels below it a match can be (`None`: any).
+    pub fn base(&self) -> (String, Option<usize>) {
+        let literal = self
+            .segments
+            .iter()
+            .take_while(|p| !p.contains(['*', '?', '[']))
+            .count();
+        // The last literal segment may be the file itself: list its directory.
+        let dir_len = if self.tree {
+            literal
+        } else {
+            literal.min(self.segments.len().saturating_sub(1))
+        };
+        let base = self.segments[..dir_len].join("/");
+        let rest = &self.segments[dir_len..];
+        let depth = if self.tree || rest.iter().any(|p| p == "**") {
+            None
+        } else {
+            Some(rest.len())
+        };
+        (base, depth)
+    }
+
+    /// Whether relative path `path` matches.
+    pub fn matches(&self, path: &str) -> bool {
+        let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+        if self.tree {
+            return parts.len() > self.segments.len()
+                && segments_match(&self.segments, &parts[..self.segments.len()]);
+        }
+        segments_match(&self.segments, &parts)
+    }
+}
+
+fn segments_match(pat: &[String], parts: &[&str]) -> bool {
+    match pat.split_first() {
+        None => parts.is_empty(),
+        Some((p, rest)) if p == "**" => {
+            (0..=parts.len()).any(|skip| segments_match(rest, &parts[skip..]))
+        }
+        Some((p, rest)) => {
+            !parts.is_empty()
+                && glob(p.as_bytes(), parts[0].as_bytes())
+                && segments_match(rest, &parts[1..])
+        }
+    }
+}
+
+/// `*` and `?` within one segment (a leading `.` included: hidden files are files).
+fn glob(p: &[u8], s: &[u8]) -> bool {
+    let (mut pi, mut si) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while si < s.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == s[si]) {
+            pi += 1;
+            si += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some(pi);
+            mark = si;
+            pi += 1;
+        } else if let Some(st) = star {
+            pi = st + 1;
+            mark += 1;
+            si = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == b'*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// An amount of money in billionths of the currency unit: prices per second are
+/// tiny, and money is never a float.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Money(pub i128);
+
+/// Billionths in one unit.
+const NANO: i128 = 1_000_000_000;
+
+impl Money {
+    /// Parses a non-negative decimal string (`"0.10"`, `"5"`), at most 9 decimals.
+    ///
+    /// # Errors
+    /// In words.
+    pub fn parse(s: &str) -> Result<Money, String> {
+        let bad = || format!("{s:?} is not an amount like \"0.10\"");
+        let (whole, frac) = s.split_once('.').unwrap_or((s, ""));
+        if whole.is_empty()
+            || whole.len() > 15
+            || frac.len() > 9
+            || !whole.bytes().all(|b| b.is_ascii_digit())
+            || !frac.bytes().all(|b| b.is_ascii_digit())
+            || (s.contains('.') && frac.is_empty())
+        {
+            return Err(bad());
+        }
+        let w: i128 = whole.parse().map_err(|_| bad())?;
+        let f: i128 = format!("{frac:0<9}").parse().map_err(|_| bad())?;
+        Ok(Money(w * NANO + f))
+    }
+
+    /// `price` per unit for `millis` of a thousandth unit each (per-second prices times
+    /// milliseconds), rounded up to a billionth.
+    pub fn per_ms(price: Money, millis: u64, scale: u64) -> Money {
+        let n = price.0 * i128::from(millis) * i128::from(scale);
+        let d = 1000 * 1000;
+        Money((n + d - 1) / d)
+    }
+
+    /// Six decimals, as the document writes amounts (`0.000312`), rounded up.
+    pub fn display(self) -> String {
+        let micro = (self.0 + 999) / 1000;
+        format!("{}.{:06}", micro / 1_000_000, micro % 1_000_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_sealed_values_open_only_with_their_key() {
+        let env = vec![("TOKEN".to_string(), "s3cret".to_string())];
+        let (key, sealed) = seal(&env).unwrap();
+        assert!(!sealed.data.contains("s3cret"));
+        assert_eq!(open(&key, &sealed).unwrap(), env);
+        let mut other = key;
+        other[0] ^= 1;
+        assert!(open(&other, &sealed).is_none());
+        let mut edited = sealed.clone();
+        edited.data.replace_range(
+            0..1,
+            if edited.data.starts_with('A') {
+                "B"
+            } else {
+                "A"
+            },
+        );
+        assert!(open(&key, &edited).is_none());
+    }
+
+    #[test]
+    fn test_redaction_catches_values_split_across_chunks() {
+        let mut r = Redactor::new(["hunter22", "hunter2", "ab"]);
+        let mut out = Vec::new();
+        for part in [&b"pass=hun"[..], b"ter22 and hunter2", b"!ab\n"] {
+            out.extend(r.push(part));
+        }
+        out.extend(r.finish());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "pass=[REDACTED] and [REDACTED]!ab\n"
+        );
+        let mut none = Redactor::new([]);
+        assert_eq!(none.push(b"x"), b"x");
+    }
+
+    #[test]
+    fn test_patterns() {
+        let p = |s: &str| Pattern::parse(s).unwrap();
+        assert!(p("output/").matches("output/a/b.csv"));
+        assert!(!p("output/").matches("output"));
+        assert!(!p("output/").matches("outputs/a"));
+        assert!(p("*.csv").matches("r.csv"));
+        assert!(!p("*.csv").matches("d/r.csv"));
+        assert!(p("**/*.csv").matches("d/e/r.csv"));
+        assert!(p("**/*.csv").matches("r.csv"));
+        assert!(p("report.txt").matches("report.txt"));
+        assert!(p("./a/?.txt").matches("a/b.txt"));
+        assert_eq!(p("output/").base(), ("output".into(), None));
+        assert_eq!(p("a/b/*.txt").base(), ("a/b".into(), Some(1)));
+        assert_eq!(p("report.txt").base(), ("".into(), Some(1)));
+        assert_eq!(p("**/x").base(), ("".into(), None));
+        for bad in ["", "/etc/passwd", "../x", "a/../../b", "."] {
+            assert!(Pattern::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn test_money() {
+        assert_eq!(Money::parse("0.10").unwrap(), Money(100_000_000));
+        assert_eq!(Money::parse("5").unwrap(), Money(5 * NANO));
+        for bad in ["", "-1", "1.", ".5", "1e3", "0.1234567891", "1,5"] {
+            assert!(Money::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(Money(312_000).display(), "0.000312");
+        assert_eq!(Money(1).display(), "0.000001");
+        assert_eq!(Money(0).display(), "0.000000");
+        // 0.00001 per vCPU-second, 2 vCPUs, 1.5 s.
+        let price = Money::parse("0.00001").unwrap();
+        assert_eq!(Money::per_ms(price, 1500, 2000).display(), "0.000030");
+    }
+}
