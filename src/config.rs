@@ -301,6 +301,44 @@ struct Args {
     /// longest lifetime of a long-lived sandbox, seconds (a larger timeout_s is capped)
     #[arg(long, env = "ISOBOX_WBX_MAX_TIMEOUT_S", help_heading = "WBX face (/wbx)", default_value = "86400", value_parser = Value(parsed::<u64>))]
     wbx_max_timeout_s: u64,
+    /// background jobs (/wbx/v1/jobs) running at once, all tenants together; the rest
+    /// wait in the queue, in the order they were accepted
+    #[arg(long, env = "ISOBOX_WBX_JOBS_RUNNING", help_heading = "WBX face (/wbx)", default_value = "2", value_parser = Value(parsed::<usize>))]
+    wbx_jobs_running: usize,
+    /// unfinished jobs (queued or running) a tenant may have at once (429 above)
+    #[arg(long, env = "ISOBOX_WBX_JOBS_PER_TENANT", help_heading = "WBX face (/wbx)", default_value = "1000", value_parser = Value(parsed::<usize>))]
+    wbx_jobs_per_tenant: usize,
+    /// longest time limit of a job, seconds (a larger timeout_s is refused with 400)
+    #[arg(long, env = "ISOBOX_WBX_JOB_MAX_TIMEOUT_S", help_heading = "WBX face (/wbx)", default_value = "86400", value_parser = Value(parsed::<u64>))]
+    wbx_job_max_timeout_s: u64,
+    /// a job's log keeps this many MiB of its output; the rest is counted and dropped
+    #[arg(long, env = "ISOBOX_WBX_JOB_LOG_MB", help_heading = "WBX face (/wbx)", default_value = "64", value_parser = Value(parsed::<u64>))]
+    wbx_job_log_mb: u64,
+    /// finished jobs, their logs and result files are kept this long, seconds
+    #[arg(long, env = "ISOBOX_WBX_JOB_RETENTION_S", help_heading = "WBX face (/wbx)", default_value = "604800", value_parser = Value(parsed::<u64>))]
+    wbx_job_retention_s: u64,
+    /// result files one job may save
+    #[arg(long, env = "ISOBOX_WBX_ARTIFACT_FILES", help_heading = "WBX face (/wbx)", default_value = "100", value_parser = Value(parsed::<usize>))]
+    wbx_artifact_files: usize,
+    /// largest result file, MB (10^6 bytes)
+    #[arg(long, env = "ISOBOX_WBX_ARTIFACT_FILE_MB", help_heading = "WBX face (/wbx)", default_value = "100", value_parser = Value(parsed::<u64>))]
+    wbx_artifact_file_mb: u64,
+    /// result files of one job together, MB
+    #[arg(long, env = "ISOBOX_WBX_ARTIFACT_JOB_MB", help_heading = "WBX face (/wbx)", default_value = "512", value_parser = Value(parsed::<u64>))]
+    wbx_artifact_job_mb: u64,
+    /// stored result files of one tenant together, MB
+    #[arg(long, env = "ISOBOX_WBX_ARTIFACT_TENANT_MB", help_heading = "WBX face (/wbx)", default_value = "5000", value_parser = Value(parsed::<u64>))]
+    wbx_artifact_tenant_mb: u64,
+    /// the billing currency of job costs (three capital letters)
+    #[arg(long, env = "ISOBOX_WBX_CURRENCY", help_heading = "WBX face (/wbx)", default_value = "EUR", value_parser = Value(currency))]
+    wbx_currency: String,
+    /// price of one vCPU for one second of a job's run time, in the currency (a
+    /// decimal string; 0: free)
+    #[arg(long, env = "ISOBOX_WBX_PRICE_VCPU_S", help_heading = "WBX face (/wbx)", default_value = "0", value_parser = Value(money))]
+    wbx_price_vcpu_s: crate::jobs::Money,
+    /// price of one GB of memory for one second of a job's run time
+    #[arg(long, env = "ISOBOX_WBX_PRICE_GB_S", help_heading = "WBX face (/wbx)", default_value = "0", value_parser = Value(money))]
+    wbx_price_gb_s: crate::jobs::Money,
     /// domain of sandboxes' public URLs: `<port>-<id>.<domain>` (with `:port` when the
     /// URLs need one; default: localhost and the listening port, which needs no DNS)
     #[arg(long, env = "ISOBOX_PUBLIC_DOMAIN", help_heading = "WBX face (/wbx)", default_value = "", hide_default_value = true, value_parser = Value(public_domain))]
@@ -623,6 +661,20 @@ impl Config {
                 max_timeout_s: a.wbx_max_timeout_s,
                 warm_pool: a.wbx_warm_pool,
                 max_total: a.wbx_max_total,
+                jobs: WbxJobs {
+                    running: a.wbx_jobs_running,
+                    per_tenant: a.wbx_jobs_per_tenant,
+                    max_timeout_s: a.wbx_job_max_timeout_s,
+                    log_bytes: a.wbx_job_log_mb << 20,
+                    retention_s: a.wbx_job_retention_s,
+                    artifact_files: a.wbx_artifact_files,
+                    artifact_file_bytes: a.wbx_artifact_file_mb * 1_000_000,
+                    artifact_job_bytes: a.wbx_artifact_job_mb * 1_000_000,
+                    artifact_tenant_bytes: a.wbx_artifact_tenant_mb * 1_000_000,
+                    currency: a.wbx_currency,
+                    price_vcpu_s: a.wbx_price_vcpu_s,
+                    price_gb_s: a.wbx_price_gb_s,
+                },
             },
             public: {
                 let (domain, port) = match a.public_domain.rsplit_once(':') {
@@ -754,6 +806,20 @@ impl Config {
         if e.timeout_ms == 0 || e.fuel_limit == 0 || e.concurrency == 0 {
             return Err(invalid(
                 "ISOBOX_ERYX_TIMEOUT_S, ISOBOX_ERYX_FUEL_LIMIT and ISOBOX_ERYX_CONCURRENCY",
+                "0",
+                "at least 1",
+            ));
+        }
+        let j = &self.wbx.jobs;
+        if j.running == 0
+            || j.per_tenant == 0
+            || j.max_timeout_s == 0
+            || j.log_bytes == 0
+            || j.retention_s == 0
+            || j.artifact_file_bytes == 0
+        {
+            return Err(invalid(
+                "ISOBOX_WBX_JOBS_RUNNING, ISOBOX_WBX_JOBS_PER_TENANT, ISOBOX_WBX_JOB_MAX_TIMEOUT_S, ISOBOX_WBX_JOB_LOG_MB, ISOBOX_WBX_JOB_RETENTION_S and ISOBOX_WBX_ARTIFACT_FILE_MB",
                 "0",
                 "at least 1",
             ));
@@ -1080,6 +1146,21 @@ where
     s.trim().parse().map_err(|e: T::Err| e.to_string())
 }
 
+/// A currency code: three capital letters.
+fn currency(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.len() == 3 && s.bytes().all(|b| b.is_ascii_uppercase()) {
+        Ok(s.to_string())
+    } else {
+        Err("a currency code of three capital letters, like EUR".into())
+    }
+}
+
+/// A price: a non-negative decimal string.
+fn money(s: &str) -> Result<crate::jobs::Money, String> {
+    crate::jobs::Money::parse(s.trim())
+}
+
 /// [`parsed`], or `None` for the empty text (no default).
 fn optional<T: std::str::FromStr>(s: &str) -> Result<Option<T>, String>
 where
@@ -1337,6 +1418,37 @@ pub struct WbxLimits {
     pub warm_pool: Vec<(String, usize)>,
     /// Sandboxes on this server at once, all tenants together.
     pub max_total: usize,
+    /// Background jobs.
+    pub jobs: WbxJobs,
+}
+
+/// Background jobs' settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WbxJobs {
+    /// Jobs running at once, all tenants together.
+    pub running: usize,
+    /// Unfinished jobs per tenant.
+    pub per_tenant: usize,
+    /// Longest time limit, seconds.
+    pub max_timeout_s: u64,
+    /// Bytes of output a job's log keeps.
+    pub log_bytes: u64,
+    /// How long finished jobs are kept, seconds.
+    pub retention_s: u64,
+    /// Result files per job.
+    pub artifact_files: usize,
+    /// Largest result file, bytes.
+    pub artifact_file_bytes: u64,
+    /// Result files of one job, bytes.
+    pub artifact_job_bytes: u64,
+    /// Stored result files of one tenant, bytes.
+    pub artifact_tenant_bytes: u64,
+    /// Billing currency.
+    pub currency: String,
+    /// Price of a vCPU-second.
+    pub price_vcpu_s: crate::jobs::Money,
+    /// Price of a GB-second.
+    pub price_gb_s: crate::jobs::Money,
 }
 
 /// The eryx face (`/eryx`) and its WebAssembly worker.
@@ -1486,6 +1598,18 @@ mod tests {
         ("--wbx-max-total", "ISOBOX_WBX_MAX_TOTAL"),
         ("--wbx-max-timeout-s", "ISOBOX_WBX_MAX_TIMEOUT_S"),
         ("--wbx-warm-pool", "ISOBOX_WBX_WARM_POOL"),
+        ("--wbx-jobs-running", "ISOBOX_WBX_JOBS_RUNNING"),
+        ("--wbx-jobs-per-tenant", "ISOBOX_WBX_JOBS_PER_TENANT"),
+        ("--wbx-job-max-timeout-s", "ISOBOX_WBX_JOB_MAX_TIMEOUT_S"),
+        ("--wbx-job-log-mb", "ISOBOX_WBX_JOB_LOG_MB"),
+        ("--wbx-job-retention-s", "ISOBOX_WBX_JOB_RETENTION_S"),
+        ("--wbx-artifact-files", "ISOBOX_WBX_ARTIFACT_FILES"),
+        ("--wbx-artifact-file-mb", "ISOBOX_WBX_ARTIFACT_FILE_MB"),
+        ("--wbx-artifact-job-mb", "ISOBOX_WBX_ARTIFACT_JOB_MB"),
+        ("--wbx-artifact-tenant-mb", "ISOBOX_WBX_ARTIFACT_TENANT_MB"),
+        ("--wbx-currency", "ISOBOX_WBX_CURRENCY"),
+        ("--wbx-price-vcpu-s", "ISOBOX_WBX_PRICE_VCPU_S"),
+        ("--wbx-price-gb-s", "ISOBOX_WBX_PRICE_GB_S"),
         ("--public-domain", "ISOBOX_PUBLIC_DOMAIN"),
         ("--public-scheme", "ISOBOX_PUBLIC_SCHEME"),
         ("--init", "ISOBOX_INIT"),

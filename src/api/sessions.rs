@@ -649,7 +649,7 @@ fn zip_tree(root: &wfs::Root, rel: &wfs::RelPath, w: &mut dyn Write) -> std::io:
     z.finish().map_err(std::io::Error::other)?.flush()
 }
 
-fn download_head(content_type: &str, name: &[u8]) -> Response {
+pub(crate) fn download_head(content_type: &str, name: &[u8]) -> Response {
     // An ASCII fallback name plus the exact one (RFC 6266 / RFC 5987).
     let ascii: String = String::from_utf8_lossy(name)
         .chars()
@@ -671,7 +671,7 @@ fn download_head(content_type: &str, name: &[u8]) -> Response {
 }
 
 /// Starts a thread that writes the body into a pipe the reactor forwards.
-fn spawn_transfer(
+pub(crate) fn spawn_transfer(
     head: Response,
     length: Option<u64>,
     produce: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + 'static,

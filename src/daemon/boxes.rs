@@ -188,19 +188,30 @@ pub(crate) struct Sbx {
     pub(super) execs: super::box_exec::Execs,
     /// Background processes.
     pub(super) procs: super::box_procs::Procs,
-    /// The many-input request (batch key, serial) whose shared sandbox this is: found
-    /// by nobody else, every frame of its init goes to the batch (`batch/shared.rs`).
-    pub(super) batch: Option<(usize, u64)>,
+    /// Who runs it, when not a client: a many-input request's shared sandbox
+    /// (`batch/shared.rs`) or a background job's (`jobs.rs`). Found by nobody else;
+    /// every frame of its init goes to its owner.
+    pub(super) owner: Option<BoxOwner>,
     /// The kernel OOM-killed something in its cgroup (known once it is removed).
     oom_killed: bool,
     /// Why it ended (for a batch's inputs).
     end_why: String,
 }
 
-/// What a shared-sandbox batch gives the sandbox it boots: its owner, the request's
-/// limits and the program's files (bound at `/workspace` as a one-shot run has them).
-pub(super) struct BatchBoot {
-    pub(super) owner: (usize, u64),
+/// Who a sandbox that no client created is for (key and serial of each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BoxOwner {
+    /// A many-input request's shared sandbox.
+    Batch(usize, u64),
+    /// A background job's sandbox.
+    Job(usize, u64),
+}
+
+/// What a shared-sandbox batch or a job gives the sandbox it boots: its owner, its
+/// limits and the program's files (bound at `/workspace` as a one-shot run has them;
+/// a job has none).
+pub(super) struct InternalBoot {
+    pub(super) owner: BoxOwner,
     pub(super) limits: crate::sandbox::limits::Limits,
     pub(super) files: Vec<(String, Vec<u8>)>,
 }
@@ -237,6 +248,15 @@ impl Table {
         self.by_id.get(id).copied()
     }
 
+    /// Sandboxes on this server that count against `ISOBOX_WBX_MAX_TOTAL`: clients'
+    /// and jobs' (a batch's shared sandbox holds an execution slot instead).
+    pub(super) fn on_server(&self) -> usize {
+        self.boxes
+            .iter()
+            .filter(|(_, b)| !b.pooled && !matches!(b.owner, Some(BoxOwner::Batch(..))))
+            .count()
+    }
+
     /// Whether nothing is left to end.
     pub(crate) fn is_empty(&self) -> bool {
         self.boxes.is_empty()
@@ -247,6 +267,17 @@ impl Table {
 fn shutting_down() -> Response {
     crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
         .with_header("Retry-After", "5")
+}
+
+/// A WBX sandbox's limits (a job's sandbox has them too).
+pub(super) fn wbx_limits() -> crate::sandbox::limits::Limits {
+    crate::sandbox::limits::Limits {
+        memory_bytes: wsb::MEM_MB << 20,
+        cpus: f64::from(wsb::VCPU),
+        pids: crate::sandbox::limits::PIDS.1,
+        output_bytes: crate::sandbox::limits::OUTPUT_BYTES.1,
+        wall_time_ms: crate::sandbox::limits::WALL_TIME_MS.1,
+    }
 }
 
 pub(super) fn now_ms() -> u64 {
@@ -279,7 +310,7 @@ impl Daemon {
                     .iter()
                     .filter(|(_, b)| {
                         b.tenant == tenant
-                            && b.batch.is_none()
+                            && b.owner.is_none()
                             && matches!(b.state, State::Running | State::Paused)
                     })
                     .map(|(_, b)| self.box_json(b))
@@ -448,15 +479,11 @@ impl Daemon {
             .boxes
             .boxes
             .iter()
-            .filter(|(_, b)| b.tenant == tenant && b.batch.is_none())
+            .filter(|(_, b)| b.tenant == tenant && b.owner.is_none())
             .count();
-        // A batch's shared sandbox holds an execution slot instead.
-        let on_server = self
-            .boxes
-            .boxes
-            .iter()
-            .filter(|(_, b)| !b.pooled && b.batch.is_none())
-            .count();
+        // A batch's shared sandbox holds an execution slot instead; jobs' sandboxes
+        // count.
+        let on_server = self.boxes.on_server();
         if on_server >= l.max_total {
             return Some(
                 crate::wbx::error(
@@ -520,14 +547,15 @@ impl Daemon {
     }
 
     /// Boots a sandbox: for `creator` (answered once its init says hello), for a
-    /// many-input request's shared sandbox (`batch`: found by nobody else), or, with
-    /// neither, for the warm pool (no tenant yet, found by nobody until claimed).
+    /// many-input request's shared sandbox or a job (`internal`: found by nobody
+    /// else), or, with neither, for the warm pool (no tenant yet, found by nobody until
+    /// claimed).
     pub(super) fn box_boot(
         &mut self,
         creator: Option<(usize, u64)>,
         tenant: String,
         c: Create,
-        batch: Option<BatchBoot>,
+        internal: Option<InternalBoot>,
     ) -> Result<usize, Response> {
         let Some(hex) = random_hex() else {
             return Err(crate::wbx::error(
@@ -535,7 +563,7 @@ impl Daemon {
                 "the system's random source failed; retry",
             ));
         };
-        let pooled = creator.is_none() && batch.is_none();
+        let pooled = creator.is_none() && internal.is_none();
         self.boxes.serial += 1;
         let serial = self.boxes.serial;
         let id = format!("sb_{hex}");
@@ -549,19 +577,9 @@ impl Daemon {
             network,
         } = c;
         let env_names = env.iter().map(|(k, _)| k.clone()).collect();
-        let (owner, limits, files) = match batch {
+        let (owner, limits, files) = match internal {
             Some(bb) => (Some(bb.owner), bb.limits, bb.files),
-            None => (
-                None,
-                crate::sandbox::limits::Limits {
-                    memory_bytes: wsb::MEM_MB << 20,
-                    cpus: f64::from(wsb::VCPU),
-                    pids: crate::sandbox::limits::PIDS.1,
-                    output_bytes: crate::sandbox::limits::OUTPUT_BYTES.1,
-                    wall_time_ms: crate::sandbox::limits::WALL_TIME_MS.1,
-                },
-                Vec::new(),
-            ),
+            None => (None, wbx_limits(), Vec::new()),
         };
         let plan = crate::sandbox::plan::ExecPlan {
             limits,
@@ -620,7 +638,7 @@ impl Daemon {
             next_call: 1,
             execs: Default::default(),
             procs: Default::default(),
-            batch: owner,
+            owner,
             oom_killed: false,
             end_why: String::new(),
         });
@@ -632,7 +650,7 @@ impl Daemon {
         // The sandbox's environment is its init's, which every process inherits.
         let mut env_list: Vec<String> = plan.runtime.desc.env.clone();
         env_list.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
-        let argv = if owner.is_some() {
+        let argv = if matches!(owner, Some(BoxOwner::Batch(..))) {
             // A batch's inputs run as a one-shot run's program does: as nobody, with
             // HOME=/tmp (the sandbox's environment), no home of their own.
             vec![
@@ -671,7 +689,7 @@ impl Daemon {
             .boxes
             .boxes
             .iter()
-            .filter(|(_, b)| b.batch.is_some())
+            .filter(|(_, b)| b.owner.is_some())
             .count();
         self.app.metrics.sandboxes = (self.boxes.boxes.len() - pooled - batch, pooled);
     }
@@ -974,12 +992,26 @@ impl Daemon {
         let Some(b) = self.boxes.boxes.get(key) else {
             return;
         };
-        if let (Some((bk, bs)), Kind::Reply | Kind::Output | Kind::Exit, State::Running) =
-            (b.batch, f.kind, b.state)
-        {
-            // A batch's shared sandbox runs nothing but the batch's commands.
-            self.shared_frame(bk, bs, key, &f);
-            return;
+        match (b.owner, f.kind, b.state) {
+            (
+                Some(BoxOwner::Batch(bk, bs)),
+                Kind::Reply | Kind::Output | Kind::Exit,
+                State::Running,
+            ) => {
+                // A batch's shared sandbox runs nothing but the batch's commands.
+                self.shared_frame(bk, bs, key, &f);
+                return;
+            }
+            (
+                Some(BoxOwner::Job(jk, js)),
+                Kind::Reply | Kind::Output | Kind::Exit | Kind::FileData,
+                State::Running,
+            ) => {
+                // Nor a job's anything but its command and the saving of its files.
+                self.job_frame(jk, js, key, &f);
+                return;
+            }
+            _ => {}
         }
         match (f.kind, b.state) {
             (Kind::Hello, State::Starting) => match serde_json::from_slice::<Hello>(&f.payload) {
@@ -1044,7 +1076,7 @@ impl Daemon {
         }
         let creator = b.creator.take();
         let pooled = b.pooled;
-        let batch = b.batch;
+        let owner = b.owner;
         log::info!(
             "sandbox={} template={} ready in {} ms{}",
             b.id,
@@ -1063,8 +1095,10 @@ impl Daemon {
                 self.conn_resume(ck);
             }
         }
-        if let Some((bk, bs)) = batch {
-            self.shared_ready(bk, bs, key);
+        match owner {
+            Some(BoxOwner::Batch(bk, bs)) => self.shared_ready(bk, bs, key),
+            Some(BoxOwner::Job(jk, js)) => self.job_ready(jk, js, key),
+            None => {}
         }
     }
 
@@ -1220,16 +1254,22 @@ impl Daemon {
         if self.boxes.by_id.get(&b.id) == Some(&key) {
             self.boxes.by_id.remove(&b.id);
         }
-        if let Some((bk, bs)) = b.batch {
-            // Its processes and memory are gone: the batch goes on (or gives its slot
-            // back).
-            self.shared_box_gone(
-                (bk, bs),
-                (key, b.serial),
-                b.start_ms > 0,
-                b.oom_killed,
-                &b.end_why,
-            );
+        match b.owner {
+            Some(BoxOwner::Batch(bk, bs)) => {
+                // Its processes and memory are gone: the batch goes on (or gives its
+                // slot back).
+                self.shared_box_gone(
+                    (bk, bs),
+                    (key, b.serial),
+                    b.start_ms > 0,
+                    b.oom_killed,
+                    &b.end_why,
+                );
+            }
+            Some(BoxOwner::Job(jk, js)) => {
+                self.job_box_gone(jk, js, (key, b.serial), b.oom_killed, &b.end_why);
+            }
+            None => {}
         }
         for (ck, cserial) in b.deleters {
             if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
@@ -1287,7 +1327,7 @@ impl Daemon {
     fn box_keys(&self, batch: bool) -> Vec<usize> {
         let t = &self.boxes.boxes;
         t.iter()
-            .filter(|(_, b)| b.batch.is_some() == batch)
+            .filter(|(_, b)| matches!(b.owner, Some(BoxOwner::Batch(..))) == batch)
             .map(|(k, _)| k)
             .collect()
     }

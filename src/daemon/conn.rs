@@ -618,6 +618,7 @@ impl Daemon {
                 match crate::wbx::routes::handle(spec, &req, &self.app.runtimes, &self.cfg.wbx) {
                     crate::wbx::routes::Asked::Respond(resp) => self.respond(ck, resp),
                     crate::wbx::routes::Asked::Op(op) => self.box_op(ck, req.tenant, op),
+                    crate::wbx::routes::Asked::Job(op) => self.job_op(ck, req.tenant, op),
                 }
                 return;
             }

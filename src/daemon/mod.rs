@@ -32,6 +32,7 @@ mod eryx_sessions;
 mod faces;
 mod finish;
 mod gate;
+mod jobs;
 mod kernel_steps;
 pub mod kernels;
 mod output;
@@ -69,7 +70,7 @@ const HOUSEKEEPING: u16 = 2;
 const SHUTDOWN_GRACE: u16 = 3;
 
 /// Every component, in the order of their ids (checked by `Reactor::add` at startup).
-fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 11] {
+fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 12] {
     [
         (LIFECYCLE, &Lifecycle),
         (conn::HTTP, &conn::Http),
@@ -82,6 +83,7 @@ fn components() -> [(ComponentId, &'static dyn Component<Daemon>); 11] {
         (proxy::PROXY, &proxy::Proxies),
         (gate::GATE, &gate::Gates),
         (records::RECORDS, &records::Records),
+        (jobs::JOBS, &jobs::Jobs),
     ]
 }
 
@@ -164,6 +166,8 @@ pub struct Daemon {
     pub(crate) eryx_envs: eryx_envs::EnvRegistry,
     /// Environment uploads going, per tenant.
     pub(crate) eryx_env_pending: eryx_envs::Pending,
+    /// The WBX face's background jobs.
+    pub(crate) jobs: jobs::Table,
     /// The instance's lock and its file (held until the daemon is dropped; the file is
     /// removed by the teardown, before the lock goes).
     pub(crate) instance_lock: Option<(std::fs::File, std::path::PathBuf)>,
@@ -251,6 +255,7 @@ impl Daemon {
         self.warm_publish();
         self.start_probe();
         self.eryx_envs_resume();
+        self.job_pump();
         self.reactor.arm(
             Instant::now() + Duration::from_secs(1),
             Addr::new(LIFECYCLE, 0, HOUSEKEEPING),
@@ -359,6 +364,9 @@ impl Daemon {
         // Ended runs' records past their retention go.
         self.records_trim();
         self.eryx_sessions_sweep();
+        self.jobs_sweep();
+        // Room may have come free (a sandbox ended, a pause passed).
+        self.job_pump();
         // Refills after a failed boot wait out their pause; retried from here.
         self.warm_fill();
         self.box_warm_fill();

@@ -406,6 +406,7 @@ impl Daemon {
             eryx_sessions: super::eryx_sessions::load(app.sessions.store()),
             eryx_envs: super::eryx_envs::load(app.sessions.store(), &cfg.data_dir),
             eryx_env_pending: std::sync::Arc::default(),
+            jobs: super::jobs::load(app.sessions.store(), &cfg.data_dir),
             cfg,
             reactor,
             listener: Some((listener, listener_token)),

@@ -9,7 +9,7 @@
 //! here, inside the writer's serial transactions: one job per key, also under concurrent
 //! submits.
 
-use super::{decode, encode, Store, StoreError, Tables};
+use super::{decode, encode, Store, StoreError};
 use serde::{Deserialize, Serialize};
 
 /// Bytes of a job's secret key.

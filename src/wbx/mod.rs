@@ -13,6 +13,7 @@
 //! any unknown path.
 
 pub mod files;
+pub mod jobs;
 pub mod processes;
 pub mod routes;
 pub mod sandboxes;

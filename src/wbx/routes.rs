@@ -2,6 +2,7 @@
 //! route, body cap and admission class in one row, resolved with `router::resolve`.
 
 use super::files;
+use super::jobs::{self, JobOp};
 use super::processes::{self, ProcOp};
 use super::sandboxes::{self, Limits, Op};
 use crate::admission::Class;
@@ -64,6 +65,28 @@ pub enum Route {
     /// `GET`, `HEAD`, `PUT`, `DELETE /v1/sandboxes/{id}/files` (a `PUT` is taken over
     /// at its head, its body streamed: see `daemon::box_transfer`)
     Files,
+    /// `GET`, `POST /v1/jobs`
+    Jobs,
+    /// `GET /v1/jobs/stats`
+    JobStats,
+    /// `GET /v1/jobs/{id}`
+    Job,
+    /// `GET /v1/jobs/{id}/summary`
+    JobSummary,
+    /// `GET /v1/jobs/{id}/logs`
+    JobLogs,
+    /// `GET /v1/jobs/{id}/receipt`
+    JobReceipt,
+    /// `GET /v1/jobs/{id}/artifacts`
+    JobArtifacts,
+    /// `GET /v1/jobs/{id}/artifacts/{name*}`
+    JobArtifact,
+    /// `POST /v1/jobs/{id}/cancel`
+    JobCancel,
+    /// `POST /v1/jobs/{id}/retry`
+    JobRetry,
+    /// `GET /v1/receipts/key`: the key receipts are signed with
+    ReceiptKey,
 }
 
 /// Everything the face says about one route.
@@ -145,6 +168,18 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/fs/remove", POST, Route::FsRemove, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/watch", GET, Route::FsWatch, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/files", &["GET", "HEAD", "PUT", "DELETE"], Route::Files, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs", GET, Route::Jobs, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs", POST, Route::Jobs, Class::MemoryStarts, EXEC_BODY_BYTES),
+    row("/v1/jobs/stats", GET, Route::JobStats, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/{id}", GET, Route::Job, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/{id}/summary", GET, Route::JobSummary, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/{id}/logs", GET, Route::JobLogs, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/{id}/receipt", GET, Route::JobReceipt, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/{id}/artifacts", GET, Route::JobArtifacts, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/{id}/artifacts/{name*}", GET, Route::JobArtifact, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/{id}/cancel", POST, Route::JobCancel, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/{id}/retry", POST, Route::JobRetry, Class::MemoryStarts, EXEC_BODY_BYTES),
+    row("/v1/receipts/key", GET, Route::ReceiptKey, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.
@@ -170,10 +205,74 @@ pub enum Asked {
     Respond(Response),
     /// Do this.
     Op(Op),
+    /// Do this with the jobs.
+    Job(JobOp),
+}
+
+/// A jobs request, parsed.
+fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) -> Asked {
+    let id = req
+        .params
+        .get("id")
+        .filter(|i| jobs::valid_id(i))
+        .map(str::to_string);
+    let needs_id = !matches!(spec.id, Route::Jobs | Route::JobStats | Route::ReceiptKey);
+    if needs_id && id.is_none() {
+        return Asked::Respond(jobs::not_found());
+    }
+    let id = id.unwrap_or_default();
+    let head_only = req.head.method == "HEAD";
+    let r = match spec.id {
+        Route::Jobs if req.head.method == "POST" => jobs::submit(req, runtimes, &limits.jobs),
+        Route::Jobs => jobs::list(req),
+        Route::JobStats => jobs::stats(req),
+        Route::Job => Ok(JobOp::Get(id)),
+        Route::JobSummary => Ok(JobOp::Summary(id)),
+        Route::JobLogs => jobs::logs(req, id),
+        Route::JobReceipt => Ok(JobOp::Receipt(id)),
+        Route::JobArtifacts => Ok(JobOp::Artifacts(id)),
+        Route::JobArtifact => {
+            match req
+                .params
+                .get("name")
+                .and_then(crate::http::parse::percent_decode)
+            {
+                Some(name) => Ok(JobOp::Artifact {
+                    id,
+                    name,
+                    head_only,
+                }),
+                None => Err(super::error(404, "no such result file")),
+            }
+        }
+        Route::JobCancel => sandboxes::Fields::of(req, &[]).map(|_| JobOp::Cancel(id)),
+        Route::JobRetry => jobs::retry(req, id),
+        _ => Ok(JobOp::ReceiptKey),
+    };
+    match r {
+        Ok(op) => Asked::Job(op),
+        Err(resp) => Asked::Respond(resp),
+    }
 }
 
 /// Parses and checks a complete request.
 pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) -> Asked {
+    if matches!(
+        spec.id,
+        Route::Jobs
+            | Route::JobStats
+            | Route::Job
+            | Route::JobSummary
+            | Route::JobLogs
+            | Route::JobReceipt
+            | Route::JobArtifacts
+            | Route::JobArtifact
+            | Route::JobCancel
+            | Route::JobRetry
+            | Route::ReceiptKey
+    ) {
+        return job_request(spec, req, runtimes, limits);
+    }
     let id = || {
         req.params
             .get("id")
@@ -238,6 +337,10 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
             Err(super::error(500, "an upload reached the wrong handler"))
         }
         Route::Files => files::get(req, sid, method == "HEAD"),
+        _ => Err(super::error(
+            500,
+            "a jobs request reached the sandboxes' handler",
+        )),
     };
     match r {
         Ok(op) => Asked::Op(op),

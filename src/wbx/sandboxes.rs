@@ -332,47 +332,12 @@ pub(super) fn env_vars(
     Ok(out)
 }
 
-/// `POST /v1/sandboxes`.
-pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op, Response> {
-    let f = Fields::of(
-        req,
-        &["template", "timeout_s", "env", "metadata", "network"],
-    )?;
-    let name = f
-        .string("template")?
-        .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
-    let Some((template, runtime, _)) = templates(runtimes).into_iter().find(|(n, _, _)| *n == name)
-    else {
-        return Err(error(
-            400,
-            &format!("template: unknown template {name:?}; GET /v1/templates lists them"),
-        ));
-    };
-    let timeout_s = match f.whole("timeout_s", "a whole number of seconds, at least 1")? {
-        Some(0) => return Err(error(400, "timeout_s: must be at least 1")),
-        Some(t) => t.min(limits.max_timeout_s),
-        None => DEFAULT_TIMEOUT_S.min(limits.max_timeout_s),
-    };
-    let env = env_vars(f.strings("env")?)?;
-    let metadata = f.strings("metadata")?.unwrap_or_default();
-    if metadata.len() > MAX_METADATA {
-        return Err(error(
-            400,
-            &format!("metadata: at most {MAX_METADATA} labels"),
-        ));
-    }
-    for (k, v) in &metadata {
-        if k.is_empty()
-            || !within(k, MAX_METADATA_KEY_BYTES, MAX_METADATA_KEY_BYTES / 4)
-            || !within(v, MAX_METADATA_VALUE_BYTES, MAX_METADATA_VALUE_BYTES / 4)
-        {
-            return Err(error(
-                400,
-                &format!("metadata: keys of 1 to {MAX_METADATA_KEY_BYTES} bytes, values of at most {MAX_METADATA_VALUE_BYTES} (ASCII up to that many characters, or any UTF-8 up to a quarter of it)"),
-            ));
-        }
-    }
-    let network = match f.0.get("network").filter(|v| !v.is_null()) {
+/// `network` as the document has it: absent or null is mode full.
+///
+/// # Errors
+/// 400 naming what is wrong.
+pub fn network(v: Option<&serde_json::Value>) -> Result<Net, Response> {
+    Ok(match v.filter(|v| !v.is_null()) {
         None => Net::Full,
         Some(serde_json::Value::Object(n)) => {
             if let Some(k) = n
@@ -418,7 +383,50 @@ pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op,
                 "network: must be an object like {\"mode\": \"full\"}",
             ))
         }
+    })
+}
+
+/// `POST /v1/sandboxes`.
+pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op, Response> {
+    let f = Fields::of(
+        req,
+        &["template", "timeout_s", "env", "metadata", "network"],
+    )?;
+    let name = f
+        .string("template")?
+        .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
+    let Some((template, runtime, _)) = templates(runtimes).into_iter().find(|(n, _, _)| *n == name)
+    else {
+        return Err(error(
+            400,
+            &format!("template: unknown template {name:?}; GET /v1/templates lists them"),
+        ));
     };
+    let timeout_s = match f.whole("timeout_s", "a whole number of seconds, at least 1")? {
+        Some(0) => return Err(error(400, "timeout_s: must be at least 1")),
+        Some(t) => t.min(limits.max_timeout_s),
+        None => DEFAULT_TIMEOUT_S.min(limits.max_timeout_s),
+    };
+    let env = env_vars(f.strings("env")?)?;
+    let metadata = f.strings("metadata")?.unwrap_or_default();
+    if metadata.len() > MAX_METADATA {
+        return Err(error(
+            400,
+            &format!("metadata: at most {MAX_METADATA} labels"),
+        ));
+    }
+    for (k, v) in &metadata {
+        if k.is_empty()
+            || !within(k, MAX_METADATA_KEY_BYTES, MAX_METADATA_KEY_BYTES / 4)
+            || !within(v, MAX_METADATA_VALUE_BYTES, MAX_METADATA_VALUE_BYTES / 4)
+        {
+            return Err(error(
+                400,
+                &format!("metadata: keys of 1 to {MAX_METADATA_KEY_BYTES} bytes, values of at most {MAX_METADATA_VALUE_BYTES} (ASCII up to that many characters, or any UTF-8 up to a quarter of it)"),
+            ));
+        }
+    }
+    let network = network(f.0.get("network"))?;
     Ok(Op::Create(Box::new(Create {
         template,
         runtime,

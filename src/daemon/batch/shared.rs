@@ -20,7 +20,7 @@
 
 use super::Batch;
 use crate::api::execute::NETWORK_WARNING;
-use crate::daemon::boxes::{BatchBoot, State, BOXES};
+use crate::daemon::boxes::{BoxOwner, InternalBoot, State, BOXES};
 use crate::daemon::runs::MAX_DRAIN_PAST_CAP_BYTES;
 use crate::daemon::sink::Stream;
 use crate::daemon::Daemon;
@@ -159,8 +159,8 @@ impl Daemon {
             metadata: Default::default(),
             network,
         };
-        let boot = BatchBoot {
-            owner: (bk, bs),
+        let boot = InternalBoot {
+            owner: BoxOwner::Batch(bk, bs),
             limits: plan.limits,
             files: plan.files.clone(),
         };
@@ -490,7 +490,7 @@ impl Daemon {
     /// The step's deadline: no answer to the spawn (init is wedged: the sandbox ends),
     /// the time limit (its process group is killed), or no exit after that kill.
     pub(in crate::daemon) fn shared_deadline(&mut self, key: usize, gen: u64) {
-        let Some((bk, bs)) = self.boxes.boxes.get(key).and_then(|s| s.batch) else {
+        let Some(BoxOwner::Batch(bk, bs)) = self.boxes.boxes.get(key).and_then(|s| s.owner) else {
             return;
         };
         let Some(step) = self

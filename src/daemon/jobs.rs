@@ -1,0 +1,2361 @@
+//! Background jobs (the WBX face's `/v1/jobs`): a durable queue in LMDB, each job run
+//! as `/bin/sh -c` in a fresh long-lived sandbox of its template (`boxes.rs`, owned by
+//! the job and found by nobody else), its output redacted into a log on disk, its
+//! result files saved through the sandbox's init, then the sandbox removed.
+//!
+//! A job's life: `queued` (committed before the 202) → `starting` (committed before
+//! its sandbox boots) → `running` → `uploading_artifacts` → `completed`, `failed`,
+//! `expired` or `cancelled` (committed with its key deleted, so its env values are
+//! unreadable from then on). A sandbox lost on our side (its init died, it did not
+//! boot) is a `system` failure: retried in a fresh sandbox, once the old one is gone,
+//! as `retry` asks, else `failed`. One job has at most one sandbox at any time: a next
+//! attempt starts only after the previous sandbox was removed.
+//!
+//! A daemon that stops (or crashes) loses its sandboxes; the startup sweep removes
+//! them before [`load`] reads the jobs, so every job that was starting, running or
+//! saving is recovered there: retried if its `retry` allows another attempt, else
+//! failed with `sandbox_lost`. Queued jobs stay queued, in their order.
+//!
+//! Disk writes (the log, result files) happen on one thread per running job, never on
+//! the loop; they are acknowledged back, and a process whose output runs ahead of the
+//! disk is held by init, as a slow streaming client holds a command.
+
+use super::boxes::{BoxOwner, InternalBoot};
+use super::conn::Owner;
+use super::Daemon;
+use crate::api::Outcome;
+use crate::config::WbxJobs;
+use crate::http::Response;
+use crate::jobs::{Pattern, Redactor};
+use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
+use crate::sandbox::wire::{self, Call, Exited, FsCall, FsEntry, Kind, Reply};
+use crate::store::jobs::{Artifact, Attempt, JobError, JobRecord, Skipped, Submitted};
+use crate::store::Store;
+use crate::wbx::jobs::{self as wj, JobOp, Prices};
+use crate::wbx::sandboxes::{self as wsb, Create};
+use slab::Slab;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The jobs component (key: the live job).
+pub(crate) const JOBS: ComponentId = ComponentId(11);
+/// Its one timer per job: the spawn's answer, the time limit, the kill's grace, or the
+/// saving's deadline (the generation names which is current).
+const DEADLINE: u16 = 0;
+
+/// Jobs' files under the data directory: `<id>/log`, `<id>/a<N>` (result files), and
+/// the receipts' signing key.
+pub(crate) const JOBS_DIR: &str = "jobs";
+const RECEIPT_KEY_FILE: &str = "receipt-key.pk8";
+/// The working directory of a job's command (the sandbox user's home).
+const HOME: &str = "/home/user";
+/// How long init may take to answer a spawn.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// After the time limit's kill, how long before the sandbox itself is ended.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How long saving the result files may take.
+const SAVE_TIMEOUT: Duration = Duration::from_secs(600);
+/// The sandbox outlives the job's time limit by this (its boot and the saving).
+const SANDBOX_EXTRA_S: u64 = 900;
+/// Directories the saving looks through at most.
+const MAX_LISTED_DIRS: usize = 5000;
+/// Log bytes on their way to the disk before the process is held, and after which it
+/// is let go again.
+const LOG_HOLD_BYTES: u64 = 8 << 20;
+const LOG_RELEASE_BYTES: u64 = 1 << 20;
+/// Credit given to init for a result file at once.
+const WINDOW: u64 = 1 << 20;
+/// How often finished jobs past their retention are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Jobs on the loop.
+pub(crate) struct Jobs;
+
+impl Component<Daemon> for Jobs {
+    fn name(&self) -> &'static str {
+        "jobs"
+    }
+
+    fn ready(&self, _: &mut Daemon, _: usize, _: u16, _: Readiness) {}
+
+    fn timer(&self, d: &mut Daemon, key: usize, what: u16, gen: u64) {
+        if what == DEADLINE {
+            d.job_timer(key, gen);
+        }
+    }
+}
+
+/// Where a live job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for capacity.
+    Queued,
+    /// Its `starting` record is being written, or its sandbox boots, or init has not
+    /// answered the spawn yet.
+    Starting,
+    /// The command runs (or was killed at its time limit and has not exited yet).
+    Running,
+    /// Its result files are being saved.
+    Saving,
+    /// Its end is being written; its sandbox is being removed.
+    Ending,
+}
+
+/// The signing key of receipts.
+pub(crate) struct Signer {
+    pair: ring::signature::Ed25519KeyPair,
+}
+
+impl Signer {
+    fn public_key(&self) -> String {
+        use base64::Engine as _;
+        use ring::signature::KeyPair as _;
+        base64::engine::general_purpose::STANDARD.encode(self.pair.public_key().as_ref())
+    }
+}
+
+/// The component's state.
+pub(crate) struct Table {
+    live: Slab<Live>,
+    by_id: HashMap<String, usize>,
+    /// Live keys waiting to start, in the order they were accepted.
+    queue: VecDeque<usize>,
+    serial: u64,
+    /// Stored result-file bytes per tenant.
+    tenant_bytes: HashMap<String, u64>,
+    /// Submits being written, per tenant (they count against its cap).
+    pending: HashMap<String, usize>,
+    dir: PathBuf,
+    signer: Option<Arc<Signer>>,
+    sweeping: bool,
+    next_sweep: Instant,
+}
+
+/// One unfinished job.
+struct Live {
+    serial: u64,
+    id: String,
+    rec: JobRecord,
+    /// Its env values (opened from the sealed record; never written out).
+    env: Vec<(String, String)>,
+    phase: Phase,
+    /// Its sandbox (key, serial) while it has one.
+    sbx: Option<(usize, u64)>,
+    /// The spawn call, and the command's pid in the sandbox once init answered.
+    call: u32,
+    pid: Option<u32>,
+    /// The current timer's generation.
+    gen: u64,
+    /// When the command started.
+    ran: Option<Instant>,
+    timed_out: bool,
+    cancelled: bool,
+    writer: Option<LogWriter>,
+    redact: [Redactor; 2],
+    /// Log bytes kept this attempt, and on their way to the disk.
+    logged: u64,
+    unacked: u64,
+    held: bool,
+    exit: Option<i32>,
+    save: Option<Save>,
+    /// Clients waiting for its cancellation to be written.
+    cancel_waiters: Vec<(usize, u64)>,
+    /// The command's run time this attempt, milliseconds.
+    run_ms: u64,
+    /// Its end is written (it leaves once its sandbox is gone too).
+    written: bool,
+}
+
+/// The saving of result files.
+#[derive(Default)]
+struct Save {
+    patterns: Vec<Pattern>,
+    /// Directories to list (relative to the home), and the one being listed.
+    dirs: VecDeque<String>,
+    listing: Option<u32>,
+    visited: HashSet<String>,
+    /// Files that matched, by name, with the size listed.
+    found: BTreeMap<String, u64>,
+    /// Files still to fetch.
+    todo: VecDeque<(String, u64)>,
+    cur: Option<Fetch>,
+    saved: Vec<Artifact>,
+    skipped: Vec<Skipped>,
+    bytes: u64,
+    next_file: u32,
+}
+
+/// One result file on its way.
+struct Fetch {
+    name: String,
+    /// The open call, then its handle (the same id).
+    call: u32,
+    opened: bool,
+    size: u64,
+    received: u64,
+    granted: u64,
+    acked: u64,
+    file: String,
+}
+
+/// The thread writing one attempt's log and result files.
+struct LogWriter {
+    tx: crossbeam_channel::Sender<Msg>,
+}
+
+enum Msg {
+    Log(Vec<u8>),
+    Open(PathBuf),
+    Data(Vec<u8>),
+    Close,
+    Discard,
+    Finish,
+}
+
+/// The answer when the store refused a write.
+fn store_refusal() -> Response {
+    crate::wbx::error(503, "the job could not be stored; retry in a few seconds")
+        .with_header("Retry-After", "2")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn now_ms() -> u64 {
+    crate::workspace::now_ms()
+}
+
+/// The receipts' key under `dir`, made on first use (mode 0600).
+fn signer(dir: &Path) -> Option<Signer> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = dir.join(RECEIPT_KEY_FILE);
+    let pk8 = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(_) => {
+            let rng = ring::rand::SystemRandom::new();
+            let doc = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).ok()?;
+            let tmp = dir.join(format!("{RECEIPT_KEY_FILE}.tmp"));
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)
+                .ok()?;
+            f.write_all(doc.as_ref()).ok()?;
+            f.sync_all().ok()?;
+            std::fs::rename(&tmp, &path).ok()?;
+            doc.as_ref().to_vec()
+        }
+    };
+    match ring::signature::Ed25519KeyPair::from_pkcs8(&pk8) {
+        Ok(pair) => Some(Signer { pair }),
+        Err(_) => {
+            log::error!(
+                "jobs: {} is not an Ed25519 key; receipts are unsigned until it is removed",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Reads the jobs at start: recovers those a stopped daemon left starting, running or
+/// saving (their sandboxes were swept before this), queues the queued, removes job
+/// directories with no record.
+pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
+    let dir = data_dir.join(JOBS_DIR);
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        log::error!("jobs: creating {}: {e}", dir.display());
+    }
+    let mut t = Table {
+        live: Slab::new(),
+        by_id: HashMap::new(),
+        queue: VecDeque::new(),
+        serial: 0,
+        tenant_bytes: HashMap::new(),
+        pending: HashMap::new(),
+        signer: signer(&dir).map(Arc::new),
+        dir,
+        sweeping: false,
+        next_sweep: Instant::now(),
+    };
+    let mut all = match store.all_jobs() {
+        Ok(a) => a,
+        Err(e) => {
+            log::error!("jobs: reading the store: {e}");
+            return t;
+        }
+    };
+    all.sort_by_key(|(_, r)| r.seq);
+    let ids: HashSet<String> = all.iter().map(|(i, _)| i.clone()).collect();
+    if let Ok(entries) = std::fs::read_dir(&t.dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if wj::valid_id(&name) && !ids.contains(&name) {
+                log::info!("jobs: removing {name}, which has no record");
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let mut recovered = 0;
+    for (id, mut rec) in all {
+        if rec.finished() {
+            let bytes: u64 = rec.artifacts.iter().map(|a| a.size).sum();
+            *t.tenant_bytes.entry(rec.tenant.clone()).or_default() += bytes;
+            continue;
+        }
+        let env = match (&rec.sealed_env, store.job_key(&id)) {
+            (None, _) => Some(Vec::new()),
+            (Some(sealed), Ok(Some(key))) => crate::jobs::open(&key, sealed),
+            (Some(_), _) => None,
+        };
+        let was = rec.status.clone();
+        let mut drop_key = false;
+        if env.is_none() {
+            fail(
+                &mut rec,
+                "sandbox_lost",
+                "its env values could not be opened after a restart",
+                "system",
+            );
+            drop_key = true;
+        } else if was != "queued" {
+            // Its sandbox died with the daemon: the sweep removed it.
+            recovered += 1;
+            let now = now_ms();
+            let lost = JobError {
+                code: "sandbox_lost".into(),
+                message: "the daemon stopped while the job ran (a restart or a crash); its sandbox was removed at startup".into(),
+                kind: "system".into(),
+            };
+            if rec.attempt < rec.spec.retry.max_attempts {
+                rec.attempts.push(Attempt {
+                    started_ms: rec.started_ms.unwrap_or(now),
+                    ended_ms: now,
+                    error: Some(lost),
+                });
+                rec.status = "queued".into();
+                rec.started_ms = None;
+            } else {
+                rec.ended_ms = Some(now);
+                rec.error = Some(lost);
+                rec.status = "failed".into();
+                rec.sealed_env = None;
+                drop_key = true;
+            }
+        }
+        if rec.status != was {
+            let (i, r) = (id.clone(), rec.clone());
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            store.put_job_then(&i, &r, drop_key, move |res| {
+                let _ = tx.send(res);
+            });
+            match rx.recv() {
+                Ok(Ok(_)) => log::info!(
+                    "jobs: {id} was {was} when the daemon stopped; now {}",
+                    rec.status
+                ),
+                Ok(Err(e)) => log::error!("jobs: recovering {id}: {e}"),
+                Err(_) => log::error!("jobs: recovering {id}: the writer stopped"),
+            }
+        }
+        if rec.finished() {
+            continue;
+        }
+        t.serial += 1;
+        let key = t.live.insert(Live::new(
+            t.serial,
+            id.clone(),
+            rec,
+            env.unwrap_or_default(),
+        ));
+        t.by_id.insert(id, key);
+        t.queue.push_back(key);
+    }
+    if recovered > 0 {
+        log::info!("jobs: {recovered} recovered after a stop");
+    }
+    t
+}
+
+fn fail(rec: &mut JobRecord, code: &str, message: &str, kind: &str) {
+    rec.status = "failed".into();
+    rec.ended_ms = Some(now_ms());
+    rec.error = Some(JobError {
+        code: code.into(),
+        message: message.into(),
+        kind: kind.into(),
+    });
+    rec.sealed_env = None;
+}
+
+impl Live {
+    fn new(serial: u64, id: String, rec: JobRecord, env: Vec<(String, String)>) -> Live {
+        let values: Vec<&str> = env.iter().map(|(_, v)| v.as_str()).collect();
+        Live {
+            serial,
+            id,
+            rec,
+            redact: [Redactor::new(values.clone()), Redactor::new(values)],
+            env,
+            phase: Phase::Queued,
+            sbx: None,
+            call: 0,
+            pid: None,
+            gen: 0,
+            ran: None,
+            timed_out: false,
+            cancelled: false,
+            writer: None,
+            logged: 0,
+            unacked: 0,
+            held: false,
+            exit: None,
+            save: None,
+            cancel_waiters: Vec::new(),
+            run_ms: 0,
+            written: false,
+        }
+    }
+}
+
+impl Daemon {
+    fn job(&mut self, jk: usize, js: u64) -> Option<&mut Live> {
+        self.jobs.live.get_mut(jk).filter(|j| j.serial == js)
+    }
+
+    fn prices(&self) -> Prices {
+        let j = &self.cfg.wbx.jobs;
+        Prices {
+            currency: j.currency.clone(),
+            vcpu_s: j.price_vcpu_s,
+            gb_s: j.price_gb_s,
+        }
+    }
+
+    /// Carries out a jobs request.
+    pub(crate) fn job_op(&mut self, ck: usize, tenant: String, op: JobOp) {
+        match op {
+            JobOp::Submit(s) => self.job_submit(ck, tenant, *s, None),
+            JobOp::Cancel(id) => self.job_cancel(ck, &tenant, &id),
+            JobOp::Retry(id, env) => self.job_retry(ck, tenant, id, env),
+            JobOp::ReceiptKey => {
+                let resp = match &self.jobs.signer {
+                    Some(s) => Response::json(
+                        200,
+                        &serde_json::json!({"algorithm": "Ed25519", "public_key": s.public_key(), "encoding": "base64 of the raw 32-byte key"}),
+                    ),
+                    None => crate::wbx::error(503, "this server has no receipt key (see its log)"),
+                };
+                self.respond(ck, resp);
+            }
+            other => self.job_read(ck, tenant, other),
+        }
+    }
+
+    /// Reads on the pool: the live record where the job is live (fresher than the
+    /// store's), else the store's.
+    fn job_read(&mut self, ck: usize, tenant: String, op: JobOp) {
+        let id = match &op {
+            JobOp::Get(i)
+            | JobOp::Summary(i)
+            | JobOp::Receipt(i)
+            | JobOp::Artifacts(i)
+            | JobOp::Logs { id: i, .. }
+            | JobOp::Artifact { id: i, .. } => Some(i.clone()),
+            _ => None,
+        };
+        let live = id
+            .as_ref()
+            .and_then(|i| self.jobs.by_id.get(i))
+            .and_then(|&k| self.jobs.live.get(k))
+            .map(|j| j.rec.clone());
+        let sessions = Arc::clone(&self.app.sessions);
+        let prices = self.prices();
+        let dir = self.jobs.dir.clone();
+        let signer = self.jobs.signer.clone();
+        let isolation = format!("gVisor (runsc, platform {})", self.cfg.platform);
+        let job: crate::api::Job = Box::new(move || {
+            let store = sessions.store();
+            let found = |id: &str| -> Result<JobRecord, Response> {
+                let rec = match live {
+                    Some(r) => Some(r),
+                    None => store.job(id).map_err(|e| {
+                        log::error!("jobs: reading {id}: {e}");
+                        store_refusal()
+                    })?,
+                };
+                rec.filter(|r| r.tenant == tenant).ok_or_else(wj::not_found)
+            };
+            let r = read_op(
+                store,
+                &op,
+                &tenant,
+                found,
+                &prices,
+                &dir,
+                signer.as_deref(),
+                &isolation,
+                &sessions,
+            );
+            match r {
+                Ok(o) => o,
+                Err(resp) => Outcome::Respond(resp),
+            }
+        });
+        self.start_job(ck, job);
+    }
+
+    /// `POST /v1/jobs` (and a retry's new job).
+    fn job_submit(&mut self, ck: usize, tenant: String, s: wj::Submit, retry_of: Option<String>) {
+        if self.app.shutting_down {
+            self.respond(
+                ck,
+                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
+                    .with_header("Retry-After", "5"),
+            );
+            return;
+        }
+        let unfinished = self
+            .jobs
+            .live
+            .iter()
+            .filter(|(_, j)| j.rec.tenant == tenant)
+            .count()
+            + self.jobs.pending.get(&tenant).copied().unwrap_or(0);
+        let cap = self.cfg.wbx.jobs.per_tenant;
+        if unfinished >= cap {
+            self.respond(
+                ck,
+                crate::wbx::error(
+                    429,
+                    &format!("limit reached: at most {cap} unfinished jobs at once (ISOBOX_WBX_JOBS_PER_TENANT); wait for some to finish"),
+                ),
+            );
+            return;
+        }
+        let Some(hex_id) = super::boxes::random_hex() else {
+            self.respond(
+                ck,
+                crate::wbx::error(503, "the system's random source failed; retry"),
+            );
+            return;
+        };
+        let id = format!("job_{hex_id}");
+        let (key, sealed) = if s.env.is_empty() {
+            (None, None)
+        } else {
+            match crate::jobs::seal(&s.env) {
+                Ok((k, sealed)) => (Some(k), Some(sealed)),
+                Err(e) => {
+                    log::error!("jobs: sealing env values: {e}");
+                    self.respond(ck, store_refusal());
+                    return;
+                }
+            }
+        };
+        let rec = JobRecord {
+            tenant: tenant.clone(),
+            seq: 0,
+            status: "queued".into(),
+            spec: s.spec,
+            sealed_env: sealed,
+            retry_of,
+            created_ms: now_ms(),
+            started_ms: None,
+            ended_ms: None,
+            attempt: 0,
+            attempts: Vec::new(),
+            exit_code: None,
+            error: None,
+            artifacts: Vec::new(),
+            skipped: Vec::new(),
+            log_bytes: 0,
+            log_sha256: None,
+            log_dropped: 0,
+            cpu_ms: None,
+            peak_memory_bytes: None,
+            billed_ms: 0,
+        };
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        self.conn_own(ck, Owner::Job);
+        *self.jobs.pending.entry(tenant.clone()).or_default() += 1;
+        let env = s.env;
+        let mailbox = self.reactor.mailbox();
+        self.app
+            .sessions
+            .store()
+            .submit_job_then(&id.clone(), rec, key, move |r| {
+                mailbox.send(Box::new(move |d: &mut Daemon| {
+                    if let Some(n) = d.jobs.pending.get_mut(&tenant) {
+                        *n = n.saturating_sub(1);
+                    }
+                    let prices = d.prices();
+                    let resp = match r {
+                        Ok((Submitted::New, rec)) => {
+                            log::info!(
+                                "job {id} accepted tenant={} template={}",
+                                rec.tenant,
+                                rec.spec.template
+                            );
+                            let body = wj::job_json(&id, &rec, &prices, now_ms());
+                            d.jobs.serial += 1;
+                            let key =
+                                d.jobs
+                                    .live
+                                    .insert(Live::new(d.jobs.serial, id.clone(), rec, env));
+                            d.jobs.by_id.insert(id, key);
+                            d.jobs.queue.push_back(key);
+                            d.job_pump();
+                            Response::json(202, &body)
+                        }
+                        Ok((Submitted::Existing(eid, er), _)) => {
+                            // The same key: the same job, as it is now.
+                            let rec = d
+                                .jobs
+                                .by_id
+                                .get(&eid)
+                                .and_then(|&k| d.jobs.live.get(k))
+                                .map_or(*er, |j| j.rec.clone());
+                            Response::json(202, &wj::job_json(&eid, &rec, &prices, now_ms()))
+                        }
+                        Err(e) => {
+                            log::error!("jobs: storing {id}: {e}");
+                            store_refusal()
+                        }
+                    };
+                    d.on_outcome(ck, serial, Outcome::Respond(resp));
+                }));
+            });
+    }
+
+    /// `POST /v1/jobs/{id}/retry`: a new job with the same inputs and the env values
+    /// sent again.
+    fn job_retry(&mut self, ck: usize, tenant: String, id: String, env: Vec<(String, String)>) {
+        let live = self
+            .jobs
+            .by_id
+            .get(&id)
+            .and_then(|&k| self.jobs.live.get(k))
+            .map(|j| j.rec.clone());
+        let rec = match live {
+            Some(r) => Some(r),
+            None => match self.app.sessions.store().job(&id) {
+                Ok(r) => r,
+                Err(e) => {
+                    log::error!("jobs: reading {id}: {e}");
+                    self.respond(ck, store_refusal());
+                    return;
+                }
+            },
+        };
+        let Some(rec) = rec.filter(|r| r.tenant == tenant) else {
+            self.respond(ck, wj::not_found());
+            return;
+        };
+        let missing: Vec<&String> = rec
+            .spec
+            .env_names
+            .iter()
+            .filter(|n| !env.iter().any(|(k, _)| k == *n))
+            .collect();
+        if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+            self.respond(
+                ck,
+                crate::wbx::error(
+                    400,
+                    &format!("env: env values are not stored; send them again: {{\"env\": {{…}}}} with {}", names.join(", ")),
+                ),
+            );
+            return;
+        }
+        let mut spec = rec.spec.clone();
+        spec.idempotency_key = None;
+        spec.env_names = env.iter().map(|(k, _)| k.clone()).collect();
+        spec.env_sha256 = (!env.is_empty()).then(|| crate::jobs::env_sha256(&env));
+        self.job_submit(ck, tenant, wj::Submit { spec, env }, Some(id));
+    }
+
+    /// `POST /v1/jobs/{id}/cancel`.
+    fn job_cancel(&mut self, ck: usize, tenant: &str, id: &str) {
+        let Some(&jk) = self.jobs.by_id.get(id) else {
+            // Not live: finished, or not there.
+            let resp = match self.app.sessions.store().job(id) {
+                Ok(Some(r)) if r.tenant == tenant => {
+                    crate::wbx::error(409, &format!("the job has already finished ({})", r.status))
+                }
+                Ok(_) => wj::not_found(),
+                Err(e) => {
+                    log::error!("jobs: reading {id}: {e}");
+                    store_refusal()
+                }
+            };
+            self.respond(ck, resp);
+            return;
+        };
+        if self
+            .jobs
+            .live
+            .get(jk)
+            .is_none_or(|j| j.rec.tenant != tenant)
+        {
+            self.respond(ck, wj::not_found());
+            return;
+        }
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        self.conn_own(ck, Owner::Job);
+        let Some(j) = self.jobs.live.get_mut(jk) else {
+            return;
+        };
+        j.cancel_waiters.push((ck, serial));
+        if j.cancelled {
+            return;
+        }
+        j.cancelled = true;
+        let js = j.serial;
+        log::info!("job {id} cancelled by its tenant");
+        match (j.phase, j.sbx) {
+            (Phase::Queued, _) => {
+                self.jobs.queue.retain(|&k| k != jk);
+                self.job_end(jk, js);
+            }
+            (Phase::Ending, _) => {}
+            (_, Some((key, _))) => self.box_end(key, "its job was cancelled"),
+            // Its starting record is being written: the boot sees the cancel.
+            (_, None) => {}
+        }
+    }
+
+    /// Starts queued jobs while there is room.
+    pub(crate) fn job_pump(&mut self) {
+        if self.app.shutting_down {
+            return;
+        }
+        loop {
+            let running = self
+                .jobs
+                .live
+                .iter()
+                .filter(|(_, j)| j.phase != Phase::Queued)
+                .count();
+            if running >= self.cfg.wbx.jobs.running
+                || self.boxes.on_server() >= self.cfg.wbx.max_total
+            {
+                return;
+            }
+            let Some(jk) = self.jobs.queue.pop_front() else {
+                return;
+            };
+            self.job_start(jk);
+        }
+    }
+
+    /// Writes the job's `starting` record, then boots its sandbox.
+    fn job_start(&mut self, jk: usize) {
+        let dir = self.jobs.dir.clone();
+        let mailbox = self.reactor.mailbox();
+        let Some(j) = self.jobs.live.get_mut(jk) else {
+            return;
+        };
+        j.phase = Phase::Starting;
+        j.rec.attempt += 1;
+        j.rec.status = "starting".into();
+        j.rec.started_ms = Some(now_ms());
+        j.rec.ended_ms = None;
+        j.rec.exit_code = None;
+        j.rec.error = None;
+        j.timed_out = false;
+        j.exit = None;
+        j.pid = None;
+        j.logged = 0;
+        j.unacked = 0;
+        j.held = false;
+        j.run_ms = 0;
+        let values: Vec<&str> = j.env.iter().map(|(_, v)| v.as_str()).collect();
+        j.redact = [Redactor::new(values.clone()), Redactor::new(values)];
+        let js = j.serial;
+        // The log's writer first: an attempt after the first says so in the log.
+        let job_dir = dir.join(&j.id);
+        match start_writer(&job_dir, (jk, js), mailbox) {
+            Ok(w) => {
+                if j.rec.attempt > 1 {
+                    let why = j
+                        .rec
+                        .attempts
+                        .last()
+                        .and_then(|a| a.error.as_ref())
+                        .map_or(String::new(), |e| format!(": {}", e.message));
+                    let note = format!(
+                        "\n[wbx] attempt {} of {} (the previous one failed on our side{why})\n",
+                        j.rec.attempt, j.rec.spec.retry.max_attempts
+                    );
+                    j.unacked += note.len() as u64;
+                    let _ = w.tx.send(Msg::Log(note.into_bytes()));
+                }
+                j.writer = Some(w);
+            }
+            Err(e) => {
+                log::error!("jobs: {}: its log: {e}", j.id);
+            }
+        }
+        let (id, rec) = (j.id.clone(), j.rec.clone());
+        let mailbox = self.reactor.mailbox();
+        self.app
+            .sessions
+            .store()
+            .put_job_then(&id.clone(), &rec, false, move |r| {
+                mailbox.send(Box::new(move |d: &mut Daemon| {
+                    if let Err(e) = &r {
+                        log::error!("jobs: {id}: writing its start: {e}");
+                    }
+                    d.job_boot(jk, js, r.is_ok());
+                }));
+            });
+    }
+
+    /// Its `starting` record is durable (`stored`): boot its sandbox.
+    fn job_boot(&mut self, jk: usize, js: u64, stored: bool) {
+        let runtimes = Arc::clone(&self.app.runtimes);
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        if j.cancelled || !stored {
+            // Cancelled while its start was written; or the store failed: it did not
+            // start (a store that fails makes its end fail too, and the next start
+            // finds it as it was).
+            if !stored && !j.cancelled {
+                j.phase = Phase::Queued;
+                j.rec.attempt -= 1;
+                j.rec.status = "queued".into();
+                j.writer = None;
+                self.jobs.queue.push_front(jk);
+                return;
+            }
+            self.job_end(jk, js);
+            return;
+        }
+        let template = j.rec.spec.template.clone();
+        let Some((_, runtime, _)) = wsb::templates(&runtimes)
+            .into_iter()
+            .find(|(n, _, _)| *n == template)
+        else {
+            fail(
+                &mut j.rec,
+                "template_gone",
+                &format!("the template {template:?} is not on this server any more"),
+                "job",
+            );
+            self.job_end(jk, js);
+            return;
+        };
+        let network = match wsb::network(Some(&j.rec.spec.network)) {
+            Ok(n) => n,
+            Err(_) => {
+                fail(
+                    &mut j.rec,
+                    "bad_network",
+                    "its network policy no longer parses on this server",
+                    "job",
+                );
+                self.job_end(jk, js);
+                return;
+            }
+        };
+        let create = Create {
+            template,
+            runtime,
+            timeout_s: j.rec.spec.timeout_s + SANDBOX_EXTRA_S,
+            env: Vec::new(),
+            metadata: Default::default(),
+            network,
+        };
+        let boot = InternalBoot {
+            owner: BoxOwner::Job(jk, js),
+            limits: super::boxes::wbx_limits(),
+            files: Vec::new(),
+        };
+        let tenant = j.rec.tenant.clone();
+        match self.box_boot(None, tenant, create, Some(boot)) {
+            Ok(key) => {
+                let bserial = self.boxes.boxes[key].serial;
+                if let Some(j) = self.job(jk, js) {
+                    j.sbx = Some((key, bserial));
+                }
+            }
+            Err(_) => self.job_lost(
+                jk,
+                js,
+                "its sandbox could not be started: the daemon is overloaded",
+            ),
+        }
+    }
+
+    /// Its sandbox said hello: start the command.
+    pub(super) fn job_ready(&mut self, jk: usize, js: u64, key: usize) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        if j.sbx.map(|s| s.0) != Some(key) {
+            return;
+        }
+        let call = Call::Spawn {
+            cmd: j.rec.spec.command.clone(),
+            cwd: Some(HOME.to_string()),
+            env: j.env.clone(),
+            stdin: false,
+            pty: None,
+            background: false,
+        };
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
+            return;
+        };
+        let call_id = b.take_call_id();
+        if wire::encode_json(&mut b.wbuf, Kind::Call, call_id, &call).is_err() {
+            if let Some(j) = self.job(jk, js) {
+                fail(
+                    &mut j.rec,
+                    "command_too_large",
+                    "the command and its env are larger than a sandbox call takes (1 MiB)",
+                    "job",
+                );
+            }
+            self.box_end(key, "its job's command was too large");
+            return;
+        }
+        self.box_flush(key);
+        let gen = self
+            .reactor
+            .arm_new(Instant::now() + CALL_TIMEOUT, Addr::new(JOBS, jk, DEADLINE));
+        if let Some(j) = self.job(jk, js) {
+            j.call = call_id;
+            j.gen = gen;
+        }
+    }
+
+    /// A frame of its sandbox's init.
+    pub(super) fn job_frame(&mut self, jk: usize, js: u64, key: usize, f: &wire::Frame) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        if j.sbx.map(|s| s.0) != Some(key) {
+            return;
+        }
+        match f.kind {
+            Kind::Reply if j.pid.is_none() && f.channel == j.call && j.phase == Phase::Starting => {
+                self.job_spawned(jk, js, key, &f.payload)
+            }
+            Kind::Output if Some(f.channel) == j.pid => self.job_output(jk, js, &f.payload),
+            Kind::Exit if Some(f.channel) == j.pid && j.exit.is_none() => {
+                let exited: Exited = serde_json::from_slice(&f.payload).unwrap_or(Exited {
+                    code: 128 + libc::SIGKILL,
+                    signal: Some(libc::SIGKILL),
+                });
+                self.job_exited(jk, js, key, exited.code);
+            }
+            Kind::Reply if j.phase == Phase::Saving => {
+                self.save_reply(jk, js, key, f.channel, &f.payload)
+            }
+            Kind::FileData if j.phase == Phase::Saving => {
+                self.save_data(jk, js, key, f.channel, &f.payload)
+            }
+            // Answers to holds, releases and signals: nothing waits on them.
+            _ => {}
+        }
+    }
+
+    fn job_spawned(&mut self, jk: usize, js: u64, key: usize, payload: &[u8]) {
+        let pid = match serde_json::from_slice::<Reply>(payload) {
+            Ok(Reply::Ok(v)) => v["pid"].as_u64().and_then(|p| u32::try_from(p).ok()),
+            Ok(Reply::Error(e)) => {
+                let msg = format!("the command could not be started: {e}");
+                if let Some(j) = self.job(jk, js) {
+                    fail(&mut j.rec, "start_failed", &msg, "job");
+                }
+                self.job_note(jk, js, &format!("[wbx] {msg}\n"));
+                self.box_end(key, "its job's command could not start");
+                return;
+            }
+            _ => None,
+        };
+        let Some(pid) = pid else {
+            self.box_end(key, "its init broke the protocol");
+            return;
+        };
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        j.pid = Some(pid);
+        j.phase = Phase::Running;
+        j.ran = Some(Instant::now());
+        j.rec.status = "running".into();
+        let limit = Duration::from_secs(j.rec.spec.timeout_s);
+        let gen = self
+            .reactor
+            .arm_new(Instant::now() + limit, Addr::new(JOBS, jk, DEADLINE));
+        if let Some(j) = self.job(jk, js) {
+            j.gen = gen;
+        }
+        self.job_store(jk, js, false);
+    }
+
+    /// Queues the job's record for the writer (its state moved on); nothing waits on it
+    /// (its end is written with [`Daemon::job_finish`], which waits).
+    fn job_store(&mut self, jk: usize, js: u64, drop_key: bool) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let (id, rec) = (j.id.clone(), j.rec.clone());
+        self.app
+            .sessions
+            .store()
+            .put_job_then(&id.clone(), &rec, drop_key, move |r| {
+                if let Err(e) = r {
+                    log::error!("jobs: {id}: writing its state: {e}");
+                }
+            });
+    }
+
+    /// Output of the command: redacted, into the log up to its cap.
+    fn job_output(&mut self, jk: usize, js: u64, payload: &[u8]) {
+        let cap = self.cfg.wbx.jobs.log_bytes;
+        let Some((stream, _, data)) = wire::parse_output(payload) else {
+            return;
+        };
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let s = usize::from(stream == wire::Stream::Stderr);
+        let out = j.redact[s].push(data);
+        j.log(out, cap);
+        if j.unacked > LOG_HOLD_BYTES && !j.held {
+            if let (Some(pid), Some((key, _))) = (j.pid, j.sbx) {
+                j.held = true;
+                self.box_call(key, &Call::Hold { pid });
+            }
+        }
+    }
+
+    /// Writes a line of our own into the job's log.
+    fn job_note(&mut self, jk: usize, js: u64, note: &str) {
+        if let Some(j) = self.job(jk, js) {
+            let b = note.as_bytes().to_vec();
+            j.unacked += b.len() as u64;
+            if let Some(w) = &j.writer {
+                let _ = w.tx.send(Msg::Log(b));
+            }
+        }
+    }
+
+    /// The writer wrote `n` log bytes.
+    fn job_log_acked(&mut self, jk: usize, js: u64, n: u64) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        j.unacked = j.unacked.saturating_sub(n);
+        if j.held && j.unacked < LOG_RELEASE_BYTES {
+            j.held = false;
+            if let (Some(pid), Some((key, _))) = (j.pid, j.sbx) {
+                self.box_call(key, &Call::Release { pid });
+            }
+        }
+    }
+
+    /// The command exited: measure, then save its result files.
+    fn job_exited(&mut self, jk: usize, js: u64, key: usize, code: i32) {
+        let cap = self.cfg.wbx.jobs.log_bytes;
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        j.exit = Some(code);
+        j.rec.exit_code = Some(code);
+        j.run_ms = j.ran.map_or(0, |t| {
+            u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+        });
+        for s in 0..2 {
+            let rest = j.redact[s].finish();
+            j.log(rest, cap);
+        }
+        if j.rec.log_dropped > 0 {
+            let note = format!(
+                "\n[wbx] the log keeps {cap} bytes of output; {} more were dropped\n",
+                j.rec.log_dropped
+            );
+            j.unacked += note.len() as u64;
+            if let Some(w) = &j.writer {
+                let _ = w.tx.send(Msg::Log(note.into_bytes()));
+            }
+        }
+        // Its sandbox's cgroup: CPU time and peak memory of everything in it (the
+        // command, init and gVisor's own processes).
+        if let Some(cg) = self.boxes.boxes.get(key).and_then(|b| b.cgroup.clone()) {
+            self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+                let u = cg.usage();
+                let cpu = (u.cpu_ns > 0).then_some(u.cpu_ns / 1_000_000);
+                let peak = cg.peak_memory_bytes();
+                Box::new(move |d: &mut Daemon| {
+                    if let Some(j) = d.job(jk, js) {
+                        j.rec.cpu_ms = cpu;
+                        j.rec.peak_memory_bytes = peak;
+                    }
+                })
+            }));
+        }
+        self.job_save(jk, js, key);
+    }
+
+    /// Lists what the patterns could match, then fetches the matches one by one.
+    fn job_save(&mut self, jk: usize, js: u64, key: usize) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        j.phase = Phase::Saving;
+        j.rec.status = "uploading_artifacts".into();
+        let mut patterns = Vec::new();
+        for p in j
+            .rec
+            .spec
+            .artifacts
+            .iter()
+            .chain(&j.rec.spec.required_artifacts)
+        {
+            if let Ok(p) = Pattern::parse(p) {
+                patterns.push(p);
+            }
+        }
+        let mut save = Save {
+            patterns,
+            ..Save::default()
+        };
+        for p in &save.patterns {
+            let (base, _) = p.base();
+            if save.visited.insert(base.clone()) {
+                save.dirs.push_back(base);
+            }
+        }
+        j.save = Some(save);
+        let gen = self
+            .reactor
+            .arm_new(Instant::now() + SAVE_TIMEOUT, Addr::new(JOBS, jk, DEADLINE));
+        if let Some(j) = self.job(jk, js) {
+            j.gen = gen;
+        }
+        self.job_store(jk, js, false);
+        self.save_next(jk, js, key);
+    }
+
+    /// The saving's next step: a directory to list, a file to fetch, or the end.
+    fn save_next(&mut self, jk: usize, js: u64, key: usize) {
+        let c = self.cfg.wbx.jobs.clone();
+        let tenant_used = {
+            let Some(j) = self.job(jk, js) else {
+                return;
+            };
+            j.rec.tenant.clone()
+        };
+        let tenant_used = self
+            .jobs
+            .tenant_bytes
+            .get(&tenant_used)
+            .copied()
+            .unwrap_or(0);
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let Some(save) = j.save.as_mut() else {
+            return;
+        };
+        if save.listing.is_some() || save.cur.is_some() {
+            return;
+        }
+        if let Some(dir) = save.dirs.pop_front() {
+            let path = if dir.is_empty() {
+                HOME.to_string()
+            } else {
+                format!("{HOME}/{dir}")
+            };
+            let Some(b) = self.boxes.boxes.get_mut(key) else {
+                return;
+            };
+            let call_id = b.take_call_id();
+            let _ = wire::encode_json(
+                &mut b.wbuf,
+                Kind::Call,
+                call_id,
+                &Call::Fs(FsCall::List { path, depth: 1 }),
+            );
+            self.box_flush(key);
+            if let Some(save) = self.job(jk, js).and_then(|j| j.save.as_mut()) {
+                save.listing = Some(call_id);
+            }
+            return;
+        }
+        if save.todo.is_empty() && !save.found.is_empty() {
+            save.todo = std::mem::take(&mut save.found).into_iter().collect();
+        }
+        while let Some((name, size)) = save.todo.pop_front() {
+            let skip = if save.saved.len() >= c.artifact_files {
+                Some(format!(
+                    "over the limit of {} result files per job",
+                    c.artifact_files
+                ))
+            } else {
+                size_refusal(&c, size, save.bytes, tenant_used)
+            };
+            if let Some(reason) = skip {
+                save.skipped.push(Skipped { name, reason });
+                continue;
+            }
+            let file = format!("a{}", save.next_file);
+            save.next_file += 1;
+            let Some(b) = self.boxes.boxes.get_mut(key) else {
+                return;
+            };
+            let call_id = b.take_call_id();
+            let _ = wire::encode_json(
+                &mut b.wbuf,
+                Kind::Call,
+                call_id,
+                &Call::Fs(FsCall::Open {
+                    path: format!("{HOME}/{name}"),
+                    write: false,
+                }),
+            );
+            self.box_flush(key);
+            if let Some(save) = self.job(jk, js).and_then(|j| j.save.as_mut()) {
+                save.cur = Some(Fetch {
+                    name,
+                    call: call_id,
+                    opened: false,
+                    size: 0,
+                    received: 0,
+                    granted: 0,
+                    acked: 0,
+                    file,
+                });
+            }
+            return;
+        }
+        // Everything is saved or skipped.
+        self.job_saved(jk, js);
+    }
+
+    /// A reply during the saving: a listing, or a file opened.
+    fn save_reply(&mut self, jk: usize, js: u64, key: usize, channel: u32, payload: &[u8]) {
+        let c = self.cfg.wbx.jobs.clone();
+        let tenant = match self.job(jk, js) {
+            Some(j) => j.rec.tenant.clone(),
+            None => return,
+        };
+        let tenant_used = self.jobs.tenant_bytes.get(&tenant).copied().unwrap_or(0);
+        let dir_writer = self.jobs.dir.clone();
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let job_dir = dir_writer.join(&j.id);
+        let Some(save) = j.save.as_mut() else {
+            return;
+        };
+        let reply = serde_json::from_slice::<Reply>(payload).ok();
+        if save.listing == Some(channel) {
+            save.listing = None;
+            if let Some(Reply::Ok(v)) = reply {
+                let entries: Vec<FsEntry> =
+                    serde_json::from_value(v["entries"].clone()).unwrap_or_default();
+                if v["truncated"].as_bool() == Some(true) {
+                    save.skipped.push(Skipped {
+                        name: entries
+                            .first()
+                            .and_then(|e| e.path.rsplit_once('/'))
+                            .map_or(String::new(), |(d, _)| rel(d)),
+                        reason: format!(
+                            "a directory of more than {} entries: only the first were looked at",
+                            wire::FS_LIST_ENTRIES
+                        ),
+                    });
+                }
+                for e in entries {
+                    let name = rel(&e.path);
+                    if name.is_empty() {
+                        continue;
+                    }
+                    let matched = save.patterns.iter().any(|p| p.matches(&name));
+                    match e.kind.as_str() {
+                        "file" if matched => {
+                            save.found.insert(name, e.size);
+                        }
+                        "dir" => {
+                            let descend = save.patterns.iter().any(|p| could_hold(p, &name));
+                            if descend && !save.visited.contains(&name) {
+                                if save.visited.len() >= MAX_LISTED_DIRS {
+                                    save.skipped.push(Skipped {
+                                        name,
+                                        reason: format!("not looked through: more than {MAX_LISTED_DIRS} directories matched the patterns"),
+                                    });
+                                } else {
+                                    save.visited.insert(name.clone());
+                                    save.dirs.push_back(name);
+                                }
+                            }
+                        }
+                        _ if matched => save.skipped.push(Skipped {
+                            name,
+                            reason: "not a regular file (a symbolic link, a socket or a device): not saved".into(),
+                        }),
+                        _ => {}
+                    }
+                }
+            }
+            // A pattern's directory that does not exist matches nothing.
+            self.save_next(jk, js, key);
+            return;
+        }
+        let Some(cur) = save.cur.as_mut().filter(|f| f.call == channel && !f.opened) else {
+            return;
+        };
+        let size = match reply {
+            Some(Reply::Ok(v)) => v["size"].as_u64(),
+            Some(Reply::Refused { message, .. }) | Some(Reply::Error(message)) => {
+                let name = cur.name.clone();
+                save.cur = None;
+                save.skipped.push(Skipped {
+                    name,
+                    reason: format!("could not be opened: {message}"),
+                });
+                self.save_next(jk, js, key);
+                return;
+            }
+            None => None,
+        };
+        let Some(size) = size else {
+            self.box_end(key, "its init broke the protocol");
+            return;
+        };
+        cur.opened = true;
+        cur.size = size;
+        if let Some(reason) = size_refusal(&c, size, save.bytes, tenant_used) {
+            let name = cur.name.clone();
+            save.cur = None;
+            save.skipped.push(Skipped { name, reason });
+            self.box_call(key, &Call::FileClose { handle: channel });
+            self.save_next(jk, js, key);
+            return;
+        }
+        let path = job_dir.join(&cur.file);
+        let grant = size.min(WINDOW);
+        cur.granted = grant;
+        if let Some(w) = &j.writer {
+            let _ = w.tx.send(Msg::Open(path));
+            if size == 0 {
+                let _ = w.tx.send(Msg::Close);
+            }
+        } else {
+            let name = cur.name.clone();
+            save.cur = None;
+            save.skipped.push(Skipped {
+                name,
+                reason: "could not be stored: the job's directory could not be written".into(),
+            });
+            self.box_call(key, &Call::FileClose { handle: channel });
+            self.save_next(jk, js, key);
+            return;
+        }
+        if size == 0 {
+            self.box_call(key, &Call::FileClose { handle: channel });
+        } else {
+            self.box_call(
+                key,
+                &Call::FileMore {
+                    handle: channel,
+                    bytes: grant,
+                },
+            );
+        }
+    }
+
+    /// Bytes of the file being fetched.
+    fn save_data(&mut self, jk: usize, js: u64, key: usize, handle: u32, payload: &[u8]) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let Some(save) = j.save.as_mut() else {
+            return;
+        };
+        let Some(cur) = save.cur.as_mut().filter(|f| f.call == handle && f.opened) else {
+            return;
+        };
+        let over = cur.received + payload.len() as u64 > cur.size;
+        if payload.is_empty() || over {
+            if cur.received == cur.size && !over {
+                // init's end after the last bytes: already closed.
+                return;
+            }
+            let name = cur.name.clone();
+            save.cur = None;
+            save.skipped.push(Skipped {
+                name,
+                reason: "changed while it was being saved".into(),
+            });
+            if let Some(w) = &j.writer {
+                let _ = w.tx.send(Msg::Discard);
+            }
+            if over {
+                self.box_call(key, &Call::FileClose { handle });
+            }
+            self.save_next(jk, js, key);
+            return;
+        }
+        cur.received += payload.len() as u64;
+        let done = cur.received == cur.size;
+        if let Some(w) = &j.writer {
+            let _ = w.tx.send(Msg::Data(payload.to_vec()));
+            if done {
+                let _ = w.tx.send(Msg::Close);
+            }
+        }
+        if done {
+            self.box_call(key, &Call::FileClose { handle });
+        }
+    }
+
+    /// The writer wrote `n` bytes of the file being fetched: give init more credit.
+    fn job_data_acked(&mut self, jk: usize, js: u64, n: u64) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let Some((key, _)) = j.sbx else {
+            return;
+        };
+        let Some(cur) = j.save.as_mut().and_then(|s| s.cur.as_mut()) else {
+            return;
+        };
+        cur.acked += n;
+        if cur.granted < cur.size && cur.granted - cur.acked <= WINDOW / 2 {
+            let more = (cur.size - cur.granted).min(WINDOW);
+            cur.granted += more;
+            let handle = cur.call;
+            self.box_call(
+                key,
+                &Call::FileMore {
+                    handle,
+                    bytes: more,
+                },
+            );
+        }
+    }
+
+    /// The writer stored the file being fetched (or failed to).
+    fn job_file_stored(&mut self, jk: usize, js: u64, stored: Result<(u64, String), String>) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let key = j.sbx.map(|s| s.0);
+        let Some(save) = j.save.as_mut() else {
+            return;
+        };
+        let Some(cur) = save.cur.take() else {
+            return;
+        };
+        match stored {
+            Ok((size, sha256)) => {
+                save.bytes += size;
+                save.saved.push(Artifact {
+                    name: cur.name,
+                    size,
+                    sha256,
+                    file: cur.file,
+                });
+            }
+            Err(e) => save.skipped.push(Skipped {
+                name: cur.name,
+                reason: format!("could not be stored: {e}"),
+            }),
+        }
+        match key {
+            Some(key) => self.save_next(jk, js, key),
+            None => self.job_saved(jk, js),
+        }
+    }
+
+    /// The saving is over (or cut short): decide the outcome and end the job.
+    fn job_saved(&mut self, jk: usize, js: u64) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        if j.phase == Phase::Ending {
+            return;
+        }
+        if let Some(mut save) = j.save.take() {
+            if let Some(cur) = save.cur.take() {
+                save.skipped.push(Skipped {
+                    name: cur.name,
+                    reason: "not saved: the sandbox ended while it was being saved".into(),
+                });
+                if let Some(w) = &j.writer {
+                    let _ = w.tx.send(Msg::Discard);
+                }
+            }
+            for (name, _) in save.todo.drain(..).chain(std::mem::take(&mut save.found)) {
+                save.skipped.push(Skipped {
+                    name,
+                    reason:
+                        "not saved: saving the result files took too long, or the sandbox ended"
+                            .into(),
+                });
+            }
+            j.rec.artifacts = save.saved;
+            j.rec.skipped = save.skipped;
+        }
+        let code = j.exit.unwrap_or(-1);
+        if j.rec.error.is_none() {
+            let missing: Vec<String> = j
+                .rec
+                .spec
+                .required_artifacts
+                .iter()
+                .filter(|r| {
+                    let p = Pattern::parse(r);
+                    !j.rec
+                        .artifacts
+                        .iter()
+                        .any(|a| p.as_ref().is_ok_and(|p| p.matches(&a.name)))
+                })
+                .cloned()
+                .collect();
+            if j.cancelled {
+                j.rec.status = "cancelled".into();
+                j.rec.error = Some(JobError {
+                    code: "cancelled".into(),
+                    message: "cancelled by POST /v1/jobs/{id}/cancel".into(),
+                    kind: "job".into(),
+                });
+            } else if j.timed_out {
+                j.rec.status = "expired".into();
+                j.rec.error = Some(JobError {
+                    code: "timeout".into(),
+                    message: format!(
+                        "the time limit of {} s was reached; files written so far were saved",
+                        j.rec.spec.timeout_s
+                    ),
+                    kind: "job".into(),
+                });
+            } else if code != 0 {
+                j.rec.status = "failed".into();
+                j.rec.error = Some(JobError {
+                    code: "nonzero_exit".into(),
+                    message: format!("the command exited with code {code}"),
+                    kind: "job".into(),
+                });
+            } else if !missing.is_empty() {
+                j.rec.status = "failed".into();
+                j.rec.error = Some(JobError {
+                    code: "missing_artifacts".into(),
+                    message: format!(
+                        "required result files were not saved: {}",
+                        missing.join(", ")
+                    ),
+                    kind: "job".into(),
+                });
+            } else {
+                j.rec.status = "completed".into();
+            }
+        } else {
+            j.rec.status = "failed".into();
+        }
+        j.rec.billed_ms += j.run_ms;
+        self.job_end(jk, js);
+    }
+
+    /// Ends the job: its sandbox goes, its log is synced, then its end is written with
+    /// its key deleted; only then do cancellers hear, and it leaves the table.
+    fn job_end(&mut self, jk: usize, js: u64) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        if j.phase == Phase::Ending {
+            return;
+        }
+        if j.exit.is_none() && j.run_ms == 0 {
+            j.run_ms = j.ran.map_or(0, |t| {
+                u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+            });
+        }
+        if j.cancelled && !j.rec.finished() {
+            j.rec.status = "cancelled".into();
+            j.rec.error.get_or_insert(JobError {
+                code: "cancelled".into(),
+                message: "cancelled by POST /v1/jobs/{id}/cancel".into(),
+                kind: "job".into(),
+            });
+            j.rec.billed_ms += j.run_ms;
+        }
+        j.phase = Phase::Ending;
+        j.rec.ended_ms = Some(now_ms());
+        j.rec.sealed_env = None;
+        let sbx = j.sbx;
+        let writer = j.writer.take();
+        if let Some((key, _)) = sbx {
+            self.box_end(key, "its job ended");
+        }
+        match writer {
+            Some(w) => {
+                let _ = w.tx.send(Msg::Finish);
+            }
+            None => self.job_finish(jk, js, None),
+        }
+    }
+
+    /// The log is synced (its size and SHA-256): write the end.
+    fn job_finish(&mut self, jk: usize, js: u64, log: Option<(u64, String)>) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        if let Some((bytes, sha)) = log {
+            j.rec.log_bytes = bytes;
+            j.rec.log_sha256 = Some(sha);
+        }
+        let (id, rec) = (j.id.clone(), j.rec.clone());
+        let mailbox = self.reactor.mailbox();
+        self.app
+            .sessions
+            .store()
+            .put_job_then(&id.clone(), &rec, true, move |r| {
+                mailbox.send(Box::new(move |d: &mut Daemon| {
+                    if let Err(e) = &r {
+                        log::error!("jobs: {id}: writing its end: {e}");
+                    }
+                    d.job_done(jk, js, r.is_ok());
+                }));
+            });
+    }
+
+    /// Its end is durable: answer its cancellers, forget it, start the next.
+    fn job_done(&mut self, jk: usize, js: u64, stored: bool) {
+        let prices = self.prices();
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        j.written = true;
+        let waiters = std::mem::take(&mut j.cancel_waiters);
+        let body = wj::job_json(&j.id, &j.rec, &prices, now_ms());
+        log::info!(
+            "job {} {} (exit {:?}, {} result files)",
+            j.id,
+            j.rec.status,
+            j.rec.exit_code,
+            j.rec.artifacts.len()
+        );
+        let bytes: u64 = j.rec.artifacts.iter().map(|a| a.size).sum();
+        let tenant = j.rec.tenant.clone();
+        let gone = j.sbx.is_none();
+        for (ck, serial) in waiters {
+            let resp = if stored {
+                Response::json(200, &body)
+            } else {
+                store_refusal()
+            };
+            self.on_outcome(ck, serial, Outcome::Respond(resp));
+        }
+        *self.jobs.tenant_bytes.entry(tenant).or_default() += bytes;
+        if gone {
+            self.job_forget(jk);
+        }
+        self.job_pump();
+    }
+
+    fn job_forget(&mut self, jk: usize) {
+        if let Some(j) = self.jobs.live.try_remove(jk) {
+            if self.jobs.by_id.get(&j.id) == Some(&jk) {
+                self.jobs.by_id.remove(&j.id);
+            }
+        }
+        self.jobs.queue.retain(|&k| k != jk);
+    }
+
+    /// Its sandbox is gone (removed: its processes and memory are).
+    pub(super) fn job_box_gone(
+        &mut self,
+        jk: usize,
+        js: u64,
+        sbx: (usize, u64),
+        oom_killed: bool,
+        why: &str,
+    ) {
+        if self.app.shutting_down {
+            // The next start recovers it (its record says where it was).
+            return;
+        }
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        if j.sbx != Some(sbx) {
+            return;
+        }
+        j.sbx = None;
+        match j.phase {
+            Phase::Ending => {
+                // It leaves once its end is written too (then, or in `job_done`).
+                if j.written {
+                    self.job_forget(jk);
+                    self.job_pump();
+                }
+            }
+            Phase::Saving => {
+                // Cut short: what was saved is kept.
+                self.job_saved(jk, js);
+            }
+            Phase::Queued => {}
+            Phase::Starting | Phase::Running => {
+                if j.cancelled {
+                    self.job_end(jk, js);
+                } else if j.timed_out {
+                    j.save = Some(Save::default());
+                    self.job_saved(jk, js);
+                } else if oom_killed {
+                    j.run_ms = j
+                        .ran
+                        .map_or(0, |t| u64::try_from(t.elapsed().as_millis()).unwrap_or(0));
+                    j.rec.billed_ms += j.run_ms;
+                    j.run_ms = 0;
+                    fail(
+                        &mut j.rec,
+                        "out_of_memory",
+                        &format!(
+                            "the sandbox ran out of memory ({} MiB) and was stopped",
+                            wsb::MEM_MB
+                        ),
+                        "job",
+                    );
+                    self.job_note(
+                        jk,
+                        js,
+                        "\n[wbx] the sandbox ran out of memory and was stopped\n",
+                    );
+                    self.job_end(jk, js);
+                } else if j.rec.error.is_some() {
+                    // Failed on its own (too large, could not start): it ends so.
+                    self.job_end(jk, js);
+                } else {
+                    let why = format!("its sandbox was lost: {why}");
+                    self.job_lost(jk, js, &why);
+                }
+            }
+        }
+    }
+
+    /// A failure on our side: retried in a fresh sandbox if its `retry` allows another
+    /// attempt, else failed.
+    fn job_lost(&mut self, jk: usize, js: u64, why: &str) {
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        log::warn!("job {}: {why}", j.id);
+        let err = JobError {
+            code: "sandbox_lost".into(),
+            message: why.to_string(),
+            kind: "system".into(),
+        };
+        if j.rec.attempt < j.rec.spec.retry.max_attempts && j.sbx.is_none() {
+            let now = now_ms();
+            j.rec.attempts.push(Attempt {
+                started_ms: j.rec.started_ms.unwrap_or(now),
+                ended_ms: now,
+                error: Some(err),
+            });
+            j.rec.status = "queued".into();
+            j.rec.exit_code = None;
+            j.phase = Phase::Queued;
+            j.run_ms = 0;
+            if let Some(w) = j.writer.take() {
+                let _ = w.tx.send(Msg::Log(format!("\n[wbx] {why}\n").into_bytes()));
+                let _ = w.tx.send(Msg::Finish);
+            }
+            self.job_store(jk, js, false);
+            self.jobs.queue.push_front(jk);
+            self.job_pump();
+        } else {
+            j.rec.error = Some(err);
+            j.rec.status = "failed".into();
+            self.job_note(jk, js, &format!("\n[wbx] {why}\n"));
+            self.job_end(jk, js);
+        }
+    }
+
+    /// The job's timer: the spawn was not answered, the time limit, the kill's grace,
+    /// or the saving's deadline.
+    fn job_timer(&mut self, jk: usize, gen: u64) {
+        let Some(j) = self.jobs.live.get_mut(jk).filter(|j| j.gen == gen) else {
+            return;
+        };
+        let js = j.serial;
+        let Some((key, _)) = j.sbx else {
+            return;
+        };
+        match j.phase {
+            Phase::Starting => {
+                self.box_end(key, "its init did not start the job's command in time")
+            }
+            Phase::Running if !j.timed_out => {
+                j.timed_out = true;
+                if let Some(pid) = j.pid {
+                    let held = std::mem::replace(&mut j.held, false);
+                    let limit = j.rec.spec.timeout_s;
+                    self.job_note(jk, js, &format!("\n[wbx] the time limit of {limit} s was reached: the command was killed\n"));
+                    self.box_kill(key, pid, held);
+                }
+                let gen = self
+                    .reactor
+                    .arm_new(Instant::now() + KILL_GRACE, Addr::new(JOBS, jk, DEADLINE));
+                if let Some(j) = self.job(jk, js) {
+                    j.gen = gen;
+                }
+            }
+            Phase::Running => self.box_end(key, "its job's command did not exit after its kill"),
+            Phase::Saving => {
+                // Whatever is not saved by now is skipped.
+                self.box_end(key, "saving its job's result files took too long");
+            }
+            Phase::Queued | Phase::Ending => {}
+        }
+    }
+
+    /// Housekeeping: finished jobs past their retention go, with their files.
+    pub(crate) fn jobs_sweep(&mut self) {
+        let now = Instant::now();
+        if self.jobs.sweeping || now < self.jobs.next_sweep {
+            return;
+        }
+        self.jobs.next_sweep = now + SWEEP_EVERY;
+        let sessions = Arc::clone(&self.app.sessions);
+        let dir = self.jobs.dir.clone();
+        let keep_ms = self.cfg.wbx.jobs.retention_s.saturating_mul(1000);
+        let job = Box::new(move || -> Done<Daemon> {
+            let store = sessions.store();
+            let cutoff = now_ms().saturating_sub(keep_ms);
+            let mut freed: Vec<(String, u64)> = Vec::new();
+            match store.all_jobs() {
+                Ok(all) => {
+                    for (id, rec) in all {
+                        if !rec.finished() || rec.ended_ms.is_none_or(|e| e > cutoff) {
+                            continue;
+                        }
+                        let r: Result<bool, crate::store::StoreError> = {
+                            let (tx, rx) = crossbeam_channel::bounded(1);
+                            store.delete_job_then(&id, &rec, move |r| {
+                                let _ = tx.send(r);
+                            });
+                            rx.recv().unwrap_or(Ok(false))
+                        };
+                        match r {
+                            Ok(_) => {
+                                let _ = std::fs::remove_dir_all(dir.join(&id));
+                                let bytes = rec.artifacts.iter().map(|a| a.size).sum();
+                                freed.push((rec.tenant, bytes));
+                                log::info!("job {id} removed: past its retention");
+                            }
+                            Err(e) => log::error!("jobs: removing {id}: {e}"),
+                        }
+                    }
+                }
+                Err(e) => log::error!("jobs: reading the store: {e}"),
+            }
+            Box::new(move |d: &mut Daemon| {
+                d.jobs.sweeping = false;
+                for (t, b) in freed {
+                    if let Some(n) = d.jobs.tenant_bytes.get_mut(&t) {
+                        *n = n.saturating_sub(b);
+                    }
+                }
+            })
+        });
+        if self.reactor.submit(job).is_ok() {
+            self.jobs.sweeping = true;
+        }
+    }
+}
+
+impl Live {
+    /// Puts `out` into the log, up to the cap; the rest is counted as dropped.
+    fn log(&mut self, out: Vec<u8>, cap: u64) {
+        if out.is_empty() {
+            return;
+        }
+        let room = cap.saturating_sub(self.logged);
+        let keep = (out.len() as u64).min(room) as usize;
+        self.rec.log_dropped += (out.len() - keep) as u64;
+        if keep == 0 {
+            return;
+        }
+        self.logged += keep as u64;
+        self.unacked += keep as u64;
+        let mut out = out;
+        out.truncate(keep);
+        if let Some(w) = &self.writer {
+            let _ = w.tx.send(Msg::Log(out));
+        }
+    }
+}
+
+/// A job's path as its own name: relative to the home.
+fn rel(path: &str) -> String {
+    path.strip_prefix(HOME)
+        .map(|r| r.trim_start_matches('/'))
+        .unwrap_or(path)
+        .to_string()
+}
+
+/// Whether directory `dir` (relative) may hold a match of `p`.
+fn could_hold(p: &Pattern, dir: &str) -> bool {
+    let (base, depth) = p.base();
+    let under = if base.is_empty() {
+        Some(dir)
+    } else if dir == base {
+        Some("")
+    } else {
+        dir.strip_prefix(&format!("{base}/"))
+    };
+    let Some(rest) = under else {
+        // Above the base: on the way to it.
+        return base.starts_with(&format!("{dir}/"));
+    };
+    let level = rest.split('/').filter(|s| !s.is_empty()).count();
+    depth.is_none_or(|d| level < d)
+}
+
+/// Why a file of `size` bytes cannot be saved now (`None`: it can).
+fn size_refusal(c: &WbxJobs, size: u64, job_bytes: u64, tenant_bytes: u64) -> Option<String> {
+    if size > c.artifact_file_bytes {
+        Some(format!(
+            "{size} bytes: larger than the limit of {} bytes per result file",
+            c.artifact_file_bytes
+        ))
+    } else if job_bytes + size > c.artifact_job_bytes {
+        Some(format!(
+            "{size} bytes: over the limit of {} bytes of result files per job",
+            c.artifact_job_bytes
+        ))
+    } else if tenant_bytes + job_bytes + size > c.artifact_tenant_bytes {
+        Some(format!(
+            "{size} bytes: over the limit of {} bytes of stored result files per tenant (ISOBOX_WBX_ARTIFACT_TENANT_MB)",
+            c.artifact_tenant_bytes
+        ))
+    } else {
+        None
+    }
+}
+
+/// Starts the thread that writes one attempt's log (appended to what earlier attempts
+/// wrote) and its result files, acknowledging each write to the loop.
+fn start_writer(
+    dir: &Path,
+    owner: (usize, u64),
+    mailbox: crate::reactor::Mailbox<Daemon>,
+) -> std::io::Result<LogWriter> {
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let log_path = dir.join("log");
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .read(true)
+        .mode(0o600)
+        .open(&log_path)?;
+    let (tx, rx) = crossbeam_channel::unbounded::<Msg>();
+    let (jk, js) = owner;
+    std::thread::Builder::new()
+        .name("isobox-joblog".into())
+        .spawn(move || {
+            // The log's digest covers earlier attempts' output too.
+            let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+            let mut size = 0u64;
+            if let Ok(mut f) = std::fs::File::open(&log_path) {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = std::io::Read::read(&mut f, &mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    digest.update(&buf[..n]);
+                    size += n as u64;
+                }
+            }
+            let mut art: Option<(PathBuf, std::fs::File, ring::digest::Context, u64)> = None;
+            let mut art_err: Option<String> = None;
+            let send = |f: Box<dyn FnOnce(&mut Daemon) + Send>| {
+                mailbox.send(f);
+            };
+            for msg in rx {
+                match msg {
+                    Msg::Log(b) => {
+                        if log.write_all(&b).is_ok() {
+                            digest.update(&b);
+                            size += b.len() as u64;
+                        }
+                        let n = b.len() as u64;
+                        send(Box::new(move |d: &mut Daemon| d.job_log_acked(jk, js, n)));
+                    }
+                    Msg::Open(path) => {
+                        art_err = None;
+                        art = match std::fs::OpenOptions::new()
+                            .write(true)
+                            .create(true)
+                            .truncate(true)
+                            .mode(0o600)
+                            .open(&path)
+                        {
+                            Ok(f) => Some((
+                                path,
+                                f,
+                                ring::digest::Context::new(&ring::digest::SHA256),
+                                0,
+                            )),
+                            Err(e) => {
+                                art_err = Some(e.to_string());
+                                None
+                            }
+                        };
+                    }
+                    Msg::Data(b) => {
+                        let n = b.len() as u64;
+                        if let Some((_, f, d, s)) = art.as_mut() {
+                            match f.write_all(&b) {
+                                Ok(()) => {
+                                    d.update(&b);
+                                    *s += n;
+                                }
+                                Err(e) => art_err = Some(e.to_string()),
+                            }
+                        }
+                        send(Box::new(move |d: &mut Daemon| d.job_data_acked(jk, js, n)));
+                    }
+                    Msg::Close => {
+                        let r = match (art.take(), art_err.take()) {
+                            (Some((path, f, d, s)), None) => match f.sync_all() {
+                                Ok(()) => Ok((s, hex(d.finish().as_ref()))),
+                                Err(e) => {
+                                    let _ = std::fs::remove_file(&path);
+                                    Err(e.to_string())
+                                }
+                            },
+                            (Some((path, _, _, _)), Some(e)) => {
+                                let _ = std::fs::remove_file(&path);
+                                Err(e)
+                            }
+                            (None, e) => Err(e.unwrap_or_else(|| "no file was open".into())),
+                        };
+                        send(Box::new(move |d: &mut Daemon| d.job_file_stored(jk, js, r)));
+                    }
+                    Msg::Discard => {
+                        if let Some((path, _, _, _)) = art.take() {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                    }
+                    Msg::Finish => {
+                        if let Some((path, _, _, _)) = art.take() {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                        let _ = log.sync_all();
+                        let sha = hex(digest.finish().as_ref());
+                        send(Box::new(move |d: &mut Daemon| {
+                            // A lost attempt's writer finishes after the next attempt
+                            // began: only the job's end waits for this.
+                            if d.job(jk, js).is_some_and(|j| j.phase == Phase::Ending) {
+                                d.job_finish(jk, js, Some((size, sha)));
+                            }
+                        }));
+                        return;
+                    }
+                }
+            }
+        })?;
+    Ok(LogWriter { tx })
+}
+
+/// A read request, on the pool.
+#[allow(clippy::too_many_arguments)]
+fn read_op(
+    store: &Store,
+    op: &JobOp,
+    tenant: &str,
+    found: impl FnOnce(&str) -> Result<JobRecord, Response>,
+    prices: &Prices,
+    dir: &Path,
+    signer: Option<&Signer>,
+    isolation: &str,
+    sessions: &Arc<crate::workspace::Sessions>,
+) -> Result<Outcome, Response> {
+    let now = now_ms();
+    let ok = |v: serde_json::Value| Ok(Outcome::Respond(Response::json(200, &v)));
+    match op {
+        JobOp::List {
+            status,
+            limit,
+            cursor,
+        } => {
+            let (page, more) = store
+                .jobs_of(tenant, *cursor, *limit, |r| {
+                    status.as_ref().is_none_or(|s| *s == r.status)
+                })
+                .map_err(|e| {
+                    log::error!("jobs: listing: {e}");
+                    store_refusal()
+                })?;
+            let next = more
+                .then(|| page.last().map(|(_, r)| r.seq.to_string()))
+                .flatten();
+            let jobs: Vec<serde_json::Value> = page
+                .iter()
+                .map(|(id, r)| wj::job_json(id, r, prices, now))
+                .collect();
+            ok(serde_json::json!({"jobs": jobs, "next_cursor": next}))
+        }
+        JobOp::Get(id) => ok(wj::job_json(id, &found(id)?, prices, now)),
+        JobOp::Summary(id) => {
+            let rec = found(id)?;
+            let lines = last_lines(&dir.join(id).join("log"), wj::SUMMARY_LINES);
+            ok(wj::summary_json(id, &rec, prices, now, &lines))
+        }
+        JobOp::Artifacts(id) => ok(wj::artifacts_json(id, &found(id)?)),
+        JobOp::Receipt(id) => {
+            let rec = found(id)?;
+            if !rec.finished() {
+                return Err(crate::wbx::error(
+                    409,
+                    &format!(
+                        "the job has not finished ({}): its receipt is written when it ends",
+                        rec.status
+                    ),
+                ));
+            }
+            let body = wj::receipt_json(id, &rec, prices, isolation);
+            let mut v = body.clone();
+            if let Some(s) = signer {
+                use base64::Engine as _;
+                let signed = serde_json::to_string(&body).unwrap_or_default();
+                let sig = s.pair.sign(signed.as_bytes());
+                v["signature"] = serde_json::json!({
+                    "algorithm": "Ed25519",
+                    "public_key": s.public_key(),
+                    "signed": signed,
+                    "value": base64::engine::general_purpose::STANDARD.encode(sig.as_ref()),
+                });
+            }
+            ok(v)
+        }
+        JobOp::Logs {
+            id,
+            offset,
+            limit,
+            tail,
+        } => {
+            let rec = found(id)?;
+            let path = dir.join(id).join("log");
+            let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+            if let Some(max_chars) = tail {
+                let text = read_tail(&path, size, *max_chars);
+                let lines = count_lines(&path);
+                return ok(serde_json::json!({
+                    "mode": "tail", "status": rec.status, "exit_code": rec.exit_code,
+                    "lines": lines, "size": size, "text": text,
+                }));
+            }
+            let start = if *offset < 0 {
+                size.saturating_sub(offset.unsigned_abs())
+            } else {
+                (*offset as u64).min(size)
+            };
+            let len = (size - start).min(*limit);
+            let mut buf = vec![0u8; len as usize];
+            if len > 0 {
+                use std::os::unix::fs::FileExt as _;
+                let f = std::fs::File::open(&path).map_err(|e| {
+                    log::error!("jobs: reading {id}'s log: {e}");
+                    crate::wbx::error(500, "the job's log could not be read")
+                })?;
+                let n = f.read_at(&mut buf, start).unwrap_or(0);
+                buf.truncate(n);
+            }
+            let end = start + buf.len() as u64;
+            let mut resp = Response::bytes(200, "text/plain; charset=utf-8", buf);
+            resp = resp
+                .with_header("X-Log-Offset", start.to_string())
+                .with_header("X-Log-Next-Offset", end.to_string())
+                .with_header("X-Log-Size", size.to_string())
+                .with_header("X-Job-Status", rec.status);
+            Ok(Outcome::Respond(resp))
+        }
+        JobOp::Artifact {
+            id,
+            name,
+            head_only,
+        } => {
+            let rec = found(id)?;
+            let Some(a) = rec.artifacts.iter().find(|a| a.name == *name) else {
+                return Err(crate::wbx::error(
+                    404,
+                    &format!("no such result file: {name}"),
+                ));
+            };
+            let path = dir.join(id).join(&a.file);
+            let file = std::fs::File::open(&path).map_err(|e| {
+                log::error!("jobs: {id}: opening {}: {e}", a.file);
+                crate::wbx::error(
+                    404,
+                    &format!("no such result file: {name} (its file is gone)"),
+                )
+            })?;
+            let size = a.size;
+            let short = name.rsplit('/').next().unwrap_or(name);
+            let head =
+                crate::api::sessions::download_head("application/octet-stream", short.as_bytes())
+                    .with_header("X-Content-SHA256", a.sha256.clone());
+            if *head_only {
+                return Ok(Outcome::Download(Box::new(crate::api::Download {
+                    head,
+                    length: Some(size),
+                    rx: None,
+                    status: Arc::new(std::sync::atomic::AtomicU8::new(
+                        crate::api::sessions::XFER_OK,
+                    )),
+                })));
+            }
+            let slot = sessions.transfer_slot().map_err(|_| {
+                crate::wbx::error(
+                    429,
+                    "too many downloads at once on this server; retry in a second",
+                )
+                .with_header("Retry-After", "1")
+            })?;
+            crate::api::sessions::spawn_transfer(head, Some(size), move |w| {
+                let _slot = slot;
+                let mut file = file;
+                let n = std::io::copy(&mut std::io::Read::take(&mut file, size), w)?;
+                if n != size {
+                    return Err(std::io::Error::other("result file shrank while being sent"));
+                }
+                Ok(())
+            })
+        }
+        JobOp::Stats(days) => {
+            let since = now.saturating_sub(days * 86_400_000);
+            let (jobs, _) = store
+                .jobs_of(tenant, None, usize::MAX, |r| r.created_ms >= since)
+                .map_err(|e| {
+                    log::error!("jobs: stats: {e}");
+                    store_refusal()
+                })?;
+            ok(stats_json(*days, &jobs, prices))
+        }
+        _ => Err(crate::wbx::error(500, "not a read")),
+    }
+}
+
+/// `GET /v1/jobs/stats`: per template, cost per completed job, success rate, durations.
+fn stats_json(days: u64, jobs: &[(String, JobRecord)], prices: &Prices) -> serde_json::Value {
+    let mut by: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
+    for (_, r) in jobs {
+        by.entry(r.spec.template.as_str()).or_default().push(r);
+    }
+    let rows: Vec<serde_json::Value> = by
+        .into_iter()
+        .map(|(template, rs)| {
+            let finished: Vec<&&JobRecord> = rs.iter().filter(|r| r.finished()).collect();
+            let completed = finished.iter().filter(|r| r.status == "completed").count();
+            let cost = crate::jobs::Money(rs.iter().map(|r| prices.cost(r.billed_ms).0).sum());
+            let mut durs: Vec<u64> = finished
+                .iter()
+                .filter_map(|r| wj::duration_ms(r, r.ended_ms.unwrap_or(0)))
+                .collect();
+            durs.sort_unstable();
+            let pct = |p: usize| -> serde_json::Value {
+                if durs.is_empty() {
+                    return serde_json::Value::Null;
+                }
+                let i = ((durs.len() * p).div_ceil(100)).saturating_sub(1).min(durs.len() - 1);
+                serde_json::json!(durs[i] as f64 / 1000.0)
+            };
+            serde_json::json!({
+                "template": template,
+                "compute_class": "economy",
+                "jobs": rs.len(),
+                "finished": finished.len(),
+                "completed": completed,
+                "success_rate": if finished.is_empty() { serde_json::Value::Null } else { serde_json::json!(completed as f64 / finished.len() as f64) },
+                "cost": prices.show(cost),
+                "cost_per_completed_job": if completed == 0 { serde_json::Value::Null } else { serde_json::json!(prices.show(crate::jobs::Money(cost.0 / completed as i128))) },
+                "duration_p50_s": pct(50),
+                "duration_p95_s": pct(95),
+            })
+        })
+        .collect();
+    serde_json::json!({"days": days, "by_template": rows})
+}
+
+/// The last `n` lines of a log (at most its last 64 KiB), lossily decoded.
+fn last_lines(path: &Path, n: usize) -> Vec<String> {
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    let text = read_tail(path, size, 64 << 10);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| l.chars().take(500).collect())
+        .collect()
+}
+
+/// The log's last `max_chars` characters (read from its last `4 × max_chars` bytes).
+fn read_tail(path: &Path, size: u64, max_chars: usize) -> String {
+    use std::os::unix::fs::FileExt as _;
+    let want = (max_chars as u64 * 4).min(size);
+    let mut buf = vec![0u8; want as usize];
+    let n = std::fs::File::open(path)
+        .and_then(|f| f.read_at(&mut buf, size - want))
+        .unwrap_or(0);
+    buf.truncate(n);
+    let s = String::from_utf8_lossy(&buf);
+    let count = s.chars().count();
+    s.chars().skip(count.saturating_sub(max_chars)).collect()
+}
+
+fn count_lines(path: &Path) -> u64 {
+    let mut n = 0u64;
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let mut buf = vec![0u8; 64 << 10];
+        while let Ok(k) = std::io::Read::read(&mut f, &mut buf) {
+            if k == 0 {
+                break;
+            }
+            n += memchr::memchr_iter(b'\n', &buf[..k]).count() as u64;
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_directories_are_looked_through_only_where_a_pattern_can_match() {
+        let p = |s: &str| Pattern::parse(s).unwrap();
+        assert!(could_hold(&p("output/"), "output"));
+        assert!(could_hold(&p("output/"), "output/a/b"));
+        assert!(!could_hold(&p("output/"), "node_modules"));
+        assert!(could_hold(&p("a/b/*.txt"), "a"));
+        assert!(could_hold(&p("a/b/*.txt"), "a/b"));
+        assert!(!could_hold(&p("a/b/*.txt"), "a/b/c"));
+        assert!(!could_hold(&p("*.csv"), "d"));
+        assert!(could_hold(&p("**/*.csv"), "d/e/f"));
+        assert_eq!(rel("/home/user/output/a.csv"), "output/a.csv");
+    }
+}

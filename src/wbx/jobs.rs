@@ -1,0 +1,632 @@
+//! Background jobs (`/v1/jobs…`): requests parsed into [`JobOp`]s the daemon's job
+//! queue carries out (`daemon::jobs`), and a job's record shaped as the document
+//! shows it (the job, its summary, its receipt, its result files).
+//!
+//! Fields of `POST /v1/jobs` this server does not carry out yet are refused by name
+//! with 400 rather than accepted and ignored: `max_cost` (and `max_cost_eur`),
+//! `compute_class`, `inputs`, `runtime`, `wasm`, `webhook_url`. `optimize_for` and
+//! `placement` choose a server inside a class: this daemon is one server, so they are
+//! checked and kept but choose nothing. `dependency_cache` is checked and kept: this
+//! server has no package cache, so there is nothing to turn on or off.
+
+use super::error;
+use super::sandboxes::{self, env_vars, Fields};
+use crate::config::WbxJobs;
+use crate::http::{Request, Response};
+use crate::jobs::{Money, Pattern};
+use crate::runtimes::Runtimes;
+use crate::store::jobs::{JobRecord, JobSpec, RetryPolicy};
+use serde_json::{json, Value};
+
+/// A job's default time limit, seconds.
+pub const DEFAULT_TIMEOUT_S: u64 = 3600;
+/// Longest command.
+pub const MAX_COMMAND_BYTES: usize = 256 << 10;
+/// Patterns in `artifacts` (and paths in `required_artifacts`).
+pub const MAX_PATTERNS: usize = 100;
+/// Most attempts `retry` may ask for.
+pub const MAX_ATTEMPTS: u32 = 5;
+/// Longest idempotency key.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 256;
+/// Most jobs one list page holds (and its default).
+pub const MAX_LIST: usize = 100;
+/// Default page.
+pub const DEFAULT_LIST: usize = 20;
+/// Most bytes one `logs` read returns (and its default).
+pub const MAX_LOG_READ: u64 = 1 << 20;
+/// Log lines in a summary.
+pub const SUMMARY_LINES: usize = 20;
+
+/// Every state the document names.
+pub const STATES: &[&str] = &[
+    "queued",
+    "starting",
+    "running",
+    "uploading_artifacts",
+    "completed",
+    "failed",
+    "cancelled",
+    "expired",
+    "cleanup_pending",
+    "recovery_pending",
+];
+
+/// A job to accept.
+#[derive(Debug, Clone)]
+pub struct Submit {
+    /// What is stored (env values not among it).
+    pub spec: JobSpec,
+    /// The env values (sealed before they are stored).
+    pub env: Vec<(String, String)>,
+}
+
+/// What a jobs request asks.
+#[derive(Debug, Clone)]
+pub enum JobOp {
+    /// `POST /v1/jobs`.
+    Submit(Box<Submit>),
+    /// `GET /v1/jobs`.
+    List {
+        /// Only this state.
+        status: Option<String>,
+        /// Page size.
+        limit: usize,
+        /// Before this sequence number.
+        cursor: Option<u64>,
+    },
+    /// `GET /v1/jobs/{id}`.
+    Get(String),
+    /// `GET /v1/jobs/{id}/summary`.
+    Summary(String),
+    /// `GET /v1/jobs/{id}/logs`.
+    Logs {
+        /// The job.
+        id: String,
+        /// From this byte (negative: from the end).
+        offset: i64,
+        /// At most this many bytes.
+        limit: u64,
+        /// `tail`: the log's end as JSON (at most `max_chars` characters).
+        tail: Option<usize>,
+    },
+    /// `GET /v1/jobs/{id}/receipt`.
+    Receipt(String),
+    /// `GET /v1/jobs/{id}/artifacts`.
+    Artifacts(String),
+    /// `GET /v1/jobs/{id}/artifacts/{name}`.
+    Artifact {
+        /// The job.
+        id: String,
+        /// The file's name (its path).
+        name: String,
+        /// `HEAD`.
+        head_only: bool,
+    },
+    /// `POST /v1/jobs/{id}/cancel`.
+    Cancel(String),
+    /// `POST /v1/jobs/{id}/retry` with the env values sent again.
+    Retry(String, Vec<(String, String)>),
+    /// `GET /v1/jobs/stats?days=`.
+    Stats(u64),
+    /// `GET /v1/receipts/key`.
+    ReceiptKey,
+}
+
+/// A job id: `job_` and 24 hex digits.
+pub fn valid_id(id: &str) -> bool {
+    id.strip_prefix("job_")
+        .is_some_and(|h| h.len() == 24 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The 404 for a job that is not the caller's (or not at all).
+pub fn not_found() -> Response {
+    error(404, "job not found")
+}
+
+fn patterns(f: &Fields, name: &str) -> Result<Vec<String>, Response> {
+    if f.absent(name) {
+        return Ok(Vec::new());
+    }
+    let Value::Array(items) = &f.0[name] else {
+        return Err(error(400, &format!("{name}: must be a list of strings")));
+    };
+    if items.len() > MAX_PATTERNS {
+        return Err(error(
+            400,
+            &format!("{name}: at most {MAX_PATTERNS} entries"),
+        ));
+    }
+    items
+        .iter()
+        .map(|v| {
+            let s = v
+                .as_str()
+                .ok_or_else(|| error(400, &format!("{name}: must be a list of strings")))?;
+            Pattern::parse(s).map_err(|e| error(400, &format!("{name}: {e}")))?;
+            Ok(s.to_string())
+        })
+        .collect()
+}
+
+const UNSUPPORTED: &[&str] = &[
+    "max_cost",
+    "max_cost_eur",
+    "compute_class",
+    "inputs",
+    "runtime",
+    "wasm",
+    "webhook_url",
+];
+
+const FIELDS: &[&str] = &[
+    "command",
+    "template",
+    "timeout_s",
+    "max_duration_seconds",
+    "artifacts",
+    "required_artifacts",
+    "env",
+    "network",
+    "retry",
+    "idempotency_key",
+    "optimize_for",
+    "placement",
+    "dependency_cache",
+    "max_cost",
+    "max_cost_eur",
+    "compute_class",
+    "inputs",
+    "runtime",
+    "wasm",
+    "webhook_url",
+];
+
+/// `POST /v1/jobs`.
+pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<JobOp, Response> {
+    let f = Fields::of(req, FIELDS)?;
+    if let Some(u) = UNSUPPORTED.iter().find(|u| !f.absent(u)) {
+        return Err(error(
+            400,
+            &format!("{u}: not supported by this server yet; send the job without it (README: background jobs)"),
+        ));
+    }
+    let command = f
+        .string("command")?
+        .ok_or_else(|| error(400, "command: required"))?;
+    if command.trim().is_empty() || command.len() > MAX_COMMAND_BYTES || command.contains('\0') {
+        return Err(error(
+            400,
+            &format!("command: 1 to {MAX_COMMAND_BYTES} bytes, not blank, without NUL"),
+        ));
+    }
+    let template = f
+        .string("template")?
+        .unwrap_or_else(|| sandboxes::DEFAULT_TEMPLATE.to_string());
+    if !sandboxes::templates(runtimes)
+        .iter()
+        .any(|(n, _, _)| *n == template)
+    {
+        return Err(error(
+            400,
+            &format!("template: unknown template {template:?}; GET /v1/templates lists them"),
+        ));
+    }
+    let what = "a whole number of seconds, at least 1";
+    let timeout_s = match (
+        f.whole("timeout_s", what)?,
+        f.whole("max_duration_seconds", what)?,
+    ) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(error(
+                400,
+                "timeout_s and max_duration_seconds (its alias) disagree; send one",
+            ))
+        }
+        (Some(t), _) | (None, Some(t)) => t,
+        (None, None) => DEFAULT_TIMEOUT_S.min(limits.max_timeout_s),
+    };
+    if timeout_s == 0 || timeout_s > limits.max_timeout_s {
+        return Err(error(
+            400,
+            &format!(
+                "timeout_s: 1 to {} seconds on this server",
+                limits.max_timeout_s
+            ),
+        ));
+    }
+    let artifacts = patterns(&f, "artifacts")?;
+    let required_artifacts = patterns(&f, "required_artifacts")?;
+    let env = env_vars(f.strings("env")?)?;
+    let network = match f.0.get("network").filter(|v| !v.is_null()) {
+        None => json!({"mode": "full"}),
+        Some(v) => {
+            sandboxes::network(Some(v))?;
+            v.clone()
+        }
+    };
+    let retry = match f.0.get("retry").filter(|v| !v.is_null()) {
+        None => RetryPolicy { max_attempts: 1 },
+        Some(Value::Object(r)) => {
+            if let Some(k) = r.keys().find(|k| *k != "max_attempts" && *k != "on") {
+                return Err(error(
+                    400,
+                    &format!("retry: unknown field `{k}`; it takes max_attempts, on"),
+                ));
+            }
+            match r.get("on").map(|v| v.as_str()) {
+                None | Some(Some("system")) => {}
+                _ => {
+                    return Err(error(
+                        400,
+                        "retry.on: \"system\" is the one choice: failures on our side are retried; a job's own failure (exit code, timeout, missing files) is not",
+                    ))
+                }
+            }
+            let n = match r.get("max_attempts") {
+                None => 2,
+                Some(v) => v
+                    .as_u64()
+                    .filter(|n| (1..=u64::from(MAX_ATTEMPTS)).contains(n))
+                    .ok_or_else(|| {
+                        error(
+                            400,
+                            &format!("retry.max_attempts: a whole number from 1 to {MAX_ATTEMPTS}"),
+                        )
+                    })?,
+            };
+            RetryPolicy {
+                max_attempts: n as u32,
+            }
+        }
+        Some(_) => {
+            return Err(error(
+                400,
+                "retry: must be an object like {\"max_attempts\": 2, \"on\": \"system\"}",
+            ))
+        }
+    };
+    let body_key = f.string("idempotency_key")?;
+    let header_key = req.head.header("idempotency-key").map(str::to_string);
+    let idempotency_key = match (body_key, header_key) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(error(
+                400,
+                "idempotency_key and the Idempotency-Key header disagree; send one",
+            ))
+        }
+        (Some(k), _) | (None, Some(k)) => Some(k),
+        (None, None) => None,
+    };
+    if let Some(k) = &idempotency_key {
+        if k.is_empty()
+            || k.len() > MAX_IDEMPOTENCY_KEY_BYTES
+            || !k.bytes().all(|b| (0x21..0x7f).contains(&b))
+        {
+            return Err(error(
+                400,
+                &format!("idempotency_key: 1 to {MAX_IDEMPOTENCY_KEY_BYTES} printable ASCII characters without spaces"),
+            ));
+        }
+    }
+    let mut optimize_for = None;
+    for name in ["placement", "optimize_for"] {
+        let allowed: &[&str] = if name == "placement" {
+            &["auto", "fast", "spread"]
+        } else {
+            &["price", "balanced", "performance"]
+        };
+        if let Some(v) = f.string(name)? {
+            if !allowed.contains(&v.as_str()) {
+                return Err(error(
+                    400,
+                    &format!("{name}: one of {}", allowed.join(", ")),
+                ));
+            }
+            optimize_for = Some(v);
+        }
+    }
+    if !f.absent("dependency_cache") && !f.0["dependency_cache"].is_boolean() {
+        return Err(error(400, "dependency_cache: must be true or false"));
+    }
+    let env_names = env.iter().map(|(k, _)| k.clone()).collect();
+    let env_sha256 = (!env.is_empty()).then(|| crate::jobs::env_sha256(&env));
+    Ok(JobOp::Submit(Box::new(Submit {
+        spec: JobSpec {
+            command,
+            template,
+            timeout_s,
+            artifacts,
+            required_artifacts,
+            env_names,
+            env_sha256,
+            network,
+            retry,
+            idempotency_key,
+            optimize_for,
+        },
+        env,
+    })))
+}
+
+/// `GET /v1/jobs?status=&limit=&cursor=`.
+pub fn list(req: &Request) -> Result<JobOp, Response> {
+    let status = req.head.query_param("status").filter(|s| !s.is_empty());
+    if let Some(s) = &status {
+        if !STATES.contains(&s.as_str()) {
+            return Err(error(400, &format!("status: one of {}", STATES.join(", "))));
+        }
+    }
+    let limit = match req.head.query_param("limit").filter(|s| !s.is_empty()) {
+        None => DEFAULT_LIST,
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_LIST).contains(n))
+            .ok_or_else(|| error(400, &format!("limit: 1 to {MAX_LIST}")))?,
+    };
+    let cursor = match req.head.query_param("cursor").filter(|s| !s.is_empty()) {
+        None => None,
+        Some(c) => Some(
+            c.parse::<u64>()
+                .map_err(|_| error(400, "cursor: the next_cursor of the previous page"))?,
+        ),
+    };
+    Ok(JobOp::List {
+        status,
+        limit,
+        cursor,
+    })
+}
+
+/// `GET /v1/jobs/{id}/logs?offset=&limit=&mode=&max_chars=`.
+pub fn logs(req: &Request, id: String) -> Result<JobOp, Response> {
+    let offset = match req.head.query_param("offset").filter(|s| !s.is_empty()) {
+        None => 0,
+        Some(o) => o.parse::<i64>().map_err(|_| {
+            error(
+                400,
+                "offset: a whole number of bytes (negative: from the end)",
+            )
+        })?,
+    };
+    let limit = match req.head.query_param("limit").filter(|s| !s.is_empty()) {
+        None => MAX_LOG_READ,
+        Some(l) => l
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (1..=MAX_LOG_READ).contains(n))
+            .ok_or_else(|| error(400, &format!("limit: 1 to {MAX_LOG_READ} bytes")))?,
+    };
+    let max_chars = match req.head.query_param("max_chars").filter(|s| !s.is_empty()) {
+        None => 6000,
+        Some(m) => m
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (100..=100_000).contains(n))
+            .ok_or_else(|| error(400, "max_chars: 100 to 100000"))?,
+    };
+    let tail = match req.head.query_param("mode").as_deref() {
+        None | Some("") => None,
+        Some("tail") => Some(max_chars),
+        Some("summary" | "errors") => {
+            return Err(error(
+                400,
+                "mode: summary and errors (the log digest) are not supported by this server yet; mode=tail, or the raw log without mode",
+            ))
+        }
+        Some(_) => return Err(error(400, "mode: one of summary, errors, tail")),
+    };
+    Ok(JobOp::Logs {
+        id,
+        offset,
+        limit,
+        tail,
+    })
+}
+
+/// `POST /v1/jobs/{id}/retry`: `{"env": {…}}` or nothing.
+pub fn retry(req: &Request, id: String) -> Result<JobOp, Response> {
+    let f = Fields::of(req, &["env"])?;
+    Ok(JobOp::Retry(id, env_vars(f.strings("env")?)?))
+}
+
+/// `GET /v1/jobs/stats?days=`.
+pub fn stats(req: &Request) -> Result<JobOp, Response> {
+    match req.head.query_param("days").filter(|s| !s.is_empty()) {
+        None => Ok(JobOp::Stats(30)),
+        Some(d) => d
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (1..=365).contains(n))
+            .map(JobOp::Stats)
+            .ok_or_else(|| error(400, "days: 1 to 365")),
+    }
+}
+
+/// What prices a job's cost.
+#[derive(Debug, Clone)]
+pub struct Prices {
+    /// Currency.
+    pub currency: String,
+    /// Per vCPU-second.
+    pub vcpu_s: Money,
+    /// Per GB-second.
+    pub gb_s: Money,
+}
+
+impl Prices {
+    /// The cost of `ms` of a job sandbox's run time (its vCPUs and memory).
+    pub fn cost(&self, ms: u64) -> Money {
+        let cpu = Money::per_ms(self.vcpu_s, ms, u64::from(sandboxes::VCPU) * 1000);
+        let mem = Money::per_ms(self.gb_s, ms, sandboxes::MEM_MB * 1_048_576 / 1_000_000);
+        Money(cpu.0 + mem.0)
+    }
+
+    /// An amount as the document writes one: `"0.000312 EUR"`.
+    pub fn show(&self, m: Money) -> String {
+        format!("{} {}", m.display(), self.currency)
+    }
+}
+
+fn ts(ms: Option<u64>) -> Value {
+    ms.map_or(Value::Null, |m| Value::String(super::timestamp(m)))
+}
+
+/// Milliseconds of the current attempt (to now while it runs).
+pub fn duration_ms(rec: &JobRecord, now_ms: u64) -> Option<u64> {
+    let start = rec.started_ms?;
+    Some(rec.ended_ms.unwrap_or(now_ms).saturating_sub(start))
+}
+
+/// The file names of its saved results.
+fn file_names(rec: &JobRecord) -> Vec<&str> {
+    rec.artifacts.iter().map(|a| a.name.as_str()).collect()
+}
+
+/// `GET /v1/jobs/{id}`: status, inputs (without env values), timing, error, result
+/// files and cost.
+pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Value {
+    let s = &rec.spec;
+    json!({
+        "id": id,
+        "status": rec.status,
+        "command": s.command,
+        "template": s.template,
+        "timeout_s": s.timeout_s,
+        "artifacts": s.artifacts,
+        "required_artifacts": s.required_artifacts,
+        "env": s.env_names,
+        "network": s.network.get("mode").cloned().unwrap_or(Value::Null),
+        "retry": {"max_attempts": s.retry.max_attempts, "on": "system"},
+        "idempotency_key": s.idempotency_key,
+        "optimize_for": s.optimize_for,
+        "retry_of": rec.retry_of,
+        "attempt": rec.attempt,
+        "created_at": super::timestamp(rec.created_ms),
+        "started_at": ts(rec.started_ms),
+        "finished_at": ts(rec.ended_ms),
+        "duration_s": duration_ms(rec, now_ms).map(|ms| ms as f64 / 1000.0),
+        "exit_code": rec.exit_code,
+        "error": rec.error,
+        "result_files": rec.artifacts.iter().map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256})).collect::<Vec<_>>(),
+        "skipped_files": rec.skipped,
+        "cost": prices.show(prices.cost(rec.billed_ms)),
+    })
+}
+
+/// What an agent should do next, in words.
+fn next_step(rec: &JobRecord) -> String {
+    match rec.status.as_str() {
+        "queued" | "starting" | "cleanup_pending" | "recovery_pending" => {
+            "wait: POST /v1/jobs/wait, or GET /v1/jobs/{id}/summary again in a few seconds".into()
+        }
+        "running" | "uploading_artifacts" => {
+            "wait for it to finish; GET /v1/jobs/{id}/logs?offset=-4000 shows its latest output".into()
+        }
+        "completed" if rec.artifacts.is_empty() => "done; it saved no result files".into(),
+        "completed" => "done: download its result files from GET /v1/jobs/{id}/artifacts/{name}".into(),
+        "expired" => format!(
+            "it reached its time limit of {} s: files written so far are saved; retry with a larger timeout_s",
+            rec.spec.timeout_s
+        ),
+        "cancelled" => "it was cancelled; POST /v1/jobs/{id}/retry runs it again".into(),
+        _ => match rec.error.as_ref().map(|e| e.code.as_str()) {
+            Some("nonzero_exit") => {
+                "read the end of its log (below, or GET /v1/jobs/{id}/logs?offset=-4000), fix the command, then POST /v1/jobs/{id}/retry".into()
+            }
+            Some("missing_artifacts") => {
+                "the command did not write every required file: check the paths in required_artifacts against what it writes".into()
+            }
+            Some("out_of_memory") => "it ran out of memory: use less, or split the work".into(),
+            _ => "a failure on our side: POST /v1/jobs/{id}/retry".into(),
+        },
+    }
+}
+
+/// `GET /v1/jobs/{id}/summary`, with the log's last lines.
+pub fn summary_json(
+    id: &str,
+    rec: &JobRecord,
+    prices: &Prices,
+    now_ms: u64,
+    last_lines: &[String],
+) -> Value {
+    json!({
+        "id": id,
+        "status": rec.status,
+        "exit_code": rec.exit_code,
+        "duration_s": duration_ms(rec, now_ms).map(|ms| ms as f64 / 1000.0),
+        "cost": prices.show(prices.cost(rec.billed_ms)),
+        "error": rec.error,
+        "files": file_names(rec),
+        "last_log_lines": last_lines,
+        "next_step": next_step(rec).replace("{id}", id),
+    })
+}
+
+/// The execution receipt's body (signed by the daemon as it is sent).
+pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str) -> Value {
+    let s = &rec.spec;
+    json!({
+        "job_id": id,
+        "status": rec.status,
+        "inputs": {
+            "command": s.command,
+            "command_sha256": crate::jobs::sha256_hex(s.command.as_bytes()),
+            "template": s.template,
+            "timeout_s": s.timeout_s,
+            "env": s.env_names,
+            "env_sha256": s.env_sha256,
+        },
+        "runtime": {"kind": "vm", "isolation": isolation, "vcpu": sandboxes::VCPU, "mem_mb": sandboxes::MEM_MB},
+        "network": s.network,
+        "timing": {
+            "created_at": super::timestamp(rec.created_ms),
+            "started_at": ts(rec.started_ms),
+            "finished_at": ts(rec.ended_ms),
+            "duration_ms": duration_ms(rec, rec.ended_ms.unwrap_or(0)),
+            "attempts": rec.attempt,
+        },
+        "exit_code": rec.exit_code,
+        "error": rec.error,
+        "cpu_time_ms": rec.cpu_ms,
+        "peak_memory_bytes": rec.peak_memory_bytes,
+        "result_files": rec.artifacts.iter().map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256})).collect::<Vec<_>>(),
+        "log": {"size": rec.log_bytes, "sha256": rec.log_sha256, "dropped_bytes": rec.log_dropped},
+        "cost": prices.show(prices.cost(rec.billed_ms)),
+    })
+}
+
+/// `GET /v1/jobs/{id}/artifacts`.
+pub fn artifacts_json(id: &str, rec: &JobRecord) -> Value {
+    json!({
+        "job_id": id,
+        "status": rec.status,
+        "files": rec.artifacts.iter().map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256})).collect::<Vec<_>>(),
+        "skipped": rec.skipped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_ids() {
+        assert!(valid_id("job_0123456789abcdef01234567"));
+        assert!(!valid_id("job_0123"));
+        assert!(!valid_id("sb_0123456789abcdef01234567"));
+    }
+
+    #[test]
+    fn test_cost_is_run_time_times_vcpus_and_memory() {
+        let p = Prices {
+            currency: "EUR".into(),
+            vcpu_s: Money::parse("0.00001").unwrap(),
+            gb_s: Money::parse("0.000002").unwrap(),
+        };
+        // 10 s × (2 vCPU × 0.00001 + 0.536870 GB × 0.000002) = 0.0002 + 0.0000107374
+        assert_eq!(p.show(p.cost(10_000)), "0.000211 EUR");
+        assert_eq!(p.show(p.cost(0)), "0.000000 EUR");
+    }
+}
