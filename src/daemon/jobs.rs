@@ -167,6 +167,8 @@ struct Live {
     run_ms: u64,
     /// Its end is written (it leaves once its sandbox is gone too).
     written: bool,
+    /// Which attempt's writer `writer` is.
+    writer_gen: u64,
 }
 
 /// The saving of result files.
@@ -420,6 +422,7 @@ impl Live {
             cancel_waiters: Vec::new(),
             run_ms: 0,
             written: false,
+            writer_gen: 0,
         }
     }
 }
@@ -786,28 +789,39 @@ impl Daemon {
         let js = j.serial;
         // The log's writer first: an attempt after the first says so in the log.
         let job_dir = dir.join(&j.id);
-        match start_writer(&job_dir, (jk, js), mailbox) {
-            Ok(w) => {
-                if j.rec.attempt > 1 {
-                    let why = j
-                        .rec
-                        .attempts
-                        .last()
-                        .and_then(|a| a.error.as_ref())
-                        .map_or(String::new(), |e| format!(": {}", e.message));
-                    let note = format!(
-                        "\n[wbx] attempt {} of {} (the previous one failed on our side{why})\n",
-                        j.rec.attempt, j.rec.spec.retry.max_attempts
-                    );
-                    j.unacked += note.len() as u64;
-                    let _ = w.tx.send(Msg::Log(note.into_bytes()));
-                }
-                j.writer = Some(w);
-            }
-            Err(e) => {
-                log::error!("jobs: {}: its log: {e}", j.id);
-            }
+        // Messages wait in the channel until the thread is up (it is started on the
+        // pool: this thread may not make files or threads).
+        let (tx, rx) = crossbeam_channel::unbounded::<Msg>();
+        j.writer_gen += 1;
+        let wgen = j.writer_gen;
+        if j.rec.attempt > 1 {
+            let why = j
+                .rec
+                .attempts
+                .last()
+                .and_then(|a| a.error.as_ref())
+                .map_or(String::new(), |e| format!(": {}", e.message));
+            let note = format!(
+                "\n[wbx] attempt {} of {} (the previous one failed on our side{why})\n",
+                j.rec.attempt, j.rec.spec.retry.max_attempts
+            );
+            j.unacked += note.len() as u64;
+            let _ = tx.send(Msg::Log(note.into_bytes()));
         }
+        j.writer = Some(LogWriter { tx });
+        let id = j.id.clone();
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let r = start_writer(&job_dir, (jk, js), rx, mailbox);
+            Box::new(move |d: &mut Daemon| {
+                if let Err(e) = r {
+                    log::error!("jobs: {id}: its log: {e}");
+                    d.job_writer_lost(jk, js, wgen);
+                }
+            })
+        }));
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
         let (id, rec) = (j.id.clone(), j.rec.clone());
         let mailbox = self.reactor.mailbox();
         self.app
@@ -1053,6 +1067,33 @@ impl Daemon {
             if let Some(w) = &j.writer {
                 let _ = w.tx.send(Msg::Log(b));
             }
+        }
+    }
+
+    /// The writer of attempt `wgen` could not start: the attempt goes on without a
+    /// log, and its files cannot be stored.
+    fn job_writer_lost(&mut self, jk: usize, js: u64, wgen: u64) {
+        let Some(j) = self.job(jk, js).filter(|j| j.writer_gen == wgen) else {
+            return;
+        };
+        j.writer = None;
+        j.unacked = 0;
+        if j.held {
+            j.held = false;
+            if let (Some(pid), Some((key, _))) = (j.pid, j.sbx) {
+                self.box_call(key, &Call::Release { pid });
+            }
+        }
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let fetching = j.save.as_ref().is_some_and(|s| s.cur.is_some());
+        match j.phase {
+            Phase::Ending if !j.written => self.job_finish(jk, js, None),
+            Phase::Saving if fetching => {
+                self.job_file_stored(jk, js, Err("the job's files could not be written".into()))
+            }
+            _ => {}
         }
     }
 
@@ -1958,8 +1999,9 @@ fn size_refusal(c: &WbxJobs, size: u64, job_bytes: u64, tenant_bytes: u64) -> Op
 fn start_writer(
     dir: &Path,
     owner: (usize, u64),
+    rx: crossbeam_channel::Receiver<Msg>,
     mailbox: crate::reactor::Mailbox<Daemon>,
-) -> std::io::Result<LogWriter> {
+) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -1972,7 +2014,6 @@ fn start_writer(
         .read(true)
         .mode(0o600)
         .open(&log_path)?;
-    let (tx, rx) = crossbeam_channel::unbounded::<Msg>();
     let (jk, js) = owner;
     std::thread::Builder::new()
         .name("isobox-joblog".into())
@@ -2079,7 +2120,7 @@ fn start_writer(
                 }
             }
         })?;
-    Ok(LogWriter { tx })
+    Ok(())
 }
 
 /// A read request, on the pool.

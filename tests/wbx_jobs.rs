@@ -1,0 +1,930 @@
+//! The WBX face's background jobs (`/wbx/v1/jobs`), against the real daemon with real
+//! runsc, cgroups, LMDB and sockets, as a client of `wbx-sandbox-api.txt` with base URL
+//! `http://HOST:PORT/wbx` would use them: submit, wait, read the summary, the log, the
+//! result files and the signed receipt; failures, time limits, cancels, retries, limits
+//! at their bounds, and a kill -9 of the daemon in the middle of jobs.
+
+mod common;
+use common::{sha256_hex, Daemon, Resp};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+fn wbx(d: &Daemon, method: &str, path: &str, key: Option<&str>, body: Option<&Value>) -> Resp {
+    wbx_h(d, method, path, key, body, &[])
+}
+
+fn wbx_h(
+    d: &Daemon,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+    extra: &[(&str, &str)],
+) -> Resp {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let mut h: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
+    if let Some(a) = &auth {
+        h.push(("Authorization", a));
+    }
+    h.extend_from_slice(extra);
+    let b = body.map(|b| b.to_string()).unwrap_or_default();
+    d.request(method, &format!("/wbx{path}"), &h, b.as_bytes())
+}
+
+/// The error message of a WBX error, checking the shape: exactly `{"error": "..."}`.
+fn err(r: &Resp) -> String {
+    let v = r.json();
+    assert_eq!(
+        v.as_object().map(|o| o.len()),
+        Some(1),
+        "the WBX error shape is {{\"error\": \"message\"}}: {v}"
+    );
+    v["error"].as_str().expect("a message").to_string()
+}
+
+fn submit(d: &Daemon, key: Option<&str>, body: &Value) -> Value {
+    let r = wbx(d, "POST", "/v1/jobs", key, Some(body));
+    assert_eq!(r.status, 202, "{}\nlog:\n{}", r.text(), d.log());
+    let v = r.json();
+    assert!(
+        v["id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("job_") && i.len() == 28),
+        "{v}"
+    );
+    v
+}
+
+const FINISHED: &[&str] = &["completed", "failed", "cancelled", "expired"];
+
+/// Polls the job until it has finished.
+fn finished(d: &Daemon, key: Option<&str>, id: &str, within: Duration) -> Value {
+    let t = Instant::now();
+    loop {
+        let r = wbx(d, "GET", &format!("/v1/jobs/{id}"), key, None);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        if FINISHED.contains(&v["status"].as_str().unwrap_or("")) {
+            return v;
+        }
+        assert!(
+            t.elapsed() < within,
+            "job {id} did not finish within {within:?}: {v}\nlog:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn until_status(d: &Daemon, key: Option<&str>, id: &str, status: &str) -> Value {
+    let t = Instant::now();
+    loop {
+        let v = wbx(d, "GET", &format!("/v1/jobs/{id}"), key, None).json();
+        if v["status"] == status {
+            return v;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "job {id} never became {status}: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn names(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn test_a_job_runs_saves_its_files_and_says_what_happened() {
+    let d = Daemon::start_with(&[("ISOBOX_API_KEYS", "jobs-key-one,jobs-key-two")]);
+    d.wait_ready();
+    let k1 = Some("jobs-key-one");
+    let secret = "s3cr3t-value-42";
+    let command = "mkdir -p output/sub && printf 'a,b\\n1,2\\n' > output/report.csv \
+        && echo deep > output/sub/deep.txt && echo top > top.csv && echo nope > other.txt \
+        && echo \"token is $API_TOKEN\" && for i in 1 2 3; do echo line $i; done && echo to-stderr >&2";
+    let body = json!({
+        "command": command,
+        "timeout_s": 120,
+        "artifacts": ["output/", "*.csv"],
+        "required_artifacts": ["output/report.csv"],
+        "env": {"API_TOKEN": secret},
+        "network": {"mode": "none"},
+    });
+    let r = wbx_h(
+        &d,
+        "POST",
+        "/v1/jobs",
+        k1,
+        Some(&body),
+        &[("Idempotency-Key", "report-2026-11")],
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let job = r.json();
+    let id = job["id"].as_str().unwrap().to_string();
+    assert!(
+        ["queued", "starting"].contains(&job["status"].as_str().unwrap()),
+        "{job}"
+    );
+    assert_eq!(job["env"], json!(["API_TOKEN"]));
+    assert_eq!(job["timeout_s"], 120);
+    assert_eq!(job["network"], "none");
+    assert!(
+        !r.text().contains(secret),
+        "env values never come back: {}",
+        r.text()
+    );
+    // The same key is the same job, also as a body field.
+    for _ in 0..2 {
+        let again = wbx_h(
+            &d,
+            "POST",
+            "/v1/jobs",
+            k1,
+            Some(&body),
+            &[("Idempotency-Key", "report-2026-11")],
+        );
+        assert_eq!(
+            (again.status, again.json()["id"].as_str()),
+            (202, Some(id.as_str()))
+        );
+    }
+    let mut b2 = body.clone();
+    b2["idempotency_key"] = json!("report-2026-11");
+    assert_eq!(submit(&d, k1, &b2)["id"], id.as_str());
+    // Another tenant's key of the same name is its own job; it cannot see this one.
+    let other = submit(&d, Some("jobs-key-two"), &b2);
+    assert_ne!(other["id"], id.as_str());
+    for path in [
+        "",
+        "/summary",
+        "/logs",
+        "/receipt",
+        "/artifacts",
+        "/artifacts/output/report.csv",
+    ] {
+        let r = wbx(
+            &d,
+            "GET",
+            &format!("/v1/jobs/{id}{path}"),
+            Some("jobs-key-two"),
+            None,
+        );
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        assert_eq!(err(&r), "job not found");
+    }
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/jobs/{id}/cancel"),
+        Some("jobs-key-two"),
+        None,
+    );
+    assert_eq!(r.status, 404);
+
+    let v = finished(&d, k1, &id, Duration::from_secs(120));
+    assert_eq!(v["status"], "completed", "{v}\n{}", d.log());
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["error"], Value::Null);
+    assert_eq!(v["attempt"], 1);
+    assert!(
+        v["duration_s"]
+            .as_f64()
+            .is_some_and(|s| s > 0.0 && s < 60.0),
+        "{v}"
+    );
+    assert_eq!(v["cost"], "0.000000 EUR");
+    assert_eq!(
+        names(&v["result_files"]),
+        ["output/report.csv", "output/sub/deep.txt", "top.csv"]
+    );
+    let report = b"a,b\n1,2\n";
+    let f0 = &v["result_files"][0];
+    assert_eq!(
+        (f0["size"].as_u64(), f0["sha256"].as_str()),
+        (Some(8), Some(sha256_hex(report).as_str()))
+    );
+    for t in ["created_at", "started_at", "finished_at"] {
+        assert!(v[t].as_str().is_some_and(|s| s.ends_with('Z')), "{t}: {v}");
+    }
+
+    // The raw log: both streams, the secret redacted.
+    let r = wbx(&d, "GET", &format!("/v1/jobs/{id}/logs"), k1, None);
+    assert_eq!(r.status, 200);
+    let log = r.text();
+    assert!(log.contains("token is [REDACTED]\n"), "{log}");
+    assert!(!log.contains(secret), "{log}");
+    assert!(
+        log.contains("line 3\n") && log.contains("to-stderr\n"),
+        "{log}"
+    );
+    let size: u64 = r.header("x-log-size").unwrap().parse().unwrap();
+    assert_eq!(size, log.len() as u64);
+    // A part of it, and its end.
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{id}/logs?offset=6&limit=5"),
+        k1,
+        None,
+    );
+    assert_eq!(r.text(), &log[6..11]);
+    assert_eq!(r.header("x-log-next-offset"), Some("11"));
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{id}/logs?offset=-10"),
+        k1,
+        None,
+    );
+    assert_eq!(r.text(), &log[log.len() - 10..]);
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{id}/logs?offset=-100000"),
+        k1,
+        None,
+    );
+    assert_eq!(r.text(), log);
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{id}/logs?offset=100000"),
+        k1,
+        None,
+    );
+    assert_eq!((r.status, r.text().len()), (200, 0));
+    let t = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{id}/logs?mode=tail&max_chars=100"),
+        k1,
+        None,
+    )
+    .json();
+    assert_eq!(
+        (
+            t["mode"].as_str(),
+            t["status"].as_str(),
+            t["exit_code"].as_i64()
+        ),
+        (Some("tail"), Some("completed"), Some(0))
+    );
+    assert_eq!(t["size"].as_u64(), Some(size));
+    assert_eq!(t["lines"].as_u64(), Some(log.lines().count() as u64));
+    assert!(log.ends_with(t["text"].as_str().unwrap()), "{t}");
+    for (q, want) in [
+        ("mode=summary", "mode: summary and errors"),
+        ("mode=nope", "mode: one of"),
+        ("limit=0", "limit: 1 to"),
+        ("offset=x", "offset:"),
+        ("mode=tail&max_chars=5", "max_chars: 100 to 100000"),
+    ] {
+        let r = wbx(&d, "GET", &format!("/v1/jobs/{id}/logs?{q}"), k1, None);
+        assert_eq!(r.status, 400, "{q}");
+        assert!(err(&r).contains(want), "{q}: {}", r.text());
+    }
+
+    // The summary, for an agent.
+    let s = wbx(&d, "GET", &format!("/v1/jobs/{id}/summary"), k1, None).json();
+    assert_eq!(s["status"], "completed");
+    assert_eq!(s["exit_code"], 0);
+    assert_eq!(
+        s["files"],
+        json!(["output/report.csv", "output/sub/deep.txt", "top.csv"])
+    );
+    let last: Vec<&str> = s["last_log_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(
+        last.contains(&"line 3") && last.contains(&"token is [REDACTED]"),
+        "{s}"
+    );
+    assert!(
+        s["next_step"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("/v1/jobs/{id}/artifacts/")),
+        "{s}"
+    );
+
+    // Result files: listed, and downloaded byte for byte.
+    let a = wbx(&d, "GET", &format!("/v1/jobs/{id}/artifacts"), k1, None).json();
+    assert_eq!(
+        names(&a["files"]),
+        ["output/report.csv", "output/sub/deep.txt", "top.csv"]
+    );
+    assert_eq!(a["skipped"], json!([]));
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{id}/artifacts/output/report.csv"),
+        k1,
+        None,
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, report);
+    assert_eq!(
+        r.header("x-content-sha256"),
+        Some(sha256_hex(report).as_str())
+    );
+    assert!(
+        r.header("content-disposition")
+            .is_some_and(|c| c.contains("report.csv")),
+        "{:?}",
+        r.headers
+    );
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{id}/artifacts/output%2Fsub%2Fdeep.txt"),
+        k1,
+        None,
+    );
+    assert_eq!(r.body, b"deep\n");
+    for missing in ["other.txt", "output/nope.csv", "..%2F..%2Fetc%2Fpasswd"] {
+        let r = wbx(
+            &d,
+            "GET",
+            &format!("/v1/jobs/{id}/artifacts/{missing}"),
+            k1,
+            None,
+        );
+        assert_eq!(r.status, 404, "{missing}");
+        assert!(err(&r).starts_with("no such result file"), "{}", r.text());
+    }
+
+    // The receipt, signed by the daemon with the key it publishes.
+    let key = wbx(&d, "GET", "/v1/receipts/key", k1, None).json();
+    assert_eq!(key["algorithm"], "Ed25519");
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let public = b64.decode(key["public_key"].as_str().unwrap()).unwrap();
+    let rc = wbx(&d, "GET", &format!("/v1/jobs/{id}/receipt"), k1, None).json();
+    let sig = rc["signature"].clone();
+    let signed = sig["signed"].as_str().unwrap();
+    let pk = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, &public);
+    pk.verify(
+        signed.as_bytes(),
+        &b64.decode(sig["value"].as_str().unwrap()).unwrap(),
+    )
+    .expect("the receipt's signature verifies with the published key");
+    // An edited receipt does not.
+    let edited = signed.replace("\"completed\"", "\"failed\"");
+    assert!(pk
+        .verify(
+            edited.as_bytes(),
+            &b64.decode(sig["value"].as_str().unwrap()).unwrap()
+        )
+        .is_err());
+    let mut unsigned = rc.clone();
+    unsigned.as_object_mut().unwrap().remove("signature");
+    assert_eq!(serde_json::from_str::<Value>(signed).unwrap(), unsigned);
+    assert_eq!(
+        rc["inputs"]["command_sha256"],
+        sha256_hex(command.as_bytes())
+    );
+    assert_eq!(
+        rc["inputs"]["env_sha256"],
+        sha256_hex(json!({"API_TOKEN": secret}).to_string().as_bytes())
+    );
+    assert_eq!(rc["inputs"]["env"], json!(["API_TOKEN"]));
+    assert_eq!(rc["log"]["sha256"], sha256_hex(log.as_bytes()));
+    assert_eq!(rc["log"]["size"].as_u64(), Some(size));
+    assert_eq!(rc["exit_code"], 0);
+    assert!(rc["cpu_time_ms"].as_u64().is_some_and(|c| c > 0), "{rc}");
+    assert!(
+        rc["peak_memory_bytes"]
+            .as_u64()
+            .is_some_and(|m| m > 1 << 20),
+        "{rc}"
+    );
+    assert_eq!(rc["result_files"][0]["sha256"], sha256_hex(report));
+    assert!(
+        rc["runtime"]["isolation"]
+            .as_str()
+            .unwrap()
+            .contains("gVisor"),
+        "{rc}"
+    );
+    assert!(!rc.to_string().contains(secret));
+
+    // The list: newest first, by status, in pages.
+    let second = submit(
+        &d,
+        k1,
+        &json!({"command": "true", "network": {"mode": "none"}}),
+    );
+    let sid = second["id"].as_str().unwrap();
+    finished(&d, k1, sid, Duration::from_secs(120));
+    let l = wbx(&d, "GET", "/v1/jobs", k1, None).json();
+    let ids: Vec<&str> = l["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [sid, id.as_str()]);
+    assert_eq!(l["next_cursor"], Value::Null);
+    let p1 = wbx(&d, "GET", "/v1/jobs?limit=1", k1, None).json();
+    assert_eq!(p1["jobs"][0]["id"], sid);
+    let cursor = p1["next_cursor"].as_str().unwrap();
+    let p2 = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs?limit=1&cursor={cursor}"),
+        k1,
+        None,
+    )
+    .json();
+    assert_eq!(
+        (p2["jobs"][0]["id"].as_str(), &p2["next_cursor"]),
+        (Some(id.as_str()), &Value::Null)
+    );
+    let c = wbx(&d, "GET", "/v1/jobs?status=failed", k1, None).json();
+    assert_eq!(c["jobs"], json!([]));
+    let st = wbx(&d, "GET", "/v1/jobs/stats?days=30", k1, None).json();
+    assert_eq!(st["by_template"][0]["template"], "base");
+    assert_eq!(st["by_template"][0]["completed"], 2);
+    assert_eq!(st["by_template"][0]["success_rate"], 1.0);
+    // Nothing of the jobs' sandboxes is left.
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_failures_time_limits_cancels_retries_and_bad_input() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WBX_JOB_MAX_TIMEOUT_S", "600"),
+        ("ISOBOX_WBX_ARTIFACT_FILES", "3"),
+        ("ISOBOX_WBX_ARTIFACT_FILE_MB", "1"),
+        ("ISOBOX_WBX_ARTIFACT_JOB_MB", "2"),
+        ("ISOBOX_WBX_JOBS_RUNNING", "3"),
+    ]);
+    d.wait_ready();
+    let none = json!({"mode": "none"});
+    let failing = submit(
+        &d,
+        None,
+        &json!({"command": "echo about to fail; exit 3", "network": none}),
+    );
+    let missing = submit(
+        &d,
+        None,
+        &json!({"command": "mkdir -p out && echo x > out/a.txt", "artifacts": ["out/"],
+                "required_artifacts": ["out/a.txt", "out/b.txt"], "network": none}),
+    );
+    let expiring = submit(
+        &d,
+        None,
+        &json!({"command": "mkdir -p output && echo partial > output/p.txt && echo started && sleep 60",
+                "timeout_s": 2, "artifacts": ["output/"], "network": none}),
+    );
+    let f = finished(
+        &d,
+        None,
+        failing["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        (f["status"].as_str(), f["exit_code"].as_i64()),
+        (Some("failed"), Some(3)),
+        "{f}"
+    );
+    assert_eq!(f["error"]["code"], "nonzero_exit");
+    assert_eq!(f["error"]["kind"], "job");
+    let s = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{}/summary", failing["id"].as_str().unwrap()),
+        None,
+        None,
+    )
+    .json();
+    assert!(s["next_step"].as_str().unwrap().contains("log"), "{s}");
+    assert_eq!(s["last_log_lines"], json!(["about to fail"]));
+    let m = finished(
+        &d,
+        None,
+        missing["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        (m["status"].as_str(), m["exit_code"].as_i64()),
+        (Some("failed"), Some(0)),
+        "{m}"
+    );
+    assert_eq!(m["error"]["code"], "missing_artifacts");
+    assert!(
+        m["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("out/b.txt"),
+        "{m}"
+    );
+    assert_eq!(names(&m["result_files"]), ["out/a.txt"]);
+    let e = finished(
+        &d,
+        None,
+        expiring["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(e["status"], "expired", "{e}");
+    assert_eq!(e["error"]["code"], "timeout");
+    assert!(
+        e["duration_s"]
+            .as_f64()
+            .is_some_and(|s| (2.0..15.0).contains(&s)),
+        "{e}"
+    );
+    // Files written before the time limit are kept.
+    assert_eq!(names(&e["result_files"]), ["output/p.txt"]);
+    let log = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{}/logs", expiring["id"].as_str().unwrap()),
+        None,
+        None,
+    )
+    .text();
+    assert!(
+        log.contains("started\n") && log.contains("the time limit of 2 s was reached"),
+        "{log}"
+    );
+
+    // Result-file limits at, below and above each bound: 3 files, 1 MB each, 2 MB in all.
+    let lim = submit(
+        &d,
+        None,
+        &json!({"command": "mkdir -p r && head -c 1000000 /dev/zero > r/a && head -c 1000001 /dev/zero > r/b \
+                 && head -c 999999 /dev/zero > r/c && head -c 2 /dev/zero > r/e && head -c 1 /dev/zero > r/f \
+                 && head -c 1 /dev/zero > r/g && ln -s a r/h",
+                "artifacts": ["r/"], "network": none}),
+    );
+    let l = finished(
+        &d,
+        None,
+        lim["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(l["status"], "completed", "{l}");
+    let saved: Vec<(String, u64)> = l["result_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        saved,
+        [
+            ("r/a".into(), 1_000_000),
+            ("r/c".into(), 999_999),
+            ("r/f".into(), 1)
+        ]
+    );
+    let skipped: Vec<(String, String)> = l["skipped_files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let reason = |n: &str| {
+        skipped
+            .iter()
+            .find(|(x, _)| x == n)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        reason("r/b").contains("larger than the limit of 1000000 bytes per result file"),
+        "{skipped:?}"
+    );
+    assert!(
+        reason("r/e").contains("over the limit of 2000000 bytes of result files per job"),
+        "{skipped:?}"
+    );
+    assert!(
+        reason("r/g").contains("over the limit of 3 result files per job"),
+        "{skipped:?}"
+    );
+    assert!(reason("r/h").contains("not a regular file"), "{skipped:?}");
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{}/artifacts/r/a", lim["id"].as_str().unwrap()),
+        None,
+        None,
+    );
+    assert_eq!(
+        (r.body.len(), r.body.iter().all(|b| *b == 0)),
+        (1_000_000, true)
+    );
+
+    // A cancel of a running job: it ends cancelled, its sandbox removed.
+    let long = submit(
+        &d,
+        None,
+        &json!({"command": "echo going; sleep 120", "network": none}),
+    );
+    let lid = long["id"].as_str().unwrap();
+    until_status(&d, None, lid, "running");
+    let r = wbx(&d, "POST", &format!("/v1/jobs/{lid}/cancel"), None, None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["status"], "cancelled");
+    assert_eq!(r.json()["error"]["code"], "cancelled");
+    let r = wbx(&d, "POST", &format!("/v1/jobs/{lid}/cancel"), None, None);
+    assert_eq!(r.status, 409);
+    assert_eq!(err(&r), "the job has already finished (cancelled)");
+    let r = wbx(&d, "GET", &format!("/v1/jobs/{}/receipt", lid), None, None);
+    assert_eq!(r.json()["status"], "cancelled");
+
+    // A retry: env values must be sent again.
+    let with_env = submit(
+        &d,
+        None,
+        &json!({"command": "test \"$V\" = yes", "env": {"V": "yes"}, "network": none}),
+    );
+    let wid = with_env["id"].as_str().unwrap();
+    assert_eq!(
+        finished(&d, None, wid, Duration::from_secs(120))["status"],
+        "completed"
+    );
+    let r = wbx(&d, "POST", &format!("/v1/jobs/{wid}/retry"), None, None);
+    assert_eq!(r.status, 400);
+    assert!(
+        err(&r).contains("send them again") && err(&r).contains('V'),
+        "{}",
+        r.text()
+    );
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/jobs/{wid}/retry"),
+        None,
+        Some(&json!({"env": {"V": "no"}})),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let again = r.json();
+    assert_ne!(again["id"], wid);
+    assert_eq!(again["retry_of"], wid);
+    let a = finished(
+        &d,
+        None,
+        again["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        (a["status"].as_str(), a["exit_code"].as_i64()),
+        (Some("failed"), Some(1)),
+        "{a}"
+    );
+
+    // Bad input: a clear 400 naming the field, in the face's shape.
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({}), "command: required"),
+        (json!({"command": " "}), "command: 1 to"),
+        (
+            json!({"command": "true", "timeout_s": 0}),
+            "timeout_s: 1 to 600 seconds",
+        ),
+        (
+            json!({"command": "true", "timeout_s": 601}),
+            "timeout_s: 1 to 600 seconds",
+        ),
+        (
+            json!({"command": "true", "timeout_s": 5, "max_duration_seconds": 6}),
+            "disagree",
+        ),
+        (
+            json!({"command": "true", "artifacts": ["/etc/passwd"]}),
+            "relative to the working directory",
+        ),
+        (
+            json!({"command": "true", "artifacts": ["../x"]}),
+            "climb out",
+        ),
+        (
+            json!({"command": "true", "artifacts": "output/"}),
+            "artifacts: must be a list",
+        ),
+        (
+            json!({"command": "true", "retry": {"max_attempts": 9}}),
+            "retry.max_attempts: a whole number from 1 to 5",
+        ),
+        (
+            json!({"command": "true", "retry": {"on": "any"}}),
+            "retry.on",
+        ),
+        (
+            json!({"command": "true", "template": "nope"}),
+            "template: unknown template",
+        ),
+        (
+            json!({"command": "true", "max_cost": "0.10"}),
+            "max_cost: not supported by this server yet",
+        ),
+        (
+            json!({"command": "true", "webhook_url": "https://example.com/"}),
+            "webhook_url: not supported",
+        ),
+        (
+            json!({"command": "true", "colour": 1}),
+            "unknown field `colour`",
+        ),
+        (
+            json!({"command": "true", "network": {"mode": "sometimes"}}),
+            "network.mode",
+        ),
+        (
+            json!({"command": "true", "optimize_for": "cheapest"}),
+            "optimize_for: one of price, balanced, performance",
+        ),
+        (json!({"command": "true", "env": {"1X": "y"}}), "env:"),
+        (
+            json!({"command": "true", "idempotency_key": "has space"}),
+            "idempotency_key: 1 to 256",
+        ),
+    ];
+    for (body, want) in cases {
+        let r = wbx(&d, "POST", "/v1/jobs", None, Some(&body));
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert!(err(&r).contains(want), "{body}: {}", r.text());
+    }
+    let r = wbx_h(
+        &d,
+        "POST",
+        "/v1/jobs",
+        None,
+        Some(&json!({"command": "true", "idempotency_key": "a"})),
+        &[("Idempotency-Key", "b")],
+    );
+    assert!(
+        r.status == 400 && err(&r).contains("disagree"),
+        "{}",
+        r.text()
+    );
+    for q in ["status=nope", "limit=0", "limit=101", "cursor=x"] {
+        let r = wbx(&d, "GET", &format!("/v1/jobs?{q}"), None, None);
+        assert_eq!(r.status, 400, "{q}");
+    }
+    let r = wbx(&d, "GET", "/v1/jobs/stats?days=0", None, None);
+    assert_eq!(r.status, 400);
+    for id in ["job_000000000000000000000000", "job_x", "nope"] {
+        let r = wbx(&d, "GET", &format!("/v1/jobs/{id}"), None, None);
+        assert_eq!((r.status, err(&r).as_str()), (404, "job not found"), "{id}");
+    }
+    let r = wbx(&d, "DELETE", "/v1/jobs", None, None);
+    assert_eq!(r.status, 405);
+    // The daemon kept serving through all of it, and left nothing behind.
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_unfinished_jobs_per_tenant_at_and_above_the_bound() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WBX_JOBS_PER_TENANT", "2"),
+        ("ISOBOX_WBX_JOBS_RUNNING", "1"),
+    ]);
+    d.wait_ready();
+    let body = json!({"command": "sleep 30", "network": {"mode": "none"}});
+    let a = submit(&d, None, &body);
+    let b = submit(&d, None, &body);
+    let r = wbx(&d, "POST", "/v1/jobs", None, Some(&body));
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(
+        err(&r).contains("at most 2 unfinished jobs"),
+        "{}",
+        r.text()
+    );
+    // One at a time: the second waits in the queue.
+    until_status(&d, None, a["id"].as_str().unwrap(), "running");
+    assert_eq!(
+        wbx(
+            &d,
+            "GET",
+            &format!("/v1/jobs/{}", b["id"].as_str().unwrap()),
+            None,
+            None
+        )
+        .json()["status"],
+        "queued"
+    );
+    // A queued job cancels at once; then there is room again (below the bound).
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/jobs/{}/cancel", b["id"].as_str().unwrap()),
+        None,
+        None,
+    );
+    assert_eq!(
+        (r.status, r.json()["status"].as_str()),
+        (200, Some("cancelled"))
+    );
+    let c = submit(
+        &d,
+        None,
+        &json!({"command": "echo c", "network": {"mode": "none"}}),
+    );
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/jobs/{}/cancel", a["id"].as_str().unwrap()),
+        None,
+        None,
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        finished(
+            &d,
+            None,
+            c["id"].as_str().unwrap(),
+            Duration::from_secs(120)
+        )["status"],
+        "completed"
+    );
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
+    let instance = format!("isobox-jobs{}", std::process::id());
+    let data_dir = std::env::temp_dir().join(&instance);
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let env = [
+        ("ISOBOX_INSTANCE", instance.as_str()),
+        ("ISOBOX_WBX_JOBS_RUNNING", "2"),
+    ];
+    let mut d = Daemon::start_with(&env);
+    d.wait_ready();
+    let none = json!({"mode": "none"});
+    // Retried after the crash; failed after it (no retry asked); queued through it.
+    let retried = submit(
+        &d,
+        None,
+        &json!({"command": "echo attempt; sleep 2; echo finished", "retry": {"max_attempts": 2, "on": "system"}, "network": none}),
+    );
+    let lost = submit(&d, None, &json!({"command": "sleep 600", "network": none}));
+    let queued = submit(&d, None, &json!({"command": "echo third", "network": none}));
+    let (rid, lid, qid) = (
+        retried["id"].as_str().unwrap().to_string(),
+        lost["id"].as_str().unwrap().to_string(),
+        queued["id"].as_str().unwrap().to_string(),
+    );
+    until_status(&d, None, &rid, "running");
+    until_status(&d, None, &lid, "running");
+    assert_eq!(
+        wbx(&d, "GET", &format!("/v1/jobs/{qid}"), None, None).json()["status"],
+        "queued"
+    );
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let d2 = Daemon::start_with(&env);
+    d2.wait_ready();
+    let r = finished(&d2, None, &rid, Duration::from_secs(120));
+    assert_eq!(r["status"], "completed", "{r}\n{}", d2.log());
+    assert_eq!(r["attempt"], 2);
+    let log = wbx(&d2, "GET", &format!("/v1/jobs/{rid}/logs"), None, None).text();
+    assert!(
+        log.contains("[wbx] attempt 2 of 2") && log.ends_with("finished\n"),
+        "{log}"
+    );
+    let l = finished(&d2, None, &lid, Duration::from_secs(60));
+    assert_eq!(l["status"], "failed", "{l}");
+    assert_eq!(
+        (l["error"]["code"].as_str(), l["error"]["kind"].as_str()),
+        (Some("sandbox_lost"), Some("system"))
+    );
+    let q = finished(&d2, None, &qid, Duration::from_secs(120));
+    assert_eq!(q["status"], "completed");
+    assert_eq!(
+        wbx(&d2, "GET", &format!("/v1/jobs/{qid}/logs"), None, None).text(),
+        "third\n"
+    );
+    // The crashed daemon's sandboxes were swept; the new one's are gone too.
+    d2.assert_clean();
+    d2.stop();
+    drop(d);
+}
