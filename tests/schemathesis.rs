@@ -31,7 +31,7 @@ fn test_schemathesis_finds_no_failure() {
     // As a client would meet it, minus what would only slow or throttle the run: no
     // egress (loopback only), no warm pools, a burst large enough for every request,
     // one eryx environment (each accepted upload starts a build of ~20 CPU-seconds:
-    // one is exercised, the rest are 429 `environment_limit`).
+    // one is exercised, the rest are 429 `environment_limit`), five unfinished jobs.
     let d = Daemon::start_with(&[
         ("ISOBOX_EGRESS", "off"),
         ("ISOBOX_WARM_POOL", "off"),
@@ -39,6 +39,10 @@ fn test_schemathesis_finds_no_failure() {
         ("ISOBOX_RATE_BURST", "100000"),
         ("ISOBOX_RATE_PER_MIN", "100000"),
         ("ISOBOX_ERYX_ENVIRONMENTS", "1"),
+        // Each accepted job boots a sandbox: a few run, one at a time; the rest are
+        // 429 (the tenant's unfinished jobs).
+        ("ISOBOX_WBX_JOBS_PER_TENANT", "5"),
+        ("ISOBOX_WBX_JOBS_RUNNING", "1"),
     ]);
     d.wait_ready();
     let report = std::env::temp_dir().join(format!("isobox-st-report-{}", std::process::id()));

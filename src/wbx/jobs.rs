@@ -112,6 +112,20 @@ pub enum JobOp {
     ReceiptKey,
 }
 
+/// A query number as the document's schema has it: decimal digits only (with a
+/// leading `-` where `signed`), so `+5` or ` 5` is refused as the schema says.
+fn plain<T: std::str::FromStr>(s: &str, signed: bool) -> Option<T> {
+    let digits = if signed {
+        s.strip_prefix('-').unwrap_or(s)
+    } else {
+        s
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
 /// A job id: `job_` and 24 hex digits.
 pub fn valid_id(id: &str) -> bool {
     id.strip_prefix("job_")
@@ -358,17 +372,16 @@ pub fn list(req: &Request) -> Result<JobOp, Response> {
     }
     let limit = match req.head.query_param("limit").filter(|s| !s.is_empty()) {
         None => DEFAULT_LIST,
-        Some(l) => l
-            .parse::<usize>()
-            .ok()
+        Some(l) => plain::<usize>(&l, false)
             .filter(|n| (1..=MAX_LIST).contains(n))
             .ok_or_else(|| error(400, &format!("limit: 1 to {MAX_LIST}")))?,
     };
     let cursor = match req.head.query_param("cursor").filter(|s| !s.is_empty()) {
         None => None,
         Some(c) => Some(
-            c.parse::<u64>()
-                .map_err(|_| error(400, "cursor: the next_cursor of the previous page"))?,
+            plain::<u64>(&c, false)
+                .filter(|_| c.len() <= 19)
+                .ok_or_else(|| error(400, "cursor: the next_cursor of the previous page"))?,
         ),
     };
     Ok(JobOp::List {
@@ -382,7 +395,7 @@ pub fn list(req: &Request) -> Result<JobOp, Response> {
 pub fn logs(req: &Request, id: String) -> Result<JobOp, Response> {
     let offset = match req.head.query_param("offset").filter(|s| !s.is_empty()) {
         None => 0,
-        Some(o) => o.parse::<i64>().map_err(|_| {
+        Some(o) => plain::<i64>(&o, true).ok_or_else(|| {
             error(
                 400,
                 "offset: a whole number of bytes (negative: from the end)",
@@ -391,17 +404,13 @@ pub fn logs(req: &Request, id: String) -> Result<JobOp, Response> {
     };
     let limit = match req.head.query_param("limit").filter(|s| !s.is_empty()) {
         None => MAX_LOG_READ,
-        Some(l) => l
-            .parse::<u64>()
-            .ok()
+        Some(l) => plain::<u64>(&l, false)
             .filter(|n| (1..=MAX_LOG_READ).contains(n))
             .ok_or_else(|| error(400, &format!("limit: 1 to {MAX_LOG_READ} bytes")))?,
     };
     let max_chars = match req.head.query_param("max_chars").filter(|s| !s.is_empty()) {
         None => 6000,
-        Some(m) => m
-            .parse::<usize>()
-            .ok()
+        Some(m) => plain::<usize>(&m, false)
             .filter(|n| (100..=100_000).contains(n))
             .ok_or_else(|| error(400, "max_chars: 100 to 100000"))?,
     };
@@ -434,9 +443,7 @@ pub fn retry(req: &Request, id: String) -> Result<JobOp, Response> {
 pub fn stats(req: &Request) -> Result<JobOp, Response> {
     match req.head.query_param("days").filter(|s| !s.is_empty()) {
         None => Ok(JobOp::Stats(30)),
-        Some(d) => d
-            .parse::<u64>()
-            .ok()
+        Some(d) => plain::<u64>(&d, false)
             .filter(|n| (1..=365).contains(n))
             .map(JobOp::Stats)
             .ok_or_else(|| error(400, "days: 1 to 365")),

@@ -348,10 +348,16 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
     }
 }
 
-/// Every path of the face as OpenAPI writes it (with the base), with its methods.
+/// Every path of the face as OpenAPI writes it (with the base; `{name}`, not
+/// `{name*}`), with its methods.
 pub fn paths() -> Vec<(String, String)> {
     crate::router::paths(ROUTES)
         .into_iter()
-        .map(|(p, m)| (format!("{}{p}", super::BASE), m.join(", ")))
+        .map(|(p, m)| {
+            (
+                format!("{}{}", super::BASE, p.replace("*}", "}")),
+                m.join(", "),
+            )
+        })
         .collect()
 }
