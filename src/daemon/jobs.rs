@@ -713,6 +713,15 @@ impl Daemon {
             self.respond(ck, wj::not_found());
             return;
         }
+        if let Some(j) = self.jobs.live.get(jk).filter(|j| j.written) {
+            // Ended: only its sandbox is still being removed.
+            let resp = crate::wbx::error(
+                409,
+                &format!("the job has already finished ({})", j.rec.status),
+            );
+            self.respond(ck, resp);
+            return;
+        }
         let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
@@ -1717,6 +1726,15 @@ impl Daemon {
         if let Some(j) = self.jobs.live.try_remove(jk) {
             if self.jobs.by_id.get(&j.id) == Some(&jk) {
                 self.jobs.by_id.remove(&j.id);
+            }
+            // Nobody is left waiting: a cancel that came after the end was written
+            // heard 409 at once; this is for any other way in.
+            for (ck, serial) in j.cancel_waiters {
+                let resp = crate::wbx::error(
+                    409,
+                    &format!("the job has already finished ({})", j.rec.status),
+                );
+                self.on_outcome(ck, serial, Outcome::Respond(resp));
             }
         }
         self.jobs.queue.retain(|&k| k != jk);

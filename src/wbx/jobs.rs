@@ -364,19 +364,19 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
 
 /// `GET /v1/jobs?status=&limit=&cursor=`.
 pub fn list(req: &Request) -> Result<JobOp, Response> {
-    let status = req.head.query_param("status").filter(|s| !s.is_empty());
+    let status = req.head.query_param("status");
     if let Some(s) = &status {
         if !STATES.contains(&s.as_str()) {
             return Err(error(400, &format!("status: one of {}", STATES.join(", "))));
         }
     }
-    let limit = match req.head.query_param("limit").filter(|s| !s.is_empty()) {
+    let limit = match req.head.query_param("limit") {
         None => DEFAULT_LIST,
         Some(l) => plain::<usize>(&l, false)
             .filter(|n| (1..=MAX_LIST).contains(n))
             .ok_or_else(|| error(400, &format!("limit: 1 to {MAX_LIST}")))?,
     };
-    let cursor = match req.head.query_param("cursor").filter(|s| !s.is_empty()) {
+    let cursor = match req.head.query_param("cursor") {
         None => None,
         Some(c) => Some(
             plain::<u64>(&c, false)
@@ -393,7 +393,7 @@ pub fn list(req: &Request) -> Result<JobOp, Response> {
 
 /// `GET /v1/jobs/{id}/logs?offset=&limit=&mode=&max_chars=`.
 pub fn logs(req: &Request, id: String) -> Result<JobOp, Response> {
-    let offset = match req.head.query_param("offset").filter(|s| !s.is_empty()) {
+    let offset = match req.head.query_param("offset") {
         None => 0,
         Some(o) => plain::<i64>(&o, true).ok_or_else(|| {
             error(
@@ -402,20 +402,20 @@ pub fn logs(req: &Request, id: String) -> Result<JobOp, Response> {
             )
         })?,
     };
-    let limit = match req.head.query_param("limit").filter(|s| !s.is_empty()) {
+    let limit = match req.head.query_param("limit") {
         None => MAX_LOG_READ,
         Some(l) => plain::<u64>(&l, false)
             .filter(|n| (1..=MAX_LOG_READ).contains(n))
             .ok_or_else(|| error(400, &format!("limit: 1 to {MAX_LOG_READ} bytes")))?,
     };
-    let max_chars = match req.head.query_param("max_chars").filter(|s| !s.is_empty()) {
+    let max_chars = match req.head.query_param("max_chars") {
         None => 6000,
         Some(m) => plain::<usize>(&m, false)
             .filter(|n| (100..=100_000).contains(n))
             .ok_or_else(|| error(400, "max_chars: 100 to 100000"))?,
     };
     let tail = match req.head.query_param("mode").as_deref() {
-        None | Some("") => None,
+        None => None,
         Some("tail") => Some(max_chars),
         Some("summary" | "errors") => {
             return Err(error(
@@ -441,7 +441,7 @@ pub fn retry(req: &Request, id: String) -> Result<JobOp, Response> {
 
 /// `GET /v1/jobs/stats?days=`.
 pub fn stats(req: &Request) -> Result<JobOp, Response> {
-    match req.head.query_param("days").filter(|s| !s.is_empty()) {
+    match req.head.query_param("days") {
         None => Ok(JobOp::Stats(30)),
         Some(d) => plain::<u64>(&d, false)
             .filter(|n| (1..=365).contains(n))
