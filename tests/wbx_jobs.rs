@@ -697,6 +697,32 @@ fn test_failures_time_limits_cancels_retries_and_bad_input() {
         "{a}"
     );
 
+    // The README's receipt check, as written there, passes on a real receipt.
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let block = readme
+        .split("To check one later:")
+        .nth(1)
+        .and_then(|r| r.split("```python\n").nth(1))
+        .and_then(|r| r.split("```").next())
+        .expect("README's receipt check");
+    let script: String = block
+        .lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("http://127.0.0.1:8090", &format!("http://{}", d.addr))
+        .replace("JOB_ID", wid);
+    let out = std::process::Command::new(common::test_python())
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // Bad input: a clear 400 naming the field, in the face's shape.
     let cases: Vec<(Value, &str)> = vec![
         (json!({}), "command: required"),

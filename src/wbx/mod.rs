@@ -8,9 +8,10 @@
 //! Built so far: sandboxes (create, list, get, delete, timeout, pause, resume,
 //! metrics), templates, commands (`exec`, `exec/stream`), background processes and
 //! terminals (`process…`), `env`, files (`files?path=` transfer, `fs/list`,
-//! `fs/stat`, `fs/mkdir`, `fs/move`, `fs/remove`, `fs/watch`). The rest of the
-//! document (public URLs, network allowlists, jobs) is absent and answers 404 like
-//! any unknown path.
+//! `fs/stat`, `fs/mkdir`, `fs/move`, `fs/remove`, `fs/watch`), public URLs,
+//! network allowlists, and background jobs (`jobs`). The rest of the document (the
+//! log digest, waiting, batches, webhooks, budgets, compute classes) is absent and
+//! answers 404 like any unknown path.
 
 pub mod files;
 pub mod jobs;
