@@ -76,6 +76,16 @@ fn matches(pattern: &'static str, path: &str, params: &mut Params) -> bool {
     }
 }
 
+/// Which segments of a pattern are literal, in order (a parameter is `false`): of two
+/// patterns matching one path, the greater has the literal where the other has a
+/// parameter.
+fn literals(pattern: &str) -> Vec<bool> {
+    pattern
+        .split('/')
+        .map(|seg| !seg.starts_with('{'))
+        .collect()
+}
+
 fn answers(methods: &[&str], method: &str) -> bool {
     methods.contains(&method) || (method == "HEAD" && methods.contains(&"GET"))
 }
@@ -91,9 +101,16 @@ pub fn resolve<'t, T>(
     path: &str,
 ) -> Result<(&'t Row<T>, Params), RouteError> {
     let mut allow: Vec<&'static str> = Vec::new();
+    // A literal segment beats a parameter at the same place: `/v1/jobs/wait` is not
+    // the job `wait` of `/v1/jobs/{id}`, for any method.
+    let best = table
+        .iter()
+        .filter(|row| matches(row.pattern, path, &mut Params::default()))
+        .map(|row| literals(row.pattern))
+        .max();
     for row in table {
         let mut params = Params::default();
-        if !matches(row.pattern, path, &mut params) {
+        if !matches(row.pattern, path, &mut params) || Some(literals(row.pattern)) != best {
             continue;
         }
         if answers(row.methods, method) {
@@ -186,7 +203,32 @@ mod tests {
             methods: &["GET"],
             route: 8,
         },
+        Row {
+            pattern: "/v1/jobs/wait",
+            methods: &["POST"],
+            route: 9,
+        },
+        Row {
+            pattern: "/v1/jobs/{id}",
+            methods: &["GET", "DELETE"],
+            route: 10,
+        },
     ];
+
+    #[test]
+    fn test_a_literal_segment_beats_a_parameter() {
+        assert_eq!(id("POST", "/v1/jobs/wait"), Ok(9));
+        assert_eq!(id("GET", "/v1/jobs/job_1"), Ok(10));
+        // `wait` is not a job: its path answers POST only.
+        assert_eq!(
+            id("GET", "/v1/jobs/wait"),
+            Err(RouteError::MethodNotAllowed("POST".into()))
+        );
+        assert_eq!(
+            id("POST", "/v1/jobs/job_1"),
+            Err(RouteError::MethodNotAllowed("GET, HEAD, DELETE".into()))
+        );
+    }
 
     fn route(method: &str, path: &str) -> Result<(u8, Vec<(String, String)>), RouteError> {
         resolve(T, method, path).map(|(row, p)| {
@@ -285,7 +327,7 @@ mod tests {
     #[test]
     fn test_paths_lists_each_pattern_once() {
         let p = paths(T);
-        assert_eq!(p.len(), 8);
+        assert_eq!(p.len(), 10);
         assert_eq!(
             p.iter()
                 .find(|(p, _)| *p == "/v1/sessions/{id}/fs")

@@ -825,7 +825,7 @@ fn test_failures_time_limits_cancels_retries_and_bad_input() {
 }
 
 #[test]
-fn test_unfinished_jobs_per_tenant_at_and_above_the_bound() {
+fn test_unfinished_jobs_per_tenant_at_and_above_the_bound_and_waiting_on_jobs() {
     let d = Daemon::start_with(&[
         ("ISOBOX_WBX_JOBS_PER_TENANT", "2"),
         ("ISOBOX_WBX_JOBS_RUNNING", "1"),
@@ -854,39 +854,127 @@ fn test_unfinished_jobs_per_tenant_at_and_above_the_bound() {
         .json()["status"],
         "queued"
     );
-    // A queued job cancels at once; then there is room again (below the bound).
-    let r = wbx(
+    let (aid, bid) = (
+        a["id"].as_str().unwrap().to_string(),
+        b["id"].as_str().unwrap().to_string(),
+    );
+    // Waiting on the server: at its time limit, `done: false` with each job's state.
+    let t = Instant::now();
+    let w = wbx(
         &d,
         "POST",
-        &format!("/v1/jobs/{}/cancel", b["id"].as_str().unwrap()),
+        "/v1/jobs/wait",
         None,
-        None,
+        Some(&json!({"job_ids": [aid, bid], "timeout_s": 1})),
     );
+    assert_eq!(w.status, 200, "{}", w.text());
+    let elapsed = t.elapsed();
+    assert!(
+        elapsed >= Duration::from_secs(1) && elapsed < Duration::from_secs(5),
+        "{elapsed:?}"
+    );
+    assert_eq!(
+        w.json(),
+        json!({"done": false, "finished": 0, "total": 2, "items": [
+            {"id": aid, "kind": "job", "status": "running", "done": false},
+            {"id": bid, "kind": "job", "status": "queued", "done": false}]})
+    );
+    for (body, status, want) in [
+        (
+            json!({"job_ids": [aid], "timeout_s": 61}),
+            400,
+            "timeout_s: at most 60",
+        ),
+        (json!({"job_ids": []}), 400, "job_ids: at least one"),
+        (
+            json!({"job_ids": [aid], "batch_ids": ["bat_1"]}),
+            400,
+            "batch_ids: batches are not supported",
+        ),
+        (json!({"job_ids": [aid], "until": "some"}), 400, "until:"),
+        (
+            json!({"job_ids": ["job_000000000000000000000000"]}),
+            404,
+            "job not found: job_000000000000000000000000",
+        ),
+    ] {
+        let r = wbx(&d, "POST", "/v1/jobs/wait", None, Some(&body));
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+        assert!(err(&r).contains(want), "{body}: {}", r.text());
+    }
+    // A wait held on the server wakes when a job ends (here: b, cancelled while queued).
+    let waiter = {
+        let addr = d.addr;
+        let ids = json!({"job_ids": [aid.clone(), bid.clone()], "until": "any", "timeout_s": 60});
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            let body = ids.to_string();
+            let req = format!(
+                "POST /wbx/v1/jobs/wait HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            std::io::Write::write_all(&mut s, req.as_bytes()).unwrap();
+            let r = common::read_response(&mut std::io::BufReader::new(s), false).unwrap();
+            (r, t.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // A queued job cancels at once; then there is room again (below the bound).
+    let r = wbx(&d, "POST", &format!("/v1/jobs/{bid}/cancel"), None, None);
     assert_eq!(
         (r.status, r.json()["status"].as_str()),
         (200, Some("cancelled"))
+    );
+    let (w, took) = waiter.join().unwrap();
+    assert_eq!(w.status, 200);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let w = w.json();
+    assert_eq!(
+        (w["done"].as_bool(), w["finished"].as_u64()),
+        (Some(true), Some(1)),
+        "{w}"
+    );
+    assert_eq!(
+        w["items"][1],
+        json!({"id": bid, "kind": "job", "status": "cancelled", "done": true})
     );
     let c = submit(
         &d,
         None,
         &json!({"command": "echo c", "network": {"mode": "none"}}),
     );
-    let r = wbx(
+    let cid = c["id"].as_str().unwrap();
+    let r = wbx(&d, "POST", &format!("/v1/jobs/{aid}/cancel"), None, None);
+    assert_eq!(r.status, 200);
+    // `all`: answered once every job named has ended.
+    let w = wbx(
         &d,
         "POST",
-        &format!("/v1/jobs/{}/cancel", a["id"].as_str().unwrap()),
+        "/v1/jobs/wait",
         None,
-        None,
-    );
-    assert_eq!(r.status, 200);
+        Some(&json!({"job_ids": [aid, cid], "until": "all", "timeout_s": 60})),
+    )
+    .json();
     assert_eq!(
-        finished(
-            &d,
-            None,
-            c["id"].as_str().unwrap(),
-            Duration::from_secs(120)
-        )["status"],
-        "completed"
+        (w["done"].as_bool(), w["finished"].as_u64()),
+        (Some(true), Some(2)),
+        "{w}"
+    );
+    assert_eq!(w["items"][1]["status"], "completed");
+    // Finished jobs answer at once.
+    let t = Instant::now();
+    let w = wbx(
+        &d,
+        "POST",
+        "/v1/jobs/wait",
+        None,
+        Some(&json!({"job_ids": [cid], "timeout_s": 60})),
+    )
+    .json();
+    assert!(
+        w["done"] == true && t.elapsed() < Duration::from_secs(2),
+        "{w}"
     );
     d.assert_clean();
     d.stop();
@@ -904,6 +992,55 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
     let mut d = Daemon::start_with(&env);
     d.wait_ready();
     let none = json!({"mode": "none"});
+
+    // A sandbox lost while the daemon runs (everything in its cgroup killed from
+    // outside): the job runs again in a fresh one, and its log says so, in order.
+    let again = submit(
+        &d,
+        None,
+        &json!({"command": "echo started; sleep 3; echo finished", "retry": {"max_attempts": 2}, "network": none}),
+    );
+    let aid = again["id"].as_str().unwrap().to_string();
+    until_status(&d, None, &aid, "running");
+    let mut killed = 0;
+    for c in ["memory", "pids", "cpu"] {
+        let slice = std::path::PathBuf::from("/sys/fs/cgroup")
+            .join(c)
+            .join(&instance);
+        for e in std::fs::read_dir(&slice).into_iter().flatten().flatten() {
+            let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill(2) on a pid read from the test daemon's own cgroup.
+                if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                    killed += 1;
+                }
+            }
+        }
+    }
+    assert!(killed > 0, "no sandbox process found to kill");
+    let a = finished(&d, None, &aid, Duration::from_secs(120));
+    assert_eq!(
+        (a["status"].as_str(), a["attempt"].as_u64()),
+        (Some("completed"), Some(2)),
+        "{a}\n{}",
+        d.log()
+    );
+    let log = wbx(&d, "GET", &format!("/v1/jobs/{aid}/logs"), None, None).text();
+    let (first, rest) = log
+        .split_once("[wbx] its sandbox was lost")
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        first.starts_with("started\n") && !first.contains("finished"),
+        "{log}"
+    );
+    assert!(
+        rest.contains("[wbx] attempt 2 of 2") && rest.ends_with("started\nfinished\n"),
+        "{log}"
+    );
+    let rc = wbx(&d, "GET", &format!("/v1/jobs/{aid}/receipt"), None, None).json();
+    assert_eq!(rc["log"]["sha256"], sha256_hex(log.as_bytes()), "{rc}");
+    assert_eq!(rc["log"]["size"].as_u64(), Some(log.len() as u64));
+
     // Retried after the crash; failed after it (no retry asked); queued through it.
     let retried = submit(
         &d,
@@ -937,6 +1074,8 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
         log.contains("[wbx] attempt 2 of 2") && log.ends_with("finished\n"),
         "{log}"
     );
+    let rc = wbx(&d2, "GET", &format!("/v1/jobs/{rid}/receipt"), None, None).json();
+    assert_eq!(rc["log"]["sha256"], sha256_hex(log.as_bytes()), "{rc}");
     let l = finished(&d2, None, &lid, Duration::from_secs(60));
     assert_eq!(l["status"], "failed", "{l}");
     assert_eq!(

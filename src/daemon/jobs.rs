@@ -45,6 +45,11 @@ pub(crate) const JOBS: ComponentId = ComponentId(11);
 /// Its one timer per job: the spawn's answer, the time limit, the kill's grace, or the
 /// saving's deadline (the generation names which is current).
 const DEADLINE: u16 = 0;
+/// A wait's time limit (key: the waiter).
+const WAIT: u16 = 1;
+/// Waits held at once, all tenants together, and per tenant.
+const MAX_WAITERS: usize = 1024;
+const MAX_WAITERS_PER_TENANT: usize = 64;
 
 /// Jobs' files under the data directory: `<id>/log`, `<id>/a<N>` (result files), and
 /// the receipts' signing key.
@@ -82,8 +87,10 @@ impl Component<Daemon> for Jobs {
     fn ready(&self, _: &mut Daemon, _: usize, _: u16, _: Readiness) {}
 
     fn timer(&self, d: &mut Daemon, key: usize, what: u16, gen: u64) {
-        if what == DEADLINE {
-            d.job_timer(key, gen);
+        match what {
+            DEADLINE => d.job_timer(key, gen),
+            WAIT => d.job_wait_timeout(key, gen),
+            _ => {}
         }
     }
 }
@@ -132,6 +139,20 @@ pub(crate) struct Table {
     signer: Option<Arc<Signer>>,
     sweeping: bool,
     next_sweep: Instant,
+    /// Clients waiting for jobs to finish (`POST /v1/jobs/wait`), and by job id.
+    waiters: Slab<Waiter>,
+    waiting_on: HashMap<String, Vec<usize>>,
+}
+
+/// One `POST /v1/jobs/wait`, held on the loop until its condition holds or its time
+/// is up: no thread and no polling.
+struct Waiter {
+    client: (usize, u64),
+    tenant: String,
+    all: bool,
+    /// Each job: its id, state, and whether its end is written.
+    items: Vec<(String, String, bool)>,
+    gen: u64,
 }
 
 /// One unfinished job.
@@ -154,7 +175,10 @@ struct Live {
     timed_out: bool,
     cancelled: bool,
     writer: Option<LogWriter>,
-    redact: [Redactor; 2],
+    /// Its log's redactor: stdout and stderr go into the log interleaved as they
+    /// come, so they pass one redactor in that order (a value split across the two
+    /// is still caught).
+    redact: Redactor,
     /// Log bytes kept this attempt, and on their way to the disk.
     logged: u64,
     unacked: u64,
@@ -167,8 +191,12 @@ struct Live {
     run_ms: u64,
     /// Its end is written (it leaves once its sandbox is gone too).
     written: bool,
-    /// Which attempt's writer `writer` is.
+    /// Which writer `writer` is (acknowledgements of an earlier one are ignored).
     writer_gen: u64,
+    /// Result files opened on the writer so far (its acknowledgements name the one).
+    files_opened: u64,
+    /// Retries of a failed write of its end.
+    end_retries: u32,
 }
 
 /// The saving of result files.
@@ -188,10 +216,25 @@ struct Save {
     skipped: Vec<Skipped>,
     bytes: u64,
     next_file: u32,
+    /// Files not saved past the ones `skipped` lists.
+    more_skipped: u64,
+}
+
+impl Save {
+    /// Lists a file that was not saved (past [`MAX_SKIPPED`], only counts it).
+    fn skip(&mut self, s: Skipped) {
+        if self.skipped.len() < MAX_SKIPPED {
+            self.skipped.push(s);
+        } else {
+            self.more_skipped += 1;
+        }
+    }
 }
 
 /// One result file on its way.
 struct Fetch {
+    /// Which file opened on the writer it is.
+    fid: u64,
     name: String,
     /// The open call, then its handle (the same id).
     call: u32,
@@ -216,6 +259,11 @@ enum Msg {
     Discard,
     Finish,
 }
+
+/// Most entries `skipped` lists; past it one entry counts the rest.
+const MAX_SKIPPED: usize = 1000;
+/// Matched files looked at past the number that may be saved.
+const MAX_FOUND_EXTRA: usize = 1000;
 
 /// The answer when the store refused a write.
 fn store_refusal() -> Response {
@@ -285,6 +333,8 @@ pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
         dir,
         sweeping: false,
         next_sweep: Instant::now(),
+        waiters: Slab::new(),
+        waiting_on: HashMap::new(),
     };
     let mut all = match store.all_jobs() {
         Ok(a) => a,
@@ -294,7 +344,14 @@ pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
         }
     };
     all.sort_by_key(|(_, r)| r.seq);
-    let ids: HashSet<String> = all.iter().map(|(i, _)| i.clone()).collect();
+    // By key, not by decoded record: a record this version cannot read keeps its files.
+    let ids: HashSet<String> = match store.job_ids() {
+        Ok(ids) => ids.into_iter().collect(),
+        Err(e) => {
+            log::error!("jobs: reading the store: {e}");
+            return t;
+        }
+    };
     if let Ok(entries) = std::fs::read_dir(&t.dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -307,8 +364,7 @@ pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
     let mut recovered = 0;
     for (id, mut rec) in all {
         if rec.finished() {
-            let bytes: u64 = rec.artifacts.iter().map(|a| a.size).sum();
-            *t.tenant_bytes.entry(rec.tenant.clone()).or_default() += bytes;
+            *t.tenant_bytes.entry(rec.tenant.clone()).or_default() += stored_bytes(&rec);
             continue;
         }
         let env = match (&rec.sealed_env, store.job_key(&id)) {
@@ -370,12 +426,10 @@ pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
             continue;
         }
         t.serial += 1;
-        let key = t.live.insert(Live::new(
-            t.serial,
-            id.clone(),
-            rec,
-            env.unwrap_or_default(),
-        ));
+        // Its env values are opened again when it starts (a queued job keeps none).
+        let key = t
+            .live
+            .insert(Live::new(t.serial, id.clone(), rec, Vec::new()));
         t.by_id.insert(id, key);
         t.queue.push_back(key);
     }
@@ -383,6 +437,14 @@ pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
         log::info!("jobs: {recovered} recovered after a stop");
     }
     t
+}
+
+/// What a finished job keeps on disk, against its tenant's stored results: its result
+/// files, its log, and its command.
+fn stored_bytes(rec: &JobRecord) -> u64 {
+    rec.artifacts.iter().map(|a| a.size).sum::<u64>()
+        + rec.log_bytes
+        + rec.spec.command.len() as u64
 }
 
 fn fail(rec: &mut JobRecord, code: &str, message: &str, kind: &str) {
@@ -403,7 +465,7 @@ impl Live {
             serial,
             id,
             rec,
-            redact: [Redactor::new(values.clone()), Redactor::new(values)],
+            redact: Redactor::new(values),
             env,
             phase: Phase::Queued,
             sbx: None,
@@ -423,6 +485,8 @@ impl Live {
             run_ms: 0,
             written: false,
             writer_gen: 0,
+            files_opened: 0,
+            end_retries: 0,
         }
     }
 }
@@ -447,6 +511,11 @@ impl Daemon {
             JobOp::Submit(s) => self.job_submit(ck, tenant, *s, None),
             JobOp::Cancel(id) => self.job_cancel(ck, &tenant, &id),
             JobOp::Retry(id, env) => self.job_retry(ck, tenant, id, env),
+            JobOp::Wait {
+                ids,
+                all,
+                timeout_s,
+            } => self.job_wait(ck, tenant, ids, all, timeout_s),
             JobOp::ReceiptKey => {
                 let resp = match &self.jobs.signer {
                     Some(s) => Response::json(
@@ -516,12 +585,29 @@ impl Daemon {
 
     /// `POST /v1/jobs` (and a retry's new job).
     fn job_submit(&mut self, ck: usize, tenant: String, s: wj::Submit, retry_of: Option<String>) {
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        // Owned from here (a retry's already is): every answer goes through on_outcome.
+        self.conn_own(ck, Owner::Job);
+        let answer =
+            |d: &mut Daemon, resp: Response| d.on_outcome(ck, serial, Outcome::Respond(resp));
         if self.app.shutting_down {
-            self.respond(
-                ck,
+            answer(
+                self,
                 crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
                     .with_header("Retry-After", "5"),
             );
+            return;
+        }
+        let c = &self.cfg.wbx.jobs;
+        let used = self.jobs.tenant_bytes.get(&tenant).copied().unwrap_or(0);
+        if used >= c.artifact_tenant_bytes {
+            let resp = crate::wbx::error(
+                429,
+                &format!("limit reached: this tenant's stored job results and logs ({used} bytes) fill its {} bytes (ISOBOX_WBX_ARTIFACT_TENANT_MB); they are removed {} s after their jobs end", c.artifact_tenant_bytes, c.retention_s),
+            );
+            answer(self, resp);
             return;
         }
         let unfinished = self
@@ -533,8 +619,8 @@ impl Daemon {
             + self.jobs.pending.get(&tenant).copied().unwrap_or(0);
         let cap = self.cfg.wbx.jobs.per_tenant;
         if unfinished >= cap {
-            self.respond(
-                ck,
+            answer(
+                self,
                 crate::wbx::error(
                     429,
                     &format!("limit reached: at most {cap} unfinished jobs at once (ISOBOX_WBX_JOBS_PER_TENANT); wait for some to finish"),
@@ -543,8 +629,8 @@ impl Daemon {
             return;
         }
         let Some(hex_id) = super::boxes::random_hex() else {
-            self.respond(
-                ck,
+            answer(
+                self,
                 crate::wbx::error(503, "the system's random source failed; retry"),
             );
             return;
@@ -557,7 +643,7 @@ impl Daemon {
                 Ok((k, sealed)) => (Some(k), Some(sealed)),
                 Err(e) => {
                     log::error!("jobs: sealing env values: {e}");
-                    self.respond(ck, store_refusal());
+                    answer(self, store_refusal());
                     return;
                 }
             }
@@ -585,12 +671,9 @@ impl Daemon {
             peak_memory_bytes: None,
             billed_ms: 0,
         };
-        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
-            return;
-        };
-        self.conn_own(ck, Owner::Job);
         *self.jobs.pending.entry(tenant.clone()).or_default() += 1;
-        let env = s.env;
+        // Its env values are not kept while it waits: its start opens them again.
+        drop(s.env);
         let mailbox = self.reactor.mailbox();
         self.app
             .sessions
@@ -610,10 +693,12 @@ impl Daemon {
                             );
                             let body = wj::job_json(&id, &rec, &prices, now_ms());
                             d.jobs.serial += 1;
-                            let key =
-                                d.jobs
-                                    .live
-                                    .insert(Live::new(d.jobs.serial, id.clone(), rec, env));
+                            let key = d.jobs.live.insert(Live::new(
+                                d.jobs.serial,
+                                id.clone(),
+                                rec,
+                                Vec::new(),
+                            ));
                             d.jobs.by_id.insert(id, key);
                             d.jobs.queue.push_back(key);
                             d.job_pump();
@@ -642,42 +727,69 @@ impl Daemon {
     /// `POST /v1/jobs/{id}/retry`: a new job with the same inputs and the env values
     /// sent again.
     fn job_retry(&mut self, ck: usize, tenant: String, id: String, env: Vec<(String, String)>) {
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        self.conn_own(ck, Owner::Job);
         let live = self
             .jobs
             .by_id
             .get(&id)
             .and_then(|&k| self.jobs.live.get(k))
             .map(|j| j.rec.clone());
-        let rec = match live {
-            Some(r) => Some(r),
-            None => match self.app.sessions.store().job(&id) {
-                Ok(r) => r,
-                Err(e) => {
-                    log::error!("jobs: reading {id}: {e}");
-                    self.respond(ck, store_refusal());
-                    return;
-                }
-            },
+        if let Some(rec) = live {
+            self.job_retry_with((ck, serial), tenant, id, env, Ok(Some(rec)));
+            return;
+        }
+        let sessions = Arc::clone(&self.app.sessions);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let rec = sessions.store().job(&id).map_err(|e| e.to_string());
+            Box::new(move |d: &mut Daemon| d.job_retry_with((ck, serial), tenant, id, env, rec))
+        }));
+    }
+
+    fn job_retry_with(
+        &mut self,
+        client: (usize, u64),
+        tenant: String,
+        id: String,
+        env: Vec<(String, String)>,
+        rec: Result<Option<JobRecord>, String>,
+    ) {
+        let (ck, serial) = client;
+        if !self.conn_waiting(ck, serial, false) {
+            return;
+        }
+        let answer =
+            |d: &mut Daemon, resp: Response| d.on_outcome(ck, serial, Outcome::Respond(resp));
+        let rec = match rec {
+            Ok(r) => r,
+            Err(e) => {
+                log::error!("jobs: reading {id}: {e}");
+                answer(self, store_refusal());
+                return;
+            }
         };
         let Some(rec) = rec.filter(|r| r.tenant == tenant) else {
-            self.respond(ck, wj::not_found());
+            answer(self, wj::not_found());
             return;
         };
-        let missing: Vec<&String> = rec
+        let missing: Vec<&str> = rec
             .spec
             .env_names
             .iter()
             .filter(|n| !env.iter().any(|(k, _)| k == *n))
+            .map(String::as_str)
             .collect();
         if !missing.is_empty() {
-            let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
-            self.respond(
-                ck,
-                crate::wbx::error(
-                    400,
-                    &format!("env: env values are not stored; send them again: {{\"env\": {{…}}}} with {}", names.join(", ")),
+            let resp = crate::wbx::error(
+                400,
+                &format!(
+                    "env: env values are not stored; send them again: {{\"env\": {{…}}}} with {}",
+                    missing.join(", ")
                 ),
             );
+            answer(self, resp);
             return;
         }
         let mut spec = rec.spec.clone();
@@ -690,18 +802,29 @@ impl Daemon {
     /// `POST /v1/jobs/{id}/cancel`.
     fn job_cancel(&mut self, ck: usize, tenant: &str, id: &str) {
         let Some(&jk) = self.jobs.by_id.get(id) else {
-            // Not live: finished, or not there.
-            let resp = match self.app.sessions.store().job(id) {
-                Ok(Some(r)) if r.tenant == tenant => {
-                    crate::wbx::error(409, &format!("the job has already finished ({})", r.status))
-                }
-                Ok(_) => wj::not_found(),
-                Err(e) => {
-                    log::error!("jobs: reading {id}: {e}");
-                    store_refusal()
-                }
-            };
-            self.respond(ck, resp);
+            // Not live: finished, or not there (read on the pool).
+            let (sessions, id, tenant) = (
+                Arc::clone(&self.app.sessions),
+                id.to_string(),
+                tenant.to_string(),
+            );
+            self.start_job(
+                ck,
+                Box::new(move || {
+                    let resp = match sessions.store().job(&id) {
+                        Ok(Some(r)) if r.tenant == tenant => crate::wbx::error(
+                            409,
+                            &format!("the job has already finished ({})", r.status),
+                        ),
+                        Ok(_) => wj::not_found(),
+                        Err(e) => {
+                            log::error!("jobs: reading {id}: {e}");
+                            store_refusal()
+                        }
+                    };
+                    Outcome::Respond(resp)
+                }),
+            );
             return;
         };
         if self
@@ -713,8 +836,13 @@ impl Daemon {
             self.respond(ck, wj::not_found());
             return;
         }
-        if let Some(j) = self.jobs.live.get(jk).filter(|j| j.written) {
-            // Ended: only its sandbox is still being removed.
+        if let Some(j) = self
+            .jobs
+            .live
+            .get(jk)
+            .filter(|j| j.written || j.rec.finished())
+        {
+            // Ended (its end being written, or its sandbox being removed).
             let resp = crate::wbx::error(
                 409,
                 &format!("the job has already finished ({})", j.rec.status),
@@ -765,21 +893,89 @@ impl Daemon {
             {
                 return;
             }
-            let Some(jk) = self.jobs.queue.pop_front() else {
+            // The tenant with the fewest jobs running goes next (in the order its jobs
+            // were accepted): one tenant's thousand queued jobs do not starve another's.
+            let mut busy: HashMap<&str, usize> = HashMap::new();
+            for (_, j) in self
+                .jobs
+                .live
+                .iter()
+                .filter(|(_, j)| j.phase != Phase::Queued)
+            {
+                *busy.entry(j.rec.tenant.as_str()).or_default() += 1;
+            }
+            let next = self
+                .jobs
+                .queue
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &k)| self.jobs.live.get(k).map(|j| (i, j)))
+                .min_by_key(|(i, j)| (busy.get(j.rec.tenant.as_str()).copied().unwrap_or(0), *i))
+                .map(|(i, _)| i);
+            let Some(jk) = next.and_then(|i| self.jobs.queue.remove(i)) else {
                 return;
             };
             self.job_start(jk);
         }
     }
 
-    /// Writes the job's `starting` record, then boots its sandbox.
+    /// Starts the job's next attempt: its env values opened on the pool (a queued
+    /// job does not keep them in memory), then [`Daemon::job_start_with`].
     fn job_start(&mut self, jk: usize) {
-        let dir = self.jobs.dir.clone();
-        let mailbox = self.reactor.mailbox();
         let Some(j) = self.jobs.live.get_mut(jk) else {
             return;
         };
         j.phase = Phase::Starting;
+        let js = j.serial;
+        match (j.rec.sealed_env.clone(), j.env.is_empty()) {
+            (Some(sealed), true) => {
+                let id = j.id.clone();
+                let sessions = Arc::clone(&self.app.sessions);
+                self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+                    let env = match sessions.store().job_key(&id) {
+                        Ok(Some(key)) => crate::jobs::open(&key, &sealed)
+                            .ok_or_else(|| "its env values did not open".to_string()),
+                        Ok(None) => Err("the key of its env values is gone".to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    Box::new(move |d: &mut Daemon| d.job_start_with(jk, js, env))
+                }));
+            }
+            _ => {
+                let env = Ok(std::mem::take(&mut j.env));
+                self.job_start_with(jk, js, env);
+            }
+        }
+    }
+
+    /// With its env values: its log's writer (one per job, for every attempt), its
+    /// `starting` record written, then its sandbox booted.
+    fn job_start_with(&mut self, jk: usize, js: u64, env: Result<Vec<(String, String)>, String>) {
+        let dir = self.jobs.dir.clone();
+        let mailbox = self.reactor.mailbox();
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        let env = match env {
+            Ok(e) => e,
+            Err(why) => {
+                log::error!("jobs: {}: {why}", j.id);
+                fail(
+                    &mut j.rec,
+                    "sandbox_lost",
+                    &format!("the job could not start: {why}"),
+                    "system",
+                );
+                self.job_end(jk, js);
+                return;
+            }
+        };
+        if j.cancelled {
+            self.job_end(jk, js);
+            return;
+        }
+        j.redact = Redactor::new(env.iter().map(|(_, v)| v.as_str()));
+        j.env = env;
         j.rec.attempt += 1;
         j.rec.status = "starting".into();
         j.rec.started_ms = Some(now_ms());
@@ -790,19 +986,30 @@ impl Daemon {
         j.exit = None;
         j.pid = None;
         j.logged = 0;
-        j.unacked = 0;
         j.held = false;
         j.run_ms = 0;
-        let values: Vec<&str> = j.env.iter().map(|(_, v)| v.as_str()).collect();
-        j.redact = [Redactor::new(values.clone()), Redactor::new(values)];
-        let js = j.serial;
-        // The log's writer first: an attempt after the first says so in the log.
-        let job_dir = dir.join(&j.id);
-        // Messages wait in the channel until the thread is up (it is started on the
-        // pool: this thread may not make files or threads).
-        let (tx, rx) = crossbeam_channel::unbounded::<Msg>();
-        j.writer_gen += 1;
-        let wgen = j.writer_gen;
+        if j.writer.is_none() {
+            // Messages wait in the channel until the thread is up (it is started on
+            // the pool: this thread may not make files or threads).
+            let (tx, rx) = crossbeam_channel::unbounded::<Msg>();
+            j.writer_gen += 1;
+            j.unacked = 0;
+            let wgen = j.writer_gen;
+            j.writer = Some(LogWriter { tx });
+            let (id, job_dir) = (j.id.clone(), dir.join(&j.id));
+            self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+                let r = start_writer(&job_dir, (jk, js, wgen), rx, mailbox);
+                Box::new(move |d: &mut Daemon| {
+                    if let Err(e) = r {
+                        log::error!("jobs: {id}: its log: {e}");
+                        d.job_writer_lost(jk, js, wgen);
+                    }
+                })
+            }));
+        }
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
         if j.rec.attempt > 1 {
             let why = j
                 .rec
@@ -814,20 +1021,8 @@ impl Daemon {
                 "\n[wbx] attempt {} of {} (the previous one failed on our side{why})\n",
                 j.rec.attempt, j.rec.spec.retry.max_attempts
             );
-            j.unacked += note.len() as u64;
-            let _ = tx.send(Msg::Log(note.into_bytes()));
+            self.job_note(jk, js, &note);
         }
-        j.writer = Some(LogWriter { tx });
-        let id = j.id.clone();
-        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
-            let r = start_writer(&job_dir, (jk, js), rx, mailbox);
-            Box::new(move |d: &mut Daemon| {
-                if let Err(e) = r {
-                    log::error!("jobs: {id}: its log: {e}");
-                    d.job_writer_lost(jk, js, wgen);
-                }
-            })
-        }));
         let Some(j) = self.job(jk, js) else {
             return;
         };
@@ -849,18 +1044,20 @@ impl Daemon {
     /// Its `starting` record is durable (`stored`): boot its sandbox.
     fn job_boot(&mut self, jk: usize, js: u64, stored: bool) {
         let runtimes = Arc::clone(&self.app.runtimes);
+        if self.app.shutting_down {
+            // Its record says `starting`: the next start recovers it.
+            return;
+        }
         let Some(j) = self.job(jk, js) else {
             return;
         };
         if j.cancelled || !stored {
             // Cancelled while its start was written; or the store failed: it did not
-            // start (a store that fails makes its end fail too, and the next start
-            // finds it as it was).
+            // start, and waits for the next turn.
             if !stored && !j.cancelled {
                 j.phase = Phase::Queued;
                 j.rec.attempt -= 1;
                 j.rec.status = "queued".into();
-                j.writer = None;
                 self.jobs.queue.push_front(jk);
                 return;
             }
@@ -1054,11 +1251,16 @@ impl Daemon {
         let Some((stream, _, data)) = wire::parse_output(payload) else {
             return;
         };
+        let _ = stream;
         let Some(j) = self.job(jk, js) else {
             return;
         };
-        let s = usize::from(stream == wire::Stream::Stderr);
-        let out = j.redact[s].push(data);
+        if j.logged >= cap {
+            // Past the cap nothing is kept: nothing to redact either.
+            j.rec.log_dropped += data.len() as u64;
+            return;
+        }
+        let out = j.redact.push(data);
         j.log(out, cap);
         if j.unacked > LOG_HOLD_BYTES && !j.held {
             if let (Some(pid), Some((key, _))) = (j.pid, j.sbx) {
@@ -1071,44 +1273,36 @@ impl Daemon {
     /// Writes a line of our own into the job's log.
     fn job_note(&mut self, jk: usize, js: u64, note: &str) {
         if let Some(j) = self.job(jk, js) {
-            let b = note.as_bytes().to_vec();
-            j.unacked += b.len() as u64;
             if let Some(w) = &j.writer {
-                let _ = w.tx.send(Msg::Log(b));
+                j.unacked += note.len() as u64;
+                let _ = w.tx.send(Msg::Log(note.as_bytes().to_vec()));
             }
         }
     }
 
-    /// The writer of attempt `wgen` could not start: the attempt goes on without a
-    /// log, and its files cannot be stored.
+    /// Writer `wgen` could not start (its directory or log could not be made): a
+    /// failure on our side. A running attempt is lost (retried as `retry` asks); an
+    /// ending job is written without a log.
     fn job_writer_lost(&mut self, jk: usize, js: u64, wgen: u64) {
         let Some(j) = self.job(jk, js).filter(|j| j.writer_gen == wgen) else {
             return;
         };
         j.writer = None;
         j.unacked = 0;
-        if j.held {
-            j.held = false;
-            if let (Some(pid), Some((key, _))) = (j.pid, j.sbx) {
-                self.box_call(key, &Call::Release { pid });
-            }
-        }
-        let Some(j) = self.job(jk, js) else {
-            return;
-        };
-        let fetching = j.save.as_ref().is_some_and(|s| s.cur.is_some());
-        match j.phase {
-            Phase::Ending if !j.written => self.job_finish(jk, js, None),
-            Phase::Saving if fetching => {
-                self.job_file_stored(jk, js, Err("the job's files could not be written".into()))
+        j.held = false;
+        let (phase, written, sbx) = (j.phase, j.written, j.sbx);
+        match (phase, sbx) {
+            (Phase::Ending, _) if !written => self.job_finish(jk, js, None),
+            (Phase::Starting | Phase::Running | Phase::Saving, Some((key, _))) => {
+                self.box_end(key, "its job's log could not be written")
             }
             _ => {}
         }
     }
 
-    /// The writer wrote `n` log bytes.
-    fn job_log_acked(&mut self, jk: usize, js: u64, n: u64) {
-        let Some(j) = self.job(jk, js) else {
+    /// Writer `wgen` wrote `n` log bytes.
+    fn job_log_acked(&mut self, jk: usize, js: u64, wgen: u64, n: u64) {
+        let Some(j) = self.job(jk, js).filter(|j| j.writer_gen == wgen) else {
             return;
         };
         j.unacked = j.unacked.saturating_sub(n);
@@ -1131,36 +1325,40 @@ impl Daemon {
         j.run_ms = j.ran.map_or(0, |t| {
             u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
         });
-        for s in 0..2 {
-            let rest = j.redact[s].finish();
-            j.log(rest, cap);
-        }
+        let rest = j.redact.finish();
+        j.log(rest, cap);
         if j.rec.log_dropped > 0 {
             let note = format!(
                 "\n[wbx] the log keeps {cap} bytes of output; {} more were dropped\n",
                 j.rec.log_dropped
             );
-            j.unacked += note.len() as u64;
             if let Some(w) = &j.writer {
+                j.unacked += note.len() as u64;
                 let _ = w.tx.send(Msg::Log(note.into_bytes()));
             }
         }
         // Its sandbox's cgroup: CPU time and peak memory of everything in it (the
         // command, init and gVisor's own processes).
-        if let Some(cg) = self.boxes.boxes.get(key).and_then(|b| b.cgroup.clone()) {
-            self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
-                let u = cg.usage();
-                let cpu = (u.cpu_ns > 0).then_some(u.cpu_ns / 1_000_000);
-                let peak = cg.peak_memory_bytes();
-                Box::new(move |d: &mut Daemon| {
-                    if let Some(j) = d.job(jk, js) {
-                        j.rec.cpu_ms = cpu;
-                        j.rec.peak_memory_bytes = peak;
-                    }
-                })
-            }));
-        }
-        self.job_save(jk, js, key);
+        // Read before the saving starts, so the receipt has them.
+        let Some(cg) = self.boxes.boxes.get(key).and_then(|b| b.cgroup.clone()) else {
+            self.job_save(jk, js, key);
+            return;
+        };
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let u = cg.usage();
+            let cpu = (u.cpu_ns > 0).then_some(u.cpu_ns / 1_000_000);
+            let peak = cg.peak_memory_bytes();
+            Box::new(move |d: &mut Daemon| {
+                let Some(j) = d.job(jk, js) else {
+                    return;
+                };
+                j.rec.cpu_ms = cpu;
+                j.rec.peak_memory_bytes = peak;
+                if j.phase == Phase::Running && j.sbx.map(|s| s.0) == Some(key) {
+                    d.job_save(jk, js, key);
+                }
+            })
+        }));
     }
 
     /// Lists what the patterns could match, then fetches the matches one by one.
@@ -1262,7 +1460,7 @@ impl Daemon {
                 size_refusal(&c, size, save.bytes, tenant_used)
             };
             if let Some(reason) = skip {
-                save.skipped.push(Skipped { name, reason });
+                save.skip(Skipped { name, reason });
                 continue;
             }
             let file = format!("a{}", save.next_file);
@@ -1283,6 +1481,7 @@ impl Daemon {
             self.box_flush(key);
             if let Some(save) = self.job(jk, js).and_then(|j| j.save.as_mut()) {
                 save.cur = Some(Fetch {
+                    fid: 0,
                     name,
                     call: call_id,
                     opened: false,
@@ -1302,6 +1501,7 @@ impl Daemon {
     /// A reply during the saving: a listing, or a file opened.
     fn save_reply(&mut self, jk: usize, js: u64, key: usize, channel: u32, payload: &[u8]) {
         let c = self.cfg.wbx.jobs.clone();
+        let found_cap = c.artifact_files + MAX_FOUND_EXTRA;
         let tenant = match self.job(jk, js) {
             Some(j) => j.rec.tenant.clone(),
             None => return,
@@ -1322,7 +1522,7 @@ impl Daemon {
                 let entries: Vec<FsEntry> =
                     serde_json::from_value(v["entries"].clone()).unwrap_or_default();
                 if v["truncated"].as_bool() == Some(true) {
-                    save.skipped.push(Skipped {
+                    save.skip(Skipped {
                         name: entries
                             .first()
                             .and_then(|e| e.path.rsplit_once('/'))
@@ -1341,13 +1541,18 @@ impl Daemon {
                     let matched = save.patterns.iter().any(|p| p.matches(&name));
                     match e.kind.as_str() {
                         "file" if matched => {
-                            save.found.insert(name, e.size);
+                            if save.found.len() < found_cap {
+                                save.found.insert(name, e.size);
+                            } else {
+                                save.more_skipped += 1;
+                            }
                         }
                         "dir" => {
-                            let descend = save.patterns.iter().any(|p| could_hold(p, &name));
+                            let descend = save.found.len() < found_cap
+                                && save.patterns.iter().any(|p| could_hold(p, &name));
                             if descend && !save.visited.contains(&name) {
                                 if save.visited.len() >= MAX_LISTED_DIRS {
-                                    save.skipped.push(Skipped {
+                                    save.skip(Skipped {
                                         name,
                                         reason: format!("not looked through: more than {MAX_LISTED_DIRS} directories matched the patterns"),
                                     });
@@ -1357,7 +1562,7 @@ impl Daemon {
                                 }
                             }
                         }
-                        _ if matched => save.skipped.push(Skipped {
+                        _ if matched => save.skip(Skipped {
                             name,
                             reason: "not a regular file (a symbolic link, a socket or a device): not saved".into(),
                         }),
@@ -1377,7 +1582,7 @@ impl Daemon {
             Some(Reply::Refused { message, .. }) | Some(Reply::Error(message)) => {
                 let name = cur.name.clone();
                 save.cur = None;
-                save.skipped.push(Skipped {
+                save.skip(Skipped {
                     name,
                     reason: format!("could not be opened: {message}"),
                 });
@@ -1395,7 +1600,7 @@ impl Daemon {
         if let Some(reason) = size_refusal(&c, size, save.bytes, tenant_used) {
             let name = cur.name.clone();
             save.cur = None;
-            save.skipped.push(Skipped { name, reason });
+            save.skip(Skipped { name, reason });
             self.box_call(key, &Call::FileClose { handle: channel });
             self.save_next(jk, js, key);
             return;
@@ -1404,6 +1609,8 @@ impl Daemon {
         let grant = size.min(WINDOW);
         cur.granted = grant;
         if let Some(w) = &j.writer {
+            j.files_opened += 1;
+            cur.fid = j.files_opened;
             let _ = w.tx.send(Msg::Open(path));
             if size == 0 {
                 let _ = w.tx.send(Msg::Close);
@@ -1411,7 +1618,7 @@ impl Daemon {
         } else {
             let name = cur.name.clone();
             save.cur = None;
-            save.skipped.push(Skipped {
+            save.skip(Skipped {
                 name,
                 reason: "could not be stored: the job's directory could not be written".into(),
             });
@@ -1443,6 +1650,11 @@ impl Daemon {
         let Some(cur) = save.cur.as_mut().filter(|f| f.call == handle && f.opened) else {
             return;
         };
+        if cur.received + payload.len() as u64 > cur.granted {
+            // More than it was let send: it does not keep to the protocol.
+            self.box_end(key, "its init sent more file data than it was granted");
+            return;
+        }
         let over = cur.received + payload.len() as u64 > cur.size;
         if payload.is_empty() || over {
             if cur.received == cur.size && !over {
@@ -1451,7 +1663,7 @@ impl Daemon {
             }
             let name = cur.name.clone();
             save.cur = None;
-            save.skipped.push(Skipped {
+            save.skip(Skipped {
                 name,
                 reason: "changed while it was being saved".into(),
             });
@@ -1477,19 +1689,25 @@ impl Daemon {
         }
     }
 
-    /// The writer wrote `n` bytes of the file being fetched: give init more credit.
-    fn job_data_acked(&mut self, jk: usize, js: u64, n: u64) {
-        let Some(j) = self.job(jk, js) else {
+    /// Writer `wgen` wrote `n` bytes of its file `fid`: if that is the file being
+    /// fetched, give init more credit.
+    fn job_data_acked(&mut self, jk: usize, js: u64, wgen: u64, fid: u64, n: u64) {
+        let Some(j) = self.job(jk, js).filter(|j| j.writer_gen == wgen) else {
             return;
         };
         let Some((key, _)) = j.sbx else {
             return;
         };
-        let Some(cur) = j.save.as_mut().and_then(|s| s.cur.as_mut()) else {
+        let Some(cur) = j
+            .save
+            .as_mut()
+            .and_then(|s| s.cur.as_mut())
+            .filter(|c| c.fid == fid)
+        else {
             return;
         };
-        cur.acked += n;
-        if cur.granted < cur.size && cur.granted - cur.acked <= WINDOW / 2 {
+        cur.acked = (cur.acked + n).min(cur.granted);
+        if cur.granted < cur.size && cur.granted.saturating_sub(cur.acked) <= WINDOW / 2 {
             let more = (cur.size - cur.granted).min(WINDOW);
             cur.granted += more;
             let handle = cur.call;
@@ -1503,15 +1721,25 @@ impl Daemon {
         }
     }
 
-    /// The writer stored the file being fetched (or failed to).
-    fn job_file_stored(&mut self, jk: usize, js: u64, stored: Result<(u64, String), String>) {
-        let Some(j) = self.job(jk, js) else {
+    /// Writer `wgen` stored its file `fid` (or failed to).
+    fn job_file_stored(
+        &mut self,
+        jk: usize,
+        js: u64,
+        wgen: u64,
+        fid: u64,
+        stored: Result<(u64, String), String>,
+    ) {
+        let Some(j) = self.job(jk, js).filter(|j| j.writer_gen == wgen) else {
             return;
         };
         let key = j.sbx.map(|s| s.0);
         let Some(save) = j.save.as_mut() else {
             return;
         };
+        if save.cur.as_ref().is_none_or(|c| c.fid != fid) {
+            return;
+        }
         let Some(cur) = save.cur.take() else {
             return;
         };
@@ -1525,7 +1753,7 @@ impl Daemon {
                     file: cur.file,
                 });
             }
-            Err(e) => save.skipped.push(Skipped {
+            Err(e) => save.skip(Skipped {
                 name: cur.name,
                 reason: format!("could not be stored: {e}"),
             }),
@@ -1546,7 +1774,7 @@ impl Daemon {
         }
         if let Some(mut save) = j.save.take() {
             if let Some(cur) = save.cur.take() {
-                save.skipped.push(Skipped {
+                save.skip(Skipped {
                     name: cur.name,
                     reason: "not saved: the sandbox ended while it was being saved".into(),
                 });
@@ -1554,12 +1782,26 @@ impl Daemon {
                     let _ = w.tx.send(Msg::Discard);
                 }
             }
-            for (name, _) in save.todo.drain(..).chain(std::mem::take(&mut save.found)) {
-                save.skipped.push(Skipped {
+            let rest: Vec<(String, u64)> = save
+                .todo
+                .drain(..)
+                .chain(std::mem::take(&mut save.found))
+                .collect();
+            for (name, _) in rest {
+                save.skip(Skipped {
                     name,
                     reason:
                         "not saved: saving the result files took too long, or the sandbox ended"
                             .into(),
+                });
+            }
+            if save.more_skipped > 0 {
+                save.skipped.push(Skipped {
+                    name: String::new(),
+                    reason: format!(
+                        "{} more files matched and were not saved (over the limits)",
+                        save.more_skipped
+                    ),
                 });
             }
             j.rec.artifacts = save.saved;
@@ -1694,6 +1936,19 @@ impl Daemon {
         let Some(j) = self.job(jk, js) else {
             return;
         };
+        if !stored {
+            // Written again, and again, until it is: until then the store says it
+            // runs, and its key still opens its env values.
+            j.end_retries += 1;
+            let wait = Duration::from_secs(1u64 << j.end_retries.min(5));
+            let gen = self
+                .reactor
+                .arm_new(Instant::now() + wait, Addr::new(JOBS, jk, DEADLINE));
+            if let Some(j) = self.job(jk, js) {
+                j.gen = gen;
+            }
+            return;
+        }
         j.written = true;
         let waiters = std::mem::take(&mut j.cancel_waiters);
         let body = wj::job_json(&j.id, &j.rec, &prices, now_ms());
@@ -1704,18 +1959,17 @@ impl Daemon {
             j.rec.exit_code,
             j.rec.artifacts.len()
         );
-        let bytes: u64 = j.rec.artifacts.iter().map(|a| a.size).sum();
+        let bytes = stored_bytes(&j.rec);
         let tenant = j.rec.tenant.clone();
         let gone = j.sbx.is_none();
         for (ck, serial) in waiters {
-            let resp = if stored {
-                Response::json(200, &body)
-            } else {
-                store_refusal()
-            };
-            self.on_outcome(ck, serial, Outcome::Respond(resp));
+            self.on_outcome(ck, serial, Outcome::Respond(Response::json(200, &body)));
         }
         *self.jobs.tenant_bytes.entry(tenant).or_default() += bytes;
+        if let Some(j) = self.job(jk, js) {
+            let (id, status) = (j.id.clone(), j.rec.status.clone());
+            self.job_waiters_see(&id, &status);
+        }
         if gone {
             self.job_forget(jk);
         }
@@ -1834,10 +2088,8 @@ impl Daemon {
             j.rec.exit_code = None;
             j.phase = Phase::Queued;
             j.run_ms = 0;
-            if let Some(w) = j.writer.take() {
-                let _ = w.tx.send(Msg::Log(format!("\n[wbx] {why}\n").into_bytes()));
-                let _ = w.tx.send(Msg::Finish);
-            }
+            // The writer stays: one per job, so attempts append to one log in order.
+            self.job_note(jk, js, &format!("\n[wbx] {why}\n"));
             self.job_store(jk, js, false);
             self.jobs.queue.push_front(jk);
             self.job_pump();
@@ -1856,6 +2108,11 @@ impl Daemon {
             return;
         };
         let js = j.serial;
+        if j.phase == Phase::Ending && !j.written {
+            // Its end's write failed: again.
+            self.job_finish(jk, js, None);
+            return;
+        }
         let Some((key, _)) = j.sbx else {
             return;
         };
@@ -1863,6 +2120,8 @@ impl Daemon {
             Phase::Starting => {
                 self.box_end(key, "its init did not start the job's command in time")
             }
+            // It exited in time; its usage is being read.
+            Phase::Running if j.exit.is_some() => {}
             Phase::Running if !j.timed_out => {
                 j.timed_out = true;
                 if let Some(pid) = j.pid {
@@ -1885,6 +2144,175 @@ impl Daemon {
             }
             Phase::Queued | Phase::Ending => {}
         }
+    }
+
+    /// `POST /v1/jobs/wait`: the jobs that are not live are read on the pool (they have
+    /// finished, or are not there); then the wait is answered, or held.
+    fn job_wait(&mut self, ck: usize, tenant: String, ids: Vec<String>, all: bool, timeout_s: u64) {
+        let held = self
+            .jobs
+            .waiters
+            .iter()
+            .filter(|(_, w)| w.tenant == tenant)
+            .count();
+        if self.jobs.waiters.len() >= MAX_WAITERS || held >= MAX_WAITERS_PER_TENANT {
+            self.respond(
+                ck,
+                crate::wbx::error(
+                    429,
+                    &format!("too many waits at once (at most {MAX_WAITERS_PER_TENANT} per tenant); retry in a second"),
+                )
+                .with_header("Retry-After", "1"),
+            );
+            return;
+        }
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        self.conn_own(ck, Owner::Job);
+        let absent: Vec<String> = ids
+            .iter()
+            .filter(|i| !self.jobs.by_id.contains_key(*i))
+            .cloned()
+            .collect();
+        let sessions = Arc::clone(&self.app.sessions);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let store = sessions.store();
+            let read: Result<HashMap<String, JobRecord>, String> = absent
+                .iter()
+                .filter_map(|id| match store.job(id) {
+                    Ok(Some(r)) => Some(Ok((id.clone(), r))),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(e.to_string())),
+                })
+                .collect();
+            Box::new(move |d: &mut Daemon| {
+                d.job_wait_start((ck, serial), tenant, ids, all, timeout_s, read)
+            })
+        }));
+    }
+
+    fn job_wait_start(
+        &mut self,
+        client: (usize, u64),
+        tenant: String,
+        ids: Vec<String>,
+        all: bool,
+        timeout_s: u64,
+        read: Result<HashMap<String, JobRecord>, String>,
+    ) {
+        let (ck, serial) = client;
+        let read = match read {
+            Ok(r) => r,
+            Err(e) => {
+                log::error!("jobs: reading for a wait: {e}");
+                self.on_outcome(ck, serial, Outcome::Respond(store_refusal()));
+                return;
+            }
+        };
+        let mut items = Vec::new();
+        for id in &ids {
+            let live = self
+                .jobs
+                .by_id
+                .get(id)
+                .and_then(|&k| self.jobs.live.get(k))
+                .filter(|j| j.rec.tenant == tenant)
+                .map(|j| (j.rec.status.clone(), j.written));
+            let item = live.or_else(|| {
+                read.get(id)
+                    .filter(|r| r.tenant == tenant)
+                    .map(|r| (r.status.clone(), r.finished()))
+            });
+            match item {
+                Some((status, done)) => items.push((id.clone(), status, done)),
+                None => {
+                    let resp = crate::wbx::error(404, &format!("job not found: {id}"));
+                    self.on_outcome(ck, serial, Outcome::Respond(resp));
+                    return;
+                }
+            }
+        }
+        let body = wj::wait_json(&items, all);
+        if body["done"] == true || timeout_s == 0 {
+            self.on_outcome(ck, serial, Outcome::Respond(Response::json(200, &body)));
+            return;
+        }
+        let key = self.jobs.waiters.insert(Waiter {
+            client,
+            tenant,
+            all,
+            items,
+            gen: 0,
+        });
+        let gen = self.reactor.arm_new(
+            Instant::now() + Duration::from_secs(timeout_s),
+            Addr::new(JOBS, key, WAIT),
+        );
+        self.jobs.waiters[key].gen = gen;
+        for id in ids {
+            self.jobs.waiting_on.entry(id).or_default().push(key);
+        }
+    }
+
+    /// Job `id`'s end is written: the waits on it look again.
+    fn job_waiters_see(&mut self, id: &str, status: &str) {
+        let Some(keys) = self.jobs.waiting_on.get(id).cloned() else {
+            return;
+        };
+        for key in keys {
+            let Some(w) = self.jobs.waiters.get_mut(key) else {
+                continue;
+            };
+            for item in w.items.iter_mut().filter(|i| i.0 == id) {
+                item.1 = status.to_string();
+                item.2 = true;
+            }
+            let body = wj::wait_json(&w.items, w.all);
+            if body["done"] == true {
+                self.job_wait_answer(key, &body);
+            }
+        }
+    }
+
+    /// The daemon stops: every wait is answered now (503, as for a restart).
+    pub(crate) fn job_waits_end(&mut self) {
+        let keys: Vec<usize> = self.jobs.waiters.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            if let Some(w) = self.jobs.waiters.try_remove(key) {
+                let (ck, serial) = w.client;
+                let resp =
+                    crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
+                        .with_header("Retry-After", "5");
+                self.on_outcome(ck, serial, Outcome::Respond(resp));
+            }
+        }
+        self.jobs.waiting_on.clear();
+    }
+
+    /// A wait's time is up: it answers with `done: false`.
+    fn job_wait_timeout(&mut self, key: usize, gen: u64) {
+        let Some(w) = self.jobs.waiters.get(key).filter(|w| w.gen == gen) else {
+            return;
+        };
+        let body = wj::wait_json(&w.items, w.all);
+        self.job_wait_answer(key, &body);
+    }
+
+    fn job_wait_answer(&mut self, key: usize, body: &serde_json::Value) {
+        let Some(w) = self.jobs.waiters.try_remove(key) else {
+            return;
+        };
+        for (id, _, _) in &w.items {
+            if let Some(keys) = self.jobs.waiting_on.get_mut(id) {
+                keys.retain(|&k| k != key);
+                if keys.is_empty() {
+                    self.jobs.waiting_on.remove(id);
+                }
+            }
+        }
+        let (ck, serial) = w.client;
+        self.on_outcome(ck, serial, Outcome::Respond(Response::json(200, body)));
     }
 
     /// Housekeeping: finished jobs past their retention go, with their files.
@@ -1917,7 +2345,7 @@ impl Daemon {
                         match r {
                             Ok(_) => {
                                 let _ = std::fs::remove_dir_all(dir.join(&id));
-                                let bytes = rec.artifacts.iter().map(|a| a.size).sum();
+                                let bytes = stored_bytes(&rec);
                                 freed.push((rec.tenant, bytes));
                                 log::info!("job {id} removed: past its retention");
                             }
@@ -1955,10 +2383,11 @@ impl Live {
             return;
         }
         self.logged += keep as u64;
-        self.unacked += keep as u64;
         let mut out = out;
         out.truncate(keep);
         if let Some(w) = &self.writer {
+            // Counted only while a writer will acknowledge it.
+            self.unacked += keep as u64;
             let _ = w.tx.send(Msg::Log(out));
         }
     }
@@ -2016,7 +2445,7 @@ fn size_refusal(c: &WbxJobs, size: u64, job_bytes: u64, tenant_bytes: u64) -> Op
 /// wrote) and its result files, acknowledging each write to the loop.
 fn start_writer(
     dir: &Path,
-    owner: (usize, u64),
+    owner: (usize, u64, u64),
     rx: crossbeam_channel::Receiver<Msg>,
     mailbox: crate::reactor::Mailbox<Daemon>,
 ) -> std::io::Result<()> {
@@ -2032,7 +2461,7 @@ fn start_writer(
         .read(true)
         .mode(0o600)
         .open(&log_path)?;
-    let (jk, js) = owner;
+    let (jk, js, wgen) = owner;
     std::thread::Builder::new()
         .name("isobox-joblog".into())
         .spawn(move || {
@@ -2050,6 +2479,8 @@ fn start_writer(
                 }
             }
             let mut art: Option<(PathBuf, std::fs::File, ring::digest::Context, u64)> = None;
+            // Which file opened here this is (the loop counts the same).
+            let mut fid = 0u64;
             let mut art_err: Option<String> = None;
             let send = |f: Box<dyn FnOnce(&mut Daemon) + Send>| {
                 mailbox.send(f);
@@ -2062,9 +2493,12 @@ fn start_writer(
                             size += b.len() as u64;
                         }
                         let n = b.len() as u64;
-                        send(Box::new(move |d: &mut Daemon| d.job_log_acked(jk, js, n)));
+                        send(Box::new(move |d: &mut Daemon| {
+                            d.job_log_acked(jk, js, wgen, n)
+                        }));
                     }
                     Msg::Open(path) => {
+                        fid += 1;
                         art_err = None;
                         art = match std::fs::OpenOptions::new()
                             .write(true)
@@ -2096,7 +2530,9 @@ fn start_writer(
                                 Err(e) => art_err = Some(e.to_string()),
                             }
                         }
-                        send(Box::new(move |d: &mut Daemon| d.job_data_acked(jk, js, n)));
+                        send(Box::new(move |d: &mut Daemon| {
+                            d.job_data_acked(jk, js, wgen, fid, n)
+                        }));
                     }
                     Msg::Close => {
                         let r = match (art.take(), art_err.take()) {
@@ -2113,7 +2549,9 @@ fn start_writer(
                             }
                             (None, e) => Err(e.unwrap_or_else(|| "no file was open".into())),
                         };
-                        send(Box::new(move |d: &mut Daemon| d.job_file_stored(jk, js, r)));
+                        send(Box::new(move |d: &mut Daemon| {
+                            d.job_file_stored(jk, js, wgen, fid, r)
+                        }));
                     }
                     Msg::Discard => {
                         if let Some((path, _, _, _)) = art.take() {
@@ -2129,7 +2567,9 @@ fn start_writer(
                         send(Box::new(move |d: &mut Daemon| {
                             // A lost attempt's writer finishes after the next attempt
                             // began: only the job's end waits for this.
-                            if d.job(jk, js).is_some_and(|j| j.phase == Phase::Ending) {
+                            if d.job(jk, js)
+                                .is_some_and(|j| j.phase == Phase::Ending && j.writer_gen == wgen)
+                            {
                                 d.job_finish(jk, js, Some((size, sha)));
                             }
                         }));

@@ -398,6 +398,7 @@ impl Daemon {
         // A long-lived sandbox has no end to wait for: it ends now (a restart loses
         // them, as documented).
         self.box_end_all("the daemon is shutting down");
+        self.job_waits_end();
         self.proxy_close_all();
         self.gate_close_all();
         self.agent_stop_all();

@@ -26,13 +26,16 @@ pub struct Sealed {
 
 /// `retry` as asked.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct RetryPolicy {
     /// Attempts in all, at least 1.
     pub max_attempts: u32,
 }
 
-/// What a job asked for, as stored (env values only sealed).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// What a job asked for, as stored (env values only sealed). A field a later version
+/// adds reads as its default in a record this version wrote.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct JobSpec {
     /// Run with `/bin/sh -c` in the user's home.
     pub command: String,
@@ -104,8 +107,9 @@ pub struct Attempt {
     pub error: Option<JobError>,
 }
 
-/// One job, as stored.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+/// One job, as stored (missing fields read as their defaults, as in [`JobSpec`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct JobRecord {
     /// Owning tenant.
     pub tenant: String,
@@ -149,6 +153,12 @@ pub struct JobRecord {
     pub peak_memory_bytes: Option<u64>,
     /// Run time billed, milliseconds (every attempt's).
     pub billed_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> RetryPolicy {
+        RetryPolicy { max_attempts: 1 }
+    }
 }
 
 impl JobRecord {
@@ -368,6 +378,20 @@ impl Store {
             out.push((id, rec));
         }
         Ok((out, false))
+    }
+
+    /// Every job's id (those whose record does not decode too).
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn job_ids(&self) -> Result<Vec<String>, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        let mut out = Vec::new();
+        for item in self.jobs.iter(&rtxn)? {
+            let (id, _) = item?;
+            out.push(id.to_string());
+        }
+        Ok(out)
     }
 
     /// Every job (id, record). Corrupt records are logged and skipped.

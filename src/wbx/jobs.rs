@@ -108,6 +108,16 @@ pub enum JobOp {
     Retry(String, Vec<(String, String)>),
     /// `GET /v1/jobs/stats?days=`.
     Stats(u64),
+    /// `POST /v1/jobs/wait`: until one (or, with `all`, every one) of `ids` has
+    /// finished, or `timeout_s` passed.
+    Wait {
+        /// The jobs, in the order asked, each once.
+        ids: Vec<String>,
+        /// `until: "all"`.
+        all: bool,
+        /// Seconds at most (0: answer at once).
+        timeout_s: u64,
+    },
     /// `GET /v1/receipts/key`.
     ReceiptKey,
 }
@@ -437,6 +447,90 @@ pub fn logs(req: &Request, id: String) -> Result<JobOp, Response> {
 pub fn retry(req: &Request, id: String) -> Result<JobOp, Response> {
     let f = Fields::of(req, &["env"])?;
     Ok(JobOp::Retry(id, env_vars(f.strings("env")?)?))
+}
+
+/// Jobs one wait may name.
+pub const MAX_WAIT_IDS: usize = 100;
+/// Longest wait, seconds.
+pub const MAX_WAIT_S: u64 = 60;
+/// A wait's default, seconds.
+pub const DEFAULT_WAIT_S: u64 = 30;
+
+/// `POST /v1/jobs/wait` `{"job_ids": [...], "batch_ids": [...], "until": "any"|"all",
+/// "timeout_s": N}`.
+pub fn wait(req: &Request) -> Result<JobOp, Response> {
+    let f = Fields::of(req, &["job_ids", "batch_ids", "until", "timeout_s"])?;
+    let list = |name: &str| -> Result<Vec<String>, Response> {
+        if f.absent(name) {
+            return Ok(Vec::new());
+        }
+        let bad = || error(400, &format!("{name}: must be a list of ids"));
+        let Value::Array(items) = &f.0[name] else {
+            return Err(bad());
+        };
+        items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(bad))
+            .collect()
+    };
+    let asked = list("job_ids")?;
+    if asked.len() > MAX_WAIT_IDS {
+        return Err(error(
+            400,
+            &format!("job_ids: at most {MAX_WAIT_IDS} jobs in one wait"),
+        ));
+    }
+    let mut ids: Vec<String> = Vec::new();
+    for id in asked {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    if !list("batch_ids")?.is_empty() {
+        return Err(error(
+            400,
+            "batch_ids: batches are not supported by this server yet; wait on job_ids",
+        ));
+    }
+    if ids.is_empty() {
+        return Err(error(400, "job_ids: at least one job id"));
+    }
+    let all = match f.string("until")?.as_deref() {
+        None | Some("any") => false,
+        Some("all") => true,
+        Some(_) => return Err(error(400, "until: \"any\" or \"all\"")),
+    };
+    let timeout_s = match f.whole("timeout_s", "a whole number of seconds from 0 to 60")? {
+        None => DEFAULT_WAIT_S,
+        Some(t) if t <= MAX_WAIT_S => t,
+        Some(_) => {
+            return Err(error(
+                400,
+                &format!("timeout_s: at most {MAX_WAIT_S} seconds; call again to wait longer"),
+            ))
+        }
+    };
+    Ok(JobOp::Wait {
+        ids,
+        all,
+        timeout_s,
+    })
+}
+
+/// The answer of a wait: each job's state, and whether the condition holds.
+pub fn wait_json(items: &[(String, String, bool)], all: bool) -> Value {
+    let finished = items.iter().filter(|(_, _, d)| *d).count();
+    let done = if all {
+        finished == items.len()
+    } else {
+        finished > 0
+    };
+    json!({
+        "done": done,
+        "finished": finished,
+        "total": items.len(),
+        "items": items.iter().map(|(id, status, d)| json!({"id": id, "kind": "job", "status": status, "done": d})).collect::<Vec<_>>(),
+    })
 }
 
 /// `GET /v1/jobs/stats?days=`.

@@ -69,6 +69,8 @@ pub enum Route {
     Jobs,
     /// `GET /v1/jobs/stats`
     JobStats,
+    /// `POST /v1/jobs/wait`
+    JobWait,
     /// `GET /v1/jobs/{id}`
     Job,
     /// `GET /v1/jobs/{id}/summary`
@@ -171,6 +173,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/jobs", GET, Route::Jobs, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/jobs", POST, Route::Jobs, Class::MemoryStarts, EXEC_BODY_BYTES),
     row("/v1/jobs/stats", GET, Route::JobStats, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/jobs/wait", POST, Route::JobWait, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/jobs/{id}", GET, Route::Job, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/jobs/{id}/summary", GET, Route::JobSummary, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/jobs/{id}/logs", GET, Route::JobLogs, Class::Memory, DEFAULT_BODY_BYTES),
@@ -216,7 +219,10 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
         .get("id")
         .filter(|i| jobs::valid_id(i))
         .map(str::to_string);
-    let needs_id = !matches!(spec.id, Route::Jobs | Route::JobStats | Route::ReceiptKey);
+    let needs_id = !matches!(
+        spec.id,
+        Route::Jobs | Route::JobStats | Route::JobWait | Route::ReceiptKey
+    );
     if needs_id && id.is_none() {
         return Asked::Respond(jobs::not_found());
     }
@@ -226,6 +232,7 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
         Route::Jobs if req.head.method == "POST" => jobs::submit(req, runtimes, &limits.jobs),
         Route::Jobs => jobs::list(req),
         Route::JobStats => jobs::stats(req),
+        Route::JobWait => jobs::wait(req),
         Route::Job => Ok(JobOp::Get(id)),
         Route::JobSummary => Ok(JobOp::Summary(id)),
         Route::JobLogs => jobs::logs(req, id),
@@ -261,6 +268,7 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         spec.id,
         Route::Jobs
             | Route::JobStats
+            | Route::JobWait
             | Route::Job
             | Route::JobSummary
             | Route::JobLogs
