@@ -389,6 +389,17 @@ fn test_bad_run_requests_get_clear_errors_and_a_run_is_its_tenants_only() {
         (400, json!("invalid_query"))
     );
     assert!(r.text().contains("Last-Event-ID"), "{}", r.text());
+    // `after` wins over the header, but a header that is no event id is still refused.
+    let r = d.request(
+        "GET",
+        &format!("/v1/runs/{id}/events?after=1"),
+        &[alice[0], ("Last-Event-ID", "\\,7e>!d")],
+        b"",
+    );
+    assert_eq!(
+        (r.status, r.json()["error"].clone()),
+        (400, json!("invalid_query"))
+    );
     // `detach` must be a boolean; the 400 says so.
     let mut body = python("print(1)");
     body["detach"] = json!("yes");

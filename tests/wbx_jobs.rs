@@ -897,6 +897,7 @@ fn test_unfinished_jobs_per_tenant_at_and_above_the_bound_and_waiting_on_jobs() 
             404,
             "job not found: job_000000000000000000000000",
         ),
+        (json!({"job_ids": [""]}), 404, "job not found: "),
     ] {
         let r = wbx(&d, "POST", "/v1/jobs/wait", None, Some(&body));
         assert_eq!(r.status, status, "{body}: {}", r.text());
@@ -1002,6 +1003,14 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
     );
     let aid = again["id"].as_str().unwrap().to_string();
     until_status(&d, None, &aid, "running");
+    let t = Instant::now();
+    while !wbx(&d, "GET", &format!("/v1/jobs/{aid}/logs"), None, None)
+        .text()
+        .contains("started")
+    {
+        assert!(t.elapsed() < Duration::from_secs(30), "no output");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let mut killed = 0;
     for c in ["memory", "pids", "cpu"] {
         let slice = std::path::PathBuf::from("/sys/fs/cgroup")

@@ -82,6 +82,17 @@ pub fn get(_: &mut App, req: &Request) -> Action {
 
 /// `GET /v1/runs/{id}/events[?after=N]`, or with `Last-Event-ID: N` (the query wins).
 pub fn events(_: &mut App, req: &Request) -> Action {
+    // A Last-Event-ID that is no event id is refused even when `after` wins over it:
+    // a client sending garbage learns so.
+    if let Some(h) = req.head.header("last-event-id").map(str::trim) {
+        if !h.is_empty() && (h.len() > 19 || !h.bytes().all(|b| b.is_ascii_digit())) {
+            return Action::Respond(Response::error(
+                400,
+                "invalid_query",
+                Some("Last-Event-ID: the id of the last event received, a whole number"),
+            ));
+        }
+    }
     let from_query = req.head.query_param("after");
     let (given, what) = match from_query.as_deref() {
         Some(q) => (Some(q.to_string()), "after"),

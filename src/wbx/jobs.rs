@@ -481,6 +481,10 @@ pub fn wait(req: &Request) -> Result<JobOp, Response> {
         ));
     }
     let mut ids: Vec<String> = Vec::new();
+    if let Some(bad) = asked.iter().find(|id| !valid_id(id)) {
+        let shown: String = bad.chars().take(64).collect();
+        return Err(error(404, &format!("job not found: {shown}")));
+    }
     for id in asked {
         if !ids.contains(&id) {
             ids.push(id);
