@@ -279,7 +279,6 @@ fn test_a_job_runs_saves_its_files_and_says_what_happened() {
     assert_eq!(t["lines"].as_u64(), Some(log.lines().count() as u64));
     assert!(log.ends_with(t["text"].as_str().unwrap()), "{t}");
     for (q, want) in [
-        ("mode=summary", "mode: summary and errors"),
         ("mode=nope", "mode: one of"),
         ("limit=0", "limit: 1 to"),
         ("offset=x", "offset:"),
@@ -559,6 +558,82 @@ fn test_failures_time_limits_cancels_retries_and_bad_input() {
         log.contains("started\n") && log.contains("the time limit of 2 s was reached"),
         "{log}"
     );
+
+    // The log digest: real pytest output (tests/fixtures/logs) printed by a job.
+    let pytest_out = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/logs/pytest-fail.txt"
+    ))
+    .unwrap();
+    let cmd = format!(
+        "for i in $(seq 300); do echo 'warning: cache miss'; done; cat <<'PYTEST_EOF'\n{pytest_out}PYTEST_EOF\nexit 1"
+    );
+    let t = submit(&d, None, &json!({"command": cmd, "network": none}));
+    let tid = t["id"].as_str().unwrap();
+    let tj = finished(&d, None, tid, Duration::from_secs(120));
+    assert_eq!(
+        (tj["status"].as_str(), tj["exit_code"].as_i64()),
+        (Some("failed"), Some(1)),
+        "{tj}"
+    );
+    let expected_results = json!([{"framework": "pytest", "passed": 4, "failed": 1, "skipped": 0, "total": 5,
+        "failures": [{"name": "tests/test_api.py::test_refund", "file": "tests/test_api.py", "message": "assert 400 == 200"}]}]);
+    let dg = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{tid}/logs?mode=summary&max_chars=2000"),
+        None,
+        None,
+    )
+    .json();
+    assert_eq!(
+        (
+            dg["mode"].as_str(),
+            dg["status"].as_str(),
+            dg["exit_code"].as_i64()
+        ),
+        (Some("summary"), Some("failed"), Some(1)),
+        "{dg}"
+    );
+    let text = dg["text"].as_str().unwrap();
+    assert!(text.chars().count() <= 2000, "{text}");
+    assert!(text.starts_with("[wbx] tests (pytest): 4 passed, 1 failed, 5 total\n  FAILED tests/test_api.py::test_refund – assert 400 == 200\n"), "{text}");
+    assert!(
+        text.contains("[wbx] errors:\n") && text.contains("[wbx] end of log:\n"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with(
+            "========================= 1 failed, 4 passed in 0.02s ==========================\n"
+        ),
+        "{text}"
+    );
+    assert_eq!(dg["test_results"], expected_results);
+    assert_eq!(
+        dg["lines"].as_u64(),
+        Some(300 + pytest_out.lines().count() as u64)
+    );
+    let er = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{tid}/logs?mode=errors"),
+        None,
+        None,
+    )
+    .json();
+    let etext = er["text"].as_str().unwrap();
+    assert!(
+        etext.contains("E       assert 400 == 200") && !etext.contains("[wbx] end of log"),
+        "{etext}"
+    );
+    assert!(
+        !etext.contains("warning: cache miss\nwarning: cache miss"),
+        "repeats are collapsed: {etext}"
+    );
+    let sm = wbx(&d, "GET", &format!("/v1/jobs/{tid}/summary"), None, None).json();
+    assert_eq!(sm["test_results"], expected_results);
+    let rc = wbx(&d, "GET", &format!("/v1/jobs/{tid}/receipt"), None, None).json();
+    assert_eq!(rc["test_results"], expected_results);
 
     // Result-file limits at, below and above each bound: 3 files, 1 MB each, 2 MB in all.
     let lim = submit(

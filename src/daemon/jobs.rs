@@ -29,7 +29,7 @@ use crate::http::Response;
 use crate::jobs::{Pattern, Redactor};
 use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
 use crate::sandbox::wire::{self, Call, Exited, FsCall, FsEntry, Kind, Reply};
-use crate::store::jobs::{Artifact, Attempt, JobError, JobRecord, Skipped, Submitted};
+use crate::store::jobs::{Artifact, Attempt, JobError, JobRecord, Skipped, Submitted, TestResults};
 use crate::store::Store;
 use crate::wbx::jobs::{self as wj, JobOp, Prices};
 use crate::wbx::sandboxes::{self as wsb, Create};
@@ -259,6 +259,10 @@ enum Msg {
     Discard,
     Finish,
 }
+
+/// Bytes of a log's end read for its test results and digest (a log may be 64 MiB;
+/// frameworks sum up at the end).
+const DIGEST_BYTES: u64 = 8 << 20;
 
 /// Most entries `skipped` lists; past it one entry counts the rest.
 const MAX_SKIPPED: usize = 1000;
@@ -670,6 +674,7 @@ impl Daemon {
             cpu_ms: None,
             peak_memory_bytes: None,
             billed_ms: 0,
+            test_results: Vec::new(),
         };
         *self.jobs.pending.entry(tenant.clone()).or_default() += 1;
         // Its env values are not kept while it waits: its start opens them again.
@@ -1907,13 +1912,14 @@ impl Daemon {
     }
 
     /// The log is synced (its size and SHA-256): write the end.
-    fn job_finish(&mut self, jk: usize, js: u64, log: Option<(u64, String)>) {
+    fn job_finish(&mut self, jk: usize, js: u64, log: Option<(u64, String, Vec<TestResults>)>) {
         let Some(j) = self.job(jk, js) else {
             return;
         };
-        if let Some((bytes, sha)) = log {
+        if let Some((bytes, sha, results)) = log {
             j.rec.log_bytes = bytes;
             j.rec.log_sha256 = Some(sha);
+            j.rec.test_results = results;
         }
         let (id, rec) = (j.id.clone(), j.rec.clone());
         let mailbox = self.reactor.mailbox();
@@ -2564,13 +2570,15 @@ fn start_writer(
                         }
                         let _ = log.sync_all();
                         let sha = hex(digest.finish().as_ref());
+                        // The test results of its log's end (where frameworks sum up).
+                        let results = crate::jobs::digest::test_results(&String::from_utf8_lossy(
+                            &read_end(&log_path, size, DIGEST_BYTES),
+                        ));
                         send(Box::new(move |d: &mut Daemon| {
-                            // A lost attempt's writer finishes after the next attempt
-                            // began: only the job's end waits for this.
                             if d.job(jk, js)
                                 .is_some_and(|j| j.phase == Phase::Ending && j.writer_gen == wgen)
                             {
-                                d.job_finish(jk, js, Some((size, sha)));
+                                d.job_finish(jk, js, Some((size, sha, results)));
                             }
                         }));
                         return;
@@ -2656,17 +2664,30 @@ fn read_op(
             id,
             offset,
             limit,
-            tail,
+            mode,
         } => {
             let rec = found(id)?;
             let path = dir.join(id).join("log");
             let size = std::fs::metadata(&path).map_or(0, |m| m.len());
-            if let Some(max_chars) = tail {
-                let text = read_tail(&path, size, *max_chars);
+            if let Some((mode, max_chars)) = mode {
                 let lines = count_lines(&path);
+                if *mode == wj::LogMode::Tail {
+                    let text = read_tail(&path, size, *max_chars);
+                    return ok(serde_json::json!({
+                        "mode": "tail", "status": rec.status, "exit_code": rec.exit_code,
+                        "lines": lines, "size": size, "text": text,
+                    }));
+                }
+                let end = read_end(&path, size, DIGEST_BYTES);
+                let (text, results) = crate::jobs::digest::digest(
+                    &String::from_utf8_lossy(&end),
+                    *mode == wj::LogMode::Errors,
+                    *max_chars,
+                );
                 return ok(serde_json::json!({
-                    "mode": "tail", "status": rec.status, "exit_code": rec.exit_code,
-                    "lines": lines, "size": size, "text": text,
+                    "mode": if *mode == wj::LogMode::Errors { "errors" } else { "summary" },
+                    "status": rec.status, "exit_code": rec.exit_code,
+                    "lines": lines, "size": size, "text": text, "test_results": results,
                 }));
             }
             let start = if *offset < 0 {
@@ -2810,6 +2831,18 @@ fn last_lines(path: &Path, n: usize) -> Vec<String> {
         .iter()
         .map(|l| l.chars().take(500).collect())
         .collect()
+}
+
+/// The last `max` bytes of a file of `size` bytes.
+fn read_end(path: &Path, size: u64, max: u64) -> Vec<u8> {
+    use std::os::unix::fs::FileExt as _;
+    let want = max.min(size);
+    let mut buf = vec![0u8; usize::try_from(want).unwrap_or(0)];
+    let n = std::fs::File::open(path)
+        .and_then(|f| f.read_at(&mut buf, size - want))
+        .unwrap_or(0);
+    buf.truncate(n);
+    buf
 }
 
 /// The log's last `max_chars` characters (read from its last `4 × max_chars` bytes).

@@ -107,6 +107,34 @@ pub struct Attempt {
     pub error: Option<JobError>,
 }
 
+/// One test failure.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Failure {
+    /// The test's name as the framework writes it.
+    pub name: String,
+    /// Its file, where the output says.
+    pub file: Option<String>,
+    /// The first line(s) of why.
+    pub message: String,
+}
+
+/// One framework's results in a log.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TestResults {
+    /// `pytest`, `go test`, `cargo test`, `jest`, `vitest` or `mocha`.
+    pub framework: String,
+    /// Tests that passed (`None`: the output does not say, as `go test` without `-v`).
+    pub passed: Option<u64>,
+    /// Tests that failed (errors included).
+    pub failed: u64,
+    /// Tests skipped (ignored, pending).
+    pub skipped: u64,
+    /// All of them (`None` when `passed` is).
+    pub total: Option<u64>,
+    /// The failures, at most `jobs::digest::MAX_FAILURES`.
+    pub failures: Vec<Failure>,
+}
+
 /// One job, as stored (missing fields read as their defaults, as in [`JobSpec`]).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default)]
@@ -153,6 +181,8 @@ pub struct JobRecord {
     pub peak_memory_bytes: Option<u64>,
     /// Run time billed, milliseconds (every attempt's).
     pub billed_ms: u64,
+    /// Test results recognised in its log when it ended.
+    pub test_results: Vec<TestResults>,
 }
 
 impl Default for RetryPolicy {
@@ -459,6 +489,7 @@ mod tests {
             cpu_ms: None,
             peak_memory_bytes: None,
             billed_ms: 0,
+            test_results: vec![],
         }
     }
 

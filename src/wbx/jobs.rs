@@ -86,8 +86,8 @@ pub enum JobOp {
         offset: i64,
         /// At most this many bytes.
         limit: u64,
-        /// `tail`: the log's end as JSON (at most `max_chars` characters).
-        tail: Option<usize>,
+        /// A digest as JSON instead of the bytes, of at most this many characters.
+        mode: Option<(LogMode, usize)>,
     },
     /// `GET /v1/jobs/{id}/receipt`.
     Receipt(String),
@@ -134,6 +134,17 @@ fn plain<T: std::str::FromStr>(s: &str, signed: bool) -> Option<T> {
         return None;
     }
     s.parse().ok()
+}
+
+/// What `mode=` asks of the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogMode {
+    /// Test results, error blocks and the end.
+    Summary,
+    /// Error blocks only.
+    Errors,
+    /// The end only.
+    Tail,
 }
 
 /// A job id: `job_` and 24 hex digits.
@@ -424,22 +435,18 @@ pub fn logs(req: &Request, id: String) -> Result<JobOp, Response> {
             .filter(|n| (100..=100_000).contains(n))
             .ok_or_else(|| error(400, "max_chars: 100 to 100000"))?,
     };
-    let tail = match req.head.query_param("mode").as_deref() {
+    let mode = match req.head.query_param("mode").as_deref() {
         None => None,
-        Some("tail") => Some(max_chars),
-        Some("summary" | "errors") => {
-            return Err(error(
-                400,
-                "mode: summary and errors (the log digest) are not supported by this server yet; mode=tail, or the raw log without mode",
-            ))
-        }
+        Some("summary") => Some((LogMode::Summary, max_chars)),
+        Some("errors") => Some((LogMode::Errors, max_chars)),
+        Some("tail") => Some((LogMode::Tail, max_chars)),
         Some(_) => return Err(error(400, "mode: one of summary, errors, tail")),
     };
     Ok(JobOp::Logs {
         id,
         offset,
         limit,
-        tail,
+        mode,
     })
 }
 
@@ -664,6 +671,7 @@ pub fn summary_json(
         "cost": prices.show(prices.cost(rec.billed_ms)),
         "error": rec.error,
         "files": file_names(rec),
+        "test_results": rec.test_results,
         "last_log_lines": last_lines,
         "next_step": next_step(rec).replace("{id}", id),
     })
@@ -698,6 +706,7 @@ pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str)
         "peak_memory_bytes": rec.peak_memory_bytes,
         "result_files": rec.artifacts.iter().map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256})).collect::<Vec<_>>(),
         "log": {"size": rec.log_bytes, "sha256": rec.log_sha256, "dropped_bytes": rec.log_dropped},
+        "test_results": rec.test_results,
         "cost": prices.show(prices.cost(rec.billed_ms)),
     })
 }

@@ -3,6 +3,8 @@
 //! decimal strings. The loop that runs jobs is `daemon::jobs`; the face that parses
 //! and shapes them is `wbx::jobs`.
 
+pub mod digest;
+
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 
