@@ -330,6 +330,10 @@ struct Args {
     /// stored result files of one tenant together, MB
     #[arg(long, env = "ISOBOX_WBX_ARTIFACT_TENANT_MB", help_heading = "WBX face (/wbx)", default_value = "5000", value_parser = Value(parsed::<u64>))]
     wbx_artifact_tenant_mb: u64,
+    /// webhooks may also go to http:// on loopback (127.0.0.1, ::1, localhost): for
+    /// tests and local use; otherwise only public https:// targets
+    #[arg(long, env = "ISOBOX_WBX_WEBHOOK_LOOPBACK", help_heading = "WBX face (/wbx)", value_name = "0|1", default_value = "0", value_parser = Value(zero_one))]
+    wbx_webhook_loopback: std::primitive::bool,
     /// the billing currency of job costs (three capital letters)
     #[arg(long, env = "ISOBOX_WBX_CURRENCY", help_heading = "WBX face (/wbx)", default_value = "EUR", value_parser = Value(currency))]
     wbx_currency: String,
@@ -675,6 +679,7 @@ impl Config {
                     currency: a.wbx_currency,
                     price_vcpu_s: a.wbx_price_vcpu_s,
                     price_gb_s: a.wbx_price_gb_s,
+                    webhook_loopback: a.wbx_webhook_loopback,
                 },
             },
             public: {
@@ -1450,6 +1455,8 @@ pub struct WbxJobs {
     pub price_vcpu_s: crate::jobs::Money,
     /// Price of a GB-second.
     pub price_gb_s: crate::jobs::Money,
+    /// Webhooks may go to loopback `http://`.
+    pub webhook_loopback: bool,
 }
 
 /// The eryx face (`/eryx`) and its WebAssembly worker.
@@ -1611,6 +1618,7 @@ mod tests {
         ("--wbx-currency", "ISOBOX_WBX_CURRENCY"),
         ("--wbx-price-vcpu-s", "ISOBOX_WBX_PRICE_VCPU_S"),
         ("--wbx-price-gb-s", "ISOBOX_WBX_PRICE_GB_S"),
+        ("--wbx-webhook-loopback", "ISOBOX_WBX_WEBHOOK_LOOPBACK"),
         ("--public-domain", "ISOBOX_PUBLIC_DOMAIN"),
         ("--public-scheme", "ISOBOX_PUBLIC_SCHEME"),
         ("--init", "ISOBOX_INIT"),

@@ -51,6 +51,8 @@ pub mod sys;
 pub mod wasm;
 /// The WBX face (`/wbx`): long-lived sandboxes and commands, its routes and errors.
 pub mod wbx;
+/// Webhook delivery: the outbox's thread, signed requests to public https targets only.
+pub mod webhooks;
 /// Sessions' workspaces and volumes, the confined file API, zip downloads.
 pub mod workspace;
 

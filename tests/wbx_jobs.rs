@@ -843,8 +843,12 @@ fn test_failures_time_limits_cancels_retries_and_bad_input() {
             "max_cost: not supported by this server yet",
         ),
         (
-            json!({"command": "true", "webhook_url": "https://example.com/"}),
-            "webhook_url: not supported",
+            json!({"command": "true", "inputs": [{"job_id": "job_x", "name": "a"}]}),
+            "inputs: not supported",
+        ),
+        (
+            json!({"command": "true", "webhook_url": "http://example.com/"}),
+            "webhook_url: only https://",
         ),
         (
             json!({"command": "true", "colour": 1}),
@@ -1176,4 +1180,286 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
     d2.assert_clean();
     d2.stop();
     drop(d);
+}
+
+/// One request a receiver got: its head's lines and its body.
+type Got = (Vec<String>, Vec<u8>);
+
+/// A webhook receiver on loopback: the first request is held unanswered (its sender
+/// is killed meanwhile), every later one answered 200.
+fn receiver() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Got>>>) {
+    use std::io::{BufRead, Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let got: std::sync::Arc<std::sync::Mutex<Vec<Got>>> = Default::default();
+    let g = std::sync::Arc::clone(&got);
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { continue };
+            let g = std::sync::Arc::clone(&g);
+            std::thread::spawn(move || {
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                let mut head = Vec::new();
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let line = line.trim_end().to_string();
+                    if line.is_empty() {
+                        break;
+                    }
+                    head.push(line);
+                }
+                let len: usize = head
+                    .iter()
+                    .find_map(|h| {
+                        h.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                let mut body = vec![0u8; len];
+                r.read_exact(&mut body).unwrap();
+                let first = {
+                    let mut g = g.lock().unwrap();
+                    g.push((head, body));
+                    g.len() == 1
+                };
+                let mut s = s;
+                if first {
+                    std::thread::sleep(Duration::from_secs(60));
+                } else {
+                    let _ = s.write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
+                }
+            });
+        }
+    });
+    (port, got)
+}
+
+fn header<'a>(head: &'a [String], name: &str) -> &'a str {
+    head.iter()
+        .find_map(|h| {
+            let (k, v) = h.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+        .unwrap_or_else(|| panic!("no {name} in {head:?}"))
+}
+
+/// The document's own verification snippet, unchanged, run on a delivery.
+const VERIFY: &str = r#"import hashlib, hmac, time
+
+def verify(secret: str, body: bytes, header: str) -> bool:
+    parts = dict(p.split("=", 1) for p in header.split(","))
+    if abs(time.time() - int(parts["t"])) > 300:
+        return False
+    mac = hmac.new(secret.encode(), parts["t"].encode() + b"." + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(mac, parts["v1"])
+"#;
+
+fn verifies(secret: &str, body: &[u8], sig: &str) -> bool {
+    let path = std::env::temp_dir().join(format!(
+        "isobox-hook-{}-{}",
+        std::process::id(),
+        sig.len() + body.len()
+    ));
+    std::fs::write(&path, body).unwrap();
+    let script = format!(
+        "{VERIFY}\nimport sys\nprint(verify(sys.argv[1], open(sys.argv[2], 'rb').read(), sys.argv[3]))\n"
+    );
+    let out = std::process::Command::new(common::test_python())
+        .args(["-c", &script, secret, path.to_str().unwrap(), sig])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim() == "True"
+}
+
+#[test]
+fn test_webhooks_are_signed_survive_a_kill_9_and_never_reach_a_private_address() {
+    let (port, got) = receiver();
+    let instance = format!("isobox-hooks{}", std::process::id());
+    let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&instance));
+    let env = [
+        ("ISOBOX_INSTANCE", instance.as_str()),
+        ("ISOBOX_WBX_WEBHOOK_LOOPBACK", "1"),
+    ];
+    let mut d = Daemon::start_with(&env);
+    d.wait_ready();
+    let none = json!({"mode": "none"});
+    // Refused at submit: not https, or not a public address.
+    for (url, want) in [
+        ("http://10.1.2.3/hook", "only https://"),
+        (
+            "https://169.254.169.254/latest/meta-data",
+            "not a public address",
+        ),
+        ("https://10.0.0.1/hook", "not a public address"),
+        ("https://user:pw@example.com/", "user name or password"),
+        ("ftp://example.com/", "scheme ftp://"),
+    ] {
+        let r = wbx(
+            &d,
+            "POST",
+            "/v1/jobs",
+            None,
+            Some(&json!({"command": "true", "webhook_url": url})),
+        );
+        assert_eq!(r.status, 400, "{url}");
+        assert!(
+            err(&r).starts_with("webhook_url: ") && err(&r).contains(want),
+            "{url}: {}",
+            r.text()
+        );
+    }
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let job = submit(
+        &d,
+        None,
+        &json!({"command": "echo hi", "webhook_url": url, "network": none}),
+    );
+    let id = job["id"].as_str().unwrap().to_string();
+    assert_eq!(job["webhook_url"], url.as_str());
+    // The first delivery arrives and is held: the daemon dies before it is answered.
+    let t = Instant::now();
+    while got.lock().unwrap().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no delivery\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut child = d.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let d2 = Daemon::start_with(&env);
+    d2.wait_ready();
+    // Delivered again after the restart (at least once), with the same event id.
+    let t = Instant::now();
+    while got.lock().unwrap().len() < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no second delivery\n{}",
+            d2.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let deliveries = got.lock().unwrap().clone();
+    let secret = wbx(&d2, "GET", "/v1/webhooks/secret", None, None).json()["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        secret.starts_with("whsec_") && secret.len() == 54,
+        "{secret}"
+    );
+    for (head, body) in &deliveries {
+        assert!(head[0].starts_with("POST /hook "), "{head:?}");
+        assert_eq!(header(head, "X-WBX-Event"), "job.finished");
+        assert!(header(head, "X-WBX-Delivery").starts_with("dlv_"));
+        let ev: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(
+            (ev["event"].as_str(), ev["id"].as_str()),
+            (Some("job.finished"), Some(id.as_str()))
+        );
+        assert_eq!(
+            (
+                ev["data"]["status"].as_str(),
+                ev["data"]["exit_code"].as_i64()
+            ),
+            (Some("completed"), Some(0)),
+            "{ev}"
+        );
+        assert_eq!(ev["data"]["cost"], "0.000000 EUR");
+        // The document's snippet accepts it with the tenant's secret; an edited body
+        // or another secret does not pass.
+        let sig = header(head, "X-WBX-Signature");
+        assert!(verifies(&secret, body, sig), "{sig}");
+        let mut edited = body.clone();
+        edited[0] = b' ';
+        assert!(!verifies(&secret, &edited, sig));
+        assert!(!verifies("whsec_other", body, sig));
+    }
+    assert_eq!(deliveries[0].1, deliveries[1].1, "one event, one body");
+    assert_ne!(
+        header(&deliveries[0].0, "X-WBX-Delivery"),
+        header(&deliveries[1].0, "X-WBX-Delivery")
+    );
+    // The job says how its delivery went.
+    let t = Instant::now();
+    loop {
+        let j = wbx(&d2, "GET", &format!("/v1/jobs/{id}"), None, None).json();
+        if j["webhook"]["state"] == "delivered" {
+            assert!(
+                j["webhook"]["attempts"].as_u64().is_some_and(|a| a >= 1),
+                "{j}"
+            );
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{j}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A rotation gives a new secret; the old one no longer signs.
+    let rotated = wbx(&d2, "POST", "/v1/webhooks/secret/rotate", None, None).json()["secret"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(rotated, secret);
+    assert_eq!(
+        wbx(&d2, "GET", "/v1/webhooks/secret", None, None).json()["secret"],
+        rotated.as_str()
+    );
+    d2.assert_clean();
+    d2.stop();
+    drop(d);
+}
+
+#[test]
+fn test_a_webhook_name_that_resolves_to_loopback_gets_no_connection() {
+    // Without the loopback setting, `localhost` passes the submit (a name), and its
+    // delivery is refused once the name resolves: nothing connects.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.set_nonblocking(true).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let d = Daemon::start();
+    d.wait_ready();
+    let job = submit(
+        &d,
+        None,
+        &json!({"command": "true", "webhook_url": format!("https://localhost:{port}/hook"), "network": {"mode": "none"}}),
+    );
+    let id = job["id"].as_str().unwrap();
+    finished(&d, None, id, Duration::from_secs(120));
+    let t = Instant::now();
+    let j = loop {
+        let j = wbx(&d, "GET", &format!("/v1/jobs/{id}"), None, None).json();
+        if j["webhook"]["attempts"].as_u64().is_some_and(|a| a >= 1) {
+            break j;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{j}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(j["webhook"]["state"], "pending", "{j}");
+    let why = j["webhook"]["last_error"].as_str().unwrap();
+    assert!(
+        why.contains("resolves only to addresses deliveries may not reach")
+            && why.contains("nothing was sent"),
+        "{why}"
+    );
+    assert!(j["webhook"]["next_attempt_at"].is_string(), "{j}");
+    assert!(
+        l.accept().is_err(),
+        "the daemon connected to a loopback address"
+    );
+    d.assert_clean();
+    d.stop();
 }

@@ -520,6 +520,31 @@ impl Daemon {
                 all,
                 timeout_s,
             } => self.job_wait(ck, tenant, ids, all, timeout_s),
+            JobOp::WebhookSecret(rotate) => {
+                let sessions = Arc::clone(&self.app.sessions);
+                self.start_job(
+                    ck,
+                    Box::new(move || {
+                        let store = sessions.store();
+                        let r = crate::webhooks::new_secret()
+                            .ok_or_else(|| "the system's random source failed".to_string())
+                            .and_then(|fresh| {
+                                store
+                                    .set_webhook_secret(&tenant, &fresh, rotate)
+                                    .map_err(|e| e.to_string())
+                            });
+                        Outcome::Respond(match r {
+                            Ok(secret) => {
+                                Response::json(200, &serde_json::json!({ "secret": secret }))
+                            }
+                            Err(e) => {
+                                log::error!("webhooks: the secret of {tenant}: {e}");
+                                store_refusal()
+                            }
+                        })
+                    }),
+                );
+            }
             JobOp::ReceiptKey => {
                 let resp = match &self.jobs.signer {
                     Some(s) => Response::json(
@@ -1922,14 +1947,37 @@ impl Daemon {
             j.rec.test_results = results;
         }
         let (id, rec) = (j.id.clone(), j.rec.clone());
+        let prices = self.prices();
+        // Its `job.finished` goes into the outbox in the transaction of its end.
+        let event = rec.spec.webhook_url.clone().map(|url| {
+            let now = now_ms();
+            crate::store::webhooks::OutboxEvent {
+                tenant: rec.tenant.clone(),
+                event: "job.finished".into(),
+                url,
+                body: wj::finished_event(&id, &rec, &prices, now),
+                created_ms: now,
+                state: "pending".into(),
+                attempts: 0,
+                next_ms: now,
+                last_error: None,
+                delivered_ms: None,
+            }
+        });
+        let has_event = event.is_some();
         let mailbox = self.reactor.mailbox();
         self.app
             .sessions
             .store()
-            .put_job_then(&id.clone(), &rec, true, move |r| {
+            .end_job_then(&id.clone(), &rec, event, move |r| {
                 mailbox.send(Box::new(move |d: &mut Daemon| {
                     if let Err(e) = &r {
                         log::error!("jobs: {id}: writing its end: {e}");
+                    }
+                    if has_event && r.is_ok() {
+                        if let Some(w) = &d.webhooks {
+                            w.nudge();
+                        }
                     }
                     d.job_done(jk, js, r.is_ok());
                 }));
@@ -2627,7 +2675,13 @@ fn read_op(
                 .collect();
             ok(serde_json::json!({"jobs": jobs, "next_cursor": next}))
         }
-        JobOp::Get(id) => ok(wj::job_json(id, &found(id)?, prices, now)),
+        JobOp::Get(id) => {
+            let mut v = wj::job_json(id, &found(id)?, prices, now);
+            if let Ok(Some(ev)) = store.outbox_event(id) {
+                v["webhook"] = wj::webhook_json(&ev);
+            }
+            ok(v)
+        }
         JobOp::Summary(id) => {
             let rec = found(id)?;
             let lines = last_lines(&dir.join(id).join("log"), wj::SUMMARY_LINES);

@@ -168,6 +168,9 @@ pub struct Daemon {
     pub(crate) eryx_env_pending: eryx_envs::Pending,
     /// The WBX face's background jobs.
     pub(crate) jobs: jobs::Table,
+    /// The webhook delivery thread (`None`: it could not start; events wait in the
+    /// outbox for the next start).
+    pub(crate) webhooks: Option<crate::webhooks::Deliveries>,
     /// The instance's lock and its file (held until the daemon is dropped; the file is
     /// removed by the teardown, before the lock goes).
     pub(crate) instance_lock: Option<(std::fs::File, std::path::PathBuf)>,

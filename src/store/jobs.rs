@@ -60,6 +60,8 @@ pub struct JobSpec {
     pub idempotency_key: Option<String>,
     /// `optimize_for` (or `placement`) as given.
     pub optimize_for: Option<String>,
+    /// Where `job.finished` is sent.
+    pub webhook_url: Option<String>,
 }
 
 /// A job's error, as the document names one.
@@ -334,6 +336,7 @@ impl Store {
                     }
                 }
                 t.job_keys.delete(wtxn, &id)?;
+                t.webhook_outbox.delete(wtxn, &id)?;
                 Ok(existed)
             },
             then,
@@ -471,6 +474,7 @@ mod tests {
                 retry: RetryPolicy { max_attempts: 1 },
                 idempotency_key: key.map(str::to_string),
                 optimize_for: None,
+                webhook_url: None,
             },
             sealed_env: None,
             retry_of: None,

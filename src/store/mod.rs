@@ -10,6 +10,7 @@ pub mod eryx;
 pub mod jobs;
 pub mod kv;
 pub mod volumes;
+pub mod webhooks;
 pub mod writer;
 
 use heed::types::{Bytes, Str};
@@ -110,6 +111,10 @@ pub struct Tables {
     job_idem: Database<Bytes, Bytes>,
     /// Unfinished jobs' secret keys: id → 32 bytes.
     job_keys: Database<Str, Bytes>,
+    /// Tenants' webhook signing secrets: tenant → secret.
+    webhook_secrets: Database<Str, Bytes>,
+    /// Webhook events and their deliveries: event id → JSON.
+    webhook_outbox: Database<Str, Bytes>,
 }
 
 /// The tables and the writer thread. Reads go to [`Tables`] (through `Deref`).
@@ -151,6 +156,8 @@ impl Store {
         let job_index = env.create_database(&mut wtxn, Some("job_index"))?;
         let job_idem = env.create_database(&mut wtxn, Some("job_idem"))?;
         let job_keys = env.create_database(&mut wtxn, Some("job_keys"))?;
+        let webhook_secrets = env.create_database(&mut wtxn, Some("webhook_secrets"))?;
+        let webhook_outbox = env.create_database(&mut wtxn, Some("webhook_outbox"))?;
         wtxn.commit()?;
         let tables = Arc::new(Tables {
             env,
@@ -167,6 +174,8 @@ impl Store {
             job_index,
             job_idem,
             job_keys,
+            webhook_secrets,
+            webhook_outbox,
         });
         let writer = writer::Writer::start(Arc::clone(&tables))
             .map_err(|e| StoreError::Lmdb(heed::Error::Io(e)))?;

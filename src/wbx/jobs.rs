@@ -4,7 +4,7 @@
 //!
 //! Fields of `POST /v1/jobs` this server does not carry out yet are refused by name
 //! with 400 rather than accepted and ignored: `max_cost` (and `max_cost_eur`),
-//! `compute_class`, `inputs`, `runtime`, `wasm`, `webhook_url`. `optimize_for` and
+//! `compute_class`, `inputs`, `runtime`, `wasm`. `optimize_for` and
 //! `placement` choose a server inside a class: this daemon is one server, so they are
 //! checked and kept but choose nothing. `dependency_cache` is checked and kept: this
 //! server has no package cache, so there is nothing to turn on or off.
@@ -120,6 +120,8 @@ pub enum JobOp {
     },
     /// `GET /v1/receipts/key`.
     ReceiptKey,
+    /// `GET /v1/webhooks/secret` (`false`), `POST /v1/webhooks/secret/rotate` (`true`).
+    WebhookSecret(bool),
 }
 
 /// A query number as the document's schema has it: decimal digits only (with a
@@ -190,7 +192,6 @@ const UNSUPPORTED: &[&str] = &[
     "inputs",
     "runtime",
     "wasm",
-    "webhook_url",
 ];
 
 const FIELDS: &[&str] = &[
@@ -363,6 +364,18 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
     if !f.absent("dependency_cache") && !f.0["dependency_cache"].is_boolean() {
         return Err(error(400, "dependency_cache: must be true or false"));
     }
+    let webhook_url = match f.string("webhook_url")? {
+        None => None,
+        Some(u) => {
+            let policy = crate::webhooks::Policy {
+                loopback: limits.webhook_loopback,
+                deny: Vec::new(),
+            };
+            crate::webhooks::check_url(&u, &policy)
+                .map_err(|why| error(400, &format!("webhook_url: {why}")))?;
+            Some(u)
+        }
+    };
     let env_names = env.iter().map(|(k, _)| k.clone()).collect();
     let env_sha256 = (!env.is_empty()).then(|| crate::jobs::env_sha256(&env));
     Ok(JobOp::Submit(Box::new(Submit {
@@ -378,6 +391,7 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
             retry,
             idempotency_key,
             optimize_for,
+            webhook_url,
         },
         env,
     })))
@@ -613,6 +627,8 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "idempotency_key": s.idempotency_key,
         "optimize_for": s.optimize_for,
         "retry_of": rec.retry_of,
+        "webhook_url": s.webhook_url,
+        "webhook": Value::Null,
         "attempt": rec.attempt,
         "created_at": super::timestamp(rec.created_ms),
         "started_at": ts(rec.started_ms),
@@ -623,6 +639,37 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "result_files": rec.artifacts.iter().map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256})).collect::<Vec<_>>(),
         "skipped_files": rec.skipped,
         "cost": prices.show(prices.cost(rec.billed_ms)),
+    })
+}
+
+/// The `job.finished` event's body, as every delivery of it sends it.
+pub fn finished_event(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> String {
+    json!({
+        "event": "job.finished",
+        "id": id,
+        "created_at": super::timestamp(now_ms),
+        "data": {
+            "id": id,
+            "status": rec.status,
+            "exit_code": rec.exit_code,
+            "duration_s": duration_ms(rec, now_ms).map(|ms| ms as f64 / 1000.0),
+            "cost": prices.show(prices.cost(rec.billed_ms)),
+            "error": rec.error,
+            "files": file_names(rec),
+            "test_results": rec.test_results,
+        },
+    })
+    .to_string()
+}
+
+/// A job's webhook delivery as `GET /v1/jobs/{id}` shows it.
+pub fn webhook_json(ev: &crate::store::webhooks::OutboxEvent) -> Value {
+    json!({
+        "state": ev.state,
+        "attempts": ev.attempts,
+        "last_error": ev.last_error,
+        "delivered_at": ev.delivered_ms.map(super::timestamp),
+        "next_attempt_at": (ev.state == "pending").then(|| super::timestamp(ev.next_ms)),
     })
 }
 

@@ -89,6 +89,10 @@ pub enum Route {
     JobRetry,
     /// `GET /v1/receipts/key`: the key receipts are signed with
     ReceiptKey,
+    /// `GET /v1/webhooks/secret`
+    WebhookSecret,
+    /// `POST /v1/webhooks/secret/rotate`
+    WebhookRotate,
 }
 
 /// Everything the face says about one route.
@@ -183,6 +187,8 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/jobs/{id}/cancel", POST, Route::JobCancel, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/jobs/{id}/retry", POST, Route::JobRetry, Class::MemoryStarts, EXEC_BODY_BYTES),
     row("/v1/receipts/key", GET, Route::ReceiptKey, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/webhooks/secret", GET, Route::WebhookSecret, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/webhooks/secret/rotate", POST, Route::WebhookRotate, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.
@@ -221,7 +227,12 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
         .map(str::to_string);
     let needs_id = !matches!(
         spec.id,
-        Route::Jobs | Route::JobStats | Route::JobWait | Route::ReceiptKey
+        Route::Jobs
+            | Route::JobStats
+            | Route::JobWait
+            | Route::ReceiptKey
+            | Route::WebhookSecret
+            | Route::WebhookRotate
     );
     if needs_id && id.is_none() {
         return Asked::Respond(jobs::not_found());
@@ -254,6 +265,8 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
         }
         Route::JobCancel => sandboxes::Fields::of(req, &[]).map(|_| JobOp::Cancel(id)),
         Route::JobRetry => jobs::retry(req, id),
+        Route::WebhookSecret => Ok(JobOp::WebhookSecret(false)),
+        Route::WebhookRotate => sandboxes::Fields::of(req, &[]).map(|_| JobOp::WebhookSecret(true)),
         _ => Ok(JobOp::ReceiptKey),
     };
     match r {
@@ -278,6 +291,8 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
             | Route::JobCancel
             | Route::JobRetry
             | Route::ReceiptKey
+            | Route::WebhookSecret
+            | Route::WebhookRotate
     ) {
         return job_request(spec, req, runtimes, limits);
     }
