@@ -330,6 +330,10 @@ struct Args {
     /// stored result files of one tenant together, MB
     #[arg(long, env = "ISOBOX_WBX_ARTIFACT_TENANT_MB", help_heading = "WBX face (/wbx)", default_value = "5000", value_parser = Value(parsed::<u64>))]
     wbx_artifact_tenant_mb: u64,
+    /// job webhooks: on, or off (a webhook_url is then refused with 400, and no
+    /// delivery is made)
+    #[arg(long, env = "ISOBOX_WBX_WEBHOOKS", help_heading = "WBX face (/wbx)", value_name = "on|off", default_value = "on", value_parser = Value(on_off))]
+    wbx_webhooks: std::primitive::bool,
     /// webhooks may also go to http:// on loopback (127.0.0.1, ::1, localhost): for
     /// tests and local use; otherwise only public https:// targets
     #[arg(long, env = "ISOBOX_WBX_WEBHOOK_LOOPBACK", help_heading = "WBX face (/wbx)", value_name = "0|1", default_value = "0", value_parser = Value(zero_one))]
@@ -680,6 +684,7 @@ impl Config {
                     price_vcpu_s: a.wbx_price_vcpu_s,
                     price_gb_s: a.wbx_price_gb_s,
                     webhook_loopback: a.wbx_webhook_loopback,
+                    webhooks: a.wbx_webhooks,
                 },
             },
             public: {
@@ -1457,6 +1462,8 @@ pub struct WbxJobs {
     pub price_gb_s: crate::jobs::Money,
     /// Webhooks may go to loopback `http://`.
     pub webhook_loopback: bool,
+    /// Webhooks are on.
+    pub webhooks: bool,
 }
 
 /// The eryx face (`/eryx`) and its WebAssembly worker.
@@ -1619,6 +1626,7 @@ mod tests {
         ("--wbx-price-vcpu-s", "ISOBOX_WBX_PRICE_VCPU_S"),
         ("--wbx-price-gb-s", "ISOBOX_WBX_PRICE_GB_S"),
         ("--wbx-webhook-loopback", "ISOBOX_WBX_WEBHOOK_LOOPBACK"),
+        ("--wbx-webhooks", "ISOBOX_WBX_WEBHOOKS"),
         ("--public-domain", "ISOBOX_PUBLIC_DOMAIN"),
         ("--public-scheme", "ISOBOX_PUBLIC_SCHEME"),
         ("--init", "ISOBOX_INIT"),

@@ -407,15 +407,18 @@ impl Daemon {
             eryx_envs: super::eryx_envs::load(app.sessions.store(), &cfg.data_dir),
             eryx_env_pending: std::sync::Arc::default(),
             jobs: super::jobs::load(app.sessions.store(), &cfg.data_dir),
-            webhooks: match crate::webhooks::Deliveries::start(
-                Arc::clone(&app.sessions),
-                crate::webhooks::Policy {
-                    loopback: cfg.wbx.jobs.webhook_loopback,
-                    deny: cfg.egress.deny.clone(),
-                },
-            ) {
-                Ok(w) => Some(w),
-                Err(e) => {
+            webhooks: match cfg.wbx.jobs.webhooks.then(|| {
+                crate::webhooks::Deliveries::start(
+                    Arc::clone(&app.sessions),
+                    crate::webhooks::Policy {
+                        loopback: cfg.wbx.jobs.webhook_loopback,
+                        deny: cfg.egress.deny.clone(),
+                    },
+                )
+            }) {
+                None => None,
+                Some(Ok(w)) => Some(w),
+                Some(Err(e)) => {
                     log::error!("webhooks: the delivery thread did not start: {e}");
                     None
                 }

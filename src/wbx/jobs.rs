@@ -366,6 +366,12 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
     }
     let webhook_url = match f.string("webhook_url")? {
         None => None,
+        Some(_) if !limits.webhooks => {
+            return Err(error(
+                400,
+                "webhook_url: webhooks are off on this server (ISOBOX_WBX_WEBHOOKS=off)",
+            ))
+        }
         Some(u) => {
             let policy = crate::webhooks::Policy {
                 loopback: limits.webhook_loopback,
