@@ -839,8 +839,8 @@ fn test_failures_time_limits_cancels_retries_and_bad_input() {
             "template: unknown template",
         ),
         (
-            json!({"command": "true", "max_cost": "0.10"}),
-            "max_cost: not supported by this server yet",
+            json!({"command": "true", "compute_class": "performance"}),
+            "compute_class: not supported by this server yet",
         ),
         (
             json!({"command": "true", "inputs": [{"job_id": "job_x", "name": "a"}]}),
@@ -1460,6 +1460,170 @@ fn test_a_webhook_name_that_resolves_to_loopback_gets_no_connection() {
         l.accept().is_err(),
         "the daemon connected to a loopback address"
     );
+    d.assert_clean();
+    d.stop();
+}
+
+#[test]
+fn test_max_cost_and_the_budget_hold_under_concurrent_submits() {
+    // 0.001 EUR per vCPU-second: a job's sandbox (2 vCPU) costs 0.002 EUR a second;
+    // a job of timeout_s 60 (and the 60 s reserve) has a worst case of 0.24 EUR.
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WBX_PRICE_VCPU_S", "0.001"),
+        ("ISOBOX_WBX_JOBS_RUNNING", "1"),
+    ]);
+    d.wait_ready();
+    let none = json!({"mode": "none"});
+    // max_cost below, at and above the worst case.
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/jobs",
+        None,
+        Some(&json!({"command": "true", "timeout_s": 60, "max_cost": "0.23", "network": none})),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        err(&r).contains("up to 0.240000 EUR")
+            && err(&r).contains("the longest time limit that fits is timeout_s 55"),
+        "{}",
+        r.text()
+    );
+    let at = submit(
+        &d,
+        None,
+        &json!({"command": "true", "timeout_s": 60, "max_cost": "0.24", "network": none}),
+    );
+    let above = submit(
+        &d,
+        None,
+        &json!({"command": "true", "timeout_s": 60, "max_cost_eur": 0.25, "network": none}),
+    );
+    for (body, want) in [
+        (
+            json!({"command": "true", "max_cost": "0.10", "max_cost_eur": "0.20"}),
+            "disagree",
+        ),
+        (json!({"command": "true", "max_cost": "ten"}), "max_cost:"),
+        (json!({"command": "true", "max_cost": "-1"}), "max_cost:"),
+    ] {
+        let r = wbx(&d, "POST", "/v1/jobs", None, Some(&body));
+        assert_eq!(r.status, 400, "{body}");
+        assert!(err(&r).contains(want), "{body}: {}", r.text());
+    }
+    for j in [&at, &above] {
+        assert_eq!(
+            finished(
+                &d,
+                None,
+                j["id"].as_str().unwrap(),
+                Duration::from_secs(120)
+            )["status"],
+            "completed"
+        );
+    }
+    // A monthly limit of 1.00: four such jobs fit (0.96), whatever order 20 concurrent
+    // submits arrive in; the rest are 402 and spending never passes the limit.
+    let b = wbx(
+        &d,
+        "PUT",
+        "/v1/budget",
+        None,
+        Some(&json!({"monthly_limit": "1.00", "daily_limit": "", "alert_pct": 80})),
+    );
+    assert_eq!(b.status, 200, "{}", b.text());
+    let b = b.json();
+    assert_eq!(
+        (
+            b["monthly_limit"].as_str(),
+            &b["daily_limit"],
+            b["alert_pct"].as_u64()
+        ),
+        (Some("1.000000"), &Value::Null, Some(80)),
+        "{b}"
+    );
+    assert_eq!(b["reserved"], "0.000000 EUR");
+    let spent_before = b["spent_this_month"].as_str().unwrap().to_string();
+    assert_ne!(
+        spent_before, "0.000000 EUR",
+        "the two jobs' run time is billed: {b}"
+    );
+    let addr = d.addr;
+    let handles: Vec<_> = (0..20)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let body = json!({"command": "sleep 30", "timeout_s": 60, "network": {"mode": "none"}}).to_string();
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                let req = format!("POST /wbx/v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                std::io::Write::write_all(&mut s, req.as_bytes()).unwrap();
+                common::read_response(&mut std::io::BufReader::new(s), false).unwrap()
+            })
+        })
+        .collect();
+    let answers: Vec<Resp> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let accepted: Vec<String> = answers
+        .iter()
+        .filter(|r| r.status == 202)
+        .map(|r| r.json()["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        accepted.len(),
+        4,
+        "{:?}",
+        answers
+            .iter()
+            .map(|r| (r.status, r.text()))
+            .collect::<Vec<_>>()
+    );
+    for r in answers.iter().filter(|r| r.status != 202) {
+        assert_eq!(r.status, 402, "{}", r.text());
+        assert!(err(r).starts_with("budget_exceeded: this job could cost up to 0.240000 EUR; the monthly limit is 1.000000 EUR"), "{}", r.text());
+    }
+    let b = wbx(&d, "GET", "/v1/budget", None, None).json();
+    assert_eq!(b["reserved"], "0.960000 EUR", "{b}");
+    assert_eq!(b["alert"], true, "{b}");
+    // Ended jobs give their reservation back; what they ran is spent.
+    for id in &accepted {
+        let r = wbx(&d, "POST", &format!("/v1/jobs/{id}/cancel"), None, None);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let b = wbx(&d, "GET", "/v1/budget", None, None).json();
+    assert_eq!(b["reserved"], "0.000000 EUR", "{b}");
+    let spent: f64 = b["spent_this_month"]
+        .as_str()
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(spent <= 1.0, "{b}");
+    assert_eq!(b["spent_today"], b["spent_this_month"]);
+    // Removing the limit; bad input.
+    let b = wbx(
+        &d,
+        "PUT",
+        "/v1/budget",
+        None,
+        Some(&json!({"monthly_limit": ""})),
+    )
+    .json();
+    assert_eq!(
+        (&b["monthly_limit"], &b["left_this_month"]),
+        (&Value::Null, &Value::Null),
+        "{b}"
+    );
+    for (body, want) in [
+        (json!({"monthly_limit": "-1"}), "monthly_limit:"),
+        (json!({"daily_limit": []}), "daily_limit:"),
+        (json!({"alert_pct": 0}), "alert_pct:"),
+        (json!({"alert_pct": 101}), "alert_pct:"),
+        (json!({"limit": "1"}), "unknown field `limit`"),
+    ] {
+        let r = wbx(&d, "PUT", "/v1/budget", None, Some(&body));
+        assert_eq!(r.status, 400, "{body}");
+        assert!(err(&r).contains(want), "{body}: {}", r.text());
+    }
     d.assert_clean();
     d.stop();
 }

@@ -142,7 +142,16 @@ pub(crate) struct Table {
     /// Clients waiting for jobs to finish (`POST /v1/jobs/wait`), and by job id.
     waiters: Slab<Waiter>,
     waiting_on: HashMap<String, Vec<usize>>,
+    /// Tenants' budgets, and what was spent per period key (`store::budget::periods`)
+    /// of the current month and day (loaded at start, added to as jobs end).
+    budgets: HashMap<String, crate::store::budget::Budget>,
+    spent: HashMap<Vec<u8>, i128>,
+    /// Worst cases of submits being written, per tenant.
+    pending_reserved: HashMap<String, i128>,
 }
+
+/// Start and upload reserve of an attempt in a job's worst case, seconds.
+const RESERVE_S: u64 = 60;
 
 /// One `POST /v1/jobs/wait`, held on the loop until its condition holds or its time
 /// is up: no thread and no polling.
@@ -339,7 +348,14 @@ pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
         next_sweep: Instant::now(),
         waiters: Slab::new(),
         waiting_on: HashMap::new(),
+        budgets: HashMap::new(),
+        spent: HashMap::new(),
+        pending_reserved: HashMap::new(),
     };
+    match store.budgets() {
+        Ok(b) => t.budgets = b.into_iter().collect(),
+        Err(e) => log::error!("jobs: reading budgets: {e}"),
+    }
     let mut all = match store.all_jobs() {
         Ok(a) => a,
         Err(e) => {
@@ -437,6 +453,20 @@ pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
         t.by_id.insert(id, key);
         t.queue.push_back(key);
     }
+    // What each known tenant spent this month and today.
+    let now = now_ms();
+    let mut tenants: HashSet<String> = t.budgets.keys().cloned().collect();
+    tenants.extend(t.live.iter().map(|(_, j)| j.rec.tenant.clone()));
+    if let Ok(all) = store.all_jobs() {
+        tenants.extend(all.into_iter().map(|(_, r)| r.tenant));
+    }
+    for tenant in tenants {
+        let (m, d) = crate::store::budget::periods(&tenant, now);
+        if let Ok(v) = store.spend(&[m.clone(), d.clone()]) {
+            t.spent.insert(m, v[0]);
+            t.spent.insert(d, v[1]);
+        }
+    }
     if recovered > 0 {
         log::info!("jobs: {recovered} recovered after a stop");
     }
@@ -520,6 +550,7 @@ impl Daemon {
                 all,
                 timeout_s,
             } => self.job_wait(ck, tenant, ids, all, timeout_s),
+            JobOp::Budget(change) => self.job_budget(ck, tenant, change),
             JobOp::WebhookSecret(rotate) => {
                 let sessions = Arc::clone(&self.app.sessions);
                 self.start_job(
@@ -657,6 +688,44 @@ impl Daemon {
             );
             return;
         }
+        // The price limit, then the budget: the job's worst case (every attempt for its
+        // whole time limit, and a start and upload reserve each) must fit.
+        let prices = self.prices();
+        let worst = worst_case(&s.spec, &prices);
+        if let Some(max) = s.spec.max_cost {
+            if worst > max {
+                let per_s = prices.cost(1000).0.max(1);
+                let attempts = i128::from(s.spec.retry.max_attempts.max(1));
+                let fits = (max / (per_s * attempts)) - i128::from(RESERVE_S);
+                let resp = if fits >= 1 {
+                    crate::wbx::error(
+                        400,
+                        &format!(
+                            "max_cost: this job could cost up to {} ({} attempts of {} s and a {RESERVE_S} s reserve each); the longest time limit that fits is timeout_s {fits}",
+                            prices.show(crate::jobs::Money(worst)),
+                            attempts,
+                            s.spec.timeout_s
+                        ),
+                    )
+                } else {
+                    crate::wbx::error(
+                        400,
+                        &format!(
+                            "max_cost: this job could cost up to {}; no time limit fits {} with {} attempts",
+                            prices.show(crate::jobs::Money(worst)),
+                            prices.show(crate::jobs::Money(max)),
+                            attempts
+                        ),
+                    )
+                };
+                answer(self, resp);
+                return;
+            }
+        }
+        if let Some(why) = self.budget_refusal(&tenant, worst) {
+            answer(self, crate::wbx::error(402, &why));
+            return;
+        }
         let Some(hex_id) = super::boxes::random_hex() else {
             answer(
                 self,
@@ -702,6 +771,11 @@ impl Daemon {
             test_results: Vec::new(),
         };
         *self.jobs.pending.entry(tenant.clone()).or_default() += 1;
+        *self
+            .jobs
+            .pending_reserved
+            .entry(tenant.clone())
+            .or_default() += worst;
         // Its env values are not kept while it waits: its start opens them again.
         drop(s.env);
         let mailbox = self.reactor.mailbox();
@@ -712,6 +786,9 @@ impl Daemon {
                 mailbox.send(Box::new(move |d: &mut Daemon| {
                     if let Some(n) = d.jobs.pending.get_mut(&tenant) {
                         *n = n.saturating_sub(1);
+                    }
+                    if let Some(r) = d.jobs.pending_reserved.get_mut(&tenant) {
+                        *r -= worst;
                     }
                     let prices = d.prices();
                     let resp = match r {
@@ -1965,11 +2042,12 @@ impl Daemon {
             }
         });
         let has_event = event.is_some();
+        let cost = prices.cost(rec.billed_ms).0;
         let mailbox = self.reactor.mailbox();
         self.app
             .sessions
             .store()
-            .end_job_then(&id.clone(), &rec, event, move |r| {
+            .end_job_then(&id.clone(), &rec, event, cost, move |r| {
                 mailbox.send(Box::new(move |d: &mut Daemon| {
                     if let Err(e) = &r {
                         log::error!("jobs: {id}: writing its end: {e}");
@@ -2019,7 +2097,14 @@ impl Daemon {
         for (ck, serial) in waiters {
             self.on_outcome(ck, serial, Outcome::Respond(Response::json(200, &body)));
         }
-        *self.jobs.tenant_bytes.entry(tenant).or_default() += bytes;
+        *self.jobs.tenant_bytes.entry(tenant.clone()).or_default() += bytes;
+        if let Some(j) = self.job(jk, js) {
+            // Its actual cost replaces its reservation (it leaves the live jobs).
+            let cost = prices.cost(j.rec.billed_ms).0;
+            let (m, d) = crate::store::budget::periods(&tenant, j.rec.ended_ms.unwrap_or(0));
+            *self.jobs.spent.entry(m).or_default() += cost;
+            *self.jobs.spent.entry(d).or_default() += cost;
+        }
         if let Some(j) = self.job(jk, js) {
             let (id, status) = (j.id.clone(), j.rec.status.clone());
             self.job_waiters_see(&id, &status);
@@ -2198,6 +2283,119 @@ impl Daemon {
             }
             Phase::Queued | Phase::Ending => {}
         }
+    }
+
+    /// What `tenant` spent this month and today, what its unfinished jobs hold, and
+    /// its limits.
+    fn budget_state(&self, tenant: &str) -> (i128, i128, i128, crate::store::budget::Budget) {
+        let prices = self.prices();
+        let (m, d) = crate::store::budget::periods(tenant, now_ms());
+        let reserved: i128 = self
+            .jobs
+            .live
+            .iter()
+            .filter(|(_, j)| j.rec.tenant == tenant && !j.written)
+            .map(|(_, j)| worst_case(&j.rec.spec, &prices))
+            .sum::<i128>()
+            + self.jobs.pending_reserved.get(tenant).copied().unwrap_or(0);
+        (
+            self.jobs.spent.get(&m).copied().unwrap_or(0),
+            self.jobs.spent.get(&d).copied().unwrap_or(0),
+            reserved,
+            self.jobs.budgets.get(tenant).copied().unwrap_or_default(),
+        )
+    }
+
+    /// Why a job whose worst case is `worst` does not fit `tenant`'s budget.
+    fn budget_refusal(&self, tenant: &str, worst: i128) -> Option<String> {
+        let (month, day, reserved, b) = self.budget_state(tenant);
+        let prices = self.prices();
+        let show = |v: i128| prices.show(crate::jobs::Money(v));
+        for (limit, spent, what) in [
+            (b.monthly_limit, month, "monthly"),
+            (b.daily_limit, day, "daily"),
+        ] {
+            if let Some(limit) = limit {
+                if spent + reserved + worst > limit {
+                    return Some(format!(
+                        "budget_exceeded: this job could cost up to {}; the {what} limit is {}, {} spent and {} held by unfinished jobs (PUT /v1/budget raises it)",
+                        show(worst),
+                        show(limit),
+                        show(spent),
+                        show(reserved)
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// `GET /v1/budget`'s answer.
+    fn budget_json(&self, tenant: &str) -> serde_json::Value {
+        let (month, day, reserved, b) = self.budget_state(tenant);
+        let prices = self.prices();
+        let show = |v: i128| prices.show(crate::jobs::Money(v));
+        let amount = |v: Option<i128>| v.map(|v| crate::jobs::Money(v).display());
+        let left = |limit: Option<i128>, spent: i128| {
+            limit.map(|l| crate::jobs::Money((l - spent - reserved).max(0)).display())
+        };
+        let alert = b.alert_pct.is_some_and(|p| {
+            [(b.monthly_limit, month), (b.daily_limit, day)]
+                .iter()
+                .any(|(l, s)| l.is_some_and(|l| l > 0 && (s + reserved) * 100 >= l * i128::from(p)))
+        });
+        serde_json::json!({
+            "currency": self.cfg.wbx.jobs.currency,
+            "monthly_limit": amount(b.monthly_limit),
+            "daily_limit": amount(b.daily_limit),
+            "alert_pct": b.alert_pct,
+            "spent_this_month": show(month),
+            "spent_today": show(day),
+            "reserved": show(reserved),
+            "left_this_month": left(b.monthly_limit, month),
+            "left_today": left(b.daily_limit, day),
+            "alert": alert,
+        })
+    }
+
+    /// `GET`/`PUT /v1/budget`.
+    fn job_budget(&mut self, ck: usize, tenant: String, change: Option<wj::BudgetChange>) {
+        let Some(change) = change else {
+            let v = self.budget_json(&tenant);
+            self.respond(ck, Response::json(200, &v));
+            return;
+        };
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        self.conn_own(ck, Owner::Job);
+        let mut b = self.jobs.budgets.get(&tenant).copied().unwrap_or_default();
+        if let Some(m) = change.monthly {
+            b.monthly_limit = m;
+        }
+        if let Some(d) = change.daily {
+            b.daily_limit = d;
+        }
+        if let Some(a) = change.alert_pct {
+            b.alert_pct = a;
+        }
+        let sessions = Arc::clone(&self.app.sessions);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let r = sessions.store().put_budget(&tenant, &b);
+            Box::new(move |d: &mut Daemon| {
+                let resp = match r {
+                    Ok(()) => {
+                        d.jobs.budgets.insert(tenant.clone(), b);
+                        Response::json(200, &d.budget_json(&tenant))
+                    }
+                    Err(e) => {
+                        log::error!("jobs: storing {tenant}'s budget: {e}");
+                        store_refusal()
+                    }
+                };
+                d.on_outcome(ck, serial, Outcome::Respond(resp));
+            })
+        }));
     }
 
     /// `POST /v1/jobs/wait`: the jobs that are not live are read on the pool (they have
@@ -2445,6 +2643,19 @@ impl Live {
             let _ = w.tx.send(Msg::Log(out));
         }
     }
+}
+
+/// A job's worst-case cost: every attempt for its whole time limit, with a start and
+/// upload reserve each, at the prices now.
+fn worst_case(spec: &crate::store::jobs::JobSpec, prices: &Prices) -> i128 {
+    let attempts = u64::from(spec.retry.max_attempts.max(1));
+    prices
+        .cost(
+            attempts
+                .saturating_mul(spec.timeout_s + RESERVE_S)
+                .saturating_mul(1000),
+        )
+        .0
 }
 
 /// A job's path as its own name: relative to the home.

@@ -62,6 +62,8 @@ pub struct JobSpec {
     pub optimize_for: Option<String>,
     /// Where `job.finished` is sent.
     pub webhook_url: Option<String>,
+    /// `max_cost`, billionths of the currency.
+    pub max_cost: Option<i128>,
 }
 
 /// A job's error, as the document names one.
@@ -475,6 +477,7 @@ mod tests {
                 idempotency_key: key.map(str::to_string),
                 optimize_for: None,
                 webhook_url: None,
+                max_cost: None,
             },
             sealed_env: None,
             retry_of: None,

@@ -5,6 +5,7 @@
 //! transaction on the caller's thread. Blocking calls run on the worker pool, never on
 //! the reactor thread; the reactor uses the `*_then` forms, which never wait.
 
+pub mod budget;
 pub mod env;
 pub mod eryx;
 pub mod jobs;
@@ -115,6 +116,10 @@ pub struct Tables {
     webhook_secrets: Database<Str, Bytes>,
     /// Webhook events and their deliveries: event id → JSON.
     webhook_outbox: Database<Str, Bytes>,
+    /// Tenants' budgets: tenant → JSON.
+    budgets: Database<Str, Bytes>,
+    /// Spend per tenant and UTC month or day: `tenant \0 period` → i128 LE.
+    spend: Database<Bytes, Bytes>,
 }
 
 /// The tables and the writer thread. Reads go to [`Tables`] (through `Deref`).
@@ -158,6 +163,8 @@ impl Store {
         let job_keys = env.create_database(&mut wtxn, Some("job_keys"))?;
         let webhook_secrets = env.create_database(&mut wtxn, Some("webhook_secrets"))?;
         let webhook_outbox = env.create_database(&mut wtxn, Some("webhook_outbox"))?;
+        let budgets = env.create_database(&mut wtxn, Some("budgets"))?;
+        let spend = env.create_database(&mut wtxn, Some("spend"))?;
         wtxn.commit()?;
         let tables = Arc::new(Tables {
             env,
@@ -176,6 +183,8 @@ impl Store {
             job_keys,
             webhook_secrets,
             webhook_outbox,
+            budgets,
+            spend,
         });
         let writer = writer::Writer::start(Arc::clone(&tables))
             .map_err(|e| StoreError::Lmdb(heed::Error::Io(e)))?;

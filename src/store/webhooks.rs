@@ -36,15 +36,18 @@ pub struct OutboxEvent {
 }
 
 impl Store {
-    /// Writes job `id`'s end (its key deleted) and, with it, `event` into the outbox:
+    /// Writes job `id`'s end (its key deleted) and, with it, `event` into the outbox
+    /// and `cost` (billionths) into its tenant's spend of the month and day it ended:
     /// one transaction. `false` when the job's record is gone.
     pub fn end_job_then(
         &self,
         id: &str,
         rec: &JobRecord,
         event: Option<OutboxEvent>,
+        cost: i128,
         then: impl FnOnce(Result<bool, StoreError>) + Send + 'static,
     ) {
+        let (month, day) = super::budget::periods(&rec.tenant, rec.ended_ms.unwrap_or(0));
         let bytes = match encode(id, rec) {
             Ok(b) => b,
             Err(e) => return then(Err(e)),
@@ -64,6 +67,10 @@ impl Store {
                 t.job_keys.delete(wtxn, &id)?;
                 if let Some(ev) = &ev {
                     t.webhook_outbox.put(wtxn, &id, ev)?;
+                }
+                if cost != 0 {
+                    super::budget::add_spend(t, wtxn, &month, cost)?;
+                    super::budget::add_spend(t, wtxn, &day, cost)?;
                 }
                 Ok(true)
             },

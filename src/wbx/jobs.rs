@@ -122,6 +122,8 @@ pub enum JobOp {
     ReceiptKey,
     /// `GET /v1/webhooks/secret` (`false`), `POST /v1/webhooks/secret/rotate` (`true`).
     WebhookSecret(bool),
+    /// `GET /v1/budget` (`None`), `PUT /v1/budget`.
+    Budget(Option<BudgetChange>),
 }
 
 /// A query number as the document's schema has it: decimal digits only (with a
@@ -147,6 +149,65 @@ pub enum LogMode {
     Errors,
     /// The end only.
     Tail,
+}
+
+/// `PUT /v1/budget`: each field absent (unchanged), a limit, or removed (`""`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BudgetChange {
+    /// Per UTC month.
+    pub monthly: Option<Option<i128>>,
+    /// Per UTC day.
+    pub daily: Option<Option<i128>>,
+    /// Alert percentage.
+    pub alert_pct: Option<Option<u32>>,
+}
+
+/// An amount as the document writes one: a decimal string (`"0.10"`), or a JSON
+/// number written the same way.
+fn amount(v: &Value) -> Result<Money, String> {
+    match v {
+        Value::String(s) => Money::parse(s),
+        Value::Number(n) => Money::parse(&n.to_string()),
+        _ => Err("an amount like \"0.10\"".into()),
+    }
+}
+
+/// `PUT /v1/budget` `{"monthly_limit": "50.00", "daily_limit": "5.00", "alert_pct": 80}`.
+pub fn budget_put(req: &Request) -> Result<JobOp, Response> {
+    let f = Fields::of(req, &["monthly_limit", "daily_limit", "alert_pct"])?;
+    let limit = |name: &str| -> Result<Option<Option<i128>>, Response> {
+        match f.0.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) if s.is_empty() => Ok(Some(None)),
+            Some(Value::Null) => Ok(Some(None)),
+            Some(v) => amount(v)
+                .map(|m| Some(Some(m.0)))
+                .map_err(|why| error(400, &format!("{name}: {why}, or \"\" to remove the limit"))),
+        }
+    };
+    let monthly = limit("monthly_limit")?;
+    let daily = limit("daily_limit")?;
+    let alert_pct = match f.0.get("alert_pct") {
+        None => None,
+        Some(Value::Null) => Some(None),
+        Some(Value::String(s)) if s.is_empty() => Some(None),
+        Some(v) => Some(Some(
+            v.as_u64()
+                .filter(|p| (1..=100).contains(p))
+                .map(|p| p as u32)
+                .ok_or_else(|| {
+                    error(
+                        400,
+                        "alert_pct: a whole percentage from 1 to 100, or \"\" to remove it",
+                    )
+                })?,
+        )),
+    };
+    Ok(JobOp::Budget(Some(BudgetChange {
+        monthly,
+        daily,
+        alert_pct,
+    })))
 }
 
 /// A job id: `job_` and 24 hex digits.
@@ -185,14 +246,7 @@ fn patterns(f: &Fields, name: &str) -> Result<Vec<String>, Response> {
         .collect()
 }
 
-const UNSUPPORTED: &[&str] = &[
-    "max_cost",
-    "max_cost_eur",
-    "compute_class",
-    "inputs",
-    "runtime",
-    "wasm",
-];
+const UNSUPPORTED: &[&str] = &["compute_class", "inputs", "runtime", "wasm"];
 
 const FIELDS: &[&str] = &[
     "command",
@@ -382,6 +436,26 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
             Some(u)
         }
     };
+    let mut max_cost = None;
+    for name in ["max_cost", "max_cost_eur"] {
+        let Some(v) = f.0.get(name).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        if name == "max_cost_eur" && limits.currency != "EUR" {
+            return Err(error(
+                400,
+                &format!(
+                    "max_cost_eur: this server bills in {}; use max_cost",
+                    limits.currency
+                ),
+            ));
+        }
+        let m = amount(v).map_err(|why| error(400, &format!("{name}: {why}")))?;
+        if max_cost.is_some_and(|o| o != m) {
+            return Err(error(400, "max_cost and max_cost_eur disagree; send one"));
+        }
+        max_cost = Some(m);
+    }
     let env_names = env.iter().map(|(k, _)| k.clone()).collect();
     let env_sha256 = (!env.is_empty()).then(|| crate::jobs::env_sha256(&env));
     Ok(JobOp::Submit(Box::new(Submit {
@@ -398,6 +472,7 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
             idempotency_key,
             optimize_for,
             webhook_url,
+            max_cost: max_cost.map(|m| m.0),
         },
         env,
     })))

@@ -93,6 +93,8 @@ pub enum Route {
     WebhookSecret,
     /// `POST /v1/webhooks/secret/rotate`
     WebhookRotate,
+    /// `GET`, `PUT /v1/budget`
+    Budget,
 }
 
 /// Everything the face says about one route.
@@ -189,6 +191,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/receipts/key", GET, Route::ReceiptKey, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/webhooks/secret", GET, Route::WebhookSecret, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/webhooks/secret/rotate", POST, Route::WebhookRotate, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/budget", &["GET", "HEAD", "PUT"], Route::Budget, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.
@@ -233,6 +236,7 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
             | Route::ReceiptKey
             | Route::WebhookSecret
             | Route::WebhookRotate
+            | Route::Budget
     );
     if needs_id && id.is_none() {
         return Asked::Respond(jobs::not_found());
@@ -267,6 +271,8 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
         Route::JobRetry => jobs::retry(req, id),
         Route::WebhookSecret => Ok(JobOp::WebhookSecret(false)),
         Route::WebhookRotate => sandboxes::Fields::of(req, &[]).map(|_| JobOp::WebhookSecret(true)),
+        Route::Budget if req.head.method == "PUT" => jobs::budget_put(req),
+        Route::Budget => Ok(JobOp::Budget(None)),
         _ => Ok(JobOp::ReceiptKey),
     };
     match r {
@@ -293,6 +299,7 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
             | Route::ReceiptKey
             | Route::WebhookSecret
             | Route::WebhookRotate
+            | Route::Budget
     ) {
         return job_request(spec, req, runtimes, limits);
     }
