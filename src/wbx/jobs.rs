@@ -3,8 +3,8 @@
 //! shows it (the job, its summary, its receipt, its result files).
 //!
 //! Fields of `POST /v1/jobs` this server does not carry out yet are refused by name
-//! with 400 rather than accepted and ignored: `max_cost` (and `max_cost_eur`),
-//! `compute_class`, `inputs`, `runtime`, `wasm`. `optimize_for` and
+//! with 400 rather than accepted and ignored: `compute_class`, `inputs`, `runtime`,
+//! `wasm`. `optimize_for` and
 //! `placement` choose a server inside a class: this daemon is one server, so they are
 //! checked and kept but choose nothing. `dependency_cache` is checked and kept: this
 //! server has no package cache, so there is nothing to turn on or off.
@@ -180,9 +180,13 @@ pub fn budget_put(req: &Request) -> Result<JobOp, Response> {
             None => Ok(None),
             Some(Value::String(s)) if s.is_empty() => Ok(Some(None)),
             Some(Value::Null) => Ok(Some(None)),
-            Some(v) => amount(v)
+            Some(Value::String(s)) => Money::parse(s)
                 .map(|m| Some(Some(m.0)))
                 .map_err(|why| error(400, &format!("{name}: {why}, or \"\" to remove the limit"))),
+            Some(_) => Err(error(
+                400,
+                &format!("{name}: a decimal string like \"50.00\", or \"\" to remove the limit"),
+            )),
         }
     };
     let monthly = limit("monthly_limit")?;
