@@ -639,7 +639,7 @@ impl Config {
                 enabled: a.egress,
                 pool: a.net_pool,
                 dns: a.net_dns,
-                deny: a.egress_deny,
+                deny: a.egress_deny.clone(),
                 verify_sec: a.egress_verify_sec,
                 max_conns: a.egress_max_conns,
                 rate_bytes: a.egress_rate,
@@ -684,6 +684,7 @@ impl Config {
                     price_vcpu_s: a.wbx_price_vcpu_s,
                     price_gb_s: a.wbx_price_gb_s,
                     webhook_loopback: a.wbx_webhook_loopback,
+                    webhook_deny: a.egress_deny.clone(),
                     webhooks: a.wbx_webhooks,
                 },
             },
@@ -1462,6 +1463,8 @@ pub struct WbxJobs {
     pub price_gb_s: crate::jobs::Money,
     /// Webhooks may go to loopback `http://`.
     pub webhook_loopback: bool,
+    /// The operator's denied ranges (`ISOBOX_EGRESS_DENY`), for webhook targets too.
+    pub webhook_deny: Vec<crate::netfilter::Cidr>,
     /// Webhooks are on.
     pub webhooks: bool,
 }

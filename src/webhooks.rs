@@ -42,15 +42,41 @@ pub struct Policy {
 impl Policy {
     /// Whether a connection to `ip` may be made.
     fn allows(&self, ip: IpAddr) -> bool {
+        self.allows_with(ip, &[])
+    }
+
+    /// [`Policy::allows`], the host's own addresses `local` refused too (a public
+    /// address of the host would reach its own services).
+    fn allows_with(&self, ip: IpAddr, local: &[std::net::Ipv4Addr]) -> bool {
         match ip {
             IpAddr::V4(v4) => {
                 if self.loopback && v4.is_loopback() {
                     return true;
                 }
-                !crate::netfilter::is_denied(v4) && !self.deny.iter().any(|c| c.contains(v4))
+                !crate::netfilter::is_denied(v4)
+                    && !self.deny.iter().any(|c| c.contains(v4))
+                    && !local.contains(&v4)
             }
             IpAddr::V6(v6) => self.loopback && v6.is_loopback(),
         }
+    }
+}
+
+/// Why a delivery did not count: what the tenant sees (`last_error`), and the details
+/// for the daemon's log. A tenant learns neither the addresses its URL resolved to
+/// nor how a connection failed: the daemon is no scanner of its own networks.
+#[derive(Debug, Clone)]
+pub struct Undelivered {
+    /// For the tenant.
+    pub public: String,
+    /// For the log.
+    pub detail: String,
+}
+
+fn undelivered(public: &str, detail: String) -> Undelivered {
+    Undelivered {
+        public: public.to_string(),
+        detail,
     }
 }
 
@@ -136,33 +162,56 @@ pub fn new_secret() -> Option<String> {
 }
 
 /// Sends `ev` once: `Ok(status)` for a 2xx, else why not. No connection is made to an
-/// address the policy refuses.
-pub fn deliver(ev: &OutboxEvent, id: &str, secret: &str, policy: &Policy) -> Result<u16, String> {
-    let target = check_url(&ev.url, policy)?;
+/// address the policy refuses, nor to one of the host's own.
+pub fn deliver(
+    ev: &OutboxEvent,
+    id: &str,
+    secret: &str,
+    policy: &Policy,
+) -> Result<u16, Undelivered> {
+    let target = check_url(&ev.url, policy).map_err(|e| undelivered(&e, e.clone()))?;
     let addrs: Vec<SocketAddr> = (target.host.trim_matches(['[', ']']), target.port)
         .to_socket_addrs()
-        .map_err(|e| format!("{} does not resolve: {e}", target.host))?
+        .map_err(|e| undelivered(&format!("{} does not resolve", target.host), e.to_string()))?
+        .collect();
+    let local: Vec<std::net::Ipv4Addr> = crate::netfilter::rtnl::Rtnl::open()
+        .and_then(|mut r| r.addrs())
+        .map_err(|e| {
+            undelivered(
+                "the server could not check the address",
+                format!("listing the host's addresses: {e}"),
+            )
+        })?
+        .into_iter()
+        .map(|a| a.addr)
         .collect();
     let allowed: Vec<SocketAddr> = addrs
         .iter()
         .copied()
-        .filter(|a| policy.allows(a.ip()))
+        .filter(|a| policy.allows_with(a.ip(), &local))
         .collect();
     if allowed.is_empty() {
-        return Err(format!(
-            "{} resolves only to addresses deliveries may not reach ({}): nothing was sent",
-            target.host,
-            addrs
-                .iter()
-                .map(|a| a.ip().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+        return Err(undelivered(
+            &format!(
+                "{} resolves only to addresses deliveries may not reach: nothing was sent",
+                target.host
+            ),
+            format!(
+                "{} resolved to {}",
+                target.host,
+                addrs
+                    .iter()
+                    .map(|a| a.ip().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         ));
     }
     // The connection goes to an address checked here, whatever the name resolves to
     // a moment later.
     let agent = ureq::AgentBuilder::new()
         .timeout(TIMEOUT)
+        .timeout_connect(Duration::from_secs(5))
         .redirects(0)
         .resolver(move |_: &str| Ok(allowed.clone()))
         .build();
@@ -177,11 +226,20 @@ pub fn deliver(ev: &OutboxEvent, id: &str, secret: &str, policy: &Policy) -> Res
         .set("X-WBX-Delivery", &delivery)
         .set("X-WBX-Event-Id", id)
         .send_string(&ev.body);
+    let answered = |code: u16| {
+        undelivered(
+            &format!("the target answered {code}"),
+            format!("status {code}"),
+        )
+    };
     match r {
         Ok(resp) if (200..300).contains(&resp.status()) => Ok(resp.status()),
-        Ok(resp) => Err(format!("the target answered {}", resp.status())),
-        Err(ureq::Error::Status(code, _)) => Err(format!("the target answered {code}")),
-        Err(ureq::Error::Transport(t)) => Err(format!("no answer: {t}")),
+        Ok(resp) => Err(answered(resp.status())),
+        Err(ureq::Error::Status(code, _)) => Err(answered(code)),
+        Err(ureq::Error::Transport(t)) => Err(undelivered(
+            "no answer within 10 s (the connection failed or timed out)",
+            t.to_string(),
+        )),
     }
 }
 
@@ -211,6 +269,9 @@ impl Deliveries {
 }
 
 fn run(sessions: &Sessions, policy: &Policy, wake: &Receiver<()>) {
+    // Events whose new state could not be written: their backoff is kept here, so a
+    // store that refuses writes does not make them be sent on every pass.
+    let mut unwritten: std::collections::HashMap<String, OutboxEvent> = Default::default();
     loop {
         let store = sessions.store();
         let now = crate::workspace::now_ms();
@@ -221,6 +282,11 @@ fn run(sessions: &Sessions, policy: &Policy, wake: &Receiver<()>) {
                 Vec::new()
             }
         };
+        for (id, e) in events.iter_mut() {
+            if let Some(kept) = unwritten.get(id) {
+                *e = kept.clone();
+            }
+        }
         events.retain(|(_, e)| e.state == "pending");
         events.sort_by_key(|(_, e)| e.next_ms);
         let mut next = now + 60_000;
@@ -263,11 +329,13 @@ fn run(sessions: &Sessions, policy: &Policy, wake: &Receiver<()>) {
                 }
                 Err(why) => {
                     log::warn!(
-                        "webhook {} {id}: attempt {} did not count: {why}",
+                        "webhook {} {id}: attempt {} did not count: {} ({})",
                         ev.event,
-                        ev.attempts
+                        ev.attempts,
+                        why.public,
+                        why.detail
                     );
-                    ev.last_error = Some(why);
+                    ev.last_error = Some(why.public);
                     match SCHEDULE.get(ev.attempts as usize - 1) {
                         Some(wait) => {
                             ev.next_ms = crate::workspace::now_ms() + wait * 1000;
@@ -277,8 +345,14 @@ fn run(sessions: &Sessions, policy: &Policy, wake: &Receiver<()>) {
                     }
                 }
             }
-            if let Err(e) = store.put_outbox_event(&id, &ev) {
-                log::error!("webhooks: writing {id}'s delivery: {e}");
+            match store.put_outbox_event(&id, &ev) {
+                Ok(()) => {
+                    unwritten.remove(&id);
+                }
+                Err(e) => {
+                    log::error!("webhooks: writing {id}'s delivery: {e}");
+                    unwritten.insert(id, ev);
+                }
             }
         }
         let wait = next.saturating_sub(crate::workspace::now_ms()).max(50);
@@ -344,8 +418,14 @@ mod tests {
         };
         let e = deliver(&ev, "job_x", "s", &policy(false)).unwrap_err();
         assert!(
-            e.contains("resolves only to addresses deliveries may not reach"),
-            "{e}"
+            e.public
+                .contains("resolves only to addresses deliveries may not reach"),
+            "{e:?}"
+        );
+        // The tenant does not learn where the name points; the log does.
+        assert!(
+            !e.public.contains("127.0.0.1") && e.detail.contains("127.0.0.1"),
+            "{e:?}"
         );
     }
 }

@@ -330,7 +330,39 @@ fn signer(dir: &Path) -> Option<Signer> {
 /// Reads the jobs at start: recovers those a stopped daemon left starting, running or
 /// saving (their sandboxes were swept before this), queues the queued, removes job
 /// directories with no record.
-pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
+/// The prices of `cfg`.
+pub(crate) fn prices_of(cfg: &WbxJobs) -> Prices {
+    Prices {
+        currency: cfg.currency.clone(),
+        vcpu_s: cfg.price_vcpu_s,
+        gb_s: cfg.price_gb_s,
+    }
+}
+
+/// A job's `job.finished` event, when it has a webhook and webhooks are on.
+fn finished_event(
+    id: &str,
+    rec: &JobRecord,
+    prices: &Prices,
+    webhooks: bool,
+) -> Option<crate::store::webhooks::OutboxEvent> {
+    let url = rec.spec.webhook_url.clone().filter(|_| webhooks)?;
+    let now = now_ms();
+    Some(crate::store::webhooks::OutboxEvent {
+        tenant: rec.tenant.clone(),
+        event: "job.finished".into(),
+        url,
+        body: wj::finished_event(id, rec, prices, now),
+        created_ms: now,
+        state: "pending".into(),
+        attempts: 0,
+        next_ms: now,
+        last_error: None,
+        delivered_ms: None,
+    })
+}
+
+pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bool) -> Table {
     let dir = data_dir.join(JOBS_DIR);
     if let Err(e) = std::fs::create_dir_all(&dir) {
         log::error!("jobs: creating {}: {e}", dir.display());
@@ -430,9 +462,18 @@ pub(crate) fn load(store: &Store, data_dir: &Path) -> Table {
         if rec.status != was {
             let (i, r) = (id.clone(), rec.clone());
             let (tx, rx) = crossbeam_channel::bounded(1);
-            store.put_job_then(&i, &r, drop_key, move |res| {
-                let _ = tx.send(res);
-            });
+            if rec.finished() {
+                // Its end, with its `job.finished`: no crash loses the event.
+                let event = finished_event(&i, &r, prices, webhooks);
+                let cost = prices.cost(r.billed_ms).0;
+                store.end_job_then(&i, &r, event, cost, move |res| {
+                    let _ = tx.send(res);
+                });
+            } else {
+                store.put_job_then(&i, &r, drop_key, move |res| {
+                    let _ = tx.send(res);
+                });
+            }
             match rx.recv() {
                 Ok(Ok(_)) => log::info!(
                     "jobs: {id} was {was} when the daemon stopped; now {}",
@@ -531,12 +572,7 @@ impl Daemon {
     }
 
     fn prices(&self) -> Prices {
-        let j = &self.cfg.wbx.jobs;
-        Prices {
-            currency: j.currency.clone(),
-            vcpu_s: j.price_vcpu_s,
-            gb_s: j.price_gb_s,
-        }
+        prices_of(&self.cfg.wbx.jobs)
     }
 
     /// Carries out a jobs request.
@@ -2025,22 +2061,9 @@ impl Daemon {
         }
         let (id, rec) = (j.id.clone(), j.rec.clone());
         let prices = self.prices();
-        // Its `job.finished` goes into the outbox in the transaction of its end.
-        let event = rec.spec.webhook_url.clone().map(|url| {
-            let now = now_ms();
-            crate::store::webhooks::OutboxEvent {
-                tenant: rec.tenant.clone(),
-                event: "job.finished".into(),
-                url,
-                body: wj::finished_event(&id, &rec, &prices, now),
-                created_ms: now,
-                state: "pending".into(),
-                attempts: 0,
-                next_ms: now,
-                last_error: None,
-                delivered_ms: None,
-            }
-        });
+        // Its `job.finished` goes into the outbox in the transaction of its end (when
+        // webhooks are on and their thread runs).
+        let event = finished_event(&id, &rec, &prices, self.webhooks.is_some());
         let has_event = event.is_some();
         let cost = prices.cost(rec.billed_ms).0;
         let mailbox = self.reactor.mailbox();
@@ -2422,11 +2445,9 @@ impl Daemon {
             return;
         };
         self.conn_own(ck, Owner::Job);
-        let absent: Vec<String> = ids
-            .iter()
-            .filter(|i| !self.jobs.by_id.contains_key(*i))
-            .cloned()
-            .collect();
+        // Every id is read (a live job may end and leave before the answer comes back);
+        // the live record is preferred where there is one.
+        let absent: Vec<String> = ids.clone();
         let sessions = Arc::clone(&self.app.sessions);
         self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
             let store = sessions.store();
@@ -2454,6 +2475,13 @@ impl Daemon {
         read: Result<HashMap<String, JobRecord>, String>,
     ) {
         let (ck, serial) = client;
+        if self.app.shutting_down {
+            let resp =
+                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
+                    .with_header("Retry-After", "5");
+            self.on_outcome(ck, serial, Outcome::Respond(resp));
+            return;
+        }
         let read = match read {
             Ok(r) => r,
             Err(e) => {
@@ -2547,7 +2575,21 @@ impl Daemon {
         let Some(w) = self.jobs.waiters.get(key).filter(|w| w.gen == gen) else {
             return;
         };
-        let body = wj::wait_json(&w.items, w.all);
+        // Each job's state as it is now (a queued one may run by now).
+        let items: Vec<(String, String, bool)> = w
+            .items
+            .iter()
+            .map(|(id, status, done)| {
+                let now = self
+                    .jobs
+                    .by_id
+                    .get(id)
+                    .and_then(|&k| self.jobs.live.get(k))
+                    .map_or_else(|| status.clone(), |j| j.rec.status.clone());
+                (id.clone(), now, *done)
+            })
+            .collect();
+        let body = wj::wait_json(&items, w.all);
         self.job_wait_answer(key, &body);
     }
 
@@ -3103,11 +3145,10 @@ fn read_end(path: &Path, size: u64, max: u64) -> Vec<u8> {
     use std::os::unix::fs::FileExt as _;
     let want = max.min(size);
     let mut buf = vec![0u8; usize::try_from(want).unwrap_or(0)];
-    let n = std::fs::File::open(path)
-        .and_then(|f| f.read_at(&mut buf, size - want))
-        .unwrap_or(0);
-    buf.truncate(n);
-    buf
+    match std::fs::File::open(path).and_then(|f| f.read_exact_at(&mut buf, size - want)) {
+        Ok(()) => buf,
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The log's last `max_chars` characters (read from its last `4 × max_chars` bytes).

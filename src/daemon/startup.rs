@@ -406,7 +406,12 @@ impl Daemon {
             eryx_sessions: super::eryx_sessions::load(app.sessions.store()),
             eryx_envs: super::eryx_envs::load(app.sessions.store(), &cfg.data_dir),
             eryx_env_pending: std::sync::Arc::default(),
-            jobs: super::jobs::load(app.sessions.store(), &cfg.data_dir),
+            jobs: super::jobs::load(
+                app.sessions.store(),
+                &cfg.data_dir,
+                &super::jobs::prices_of(&cfg.wbx.jobs),
+                cfg.wbx.jobs.webhooks,
+            ),
             webhooks: match cfg.wbx.jobs.webhooks.then(|| {
                 crate::webhooks::Deliveries::start(
                     Arc::clone(&app.sessions),

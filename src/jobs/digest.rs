@@ -63,8 +63,12 @@ fn counts(line: &str) -> Vec<(u64, String)> {
 fn count_of(c: &[(u64, String)], words: &[&str]) -> u64 {
     c.iter()
         .filter(|(_, w)| words.contains(&w.as_str()))
-        .map(|(n, _)| n)
-        .sum()
+        .fold(0u64, |a, (n, _)| a.saturating_add(*n))
+}
+
+/// `a + b + c`, never wrapping (counts come from untrusted text).
+fn sum3(a: u64, b: u64, c: u64) -> u64 {
+    a.saturating_add(b).saturating_add(c)
 }
 
 /// A file named in an `at … (file:line:col)` frame or a `file:line` reference.
@@ -107,9 +111,9 @@ fn pytest(lines: &[&str]) -> Option<TestResults> {
                 .strip_prefix("FAILED ")
                 .or_else(|| l.strip_prefix("ERROR "))?;
             let (name, message) = rest.split_once(" - ").unwrap_or((rest, ""));
-            let file = name.split("::").next().map(str::to_string);
+            let file = name.split("::").next().map(clip);
             Some(Failure {
-                name: name.trim().to_string(),
+                name: clip(name),
                 file,
                 message: clip(message),
             })
@@ -121,7 +125,7 @@ fn pytest(lines: &[&str]) -> Option<TestResults> {
         passed: Some(passed),
         failed,
         skipped,
-        total: Some(passed + failed + skipped),
+        total: Some(sum3(passed, failed, skipped)),
         failures,
     })
 }
@@ -133,9 +137,9 @@ fn cargo_test(lines: &[&str]) -> Option<TestResults> {
         if let Some(rest) = l.strip_prefix("test result: ") {
             seen = true;
             let c = counts(&rest.replace(';', " "));
-            passed += count_of(&c, &["passed"]);
-            failed += count_of(&c, &["failed"]);
-            skipped += count_of(&c, &["ignored"]);
+            passed = count_of(&c, &["passed"]).saturating_add(passed);
+            failed = count_of(&c, &["failed"]).saturating_add(failed);
+            skipped = count_of(&c, &["ignored"]).saturating_add(skipped);
         }
     }
     if !seen {
@@ -161,7 +165,7 @@ fn cargo_test(lines: &[&str]) -> Option<TestResults> {
                     break;
                 }
                 if let Some(at) = x.split(" panicked at ").nth(1) {
-                    file = at.split(':').next().map(str::to_string);
+                    file = at.split(':').next().map(clip);
                     in_panic = true;
                     continue;
                 }
@@ -174,7 +178,7 @@ fn cargo_test(lines: &[&str]) -> Option<TestResults> {
             }
         }
         failures.push(Failure {
-            name: name.to_string(),
+            name: clip(name),
             file,
             message: clip(&message.join(" ")),
         });
@@ -187,7 +191,7 @@ fn cargo_test(lines: &[&str]) -> Option<TestResults> {
         passed: Some(passed),
         failed,
         skipped,
-        total: Some(passed + failed + skipped),
+        total: Some(sum3(passed, failed, skipped)),
         failures,
     })
 }
@@ -210,7 +214,9 @@ fn go_test(lines: &[&str]) -> Option<TestResults> {
                 "PASS" => passed += 1,
                 "FAIL" => {
                     failed += 1;
-                    failed_names.push(name.clone());
+                    if failed_names.len() < MAX_FAILURES {
+                        failed_names.push(clip(&name));
+                    }
                 }
                 "SKIP" => skipped += 1,
                 _ => continue,
@@ -236,7 +242,7 @@ fn go_test(lines: &[&str]) -> Option<TestResults> {
                 .first()
                 .and_then(|m| m.split(':').next())
                 .filter(|f| f.ends_with(".go"))
-                .map(str::to_string);
+                .map(clip);
             Failure {
                 name,
                 file,
@@ -249,7 +255,7 @@ fn go_test(lines: &[&str]) -> Option<TestResults> {
         passed: verbose.then_some(passed),
         failed,
         skipped,
-        total: verbose.then_some(passed + failed + skipped),
+        total: verbose.then_some(sum3(passed, failed, skipped)),
         failures,
     })
 }
@@ -285,8 +291,8 @@ fn jest(lines: &[&str]) -> Option<TestResults> {
             .find(|x| x.trim_start().starts_with("at "))
             .and_then(|x| file_in(x));
         failures.push(Failure {
-            name: name.trim().to_string(),
-            file: at.or_else(|| file.clone()),
+            name: clip(name),
+            file: at.or_else(|| file.clone()).map(|f| clip(&f)),
             message: clip(message),
         });
         if failures.len() == MAX_FAILURES {
@@ -298,7 +304,7 @@ fn jest(lines: &[&str]) -> Option<TestResults> {
         passed: Some(passed),
         failed,
         skipped,
-        total: Some(total.max(passed + failed + skipped)),
+        total: Some(total.max(sum3(passed, failed, skipped))),
         failures,
     })
 }
@@ -324,8 +330,8 @@ fn vitest(lines: &[&str]) -> Option<TestResults> {
                 .find(|x| !x.is_empty())
                 .unwrap_or("");
             Some(Failure {
-                name: name.to_string(),
-                file: Some(file.to_string()),
+                name: clip(name),
+                file: Some(clip(file)),
                 message: clip(message),
             })
         })
@@ -336,7 +342,7 @@ fn vitest(lines: &[&str]) -> Option<TestResults> {
         passed: Some(passed),
         failed,
         skipped,
-        total: Some(passed + failed + skipped),
+        total: Some(sum3(passed, failed, skipped)),
         failures,
     })
 }
@@ -376,7 +382,7 @@ fn mocha(lines: &[&str]) -> Option<TestResults> {
             // The title runs over lines until one ends with `:`.
             let mut title = vec![first.trim_end_matches(':')];
             let mut j = i;
-            while !rest[j].trim().ends_with(':') && j + 1 < rest.len() {
+            while !rest[j].trim().ends_with(':') && j + 1 < rest.len() && title.len() < 8 {
                 j += 1;
                 title.push(rest[j].trim().trim_end_matches(':'));
             }
@@ -396,8 +402,8 @@ fn mocha(lines: &[&str]) -> Option<TestResults> {
                 .find(|x| x.trim_start().starts_with("at "))
                 .and_then(|x| file_in(x));
             failures.push(Failure {
-                name: title.join(" "),
-                file,
+                name: clip(&title.join(" ")),
+                file: file.map(|f| clip(&f)),
                 message: clip(message),
             });
             i = j + 1;
@@ -408,7 +414,7 @@ fn mocha(lines: &[&str]) -> Option<TestResults> {
         passed: Some(passed),
         failed,
         skipped,
-        total: Some(passed + failed + skipped),
+        total: Some(sum3(passed, failed, skipped)),
         failures,
     })
 }

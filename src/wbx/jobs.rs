@@ -433,7 +433,7 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
         Some(u) => {
             let policy = crate::webhooks::Policy {
                 loopback: limits.webhook_loopback,
-                deny: Vec::new(),
+                deny: limits.webhook_deny.clone(),
             };
             crate::webhooks::check_url(&u, &policy)
                 .map_err(|why| error(400, &format!("webhook_url: {why}")))?;
