@@ -1544,6 +1544,16 @@ impl Daemon {
         self.save_next(jk, js, key);
     }
 
+    /// Sends `call` to sandbox `key`'s init; its call id (`None`: the sandbox is gone).
+    /// A file call is a few hundred bytes: always within a frame.
+    fn job_box_call(&mut self, key: usize, call: &Call) -> Option<u32> {
+        let b = self.boxes.boxes.get_mut(key)?;
+        let call_id = b.take_call_id();
+        let _ = wire::encode_json(&mut b.wbuf, Kind::Call, call_id, call);
+        self.box_flush(key);
+        Some(call_id)
+    }
+
     /// The saving's next step: a directory to list, a file to fetch, or the end.
     fn save_next(&mut self, jk: usize, js: u64, key: usize) {
         let c = self.cfg.wbx.jobs.clone();
@@ -1574,17 +1584,10 @@ impl Daemon {
             } else {
                 format!("{HOME}/{dir}")
             };
-            let Some(b) = self.boxes.boxes.get_mut(key) else {
+            let Some(call_id) = self.job_box_call(key, &Call::Fs(FsCall::List { path, depth: 1 }))
+            else {
                 return;
             };
-            let call_id = b.take_call_id();
-            let _ = wire::encode_json(
-                &mut b.wbuf,
-                Kind::Call,
-                call_id,
-                &Call::Fs(FsCall::List { path, depth: 1 }),
-            );
-            self.box_flush(key);
             if let Some(save) = self.job(jk, js).and_then(|j| j.save.as_mut()) {
                 save.listing = Some(call_id);
             }
@@ -1608,20 +1611,13 @@ impl Daemon {
             }
             let file = format!("a{}", save.next_file);
             save.next_file += 1;
-            let Some(b) = self.boxes.boxes.get_mut(key) else {
+            let open = Call::Fs(FsCall::Open {
+                path: format!("{HOME}/{name}"),
+                write: false,
+            });
+            let Some(call_id) = self.job_box_call(key, &open) else {
                 return;
             };
-            let call_id = b.take_call_id();
-            let _ = wire::encode_json(
-                &mut b.wbuf,
-                Kind::Call,
-                call_id,
-                &Call::Fs(FsCall::Open {
-                    path: format!("{HOME}/{name}"),
-                    write: false,
-                }),
-            );
-            self.box_flush(key);
             if let Some(save) = self.job(jk, js).and_then(|j| j.save.as_mut()) {
                 save.cur = Some(Fetch {
                     fid: 0,

@@ -679,6 +679,14 @@ impl Prices {
     }
 }
 
+/// A job's saved result files as the document lists them: name, size, SHA-256.
+fn files_json(rec: &JobRecord) -> Vec<Value> {
+    rec.artifacts
+        .iter()
+        .map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256}))
+        .collect()
+}
+
 fn ts(ms: Option<u64>) -> Value {
     ms.map_or(Value::Null, |m| Value::String(super::timestamp(m)))
 }
@@ -721,7 +729,7 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "duration_s": duration_ms(rec, now_ms).map(|ms| ms as f64 / 1000.0),
         "exit_code": rec.exit_code,
         "error": rec.error,
-        "result_files": rec.artifacts.iter().map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256})).collect::<Vec<_>>(),
+        "result_files": files_json(rec),
         "skipped_files": rec.skipped,
         "cost": prices.show(prices.cost(rec.billed_ms)),
     })
@@ -836,7 +844,7 @@ pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str)
         "error": rec.error,
         "cpu_time_ms": rec.cpu_ms,
         "peak_memory_bytes": rec.peak_memory_bytes,
-        "result_files": rec.artifacts.iter().map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256})).collect::<Vec<_>>(),
+        "result_files": files_json(rec),
         "log": {"size": rec.log_bytes, "sha256": rec.log_sha256, "dropped_bytes": rec.log_dropped},
         "test_results": rec.test_results,
         "cost": prices.show(prices.cost(rec.billed_ms)),
@@ -848,7 +856,7 @@ pub fn artifacts_json(id: &str, rec: &JobRecord) -> Value {
     json!({
         "job_id": id,
         "status": rec.status,
-        "files": rec.artifacts.iter().map(|a| json!({"name": a.name, "size": a.size, "sha256": a.sha256})).collect::<Vec<_>>(),
+        "files": files_json(rec),
         "skipped": rec.skipped,
     })
 }
