@@ -396,6 +396,8 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         }
     };
     all.sort_by_key(|(_, r)| r.seq);
+    let mut tenants: HashSet<String> = t.budgets.keys().cloned().collect();
+    tenants.extend(all.iter().map(|(_, r)| r.tenant.clone()));
     // By key, not by decoded record: a record this version cannot read keeps its files.
     let ids: HashSet<String> = match store.job_ids() {
         Ok(ids) => ids.into_iter().collect(),
@@ -496,11 +498,6 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
     }
     // What each known tenant spent this month and today.
     let now = now_ms();
-    let mut tenants: HashSet<String> = t.budgets.keys().cloned().collect();
-    tenants.extend(t.live.iter().map(|(_, j)| j.rec.tenant.clone()));
-    if let Ok(all) = store.all_jobs() {
-        tenants.extend(all.into_iter().map(|(_, r)| r.tenant));
-    }
     for tenant in tenants {
         let (m, d) = crate::store::budget::periods(&tenant, now);
         if let Ok(v) = store.spend(&[m.clone(), d.clone()]) {
@@ -784,27 +781,13 @@ impl Daemon {
         };
         let rec = JobRecord {
             tenant: tenant.clone(),
-            seq: 0,
             status: "queued".into(),
             spec: s.spec,
             sealed_env: sealed,
             retry_of,
             created_ms: now_ms(),
-            started_ms: None,
-            ended_ms: None,
-            attempt: 0,
-            attempts: Vec::new(),
-            exit_code: None,
-            error: None,
-            artifacts: Vec::new(),
-            skipped: Vec::new(),
-            log_bytes: 0,
-            log_sha256: None,
-            log_dropped: 0,
-            cpu_ms: None,
-            peak_memory_bytes: None,
-            billed_ms: 0,
-            test_results: Vec::new(),
+            // Nothing has happened to it yet.
+            ..JobRecord::default()
         };
         *self.jobs.pending.entry(tenant.clone()).or_default() += 1;
         *self

@@ -183,16 +183,7 @@ impl Tables {
     /// # Errors
     /// [`StoreError`] on LMDB errors.
     pub fn eryx_envs(&self) -> Result<Vec<(String, EryxEnvRecord)>, StoreError> {
-        let rtxn = self.env.read_txn()?;
-        let mut out = Vec::new();
-        for item in self.eryx_envs.iter(&rtxn)? {
-            let (id, bytes) = item?;
-            match decode(id, bytes) {
-                Ok(rec) => out.push((id.to_string(), rec)),
-                Err(e) => log::error!("store: eryx environment: {e}"),
-            }
-        }
-        Ok(out)
+        self.all_records(&self.eryx_envs, "eryx environment")
     }
 
     /// Every eryx session (id, record). Corrupt records are logged and skipped.
@@ -200,16 +191,7 @@ impl Tables {
     /// # Errors
     /// [`StoreError`] on LMDB errors.
     pub fn eryx_sessions(&self) -> Result<Vec<(String, EryxSessionRecord)>, StoreError> {
-        let rtxn = self.env.read_txn()?;
-        let mut out = Vec::new();
-        for item in self.eryx_sessions.iter(&rtxn)? {
-            let (id, bytes) = item?;
-            match decode(id, bytes) {
-                Ok(rec) => out.push((id.to_string(), rec)),
-                Err(e) => log::error!("store: eryx session: {e}"),
-            }
-        }
-        Ok(out)
+        self.all_records(&self.eryx_sessions, "eryx session")
     }
 
     /// The state session `id`'s last kept run left, if any.

@@ -434,16 +434,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on LMDB errors.
     pub fn all_jobs(&self) -> Result<Vec<(String, JobRecord)>, StoreError> {
-        let rtxn = self.env.read_txn()?;
-        let mut out = Vec::new();
-        for item in self.jobs.iter(&rtxn)? {
-            let (id, bytes) = item?;
-            match decode(id, bytes) {
-                Ok(rec) => out.push((id.to_string(), rec)),
-                Err(e) => log::error!("store: job: {e}"),
-            }
-        }
-        Ok(out)
+        self.all_records(&self.jobs, "job")
     }
 }
 
@@ -462,41 +453,17 @@ mod tests {
     pub(crate) fn record(tenant: &str, key: Option<&str>) -> JobRecord {
         JobRecord {
             tenant: tenant.into(),
-            seq: 0,
             status: "queued".into(),
             spec: JobSpec {
                 command: "true".into(),
                 template: "base".into(),
                 timeout_s: 60,
-                artifacts: vec![],
-                required_artifacts: vec![],
-                env_names: vec![],
-                env_sha256: None,
                 network: serde_json::json!({"mode": "none"}),
-                retry: RetryPolicy { max_attempts: 1 },
                 idempotency_key: key.map(str::to_string),
-                optimize_for: None,
-                webhook_url: None,
-                max_cost: None,
+                ..JobSpec::default()
             },
-            sealed_env: None,
-            retry_of: None,
             created_ms: 1,
-            started_ms: None,
-            ended_ms: None,
-            attempt: 0,
-            attempts: vec![],
-            exit_code: None,
-            error: None,
-            artifacts: vec![],
-            skipped: vec![],
-            log_bytes: 0,
-            log_sha256: None,
-            log_dropped: 0,
-            cpu_ms: None,
-            peak_memory_bytes: None,
-            billed_ms: 0,
-            test_results: vec![],
+            ..JobRecord::default()
         }
     }
 

@@ -347,6 +347,27 @@ impl Tables {
     }
 }
 
+impl Tables {
+    /// Every record of `db` (id, record); one that does not decode is logged (as a
+    /// `what`) and skipped.
+    fn all_records<T: serde::de::DeserializeOwned>(
+        &self,
+        db: &Database<Str, Bytes>,
+        what: &str,
+    ) -> Result<Vec<(String, T)>, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        let mut out = Vec::new();
+        for item in db.iter(&rtxn)? {
+            let (id, bytes) = item?;
+            match decode(id, bytes) {
+                Ok(rec) => out.push((id.to_string(), rec)),
+                Err(e) => log::error!("store: {what}: {e}"),
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn decode<T: serde::de::DeserializeOwned>(id: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|source| StoreError::Corrupt {
         key: id.to_string(),

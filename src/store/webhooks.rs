@@ -83,16 +83,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] on LMDB errors.
     pub fn outbox(&self) -> Result<Vec<(String, OutboxEvent)>, StoreError> {
-        let rtxn = self.env.read_txn()?;
-        let mut out = Vec::new();
-        for item in self.webhook_outbox.iter(&rtxn)? {
-            let (id, bytes) = item?;
-            match decode(id, bytes) {
-                Ok(e) => out.push((id.to_string(), e)),
-                Err(e) => log::error!("store: webhook event: {e}"),
-            }
-        }
-        Ok(out)
+        self.all_records(&self.webhook_outbox, "webhook event")
     }
 
     /// Event `id`, if it is in the outbox.

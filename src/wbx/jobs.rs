@@ -726,7 +726,7 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "created_at": super::timestamp(rec.created_ms),
         "started_at": ts(rec.started_ms),
         "finished_at": ts(rec.ended_ms),
-        "duration_s": duration_ms(rec, now_ms).map(|ms| ms as f64 / 1000.0),
+        "duration_s": duration_s(rec, now_ms),
         "exit_code": rec.exit_code,
         "error": rec.error,
         "result_files": files_json(rec),
@@ -735,22 +735,33 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
     })
 }
 
+/// How a job went, as its summary and its `job.finished` event both say it: state,
+/// exit code, duration, cost, error, file names, test results.
+fn outcome_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Value {
+    json!({
+        "id": id,
+        "status": rec.status,
+        "exit_code": rec.exit_code,
+        "duration_s": duration_s(rec, now_ms),
+        "cost": prices.show(prices.cost(rec.billed_ms)),
+        "error": rec.error,
+        "files": file_names(rec),
+        "test_results": rec.test_results,
+    })
+}
+
+/// [`duration_ms`] in seconds.
+fn duration_s(rec: &JobRecord, now_ms: u64) -> Option<f64> {
+    duration_ms(rec, now_ms).map(|ms| ms as f64 / 1000.0)
+}
+
 /// The `job.finished` event's body, as every delivery of it sends it.
 pub fn finished_event(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> String {
     json!({
         "event": "job.finished",
         "id": id,
         "created_at": super::timestamp(now_ms),
-        "data": {
-            "id": id,
-            "status": rec.status,
-            "exit_code": rec.exit_code,
-            "duration_s": duration_ms(rec, now_ms).map(|ms| ms as f64 / 1000.0),
-            "cost": prices.show(prices.cost(rec.billed_ms)),
-            "error": rec.error,
-            "files": file_names(rec),
-            "test_results": rec.test_results,
-        },
+        "data": outcome_json(id, rec, prices, now_ms),
     })
     .to_string()
 }
@@ -803,18 +814,10 @@ pub fn summary_json(
     now_ms: u64,
     last_lines: &[String],
 ) -> Value {
-    json!({
-        "id": id,
-        "status": rec.status,
-        "exit_code": rec.exit_code,
-        "duration_s": duration_ms(rec, now_ms).map(|ms| ms as f64 / 1000.0),
-        "cost": prices.show(prices.cost(rec.billed_ms)),
-        "error": rec.error,
-        "files": file_names(rec),
-        "test_results": rec.test_results,
-        "last_log_lines": last_lines,
-        "next_step": next_step(rec).replace("{id}", id),
-    })
+    let mut v = outcome_json(id, rec, prices, now_ms);
+    v["last_log_lines"] = json!(last_lines);
+    v["next_step"] = json!(next_step(rec).replace("{id}", id));
+    v
 }
 
 /// The execution receipt's body (signed by the daemon as it is sent).

@@ -228,17 +228,8 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
         .get("id")
         .filter(|i| jobs::valid_id(i))
         .map(str::to_string);
-    let needs_id = !matches!(
-        spec.id,
-        Route::Jobs
-            | Route::JobStats
-            | Route::JobWait
-            | Route::ReceiptKey
-            | Route::WebhookSecret
-            | Route::WebhookRotate
-            | Route::Budget
-    );
-    if needs_id && id.is_none() {
+    // The route table says which routes name a job.
+    if spec.pattern.contains("{id}") && id.is_none() {
         return Asked::Respond(jobs::not_found());
     }
     let id = id.unwrap_or_default();
@@ -309,10 +300,8 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
             .filter(|i| sandboxes::valid_id(i))
             .map(str::to_string)
     };
-    let needs_id = !matches!(
-        spec.id,
-        Route::Templates | Route::SandboxList | Route::SandboxCreate
-    );
+    // The route table says which routes name a sandbox.
+    let needs_id = spec.pattern.contains("{id}");
     let sid = match (needs_id, id()) {
         (true, None) => return Asked::Respond(sandboxes::not_found()),
         (_, s) => s.unwrap_or_default(),
