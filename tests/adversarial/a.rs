@@ -183,6 +183,24 @@ fn check_spearman(rng: &mut Rng) {
     // Under independence ρ is ~N(0, 1/√9999): |ρ| ≥ 0.05 is a 5σ event.
     assert!(r.abs() < 0.05, "shuffled: {r}");
     assert!(spearman(&x, &[1.0; 10_000]).is_nan(), "constant");
+    // Within lengths: a cost that depends only on the length (in level and in spread),
+    // with `k` tied to the length, is no trend; an order inside each length is one.
+    let lens: Vec<usize> = (0..10_000).map(|i| 1 + i % 40).collect();
+    let ks: Vec<f64> = lens.iter().map(|&l| rng.below(l + 1) as f64).collect();
+    let by_len: Vec<f64> = lens
+        .iter()
+        .map(|&l| 1000.0 * l as f64 + (l as f64) * rng.below(1000) as f64)
+        .collect();
+    assert!(spearman(&ks, &by_len) > 0.3, "the confound is there");
+    let r = rho_within_lengths(&ks, &by_len, &lens);
+    assert!(r.abs() < 0.05, "a length cost: {r}");
+    let ordered: Vec<f64> = ks
+        .iter()
+        .zip(&lens)
+        .map(|(k, &l)| 1e6 * l as f64 - k)
+        .collect();
+    let r = rho_within_lengths(&ks, &ordered, &lens);
+    assert!(r < -0.9, "an order within lengths: {r}");
 }
 
 /// A2's wrong keys for `key`: for each, `k` leading bytes shared with the key, then a
@@ -202,7 +220,11 @@ fn prefix_keys(key: &str, n: usize, rng: &mut Rng) -> Vec<(String, usize, usize)
                 1 + rng.below(2 * kl)
             };
             let k = rng.below(len.min(kl) + 1 - usize::from(len == kl));
-            let mut b = real[..k].to_vec();
+            // One allocation of exactly `len` bytes: a buffer grown from `k` bytes would
+            // sit in a size class (so an alignment) that depends on `k`, and reading it
+            // would then cost what its placement costs — a trend in `k` from the test.
+            let mut b = Vec::with_capacity(len);
+            b.extend_from_slice(&real[..k]);
             while b.len() < len {
                 let c = alphabet[rng.below(alphabet.len())];
                 if b.len() == k && b.len() < kl && c == real[k] {
@@ -215,30 +237,39 @@ fn prefix_keys(key: &str, n: usize, rng: &mut Rng) -> Vec<(String, usize, usize)
         .collect()
 }
 
-/// Latency with the length's own cost taken out: each sample minus the median of every
-/// sample of the same key length. The attacker picks the length, so a length-dependent
-/// cost (SHA-256 blocks, bytes parsed) is no leak — and `k` depends on the length (a
-/// key cannot share more bytes than it has), so without this a length cost would show
-/// as a trend in `k`.
-fn length_residuals(lat: &[f64], lens: &[usize]) -> Vec<f64> {
-    let mut by_len: std::collections::HashMap<usize, Vec<f64>> = Default::default();
-    for (&t, &l) in lat.iter().zip(lens) {
-        by_len.entry(l).or_default().push(t);
+/// Spearman's ρ between `k` and the latency *within each key length*, pooled: in each
+/// group of one length, both series become ranks centred on the group's mean and scaled
+/// by its size, and ρ is the correlation of those pooled quantile deviations. The
+/// attacker picks the length, so a length-dependent cost (SHA-256 blocks, bytes parsed)
+/// is no leak — and `k` depends on the length (a key cannot share more bytes than it
+/// has), so any difference between lengths (in the median, and as a CI run showed, in
+/// the spread or skew of the jitter) would otherwise show as a trend in `k`. Only an
+/// order within one length can: that is what a prefix comparison produces. Under
+/// independence ρ is ~N(0, 1/√N), as for plain Spearman.
+fn rho_within_lengths(ks: &[f64], lat: &[f64], lens: &[usize]) -> f64 {
+    let mut by_len: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (i, &l) in lens.iter().enumerate() {
+        by_len.entry(l).or_default().push(i);
     }
-    let med: std::collections::HashMap<usize, f64> = by_len
-        .into_iter()
-        .map(|(l, mut v)| (l, median(&mut v)))
-        .collect();
-    lat.iter().zip(lens).map(|(t, l)| t - med[l]).collect()
+    let (mut x, mut y) = (Vec::with_capacity(ks.len()), Vec::with_capacity(ks.len()));
+    for idx in by_len.values().filter(|g| g.len() >= 2) {
+        let n = idx.len() as f64;
+        let centre = (n + 1.0) / 2.0;
+        let rk = average_ranks(&idx.iter().map(|&i| ks[i]).collect::<Vec<_>>());
+        let rt = average_ranks(&idx.iter().map(|&i| lat[i]).collect::<Vec<_>>());
+        x.extend(rk.iter().map(|r| (r - centre) / n));
+        y.extend(rt.iter().map(|r| (r - centre) / n));
+    }
+    pearson(&x, &y)
 }
 
 /// What the design can see: the smallest injected leak of `d` ns per shared byte (added
 /// to the measured latencies) that pushes ρ to 0.05 — the test's sensitivity.
-fn detectable_leak_ns(ks: &[f64], resid: &[f64]) -> f64 {
+fn detectable_leak_ns(ks: &[f64], lat: &[f64], lens: &[usize]) -> f64 {
     let mut d = 0.001;
     while d < 1e7 {
-        let y: Vec<f64> = resid.iter().zip(ks).map(|(t, k)| t + d * k).collect();
-        if spearman(ks, &y) >= 0.05 {
+        let y: Vec<f64> = lat.iter().zip(ks).map(|(t, k)| t + d * k).collect();
+        if rho_within_lengths(ks, &y, lens) >= 0.05 {
             return d;
         }
         d *= 1.25;
@@ -271,8 +302,8 @@ fn time_calls(keys: &[&str], reps: usize, rng: &mut Rng, f: impl Fn(&str) -> boo
 /// loopback connection. Every key is sent 5 times, each round in a fresh random order
 /// (so drift and neighbours' load cannot line up with `k`); a key's latency is the
 /// median of its 5 (request written → whole response read). Every answer is 401; the
-/// Spearman correlation between `k` and the latency (less its length's median, see
-/// `length_residuals`) is |ρ| < 0.05. The same criterion holds for
+/// Spearman correlation between `k` and the latency within each length (see
+/// `rho_within_lengths`) is |ρ| < 0.05. The same criterion holds for
 /// `isobox::admission::keys::find` timed in-process. The statistic is checked to be
 /// able to fail: exact values, ±1 for monotone series, a leak the size of the measured
 /// jitter injected into the measured data is detected, and an early-exit byte-by-byte
@@ -337,8 +368,7 @@ fn test_a2_key_check_latency_has_no_prefix_trend() {
         )
     });
     let lat: Vec<f64> = samples.iter_mut().map(|v| median(v)).collect();
-    let resid = length_residuals(&lat, &lens);
-    let rho = spearman(&ks, &resid);
+    let rho = rho_within_lengths(&ks, &lat, &lens);
     let raw = spearman(&ks, &lat);
     let same: Vec<usize> = (0..N).filter(|&i| lens[i] == a.key.len()).collect();
     let rho_same = spearman(
@@ -348,10 +378,10 @@ fn test_a2_key_check_latency_has_no_prefix_trend() {
     let mut sorted = lat.clone();
     let med = median(&mut sorted);
     let (p25, p75) = (sorted[N / 4], sorted[3 * N / 4]);
-    let leak = detectable_leak_ns(&ks, &resid);
+    let leak = detectable_leak_ns(&ks, &lat, &lens);
     eprintln!(
         "A2 HTTP: {} requests in {wire_took:?}; latency median {:.1} µs (IQR {:.1}–{:.1}); \
-         ρ(k, latency − length median) = {rho:+.4}, raw ρ(k, latency) = {raw:+.4}, \
+         ρ(k, latency) within lengths = {rho:+.4}, raw ρ(k, latency) = {raw:+.4}, \
          ρ among the {} same-length keys = {rho_same:+.4}; detectable: {leak:.1} ns per byte",
         N * REPS,
         med / 1e3,
@@ -365,8 +395,8 @@ fn test_a2_key_check_latency_has_no_prefix_trend() {
     // Power: a leak whose whole range (0 → len(key) bytes) is one interquartile range
     // of the measured jitter must be seen by this very pipeline.
     let d = (p75 - p25) / a.key.len() as f64;
-    let injected: Vec<f64> = resid.iter().zip(&ks).map(|(t, k)| t + d * k).collect();
-    let seen = spearman(&ks, &injected);
+    let injected: Vec<f64> = lat.iter().zip(&ks).map(|(t, k)| t + d * k).collect();
+    let seen = rho_within_lengths(&ks, &injected, &lens);
     a.expect(seen >= 0.05, || {
         format!("A2: an injected leak of {d:.0} ns per byte gave only ρ = {seen:+.4}")
     });
@@ -379,16 +409,15 @@ fn test_a2_key_check_latency_has_no_prefix_trend() {
     let lat = time_calls(&wrong, REPS, &mut rng, |k| {
         isobox::admission::keys::find(std::hint::black_box(&configured), k).is_some()
     });
-    let resid = length_residuals(&lat, &lens);
-    let rho_fn = spearman(&ks, &resid);
+    let rho_fn = rho_within_lengths(&ks, &lat, &lens);
     eprintln!(
-        "A2 find: {} samples of 16 calls in {:?}; {:.0} ns a call; ρ(k, time − length \
-         median) = {rho_fn:+.4}, raw ρ = {:+.4}; detectable: {:.3} ns per byte",
+        "A2 find: {} samples of 16 calls in {:?}; {:.0} ns a call; ρ(k, time) within \
+         lengths = {rho_fn:+.4}, raw ρ = {:+.4}; detectable: {:.3} ns per byte",
         N * REPS,
         t0.elapsed(),
         median(&mut lat.clone()),
         spearman(&ks, &lat),
-        detectable_leak_ns(&ks, &resid)
+        detectable_leak_ns(&ks, &lat, &lens)
     );
     a.expect(rho_fn.abs() < 0.05, || {
         format!("A2: keys::find's time trends with the shared prefix: Spearman ρ = {rho_fn:+.4}")
@@ -405,7 +434,7 @@ fn test_a2_key_check_latency_has_no_prefix_trend() {
         }
         x.len() == y.len()
     });
-    let rho_leaky = spearman(&ks, &length_residuals(&lat, &lens));
+    let rho_leaky = rho_within_lengths(&ks, &lat, &lens);
     eprintln!("A2 positive control (early-exit comparison): ρ = {rho_leaky:+.4}");
     a.expect(rho_leaky >= 0.05, || {
         format!("A2: the timing cannot see an early-exit comparison: ρ = {rho_leaky:+.4}")
