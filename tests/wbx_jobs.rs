@@ -5,99 +5,10 @@
 //! at their bounds, and a kill -9 of the daemon in the middle of jobs.
 
 mod common;
+use common::wbx::*;
 use common::{sha256_hex, Daemon, Resp};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-
-fn wbx(d: &Daemon, method: &str, path: &str, key: Option<&str>, body: Option<&Value>) -> Resp {
-    wbx_h(d, method, path, key, body, &[])
-}
-
-fn wbx_h(
-    d: &Daemon,
-    method: &str,
-    path: &str,
-    key: Option<&str>,
-    body: Option<&Value>,
-    extra: &[(&str, &str)],
-) -> Resp {
-    let auth = key.map(|k| format!("Bearer {k}"));
-    let mut h: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
-    if let Some(a) = &auth {
-        h.push(("Authorization", a));
-    }
-    h.extend_from_slice(extra);
-    let b = body.map(|b| b.to_string()).unwrap_or_default();
-    d.request(method, &format!("/wbx{path}"), &h, b.as_bytes())
-}
-
-/// The error message of a WBX error, checking the shape: exactly `{"error": "..."}`.
-fn err(r: &Resp) -> String {
-    let v = r.json();
-    assert_eq!(
-        v.as_object().map(|o| o.len()),
-        Some(1),
-        "the WBX error shape is {{\"error\": \"message\"}}: {v}"
-    );
-    v["error"].as_str().expect("a message").to_string()
-}
-
-fn submit(d: &Daemon, key: Option<&str>, body: &Value) -> Value {
-    let r = wbx(d, "POST", "/v1/jobs", key, Some(body));
-    assert_eq!(r.status, 202, "{}\nlog:\n{}", r.text(), d.log());
-    let v = r.json();
-    assert!(
-        v["id"]
-            .as_str()
-            .is_some_and(|i| i.starts_with("job_") && i.len() == 28),
-        "{v}"
-    );
-    v
-}
-
-const FINISHED: &[&str] = &["completed", "failed", "cancelled", "expired"];
-
-/// Polls the job until it has finished.
-fn finished(d: &Daemon, key: Option<&str>, id: &str, within: Duration) -> Value {
-    let t = Instant::now();
-    loop {
-        let r = wbx(d, "GET", &format!("/v1/jobs/{id}"), key, None);
-        assert_eq!(r.status, 200, "{}", r.text());
-        let v = r.json();
-        if FINISHED.contains(&v["status"].as_str().unwrap_or("")) {
-            return v;
-        }
-        assert!(
-            t.elapsed() < within,
-            "job {id} did not finish within {within:?}: {v}\nlog:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-fn until_status(d: &Daemon, key: Option<&str>, id: &str, status: &str) -> Value {
-    let t = Instant::now();
-    loop {
-        let v = wbx(d, "GET", &format!("/v1/jobs/{id}"), key, None).json();
-        if v["status"] == status {
-            return v;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "job {id} never became {status}: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn names(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["name"].as_str().unwrap().to_string())
-        .collect()
-}
 
 #[test]
 fn test_a_job_runs_saves_its_files_and_says_what_happened() {
@@ -844,7 +755,24 @@ fn test_failures_time_limits_cancels_retries_and_bad_input() {
         ),
         (
             json!({"command": "true", "inputs": [{"job_id": "job_x", "name": "a"}]}),
-            "inputs: not supported",
+            "inputs[0]: job_id: a job id",
+        ),
+        (
+            json!({"command": "true", "inputs": [{"from_index": 0, "name": "a"}]}),
+            "inputs[0]: unknown field `from_index`; it takes job_id, name, as",
+        ),
+        (
+            json!({"command": "true", "inputs": {"job_id": "job_x"}}),
+            "inputs: must be a list of objects",
+        ),
+        (
+            json!({"command": "true", "inputs": (0..33).map(|i| json!({"job_id": "job_000000000000000000000000", "name": format!("f{i}")})).collect::<Vec<_>>()}),
+            "inputs: at most 32 files",
+        ),
+        (
+            // 32 pass the count; the first names no job of the caller's.
+            json!({"command": "true", "inputs": (0..32).map(|i| json!({"job_id": "job_000000000000000000000000", "name": format!("f{i}")})).collect::<Vec<_>>()}),
+            "inputs[0]: no job job_000000000000000000000000 of yours",
         ),
         (
             json!({"command": "true", "webhook_url": "http://example.com/"}),
@@ -964,11 +892,15 @@ fn test_unfinished_jobs_per_tenant_at_and_above_the_bound_and_waiting_on_jobs() 
             400,
             "timeout_s: at most 60",
         ),
-        (json!({"job_ids": []}), 400, "job_ids: at least one"),
+        (
+            json!({"job_ids": []}),
+            400,
+            "job_ids, batch_ids: at least one id",
+        ),
         (
             json!({"job_ids": [aid], "batch_ids": ["bat_1"]}),
-            400,
-            "batch_ids: batches are not supported",
+            404,
+            "batch not found: bat_1",
         ),
         (json!({"job_ids": [aid], "until": "some"}), 400, "until:"),
         (
@@ -1182,110 +1114,9 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
     drop(d);
 }
 
-/// One request a receiver got: its head's lines and its body.
-type Got = (Vec<String>, Vec<u8>);
-
-/// A webhook receiver on loopback: the first request is held unanswered (its sender
-/// is killed meanwhile), every later one answered 200.
-fn receiver() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<Got>>>) {
-    use std::io::{BufRead, Read, Write};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let got: std::sync::Arc<std::sync::Mutex<Vec<Got>>> = Default::default();
-    let g = std::sync::Arc::clone(&got);
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(s) = s else { continue };
-            let g = std::sync::Arc::clone(&g);
-            std::thread::spawn(move || {
-                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
-                let mut head = Vec::new();
-                loop {
-                    let mut line = String::new();
-                    if r.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    let line = line.trim_end().to_string();
-                    if line.is_empty() {
-                        break;
-                    }
-                    head.push(line);
-                }
-                let len: usize = head
-                    .iter()
-                    .find_map(|h| {
-                        h.to_ascii_lowercase()
-                            .strip_prefix("content-length:")
-                            .map(|v| v.trim().parse().unwrap())
-                    })
-                    .unwrap_or(0);
-                let mut body = vec![0u8; len];
-                r.read_exact(&mut body).unwrap();
-                let first = {
-                    let mut g = g.lock().unwrap();
-                    g.push((head, body));
-                    g.len() == 1
-                };
-                let mut s = s;
-                if first {
-                    std::thread::sleep(Duration::from_secs(60));
-                } else {
-                    let _ = s.write_all(
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                    );
-                }
-            });
-        }
-    });
-    (port, got)
-}
-
-fn header<'a>(head: &'a [String], name: &str) -> &'a str {
-    head.iter()
-        .find_map(|h| {
-            let (k, v) = h.split_once(':')?;
-            k.eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-        .unwrap_or_else(|| panic!("no {name} in {head:?}"))
-}
-
-/// The document's own verification snippet, unchanged, run on a delivery.
-const VERIFY: &str = r#"import hashlib, hmac, time
-
-def verify(secret: str, body: bytes, header: str) -> bool:
-    parts = dict(p.split("=", 1) for p in header.split(","))
-    if abs(time.time() - int(parts["t"])) > 300:
-        return False
-    mac = hmac.new(secret.encode(), parts["t"].encode() + b"." + body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(mac, parts["v1"])
-"#;
-
-fn verifies(secret: &str, body: &[u8], sig: &str) -> bool {
-    let path = std::env::temp_dir().join(format!(
-        "isobox-hook-{}-{}",
-        std::process::id(),
-        sig.len() + body.len()
-    ));
-    std::fs::write(&path, body).unwrap();
-    let script = format!(
-        "{VERIFY}\nimport sys\nprint(verify(sys.argv[1], open(sys.argv[2], 'rb').read(), sys.argv[3]))\n"
-    );
-    let out = std::process::Command::new(common::test_python())
-        .args(["-c", &script, secret, path.to_str().unwrap(), sig])
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&path);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim() == "True"
-}
-
 #[test]
 fn test_webhooks_are_signed_survive_a_kill_9_and_never_reach_a_private_address() {
-    let (port, got) = receiver();
+    let (port, got) = receiver(true);
     let instance = format!("isobox-hooks{}", std::process::id());
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&instance));
     let env = [

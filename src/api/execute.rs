@@ -445,6 +445,7 @@ fn decode_with(
         preload: None,
         workspace: None,
         long_lived: None,
+        ro_binds: Vec::new(),
     };
     Ok(Decoded {
         plan,

@@ -173,6 +173,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             preload: None,
             workspace: None,
             long_lived: None,
+            ro_binds: Vec::new(),
         }))
     } else {
         None

@@ -208,12 +208,13 @@ pub(super) enum BoxOwner {
 }
 
 /// What a shared-sandbox batch or a job gives the sandbox it boots: its owner, its
-/// limits and the program's files (bound at `/workspace` as a one-shot run has them;
-/// a job has none).
+/// limits, the program's files (bound at `/workspace` as a one-shot run has them;
+/// a job has none) and host directories bound read-only (a job's `input/`).
 pub(super) struct InternalBoot {
     pub(super) owner: BoxOwner,
     pub(super) limits: crate::sandbox::limits::Limits,
     pub(super) files: Vec<(String, Vec<u8>)>,
+    pub(super) ro_binds: Vec<(std::path::PathBuf, String)>,
 }
 
 /// The component's state.
@@ -577,9 +578,9 @@ impl Daemon {
             network,
         } = c;
         let env_names = env.iter().map(|(k, _)| k.clone()).collect();
-        let (owner, limits, files) = match internal {
-            Some(bb) => (Some(bb.owner), bb.limits, bb.files),
-            None => (None, wbx_limits(), Vec::new()),
+        let (owner, limits, files, ro_binds) = match internal {
+            Some(bb) => (Some(bb.owner), bb.limits, bb.files, bb.ro_binds),
+            None => (None, wbx_limits(), Vec::new(), Vec::new()),
         };
         let plan = crate::sandbox::plan::ExecPlan {
             limits,
@@ -594,6 +595,7 @@ impl Daemon {
             preload: None,
             workspace: None,
             long_lived: Some(self.cfg.init.clone()),
+            ro_binds,
         };
         let now = Instant::now();
         let created_ms = now_ms();

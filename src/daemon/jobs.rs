@@ -40,6 +40,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod batches;
+
 /// The jobs component (key: the live job).
 pub(crate) const JOBS: ComponentId = ComponentId(11);
 /// Its one timer per job: the spawn's answer, the time limit, the kill's grace, or the
@@ -55,6 +57,8 @@ const MAX_WAITERS_PER_TENANT: usize = 64;
 /// the receipts' signing key.
 pub(crate) const JOBS_DIR: &str = "jobs";
 const RECEIPT_KEY_FILE: &str = "receipt-key.pk8";
+/// A job's staged inputs, in its directory, bound read-only at `HOME/input`.
+const INPUT_DIR: &str = "input";
 /// The working directory of a job's command (the sandbox user's home).
 const HOME: &str = "/home/user";
 /// How long init may take to answer a spawn.
@@ -148,6 +152,8 @@ pub(crate) struct Table {
     spent: HashMap<Vec<u8>, i128>,
     /// Worst cases of submits being written, per tenant.
     pending_reserved: HashMap<String, i128>,
+    /// Batches whose jobs have not all ended.
+    batches: HashMap<String, batches::LiveBatch>,
 }
 
 /// Start and upload reserve of an attempt in a job's worst case, seconds.
@@ -383,6 +389,7 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         budgets: HashMap::new(),
         spent: HashMap::new(),
         pending_reserved: HashMap::new(),
+        batches: HashMap::new(),
     };
     match store.budgets() {
         Ok(b) => t.budgets = b.into_iter().collect(),
@@ -416,9 +423,15 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         }
     }
     let mut recovered = 0;
+    // How each finished job ended, and which are live, for their batches.
+    let mut ended: HashMap<String, String> = HashMap::new();
     for (id, mut rec) in all {
+        // No job runs yet: a staged `input/` is from before the stop (each attempt
+        // stages its own).
+        let _ = std::fs::remove_dir_all(t.dir.join(&id).join(INPUT_DIR));
         if rec.finished() {
             *t.tenant_bytes.entry(rec.tenant.clone()).or_default() += stored_bytes(&rec);
+            ended.insert(id, rec.status);
             continue;
         }
         let env = match (&rec.sealed_env, store.job_key(&id)) {
@@ -486,6 +499,7 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
             }
         }
         if rec.finished() {
+            ended.insert(id, rec.status);
             continue;
         }
         t.serial += 1;
@@ -495,6 +509,13 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
             .insert(Live::new(t.serial, id.clone(), rec, Vec::new()));
         t.by_id.insert(id, key);
         t.queue.push_back(key);
+    }
+    match store.all_batches() {
+        Ok(all) => {
+            let live: HashSet<String> = t.by_id.keys().cloned().collect();
+            t.batches = batches::load_batches(all, &ended, &live);
+        }
+        Err(e) => log::error!("jobs: reading batches: {e}"),
     }
     // What each known tenant spent this month and today.
     let now = now_ms();
@@ -509,6 +530,147 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         log::info!("jobs: {recovered} recovered after a stop");
     }
     t
+}
+
+/// Why a job whose worst case is `worst` (every attempt for its whole time limit, and
+/// a start and upload reserve each) is over its own `max_cost`: with the longest time
+/// limit that fits.
+pub(super) fn max_cost_refusal(
+    spec: &crate::store::jobs::JobSpec,
+    worst: i128,
+    prices: &Prices,
+) -> Option<String> {
+    let max = spec.max_cost?;
+    if worst <= max {
+        return None;
+    }
+    let per_s = prices.cost(1000).0.max(1);
+    let attempts = i128::from(spec.retry.max_attempts.max(1));
+    let fits = (max / (per_s * attempts)) - i128::from(RESERVE_S);
+    Some(if fits >= 1 {
+        format!(
+            "max_cost: this job could cost up to {} ({} attempts of {} s and a {RESERVE_S} s reserve each); the longest time limit that fits is timeout_s {fits}",
+            prices.show(crate::jobs::Money(worst)),
+            attempts,
+            spec.timeout_s
+        )
+    } else {
+        format!(
+            "max_cost: this job could cost up to {}; no time limit fits {} with {} attempts",
+            prices.show(crate::jobs::Money(worst)),
+            prices.show(crate::jobs::Money(max)),
+            attempts
+        )
+    })
+}
+
+/// Copies a job's inputs from their jobs' result files into its fresh `input/`
+/// directory (world-readable, as the sandbox's user reads them through a read-only
+/// bind), checking each file's SHA-256 against its job's record and against what was
+/// recorded when this job was accepted. Pool threads only.
+fn stage_inputs(
+    store: &Store,
+    jobs_dir: &Path,
+    id: &str,
+    inputs: &[crate::store::jobs::InputFile],
+) -> Result<(PathBuf, Vec<(u64, String)>), JobError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let err = |code: &str, message: String, kind: &str| JobError {
+        code: code.into(),
+        message,
+        kind: kind.into(),
+    };
+    let system = |what: String| err("sandbox_lost", what, "system");
+    let dir = jobs_dir.join(id).join(INPUT_DIR);
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(system(format!("its inputs could not be staged: {e}")))
+        }
+        _ => {}
+    }
+    let mkdir = |d: &Path| {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(d)
+            .map_err(|e| system(format!("its inputs could not be staged: {e}")))
+    };
+    mkdir(&dir)?;
+    let mut total = 0u64;
+    let mut staged = Vec::with_capacity(inputs.len());
+    for (i, input) in inputs.iter().enumerate() {
+        let src = store
+            .job(&input.job_id)
+            .map_err(|e| system(format!("reading job {}: {e}", input.job_id)))?;
+        let Some(a) = src
+            .as_ref()
+            .and_then(|r| r.artifacts.iter().find(|a| a.name == input.name))
+        else {
+            return Err(err(
+                "input_missing",
+                format!(
+                    "inputs[{i}]: job {} or its result file {:?} is gone (past its retention)",
+                    input.job_id, input.name
+                ),
+                "job",
+            ));
+        };
+        if input.sha256.as_ref().is_some_and(|s| *s != a.sha256) {
+            return Err(system(format!(
+                "inputs[{i}]: the result file {:?} of job {} is not the one recorded when this job was accepted",
+                input.name, input.job_id
+            )));
+        }
+        total = total.saturating_add(a.size);
+        if total > crate::store::jobs::MAX_INPUT_BYTES {
+            return Err(err(
+                "inputs_too_large",
+                format!(
+                    "inputs: {total} bytes or more in all; at most {} bytes (64 MiB)",
+                    crate::store::jobs::MAX_INPUT_BYTES
+                ),
+                "job",
+            ));
+        }
+        let target = dir.join(&input.dest);
+        if let Some(parent) = target.parent() {
+            mkdir(parent)?;
+        }
+        let copy = || -> std::io::Result<String> {
+            let mut from = std::fs::File::open(jobs_dir.join(&input.job_id).join(&a.file))?;
+            let mut to = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(&target)?;
+            let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = from.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+                to.write_all(&buf[..n])?;
+            }
+            Ok(hex(h.finish().as_ref()))
+        };
+        let sha = copy().map_err(|e| {
+            system(format!(
+                "inputs[{i}]: copying {:?} of job {}: {e}",
+                input.name, input.job_id
+            ))
+        })?;
+        if sha != a.sha256 {
+            return Err(system(format!(
+                "inputs[{i}]: the result file {:?} of job {} does not match its SHA-256",
+                input.name, input.job_id
+            )));
+        }
+        staged.push((a.size, sha));
+    }
+    Ok((dir, staged))
 }
 
 /// What a finished job keeps on disk, against its tenant's stored results: its result
@@ -576,6 +738,10 @@ impl Daemon {
     pub(crate) fn job_op(&mut self, ck: usize, tenant: String, op: JobOp) {
         match op {
             JobOp::Submit(s) => self.job_submit(ck, tenant, *s, None),
+            JobOp::SubmitBatch(b) => self.job_batch_submit(ck, tenant, *b),
+            JobOp::BatchGet(id) => self.job_batch_read(ck, tenant, id, None),
+            JobOp::BatchReport { id, csv } => self.job_batch_read(ck, tenant, id, Some(csv)),
+            JobOp::BatchCancel(id) => self.job_batch_cancel(ck, tenant, id),
             JobOp::Cancel(id) => self.job_cancel(ck, &tenant, &id),
             JobOp::Retry(id, env) => self.job_retry(ck, tenant, id, env),
             JobOp::Wait {
@@ -676,6 +842,35 @@ impl Daemon {
         self.start_job(ck, job);
     }
 
+    /// Whether `tenant` may add `adding` jobs: its stored results under their cap, its
+    /// unfinished jobs under theirs. The refusal, else `None`.
+    pub(super) fn job_admission(&self, tenant: &str, adding: usize) -> Option<Response> {
+        let c = &self.cfg.wbx.jobs;
+        let used = self.jobs.tenant_bytes.get(tenant).copied().unwrap_or(0);
+        if used >= c.artifact_tenant_bytes {
+            let resp = crate::wbx::error(
+                429,
+                &format!("limit reached: this tenant's stored job results and logs ({used} bytes) fill its {} bytes (ISOBOX_WBX_ARTIFACT_TENANT_MB); they are removed {} s after their jobs end", c.artifact_tenant_bytes, c.retention_s),
+            );
+            return Some(resp);
+        }
+        let unfinished = self
+            .jobs
+            .live
+            .iter()
+            .filter(|(_, j)| j.rec.tenant == *tenant)
+            .count()
+            + self.jobs.pending.get(tenant).copied().unwrap_or(0);
+        let cap = self.cfg.wbx.jobs.per_tenant;
+        if unfinished + adding > cap {
+            return Some(crate::wbx::error(
+                429,
+                &format!("limit reached: at most {cap} unfinished jobs at once (ISOBOX_WBX_JOBS_PER_TENANT); {unfinished} are, and this adds {adding}; wait for some to finish"),
+            ));
+        }
+        None
+    }
+
     /// `POST /v1/jobs` (and a retry's new job).
     fn job_submit(&mut self, ck: usize, tenant: String, s: wj::Submit, retry_of: Option<String>) {
         let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
@@ -693,67 +888,15 @@ impl Daemon {
             );
             return;
         }
-        let c = &self.cfg.wbx.jobs;
-        let used = self.jobs.tenant_bytes.get(&tenant).copied().unwrap_or(0);
-        if used >= c.artifact_tenant_bytes {
-            let resp = crate::wbx::error(
-                429,
-                &format!("limit reached: this tenant's stored job results and logs ({used} bytes) fill its {} bytes (ISOBOX_WBX_ARTIFACT_TENANT_MB); they are removed {} s after their jobs end", c.artifact_tenant_bytes, c.retention_s),
-            );
+        let prices = self.prices();
+        let worst = worst_case(&s.spec, &prices);
+        if let Some(resp) = self.job_admission(&tenant, 1) {
             answer(self, resp);
             return;
         }
-        let unfinished = self
-            .jobs
-            .live
-            .iter()
-            .filter(|(_, j)| j.rec.tenant == tenant)
-            .count()
-            + self.jobs.pending.get(&tenant).copied().unwrap_or(0);
-        let cap = self.cfg.wbx.jobs.per_tenant;
-        if unfinished >= cap {
-            answer(
-                self,
-                crate::wbx::error(
-                    429,
-                    &format!("limit reached: at most {cap} unfinished jobs at once (ISOBOX_WBX_JOBS_PER_TENANT); wait for some to finish"),
-                ),
-            );
+        if let Some(why) = max_cost_refusal(&s.spec, worst, &prices) {
+            answer(self, crate::wbx::error(400, &why));
             return;
-        }
-        // The price limit, then the budget: the job's worst case (every attempt for its
-        // whole time limit, and a start and upload reserve each) must fit.
-        let prices = self.prices();
-        let worst = worst_case(&s.spec, &prices);
-        if let Some(max) = s.spec.max_cost {
-            if worst > max {
-                let per_s = prices.cost(1000).0.max(1);
-                let attempts = i128::from(s.spec.retry.max_attempts.max(1));
-                let fits = (max / (per_s * attempts)) - i128::from(RESERVE_S);
-                let resp = if fits >= 1 {
-                    crate::wbx::error(
-                        400,
-                        &format!(
-                            "max_cost: this job could cost up to {} ({} attempts of {} s and a {RESERVE_S} s reserve each); the longest time limit that fits is timeout_s {fits}",
-                            prices.show(crate::jobs::Money(worst)),
-                            attempts,
-                            s.spec.timeout_s
-                        ),
-                    )
-                } else {
-                    crate::wbx::error(
-                        400,
-                        &format!(
-                            "max_cost: this job could cost up to {}; no time limit fits {} with {} attempts",
-                            prices.show(crate::jobs::Money(worst)),
-                            prices.show(crate::jobs::Money(max)),
-                            attempts
-                        ),
-                    )
-                };
-                answer(self, resp);
-                return;
-            }
         }
         if let Some(why) = self.budget_refusal(&tenant, worst) {
             answer(self, crate::wbx::error(402, &why));
@@ -840,6 +983,7 @@ impl Daemon {
                                 .map_or(*er, |j| j.rec.clone());
                             Response::json(202, &wj::job_json(&eid, &rec, &prices, now_ms()))
                         }
+                        Ok((Submitted::Refused(why), _)) => crate::wbx::error(400, &why),
                         Err(e) => {
                             log::error!("jobs: storing {id}: {e}");
                             store_refusal()
@@ -920,6 +1064,11 @@ impl Daemon {
         }
         let mut spec = rec.spec.clone();
         spec.idempotency_key = None;
+        // A job of a batch retried stands alone: its inputs name their jobs by id, and
+        // are checked again as for any new job.
+        for input in &mut spec.inputs {
+            input.from_index = None;
+        }
         spec.env_names = env.iter().map(|(k, _)| k.clone()).collect();
         spec.env_sha256 = (!env.is_empty()).then(|| crate::jobs::env_sha256(&env));
         self.job_submit(ck, tenant, wj::Submit { spec, env }, Some(id));
@@ -987,16 +1136,34 @@ impl Daemon {
         if j.cancelled {
             return;
         }
-        j.cancelled = true;
-        let js = j.serial;
         log::info!("job {id} cancelled by its tenant");
+        let e = JobError {
+            code: "cancelled".into(),
+            message: "cancelled by POST /v1/jobs/{id}/cancel".into(),
+            kind: "job".into(),
+        };
+        self.job_cancel_quietly(jk, e, "its job was cancelled");
+    }
+
+    /// Cancels live job `jk` (once; not after its end) with error `e`: a queued job
+    /// ends at once, a running one when its sandbox (ended for `why`) is gone.
+    fn job_cancel_quietly(&mut self, jk: usize, e: JobError, why: &str) {
+        let Some(j) = self.jobs.live.get_mut(jk) else {
+            return;
+        };
+        if j.cancelled || j.written || j.rec.finished() {
+            return;
+        }
+        j.cancelled = true;
+        j.rec.error.get_or_insert(e);
+        let js = j.serial;
         match (j.phase, j.sbx) {
             (Phase::Queued, _) => {
                 self.jobs.queue.retain(|&k| k != jk);
                 self.job_end(jk, js);
             }
             (Phase::Ending, _) => {}
-            (_, Some((key, _))) => self.box_end(key, "its job was cancelled"),
+            (_, Some((key, _))) => self.box_end(key, why),
             // Its starting record is being written: the boot sees the cancel.
             (_, None) => {}
         }
@@ -1022,6 +1189,7 @@ impl Daemon {
             // The tenant with the fewest jobs running goes next (in the order its jobs
             // were accepted): one tenant's thousand queued jobs do not starve another's.
             let mut busy: HashMap<&str, usize> = HashMap::new();
+            let mut batch_busy: HashMap<&str, u32> = HashMap::new();
             for (_, j) in self
                 .jobs
                 .live
@@ -1029,13 +1197,19 @@ impl Daemon {
                 .filter(|(_, j)| j.phase != Phase::Queued)
             {
                 *busy.entry(j.rec.tenant.as_str()).or_default() += 1;
+                if let Some(b) = &j.rec.batch {
+                    *batch_busy.entry(b.as_str()).or_default() += 1;
+                }
             }
+            // A job of a batch waits for the jobs it depends on, and for room in its
+            // batch's max_concurrency.
             let next = self
                 .jobs
                 .queue
                 .iter()
                 .enumerate()
                 .filter_map(|(i, &k)| self.jobs.live.get(k).map(|j| (i, j)))
+                .filter(|(_, j)| !self.job_batch_holds(j, &batch_busy))
                 .min_by_key(|(i, j)| (busy.get(j.rec.tenant.as_str()).copied().unwrap_or(0), *i))
                 .map(|(i, _)| i);
             let Some(jk) = next.and_then(|i| self.jobs.queue.remove(i)) else {
@@ -1225,10 +1399,69 @@ impl Daemon {
             metadata: Default::default(),
             network,
         };
+        if j.rec.spec.inputs.is_empty() {
+            self.job_boot_sandbox(jk, js, create, Ok(None));
+            return;
+        }
+        // Its inputs are copied (and their SHA-256 checked again) on the pool first.
+        let (id, inputs) = (j.id.clone(), j.rec.spec.inputs.clone());
+        let (sessions, dir) = (Arc::clone(&self.app.sessions), self.jobs.dir.clone());
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let r = stage_inputs(sessions.store(), &dir, &id, &inputs).map(Some);
+            Box::new(move |d: &mut Daemon| d.job_boot_sandbox(jk, js, create, r))
+        }));
+    }
+
+    /// Boots its sandbox, with its staged inputs (or why they could not be).
+    fn job_boot_sandbox(
+        &mut self,
+        jk: usize,
+        js: u64,
+        create: Create,
+        staged: Result<Option<(PathBuf, Vec<(u64, String)>)>, JobError>,
+    ) {
+        if self.app.shutting_down {
+            return;
+        }
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        if j.cancelled {
+            self.job_end(jk, js);
+            return;
+        }
+        let ro_binds = match staged {
+            Ok(None) => Vec::new(),
+            Ok(Some((dir, files))) => {
+                // What each input is, as staged: a batch's `from_index` inputs had no
+                // size or SHA-256 until now (their jobs had not finished).
+                for (input, (size, sha)) in j.rec.spec.inputs.iter_mut().zip(files) {
+                    input.size = Some(size);
+                    input.sha256 = Some(sha);
+                }
+                vec![(dir, format!("{HOME}/{INPUT_DIR}"))]
+            }
+            Err(e) => {
+                let note = format!("[wbx] {}\n", e.message);
+                if e.kind == "system" {
+                    self.job_lost(jk, js, &e.message);
+                } else {
+                    j.rec.error = Some(e);
+                    j.rec.status = "failed".into();
+                    self.job_note(jk, js, &note);
+                    self.job_end(jk, js);
+                }
+                return;
+            }
+        };
         let boot = InternalBoot {
             owner: BoxOwner::Job(jk, js),
             limits: super::boxes::wbx_limits(),
             files: Vec::new(),
+            ro_binds,
+        };
+        let Some(j) = self.job(jk, js) else {
+            return;
         };
         let tenant = j.rec.tenant.clone();
         match self.box_boot(None, tenant, create, Some(boot)) {
@@ -2005,9 +2238,10 @@ impl Daemon {
         }
         if j.cancelled && !j.rec.finished() {
             j.rec.status = "cancelled".into();
+            // The error says who cancelled it (`job_cancel_quietly` set it).
             j.rec.error.get_or_insert(JobError {
                 code: "cancelled".into(),
-                message: "cancelled by POST /v1/jobs/{id}/cancel".into(),
+                message: "cancelled".into(),
                 kind: "job".into(),
             });
             j.rec.billed_ms += j.run_ms;
@@ -2108,8 +2342,11 @@ impl Daemon {
             *self.jobs.spent.entry(d).or_default() += cost;
         }
         if let Some(j) = self.job(jk, js) {
-            let (id, status) = (j.id.clone(), j.rec.status.clone());
+            let (id, status, batch) = (j.id.clone(), j.rec.status.clone(), j.rec.batch.clone());
             self.job_waiters_see(&id, &status);
+            if let Some(bid) = batch {
+                self.job_batch_job_ended(&bid, &id, &status);
+            }
         }
         if gone {
             self.job_forget(jk);
@@ -2119,6 +2356,13 @@ impl Daemon {
 
     fn job_forget(&mut self, jk: usize) {
         if let Some(j) = self.jobs.live.try_remove(jk) {
+            if !j.rec.spec.inputs.is_empty() {
+                let staged = self.jobs.dir.join(&j.id).join(INPUT_DIR);
+                self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+                    let _ = std::fs::remove_dir_all(staged);
+                    Box::new(|_: &mut Daemon| {})
+                }));
+            }
             if self.jobs.by_id.get(&j.id) == Some(&jk) {
                 self.jobs.by_id.remove(&j.id);
             }
@@ -2430,12 +2674,30 @@ impl Daemon {
         let sessions = Arc::clone(&self.app.sessions);
         self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
             let store = sessions.store();
-            let read: Result<HashMap<String, JobRecord>, String> = absent
+            // Each id as stored: its tenant, its state, and whether it has finished.
+            let read: Result<HashMap<String, (String, String, bool)>, String> = absent
                 .iter()
-                .filter_map(|id| match store.job(id) {
-                    Ok(Some(r)) => Some(Ok((id.clone(), r))),
-                    Ok(None) => None,
-                    Err(e) => Some(Err(e.to_string())),
+                .filter_map(|id| {
+                    let r = if id.starts_with("bat_") {
+                        store.batch(id).map(|b| {
+                            b.map(|b| {
+                                let done = b.status != "running";
+                                (b.tenant, b.status, done)
+                            })
+                        })
+                    } else {
+                        store.job(id).map(|r| {
+                            r.map(|r| {
+                                let done = r.finished();
+                                (r.tenant, r.status, done)
+                            })
+                        })
+                    };
+                    match r {
+                        Ok(Some(v)) => Some(Ok((id.clone(), v))),
+                        Ok(None) => None,
+                        Err(e) => Some(Err(e.to_string())),
+                    }
                 })
                 .collect();
             Box::new(move |d: &mut Daemon| {
@@ -2451,7 +2713,7 @@ impl Daemon {
         ids: Vec<String>,
         all: bool,
         timeout_s: u64,
-        read: Result<HashMap<String, JobRecord>, String>,
+        read: Result<HashMap<String, (String, String, bool)>, String>,
     ) {
         let (ck, serial) = client;
         if self.app.shutting_down {
@@ -2478,15 +2740,28 @@ impl Daemon {
                 .and_then(|&k| self.jobs.live.get(k))
                 .filter(|j| j.rec.tenant == tenant)
                 .map(|j| (j.rec.status.clone(), j.written));
+            // A live batch is running (its end, once written, is the store's).
+            let live = live.or_else(|| {
+                self.jobs
+                    .batches
+                    .get(id)
+                    .filter(|b| b.rec.tenant == tenant)
+                    .map(|b| (b.rec.status.clone(), false))
+            });
             let item = live.or_else(|| {
                 read.get(id)
-                    .filter(|r| r.tenant == tenant)
-                    .map(|r| (r.status.clone(), r.finished()))
+                    .filter(|(t, _, _)| *t == tenant)
+                    .map(|(_, status, done)| (status.clone(), *done))
             });
             match item {
                 Some((status, done)) => items.push((id.clone(), status, done)),
                 None => {
-                    let resp = crate::wbx::error(404, &format!("job not found: {id}"));
+                    let what = if id.starts_with("bat_") {
+                        "batch"
+                    } else {
+                        "job"
+                    };
+                    let resp = crate::wbx::error(404, &format!("{what} not found: {id}"));
                     self.on_outcome(ck, serial, Outcome::Respond(resp));
                     return;
                 }
@@ -2594,6 +2869,8 @@ impl Daemon {
         if self.jobs.sweeping || now < self.jobs.next_sweep {
             return;
         }
+        // A batch end whose write failed is tried again.
+        self.job_batches_resume();
         self.jobs.next_sweep = now + SWEEP_EVERY;
         let sessions = Arc::clone(&self.app.sessions);
         let dir = self.jobs.dir.clone();
@@ -2627,6 +2904,25 @@ impl Daemon {
                     }
                 }
                 Err(e) => log::error!("jobs: reading the store: {e}"),
+            }
+            // A batch goes with its jobs' retention, counted from its end.
+            match store.all_batches() {
+                Ok(all) => {
+                    for (id, rec) in all {
+                        if rec.ended_ms.is_none_or(|e| e > cutoff) {
+                            continue;
+                        }
+                        let (tx, rx) = crossbeam_channel::bounded(1);
+                        store.delete_batch_then(&id, &rec, move |r| {
+                            let _ = tx.send(r);
+                        });
+                        match rx.recv().unwrap_or(Ok(false)) {
+                            Ok(_) => log::info!("batch {id} removed: past its retention"),
+                            Err(e) => log::error!("jobs: removing batch {id}: {e}"),
+                        }
+                    }
+                }
+                Err(e) => log::error!("jobs: reading batches: {e}"),
             }
             Box::new(move |d: &mut Daemon| {
                 d.jobs.sweeping = false;
@@ -3062,6 +3358,20 @@ fn read_op(
                     store_refusal()
                 })?;
             ok(stats_json(*days, &jobs, prices))
+        }
+        JobOp::BatchList { limit, cursor } => {
+            let (page, more) = store.batches_of(tenant, *cursor, *limit).map_err(|e| {
+                log::error!("jobs: listing batches: {e}");
+                store_refusal()
+            })?;
+            let next = more
+                .then(|| page.last().map(|(_, r)| r.seq.to_string()))
+                .flatten();
+            let items: Vec<serde_json::Value> = page
+                .iter()
+                .map(|(id, r)| crate::wbx::batches::list_item(id, r))
+                .collect();
+            ok(serde_json::json!({"batches": items, "next_cursor": next}))
         }
         _ => Err(crate::wbx::error(500, "not a read")),
     }

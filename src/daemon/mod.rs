@@ -258,6 +258,7 @@ impl Daemon {
         self.warm_publish();
         self.start_probe();
         self.eryx_envs_resume();
+        self.job_batches_resume();
         self.job_pump();
         self.reactor.arm(
             Instant::now() + Duration::from_secs(1),

@@ -168,6 +168,52 @@ pub fn mount_root(dir: &Path, lower: &Path) -> Result<PathBuf, SandboxError> {
     Ok(root)
 }
 
+/// Makes each of `dests` (absolute paths inside the sandbox) a real directory in the
+/// run's root `root` (so in its upper layer), with any missing parents, before runsc
+/// starts: a bind's mount point that runsc would have to make up itself reads as
+/// `EINVAL` inside gVisor, and so would the directories above it. Never follows a
+/// symbolic link; a component that exists and is no directory is an error.
+///
+/// # Errors
+/// [`SandboxError::Bundle`] naming the path that could not be made.
+pub fn make_mount_points(root: &Path, dests: &[&str]) -> Result<(), SandboxError> {
+    for dest in dests {
+        let mut at = root.to_path_buf();
+        for part in Path::new(dest.trim_start_matches('/')).components() {
+            let std::path::Component::Normal(part) = part else {
+                return Err(SandboxError::Bundle {
+                    path: PathBuf::from(dest),
+                    source: std::io::Error::other("not a plain absolute path"),
+                });
+            };
+            at.push(part);
+            match fs::symlink_metadata(&at) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(SandboxError::Bundle {
+                        path: at,
+                        source: std::io::Error::other("exists and is not a directory"),
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::DirBuilder::new()
+                    .mode(0o755)
+                    .create(&at)
+                    .map_err(|e| SandboxError::Bundle {
+                        path: at.clone(),
+                        source: e,
+                    })?,
+                Err(e) => {
+                    return Err(SandboxError::Bundle {
+                        path: at,
+                        source: e,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Removes a run's directory: its root overlay unmounted first (detached, so a
 /// process that still holds it cannot keep the directory), then the tree.
 ///
@@ -226,6 +272,9 @@ pub fn config(
         // has them (a WBX sandbox has none).
         if !plan.files.is_empty() {
             program_files(&mut mounts);
+        }
+        for (src, dest) in &plan.ro_binds {
+            mounts.push(json!({"destination": dest, "type": "bind", "source": src, "options": ["rbind", "ro", "nosuid", "nodev"]}));
         }
     } else if let Some(ws) = &plan.workspace {
         // A session step: the session's own filesystem, read-write. Its size is the

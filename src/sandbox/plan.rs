@@ -40,6 +40,9 @@ pub struct ExecPlan {
     /// capability set), over a root filesystem the sandbox may write (a memory overlay,
     /// inside its memory cap). `None` for every one-shot run.
     pub long_lived: Option<std::path::PathBuf>,
+    /// Host directories bound read-only (no devices, no set-id) into a long-lived
+    /// sandbox: (host path, absolute path inside). A job's `input/` is one.
+    pub ro_binds: Vec<(std::path::PathBuf, String)>,
 }
 
 /// Where a long-lived sandbox's init is, inside it.

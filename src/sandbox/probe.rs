@@ -31,6 +31,7 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
         preload: None,
         workspace: None,
         long_lived: None,
+        ro_binds: Vec::new(),
     };
     let s = b
         .run(

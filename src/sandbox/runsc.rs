@@ -253,6 +253,8 @@ impl Backend for Gvisor {
                 bundle::write_preload(&dir, preload)?;
             }
             let root = bundle::mount_root(&dir, &plan.runtime.rootfs_path)?;
+            let dests: Vec<&str> = plan.ro_binds.iter().map(|(_, d)| d.as_str()).collect();
+            bundle::make_mount_points(&root, &dests)?;
             Ok((s, root))
         }) {
             Ok(s) => s,

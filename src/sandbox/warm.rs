@@ -201,6 +201,7 @@ pub(crate) fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> Exe
         preload,
         workspace: None,
         long_lived: None,
+        ro_binds: Vec::new(),
     }
 }
 

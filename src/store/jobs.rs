@@ -32,6 +32,33 @@ pub struct RetryPolicy {
     pub max_attempts: u32,
 }
 
+/// One result file of an earlier job that a job is given (`inputs`), found in
+/// `input/` of its working directory.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct InputFile {
+    /// The job it comes from (in a batch, the id `from_index` named).
+    pub job_id: String,
+    /// In a batch: the index of that job in the batch, as asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from_index: Option<u32>,
+    /// Its result file's name.
+    pub name: String,
+    /// Its path under `input/` (`as`; by default the name's last part).
+    #[serde(rename = "as")]
+    pub dest: String,
+    /// Bytes, as recorded when the job was accepted (`None`: its job had not
+    /// finished then, in a batch).
+    pub size: Option<u64>,
+    /// SHA-256, hex, as recorded when the job was accepted.
+    pub sha256: Option<String>,
+}
+
+/// Most files in `inputs`.
+pub const MAX_INPUTS: usize = 32;
+/// Most bytes of a job's inputs together.
+pub const MAX_INPUT_BYTES: u64 = 64 << 20;
+
 /// What a job asked for, as stored (env values only sealed). A field a later version
 /// adds reads as its default in a record this version wrote.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -64,6 +91,8 @@ pub struct JobSpec {
     pub webhook_url: Option<String>,
     /// `max_cost`, billionths of the currency.
     pub max_cost: Option<i128>,
+    /// Files of earlier jobs it is given.
+    pub inputs: Vec<InputFile>,
 }
 
 /// A job's error, as the document names one.
@@ -187,6 +216,12 @@ pub struct JobRecord {
     pub billed_ms: u64,
     /// Test results recognised in its log when it ended.
     pub test_results: Vec<TestResults>,
+    /// The batch it belongs to.
+    pub batch: Option<String>,
+    /// Its index in that batch's `jobs`.
+    pub batch_index: u32,
+    /// Jobs of its batch that must complete before it starts.
+    pub depends_on: Vec<String>,
 }
 
 impl Default for RetryPolicy {
@@ -212,9 +247,11 @@ pub enum Submitted {
     New,
     /// The tenant's idempotency key names this earlier job.
     Existing(String, Box<JobRecord>),
+    /// Its `inputs` name no file it can have: why (nothing was stored).
+    Refused(String),
 }
 
-fn scoped(tenant: &str, tail: &[u8]) -> Vec<u8> {
+pub(super) fn scoped(tenant: &str, tail: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(tenant.len() + 1 + tail.len());
     k.extend_from_slice(tenant.as_bytes());
     k.push(0);
@@ -222,11 +259,100 @@ fn scoped(tenant: &str, tail: &[u8]) -> Vec<u8> {
     k
 }
 
-fn index_key(tenant: &str, seq: u64) -> Vec<u8> {
+pub(super) fn index_key(tenant: &str, seq: u64) -> Vec<u8> {
     scoped(tenant, &seq.to_be_bytes())
 }
 
-const SEQ: &str = "job_seq";
+pub(super) const SEQ: &str = "job_seq";
+
+/// The next number of the shared sequence of jobs and batches.
+pub(super) fn next_seq(t: &super::Tables, wtxn: &mut heed::RwTxn<'_>) -> Result<u64, StoreError> {
+    let seq = t
+        .meta
+        .get(wtxn, SEQ)?
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_le_bytes)
+        + 1;
+    t.meta.put(wtxn, SEQ, &seq.to_le_bytes())?;
+    Ok(seq)
+}
+
+/// Records a new job: its record with the next sequence number, its index entry, its
+/// key (`rec.seq` is set).
+pub(super) fn insert_job(
+    t: &super::Tables,
+    wtxn: &mut heed::RwTxn<'_>,
+    id: &str,
+    rec: &mut JobRecord,
+    key: Option<[u8; JOB_KEY_BYTES]>,
+) -> Result<(), StoreError> {
+    rec.seq = next_seq(t, wtxn)?;
+    let bytes = encode(id, &*rec)?;
+    t.jobs.put(wtxn, id, &bytes)?;
+    t.job_index
+        .put(wtxn, &index_key(&rec.tenant, rec.seq), id.as_bytes())?;
+    if let Some(k) = key {
+        t.job_keys.put(wtxn, id, &k)?;
+    }
+    Ok(())
+}
+
+/// Checks each input that names a job (not a batch's `from_index`) against that job
+/// as it is now: the tenant's, finished, with that result file; records its size and
+/// SHA-256. `Ok(Err(why))`: refused.
+pub(super) fn resolve_inputs(
+    t: &super::Tables,
+    wtxn: &heed::RwTxn<'_>,
+    tenant: &str,
+    inputs: &mut [InputFile],
+) -> Result<Result<(), String>, StoreError> {
+    let mut total = 0u64;
+    for (i, input) in inputs.iter_mut().enumerate() {
+        if input.from_index.is_some() {
+            continue;
+        }
+        let src: Option<JobRecord> = match t.jobs.get(wtxn, &input.job_id)? {
+            Some(b) => Some(decode(&input.job_id, b)?),
+            None => None,
+        };
+        let Some(src) = src.filter(|r| r.tenant == tenant) else {
+            return Ok(Err(format!(
+                "inputs[{i}]: no job {} of yours (only your own jobs can be used; finished jobs are kept for their retention)",
+                input.job_id
+            )));
+        };
+        if !src.finished() {
+            return Ok(Err(format!(
+                "inputs[{i}]: job {} has not finished ({}); wait for it (POST /v1/jobs/wait), or submit both in one batch with from_index",
+                input.job_id, src.status
+            )));
+        }
+        let Some(a) = src.artifacts.iter().find(|a| a.name == input.name) else {
+            let names: Vec<&str> = src
+                .artifacts
+                .iter()
+                .take(10)
+                .map(|a| a.name.as_str())
+                .collect();
+            return Ok(Err(format!(
+                "inputs[{i}]: job {} has no result file {:?} (it has {}: {:?})",
+                input.job_id,
+                input.name,
+                src.artifacts.len(),
+                names
+            )));
+        };
+        total = total.saturating_add(a.size);
+        input.size = Some(a.size);
+        input.sha256 = Some(a.sha256.clone());
+    }
+    if total > MAX_INPUT_BYTES {
+        return Ok(Err(format!(
+            "inputs: {total} bytes in all; at most {MAX_INPUT_BYTES} bytes (64 MiB)"
+        )));
+    }
+    Ok(Ok(()))
+}
 
 impl Store {
     /// Stores a new job with its key, index entry and idempotency entry in one
@@ -258,23 +384,13 @@ impl Store {
                         }
                     }
                 }
-                let seq = t
-                    .meta
-                    .get(wtxn, SEQ)?
-                    .and_then(|b| <[u8; 8]>::try_from(b).ok())
-                    .map_or(0, u64::from_le_bytes)
-                    + 1;
-                t.meta.put(wtxn, SEQ, &seq.to_le_bytes())?;
-                rec.seq = seq;
-                let bytes = encode(&id, &rec)?;
-                t.jobs.put(wtxn, &id, &bytes)?;
-                t.job_index
-                    .put(wtxn, &index_key(&rec.tenant, seq), id.as_bytes())?;
+                let tenant = rec.tenant.clone();
+                if let Err(why) = resolve_inputs(t, wtxn, &tenant, &mut rec.spec.inputs)? {
+                    return Ok((Submitted::Refused(why), rec));
+                }
+                insert_job(t, wtxn, &id, &mut rec, key)?;
                 if let Some(ik) = &idem {
                     t.job_idem.put(wtxn, ik, id.as_bytes())?;
-                }
-                if let Some(k) = key {
-                    t.job_keys.put(wtxn, &id, &k)?;
                 }
                 Ok((Submitted::New, rec))
             },
@@ -439,7 +555,7 @@ impl Store {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn wait<T: Send + 'static>(f: impl FnOnce(Box<dyn FnOnce(T) + Send>)) -> T {

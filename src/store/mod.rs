@@ -5,6 +5,7 @@
 //! transaction on the caller's thread. Blocking calls run on the worker pool, never on
 //! the reactor thread; the reactor uses the `*_then` forms, which never wait.
 
+pub mod batches;
 pub mod budget;
 pub mod env;
 pub mod eryx;
@@ -120,6 +121,10 @@ pub struct Tables {
     budgets: Database<Str, Bytes>,
     /// Spend per tenant and UTC month or day: `tenant \0 period` → i128 LE.
     spend: Database<Bytes, Bytes>,
+    /// The WBX face's batches: id → JSON record.
+    batches: Database<Str, Bytes>,
+    /// Batches by tenant in submission order: `tenant \0 seq (u64 BE)` → id.
+    batch_index: Database<Bytes, Bytes>,
 }
 
 /// The tables and the writer thread. Reads go to [`Tables`] (through `Deref`).
@@ -165,6 +170,8 @@ impl Store {
         let webhook_outbox = env.create_database(&mut wtxn, Some("webhook_outbox"))?;
         let budgets = env.create_database(&mut wtxn, Some("budgets"))?;
         let spend = env.create_database(&mut wtxn, Some("spend"))?;
+        let batches = env.create_database(&mut wtxn, Some("batches"))?;
+        let batch_index = env.create_database(&mut wtxn, Some("batch_index"))?;
         wtxn.commit()?;
         let tables = Arc::new(Tables {
             env,
@@ -185,6 +192,8 @@ impl Store {
             webhook_outbox,
             budgets,
             spend,
+            batches,
+            batch_index,
         });
         let writer = writer::Writer::start(Arc::clone(&tables))
             .map_err(|e| StoreError::Lmdb(heed::Error::Io(e)))?;

@@ -3,8 +3,8 @@
 //! shows it (the job, its summary, its receipt, its result files).
 //!
 //! Fields of `POST /v1/jobs` this server does not carry out yet are refused by name
-//! with 400 rather than accepted and ignored: `compute_class`, `inputs`, `runtime`,
-//! `wasm`. `optimize_for` and
+//! with 400 rather than accepted and ignored: `compute_class`, `runtime`, `wasm`.
+//! `optimize_for` and
 //! `placement` choose a server inside a class: this daemon is one server, so they are
 //! checked and kept but choose nothing. `dependency_cache` is checked and kept: this
 //! server has no package cache, so there is nothing to turn on or off.
@@ -15,7 +15,7 @@ use crate::config::WbxJobs;
 use crate::http::{Request, Response};
 use crate::jobs::{Money, Pattern};
 use crate::runtimes::Runtimes;
-use crate::store::jobs::{JobRecord, JobSpec, RetryPolicy};
+use crate::store::jobs::{InputFile, JobRecord, JobSpec, RetryPolicy, MAX_INPUTS};
 use serde_json::{json, Value};
 
 /// A job's default time limit, seconds.
@@ -111,7 +111,7 @@ pub enum JobOp {
     /// `POST /v1/jobs/wait`: until one (or, with `all`, every one) of `ids` has
     /// finished, or `timeout_s` passed.
     Wait {
-        /// The jobs, in the order asked, each once.
+        /// The jobs, then the batches, in the order asked, each once.
         ids: Vec<String>,
         /// `until: "all"`.
         all: bool,
@@ -120,6 +120,26 @@ pub enum JobOp {
     },
     /// `GET /v1/receipts/key`.
     ReceiptKey,
+    /// `POST /v1/batches`.
+    SubmitBatch(Box<super::batches::BatchSubmit>),
+    /// `GET /v1/batches`.
+    BatchList {
+        /// Page size.
+        limit: usize,
+        /// Before this sequence number.
+        cursor: Option<u64>,
+    },
+    /// `GET /v1/batches/{id}`.
+    BatchGet(String),
+    /// `GET /v1/batches/{id}/report`.
+    BatchReport {
+        /// The batch.
+        id: String,
+        /// `format=csv`.
+        csv: bool,
+    },
+    /// `POST /v1/batches/{id}/cancel`.
+    BatchCancel(String),
     /// `GET /v1/webhooks/secret` (`false`), `POST /v1/webhooks/secret/rotate` (`true`).
     WebhookSecret(bool),
     /// `GET /v1/budget` (`None`), `PUT /v1/budget`.
@@ -250,9 +270,9 @@ fn patterns(f: &Fields, name: &str) -> Result<Vec<String>, Response> {
         .collect()
 }
 
-const UNSUPPORTED: &[&str] = &["compute_class", "inputs", "runtime", "wasm"];
+const UNSUPPORTED: &[&str] = &["compute_class", "runtime", "wasm"];
 
-const FIELDS: &[&str] = &[
+pub(super) const FIELDS: &[&str] = &[
     "command",
     "template",
     "timeout_s",
@@ -275,9 +295,200 @@ const FIELDS: &[&str] = &[
     "webhook_url",
 ];
 
+/// Longest result-file name or `as` path in `inputs`.
+pub const MAX_INPUT_PATH_BYTES: usize = 1024;
+
+/// A relative path inside a directory: not empty, no `/` at either end, no empty, `.`
+/// or `..` part, no NUL, parts of at most 255 bytes.
+fn relative_path(p: &str) -> bool {
+    !p.is_empty()
+        && p.len() <= MAX_INPUT_PATH_BYTES
+        && !p.contains('\0')
+        && p.split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255)
+}
+
+/// `inputs`: `{"job_id": …, "name": …, "as": …}`, or in a batch of `batch` jobs
+/// `{"from_index": i, …}` instead of `job_id`. Each `as` (by default the name's last
+/// part) is one path under `input/`, none inside another.
+fn inputs(f: &Fields, batch: Option<usize>) -> Result<Vec<InputFile>, Response> {
+    if f.absent("inputs") {
+        return Ok(Vec::new());
+    }
+    let Value::Array(items) = &f.0["inputs"] else {
+        return Err(error(400, "inputs: must be a list of objects like {\"job_id\": \"job_…\", \"name\": \"output/data.csv\", \"as\": \"data.csv\"}"));
+    };
+    if items.len() > MAX_INPUTS {
+        return Err(error(400, &format!("inputs: at most {MAX_INPUTS} files")));
+    }
+    let mut out: Vec<InputFile> = Vec::with_capacity(items.len());
+    for (i, v) in items.iter().enumerate() {
+        let bad = |why: &str| error(400, &format!("inputs[{i}]: {why}"));
+        let Value::Object(m) = v else {
+            return Err(bad("must be an object"));
+        };
+        let keys: &[&str] = if batch.is_some() {
+            &["job_id", "from_index", "name", "as"]
+        } else {
+            &["job_id", "name", "as"]
+        };
+        if let Some(k) = m.keys().find(|k| !keys.contains(&k.as_str())) {
+            return Err(bad(&format!(
+                "unknown field `{k}`; it takes {}",
+                keys.join(", ")
+            )));
+        }
+        let (job_id, from_index) = match (m.get("job_id"), m.get("from_index"), batch) {
+            (Some(Value::String(id)), None, _) if valid_id(id) => (id.clone(), None),
+            (Some(_), None, _) => return Err(bad("job_id: a job id (job_ and 24 hex digits)")),
+            (None, Some(v), Some(n)) => match v.as_u64().filter(|&x| (x as usize) < n) {
+                Some(x) => (String::new(), Some(x as u32)),
+                None => {
+                    return Err(bad(&format!(
+                        "from_index: the index of another job of this batch, 0 to {}",
+                        n.saturating_sub(1)
+                    )))
+                }
+            },
+            (Some(_), Some(_), _) => return Err(bad("job_id or from_index, not both")),
+            (None, _, Some(_)) => return Err(bad("job_id or from_index: required")),
+            (None, _, None) => return Err(bad("job_id: required")),
+        };
+        let name = match m.get("name") {
+            Some(Value::String(n)) if relative_path(n) => n.clone(),
+            Some(_) => {
+                return Err(bad(&format!(
+                    "name: a result file's name, a relative path of at most {MAX_INPUT_PATH_BYTES} bytes"
+                )))
+            }
+            None => return Err(bad("name: required")),
+        };
+        let dest = match m.get("as").filter(|v| !v.is_null()) {
+            None => name.rsplit('/').next().unwrap_or(&name).to_string(),
+            Some(Value::String(a)) if relative_path(a) => a.clone(),
+            Some(_) => {
+                return Err(bad(&format!(
+                "as: a relative path under input/ (no `..`), at most {MAX_INPUT_PATH_BYTES} bytes"
+            )))
+            }
+        };
+        if let Some(o) = out.iter().find(|o| {
+            o.dest == dest
+                || dest.starts_with(&format!("{}/", o.dest))
+                || o.dest.starts_with(&format!("{dest}/"))
+        }) {
+            return Err(bad(&format!(
+                "input/{dest} collides with input/{} of another input; give one an `as`",
+                o.dest
+            )));
+        }
+        out.push(InputFile {
+            job_id,
+            from_index,
+            name,
+            dest,
+            size: None,
+            sha256: None,
+        });
+    }
+    Ok(out)
+}
+
+/// The idempotency key of the body or of the `Idempotency-Key` header (both: the same).
+pub(super) fn idempotency(
+    body_key: Option<String>,
+    header_key: Option<String>,
+) -> Result<Option<String>, Response> {
+    let idempotency_key = match (body_key, header_key) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(error(
+                400,
+                "idempotency_key and the Idempotency-Key header disagree; send one",
+            ))
+        }
+        (Some(k), _) | (None, Some(k)) => Some(k),
+        (None, None) => None,
+    };
+    if let Some(k) = &idempotency_key {
+        if k.is_empty()
+            || k.len() > MAX_IDEMPOTENCY_KEY_BYTES
+            || !k.bytes().all(|b| (0x21..0x7f).contains(&b))
+        {
+            return Err(error(
+                400,
+                &format!("idempotency_key: 1 to {MAX_IDEMPOTENCY_KEY_BYTES} printable ASCII characters without spaces"),
+            ));
+        }
+    }
+    Ok(idempotency_key)
+}
+
+/// `webhook_url`, checked against the server's policy.
+pub(super) fn webhook(f: &Fields, limits: &WbxJobs) -> Result<Option<String>, Response> {
+    let webhook_url = match f.string("webhook_url")? {
+        None => None,
+        Some(_) if !limits.webhooks => {
+            return Err(error(
+                400,
+                "webhook_url: webhooks are off on this server (ISOBOX_WBX_WEBHOOKS=off)",
+            ))
+        }
+        Some(u) => {
+            let policy = crate::webhooks::Policy {
+                loopback: limits.webhook_loopback,
+                deny: limits.webhook_deny.clone(),
+            };
+            crate::webhooks::check_url(&u, &policy)
+                .map_err(|why| error(400, &format!("webhook_url: {why}")))?;
+            Some(u)
+        }
+    };
+    Ok(webhook_url)
+}
+
+/// An amount field (`max_cost`, `max_total_cost`) or its `_eur` twin (for a server
+/// billing in EUR).
+pub(super) fn money(f: &Fields, name: &str, limits: &WbxJobs) -> Result<Option<Money>, Response> {
+    let eur = format!("{name}_eur");
+    let mut max_cost = None;
+    for field in [name, eur.as_str()] {
+        let Some(v) = f.0.get(field).filter(|v| !v.is_null()) else {
+            continue;
+        };
+        if field == eur && limits.currency != "EUR" {
+            return Err(error(
+                400,
+                &format!(
+                    "{eur}: this server bills in {}; use {name}",
+                    limits.currency
+                ),
+            ));
+        }
+        let m = amount(v).map_err(|why| error(400, &format!("{field}: {why}")))?;
+        if max_cost.is_some_and(|o| o != m) {
+            return Err(error(400, &format!("{name} and {eur} disagree; send one")));
+        }
+        max_cost = Some(m);
+    }
+    Ok(max_cost)
+}
+
 /// `POST /v1/jobs`.
 pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<JobOp, Response> {
     let f = Fields::of(req, FIELDS)?;
+    let header_key = req.head.header("idempotency-key").map(str::to_string);
+    job_fields(&f, header_key, runtimes, limits, None).map(|s| JobOp::Submit(Box::new(s)))
+}
+
+/// One job's fields (of `POST /v1/jobs`, or of a batch of `batch` jobs, with its
+/// defaults in).
+pub(super) fn job_fields(
+    f: &Fields,
+    header_key: Option<String>,
+    runtimes: &Runtimes,
+    limits: &WbxJobs,
+    batch: Option<usize>,
+) -> Result<Submit, Response> {
     if let Some(u) = UNSUPPORTED.iter().find(|u| !f.absent(u)) {
         return Err(error(
             400,
@@ -380,28 +591,13 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
         }
     };
     let body_key = f.string("idempotency_key")?;
-    let header_key = req.head.header("idempotency-key").map(str::to_string);
-    let idempotency_key = match (body_key, header_key) {
-        (Some(a), Some(b)) if a != b => {
-            return Err(error(
-                400,
-                "idempotency_key and the Idempotency-Key header disagree; send one",
-            ))
-        }
-        (Some(k), _) | (None, Some(k)) => Some(k),
-        (None, None) => None,
-    };
-    if let Some(k) = &idempotency_key {
-        if k.is_empty()
-            || k.len() > MAX_IDEMPOTENCY_KEY_BYTES
-            || !k.bytes().all(|b| (0x21..0x7f).contains(&b))
-        {
-            return Err(error(
-                400,
-                &format!("idempotency_key: 1 to {MAX_IDEMPOTENCY_KEY_BYTES} printable ASCII characters without spaces"),
-            ));
-        }
+    if batch.is_some() && body_key.is_some() {
+        return Err(error(
+            400,
+            "idempotency_key: a job of a batch has none of its own; the batch's idempotency_key covers all its jobs",
+        ));
     }
+    let idempotency_key = idempotency(body_key, header_key)?;
     let mut optimize_for = None;
     for name in ["placement", "optimize_for"] {
         let allowed: &[&str] = if name == "placement" {
@@ -422,47 +618,12 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
     if !f.absent("dependency_cache") && !f.0["dependency_cache"].is_boolean() {
         return Err(error(400, "dependency_cache: must be true or false"));
     }
-    let webhook_url = match f.string("webhook_url")? {
-        None => None,
-        Some(_) if !limits.webhooks => {
-            return Err(error(
-                400,
-                "webhook_url: webhooks are off on this server (ISOBOX_WBX_WEBHOOKS=off)",
-            ))
-        }
-        Some(u) => {
-            let policy = crate::webhooks::Policy {
-                loopback: limits.webhook_loopback,
-                deny: limits.webhook_deny.clone(),
-            };
-            crate::webhooks::check_url(&u, &policy)
-                .map_err(|why| error(400, &format!("webhook_url: {why}")))?;
-            Some(u)
-        }
-    };
-    let mut max_cost = None;
-    for name in ["max_cost", "max_cost_eur"] {
-        let Some(v) = f.0.get(name).filter(|v| !v.is_null()) else {
-            continue;
-        };
-        if name == "max_cost_eur" && limits.currency != "EUR" {
-            return Err(error(
-                400,
-                &format!(
-                    "max_cost_eur: this server bills in {}; use max_cost",
-                    limits.currency
-                ),
-            ));
-        }
-        let m = amount(v).map_err(|why| error(400, &format!("{name}: {why}")))?;
-        if max_cost.is_some_and(|o| o != m) {
-            return Err(error(400, "max_cost and max_cost_eur disagree; send one"));
-        }
-        max_cost = Some(m);
-    }
+    let webhook_url = webhook(f, limits)?;
+    let max_cost = money(f, "max_cost", limits)?;
+    let inputs = inputs(f, batch)?;
     let env_names = env.iter().map(|(k, _)| k.clone()).collect();
     let env_sha256 = (!env.is_empty()).then(|| crate::jobs::env_sha256(&env));
-    Ok(JobOp::Submit(Box::new(Submit {
+    Ok(Submit {
         spec: JobSpec {
             command,
             template,
@@ -477,9 +638,10 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
             optimize_for,
             webhook_url,
             max_cost: max_cost.map(|m| m.0),
+            inputs,
         },
         env,
-    })))
+    })
 }
 
 /// `GET /v1/jobs?status=&limit=&cursor=`.
@@ -580,10 +742,11 @@ pub fn wait(req: &Request) -> Result<JobOp, Response> {
             .collect()
     };
     let asked = list("job_ids")?;
-    if asked.len() > MAX_WAIT_IDS {
+    let batches = list("batch_ids")?;
+    if asked.len() + batches.len() > MAX_WAIT_IDS {
         return Err(error(
             400,
-            &format!("job_ids: at most {MAX_WAIT_IDS} jobs in one wait"),
+            &format!("job_ids, batch_ids: at most {MAX_WAIT_IDS} ids in one wait"),
         ));
     }
     let mut ids: Vec<String> = Vec::new();
@@ -591,19 +754,17 @@ pub fn wait(req: &Request) -> Result<JobOp, Response> {
         let shown: String = bad.chars().take(64).collect();
         return Err(error(404, &format!("job not found: {shown}")));
     }
-    for id in asked {
+    if let Some(bad) = batches.iter().find(|id| !super::batches::valid_id(id)) {
+        let shown: String = bad.chars().take(64).collect();
+        return Err(error(404, &format!("batch not found: {shown}")));
+    }
+    for id in asked.into_iter().chain(batches) {
         if !ids.contains(&id) {
             ids.push(id);
         }
     }
-    if !list("batch_ids")?.is_empty() {
-        return Err(error(
-            400,
-            "batch_ids: batches are not supported by this server yet; wait on job_ids",
-        ));
-    }
     if ids.is_empty() {
-        return Err(error(400, "job_ids: at least one job id"));
+        return Err(error(400, "job_ids, batch_ids: at least one id"));
     }
     let all = match f.string("until")?.as_deref() {
         None | Some("any") => false,
@@ -639,7 +800,10 @@ pub fn wait_json(items: &[(String, String, bool)], all: bool) -> Value {
         "done": done,
         "finished": finished,
         "total": items.len(),
-        "items": items.iter().map(|(id, status, d)| json!({"id": id, "kind": "job", "status": status, "done": d})).collect::<Vec<_>>(),
+        "items": items.iter().map(|(id, status, d)| {
+            let kind = if id.starts_with("bat_") { "batch" } else { "job" };
+            json!({"id": id, "kind": kind, "status": status, "done": d})
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -720,6 +884,9 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "idempotency_key": s.idempotency_key,
         "optimize_for": s.optimize_for,
         "retry_of": rec.retry_of,
+        "inputs": s.inputs,
+        "batch_id": rec.batch,
+        "depends_on": rec.depends_on,
         "webhook_url": s.webhook_url,
         "webhook": Value::Null,
         "attempt": rec.attempt,
@@ -833,6 +1000,7 @@ pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str)
             "timeout_s": s.timeout_s,
             "env": s.env_names,
             "env_sha256": s.env_sha256,
+            "files": s.inputs,
         },
         "runtime": {"kind": "vm", "isolation": isolation, "vcpu": sandboxes::VCPU, "mem_mb": sandboxes::MEM_MB},
         "network": s.network,

@@ -13,6 +13,7 @@
 //! `job.finished` webhooks, `max_cost` and budgets). The rest of the document
 //! (batches, compute classes) is absent and answers 404 like any unknown path.
 
+pub mod batches;
 pub mod files;
 pub mod jobs;
 pub mod processes;

@@ -1,6 +1,7 @@
 //! The WBX face's route table (paths relative to [`super::BASE`]): pattern, methods,
 //! route, body cap and admission class in one row, resolved with `router::resolve`.
 
+use super::batches;
 use super::files;
 use super::jobs::{self, JobOp};
 use super::processes::{self, ProcOp};
@@ -95,6 +96,14 @@ pub enum Route {
     WebhookRotate,
     /// `GET`, `PUT /v1/budget`
     Budget,
+    /// `GET`, `POST /v1/batches`
+    Batches,
+    /// `GET /v1/batches/{id}`
+    Batch,
+    /// `GET /v1/batches/{id}/report`
+    BatchReport,
+    /// `POST /v1/batches/{id}/cancel`
+    BatchCancel,
 }
 
 /// Everything the face says about one route.
@@ -122,6 +131,8 @@ impl Spec {
 
 /// A command's body: the command line and its whole stdin.
 pub const EXEC_BODY_BYTES: usize = 2 << 20;
+/// A batch's body: up to 1000 jobs.
+pub const BATCH_BODY_BYTES: usize = 8 << 20;
 
 const fn row(
     pattern: &'static str,
@@ -192,6 +203,11 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/webhooks/secret", GET, Route::WebhookSecret, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/webhooks/secret/rotate", POST, Route::WebhookRotate, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/budget", &["GET", "HEAD", "PUT"], Route::Budget, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/batches", GET, Route::Batches, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/batches", POST, Route::Batches, Class::MemoryStarts, BATCH_BODY_BYTES),
+    row("/v1/batches/{id}", GET, Route::Batch, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/batches/{id}/report", GET, Route::BatchReport, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/batches/{id}/cancel", POST, Route::BatchCancel, Class::Memory, DEFAULT_BODY_BYTES),
 ];
 
 /// The row for `method` and `path` (the path without the base), and its parameters.
@@ -221,16 +237,27 @@ pub enum Asked {
     Job(JobOp),
 }
 
-/// A jobs request, parsed.
+/// A jobs (or batches) request, parsed.
 fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) -> Asked {
+    let batch = spec.pattern.starts_with("/v1/batches");
     let id = req
         .params
         .get("id")
-        .filter(|i| jobs::valid_id(i))
+        .filter(|i| {
+            if batch {
+                batches::valid_id(i)
+            } else {
+                jobs::valid_id(i)
+            }
+        })
         .map(str::to_string);
-    // The route table says which routes name a job.
+    // The route table says which routes name a job (or a batch).
     if spec.pattern.contains("{id}") && id.is_none() {
-        return Asked::Respond(jobs::not_found());
+        return Asked::Respond(if batch {
+            batches::not_found()
+        } else {
+            jobs::not_found()
+        });
     }
     let id = id.unwrap_or_default();
     let head_only = req.head.method == "HEAD";
@@ -264,6 +291,11 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
         Route::WebhookRotate => sandboxes::Fields::of(req, &[]).map(|_| JobOp::WebhookSecret(true)),
         Route::Budget if req.head.method == "PUT" => jobs::budget_put(req),
         Route::Budget => Ok(JobOp::Budget(None)),
+        Route::Batches if req.head.method == "POST" => batches::submit(req, runtimes, &limits.jobs),
+        Route::Batches => batches::list(req),
+        Route::Batch => Ok(JobOp::BatchGet(id)),
+        Route::BatchReport => batches::report(req, id),
+        Route::BatchCancel => sandboxes::Fields::of(req, &[]).map(|_| JobOp::BatchCancel(id)),
         _ => Ok(JobOp::ReceiptKey),
     };
     match r {
@@ -291,6 +323,10 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
             | Route::WebhookSecret
             | Route::WebhookRotate
             | Route::Budget
+            | Route::Batches
+            | Route::Batch
+            | Route::BatchReport
+            | Route::BatchCancel
     ) {
         return job_request(spec, req, runtimes, limits);
     }

@@ -5,6 +5,7 @@
 
 pub mod session;
 pub mod sse;
+pub mod wbx;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -163,6 +163,7 @@ impl Daemon {
             owner: BoxOwner::Batch(bk, bs),
             limits: plan.limits,
             files: plan.files.clone(),
+            ro_binds: Vec::new(),
         };
         match self.box_boot(None, String::new(), create, Some(boot)) {
             Ok(key) => {
