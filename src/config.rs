@@ -144,9 +144,9 @@ struct Args {
     memory_require_key: std::primitive::bool,
     /// refill of each client's token bucket, requests a minute; the bucket is spent by
     /// exactly POST /execute, POST /v1/sessions, POST /v1/sessions/{id}/exec, POST
-    /// /v1/volumes, POST /wbx/v1/sandboxes, POST /wbx/v1/jobs and POST
-    /// /wbx/v1/jobs/{id}/retry (empty: 429 rate_limited; the eryx face has a bucket
-    /// per tenant instead: ISOBOX_ERYX_RATE_PER_MIN)
+    /// /v1/volumes, POST /wbx/v1/sandboxes, POST /wbx/v1/jobs, POST
+    /// /wbx/v1/jobs/{id}/retry and POST /wbx/v1/batches (empty: 429 rate_limited; the
+    /// eryx face has a bucket per tenant instead: ISOBOX_ERYX_RATE_PER_MIN)
     #[arg(long, env = "ISOBOX_RATE_PER_MIN", help_heading = "API keys and rate limits", default_value = "30", value_parser = Value(parsed::<u32>))]
     rate_per_min: u32,
     /// size of each client's token bucket (the requests it may make at once after a pause)

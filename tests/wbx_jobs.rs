@@ -903,6 +903,24 @@ fn test_unfinished_jobs_per_tenant_at_and_above_the_bound_and_waiting_on_jobs() 
             "batch not found: bat_1",
         ),
         (json!({"job_ids": [aid], "until": "some"}), 400, "until:"),
+        // 1 to 100 ids in all: 100 pass the count (then the first unknown is 404); 101,
+        // in one list or across both, do not.
+        (
+            json!({"job_ids": (0..100).map(|i| format!("job_{i:024x}")).collect::<Vec<_>>()}),
+            404,
+            "job not found: job_000000000000000000000000",
+        ),
+        (
+            json!({"job_ids": (0..101).map(|i| format!("job_{i:024x}")).collect::<Vec<_>>()}),
+            400,
+            "job_ids, batch_ids: at most 100 ids in one wait",
+        ),
+        (
+            json!({"job_ids": (0..50).map(|i| format!("job_{i:024x}")).collect::<Vec<_>>(),
+                   "batch_ids": (0..51).map(|i| format!("bat_{i:024x}")).collect::<Vec<_>>()}),
+            400,
+            "job_ids, batch_ids: at most 100 ids in one wait",
+        ),
         (
             json!({"job_ids": ["job_000000000000000000000000"]}),
             404,
