@@ -564,6 +564,9 @@ pub(super) fn max_cost_refusal(
     })
 }
 
+/// A job's staged inputs: their directory, and each file's size and SHA-256.
+type Staged = (PathBuf, Vec<(u64, String)>);
+
 /// Copies a job's inputs from their jobs' result files into its fresh `input/`
 /// directory (world-readable, as the sandbox's user reads them through a read-only
 /// bind), checking each file's SHA-256 against its job's record and against what was
@@ -573,7 +576,7 @@ fn stage_inputs(
     jobs_dir: &Path,
     id: &str,
     inputs: &[crate::store::jobs::InputFile],
-) -> Result<(PathBuf, Vec<(u64, String)>), JobError> {
+) -> Result<Staged, JobError> {
     use std::io::Read as _;
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let err = |code: &str, message: String, kind: &str| JobError {
@@ -1418,7 +1421,7 @@ impl Daemon {
         jk: usize,
         js: u64,
         create: Create,
-        staged: Result<Option<(PathBuf, Vec<(u64, String)>)>, JobError>,
+        staged: Result<Option<Staged>, JobError>,
     ) {
         if self.app.shutting_down {
             return;

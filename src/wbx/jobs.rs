@@ -539,8 +539,8 @@ pub(super) fn job_fields(
             ),
         ));
     }
-    let artifacts = patterns(&f, "artifacts")?;
-    let required_artifacts = patterns(&f, "required_artifacts")?;
+    let artifacts = patterns(f, "artifacts")?;
+    let required_artifacts = patterns(f, "required_artifacts")?;
     let env = env_vars(f.strings("env")?)?;
     let network = match f.0.get("network").filter(|v| !v.is_null()) {
         None => json!({"mode": "full"}),
