@@ -53,6 +53,14 @@ fn batch_done(d: &Daemon, key: Option<&str>, id: &str, within: Duration) -> Valu
     }
 }
 
+/// An env of `n` values of 32 KiB each.
+fn big_env(n: usize) -> Value {
+    (0..n)
+        .map(|i| (format!("V{i}"), json!("x".repeat(32 << 10))))
+        .collect::<serde_json::Map<String, Value>>()
+        .into()
+}
+
 fn job(d: &Daemon, key: Option<&str>, id: &str) -> Value {
     let r = wbx(d, "GET", &format!("/v1/jobs/{id}"), key, None);
     assert_eq!(r.status, 200, "{}", r.text());
@@ -529,6 +537,23 @@ fn test_a_failed_dependency_cancels_its_dependants_cancel_and_bad_batches() {
         (409, "the batch has already finished (cancelled)")
     );
 
+    // A job cancelled while its files are being saved ends `cancelled`, not `failed`.
+    let up = submit(
+        &d,
+        None,
+        &json!({"command": "for i in 1 2 3 4; do head -c 60000000 /dev/zero > f$i; done",
+                "artifacts": ["f*"], "network": none}),
+    );
+    let uid = up["id"].as_str().unwrap().to_string();
+    until_status(&d, None, &uid, "uploading_artifacts");
+    let r = wbx(&d, "POST", &format!("/v1/jobs/{uid}/cancel"), None, None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let u = r.json();
+    assert_eq!(
+        (u["status"].as_str(), u["error"]["code"].as_str()),
+        (Some("cancelled"), Some("cancelled")),
+        "{u}"
+    );
     // Bad batches: each refused whole, with where and why; no job of them exists.
     let before = wbx(&d, "GET", "/v1/jobs?limit=100", None, None).json()["jobs"]
         .as_array()
@@ -655,6 +680,12 @@ fn test_a_failed_dependency_cancels_its_dependants_cancel_and_bad_batches() {
             400,
             "invalid request body: unknown field `extra`",
         ),
+        // Defaults are copied into each job: bounded per job (2 MiB, as POST /v1/jobs)
+        // and for the batch (8 MiB), before anything is copied.
+        (json!({"jobs": [{}], "defaults": {"command": "true", "env": big_env(70)}}), 413, "jobs[0]: with its defaults, "),
+        (json!({"jobs": vec![json!({}); 9], "defaults": {"command": "true", "env": big_env(32)}}), 413, "jobs: with their defaults, more than 8388608 bytes together"),
+        (json!({"jobs": [{"command": "true"}, {"command": "true", "depends_on": [0, 0, 0]}]}), 400, "jobs[1].depends_on: at most 2 indexes"),
+        (json!({"jobs": (0..1000).map(|i| json!({"command": "true", "depends_on": (0..21).map(|k| (i + 1 + k) % 1000).collect::<Vec<_>>()})).collect::<Vec<_>>()}), 400, "jobs: more than 20000 dependencies"),
     ];
     for (body, status, want) in cases {
         let r = wbx(&d, "POST", "/v1/batches", None, Some(&body));
@@ -778,7 +809,42 @@ fn test_a_batch_goes_on_after_a_kill_9() {
         None,
     );
     assert_eq!(out.text(), "a\nb\nc\n");
-    d2.assert_clean();
-    d2.stop();
+
+    // A batch cancelled just before a kill -9: after the restart, none of its jobs
+    // runs again (the one that was running had an attempt left), and it ends
+    // `cancelled`.
+    let b = submit_batch(
+        &d2,
+        None,
+        &json!({"defaults": {"network": {"mode": "none"}, "retry": {"max_attempts": 3}},
+                "jobs": [{"command": "sleep 30"}, {"command": "echo never", "depends_on": [0]}]}),
+        &[],
+    );
+    let cid = b["id"].as_str().unwrap().to_string();
+    let cj = ids(&b);
+    until_status(&d2, None, &cj[0], "running");
+    let r = wbx(
+        &d2,
+        "POST",
+        &format!("/v1/batches/{cid}/cancel"),
+        None,
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut d2 = d2;
+    let mut child = d2.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let d3 = Daemon::start_with(&env);
+    d3.wait_ready();
+    let s = batch_done(&d3, None, &cid, Duration::from_secs(120));
+    assert_eq!(s["status"], "cancelled", "{s}\n{}", d3.log());
+    assert_eq!(s["counts"]["cancelled"], 2, "{s}");
+    let j0 = job(&d3, None, &cj[0]);
+    assert_eq!(j0["attempt"], 1, "it ran once only: {j0}");
+    assert_eq!(job(&d3, None, &cj[1])["started_at"], Value::Null);
+    d3.assert_clean();
+    d3.stop();
+    drop(d2);
     drop(d);
 }

@@ -170,6 +170,16 @@ struct Waiter {
     gen: u64,
 }
 
+/// A `POST /v1/jobs/wait` as asked: its client, tenant, ids, `until: "all"` and
+/// time.
+struct WaitAsk {
+    client: (usize, u64),
+    tenant: String,
+    ids: Vec<String>,
+    all: bool,
+    timeout_s: u64,
+}
+
 /// One unfinished job.
 struct Live {
     serial: u64,
@@ -212,6 +222,8 @@ struct Live {
     files_opened: u64,
     /// Retries of a failed write of its end.
     end_retries: u32,
+    /// Why it was cancelled (its error once it ends `cancelled`).
+    cancel_error: Option<JobError>,
 }
 
 /// The saving of result files.
@@ -684,6 +696,15 @@ fn stored_bytes(rec: &JobRecord) -> u64 {
         + rec.spec.command.len() as u64
 }
 
+/// The error of a job cancelled by its own `POST …/cancel`.
+fn cancelled() -> JobError {
+    JobError {
+        code: "cancelled".into(),
+        message: "cancelled by POST /v1/jobs/{id}/cancel".into(),
+        kind: "job".into(),
+    }
+}
+
 fn fail(rec: &mut JobRecord, code: &str, message: &str, kind: &str) {
     rec.status = "failed".into();
     rec.ended_ms = Some(now_ms());
@@ -724,6 +745,7 @@ impl Live {
             writer_gen: 0,
             files_opened: 0,
             end_retries: 0,
+            cancel_error: None,
         }
     }
 }
@@ -874,23 +896,29 @@ impl Daemon {
         None
     }
 
+    /// Takes a submit's connection (owned from here, a retry's already is: every answer
+    /// goes through `on_outcome`) and refuses it while the daemon stops; the
+    /// connection's serial to go on with.
+    pub(super) fn submit_begin(&mut self, ck: usize) -> Option<u64> {
+        let serial = self.conns.get(ck).map(|c| c.serial)?;
+        self.conn_own(ck, Owner::Job);
+        if self.app.shutting_down {
+            let resp =
+                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
+                    .with_header("Retry-After", "5");
+            self.on_outcome(ck, serial, Outcome::Respond(resp));
+            return None;
+        }
+        Some(serial)
+    }
+
     /// `POST /v1/jobs` (and a retry's new job).
     fn job_submit(&mut self, ck: usize, tenant: String, s: wj::Submit, retry_of: Option<String>) {
-        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+        let Some(serial) = self.submit_begin(ck) else {
             return;
         };
-        // Owned from here (a retry's already is): every answer goes through on_outcome.
-        self.conn_own(ck, Owner::Job);
         let answer =
             |d: &mut Daemon, resp: Response| d.on_outcome(ck, serial, Outcome::Respond(resp));
-        if self.app.shutting_down {
-            answer(
-                self,
-                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
-                    .with_header("Retry-After", "5"),
-            );
-            return;
-        }
         let prices = self.prices();
         let worst = worst_case(&s.spec, &prices);
         if let Some(resp) = self.job_admission(&tenant, 1) {
@@ -1140,12 +1168,7 @@ impl Daemon {
             return;
         }
         log::info!("job {id} cancelled by its tenant");
-        let e = JobError {
-            code: "cancelled".into(),
-            message: "cancelled by POST /v1/jobs/{id}/cancel".into(),
-            kind: "job".into(),
-        };
-        self.job_cancel_quietly(jk, e, "its job was cancelled");
+        self.job_cancel_quietly(jk, cancelled(), "its job was cancelled");
     }
 
     /// Cancels live job `jk` (once; not after its end) with error `e`: a queued job
@@ -1158,7 +1181,9 @@ impl Daemon {
             return;
         }
         j.cancelled = true;
-        j.rec.error.get_or_insert(e);
+        // Kept apart until its end: a job cancelled while its files are saved, or
+        // whose command exits meanwhile, ends `cancelled` all the same.
+        j.cancel_error = Some(e);
         let js = j.serial;
         match (j.phase, j.sbx) {
             (Phase::Queued, _) => {
@@ -2183,11 +2208,7 @@ impl Daemon {
                 .collect();
             if j.cancelled {
                 j.rec.status = "cancelled".into();
-                j.rec.error = Some(JobError {
-                    code: "cancelled".into(),
-                    message: "cancelled by POST /v1/jobs/{id}/cancel".into(),
-                    kind: "job".into(),
-                });
+                j.rec.error = Some(j.cancel_error.take().unwrap_or_else(cancelled));
             } else if j.timed_out {
                 j.rec.status = "expired".into();
                 j.rec.error = Some(JobError {
@@ -2241,12 +2262,8 @@ impl Daemon {
         }
         if j.cancelled && !j.rec.finished() {
             j.rec.status = "cancelled".into();
-            // The error says who cancelled it (`job_cancel_quietly` set it).
-            j.rec.error.get_or_insert(JobError {
-                code: "cancelled".into(),
-                message: "cancelled".into(),
-                kind: "job".into(),
-            });
+            // Its cancel's error says who cancelled it.
+            j.rec.error = Some(j.cancel_error.take().unwrap_or_else(cancelled));
             j.rec.billed_ms += j.run_ms;
         }
         j.phase = Phase::Ending;
@@ -2671,9 +2688,21 @@ impl Daemon {
             return;
         };
         self.conn_own(ck, Owner::Job);
-        // Every id is read (a live job may end and leave before the answer comes back);
-        // the live record is preferred where there is one.
-        let absent: Vec<String> = ids.clone();
+        let ask = WaitAsk {
+            client: (ck, serial),
+            tenant,
+            ids,
+            all,
+            timeout_s,
+        };
+        self.job_wait_read(ask, false);
+    }
+
+    /// Reads every id of a wait on the pool (a live job may end and leave before the
+    /// answer comes back; the live record is preferred where there is one), then
+    /// [`Daemon::job_wait_start`]. `again`: the second read.
+    fn job_wait_read(&mut self, ask: WaitAsk, again: bool) {
+        let absent: Vec<String> = ask.ids.clone();
         let sessions = Arc::clone(&self.app.sessions);
         self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
             let store = sessions.store();
@@ -2703,22 +2732,17 @@ impl Daemon {
                     }
                 })
                 .collect();
-            Box::new(move |d: &mut Daemon| {
-                d.job_wait_start((ck, serial), tenant, ids, all, timeout_s, read)
-            })
+            Box::new(move |d: &mut Daemon| d.job_wait_start(ask, read, again))
         }));
     }
 
     fn job_wait_start(
         &mut self,
-        client: (usize, u64),
-        tenant: String,
-        ids: Vec<String>,
-        all: bool,
-        timeout_s: u64,
+        ask: WaitAsk,
         read: Result<HashMap<String, (String, String, bool)>, String>,
+        again: bool,
     ) {
-        let (ck, serial) = client;
+        let (ck, serial) = ask.client;
         if self.app.shutting_down {
             let resp =
                 crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
@@ -2735,27 +2759,32 @@ impl Daemon {
             }
         };
         let mut items = Vec::new();
-        for id in &ids {
+        // Read unfinished but no longer live: it ended between the read and now (every
+        // unfinished job and batch is live), after the waits on it were told.
+        let mut stale = false;
+        for id in &ask.ids {
             let live = self
                 .jobs
                 .by_id
                 .get(id)
                 .and_then(|&k| self.jobs.live.get(k))
-                .filter(|j| j.rec.tenant == tenant)
+                .filter(|j| j.rec.tenant == ask.tenant)
                 .map(|j| (j.rec.status.clone(), j.written));
             // A live batch is running (its end, once written, is the store's).
             let live = live.or_else(|| {
                 self.jobs
                     .batches
                     .get(id)
-                    .filter(|b| b.rec.tenant == tenant)
+                    .filter(|b| b.rec.tenant == ask.tenant)
                     .map(|b| (b.rec.status.clone(), false))
             });
+            let is_live = live.is_some();
             let item = live.or_else(|| {
                 read.get(id)
-                    .filter(|(t, _, _)| *t == tenant)
+                    .filter(|(t, _, _)| *t == ask.tenant)
                     .map(|(_, status, done)| (status.clone(), *done))
             });
+            stale |= !is_live && item.as_ref().is_some_and(|(_, done)| !done);
             match item {
                 Some((status, done)) => items.push((id.clone(), status, done)),
                 None => {
@@ -2770,6 +2799,17 @@ impl Daemon {
                 }
             }
         }
+        if stale && !again {
+            self.job_wait_read(ask, true);
+            return;
+        }
+        let WaitAsk {
+            client,
+            tenant,
+            ids,
+            all,
+            timeout_s,
+        } = ask;
         let body = wj::wait_json(&items, all);
         if body["done"] == true || timeout_s == 0 {
             self.on_outcome(ck, serial, Outcome::Respond(Response::json(200, &body)));
@@ -2878,6 +2918,9 @@ impl Daemon {
         let sessions = Arc::clone(&self.app.sessions);
         let dir = self.jobs.dir.clone();
         let keep_ms = self.cfg.wbx.jobs.retention_s.saturating_mul(1000);
+        // A job of a batch that still runs is kept with it: its state (and files) are
+        // what its dependants wait on, however long the batch takes.
+        let running: HashSet<String> = self.jobs.batches.keys().cloned().collect();
         let job = Box::new(move || -> Done<Daemon> {
             let store = sessions.store();
             let cutoff = now_ms().saturating_sub(keep_ms);
@@ -2885,7 +2928,10 @@ impl Daemon {
             match store.all_jobs() {
                 Ok(all) => {
                     for (id, rec) in all {
-                        if !rec.finished() || rec.ended_ms.is_none_or(|e| e > cutoff) {
+                        if !rec.finished()
+                            || rec.ended_ms.is_none_or(|e| e > cutoff)
+                            || rec.batch.as_ref().is_some_and(|b| running.contains(b))
+                        {
                             continue;
                         }
                         let r: Result<bool, crate::store::StoreError> = {

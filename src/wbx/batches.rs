@@ -26,6 +26,14 @@ pub const DEFAULT_CONCURRENCY: u32 = 10;
 pub const MAX_NAME_BYTES: usize = 200;
 /// Failed jobs a summary names.
 pub const FIRST_FAILED: usize = 5;
+/// Largest job of a batch, its defaults in (as `POST /v1/jobs` takes one).
+pub const MAX_JOB_BYTES: usize = crate::wbx::routes::EXEC_BODY_BYTES;
+/// Largest batch, every job's defaults in (as its body may be).
+pub const MAX_MERGED_BYTES: usize = crate::wbx::routes::BATCH_BODY_BYTES;
+/// Most dependencies (`depends_on` and `from_index`) of one batch, all jobs together.
+pub const MAX_EDGES: usize = 20_000;
+/// Characters of a command a report row shows.
+pub const REPORT_COMMAND_CHARS: usize = 200;
 
 /// A batch to accept.
 #[derive(Debug, Clone)]
@@ -111,6 +119,11 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
         }
         Some(_) => return Err(error(400, "defaults: must be an object of job fields")),
     };
+    // A job's defaults are copied into it: what that makes is bounded before it is
+    // made, per job and for the whole batch, as if each job had been sent whole.
+    let defaults_bytes = serde_json::to_vec(&defaults).map_or(0, |v| v.len());
+    let mut merged_bytes = 0usize;
+    let mut edges = 0usize;
     let mut jobs = Vec::with_capacity(n);
     for (i, item) in items.iter().enumerate() {
         let Value::Object(m) = item else {
@@ -127,6 +140,25 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
                 ),
             ));
         }
+        let own = serde_json::to_vec(item).map_or(0, |v| v.len());
+        if defaults_bytes + own > MAX_JOB_BYTES {
+            return Err(error(
+                413,
+                &format!(
+                    "jobs[{i}]: with its defaults, {} bytes; a job may be at most {MAX_JOB_BYTES} bytes",
+                    defaults_bytes + own
+                ),
+            ));
+        }
+        merged_bytes += defaults_bytes + own;
+        if merged_bytes > MAX_MERGED_BYTES {
+            return Err(error(
+                413,
+                &format!(
+                    "jobs: with their defaults, more than {MAX_MERGED_BYTES} bytes together; send fewer jobs, or smaller defaults"
+                ),
+            ));
+        }
         let mut merged = defaults.clone();
         for (k, v) in m.iter().filter(|(k, _)| *k != "depends_on") {
             merged.insert(k.clone(), v.clone());
@@ -138,6 +170,13 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
         match m.get("depends_on").filter(|v| !v.is_null()) {
             None => {}
             Some(Value::Array(d)) => {
+                if d.len() > n {
+                    return Err(error(
+                        400,
+                        &format!("{prefix}depends_on: at most {n} indexes (the batch's jobs)"),
+                    ));
+                }
+                let mut seen = vec![false; n];
                 for v in d {
                     let x = v.as_u64().filter(|&x| (x as usize) < n && x as usize != i);
                     let Some(x) = x else {
@@ -149,7 +188,7 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
                             ),
                         ));
                     };
-                    if !deps.contains(&(x as usize)) {
+                    if !std::mem::replace(&mut seen[x as usize], true) {
                         deps.push(x as usize);
                     }
                 }
@@ -175,6 +214,13 @@ pub fn submit(req: &Request, runtimes: &Runtimes, limits: &WbxJobs) -> Result<Jo
             }
         }
         deps.sort_unstable();
+        edges += deps.len();
+        if edges > MAX_EDGES {
+            return Err(error(
+                400,
+                &format!("jobs: more than {MAX_EDGES} dependencies (depends_on and from_index) in one batch"),
+            ));
+        }
         jobs.push((submit, deps));
     }
     if let Some(cycle) = find_cycle(&jobs.iter().map(|(_, d)| d.clone()).collect::<Vec<_>>()) {
@@ -420,10 +466,19 @@ fn rows(jobs: &[(String, Option<JobRecord>)], prices: &Prices, now_ms: u64) -> V
                 "depends_on": r.depends_on.iter().filter_map(|d| index.get(d.as_str())).collect::<Vec<_>>(),
                 "result_files": r.artifacts.len(),
                 "attempts": r.attempt,
-                "command": r.spec.command,
+                "command": short(&r.spec.command),
             }),
         })
         .collect()
+}
+
+/// A command as a report row shows it: its first [`REPORT_COMMAND_CHARS`] characters
+/// (and `…` when there is more).
+fn short(command: &str) -> String {
+    match command.char_indices().nth(REPORT_COMMAND_CHARS) {
+        Some((at, _)) => format!("{}…", &command[..at]),
+        None => command.to_string(),
+    }
 }
 
 /// `GET /v1/batches/{id}/report`: the summary plus one row per job.

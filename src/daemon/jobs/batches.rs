@@ -60,20 +60,11 @@ impl Daemon {
     /// the sum of their worst cases against `max_total_cost` and the budget), then
     /// stored as a whole, then queued.
     pub(super) fn job_batch_submit(&mut self, ck: usize, tenant: String, b: BatchSubmit) {
-        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+        let Some(serial) = self.submit_begin(ck) else {
             return;
         };
-        self.conn_own(ck, Owner::Job);
         let answer =
             |d: &mut Daemon, resp: Response| d.on_outcome(ck, serial, Outcome::Respond(resp));
-        if self.app.shutting_down {
-            answer(
-                self,
-                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
-                    .with_header("Retry-After", "5"),
-            );
-            return;
-        }
         let n = b.jobs.len();
         if let Some(resp) = self.job_admission(&tenant, n) {
             answer(self, resp);
@@ -369,6 +360,15 @@ impl Daemon {
         let Some(b) = self.jobs.batches.get_mut(&id) else {
             return;
         };
+        if b.ending {
+            // Every job has ended; its end is being written.
+            let resp = crate::wbx::error(
+                409,
+                "the batch has already finished (its end is being written)",
+            );
+            self.on_outcome(ck, serial, Outcome::Respond(resp));
+            return;
+        }
         b.rec.cancelled = true;
         let rec = b.rec.clone();
         log::info!("batch {id} cancelled by its tenant");
@@ -484,12 +484,14 @@ impl Daemon {
             .iter()
             .map(|j| b.ended.get(j).map_or("failed", String::as_str))
             .collect();
-        b.rec.status = wb::final_status(&b.rec, &statuses).to_string();
-        b.rec.ended_ms = Some(now_ms());
+        // The live record keeps `running` until the end is written (a failed write is
+        // tried again, with its event).
+        let status = wb::final_status(&b.rec, &statuses).to_string();
+        let ended_ms = now_ms();
         let tenant = b.rec.tenant.clone();
         let bid = bid.to_string();
         self.job_batch_view(tenant, bid.clone(), move |d, v| {
-            let (rec, jobs) = match v {
+            let (mut rec, jobs) = match v {
                 Ok(Some(v)) => v,
                 _ => {
                     // Tried again at the next sweep.
@@ -499,6 +501,8 @@ impl Daemon {
                     return;
                 }
             };
+            rec.status = status;
+            rec.ended_ms = Some(ended_ms);
             let prices = d.prices();
             let now = now_ms();
             let event = rec.webhook_url.clone().filter(|_| webhooks).map(|url| {
@@ -546,6 +550,45 @@ impl Daemon {
     /// At start and at each sweep: what a stop interrupted (a cascade, a batch's end)
     /// is carried on.
     pub(crate) fn job_batches_resume(&mut self) {
+        // A queued job of a batch this daemon does not hold (its record unreadable)
+        // cannot be ordered: it fails rather than run out of order; so does a job of
+        // a cancelled batch that a stop brought back to the queue.
+        let mut doomed = Vec::new();
+        for (jk, j) in self.jobs.live.iter() {
+            let Some(bid) = &j.rec.batch else {
+                continue;
+            };
+            if j.phase != Phase::Queued || j.cancelled {
+                continue;
+            }
+            match self.jobs.batches.get(bid) {
+                None => doomed.push((jk, JobError {
+                    code: "batch_lost".into(),
+                    message: format!("its batch {bid} could not be read, so its order is unknown; it did not run"),
+                    kind: "system".into(),
+                })),
+                Some(b) if b.rec.cancelled => doomed.push((jk, JobError {
+                    code: "cancelled".into(),
+                    message: format!("cancelled with its batch {bid} (POST /v1/batches/{{id}}/cancel)"),
+                    kind: "job".into(),
+                })),
+                Some(_) => {}
+            }
+        }
+        for (jk, e) in doomed {
+            if e.kind == "system" {
+                let Some(j) = self.jobs.live.get_mut(jk) else {
+                    continue;
+                };
+                let js = j.serial;
+                j.rec.error = Some(e);
+                j.rec.status = "failed".into();
+                self.jobs.queue.retain(|&k| k != jk);
+                self.job_end(jk, js);
+            } else {
+                self.job_cancel_quietly(jk, e, "its batch was cancelled");
+            }
+        }
         let ids: Vec<String> = self.jobs.batches.keys().cloned().collect();
         for bid in ids {
             self.job_batch_cascade(&bid);
@@ -560,10 +603,12 @@ impl Daemon {
         let Some(bid) = &j.rec.batch else {
             return false;
         };
+        // Fail closed: a batch not held, or cancelled, starts nothing more.
         let Some(b) = self.jobs.batches.get(bid) else {
-            return false;
+            return true;
         };
-        busy.get(bid.as_str()).copied().unwrap_or(0) >= b.rec.max_concurrency
+        b.rec.cancelled
+            || busy.get(bid.as_str()).copied().unwrap_or(0) >= b.rec.max_concurrency
             || j.rec
                 .depends_on
                 .iter()
