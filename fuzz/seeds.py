@@ -3,7 +3,7 @@
 
 Seeds are real inputs: requests the way curl and the test suite send them, the
 malformed ones from tests/http_conformance.rs, the /execute bodies from
-tests/sandbox_execute.rs, chunked bodies, program output with multi-byte text and
+tests/sandbox_execute.rs, WBX batch bodies from tests/wbx_batches.rs, chunked bodies, program output with multi-byte text and
 compile-stage frames as the build wrapper prints them; session file API paths
 (traversal, duplicate slashes, the 255/256-byte name limit, NUL, non-UTF-8); memory KV
 listing requests (prefix, limit, clock, namespace and cursor as the fuzz target lays
@@ -315,7 +315,44 @@ RELAY = [
 ]
 
 
+def batch_bodies():
+    """POST /wbx/v1/batches bodies as tests/wbx_batches.rs sends them (and near misses)."""
+    none = {"mode": "none"}
+    j = lambda **kw: dict({"command": "true"}, **kw)
+    bodies = {
+        "document": {
+            "defaults": {"template": "base", "timeout_s": 600, "artifacts": ["output/"]},
+            "jobs": [{"command": "python worker.py 1"}, {"command": "python worker.py 2"},
+                     {"command": "python merge.py", "depends_on": [0, 1],
+                      "inputs": [{"from_index": 0, "name": "output/part.csv", "as": "p1.csv"},
+                                 {"from_index": 1, "name": "output/part.csv", "as": "p2.csv"}]}],
+            "max_concurrency": 10, "max_total_cost": "2.00", "name": "nightly",
+            "idempotency_key": "nightly-2026-11-08"},
+        "chain": {"defaults": {"network": none, "retry": {"max_attempts": 2}},
+                  "jobs": [j(), j(depends_on=[0]), j(inputs=[{"from_index": 1, "name": "out.txt"}])]},
+        "cycle": {"jobs": [j(depends_on=[1]), j(depends_on=[0])]},
+        "self": {"jobs": [j(depends_on=[0])]},
+        "from-self": {"jobs": [j(inputs=[{"from_index": 0, "name": "a"}])]},
+        "both": {"jobs": [j(), j(inputs=[{"from_index": 0, "job_id": "job_" + "0" * 24, "name": "a"}])]},
+        "collide": {"jobs": [j(), j(inputs=[{"from_index": 0, "name": "a", "as": "x"},
+                                            {"from_index": 0, "name": "b", "as": "x/y"}])]},
+        "traversal": {"jobs": [j(), j(inputs=[{"from_index": 0, "name": "../etc/passwd"}])]},
+        "job-id": {"jobs": [j(inputs=[{"job_id": "job_" + "a" * 24, "name": "output/x.csv", "as": "d/x.csv"}])]},
+        "formula": {"jobs": [{"command": "=HYPERLINK(\"x\")"}, {"command": "-1+2, \"q\"\r\n@x"},
+                             {"command": "+cmd", "depends_on": [0]}]},
+        "defaults-command": {"defaults": {"command": "echo hi", "env": {"A": "b"}}, "jobs": [{}, {}, {"env": {"C": "d"}}]},
+        "bounds": {"jobs": [j()], "max_concurrency": 100, "max_total_cost_eur": "0.5",
+                   "webhook_url": "https://example.com/hook"},
+        "dup-deps": {"jobs": [j(), j(depends_on=[0, 0, 0])]},
+        "fan-in": {"jobs": [j() for _ in range(20)] + [j(depends_on=list(range(20)))]},
+        "unknown": {"jobs": [j(sandbox=1)], "extra": 1},
+        "idem-in-job": {"jobs": [j(idempotency_key="k")]},
+    }
+    return [(name, json.dumps(b)) for name, b in bodies.items()]
+
+
 def main():
+    write("wbx_batch", batch_bodies())
     write("http_relay", RELAY)
     write("http_request", HTTP + [(f"malformed-{i:02}", m) for i, m in enumerate(MALFORMED)]
           + [("many-headers", "GET /healthz HTTP/1.1\r\nHost: x\r\n" + "".join(f"X-{i}: 1\r\n" for i in range(99)) + "\r\n"),
