@@ -101,7 +101,10 @@ fn parse_csv(text: &str) -> Vec<Vec<String>> {
         }
     }
     assert!(!quoted, "a quoted cell never closed");
-    assert!(cell.is_empty() && row.is_empty(), "the CSV does not end with CRLF");
+    assert!(
+        cell.is_empty() && row.is_empty(),
+        "the CSV does not end with CRLF"
+    );
     rows
 }
 
@@ -137,7 +140,10 @@ fuzz_target!(|data: &[u8]| {
     let mut indegree = vec![0usize; n];
     let mut dependants: Vec<Vec<usize>> = vec![Vec::new(); n];
     for (i, (s, deps)) in b.jobs.iter().enumerate() {
-        assert!(deps.windows(2).all(|w| w[0] < w[1]), "deps not sorted and unique");
+        assert!(
+            deps.windows(2).all(|w| w[0] < w[1]),
+            "deps not sorted and unique"
+        );
         for &d in deps {
             assert!(d < n && d != i, "job {i} depends on {d}");
             dependants[d].push(i);
@@ -147,12 +153,18 @@ fuzz_target!(|data: &[u8]| {
         let spec = &s.spec;
         assert!(!spec.command.trim().is_empty() && !spec.command.contains('\0'));
         assert!(spec.command.len() <= MAX_JOB_BYTES);
-        assert!(spec.idempotency_key.is_none(), "a job of a batch has no key");
+        assert!(
+            spec.idempotency_key.is_none(),
+            "a job of a batch has no key"
+        );
         assert!(spec.inputs.len() <= 32);
         for (k, a) in spec.inputs.iter().enumerate() {
             assert!(relative(&a.name) && relative(&a.dest), "{a:?}");
             if let Some(x) = a.from_index {
-                assert!(deps.contains(&(x as usize)), "from_index {x} not waited for");
+                assert!(
+                    deps.contains(&(x as usize)),
+                    "from_index {x} not waited for"
+                );
                 assert!(a.job_id.is_empty());
             } else {
                 assert!(a.job_id.starts_with("job_") && a.job_id.len() == 28);
@@ -215,7 +227,10 @@ fuzz_target!(|data: &[u8]| {
     for row in &rows[1..] {
         assert_eq!(row.len(), CSV_COLUMNS.len(), "{row:?}");
         for (col, cell) in CSV_COLUMNS.iter().zip(row) {
-            if matches!(*col, "index" | "exit_code" | "duration_s" | "result_files" | "attempts" | "depends_on") {
+            if matches!(
+                *col,
+                "index" | "exit_code" | "duration_s" | "result_files" | "attempts" | "depends_on"
+            ) {
                 continue;
             }
             assert!(
