@@ -1,11 +1,11 @@
 //! A job log's digest, for an agent that should not read the whole log: recognised
-//! test results (pytest, go test, cargo test, Jest, Vitest, Mocha), the error lines
+//! test results (pytest, go test, cargo test, Jest, Vitest, Mocha, PHPUnit), the error lines
 //! with context (a run of one line repeated collapsed to `line [×N]`), and the log's
 //! end, within a character budget.
 //!
 //! Each parser is tested on real output of its framework (`tests/fixtures/logs`,
-//! with the commands that produced it). PHPUnit and JUnit are not recognised: no
-//! real output of theirs could be produced on the build machine.
+//! with the commands that produced it). JUnit (Maven, Gradle) is not recognised: no
+//! real output of it could be produced on the build machine.
 
 /// Failures listed per framework at most.
 pub const MAX_FAILURES: usize = 50;
@@ -86,7 +86,7 @@ fn file_in(line: &str) -> Option<String> {
 pub fn test_results(log: &str) -> Vec<TestResults> {
     let text = plain(log);
     let lines: Vec<&str> = text.lines().collect();
-    [pytest, cargo_test, go_test, jest, vitest, mocha]
+    [pytest, cargo_test, go_test, jest, vitest, mocha, phpunit]
         .iter()
         .filter_map(|parse| parse(&lines))
         .collect()
@@ -420,6 +420,94 @@ fn mocha(lines: &[&str]) -> Option<TestResults> {
 }
 
 /// Whether a line reads as an error.
+/// PHPUnit (9 and later): after its banner, the summary `OK (2 tests, 2 assertions)` or
+/// `Tests: 5, Assertions: 4, Failures: 1, Skipped: 1.`, and the entries of its
+/// `There was 1 failure:` / `There were 2 errors:` sections (`1) Class::method`, the
+/// message, then `file:line`).
+fn phpunit(lines: &[&str]) -> Option<TestResults> {
+    let banner = lines
+        .iter()
+        .position(|l| l.starts_with("PHPUnit ") && l.contains(" by Sebastian Bergmann"))?;
+    let rest = &lines[banner..];
+    let summary = rest.iter().rev().map(|l| l.trim()).find(|t| {
+        (t.starts_with("OK (") && t.ends_with(')') && t.contains(" test"))
+            || (t.starts_with("Tests: ") && t.contains("Assertions: "))
+    })?;
+    let (total, failed, skipped) = if let Some(inner) = summary.strip_prefix("OK (") {
+        let c = counts(inner);
+        (count_of(&c, &["test", "tests"]), 0, 0)
+    } else {
+        let field = |name: &str| -> u64 {
+            summary
+                .trim_end_matches('.')
+                .split(", ")
+                .filter_map(|kv| kv.split_once(": "))
+                .filter(|(k, _)| *k == name)
+                .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+                .fold(0u64, u64::saturating_add)
+        };
+        (
+            field("Tests"),
+            field("Failures").saturating_add(field("Errors")),
+            field("Skipped").saturating_add(field("Incomplete")),
+        )
+    };
+    let mut failures = Vec::new();
+    let mut in_section = false;
+    let mut i = 0;
+    while i < rest.len() && failures.len() < MAX_FAILURES {
+        let t = rest[i].trim();
+        if t.starts_with("There was 1 ") || t.starts_with("There were ") {
+            in_section = t.ends_with(" failure:")
+                || t.ends_with(" failures:")
+                || t.ends_with(" error:")
+                || t.ends_with(" errors:");
+        } else if t == "FAILURES!" || t == "ERRORS!" || t.starts_with("Tests: ") {
+            in_section = false;
+        } else if in_section {
+            let entry = t.split_once(") ").filter(|(n, name)| {
+                !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !name.is_empty()
+            });
+            if let Some((_, name)) = entry {
+                // The message: the lines up to the first blank one; then the location.
+                let mut message = Vec::new();
+                let mut j = i + 1;
+                while j < rest.len() && !rest[j].trim().is_empty() {
+                    message.push(rest[j].trim());
+                    j += 1;
+                }
+                let file = rest[j..]
+                    .iter()
+                    .map(|l| l.trim())
+                    .find(|l| !l.is_empty())
+                    .and_then(|l| {
+                        let (path, line) = l.rsplit_once(':')?;
+                        (line.bytes().all(|b| b.is_ascii_digit()) && !line.is_empty())
+                            .then(|| path.to_string())
+                    })
+                    .map(|p| clip(&p));
+                failures.push(Failure {
+                    name: clip(name),
+                    file,
+                    message: clip(message.first().copied().unwrap_or("")),
+                });
+                i = j;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    let passed = total.saturating_sub(failed).saturating_sub(skipped);
+    Some(TestResults {
+        framework: "phpunit".into(),
+        passed: Some(passed),
+        failed,
+        skipped,
+        total: Some(total),
+        failures,
+    })
+}
+
 fn is_error(line: &str) -> bool {
     let l = line.to_ascii_lowercase();
     let t = l.trim_start();
@@ -697,6 +785,51 @@ mod tests {
         );
         let r = one("mocha-pass.txt");
         assert_eq!((r.passed, r.failed), (Some(1), 0));
+    }
+
+    #[test]
+    fn test_phpunit() {
+        let r = one("phpunit-fail.txt");
+        assert_eq!(
+            (r.framework.as_str(), r.passed, r.failed, r.skipped, r.total),
+            ("phpunit", Some(3), 1, 1, Some(5))
+        );
+        assert_eq!(
+            r.failures,
+            [Failure {
+                name: "ApiTest::testLargeRefund".into(),
+                file: Some("/tmp/phpproj/tests/ApiTest.php".into()),
+                message: "Failed asserting that 400 is identical to 200.".into(),
+            }]
+        );
+        let r = one("phpunit-pass.txt");
+        assert_eq!(
+            (r.passed, r.failed, r.skipped, r.total),
+            (Some(2), 0, 0, Some(2))
+        );
+        assert!(r.failures.is_empty());
+        let r = one("phpunit-skip.txt");
+        assert_eq!(
+            (r.passed, r.failed, r.skipped, r.total),
+            (Some(1), 0, 1, Some(2))
+        );
+        let r = one("phpunit-error.txt");
+        assert_eq!((r.passed, r.failed, r.total), (Some(1), 1, Some(2)));
+        assert_eq!(r.failures[0].name, "ErrTest::testLookup");
+        assert_eq!(
+            r.failures[0].message,
+            "Error: Call to undefined function lookup()"
+        );
+        assert_eq!(
+            r.failures[0].file.as_deref(),
+            Some("/tmp/phpproj/errs/ErrTest.php")
+        );
+        // The digest leads with them.
+        let (text, _) = digest(&fixture("phpunit-fail.txt"), false, 2000);
+        assert!(
+            text.starts_with("[wbx] tests (phpunit): 3 passed, 1 failed, 5 total\n  FAILED ApiTest::testLargeRefund – Failed asserting that 400 is identical to 200.\n"),
+            "{text}"
+        );
     }
 
     #[test]
