@@ -1,11 +1,13 @@
 //! A job log's digest, for an agent that should not read the whole log: recognised
-//! test results (pytest, go test, cargo test, Jest, Vitest, Mocha, PHPUnit), the error lines
+//! test results (pytest, go test, cargo test, Jest, Vitest, Mocha, PHPUnit, JUnit
+//! through Maven), the error lines
 //! with context (a run of one line repeated collapsed to `line [×N]`), and the log's
 //! end, within a character budget.
 //!
 //! Each parser is tested on real output of its framework (`tests/fixtures/logs`,
-//! with the commands that produced it). JUnit (Maven, Gradle) is not recognised: no
-//! real output of it could be produced on the build machine.
+//! with the commands that produced it). JUnit is recognised as Maven's surefire
+//! prints it; Gradle's output is not: no real output of it could be produced on the
+//! build machine.
 
 /// Failures listed per framework at most.
 pub const MAX_FAILURES: usize = 50;
@@ -86,10 +88,19 @@ fn file_in(line: &str) -> Option<String> {
 pub fn test_results(log: &str) -> Vec<TestResults> {
     let text = plain(log);
     let lines: Vec<&str> = text.lines().collect();
-    [pytest, cargo_test, go_test, jest, vitest, mocha, phpunit]
-        .iter()
-        .filter_map(|parse| parse(&lines))
-        .collect()
+    [
+        pytest,
+        cargo_test,
+        go_test,
+        jest,
+        vitest,
+        mocha,
+        phpunit,
+        junit_maven,
+    ]
+    .iter()
+    .filter_map(|parse| parse(&lines))
+    .collect()
 }
 
 fn pytest(lines: &[&str]) -> Option<TestResults> {
@@ -437,15 +448,7 @@ fn phpunit(lines: &[&str]) -> Option<TestResults> {
         let c = counts(inner);
         (count_of(&c, &["test", "tests"]), 0, 0)
     } else {
-        let field = |name: &str| -> u64 {
-            summary
-                .trim_end_matches('.')
-                .split(", ")
-                .filter_map(|kv| kv.split_once(": "))
-                .filter(|(k, _)| *k == name)
-                .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
-                .fold(0u64, u64::saturating_add)
-        };
+        let field = |name: &str| fields(summary, name);
         (
             field("Tests"),
             field("Failures").saturating_add(field("Errors")),
@@ -504,6 +507,95 @@ fn phpunit(lines: &[&str]) -> Option<TestResults> {
         failed,
         skipped,
         total: Some(total),
+        failures,
+    })
+}
+
+/// `Key: N` fields of a summary line (`Tests run: 5, Failures: 1, …`), summed per key.
+fn fields(line: &str, name: &str) -> u64 {
+    line.trim()
+        .trim_end_matches('.')
+        .split(", ")
+        .filter_map(|kv| kv.split_once(": "))
+        .filter(|(k, _)| k.trim() == name)
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .fold(0u64, u64::saturating_add)
+}
+
+/// A Maven line without its level (`[INFO] `, `[ERROR] `, `[WARNING] `).
+fn maven_text(line: &str) -> &str {
+    for level in ["[INFO] ", "[ERROR] ", "[WARNING] "] {
+        if let Some(rest) = line.strip_prefix(level) {
+            return rest;
+        }
+    }
+    line.strip_prefix("[INFO]")
+        .or_else(|| line.strip_prefix("[ERROR]"))
+        .unwrap_or(line)
+}
+
+/// JUnit as Maven's surefire reports it: each module's `Results:` block, with its
+/// `Failures:` and `Errors:` entries (`Class.method:line message`) and its total
+/// `Tests run: N, Failures: F, Errors: E, Skipped: S` (summed over the modules).
+fn junit_maven(lines: &[&str]) -> Option<TestResults> {
+    let (mut run, mut failed, mut skipped) = (0u64, 0u64, 0u64);
+    let mut found = false;
+    let mut in_results = false;
+    let mut in_list = false;
+    let mut failures = Vec::new();
+    for l in lines {
+        let t = maven_text(l);
+        if t.trim() == "Results:" {
+            in_results = true;
+            in_list = false;
+            continue;
+        }
+        if !in_results {
+            continue;
+        }
+        if t.starts_with("Tests run: ") && !t.contains("Time elapsed") {
+            run = run.saturating_add(fields(t, "Tests run"));
+            failed = failed
+                .saturating_add(fields(t, "Failures"))
+                .saturating_add(fields(t, "Errors"));
+            skipped = skipped.saturating_add(fields(t, "Skipped"));
+            found = true;
+            in_results = false;
+        } else if matches!(t.trim(), "Failures:" | "Errors:") {
+            in_list = true;
+        } else if t.trim().ends_with(':') && !t.starts_with("  ") {
+            // Another list (`Flakes:`, `Tests in error:`): not failures of this run.
+            in_list = false;
+        } else if in_list
+            && t.starts_with("  ")
+            && !t.trim().is_empty()
+            && failures.len() < MAX_FAILURES
+        {
+            let entry = t.trim();
+            let (at, message) = entry.split_once(' ').unwrap_or((entry, ""));
+            let name = at.rsplit_once(':').map_or(at, |(n, line)| {
+                if line.bytes().all(|b| b.is_ascii_digit()) {
+                    n
+                } else {
+                    at
+                }
+            });
+            failures.push(Failure {
+                name: clip(name),
+                file: None,
+                message: clip(message),
+            });
+        }
+    }
+    if !found {
+        return None;
+    }
+    Some(TestResults {
+        framework: "junit".into(),
+        passed: Some(run.saturating_sub(failed).saturating_sub(skipped)),
+        failed,
+        skipped,
+        total: Some(run),
         failures,
     })
 }
@@ -829,6 +921,39 @@ mod tests {
         assert!(
             text.starts_with("[wbx] tests (phpunit): 3 passed, 1 failed, 5 total\n  FAILED ApiTest::testLargeRefund – Failed asserting that 400 is identical to 200.\n"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn test_junit_through_maven() {
+        let r = one("junit-maven-fail.txt");
+        assert_eq!(
+            (r.framework.as_str(), r.passed, r.failed, r.skipped, r.total),
+            ("junit", Some(3), 1, 1, Some(5))
+        );
+        assert_eq!(
+            r.failures,
+            [Failure {
+                name: "RefundsTest.largeRefund".into(),
+                file: None,
+                message: "expected:<200> but was:<400>".into(),
+            }]
+        );
+        let r = one("junit-maven-pass.txt");
+        assert_eq!(
+            (r.passed, r.failed, r.skipped, r.total),
+            (Some(1), 0, 0, Some(1))
+        );
+        assert!(r.failures.is_empty());
+        let r = one("junit-maven-error.txt");
+        assert_eq!((r.passed, r.failed, r.total), (Some(1), 1, Some(2)));
+        assert_eq!(r.failures[0].name, "ErrTest.lookup");
+        assert!(
+            r.failures[0]
+                .message
+                .starts_with("NullPointer Cannot invoke"),
+            "{:?}",
+            r.failures[0]
         );
     }
 

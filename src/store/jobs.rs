@@ -154,7 +154,7 @@ pub struct Failure {
 /// One framework's results in a log.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TestResults {
-    /// `pytest`, `go test`, `cargo test`, `jest`, `vitest`, `mocha` or `phpunit`.
+    /// `pytest`, `go test`, `cargo test`, `jest`, `vitest`, `mocha`, `phpunit` or `junit`.
     pub framework: String,
     /// Tests that passed (`None`: the output does not say, as `go test` without `-v`).
     pub passed: Option<u64>,
