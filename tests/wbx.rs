@@ -3,20 +3,11 @@
 //! with base URL `http://HOST:PORT/wbx` would use them.
 
 mod common;
+use common::wbx::{err, wbx};
 use common::{read_response, Daemon, Resp};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::time::{Duration, Instant};
-
-fn wbx(d: &Daemon, method: &str, path: &str, key: Option<&str>, body: Option<&Value>) -> Resp {
-    let auth = key.map(|k| format!("Bearer {k}"));
-    let mut h: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
-    if let Some(a) = &auth {
-        h.push(("Authorization", a));
-    }
-    let b = body.map(|b| b.to_string()).unwrap_or_default();
-    d.request(method, &format!("/wbx{path}"), &h, b.as_bytes())
-}
 
 fn create(d: &Daemon, body: &Value) -> Value {
     let r = wbx(d, "POST", "/v1/sandboxes", None, Some(body));
@@ -34,17 +25,6 @@ fn exec(d: &Daemon, id: &str, body: &Value) -> Value {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     r.json()
-}
-
-/// The error message of a WBX error, checking the shape: exactly `{"error": "..."}`.
-fn err(r: &Resp) -> String {
-    let v = r.json();
-    assert_eq!(
-        v.as_object().map(|o| o.len()),
-        Some(1),
-        "the WBX error shape is {{\"error\": \"message\"}}: {v}"
-    );
-    v["error"].as_str().expect("a message").to_string()
 }
 
 fn secs(ts: &str) -> i64 {

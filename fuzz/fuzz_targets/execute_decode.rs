@@ -1,7 +1,7 @@
 //! `POST /execute` bodies: `decode` never panics, and what it accepts is safe to run.
 //!
-//! The runtimes are the embedded descriptors, self-checked against a throw-away rootfs
-//! dir made once per process in which only `python-slim` and `python` are "installed".
+//! The runtimes are `isobox_fuzz::runtimes()`: the embedded descriptors, with only
+//! `python-slim` and `python` "installed".
 //!
 //! On `Ok`: every limit within its bound, at least one file and at most `MAX_FILES`,
 //! every name valid (`validate_name`), no name twice and none both a file and a
@@ -11,14 +11,10 @@
 #![no_main]
 
 use isobox::api::execute::{decode, validate_name, MAX_ARGS, MAX_FILES};
-use isobox::runtimes::Runtimes;
 use isobox::sandbox::limits::{CPUS, MEMORY_BYTES, OUTPUT_BYTES, PIDS, WALL_TIME_MS};
+use isobox_fuzz::{runtimes, INSTALLED};
 use libfuzzer_sys::fuzz_target;
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::sync::OnceLock;
 
-const INSTALLED: [&str; 2] = ["python-slim", "python"];
 const ERROR_CODES: [&str; 6] = [
     "invalid_json",
     "language_required",
@@ -27,36 +23,6 @@ const ERROR_CODES: [&str; 6] = [
     "no_source",
     "invalid_file",
 ];
-
-/// Writes `path` atomically (parallel `-jobs` workers share the dir).
-fn put(path: &PathBuf, contents: &[u8], mode: u32) {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, contents).expect("write rootfs file");
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    std::fs::rename(&tmp, path).expect("rename rootfs file");
-}
-
-fn runtimes() -> &'static Runtimes {
-    static RT: OnceLock<Runtimes> = OnceLock::new();
-    RT.get_or_init(|| {
-        let dir = std::env::temp_dir().join("isobox-fuzz-rootfs");
-        for name in INSTALLED {
-            let root = dir.join(name);
-            std::fs::create_dir_all(root.join(".isobox")).expect("mkdir .isobox");
-            std::fs::create_dir_all(root.join("usr/bin")).expect("mkdir usr/bin");
-            put(&root.join(".isobox/versions"), b"python=3.11.2\n", 0o644);
-            put(&root.join("usr/bin/python3"), b"#!/bin/sh\nexit 0\n", 0o755);
-        }
-        let rt = Runtimes::load(None, &dir).expect("embedded runtimes load");
-        for name in INSTALLED {
-            let r = rt
-                .resolve(name)
-                .unwrap_or_else(|| panic!("{name} not installed in {}", dir.display()));
-            assert_eq!(r.version.as_deref(), Some("3.11.2"));
-        }
-        rt
-    })
-}
 
 /// Strict hex: pairs of `[0-9a-fA-F]`, nothing else.
 fn strict_hex(s: &str) -> Option<Vec<u8>> {

@@ -15,39 +15,11 @@
 use isobox::config::WbxJobs;
 use isobox::http::{Params, Request};
 use isobox::jobs::Money;
-use isobox::runtimes::Runtimes;
 use isobox::store::jobs::{JobError, JobRecord};
 use isobox::wbx::batches::{report_csv, submit, CSV_COLUMNS, MAX_EDGES, MAX_JOB_BYTES};
 use isobox::wbx::jobs::{JobOp, Prices};
+use isobox_fuzz::runtimes;
 use libfuzzer_sys::fuzz_target;
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::sync::OnceLock;
-
-/// Writes `path` atomically (parallel `-jobs` workers share the dir).
-fn put(path: &PathBuf, contents: &[u8], mode: u32) {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, contents).expect("write rootfs file");
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    std::fs::rename(&tmp, path).expect("rename rootfs file");
-}
-
-/// The embedded runtimes, with `python` and `python-slim` "installed" in a throw-away
-/// rootfs dir (so the `base` and `python` templates exist).
-fn runtimes() -> &'static Runtimes {
-    static RT: OnceLock<Runtimes> = OnceLock::new();
-    RT.get_or_init(|| {
-        let dir = std::env::temp_dir().join("isobox-fuzz-rootfs");
-        for name in ["python-slim", "python"] {
-            let root = dir.join(name);
-            std::fs::create_dir_all(root.join(".isobox")).expect("mkdir .isobox");
-            std::fs::create_dir_all(root.join("usr/bin")).expect("mkdir usr/bin");
-            put(&root.join(".isobox/versions"), b"python=3.11.2\n", 0o644);
-            put(&root.join("usr/bin/python3"), b"#!/bin/sh\nexit 0\n", 0o755);
-        }
-        Runtimes::load(None, &dir).expect("embedded runtimes load")
-    })
-}
 
 fn limits() -> WbxJobs {
     WbxJobs {

@@ -51,3 +51,39 @@ pub fn pieces<'a>(rng: &mut Rng, data: &'a [u8], max_piece: usize) -> Vec<&'a [u
     }
     out
 }
+
+/// The runtimes "installed" for the targets that resolve them.
+pub const INSTALLED: [&str; 2] = ["python-slim", "python"];
+
+/// Writes `path` atomically (parallel `-jobs` workers share the dir).
+fn put(path: &std::path::Path, contents: &[u8], mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, contents).expect("write rootfs file");
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    std::fs::rename(&tmp, path).expect("rename rootfs file");
+}
+
+/// The embedded runtime descriptors, self-checked against a throw-away rootfs dir
+/// made once per process in which only [`INSTALLED`] are (python 3.11.2).
+pub fn runtimes() -> &'static isobox::runtimes::Runtimes {
+    static RT: std::sync::OnceLock<isobox::runtimes::Runtimes> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        let dir = std::env::temp_dir().join("isobox-fuzz-rootfs");
+        for name in INSTALLED {
+            let root = dir.join(name);
+            std::fs::create_dir_all(root.join(".isobox")).expect("mkdir .isobox");
+            std::fs::create_dir_all(root.join("usr/bin")).expect("mkdir usr/bin");
+            put(&root.join(".isobox/versions"), b"python=3.11.2\n", 0o644);
+            put(&root.join("usr/bin/python3"), b"#!/bin/sh\nexit 0\n", 0o755);
+        }
+        let rt = isobox::runtimes::Runtimes::load(None, &dir).expect("embedded runtimes load");
+        for name in INSTALLED {
+            let r = rt
+                .resolve(name)
+                .unwrap_or_else(|| panic!("{name} not installed in {}", dir.display()));
+            assert_eq!(r.version.as_deref(), Some("3.11.2"));
+        }
+        rt
+    })
+}

@@ -156,6 +156,25 @@ pub(crate) struct Table {
     batches: HashMap<String, batches::LiveBatch>,
 }
 
+impl Table {
+    /// A submit of `jobs` jobs whose worst cases total `worst` is being written for
+    /// `tenant`: until it is, they count against its cap and its budget.
+    fn pending_add(&mut self, tenant: &str, jobs: usize, worst: i128) {
+        *self.pending.entry(tenant.to_string()).or_default() += jobs;
+        *self.pending_reserved.entry(tenant.to_string()).or_default() += worst;
+    }
+
+    /// That submit's write is over (its jobs are live now, or were not stored).
+    fn pending_done(&mut self, tenant: &str, jobs: usize, worst: i128) {
+        if let Some(n) = self.pending.get_mut(tenant) {
+            *n = n.saturating_sub(jobs);
+        }
+        if let Some(r) = self.pending_reserved.get_mut(tenant) {
+            *r -= worst;
+        }
+    }
+}
+
 /// Start and upload reserve of an attempt in a job's worst case, seconds.
 const RESERVE_S: u64 = 60;
 
@@ -963,12 +982,7 @@ impl Daemon {
             // Nothing has happened to it yet.
             ..JobRecord::default()
         };
-        *self.jobs.pending.entry(tenant.clone()).or_default() += 1;
-        *self
-            .jobs
-            .pending_reserved
-            .entry(tenant.clone())
-            .or_default() += worst;
+        self.jobs.pending_add(&tenant, 1, worst);
         // Its env values are not kept while it waits: its start opens them again.
         drop(s.env);
         let mailbox = self.reactor.mailbox();
@@ -977,12 +991,7 @@ impl Daemon {
             .store()
             .submit_job_then(&id.clone(), rec, key, move |r| {
                 mailbox.send(Box::new(move |d: &mut Daemon| {
-                    if let Some(n) = d.jobs.pending.get_mut(&tenant) {
-                        *n = n.saturating_sub(1);
-                    }
-                    if let Some(r) = d.jobs.pending_reserved.get_mut(&tenant) {
-                        *r -= worst;
-                    }
+                    d.jobs.pending_done(&tenant, 1, worst);
                     let prices = d.prices();
                     let resp = match r {
                         Ok((Submitted::New, rec)) => {

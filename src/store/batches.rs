@@ -130,12 +130,8 @@ impl Store {
         event: Option<OutboxEvent>,
         then: impl FnOnce(Result<bool, StoreError>) + Send + 'static,
     ) {
-        let bytes = match encode(id, rec) {
+        let (bytes, ev) = match super::encode_with_event(id, rec, event.as_ref()) {
             Ok(b) => b,
-            Err(e) => return then(Err(e)),
-        };
-        let ev = match event.as_ref().map(|e| encode(id, e)).transpose() {
-            Ok(e) => e,
             Err(e) => return then(Err(e)),
         };
         let id = id.to_string();
@@ -208,32 +204,15 @@ impl Store {
         before: Option<u64>,
         limit: usize,
     ) -> Result<(Vec<(String, BatchRecord)>, bool), StoreError> {
-        use std::ops::Bound;
-        let rtxn = self.env.read_txn()?;
-        let lo = super::jobs::index_key(tenant, 0);
-        let hi = super::jobs::index_key(tenant, before.unwrap_or(u64::MAX));
-        let range = (
-            Bound::Included(lo.as_slice()),
-            Bound::Excluded(hi.as_slice()),
-        );
-        let mut out = Vec::new();
-        for item in self.batch_index.rev_range(&rtxn, &range)? {
-            let (_, id) = item?;
-            let id = String::from_utf8_lossy(id).into_owned();
-            let Some(bytes) = self.batches.get(&rtxn, &id)? else {
-                continue;
-            };
-            match decode(&id, bytes) {
-                Ok(rec) => {
-                    if out.len() == limit {
-                        return Ok((out, true));
-                    }
-                    out.push((id, rec));
-                }
-                Err(e) => log::error!("store: batch: {e}"),
-            }
-        }
-        Ok((out, false))
+        self.page_of(
+            &self.batch_index,
+            &self.batches,
+            "batch",
+            tenant,
+            before,
+            limit,
+            |_| true,
+        )
     }
 
     /// Every batch (id, record). Corrupt records are logged and skipped.
@@ -250,14 +229,7 @@ mod tests {
     use super::*;
     use crate::store::jobs::tests::record;
     use crate::store::jobs::{Artifact, InputFile, Submitted};
-
-    fn wait<T: Send + 'static>(f: impl FnOnce(Box<dyn FnOnce(T) + Send>)) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        f(Box::new(move |r| {
-            let _ = tx.send(r);
-        }));
-        rx.recv().unwrap()
-    }
+    use crate::store::wait;
 
     fn batch(tenant: &str, key: Option<&str>, jobs: &[&str]) -> BatchRecord {
         BatchRecord {

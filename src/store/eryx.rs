@@ -207,14 +207,7 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn wait<T: Send + 'static>(f: impl FnOnce(Box<dyn FnOnce(T) + Send>)) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        f(Box::new(move |r| {
-            let _ = tx.send(r);
-        }));
-        rx.recv().unwrap()
-    }
+    use crate::store::wait;
 
     #[test]
     fn test_eryx_sessions_keep_their_state_across_a_reopen_and_die_with_it() {

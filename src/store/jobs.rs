@@ -498,37 +498,15 @@ impl Store {
         limit: usize,
         keep: impl Fn(&JobRecord) -> bool,
     ) -> Result<(Vec<(String, JobRecord)>, bool), StoreError> {
-        use std::ops::Bound;
-        let rtxn = self.env.read_txn()?;
-        let lo = index_key(tenant, 0);
-        let hi = index_key(tenant, before.unwrap_or(u64::MAX));
-        let mut out = Vec::new();
-        let range = (
-            Bound::Included(lo.as_slice()),
-            Bound::Excluded(hi.as_slice()),
-        );
-        for item in self.job_index.rev_range(&rtxn, &range)? {
-            let (_, id) = item?;
-            let id = String::from_utf8_lossy(id).into_owned();
-            let Some(bytes) = self.jobs.get(&rtxn, &id)? else {
-                continue;
-            };
-            let rec: JobRecord = match decode(&id, bytes) {
-                Ok(r) => r,
-                Err(e) => {
-                    log::error!("store: job: {e}");
-                    continue;
-                }
-            };
-            if !keep(&rec) {
-                continue;
-            }
-            if out.len() == limit {
-                return Ok((out, true));
-            }
-            out.push((id, rec));
-        }
-        Ok((out, false))
+        self.page_of(
+            &self.job_index,
+            &self.jobs,
+            "job",
+            tenant,
+            before,
+            limit,
+            keep,
+        )
     }
 
     /// Every job's id (those whose record does not decode too).
@@ -557,14 +535,7 @@ impl Store {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    fn wait<T: Send + 'static>(f: impl FnOnce(Box<dyn FnOnce(T) + Send>)) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        f(Box::new(move |r| {
-            let _ = tx.send(r);
-        }));
-        rx.recv().unwrap()
-    }
+    use crate::store::wait;
 
     pub(crate) fn record(tenant: &str, key: Option<&str>) -> JobRecord {
         JobRecord {

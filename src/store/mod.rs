@@ -357,6 +357,54 @@ impl Tables {
 }
 
 impl Tables {
+    /// `tenant`'s records of `db` newest first through `index` (`tenant \0 seq` → id),
+    /// before sequence number `before` (exclusive; `None`: from the newest), those
+    /// `keep` accepts, at most `limit`; and whether more follow. One that does not
+    /// decode is logged (as a `what`) and skipped.
+    #[allow(clippy::too_many_arguments)]
+    fn page_of<T: serde::de::DeserializeOwned>(
+        &self,
+        index: &Database<Bytes, Bytes>,
+        db: &Database<Str, Bytes>,
+        what: &str,
+        tenant: &str,
+        before: Option<u64>,
+        limit: usize,
+        keep: impl Fn(&T) -> bool,
+    ) -> Result<(Vec<(String, T)>, bool), StoreError> {
+        use std::ops::Bound;
+        let rtxn = self.env.read_txn()?;
+        let lo = jobs::index_key(tenant, 0);
+        let hi = jobs::index_key(tenant, before.unwrap_or(u64::MAX));
+        let range = (
+            Bound::Included(lo.as_slice()),
+            Bound::Excluded(hi.as_slice()),
+        );
+        let mut out = Vec::new();
+        for item in index.rev_range(&rtxn, &range)? {
+            let (_, id) = item?;
+            let id = String::from_utf8_lossy(id).into_owned();
+            let Some(bytes) = db.get(&rtxn, &id)? else {
+                continue;
+            };
+            let rec: T = match decode(&id, bytes) {
+                Ok(r) => r,
+                Err(e) => {
+                    log::error!("store: {what}: {e}");
+                    continue;
+                }
+            };
+            if !keep(&rec) {
+                continue;
+            }
+            if out.len() == limit {
+                return Ok((out, true));
+            }
+            out.push((id, rec));
+        }
+        Ok((out, false))
+    }
+
     /// Every record of `db` (id, record); one that does not decode is logged (as a
     /// `what`) and skipped.
     fn all_records<T: serde::de::DeserializeOwned>(
@@ -382,6 +430,25 @@ fn decode<T: serde::de::DeserializeOwned>(id: &str, bytes: &[u8]) -> Result<T, S
         key: id.to_string(),
         source,
     })
+}
+
+/// A record and the outbox event written with it, encoded.
+fn encode_with_event<T: Serialize>(
+    id: &str,
+    rec: &T,
+    event: Option<&webhooks::OutboxEvent>,
+) -> Result<(Vec<u8>, Option<Vec<u8>>), StoreError> {
+    Ok((encode(id, rec)?, event.map(|e| encode(id, e)).transpose()?))
+}
+
+/// Waits for the result a `…_then` write hands its callback (tests).
+#[cfg(test)]
+pub(crate) fn wait<T: Send + 'static>(f: impl FnOnce(Box<dyn FnOnce(T) + Send>)) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    f(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.recv().unwrap()
 }
 
 fn encode<T: Serialize>(id: &str, rec: &T) -> Result<Vec<u8>, StoreError> {

@@ -48,12 +48,8 @@ impl Store {
         then: impl FnOnce(Result<bool, StoreError>) + Send + 'static,
     ) {
         let (month, day) = super::budget::periods(&rec.tenant, rec.ended_ms.unwrap_or(0));
-        let bytes = match encode(id, rec) {
+        let (bytes, ev) = match super::encode_with_event(id, rec, event.as_ref()) {
             Ok(b) => b,
-            Err(e) => return then(Err(e)),
-        };
-        let ev = match event.as_ref().map(|e| encode(id, e)).transpose() {
-            Ok(e) => e,
             Err(e) => return then(Err(e)),
         };
         let id = id.to_string();

@@ -159,24 +159,14 @@ impl Daemon {
             status: "running".into(),
             ..BatchRecord::default()
         };
-        *self.jobs.pending.entry(tenant.clone()).or_default() += n;
-        *self
-            .jobs
-            .pending_reserved
-            .entry(tenant.clone())
-            .or_default() += total;
+        self.jobs.pending_add(&tenant, n, total);
         let mailbox = self.reactor.mailbox();
         self.app
             .sessions
             .store()
             .submit_batch_then(&bid.clone(), rec, jobs, move |r| {
                 mailbox.send(Box::new(move |d: &mut Daemon| {
-                    if let Some(p) = d.jobs.pending.get_mut(&tenant) {
-                        *p = p.saturating_sub(n);
-                    }
-                    if let Some(r) = d.jobs.pending_reserved.get_mut(&tenant) {
-                        *r -= total;
-                    }
+                    d.jobs.pending_done(&tenant, n, total);
                     match r {
                         Ok(BatchSubmitted::New(rec, stored)) => {
                             log::info!(
