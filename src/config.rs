@@ -348,6 +348,15 @@ struct Args {
     /// price of one GB of memory for one second of a job's run time
     #[arg(long, env = "ISOBOX_WBX_PRICE_GB_S", help_heading = "WBX face (/wbx)", default_value = "0", value_parser = Value(money))]
     wbx_price_gb_s: crate::jobs::Money,
+    /// the compute classes this server offers, comma-separated (economy, balanced,
+    /// performance, memory, dedicated; economy always); another is 403
+    #[arg(long, env = "ISOBOX_WBX_COMPUTE_CLASSES", help_heading = "WBX face (/wbx)", default_value = "economy,balanced,performance,memory", value_parser = Value(compute_classes))]
+    wbx_compute_classes: ClassList,
+    /// a class's own prices, `class=<per vCPU-second>/<per GB-second>` comma-separated
+    /// (e.g. `performance=0.00002/0.000003`); a class not named has
+    /// ISOBOX_WBX_PRICE_VCPU_S and ISOBOX_WBX_PRICE_GB_S
+    #[arg(long, env = "ISOBOX_WBX_CLASS_PRICES", help_heading = "WBX face (/wbx)", default_value = "", hide_default_value = true, value_parser = Value(class_prices))]
+    wbx_class_prices: ClassPrices,
     /// domain of sandboxes' public URLs: `<port>-<id>.<domain>` (with `:port` when the
     /// URLs need one; default: localhost and the listening port, which needs no DNS)
     #[arg(long, env = "ISOBOX_PUBLIC_DOMAIN", help_heading = "WBX face (/wbx)", default_value = "", hide_default_value = true, value_parser = Value(public_domain))]
@@ -683,6 +692,8 @@ impl Config {
                     currency: a.wbx_currency,
                     price_vcpu_s: a.wbx_price_vcpu_s,
                     price_gb_s: a.wbx_price_gb_s,
+                    classes: a.wbx_compute_classes,
+                    class_prices: a.wbx_class_prices,
                     webhook_loopback: a.wbx_webhook_loopback,
                     webhook_deny: a.egress_deny.clone(),
                     webhooks: a.wbx_webhooks,
@@ -1168,6 +1179,76 @@ fn currency(s: &str) -> Result<String, String> {
     }
 }
 
+/// Offered classes (a name clap does not read as "repeat the flag").
+type ClassList = Vec<&'static str>;
+/// Classes' own prices, likewise.
+type ClassPrices = Vec<ClassPrice>;
+
+/// A class's own prices (`ISOBOX_WBX_CLASS_PRICES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassPrice {
+    /// The class.
+    pub class: &'static str,
+    /// Per vCPU-second.
+    pub vcpu_s: crate::jobs::Money,
+    /// Per GB-second.
+    pub gb_s: crate::jobs::Money,
+}
+
+/// A class's name as the table writes it.
+fn class_name(s: &str) -> Result<&'static str, String> {
+    crate::jobs::compute::class(s)
+        .filter(|_| !s.is_empty())
+        .map(|c| c.name)
+        .ok_or_else(|| {
+            format!(
+                "unknown compute class {s:?}; one of {}",
+                crate::jobs::compute::names()
+            )
+        })
+}
+
+/// The offered classes: known names, no repeats, economy among them.
+fn compute_classes(s: &str) -> Result<Vec<&'static str>, String> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let c = class_name(part)?;
+        if out.contains(&c) {
+            return Err(format!("{c} is named twice"));
+        }
+        out.push(c);
+    }
+    if !out.contains(&crate::jobs::compute::DEFAULT) {
+        return Err(format!(
+            "{} must be offered: it is the class of every request that names none",
+            crate::jobs::compute::DEFAULT
+        ));
+    }
+    Ok(out)
+}
+
+/// `class=<vCPU-second>/<GB-second>,…`.
+fn class_prices(s: &str) -> Result<Vec<ClassPrice>, String> {
+    let mut out: Vec<ClassPrice> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || {
+            format!("{part:?}: write class=<per vCPU-second>/<per GB-second>, like performance=0.00002/0.000003")
+        };
+        let (name, prices) = part.split_once('=').ok_or_else(bad)?;
+        let (v, g) = prices.split_once('/').ok_or_else(bad)?;
+        let class = class_name(name.trim())?;
+        if out.iter().any(|p| p.class == class) {
+            return Err(format!("{class} is priced twice"));
+        }
+        out.push(ClassPrice {
+            class,
+            vcpu_s: money(v)?,
+            gb_s: money(g)?,
+        });
+    }
+    Ok(out)
+}
+
 /// A price: a non-negative decimal string.
 fn money(s: &str) -> Result<crate::jobs::Money, String> {
     crate::jobs::Money::parse(s.trim())
@@ -1461,6 +1542,10 @@ pub struct WbxJobs {
     pub price_vcpu_s: crate::jobs::Money,
     /// Price of a GB-second.
     pub price_gb_s: crate::jobs::Money,
+    /// The compute classes offered (economy among them).
+    pub classes: Vec<&'static str>,
+    /// Classes' own prices (the others have `price_vcpu_s` and `price_gb_s`).
+    pub class_prices: Vec<ClassPrice>,
     /// Webhooks may go to loopback `http://`.
     pub webhook_loopback: bool,
     /// The operator's denied ranges (`ISOBOX_EGRESS_DENY`), for webhook targets too.
@@ -1628,6 +1713,8 @@ mod tests {
         ("--wbx-currency", "ISOBOX_WBX_CURRENCY"),
         ("--wbx-price-vcpu-s", "ISOBOX_WBX_PRICE_VCPU_S"),
         ("--wbx-price-gb-s", "ISOBOX_WBX_PRICE_GB_S"),
+        ("--wbx-compute-classes", "ISOBOX_WBX_COMPUTE_CLASSES"),
+        ("--wbx-class-prices", "ISOBOX_WBX_CLASS_PRICES"),
         ("--wbx-webhook-loopback", "ISOBOX_WBX_WEBHOOK_LOOPBACK"),
         ("--wbx-webhooks", "ISOBOX_WBX_WEBHOOKS"),
         ("--public-domain", "ISOBOX_PUBLIC_DOMAIN"),
@@ -1867,6 +1954,85 @@ mod tests {
             for good in [at_low, at_high] {
                 assert!(load_env(&[(var, Some(good))], &[]).is_ok(), "{var}={good}");
             }
+        }
+    }
+
+    #[test]
+    fn compute_classes_and_their_prices() {
+        let c = load_env(&[], &[]).unwrap();
+        assert_eq!(
+            c.wbx.jobs.classes,
+            ["economy", "balanced", "performance", "memory"]
+        );
+        assert!(c.wbx.jobs.class_prices.is_empty());
+        let c = load_env(
+            &[
+                ("ISOBOX_WBX_COMPUTE_CLASSES", Some(" economy , dedicated ")),
+                (
+                    "ISOBOX_WBX_CLASS_PRICES",
+                    Some("dedicated=0.0001/0.00002, economy=0/0"),
+                ),
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.wbx.jobs.classes, ["economy", "dedicated"]);
+        let m = |s: &str| crate::jobs::Money::parse(s).unwrap();
+        assert_eq!(
+            c.wbx.jobs.class_prices,
+            [
+                ClassPrice {
+                    class: "dedicated",
+                    vcpu_s: m("0.0001"),
+                    gb_s: m("0.00002")
+                },
+                ClassPrice {
+                    class: "economy",
+                    vcpu_s: m("0"),
+                    gb_s: m("0")
+                },
+            ]
+        );
+        for (var, bad, why) in [
+            (
+                "ISOBOX_WBX_COMPUTE_CLASSES",
+                "balanced,memory",
+                "economy must be offered",
+            ),
+            (
+                "ISOBOX_WBX_COMPUTE_CLASSES",
+                "economy,turbo",
+                "unknown compute class",
+            ),
+            (
+                "ISOBOX_WBX_COMPUTE_CLASSES",
+                "economy,economy",
+                "named twice",
+            ),
+            (
+                "ISOBOX_WBX_CLASS_PRICES",
+                "memory=0.1",
+                "class=<per vCPU-second>",
+            ),
+            (
+                "ISOBOX_WBX_CLASS_PRICES",
+                "memory:0.1/0.2",
+                "class=<per vCPU-second>",
+            ),
+            (
+                "ISOBOX_WBX_CLASS_PRICES",
+                "turbo=0.1/0.2",
+                "unknown compute class",
+            ),
+            ("ISOBOX_WBX_CLASS_PRICES", "memory=-1/0", "is not an amount"),
+            (
+                "ISOBOX_WBX_CLASS_PRICES",
+                "memory=1/0,memory=2/0",
+                "priced twice",
+            ),
+        ] {
+            let e = load_env(&[(var, Some(bad))], &[]).unwrap_err().to_string();
+            assert!(e.contains(var) && e.contains(why), "{var}={bad}: {e}");
         }
     }
 

@@ -446,6 +446,7 @@ fn decode_with(
         workspace: None,
         long_lived: None,
         ro_binds: Vec::new(),
+        cpu_weight: None,
     };
     Ok(Decoded {
         plan,

@@ -174,6 +174,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             workspace: None,
             long_lived: None,
             ro_binds: Vec::new(),
+            cpu_weight: None,
         }))
     } else {
         None

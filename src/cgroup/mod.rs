@@ -79,6 +79,14 @@ pub struct HostLimits {
     pub cpu_quota_us: u64,
     /// Host processes (gVisor's sentry, gofer and ptrace stubs), not the program's.
     pub pids: u64,
+    /// CPU weight among its siblings on the v2 scale (100 the default; v1 `cpu.shares`
+    /// is 10.24 times it). `None`: left as it is.
+    pub cpu_weight: Option<u32>,
+}
+
+/// v1 `cpu.shares` for a weight on the v2 scale (100 → 1024, the defaults of each).
+fn shares(weight: u32) -> u64 {
+    (u64::from(weight.clamp(1, 10_000)) * 1024 / 100).max(2)
 }
 
 /// CFS period used for every sandbox.
@@ -319,6 +327,9 @@ impl RunCgroup {
                 }
                 write_file(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
                 write_file(&c.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?;
+                if let Some(w) = l.cpu_weight {
+                    write_file(&c.join("cpu.shares"), &shares(w).to_string())?;
+                }
                 write_file(&p.join("pids.max"), &l.pids.to_string())?;
             }
             Hierarchy::V2 { .. } => {
@@ -332,6 +343,9 @@ impl RunCgroup {
                     &d.join("cpu.max"),
                     &format!("{} {}", l.cpu_quota_us, CPU_PERIOD_US),
                 )?;
+                if let Some(w) = l.cpu_weight {
+                    write_file(&d.join("cpu.weight"), &w.clamp(1, 10_000).to_string())?;
+                }
                 write_file(&d.join("pids.max"), &l.pids.to_string())?;
             }
         }

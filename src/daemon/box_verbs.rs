@@ -266,12 +266,12 @@ impl Daemon {
             self.box_answer(client, crate::wbx::error(409, "the sandbox is starting"));
             return;
         };
-        let alive = b.created_ms;
+        let (alive, class) = (b.created_ms, b.class);
         let backend = Arc::clone(&self.backend);
         self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
             let u = backend.stats(&cg);
             Box::new(move |d: &mut Daemon| {
-                let body = crate::wbx::sandboxes::metrics_json(&u, alive, now_ms(), &disk);
+                let body = crate::wbx::sandboxes::metrics_json(class, &u, alive, now_ms(), &disk);
                 d.box_answer(client, Response::json(200, &body));
             })
         }));

@@ -134,6 +134,8 @@ pub(crate) struct Sbx {
     pub(super) id: String,
     pub(super) tenant: String,
     pub(super) template: String,
+    /// Its compute class (its limits and CPU weight).
+    pub(super) class: &'static crate::wbx::compute::Class,
     pub(super) state: State,
     pub(super) created_ms: u64,
     pub(super) expires_ms: u64,
@@ -270,11 +272,11 @@ fn shutting_down() -> Response {
         .with_header("Retry-After", "5")
 }
 
-/// A WBX sandbox's limits (a job's sandbox has them too).
-pub(super) fn wbx_limits() -> crate::sandbox::limits::Limits {
+/// The limits of a WBX sandbox of class `c` (a job's sandbox has them too).
+pub(super) fn wbx_limits(c: &crate::wbx::compute::Class) -> crate::sandbox::limits::Limits {
     crate::sandbox::limits::Limits {
-        memory_bytes: wsb::MEM_MB << 20,
-        cpus: f64::from(wsb::VCPU),
+        memory_bytes: c.mem_mb << 20,
+        cpus: f64::from(c.vcpu),
         pids: crate::sandbox::limits::PIDS.1,
         output_bytes: crate::sandbox::limits::OUTPUT_BYTES.1,
         wall_time_ms: crate::sandbox::limits::WALL_TIME_MS.1,
@@ -466,22 +468,28 @@ impl Daemon {
             network: b.network.clone(),
             start_ms: b.start_ms,
             warm: b.warm,
+            class: b.class,
         })
     }
 
-    /// The 429 a new sandbox of `tenant` gets, naming the limit it would pass.
-    fn box_refusal(&self, tenant: &str) -> Option<Response> {
+    /// The 429 a new sandbox of `tenant` of class `class` gets, naming the limit it
+    /// would pass.
+    fn box_refusal(&self, tenant: &str, class: &crate::wbx::compute::Class) -> Option<Response> {
         if self.app.shutting_down {
             return Some(shutting_down());
         }
         let l = &self.cfg.wbx;
         // Ending sandboxes count until they are gone: their memory is still taken.
-        let n = self
+        let mine: Vec<&Sbx> = self
             .boxes
             .boxes
             .iter()
-            .filter(|(_, b)| b.tenant == tenant && b.owner.is_none())
-            .count();
+            .map(|(_, b)| b)
+            .filter(|b| b.tenant == tenant && b.owner.is_none())
+            .collect();
+        let n = mine.len();
+        let vcpu: u64 = mine.iter().map(|b| u64::from(b.class.vcpu)).sum();
+        let mem_mb: u64 = mine.iter().map(|b| b.class.mem_mb).sum();
         // A batch's shared sandbox holds an execution slot instead; jobs' sandboxes
         // count.
         let on_server = self.boxes.on_server();
@@ -496,10 +504,10 @@ impl Daemon {
         }
         let why = if n >= l.max_sandboxes {
             Some(format!("limit reached: at most {} sandboxes at once (ISOBOX_WBX_MAX_SANDBOXES); delete sandboxes you no longer need", l.max_sandboxes))
-        } else if (n as u64 + 1) * u64::from(wsb::VCPU) > u64::from(l.max_vcpu) {
-            Some(format!("limit reached: at most {} vCPUs across your sandboxes (ISOBOX_WBX_MAX_VCPU); each has {}", l.max_vcpu, wsb::VCPU))
-        } else if (n as u64 + 1) * wsb::MEM_MB > l.max_mem_mb {
-            Some(format!("limit reached: at most {} MiB of memory across your sandboxes (ISOBOX_WBX_MAX_MEMORY_MB); each has {}", l.max_mem_mb, wsb::MEM_MB))
+        } else if vcpu + u64::from(class.vcpu) > u64::from(l.max_vcpu) {
+            Some(format!("limit reached: at most {} vCPUs across your sandboxes (ISOBOX_WBX_MAX_VCPU); yours have {vcpu} and one more of class {} has {}", l.max_vcpu, class.name, class.vcpu))
+        } else if mem_mb + class.mem_mb > l.max_mem_mb {
+            Some(format!("limit reached: at most {} MiB of memory across your sandboxes (ISOBOX_WBX_MAX_MEMORY_MB); yours have {mem_mb} and one more of class {} has {}", l.max_mem_mb, class.name, class.mem_mb))
         } else {
             None
         };
@@ -508,7 +516,17 @@ impl Daemon {
 
     fn box_create(&mut self, ck: usize, tenant: String, c: Box<Create>) {
         let t0 = Instant::now();
-        if let Some(resp) = self.box_refusal(&tenant) {
+        let mut c = c;
+        let class = match self.compute_class(&tenant, c.compute_class.map_or("", |c| c.name)) {
+            Ok(class) => class,
+            Err(class) => {
+                let resp = crate::wbx::compute::not_offered("compute_class", class);
+                self.respond(ck, resp);
+                return;
+            }
+        };
+        c.compute_class = Some(class);
+        if let Some(resp) = self.box_refusal(&tenant, class) {
             self.respond(ck, resp);
             return;
         }
@@ -576,11 +594,13 @@ impl Daemon {
             env,
             metadata,
             network,
+            compute_class,
         } = c;
+        let class = compute_class.unwrap_or_else(crate::wbx::compute::default_class);
         let env_names = env.iter().map(|(k, _)| k.clone()).collect();
         let (owner, limits, files, ro_binds) = match internal {
             Some(bb) => (Some(bb.owner), bb.limits, bb.files, bb.ro_binds),
-            None => (None, wbx_limits(), Vec::new(), Vec::new()),
+            None => (None, wbx_limits(class), Vec::new(), Vec::new()),
         };
         let plan = crate::sandbox::plan::ExecPlan {
             limits,
@@ -596,6 +616,7 @@ impl Daemon {
             workspace: None,
             long_lived: Some(self.cfg.init.clone()),
             ro_binds,
+            cpu_weight: Some(class.cpu_weight),
         };
         let now = Instant::now();
         let created_ms = now_ms();
@@ -604,6 +625,7 @@ impl Daemon {
             id: id.clone(),
             tenant,
             template,
+            class,
             state: State::Starting,
             created_ms,
             expires_ms: created_ms + timeout_s * 1000,
@@ -729,7 +751,8 @@ impl Daemon {
     /// and a network that is still there (none was cut since it booted). Pooled ones
     /// that can no longer serve anyone are ended (and replaced).
     fn box_warm_take(&mut self, c: &Create) -> Option<usize> {
-        if c.network != Net::Full {
+        let economy = crate::wbx::compute::default_class();
+        if c.network != Net::Full || c.compute_class.is_some_and(|k| k != economy) {
             return None;
         }
         let egress = std::sync::Arc::clone(&self.app.egress);
@@ -831,6 +854,8 @@ impl Daemon {
                     env: Vec::new(),
                     metadata: BTreeMap::new(),
                     network: Net::Full,
+                    // The pool holds economy sandboxes (`box_warm_take`).
+                    compute_class: None,
                 };
                 if let Err(r) = self.box_boot(None, String::new(), c, None) {
                     log::warn!("warm pool: a sandbox could not be booted ({})", r.status);

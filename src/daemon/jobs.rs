@@ -154,6 +154,8 @@ pub(crate) struct Table {
     pending_reserved: HashMap<String, i128>,
     /// Batches whose jobs have not all ended.
     batches: HashMap<String, batches::LiveBatch>,
+    /// Tenants' default compute classes (loaded at start).
+    pub(super) compute_prefs: HashMap<String, &'static crate::wbx::compute::Class>,
 }
 
 impl Table {
@@ -369,10 +371,18 @@ fn signer(dir: &Path) -> Option<Signer> {
 /// directories with no record.
 /// The prices of `cfg`.
 pub(crate) fn prices_of(cfg: &WbxJobs) -> Prices {
+    let rate = |v: crate::jobs::Money, g: crate::jobs::Money| crate::wbx::compute::Rate {
+        vcpu_s: v.0,
+        gb_s: g.0,
+    };
     Prices {
         currency: cfg.currency.clone(),
-        vcpu_s: cfg.price_vcpu_s,
-        gb_s: cfg.price_gb_s,
+        base: rate(cfg.price_vcpu_s, cfg.price_gb_s),
+        own: cfg
+            .class_prices
+            .iter()
+            .map(|p| (p.class, rate(p.vcpu_s, p.gb_s)))
+            .collect(),
     }
 }
 
@@ -421,10 +431,24 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         spent: HashMap::new(),
         pending_reserved: HashMap::new(),
         batches: HashMap::new(),
+        compute_prefs: HashMap::new(),
     };
     match store.budgets() {
         Ok(b) => t.budgets = b.into_iter().collect(),
         Err(e) => log::error!("jobs: reading budgets: {e}"),
+    }
+    match store.compute_prefs() {
+        Ok(p) => {
+            for (tenant, name) in p {
+                match crate::wbx::compute::class(&name) {
+                    Some(c) => {
+                        t.compute_prefs.insert(tenant, c);
+                    }
+                    None => log::error!("jobs: {tenant}'s default compute class {name:?} is no class; economy is used"),
+                }
+            }
+        }
+        Err(e) => log::error!("jobs: reading compute preferences: {e}"),
     }
     let mut all = match store.all_jobs() {
         Ok(a) => a,
@@ -511,7 +535,7 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
             if rec.finished() {
                 // Its end, with its `job.finished`: no crash loses the event.
                 let event = finished_event(&i, &r, prices, webhooks);
-                let cost = prices.cost(r.billed_ms).0;
+                let cost = prices.cost(&r.spec, r.billed_ms).0;
                 store.end_job_then(&i, &r, event, cost, move |res| {
                     let _ = tx.send(res);
                 });
@@ -575,7 +599,7 @@ pub(super) fn max_cost_refusal(
     if worst <= max {
         return None;
     }
-    let per_s = prices.cost(1000).0.max(1);
+    let per_s = prices.cost(spec, 1000).0.max(1);
     let attempts = i128::from(spec.retry.max_attempts.max(1));
     let fits = (max / (per_s * attempts)) - i128::from(RESERVE_S);
     Some(if fits >= 1 {
@@ -778,6 +802,44 @@ impl Daemon {
         prices_of(&self.cfg.wbx.jobs)
     }
 
+    /// The compute class `asked` (`""`: none) resolves to for `tenant`: the one asked
+    /// for, else the tenant's default, else economy. `Err` when this server does not
+    /// offer it.
+    pub(super) fn compute_class(
+        &self,
+        tenant: &str,
+        asked: &str,
+    ) -> Result<&'static crate::wbx::compute::Class, &'static crate::wbx::compute::Class> {
+        let c = match crate::wbx::compute::class(asked).filter(|_| !asked.is_empty()) {
+            Some(c) => c,
+            None => self
+                .jobs
+                .compute_prefs
+                .get(tenant)
+                .copied()
+                .unwrap_or_else(crate::wbx::compute::default_class),
+        };
+        if self.cfg.wbx.jobs.classes.contains(&c.name) {
+            Ok(c)
+        } else {
+            Err(c)
+        }
+    }
+
+    /// Fixes a job's class and its rate as it is accepted (see [`Self::compute_class`]).
+    /// `Err` when the class is not offered.
+    pub(super) fn job_class(
+        &self,
+        tenant: &str,
+        spec: &mut crate::store::jobs::JobSpec,
+        prices: &Prices,
+    ) -> Result<(), &'static crate::wbx::compute::Class> {
+        let c = self.compute_class(tenant, &spec.compute_class)?;
+        spec.compute_class = c.name.to_string();
+        spec.class_rate = Some(prices.rate(c));
+        Ok(())
+    }
+
     /// Carries out a jobs request.
     pub(crate) fn job_op(&mut self, ck: usize, tenant: String, op: JobOp) {
         match op {
@@ -794,6 +856,7 @@ impl Daemon {
                 timeout_s,
             } => self.job_wait(ck, tenant, ids, all, timeout_s),
             JobOp::Budget(change) => self.job_budget(ck, tenant, change),
+            JobOp::ComputePrefs(change) => self.compute_prefs(ck, tenant, change),
             JobOp::WebhookSecret(rotate) => {
                 let sessions = Arc::clone(&self.app.sessions);
                 self.start_job(
@@ -939,6 +1002,11 @@ impl Daemon {
         let answer =
             |d: &mut Daemon, resp: Response| d.on_outcome(ck, serial, Outcome::Respond(resp));
         let prices = self.prices();
+        let mut s = s;
+        if let Err(c) = self.job_class(&tenant, &mut s.spec, &prices) {
+            answer(self, crate::wbx::compute::not_offered("compute_class", c));
+            return;
+        }
         let worst = worst_case(&s.spec, &prices);
         if let Some(resp) = self.job_admission(&tenant, 1) {
             answer(self, resp);
@@ -1104,6 +1172,8 @@ impl Daemon {
         }
         let mut spec = rec.spec.clone();
         spec.idempotency_key = None;
+        // A new job: its class stays, its rate is the price list's now.
+        spec.class_rate = None;
         // A job of a batch retried stands alone: its inputs name their jobs by id, and
         // are checked again as for any new job.
         for input in &mut spec.inputs {
@@ -1435,6 +1505,10 @@ impl Daemon {
             env: Vec::new(),
             metadata: Default::default(),
             network,
+            compute_class: Some(
+                crate::wbx::compute::class(&j.rec.spec.compute_class)
+                    .unwrap_or_else(crate::wbx::compute::default_class),
+            ),
         };
         if j.rec.spec.inputs.is_empty() {
             self.job_boot_sandbox(jk, js, create, Ok(None));
@@ -1493,7 +1567,11 @@ impl Daemon {
         };
         let boot = InternalBoot {
             owner: BoxOwner::Job(jk, js),
-            limits: super::boxes::wbx_limits(),
+            limits: super::boxes::wbx_limits(
+                create
+                    .compute_class
+                    .unwrap_or_else(crate::wbx::compute::default_class),
+            ),
             files: Vec::new(),
             ro_binds,
         };
@@ -2307,7 +2385,7 @@ impl Daemon {
         // webhooks are on and their thread runs).
         let event = finished_event(&id, &rec, &prices, self.webhooks.is_some());
         let has_event = event.is_some();
-        let cost = prices.cost(rec.billed_ms).0;
+        let cost = prices.cost(&rec.spec, rec.billed_ms).0;
         let mailbox = self.reactor.mailbox();
         self.app
             .sessions
@@ -2365,7 +2443,7 @@ impl Daemon {
         *self.jobs.tenant_bytes.entry(tenant.clone()).or_default() += bytes;
         if let Some(j) = self.job(jk, js) {
             // Its actual cost replaces its reservation (it leaves the live jobs).
-            let cost = prices.cost(j.rec.billed_ms).0;
+            let cost = prices.cost(&j.rec.spec, j.rec.billed_ms).0;
             let (m, d) = crate::store::budget::periods(&tenant, j.rec.ended_ms.unwrap_or(0));
             *self.jobs.spent.entry(m).or_default() += cost;
             *self.jobs.spent.entry(d).or_default() += cost;
@@ -2448,6 +2526,8 @@ impl Daemon {
                     j.save = Some(Save::default());
                     self.job_saved(jk, js);
                 } else if oom_killed {
+                    let class = crate::wbx::compute::class(&j.rec.spec.compute_class)
+                        .unwrap_or_else(crate::wbx::compute::default_class);
                     j.run_ms = j
                         .ran
                         .map_or(0, |t| u64::try_from(t.elapsed().as_millis()).unwrap_or(0));
@@ -2457,8 +2537,8 @@ impl Daemon {
                         &mut j.rec,
                         "out_of_memory",
                         &format!(
-                            "the sandbox ran out of memory ({} MiB) and was stopped",
-                            wsb::MEM_MB
+                            "the sandbox ran out of memory ({} MiB, the {} class) and was stopped",
+                            class.mem_mb, class.name
                         ),
                         "job",
                     );
@@ -2631,6 +2711,69 @@ impl Daemon {
             "left_today": left(b.daily_limit, day),
             "alert": alert,
         })
+    }
+
+    /// `GET /v1/compute/preferences`'s body for `tenant`.
+    fn compute_prefs_json(&self, tenant: &str) -> serde_json::Value {
+        let prices = self.prices();
+        let default = self
+            .jobs
+            .compute_prefs
+            .get(tenant)
+            .copied()
+            .unwrap_or_else(crate::wbx::compute::default_class);
+        crate::wbx::compute::preferences_json(
+            default,
+            &self.cfg.wbx.jobs.classes,
+            |c| prices.rate(c),
+            &prices.currency,
+        )
+    }
+
+    /// `GET`/`PUT /v1/compute/preferences`: a default that is not offered is 403; the
+    /// change is durable before it is answered.
+    fn compute_prefs(
+        &mut self,
+        ck: usize,
+        tenant: String,
+        change: Option<Option<&'static crate::wbx::compute::Class>>,
+    ) {
+        let Some(class) = change else {
+            let v = self.compute_prefs_json(&tenant);
+            self.respond(ck, Response::json(200, &v));
+            return;
+        };
+        if let Some(c) = class.filter(|c| !self.cfg.wbx.jobs.classes.contains(&c.name)) {
+            let resp = crate::wbx::compute::not_offered("default_compute_class", c);
+            self.respond(ck, resp);
+            return;
+        }
+        let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+            return;
+        };
+        self.conn_own(ck, Owner::Job);
+        let sessions = Arc::clone(&self.app.sessions);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let r = sessions
+                .store()
+                .put_compute_pref(&tenant, class.map(|c| c.name));
+            Box::new(move |d: &mut Daemon| {
+                let resp = match r {
+                    Ok(()) => {
+                        match class {
+                            Some(c) => d.jobs.compute_prefs.insert(tenant.clone(), c),
+                            None => d.jobs.compute_prefs.remove(&tenant),
+                        };
+                        Response::json(200, &d.compute_prefs_json(&tenant))
+                    }
+                    Err(e) => {
+                        log::error!("jobs: storing {tenant}'s compute preferences: {e}");
+                        store_refusal()
+                    }
+                };
+                d.on_outcome(ck, serial, Outcome::Respond(resp));
+            })
+        }));
     }
 
     /// `GET`/`PUT /v1/budget`.
@@ -3026,6 +3169,7 @@ fn worst_case(spec: &crate::store::jobs::JobSpec, prices: &Prices) -> i128 {
     let attempts = u64::from(spec.retry.max_attempts.max(1));
     prices
         .cost(
+            spec,
             attempts
                 .saturating_mul(spec.timeout_s + RESERVE_S)
                 .saturating_mul(1000),
@@ -3435,18 +3579,22 @@ fn read_op(
     }
 }
 
-/// `GET /v1/jobs/stats`: per template, cost per completed job, success rate, durations.
+/// `GET /v1/jobs/stats`: per template and compute class, cost per completed job,
+/// success rate, durations.
 fn stats_json(days: u64, jobs: &[(String, JobRecord)], prices: &Prices) -> serde_json::Value {
-    let mut by: BTreeMap<&str, Vec<&JobRecord>> = BTreeMap::new();
+    let mut by: BTreeMap<(&str, &str), Vec<&JobRecord>> = BTreeMap::new();
     for (_, r) in jobs {
-        by.entry(r.spec.template.as_str()).or_default().push(r);
+        let class = prices.of(&r.spec).0.name;
+        by.entry((r.spec.template.as_str(), class))
+            .or_default()
+            .push(r);
     }
     let rows: Vec<serde_json::Value> = by
         .into_iter()
-        .map(|(template, rs)| {
+        .map(|((template, class), rs)| {
             let finished: Vec<&&JobRecord> = rs.iter().filter(|r| r.finished()).collect();
             let completed = finished.iter().filter(|r| r.status == "completed").count();
-            let cost = crate::jobs::Money(rs.iter().map(|r| prices.cost(r.billed_ms).0).sum());
+            let cost = crate::jobs::Money(rs.iter().map(|r| prices.cost(&r.spec, r.billed_ms).0).sum());
             let mut durs: Vec<u64> = finished
                 .iter()
                 .filter_map(|r| wj::duration_ms(r, r.ended_ms.unwrap_or(0)))
@@ -3461,7 +3609,7 @@ fn stats_json(days: u64, jobs: &[(String, JobRecord)], prices: &Prices) -> serde
             };
             serde_json::json!({
                 "template": template,
-                "compute_class": "economy",
+                "compute_class": class,
                 "jobs": rs.len(),
                 "finished": finished.len(),
                 "completed": completed,

@@ -3,6 +3,7 @@
 //! decimal strings. The loop that runs jobs is `daemon::jobs`; the face that parses
 //! and shapes them is `wbx::jobs`.
 
+pub mod compute;
 pub mod digest;
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_LEN};
@@ -325,6 +326,14 @@ impl Money {
         Money((n + d - 1) / d)
     }
 
+    /// Every decimal that is there, at least six (`0.000002`, `0.0000015`): how a price
+    /// is shown, never rounded.
+    pub fn display_price(self) -> String {
+        let s = format!("{}.{:09}", self.0 / NANO, self.0 % NANO);
+        let keep = s.trim_end_matches('0').len().max(s.len() - 3);
+        s[..keep].to_string()
+    }
+
     /// Six decimals, as the document writes amounts (`0.000312`), rounded up.
     pub fn display(self) -> String {
         let micro = (self.0 + 999) / 1000;
@@ -335,6 +344,19 @@ impl Money {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_a_price_shows_every_decimal_and_at_least_six() {
+        for (v, shown) in [
+            ("0", "0.000000"),
+            ("0.000002", "0.000002"),
+            ("0.0000015", "0.0000015"),
+            ("0.000000001", "0.000000001"),
+            ("12.5", "12.500000"),
+        ] {
+            assert_eq!(Money::parse(v).unwrap().display_price(), shown);
+        }
+    }
 
     #[test]
     fn test_sealed_values_open_only_with_their_key() {

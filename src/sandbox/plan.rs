@@ -43,6 +43,9 @@ pub struct ExecPlan {
     /// Host directories bound read-only (no devices, no set-id) into a long-lived
     /// sandbox: (host path, absolute path inside). A job's `input/` is one.
     pub ro_binds: Vec<(std::path::PathBuf, String)>,
+    /// CPU weight of its host cgroup (cgroup v2 `cpu.weight` scale, 100 the default):
+    /// a WBX sandbox's compute class. `None`: the kernel's default.
+    pub cpu_weight: Option<u32>,
 }
 
 /// Where a long-lived sandbox's init is, inside it.

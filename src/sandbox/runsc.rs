@@ -267,6 +267,7 @@ impl Backend for Gvisor {
             memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
             cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
             pids: host_pids_for(plan.limits.pids),
+            cpu_weight: plan.cpu_weight,
         };
         let cgroup = match hier.create_run(&self.instance, id, limits) {
             Ok(c) => c,

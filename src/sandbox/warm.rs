@@ -202,6 +202,7 @@ pub(crate) fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> Exe
         workspace: None,
         long_lived: None,
         ro_binds: Vec::new(),
+        cpu_weight: None,
     }
 }
 
@@ -380,6 +381,7 @@ pub fn claim(
         memory_bytes: plan.limits.memory_bytes + GVISOR_OVERHEAD_BYTES,
         cpu_quota_us: ((plan.limits.cpus * CPU_PERIOD_US as f64) as u64).max(1000),
         pids: host_pids_for(plan.limits.pids),
+        cpu_weight: None,
     };
     let frame = if plan.runtime.desc.compiled {
         build_claim(&plan.files, argv)

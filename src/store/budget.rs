@@ -2,6 +2,7 @@
 //! what its jobs cost per UTC calendar month and day (`spend`: `tenant \0 2026-12` and
 //! `tenant \0 2026-12-04` → billionths of the currency, i128 little-endian). A job's
 //! cost is added in the transaction that writes its end (`Store::end_job_then`).
+//! Beside them, each tenant's default compute class (`compute_prefs`: tenant → name).
 
 use super::{decode, encode, Store, StoreError, Tables};
 use heed::RwTxn;
@@ -75,6 +76,42 @@ impl Store {
         for item in self.budgets.iter(&rtxn)? {
             let (tenant, bytes) = item?;
             out.push((tenant.to_string(), decode(tenant, bytes)?));
+        }
+        Ok(out)
+    }
+
+    /// Writes `tenant`'s default compute class (`None`: the server's default) (a
+    /// worker thread: it waits for the commit).
+    ///
+    /// # Errors
+    /// [`StoreError`] when it did not become durable.
+    pub fn put_compute_pref(&self, tenant: &str, class: Option<&str>) -> Result<(), StoreError> {
+        let tenant = tenant.to_string();
+        let class = class.map(str::to_string);
+        self.write(tenant.len() + 16, move |t, wtxn| {
+            match class {
+                Some(c) => t.compute_prefs.put(wtxn, &tenant, c.as_bytes())?,
+                None => {
+                    t.compute_prefs.delete(wtxn, &tenant)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Every tenant's default compute class, as stored.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn compute_prefs(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        let mut out = Vec::new();
+        for item in self.compute_prefs.iter(&rtxn)? {
+            let (tenant, bytes) = item?;
+            out.push((
+                tenant.to_string(),
+                String::from_utf8_lossy(bytes).into_owned(),
+            ));
         }
         Ok(out)
     }

@@ -93,6 +93,20 @@ pub struct JobSpec {
     pub max_cost: Option<i128>,
     /// Files of earlier jobs it is given.
     pub inputs: Vec<InputFile>,
+    /// Its compute class, resolved at accept (`""` in records from before classes:
+    /// economy).
+    pub compute_class: String,
+    /// Its class's rate, fixed at accept (`None` before classes: the list now).
+    pub class_rate: Option<ClassRate>,
+}
+
+/// A compute class's price per vCPU-second and GB-second, billionths of the currency.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ClassRate {
+    /// Per vCPU-second.
+    pub vcpu_s: i128,
+    /// Per GB-second.
+    pub gb_s: i128,
 }
 
 /// A job's error, as the document names one.

@@ -125,6 +125,8 @@ pub struct Tables {
     batches: Database<Str, Bytes>,
     /// Batches by tenant in submission order: `tenant \0 seq (u64 BE)` → id.
     batch_index: Database<Bytes, Bytes>,
+    /// Tenants' default compute classes: tenant → the class's name.
+    compute_prefs: Database<Str, Bytes>,
 }
 
 /// The tables and the writer thread. Reads go to [`Tables`] (through `Deref`).
@@ -172,6 +174,7 @@ impl Store {
         let spend = env.create_database(&mut wtxn, Some("spend"))?;
         let batches = env.create_database(&mut wtxn, Some("batches"))?;
         let batch_index = env.create_database(&mut wtxn, Some("batch_index"))?;
+        let compute_prefs = env.create_database(&mut wtxn, Some("compute_prefs"))?;
         wtxn.commit()?;
         let tables = Arc::new(Tables {
             env,
@@ -194,6 +197,7 @@ impl Store {
             spend,
             batches,
             batch_index,
+            compute_prefs,
         });
         let writer = writer::Writer::start(Arc::clone(&tables))
             .map_err(|e| StoreError::Lmdb(heed::Error::Io(e)))?;

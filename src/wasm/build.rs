@@ -167,6 +167,7 @@ impl Builder {
                     memory_bytes: self.memory_bytes,
                     cpu_quota_us: 2 * crate::cgroup::CPU_PERIOD_US,
                     pids: 64,
+                    cpu_weight: None,
                 },
             ) {
                 Ok(cg) => Some(cg),

@@ -558,6 +558,7 @@ impl Supervisor {
                         // One engine thread: at most one core.
                         cpu_quota_us: crate::cgroup::CPU_PERIOD_US,
                         pids: 64,
+                        cpu_weight: None,
                     },
                 )
                 .map_err(|e| e.to_string())?,

@@ -383,7 +383,7 @@ pub fn summary_json(
             continue;
         };
         *counts.entry(r.status.as_str()).or_default() += 1;
-        billed += prices.cost(r.billed_ms).0;
+        billed += prices.cost(&r.spec, r.billed_ms).0;
         if r.finished() {
             if let Some(d) = wj::duration_ms(r, now_ms) {
                 durations.push(d);
@@ -460,7 +460,7 @@ fn rows(jobs: &[(String, Option<JobRecord>)], prices: &Prices, now_ms: u64) -> V
                 "status": r.status,
                 "exit_code": r.exit_code,
                 "duration_s": wj::duration_ms(r, now_ms).map(|ms| ms as f64 / 1000.0),
-                "cost": prices.show(prices.cost(r.billed_ms)),
+                "cost": prices.show(prices.cost(&r.spec, r.billed_ms)),
                 "error_code": r.error.as_ref().map(|e| &e.code),
                 "error": r.error.as_ref().map(|e| &e.message),
                 "depends_on": r.depends_on.iter().filter_map(|d| index.get(d.as_str())).collect::<Vec<_>>(),

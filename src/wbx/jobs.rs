@@ -3,12 +3,13 @@
 //! shows it (the job, its summary, its receipt, its result files).
 //!
 //! Fields of `POST /v1/jobs` this server does not carry out yet are refused by name
-//! with 400 rather than accepted and ignored: `compute_class`, `runtime`, `wasm`.
-//! `optimize_for` and
-//! `placement` choose a server inside a class: this daemon is one server, so they are
-//! checked and kept but choose nothing. `dependency_cache` is checked and kept: this
+//! with 400 rather than accepted and ignored: `runtime`, `wasm`. `compute_class` is
+//! a set of local terms (`compute`). `optimize_for` and `placement` choose a server
+//! inside a class: this daemon is one server, so they are checked and kept but
+//! choose nothing. `dependency_cache` is checked and kept: this
 //! server has no package cache, so there is nothing to turn on or off.
 
+use super::compute::{self, Class, Rate};
 use super::error;
 use super::sandboxes::{self, env_vars, Fields};
 use crate::config::WbxJobs;
@@ -144,6 +145,9 @@ pub enum JobOp {
     WebhookSecret(bool),
     /// `GET /v1/budget` (`None`), `PUT /v1/budget`.
     Budget(Option<BudgetChange>),
+    /// `GET /v1/compute/preferences` (`None`), `PUT` (the new default; `Some(None)`:
+    /// back to the server's).
+    ComputePrefs(Option<Option<&'static Class>>),
 }
 
 /// A query number as the document's schema has it: decimal digits only (with a
@@ -270,7 +274,7 @@ fn patterns(f: &Fields, name: &str) -> Result<Vec<String>, Response> {
         .collect()
 }
 
-const UNSUPPORTED: &[&str] = &["compute_class", "runtime", "wasm"];
+const UNSUPPORTED: &[&str] = &["runtime", "wasm"];
 
 pub(super) const FIELDS: &[&str] = &[
     "command",
@@ -621,6 +625,9 @@ pub(super) fn job_fields(
     let webhook_url = webhook(f, limits)?;
     let max_cost = money(f, "max_cost", limits)?;
     let inputs = inputs(f, batch)?;
+    // Whether the class is offered, and the tenant's default, are the daemon's.
+    let compute_class =
+        compute::field(f.0.get("compute_class"))?.map_or(String::new(), |c| c.name.to_string());
     let env_names = env.iter().map(|(k, _)| k.clone()).collect();
     let env_sha256 = (!env.is_empty()).then(|| crate::jobs::env_sha256(&env));
     Ok(Submit {
@@ -639,6 +646,8 @@ pub(super) fn job_fields(
             webhook_url,
             max_cost: max_cost.map(|m| m.0),
             inputs,
+            compute_class,
+            class_rate: None,
         },
         env,
     })
@@ -818,23 +827,46 @@ pub fn stats(req: &Request) -> Result<JobOp, Response> {
     }
 }
 
-/// What prices a job's cost.
+/// What prices a job's cost: the price list now (an accepted job keeps the rate of
+/// its class as it was when it was accepted).
 #[derive(Debug, Clone)]
 pub struct Prices {
     /// Currency.
     pub currency: String,
-    /// Per vCPU-second.
-    pub vcpu_s: Money,
-    /// Per GB-second.
-    pub gb_s: Money,
+    /// A class's rate when it has none of its own.
+    pub base: Rate,
+    /// Classes with rates of their own.
+    pub own: Vec<(&'static str, Rate)>,
 }
 
 impl Prices {
-    /// The cost of `ms` of a job sandbox's run time (its vCPUs and memory).
-    pub fn cost(&self, ms: u64) -> Money {
-        let cpu = Money::per_ms(self.vcpu_s, ms, u64::from(sandboxes::VCPU) * 1000);
-        let mem = Money::per_ms(self.gb_s, ms, sandboxes::MEM_MB * 1_048_576 / 1_000_000);
-        Money(cpu.0 + mem.0)
+    /// Class `c`'s rate now.
+    pub fn rate(&self, c: &Class) -> Rate {
+        self.own
+            .iter()
+            .find(|(n, _)| *n == c.name)
+            .map_or(self.base, |(_, r)| *r)
+    }
+
+    /// A job's class and its rate, as fixed when the job was accepted (a job from
+    /// before classes existed: economy at the price list now).
+    pub fn of(&self, spec: &JobSpec) -> (&'static Class, Rate) {
+        let c = compute::class(&spec.compute_class).unwrap_or_else(compute::default_class);
+        (c, spec.class_rate.unwrap_or_else(|| self.rate(c)))
+    }
+
+    /// The cost of `ms` of a job sandbox's run time (its class's vCPUs and memory at
+    /// its rate).
+    pub fn cost(&self, spec: &JobSpec, ms: u64) -> Money {
+        let (c, r) = self.of(spec);
+        compute::cost(c, r, ms)
+    }
+
+    /// A job's rate as its answers show it.
+    fn class_price(&self, spec: &JobSpec) -> Value {
+        let (_, r) = self.of(spec);
+        let show = |m: i128| format!("{} {}", Money(m).display_price(), self.currency);
+        json!({"vcpu_s": show(r.vcpu_s), "gb_s": show(r.gb_s)})
     }
 
     /// An amount as the document writes one: `"0.000312 EUR"`.
@@ -883,6 +915,8 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "retry": {"max_attempts": s.retry.max_attempts, "on": "system"},
         "idempotency_key": s.idempotency_key,
         "optimize_for": s.optimize_for,
+        "compute_class": prices.of(s).0.name,
+        "class_price": prices.class_price(s),
         "retry_of": rec.retry_of,
         "inputs": s.inputs,
         "batch_id": rec.batch,
@@ -898,7 +932,7 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "error": rec.error,
         "result_files": files_json(rec),
         "skipped_files": rec.skipped,
-        "cost": prices.show(prices.cost(rec.billed_ms)),
+        "cost": prices.show(prices.cost(&rec.spec, rec.billed_ms)),
     })
 }
 
@@ -910,7 +944,7 @@ fn outcome_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "status": rec.status,
         "exit_code": rec.exit_code,
         "duration_s": duration_s(rec, now_ms),
-        "cost": prices.show(prices.cost(rec.billed_ms)),
+        "cost": prices.show(prices.cost(&rec.spec, rec.billed_ms)),
         "error": rec.error,
         "files": file_names(rec),
         "test_results": rec.test_results,
@@ -990,6 +1024,7 @@ pub fn summary_json(
 /// The execution receipt's body (signed by the daemon as it is sent).
 pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str) -> Value {
     let s = &rec.spec;
+    let (class, _) = prices.of(s);
     json!({
         "job_id": id,
         "status": rec.status,
@@ -1002,7 +1037,7 @@ pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str)
             "env_sha256": s.env_sha256,
             "files": s.inputs,
         },
-        "runtime": {"kind": "vm", "isolation": isolation, "vcpu": sandboxes::VCPU, "mem_mb": sandboxes::MEM_MB},
+        "runtime": {"kind": "vm", "isolation": isolation, "compute_class": class.name, "vcpu": class.vcpu, "mem_mb": class.mem_mb},
         "network": s.network,
         "timing": {
             "created_at": super::timestamp(rec.created_ms),
@@ -1018,7 +1053,7 @@ pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str)
         "result_files": files_json(rec),
         "log": {"size": rec.log_bytes, "sha256": rec.log_sha256, "dropped_bytes": rec.log_dropped},
         "test_results": rec.test_results,
-        "cost": prices.show(prices.cost(rec.billed_ms)),
+        "cost": prices.show(prices.cost(&rec.spec, rec.billed_ms)),
     })
 }
 
@@ -1044,14 +1079,30 @@ mod tests {
     }
 
     #[test]
-    fn test_cost_is_run_time_times_vcpus_and_memory() {
+    fn test_cost_is_run_time_times_the_class_terms_at_the_rate_fixed_at_accept() {
+        let rate = |v: &str, g: &str| Rate {
+            vcpu_s: Money::parse(v).unwrap().0,
+            gb_s: Money::parse(g).unwrap().0,
+        };
         let p = Prices {
             currency: "EUR".into(),
-            vcpu_s: Money::parse("0.00001").unwrap(),
-            gb_s: Money::parse("0.000002").unwrap(),
+            base: rate("0.00001", "0.000002"),
+            own: vec![("memory", rate("0.00002", "0.000004"))],
         };
+        // Before classes: economy at the price list now.
         // 10 s × (2 vCPU × 0.00001 + 0.536870 GB × 0.000002) = 0.0002 + 0.0000107374
-        assert_eq!(p.show(p.cost(10_000)), "0.000211 EUR");
-        assert_eq!(p.show(p.cost(0)), "0.000000 EUR");
+        let mut spec = JobSpec::default();
+        assert_eq!(p.show(p.cost(&spec, 10_000)), "0.000211 EUR");
+        assert_eq!(p.show(p.cost(&spec, 0)), "0.000000 EUR");
+        // The memory class at its own rate: 10 s × (2 × 0.00002 + 8.589 GB × 0.000004).
+        spec.compute_class = "memory".into();
+        assert_eq!(p.cost(&spec, 10_000).0, 400_000 + 343_560);
+        // A rate fixed at accept wins over the list now.
+        spec.class_rate = Some(rate("0.00001", "0"));
+        assert_eq!(p.cost(&spec, 10_000).0, 200_000);
+        assert_eq!(
+            p.class_price(&spec),
+            json!({"vcpu_s": "0.000010 EUR", "gb_s": "0.000000 EUR"})
+        );
     }
 }

@@ -14,6 +14,7 @@
 //! (batches, compute classes) is absent and answers 404 like any unknown path.
 
 pub mod batches;
+pub mod compute;
 pub mod files;
 pub mod jobs;
 pub mod processes;

@@ -96,6 +96,8 @@ pub enum Route {
     WebhookRotate,
     /// `GET`, `PUT /v1/budget`
     Budget,
+    /// `GET`, `PUT /v1/compute/preferences`
+    ComputePrefs,
     /// `GET`, `POST /v1/batches`
     Batches,
     /// `GET /v1/batches/{id}`
@@ -203,6 +205,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/webhooks/secret", GET, Route::WebhookSecret, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/webhooks/secret/rotate", POST, Route::WebhookRotate, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/budget", &["GET", "HEAD", "PUT"], Route::Budget, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/compute/preferences", &["GET", "HEAD", "PUT"], Route::ComputePrefs, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/batches", GET, Route::Batches, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/batches", POST, Route::Batches, Class::MemoryStarts, BATCH_BODY_BYTES),
     row("/v1/batches/{id}", GET, Route::Batch, Class::Memory, DEFAULT_BODY_BYTES),
@@ -291,6 +294,10 @@ fn job_request(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits)
         Route::WebhookRotate => sandboxes::Fields::of(req, &[]).map(|_| JobOp::WebhookSecret(true)),
         Route::Budget if req.head.method == "PUT" => jobs::budget_put(req),
         Route::Budget => Ok(JobOp::Budget(None)),
+        Route::ComputePrefs if req.head.method == "PUT" => {
+            super::compute::preferences_put(req).map(|c| JobOp::ComputePrefs(Some(c)))
+        }
+        Route::ComputePrefs => Ok(JobOp::ComputePrefs(None)),
         Route::Batches if req.head.method == "POST" => batches::submit(req, runtimes, &limits.jobs),
         Route::Batches => batches::list(req),
         Route::Batch => Ok(JobOp::BatchGet(id)),
@@ -323,6 +330,7 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
             | Route::WebhookSecret
             | Route::WebhookRotate
             | Route::Budget
+            | Route::ComputePrefs
             | Route::Batches
             | Route::Batch
             | Route::BatchReport

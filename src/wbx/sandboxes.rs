@@ -146,6 +146,9 @@ pub struct Create {
     pub metadata: BTreeMap<String, String>,
     /// Its network.
     pub network: Net,
+    /// The compute class asked for (`None`: the tenant's default; whether it is
+    /// offered is the daemon's to say).
+    pub compute_class: Option<&'static super::compute::Class>,
 }
 
 /// A command to run.
@@ -390,7 +393,14 @@ pub fn network(v: Option<&serde_json::Value>) -> Result<Net, Response> {
 pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op, Response> {
     let f = Fields::of(
         req,
-        &["template", "timeout_s", "env", "metadata", "network"],
+        &[
+            "template",
+            "timeout_s",
+            "env",
+            "metadata",
+            "network",
+            "compute_class",
+        ],
     )?;
     let name = f
         .string("template")?
@@ -427,6 +437,7 @@ pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op,
         }
     }
     let network = network(f.0.get("network"))?;
+    let compute_class = super::compute::field(f.0.get("compute_class"))?;
     Ok(Op::Create(Box::new(Create {
         template,
         runtime,
@@ -434,6 +445,7 @@ pub fn create(req: &Request, runtimes: &Runtimes, limits: &Limits) -> Result<Op,
         env,
         metadata,
         network,
+        compute_class,
     })))
 }
 
@@ -549,6 +561,8 @@ pub struct View<'a> {
     pub start_ms: u64,
     /// Served from a pool of ready sandboxes.
     pub warm: bool,
+    /// Its compute class.
+    pub class: &'static super::compute::Class,
 }
 
 /// The sandbox object.
@@ -557,8 +571,9 @@ pub fn sandbox_json(v: &View<'_>) -> serde_json::Value {
         "id": v.id,
         "template": v.template,
         "state": v.state,
-        "vcpu": VCPU,
-        "mem_mb": MEM_MB,
+        "compute_class": v.class.name,
+        "vcpu": v.class.vcpu,
+        "mem_mb": v.class.mem_mb,
         "created_at": super::timestamp(v.created_ms),
         "expires_at": super::timestamp(v.expires_ms),
         "metadata": v.metadata,
@@ -588,6 +603,7 @@ pub struct ExecResult {
 /// processes and its in-memory root included in memory) and, while it runs, the disk
 /// its processes see (`null` while paused).
 pub fn metrics_json(
+    class: &super::compute::Class,
     u: &crate::cgroup::Usage,
     created_ms: u64,
     now_ms: u64,
@@ -595,14 +611,14 @@ pub fn metrics_json(
 ) -> serde_json::Value {
     let mib = |b: u64| (b as f64 / f64::from(1u32 << 20) * 10.0).round() / 10.0;
     let alive_ns = now_ms.saturating_sub(created_ms).max(1) as f64 * 1e6;
-    let pct = u.cpu_ns as f64 / (alive_ns * f64::from(VCPU)) * 100.0;
+    let pct = u.cpu_ns as f64 / (alive_ns * f64::from(class.vcpu)) * 100.0;
     let fs = |name: &str, i: usize| disk[name][i].as_u64().map(mib);
     serde_json::json!({
         "cpu_used_ms": u.cpu_ns / 1_000_000,
         "cpu_avg_pct": (pct * 10.0).round() / 10.0,
-        "vcpu": VCPU,
+        "vcpu": class.vcpu,
         "mem_used_mb": mib(u.memory_bytes),
-        "mem_mb": MEM_MB,
+        "mem_mb": class.mem_mb,
         "tasks": u.tasks,
         "disk_used_mb": fs("root", 0),
         "disk_total_mb": fs("root", 1),

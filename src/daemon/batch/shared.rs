@@ -158,6 +158,7 @@ impl Daemon {
             env: Vec::new(),
             metadata: Default::default(),
             network,
+            compute_class: None,
         };
         let boot = InternalBoot {
             owner: BoxOwner::Batch(bk, bs),

@@ -71,6 +71,14 @@ impl Daemon {
             return;
         }
         let prices = self.prices();
+        let mut b = b;
+        for (i, (s, _)) in b.jobs.iter_mut().enumerate() {
+            if let Err(c) = self.job_class(&tenant, &mut s.spec, &prices) {
+                let field = format!("jobs[{i}].compute_class");
+                answer(self, crate::wbx::compute::not_offered(&field, c));
+                return;
+            }
+        }
         let mut total = 0i128;
         for (i, (s, _)) in b.jobs.iter().enumerate() {
             let worst = worst_case(&s.spec, &prices);
