@@ -50,9 +50,14 @@ fn test_create_exec_get_list_delete() {
     assert!(id.starts_with("sb_") && id.len() == 27, "{id}");
     assert_eq!(sb["template"], "base");
     assert_eq!(sb["state"], "running");
+    // No class asked for, none set for the tenant: economy's terms.
     assert_eq!(
-        (sb["vcpu"].as_u64(), sb["mem_mb"].as_u64()),
-        (Some(2), Some(512))
+        (
+            sb["compute_class"].as_str(),
+            sb["vcpu"].as_u64(),
+            sb["mem_mb"].as_u64()
+        ),
+        (Some("economy"), Some(2), Some(512))
     );
     assert_eq!(sb["metadata"], json!({"user": "alice", "chat": "42"}));
     assert_eq!(sb["network"], "none");
@@ -69,6 +74,7 @@ fn test_create_exec_get_list_delete() {
     assert_eq!(
         keys,
         [
+            "compute_class",
             "created_at",
             "expires_at",
             "id",

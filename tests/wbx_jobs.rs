@@ -750,8 +750,8 @@ fn test_failures_time_limits_cancels_retries_and_bad_input() {
             "template: unknown template",
         ),
         (
-            json!({"command": "true", "compute_class": "performance"}),
-            "compute_class: not supported by this server yet",
+            json!({"command": "true", "compute_class": "turbo"}),
+            "compute_class: unknown compute class \"turbo\"",
         ),
         (
             json!({"command": "true", "inputs": [{"job_id": "job_x", "name": "a"}]}),

@@ -1,13 +1,11 @@
 //! A job log's digest, for an agent that should not read the whole log: recognised
 //! test results (pytest, go test, cargo test, Jest, Vitest, Mocha, PHPUnit, JUnit
-//! through Maven), the error lines
+//! through Maven or Gradle), the error lines
 //! with context (a run of one line repeated collapsed to `line [×N]`), and the log's
 //! end, within a character budget.
 //!
 //! Each parser is tested on real output of its framework (`tests/fixtures/logs`,
-//! with the commands that produced it). JUnit is recognised as Maven's surefire
-//! prints it; Gradle's output is not: no real output of it could be produced on the
-//! build machine.
+//! with the commands that produced it).
 
 /// Failures listed per framework at most.
 pub const MAX_FAILURES: usize = 50;
@@ -97,6 +95,7 @@ pub fn test_results(log: &str) -> Vec<TestResults> {
         mocha,
         phpunit,
         junit_maven,
+        junit_gradle,
     ]
     .iter()
     .filter_map(|parse| parse(&lines))
@@ -600,6 +599,110 @@ fn junit_maven(lines: &[&str]) -> Option<TestResults> {
     })
 }
 
+/// Whether `line` is the header of a Gradle `test` task that ran (`:test`,
+/// `:module:test`, `> Task :test`, with what the test worker wrote to stderr often
+/// on the same line), not one that was skipped (`UP-TO-DATE`, `NO-SOURCE`, …) and
+/// not another task (`:testClasses`).
+fn gradle_test_task(line: &str) -> bool {
+    let t = line.strip_prefix("> Task ").unwrap_or(line);
+    if !t.starts_with(':') {
+        return false;
+    }
+    let Some(at) = t.find(":test") else {
+        return false;
+    };
+    let (path, rest) = (&t[..at], &t[at + ":test".len()..]);
+    if path.contains(char::is_whitespace) {
+        return false;
+    }
+    let status = rest
+        .split_whitespace()
+        .nth(usize::from(!rest.starts_with(' ')));
+    if status.is_some_and(|w| matches!(w, "UP-TO-DATE" | "NO-SOURCE" | "SKIPPED" | "FROM-CACHE")) {
+        return false;
+    }
+    match rest.chars().next() {
+        None | Some(' ') => true,
+        // Another task whose name begins with `test`.
+        Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' => false,
+        // A test task of its own name (`:testIntegration`), or `:test` with the test
+        // worker's stderr after it; not the java plugin's other `test…` tasks.
+        Some(_) => !["Classes", "Compile", "Jar", "Results", "Fixtures"]
+            .iter()
+            .any(|other| rest.starts_with(other)),
+    }
+}
+
+/// JUnit as Gradle's console prints it: `Class > method FAILED` with the exception
+/// and its place on the next, indented line, and `N tests completed, F failed[, S
+/// skipped]` per test task (summed over a build's projects). A test task that
+/// passes prints no counts: then only that none failed is known (`passed` and
+/// `total` are `None`), and only when the build says `BUILD SUCCESSFUL`.
+fn junit_gradle(lines: &[&str]) -> Option<TestResults> {
+    let (mut run, mut failed, mut skipped) = (0u64, 0u64, 0u64);
+    let (mut counted, mut task, mut success) = (false, false, false);
+    let mut failures = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_end();
+        if gradle_test_task(t) {
+            task = true;
+        } else if t.starts_with("BUILD SUCCESSFUL") {
+            success = true;
+        } else if let Some(n) = t
+            .split_once(" tests completed, ")
+            .or_else(|| t.split_once(" test completed, "))
+            .and_then(|(n, _)| n.parse::<u64>().ok())
+        {
+            let c = counts(t);
+            run = run.saturating_add(n);
+            failed = failed.saturating_add(count_of(&c, &["failed"]));
+            skipped = skipped.saturating_add(count_of(&c, &["skipped"]));
+            counted = true;
+        } else if let Some(test) = t
+            .strip_suffix(" FAILED")
+            .filter(|_| !t.starts_with([' ', ':', '>']))
+        {
+            let Some((class, method)) = test.split_once(" > ") else {
+                continue;
+            };
+            if failures.len() >= MAX_FAILURES || class.contains(' ') {
+                continue;
+            }
+            let detail = lines
+                .get(i + 1)
+                .filter(|n| n.starts_with("    "))
+                .map_or("", |n| n.trim());
+            let (message, file) = match detail.rsplit_once(" at ") {
+                Some((m, at)) => (m, at.rsplit_once(':').map(|(f, _)| f.to_string())),
+                None => (detail, None),
+            };
+            failures.push(Failure {
+                name: clip(&format!("{class}.{method}")),
+                file,
+                message: clip(message),
+            });
+        }
+    }
+    if counted {
+        return Some(TestResults {
+            framework: "junit".into(),
+            passed: Some(run.saturating_sub(failed).saturating_sub(skipped)),
+            failed,
+            skipped,
+            total: Some(run),
+            failures,
+        });
+    }
+    (task && success && failures.is_empty()).then(|| TestResults {
+        framework: "junit".into(),
+        passed: None,
+        failed: 0,
+        skipped: 0,
+        total: None,
+        failures,
+    })
+}
+
 fn is_error(line: &str) -> bool {
     let l = line.to_ascii_lowercase();
     let t = l.trim_start();
@@ -955,6 +1058,65 @@ mod tests {
             "{:?}",
             r.failures[0]
         );
+    }
+
+    #[test]
+    fn test_junit_through_gradle() {
+        let r = one("junit-gradle-fail.txt");
+        assert_eq!(
+            (r.framework.as_str(), r.passed, r.failed, r.skipped, r.total),
+            ("junit", Some(3), 1, 1, Some(5))
+        );
+        assert_eq!(
+            r.failures,
+            [Failure {
+                name: "shop.RefundsTest.largeRefund".into(),
+                file: Some("RefundsTest.java".into()),
+                message: "java.lang.AssertionError".into(),
+            }]
+        );
+        let r = one("junit-gradle-error.txt");
+        assert_eq!(
+            (r.passed, r.failed, r.skipped, r.total),
+            (Some(1), 1, 0, Some(2))
+        );
+        assert_eq!(
+            (r.failures[0].name.as_str(), r.failures[0].message.as_str()),
+            ("shop.ErrTest.lookup", "java.lang.NullPointerException")
+        );
+        // A passing test task prints no counts: that none failed is all it says.
+        let r = one("junit-gradle-pass.txt");
+        assert_eq!((r.passed, r.failed, r.skipped, r.total), (None, 0, 0, None));
+        assert!(r.failures.is_empty());
+    }
+
+    #[test]
+    fn test_gradle_s_test_task_is_told_from_other_tasks_and_skipped_runs() {
+        for (line, ran) in [
+            (":test", true),
+            (":test FAILED", true),
+            (":testWARNING: A terminally deprecated method", true),
+            ("> Task :api:test", true),
+            (":api:test", true),
+            (":testClasses", false),
+            (":testClasses UP-TO-DATE", false),
+            (":test UP-TO-DATE", false),
+            (":test NO-SOURCE", false),
+            (":test FROM-CACHE", false),
+            (":testIntegration", true),
+            (":testIntegration UP-TO-DATE", false),
+            (":compileTestJava", false),
+            ("the :test task", false),
+            ("a b:test", false),
+        ] {
+            assert_eq!(gradle_test_task(line), ran, "{line:?}");
+        }
+        // A build that succeeds without running its tests says nothing about them.
+        let log = ":compileJava\n:test UP-TO-DATE\n\nBUILD SUCCESSFUL in 1s\n";
+        assert!(test_results(log).is_empty());
+        // Nor does one whose test task failed before any test (no counts).
+        let log = ":test\n:test FAILED\nFAILURE: Build failed with an exception.\n";
+        assert!(test_results(log).is_empty());
     }
 
     #[test]

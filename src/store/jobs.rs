@@ -170,7 +170,8 @@ pub struct Failure {
 pub struct TestResults {
     /// `pytest`, `go test`, `cargo test`, `jest`, `vitest`, `mocha`, `phpunit` or `junit`.
     pub framework: String,
-    /// Tests that passed (`None`: the output does not say, as `go test` without `-v`).
+    /// Tests that passed (`None`: the output does not say, as `go test` without `-v`
+    /// or a Gradle test task that passed).
     pub passed: Option<u64>,
     /// Tests that failed (errors included).
     pub failed: u64,
