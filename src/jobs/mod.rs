@@ -319,11 +319,15 @@ impl Money {
     }
 
     /// `price` per unit for `millis` of a thousandth unit each (per-second prices times
-    /// milliseconds), rounded up to a billionth.
+    /// milliseconds), rounded up to a billionth; saturating, never wrapping (the
+    /// largest price a setting can give, for a job's longest worst case, fits).
     pub fn per_ms(price: Money, millis: u64, scale: u64) -> Money {
-        let n = price.0 * i128::from(millis) * i128::from(scale);
+        let n = price
+            .0
+            .saturating_mul(i128::from(millis))
+            .saturating_mul(i128::from(scale));
         let d = 1000 * 1000;
-        Money((n + d - 1) / d)
+        Money(n.saturating_add(d - 1) / d)
     }
 
     /// Every decimal that is there, at least six (`0.000002`, `0.0000015`): how a price
@@ -344,6 +348,21 @@ impl Money {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_the_largest_price_for_the_longest_worst_case_neither_wraps_nor_panics() {
+        let max = Money::parse("999999999999999.999999999").unwrap();
+        // Five attempts of a day and a minute, at 8 GiB.
+        let ms = 5 * (86_400 + 60) * 1000;
+        let m = Money::per_ms(max, ms, 8589);
+        assert!(m.0 > 0 && m.0 < i128::MAX, "{m:?}");
+        assert_eq!(m.0, (max.0 * i128::from(ms) * 8589 + 999_999) / 1_000_000);
+        // Past what any setting gives: saturated, not wrapped.
+        assert_eq!(
+            Money::per_ms(Money(i128::MAX / 2), u64::MAX, u64::MAX).0,
+            i128::MAX / 1_000_000
+        );
+    }
 
     #[test]
     fn test_a_price_shows_every_decimal_and_at_least_six() {

@@ -86,7 +86,7 @@ impl Daemon {
                 answer(self, crate::wbx::error(400, &format!("jobs[{i}].{why}")));
                 return;
             }
-            total += worst;
+            total = total.saturating_add(worst);
         }
         if let Some(max) = b.max_total_cost {
             if total > max {
