@@ -2729,6 +2729,18 @@ fn test_the_warm_pool_serves_creates_at_once_and_refills() {
     wait_full(&d);
     let none = create(&d, &json!({"network": {"mode": "none"}}));
     assert_eq!(none["info"]["warm"], false, "{none}");
+    // Only economy sandboxes are pooled: another class boots cold, counts as no miss,
+    // and leaves the pooled one to the next economy create.
+    let perf = create(&d, &json!({"compute_class": "performance"}));
+    assert_eq!(
+        (
+            perf["info"]["warm"].as_bool(),
+            perf["compute_class"].as_str()
+        ),
+        (Some(false), Some("performance")),
+        "{perf}"
+    );
+    assert_eq!(pool(&d)["templates"]["base"]["ready"], 1);
     assert_eq!(
         (pool(&d)["hits"].as_u64(), pool(&d)["misses"].as_u64()),
         (Some(1), Some(0))
@@ -2748,6 +2760,7 @@ fn test_the_warm_pool_serves_creates_at_once_and_refills() {
     for sb in [
         &id,
         none["id"].as_str().unwrap(),
+        perf["id"].as_str().unwrap(),
         second["id"].as_str().unwrap(),
         third["id"].as_str().unwrap(),
     ] {

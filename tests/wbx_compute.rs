@@ -316,9 +316,6 @@ fn test_a_sandbox_gets_its_class_terms_and_the_tenant_default_survives_a_restart
             && msg.contains("one more of class economy has 512"),
         "{msg}"
     );
-    // The warm pool holds economy sandboxes only: a class other than economy never
-    // gets one (this daemon has no pool: both are cold).
-    assert_eq!(mem["info"]["warm"], false);
 
     for (sb, key) in [(&bal, k1), (&perf, k1), (&eco, k2), (&mem, k2)] {
         let r = wbx(
@@ -331,19 +328,75 @@ fn test_a_sandbox_gets_its_class_terms_and_the_tenant_default_survives_a_restart
         assert!(r.status == 200 || r.status == 204, "{}", r.text());
     }
 
-    // Durable: the default survives a restart; "" puts the server's back.
+    // Durable: the defaults survive a restart; "" puts the server's back. This
+    // restart lowers the tenants' memory below the memory class's: it is no longer
+    // offered, and a tenant whose default it is gets 403 naming its default.
     assert_eq!(
         put_default(&d, k1, "performance")["default_compute_class"],
         "performance"
     );
+    assert_eq!(
+        put_default(&d, k2, "memory")["default_compute_class"],
+        "memory"
+    );
     d.stop_keep_data();
     let instance = d.instance.clone();
-    let mut env2 = env.clone();
+    let mut env2: Vec<(&str, &str)> = env
+        .iter()
+        .filter(|(k, _)| *k != "ISOBOX_WBX_MAX_MEMORY_MB")
+        .copied()
+        .collect();
     env2.push(("ISOBOX_INSTANCE", instance.as_str()));
     let d = Daemon::start_with(&env2);
     d.wait_ready();
     assert_eq!(prefs(&d, k1)["default_compute_class"], "performance");
-    assert_eq!(prefs(&d, k2)["default_compute_class"], "economy");
+    let p2 = prefs(&d, k2);
+    assert_eq!(p2["default_compute_class"], "memory");
+    let find = |name: &str| {
+        p2["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let memory = find("memory");
+    assert_eq!(memory["offered"], false, "{memory}");
+    assert!(
+        memory["why_not_offered"]
+            .as_str()
+            .unwrap()
+            .contains("ISOBOX_WBX_MAX_MEMORY_MB 4096"),
+        "{memory}"
+    );
+    let economy = find("economy");
+    assert_eq!(
+        (economy["offered"].as_bool(), &economy["why_not_offered"]),
+        (Some(true), &Value::Null)
+    );
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/sandboxes",
+        k2,
+        Some(&json!({"network": {"mode": "none"}})),
+    );
+    assert_eq!(r.status, 403, "{}", r.text());
+    let msg = err(&r);
+    assert!(
+        msg.starts_with("default_compute_class (yours") && msg.contains("8192 MiB"),
+        "{msg}"
+    );
+    let r = wbx(
+        &d,
+        "PUT",
+        "/v1/compute/preferences",
+        k1,
+        Some(&json!({"default_compute_class": "memory"})),
+    );
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(put_default(&d, k2, "")["default_compute_class"], "economy");
     assert_eq!(put_default(&d, k1, "")["default_compute_class"], "economy");
     let again = wbx(
         &d,
@@ -365,6 +418,8 @@ fn test_a_job_s_class_and_price_are_fixed_when_it_is_accepted() {
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join(&instance));
     let mut env: Vec<(&str, &str)> = PRICES.to_vec();
     env.push(("ISOBOX_INSTANCE", instance.as_str()));
+    // The memory class is offered only where a tenant may have its 8 GiB.
+    env.push(("ISOBOX_WBX_MAX_MEMORY_MB", "8192"));
     let mut d = Daemon::start_with(&env);
     d.wait_ready();
     let none = json!({"mode": "none"});

@@ -577,6 +577,28 @@ impl RunCgroup {
 mod tests {
     use super::*;
 
+    #[test]
+    fn every_class_weight_maps_into_both_hierarchies_ranges() {
+        // v1 cpu.shares is 2..=262144 and 1024 the default; v2 cpu.weight 1..=10000,
+        // 100 the default.
+        for (w, sh) in [
+            (100, 1024),
+            (200, 2048),
+            (400, 4096),
+            (1000, 10240),
+            (1, 10),
+            (0, 10),
+            (10_000, 102_400),
+            (u32::MAX, 102_400),
+        ] {
+            assert_eq!(shares(w), sh, "{w}");
+            assert!((2..=262_144).contains(&shares(w)));
+        }
+        for c in crate::jobs::compute::CLASSES {
+            assert!((1..=10_000).contains(&c.cpu_weight), "{}", c.name);
+        }
+    }
+
     fn v1_fixture() -> (tempdir::Dir, Hierarchy) {
         let t = tempdir::Dir::new();
         for c in ["memory", "cpu", "pids"] {

@@ -519,8 +519,8 @@ impl Daemon {
         let mut c = c;
         let class = match self.compute_class(&tenant, c.compute_class.map_or("", |c| c.name)) {
             Ok(class) => class,
-            Err(class) => {
-                let resp = crate::wbx::compute::not_offered("compute_class", class);
+            Err(refused) => {
+                let resp = crate::wbx::compute::not_offered("compute_class", &refused);
                 self.respond(ck, resp);
                 return;
             }
@@ -535,7 +535,9 @@ impl Daemon {
             self.box_claim(ck, key, tenant, *c, t0);
             return;
         }
+        // A miss is a request the pool could have served: economy, network full.
         if c.network == Net::Full
+            && class == crate::wbx::compute::default_class()
             && self
                 .cfg
                 .wbx

@@ -809,21 +809,32 @@ impl Daemon {
         &self,
         tenant: &str,
         asked: &str,
-    ) -> Result<&'static crate::wbx::compute::Class, &'static crate::wbx::compute::Class> {
-        let c = match crate::wbx::compute::class(asked).filter(|_| !asked.is_empty()) {
-            Some(c) => c,
-            None => self
-                .jobs
-                .compute_prefs
-                .get(tenant)
-                .copied()
-                .unwrap_or_else(crate::wbx::compute::default_class),
+    ) -> Result<&'static crate::wbx::compute::Class, crate::wbx::compute::Refused> {
+        let (c, by_default) = match crate::wbx::compute::class(asked).filter(|_| !asked.is_empty())
+        {
+            Some(c) => (c, false),
+            None => (
+                self.jobs
+                    .compute_prefs
+                    .get(tenant)
+                    .copied()
+                    .unwrap_or_else(crate::wbx::compute::default_class),
+                true,
+            ),
         };
-        if self.cfg.wbx.jobs.classes.contains(&c.name) {
-            Ok(c)
-        } else {
-            Err(c)
+        match self.class_not_offered(c) {
+            None => Ok(c),
+            Some(why) => Err(crate::wbx::compute::Refused {
+                class: c,
+                by_default,
+                why,
+            }),
         }
+    }
+
+    /// Why this server does not offer class `c` (`None`: it does).
+    pub(super) fn class_not_offered(&self, c: &crate::wbx::compute::Class) -> Option<String> {
+        crate::wbx::compute::why_not_offered(c, &self.cfg.wbx.jobs.classes, self.cfg.wbx.max_mem_mb)
     }
 
     /// Fixes a job's class and its rate as it is accepted (see [`Self::compute_class`]).
@@ -833,7 +844,7 @@ impl Daemon {
         tenant: &str,
         spec: &mut crate::store::jobs::JobSpec,
         prices: &Prices,
-    ) -> Result<(), &'static crate::wbx::compute::Class> {
+    ) -> Result<(), crate::wbx::compute::Refused> {
         let c = self.compute_class(tenant, &spec.compute_class)?;
         spec.compute_class = c.name.to_string();
         spec.class_rate = Some(prices.rate(c));
@@ -1004,7 +1015,7 @@ impl Daemon {
         let prices = self.prices();
         let mut s = s;
         if let Err(c) = self.job_class(&tenant, &mut s.spec, &prices) {
-            answer(self, crate::wbx::compute::not_offered("compute_class", c));
+            answer(self, crate::wbx::compute::not_offered("compute_class", &c));
             return;
         }
         let worst = worst_case(&s.spec, &prices);
@@ -1172,7 +1183,11 @@ impl Daemon {
         }
         let mut spec = rec.spec.clone();
         spec.idempotency_key = None;
-        // A new job: its class stays, its rate is the price list's now.
+        // A new job: its class stays (a job from before classes was economy), its rate
+        // is the price list's now.
+        if spec.compute_class.is_empty() {
+            spec.compute_class = crate::wbx::compute::DEFAULT.to_string();
+        }
         spec.class_rate = None;
         // A job of a batch retried stands alone: its inputs name their jobs by id, and
         // are checked again as for any new job.
@@ -2724,7 +2739,7 @@ impl Daemon {
             .unwrap_or_else(crate::wbx::compute::default_class);
         crate::wbx::compute::preferences_json(
             default,
-            &self.cfg.wbx.jobs.classes,
+            |c| self.class_not_offered(c),
             |c| prices.rate(c),
             &prices.currency,
         )
@@ -2743,8 +2758,13 @@ impl Daemon {
             self.respond(ck, Response::json(200, &v));
             return;
         };
-        if let Some(c) = class.filter(|c| !self.cfg.wbx.jobs.classes.contains(&c.name)) {
-            let resp = crate::wbx::compute::not_offered("default_compute_class", c);
+        if let Some((c, why)) = class.and_then(|c| self.class_not_offered(c).map(|w| (c, w))) {
+            let refused = crate::wbx::compute::Refused {
+                class: c,
+                by_default: false,
+                why,
+            };
+            let resp = crate::wbx::compute::not_offered("default_compute_class", &refused);
             self.respond(ck, resp);
             return;
         }

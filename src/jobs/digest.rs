@@ -599,37 +599,37 @@ fn junit_maven(lines: &[&str]) -> Option<TestResults> {
     })
 }
 
-/// Whether `line` is the header of a Gradle `test` task that ran (`:test`,
-/// `:module:test`, `> Task :test`, with what the test worker wrote to stderr often
-/// on the same line), not one that was skipped (`UP-TO-DATE`, `NO-SOURCE`, …) and
-/// not another task (`:testClasses`).
-fn gradle_test_task(line: &str) -> bool {
+/// What a Gradle task line says of a test task (`:test`, `:module:test`, `> Task
+/// :test`, often with what the test worker wrote to stderr glued to it): `None` for a
+/// line that is no test task's (another task, `:test-utils:compileJava`,
+/// `:testClasses`, or a test task that did not run: `UP-TO-DATE`, `NO-SOURCE`, …);
+/// `Some(false)` for its header, `Some(true)` for its `FAILED` end.
+fn gradle_test_task(line: &str) -> Option<bool> {
     let t = line.strip_prefix("> Task ").unwrap_or(line);
     if !t.starts_with(':') {
-        return false;
+        return None;
     }
-    let Some(at) = t.find(":test") else {
-        return false;
-    };
-    let (path, rest) = (&t[..at], &t[at + ":test".len()..]);
-    if path.contains(char::is_whitespace) {
-        return false;
+    let path_len = t
+        .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, ':' | '-' | '_' | '.')))
+        .unwrap_or(t.len());
+    let (path, after) = t.split_at(path_len);
+    let name = path.rsplit(':').find(|s| !s.is_empty())?;
+    let rest = name.strip_prefix("test")?;
+    // `test`, or `test` with glued output (`:testWARNING: …`); a test task of its own
+    // name (`:testIntegration`) counts as one; the java plugin's other `test…` tasks
+    // and lower-case continuations (`:tests`, `:testing`) do not.
+    let is_test = rest.is_empty()
+        || (rest.starts_with(|c: char| c.is_ascii_uppercase())
+            && !["Classes", "Compile", "Jar", "Results", "Fixtures"]
+                .iter()
+                .any(|other| rest.starts_with(other)));
+    if !is_test || (path.ends_with(':') && rest.is_empty()) {
+        return None;
     }
-    let status = rest
-        .split_whitespace()
-        .nth(usize::from(!rest.starts_with(' ')));
-    if status.is_some_and(|w| matches!(w, "UP-TO-DATE" | "NO-SOURCE" | "SKIPPED" | "FROM-CACHE")) {
-        return false;
-    }
-    match rest.chars().next() {
-        None | Some(' ') => true,
-        // Another task whose name begins with `test`.
-        Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' => false,
-        // A test task of its own name (`:testIntegration`), or `:test` with the test
-        // worker's stderr after it; not the java plugin's other `test…` tasks.
-        Some(_) => !["Classes", "Compile", "Jar", "Results", "Fixtures"]
-            .iter()
-            .any(|other| rest.starts_with(other)),
+    match after.split_whitespace().next() {
+        Some("UP-TO-DATE" | "NO-SOURCE" | "SKIPPED" | "FROM-CACHE") => None,
+        Some("FAILED") => Some(true),
+        _ => Some(false),
     }
 }
 
@@ -640,12 +640,14 @@ fn gradle_test_task(line: &str) -> bool {
 /// `total` are `None`), and only when the build says `BUILD SUCCESSFUL`.
 fn junit_gradle(lines: &[&str]) -> Option<TestResults> {
     let (mut run, mut failed, mut skipped) = (0u64, 0u64, 0u64);
-    let (mut counted, mut task, mut success) = (false, false, false);
+    let (mut counts_seen, mut tasks, mut success) = (0usize, 0usize, false);
     let mut failures = Vec::new();
     for (i, l) in lines.iter().enumerate() {
         let t = l.trim_end();
-        if gradle_test_task(t) {
-            task = true;
+        if let Some(end) = gradle_test_task(t) {
+            if !end {
+                tasks += 1;
+            }
         } else if t.starts_with("BUILD SUCCESSFUL") {
             success = true;
         } else if let Some(n) = t
@@ -657,7 +659,7 @@ fn junit_gradle(lines: &[&str]) -> Option<TestResults> {
             run = run.saturating_add(n);
             failed = failed.saturating_add(count_of(&c, &["failed"]));
             skipped = skipped.saturating_add(count_of(&c, &["skipped"]));
-            counted = true;
+            counts_seen += 1;
         } else if let Some(test) = t
             .strip_suffix(" FAILED")
             .filter(|_| !t.starts_with([' ', ':', '>']))
@@ -683,17 +685,19 @@ fn junit_gradle(lines: &[&str]) -> Option<TestResults> {
             });
         }
     }
-    if counted {
+    if counts_seen > 0 {
+        // A test task that passed printed no counts: then the totals are not known.
+        let all_counted = counts_seen >= tasks;
         return Some(TestResults {
             framework: "junit".into(),
-            passed: Some(run.saturating_sub(failed).saturating_sub(skipped)),
+            passed: all_counted.then(|| run.saturating_sub(failed).saturating_sub(skipped)),
             failed,
             skipped,
-            total: Some(run),
+            total: all_counted.then_some(run),
             failures,
         });
     }
-    (task && success && failures.is_empty()).then(|| TestResults {
+    (tasks > 0 && success && failures.is_empty()).then(|| TestResults {
         framework: "junit".into(),
         passed: None,
         failed: 0,
@@ -1092,31 +1096,52 @@ mod tests {
 
     #[test]
     fn test_gradle_s_test_task_is_told_from_other_tasks_and_skipped_runs() {
-        for (line, ran) in [
-            (":test", true),
-            (":test FAILED", true),
-            (":testWARNING: A terminally deprecated method", true),
-            ("> Task :api:test", true),
-            (":api:test", true),
-            (":testClasses", false),
-            (":testClasses UP-TO-DATE", false),
-            (":test UP-TO-DATE", false),
-            (":test NO-SOURCE", false),
-            (":test FROM-CACHE", false),
-            (":testIntegration", true),
-            (":testIntegration UP-TO-DATE", false),
-            (":compileTestJava", false),
-            ("the :test task", false),
-            ("a b:test", false),
+        for (line, seen) in [
+            (":test", Some(false)),
+            (":test FAILED", Some(true)),
+            (":testWARNING: A terminally deprecated method", Some(false)),
+            ("> Task :api:test", Some(false)),
+            (":api:test", Some(false)),
+            (":tests:test", Some(false)),
+            ("> Task :testing:test", Some(false)),
+            (":testIntegration", Some(false)),
+            (":testIntegration UP-TO-DATE", None),
+            (":testClasses", None),
+            (":testClasses UP-TO-DATE", None),
+            (":test UP-TO-DATE", None),
+            (":test NO-SOURCE", None),
+            (":test FROM-CACHE", None),
+            (":compileTestJava", None),
+            (":test-utils:compileJava", None),
+            (":test:compileJava", None),
+            (":test-fixtures:jar", None),
+            (":tests", None),
+            ("the :test task", None),
+            ("a b:test", None),
+            (":", None),
+            (":test:", None),
+            ("> Task :", None),
         ] {
-            assert_eq!(gradle_test_task(line), ran, "{line:?}");
+            assert_eq!(gradle_test_task(line), seen, "{line:?}");
         }
         // A build that succeeds without running its tests says nothing about them.
         let log = ":compileJava\n:test UP-TO-DATE\n\nBUILD SUCCESSFUL in 1s\n";
         assert!(test_results(log).is_empty());
+        let log = ":test-utils:compileJava\n:test-utils:jar\n\nBUILD SUCCESSFUL in 1s\n";
+        assert!(test_results(log).is_empty());
         // Nor does one whose test task failed before any test (no counts).
         let log = ":test\n:test FAILED\nFAILURE: Build failed with an exception.\n";
         assert!(test_results(log).is_empty());
+        // Two projects, one failing, one passing (which prints no counts): the failures
+        // and counts are the failing one's, and the totals are not known.
+        let fail = fixture("junit-gradle-fail.txt");
+        let log = format!(":core:test\n{}", fail.replace(":test", ":api:test"));
+        let r = test_results(&log);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(
+            (r[0].passed, r[0].failed, r[0].skipped, r[0].total),
+            (None, 1, 1, None)
+        );
     }
 
     #[test]

@@ -26,15 +26,49 @@ pub fn unknown(field: &str, name: &str) -> Response {
     )
 }
 
-/// The 403 for a class this server does not offer.
-pub fn not_offered(field: &str, c: &Class) -> Response {
+/// The 403 for a class this server does not offer, and why (`Refused::why`).
+pub fn not_offered(field: &str, r: &Refused) -> Response {
+    let field = if r.by_default {
+        "default_compute_class (yours, set with PUT /v1/compute/preferences; no compute_class was given)"
+    } else {
+        field
+    };
     error(
         403,
         &format!(
-            "{field}: the {} class is not offered on this server (its operator sets ISOBOX_WBX_COMPUTE_CLASSES); GET /v1/compute/preferences lists the classes offered",
-            c.name
+            "{field}: {}; GET /v1/compute/preferences lists the classes offered",
+            r.why
         ),
     )
+}
+
+/// A class this server does not offer, as a request resolved it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The class.
+    pub class: &'static Class,
+    /// It came from the tenant's default, not from the request.
+    pub by_default: bool,
+    /// Why it is not offered, in words.
+    pub why: String,
+}
+
+/// Why this server does not offer class `c` (`None`: it does): the operator did not
+/// list it, or it has more memory than a tenant may have at once, which no sandbox
+/// or job of it could then get.
+pub fn why_not_offered(c: &Class, listed: &[&str], max_mem_mb: u64) -> Option<String> {
+    if !listed.contains(&c.name) {
+        return Some(format!(
+            "the {} class is not offered on this server (its operator sets ISOBOX_WBX_COMPUTE_CLASSES)",
+            c.name
+        ));
+    }
+    (c.mem_mb > max_mem_mb).then(|| {
+        format!(
+            "the {} class's {} MiB is more memory than a tenant may have at once on this server (ISOBOX_WBX_MAX_MEMORY_MB {max_mem_mb}), so it is not offered",
+            c.name, c.mem_mb
+        )
+    })
 }
 
 /// `compute_class` of a request body, checked to be a class (whether it is offered is
@@ -87,10 +121,10 @@ pub fn preferences_put(req: &Request) -> Result<Option<&'static Class>, Response
 }
 
 /// `GET /v1/compute/preferences`: the tenant's default, and every class with its
-/// terms here, its price, and whether this server offers it.
+/// terms here, its price, and whether this server offers it (and why not).
 pub fn preferences_json(
     default: &Class,
-    offered: &[&'static str],
+    not_offered: impl Fn(&Class) -> Option<String>,
     rate: impl Fn(&Class) -> Rate,
     currency: &str,
 ) -> Value {
@@ -99,9 +133,11 @@ pub fn preferences_json(
         .iter()
         .map(|c| {
             let r = rate(c);
+            let why = not_offered(c);
             json!({
                 "name": c.name,
-                "offered": offered.contains(&c.name),
+                "offered": why.is_none(),
+                "why_not_offered": why,
                 "vcpu": c.vcpu,
                 "mem_mb": c.mem_mb,
                 "cpu_weight": c.cpu_weight,

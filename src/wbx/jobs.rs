@@ -1001,7 +1001,9 @@ fn next_step(rec: &JobRecord) -> String {
             Some("missing_artifacts") => {
                 "the command did not write every required file: check the paths in required_artifacts against what it writes".into()
             }
-            Some("out_of_memory") => "it ran out of memory: use less, or split the work".into(),
+            Some("out_of_memory") => {
+                "it ran out of memory: use less, split the work, or retry it with a compute_class that has more (GET /v1/compute/preferences lists them)".into()
+            }
             _ => "a failure on our side: POST /v1/jobs/{id}/retry".into(),
         },
     }
@@ -1076,6 +1078,26 @@ mod tests {
         assert!(valid_id("job_0123456789abcdef01234567"));
         assert!(!valid_id("job_0123"));
         assert!(!valid_id("sb_0123456789abcdef01234567"));
+    }
+
+    #[test]
+    fn test_a_job_stored_before_classes_reads_as_economy_at_today_s_list() {
+        // A record as the version before compute classes wrote it: no `compute_class`,
+        // no `class_rate`.
+        let old = r#"{"command":"true","template":"base","timeout_s":60,"artifacts":[],"required_artifacts":[],"env_names":[],"env_sha256":null,"network":{"mode":"none"},"retry":{"max_attempts":1},"idempotency_key":null,"optimize_for":null,"webhook_url":null,"max_cost":null,"inputs":[]}"#;
+        let spec: JobSpec = serde_json::from_str(old).unwrap();
+        assert_eq!((spec.compute_class.as_str(), spec.class_rate), ("", None));
+        let p = Prices {
+            currency: "EUR".into(),
+            base: Rate {
+                vcpu_s: 10_000,
+                gb_s: 2_000,
+            },
+            own: vec![("economy", Rate { vcpu_s: 1, gb_s: 0 })],
+        };
+        let (class, rate) = p.of(&spec);
+        assert_eq!((class.name, rate), ("economy", Rate { vcpu_s: 1, gb_s: 0 }));
+        assert_eq!(p.class_price(&spec)["vcpu_s"], "0.000000001 EUR");
     }
 
     #[test]

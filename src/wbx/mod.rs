@@ -9,9 +9,9 @@
 //! metrics), templates, commands (`exec`, `exec/stream`), background processes and
 //! terminals (`process…`), `env`, files (`files?path=` transfer, `fs/list`,
 //! `fs/stat`, `fs/mkdir`, `fs/move`, `fs/remove`, `fs/watch`), public URLs,
-//! network allowlists, and background jobs (`jobs`: with waiting, the log digest,
-//! `job.finished` webhooks, `max_cost` and budgets). The rest of the document
-//! (batches, compute classes) is absent and answers 404 like any unknown path.
+//! network allowlists, background jobs (`jobs`: with waiting, the log digest,
+//! `job.finished` webhooks, `max_cost` and budgets), batches (`batches`) and compute
+//! classes (`compute`). WASI jobs are absent (their fields are refused by name).
 
 pub mod batches;
 pub mod compute;

@@ -75,7 +75,7 @@ impl Daemon {
         for (i, (s, _)) in b.jobs.iter_mut().enumerate() {
             if let Err(c) = self.job_class(&tenant, &mut s.spec, &prices) {
                 let field = format!("jobs[{i}].compute_class");
-                answer(self, crate::wbx::compute::not_offered(&field, c));
+                answer(self, crate::wbx::compute::not_offered(&field, &c));
                 return;
             }
         }
