@@ -70,7 +70,11 @@ fn test_schemathesis_finds_no_failure() {
         .args(["--max-time", &max_time()])
         .args(["--seed", "1"])
         .args(["--workers", "1"])
-        .args(["--request-timeout", "30"])
+        // Longer than the slowest answer the daemon may legitimately give: a compiled
+        // runtime's build (ISOBOX_COMPILE_TIMEOUT_MS, 30 s) then its run (wall time up
+        // to 20 s), after a wait for a slot. At 30 s, a TypeScript build slowed by the
+        // rest of the suite on 2 cores read as a hung server once (2026-12-05).
+        .args(["--request-timeout", "90"])
         // Examples found in one run must not change the next: no database.
         .args(["--generation-database", "none"])
         .arg("--report-dir")
