@@ -17,6 +17,7 @@ use isobox::http::{Params, Request};
 use isobox::jobs::Money;
 use isobox::store::jobs::{JobError, JobRecord};
 use isobox::wbx::batches::{report_csv, submit, CSV_COLUMNS, MAX_EDGES, MAX_JOB_BYTES};
+use isobox::wbx::compute::Rate;
 use isobox::wbx::jobs::{JobOp, Prices};
 use isobox_fuzz::runtimes;
 use libfuzzer_sys::fuzz_target;
@@ -35,6 +36,8 @@ fn limits() -> WbxJobs {
         currency: "EUR".into(),
         price_vcpu_s: Money(1_000_000),
         price_gb_s: Money(0),
+        classes: vec!["economy", "balanced", "performance", "memory"],
+        class_prices: Vec::new(),
         webhook_loopback: false,
         webhook_deny: Vec::new(),
         webhooks: true,
@@ -189,8 +192,11 @@ fuzz_target!(|data: &[u8]| {
         .collect();
     let prices = Prices {
         currency: "EUR".into(),
-        vcpu_s: Money(1_000_000),
-        gb_s: Money(0),
+        base: Rate {
+            vcpu_s: 1_000_000,
+            gb_s: 0,
+        },
+        own: Vec::new(),
     };
     let csv = report_csv(&jobs, &prices, 1);
     let rows = parse_csv(&csv);
