@@ -39,10 +39,18 @@ deb: build
 
 ## deps: Debian packages the daemon and its tests need (installed only when missing)
 deps:
+	@vendor-runsc/apt-source.sh
 	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+	@# On Debian 12 the runsc isobox is tested with (vendor-runsc/VERSION) comes from
+	@# bookworm-backports (vendor-runsc/apt-source.sh); elsewhere the host's own is kept.
+	@want="$$(cat vendor-runsc/VERSION)"; have="$$(dpkg-query -W -f='$${Version}' runsc 2>/dev/null || true)"; \
+	if [ "$$have" != "$$want" ] && [ -f /etc/apt/sources.list.d/isobox-bookworm-backports.sources ]; then \
+		echo "installing: runsc=$$want (was $${have:-none})"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "runsc=$$want"; \
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
 

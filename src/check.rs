@@ -570,7 +570,7 @@ mod tests {
             runsc_date("runsc version release-20240729.0"),
             Some(20_240_729)
         );
-        assert_eq!(runsc_date(TESTED_RUNSC), Some(20_221_219));
+        assert_eq!(runsc_date(TESTED_RUNSC), Some(20_240_729));
         assert_eq!(runsc_date("runsc version 0.0~202212191.0"), None);
         assert_eq!(runsc_date("runsc version dev"), None);
     }
