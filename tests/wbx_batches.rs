@@ -108,8 +108,6 @@ fn test_the_documents_fan_out_passes_files_reports_and_signs_its_end() {
     let worker = |n: u32| {
         format!("mkdir -p output && printf 'part,{n}\\n' > output/part.csv && echo worker {n}")
     };
-    // (`find` and Python, not `ls -l` or `stat`: coreutils' statx is EINVAL under the
-    // 2022 runsc.)
     let merge = "find input -type f | sort && cat input/p1.csv input/p2.csv > merged.tmp \
                  && mkdir -p output && mv merged.tmp output/merged.csv \
                  && (echo x > input/p1.csv && echo WRITABLE || echo read-only) \
