@@ -192,15 +192,19 @@ impl Gvisor {
     }
 
     /// runsc leaves `<id>_sandbox:<id>.lock` (and `.state` when its own process was
-    /// killed) in its root even after `delete --force`; they are ours to remove.
+    /// killed) in its root even after `delete --force`, and the 2024 runsc its sandbox's
+    /// control socket `runsc-<id>.sock` when the sandbox was killed under it; they are
+    /// ours to remove.
     fn remove_state_files(&self, id: &str) {
-        let prefix = format!("{id}_sandbox:");
+        let prefixes = [format!("{id}_sandbox:"), format!("runsc-{id}.")];
         for e in std::fs::read_dir(&self.state_root)
             .into_iter()
             .flatten()
             .flatten()
         {
-            if e.file_name().to_string_lossy().starts_with(&prefix) {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if prefixes.iter().any(|p| name.starts_with(p.as_str())) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
@@ -419,13 +423,17 @@ impl Backend for Gvisor {
                 n += 1;
             }
         }
-        // Whatever is left in our own runsc root belongs to containers deleted above.
+        // Whatever is left in our own runsc root belongs to containers deleted above:
+        // their lock and state files, and (2024 runsc) their control sockets.
+        let socket = format!("runsc-{}", self.instance);
         for e in std::fs::read_dir(&self.state_root)
             .into_iter()
             .flatten()
             .flatten()
         {
-            if e.file_name().to_string_lossy().starts_with(&self.instance)
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if (name.starts_with(&self.instance) || name.starts_with(&socket))
                 && std::fs::remove_file(e.path()).is_ok()
             {
                 n += 1;

@@ -353,7 +353,16 @@ impl Daemon {
             let left: Vec<String> = self
                 .leftovers()
                 .into_iter()
-                .filter(|l| !l.split(['/', ' ', ':', '_']).any(is_pool_id))
+                .filter(|l| {
+                    !l.split(['/', ' ', ':', '_']).any(|t| {
+                        // A pooled sandbox's control socket (2024 runsc):
+                        // `runsc-<id>.sock`.
+                        is_pool_id(t)
+                            || t.strip_prefix("runsc-")
+                                .and_then(|t| t.strip_suffix(".sock"))
+                                .is_some_and(is_pool_id)
+                    })
+                })
                 .collect();
             if h["inFlight"] == 0 && left.is_empty() {
                 return;

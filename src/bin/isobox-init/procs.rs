@@ -253,22 +253,11 @@ pub fn input(init: &mut Init, pid: i32, data: &[u8]) {
     };
     if data.is_empty() {
         p.eof = true;
-    } else if let Some(ctl) = p.pty.as_ref().filter(|_| !p.eof) {
-        // A terminal's ^C, ^\ and ^Z signal its foreground process group. Older
-        // gVisor line disciplines (runsc before 2023) pass them on as plain bytes, so
-        // the init does it, and the byte goes no further (a newer kernel, seeing no
-        // byte, signals nothing: never twice). In raw mode (ISIG off) they are input.
-        let specials = isobox::sys::process::pty_signal_chars(ctl.as_fd()).unwrap_or_default();
-        for &b in data {
-            match specials.iter().find(|&&(c, _)| c == b) {
-                Some(&(_, sig)) => {
-                    let group = isobox::sys::process::pty_foreground(ctl.as_fd()).unwrap_or(pid);
-                    let _ = isobox::sys::process::signal_group(group, sig);
-                }
-                None => p.pending.push(b),
-            }
-        }
     } else if !p.eof {
+        // On a terminal, ^C, ^\ and ^Z reach the line discipline as bytes: it signals
+        // the foreground process group while the program has ISIG on, and passes them
+        // on as input in raw mode, as Linux does. (The init did the signalling itself
+        // for the 2022 runsc, whose line discipline passed them on as plain bytes.)
         p.pending.extend_from_slice(data);
     }
     write_stdin(init, pid);
