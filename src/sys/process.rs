@@ -191,6 +191,39 @@ pub fn become_user_on_this_thread(uid: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// The characters that make the terminal behind `controller` signal its foreground
+/// process group (`VINTR` → `SIGINT`, `VQUIT` → `SIGQUIT`, `VSUSP` → `SIGTSTP`), as its
+/// termios set them; none when `ISIG` is off (a program in raw mode turned it off) or
+/// a character is disabled.
+///
+/// # Errors
+/// `tcgetattr` failures.
+pub fn pty_signal_chars(controller: BorrowedFd<'_>) -> io::Result<Vec<(u8, i32)>> {
+    // SAFETY: termios is plain data; all zeroes is a valid value to be overwritten.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    crate::syscall!(tcgetattr(controller.as_raw_fd(), &mut t))?;
+    if t.c_lflag & libc::ISIG == 0 {
+        return Ok(Vec::new());
+    }
+    Ok([
+        (libc::VINTR, libc::SIGINT),
+        (libc::VQUIT, libc::SIGQUIT),
+        (libc::VSUSP, libc::SIGTSTP),
+    ]
+    .into_iter()
+    .map(|(i, sig)| (t.c_cc[i], sig))
+    .filter(|&(c, _)| c != 0)
+    .collect())
+}
+
+/// The foreground process group of the terminal behind `controller`.
+///
+/// # Errors
+/// `tcgetpgrp` failures (no controlling process yet).
+pub fn pty_foreground(controller: BorrowedFd<'_>) -> io::Result<i32> {
+    crate::syscall!(tcgetpgrp(controller.as_raw_fd()))
+}
+
 /// Makes `cmd`'s child lead a new session (and so a new process group) whose
 /// controlling terminal is its stdin: the caller gives it a terminal's device as
 /// stdin, stdout and stderr.

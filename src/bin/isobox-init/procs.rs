@@ -253,11 +253,25 @@ pub fn input(init: &mut Init, pid: i32, data: &[u8]) {
     };
     if data.is_empty() {
         p.eof = true;
+    } else if let Some(ctl) = p.pty.as_ref().filter(|_| !p.eof) {
+        // A terminal's ^C, ^\ and ^Z signal its foreground process group while ISIG is
+        // on, and the byte goes no further, as on Linux. gVisor's line discipline does
+        // not do it right in either pinned runsc: the 2022 one passes them on as plain
+        // bytes, the 2024 one signals whatever ISIG says (gVisor #12786, fixed in
+        // 2026) and lets the byte through as well. So the init does it while ISIG is on
+        // (the line discipline never sees the byte: never twice). In raw mode (ISIG
+        // off) they are input; the 2024 runsc also signals them then.
+        let specials = isobox::sys::process::pty_signal_chars(ctl.as_fd()).unwrap_or_default();
+        for &b in data {
+            match specials.iter().find(|&&(c, _)| c == b) {
+                Some(&(_, sig)) => {
+                    let group = isobox::sys::process::pty_foreground(ctl.as_fd()).unwrap_or(pid);
+                    let _ = isobox::sys::process::signal_group(group, sig);
+                }
+                None => p.pending.push(b),
+            }
+        }
     } else if !p.eof {
-        // On a terminal, ^C, ^\ and ^Z reach the line discipline as bytes: it signals
-        // the foreground process group while the program has ISIG on, and passes them
-        // on as input in raw mode, as Linux does. (The init did the signalling itself
-        // for the 2022 runsc, whose line discipline passed them on as plain bytes.)
         p.pending.extend_from_slice(data);
     }
     write_stdin(init, pid);
