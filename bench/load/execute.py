@@ -5,7 +5,7 @@ For each runtime whose root filesystem is built (python-slim always; javascript 
 `node` tree exists), one hello-world program is run three ways, at concurrency 1 and 4:
 
   native      chroot ROOTFS INTERPRETER -c/-e PROGRAM       (the interpreter alone)
-  bare runsc  runsc --root /tmp/bench-runsc --platform=ptrace --network=none
+  bare runsc  runsc --root /tmp/bench-runsc --platform=$ISOBOX_PLATFORM --network=none
               run --bundle B ID                              (gVisor alone, no daemon)
   isoboxd     POST /execute {"language", "code", "network": false}, one connection each
 
@@ -43,6 +43,8 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNSC = os.environ.get("ISOBOX_RUNSC", "/usr/bin/runsc")
+# The platform isoboxd uses (its default unless ISOBOX_PLATFORM says otherwise).
+PLATFORM = os.environ.get("ISOBOX_PLATFORM", "systrap")
 RUNSC_ROOT = "/tmp/bench-runsc"
 ROOTFS_DIR = os.environ.get("ISOBOX_ROOTFS_DIR", "/var/lib/isobox/rootfs")
 PORT = int(os.environ.get("BENCH_PORT", "18099"))
@@ -122,7 +124,7 @@ def bundle_config(rt, src_file):
 
 
 def runsc_base():
-    return [RUNSC, "--root", RUNSC_ROOT, "--platform=ptrace", "--network=none"]
+    return [RUNSC, "--root", RUNSC_ROOT, f"--platform={PLATFORM}", "--network=none"]
 
 
 def run_bare_runsc(rt):

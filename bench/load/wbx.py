@@ -17,7 +17,7 @@ connect to the last byte):
            isoboxd pooled: the same create without "network" (full: the default the
            warm pool serves), answered from ISOBOX_WBX_WARM_POOL=base=1 ("warm": true
            checked); before each, the pool's refill is awaited (untimed).
-           bare runsc: `runsc --root /tmp/bench-runsc --platform=ptrace --network=none
+           bare runsc: `runsc --root /tmp/bench-runsc --platform=$ISOBOX_PLATFORM --network=none
            --overlay2=root:memory run --detach --bundle B ID` of a bundle shaped like
            isoboxd's long-lived one (the `python` root filesystem, writable in memory,
            pid 1 = `/bin/sleep infinity` as root with isoboxd's six capabilities, tmpfs
@@ -78,6 +78,8 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNSC = os.environ.get("ISOBOX_RUNSC", "/usr/bin/runsc")
+# The platform isoboxd uses (its default unless ISOBOX_PLATFORM says otherwise).
+PLATFORM = os.environ.get("ISOBOX_PLATFORM", "systrap")
 RUNSC_ROOT = "/tmp/bench-runsc"
 ROOTFS = os.path.join(os.environ.get("ISOBOX_ROOTFS_DIR", "/var/lib/isobox/rootfs"), "python")
 PORT = int(os.environ.get("BENCH_PORT", "18099"))
@@ -359,7 +361,7 @@ def stop_isoboxd(proc):
 
 
 def runsc_base():
-    return [RUNSC, "--root", RUNSC_ROOT, "--platform=ptrace", "--network=none"]
+    return [RUNSC, "--root", RUNSC_ROOT, f"--platform={PLATFORM}", "--network=none"]
 
 
 def bundle_config():
@@ -661,7 +663,7 @@ def main():
         print(f"error: left behind: {left} {bare_left}", file=sys.stderr)
         return 1
 
-    print(f"host: {os.cpu_count()} CPUs, load average {open('/proc/loadavg').read().split()[:3]}, runsc {RUNSC} --platform=ptrace")
+    print(f"host: {os.cpu_count()} CPUs, load average {open('/proc/loadavg').read().split()[:3]}, runsc {RUNSC} --platform={PLATFORM}")
     print()
     print("| metric | mode | n | p50 ms | p99 ms | mean ms |")
     print("| --- | --- | --- | --- | --- | --- |")

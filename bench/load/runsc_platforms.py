@@ -11,7 +11,7 @@ alternating, so both see the same host. Reports wall latency p50/p90/mean and ho
 CPU-seconds per run (the whole host's busy time across the run, from /proc/stat), and
 the ratio systrap/ptrace.
 
-Usage (root): python3 bench/load/platform.py [--runs 20]   (ISOBOX_RUNSC picks the binary)
+Usage (root): python3 bench/load/runsc_platforms.py [--runs 20]   (ISOBOX_RUNSC picks the binary)
 Python 3.11 standard library only.
 """
 
