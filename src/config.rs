@@ -78,9 +78,10 @@ struct Args {
     /// path of the runsc binary
     #[arg(long, env = "ISOBOX_RUNSC", help_heading = "Sandboxes and runtimes", default_value = "/usr/bin/runsc", value_parser = Value(path))]
     runsc: PathBuf,
-    /// gVisor platform: systrap (the default: measured faster than ptrace on the
-    /// pinned runsc, bench/README.md), ptrace, or kvm (needs /dev/kvm)
-    #[arg(long, env = "ISOBOX_PLATFORM", help_heading = "Sandboxes and runtimes", default_value = "systrap", value_parser = Value(text))]
+    /// gVisor platform: ptrace (the default), systrap (faster for system calls, but a
+    /// run out of memory ends without the OOM kill the result reports: bench/README.md),
+    /// or kvm (needs /dev/kvm)
+    #[arg(long, env = "ISOBOX_PLATFORM", help_heading = "Sandboxes and runtimes", default_value = "ptrace", value_parser = Value(text))]
     platform: String,
     /// log level: error, warn, info, debug, trace
     #[arg(long, env = "ISOBOX_LOG", help_heading = "Server", default_value = "info", value_parser = Value(text))]
@@ -1830,7 +1831,7 @@ mod tests {
         assert_eq!(c.runtimes_dir, None);
         assert_eq!(
             (c.instance.as_str(), c.platform.as_str()),
-            ("isobox", "systrap")
+            ("isobox", "ptrace")
         );
         assert_eq!(c.runsc, PathBuf::from("/usr/bin/runsc"));
         assert_eq!(c.log_level, "info");

@@ -44,7 +44,7 @@ import uuid
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUNSC = os.environ.get("ISOBOX_RUNSC", "/usr/bin/runsc")
 # The platform isoboxd uses (its default unless ISOBOX_PLATFORM says otherwise).
-PLATFORM = os.environ.get("ISOBOX_PLATFORM", "systrap")
+PLATFORM = os.environ.get("ISOBOX_PLATFORM", "ptrace")
 RUNSC_ROOT = "/tmp/bench-runsc"
 ROOTFS_DIR = os.environ.get("ISOBOX_ROOTFS_DIR", "/var/lib/isobox/rootfs")
 PORT = int(os.environ.get("BENCH_PORT", "18099"))
