@@ -363,7 +363,8 @@ chmod 1777 "$TMP/tmp" "$TMP/var/tmp"
 # ---------------------------------------------------------------- python stdio
 # Python's stdout to a pipe is block-buffered, so nothing would stream and a run killed
 # at its wall time would lose what it printed. PYTHONUNBUFFERED is not the answer here:
-# this gVisor can return a short write on a full host pipe, and unbuffered Python then
+# the 2022 gVisor could return a short write on a full host pipe (not re-checked on the
+# pinned 2024 one), and unbuffered Python then
 # drops the rest silently. Line buffering keeps the buffered writer (which retries
 # short writes) and flushes at every newline.
 if [[ -d "$TMP/usr/lib/python3/dist-packages" ]]; then

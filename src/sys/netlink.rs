@@ -208,8 +208,8 @@ fn cpath(path: &Path) -> io::Result<std::ffi::CString> {
 /// mount namespace, a slave of the host's (so unmounts of shared mounts reach it), with
 /// an empty read-only tmpfs over `/proc/sys/net`.
 ///
-/// Debian's runsc (2022) refuses a namespace in which `/proc/sys/net/core/rmem_default`
-/// exists, taking it for the host's; since Linux 6.x that file exists in every network
+/// Debian 12's own runsc (2022; not re-checked on the pinned 2024 one) refuses a
+/// namespace in which `/proc/sys/net/core/rmem_default` exists, taking it for the host's; since Linux 6.x that file exists in every network
 /// namespace. `/proc/sys/net` itself is one directory shared by all namespaces, so
 /// covering it hides the file in whichever namespace runsc has joined.
 ///

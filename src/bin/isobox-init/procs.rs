@@ -255,10 +255,10 @@ pub fn input(init: &mut Init, pid: i32, data: &[u8]) {
         p.eof = true;
     } else if let Some(ctl) = p.pty.as_ref().filter(|_| !p.eof) {
         // A terminal's ^C, ^\ and ^Z signal its foreground process group while ISIG is
-        // on, and the byte goes no further, as on Linux. gVisor's line discipline does
-        // not do it right in either pinned runsc: the 2022 one passes them on as plain
-        // bytes, the 2024 one signals whatever ISIG says (gVisor #12786, fixed in
-        // 2026) and lets the byte through as well. So the init does it while ISIG is on
+        // on, and the byte goes no further, as on Linux. gVisor's line discipline gets
+        // it wrong in both runsc isobox has run on: the 2022 one passes them on as
+        // plain bytes, the 2024 one signals whatever ISIG says (gVisor #12786, fixed
+        // in 2026) and lets the byte through as well. So the init does it while ISIG is on
         // (the line discipline never sees the byte: never twice). In raw mode (ISIG
         // off) they are input; the 2024 runsc also signals them then.
         let specials = isobox::sys::process::pty_signal_chars(ctl.as_fd()).unwrap_or_default();
