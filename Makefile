@@ -48,9 +48,12 @@ deps:
 	@# On Debian 12 the runsc isobox is tested with (vendor-runsc/VERSION) comes from
 	@# bookworm-backports (vendor-runsc/apt-source.sh); elsewhere the host's own is kept.
 	@want="$$(cat vendor-runsc/VERSION)"; have="$$(dpkg-query -W -f='$${Version}' runsc 2>/dev/null || true)"; \
-	if [ "$$have" != "$$want" ] && [ -f /etc/apt/sources.list.d/isobox-bookworm-backports.sources ]; then \
+	if [ "$$have" != "$$want" ] && [ -f /etc/apt/preferences.d/isobox-runsc-backports ] \
+		&& grep -qs '^VERSION_CODENAME=bookworm$$' /etc/os-release; then \
+		apt-get update; \
+		apt-cache show "runsc=$$want" >/dev/null 2>&1 || { echo "vendor-runsc: runsc $$want is no longer in bookworm-backports: bump vendor-runsc/VERSION (vendor-runsc/README.md)" >&2; exit 1; }; \
 		echo "installing: runsc=$$want (was $${have:-none})"; \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "runsc=$$want"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends --allow-downgrades "runsc=$$want"; \
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
 
