@@ -127,16 +127,23 @@ def runsc_base():
     return [RUNSC, "--root", RUNSC_ROOT, f"--platform={PLATFORM}", "--network=none"]
 
 
+def write_bundle(rt):
+    """A bundle directory for `rt`'s program, as isoboxd would write it (the caller
+    removes it)."""
+    bundle = tempfile.mkdtemp(prefix="isobox-bench-bundle-")
+    src = os.path.join(bundle, rt["source_file"])
+    with open(src, "w") as f:
+        f.write(rt["code"])
+    os.chmod(src, 0o644)
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump(bundle_config(rt, src), f)
+    return bundle
+
+
 def run_bare_runsc(rt):
     cid = "isobox-benchref-" + uuid.uuid4().hex[:12]
-    bundle = tempfile.mkdtemp(prefix="isobox-bench-bundle-")
+    bundle = write_bundle(rt)
     try:
-        src = os.path.join(bundle, rt["source_file"])
-        with open(src, "w") as f:
-            f.write(rt["code"])
-        os.chmod(src, 0o644)
-        with open(os.path.join(bundle, "config.json"), "w") as f:
-            json.dump(bundle_config(rt, src), f)
         t0 = time.perf_counter()
         p = subprocess.run(
             runsc_base() + ["run", "--bundle", bundle, cid],

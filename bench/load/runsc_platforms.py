@@ -17,12 +17,10 @@ Python 3.11 standard library only.
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 
@@ -45,14 +43,8 @@ FILE_OPS = (
 
 def run(rt, platform):
     cid = "isobox-benchplat-" + uuid.uuid4().hex[:12]
-    bundle = tempfile.mkdtemp(prefix="isobox-bench-bundle-")
+    bundle = ex.write_bundle(rt)
     try:
-        src = os.path.join(bundle, rt["source_file"])
-        with open(src, "w") as f:
-            f.write(rt["code"])
-        os.chmod(src, 0o644)
-        with open(os.path.join(bundle, "config.json"), "w") as f:
-            json.dump(ex.bundle_config(rt, src), f)
         argv = [ex.RUNSC, "--root", ex.RUNSC_ROOT, f"--platform={platform}", "--network=none", "run", "--bundle", bundle, cid]
         c0 = ex.busy_seconds()
         t0 = time.perf_counter()
