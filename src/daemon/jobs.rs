@@ -813,14 +813,7 @@ impl Daemon {
         let (c, by_default) = match crate::wbx::compute::class(asked).filter(|_| !asked.is_empty())
         {
             Some(c) => (c, false),
-            None => (
-                self.jobs
-                    .compute_prefs
-                    .get(tenant)
-                    .copied()
-                    .unwrap_or_else(crate::wbx::compute::default_class),
-                true,
-            ),
+            None => (self.tenant_class(tenant), true),
         };
         match self.class_not_offered(c) {
             None => Ok(c),
@@ -830,6 +823,15 @@ impl Daemon {
                 why,
             }),
         }
+    }
+
+    /// `tenant`'s default class (economy unless it set one).
+    fn tenant_class(&self, tenant: &str) -> &'static crate::wbx::compute::Class {
+        self.jobs
+            .compute_prefs
+            .get(tenant)
+            .copied()
+            .unwrap_or_else(crate::wbx::compute::default_class)
     }
 
     /// Why this server does not offer class `c` (`None`: it does).
@@ -1520,10 +1522,7 @@ impl Daemon {
             env: Vec::new(),
             metadata: Default::default(),
             network,
-            compute_class: Some(
-                crate::wbx::compute::class(&j.rec.spec.compute_class)
-                    .unwrap_or_else(crate::wbx::compute::default_class),
-            ),
+            compute_class: Some(crate::wbx::compute::of_job(&j.rec.spec)),
         };
         if j.rec.spec.inputs.is_empty() {
             self.job_boot_sandbox(jk, js, create, Ok(None));
@@ -2541,8 +2540,7 @@ impl Daemon {
                     j.save = Some(Save::default());
                     self.job_saved(jk, js);
                 } else if oom_killed {
-                    let class = crate::wbx::compute::class(&j.rec.spec.compute_class)
-                        .unwrap_or_else(crate::wbx::compute::default_class);
+                    let class = crate::wbx::compute::of_job(&j.rec.spec);
                     j.run_ms = j
                         .ran
                         .map_or(0, |t| u64::try_from(t.elapsed().as_millis()).unwrap_or(0));
@@ -2731,14 +2729,8 @@ impl Daemon {
     /// `GET /v1/compute/preferences`'s body for `tenant`.
     fn compute_prefs_json(&self, tenant: &str) -> serde_json::Value {
         let prices = self.prices();
-        let default = self
-            .jobs
-            .compute_prefs
-            .get(tenant)
-            .copied()
-            .unwrap_or_else(crate::wbx::compute::default_class);
         crate::wbx::compute::preferences_json(
-            default,
+            self.tenant_class(tenant),
             |c| self.class_not_offered(c),
             |c| prices.rate(c),
             &prices.currency,

@@ -84,6 +84,11 @@ pub fn names() -> String {
         .join(", ")
 }
 
+/// A job's class as accepted (a job from before classes: economy).
+pub fn of_job(spec: &crate::store::jobs::JobSpec) -> &'static Class {
+    class(&spec.compute_class).unwrap_or_else(default_class)
+}
+
 /// The cost of `ms` of run time of a sandbox of class `c` at rate `r`.
 pub fn cost(c: &Class, r: Rate, ms: u64) -> Money {
     let cpu = Money::per_ms(Money(r.vcpu_s), ms, u64::from(c.vcpu) * 1000);

@@ -11,7 +11,9 @@
 
 use super::error;
 use crate::http::{Request, Response};
-pub use crate::jobs::compute::{class, cost, default_class, names, Class, Rate, CLASSES, DEFAULT};
+pub use crate::jobs::compute::{
+    class, cost, default_class, names, of_job, Class, Rate, CLASSES, DEFAULT,
+};
 use crate::jobs::Money;
 use serde_json::{json, Value};
 
@@ -120,6 +122,13 @@ pub fn preferences_put(req: &Request) -> Result<Option<&'static Class>, Response
     }
 }
 
+/// A rate as the answers show it: `{"vcpu_s": "0.000010 EUR", "gb_s": …}`, every
+/// decimal there is.
+pub fn price_json(r: Rate, currency: &str) -> Value {
+    let show = |m: i128| format!("{} {currency}", Money(m).display_price());
+    json!({"vcpu_s": show(r.vcpu_s), "gb_s": show(r.gb_s)})
+}
+
 /// `GET /v1/compute/preferences`: the tenant's default, and every class with its
 /// terms here, its price, and whether this server offers it (and why not).
 pub fn preferences_json(
@@ -128,7 +137,6 @@ pub fn preferences_json(
     rate: impl Fn(&Class) -> Rate,
     currency: &str,
 ) -> Value {
-    let show = |m: i128| format!("{} {currency}", Money(m).display_price());
     let classes: Vec<Value> = CLASSES
         .iter()
         .map(|c| {
@@ -142,7 +150,7 @@ pub fn preferences_json(
                 "mem_mb": c.mem_mb,
                 "cpu_weight": c.cpu_weight,
                 "terms": c.terms,
-                "price": {"vcpu_s": show(r.vcpu_s), "gb_s": show(r.gb_s)},
+                "price": price_json(r, currency),
             })
         })
         .collect();

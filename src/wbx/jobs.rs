@@ -851,7 +851,7 @@ impl Prices {
     /// A job's class and its rate, as fixed when the job was accepted (a job from
     /// before classes existed: economy at the price list now).
     pub fn of(&self, spec: &JobSpec) -> (&'static Class, Rate) {
-        let c = compute::class(&spec.compute_class).unwrap_or_else(compute::default_class);
+        let c = compute::of_job(spec);
         (c, spec.class_rate.unwrap_or_else(|| self.rate(c)))
     }
 
@@ -864,9 +864,7 @@ impl Prices {
 
     /// A job's rate as its answers show it.
     fn class_price(&self, spec: &JobSpec) -> Value {
-        let (_, r) = self.of(spec);
-        let show = |m: i128| format!("{} {}", Money(m).display_price(), self.currency);
-        json!({"vcpu_s": show(r.vcpu_s), "gb_s": show(r.gb_s)})
+        compute::price_json(self.of(spec).1, &self.currency)
     }
 
     /// An amount as the document writes one: `"0.000312 EUR"`.
