@@ -1476,3 +1476,135 @@ fn test_max_cost_and_the_budget_hold_under_concurrent_submits() {
     d.assert_clean();
     d.stop();
 }
+
+#[test]
+fn test_a_job_that_asks_for_what_the_warm_pool_holds_runs_in_a_pooled_sandbox() {
+    // A job holds its slot until its sandbox is gone (~1 s after its end): with
+    // room for 8, the jobs below never wait for one another's teardown.
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WBX_WARM_POOL", "base=1"),
+        ("ISOBOX_WBX_JOBS_RUNNING", "8"),
+    ]);
+    d.wait_ready();
+    let pool = || d.get("/healthz").json()["wbxWarmPool"].clone();
+    let counts = || {
+        let p = pool();
+        (p["hits"].as_u64().unwrap(), p["misses"].as_u64().unwrap())
+    };
+    let wait_full = || {
+        let t0 = Instant::now();
+        while pool()["templates"]["base"]["ready"] != 1 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "the pool never filled: {}\nlog:\n{}",
+                pool(),
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_full();
+    assert_eq!(counts(), (0, 0));
+
+    // The default job (template base, network full, economy, no inputs) takes the
+    // pooled sandbox, and finds it as a cold job would: its env, user, an empty home.
+    let job = submit(
+        &d,
+        None,
+        &json!({"command": "echo \"token ${#TOKEN}\"; id -un; pwd; ls -A | wc -l; echo kept > out.txt",
+                "env": {"TOKEN": "t-123456"}, "timeout_s": 60, "required_artifacts": ["out.txt"]}),
+    );
+    let id = job["id"].as_str().unwrap().to_string();
+    let v = finished(&d, None, &id, Duration::from_secs(60));
+    assert_eq!(
+        (v["status"].as_str(), v["exit_code"].as_i64()),
+        (Some("completed"), Some(0)),
+        "{v}\nlog:\n{}",
+        d.log()
+    );
+    assert_eq!(counts(), (1, 0), "{}", pool());
+    let log = wbx(&d, "GET", &format!("/v1/jobs/{id}/logs"), None, None);
+    assert_eq!(log.status, 200);
+    assert!(
+        log.text().contains("token 8\nuser\n/home/user\n0\n"),
+        "{}",
+        log.text()
+    );
+    assert_eq!(names(&v["result_files"]), ["out.txt"]);
+    let r = wbx(&d, "GET", &format!("/v1/jobs/{id}/receipt"), None, None).json();
+    assert!(r["cpu_time_ms"].as_u64().is_some(), "{r}");
+    assert!(
+        d.log().contains("taken from the warm pool"),
+        "the pool served it: {}",
+        d.log()
+    );
+
+    // The job's own time limit holds on a pooled sandbox.
+    wait_full();
+    let slow = submit(
+        &d,
+        None,
+        &json!({"command": "echo started; sleep 60", "timeout_s": 2}),
+    );
+    let e = finished(
+        &d,
+        None,
+        slow["id"].as_str().unwrap(),
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        (e["status"].as_str(), e["error"]["code"].as_str()),
+        (Some("expired"), Some("timeout")),
+        "{e}"
+    );
+    assert_eq!(counts(), (2, 0), "{}", pool());
+
+    // What the pool does not hold boots cold and is no miss: network none, another
+    // class, and inputs (bound into the sandbox at its boot).
+    wait_full();
+    for body in [
+        json!({"command": "true", "network": {"mode": "none"}}),
+        json!({"command": "true", "compute_class": "balanced"}),
+        json!({"command": "cat input/out.txt", "inputs": [{"job_id": id, "name": "out.txt"}]}),
+    ] {
+        let j = submit(&d, None, &body);
+        let v = finished(&d, None, j["id"].as_str().unwrap(), Duration::from_secs(60));
+        assert_eq!(v["status"], "completed", "{body}: {v}");
+    }
+    assert_eq!(counts(), (2, 0), "{}", pool());
+    assert_eq!(pool()["templates"]["base"]["ready"], 1);
+
+    // Every job's sandbox is removed after its end: only the pool's is left.
+    let only_the_pool = || {
+        let t0 = Instant::now();
+        loop {
+            let boxes: Vec<String> = d
+                .leftovers()
+                .into_iter()
+                .filter(|l| l.starts_with("/sys/fs/cgroup/memory/"))
+                .collect();
+            if boxes.len() == 1 && pool()["templates"]["base"]["ready"] == 1 {
+                return;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "sandboxes: {boxes:?}, pool {}",
+                pool()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    only_the_pool();
+    // Two at once: one takes the pooled sandbox, the other finds the pool refilling
+    // (a boot takes far longer than a submit) and counts a miss.
+    let a = submit(&d, None, &json!({"command": "true"}));
+    let b = submit(&d, None, &json!({"command": "true"}));
+    for j in [&a, &b] {
+        let v = finished(&d, None, j["id"].as_str().unwrap(), Duration::from_secs(60));
+        assert_eq!(v["status"], "completed", "{v}");
+    }
+    assert_eq!(counts(), (3, 1), "{}\n{}", pool(), d.log());
+    only_the_pool();
+    // The pooled one ends with the daemon (`stop` checks that nothing is left).
+    d.stop();
+}

@@ -8,6 +8,11 @@ sandbox directly, in one run; one table.
                   init's hello, the spawn): polled by POST /wbx/v1/jobs/wait with
                   timeout_s 0 every 5 ms; the job's own started_at is not used
                   (whole seconds)
+  … warm pool     the same with network full (what the pool holds,
+                  ISOBOX_WBX_WARM_POOL=base=1), once /healthz says the pool's sandbox
+                  is ready: the job takes it instead of booting one (the other rows use
+                  network none, which is never pooled; each waits for the pool's refill
+                  to end first, so no boot runs beside a measured one)
   job end to end  submit → `completed` seen by a held POST /wbx/v1/jobs/wait
   wait wake-up    a held wait on a running `sleep 60` job, woken by its end: the
                   job is cancelled (POST …/cancel answers once the end is written),
@@ -54,9 +59,22 @@ def wait(c, ids, timeout=60, until="all"):
     return v, dt
 
 
-def one_job(c):
+def pool_ready(c):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        h, _ = call(c, "GET", "/healthz")
+        # Absent until the daemon's start-up probe has passed and the pool began.
+        pool = h.get("wbxWarmPool") or {}
+        if pool.get("templates", {}).get("base", {}).get("ready", 0) >= 1:
+            return pool
+        time.sleep(0.01)
+    raise base.Failure("the warm pool did not fill within 60 s")
+
+
+def one_job(c, network=NONE):
+    pool_ready(c)
     t0 = time.perf_counter()
-    job, submit = call(c, "POST", "/wbx/v1/jobs", {"command": "true", "network": NONE}, 202)
+    job, submit = call(c, "POST", "/wbx/v1/jobs", {"command": "true", "network": network}, 202)
     jid = job["id"]
     running = None
     while running is None:
@@ -74,6 +92,7 @@ def one_job(c):
 
 
 def direct(c):
+    pool_ready(c)
     t0 = time.perf_counter()
     sb, _ = call(c, "POST", "/wbx/v1/sandboxes", {"network": NONE}, 201)
     r, _ = call(c, "POST", f"/wbx/v1/sandboxes/{sb['id']}/exec", {"cmd": "true"})
@@ -143,7 +162,7 @@ def main():
     a = p.parse_args()
     base.INSTANCE = "isobox-bench-jobs"
     for k, v in {
-        "ISOBOX_WARM_POOL": "off", "ISOBOX_WBX_WARM_POOL": "off", "ISOBOX_EGRESS": "off",
+        "ISOBOX_WARM_POOL": "off", "ISOBOX_WBX_WARM_POOL": "base=1", "ISOBOX_EGRESS": "off",
         "ISOBOX_WBX_WEBHOOK_LOOPBACK": "1", "ISOBOX_WBX_JOBS_RUNNING": "2",
         "ISOBOX_WASM_WORKER": "off",
     }.items():
@@ -159,17 +178,28 @@ def main():
         for _ in range(2):
             one_job(c)
             direct(c)
-        t = {"submit": [], "running": [], "end": [], "direct": [], "wake": [], "hook": []}
+        t = {"submit": [], "running": [], "end": [], "direct": [], "wake": [], "hook": [],
+             "warm": [], "warm_end": []}
+        hits0 = pool_ready(c)["hits"]
         for i in range(a.runs):
-            # Alternate, so drift hits both alike.
-            s, r, e = one_job(c)
-            t["submit"].append(s)
-            t["running"].append(r)
-            t["end"].append(e)
+            # Alternate, so drift hits both alike. A job keeps its slot until its
+            # sandbox is removed (~1.5 s after its end): the direct cycle between
+            # iterations outlasts that, so a measured job never waits for a slot.
+            for warm in (False, True) if i % 2 == 0 else (True, False):
+                if warm:
+                    _, r, e = one_job(c, {"mode": "full"})
+                    t["warm"].append(r)
+                    t["warm_end"].append(e)
+                else:
+                    s, r, e = one_job(c)
+                    t["submit"].append(s)
+                    t["running"].append(r)
+                    t["end"].append(e)
             t["direct"].append(direct(c))
-            if i < max(5, a.runs // 4):
-                t["wake"].append(wake_up(c))
-                t["hook"].append(webhook(c, srv.server_address[1]))
+        for i in range(max(5, a.runs // 4)):
+            t["wake"].append(wake_up(c))
+            t["hook"].append(webhook(c, srv.server_address[1]))
+            direct(c)
         # Throughput: a burst of jobs, then the same number of direct cycles at the
         # same width.
         t0 = time.perf_counter()
@@ -189,10 +219,17 @@ def main():
         print(base.row("submit (202, committed)", t["submit"]))
         print(base.row("job: submit -> running", t["running"]))
         print(base.row("job: submit -> completed (wait)", t["end"]))
+        print(base.row("job, warm pool: submit -> running", t["warm"]))
+        print(base.row("job, warm pool: submit -> completed", t["warm_end"]))
         print(base.row("direct: create + exec true + delete", t["direct"]))
         print(base.row("wait wake-up after the end", t["wake"]))
         print(base.row("webhook: end -> delivery arrives", t["hook"]))
         print(f"job end-to-end / direct: {base.ratio(t['end'], t['direct'])}")
+        print(f"submit -> running, warm / cold: {base.ratio(t['warm'], t['running'])}")
+        hits = pool_ready(c)["hits"] - hits0
+        print(f"warm pool hits: {hits} of {a.runs} warm-row jobs")
+        if hits != a.runs:
+            raise base.Failure(f"only {hits} of {a.runs} warm-row jobs took the pooled sandbox")
         print(f"throughput: jobs {jobs_rate:.2f}/s, direct cycles {direct_rate:.2f}/s (ratio {jobs_rate / direct_rate:.2f}x)")
     except base.Failure as e:
         problems.append(str(e))

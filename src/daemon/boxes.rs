@@ -536,15 +536,7 @@ impl Daemon {
             return;
         }
         // A miss is a request the pool could have served: economy, network full.
-        if c.network == Net::Full
-            && class == crate::wbx::compute::default_class()
-            && self
-                .cfg
-                .wbx
-                .warm_pool
-                .iter()
-                .any(|(t, n)| *t == c.template && *n > 0)
-        {
+        if self.box_poolable(&c) {
             self.boxes.warm_misses += 1;
             self.box_warm_publish();
         }
@@ -778,26 +770,34 @@ impl Daemon {
             .map(|(k, _)| k)
     }
 
-    /// Gives pooled sandbox `key` to `tenant` as `c` asks: its lifetime starts now, its
-    /// environment is sent to its init ahead of any command, and the pool is refilled.
-    fn box_claim(&mut self, ck: usize, key: usize, tenant: String, c: Create, t0: Instant) {
+    /// Takes pooled sandbox `key` out of the pool for `tenant`: its lifetime of
+    /// `timeout_s` starts now. The caller gives it its owner and refills the pool.
+    fn box_unpool(&mut self, key: usize, tenant: String, timeout_s: u64, t0: Instant) -> &mut Sbx {
         let now = Instant::now();
         let created_ms = now_ms();
         let b = &mut self.boxes.boxes[key];
         b.pooled = false;
         b.warm = true;
         b.tenant = tenant;
-        b.metadata = c.metadata;
-        b.env_names = c.env.iter().map(|(k, _)| k.clone()).collect();
         b.created_ms = created_ms;
-        b.expires_ms = created_ms + c.timeout_s * 1000;
-        b.deadline = now + Duration::from_secs(c.timeout_s);
+        b.expires_ms = created_ms + timeout_s * 1000;
+        b.deadline = now + Duration::from_secs(timeout_s);
         b.start_ms = u64::try_from(t0.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let id = b.id.clone();
         log::info!(
-            "sandbox={id} template={} taken from the warm pool",
+            "sandbox={} template={} taken from the warm pool",
+            b.id,
             b.template
         );
+        b
+    }
+
+    /// Gives pooled sandbox `key` to `tenant` as `c` asks: its lifetime starts now, its
+    /// environment is sent to its init ahead of any command, and the pool is refilled.
+    fn box_claim(&mut self, ck: usize, key: usize, tenant: String, c: Create, t0: Instant) {
+        let b = self.box_unpool(key, tenant, c.timeout_s, t0);
+        b.metadata = c.metadata;
+        b.env_names = c.env.iter().map(|(k, _)| k.clone()).collect();
+        let id = b.id.clone();
         self.boxes.by_id.insert(id, key);
         if !c.env.is_empty() {
             // Ordered on the channel: init has it before any command of the client.
@@ -807,6 +807,45 @@ impl Daemon {
         let v = self.box_json(&self.boxes.boxes[key]);
         self.respond(ck, Response::json(201, &v));
         self.box_warm_fill();
+    }
+
+    /// A pooled sandbox for a job that asks for what the pool holds (`c`: its
+    /// template, network `full`, economy; no inputs to bind, which only a boot can):
+    /// taken for `owner`, already past its hello. `None` boots cold; a miss is
+    /// counted as a client's create counts it.
+    pub(super) fn box_take_for_job(
+        &mut self,
+        tenant: String,
+        c: &Create,
+        owner: BoxOwner,
+    ) -> Option<usize> {
+        let Some(key) = self.box_warm_take(c) else {
+            if self.box_poolable(c) {
+                self.boxes.warm_misses += 1;
+                self.box_warm_publish();
+            }
+            return None;
+        };
+        self.boxes.warm_hits += 1;
+        let b = self.box_unpool(key, tenant, c.timeout_s, Instant::now());
+        b.owner = Some(owner);
+        self.box_arm(key);
+        self.box_warm_fill();
+        Some(key)
+    }
+
+    /// Whether the pool is meant to hold sandboxes that `c` could take (so finding
+    /// none is a miss).
+    fn box_poolable(&self, c: &Create) -> bool {
+        c.network == Net::Full
+            && c.compute_class
+                .is_none_or(|k| k == crate::wbx::compute::default_class())
+            && self
+                .cfg
+                .wbx
+                .warm_pool
+                .iter()
+                .any(|(t, n)| *t == c.template && *n > 0)
     }
 
     /// Boots what the warm pool lacks (after a claim, at start, and every second),

@@ -1579,6 +1579,20 @@ impl Daemon {
                 return;
             }
         };
+        let tenant = j.rec.tenant.clone();
+        if ro_binds.is_empty() {
+            // Nothing to bind at boot: a sandbox of the warm pool serves, and its
+            // command starts at once.
+            let owner = BoxOwner::Job(jk, js);
+            if let Some(key) = self.box_take_for_job(tenant.clone(), &create, owner) {
+                let bserial = self.boxes.boxes[key].serial;
+                if let Some(j) = self.job(jk, js) {
+                    j.sbx = Some((key, bserial));
+                }
+                self.job_ready(jk, js, key);
+                return;
+            }
+        }
         let boot = InternalBoot {
             owner: BoxOwner::Job(jk, js),
             limits: super::boxes::wbx_limits(
@@ -1589,10 +1603,6 @@ impl Daemon {
             files: Vec::new(),
             ro_binds,
         };
-        let Some(j) = self.job(jk, js) else {
-            return;
-        };
-        let tenant = j.rec.tenant.clone();
         match self.box_boot(None, tenant, create, Some(boot)) {
             Ok(key) => {
                 let bserial = self.boxes.boxes[key].serial;
