@@ -742,6 +742,9 @@ fn test_a_failed_dependency_cancels_its_dependants_cancel_and_bad_batches() {
     );
     assert_eq!(r.status, 404);
     // The budget covers a batch's whole worst case.
+    let keyed = json!({"jobs": [{"command": "true", "network": {"mode": "none"}}],
+                       "idempotency_key": "before-the-budget"});
+    let accepted = submit_batch(&d, None, &keyed, &[]);
     let r = wbx(
         &d,
         "PUT",
@@ -758,6 +761,21 @@ fn test_a_failed_dependency_cancels_its_dependants_cancel_and_bad_batches() {
         Some(&json!({"jobs": [{"command": "true"}, {"command": "true"}]})),
     );
     assert_eq!(r.status, 402, "{}", r.text());
+    // A resend of a batch accepted before is that batch, not a refusal: the client
+    // whose first answer was lost must not read "not accepted" for a batch that runs.
+    let again = wbx(&d, "POST", "/v1/batches", None, Some(&keyed));
+    assert_eq!(
+        (again.status, again.json()["id"].as_str()),
+        (202, accepted["id"].as_str()),
+        "{}",
+        again.text()
+    );
+    batch_done(
+        &d,
+        None,
+        accepted["id"].as_str().unwrap(),
+        Duration::from_secs(60),
+    );
     d.assert_clean();
     d.stop();
 }

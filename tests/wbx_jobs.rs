@@ -840,7 +840,8 @@ fn test_unfinished_jobs_per_tenant_at_and_above_the_bound_and_waiting_on_jobs() 
     d.wait_ready();
     let body = json!({"command": "sleep 30", "network": {"mode": "none"}});
     let a = submit(&d, None, &body);
-    let b = submit(&d, None, &body);
+    let keyed = json!({"command": "sleep 30", "network": {"mode": "none"}, "idempotency_key": "b"});
+    let b = submit(&d, None, &keyed);
     let r = wbx(&d, "POST", "/v1/jobs", None, Some(&body));
     assert_eq!(r.status, 429, "{}", r.text());
     assert!(
@@ -848,6 +849,24 @@ fn test_unfinished_jobs_per_tenant_at_and_above_the_bound_and_waiting_on_jobs() 
         "{}",
         r.text()
     );
+    // At the bound, a resend of an accepted job (its first answer lost) is that job,
+    // not a 429 for a job that runs; by header as by field.
+    for h in [&[][..], &[("Idempotency-Key", "b")][..]] {
+        let again = wbx_h(
+            &d,
+            "POST",
+            "/v1/jobs",
+            None,
+            Some(if h.is_empty() { &keyed } else { &body }),
+            h,
+        );
+        assert_eq!(
+            (again.status, again.json()["id"].as_str()),
+            (202, b["id"].as_str()),
+            "{}",
+            again.text()
+        );
+    }
     // One at a time: the second waits in the queue.
     until_status(&d, None, a["id"].as_str().unwrap(), "running");
     assert_eq!(

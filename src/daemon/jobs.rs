@@ -1012,6 +1012,52 @@ impl Daemon {
         let Some(serial) = self.submit_begin(ck) else {
             return;
         };
+        let Some(key) = s.spec.idempotency_key.clone() else {
+            self.job_submit_checked(ck, serial, tenant, s, retry_of);
+            return;
+        };
+        // A resend of an accepted job is that job, whatever the limits and the budget
+        // say now (the job itself counts in them): its key is looked up before they
+        // are checked. (The store looks again as it commits, for concurrent sends.)
+        let sessions = Arc::clone(&self.app.sessions);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let found = sessions.store().job_by_idempotency_key(&tenant, &key);
+            Box::new(move |d: &mut Daemon| match found {
+                Ok(Some((eid, er))) => {
+                    let resp = d.existing_job(&eid, er);
+                    d.on_outcome(ck, serial, Outcome::Respond(resp));
+                }
+                Ok(None) => d.job_submit_checked(ck, serial, tenant, s, retry_of),
+                Err(e) => {
+                    log::error!("jobs: looking up an idempotency key: {e}");
+                    d.on_outcome(ck, serial, Outcome::Respond(store_refusal()));
+                }
+            })
+        }));
+    }
+
+    /// The `202` for a submit whose idempotency key names job `eid`: the job as it is
+    /// now (its live record while it runs).
+    fn existing_job(&self, eid: &str, stored: JobRecord) -> Response {
+        let live = self
+            .jobs
+            .by_id
+            .get(eid)
+            .and_then(|&k| self.jobs.live.get(k));
+        let rec = live.map_or(&stored, |j| &j.rec);
+        Response::json(202, &wj::job_json(eid, rec, &self.prices(), now_ms()))
+    }
+
+    /// A submit without a known idempotency key: checked against the class, the
+    /// limits, `max_cost` and the budget, then committed.
+    fn job_submit_checked(
+        &mut self,
+        ck: usize,
+        serial: u64,
+        tenant: String,
+        s: wj::Submit,
+        retry_of: Option<String>,
+    ) {
         let answer =
             |d: &mut Daemon, resp: Response| d.on_outcome(ck, serial, Outcome::Respond(resp));
         let prices = self.prices();
@@ -1094,16 +1140,8 @@ impl Daemon {
                             d.job_pump();
                             Response::json(202, &body)
                         }
-                        Ok((Submitted::Existing(eid, er), _)) => {
-                            // The same key: the same job, as it is now.
-                            let rec = d
-                                .jobs
-                                .by_id
-                                .get(&eid)
-                                .and_then(|&k| d.jobs.live.get(k))
-                                .map_or(*er, |j| j.rec.clone());
-                            Response::json(202, &wj::job_json(&eid, &rec, &prices, now_ms()))
-                        }
+                        // The same key: the same job, as it is now.
+                        Ok((Submitted::Existing(eid, er), _)) => d.existing_job(&eid, *er),
                         Ok((Submitted::Refused(why), _)) => crate::wbx::error(400, &why),
                         Err(e) => {
                             log::error!("jobs: storing {id}: {e}");

@@ -181,6 +181,20 @@ impl Store {
         );
     }
 
+    /// The id of the batch `tenant`'s idempotency key names.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn batch_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        let id = self.job_idem.get(&rtxn, &idem_key(tenant, key))?;
+        Ok(id.map(|id| String::from_utf8_lossy(id).into_owned()))
+    }
+
     /// Batch `id`'s record.
     ///
     /// # Errors

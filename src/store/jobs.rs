@@ -488,6 +488,26 @@ impl Store {
         }
     }
 
+    /// The job `tenant`'s idempotency key names, with its record.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors or a corrupt record.
+    pub fn job_by_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<(String, JobRecord)>, StoreError> {
+        let rtxn = self.env.read_txn()?;
+        let Some(id) = self.job_idem.get(&rtxn, &scoped(tenant, key.as_bytes()))? else {
+            return Ok(None);
+        };
+        let id = String::from_utf8_lossy(id).into_owned();
+        match self.jobs.get(&rtxn, &id)? {
+            Some(b) => Ok(Some((id.clone(), decode(&id, b)?))),
+            None => Ok(None),
+        }
+    }
+
     /// Job `id`'s secret key, while it has one.
     ///
     /// # Errors

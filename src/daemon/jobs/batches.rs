@@ -63,6 +63,46 @@ impl Daemon {
         let Some(serial) = self.submit_begin(ck) else {
             return;
         };
+        let Some(key) = b.idempotency_key.clone() else {
+            self.job_batch_submit_checked(ck, serial, tenant, b);
+            return;
+        };
+        // A resend of an accepted batch is that batch, whatever the limits and the
+        // budget say now (its own jobs count in them): looked up before they are
+        // checked, as a job's key is.
+        let sessions = Arc::clone(&self.app.sessions);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let found = sessions.store().batch_by_idempotency_key(&tenant, &key);
+            Box::new(move |d: &mut Daemon| match found {
+                Ok(Some(eid)) => d.existing_batch(ck, serial, tenant, eid),
+                Ok(None) => d.job_batch_submit_checked(ck, serial, tenant, b),
+                Err(e) => {
+                    log::error!("jobs: looking up a batch's idempotency key: {e}");
+                    d.on_outcome(ck, serial, Outcome::Respond(store_refusal()));
+                }
+            })
+        }));
+    }
+
+    /// Answers a submit whose idempotency key names batch `eid`: the batch as it is
+    /// now.
+    fn existing_batch(&mut self, ck: usize, serial: u64, tenant: String, eid: String) {
+        self.job_batch_view(tenant, eid.clone(), move |d, v| {
+            let resp = match v {
+                Ok(Some((rec, jobs))) => {
+                    let prices = d.prices();
+                    let body = wb::summary_json(&eid, &rec, &jobs, &prices, now_ms());
+                    Response::json(202, &body)
+                }
+                Ok(None) => wb::not_found(),
+                Err(_) => store_refusal(),
+            };
+            d.on_outcome(ck, serial, Outcome::Respond(resp));
+        });
+    }
+
+    /// A batch without a known idempotency key: checked, then stored whole.
+    fn job_batch_submit_checked(&mut self, ck: usize, serial: u64, tenant: String, b: BatchSubmit) {
         let answer =
             |d: &mut Daemon, resp: Response| d.on_outcome(ck, serial, Outcome::Respond(resp));
         let n = b.jobs.len();
@@ -211,21 +251,9 @@ impl Daemon {
                             d.job_pump();
                             d.on_outcome(ck, serial, Outcome::Respond(Response::json(202, &body)));
                         }
+                        // The same key: the same batch, as it is now.
                         Ok(BatchSubmitted::Existing(eid, _)) => {
-                            // The same key: the same batch, as it is now.
-                            d.job_batch_view(tenant, eid.clone(), move |d, v| {
-                                let resp = match v {
-                                    Ok(Some((rec, jobs))) => {
-                                        let prices = d.prices();
-                                        let body =
-                                            wb::summary_json(&eid, &rec, &jobs, &prices, now_ms());
-                                        Response::json(202, &body)
-                                    }
-                                    Ok(None) => wb::not_found(),
-                                    Err(_) => store_refusal(),
-                                };
-                                d.on_outcome(ck, serial, Outcome::Respond(resp));
-                            });
+                            d.existing_batch(ck, serial, tenant, eid);
                         }
                         Ok(BatchSubmitted::Refused(why)) => {
                             d.on_outcome(ck, serial, Outcome::Respond(crate::wbx::error(400, &why)))
