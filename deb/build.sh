@@ -69,6 +69,9 @@ rm -rf "$shl"
 [[ -n "$shlibs" ]] || { echo "deb/build.sh: dpkg-shlibdeps found no libraries" >&2; exit 1; }
 
 mkdir -p "$root/DEBIAN"
+# The runsc isobox is tested with (vendor-runsc/VERSION) or newer: older ones lack
+# two years of gVisor's security fixes (on Debian 12 it comes from bookworm-backports).
+runsc_min=$(sed 's/-[^-]*$//' vendor-runsc/VERSION)
 for s in postinst prerm postrm; do install -m 0755 "deb/$s" "$root/DEBIAN/$s"; done
 echo /etc/isobox/isoboxd.env > "$root/DEBIAN/conffiles"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
@@ -78,7 +81,7 @@ Version: $version
 Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $size
-Depends: $shlibs, runsc, nftables, e2fsprogs, debootstrap, ca-certificates
+Depends: $shlibs, runsc (>= $runsc_min), nftables, e2fsprogs, debootstrap, ca-certificates
 Section: admin
 Priority: optional
 Description: run untrusted code in gVisor sandboxes over HTTP

@@ -100,7 +100,7 @@ fn test_the_package_holds_what_the_readme_says_and_passes_lintian_and_systemd() 
         .unwrap();
     for d in [
         "libc6 (>= ",
-        "runsc",
+        "runsc (>= 0.0~20240729.0)",
         "nftables",
         "e2fsprogs",
         "debootstrap",
