@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""A ready sandbox two ways, side by side: booted (`runsc create` + `start`) against
+restored from a checkpoint (`runsc restore`) — issue 28, item 3.
+
+A warm pool refills by booting a sandbox and starting its interpreter; under load a
+refill costs what a cold run costs, so the pool drains. A checkpoint of a sandbox whose
+interpreter is already up could be restored instead, if restoring costs less CPU than
+booting. This measures both on the installed runsc, alternating one at a time (each
+first every other time), with python-slim running
+
+    while True: print('t', flush=True); time.sleep(0.01)
+
+so "ready" is the same for both: the first line read from the sandbox's stdout (for a
+boot, the interpreter has started; for a restore, the restored interpreter runs again).
+
+CPU is counted exactly, not host-wide: each trial's runsc and everything it starts
+(sandbox, gofer) run in a cgroup of their own (cpuacct on cgroup v1, cpu.stat on v2),
+read at the first line. The checkpoint image is made once, from a sandbox booted the
+same way. The bundle is bench/load/execute.py's bare-runsc bundle.
+
+Usage (root): python3 bench/load/restore.py [--runs 20]    (ISOBOX_RUNSC, ISOBOX_PLATFORM)
+Python 3.11 standard library only.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("execute", os.path.join(HERE, "execute.py"))
+ex = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ex)
+
+TICKS = "import time\nwhile True:\n    print('t', flush=True)\n    time.sleep(0.01)\n"
+MODES = ("boot", "restore")
+V1 = next((p for p in ("/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/cpu,cpuacct")
+           if os.path.exists(os.path.join(p, "cpuacct.usage"))), None)
+V2 = "/sys/fs/cgroup"
+
+
+class Cgroup:
+    """A cgroup of the bench's own for one trial: CPU nanoseconds of all in it."""
+
+    def __init__(self):
+        name = "isobox-bench-restore-" + uuid.uuid4().hex[:8]
+        self.v1 = V1 is not None
+        if not self.v1 and not os.path.exists(os.path.join(V2, "cgroup.controllers")):
+            raise ex.Failure("no cgroup v1 cpuacct and no cgroup v2 at /sys/fs/cgroup")
+        self.path = os.path.join(V1 or V2, name)
+        os.mkdir(self.path)
+
+    def enter(self):
+        """For preexec_fn: the child joins the cgroup before it runs runsc."""
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+    def cpu_ns(self):
+        if self.v1:
+            with open(os.path.join(self.path, "cpuacct.usage")) as f:
+                return int(f.read())
+        with open(os.path.join(self.path, "cpu.stat")) as f:
+            for line in f:
+                k, v = line.split()
+                if k == "usage_usec":
+                    return int(v) * 1000
+        raise ex.Failure("cpu.stat has no usage_usec")
+
+    def remove(self):
+        """Removes it from every hierarchy (runsc makes it in those it uses)."""
+        name = os.path.basename(self.path)
+        roots = [os.path.join("/sys/fs/cgroup", d) for d in os.listdir("/sys/fs/cgroup")] if self.v1 else [V2]
+        for root in roots:
+            path = os.path.join(root, name)
+            deadline = time.monotonic() + 10
+            while os.path.isdir(path):
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+
+def first_line(fd, what):
+    r, _, _ = select.select([fd], [], [], ex.TIMEOUT_S)
+    if not r:
+        raise ex.Failure(f"{what}: no output within {ex.TIMEOUT_S} s")
+    data = os.read(fd, 4096)
+    if not data.startswith(b"t"):
+        raise ex.Failure(f"{what}: read {data[:80]!r}")
+
+
+def gone(cid):
+    subprocess.run(ex.runsc_base() + ["kill", cid, "KILL"], capture_output=True, check=False)
+    subprocess.run(ex.runsc_base() + ["delete", "--force", cid], capture_output=True, check=False)
+
+
+def trial(mode, rt, image):
+    """(wall ms, CPU s) from the command's start to the sandbox's first line."""
+    cid = "isobox-benchrst-" + uuid.uuid4().hex[:12]
+    cg = Cgroup()
+    rfd, wfd = os.pipe()
+    # The sandbox's own processes (sentry, gofer, ptrace stubs) go where the spec's
+    # cgroupsPath says (as isoboxd's do); the runsc commands join it before they run.
+    bundle = ex.write_bundle(rt)
+    conf = os.path.join(bundle, "config.json")
+    with open(conf) as f:
+        spec = json.load(f)
+    spec["linux"]["cgroupsPath"] = "/" + os.path.basename(cg.path)
+    with open(conf, "w") as f:
+        json.dump(spec, f)
+    try:
+        if mode == "boot":
+            steps = [["create", "--bundle", bundle, cid], ["start", cid]]
+        else:
+            steps = [["restore", "--detach", "--bundle", bundle, "--image-path", image, cid]]
+        t0 = time.perf_counter()
+        for step in steps:
+            # stderr to a file, not a pipe: the sandbox keeps what it inherits open,
+            # and a pipe would be waited on until it ends.
+            with tempfile.TemporaryFile() as err:
+                p = subprocess.run(ex.runsc_base() + step, stdin=subprocess.DEVNULL, stdout=wfd,
+                                   stderr=err, preexec_fn=cg.enter, timeout=ex.TIMEOUT_S, check=False)
+                if p.returncode != 0:
+                    err.seek(0)
+                    raise ex.Failure(f"{mode}: runsc {step[0]} exit {p.returncode}: {err.read()[-400:]!r}")
+        first_line(rfd, mode)
+        dt = time.perf_counter() - t0
+        cpu = cg.cpu_ns() / 1e9
+        return dt * 1000, cpu
+    finally:
+        os.close(wfd)
+        os.close(rfd)
+        gone(cid)
+        cg.remove()
+        shutil.rmtree(bundle, ignore_errors=True)
+
+
+def checkpoint(bundle, image):
+    """Boots a sandbox like `trial`'s, then checkpoints it into `image` (it stops)."""
+    cid = "isobox-benchrst-" + uuid.uuid4().hex[:12]
+    rfd, wfd = os.pipe()
+    try:
+        for step in (["create", "--bundle", bundle, cid], ["start", cid]):
+            subprocess.run(ex.runsc_base() + step, stdin=subprocess.DEVNULL, stdout=wfd, check=True,
+                           capture_output=False, timeout=ex.TIMEOUT_S)
+        first_line(rfd, "checkpoint's sandbox")
+        t0 = time.perf_counter()
+        subprocess.run(ex.runsc_base() + ["checkpoint", "--image-path", image, cid], check=True,
+                       capture_output=True, timeout=ex.TIMEOUT_S)
+        ms = (time.perf_counter() - t0) * 1000
+        size = sum(os.path.getsize(os.path.join(image, f)) for f in os.listdir(image))
+        return ms, size
+    finally:
+        os.close(wfd)
+        os.close(rfd)
+        gone(cid)
+
+
+def pct(xs, p):
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, -(-len(s) * p // 100) - 1))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=20, help="trials per mode")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root (runsc needs it)")
+    rts = [rt for rt in ex.runtimes_to_bench() if rt["language"] == "python-slim"]
+    if not rts:
+        sys.exit("python-slim's root filesystem is not built (make runtimes)")
+    rt = dict(rts[0], code=TICKS)
+    os.makedirs(ex.RUNSC_ROOT, exist_ok=True)
+    version = (subprocess.run([ex.RUNSC, "--version"], capture_output=True, text=True).stdout.splitlines() or ["?"])[0]
+    bundle = ex.write_bundle(rt)
+    image = tempfile.mkdtemp(prefix="isobox-bench-image-")
+    failed = 0
+    try:
+        ck_ms, size = checkpoint(bundle, image)
+        print(f"{ex.RUNSC}: {version}; platform {ex.PLATFORM}; {os.cpu_count()} CPUs; load {ex.loadavg()}")
+        print(f"checkpoint of a ready python-slim sandbox: {ck_ms:.0f} ms, image {size / 1e6:.1f} MB")
+        got = {m: ([], []) for m in MODES}
+        for i in range(args.runs):
+            for m in MODES if i % 2 == 0 else MODES[::-1]:
+                try:
+                    ms, cpu = trial(m, rt, image)
+                    got[m][0].append(ms)
+                    got[m][1].append(cpu)
+                except (ex.Failure, subprocess.TimeoutExpired) as e:
+                    failed += 1
+                    print(f"  failure: {e}", file=sys.stderr)
+        print(f"{'to ready':<10} {'p50 ms':>8} {'p90 ms':>8} {'mean ms':>8} {'CPU-s p50':>10} {'CPU-s mean':>11}")
+        for m in MODES:
+            lat, cpu = got[m]
+            if lat:
+                print(f"{m:<10} {pct(lat, 50):8.1f} {pct(lat, 90):8.1f} {sum(lat) / len(lat):8.1f} "
+                      f"{pct(cpu, 50):10.3f} {sum(cpu) / len(cpu):11.3f}")
+        if all(got[m][0] for m in MODES):
+            (bl, bc), (rl, rc) = got["boot"], got["restore"]
+            print(f"restore / boot: wall p50 {pct(rl, 50) / pct(bl, 50):.2f}x, CPU p50 {pct(rc, 50) / pct(bc, 50):.2f}x")
+    finally:
+        shutil.rmtree(bundle, ignore_errors=True)
+        shutil.rmtree(image, ignore_errors=True)
+    if failed:
+        sys.exit(f"{failed} trials failed")
+
+
+if __name__ == "__main__":
+    main()
