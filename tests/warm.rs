@@ -271,6 +271,10 @@ fn test_never_handed_out_twice_burst_drains_and_refills() {
         2 + p["hits"].as_u64().unwrap(),
         "{p}"
     );
+    // What the refills cost, from each sandbox's cgroup: tens of milliseconds of CPU
+    // to a few seconds each, never nothing.
+    let per = p["refillCpuSeconds"].as_f64().unwrap() / p["refills"].as_f64().unwrap();
+    assert!((0.01..5.0).contains(&per), "{p}");
     d.assert_clean_except_pool();
     d.stop();
 }

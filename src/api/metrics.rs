@@ -250,6 +250,12 @@ fn warm_pools(app: &App, t: &mut Text) {
     ] {
         t.single(name, "counter", help, v);
     }
+    t.single(
+        "isobox_warm_pool_refill_cpu_seconds_total",
+        "counter",
+        "CPU-seconds the pool's boots took, each up to its interpreter's ready.",
+        pool.refill_cpu_seconds,
+    );
     let wbx = app.wbx_warm.clone().unwrap_or_default();
     t.family(
         "isobox_wbx_warm_pool_ready",
@@ -274,12 +280,12 @@ fn warm_pools(app: &App, t: &mut Text) {
     for (name, help, v) in [
         (
             "isobox_wbx_warm_pool_hits_total",
-            "Creates served by a pooled sandbox.",
+            "Creates and jobs served by a pooled sandbox.",
             wbx.hits,
         ),
         (
             "isobox_wbx_warm_pool_misses_total",
-            "Creates of a pooled template that found the pool empty.",
+            "Creates and jobs of a pooled template that found the pool empty.",
             wbx.misses,
         ),
         (
@@ -290,6 +296,12 @@ fn warm_pools(app: &App, t: &mut Text) {
     ] {
         t.single(name, "counter", help, v);
     }
+    t.single(
+        "isobox_wbx_warm_pool_refill_cpu_seconds_total",
+        "counter",
+        "CPU-seconds the pool's boots took, each up to its init's hello.",
+        wbx.refill_cpu_seconds,
+    );
 }
 
 /// `GET /metrics`.

@@ -87,6 +87,7 @@ pub struct App {
 
 /// The WBX face's pool of ready sandboxes on `/healthz`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct WbxWarmFigures {
     /// Per template: sandboxes ready and the target.
     pub templates: std::collections::BTreeMap<String, WarmRuntime>,
@@ -96,6 +97,13 @@ pub struct WbxWarmFigures {
     pub misses: u64,
     /// Pooled boots that failed.
     pub failures: u64,
+    /// CPU-seconds the pool's boots took, each read from its cgroup once ready.
+    pub refill_cpu_seconds: f64,
+}
+
+/// Nanoseconds of CPU as seconds for `/healthz` and `/metrics` (to the microsecond).
+pub fn cpu_seconds(ns: u64) -> f64 {
+    (ns / 1000) as f64 / 1e6
 }
 
 /// The warm pool on `/healthz`.
@@ -110,6 +118,9 @@ pub struct WarmFigures {
     pub misses: u64,
     /// Sandboxes booted into the pool.
     pub refills: u64,
+    /// CPU-seconds those boots took (sentry, gofer and interpreter, from each one's
+    /// cgroup once ready): a refill's cost, which a cold run pays too.
+    pub refill_cpu_seconds: f64,
     /// Boots that failed.
     pub failures: u64,
     /// Pooled runs answered on the harness's exit report, before the sandbox's

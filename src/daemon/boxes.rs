@@ -234,6 +234,8 @@ pub(crate) struct Table {
     warm_hits: u64,
     warm_misses: u64,
     warm_failed: u64,
+    /// CPU the pool's boots took, each read from its cgroup once it said hello.
+    warm_refill_cpu_ns: u64,
 }
 
 impl Table {
@@ -738,6 +740,7 @@ impl Daemon {
                 hits: t.warm_hits,
                 misses: t.warm_misses,
                 failures: t.warm_failed,
+                refill_cpu_seconds: crate::api::cpu_seconds(t.warm_refill_cpu_ns),
             });
     }
 
@@ -1155,6 +1158,16 @@ impl Daemon {
         self.box_arm(key);
         if pooled {
             self.box_warm_publish();
+            // What its boot cost, up to init's hello: read on the pool.
+            if let Some(cg) = self.boxes.boxes.get(key).and_then(|b| b.cgroup.clone()) {
+                self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+                    let cpu = cg.usage().cpu_ns;
+                    Box::new(move |d: &mut Daemon| {
+                        d.boxes.warm_refill_cpu_ns = d.boxes.warm_refill_cpu_ns.saturating_add(cpu);
+                        d.box_warm_publish();
+                    })
+                }));
+            }
         }
         if let Some((ck, cserial)) = creator {
             if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {

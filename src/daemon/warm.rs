@@ -24,6 +24,7 @@ impl Daemon {
             hits: self.warm.hits,
             misses: self.warm.misses,
             refills: self.warm.refills,
+            refill_cpu_seconds: crate::api::cpu_seconds(self.warm.refill_cpu_ns),
             failures: self.warm.failures,
             exit_reports: self.warm.exit_reports,
         });
@@ -61,7 +62,11 @@ impl Daemon {
         let backend = Arc::clone(&self.backend);
         let job_lang = lang.clone();
         let job = Box::new(move || -> Done<Daemon> {
-            let result = crate::sandbox::warm::boot(&*backend, &id, rt, network).map(Box::new);
+            let result = crate::sandbox::warm::boot(&*backend, &id, rt, network).map(|s| {
+                // What the boot cost, up to its harness's ready: the refill's CPU.
+                let cpu = s.cgroup.usage().cpu_ns;
+                (Box::new(s), cpu)
+            });
             Box::new(move |d: &mut Daemon| d.warm_booted(job_lang, result))
         });
         if self.reactor.submit(job).is_ok() {
@@ -70,14 +75,19 @@ impl Daemon {
         self.warm_publish();
     }
 
-    pub(crate) fn warm_booted(&mut self, runtime: String, result: Result<Box<Spawned>, WarmError>) {
+    pub(crate) fn warm_booted(
+        &mut self,
+        runtime: String,
+        result: Result<(Box<Spawned>, u64), WarmError>,
+    ) {
         self.warm.booting = None;
         match result {
-            Ok(s) if !self.app.shutting_down && self.warm.target(&runtime) > 0 => {
+            Ok((s, cpu_ns)) if !self.app.shutting_down && self.warm.target(&runtime) > 0 => {
                 self.warm.refills += 1;
+                self.warm.refill_cpu_ns = self.warm.refill_cpu_ns.saturating_add(cpu_ns);
                 self.warm.ready.entry(runtime).or_default().push_back(s);
             }
-            Ok(s) => {
+            Ok((s, _)) => {
                 let backend = Arc::clone(&self.backend);
                 self.reactor.submit_must(Box::new(move || {
                     crate::sandbox::warm::discard(&*backend, *s);

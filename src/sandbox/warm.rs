@@ -115,6 +115,8 @@ pub struct WarmPool {
     pub misses: u64,
     /// Sandboxes booted into the pool.
     pub refills: u64,
+    /// CPU those boots took, each read from its cgroup once ready (nanoseconds).
+    pub refill_cpu_ns: u64,
     /// Boots that failed.
     pub failures: u64,
     /// Claimed runs that ended on the harness's exit frame.
