@@ -191,6 +191,21 @@ impl Gvisor {
         }
     }
 
+    /// Whether runsc still records container `id` (`<id>_sandbox:<id>.state` in its
+    /// root: a `runsc run` that was killed, or one still running).
+    fn has_state(&self, id: &str) -> bool {
+        let prefix = format!("{id}_sandbox:");
+        let Ok(entries) = std::fs::read_dir(&self.state_root) else {
+            // Unreadable: runsc decides.
+            return true;
+        };
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(&prefix) && name.ends_with(".state")
+        })
+    }
+
     /// runsc leaves `<id>_sandbox:<id>.lock` (and `.state` when its own process was
     /// killed) in its root even after `delete --force`, and the 2024 runsc its sandbox's
     /// control socket `runsc-<id>.sock` when the sandbox was killed under it; they are
@@ -357,7 +372,12 @@ impl Backend for Gvisor {
     }
 
     fn delete(&self, id: &str, cgroup: &RunCgroup, dir: &Path) {
-        self.runsc_delete(id);
+        // A `runsc run` that ended by itself has deleted its container already (its
+        // root holds nothing of it): another runsc process would only cost ~20 ms and
+        // a Go runtime's start per run. Only one that was killed leaves its state.
+        if self.has_state(id) {
+            self.runsc_delete(id);
+        }
         self.remove_state_files(id);
         if let Err(e) = cgroup.destroy() {
             crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
