@@ -62,8 +62,9 @@ pub trait Backend: Send + Sync {
     /// reads what a result needs: its exit status and whether anything was OOM-killed.
     fn wait(&self, child: Child, cgroup: &RunCgroup) -> Cleanup;
 
-    /// `runsc delete --force`: removes the container state, the cgroups (killing
-    /// anything left in them) and the bundle `dir`. Idempotent.
+    /// `runsc delete --force` (only while runsc still records the container: one that
+    /// ended by itself deleted it already): removes the container state, the cgroups
+    /// (killing anything left in them) and the bundle `dir`. Idempotent.
     fn delete(&self, id: &str, cgroup: &RunCgroup, dir: &Path);
 
     /// `runsc pause`: stops every process of a live sandbox; its memory stays.
