@@ -204,15 +204,17 @@ def busy_seconds():
     return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
-class DaemonCgroup:
-    """A cgroup of the bench's own that isoboxd is started in: its CPU nanoseconds."""
+class BenchCgroup:
+    """A cgroup of the bench's own (cpuacct on cgroup v1, cpu.stat on v2): processes
+    started with `preexec_fn=cg.enter` and their children run in it; `seconds()` is
+    their CPU so far, exactly."""
 
-    def __init__(self):
+    def __init__(self, name):
         v1 = "/sys/fs/cgroup/cpuacct"
         self.v1 = os.path.exists(os.path.join(v1, "cpuacct.usage"))
         if not self.v1 and not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-            sys.exit("error: no cgroup v1 cpuacct and no cgroup v2 at /sys/fs/cgroup")
-        self.path = os.path.join(v1 if self.v1 else "/sys/fs/cgroup", f"isobox-bench-daemon-{os.getpid()}")
+            raise Failure("no cgroup v1 cpuacct and no cgroup v2 at /sys/fs/cgroup")
+        self.path = os.path.join(v1 if self.v1 else "/sys/fs/cgroup", name)
         os.makedirs(self.path, exist_ok=True)
 
     def enter(self):
@@ -227,14 +229,19 @@ class DaemonCgroup:
             return next(int(v) for k, v in (line.split() for line in f) if k == "usage_usec") / 1e6
 
     def remove(self):
-        for _ in range(100):
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
+        """Removes it, from every v1 hierarchy too (runsc makes a spec's cgroupsPath in
+        each it uses), waiting up to 10 s for its processes to be gone."""
+        name = os.path.basename(self.path)
+        roots = [os.path.join("/sys/fs/cgroup", d) for d in os.listdir("/sys/fs/cgroup")] if self.v1 else []
+        for path in [os.path.join(r, name) for r in roots] or [self.path]:
+            deadline = time.monotonic() + 10
+            while os.path.isdir(path):
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
 
 
 DAEMON_CG = None
@@ -298,7 +305,7 @@ def start_isoboxd():
     )
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the daemon
     global DAEMON_CG
-    DAEMON_CG = DaemonCgroup()
+    DAEMON_CG = BenchCgroup(f"isobox-bench-daemon-{os.getpid()}")
     proc = subprocess.Popen([ISOBOXD], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                             preexec_fn=DAEMON_CG.enter)
     deadline = time.monotonic() + 60

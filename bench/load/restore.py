@@ -41,52 +41,6 @@ spec.loader.exec_module(ex)
 
 TICKS = "import time\nwhile True:\n    print('t', flush=True)\n    time.sleep(0.01)\n"
 MODES = ("boot", "restore")
-V1 = next((p for p in ("/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/cpu,cpuacct")
-           if os.path.exists(os.path.join(p, "cpuacct.usage"))), None)
-V2 = "/sys/fs/cgroup"
-
-
-class Cgroup:
-    """A cgroup of the bench's own for one trial: CPU nanoseconds of all in it."""
-
-    def __init__(self):
-        name = "isobox-bench-restore-" + uuid.uuid4().hex[:8]
-        self.v1 = V1 is not None
-        if not self.v1 and not os.path.exists(os.path.join(V2, "cgroup.controllers")):
-            raise ex.Failure("no cgroup v1 cpuacct and no cgroup v2 at /sys/fs/cgroup")
-        self.path = os.path.join(V1 or V2, name)
-        os.mkdir(self.path)
-
-    def enter(self):
-        """For preexec_fn: the child joins the cgroup before it runs runsc."""
-        with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-
-    def cpu_ns(self):
-        if self.v1:
-            with open(os.path.join(self.path, "cpuacct.usage")) as f:
-                return int(f.read())
-        with open(os.path.join(self.path, "cpu.stat")) as f:
-            for line in f:
-                k, v = line.split()
-                if k == "usage_usec":
-                    return int(v) * 1000
-        raise ex.Failure("cpu.stat has no usage_usec")
-
-    def remove(self):
-        """Removes it from every hierarchy (runsc makes it in those it uses)."""
-        name = os.path.basename(self.path)
-        roots = [os.path.join("/sys/fs/cgroup", d) for d in os.listdir("/sys/fs/cgroup")] if self.v1 else [V2]
-        for root in roots:
-            path = os.path.join(root, name)
-            deadline = time.monotonic() + 10
-            while os.path.isdir(path):
-                try:
-                    os.rmdir(path)
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
 
 
 def first_line(fd, what):
@@ -106,7 +60,7 @@ def gone(cid):
 def trial(mode, rt, image):
     """(wall ms, CPU s) from the command's start to the sandbox's first line."""
     cid = "isobox-benchrst-" + uuid.uuid4().hex[:12]
-    cg = Cgroup()
+    cg = ex.BenchCgroup("isobox-bench-restore-" + uuid.uuid4().hex[:8])
     rfd, wfd = os.pipe()
     # The sandbox's own processes (sentry, gofer, ptrace stubs) go where the spec's
     # cgroupsPath says (as isoboxd's do); the runsc commands join it before they run.
@@ -134,7 +88,7 @@ def trial(mode, rt, image):
                     raise ex.Failure(f"{mode}: runsc {step[0]} exit {p.returncode}: {err.read()[-400:]!r}")
         first_line(rfd, mode)
         dt = time.perf_counter() - t0
-        cpu = cg.cpu_ns() / 1e9
+        cpu = cg.seconds()
         return dt * 1000, cpu
     finally:
         os.close(wfd)
