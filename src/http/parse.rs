@@ -33,13 +33,19 @@ pub enum HttpError {
     /// Anything else malformed; the text says what.
     #[error("{0}")]
     Bad(&'static str),
+    /// A head the public-URL proxy takes only if what it adds (`X-Forwarded-*`) still
+    /// fits the bounds above; the text says which.
+    #[error("{0}")]
+    TooLargeToForward(&'static str),
 }
 
 impl HttpError {
     /// The status code this error is answered with.
     pub fn status(&self) -> u16 {
         match self {
-            HttpError::HeadTooLarge | HttpError::TooManyHeaders => 431,
+            HttpError::HeadTooLarge
+            | HttpError::TooManyHeaders
+            | HttpError::TooLargeToForward(_) => 431,
             HttpError::UriTooLong => 414,
             HttpError::Version => 505,
             HttpError::UnsupportedCoding => 501,

@@ -14,12 +14,25 @@
 //! has room. Nothing here knows a socket.
 
 use super::chunked::{write_chunk, ChunkedDecoder, LAST_CHUNK};
-use super::limits::MAX_HEAD_BYTES;
+use super::limits::{MAX_HEADERS, MAX_HEAD_BYTES};
 use super::parse::{find_head_end, parse_head};
 use super::{Framing, Head, HttpError};
 
 /// Bytes queued toward either side before the relay stops reading the other.
 pub const BUF_BYTES: usize = 256 * 1024;
+
+/// Header fields [`Relay::forward`] may write beyond the client's own: Host, Cookie,
+/// X-Forwarded-For, -Proto and -Host, the body's framing, Connection and Upgrade.
+pub const ADDED_HEADERS: usize = 8;
+/// Bytes it may add beyond the client's head and a second copy of its Host (in
+/// X-Forwarded-Host): the field names, the client's address and the proto, a
+/// Content-Length of 20 digits, `Connection: upgrade`.
+pub const ADDED_HEAD_BYTES: usize = 256;
+
+const TOO_MANY_TO_FORWARD: &str = "too many header fields to forward: with the proxy's own \
+     (Host, X-Forwarded-For, -Proto, -Host, the framing) the app would get more than 100";
+const TOO_LARGE_TO_FORWARD: &str = "request head too large to forward: with the proxy's own \
+     fields (X-Forwarded-Host repeats Host) it would pass 16 KiB";
 /// The largest response head an app may send (its cookies can be long).
 pub const MAX_RESPONSE_HEAD_BYTES: usize = 64 * 1024;
 /// Header fields of a response.
@@ -250,6 +263,17 @@ impl Relay {
         self.from_client.drain(..end);
         self.scan_from = 0;
         match parsed {
+            // What `forward` adds must still fit the bounds, so the app never gets a
+            // head that this daemon's own parser would refuse (431 instead).
+            Ok(h) if h.headers.len() + ADDED_HEADERS > MAX_HEADERS => {
+                Next::Refused(HttpError::TooLargeToForward(TOO_MANY_TO_FORWARD))
+            }
+            Ok(h)
+                if end + h.header("host").map_or(0, str::len) + ADDED_HEAD_BYTES
+                    > MAX_HEAD_BYTES =>
+            {
+                Next::Refused(HttpError::TooLargeToForward(TOO_LARGE_TO_FORWARD))
+            }
             Ok(h) => Next::Head(Box::new(h)),
             Err(e) => Next::Refused(e),
         }
@@ -743,6 +767,62 @@ mod tests {
         assert!(!r.upstream_reusable(), "an HTTP/1.0 app closes");
         r.from_client.extend_from_slice(b"Host: h\r\n\r\n");
         assert!(matches!(r.next_request(), Next::Head(h) if h.path == "/"));
+    }
+
+    #[test]
+    fn a_head_is_taken_only_if_what_the_relay_adds_still_fits_the_bounds() {
+        let many = |n: usize| {
+            let mut raw = String::from("GET / HTTP/1.1\r\nHost: h\r\n");
+            for i in 0..n {
+                raw.push_str(&format!("x-h{i}: v\r\n"));
+            }
+            raw.push_str("\r\n");
+            raw
+        };
+        // Host and n more: forward adds X-Forwarded-For, -Proto, -Host, ...
+        let most = MAX_HEADERS - ADDED_HEADERS - 1;
+        for (n, taken) in [(most - 1, true), (most, true), (most + 1, false)] {
+            let mut r = Relay::new(Vec::new());
+            r.from_client.extend_from_slice(many(n).as_bytes());
+            match r.next_request() {
+                Next::Head(h) => {
+                    assert!(taken, "{n} fields");
+                    r.forward(&h, &fwd("/"));
+                    parse_head(&r.to_upstream).expect("the app gets a head our parser takes");
+                }
+                Next::Refused(e @ HttpError::TooLargeToForward(_)) => {
+                    assert!(!taken, "{n} fields");
+                    assert_eq!(e.status(), 431);
+                }
+                _ => panic!("{n} fields"),
+            }
+        }
+        // A head whose Host is long: its copy in X-Forwarded-Host must fit too.
+        let sized = |pad: usize| {
+            format!(
+                "GET / HTTP/1.1\r\nHost: {}\r\nx-pad: {}\r\n\r\n",
+                "h".repeat(4000),
+                "p".repeat(pad)
+            )
+        };
+        let base = sized(0).len() + 4000 + ADDED_HEAD_BYTES;
+        let fits = MAX_HEAD_BYTES - base;
+        for (pad, taken) in [(fits - 1, true), (fits, true), (fits + 1, false)] {
+            let mut r = Relay::new(Vec::new());
+            r.from_client.extend_from_slice(sized(pad).as_bytes());
+            match r.next_request() {
+                Next::Head(h) => {
+                    assert!(taken, "pad {pad}");
+                    r.forward(&h, &fwd("/"));
+                    parse_head(&r.to_upstream).expect("the app gets a head our parser takes");
+                }
+                Next::Refused(e @ HttpError::TooLargeToForward(_)) => {
+                    assert!(!taken, "pad {pad}");
+                    assert_eq!(e.status(), 431);
+                }
+                _ => panic!("pad {pad}"),
+            }
+        }
     }
 
     #[test]
