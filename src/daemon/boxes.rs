@@ -99,6 +99,13 @@ pub(crate) enum State {
 }
 
 impl Sbx {
+    /// Ready in the warm pool, and its boot measured: a create or a job may take it.
+    fn takeable(&self) -> bool {
+        self.pooled && self.state == State::Running && !self.measuring
+    }
+}
+
+impl Sbx {
     /// A new call id for this sandbox's channel (never 0).
     pub(super) fn take_call_id(&mut self) -> u32 {
         let id = self.next_call;
@@ -165,6 +172,9 @@ pub(crate) struct Sbx {
     pub(super) pooled: bool,
     /// Taken from the warm pool (`info.warm`).
     warm: bool,
+    /// Pooled and ready, its boot's CPU still being read from its cgroup: not taken
+    /// until then, so the figure holds the boot alone.
+    measuring: bool,
     /// Egress cuts before it booted (a cut since leaves it without network).
     cuts_at_boot: u64,
     /// The container's name under the instance.
@@ -640,6 +650,7 @@ impl Daemon {
             start_ms: 0,
             pooled,
             warm: false,
+            measuring: false,
             cuts_at_boot: self.app.egress.cuts(),
             container: container.clone(),
             ctl: None,
@@ -730,9 +741,7 @@ impl Daemon {
                         let ready = t
                             .boxes
                             .iter()
-                            .filter(|(_, b)| {
-                                b.pooled && b.state == State::Running && b.template == *name
-                            })
+                            .filter(|(_, b)| b.takeable() && b.template == *name)
                             .count();
                         (name.clone(), crate::api::WarmRuntime { ready, target: *n })
                     })
@@ -769,7 +778,7 @@ impl Daemon {
         self.boxes
             .boxes
             .iter()
-            .find(|(_, b)| b.pooled && b.state == State::Running && b.template == c.template)
+            .find(|(_, b)| b.takeable() && b.template == c.template)
             .map(|(k, _)| k)
     }
 
@@ -1157,17 +1166,29 @@ impl Daemon {
         );
         self.box_arm(key);
         if pooled {
-            self.box_warm_publish();
-            // What its boot cost, up to init's hello: read on the pool.
-            if let Some(cg) = self.boxes.boxes.get(key).and_then(|b| b.cgroup.clone()) {
-                self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
-                    let cpu = cg.usage().cpu_ns;
-                    Box::new(move |d: &mut Daemon| {
-                        d.boxes.warm_refill_cpu_ns = d.boxes.warm_refill_cpu_ns.saturating_add(cpu);
-                        d.box_warm_publish();
-                    })
-                }));
+            // What its boot cost, up to init's hello: read on the pool before anyone
+            // can take it (the figure must not hold a client's or a job's work); it is
+            // `ready` in the figures once it can be taken.
+            if let Some(b) = self.boxes.boxes.get_mut(key) {
+                if let Some(cg) = b.cgroup.clone() {
+                    b.measuring = true;
+                    let serial = b.serial;
+                    self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+                        let cpu = cg.usage().cpu_ns;
+                        Box::new(move |d: &mut Daemon| {
+                            let Some(b) = d.boxes.boxes.get_mut(key).filter(|b| b.serial == serial)
+                            else {
+                                return;
+                            };
+                            b.measuring = false;
+                            d.boxes.warm_refill_cpu_ns =
+                                d.boxes.warm_refill_cpu_ns.saturating_add(cpu);
+                            d.box_warm_publish();
+                        })
+                    }));
+                }
             }
+            self.box_warm_publish();
         }
         if let Some((ck, cserial)) = creator {
             if self.conns.get(ck).is_some_and(|c| c.serial == cserial) {
