@@ -680,7 +680,7 @@ fn junit_gradle(lines: &[&str]) -> Option<TestResults> {
             };
             failures.push(Failure {
                 name: clip(&format!("{class}.{method}")),
-                file,
+                file: file.map(|f| clip(&f)),
                 message: clip(message),
             });
         }
@@ -1092,6 +1092,25 @@ mod tests {
         let r = one("junit-gradle-pass.txt");
         assert_eq!((r.passed, r.failed, r.skipped, r.total), (None, 0, 0, None));
         assert!(r.failures.is_empty());
+    }
+
+    #[test]
+    fn test_a_gradle_failure_s_file_is_clipped_like_every_other_field() {
+        // Found by a 30-minute fuzz run of job_log: the file after " at " was kept whole.
+        let long = "F".repeat(5000);
+        let log = format!(
+            ":test\n\nApiTest > refunds FAILED\n    java.lang.AssertionError at {long}.java:42\n\n1 test completed, 1 failed\n:test FAILED\n"
+        );
+        let r = test_results(&log);
+        let f = &r[0].failures[0];
+        assert_eq!(f.name, "ApiTest.refunds");
+        let file = f.file.as_deref().unwrap();
+        assert!(
+            file.chars().count() <= MAX_MESSAGE_CHARS + 1,
+            "{}",
+            file.len()
+        );
+        assert!(file.starts_with("FFF"), "{file}");
     }
 
     #[test]
