@@ -103,9 +103,7 @@ impl Sbx {
     fn takeable(&self) -> bool {
         self.pooled && self.state == State::Running && !self.measuring
     }
-}
 
-impl Sbx {
     /// A new call id for this sandbox's channel (never 0).
     pub(super) fn take_call_id(&mut self) -> u32 {
         let id = self.next_call;
@@ -543,14 +541,8 @@ impl Daemon {
             return;
         }
         if let Some(key) = self.box_warm_take(&c) {
-            self.boxes.warm_hits += 1;
             self.box_claim(ck, key, tenant, *c, t0);
             return;
-        }
-        // A miss is a request the pool could have served: economy, network full.
-        if self.box_poolable(&c) {
-            self.boxes.warm_misses += 1;
-            self.box_warm_publish();
         }
         let Some(cserial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
@@ -753,12 +745,12 @@ impl Daemon {
             });
     }
 
-    /// A ready sandbox of the pool that can serve `c`: its template, network `full`,
-    /// and a network that is still there (none was cut since it booted). Pooled ones
-    /// that can no longer serve anyone are ended (and replaced).
+    /// A ready sandbox of the pool that can serve `c` (`box_poolable`), with a
+    /// network that is still there (none was cut since it booted); counts a hit, or a
+    /// miss when the pool had none. Pooled ones that can no longer serve anyone are
+    /// ended (and replaced).
     fn box_warm_take(&mut self, c: &Create) -> Option<usize> {
-        let economy = crate::wbx::compute::default_class();
-        if c.network != Net::Full || c.compute_class.is_some_and(|k| k != economy) {
+        if !self.box_poolable(c) {
             return None;
         }
         let egress = std::sync::Arc::clone(&self.app.egress);
@@ -775,11 +767,20 @@ impl Daemon {
         for k in stale {
             self.box_end(k, "its network went away while it waited in the pool");
         }
-        self.boxes
+        let key = self
+            .boxes
             .boxes
             .iter()
             .find(|(_, b)| b.takeable() && b.template == c.template)
-            .map(|(k, _)| k)
+            .map(|(k, _)| k);
+        match key {
+            Some(_) => self.boxes.warm_hits += 1,
+            None => {
+                self.boxes.warm_misses += 1;
+                self.box_warm_publish();
+            }
+        }
+        key
     }
 
     /// Takes pooled sandbox `key` out of the pool for `tenant`: its lifetime of
@@ -823,22 +824,14 @@ impl Daemon {
 
     /// A pooled sandbox for a job that asks for what the pool holds (`c`: its
     /// template, network `full`, economy; no inputs to bind, which only a boot can):
-    /// taken for `owner`, already past its hello. `None` boots cold; a miss is
-    /// counted as a client's create counts it.
+    /// taken for `owner`, already past its hello. `None` boots cold.
     pub(super) fn box_take_for_job(
         &mut self,
         tenant: String,
         c: &Create,
         owner: BoxOwner,
     ) -> Option<usize> {
-        let Some(key) = self.box_warm_take(c) else {
-            if self.box_poolable(c) {
-                self.boxes.warm_misses += 1;
-                self.box_warm_publish();
-            }
-            return None;
-        };
-        self.boxes.warm_hits += 1;
+        let key = self.box_warm_take(c)?;
         let b = self.box_unpool(key, tenant, c.timeout_s, Instant::now());
         b.owner = Some(owner);
         self.box_arm(key);
@@ -846,8 +839,8 @@ impl Daemon {
         Some(key)
     }
 
-    /// Whether the pool is meant to hold sandboxes that `c` could take (so finding
-    /// none is a miss).
+    /// Whether the pool is meant to hold sandboxes that `c` could take: its template
+    /// is pooled, network `full`, economy (so finding none is a miss).
     fn box_poolable(&self, c: &Create) -> bool {
         c.network == Net::Full
             && c.compute_class

@@ -771,6 +771,23 @@ mod tests {
 
     #[test]
     fn a_head_is_taken_only_if_what_the_relay_adds_still_fits_the_bounds() {
+        // Taken and forwarded as a head our parser takes, or refused with 431.
+        let check = |raw: &str, taken: bool, what: &str| {
+            let mut r = Relay::new(Vec::new());
+            r.from_client.extend_from_slice(raw.as_bytes());
+            match r.next_request() {
+                Next::Head(h) => {
+                    assert!(taken, "{what}");
+                    r.forward(&h, &fwd("/"));
+                    parse_head(&r.to_upstream).expect("the app gets a head our parser takes");
+                }
+                Next::Refused(e @ HttpError::TooLargeToForward(_)) => {
+                    assert!(!taken, "{what}");
+                    assert_eq!(e.status(), 431);
+                }
+                _ => panic!("{what}"),
+            }
+        };
         let many = |n: usize| {
             let mut raw = String::from("GET / HTTP/1.1\r\nHost: h\r\n");
             for i in 0..n {
@@ -782,20 +799,7 @@ mod tests {
         // Host and n more: forward adds X-Forwarded-For, -Proto, -Host, ...
         let most = MAX_HEADERS - ADDED_HEADERS - 1;
         for (n, taken) in [(most - 1, true), (most, true), (most + 1, false)] {
-            let mut r = Relay::new(Vec::new());
-            r.from_client.extend_from_slice(many(n).as_bytes());
-            match r.next_request() {
-                Next::Head(h) => {
-                    assert!(taken, "{n} fields");
-                    r.forward(&h, &fwd("/"));
-                    parse_head(&r.to_upstream).expect("the app gets a head our parser takes");
-                }
-                Next::Refused(e @ HttpError::TooLargeToForward(_)) => {
-                    assert!(!taken, "{n} fields");
-                    assert_eq!(e.status(), 431);
-                }
-                _ => panic!("{n} fields"),
-            }
+            check(&many(n), taken, &format!("{n} fields"));
         }
         // A head whose Host is long: its copy in X-Forwarded-Host must fit too.
         let sized = |pad: usize| {
@@ -808,20 +812,7 @@ mod tests {
         let base = sized(0).len() + 4000 + ADDED_HEAD_BYTES;
         let fits = MAX_HEAD_BYTES - base;
         for (pad, taken) in [(fits - 1, true), (fits, true), (fits + 1, false)] {
-            let mut r = Relay::new(Vec::new());
-            r.from_client.extend_from_slice(sized(pad).as_bytes());
-            match r.next_request() {
-                Next::Head(h) => {
-                    assert!(taken, "pad {pad}");
-                    r.forward(&h, &fwd("/"));
-                    parse_head(&r.to_upstream).expect("the app gets a head our parser takes");
-                }
-                Next::Refused(e @ HttpError::TooLargeToForward(_)) => {
-                    assert!(!taken, "pad {pad}");
-                    assert_eq!(e.status(), 431);
-                }
-                _ => panic!("pad {pad}"),
-            }
+            check(&sized(pad), taken, &format!("pad {pad}"));
         }
     }
 

@@ -74,7 +74,7 @@ impl Daemon {
         self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
             let found = sessions.store().batch_by_idempotency_key(&tenant, &key);
             Box::new(move |d: &mut Daemon| match found {
-                Ok(Some(eid)) => d.existing_batch(ck, serial, tenant, eid),
+                Ok(Some(eid)) => d.answer_batch(ck, serial, tenant, eid, 202),
                 Ok(None) => d.job_batch_submit_checked(ck, serial, tenant, b),
                 Err(e) => {
                     log::error!("jobs: looking up a batch's idempotency key: {e}");
@@ -84,15 +84,15 @@ impl Daemon {
         }));
     }
 
-    /// Answers a submit whose idempotency key names batch `eid`: the batch as it is
-    /// now.
-    fn existing_batch(&mut self, ck: usize, serial: u64, tenant: String, eid: String) {
-        self.job_batch_view(tenant, eid.clone(), move |d, v| {
+    /// Answers request `(ck, serial)` with batch `id` as it is now, with `status`
+    /// (a resent submit's 202, a cancel's 200).
+    fn answer_batch(&mut self, ck: usize, serial: u64, tenant: String, id: String, status: u16) {
+        self.job_batch_view(tenant, id.clone(), move |d, v| {
             let resp = match v {
                 Ok(Some((rec, jobs))) => {
                     let prices = d.prices();
-                    let body = wb::summary_json(&eid, &rec, &jobs, &prices, now_ms());
-                    Response::json(202, &body)
+                    let body = wb::summary_json(&id, &rec, &jobs, &prices, now_ms());
+                    Response::json(status, &body)
                 }
                 Ok(None) => wb::not_found(),
                 Err(_) => store_refusal(),
@@ -253,7 +253,7 @@ impl Daemon {
                         }
                         // The same key: the same batch, as it is now.
                         Ok(BatchSubmitted::Existing(eid, _)) => {
-                            d.existing_batch(ck, serial, tenant, eid);
+                            d.answer_batch(ck, serial, tenant, eid, 202);
                         }
                         Ok(BatchSubmitted::Refused(why)) => {
                             d.on_outcome(ck, serial, Outcome::Respond(crate::wbx::error(400, &why)))
@@ -421,18 +421,7 @@ impl Daemon {
                         d.on_outcome(ck, serial, Outcome::Respond(store_refusal()));
                         return;
                     }
-                    d.job_batch_view(tenant, id.clone(), move |d, v| {
-                        let resp = match v {
-                            Ok(Some((rec, jobs))) => {
-                                let prices = d.prices();
-                                let body = wb::summary_json(&id, &rec, &jobs, &prices, now_ms());
-                                Response::json(200, &body)
-                            }
-                            Ok(None) => wb::not_found(),
-                            Err(_) => store_refusal(),
-                        };
-                        d.on_outcome(ck, serial, Outcome::Respond(resp));
-                    });
+                    d.answer_batch(ck, serial, tenant, id, 200);
                 }));
             });
     }
