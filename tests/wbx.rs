@@ -200,7 +200,8 @@ fn test_command_limits_timeout_cap_and_stream() {
     let v = exec(
         &d,
         &id,
-        &json!({"cmd": "sleep 2 & grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l; kill $!"}),
+        // (A moment first: the background child is `sh` until it has exec'd sleep.)
+        &json!({"cmd": "sleep 2 & sleep 0.3; grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l; kill $!"}),
     );
     assert_eq!(v["stdout"], "1\n", "{v}");
     // The time limit kills the command's whole process group.
