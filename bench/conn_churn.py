@@ -13,6 +13,7 @@ Usage: python3 bench/conn_churn.py --url http://127.0.0.1:18093 --pid PID [--rou
 """
 
 import argparse
+import json
 import socket
 import time
 import urllib.parse
@@ -24,6 +25,18 @@ def anon_kib(pid):
             if line.startswith("RssAnon:"):
                 return int(line.split()[1])
     raise RuntimeError("no RssAnon")
+
+
+def heap_kib(host, port):
+    """(allocated, resident) KiB from /healthz's `heap`, or None on a daemon without it."""
+    s = socket.create_connection((host, port))
+    s.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    s.close()
+    heap = json.loads(data.split(b"\r\n\r\n", 1)[1]).get("heap")
+    return (heap["allocatedBytes"] // 1024, heap["residentBytes"] // 1024) if heap else None
 
 
 def main():
@@ -38,7 +51,8 @@ def main():
     u = urllib.parse.urlsplit(a.url)
     req = f"GET /healthz HTTP/1.1\r\nHost: {u.hostname}\r\n\r\n".encode()
     start = anon_kib(a.pid)
-    print(f"start: anon {start} KiB", flush=True)
+    heap0 = heap_kib(u.hostname, u.port)
+    print(f"start: anon {start} KiB, heap allocated/resident {heap0} KiB", flush=True)
     prev = start
     for r in range(a.rounds):
         for _ in range(a.bursts):
@@ -51,9 +65,10 @@ def main():
         peak = anon_kib(a.pid)
         time.sleep(a.idle)
         now = anon_kib(a.pid)
+        heap = heap_kib(u.hostname, u.port)
         n = a.bursts * a.per_burst
         print(f"round {r + 1}: {n} connections, anon {peak} KiB after the bursts, {now} KiB after "
-              f"{a.idle:.0f} s idle ({now - prev:+d} KiB, {(now - prev) * 1024 / n:+.1f} B per connection)",
+              f"{a.idle:.0f} s idle ({now - prev:+d} KiB, {(now - prev) * 1024 / n:+.1f} B per connection); heap allocated/resident {heap} KiB",
               flush=True)
         prev = now
     total = a.rounds * a.bursts * a.per_burst

@@ -11,6 +11,10 @@ non-zero if an invariant failed:
 
   * any unexpected result or transport error;
   * RSS after the load > RSS at minute 1 (post warm-up) + 10 %;
+  * with --pid and a run of at least --warmup + 20 minutes: the daemon's anonymous
+    memory not flat, i.e. the mean of the last 10 per-minute samples more than
+    --anon-band % (default 5) away from the mean of the 10 right after --warmup
+    (default 10) minutes;
   * open fds after the load not back to the pre-load baseline;
   * leftovers (with --instance: child cgroups under /sys/fs/cgroup/memory/<instance>,
     runsc containers under /run/isobox/<instance>/runsc; with --data-dir: mounts under
@@ -318,7 +322,8 @@ class Stats:
         self.lat = {k: [] for k in KINDS}
         self.bad = {k: 0 for k in KINDS}
         self.examples = []
-        self.samples = []  # (minute, seconds, rss, fds, inFlight, (anon, file) or None)
+        # (minute, seconds, rss, fds, inFlight, (anon, file) or None, heap allocated or None)
+        self.samples = []
 
     def record(self, kind, secs, err):
         with self.lock:
@@ -375,11 +380,14 @@ def sampler(cl, start, stats, stop, minutes, pid):
         try:
             h = health(cl)
             split = rss_split(pid)
+            heap = (h.get("heap") or {}).get("allocatedBytes")
             with stats.lock:
-                stats.samples.append((m, time.monotonic() - start, h["rssBytes"], h["openFds"], h["inFlight"], split))
+                stats.samples.append((m, time.monotonic() - start, h["rssBytes"], h["openFds"], h["inFlight"], split,
+                                      heap))
                 done = sum(len(v) for v in stats.lat.values())
                 bad = sum(stats.bad.values())
             extra = f" (anon {split[0] / 2**20:.2f} + file {split[1] / 2**20:.2f})" if split else ""
+            extra += f", heap allocated {heap / 2**20:.2f} MiB" if heap is not None else ""
             print(f"[{time.strftime('%H:%M:%S')}] minute {m}: rss {h['rssBytes'] / 2**20:.2f} MiB{extra}, "
                   f"fds {h['openFds']}, inFlight {h['inFlight']}, ops {done}, unexpected {bad}, "
                   f"load {os.getloadavg()[0]:.2f}", flush=True)
@@ -447,6 +455,9 @@ def main():
     ap.add_argument("--data-dir", default=None, help="ISOBOX_DATA_DIR, to check for leftover mounts")
     ap.add_argument("--pid", type=int, default=None, help="daemon pid, to check for zombie children")
     ap.add_argument("--json", default=None, help="also write the summary as JSON to this file")
+    ap.add_argument("--warmup", type=int, default=10, help="minutes before the anonymous-memory check's first window")
+    ap.add_argument("--anon-band", type=float, default=5.0,
+                    help="%% the last 10 minutes' mean anonymous memory may differ from the first 10 after warm-up")
     ap.add_argument("--kinds", default=None,
                     help=f"comma-separated subset of the mix (default all: {','.join(KINDS)})")
     a = ap.parse_args()
@@ -537,7 +548,20 @@ def main():
     print(f"inFlight at end: {h1['inFlight']}; drained {settled_after:.1f} s after the load stopped")
     print(f"counters: {json.dumps(h1['counters'])}")
     print(f"per-minute samples (minute:rss MiB/fds/inFlight): "
-          + ", ".join(f"{m}:{r / 2**20:.2f}/{f}/{i}" for m, _, r, f, i, _ in samples))
+          + ", ".join(f"{m}:{r / 2**20:.2f}/{f}/{i}" for m, _, r, f, i, _, _ in samples))
+    anon = [(m, sp[0]) for m, _, _, _, _, sp, _ in samples if sp]
+    if anon:
+        print("per-minute anonymous MiB (heap allocated MiB): "
+              + ", ".join(f"{m}:{sp[0] / 2**20:.2f}" + (f" ({hp / 2**20:.2f})" if hp is not None else "")
+                          for m, _, _, _, _, sp, hp in samples if sp))
+    flat = None
+    after = [v for m, v in anon if m > a.warmup]
+    if len(after) >= 20:
+        first, last = sum(after[:10]) / 10, sum(after[-10:]) / 10
+        flat = (first, last, (last - first) / first * 100)
+        print(f"anonymous memory: mean of minutes {a.warmup + 1}-{a.warmup + 10} {mib(first)}, of the last 10 "
+              f"{mib(last)} ({flat[2]:+.1f} %, band ±{a.anon_band:g} %); after warm-up min {mib(min(after))}, "
+              f"max {mib(max(after))}")
     split_end = rss_split(a.pid)
     if warm and warm[5] and split_end:
         print(f"rss split (anon + file-backed, from /proc/{a.pid}/status): minute 1 {mib(warm[5][0])} + "
@@ -556,6 +580,9 @@ def main():
         failures.append(f"RSS end {mib(rss_end)} > minute-1 {mib(warm[2])} + 10 %")
     if not warm:
         failures.append("no minute-1 sample (run at least 1 minute)")
+    if flat and abs(flat[2]) > a.anon_band:
+        failures.append(f"anonymous memory not flat: last 10 minutes {mib(flat[1])} vs {mib(flat[0])} "
+                        f"after warm-up ({flat[2]:+.1f} %)")
     if fds_end > base_fds:
         failures.append(f"fds end {fds_end} > baseline {base_fds}")
     if h1["inFlight"] != 0:
@@ -573,7 +600,7 @@ def main():
                               "max": max(v) if v else None} for k, v in stats.lat.items()},
                 "rss": {"before": base_rss, "minute1": warm[2] if warm else None, "end": rss_end, "max": rss_max},
                 "fds": {"before": base_fds, "minute1": warm[3] if warm else None, "end": fds_end, "max": fds_max},
-                "samples": samples, "rss_split_end": split_end, "counters": h1["counters"], "leftovers": left, "failures": failures,
+                "samples": samples, "rss_split_end": split_end, "anon_flat": flat, "counters": h1["counters"], "leftovers": left, "failures": failures,
                 "examples": stats.examples, "notes": NOTES.counts,
             }, f, indent=1)
 

@@ -14,6 +14,8 @@ struct Health<'a> {
     counters: CountersView<'a>,
     open_fds: usize,
     rss_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    heap: Option<Heap>,
     egress: serde_json::Value,
     store: StoreFigures,
     /// Kernel slot occupancy, when kernel sessions are enabled.
@@ -51,6 +53,16 @@ struct StoreFigures {
     largest_batch: u64,
 }
 
+/// The allocator's own figures (`sys::alloc::heap_figures`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Heap {
+    /// Bytes allocated and not yet freed.
+    allocated_bytes: u64,
+    /// Bytes of pages the allocator holds resident.
+    resident_bytes: u64,
+}
+
 #[derive(Serialize)]
 struct Kernels {
     used: usize,
@@ -84,6 +96,10 @@ pub fn healthz(app: &App) -> Response {
             },
             open_fds: app.process_figures.0,
             rss_bytes: app.process_figures.1,
+            heap: crate::sys::alloc::heap_figures().map(|(allocated_bytes, resident_bytes)| Heap {
+                allocated_bytes,
+                resident_bytes,
+            }),
             egress: egress_json(app),
             store: StoreFigures {
                 commits,

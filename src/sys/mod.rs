@@ -2,6 +2,7 @@
 //!
 //! Nothing outside `sys/` calls `libc` directly in an `unsafe` block.
 
+pub mod alloc;
 pub mod fsat;
 pub mod inotify;
 pub mod loopdev;
