@@ -16,6 +16,8 @@
 //!   an eryx environment's snapshot (`build.rs`); one JSON line on stdout says how it
 //!   went.
 //! - `isobox-wasm selftest`: installs the filter and prints what it refuses.
+//! - `isobox-wasm wasi --module FILE …`: one WebAssembly job, a WASI preview 1 command
+//!   (`wasi.rs`).
 //! - `isobox-wasm bench --cache DIR`: the in-process reference of `bench/load/eryx.py`.
 
 // The frames' format, one file shared with the daemon (`src/wasm/frame.rs`).
@@ -26,6 +28,7 @@ mod frame;
 #[path = "../../src/wasm/modname.rs"]
 mod modname;
 mod seccomp;
+mod wasi;
 
 use frame::{read_frame, write_frame};
 
@@ -156,6 +159,9 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    if args.get(1).map(String::as_str) == Some("wasi") {
+        std::process::exit(wasi_main(&args[2..]));
+    }
     if args.get(1).map(String::as_str) == Some("selftest") {
         let code = match seccomp::selftest() {
             Ok(()) => 0,
@@ -1302,6 +1308,32 @@ fn bench(cache: &Path, runs: usize, code: &str, session: bool) -> Result<(), Str
             "compute_units": a.compute_units, "status": a.status})
     );
     Ok(())
+}
+
+/// `isobox-wasm wasi …` (`wasi.rs`): runs the module and says how it ended on fd 3
+/// (or stderr, run by hand); exits with its exit code, or 2 if it could not start.
+fn wasi_main(args: &[String]) -> i32 {
+    let out = fd3().ok();
+    let say = |line: serde_json::Value| {
+        let text = format!("{line}\n");
+        let written = out
+            .as_ref()
+            .is_some_and(|mut s| std::io::Write::write_all(&mut s, text.as_bytes()).is_ok());
+        if !written {
+            eprint!("{text}");
+        }
+    };
+    let ended = wasi::parse(args).and_then(|job| wasi::run(&job, seccomp::install));
+    match ended {
+        Ok(e) => {
+            say(serde_json::to_value(&e).unwrap_or_default());
+            e.exit_code
+        }
+        Err(e) => {
+            say(serde_json::json!({ "error": e }));
+            2
+        }
+    }
 }
 
 /// fd 3, the socket the daemon gave us.
