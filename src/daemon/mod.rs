@@ -355,8 +355,9 @@ impl Daemon {
                     Ok(n) => log::info!("sessions: reaped {n} idle past their ttl"),
                     Err(e) => log::error!("session upkeep: {e}"),
                 }
-                // Freed memory (a burst of connections, a large response) goes back to
-                // the kernel rather than staying in glibc's arenas.
+                // What C code (LMDB) freed with glibc's malloc goes back to the kernel
+                // rather than staying in glibc's arenas (the daemon's own allocations
+                // are jemalloc's, which returns them itself: `sys::alloc`).
                 crate::sys::malloc_trim();
                 Box::new(|d: &mut Daemon| d.upkeep_running = false)
             });
