@@ -567,8 +567,9 @@ fn unsafe_free_kill(pid: u32) {
 }
 
 /// The worker's seccomp filter, tried by the worker itself (`isobox-wasm selftest`):
-/// sockets, fork, exec, namespaces and ptrace refused; threads and memory fine;
-/// `clone3` answered ENOSYS so threads go through `clone`, whose flags it checks.
+/// sockets, fork, exec, namespaces, ptrace, signals to other processes, x32 calls and
+/// the new mount API refused; threads, memory and signals to itself fine; `clone3`
+/// answered ENOSYS so threads go through `clone`, whose flags it checks.
 #[test]
 fn test_the_workers_seccomp_filter_refuses_what_an_escape_needs() {
     let worker = std::path::Path::new(env!("CARGO_BIN_EXE_isoboxd")).with_file_name("isobox-wasm");
@@ -593,6 +594,11 @@ fn test_the_workers_seccomp_filter_refuses_what_an_escape_needs() {
             "unshare=EPERM",
             "ptrace=EPERM",
             "clone3=ENOSYS",
+            "kill_init=EPERM",
+            "tgkill_init=EPERM",
+            "tgkill_self=ok",
+            "x32_getpid=EPERM",
+            "fsopen=EPERM",
             "thread=ok",
             "alloc=ok",
         ],

@@ -32,6 +32,8 @@ const PRELUDE: &str = r#"
   (import "wasi_snapshot_preview1" "clock_time_get" (func $clock_time_get (param i32 i64 i32) (result i32)))
   (import "wasi_snapshot_preview1" "random_get" (func $random_get (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "path_open" (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll_oneoff (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "path_symlink" (func $path_symlink (param i32 i32 i32 i32 i32) (result i32)))
   (memory (export "memory") 1)
   (func $write (param $fd i32) (param $ptr i32) (param $len i32)
     (i32.store (i32.const 1000) (local.get $ptr))
@@ -152,7 +154,7 @@ fn test_a_trap_and_what_cannot_start_are_told_apart() {
         o.ended["error"]
             .as_str()
             .unwrap()
-            .starts_with("not a WebAssembly module"),
+            .starts_with("not a WebAssembly module this runtime takes"),
         "{}",
         o.ended
     );
@@ -210,14 +212,65 @@ fn test_memory_grows_to_the_limit_and_not_a_page_past_it() {
     let o = run(&m, &["--memory-mb", "17"]);
     assert_eq!(o.stdout, b"1117");
     assert_eq!(o.ended["peak_memory_bytes"], (16 << 20) + 65536);
-    // A module whose initial memory is over the limit cannot start.
-    let bytes =
-        wat::parse_str(r#"(module (memory (export "memory") 300) (func (export "_start")))"#)
-            .unwrap();
-    std::fs::write(d.join("big.wasm"), bytes).unwrap();
-    let o = run(&d.join("big.wasm"), &["--memory-mb", "16"]);
-    assert_ne!(o.code, 0);
-    assert!(o.ended.to_string().contains("memory"), "{}", o.ended);
+    // A refused grow leaves the count as it was: after 254, a grow of 2 and one of
+    // 2^32 - 1 pages fail, and 1 more still fits exactly.
+    let m = module(
+        &d,
+        r#"
+        (func $grow (param $n i32)
+          (call $digit (i32.ne (memory.grow (local.get $n)) (i32.const -1))))
+        (func (export "_start")
+          (call $grow (i32.const 254))
+          (call $grow (i32.const 2))
+          (call $grow (i32.const -1))
+          (call $grow (i32.const 1))
+          (call $grow (i32.const 1)))
+        "#,
+    );
+    let o = run(&m, &["--memory-mb", "16"]);
+    assert_eq!(o.stdout, b"10010");
+    assert_eq!(o.ended["peak_memory_bytes"], 16 << 20);
+    // Tables count too (8 bytes an element): 16 MiB of memory and table together.
+    let m = module(
+        &d,
+        r#"
+        (table $t 0 funcref)
+        (func (export "_start")
+          (call $digit (i32.ne (table.grow $t (ref.null func) (i32.const 1000)) (i32.const -1)))
+          ;; 2,100,000 more elements (16.8 MB): refused
+          (call $digit (i32.ne (table.grow $t (ref.null func) (i32.const 2100000)) (i32.const -1)))
+          (call $digit (i32.ne (memory.grow (i32.const 254)) (i32.const -1))))
+        "#,
+    );
+    let o = run(&m, &["--memory-mb", "16"]);
+    assert_eq!(o.stdout, b"101", "{}", o.ended);
+    assert_eq!(o.ended["peak_memory_bytes"], (255 << 16) + 8000);
+    // What cannot start is a setup error (exit 2), not a trap: an initial memory over
+    // the limit, two memories, a 64-bit memory.
+    for (name, text, says) in [
+        (
+            "big",
+            r#"(module (memory (export "memory") 300) (func (export "_start")))"#,
+            "instantiated",
+        ),
+        (
+            "two",
+            r#"(module (memory (export "memory") 1) (memory 1) (func (export "_start")))"#,
+            "not a WebAssembly module this runtime takes",
+        ),
+        (
+            "m64",
+            r#"(module (memory (export "memory") i64 1) (func (export "_start")))"#,
+            "not a WebAssembly module this runtime takes",
+        ),
+    ] {
+        let path = d.join(format!("{name}.wasm"));
+        std::fs::write(&path, wat::parse_str(text).unwrap()).unwrap();
+        let o = run(&path, &["--memory-mb", "16"]);
+        assert_eq!(o.code, 2, "{name}: {}", o.ended);
+        let error = o.ended["error"].as_str().unwrap_or_default();
+        assert!(error.contains(says), "{name}: {error}");
+    }
     std::fs::remove_dir_all(&d).unwrap();
 }
 
@@ -260,7 +313,9 @@ fn test_the_module_sees_only_its_directories() {
           (drop (call $open (i32.const 3) (i32.const 140) (i32.const 7) (i32.const 1) (i64.const 64)))
           ;; ../secret and an absolute path from /output: refused
           (drop (call $open (i32.const 4) (i32.const 160) (i32.const 9) (i32.const 0) (i64.const 2)))
-          (drop (call $open (i32.const 4) (i32.const 180) (i32.const 11) (i32.const 0) (i64.const 2))))
+          (drop (call $open (i32.const 4) (i32.const 180) (i32.const 11) (i32.const 0) (i64.const 2)))
+          ;; a symbolic link in /output (to ../secret): refused, EPERM (63)
+          (call $digit (call $path_symlink (i32.const 160) (i32.const 9) (i32.const 4) (i32.const 140) (i32.const 7))))
         "#,
     );
     let o = run(
@@ -274,7 +329,8 @@ fn test_the_module_sees_only_its_directories() {
             &format!("/output={}", output.display()),
         ],
     );
-    assert_eq!(o.stdout, b"11000", "{} {}", o.stderr, o.ended);
+    assert_eq!(o.stdout, b"11000o", "{} {}", o.stderr, o.ended);
+    assert!(std::fs::symlink_metadata(output.join("new.txt")).is_err());
     assert_eq!(o.code, 0);
     assert_eq!(
         std::fs::read(output.join("out.txt")).unwrap(),
@@ -324,5 +380,130 @@ fn test_clocks_random_numbers_and_stdin_are_deterministic() {
     // No --stdin: an empty stdin.
     let o = run(&m, &["--memory-mb", "16"]);
     assert_eq!(o.stdout.len(), 40);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// A sleep is on the module's time: a 1 s sleep and a sleep until 5 s past the wall
+/// clock's start both return at once, and the clocks say the time has passed.
+#[test]
+fn test_sleeping_moves_the_modules_time_not_the_hosts() {
+    let d = scratch("sleep");
+    // Subscription at 6000 (48 bytes), event at 7000, nevents at 7100. Prints: nevents,
+    // userdata == 42, the event's errno, then monotonic >= 1 s; then the same for an
+    // absolute realtime deadline, and realtime >= it.
+    let m = module(
+        &d,
+        r#"
+        (func $sub (param $id i32) (param $timeout i64) (param $flags i32)
+          (i64.store (i32.const 6000) (i64.const 42))
+          (i32.store8 (i32.const 6008) (i32.const 0))
+          (i32.store (i32.const 6016) (local.get $id))
+          (i64.store (i32.const 6024) (local.get $timeout))
+          (i64.store (i32.const 6032) (i64.const 0))
+          (i32.store16 (i32.const 6040) (local.get $flags))
+          (call $digit (call $poll_oneoff (i32.const 6000) (i32.const 7000) (i32.const 1) (i32.const 7100)))
+          (call $digit (i32.load (i32.const 7100)))
+          (call $digit (i64.eq (i64.load (i32.const 7000)) (i64.const 42)))
+          (call $digit (i32.load16_u (i32.const 7008))))
+        (func (export "_start")
+          (call $sub (i32.const 1) (i64.const 1000000000) (i32.const 0))
+          (drop (call $clock_time_get (i32.const 1) (i64.const 1) (i32.const 3000)))
+          (call $digit (i64.ge_u (i64.load (i32.const 3000)) (i64.const 1000000000)))
+          (call $sub (i32.const 0) (i64.const 946684805000000000) (i32.const 1))
+          (drop (call $clock_time_get (i32.const 0) (i64.const 1) (i32.const 3000)))
+          (call $digit (i64.ge_u (i64.load (i32.const 3000)) (i64.const 946684805000000000)))
+          ;; a CPU-time clock is not the module's: the event says EINVAL (28)
+          (call $sub (i32.const 2) (i64.const 1) (i32.const 0)))
+        "#,
+    );
+    let started = std::time::Instant::now();
+    let o = run(&m, &["--memory-mb", "16"]);
+    assert_eq!(o.stdout, b"0110101101011L", "{} {}", o.stderr, o.ended);
+    assert_eq!(o.code, 0);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "sleeping took {:?} of the host's time",
+        started.elapsed()
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// As the daemon runs it: the outcome on fd 3 (a socket), nothing of it on stderr, and
+/// the seccomp filter in force while the module runs (seen in /proc while it waits on
+/// a stdin that is a FIFO).
+#[test]
+fn test_the_outcome_goes_to_fd_3_and_the_filter_is_on_while_the_module_runs() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let d = scratch("fd3");
+    let fifo = d.join("stdin");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    // Reads stdin (blocks until the test writes), then echoes it.
+    let m = module(
+        &d,
+        r#"
+        (func (export "_start")
+          (i32.store (i32.const 1200) (i32.const 3000))
+          (i32.store (i32.const 1204) (i32.const 64))
+          (drop (call $fd_read (i32.const 0) (i32.const 1200) (i32.const 1) (i32.const 1208)))
+          (call $write (i32.const 1) (i32.const 3000) (i32.load (i32.const 1208))))
+        "#,
+    );
+    let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fd = theirs.as_raw_fd();
+    let mut cmd = Command::new(worker());
+    cmd.args(["wasi", "--memory-mb", "16", "--module"])
+        .arg(&m)
+        .arg("--stdin")
+        .arg(&fifo)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: dup2 is async-signal-safe and touches only fd numbers.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    drop(theirs);
+    // Opening the FIFO's writing end lets the worker's open of it return.
+    let mut writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    let status = format!("/proc/{}/status", child.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let seccomp = loop {
+        let s = std::fs::read_to_string(&status).unwrap_or_default();
+        let mode = s
+            .lines()
+            .find_map(|l| l.strip_prefix("Seccomp:"))
+            .map(str::trim);
+        if mode == Some("2") || std::time::Instant::now() > deadline {
+            break mode.map(str::to_string);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(seccomp.as_deref(), Some("2"), "the filter is on (mode 2)");
+    writer.write_all(b"ping").unwrap();
+    drop(writer);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.stdout, b"ping");
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut line = String::new();
+    ours.read_to_string(&mut line).unwrap();
+    let ended: Value = serde_json::from_str(line.trim_end()).unwrap();
+    assert_eq!(ended["exit_code"], 0);
+    assert_eq!(ended["peak_memory_bytes"], 65536);
     std::fs::remove_dir_all(&d).unwrap();
 }

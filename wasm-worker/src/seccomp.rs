@@ -4,10 +4,11 @@
 //! daemon's, is already open), no exec, no new processes (threads only: `clone3` is
 //! answered `ENOSYS` so glibc falls back to `clone`, whose flags a filter can read, and
 //! a `clone` without `CLONE_THREAD` fails), no ptrace or cross-process memory, no
-//! namespaces, mounts, modules, keys, BPF, perf, io_uring or userfaultfd, no identity
-//! changes. Everything else wasmtime and tokio use (mmap, mprotect, memfd, signals,
-//! futexes, epoll) stays allowed. A denied call fails with `EPERM`; another
-//! architecture's call kills the process.
+//! signal to another process (`tgkill` to its own threads only), no namespaces, mounts
+//! (old API or new), modules, keys, BPF, perf, io_uring or userfaultfd, no identity
+//! changes, no x32 call. Everything else wasmtime and tokio use (mmap, mprotect,
+//! memfd, signal handlers, futexes, epoll) stays allowed. A denied call fails with
+//! `EPERM`; another architecture's call kills the process.
 
 /// What is denied (x86_64 numbers).
 const DENIED: &[libc::c_long] = &[
@@ -79,7 +80,26 @@ const DENIED: &[libc::c_long] = &[
     libc::SYS_clock_settime,
     libc::SYS_clock_adjtime,
     libc::SYS_adjtimex,
+    // Signals to other processes (workers of other jobs run as the same user);
+    // `tgkill` is allowed to this process only (`abort` raises with it).
+    libc::SYS_kill,
+    libc::SYS_tkill,
+    libc::SYS_pidfd_send_signal,
+    libc::SYS_rt_sigqueueinfo,
+    libc::SYS_rt_tgsigqueueinfo,
+    // The new mount API.
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_mount_setattr,
 ];
+
+/// x32 calls are x86_64 calls with this bit set in their number: a denylist of x86_64
+/// numbers would not see them, so every one is refused.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
 const RET_KILL_PROCESS: u32 = 0x8000_0000;
@@ -110,6 +130,9 @@ fn program() -> Vec<libc::sock_filter> {
     let ld = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
     let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
     let jset = libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K;
+    let jge = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
+    // This process: `tgkill` may signal only its own threads.
+    let pid = std::process::id();
     let ret = libc::BPF_RET | libc::BPF_K;
     let eperm = RET_ERRNO | libc::EPERM as u32;
     let n = DENIED.len();
@@ -119,6 +142,8 @@ fn program() -> Vec<libc::sock_filter> {
         jump(jeq, AUDIT_ARCH_X86_64, 1, 0),
         stmt(ret, RET_KILL_PROCESS),
         stmt(ld, 0),
+        jump(jge, X32_SYSCALL_BIT, 0, 1),
+        stmt(ret, eperm),
         jump(jeq, libc::SYS_clone3 as u32, 0, 1),
         stmt(ret, RET_ERRNO | libc::ENOSYS as u32),
         // clone: allowed only with CLONE_THREAD in its flags (args[0]'s low word).
@@ -127,6 +152,14 @@ fn program() -> Vec<libc::sock_filter> {
         jump(jset, libc::CLONE_THREAD as u32, 0, 1),
         stmt(ret, RET_ALLOW),
         stmt(ret, eperm),
+        // tgkill: allowed only with this process as its tgid (args[0]'s low word).
+        stmt(ld, 0),
+        jump(jeq, libc::SYS_tgkill as u32, 0, 4),
+        stmt(ld, 16),
+        jump(jeq, pid, 0, 1),
+        stmt(ret, RET_ALLOW),
+        stmt(ret, eperm),
+        stmt(ld, 0),
     ];
     for (i, nr) in DENIED.iter().enumerate() {
         // To the EPERM after the final allow.
@@ -223,6 +256,36 @@ pub fn selftest() -> Result<(), String> {
         (
             "clone3",
             outcome(unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0) }),
+        ),
+        // Signal 0 only asks whether the target exists.
+        (
+            "kill_init",
+            outcome(unsafe { libc::syscall(libc::SYS_kill, 1, 0) }),
+        ),
+        (
+            "tgkill_init",
+            outcome(unsafe { libc::syscall(libc::SYS_tgkill, 1, 1, 0) }),
+        ),
+        (
+            "tgkill_self",
+            outcome(unsafe {
+                libc::syscall(
+                    libc::SYS_tgkill,
+                    libc::getpid(),
+                    libc::syscall(libc::SYS_gettid),
+                    0,
+                )
+            }),
+        ),
+        (
+            "x32_getpid",
+            outcome(unsafe {
+                libc::syscall(libc::SYS_getpid | libc::c_long::from(X32_SYSCALL_BIT))
+            }),
+        ),
+        (
+            "fsopen",
+            outcome(unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), 0) }),
         ),
     ];
     for (name, result) in tries {

@@ -8,20 +8,25 @@
 //!
 //! The module sees its arguments (`argv[0]` is `main.wasm`), the environment given, the
 //! stdin file (or an empty stdin), this process's stdout and stderr, and only the
-//! directories given (`--ro-dir`: read only). No network, no other file. Its clocks
-//! and random numbers are deterministic ([`SteppedClock`], [`SplitMix`]): the same
-//! module with the same input behaves the same on every run. Its linear memories may
-//! grow to `--memory-mb` in all; a `memory.grow` past that fails, as it does in any
-//! WebAssembly runtime at its limit.
+//! directories given (`--ro-dir`: read only); it may not make symbolic links in them.
+//! No network, no other file. Its clocks run on its own time ([`VirtualTime`]: 1 µs per
+//! reading, and a sleep moves time to its deadline at once) and its random numbers come
+//! from [`SplitMix`] with a fixed seed (the same for every job: never for secrets), so
+//! the same module with the same input prints the same on every run. Not hidden from
+//! it: the times, inode numbers and listing order of the files in its directories,
+//! which come from the host. One 32-bit memory and its tables may hold `--memory-mb`
+//! together; a `memory.grow` past that fails, as it does in any WebAssembly runtime at
+//! its limit. Time and output are bounded by whoever runs it (the daemon).
 //!
-//! Before the module's first instruction the worker's seccomp filter is installed
-//! (`seccomp.rs`): an escape from wasmtime lands in a process that can make no socket
-//! and start nothing. When the module ends, one JSON line goes to fd 3 (the daemon's
-//! socket) or, without it, to stderr:
+//! The worker's seccomp filter (`seccomp.rs`) is installed before the module's bytes are
+//! even parsed: an escape from wasmtime lands in a process that can make no socket,
+//! start nothing and signal no other process. When the module ends, one JSON line goes
+//! to fd 3 (the daemon's socket) or, without it, to stderr:
 //! `{"exit_code": N, "trap": null | "...", "peak_memory_bytes": N, "run_ms": N}`, and
 //! the process exits with the module's exit code (a trap: 128 + 6, as an abort).
-//! Setup errors (a module that does not parse, a directory that cannot be opened)
-//! exit 2 with `{"error": "..."}` instead.
+//! Setup errors (a module that does not parse or is not a WASI command, a memory over
+//! the cap at instantiation, a directory that cannot be opened) exit 2 with
+//! `{"error": "..."}` instead.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -101,52 +106,58 @@ pub struct Ended {
     pub run_ms: u64,
 }
 
-/// A clock that starts at `start` and moves on by `step` each time it is read: time
-/// passes for the module (a loop that waits for a deadline ends) and every run sees the
-/// same times.
-pub struct SteppedClock {
-    now: AtomicU64,
-    start: u64,
-    step: u64,
+/// The module's time: nanoseconds since the run began, moved on by [`CLOCK_STEP_NS`] at
+/// every reading and to the deadline at every sleep (`poll_oneoff`), never by the
+/// host's clock. Time passes for the module (a loop that waits for a deadline ends, a
+/// sleep returns at once) and every run sees the same times.
+#[derive(Default)]
+pub struct VirtualTime {
+    elapsed: AtomicU64,
 }
 
-impl SteppedClock {
-    fn new(start: Duration, step: Duration) -> SteppedClock {
-        SteppedClock {
-            now: AtomicU64::new(0),
-            start: u64::try_from(start.as_nanos()).unwrap_or(0),
-            step: u64::try_from(step.as_nanos()).unwrap_or(1).max(1),
-        }
+impl VirtualTime {
+    /// A reading: the time, then one step on.
+    fn read(&self) -> u64 {
+        self.elapsed.fetch_add(CLOCK_STEP_NS, Ordering::Relaxed)
     }
 
-    fn tick(&self) -> u64 {
-        let n = self.now.fetch_add(1, Ordering::Relaxed);
-        self.start.saturating_add(n.saturating_mul(self.step))
+    fn now(&self) -> u64 {
+        self.elapsed.load(Ordering::Relaxed)
+    }
+
+    /// Moves time on to `t` (never back).
+    fn advance_to(&self, t: u64) {
+        self.elapsed.fetch_max(t, Ordering::Relaxed);
     }
 }
 
-impl wasmtime_wasi::HostWallClock for SteppedClock {
+/// The wall clock: [`WALL_START`] plus the module's time.
+struct Wall(Arc<VirtualTime>);
+/// The monotonic clock: the module's time.
+struct Mono(Arc<VirtualTime>);
+
+impl wasmtime_wasi::HostWallClock for Wall {
     fn resolution(&self) -> Duration {
-        Duration::from_nanos(self.step)
+        Duration::from_nanos(CLOCK_STEP_NS)
     }
     fn now(&self) -> Duration {
-        Duration::from_nanos(self.tick())
+        WALL_START + Duration::from_nanos(self.0.read())
     }
 }
 
-impl wasmtime_wasi::HostMonotonicClock for SteppedClock {
+impl wasmtime_wasi::HostMonotonicClock for Mono {
     fn resolution(&self) -> u64 {
-        self.step
+        CLOCK_STEP_NS
     }
     fn now(&self) -> u64 {
-        self.tick()
+        self.0.read()
     }
 }
 
 /// The wall clock's first reading: 2000-01-01T00:00:00Z.
 const WALL_START: Duration = Duration::from_secs(946_684_800);
-/// How far each reading moves the clocks on.
-const CLOCK_STEP: Duration = Duration::from_micros(1);
+/// How far each reading moves the clocks on: 1 µs.
+const CLOCK_STEP_NS: u64 = 1000;
 
 /// SplitMix64 from a fixed seed: the module's "random" numbers, the same on every run.
 pub struct SplitMix(u64);
@@ -174,19 +185,53 @@ impl wasmtime_wasi::RngCore for SplitMix {
     }
 }
 
-/// The store's data: WASI's context and the memory cap.
+/// The store's data: WASI's context, the memory cap and the module's time.
 struct State {
     wasi: WasiP1Ctx,
     cap: MemoryCap,
+    time: Arc<VirtualTime>,
 }
 
-/// Linear memories may grow to `max` bytes in all; the most they held is kept.
+/// Bytes a table element counts for against the cap (a reference).
+const TABLE_ELEMENT_BYTES: u64 = 8;
+
+/// The module's memory and tables may grow to `max` bytes together; the most they held
+/// is kept.
 struct MemoryCap {
     max: u64,
-    /// Bytes of every memory but the one growing, and that one's, by memory: wasmtime
-    /// gives only the growing memory's size, so each is tracked by its current size.
+    /// Bytes of the memory and the tables now (each growth replaces its own part).
     total: u64,
+    /// The total before the growth in flight, to go back to if it fails.
+    before: Option<u64>,
     peak: Arc<AtomicU64>,
+}
+
+impl MemoryCap {
+    /// One memory or table going from `current` to `desired` bytes: allowed if the new
+    /// total fits. All arithmetic is checked: no request may wrap the count.
+    fn grow(&mut self, current: u64, desired: u64) -> bool {
+        let total = self
+            .total
+            .checked_sub(current)
+            .and_then(|t| t.checked_add(desired))
+            .filter(|t| *t <= self.max);
+        match total {
+            Some(t) => {
+                self.before = Some(self.total);
+                self.total = t;
+                self.peak.fetch_max(t, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The growth just allowed did not happen after all.
+    fn failed(&mut self) {
+        if let Some(t) = self.before.take() {
+            self.total = t;
+        }
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryCap {
@@ -196,57 +241,182 @@ impl wasmtime::ResourceLimiter for MemoryCap {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        let (current, desired) = (current as u64, desired as u64);
-        let total = self.total - current.min(self.total) + desired;
-        let ok = total <= self.max && maximum.is_none_or(|m| desired <= m as u64);
-        if ok {
-            self.total = total;
-            self.peak.fetch_max(total, Ordering::Relaxed);
-        }
-        Ok(ok)
+        Ok(maximum.is_none_or(|m| desired <= m) && self.grow(current as u64, desired as u64))
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.failed();
+        Ok(())
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        // Tables hold references, not data: bounded like wasmtime's own default.
-        Ok(desired <= 1 << 20 && maximum.is_none_or(|m| desired <= m))
+        let bytes = |n: usize| (n as u64).checked_mul(TABLE_ELEMENT_BYTES);
+        Ok(maximum.is_none_or(|m| desired <= m)
+            && matches!((bytes(current), bytes(desired)), (Some(c), Some(d)) if self.grow(c, d)))
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.failed();
+        Ok(())
     }
 
     fn instances(&self) -> usize {
         1
     }
     fn tables(&self) -> usize {
-        16
+        4
     }
     fn memories(&self) -> usize {
-        16
+        1
     }
+}
+
+/// WASI preview 1's errno values used here.
+const ERRNO_SUCCESS: u16 = 0;
+const ERRNO_FAULT: u16 = 21;
+const ERRNO_INVAL: u16 = 28;
+const ERRNO_PERM: u16 = 63;
+
+/// `poll_oneoff` on the module's time. A clock subscription is due when the module's
+/// time reaches it; fd subscriptions are ready at once (stdin is a file, stdout and
+/// stderr never block). If nothing is ready, time moves on to the earliest deadline:
+/// a sleep returns at once, having slept.
+fn poll_oneoff(
+    mut caller: wasmtime::Caller<'_, State>,
+    subs: i32,
+    events: i32,
+    n: i32,
+    nevents: i32,
+) -> i32 {
+    const SUB: usize = 48;
+    const EVENT: usize = 32;
+    let Some(memory) = caller
+        .get_export("memory")
+        .and_then(wasmtime::Extern::into_memory)
+    else {
+        return i32::from(ERRNO_INVAL);
+    };
+    // Pointers and counts are the guest's u32s.
+    let (subs, events, nevents, n) = (subs as u32, events as u32, nevents as u32, n as u32);
+    if n == 0 || n > 4096 {
+        return i32::from(ERRNO_INVAL);
+    }
+    let mut input = vec![0u8; n as usize * SUB];
+    if memory.read(&caller, subs as usize, &mut input).is_err() {
+        return i32::from(ERRNO_FAULT);
+    }
+    let time = Arc::clone(&caller.data().time);
+    let now = time.now();
+    let wall_start = u64::try_from(WALL_START.as_nanos()).unwrap_or(0);
+    // (userdata, event type, errno, due at on the module's time; None: ready now)
+    let mut asked = Vec::with_capacity(n as usize);
+    for s in input.chunks_exact(SUB) {
+        let u64_at = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&s[i..i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let userdata = u64_at(0);
+        match s[8] {
+            0 => {
+                let id = u32::from_le_bytes([s[16], s[17], s[18], s[19]]);
+                let (timeout, absolute) = (u64_at(24), s[40] & 1 == 1);
+                let due = match (id, absolute) {
+                    (0 | 1, false) => Some(now.saturating_add(timeout)),
+                    (0, true) => Some(timeout.saturating_sub(wall_start)),
+                    (1, true) => Some(timeout),
+                    _ => None,
+                };
+                match due {
+                    Some(due) => asked.push((userdata, 0u8, ERRNO_SUCCESS, Some(due))),
+                    // A CPU-time clock: not one the module has.
+                    None => asked.push((userdata, 0u8, ERRNO_INVAL, None)),
+                }
+            }
+            kind @ (1 | 2) => asked.push((userdata, kind, ERRNO_SUCCESS, None)),
+            _ => return i32::from(ERRNO_INVAL),
+        }
+    }
+    let ready_now = asked.iter().any(|a| a.3.is_none_or(|d| d <= now));
+    let until = if ready_now {
+        now
+    } else {
+        let earliest = asked.iter().filter_map(|a| a.3).min().unwrap_or(now);
+        time.advance_to(earliest);
+        earliest
+    };
+    let mut out = Vec::with_capacity(asked.len() * EVENT);
+    for (userdata, kind, errno, due) in asked {
+        if due.is_some_and(|d| d > until) {
+            continue;
+        }
+        let mut e = [0u8; EVENT];
+        e[0..8].copy_from_slice(&userdata.to_le_bytes());
+        e[8..10].copy_from_slice(&errno.to_le_bytes());
+        e[10] = kind;
+        out.extend_from_slice(&e);
+    }
+    let count = u32::try_from(out.len() / EVENT).unwrap_or(0);
+    if memory.write(&mut caller, events as usize, &out).is_err()
+        || memory
+            .write(&mut caller, nevents as usize, &count.to_le_bytes())
+            .is_err()
+    {
+        return i32::from(ERRNO_FAULT);
+    }
+    i32::from(ERRNO_SUCCESS)
 }
 
 /// Runs the job: `Ok` however the module ended, `Err` when it could not start.
 pub fn run(job: &Job, filter: impl FnOnce() -> Result<(), String>) -> Result<Ended, String> {
     let mut config = wasmtime::Config::new();
-    // The store's limiter bounds memory; a module's own maximum may be lower.
-    config.max_wasm_stack(1 << 20);
+    // WASI preview 1 toolchains make one 32-bit memory and no threads: nothing else is
+    // accepted (fewer ways around the cap).
+    config
+        .max_wasm_stack(1 << 20)
+        .wasm_memory64(false)
+        .wasm_multi_memory(false)
+        .wasm_threads(false);
     let engine = wasmtime::Engine::new(&config).map_err(|e| e.to_string())?;
+    // WASI's calls run on a tokio runtime that wasmtime-wasi makes on first use; its
+    // signal driver makes a socket pair, which the filter refuses: make it now.
+    wasmtime_wasi::runtime::in_tokio(async {});
+    // From here on the module's bytes are looked at: parsed, compiled, then run.
+    filter()?;
     let bytes = std::fs::read(&job.module).map_err(|e| format!("the module: {e}"))?;
     let module = wasmtime::Module::from_binary(&engine, &bytes)
-        .map_err(|e| format!("not a WebAssembly module: {e:#}"))?;
+        .map_err(|e| format!("not a WebAssembly module this runtime takes: {e:#}"))?;
     drop(bytes);
+    if module.get_export("_start").is_none() {
+        return Err("the module exports no _start (a WASI command has one)".into());
+    }
     let mut linker: wasmtime::Linker<State> = wasmtime::Linker::new(&engine);
     wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut State| &mut s.wasi)
+        .map_err(|e| e.to_string())?;
+    // Sleeping is on the module's time; symbolic links are not made (one in /output
+    // could point anywhere for whoever reads the files afterwards).
+    linker.allow_shadowing(true);
+    let p1 = "wasi_snapshot_preview1";
+    linker
+        .func_wrap(p1, "poll_oneoff", poll_oneoff)
+        .and_then(|l| {
+            l.func_wrap(
+                p1,
+                "path_symlink",
+                |_: i32, _: i32, _: i32, _: i32, _: i32| i32::from(ERRNO_PERM),
+            )
+        })
         .map_err(|e| e.to_string())?;
     let pre = linker
         .instantiate_pre(&module)
         .map_err(|e| format!("the module needs what WASI preview 1 does not give: {e:#}"))?;
-    if module.get_export("_start").is_none() {
-        return Err("the module exports no _start (a WASI command has one)".into());
-    }
 
+    let time = Arc::new(VirtualTime::default());
     let mut b = WasiCtxBuilder::new();
     b.arg("main.wasm").args(&job.args);
     for (k, v) in &job.env {
@@ -271,8 +441,8 @@ pub fn run(job: &Job, filter: impl FnOnce() -> Result<(), String>) -> Result<End
         b.preopened_dir(host, guest, d, f)
             .map_err(|e| format!("{guest}: {e:#}"))?;
     }
-    b.wall_clock(SteppedClock::new(WALL_START, CLOCK_STEP))
-        .monotonic_clock(SteppedClock::new(Duration::ZERO, CLOCK_STEP))
+    b.wall_clock(Wall(Arc::clone(&time)))
+        .monotonic_clock(Mono(Arc::clone(&time)))
         .secure_random(SplitMix(0x1505_b0c5_eed0_0001))
         .insecure_random(SplitMix(0x1505_b0c5_eed0_0002))
         .insecure_random_seed(0x1505_b0c5);
@@ -282,22 +452,34 @@ pub fn run(job: &Job, filter: impl FnOnce() -> Result<(), String>) -> Result<End
         cap: MemoryCap {
             max: job.memory_bytes,
             total: 0,
+            before: None,
             peak: Arc::clone(&peak),
         },
+        time,
     };
     let mut store = wasmtime::Store::new(&engine, state);
     store.limiter(|s| &mut s.cap);
 
-    // WASI's calls run on a tokio runtime that wasmtime-wasi makes on first use; its
-    // signal driver makes a socket pair, which the filter refuses: make it now.
-    wasmtime_wasi::runtime::in_tokio(async {});
-    // Everything is open: from here on the module's code runs.
-    filter()?;
     let started = Instant::now();
-    let result = pre
-        .instantiate(&mut store)
-        .and_then(|i| i.get_typed_func::<(), ()>(&mut store, "_start"))
-        .and_then(|start| start.call(&mut store, ()));
+    // Instantiating runs the module's start function, if it has one: a trap there is
+    // the module's; anything else (a memory over the cap, a bad _start) is a setup
+    // error.
+    let instance = match pre.instantiate(&mut store) {
+        Ok(i) => i,
+        Err(e) if e.downcast_ref::<wasmtime::Trap>().is_some() => {
+            return Ok(ended(Err(e), &peak, started));
+        }
+        Err(e) => return Err(format!("the module could not be instantiated: {e:#}")),
+    };
+    let start = instance
+        .get_typed_func::<(), ()>(&mut store, "_start")
+        .map_err(|e| format!("_start: {e:#}"))?;
+    let result = start.call(&mut store, ());
+    Ok(ended(result, &peak, started))
+}
+
+/// How `_start` (or the start function) ended.
+fn ended(result: wasmtime::Result<()>, peak: &AtomicU64, started: Instant) -> Ended {
     let run_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let _ = std::io::stdout().flush();
     let (exit_code, trap) = match result {
@@ -307,12 +489,12 @@ pub fn run(job: &Job, filter: impl FnOnce() -> Result<(), String>) -> Result<End
             None => (TRAP_EXIT, Some(trap_message(&e))),
         },
     };
-    Ok(Ended {
+    Ended {
         exit_code,
         trap,
         peak_memory_bytes: peak.load(Ordering::Relaxed),
         run_ms,
-    })
+    }
 }
 
 /// A trap in one line: what trapped, without wasmtime's backtrace.
