@@ -96,10 +96,13 @@ pub fn healthz(app: &App) -> Response {
             },
             open_fds: app.process_figures.0,
             rss_bytes: app.process_figures.1,
-            heap: crate::sys::alloc::heap_figures().map(|(allocated_bytes, resident_bytes)| Heap {
-                allocated_bytes,
-                resident_bytes,
-            }),
+            heap: app
+                .process_figures
+                .2
+                .map(|(allocated_bytes, resident_bytes)| Heap {
+                    allocated_bytes,
+                    resident_bytes,
+                }),
             egress: egress_json(app),
             store: StoreFigures {
                 commits,

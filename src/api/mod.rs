@@ -67,9 +67,10 @@ pub struct App {
     pub counters: Counters,
     /// Set once SIGTERM/SIGINT arrived.
     pub shutting_down: bool,
-    /// (open fds, RSS bytes) of this process, refreshed by the reactor once a second
-    /// rather than per request (reading /proc per /healthz dominated its cost).
-    pub process_figures: (usize, u64),
+    /// (open fds, RSS bytes, the allocator's heap figures) of this process, refreshed by
+    /// the reactor once a second rather than per request (reading /proc per /healthz
+    /// dominated its cost).
+    pub process_figures: (usize, u64, Option<(u64, u64)>),
     /// Filesystem sessions.
     pub sessions: Arc<crate::workspace::Sessions>,
     /// Filtered egress.

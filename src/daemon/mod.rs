@@ -342,7 +342,11 @@ impl Daemon {
 
     fn housekeeping(&mut self) {
         let now = Instant::now();
-        self.app.process_figures = (crate::sys::open_fd_count(), crate::sys::rss_bytes());
+        self.app.process_figures = (
+            crate::sys::open_fd_count(),
+            crate::sys::rss_bytes(),
+            crate::sys::alloc::heap_figures(),
+        );
         self.admission.tick(now);
         // Session upkeep (last-use times, idle unmounts, TTL reaping) every 5 s, or at
         // once when the earliest expiry has passed.

@@ -319,7 +319,11 @@ impl Daemon {
             runs: Slots::new(SlotKind::Execution, cfg.max_concurrent),
             counters: Counters::default(),
             shutting_down: false,
-            process_figures: (crate::sys::open_fd_count(), crate::sys::rss_bytes()),
+            process_figures: (
+                crate::sys::open_fd_count(),
+                crate::sys::rss_bytes(),
+                crate::sys::alloc::heap_figures(),
+            ),
             sessions,
             egress: Arc::clone(&egress),
             kernels: crate::admission::KernelSlots::new(
