@@ -13,6 +13,11 @@ fn main() {
     // What still calls glibc's malloc (LMDB, libc itself): two arenas are plenty, and
     // keep far less freed memory than glibc's default of 8 per core.
     isobox::sys::limit_malloc_arenas(2);
+    // A crash says where it happened (thread, fault address, backtrace) in the log.
+    if let Err(e) = isobox::sys::crash::install() {
+        eprintln!("isoboxd: installing the crash reporter: {e}");
+        std::process::exit(2);
+    }
     if let Err(e) = isobox::sys::alloc::tune_allocator() {
         eprintln!("isoboxd: {e}");
         std::process::exit(2);
@@ -76,4 +81,9 @@ fn main() {
         eprintln!("isoboxd: event loop failed: {e}");
         std::process::exit(1);
     }
+    // Everything the daemon owns goes now (its store's writer finishes every queued
+    // write as it does); then the process ends without `exit`'s teardown racing the
+    // threads that were never joined (`sys::exit_now`).
+    drop(daemon);
+    isobox::sys::exit_now(0);
 }

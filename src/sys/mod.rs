@@ -3,6 +3,7 @@
 //! Nothing outside `sys/` calls `libc` directly in an `unsafe` block.
 
 pub mod alloc;
+pub mod crash;
 pub mod fsat;
 pub mod inotify;
 pub mod loopdev;
@@ -265,6 +266,18 @@ pub fn limit_malloc_arenas(n: i32) {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, n);
     }
+}
+
+/// Ends the process at once with `code`, after flushing stdout, without running
+/// `exit`'s handlers. For the very end of `main`, once everything the daemon owns has
+/// been dropped and its writes are durable: threads that were never joined (a loop
+/// blocked on a model's answer, a finished transfer's) may still be unwinding then,
+/// and `exit` would tear the process's globals down under them.
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // SAFETY: _exit takes an integer and does not return.
+    unsafe { libc::_exit(code) }
 }
 
 /// Gives memory glibc holds free (in every arena) back to the kernel.

@@ -194,6 +194,23 @@ impl Daemon {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log's last lines, for a failure message: what the daemon said last is what
+    /// explains a failure, and CI shows only the start of a long message.
+    pub fn log_tail(&self) -> String {
+        const LINES: usize = 80;
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        if lines.len() <= LINES {
+            return log;
+        }
+        format!(
+            "[the first {} of {} lines left out]\n{}",
+            lines.len() - LINES,
+            lines.len(),
+            lines[lines.len() - LINES..].join("\n")
+        )
+    }
+
     pub fn connect(&self) -> TcpStream {
         let addr = self.addr;
         let s = match &self.netns {
@@ -420,7 +437,7 @@ impl Daemon {
             assert!(
                 status.is_some_and(|s| s.success()),
                 "isoboxd did not stop cleanly ({status:?}); log:\n{}",
-                self.log()
+                self.log_tail()
             );
         }
         let left = mounts_under(&self.data_dir);
@@ -433,9 +450,9 @@ impl Daemon {
                 Some(status) => assert!(
                     status.success(),
                     "isoboxd exited with {status}; log:\n{}",
-                    self.log()
+                    self.log_tail()
                 ),
-                None => panic!("isoboxd did not stop on SIGTERM; log:\n{}", self.log()),
+                None => panic!("isoboxd did not stop on SIGTERM; log:\n{}", self.log_tail()),
             }
         }
         let _ = std::fs::remove_dir_all(&self.data_dir);
