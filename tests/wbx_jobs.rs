@@ -1627,3 +1627,117 @@ fn test_a_job_that_asks_for_what_the_warm_pool_holds_runs_in_a_pooled_sandbox() 
     // The pooled one ends with the daemon (`stop` checks that nothing is left).
     d.stop();
 }
+
+/// Without its init binary a long-lived sandbox cannot boot. The daemon says so once in
+/// its log (with the path), refuses creates and shared-sandbox requests with a clear 503
+/// in each face's shape, fails jobs "on our side" with the same words, and tries no
+/// boot meanwhile (the pool stays empty); one-off runs go on. Putting the binary in
+/// place needs no restart.
+#[test]
+fn test_without_its_init_binary_sandboxes_and_jobs_say_so_and_runs_go_on() {
+    const WHY: &str = "long-lived sandboxes are unavailable on this server: its sandbox init \
+        (isobox-init) is not installed; its operator's `isoboxd check` says more";
+    let dir = std::env::temp_dir().join(format!("isobox-noinit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let init = dir.join("isobox-init");
+    let d = Daemon::start_with(&[
+        ("ISOBOX_INIT", init.to_str().unwrap()),
+        ("ISOBOX_WBX_WARM_POOL", "base=1"),
+    ]);
+    d.wait_ready();
+
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/sandboxes",
+        None,
+        Some(&json!({"template": "base"})),
+    );
+    assert_eq!(
+        (r.status, r.json()),
+        (503, json!({"error": WHY})),
+        "{}",
+        r.text()
+    );
+
+    let job = submit(&d, None, &json!({"command": "echo hi", "timeout_s": 60}));
+    let id = job["id"].as_str().unwrap().to_string();
+    let v = finished(&d, None, &id, Duration::from_secs(60));
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(
+        v["error"],
+        json!({"code": "sandbox_lost", "message": WHY, "kind": "system"}),
+        "{v}"
+    );
+    assert_eq!(
+        v["cost"], "0.000000 EUR",
+        "nothing ran, nothing is charged: {v}"
+    );
+
+    let shared = d.post_json(
+        "/execute",
+        &json!({"language": "python-slim", "code": "print(input())",
+                "inputs": [{"stdin": "a"}, {"stdin": "b"}], "sharedSandbox": true}),
+    );
+    assert_eq!(
+        (shared.status, shared.json()),
+        (503, json!({"error": "unavailable", "detail": WHY})),
+        "{}",
+        shared.text()
+    );
+    // A one-off run needs no init.
+    let run = d.post_json(
+        "/execute",
+        &json!({"language": "python-slim", "code": "print(6*7)"}),
+    );
+    assert_eq!(run.status, 200, "{}", run.text());
+    assert_eq!(run.json()["run"]["stdout"], "42\n");
+
+    // No boot was tried, and the log named the path once.
+    std::thread::sleep(Duration::from_millis(2500));
+    let pool = d.get("/healthz").json()["wbxWarmPool"].clone();
+    assert_eq!(pool["templates"]["base"]["ready"], 0, "{pool}");
+    assert_eq!(pool["failures"], 0, "{pool}");
+    let log = d.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("is missing or not executable"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(said[0].contains(init.to_str().unwrap()), "{}", said[0]);
+    assert!(
+        !r.text().contains(init.to_str().unwrap()),
+        "the client is not told host paths"
+    );
+
+    // The binary put in place: sandboxes boot, without a restart.
+    std::fs::copy(env!("CARGO_BIN_EXE_isobox-init"), &init).unwrap();
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/sandboxes",
+        None,
+        Some(&json!({"template": "base"})),
+    );
+    assert_eq!(r.status, 201, "{}\nlog:\n{}", r.text(), d.log_tail());
+    let sid = r.json()["id"].as_str().unwrap().to_string();
+    let e = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{sid}/exec"),
+        None,
+        Some(&json!({"cmd": "echo up"})),
+    );
+    assert_eq!(
+        (e.status, e.json()["stdout"].as_str()),
+        (200, Some("up\n")),
+        "{}",
+        e.text()
+    );
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{sid}"), None, None).status,
+        204
+    );
+    drop(d);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -106,6 +106,12 @@ impl Daemon {
         stream: bool,
         shared: bool,
     ) {
+        if shared && self.box_init_missing() {
+            // A shared sandbox is a long-lived one: refused before anything runs.
+            let resp = Response::error(503, "unavailable", Some(super::boxes::INIT_MISSING));
+            self.respond(ck, resp);
+            return;
+        }
         if !self.run_admit(ck) {
             return;
         }

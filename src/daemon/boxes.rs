@@ -227,6 +227,11 @@ pub(super) struct InternalBoot {
     pub(super) ro_binds: Vec<(std::path::PathBuf, String)>,
 }
 
+/// Why a long-lived sandbox cannot boot when its init binary is missing (the client is
+/// not told the host's path; the log says it).
+pub(crate) const INIT_MISSING: &str = "long-lived sandboxes are unavailable on this server: \
+     its sandbox init (isobox-init) is not installed; its operator's `isoboxd check` says more";
+
 /// The component's state.
 #[derive(Default)]
 pub(crate) struct Table {
@@ -237,6 +242,8 @@ pub(crate) struct Table {
     warm_failures: u32,
     warm_pause_until: Option<Instant>,
     warm_unknown_logged: bool,
+    /// The missing init was named in the log (once, until it is there again).
+    init_missing_logged: bool,
     /// Figures for `/healthz`: creates served from the pool, creates that found it
     /// empty, boots that failed.
     warm_hits: u64,
@@ -563,6 +570,27 @@ impl Daemon {
         }
     }
 
+    /// Whether long-lived sandboxes cannot boot because their init binary is not
+    /// there. Looked at on every boot (one `stat`), so an operator who installs it
+    /// needs no restart; the log names the path once, as the client is not told it.
+    pub(super) fn box_init_missing(&mut self) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        let there = std::fs::metadata(&self.cfg.init)
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        if there {
+            self.boxes.init_missing_logged = false;
+        } else if !self.boxes.init_missing_logged {
+            self.boxes.init_missing_logged = true;
+            log::error!(
+                "sandboxes: the init of long-lived sandboxes, {}, is missing or not executable: \
+                 /wbx sandboxes, jobs and shared-build batches are refused until it is there \
+                 (build it with `make build`, or set ISOBOX_INIT; `isoboxd check` says the same)",
+                self.cfg.init.display()
+            );
+        }
+        !there
+    }
+
     /// Boots a sandbox: for `creator` (answered once its init says hello), for a
     /// many-input request's shared sandbox or a job (`internal`: found by nobody
     /// else), or, with neither, for the warm pool (no tenant yet, found by nobody until
@@ -574,6 +602,9 @@ impl Daemon {
         c: Create,
         internal: Option<InternalBoot>,
     ) -> Result<usize, Response> {
+        if self.box_init_missing() {
+            return Err(crate::wbx::error(503, INIT_MISSING));
+        }
         let Some(hex) = random_hex() else {
             return Err(crate::wbx::error(
                 503,
@@ -857,6 +888,10 @@ impl Daemon {
     /// unless boots keep failing: then it waits, longer after each failure (to 60 s).
     pub(crate) fn box_warm_fill(&mut self) {
         self.box_warm_publish();
+        if self.box_init_missing() {
+            // Said once in the log; no boot is tried until the init is there.
+            return;
+        }
         if self.app.shutting_down
             || self.boxes.warm_pause_until.is_some_and(|t| Instant::now() < t)
             || self.app.probe != crate::api::ProbeState::Passed

@@ -1618,6 +1618,10 @@ impl Daemon {
             }
         };
         let tenant = j.rec.tenant.clone();
+        if self.box_init_missing() {
+            self.job_lost(jk, js, super::boxes::INIT_MISSING);
+            return;
+        }
         if ro_binds.is_empty() {
             // Nothing to bind at boot: a sandbox of the warm pool serves, and its
             // command starts at once.

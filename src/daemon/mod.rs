@@ -255,6 +255,8 @@ impl Daemon {
     /// When polling itself fails.
     pub fn run(&mut self) -> io::Result<()> {
         let teardown = Some(self.spawn_teardown()?);
+        // Named in the log at once when missing, not at the first create.
+        self.box_init_missing();
         self.warm_publish();
         self.start_probe();
         self.eryx_envs_resume();

@@ -135,6 +135,11 @@ impl Daemon {
             }
             return;
         }
+        if self.box_init_missing() {
+            let resp = Response::error(503, "unavailable", Some(super::super::boxes::INIT_MISSING));
+            self.shared_fail_rest(bk, bs, &resp);
+            return;
+        }
         let compile_ms = self.cfg.compile_timeout_ms;
         let Some(b) = self.shared_batch(bk, bs) else {
             return;
@@ -389,6 +394,11 @@ impl Daemon {
             self.box_end(key, "its init broke the protocol");
             return;
         };
+        if self.box_init_missing() {
+            let resp = Response::error(503, "unavailable", Some(super::super::boxes::INIT_MISSING));
+            self.shared_fail_rest(bk, bs, &resp);
+            return;
+        }
         let compile_ms = self.cfg.compile_timeout_ms;
         let Some(b) = self.shared_batch(bk, bs) else {
             return;
