@@ -699,6 +699,7 @@ impl Config {
                     webhook_loopback: a.wbx_webhook_loopback,
                     webhook_deny: a.egress_deny.clone(),
                     webhooks: a.wbx_webhooks,
+                    wasi: false,
                 },
             },
             public: {
@@ -747,6 +748,9 @@ impl Config {
                 build_memory_bytes: a.eryx_build_memory_mb << 20,
             },
         };
+        let mut cfg = cfg;
+        // WebAssembly jobs run on the eryx face's worker binary.
+        cfg.wbx.jobs.wasi = cfg.eryx.worker.is_some();
         cfg.validate()?;
         Ok(cfg)
     }
@@ -1550,6 +1554,8 @@ pub struct WbxJobs {
     pub class_prices: Vec<ClassPrice>,
     /// Webhooks may go to loopback `http://`.
     pub webhook_loopback: bool,
+    /// WebAssembly jobs can run (the worker binary is configured).
+    pub wasi: bool,
     /// The operator's denied ranges (`ISOBOX_EGRESS_DENY`), for webhook targets too.
     pub webhook_deny: Vec<crate::netfilter::Cidr>,
     /// Webhooks are on.

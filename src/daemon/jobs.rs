@@ -41,6 +41,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod batches;
+mod wasi;
 
 /// The jobs component (key: the live job).
 pub(crate) const JOBS: ComponentId = ComponentId(11);
@@ -156,6 +157,8 @@ pub(crate) struct Table {
     batches: HashMap<String, batches::LiveBatch>,
     /// Tenants' default compute classes (loaded at start).
     pub(super) compute_prefs: HashMap<String, &'static crate::wbx::compute::Class>,
+    /// WebAssembly jobs whose process runs (the daemon's stop waits for them).
+    pub(crate) wasi_running: usize,
 }
 
 impl Table {
@@ -245,6 +248,8 @@ struct Live {
     end_retries: u32,
     /// Why it was cancelled (its error once it ends `cancelled`).
     cancel_error: Option<JobError>,
+    /// A WebAssembly job's run: set to kill it (cancel, or the daemon's stop).
+    wasi_stop: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// The saving of result files.
@@ -432,6 +437,7 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         pending_reserved: HashMap::new(),
         batches: HashMap::new(),
         compute_prefs: HashMap::new(),
+        wasi_running: 0,
     };
     match store.budgets() {
         Ok(b) => t.budgets = b.into_iter().collect(),
@@ -737,6 +743,11 @@ fn stored_bytes(rec: &JobRecord) -> u64 {
     rec.artifacts.iter().map(|a| a.size).sum::<u64>()
         + rec.log_bytes
         + rec.spec.command.len() as u64
+        + rec
+            .spec
+            .wasm
+            .as_ref()
+            .map_or(0, |w| w.module_bytes + w.stdin_bytes)
 }
 
 /// The error of a job cancelled by its own `POST …/cancel`.
@@ -789,6 +800,7 @@ impl Live {
             files_opened: 0,
             end_retries: 0,
             cancel_error: None,
+            wasi_stop: None,
         }
     }
 }
@@ -1066,6 +1078,12 @@ impl Daemon {
             answer(self, crate::wbx::compute::not_offered("compute_class", &c));
             return;
         }
+        if s.spec.wasm.is_some() {
+            if let Some(why) = wasi::wasi_refusal(self) {
+                answer(self, crate::wbx::error(503, why));
+                return;
+            }
+        }
         let worst = worst_case(&s.spec, &prices);
         if let Some(resp) = self.job_admission(&tenant, 1) {
             answer(self, resp);
@@ -1112,6 +1130,42 @@ impl Daemon {
         self.jobs.pending_add(&tenant, 1, worst);
         // Its env values are not kept while it waits: its start opens them again.
         drop(s.env);
+        if s.wasm_bytes.is_none() && s.wasm_from.is_none() {
+            self.job_submit_store(ck, serial, tenant, id, rec, key, worst, false);
+            return;
+        }
+        // A WebAssembly job's module and stdin are files beside its record, written
+        // (and synced) before the record is: a crash in between leaves a directory
+        // without a record, which the next start removes.
+        let dir = self.jobs.dir.clone();
+        let (bytes, from) = (s.wasm_bytes, s.wasm_from);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let r = write_wasm_files(&dir, &id, bytes.as_ref(), from.as_deref());
+            Box::new(move |d: &mut Daemon| match r {
+                Ok(()) => d.job_submit_store(ck, serial, tenant, id, rec, key, worst, true),
+                Err(e) => {
+                    log::error!("jobs: {id}: writing its module: {e}");
+                    d.jobs.pending_done(&tenant, 1, worst);
+                    d.on_outcome(ck, serial, Outcome::Respond(store_refusal()));
+                }
+            })
+        }));
+    }
+
+    /// Commits a new job's record (`files`: its directory holds its WebAssembly files
+    /// already, removed unless it is committed as a new job).
+    #[allow(clippy::too_many_arguments)]
+    fn job_submit_store(
+        &mut self,
+        ck: usize,
+        serial: u64,
+        tenant: String,
+        id: String,
+        rec: JobRecord,
+        key: Option<[u8; 32]>,
+        worst: i128,
+        files: bool,
+    ) {
         let mailbox = self.reactor.mailbox();
         self.app
             .sessions
@@ -1141,16 +1195,35 @@ impl Daemon {
                             Response::json(202, &body)
                         }
                         // The same key: the same job, as it is now.
-                        Ok((Submitted::Existing(eid, er), _)) => d.existing_job(&eid, *er),
-                        Ok((Submitted::Refused(why), _)) => crate::wbx::error(400, &why),
+                        Ok((Submitted::Existing(eid, er), _)) => {
+                            d.job_files_drop(files, &id);
+                            d.existing_job(&eid, *er)
+                        }
+                        Ok((Submitted::Refused(why), _)) => {
+                            d.job_files_drop(files, &id);
+                            crate::wbx::error(400, &why)
+                        }
                         Err(e) => {
                             log::error!("jobs: storing {id}: {e}");
+                            d.job_files_drop(files, &id);
                             store_refusal()
                         }
                     };
                     d.on_outcome(ck, serial, Outcome::Respond(resp));
                 }));
             });
+    }
+
+    /// Removes the directory of a job that was not committed (when `files` made one).
+    fn job_files_drop(&mut self, files: bool, id: &str) {
+        if !files {
+            return;
+        }
+        let dir = self.jobs.dir.join(id);
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            let _ = std::fs::remove_dir_all(&dir);
+            Box::new(|_: &mut Daemon| {})
+        }));
     }
 
     /// `POST /v1/jobs/{id}/retry`: a new job with the same inputs and the env values
@@ -1236,7 +1309,14 @@ impl Daemon {
         }
         spec.env_names = env.iter().map(|(k, _)| k.clone()).collect();
         spec.env_sha256 = (!env.is_empty()).then(|| crate::jobs::env_sha256(&env));
-        self.job_submit(ck, tenant, wj::Submit { spec, env }, Some(id));
+        let wasm_from = spec.wasm.is_some().then(|| id.clone());
+        let submit = wj::Submit {
+            spec,
+            env,
+            wasm_bytes: None,
+            wasm_from,
+        };
+        self.job_submit(ck, tenant, submit, Some(id));
     }
 
     /// `POST /v1/jobs/{id}/cancel`.
@@ -1326,6 +1406,12 @@ impl Daemon {
             }
             (Phase::Ending, _) => {}
             (_, Some((key, _))) => self.box_end(key, why),
+            // A WebAssembly job's process: its thread kills it and reports.
+            (_, None) if j.wasi_stop.is_some() => {
+                if let Some(stop) = &j.wasi_stop {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
             // Its starting record is being written: the boot sees the cancel.
             (_, None) => {}
         }
@@ -1524,6 +1610,19 @@ impl Daemon {
                 return;
             }
             self.job_end(jk, js);
+            return;
+        }
+        if j.rec.spec.wasm.is_some() {
+            if j.rec.spec.inputs.is_empty() {
+                self.job_boot_wasi(jk, js, Ok(None));
+                return;
+            }
+            let (id, inputs) = (j.id.clone(), j.rec.spec.inputs.clone());
+            let (sessions, dir) = (Arc::clone(&self.app.sessions), self.jobs.dir.clone());
+            self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+                let r = stage_inputs(sessions.store(), &dir, &id, &inputs).map(Some);
+                Box::new(move |d: &mut Daemon| d.job_boot_wasi(jk, js, r))
+            }));
             return;
         }
         let template = j.rec.spec.template.clone();
@@ -3229,6 +3328,46 @@ impl Live {
 
 /// A job's worst-case cost: every attempt for its whole time limit, with a start and
 /// upload reserve each, at the prices now.
+/// Writes a WebAssembly job's module and stdin into its new directory `dir/id` (from
+/// `bytes`, or copied from job `from`'s directory), each synced, then the directory.
+fn write_wasm_files(
+    dir: &Path,
+    id: &str,
+    bytes: Option<&wj::WasmBytes>,
+    from: Option<&str>,
+) -> std::io::Result<()> {
+    use crate::store::jobs::{WASM_MODULE_FILE, WASM_STDIN_FILE};
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let jd = dir.join(id);
+    std::fs::DirBuilder::new().mode(0o700).create(&jd)?;
+    for name in [WASM_MODULE_FILE, WASM_STDIN_FILE] {
+        let content = match (bytes, from) {
+            (Some(b), _) if name == WASM_MODULE_FILE => b.module.clone(),
+            (Some(b), _) => b.stdin.clone(),
+            (None, Some(f)) => match std::fs::read(dir.join(f).join(name)) {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            },
+            (None, None) => continue,
+        };
+        if content.is_empty() {
+            continue;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(jd.join(name))?;
+        f.write_all(&content)?;
+        f.sync_all()?;
+    }
+    std::fs::File::open(&jd)?.sync_all()?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
 fn worst_case(spec: &crate::store::jobs::JobSpec, prices: &Prices) -> i128 {
     let attempts = u64::from(spec.retry.max_attempts.max(1));
     prices
@@ -3649,9 +3788,13 @@ fn stats_json(days: u64, jobs: &[(String, JobRecord)], prices: &Prices) -> serde
     let mut by: BTreeMap<(&str, &str), Vec<&JobRecord>> = BTreeMap::new();
     for (_, r) in jobs {
         let class = prices.of(&r.spec).0.name;
-        by.entry((r.spec.template.as_str(), class))
-            .or_default()
-            .push(r);
+        // WebAssembly jobs have no template: their row is the runtime's.
+        let template = if r.spec.wasm.is_some() {
+            wj::RUNTIME_WASI
+        } else {
+            r.spec.template.as_str()
+        };
+        by.entry((template, class)).or_default().push(r);
     }
     let rows: Vec<serde_json::Value> = by
         .into_iter()

@@ -284,6 +284,7 @@ impl Daemon {
                 && self.kernels.is_empty()
                 && self.boxes.is_empty()
                 && self.warm.idle()
+                && self.jobs.wasi_running == 0
                 && self.reactor.overflow_empty()
                 && self.conns_all_flushed()
             {
@@ -409,6 +410,7 @@ impl Daemon {
         // A long-lived sandbox has no end to wait for: it ends now (a restart loses
         // them, as documented).
         self.box_end_all("the daemon is shutting down");
+        self.job_wasi_stop_all();
         self.job_waits_end();
         self.proxy_close_all();
         self.gate_close_all();

@@ -98,7 +98,36 @@ pub struct JobSpec {
     pub compute_class: String,
     /// Its class's rate, fixed at accept (`None` before classes: the list now).
     pub class_rate: Option<ClassRate>,
+    /// A WebAssembly job (`"runtime": "wasi"`): its module and how it runs (`command`
+    /// and `template` are then empty). `None`: a job in a sandbox.
+    pub wasm: Option<WasmSpec>,
 }
+
+/// A WebAssembly job's module, arguments, memory and stdin. The module's and stdin's
+/// bytes are files in the job's directory ([`WASM_MODULE_FILE`], [`WASM_STDIN_FILE`]),
+/// not in its record; a module named by an input is read from the input at the start.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default)]
+pub struct WasmSpec {
+    /// The inline module's SHA-256, hex (its bytes: the job directory's
+    /// [`WASM_MODULE_FILE`]); `None` when `module_input` names it.
+    pub module_sha256: Option<String>,
+    /// Bytes of the inline module.
+    pub module_bytes: u64,
+    /// The path under `/input` of the input that is the module.
+    pub module_input: Option<String>,
+    /// Arguments after `argv[0]`.
+    pub args: Vec<String>,
+    /// Memory limit, MiB.
+    pub memory_mb: u64,
+    /// Bytes of stdin (the job directory's [`WASM_STDIN_FILE`] when not 0).
+    pub stdin_bytes: u64,
+}
+
+/// The inline module's file in a job's directory.
+pub const WASM_MODULE_FILE: &str = "module.wasm";
+/// The stdin's file in a job's directory.
+pub const WASM_STDIN_FILE: &str = "stdin";
 
 /// A compute class's price per vCPU-second and GB-second, billionths of the currency.
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]

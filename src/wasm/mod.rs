@@ -14,6 +14,7 @@
 pub mod build;
 pub mod frame;
 pub mod modname;
+pub mod wasi_job;
 
 use crate::cgroup::{Hierarchy, HostLimits};
 use crate::config::EryxConfig;
@@ -312,9 +313,19 @@ impl Drop for Engine {
 /// directory, no stdin, and one end of a new socket pair as its fd 3: the child, and
 /// the daemon's end.
 fn spawn_jailed(
+    cmd: Command,
+    cgroup: Option<&crate::cgroup::RunCgroup>,
+    uid: u32,
+) -> Result<(Child, UnixStream), String> {
+    spawn_jailed_with(cmd, cgroup, uid, |_| {})
+}
+
+/// [`spawn_jailed`], with `env` adding to the environment once it is cleared.
+fn spawn_jailed_with(
     mut cmd: Command,
     cgroup: Option<&crate::cgroup::RunCgroup>,
     uid: u32,
+    env: impl FnOnce(&mut Command),
 ) -> Result<(Child, UnixStream), String> {
     let procs: Vec<OwnedFd> = match cgroup {
         Some(cg) => cg.open_procs().map_err(|e| e.to_string())?,
@@ -326,6 +337,7 @@ fn spawn_jailed(
         .env("PATH", "/usr/bin:/bin")
         .current_dir("/")
         .stdin(Stdio::null());
+    env(&mut cmd);
     crate::sys::jail_on_spawn(&mut cmd, &procs, &theirs, uid);
     let child = cmd
         .spawn()

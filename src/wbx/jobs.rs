@@ -2,8 +2,8 @@
 //! queue carries out (`daemon::jobs`), and a job's record shaped as the document
 //! shows it (the job, its summary, its receipt, its result files).
 //!
-//! Fields of `POST /v1/jobs` this server does not carry out yet are refused by name
-//! with 400 rather than accepted and ignored: `runtime`, `wasm`. `compute_class` is
+//! `"runtime": "wasi"` with `wasm` is a WebAssembly job ([`wasm_fields`]), run by
+//! `isobox-wasm` rather than in a sandbox. `compute_class` is
 //! a set of local terms (`compute`). `optimize_for` and `placement` choose a server
 //! inside a class: this daemon is one server, so they are checked and kept but
 //! choose nothing. `dependency_cache` is checked and kept: this
@@ -59,7 +59,16 @@ pub struct Submit {
     pub spec: JobSpec,
     /// The env values (sealed before they are stored).
     pub env: Vec<(String, String)>,
+    /// A WebAssembly job's module and stdin (kept as files of the job).
+    pub wasm_bytes: Option<WasmBytes>,
+    /// A retried WebAssembly job: the job whose module and stdin files it copies.
+    pub wasm_from: Option<String>,
 }
+
+/// The runtime of jobs in a sandbox (the default).
+pub const RUNTIME_SANDBOX: &str = "sandbox";
+/// The runtime of WebAssembly jobs.
+pub const RUNTIME_WASI: &str = "wasi";
 
 /// What a jobs request asks.
 #[derive(Debug, Clone)]
@@ -274,7 +283,229 @@ fn patterns(f: &Fields, name: &str) -> Result<Vec<String>, Response> {
         .collect()
 }
 
-const UNSUPPORTED: &[&str] = &["runtime", "wasm"];
+/// A WebAssembly job's inline module, most bytes (the document's "8 MB").
+pub const MAX_WASM_MODULE_BYTES: u64 = 8_000_000;
+/// A module named by an input, most bytes.
+pub const MAX_WASM_INPUT_MODULE_BYTES: u64 = 32_000_000;
+/// A WebAssembly job's stdin, most bytes.
+pub const MAX_WASM_STDIN_BYTES: u64 = 4_000_000;
+/// A WebAssembly job's memory limit, MiB.
+pub const WASM_MEMORY_MB: std::ops::RangeInclusive<u64> = 16..=1024;
+/// Its default.
+pub const DEFAULT_WASM_MEMORY_MB: u64 = 128;
+/// A WebAssembly job's longest time limit, seconds (and its default).
+pub const MAX_WASM_TIMEOUT_S: u64 = 600;
+/// Arguments of a WebAssembly job, at most, and bytes of them together.
+pub const MAX_WASM_ARGS: usize = 1024;
+/// Bytes of a WebAssembly job's arguments together.
+pub const MAX_WASM_ARGS_BYTES: usize = 64 << 10;
+/// Result files of a WebAssembly job, at most.
+pub const MAX_WASM_OUTPUT_FILES: usize = 64;
+/// Bytes of a WebAssembly job's result files together.
+pub const MAX_WASM_OUTPUT_BYTES: u64 = 64_000_000;
+
+/// A WebAssembly job's bytes, which are kept as files beside its record.
+#[derive(Debug, Clone, Default)]
+pub struct WasmBytes {
+    /// The inline module (empty when an input is the module).
+    pub module: Vec<u8>,
+    /// Its stdin.
+    pub stdin: Vec<u8>,
+}
+
+/// Fields a WebAssembly job does not take (it runs a module, not a sandbox).
+const NOT_WASI: &[(&str, &str)] = &[
+    ("command", "a WebAssembly job runs its module (wasm.module_b64 or wasm.module); it takes no command"),
+    ("template", "a WebAssembly job runs in no sandbox template"),
+    ("compute_class", "a WebAssembly job runs on 1 vCPU with the memory of wasm.memory_mb; it takes no compute class"),
+    ("dependency_cache", "a WebAssembly job has no network and no package cache"),
+];
+
+/// A standard base64 field (padding optional), at most `max` bytes decoded.
+fn b64_field(v: &Value, name: &str, max: u64) -> Result<Vec<u8>, Response> {
+    use base64::Engine as _;
+    let s = v
+        .as_str()
+        .ok_or_else(|| error(400, &format!("{name}: a base64 string")))?;
+    // Decoded bytes are 3/4 of the text: refuse what could not fit before decoding.
+    if s.len() as u64 > max.div_ceil(3) * 4 + 4 {
+        return Err(error(400, &format!("{name}: at most {max} bytes")));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(s.trim_end_matches('='))
+        .or_else(|_| {
+            base64::engine::general_purpose::STANDARD_NO_PAD.decode(s.trim_end_matches('='))
+        })
+        .map_err(|_| {
+            error(
+                400,
+                &format!("{name}: not valid base64 (the standard alphabet, padding optional)"),
+            )
+        })?;
+    if bytes.len() as u64 > max {
+        return Err(error(400, &format!("{name}: at most {max} bytes")));
+    }
+    Ok(bytes)
+}
+
+/// `wasm`: `{"module_b64" | "module", "args", "memory_mb", "stdin_b64"}` for
+/// `"runtime": "wasi"`. `input_names` are the job's inputs' paths under `/input`.
+fn wasm_fields(
+    v: Option<&Value>,
+    input_names: &[String],
+) -> Result<(crate::store::jobs::WasmSpec, WasmBytes), Response> {
+    const KEYS: &[&str] = &["module_b64", "module", "args", "memory_mb", "stdin_b64"];
+    let Some(Value::Object(m)) = v.filter(|v| !v.is_null()) else {
+        return Err(error(
+            400,
+            "wasm: required with \"runtime\": \"wasi\", an object like {\"module_b64\": \"…\", \"args\": [], \"memory_mb\": 128}",
+        ));
+    };
+    if let Some(k) = m.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(error(
+            400,
+            &format!("wasm: unknown field `{k}`; it takes {}", KEYS.join(", ")),
+        ));
+    }
+    let mut spec = crate::store::jobs::WasmSpec::default();
+    let mut bytes = WasmBytes::default();
+    match (m.get("module_b64"), m.get("module")) {
+        (Some(b), None) => {
+            let module = b64_field(b, "wasm.module_b64", MAX_WASM_MODULE_BYTES)?;
+            check_module(&module, "wasm.module_b64")?;
+            spec.module_sha256 = Some(crate::jobs::sha256_hex(&module));
+            spec.module_bytes = module.len() as u64;
+            bytes.module = module;
+        }
+        (None, Some(Value::String(name))) => {
+            if !input_names.iter().any(|n| n == name) {
+                return Err(error(
+                    400,
+                    &format!(
+                        "wasm.module: {name:?} is not one of this job's inputs; name an input by its path under /input ({})",
+                        if input_names.is_empty() { "it has none".to_string() } else { input_names.join(", ") }
+                    ),
+                ));
+            }
+            spec.module_input = Some(name.clone());
+        }
+        (None, Some(_)) => return Err(error(400, "wasm.module: the path under /input of one of the job's inputs")),
+        (Some(_), Some(_)) => return Err(error(400, "wasm: module_b64 or module, not both")),
+        (None, None) => {
+            return Err(error(
+                400,
+                "wasm: module_b64 (the module, base64) or module (an input that is the module) is required",
+            ))
+        }
+    }
+    if let Some(a) = m.get("args").filter(|v| !v.is_null()) {
+        let Value::Array(items) = a else {
+            return Err(error(400, "wasm.args: must be a list of strings"));
+        };
+        let mut total = 0usize;
+        for it in items {
+            let s = it
+                .as_str()
+                .filter(|s| !s.contains('\0'))
+                .ok_or_else(|| error(400, "wasm.args: must be a list of strings without NUL"))?;
+            total += s.len() + 1;
+            spec.args.push(s.to_string());
+        }
+        if items.len() > MAX_WASM_ARGS || total > MAX_WASM_ARGS_BYTES {
+            return Err(error(
+                400,
+                &format!("wasm.args: at most {MAX_WASM_ARGS} arguments and {MAX_WASM_ARGS_BYTES} bytes together"),
+            ));
+        }
+    }
+    spec.memory_mb = match m.get("memory_mb").filter(|v| !v.is_null()) {
+        None => DEFAULT_WASM_MEMORY_MB,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| WASM_MEMORY_MB.contains(n))
+            .ok_or_else(|| {
+                error(
+                    400,
+                    &format!(
+                        "wasm.memory_mb: a whole number from {} to {}",
+                        WASM_MEMORY_MB.start(),
+                        WASM_MEMORY_MB.end()
+                    ),
+                )
+            })?,
+    };
+    if let Some(v) = m.get("stdin_b64").filter(|v| !v.is_null()) {
+        bytes.stdin = b64_field(v, "wasm.stdin_b64", MAX_WASM_STDIN_BYTES)?;
+        spec.stdin_bytes = bytes.stdin.len() as u64;
+    }
+    Ok((spec, bytes))
+}
+
+/// `GET /v1/runtimes`: what jobs can run on, with isolation and capabilities.
+pub fn runtimes_json(runtimes: &Runtimes, limits: &sandboxes::Limits) -> Response {
+    let templates: Vec<String> = sandboxes::templates(runtimes)
+        .into_iter()
+        .map(|(n, _, _)| n.to_string())
+        .collect();
+    Response::json(
+        200,
+        &json!({"runtimes": [
+            {
+                "name": RUNTIME_SANDBOX,
+                "default": true,
+                "available": true,
+                "isolation": "vm",
+                "isolation_detail": "a gVisor sandbox (runsc): a user-space kernel between the job and the host",
+                "capabilities": {
+                    "command": "/bin/sh -c in /home/user",
+                    "network": ["full", "allowlist", "none"],
+                    "filesystem": "a full Linux root filesystem of its template, writable, in memory",
+                    "templates": templates,
+                    "max_timeout_s": limits.jobs.max_timeout_s,
+                    "deterministic": false,
+                },
+            },
+            {
+                "name": RUNTIME_WASI,
+                "default": false,
+                "available": limits.jobs.wasi,
+                "isolation": "wasm-process",
+                "isolation_detail": "a WebAssembly module (WASI preview 1) on wasmtime, in a jailed process of its own (own cgroup, no network, seccomp filter); weaker than a virtual machine",
+                "capabilities": {
+                    "module": "wasm.module_b64, or wasm.module naming an input",
+                    "network": ["none"],
+                    "filesystem": ["/input (read-only)", "/output", "/tmp"],
+                    "max_module_bytes": MAX_WASM_MODULE_BYTES,
+                    "max_input_module_bytes": MAX_WASM_INPUT_MODULE_BYTES,
+                    "memory_mb": {"min": WASM_MEMORY_MB.start(), "max": WASM_MEMORY_MB.end(), "default": DEFAULT_WASM_MEMORY_MB},
+                    "max_timeout_s": MAX_WASM_TIMEOUT_S.min(limits.jobs.max_timeout_s),
+                    "max_stdin_bytes": MAX_WASM_STDIN_BYTES,
+                    "max_output_files": MAX_WASM_OUTPUT_FILES,
+                    "max_output_bytes": MAX_WASM_OUTPUT_BYTES,
+                    "deterministic": true,
+                },
+            },
+        ]}),
+    )
+}
+
+/// A core WebAssembly module (magic and version 1), as WASI preview 1 needs; a
+/// component or anything else is refused at once rather than at its start.
+pub fn check_module(b: &[u8], name: &str) -> Result<(), Response> {
+    if b.len() < 8 || &b[..4] != b"\0asm" {
+        return Err(error(
+            400,
+            &format!("{name}: not a WebAssembly module (no \\0asm header)"),
+        ));
+    }
+    if b[4..8] != [1, 0, 0, 0] {
+        return Err(error(
+            400,
+            &format!("{name}: a WebAssembly component or another version; a WASI preview 1 core module (version 1) is needed"),
+        ));
+    }
+    Ok(())
+}
 
 pub(super) const FIELDS: &[&str] = &[
     "command",
@@ -493,33 +724,72 @@ pub(super) fn job_fields(
     limits: &WbxJobs,
     batch: Option<usize>,
 ) -> Result<Submit, Response> {
-    if let Some(u) = UNSUPPORTED.iter().find(|u| !f.absent(u)) {
-        return Err(error(
-            400,
-            &format!("{u}: not supported by this server yet; send the job without it (README: background jobs)"),
-        ));
+    let wasi = match f.string("runtime")?.as_deref() {
+        None | Some(RUNTIME_SANDBOX) => false,
+        Some(RUNTIME_WASI) if batch.is_some() => {
+            return Err(error(
+                400,
+                "runtime: a batch's jobs run in sandboxes on this server; submit a WebAssembly job on its own (POST /v1/jobs)",
+            ))
+        }
+        Some(RUNTIME_WASI) => true,
+        Some(other) => {
+            return Err(error(
+                400,
+                &format!("runtime: {other:?} is not a runtime of this server; \"{RUNTIME_SANDBOX}\" (the default) or \"{RUNTIME_WASI}\" (GET /v1/runtimes lists them)"),
+            ))
+        }
+    };
+    if !wasi && !f.absent("wasm") {
+        return Err(error(400, "wasm: only with \"runtime\": \"wasi\""));
     }
-    let command = f
-        .string("command")?
-        .ok_or_else(|| error(400, "command: required"))?;
-    if command.trim().is_empty() || command.len() > MAX_COMMAND_BYTES || command.contains('\0') {
-        return Err(error(
-            400,
-            &format!("command: 1 to {MAX_COMMAND_BYTES} bytes, not blank, without NUL"),
-        ));
+    if wasi {
+        if let Some((name, why)) = NOT_WASI.iter().find(|(n, _)| !f.absent(n)) {
+            return Err(error(400, &format!("{name}: {why}")));
+        }
+        match f.0.get("network").filter(|v| !v.is_null()) {
+            None => {}
+            Some(v) if v == &json!({"mode": "none"}) => {}
+            Some(_) => {
+                return Err(error(
+                    400,
+                    "network: a WebAssembly job has no network (only {\"mode\": \"none\"})",
+                ))
+            }
+        }
     }
-    let template = f
-        .string("template")?
-        .unwrap_or_else(|| sandboxes::DEFAULT_TEMPLATE.to_string());
-    if !sandboxes::templates(runtimes)
-        .iter()
-        .any(|(n, _, _)| *n == template)
-    {
-        return Err(error(
-            400,
-            &format!("template: unknown template {template:?}; GET /v1/templates lists them"),
-        ));
-    }
+    let (command, template) = if wasi {
+        (String::new(), String::new())
+    } else {
+        let command = f
+            .string("command")?
+            .ok_or_else(|| error(400, "command: required"))?;
+        if command.trim().is_empty() || command.len() > MAX_COMMAND_BYTES || command.contains('\0')
+        {
+            return Err(error(
+                400,
+                &format!("command: 1 to {MAX_COMMAND_BYTES} bytes, not blank, without NUL"),
+            ));
+        }
+        let template = f
+            .string("template")?
+            .unwrap_or_else(|| sandboxes::DEFAULT_TEMPLATE.to_string());
+        if !sandboxes::templates(runtimes)
+            .iter()
+            .any(|(n, _, _)| *n == template)
+        {
+            return Err(error(
+                400,
+                &format!("template: unknown template {template:?}; GET /v1/templates lists them"),
+            ));
+        }
+        (command, template)
+    };
+    let max_timeout_s = if wasi {
+        MAX_WASM_TIMEOUT_S.min(limits.max_timeout_s)
+    } else {
+        limits.max_timeout_s
+    };
     let what = "a whole number of seconds, at least 1";
     let timeout_s = match (
         f.whole("timeout_s", what)?,
@@ -532,14 +802,18 @@ pub(super) fn job_fields(
             ))
         }
         (Some(t), _) | (None, Some(t)) => t,
-        (None, None) => DEFAULT_TIMEOUT_S.min(limits.max_timeout_s),
+        (None, None) => DEFAULT_TIMEOUT_S.min(max_timeout_s),
     };
-    if timeout_s == 0 || timeout_s > limits.max_timeout_s {
+    if timeout_s == 0 || timeout_s > max_timeout_s {
         return Err(error(
             400,
             &format!(
-                "timeout_s: 1 to {} seconds on this server",
-                limits.max_timeout_s
+                "timeout_s: 1 to {max_timeout_s} seconds{}",
+                if wasi {
+                    " for a WebAssembly job"
+                } else {
+                    " on this server"
+                }
             ),
         ));
     }
@@ -547,6 +821,7 @@ pub(super) fn job_fields(
     let required_artifacts = patterns(f, "required_artifacts")?;
     let env = env_vars(f.strings("env")?)?;
     let network = match f.0.get("network").filter(|v| !v.is_null()) {
+        None if wasi => json!({"mode": "none"}),
         None => json!({"mode": "full"}),
         Some(v) => {
             sandboxes::network(Some(v))?;
@@ -625,6 +900,13 @@ pub(super) fn job_fields(
     let webhook_url = webhook(f, limits)?;
     let max_cost = money(f, "max_cost", limits)?;
     let inputs = inputs(f, batch)?;
+    let (wasm, wasm_bytes) = if wasi {
+        let names: Vec<String> = inputs.iter().map(|i| i.dest.clone()).collect();
+        let (spec, bytes) = wasm_fields(f.0.get("wasm"), &names)?;
+        (Some(spec), Some(bytes))
+    } else {
+        (None, None)
+    };
     // Whether the class is offered, and the tenant's default, are the daemon's.
     let compute_class =
         compute::field(f.0.get("compute_class"))?.map_or(String::new(), |c| c.name.to_string());
@@ -648,8 +930,11 @@ pub(super) fn job_fields(
             inputs,
             compute_class,
             class_rate: None,
+            wasm,
         },
         env,
+        wasm_bytes,
+        wasm_from: None,
     })
 }
 
@@ -859,7 +1144,19 @@ impl Prices {
     /// its rate).
     pub fn cost(&self, spec: &JobSpec, ms: u64) -> Money {
         let (c, r) = self.of(spec);
-        compute::cost(c, r, ms)
+        match &spec.wasm {
+            // A WebAssembly job: 1 vCPU and its memory limit, at its class's rate.
+            Some(w) => compute::cost(
+                &Class {
+                    vcpu: 1,
+                    mem_mb: w.memory_mb,
+                    ..*c
+                },
+                r,
+                ms,
+            ),
+            None => compute::cost(c, r, ms),
+        }
     }
 
     /// A job's rate as its answers show it.
@@ -900,7 +1197,7 @@ fn file_names(rec: &JobRecord) -> Vec<&str> {
 /// files and cost.
 pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Value {
     let s = &rec.spec;
-    json!({
+    let mut v = json!({
         "id": id,
         "status": rec.status,
         "command": s.command,
@@ -931,7 +1228,13 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "result_files": files_json(rec),
         "skipped_files": rec.skipped,
         "cost": prices.show(prices.cost(&rec.spec, rec.billed_ms)),
-    })
+    });
+    if let Some(w) = &s.wasm {
+        // A WebAssembly job says so; a job in a sandbox keeps the document's shape.
+        v["runtime"] = json!(RUNTIME_WASI);
+        v["wasm"] = wasm_json(w);
+    }
+    v
 }
 
 /// How a job went, as its summary and its `job.finished` event both say it: state,
@@ -1025,7 +1328,7 @@ pub fn summary_json(
 pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str) -> Value {
     let s = &rec.spec;
     let (class, _) = prices.of(s);
-    json!({
+    let mut v = json!({
         "job_id": id,
         "status": rec.status,
         "inputs": {
@@ -1037,7 +1340,10 @@ pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str)
             "env_sha256": s.env_sha256,
             "files": s.inputs,
         },
-        "runtime": {"kind": "vm", "isolation": isolation, "compute_class": class.name, "vcpu": class.vcpu, "mem_mb": class.mem_mb},
+        "runtime": match &s.wasm {
+            Some(w) => json!({"kind": RUNTIME_WASI, "isolation": "wasm-process", "vcpu": 1, "mem_mb": w.memory_mb}),
+            None => json!({"kind": "vm", "isolation": isolation, "compute_class": class.name, "vcpu": class.vcpu, "mem_mb": class.mem_mb}),
+        },
         "network": s.network,
         "timing": {
             "created_at": super::timestamp(rec.created_ms),
@@ -1054,6 +1360,22 @@ pub fn receipt_json(id: &str, rec: &JobRecord, prices: &Prices, isolation: &str)
         "log": {"size": rec.log_bytes, "sha256": rec.log_sha256, "dropped_bytes": rec.log_dropped},
         "test_results": rec.test_results,
         "cost": prices.show(prices.cost(&rec.spec, rec.billed_ms)),
+    });
+    if let Some(w) = &s.wasm {
+        v["inputs"]["wasm"] = wasm_json(w);
+    }
+    v
+}
+
+/// A WebAssembly job's `wasm`, as its answers show it.
+fn wasm_json(w: &crate::store::jobs::WasmSpec) -> Value {
+    json!({
+        "module_sha256": w.module_sha256,
+        "module_bytes": (w.module_input.is_none()).then_some(w.module_bytes),
+        "module": w.module_input,
+        "args": w.args,
+        "memory_mb": w.memory_mb,
+        "stdin_bytes": w.stdin_bytes,
     })
 }
 

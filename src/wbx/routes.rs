@@ -17,6 +17,8 @@ use crate::runtimes::Runtimes;
 pub enum Route {
     /// `GET /v1/templates`
     Templates,
+    /// `GET /v1/runtimes`
+    Runtimes,
     /// `GET /v1/sandboxes`
     SandboxList,
     /// `POST /v1/sandboxes`
@@ -133,6 +135,9 @@ impl Spec {
 
 /// A command's body: the command line and its whole stdin.
 pub const EXEC_BODY_BYTES: usize = 2 << 20;
+/// A job's body: a WebAssembly job's module (8 MB) and stdin (4 MB) in base64, and
+/// the rest.
+pub const JOB_BODY_BYTES: usize = 17 << 20;
 /// A batch's body: up to 1000 jobs.
 pub const BATCH_BODY_BYTES: usize = 8 << 20;
 
@@ -165,6 +170,7 @@ const POST: &[&str] = &["POST"];
 #[rustfmt::skip]
 pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/templates", GET, Route::Templates, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/runtimes", GET, Route::Runtimes, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes", GET, Route::SandboxList, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes", POST, Route::SandboxCreate, Class::MemoryStarts, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}", &["GET", "HEAD", "DELETE"], Route::Sandbox, Class::Memory, DEFAULT_BODY_BYTES),
@@ -190,7 +196,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/fs/watch", GET, Route::FsWatch, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/files", &["GET", "HEAD", "PUT", "DELETE"], Route::Files, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/jobs", GET, Route::Jobs, Class::Memory, DEFAULT_BODY_BYTES),
-    row("/v1/jobs", POST, Route::Jobs, Class::MemoryStarts, EXEC_BODY_BYTES),
+    row("/v1/jobs", POST, Route::Jobs, Class::MemoryStarts, JOB_BODY_BYTES),
     row("/v1/jobs/stats", GET, Route::JobStats, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/jobs/wait", POST, Route::JobWait, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/jobs/{id}", GET, Route::Job, Class::Memory, DEFAULT_BODY_BYTES),
@@ -366,6 +372,7 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
     let method = req.head.method.as_str();
     let r = match spec.id {
         Route::Templates => return Asked::Respond(sandboxes::templates_json(runtimes)),
+        Route::Runtimes => return Asked::Respond(jobs::runtimes_json(runtimes, limits)),
         Route::SandboxList => Ok(Op::List),
         Route::SandboxCreate => sandboxes::create(req, runtimes, limits),
         Route::Sandbox if req.head.method == "DELETE" => Ok(Op::Delete(sid)),

@@ -2,9 +2,13 @@
 //! in this process, which the daemon starts jailed for that job alone.
 //!
 //! ```text
-//! isobox-wasm wasi --module FILE [--arg A]... [--env K=V]... [--stdin FILE]
+//! isobox-wasm wasi --module FILE [--arg A]... [--env K=V]... [--environ] [--stdin FILE]
 //!                  [--dir GUEST=HOST]... [--ro-dir GUEST=HOST]... --memory-mb N
 //! ```
+//!
+//! `--environ` adds every variable of this process's own environment named
+//! `WASI_ENV_<NAME>` to the module's as `NAME`: the daemon passes a job's env values
+//! that way, never on the command line, which every local user can read in `/proc`.
 //!
 //! The module sees its arguments (`argv[0]` is `main.wasm`), the environment given, the
 //! stdin file (or an empty stdin), this process's stdout and stderr, and only the
@@ -35,6 +39,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::{DirPerms, FilePerms, WasiCtxBuilder};
+
+/// The prefix of this process's variables that `--environ` gives the module.
+pub const ENVIRON_PREFIX: &str = "WASI_ENV_";
 
 /// Exit code of a module that trapped (as a process that aborted: 128 + SIGABRT).
 pub const TRAP_EXIT: i32 = 134;
@@ -76,6 +83,16 @@ pub fn parse(args: &[String]) -> Result<Job, String> {
                 let (guest, host) = v.split_once('=').ok_or("--dir takes GUEST=HOST")?;
                 job.dirs
                     .push((guest.to_string(), PathBuf::from(host), flag == "--dir"));
+            }
+            "--environ" => {
+                for (k, v) in std::env::vars_os() {
+                    let (Some(k), Some(v)) = (k.to_str(), v.to_str()) else {
+                        continue;
+                    };
+                    if let Some(name) = k.strip_prefix(ENVIRON_PREFIX).filter(|n| !n.is_empty()) {
+                        job.env.push((name.to_string(), v.to_string()));
+                    }
+                }
             }
             "--memory-mb" => {
                 let mb: u64 = value()?.parse().map_err(|_| "--memory-mb takes a number")?;
