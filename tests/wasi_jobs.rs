@@ -24,6 +24,7 @@ const PRELUDE: &str = r#"
   (import "wasi_snapshot_preview1" "environ_sizes_get" (func $environ_sizes_get (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "environ_get" (func $environ_get (param i32 i32) (result i32)))
   (import "wasi_snapshot_preview1" "path_open" (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "path_create_directory" (func $mkdir (param i32 i32 i32) (result i32)))
   (memory (export "memory") 1)
   (func $write (param $fd i32) (param $ptr i32) (param $len i32)
     (i32.store (i32.const 1000) (local.get $ptr))
@@ -66,7 +67,6 @@ fn report_module() -> Vec<u8> {
         (data (i32.const 160) "t")
         (data (i32.const 180) "sub")
         (data (i32.const 200) "sub/copy.txt")
-        (import "wasi_snapshot_preview1" "path_create_directory" (func $mkdir (param i32 i32 i32) (result i32)))
         (func (export "_start")
           (local $n i32) (local $fd i32)
           (call $write (i32.const 1) (i32.const 100) (i32.const 6))
@@ -92,12 +92,20 @@ fn submit_raw(d: &Daemon, body: &Value) -> common::Resp {
     wbx(d, "POST", "/v1/jobs", None, Some(body))
 }
 
+/// Nothing of a run is left (a sandbox job's sandbox goes a moment after its end).
 fn leftovers(d: &Daemon) {
     let runs = d.data_dir.join("runs");
-    let left: Vec<_> = std::fs::read_dir(&runs)
-        .map(|r| r.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "left in runs/: {left:?}");
+    let t0 = Instant::now();
+    loop {
+        let left: Vec<_> = std::fs::read_dir(&runs)
+            .map(|r| r.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        if left.is_empty() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "left in runs/: {left:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
         !mounts.contains(d.data_dir.to_str().unwrap()),

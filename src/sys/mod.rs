@@ -339,6 +339,9 @@ pub fn jail_on_spawn(cmd: &mut std::process::Command, procs: &[OwnedFd], sock: &
             syscall!(setgroups(0, std::ptr::null()))?;
             syscall!(setgid(id))?;
             syscall!(setuid(id))?;
+            // The kernel clears the parent-death signal when credentials change:
+            // set again, or a worker outlives a daemon killed with SIGKILL.
+            die_with_parent()?;
             syscall!(prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
             Ok(())
         });
