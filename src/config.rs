@@ -750,7 +750,7 @@ impl Config {
         };
         let mut cfg = cfg;
         // WebAssembly jobs run on the eryx face's worker binary.
-        cfg.wbx.jobs.wasi = cfg.eryx.worker.is_some();
+        cfg.wbx.jobs.wasi = cfg.eryx.worker.as_ref().is_some_and(|p| p.is_file());
         cfg.validate()?;
         Ok(cfg)
     }

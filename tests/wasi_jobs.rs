@@ -103,7 +103,10 @@ fn leftovers(d: &Daemon) {
         if left.is_empty() {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "left in runs/: {left:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "left in runs/: {left:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -303,6 +306,12 @@ fn test_webassembly_jobs_at_and_past_their_limits_and_bad_input() {
         base(json!({"module_b64": b64(&ok), "args": [1]})),
         "wasm.args",
     );
+    let big_env: serde_json::Map<String, Value> = (0..10)
+        .map(|i| (format!("V{i}"), json!("x".repeat(30_000))))
+        .collect();
+    let mut b = base(json!({"module_b64": b64(&ok)}));
+    b["env"] = Value::Object(big_env);
+    refused(b, "a WebAssembly job's env may be 262144 bytes in all");
     // memory_mb 16–1024, timeout_s up to 600, stdin up to 4 MB, module up to 8 MB.
     for (mb, good) in [(15, false), (16, true), (1024, true), (1025, false)] {
         let r = submit_raw(&d, &base(json!({"module_b64": b64(&ok), "memory_mb": mb})));
@@ -453,16 +462,61 @@ fn test_webassembly_jobs_at_and_past_their_limits_and_bad_input() {
         .unwrap()
         .contains("64 result files"));
 
-    // Cancelled while it runs: killed at once.
-    let id = submit(
-        &d,
-        None,
-        &base(json!({"module_b64": b64(&wasm(r#"(func (export "_start") (loop $l (br $l)))"#))})),
-    )["id"]
+    // Two at once: each its own uid, and a run directory only that uid's group may
+    // enter. Then cancelled while they run: killed at once.
+    let spin = wasm(r#"(func (export "_start") (loop $l (br $l)))"#);
+    let other = submit(&d, None, &base(json!({"module_b64": b64(&spin)})))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let id = submit(&d, None, &base(json!({"module_b64": b64(&spin)})))["id"]
         .as_str()
         .unwrap()
         .to_string();
     until_status(&d, None, &id, "running");
+    until_status(&d, None, &other, "running");
+    let t0 = Instant::now();
+    let uids = loop {
+        let mut uids = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(cg) = std::fs::read_to_string(e.path().join("cgroup")) else {
+                continue;
+            };
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            if cg.contains(&d.instance) && String::from_utf8_lossy(&cmd).contains("wasi\0--module")
+            {
+                let st = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
+                let uid = st
+                    .lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .unwrap_or("")
+                    .to_string();
+                uids.push(uid);
+            }
+        }
+        if uids.len() == 2 || t0.elapsed() > Duration::from_secs(10) {
+            break uids;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(uids.len(), 2, "{uids:?}");
+    assert_ne!(uids[0], uids[1], "each run its own uid");
+    for e in std::fs::read_dir(d.data_dir.join("runs"))
+        .unwrap()
+        .flatten()
+    {
+        use std::os::unix::fs::MetadataExt;
+        let md = e.metadata().unwrap();
+        assert_eq!((md.mode() & 0o7777, md.uid()), (0o710, 0), "{:?}", e.path());
+        assert!(
+            (65000..65500).contains(&md.gid()),
+            "{:?} gid {}",
+            e.path(),
+            md.gid()
+        );
+    }
+    let r = wbx(&d, "POST", &format!("/v1/jobs/{other}/cancel"), None, None);
+    assert_eq!(r.status, 200, "{}", r.text());
     let t0 = Instant::now();
     let r = wbx(&d, "POST", &format!("/v1/jobs/{id}/cancel"), None, None);
     assert!(r.status == 200 || r.status == 202, "{}", r.text());

@@ -159,6 +159,8 @@ pub(crate) struct Table {
     pub(super) compute_prefs: HashMap<String, &'static crate::wbx::compute::Class>,
     /// WebAssembly jobs whose process runs (the daemon's stop waits for them).
     pub(crate) wasi_running: usize,
+    /// The uids those processes run as (each its own).
+    pub(crate) wasi_uids: HashSet<u32>,
 }
 
 impl Table {
@@ -248,8 +250,11 @@ struct Live {
     end_retries: u32,
     /// Why it was cancelled (its error once it ends `cancelled`).
     cancel_error: Option<JobError>,
-    /// A WebAssembly job's run: set to kill it (cancel, or the daemon's stop).
+    /// A WebAssembly job's run: set to kill it (cancel, the daemon's stop, its log
+    /// lost).
     wasi_stop: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The uid its run has.
+    wasi_uid: Option<u32>,
 }
 
 /// The saving of result files.
@@ -438,6 +443,7 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         batches: HashMap::new(),
         compute_prefs: HashMap::new(),
         wasi_running: 0,
+        wasi_uids: HashSet::new(),
     };
     match store.budgets() {
         Ok(b) => t.budgets = b.into_iter().collect(),
@@ -801,6 +807,7 @@ impl Live {
             end_retries: 0,
             cancel_error: None,
             wasi_stop: None,
+            wasi_uid: None,
         }
     }
 }
@@ -1074,13 +1081,23 @@ impl Daemon {
             |d: &mut Daemon, resp: Response| d.on_outcome(ck, serial, Outcome::Respond(resp));
         let prices = self.prices();
         let mut s = s;
-        if let Err(c) = self.job_class(&tenant, &mut s.spec, &prices) {
+        if s.spec.wasm.is_some() {
+            // No class: 1 vCPU and its memory limit at the economy rate, whatever the
+            // tenant's default class is.
+            let c = crate::wbx::compute::default_class();
+            s.spec.compute_class = c.name.to_string();
+            s.spec.class_rate = Some(prices.rate(c));
+        } else if let Err(c) = self.job_class(&tenant, &mut s.spec, &prices) {
             answer(self, crate::wbx::compute::not_offered("compute_class", &c));
             return;
         }
-        if s.spec.wasm.is_some() {
+        if let Some(w) = &s.spec.wasm {
             if let Some(why) = wasi::wasi_refusal(self) {
                 answer(self, crate::wbx::error(503, why));
+                return;
+            }
+            if let Some(resp) = self.wasi_bytes_refusal(&tenant, w.module_bytes + w.stdin_bytes) {
+                answer(self, resp);
                 return;
             }
         }
@@ -1141,6 +1158,10 @@ impl Daemon {
         let (bytes, from) = (s.wasm_bytes, s.wasm_from);
         self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
             let r = write_wasm_files(&dir, &id, bytes.as_ref(), from.as_deref());
+            if r.is_err() {
+                // Half written (a full disk): nothing of it stays.
+                let _ = std::fs::remove_dir_all(dir.join(&id));
+            }
             Box::new(move |d: &mut Daemon| match r {
                 Ok(()) => d.job_submit_store(ck, serial, tenant, id, rec, key, worst, true),
                 Err(e) => {
@@ -1934,6 +1955,12 @@ impl Daemon {
             (Phase::Ending, _) if !written => self.job_finish(jk, js, None),
             (Phase::Starting | Phase::Running | Phase::Saving, Some((key, _))) => {
                 self.box_end(key, "its job's log could not be written")
+            }
+            // A WebAssembly job's run: killed; its end sees the lost log.
+            (Phase::Running, None) => {
+                if let Some(stop) = self.job(jk, js).and_then(|j| j.wasi_stop.clone()) {
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
             }
             _ => {}
         }

@@ -63,6 +63,8 @@ pub struct OutputLimits<'a> {
     pub files: usize,
     /// Bytes, all files together.
     pub bytes: u64,
+    /// Bytes of one file.
+    pub file_bytes: u64,
     /// Whether a file (`output/…`) is wanted at all (one that is not is left out,
     /// not listed as skipped).
     pub wanted: &'a dyn Fn(&str) -> bool,
@@ -179,10 +181,8 @@ pub fn run(
             None => None,
         };
         let r = execute(place, spec, cgroup.as_ref(), cancel, out);
-        if let Some(cg) = &cgroup {
-            // Nothing of it may still run while its files are read.
-            cg.kill_all();
-        }
+        // Nothing of it may still run while its files are read.
+        let emptied = cgroup.as_ref().is_none_or(|cg| cg.kill_all());
         let r = r.map(|mut ended| {
             if let Some(cg) = &cgroup {
                 let u = cg.usage();
@@ -192,9 +192,17 @@ pub fn run(
                     ended.oom = cg.oom_kills() > 0;
                 }
             }
-            let (saved, skipped) = save_outputs(&scratch.join("output"), place, limits);
-            ended.saved = saved;
-            ended.skipped = skipped;
+            if emptied {
+                let (saved, skipped) = save_outputs(&scratch.join("output"), place, limits);
+                ended.saved = saved;
+                ended.skipped = skipped;
+            } else {
+                log::error!("wasi: a job's processes would not die; its /output is not read");
+                ended.skipped.push((
+                    "output/".into(),
+                    "not saved: the run's processes could not be stopped".into(),
+                ));
+            }
             ended
         });
         if let Some(cg) = cgroup {
@@ -230,21 +238,29 @@ pub fn remove(dir: &Path) -> std::io::Result<()> {
 /// with `output/` and `tmp/` of the job's user.
 fn prepare(place: &Place<'_>, spec: &Spec, scratch: &Path) -> Result<(), String> {
     let err = |what: &Path, e: std::io::Error| format!("{}: {e}", what.display());
-    // Others may pass through (the job's user opens its files by name), not list.
+    // Only the job's own group may pass through (its user opens its files by name);
+    // no other user, another job's included, may enter.
     std::fs::DirBuilder::new()
-        .mode(0o711)
+        .mode(0o700)
         .create(place.dir)
+        .map_err(|e| err(place.dir, e))?;
+    std::os::unix::fs::lchown(place.dir, Some(0), Some(place.uid))
+        .map_err(|e| err(place.dir, e))?;
+    std::fs::set_permissions(place.dir, std::fs::Permissions::from_mode(0o710))
         .map_err(|e| err(place.dir, e))?;
     for (name, bytes) in [("module.wasm", &spec.module), ("stdin", &spec.stdin)] {
         let p = place.dir.join(name);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o444)
+            .mode(0o400)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&p)
             .map_err(|e| err(&p, e))?;
         f.write_all(bytes).map_err(|e| err(&p, e))?;
+        std::os::unix::fs::lchown(&p, Some(0), Some(place.uid)).map_err(|e| err(&p, e))?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o440))
+            .map_err(|e| err(&p, e))?;
     }
     std::fs::DirBuilder::new()
         .mode(0o700)
@@ -328,16 +344,54 @@ fn execute(
     let started = Instant::now();
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let ended = std::thread::scope(|sc| {
-        let readers = [
-            stdout.map(|p| sc.spawn(move || forward(p, Stream::Stdout, out))),
-            stderr.map(|p| sc.spawn(move || forward(p, Stream::Stderr, out))),
+        // A thread the system refuses is an error, not a panic (which would abort
+        // the daemon): the process is killed and the run fails on our side.
+        let mut threads = Vec::new();
+        let mut refused = None;
+        let jobs: Vec<Box<dyn FnOnce() -> String + Send + '_>> = vec![
+            Box::new(move || {
+                if let Some(p) = stdout {
+                    forward(p, Stream::Stdout, out);
+                }
+                String::new()
+            }),
+            Box::new(move || {
+                if let Some(p) = stderr {
+                    forward(p, Stream::Stderr, out);
+                }
+                String::new()
+            }),
+            // The outcome line on fd 3.
+            Box::new(move || {
+                let mut s = String::new();
+                let _ = (&sock).take(64 << 10).read_to_string(&mut s);
+                s
+            }),
         ];
-        // The outcome line on fd 3, read on a thread of its own as well.
-        let outcome = sc.spawn(move || {
-            let mut s = String::new();
-            let _ = (&sock).take(64 << 10).read_to_string(&mut s);
-            s
-        });
+        for f in jobs {
+            match std::thread::Builder::new()
+                .name("isobox-wasi-io".into())
+                .spawn_scoped(sc, f)
+            {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    refused = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(e) = refused {
+            let _ = crate::sys::kill_group(child.id() as i32, libc::SIGKILL);
+            let _ = child.kill();
+            let _ = child.wait();
+            if let Some(cg) = cgroup {
+                cg.kill_all();
+            }
+            for t in threads {
+                let _ = t.join();
+            }
+            return Err(format!("no thread for its output: {e}"));
+        }
         let deadline = started + spec.timeout;
         let mut ended = Ended::default();
         let status = loop {
@@ -364,10 +418,10 @@ fn execute(
             }
         }
         ended.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        for r in readers.into_iter().flatten() {
-            let _ = r.join();
-        }
-        let line = outcome.join().unwrap_or_default();
+        let line = threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_default())
+            .collect::<String>();
         if status.is_some() {
             let v: serde_json::Value =
                 serde_json::from_str(line.trim()).unwrap_or(serde_json::Value::Null);
@@ -380,9 +434,9 @@ fn execute(
                 ended.module_peak_bytes = v["peak_memory_bytes"].as_u64();
             }
         }
-        ended
+        Ok(ended)
     });
-    Ok(ended)
+    ended
 }
 
 /// The prefix under which the worker finds the module's environment
@@ -469,6 +523,16 @@ fn save_outputs(
             skipped.push((
                 rel,
                 format!("over the limit of {} result files", limits.files),
+            ));
+            continue;
+        }
+        if size > limits.file_bytes {
+            skipped.push((
+                rel,
+                format!(
+                    "larger than the limit of {} MB for one result file",
+                    limits.file_bytes / 1_000_000
+                ),
             ));
             continue;
         }

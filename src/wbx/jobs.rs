@@ -299,6 +299,8 @@ pub const MAX_WASM_TIMEOUT_S: u64 = 600;
 pub const MAX_WASM_ARGS: usize = 1024;
 /// Bytes of a WebAssembly job's arguments together.
 pub const MAX_WASM_ARGS_BYTES: usize = 64 << 10;
+/// Bytes of a WebAssembly job's env, names and values together.
+pub const MAX_WASM_ENV_BYTES: usize = 256 << 10;
 /// Result files of a WebAssembly job, at most.
 pub const MAX_WASM_OUTPUT_FILES: usize = 64;
 /// Bytes of a WebAssembly job's result files together.
@@ -903,6 +905,15 @@ pub(super) fn job_fields(
     let (wasm, wasm_bytes) = if wasi {
         let names: Vec<String> = inputs.iter().map(|i| i.dest.clone()).collect();
         let (spec, bytes) = wasm_fields(f.0.get("wasm"), &names)?;
+        // The runtime gets its env in its own environment and its args on its command
+        // line: together well under what a process may be started with.
+        let env_bytes: usize = env.iter().map(|(k, v)| k.len() + v.len() + 16).sum();
+        if env_bytes > MAX_WASM_ENV_BYTES {
+            return Err(error(
+                400,
+                &format!("env: a WebAssembly job's env may be {MAX_WASM_ENV_BYTES} bytes in all"),
+            ));
+        }
         (Some(spec), Some(bytes))
     } else {
         (None, None)

@@ -23,12 +23,50 @@ const WASI_UID_COUNT: u32 = 500;
 
 /// Why WebAssembly jobs cannot run on this server (`None`: they can).
 pub(crate) fn wasi_refusal(d: &Daemon) -> Option<&'static str> {
-    d.cfg.eryx.worker.is_none().then_some(
-        "WebAssembly jobs are unavailable on this server: its WebAssembly worker is off (ISOBOX_WASM_WORKER)",
+    (!d.cfg.wbx.jobs.wasi).then_some(
+        "WebAssembly jobs are unavailable on this server: its WebAssembly worker (isobox-wasm) is off or not installed",
     )
 }
 
 impl Daemon {
+    /// Removes result files no record names (on the pool).
+    fn drop_files(&mut self, files: Vec<PathBuf>) {
+        if files.is_empty() {
+            return;
+        }
+        self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
+            for f in files {
+                let _ = std::fs::remove_file(f);
+            }
+            Box::new(|_: &mut Daemon| {})
+        }));
+    }
+
+    /// Whether `tenant` may store `adding` more bytes of WebAssembly modules and stdin
+    /// for a new job: with its stored results and its unfinished WebAssembly jobs'
+    /// files, under `ISOBOX_WBX_ARTIFACT_TENANT_MB`. The 429, else `None`.
+    pub(super) fn wasi_bytes_refusal(&self, tenant: &str, adding: u64) -> Option<Response> {
+        let c = &self.cfg.wbx.jobs;
+        let stored = self.jobs.tenant_bytes.get(tenant).copied().unwrap_or(0);
+        let queued: u64 = self
+            .jobs
+            .live
+            .iter()
+            .filter(|(_, j)| j.rec.tenant == tenant)
+            .filter_map(|(_, j)| j.rec.spec.wasm.as_ref())
+            .map(|w| w.module_bytes + w.stdin_bytes)
+            .sum();
+        (stored + queued + adding > c.artifact_tenant_bytes).then(|| {
+            crate::wbx::error(
+                429,
+                &format!(
+                    "limit reached: this tenant's stored job results and logs ({stored} bytes) and its unfinished WebAssembly jobs' modules and stdin ({queued} bytes), with this job's {adding}, exceed its {} bytes (ISOBOX_WBX_ARTIFACT_TENANT_MB)",
+                    c.artifact_tenant_bytes
+                ),
+            )
+        })
+    }
+
     /// The daemon stops: every WebAssembly job's process is killed (their records
     /// stay `running`; the next start recovers them).
     pub(crate) fn job_wasi_stop_all(&mut self) {
@@ -98,19 +136,53 @@ impl Daemon {
         j.rec.status = "running".into();
         let job_dir = dest.join(&j.id);
         let run_dir = runs.join(format!("wasi-{}-{}", j.id, j.rec.attempt));
-        let uid = WASI_UID_BASE + (j.serial % u64::from(WASI_UID_COUNT)) as u32;
-        let patterns: Vec<Pattern> = j
-            .rec
-            .spec
-            .artifacts
-            .iter()
-            .filter_map(|p| Pattern::parse(p).ok())
-            .collect();
+        // A uid no other running WebAssembly job has.
+        let Some(uid) = (WASI_UID_BASE..WASI_UID_BASE + WASI_UID_COUNT)
+            .find(|u| !self.jobs.wasi_uids.contains(u))
+        else {
+            self.job_lost(
+                jk,
+                js,
+                "no free user id for another WebAssembly job right now",
+            );
+            return;
+        };
+        let c = self.cfg.wbx.jobs.clone();
+        let tenant_used = self
+            .job(jk, js)
+            .map(|j| j.rec.tenant.clone())
+            .and_then(|t| self.jobs.tenant_bytes.get(&t).copied())
+            .unwrap_or(0);
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        j.wasi_uid = Some(uid);
+        // `artifacts` picks among /output's files (with `required_artifacts`, as for
+        // any job); none given: all of them.
+        let patterns: Vec<Pattern> = if j.rec.spec.artifacts.is_empty() {
+            Vec::new()
+        } else {
+            j.rec
+                .spec
+                .artifacts
+                .iter()
+                .chain(&j.rec.spec.required_artifacts)
+                .filter_map(|p| Pattern::parse(p).ok())
+                .collect()
+        };
+        let (max_files, max_bytes, file_bytes) = (
+            wj::MAX_WASM_OUTPUT_FILES.min(c.artifact_files),
+            wj::MAX_WASM_OUTPUT_BYTES
+                .min(c.artifact_job_bytes)
+                .min(c.artifact_tenant_bytes.saturating_sub(tenant_used)),
+            c.artifact_file_bytes,
+        );
         let env = j.env.clone();
         let timeout = Duration::from_secs(j.rec.spec.timeout_s);
         // The first free result-file number (a retry's files are numbered on).
         let prefix = format!("w{}-", j.rec.attempt);
         self.jobs.wasi_running += 1;
+        self.jobs.wasi_uids.insert(uid);
         self.job_store(jk, js, false);
         self.reactor.submit_must(Box::new(move || -> Done<Daemon> {
             let thread_mailbox = mailbox.clone();
@@ -133,7 +205,12 @@ impl Daemon {
                     let r = match (module, stdin) {
                         (Ok(module), Ok(stdin)) => {
                             if let Err(resp) = wj::check_module(&module, "wasm.module") {
-                                Err(Err(String::from_utf8_lossy(&resp.body).into_owned()))
+                                let v: serde_json::Value =
+                                    serde_json::from_slice(&resp.body).unwrap_or_default();
+                                Err(Err(v["error"]
+                                    .as_str()
+                                    .unwrap_or("wasm.module: not a WebAssembly module")
+                                    .to_string()))
                             } else {
                                 let spec = Spec {
                                     module,
@@ -157,8 +234,9 @@ impl Daemon {
                                     patterns.is_empty() || patterns.iter().any(|p| p.matches(name))
                                 };
                                 let limits = OutputLimits {
-                                    files: wj::MAX_WASM_OUTPUT_FILES,
-                                    bytes: wj::MAX_WASM_OUTPUT_BYTES,
+                                    files: max_files,
+                                    bytes: max_bytes,
+                                    file_bytes,
                                     wanted: &wanted,
                                 };
                                 // The log keeps `cap` bytes: no more is sent to the
@@ -224,9 +302,37 @@ impl Daemon {
             return;
         };
         j.wasi_stop = None;
+        if let Some(uid) = j.wasi_uid.take() {
+            self.jobs.wasi_uids.remove(&uid);
+        }
+        let jobs_dir = self.jobs.dir.clone();
+        let Some(j) = self.job(jk, js) else {
+            return;
+        };
+        // Files it saved that no record will name (on the paths below that keep none).
+        let orphans: Vec<PathBuf> = match &r {
+            Ok((e, _)) => e
+                .saved
+                .iter()
+                .map(|s| jobs_dir.join(&j.id).join(&s.file))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         if stopping && !j.cancelled {
             // Killed by the daemon's stop: its record stays `running`, and the next
             // start recovers it.
+            self.drop_files(orphans);
+            return;
+        }
+        if j.cancelled && r.is_err() {
+            // Cancelled meanwhile: that is how it ends, whatever else went wrong.
+            self.job_end(jk, js);
+            return;
+        }
+        if j.writer.is_none() {
+            // Its log could not be written: lost on our side, as a sandbox job's is.
+            self.drop_files(orphans);
+            self.job_lost(jk, js, "its job's log could not be written");
             return;
         }
         let (ended, dropped) = match r {
@@ -255,7 +361,9 @@ impl Daemon {
         j.exit = ended.exit_code;
         j.rec.exit_code = ended.exit_code;
         j.timed_out = ended.timed_out;
-        j.run_ms = ended.module_run_ms.unwrap_or(ended.wall_ms);
+        // Billed: the process's whole run (compiling the module included), which its
+        // time limit counts too.
+        j.run_ms = ended.wall_ms;
         j.rec.cpu_ms = ended.cpu_ms;
         j.rec.peak_memory_bytes = ended.module_peak_bytes;
         let rest = j.redact.finish();
@@ -298,6 +406,7 @@ impl Daemon {
             });
         } else if ended.exit_code.is_none() && own {
             // Neither its end nor a limit: the worker died on our side.
+            self.drop_files(orphans);
             self.job_lost(jk, js, "its WebAssembly runtime ended without an outcome");
             return;
         }
