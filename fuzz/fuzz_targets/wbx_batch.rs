@@ -41,6 +41,7 @@ fn limits() -> WbxJobs {
         webhook_loopback: false,
         webhook_deny: Vec::new(),
         webhooks: true,
+        wasi: true,
     }
 }
 
