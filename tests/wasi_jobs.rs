@@ -682,3 +682,47 @@ fn test_a_kill_9_mid_webassembly_job() {
     d2.stop();
     drop(d);
 }
+
+/// Job bodies may be 17 MiB (a module in base64), held whole until parsed: all large
+/// bodies being read at once are bounded together (72 MiB of caps: four 17 MiB job
+/// bodies), so slow senders cannot pin the daemon's memory. The fifth is refused at its
+/// head with 503 and `Retry-After: 1`; once one ends, a new one is read.
+#[test]
+fn test_large_bodies_being_read_are_bounded_together() {
+    use std::io::Write as _;
+    let d = Daemon::start_with(&[]);
+    d.wait_ready();
+    let head = |len: usize| {
+        format!("POST /wbx/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n")
+    };
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        let mut s = d.connect();
+        s.write_all(head(17_000_000).as_bytes()).unwrap();
+        s.write_all(b"{\"runtime\": \"wasi\", ").unwrap();
+        slow.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let mut fifth = d.connect();
+    fifth.write_all(head(17_000_000).as_bytes()).unwrap();
+    let r = common::read_response(&mut std::io::BufReader::new(&mut fifth), false).unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"error": "the server is receiving too many large request bodies at once; retry in a second"})
+    );
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // Small routes are not held back by it.
+    assert_eq!(d.get("/healthz").status, 200);
+    // One of them goes: a new large body is read again.
+    drop(slow.pop());
+    std::thread::sleep(Duration::from_millis(300));
+    let body = json!({"runtime": "wasi", "wasm": {"module_b64": "AGFzbQEAAAA="}}).to_string();
+    let mut s = d.connect();
+    s.write_all(head(body.len()).as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let r = common::read_response(&mut std::io::BufReader::new(&mut s), false).unwrap();
+    assert_eq!(r.status, 202, "{}", r.text());
+    drop(slow);
+    d.stop();
+}

@@ -573,10 +573,29 @@ impl Daemon {
                 return;
             }
         }
+        let cap = route.body_cap();
+        if cap > crate::http::limits::LARGE_BODY_BYTES && head.framing != crate::http::Framing::None
+        {
+            // Large bodies are held whole until parsed: all of them together within a
+            // budget, so slow senders cannot pin the daemon's memory.
+            let held: usize = self
+                .conns
+                .iter()
+                .map(|(_, c)| c.http.large_body_reserved())
+                .sum();
+            if held + cap > crate::http::limits::LARGE_BODIES_BUDGET {
+                let resp = route.busy_bodies();
+                if let Some(c) = self.conns.get_mut(ck) {
+                    c.http.refuse_head(&head, resp, shutting_down);
+                }
+                return;
+            }
+        }
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
         let before = c.http.rbuf.len();
-        let step = c
-            .http
-            .begin_body(head, route, route.body_cap(), params, tenant);
+        let step = c.http.begin_body(head, route, cap, params, tenant);
         let added = self
             .conns
             .get(ck)

@@ -56,6 +56,19 @@ impl Routed {
         }
     }
 
+    /// The answer when the daemon's budget for large bodies is taken (503 with
+    /// `Retry-After: 1`, in the face's shape).
+    pub(crate) fn busy_bodies(self) -> Response {
+        const WHY: &str =
+            "the server is receiving too many large request bodies at once; retry in a second";
+        let resp = match self {
+            Routed::Isobox(_) => Response::error(503, "busy", Some(WHY)),
+            Routed::Wbx(_) => crate::wbx::error(503, WHY),
+            Routed::Eryx(_) => crate::eryx::error(503, "unavailable", WHY),
+        };
+        resp.with_header("Retry-After", "1")
+    }
+
     pub(crate) fn body_cap(self) -> usize {
         match self {
             Routed::Isobox(s) => s.body_cap,

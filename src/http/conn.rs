@@ -496,6 +496,16 @@ impl<R, W: Owner> Conn<R, W> {
         }
     }
 
+    /// The cap of the body being read, when it is larger than
+    /// [`super::limits::LARGE_BODY_BYTES`] (0 otherwise): what it may still grow to,
+    /// counted against the daemon's budget for large bodies.
+    pub fn large_body_reserved(&self) -> usize {
+        match &self.phase {
+            Phase::Body { cap, .. } if *cap > super::limits::LARGE_BODY_BYTES => *cap,
+            _ => 0,
+        }
+    }
+
     /// A routed, admitted head: read its body (up to `cap`), or dispatch it at once.
     pub fn begin_body(
         &mut self,

@@ -10,6 +10,14 @@ pub const MAX_HEADERS: usize = 100;
 pub const EXECUTE_BODY_BYTES: usize = 256 * 1024;
 /// Body cap of every route the spec says nothing about (over it: 413).
 pub const DEFAULT_BODY_BYTES: usize = 64 * 1024;
+/// Bodies whose route takes more than this are "large" (WBX jobs with a WebAssembly
+/// module, batches): held whole in memory until parsed, so all of them together are
+/// bounded by [`LARGE_BODIES_BUDGET`].
+pub const LARGE_BODY_BYTES: usize = 2 * 1024 * 1024;
+/// Caps of the large bodies being read at once, all connections together (four of the
+/// largest, 17 MiB job bodies); past it a new one is refused with 503 and
+/// `Retry-After: 1` before any of it is read.
+pub const LARGE_BODIES_BUDGET: usize = 72 * 1024 * 1024;
 /// A chunk-size line's extension longer than this is a 400.
 pub const MAX_CHUNK_EXT_BYTES: usize = 4 * 1024;
 /// Trailer section bytes allowed after the last chunk.
