@@ -120,10 +120,8 @@ pub struct Ended {
 /// Which stream output came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
-    /// fd 1.
-    Stdout,
-    /// fd 2.
-    Stderr,
+    /// fd 1 and fd 2, in the order written (one pipe).
+    Output,
 }
 
 /// Where the job runs.
@@ -334,7 +332,14 @@ fn execute(
     for a in &spec.args {
         cmd.arg("--arg").arg(a);
     }
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    // stdout and stderr share one pipe, so the log has them in the order the module
+    // wrote them (two pipes read by two threads would interleave them by chance).
+    let (output, output_w) = std::io::pipe().map_err(|e| format!("its output pipe: {e}"))?;
+    let output_w2 = output_w
+        .try_clone()
+        .map_err(|e| format!("its output pipe: {e}"))?;
+    cmd.stdout(Stdio::from(output_w))
+        .stderr(Stdio::from(output_w2));
     // `spawn_jailed` clears the environment; these are set after it, on the command.
     let (mut child, sock) = super::spawn_jailed_with(cmd, cgroup, place.uid, |c| {
         for (k, v) in &spec.env {
@@ -342,7 +347,8 @@ fn execute(
         }
     })?;
     let started = Instant::now();
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    // (The command, with the pipe's writing ends, was dropped by the spawn: the
+    // reader sees the end once the process is gone.)
     let ended = std::thread::scope(|sc| {
         // A thread the system refuses is an error, not a panic (which would abort
         // the daemon): the process is killed and the run fails on our side.
@@ -350,15 +356,7 @@ fn execute(
         let mut refused = None;
         let jobs: Vec<Box<dyn FnOnce() -> String + Send + '_>> = vec![
             Box::new(move || {
-                if let Some(p) = stdout {
-                    forward(p, Stream::Stdout, out);
-                }
-                String::new()
-            }),
-            Box::new(move || {
-                if let Some(p) = stderr {
-                    forward(p, Stream::Stderr, out);
-                }
+                forward(output, Stream::Output, out);
                 String::new()
             }),
             // The outcome line on fd 3.
