@@ -345,6 +345,8 @@ impl Daemon {
 
     fn housekeeping(&mut self) {
         let now = Instant::now();
+        // Freed pages past their decay go back to the kernel, also while idle.
+        crate::sys::alloc::purge_decayed();
         self.app.process_figures = (
             crate::sys::open_fd_count(),
             crate::sys::rss_bytes(),

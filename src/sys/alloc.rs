@@ -5,8 +5,14 @@
 //! later allocations did not reuse, so the daemon's anonymous memory grew with every
 //! burst of connections (about 40 B per connection, round after round, while the bytes
 //! in use stayed flat; `bench/README.md`, "Connection churn"). jemalloc's size-classed
-//! slabs do not fragment that way, and its background thread returns dirty pages after
-//! [`DECAY_MS`] even while the daemon is idle.
+//! slabs do not fragment that way. Freed pages go back after [`DECAY_MS`]: jemalloc
+//! checks as it allocates, and [`purge_decayed`] (called every second by the daemon's
+//! housekeeping) does it while the daemon is idle.
+//!
+//! No jemalloc background thread: with one (session 12), isoboxd twice died of SIGSEGV,
+//! at a shutdown and in the library's tests while the loop tests forked, and never
+//! without it. A thread jemalloc makes itself, outside Rust, beside a process that forks
+//! constantly, is not worth a second's idle purge that a timer we already have can do.
 //!
 //! C libraries in the daemon (LMDB) still call glibc's `malloc`; `limit_malloc_arenas`
 //! and `malloc_trim` (in `sys`) keep that side small.
@@ -22,11 +28,10 @@ const DECAY_MS: isize = 1000;
 /// default on Linux, set anyway so a build with another default does the same).
 const MUZZY_DECAY_MS: isize = 0;
 
-/// Sets the decay of freed pages for the arenas there are and those to come, and starts
-/// one background thread that purges them. Call at the start of `main`, before other
-/// threads exist (the thread must not be started under a seccomp filter).
+/// Sets the decay of freed pages for the arenas there are and those to come. Call at
+/// the start of `main`, before other threads exist.
 pub fn tune_allocator() -> Result<(), String> {
-    use tikv_jemalloc_ctl::{arenas, background_thread, max_background_threads, raw};
+    use tikv_jemalloc_ctl::{arenas, raw};
     let set = |key: String, ms: isize| {
         let name = format!("{key}\0");
         // SAFETY: every decay key is jemalloc's `ssize_t`, which `isize` is, and the
@@ -48,10 +53,26 @@ pub fn tune_allocator() -> Result<(), String> {
             return Err("jemalloc: arena 0 would not take a decay time".into());
         }
     }
-    max_background_threads::write(1)
-        .map_err(|e| format!("jemalloc max_background_threads: {e}"))?;
-    background_thread::write(true).map_err(|e| format!("jemalloc background_thread: {e}"))?;
     Ok(())
+}
+
+/// Gives back, in every arena, the freed pages whose decay time has passed (what a
+/// jemalloc background thread would do). Cheap when there are none; no syscall but
+/// `madvise`, so it may run on the reactor thread under its seccomp filter.
+pub fn purge_decayed() {
+    // "arena.<MALLCTL_ARENAS_ALL>.decay", a command that takes and gives nothing.
+    let name = b"arena.4096.decay\0";
+    // SAFETY: the name ends with NUL; a void command is called with null pointers and
+    // a zero length, as jemalloc's mallctl(3) says.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr().cast(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
 }
 
 /// jemalloc's own figures: bytes the daemon's Rust code has allocated and not freed,
@@ -86,11 +107,8 @@ mod tests {
         let arena0: isize =
             unsafe { tikv_jemalloc_ctl::raw::read(b"arena.0.dirty_decay_ms\0") }.unwrap();
         assert_eq!(arena0, DECAY_MS);
-        assert!(tikv_jemalloc_ctl::background_thread::read().unwrap());
-        assert_eq!(
-            tikv_jemalloc_ctl::max_background_threads::read().unwrap(),
-            1
-        );
+        assert!(!tikv_jemalloc_ctl::background_thread::read().unwrap());
+        purge_decayed();
         let (allocated, resident) = heap_figures().unwrap();
         assert!(
             resident > 0 && allocated <= resident,
