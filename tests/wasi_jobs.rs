@@ -192,7 +192,7 @@ fn test_a_webassembly_job_runs_its_module_and_saves_its_output() {
     // stdout and stderr in the order the module wrote them.
     assert_eq!(
         log,
-        "hello\nmain.wasm\0--fast\0x y\0TOKEN=[REDACTED]\01bye\n"
+        "hello\nmain.wasm\0--fast\0x y\0TOKEN=[REDACTED]\x001bye\n"
     );
     assert!(!log.contains(secret));
     // The receipt says what ran where.
