@@ -1695,6 +1695,41 @@ impl Daemon {
         }));
     }
 
+    /// Takes its staged inputs: their directory (`None`: it has none), each input's size
+    /// and SHA-256 recorded (a batch's `from_index` inputs had none until now: their
+    /// jobs had not finished). When they could not be staged the job has failed (its
+    /// inputs' fault) or is lost (ours), and this answers `None`.
+    fn job_staged(
+        &mut self,
+        jk: usize,
+        js: u64,
+        staged: Result<Option<Staged>, JobError>,
+    ) -> Option<Option<PathBuf>> {
+        let j = self.job(jk, js)?;
+        match staged {
+            Ok(None) => Some(None),
+            Ok(Some((dir, files))) => {
+                for (input, (size, sha)) in j.rec.spec.inputs.iter_mut().zip(files) {
+                    input.size = Some(size);
+                    input.sha256 = Some(sha);
+                }
+                Some(Some(dir))
+            }
+            Err(e) => {
+                let note = format!("[wbx] {}\n", e.message);
+                if e.kind == "system" {
+                    self.job_lost(jk, js, &e.message);
+                } else {
+                    j.rec.error = Some(e);
+                    j.rec.status = "failed".into();
+                    self.job_note(jk, js, &note);
+                    self.job_end(jk, js);
+                }
+                None
+            }
+        }
+    }
+
     /// Boots its sandbox, with its staged inputs (or why they could not be).
     fn job_boot_sandbox(
         &mut self,
@@ -1713,29 +1748,15 @@ impl Daemon {
             self.job_end(jk, js);
             return;
         }
-        let ro_binds = match staged {
-            Ok(None) => Vec::new(),
-            Ok(Some((dir, files))) => {
-                // What each input is, as staged: a batch's `from_index` inputs had no
-                // size or SHA-256 until now (their jobs had not finished).
-                for (input, (size, sha)) in j.rec.spec.inputs.iter_mut().zip(files) {
-                    input.size = Some(size);
-                    input.sha256 = Some(sha);
-                }
-                vec![(dir, format!("{HOME}/{INPUT_DIR}"))]
-            }
-            Err(e) => {
-                let note = format!("[wbx] {}\n", e.message);
-                if e.kind == "system" {
-                    self.job_lost(jk, js, &e.message);
-                } else {
-                    j.rec.error = Some(e);
-                    j.rec.status = "failed".into();
-                    self.job_note(jk, js, &note);
-                    self.job_end(jk, js);
-                }
-                return;
-            }
+        let Some(input) = self.job_staged(jk, js, staged) else {
+            return;
+        };
+        let ro_binds = match input {
+            Some(dir) => vec![(dir, format!("{HOME}/{INPUT_DIR}"))],
+            None => Vec::new(),
+        };
+        let Some(j) = self.job(jk, js) else {
+            return;
         };
         let tenant = j.rec.tenant.clone();
         if self.box_init_missing() {

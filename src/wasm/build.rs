@@ -242,12 +242,7 @@ impl Builder {
             }
         };
         if status.is_none() {
-            let _ = crate::sys::kill_group(child.id() as i32, libc::SIGKILL);
-            let _ = child.kill();
-            let _ = child.wait();
-            if let Some(cg) = cgroup {
-                cg.kill_all();
-            }
+            super::kill_jailed(&mut child, cgroup);
             let _ = reader.join();
             return Err(Why::User(format!(
                 "The build took longer than {} s and was stopped",

@@ -320,6 +320,17 @@ fn spawn_jailed(
     spawn_jailed_with(cmd, cgroup, uid, |_| {})
 }
 
+/// Kills a jailed child, its process group and whatever is left in its cgroup, and
+/// reaps it.
+fn kill_jailed(child: &mut Child, cgroup: Option<&crate::cgroup::RunCgroup>) {
+    let _ = crate::sys::kill_group(child.id() as i32, libc::SIGKILL);
+    let _ = child.kill();
+    let _ = child.wait();
+    if let Some(cg) = cgroup {
+        cg.kill_all();
+    }
+}
+
 /// [`spawn_jailed`], with `env` adding to the environment once it is cleared.
 fn spawn_jailed_with(
     mut cmd: Command,

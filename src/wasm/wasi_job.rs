@@ -379,12 +379,7 @@ fn execute(
             }
         }
         if let Some(e) = refused {
-            let _ = crate::sys::kill_group(child.id() as i32, libc::SIGKILL);
-            let _ = child.kill();
-            let _ = child.wait();
-            if let Some(cg) = cgroup {
-                cg.kill_all();
-            }
+            super::kill_jailed(&mut child, cgroup);
             for t in threads {
                 let _ = t.join();
             }
@@ -408,12 +403,7 @@ fn execute(
             }
         };
         if status.is_none() {
-            let _ = crate::sys::kill_group(child.id() as i32, libc::SIGKILL);
-            let _ = child.kill();
-            let _ = child.wait();
-            if let Some(cg) = cgroup {
-                cg.kill_all();
-            }
+            super::kill_jailed(&mut child, cgroup);
         }
         ended.wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let line = threads

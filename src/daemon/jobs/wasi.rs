@@ -104,27 +104,11 @@ impl Daemon {
             self.job_end(jk, js);
             return;
         }
-        let input = match staged {
-            Ok(None) => None,
-            Ok(Some((dir, files))) => {
-                for (input, (size, sha)) in j.rec.spec.inputs.iter_mut().zip(files) {
-                    input.size = Some(size);
-                    input.sha256 = Some(sha);
-                }
-                Some(dir)
-            }
-            Err(e) => {
-                let note = format!("[wbx] {}\n", e.message);
-                if e.kind == "system" {
-                    self.job_lost(jk, js, &e.message);
-                } else {
-                    j.rec.error = Some(e);
-                    j.rec.status = "failed".into();
-                    self.job_note(jk, js, &note);
-                    self.job_end(jk, js);
-                }
-                return;
-            }
+        let Some(input) = self.job_staged(jk, js, staged) else {
+            return;
+        };
+        let Some(j) = self.job(jk, js) else {
+            return;
         };
         let Some(w) = j.rec.spec.wasm.clone() else {
             return;
