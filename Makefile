@@ -2,22 +2,28 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 ROOTFS_DIR ?= /var/lib/isobox/rootfs
-# Root filesystems `make runtimes` builds (runtimes/rootfs/NAME.packages).
+# Root filesystems `make runtimes` builds (runtimes/rootfs/NAME.packages): Debian 13
+# (trixie), the default version of every language (about 4 minutes from scratch).
 RUNTIMES ?= python-slim python node ruby go rust
+# Further versions, the same package lists on Debian testing (forky): Python 3.14, Node 24,
+# a newer Go and Rust (about 4 minutes more). `make newer-runtimes` builds them, and
+# `make test` does, because the suite checks every version; isoboxd offers each one
+# that is built (GET /runtimes).
+NEWER_RUNTIMES ?= python-slim-forky python-forky node-forky go-forky rust-forky
 ISOBOX_BUILD_VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export ISOBOX_BUILD_VERSION
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build wasm-snapshot deb deps runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps test-wheels clean
+.PHONY: run test build wasm-snapshot deb deps runtimes newer-runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps test-wheels clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
 run: deps runtimes build wasm-snapshot
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
-test: deps runtimes test-venv test-ui-deps test-promtool test-deb-deps test-wheels
+test: deps runtimes newer-runtimes test-venv test-ui-deps test-promtool test-deb-deps test-wheels
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(MAKE) wasm-snapshot
@@ -60,6 +66,10 @@ deps:
 ## runtimes: build (or refresh) the runtimes' root filesystems from Debian packages
 runtimes:
 	@for r in $(RUNTIMES); do runtimes/rootfs/build.sh $$r $(ROOTFS_DIR)/$$r || exit 1; done
+
+## newer-runtimes: the further versions (NEWER_RUNTIMES) from Debian testing
+newer-runtimes:
+	@for r in $(NEWER_RUNTIMES); do runtimes/rootfs/build.sh $$r $(ROOTFS_DIR)/$$r || exit 1; done
 
 ## test-venv: Python clients the integration tests use (SSE client, OpenAPI validator), and
 ## schemathesis in a venv of its own (tests/schemathesis.rs)

@@ -54,6 +54,8 @@ FIELDS = {
     "env": list,
     "limits": dict,
 }
+# Optional keys.
+OPTIONAL = {"extra_rootfs": list, "writable_root": bool}
 LIMIT_FIELDS = {"memory_bytes": int, "cpus": (int, float), "wall_time_ms": int}
 
 
@@ -62,8 +64,11 @@ def validate(path: Path) -> tuple[dict, list[str]]:
     with path.open("rb") as f:
         d = tomllib.load(f)
     for k in d:
-        if k not in FIELDS:
+        if k not in FIELDS and k not in OPTIONAL:
             errs.append(f"unknown key {k!r}")
+    for k, t in OPTIONAL.items():
+        if k in d and not isinstance(d[k], t):
+            errs.append(f"{k!r} must be {t.__name__}")
     for k, t in FIELDS.items():
         if k not in d:
             errs.append(f"missing key {k!r}")
@@ -71,8 +76,8 @@ def validate(path: Path) -> tuple[dict, list[str]]:
             errs.append(f"{k!r} must be {t.__name__}")
     if errs:
         return d, errs
-    for k in ("aliases", "version_forms", "build", "run", "env"):
-        if not all(isinstance(x, str) for x in d[k]):
+    for k in ("aliases", "version_forms", "build", "run", "env", "extra_rootfs"):
+        if not all(isinstance(x, str) for x in d.get(k, [])):
             errs.append(f"{k!r} must be an array of strings")
     if d["language"] != path.stem:
         errs.append(f"language {d['language']!r} != file name {path.stem!r}")
@@ -190,8 +195,14 @@ import matplotlib.pyplot as plt
 plt.plot([1, 2])
 plt.savefig("/tmp/x.png")
 import os
-print("png-bytes>0", os.path.getsize("/tmp/x.png") > 0, matplotlib.get_backend())
+print("png-bytes>0", os.path.getsize("/tmp/x.png") > 0, matplotlib.get_backend().lower())
 """, "png-bytes>0 True agg"),
+        ("matplotlib-font-list-prebuilt", """\
+import logging, os, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+import matplotlib.pyplot
+print("cached", os.listdir(os.path.expanduser("~/.cache/matplotlib")))
+""", "cached ['fontlist-v"),
         ("libraries", """\
 import requests, httpx, bs4, lxml, pandas, numpy, yt_dlp
 from yt_dlp.version import __version__ as ytv
@@ -318,9 +329,15 @@ MULTI: dict[str, list[tuple[str, dict[str, str], str]]] = {
 # RLIMIT_NOFILE 1024, only the descriptor's env (+ PATH, LANG, HOME).
 DRIVER = r"""
 set -eu
-root="$1"; src="$2"; ws="$3"; tmp="$4"; shift 4
-mount --bind "$root" "$root"
-mount -o remount,bind,ro "$root"
+root="$1"; src="$2"; ws="$3"; tmp="$4"; upper="$5"; shift 5
+if [ -n "$upper" ]; then
+    # writable_root: the tree below an overlay whose upper layer is the program's own.
+    mount -t overlay overlay -o "lowerdir=$root,upperdir=$upper/upper,workdir=$upper/work" "$upper/root"
+    root="$upper/root"
+else
+    mount --bind "$root" "$root"
+    mount -o remount,bind,ro "$root"
+fi
 mount --bind "$ws" "$root/workspace"
 for top in "$src"/* "$src"/.[!.]*; do
     [ -e "$top" ] || continue
@@ -336,7 +353,7 @@ exec prlimit --nofile=1024:1024 chroot --userspec=65534:65534 --groups=65534 "$r
 
 
 def phase(root: Path, scratch: Path, env: list[str], argv: list[str],
-          stdin: bytes, timeout: float) -> dict:
+          stdin: bytes, timeout: float, writable_root: bool = False) -> dict:
     """Run argv in /workspace of the tree as 65534 with exactly env."""
     rss_file = scratch / "maxrss"
     full_env = ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/tmp", *env]
@@ -344,6 +361,7 @@ def phase(root: Path, scratch: Path, env: list[str], argv: list[str],
            "unshare", "--mount", "--propagation", "private", "--fork", "--",
            "/bin/sh", "-c", DRIVER, "driver", str(root),
            str(scratch / "src"), str(scratch / "ws"), str(scratch / "tmp"),
+           str(scratch / "overlay") if writable_root else "",
            "/usr/bin/env", "-i", *full_env, "/bin/sh", "-c", 'cd /workspace && exec "$@"', "sh", *argv]
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -374,7 +392,7 @@ def run_program(d: dict, root: Path, files: dict[str, str], args: list[str], std
                 scratch: Path, timeout_factor: float, compile_timeout: float) -> dict:
     if scratch.exists():
         shutil.rmtree(scratch)
-    for sub in ("src", "ws", "tmp"):
+    for sub in ("src", "ws", "tmp", "overlay/upper", "overlay/work", "overlay/root"):
         (scratch / sub).mkdir(parents=True)
     os.chmod(scratch / "ws", 0o1777)
     os.chmod(scratch / "tmp", 0o1777)
@@ -394,11 +412,13 @@ def run_program(d: dict, root: Path, files: dict[str, str], args: list[str], std
     res: dict = {"build": None}
     if d["build"]:
         argv = substitute(d["build"], d["source_file"], entry)
-        res["build"] = phase(root, scratch, d["env"], argv, b"", compile_timeout)
+        res["build"] = phase(root, scratch, d["env"], argv, b"", compile_timeout,
+                             d.get("writable_root", False))
         if res["build"]["rc"] != 0:
             return res
     argv = substitute(d["run"], d["source_file"], entry) + args
-    res["run"] = phase(root, scratch, d["env"], argv, stdin.encode(), limit)
+    res["run"] = phase(root, scratch, d["env"], argv, stdin.encode(), limit,
+                       d.get("writable_root", False))
     return res
 
 
@@ -445,59 +465,65 @@ def main() -> int:
                 print(f"ok   {f.stem}: descriptor")
                 continue
             lang = d["language"]
-            root = a.rootfs_dir / d["rootfs"]
-            versions = {}
-            vf = root / ".isobox" / "versions"
-            if not (root / ".isobox" / "stamp").is_file() or not vf.is_file():
-                print(f"FAIL {lang}: rootfs {root} not built (runtimes/rootfs/build.sh {d['rootfs']} {root})")
-                failures += 1
-                continue
-            for line in vf.read_text().splitlines():
-                k, _, v = line.partition("=")
-                versions[k] = v
-            if d["version_key"] not in versions:
-                print(f"FAIL {lang}: {vf} has no {d['version_key']!r} line")
-                failures += 1
-                continue
-            if lang not in HELLO:
-                print(f"FAIL {lang}: check.py has no hello-world program for it")
-                failures += 1
-                continue
-            sf = d["source_file"]
-            cases = [("hello+args+stdin", {sf: HELLO[lang]}, ARGS, STDIN, EXPECTED.format(lang=lang), "exact")]
-            if a.extras:
-                cases += [(n, {sf: s}, [], "", e, "contains") for n, s, e in EXTRAS.get(lang, [])]
-                cases += [(n, fs, [], "", e, "contains") for n, fs, e in MULTI.get(lang, [])]
-            for name, srcs, args, stdin, expected, mode in cases:
-                res = run_program(d, root, srcs, args, stdin, scratch_base / lang,
-                                  a.timeout_factor, a.compile_timeout_ms / 1000)
-                b, r = res["build"], res.get("run")
-                timing = (f"build {b['secs']:.2f}s/{b['maxrss_mb']:.0f}MiB, " if b else "") + (
-                    f"run {r['secs']:.2f}s/{r['maxrss_mb']:.0f}MiB" if r else "")
-                if expected == "<build-fails>":
-                    ok = b is not None and b["rc"] not in (0, None)
-                    detail = short(b["out"] + b["err"], 200) if b else ""
-                elif r is None:
-                    ok = False
-                    detail = f"build failed rc={b['rc']}: {short(b['out'] + b['err'])}"
-                else:
-                    got = r["out"]
-                    ok = (got == expected) if mode == "exact" else (expected in got)
-                    if name.startswith("error-exit"):
-                        ok = ok and r["rc"] == 1 and "boom" in r["err"]
-                    elif name == "exit-flush":
-                        ok = ok and len(got) > (1 << 20) and r["rc"] == 3
-                    else:
-                        ok = ok and r["rc"] == 0
-                    detail = "" if ok else f"rc={r['rc']} stdout={short(got)!r} stderr={short(r['err'])!r}"
-                status = "ok  " if ok else "FAIL"
-                failures += 0 if ok else 1
-                print(f"{status} {lang} [{name}] ({timing}) {versions[d['version_key']] if name.startswith('hello') else ''} {detail}".rstrip())
-                sys.stdout.flush()
+            # The default tree must be built; each further version is checked when built.
+            extra = [t for t in d.get("extra_rootfs", []) if (a.rootfs_dir / t / ".isobox" / "stamp").is_file()]
+            for tree in [d["rootfs"]] + extra:
+                failures += check_tree(a, d, lang, a.rootfs_dir / tree, scratch_base)
     finally:
         shutil.rmtree(scratch_base, ignore_errors=True)
     print(f"{len(files)} descriptors checked, {failures} failure(s)")
     return 1 if failures else 0
+
+
+def check_tree(a, d: dict, lang: str, root: Path, scratch_base: Path) -> int:
+    """Runs a descriptor's programs in one of its trees; the number of failures."""
+    failures = 0
+    versions = {}
+    vf = root / ".isobox" / "versions"
+    if not (root / ".isobox" / "stamp").is_file() or not vf.is_file():
+        print(f"FAIL {lang}: rootfs {root} not built (runtimes/rootfs/build.sh {root.name} {root})")
+        return failures + 1
+    for line in vf.read_text().splitlines():
+        k, _, v = line.partition("=")
+        versions[k] = v
+    if d["version_key"] not in versions:
+        print(f"FAIL {lang}: {vf} has no {d['version_key']!r} line")
+        return failures + 1
+    if lang not in HELLO:
+        print(f"FAIL {lang}: check.py has no hello-world program for it")
+        return failures + 1
+    sf = d["source_file"]
+    cases = [("hello+args+stdin", {sf: HELLO[lang]}, ARGS, STDIN, EXPECTED.format(lang=lang), "exact")]
+    if a.extras:
+        cases += [(n, {sf: s}, [], "", e, "contains") for n, s, e in EXTRAS.get(lang, [])]
+        cases += [(n, fs, [], "", e, "contains") for n, fs, e in MULTI.get(lang, [])]
+    for name, srcs, args, stdin, expected, mode in cases:
+        res = run_program(d, root, srcs, args, stdin, scratch_base / lang,
+                          a.timeout_factor, a.compile_timeout_ms / 1000)
+        b, r = res["build"], res.get("run")
+        timing = (f"build {b['secs']:.2f}s/{b['maxrss_mb']:.0f}MiB, " if b else "") + (
+            f"run {r['secs']:.2f}s/{r['maxrss_mb']:.0f}MiB" if r else "")
+        if expected == "<build-fails>":
+            ok = b is not None and b["rc"] not in (0, None)
+            detail = short(b["out"] + b["err"], 200) if b else ""
+        elif r is None:
+            ok = False
+            detail = f"build failed rc={b['rc']}: {short(b['out'] + b['err'])}"
+        else:
+            got = r["out"]
+            ok = (got == expected) if mode == "exact" else (expected in got)
+            if name.startswith("error-exit"):
+                ok = ok and r["rc"] == 1 and "boom" in r["err"]
+            elif name == "exit-flush":
+                ok = ok and len(got) > (1 << 20) and r["rc"] == 3
+            else:
+                ok = ok and r["rc"] == 0
+            detail = "" if ok else f"rc={r['rc']} stdout={short(got)!r} stderr={short(r['err'])!r}"
+        status = "ok  " if ok else "FAIL"
+        failures += 0 if ok else 1
+        print(f"{status} {lang} [{name}] ({timing}) {versions[d['version_key']] if name.startswith('hello') else ''} {detail}".rstrip())
+        sys.stdout.flush()
+    return failures
 
 
 if __name__ == "__main__":

@@ -247,6 +247,16 @@ fn runtimes(cfg: &Config) -> Vec<Finding> {
                     r.rootfs_path.display()
                 ),
             ),
+            // A further version is built only when the operator asks for it.
+            Some(why) if !r.default => found(
+                Level::Ok,
+                what,
+                format!(
+                    "{} further version {} not built (optional): {why}",
+                    r.desc.language,
+                    r.rootfs_path.display()
+                ),
+            ),
             Some(why) => found(
                 Level::Warn,
                 what,

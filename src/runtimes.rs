@@ -5,6 +5,10 @@
 //! file and line. Whether a runtime is *installed* is decided by a self-check of its
 //! root filesystem: the tree exists, its build stamp and version line are present, and
 //! every binary the descriptor runs exists in it.
+//!
+//! A language may have several versions: its descriptor's `rootfs` is the default
+//! (Debian stable's), and each tree of `extra_rootfs` (the same descriptor on a newer
+//! Debian) is another version, listed and pinned by the version found in that tree.
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -71,13 +75,22 @@ pub struct Descriptor {
     /// They select this runtime; the response says the version that actually ran.
     #[serde(default)]
     pub version_forms: Vec<String>,
-    /// The root filesystem tree under the rootfs dir.
+    /// The root filesystem tree under the rootfs dir: the default version.
     pub rootfs: String,
+    /// Trees of further versions of this language, the same descriptor run on each
+    /// (built only when the operator asks `make runtimes` for them).
+    #[serde(default)]
+    pub extra_rootfs: Vec<String>,
     /// Key of the version line in `<rootfs>/.isobox/versions`.
     pub version_key: String,
     /// Whether a build step runs before the program.
     #[serde(default)]
     pub compiled: bool,
+    /// Whether the root filesystem is writable, into an overlay in the run's own memory
+    /// (discarded with it), instead of read-only: go's prebuilt build cache in the tree
+    /// takes the run's own entries there.
+    #[serde(default)]
+    pub writable_root: bool,
     /// Name `code` is written as.
     pub source_file: String,
     /// Build argv (compiled runtimes).
@@ -103,45 +116,71 @@ pub struct Runtime {
     pub rootfs_path: PathBuf,
     /// Why it is not installed, when it is not.
     pub missing: Option<String>,
+    /// Whether this is its language's default version (the descriptor's `rootfs`).
+    pub default: bool,
 }
 
 impl Runtime {
-    /// Whether a request's `version` selects this runtime: its real version, or one of
-    /// its [`Descriptor::version_forms`].
-    pub fn accepts_version(&self, v: &str) -> bool {
-        self.version.as_deref() == Some(v)
-            || self
-                .desc
-                .version_forms
-                .iter()
-                .any(|f| version_form_matches(f, v))
-    }
-
     /// Installed and self-checked.
     pub fn is_installed(&self) -> bool {
         self.missing.is_none() && self.version.is_some()
     }
 }
 
-/// Whether `v` is of `form`, where `*` stands for one or more digits and dots and every
-/// other character for itself.
-fn version_form_matches(form: &str, v: &str) -> bool {
+/// When `v` is of `form`, where `*` stands for one or more digits and dots and every
+/// other character for itself: the version number it carries, the `*` with the digits
+/// and dots around it in the form (`3.14` of `3.14-agent` for `3.*-agent`, `3.14.5` for
+/// `3.*`, `26` of `node-26`; for a form without `*`, its leading digits: `3` of
+/// `3-alpine`).
+fn version_form_digits<'a>(form: &str, v: &'a str) -> Option<&'a str> {
+    let numeric = |c: char| c.is_ascii_digit() || c == '.';
     let Some((pre, post)) = form.split_once('*') else {
-        return form == v;
+        let n = v.find(|c: char| !numeric(c)).unwrap_or(v.len());
+        return (form == v).then_some(&v[..n]);
     };
-    v.len() > pre.len() + post.len()
-        && v.starts_with(pre)
-        && v.ends_with(post)
-        && v[pre.len()..v.len() - post.len()]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || b == b'.')
+    let star = v
+        .strip_prefix(pre)
+        .and_then(|rest| rest.strip_suffix(post))
+        .filter(|d| !d.is_empty())?;
+    if !star.chars().all(numeric) {
+        return None;
+    }
+    let head = pre.len() - pre.trim_end_matches(numeric).len();
+    let tail = post.len() - post.trim_start_matches(numeric).len();
+    Some(&v[pre.len() - head..v.len() - post.len() + tail])
+}
+
+#[cfg(test)]
+fn version_form_matches(form: &str, v: &str) -> bool {
+    version_form_digits(form, v).is_some()
+}
+
+/// Whether `version` is `prefix` or starts with it followed by a dot (`3.14` names
+/// `3.14.7`, not `3.140`).
+fn names(prefix: &str, version: &str) -> bool {
+    !prefix.is_empty()
+        && version
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
+
+/// A version's numeric components, for ordering (`1.85.1` < `1.97.0`).
+fn numeric(version: &str) -> Vec<u64> {
+    version
+        .split('.')
+        .map(|c| {
+            let digits: String = c.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().unwrap_or(0)
+        })
+        .collect()
 }
 
 /// All runtimes, with name and alias resolution.
 #[derive(Debug, Clone, Default)]
 pub struct Runtimes {
     list: Vec<Runtime>,
-    by_name: BTreeMap<String, usize>,
+    /// A name or alias to its language's versions, the default first.
+    by_name: BTreeMap<String, Vec<usize>>,
 }
 
 impl Runtimes {
@@ -180,33 +219,117 @@ impl Runtimes {
         let mut rts = Runtimes::default();
         for (file, text) in sources {
             let desc = parse_descriptor(&file, &text)?;
-            let rootfs_path = rootfs_dir.join(&desc.rootfs);
-            let (version, missing) = self_check(&desc, &rootfs_path);
-            let idx = rts.list.len();
+            let first = rts.list.len();
+            let trees: Vec<String> = std::iter::once(&desc.rootfs)
+                .chain(&desc.extra_rootfs)
+                .cloned()
+                .collect();
+            for (i, tree) in trees.iter().enumerate() {
+                let rootfs_path = rootfs_dir.join(tree);
+                let (version, missing) = self_check(&desc, &rootfs_path);
+                rts.list.push(Runtime {
+                    desc: desc.clone(),
+                    version,
+                    rootfs_path,
+                    missing,
+                    default: i == 0,
+                });
+            }
+            // Two trees of one language holding the same version: the newer Debian
+            // brought nothing new; only the default is offered.
+            for i in first + 1..rts.list.len() {
+                let v = &rts.list[i].version;
+                if v.is_some() && (first..i).any(|j| rts.list[j].version == *v) {
+                    rts.list[i].missing = Some(format!(
+                        "same version as another tree of {} ({})",
+                        desc.language,
+                        v.as_deref().unwrap_or("")
+                    ));
+                }
+            }
+            let versions: Vec<usize> = (first..rts.list.len()).collect();
             for name in std::iter::once(&desc.language).chain(desc.aliases.iter()) {
-                if rts.by_name.insert(name.clone(), idx).is_some() {
+                if rts.by_name.insert(name.clone(), versions.clone()).is_some() {
                     return Err(RuntimeError::Invalid {
                         file: file.clone(),
                         message: format!("name {name:?} is used by two runtimes"),
                     });
                 }
             }
-            rts.list.push(Runtime {
-                desc,
-                version,
-                rootfs_path,
-                missing,
-            });
         }
         Ok(rts)
     }
 
-    /// Resolves a name or alias to an installed runtime's index.
-    pub fn resolve(&self, name: &str) -> Option<&Runtime> {
+    /// The installed versions of a name or alias, the default first.
+    pub fn versions(&self, name: &str) -> impl Iterator<Item = &Runtime> {
         self.by_name
             .get(name)
+            .into_iter()
+            .flatten()
             .map(|&i| &self.list[i])
             .filter(|r| r.is_installed())
+    }
+
+    /// Resolves a name or alias to its installed default version (or, when that tree is
+    /// not built, the first installed other one).
+    pub fn resolve(&self, name: &str) -> Option<&Runtime> {
+        self.versions(name).next()
+    }
+
+    /// The installed version of `name` that a request's `version` string selects, or
+    /// `None` when it names none (see runtimes/README.md, "Versions"):
+    /// - the exact version (`3.13.5`);
+    /// - a prefix at a dot, the newest version it names (`3.14` and `3` give `3.14.7`
+    ///   when 3.13.5 and 3.14.7 are installed);
+    /// - one of the descriptor's `version_forms`, as clients of the seed document write
+    ///   them (`3.14-agent`, `node-26`): the version its digits name, the default
+    ///   among several, else the newest; its digits shortened at dots until they name
+    ///   one (`3.14.5` gives 3.14.7); the default when they name none.
+    pub fn pick(&self, name: &str, version: &str) -> Option<&Runtime> {
+        let all: Vec<&Runtime> = self.versions(name).collect();
+        let default = *all.first()?;
+        fn ver(r: &Runtime) -> String {
+            r.version.clone().unwrap_or_default()
+        }
+        fn newest(rs: Vec<&Runtime>) -> Option<&Runtime> {
+            rs.into_iter().max_by_key(|r| numeric(&ver(r)))
+        }
+        if version.is_empty() {
+            return Some(default);
+        }
+        if let Some(r) = all.iter().find(|r| r.version.as_deref() == Some(version)) {
+            return Some(r);
+        }
+        let prefixed: Vec<&Runtime> = all
+            .iter()
+            .copied()
+            .filter(|r| names(version, &ver(r)))
+            .collect();
+        if !prefixed.is_empty() {
+            return newest(prefixed);
+        }
+        let mut digits = default
+            .desc
+            .version_forms
+            .iter()
+            .find_map(|f| version_form_digits(f, version))?;
+        loop {
+            let named: Vec<&Runtime> = all
+                .iter()
+                .copied()
+                .filter(|r| names(digits, &ver(r)))
+                .collect();
+            if named.iter().any(|r| r.default) {
+                return Some(default);
+            }
+            if !named.is_empty() {
+                return newest(named);
+            }
+            match digits.rfind('.') {
+                Some(dot) => digits = &digits[..dot],
+                None => return Some(default),
+            }
+        }
     }
 
     /// Every runtime, installed or not.
@@ -214,9 +337,17 @@ impl Runtimes {
         &self.list
     }
 
-    /// The installed runtimes.
+    /// The installed runtimes, every version.
     pub fn installed(&self) -> impl Iterator<Item = &Runtime> {
         self.list.iter().filter(|r| r.is_installed())
+    }
+
+    /// The installed runtimes, one per language: its default version (see
+    /// [`Runtimes::resolve`]).
+    pub fn languages(&self) -> impl Iterator<Item = &Runtime> {
+        let mut seen = std::collections::BTreeSet::new();
+        self.installed()
+            .filter(move |r| seen.insert(r.desc.language.clone()))
     }
 }
 
@@ -248,8 +379,17 @@ fn parse_descriptor(file: &str, text: &str) -> Result<Descriptor, RuntimeError> 
     if desc.source_file.is_empty() || desc.source_file.contains('/') {
         return bad("`source_file` must be a plain file name");
     }
-    if desc.rootfs.is_empty() || desc.rootfs.contains('/') || desc.rootfs.starts_with('.') {
-        return bad("`rootfs` must be a plain directory name");
+    for tree in std::iter::once(&desc.rootfs).chain(&desc.extra_rootfs) {
+        if tree.is_empty() || tree.contains('/') || tree.starts_with('.') {
+            return bad("`rootfs` and `extra_rootfs` must be plain directory names");
+        }
+    }
+    let mut trees: Vec<&String> = std::iter::once(&desc.rootfs)
+        .chain(&desc.extra_rootfs)
+        .collect();
+    trees.sort();
+    if trees.windows(2).any(|w| w[0] == w[1]) {
+        return bad("a tree is named twice in `rootfs` and `extra_rootfs`");
     }
     if desc.limits.memory_bytes == 0 || desc.limits.cpus <= 0.0 || desc.limits.wall_time_ms == 0 {
         return bad("default limits must be positive");
@@ -344,6 +484,107 @@ mod tests {
         let text = "language=\"x\"\nrootfs=\"r\"\nversion_key=\"x\"\nsource_file=\"m\"\nrun=[\"/x\"]\nbogus=1\n[limits]\nmemory_bytes=1\ncpus=1.0\nwall_time_ms=1\n";
         let e = parse_descriptor("x.toml", text).unwrap_err().to_string();
         assert!(e.contains("x.toml:6:"), "{e}");
+    }
+
+    /// A language `py` (alias `p`) with these versions, the first the default.
+    fn langs(versions: &[&str]) -> Runtimes {
+        let text = "language=\"py\"\naliases=[\"p\"]\nversion_forms=[\"*-agent\", \"3-alpine\"]\nrootfs=\"r\"\nversion_key=\"python\"\nsource_file=\"m\"\nrun=[\"/x\"]\n[limits]\nmemory_bytes=1\ncpus=1.0\nwall_time_ms=1\n";
+        let desc = parse_descriptor("py.toml", text).unwrap();
+        let mut rts = Runtimes::default();
+        for (i, v) in versions.iter().enumerate() {
+            rts.list.push(Runtime {
+                desc: desc.clone(),
+                version: Some(v.to_string()),
+                rootfs_path: PathBuf::from(format!("/t/{i}")),
+                missing: None,
+                default: i == 0,
+            });
+        }
+        let all: Vec<usize> = (0..versions.len()).collect();
+        rts.by_name.insert("py".into(), all.clone());
+        rts.by_name.insert("p".into(), all);
+        rts
+    }
+
+    #[test]
+    fn test_a_form_gives_the_version_number_it_carries() {
+        use super::version_form_digits as d;
+        assert_eq!(d("3.*-agent", "3.14-agent"), Some("3.14"));
+        assert_eq!(d("3.*", "3.14.5"), Some("3.14.5"));
+        assert_eq!(d("*", "26.1"), Some("26.1"));
+        assert_eq!(d("node-*", "node-26"), Some("26"));
+        assert_eq!(d("1.*-warm", "1.24-warm"), Some("1.24"));
+        assert_eq!(d("1.*-alpine", "1.97-alpine"), Some("1.97"));
+        assert_eq!(d("3-alpine", "3-alpine"), Some("3"));
+        assert_eq!(d("3-alpine", "3.3-alpine"), None);
+        assert_eq!(d("3.*", "3."), None);
+        assert_eq!(d("3.*", "3.x"), None);
+        assert_eq!(d("node-*", "deno-26"), None);
+    }
+
+    #[test]
+    fn test_a_version_string_picks_the_version_it_names() {
+        let rts = langs(&["3.13.5", "3.14.7", "3.12.1"]);
+        let pick = |v: &str| rts.pick("py", v).map(|r| r.version.clone().unwrap());
+        let some = |v: &str| Some(v.to_string());
+        // Nothing asked: the default; the exact version; a prefix at a dot, the newest.
+        assert_eq!(pick(""), some("3.13.5"));
+        assert_eq!(pick("3.14.7"), some("3.14.7"));
+        assert_eq!(pick("3.12.1"), some("3.12.1"));
+        assert_eq!(pick("3.14"), some("3.14.7"));
+        assert_eq!(pick("3"), some("3.14.7"));
+        assert_eq!(pick("3.1"), None, "3.1 is not a prefix of 3.13.5 at a dot");
+        assert_eq!(pick("3.14.9"), None);
+        assert_eq!(pick("2.7"), None);
+        assert_eq!(pick("3.14."), None);
+        // A client's form: the version its digits name; shortened at dots; the default
+        // when they name none or name it among others.
+        assert_eq!(pick("3.14-agent"), some("3.14.7"));
+        assert_eq!(pick("3.14.5-agent"), some("3.14.7"));
+        assert_eq!(pick("3.13-agent"), some("3.13.5"));
+        assert_eq!(pick("3-agent"), some("3.13.5"));
+        assert_eq!(pick("26-agent"), some("3.13.5"));
+        assert_eq!(pick("3-alpine"), some("3.13.5"));
+        assert_eq!(pick("-agent"), None);
+        assert_eq!(pick("x-agent"), None);
+        // Aliases see the same versions; unknown names none.
+        assert_eq!(
+            rts.pick("p", "3.14").unwrap().version.as_deref(),
+            Some("3.14.7")
+        );
+        assert!(rts.pick("ruby", "").is_none());
+        // Newest is numeric, not textual.
+        let rts = langs(&["1.85.1", "1.9.0", "1.100.2"]);
+        assert_eq!(
+            rts.pick("py", "1").unwrap().version.as_deref(),
+            Some("1.100.2")
+        );
+    }
+
+    #[test]
+    fn test_an_uninstalled_default_leaves_the_others() {
+        let mut rts = langs(&["3.13.5", "3.14.7"]);
+        rts.list[0].missing = Some("not built".into());
+        assert_eq!(
+            rts.resolve("py").unwrap().version.as_deref(),
+            Some("3.14.7")
+        );
+        assert_eq!(rts.pick("py", "3.13.5").map(|r| r.default), None);
+        assert_eq!(
+            rts.pick("py", "3-agent").unwrap().version.as_deref(),
+            Some("3.14.7")
+        );
+        assert_eq!(rts.languages().count(), 1);
+    }
+
+    #[test]
+    fn test_a_tree_named_twice_is_refused() {
+        let text = "language=\"x\"\nrootfs=\"r\"\nextra_rootfs=[\"r2\", \"r\"]\nversion_key=\"x\"\nsource_file=\"m\"\nrun=[\"/x\"]\n[limits]\nmemory_bytes=1\ncpus=1.0\nwall_time_ms=1\n";
+        let e = parse_descriptor("x.toml", text).unwrap_err().to_string();
+        assert!(e.contains("named twice"), "{e}");
+        let text = text.replace("\"r2\", \"r\"", "\"../r\"");
+        let e = parse_descriptor("x.toml", &text).unwrap_err().to_string();
+        assert!(e.contains("plain directory names"), "{e}");
     }
 
     #[test]

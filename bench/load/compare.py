@@ -118,9 +118,11 @@ def loadavg():
 class Daemon:
     """One isoboxd: started fresh, measured, stopped and checked."""
 
-    def __init__(self, side, binary, instance, port, pool, cpu=None):
+    def __init__(self, side, binary, instance, port, pool, cpu=None, env=None):
         self.side, self.binary, self.instance, self.port = side, binary, instance, port
         self.pool, self.cpu = pool, cpu
+        # More ISOBOX_* settings for this daemon only (bench/load/runtimes.py: its trees).
+        self.extra_env = dict(env or {})
         self.proc = None
         self.data_dir = None
         self.log = None
@@ -169,6 +171,7 @@ class Daemon:
             ISOBOX_RATE_PER_MIN="1000000",
             ISOBOX_RATE_BURST="100000",
         )
+        env.update(self.extra_env)
         # taskset execs the daemon, so the pid is isoboxd's own (SIGTERM reaches it).
         argv = ([shutil.which("taskset"), "-c", str(self.cpu)] if self.cpu is not None else []) + [self.binary]
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the daemon

@@ -3,19 +3,30 @@
 #
 #   runtimes/rootfs/build.sh NAME DESTDIR
 #
-# NAME selects runtimes/rootfs/NAME.packages (one Debian package per line,
-# '#' starts a comment). The tree is built in DESTDIR.tmp-$$:
-#   debootstrap --variant=minbase bookworm, then inside it
-#   apt-get install <packages> (no recommends) from bookworm, bookworm-updates
-#   and bookworm-security (see "debootstrap" below for why not --include),
-# then the optional hook runtimes/rootfs/NAME.postinst runs inside it, then it
+# NAME is LIST or LIST-SUITE: SUITE (trixie, forky) is the Debian release the tree
+# is built from, trixie (Debian 13) when NAME names none, and LIST selects
+# runtimes/rootfs/LIST.packages (one Debian package per line, '#' starts a
+# comment); runtimes/rootfs/LIST-SUITE.packages wins when it exists. So `python`
+# is the python list on trixie and `python-forky` the same list on forky. The
+# tree is built in DESTDIR.tmp-$$:
+#   debootstrap --variant=minbase SUITE, then inside it
+#   apt-get install <packages> (no recommends) from SUITE, SUITE-updates
+#   and SUITE-security (see "debootstrap" below for why not --include),
+# then the optional hook runtimes/rootfs/LIST.postinst runs inside it, then it
 # is trimmed (apt lists/caches, docs, man pages), hardened (no setuid/setgid
 # files, nobody's HOME is /tmp, mount points /workspace /tmp /memory),
 # versioned (.isobox/versions), stamped, and only then renamed to DESTDIR, so
 # a half-built tree is never used.
 #
+# Optional runtimes/rootfs/LIST.fetch pins files from package registries (npm,
+# PyPI) that Debian does not carry at a usable version: one "SHA256 URL" per
+# line. Each is downloaded on the host with curl (https only), checked against
+# its SHA-256, kept in ISOBOX_CACHE_DIR/fetch, and put in the tree's
+# /tmp/isobox-fetch/ for the post-install hook, which installs it offline.
+#
 # Re-running is cheap: when DESTDIR/.isobox/stamp holds the sha256 of the
-# package list + NAME.postinst + this script (+ the suite), nothing is done.
+# package list + LIST.fetch + LIST.postinst + this script (+ the suite), nothing
+# is done.
 # Installed: DESTDIR/.isobox/{stamp,versions,packages,build-info}.
 #
 # Environment (all optional):
@@ -24,7 +35,7 @@
 #   ISOBOX_CACHE_DIR=DIR      persistent .deb cache (default /var/cache/isobox-debootstrap)
 #   ISOBOX_MIRROR=URL         Debian mirror (default: read from the host's apt sources)
 #   ISOBOX_SECURITY_MIRROR=URL  security mirror (default: read from the host's apt sources)
-#   ISOBOX_NO_UPGRADE=1       use bookworm only (no bookworm-updates/-security)
+#   ISOBOX_NO_UPGRADE=1       use SUITE only (no SUITE-updates/-security)
 #   ISOBOX_VERBOSE=1          stream debootstrap/apt output instead of only logging it
 #   ISOBOX_OLD_TREE_GRACE=S   seconds before a replaced tree is deleted (default 120)
 #
@@ -38,7 +49,10 @@ set -euo pipefail
 # before running it: editing (or `git pull`-ing) build.sh while a build is
 # running cannot change what that build executes.
 {
-SUITE=bookworm
+# The Debian releases a tree can be built from. trixie is Debian 13 (stable);
+# forky is testing, for the newest version of each language.
+SUITES="trixie forky"
+DEFAULT_SUITE=trixie
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SCRIPT_PATH="$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")"
 CACHE_DIR="${ISOBOX_CACHE_DIR:-/var/cache/isobox-debootstrap}"
@@ -62,9 +76,21 @@ usage() {
 NAME="$1"
 DEST_ARG="$2"
 [[ "$NAME" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "invalid rootfs name '$NAME'"
+BASE="$NAME"
+SUITE="$DEFAULT_SUITE"
+for s in $SUITES; do
+    if [[ "$NAME" == *-"$s" ]]; then
+        BASE="${NAME%-"$s"}"
+        SUITE="$s"
+    fi
+done
 LIST="$SCRIPT_DIR/$NAME.packages"
+[[ -f "$LIST" ]] || LIST="$SCRIPT_DIR/$BASE.packages"
 [[ -f "$LIST" ]] || { LIST_MISSING="$LIST"; LIST=""; die "package list $LIST_MISSING does not exist"; }
 HOOK="$SCRIPT_DIR/$NAME.postinst"
+[[ -f "$HOOK" ]] || HOOK="$SCRIPT_DIR/$BASE.postinst"
+FETCH="$SCRIPT_DIR/$NAME.fetch"
+[[ -f "$FETCH" ]] || FETCH="$SCRIPT_DIR/$BASE.fetch"
 [[ "$(id -u)" -eq 0 ]] || die "must run as root (debootstrap, chroot and mount need it)"
 for tool in debootstrap chroot unshare flock findmnt sha256sum; do
     command -v "$tool" >/dev/null 2>&1 || die "required tool '$tool' not found in PATH"
@@ -86,8 +112,9 @@ done
 # ---------------------------------------------------------------- stamp check
 STAMP="$( {
     printf 'suite=%s\n' "$SUITE"
-    printf '%s\n' "--- $NAME.packages"; cat -- "$LIST"
-    if [[ -f "$HOOK" ]]; then printf '%s\n' "--- $NAME.postinst"; cat -- "$HOOK"; fi
+    printf '%s\n' "--- $(basename "$LIST")"; cat -- "$LIST"
+    if [[ -f "$FETCH" ]]; then printf '%s\n' "--- $(basename "$FETCH")"; cat -- "$FETCH"; fi
+    if [[ -f "$HOOK" ]]; then printf '%s\n' "--- $(basename "$HOOK")"; cat -- "$HOOK"; fi
     printf '%s\n' "--- build.sh"; cat -- "$SCRIPT_PATH"
 } | sha256sum | cut -d' ' -f1)"
 
@@ -158,11 +185,24 @@ apt_sources() {
 
 mirror_for() { apt_sources | awk -v s="$1" '$2 == s { sub(/\/+$/, "", $1); print $1; exit }'; }
 
-MIRROR="${ISOBOX_MIRROR:-$(mirror_for "$SUITE")}"
-[[ -n "$MIRROR" ]] || die "no Debian mirror for '$SUITE' found in /etc/apt/sources.list{,.d}; set ISOBOX_MIRROR"
-SECURITY_MIRROR="${ISOBOX_SECURITY_MIRROR:-$(mirror_for "$SUITE-security")}"
-UPDATES_MIRROR="$(mirror_for "$SUITE-updates")"
+# One Debian mirror serves every release, so a host that lists only its own
+# (bookworm on a Debian 12 host) lends its mirrors to a trixie or forky tree.
+HOST_SUITE="$(. /etc/os-release 2>/dev/null && printf '%s' "${VERSION_CODENAME:-}")"
+mirror_of() {  # the mirror for SUITE-part, else the host's own release's
+    local m
+    m="$(mirror_for "$SUITE$1")"
+    [[ -n "$m" || -z "$HOST_SUITE" ]] || m="$(mirror_for "$HOST_SUITE$1")"
+    printf '%s' "$m"
+}
+MIRROR="${ISOBOX_MIRROR:-$(mirror_of "")}"
+[[ -n "$MIRROR" ]] || die "no Debian mirror for '$SUITE' (or the host's ${HOST_SUITE:-release}) found in /etc/apt/sources.list{,.d}; set ISOBOX_MIRROR"
+SECURITY_MIRROR="${ISOBOX_SECURITY_MIRROR:-$(mirror_of -security)}"
+UPDATES_MIRROR="$(mirror_of -updates)"
 UPDATES_MIRROR="${UPDATES_MIRROR:-$MIRROR}"
+# A debootstrap older than the release (Debian 12's knows trixie, not forky)
+# builds it with the script of sid, which every later release follows.
+SCRIPT=()
+[[ -e "/usr/share/debootstrap/scripts/$SUITE" ]] || SCRIPT=(/usr/share/debootstrap/scripts/sid)
 
 # ---------------------------------------------------------------- helpers
 TMP="$DEST.tmp-$$"
@@ -249,10 +289,10 @@ log "building $DEST from $LIST (${#PKGS[@]} packages, mirror $MIRROR); log: $LOG
 # when b is listed (python3-fonttools' "python3-scipy | python3-munkres" dragged
 # scipy, pythran, g++ and boost, +550 MB, into the python tree), and it cannot
 # resolve virtual packages (rustc depends on libc-dev). apt handles both and
-# installs the bookworm-security versions directly.
+# installs the SUITE-security versions directly.
 logged "debootstrap of the $SUITE minbase system failed" \
     unshare --mount --propagation private --fork -- \
-    debootstrap --variant=minbase --cache-dir="$CACHE_DIR" "$SUITE" "$TMP" "$MIRROR"
+    debootstrap --variant=minbase --cache-dir="$CACHE_DIR" "$SUITE" "$TMP" "$MIRROR" "${SCRIPT[@]}"
 log "debootstrap done after $(( $(date +%s) - START ))s"
 
 # ---------------------------------------------------------------- apt config
@@ -273,6 +313,16 @@ APT::Sandbox::User "root";
 Acquire::Languages "none";
 Dpkg::Options { "--force-confdef"; "--force-confold"; };
 APTCONF
+# forky is Debian testing: its Release files say they expire a week after they are
+# signed, and a mirror or package registry that lags (the one this project is built
+# against serves a month-old forky) makes apt refuse them. Testing has no timely
+# security support anyway, so for it only, apt still checks every signature but not
+# the expiry; build-info records it. Stable trees (trixie) keep the check.
+VALID_UNTIL_CHECKED=yes
+if [[ "$SUITE" == forky ]]; then
+    VALID_UNTIL_CHECKED=no
+    echo 'Acquire::Check-Valid-Until "false";' >"$TMP/etc/apt/apt.conf.d/02isobox-testing"
+fi
 printf '#!/bin/sh\nexit 101\n' >"$TMP/usr/sbin/policy-rc.d"
 chmod 0755 "$TMP/usr/sbin/policy-rc.d"
 {
@@ -309,6 +359,29 @@ for p in "${PKGS[@]}"; do
 done
 [[ ${#missing[@]} -eq 0 ]] || die "packages not installed after apt-get install: ${missing[*]}"
 log "$(chroot "$TMP" dpkg-query -W | wc -l) packages installed after $(( $(date +%s) - START ))s"
+
+# ---------------------------------------------------------------- pinned downloads
+if [[ -f "$FETCH" ]]; then
+    command -v curl >/dev/null 2>&1 || die "required tool 'curl' not found in PATH (for $FETCH)"
+    mkdir -p "$CACHE_DIR/fetch" "$TMP/tmp/isobox-fetch"
+    while read -r sum url rest; do
+        [[ -n "${sum:-}" && "$sum" != \#* ]] || continue
+        [[ -z "${rest:-}" && "$sum" =~ ^[0-9a-f]{64}$ && "$url" =~ ^https://[A-Za-z0-9./@_+%-]+$ ]] ||
+            die "bad line in $FETCH: '$sum $url${rest:+ $rest}' (want: SHA256 https://URL)"
+        file="${url##*/}"
+        [[ "$file" =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*$ ]] || die "bad file name '$file' in $FETCH"
+        cached="$CACHE_DIR/fetch/$sum"
+        if [[ ! -f "$cached" ]] || [[ "$(sha256sum <"$cached" | cut -d' ' -f1)" != "$sum" ]]; then
+            logged "download of $url failed" \
+                curl -fsSL --proto '=https' --retry 3 --max-filesize 268435456 -o "$cached.part" -- "$url"
+            got="$(sha256sum <"$cached.part" | cut -d' ' -f1)"
+            [[ "$got" == "$sum" ]] || { rm -f -- "$cached.part"; die "$url has SHA-256 $got, $FETCH pins $sum"; }
+            mv -f -- "$cached.part" "$cached"
+        fi
+        cp -- "$cached" "$TMP/tmp/isobox-fetch/$file"
+    done <"$FETCH"
+    log "pinned downloads of $(basename "$FETCH") ready after $(( $(date +%s) - START ))s"
+fi
 
 # ---------------------------------------------------------------- post-install hook
 # Optional runtimes/rootfs/NAME.postinst: a POSIX sh script run inside the tree
@@ -389,7 +462,7 @@ mkdir -p "$TMP/.isobox"
 {
     version_of python /usr/bin/python3 python3 -c 'import platform; print(platform.python_version())'
     version_of javascript /usr/bin/node node -e 'console.log(process.versions.node)'
-    version_of typescript /usr/bin/tsc sh -c 'tsc --version | sed -n "s/^Version //p"'
+    version_of typescript /usr/local/bin/tsc sh -c 'tsc --version | sed -n "s/^Version //p"'
     version_of ruby /usr/bin/ruby ruby -e 'puts RUBY_VERSION'
     version_of go /usr/bin/go sh -c 'GOCACHE=/tmp/gocache go env GOVERSION | sed "s/^go//"'
     version_of rust /usr/bin/rustc sh -c 'rustc --version | cut -d" " -f2'
@@ -405,6 +478,7 @@ chroot "$TMP" dpkg-query -W -f='${Package}=${Version}\n' | sort >"$TMP/.isobox/p
     echo "mirror=$MIRROR"
     echo "security_mirror=${SECURITY_MIRROR:-none}"
     echo "upgraded=$([[ "${ISOBOX_NO_UPGRADE:-0}" == 1 ]] && echo no || echo yes)"
+    echo "release_expiry_checked=$VALID_UNTIL_CHECKED"
     echo "built_at=$(date -u +%FT%TZ)"
     echo "debootstrap=$(dpkg-query -W -f='${Version}' debootstrap 2>/dev/null || echo unknown)"
 } >"$TMP/.isobox/build-info"

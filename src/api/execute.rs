@@ -293,8 +293,13 @@ fn decode_with(
             ),
         )
     })?;
-    if let Some(v) = b.version.as_deref().filter(|v| !v.is_empty()) {
-        if !runtime.accepts_version(v) {
+    let runtime = match b.version.as_deref().filter(|v| !v.is_empty()) {
+        None => runtime,
+        Some(v) => runtimes.pick(language, v).ok_or_else(|| {
+            let has: Vec<String> = runtimes
+                .versions(language)
+                .map(|r| format!("{:?}", r.version.as_deref().unwrap_or("")))
+                .collect();
             let forms = &runtime.desc.version_forms;
             let also = if forms.is_empty() {
                 String::new()
@@ -305,13 +310,27 @@ fn decode_with(
                     quoted.join(", ")
                 )
             };
-            return Err(bad(
+            bad(
                 "unknown_version",
                 format!(
                     "{} is not a version of {}; it has {}{also}; see GET /runtimes",
                     serde_json::Value::from(v),
                     serde_json::Value::from(runtime.desc.language.as_str()),
-                    serde_json::Value::from(runtime.version.as_deref().unwrap_or("")),
+                    has.join(", "),
+                ),
+            )
+        })?,
+    };
+    // A session's kernel runs its language's default version (what `resolve` gives):
+    // a step may name that one only.
+    if let (Some(_), Some(kernel)) = (session_runtime, runtimes.resolve(language)) {
+        if kernel.rootfs_path != runtime.rootfs_path {
+            return Err(bad(
+                "unknown_version",
+                format!(
+                    "version: sessions run {} {}; omit version",
+                    kernel.desc.language,
+                    kernel.version.as_deref().unwrap_or("")
                 ),
             ));
         }

@@ -173,6 +173,9 @@ struct RuntimeInfo<'a> {
     aliases: &'a [String],
     compiled: bool,
     backend: &'static str,
+    /// Whether a request that names no version runs this one (an isobox extension: a
+    /// language may have several versions).
+    default: bool,
 }
 
 /// The installed runtimes.
@@ -186,6 +189,10 @@ pub fn runtimes(app: &App) -> Response {
             aliases: &r.desc.aliases,
             compiled: r.desc.compiled,
             backend: "gvisor",
+            default: app
+                .runtimes
+                .resolve(&r.desc.language)
+                .is_some_and(|d| d.rootfs_path == r.rootfs_path),
         })
         .collect();
     Response::json(200, &list)

@@ -161,6 +161,11 @@ impl Daemon {
                     r.version.as_deref().unwrap_or("?"),
                     r.rootfs_path.display()
                 ),
+                // A further version is built only when the operator asks for it.
+                Some(why) if !r.default => log::info!(
+                    "runtime={} further version not installed: {why}",
+                    r.desc.language
+                ),
                 Some(why) => log::warn!("runtime={} not installed: {why}", r.desc.language),
             }
         }

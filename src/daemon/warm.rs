@@ -109,7 +109,13 @@ impl Daemon {
     /// A pooled sandbox for `plan`, if one may serve it; counts hits and misses.
     pub(crate) fn warm_take(&mut self, plan: &ExecPlan) -> Option<Box<Spawned>> {
         let lang = &plan.runtime.desc.language;
-        if self.warm.target(lang) == 0 || !eligible(plan) {
+        // The pool holds the language's default version (what `resolve` gives): a run
+        // that pins another goes cold.
+        let pooled_tree = self.app.runtimes.resolve(lang).map(|r| &r.rootfs_path);
+        if self.warm.target(lang) == 0
+            || !eligible(plan)
+            || pooled_tree != Some(&plan.runtime.rootfs_path)
+        {
             return None;
         }
         // The run gets network only if egress is verified now (as a cold run would);

@@ -6,10 +6,15 @@
 //! in a shared tree they would outlive the run and change what every later run of any
 //! tenant sees (a file named `main.rb/x` would leave a directory where every cold Ruby
 //! run needs its `main.rb`). In the overlay they land in the run's own upper directory,
-//! removed with the run; the shared tree is never written. `/workspace` (the working
-//! directory) and `/tmp` are tmpfs capped at the run's memory; the program's files are
-//! bound read-only on top of `/workspace`, one bind per top-level entry, so the host copy
-//! can never be written. The process runs as uid 65534 with no capabilities,
+//! removed with the run; the shared tree is never written. `/tmp` is a tmpfs of gVisor's
+//! capped at the run's memory. `/workspace` (the working directory) is a host tmpfs of
+//! the run's own, as large, mounted at `dir/files` ([`write_files`]) and bound in: the
+//! program's files are written there owned by root (files 0644, directories 0755, the
+//! top 1777 with the sticky bit), so the program can add files but never change,
+//! remove or rename the ones it was given. Not one bind per file: gVisor lists a file
+//! bound over a mount point it made itself as a directory (`d_type` `DT_DIR`), and Go
+//! 1.24's `go build .`, Python's `os.scandir` and `os.walk` then see no files at all.
+//! The process runs as uid 65534 with no capabilities,
 //! `noNewPrivileges`, and RLIMIT_NPROC = `pids` (gVisor enforces it inside the sandbox).
 //! A session step instead gets its session's workspace filesystem bound read-write.
 
@@ -32,11 +37,18 @@ pub struct ProcessSpec<'a> {
     pub env: &'a [String],
 }
 
-/// Writes the program's files under `dir/files`, creating `dir` fresh (mode 0700).
+/// Writes the program's files under `dir/files`, creating `dir` fresh (mode 0700). With
+/// `workspace_bytes`, `dir/files` is first a tmpfs of that size (the run's `/workspace`,
+/// mode 1777), unmounted by [`remove_run_dir`].
 ///
 /// # Errors
-/// [`SandboxError::Bundle`] on any I/O error.
-pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf, SandboxError> {
+/// [`SandboxError::Bundle`] on any I/O error, or a tmpfs that cannot be mounted or is
+/// too small for the files.
+pub fn write_files(
+    dir: &Path,
+    files: &[(String, Vec<u8>)],
+    workspace_bytes: Option<u64>,
+) -> Result<PathBuf, SandboxError> {
     let wrap = |path: &Path| {
         let path = path.to_path_buf();
         move |source| SandboxError::Bundle { path, source }
@@ -47,6 +59,20 @@ pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf, S
         .map_err(wrap(dir))?;
     let src = dir.join("files");
     fs::create_dir(&src).map_err(wrap(&src))?;
+    if let Some(bytes) = workspace_bytes {
+        crate::sys::loopdev::mount(
+            Path::new("tmpfs"),
+            &src,
+            "tmpfs",
+            libc::MS_NOSUID | libc::MS_NODEV,
+            // An inode per 4 KiB of the cap, as gVisor's own tmpfs would allow at most.
+            &format!(
+                "size={bytes},mode=0755,nr_inodes={}",
+                (bytes / 4096).clamp(4096, 1 << 20)
+            ),
+        )
+        .map_err(wrap(&src))?;
+    }
     for (name, content) in files {
         // Names were validated (relative, no `..`); the directory is ours and fresh.
         let path = src.join(name);
@@ -64,6 +90,12 @@ pub fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<PathBuf, S
     }
     // The sandbox user must be able to read the tree; the run dir itself stays 0700 root.
     set_tree_readable(&src).map_err(wrap(&src))?;
+    if workspace_bytes.is_some() {
+        // New files are the program's; the sticky bit keeps the given ones from being
+        // removed or renamed.
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&src, fs::Permissions::from_mode(0o1777)).map_err(wrap(&src))?;
+    }
     Ok(src)
 }
 
@@ -214,17 +246,19 @@ pub fn make_mount_points(root: &Path, dests: &[&str]) -> Result<(), SandboxError
     Ok(())
 }
 
-/// Removes a run's directory: its root overlay unmounted first (detached, so a
-/// process that still holds it cannot keep the directory), then the tree.
+/// Removes a run's directory: its root overlay and its workspace tmpfs unmounted first
+/// (detached, so a process that still holds one cannot keep the directory), then the
+/// tree.
 ///
 /// # Errors
-/// The removal's error (a root that was not mounted is fine).
+/// The removal's error (a mount point that was not mounted is fine).
 pub fn remove_run_dir(dir: &Path) -> std::io::Result<()> {
-    let root = dir.join("root");
-    if let Err(e) = crate::sys::loopdev::umount2(&root, libc::MNT_DETACH) {
-        // EINVAL: not a mount point (never mounted, or already gone); ENOENT: no dir.
-        if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
-            return Err(e);
+    for m in [dir.join("root"), dir.join("files")] {
+        if let Err(e) = crate::sys::loopdev::umount2(&m, libc::MNT_DETACH) {
+            // EINVAL: not a mount point (never mounted, or already gone); ENOENT: no dir.
+            if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) {
+                return Err(e);
+            }
         }
     }
     match fs::remove_dir_all(dir) {
@@ -233,15 +267,18 @@ pub fn remove_run_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Top-level entries of the files dir (each becomes one read-only bind).
-pub fn top_level_entries(files: &[(String, Vec<u8>)]) -> Vec<String> {
-    let mut tops: Vec<String> = files
-        .iter()
-        .map(|(n, _)| n.split('/').next().unwrap_or(n).to_string())
-        .collect();
-    tops.sort();
-    tops.dedup();
-    tops
+/// Whether the sandbox of `plan` sees its root filesystem writable, into an overlay in
+/// its own memory (runsc `--overlay2=root:memory`): a long-lived sandbox's, and a
+/// runtime's that asks for it (`writable_root`).
+pub fn writable_root(plan: &ExecPlan) -> bool {
+    plan.long_lived.is_some() || plan.runtime.desc.writable_root
+}
+
+/// Whether a run of `plan` gets the program's files as its `/workspace` (then
+/// [`write_files`] makes that a tmpfs): not a session step (its session's filesystem is
+/// the workspace), nor a sandbox without files (a pooled one, a WBX sandbox).
+pub fn files_are_workspace(plan: &ExecPlan) -> bool {
+    plan.workspace.is_none() && !plan.files.is_empty()
 }
 
 /// Builds `config.json` for a run.
@@ -259,11 +296,9 @@ pub fn config(
         json!({"destination": "/proc", "type": "proc", "source": "proc"}),
         tmpfs("/tmp", mem),
     ];
+    // The run's own host tmpfs with the program's files (see the module's doc).
     let program_files = |mounts: &mut Vec<Value>| {
-        mounts.push(tmpfs("/workspace", mem));
-        for top in top_level_entries(&plan.files) {
-            mounts.push(json!({"destination": format!("/workspace/{top}"), "type": "bind", "source": src_dir.join(&top), "options": ["rbind", "ro"]}));
-        }
+        mounts.push(json!({"destination": "/workspace", "type": "bind", "source": src_dir, "options": ["rbind", "rw", "nosuid", "nodev"]}));
     };
     if let Some(init) = &plan.long_lived {
         // The init, read-only; the rest of the tree is the sandbox's own to write.
@@ -283,6 +318,10 @@ pub fn config(
         if let Some(vol) = ws.volume_mount() {
             mounts.push(json!({"destination": "/memory", "type": "bind", "source": vol, "options": ["rbind", "rw", "nosuid", "nodev"]}));
         }
+    } else if plan.files.is_empty() {
+        // A pooled sandbox, booted before its program exists: its harness writes the
+        // files into a tmpfs of gVisor's own (no bind over a made-up mount point there).
+        mounts.push(tmpfs("/workspace", mem));
     } else {
         program_files(&mut mounts);
     }
@@ -359,7 +398,7 @@ pub fn config(
             ],
             "noNewPrivileges": true
         },
-        "root": {"path": root, "readonly": plan.long_lived.is_none()},
+        "root": {"path": root, "readonly": !writable_root(plan)},
         "hostname": "isobox",
         "mounts": mounts,
         "linux": {
@@ -395,15 +434,6 @@ pub fn substitute(argv: &[String], source_file: &str, entry: &str) -> Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn test_top_level_entries_dedup() {
-        let f = |n: &str| (n.to_string(), Vec::new());
-        assert_eq!(
-            top_level_entries(&[f("main.py"), f("pkg/a.py"), f("pkg/b.py")]),
-            vec!["main.py", "pkg"]
-        );
-    }
 
     #[test]
     fn test_substitute_entry() {

@@ -58,8 +58,9 @@ impl Gvisor {
     ) -> Result<Spawned, SandboxError> {
         let mut cmd = self.runsc_cmd();
         if writable_root {
-            // A long-lived sandbox writes its root filesystem into an overlay in its own
-            // memory (inside its memory cap), discarded with it.
+            // A long-lived sandbox (or a runtime that asks) writes its root filesystem
+            // into an overlay in its own memory (inside its memory cap), discarded with
+            // it.
             cmd.arg("--overlay2=root:memory");
         }
         // gVisor's netstack on the run's namespace (raw sockets stay off, the default),
@@ -267,7 +268,8 @@ impl Backend for Gvisor {
         } else {
             &plan.files
         };
-        let (src, root) = match bundle::write_files(&dir, files).and_then(|s| {
+        let workspace_bytes = bundle::files_are_workspace(plan).then_some(plan.limits.memory_bytes);
+        let (src, root) = match bundle::write_files(&dir, files, workspace_bytes).and_then(|s| {
             if let Some(preload) = plan.preload {
                 bundle::write_preload(&dir, preload)?;
             }
@@ -322,7 +324,7 @@ impl Backend for Gvisor {
                 cgroup.clone(),
                 net,
                 stdin,
-                plan.long_lived.is_some(),
+                bundle::writable_root(plan),
             )
         });
         match res {

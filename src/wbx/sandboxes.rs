@@ -38,7 +38,7 @@ pub const DEFAULT_TEMPLATE: &str = "base";
 
 /// The templates: `base` (the `python` runtime's tree: CPython with its data and web
 /// libraries, pip, Node.js with npm, and curl, wget, git, jq, ripgrep, unzip), then one per installed
-/// runtime, named as the runtime is. (name, runtime, description).
+/// language, named as the runtime is, on its default version. (name, runtime, description).
 pub fn templates(runtimes: &Runtimes) -> Vec<(String, Runtime, String)> {
     let mut out = Vec::new();
     if let Some(py) = runtimes.resolve("python") {
@@ -48,7 +48,7 @@ pub fn templates(runtimes: &Runtimes) -> Vec<(String, Runtime, String)> {
             "Python 3 with numpy, pandas, matplotlib, requests, pip; Node.js with npm; and curl, wget, git, jq, ripgrep".to_string(),
         ));
     }
-    for r in runtimes.installed() {
+    for r in runtimes.languages() {
         out.push((
             r.desc.language.clone(),
             r.clone(),
