@@ -42,7 +42,7 @@ strip --strip-unneeded --remove-section=.comment --remove-section=.note \
     "$root/usr/libexec/isobox/isobox-wasm"
 install -D -m 0755 deb/isobox-runtimes "$root/usr/sbin/isobox-runtimes"
 install -D -m 0755 runtimes/rootfs/build.sh "$root/usr/share/isobox/rootfs/build.sh"
-for f in runtimes/rootfs/*.packages runtimes/rootfs/*.postinst; do
+for f in runtimes/rootfs/*.packages runtimes/rootfs/*.postinst runtimes/rootfs/*.fetch; do
     install -m 0644 "$f" "$root/usr/share/isobox/rootfs/"
 done
 install -D -m 0644 deb/isobox.service "$root/lib/systemd/system/isobox.service"
@@ -81,7 +81,7 @@ Version: $version
 Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $size
-Depends: $shlibs, runsc (>= $runsc_min), nftables, e2fsprogs, debootstrap, ca-certificates
+Depends: $shlibs, runsc (>= $runsc_min), nftables, e2fsprogs, debootstrap, ca-certificates, curl
 Section: admin
 Priority: optional
 Description: run untrusted code in gVisor sandboxes over HTTP

@@ -79,7 +79,7 @@ fn test_the_package_holds_what_the_readme_says_and_passes_lintian_and_systemd() 
     let rootfs = Path::new(env!("CARGO_MANIFEST_DIR")).join("runtimes/rootfs");
     for e in std::fs::read_dir(&rootfs).unwrap() {
         let n = e.unwrap().file_name().into_string().unwrap();
-        if n.ends_with(".packages") || n.ends_with(".postinst") {
+        if n.ends_with(".packages") || n.ends_with(".postinst") || n.ends_with(".fetch") {
             want.insert(format!("-rw-r--r-- /usr/share/isobox/rootfs/{n}"));
         }
     }
@@ -105,6 +105,7 @@ fn test_the_package_holds_what_the_readme_says_and_passes_lintian_and_systemd() 
         "e2fsprogs",
         "debootstrap",
         "ca-certificates",
+        "curl",
     ] {
         assert!(depends.contains(d), "{d} in {depends}");
     }
@@ -217,6 +218,28 @@ fn test_the_package_holds_what_the_readme_says_and_passes_lintian_and_systemd() 
         err.contains(&format!("up to date: {}/python-slim", trees.display())),
         "{err}"
     );
+    // A newer version: the list's name and -forky (the tree `make newer-runtimes` built).
+    std::fs::create_dir_all(trees.join("python-slim-forky/.isobox")).unwrap();
+    std::fs::copy(
+        "/var/lib/isobox/rootfs/python-slim-forky/.isobox/stamp",
+        trees.join("python-slim-forky/.isobox/stamp"),
+    )
+    .unwrap();
+    let (code, out, err) = run(Command::new(root.join("usr/sbin/isobox-runtimes"))
+        .arg("python-slim-forky")
+        .env("ISOBOX_ROOTFS_DIR", &trees));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        err.contains(&format!(
+            "up to date: {}/python-slim-forky",
+            trees.display()
+        )),
+        "{err}"
+    );
+    let (code, _, err) =
+        run(Command::new(root.join("usr/sbin/isobox-runtimes")).arg("nosuch-forky"));
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown runtime nosuch-forky"), "{err}");
     std::fs::remove_dir_all(&scratch).unwrap();
 }
 
