@@ -64,11 +64,15 @@ deps:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
 
 ## runtimes: build (or refresh) the runtimes' root filesystems from Debian packages
+## (ROOTFS_DIR is root's alone, 0700: go's tree holds a build cache owned by the
+## sandbox user, uid 65534, that no process of the host's nobody may reach)
 runtimes:
+	@install -d -m 0700 $(ROOTFS_DIR) && chmod 0700 $(ROOTFS_DIR)
 	@for r in $(RUNTIMES); do runtimes/rootfs/build.sh $$r $(ROOTFS_DIR)/$$r || exit 1; done
 
 ## newer-runtimes: the further versions (NEWER_RUNTIMES) from Debian testing
 newer-runtimes:
+	@install -d -m 0700 $(ROOTFS_DIR) && chmod 0700 $(ROOTFS_DIR)
 	@for r in $(NEWER_RUNTIMES); do runtimes/rootfs/build.sh $$r $(ROOTFS_DIR)/$$r || exit 1; done
 
 ## test-venv: Python clients the integration tests use (SSE client, OpenAPI validator), and

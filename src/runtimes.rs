@@ -164,6 +164,15 @@ fn names(prefix: &str, version: &str) -> bool {
             .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
 }
 
+fn ver(r: &Runtime) -> String {
+    r.version.clone().unwrap_or_default()
+}
+
+/// The newest of `rs` by version number.
+fn newest(rs: Vec<&Runtime>) -> Option<&Runtime> {
+    rs.into_iter().max_by_key(|r| numeric(&ver(r)))
+}
+
 /// A version's numeric components, for ordering (`1.85.1` < `1.97.0`).
 fn numeric(version: &str) -> Vec<u64> {
     version
@@ -288,25 +297,11 @@ impl Runtimes {
     pub fn pick(&self, name: &str, version: &str) -> Option<&Runtime> {
         let all: Vec<&Runtime> = self.versions(name).collect();
         let default = *all.first()?;
-        fn ver(r: &Runtime) -> String {
-            r.version.clone().unwrap_or_default()
-        }
-        fn newest(rs: Vec<&Runtime>) -> Option<&Runtime> {
-            rs.into_iter().max_by_key(|r| numeric(&ver(r)))
-        }
         if version.is_empty() {
             return Some(default);
         }
-        if let Some(r) = all.iter().find(|r| r.version.as_deref() == Some(version)) {
+        if let Some(r) = self.pick_named(name, version) {
             return Some(r);
-        }
-        let prefixed: Vec<&Runtime> = all
-            .iter()
-            .copied()
-            .filter(|r| names(version, &ver(r)))
-            .collect();
-        if !prefixed.is_empty() {
-            return newest(prefixed);
         }
         let mut digits = default
             .desc
@@ -335,6 +330,21 @@ impl Runtimes {
     /// Every runtime, installed or not.
     pub fn all(&self) -> &[Runtime] {
         &self.list
+    }
+
+    /// The installed version of `name` that `version` names as a version number: the
+    /// exact one, else the newest a prefix at a dot names (steps 1 and 2 of
+    /// [`Runtimes::pick`]; no client form).
+    pub fn pick_named(&self, name: &str, version: &str) -> Option<&Runtime> {
+        let all: Vec<&Runtime> = self.versions(name).collect();
+        if let Some(r) = all.iter().find(|r| r.version.as_deref() == Some(version)) {
+            return Some(r);
+        }
+        newest(
+            all.into_iter()
+                .filter(|r| names(version, &ver(r)))
+                .collect(),
+        )
     }
 
     /// The installed runtimes, every version.

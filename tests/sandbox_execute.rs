@@ -2,6 +2,7 @@
 //! clamping, honest results (timeout, OOM, truncation), isolation, cleanup.
 
 mod common;
+use common::session::Session;
 use common::{merged, Daemon};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -152,6 +153,44 @@ fn test_hello_world_in_every_installed_runtime_and_aliases() {
     assert_eq!(r["version"], js[0], "{r}");
     assert_eq!(r["run"]["stdout"], format!("{}\n", js[0]), "{r}");
     d.assert_clean();
+    d.stop();
+}
+
+/// A filesystem session's step is a cold run of any version; a kernel session's runs its
+/// kernel's (the default): a client's form (`3.14-agent`, which seed clients send on
+/// every request) is the kernel's, another version number is refused.
+#[test]
+fn test_session_steps_and_versions() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let py = versions_of(&d.get("/runtimes").json(), "python");
+    let code = "import sys; print(sys.version_info[:2])";
+    let ran = |v: &Value| json!([v["version"], v["run"]["stdout"]]);
+    let fs = Session::create(&d, &json!({"runtime": "python", "network": false}));
+    let v = fs.step_with(&d, &json!({"code": code, "version": "3.14"}));
+    assert_eq!(ran(&v), json!([py[1], "(3, 14)\n"]), "{v}");
+    let v = fs.step_with(&d, &json!({"code": code}));
+    assert_eq!(ran(&v), json!([py[0], "(3, 13)\n"]), "{v}");
+    let k = Session::create(
+        &d,
+        &json!({"runtime": "python", "type": "kernel", "network": false}),
+    );
+    let v = k.step_with(&d, &json!({"code": code, "version": "3.14-agent"}));
+    assert_eq!(ran(&v), json!([py[0], "(3, 13)\n"]), "{v}");
+    for pinned in [py[1].as_str(), "3.14", "3"] {
+        let r = k.exec(&d, &json!({"code": code, "version": pinned}));
+        assert_eq!(r.status, 400, "{pinned}: {}", r.text());
+        assert_eq!(r.json()["error"], "unknown_version");
+        assert_eq!(
+            r.json()["detail"],
+            format!(
+                "version: kernel sessions run python {}; omit version",
+                py[0]
+            )
+        );
+    }
+    let v = k.step_with(&d, &json!({"code": code, "version": py[0]}));
+    assert_eq!(ran(&v), json!([py[0], "(3, 13)\n"]), "{v}");
     d.stop();
 }
 

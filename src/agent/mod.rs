@@ -574,6 +574,7 @@ impl Loop {
             &self.shared.runtimes,
             br#"{"code":""}"#,
             &rec_runtime,
+            true,
             // A kernel's network is its own, fixed at create (`kernel_steps`).
             true,
         ) {

@@ -208,7 +208,7 @@ pub fn wants_stream(req: &Request) -> bool {
 
 /// Decodes and validates; answers 400/429 itself or returns the plan to run.
 pub fn handle(app: &mut App, req: &Request) -> Action {
-    let d = match decode_with(&app.runtimes, &req.body, None, true) {
+    let d = match decode_with(&app.runtimes, &req.body, None, false, true) {
         Ok(p) => p,
         Err(resp) => return Action::Respond(resp),
     };
@@ -232,11 +232,12 @@ pub fn handle(app: &mut App, req: &Request) -> Action {
 /// # Errors
 /// The 400 response the spec prescribes.
 pub fn decode(runtimes: &Runtimes, body: &[u8]) -> Result<ExecPlan, Response> {
-    decode_with(runtimes, body, None, true).map(|d| d.plan)
+    decode_with(runtimes, body, None, false, true).map(|d| d.plan)
 }
 
 /// Decodes a session step: the `/execute` body minus `language` (which, if given
-/// anyway, must name the session's runtime); and whether it asked to be detached.
+/// anyway, must name the session's runtime); and whether it asked to be detached. A
+/// kernel session's step runs the kernel's (default) version.
 ///
 /// # Errors
 /// The 400 response.
@@ -244,9 +245,10 @@ pub fn decode_for_session(
     runtimes: &Runtimes,
     body: &[u8],
     runtime: &str,
+    kernel: bool,
     default_network: bool,
 ) -> Result<(ExecPlan, bool), Response> {
-    let d = decode_with(runtimes, body, Some(runtime), default_network)?;
+    let d = decode_with(runtimes, body, Some(runtime), kernel, default_network)?;
     if d.inputs.is_some() {
         return Err(bad(
             "invalid_json",
@@ -260,6 +262,7 @@ fn decode_with(
     runtimes: &Runtimes,
     body: &[u8],
     session_runtime: Option<&str>,
+    kernel_session: bool,
     default_network: bool,
 ) -> Result<Decoded, Response> {
     let b: Body = super::decode_json(body, HINTS)?;
@@ -321,20 +324,26 @@ fn decode_with(
             )
         })?,
     };
-    // A session's kernel runs its language's default version (what `resolve` gives):
-    // a step may name that one only.
-    if let (Some(_), Some(kernel)) = (session_runtime, runtimes.resolve(language)) {
-        if kernel.rootfs_path != runtime.rootfs_path {
-            return Err(bad(
-                "unknown_version",
-                format!(
-                    "version: sessions run {} {}; omit version",
-                    kernel.desc.language,
-                    kernel.version.as_deref().unwrap_or("")
-                ),
-            ));
+    // A kernel session's kernel runs its language's default version (what `resolve`
+    // gives): a step that names another version number is refused; a client's form
+    // (`3.14-agent`, which seed clients send on every request) is the kernel's.
+    let runtime = match (kernel_session, runtimes.resolve(language)) {
+        (true, Some(kernel)) if kernel.rootfs_path != runtime.rootfs_path => {
+            let v = b.version.as_deref().unwrap_or("");
+            if runtimes.pick_named(language, v).is_some() {
+                return Err(bad(
+                    "unknown_version",
+                    format!(
+                        "version: kernel sessions run {} {}; omit version",
+                        kernel.desc.language,
+                        kernel.version.as_deref().unwrap_or("")
+                    ),
+                ));
+            }
+            kernel
         }
-    }
+        _ => runtime,
+    };
     if b.code.is_none() && b.files.as_ref().is_none_or(|f| f.is_empty()) {
         return Err(bad("no_source", "provide `code` or `files`"));
     }

@@ -288,6 +288,7 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             &runtimes,
             &body,
             &rec.runtime,
+            rec.kind == "kernel",
             rec.network.unwrap_or(true),
         ) {
             Ok(p) => p,

@@ -11,10 +11,11 @@
 //! the run's own, as large, mounted at `dir/files` ([`write_files`]) and bound in: the
 //! program's files are written there owned by root (files 0644, directories 0755, the
 //! top 1777 with the sticky bit), so the program can add files but never change,
-//! remove or rename the ones it was given. Not one bind per file: gVisor lists a file
-//! bound over a mount point it made itself as a directory (`d_type` `DT_DIR`), and Go
-//! 1.24's `go build .`, Python's `os.scandir` and `os.walk` then see no files at all.
-//! The process runs as uid 65534 with no capabilities,
+//! remove or rename the ones it was given (a pooled sandbox gets its files from its
+//! harness instead, into gVisor's own tmpfs: see `sandbox::warm`). Not one bind per
+//! file: gVisor lists a file bound over a mount point it made itself as a directory
+//! (`d_type` `DT_DIR`), and Go 1.24's `go build .`, Python's `os.scandir` and `os.walk`
+//! then see no files at all. The process runs as uid 65534 with no capabilities,
 //! `noNewPrivileges`, and RLIMIT_NPROC = `pids` (gVisor enforces it inside the sandbox).
 //! A session step instead gets its session's workspace filesystem bound read-write.
 

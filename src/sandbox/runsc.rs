@@ -330,8 +330,8 @@ impl Backend for Gvisor {
         match res {
             Ok(s) => Ok(s),
             Err(e) => {
-                let _ = cgroup.destroy();
                 let _ = bundle::remove_run_dir(&dir);
+                let _ = cgroup.destroy();
                 Err(e)
             }
         }
@@ -381,13 +381,15 @@ impl Backend for Gvisor {
             self.runsc_delete(id);
         }
         self.remove_state_files(id);
+        // The run's directory first: its workspace tmpfs's pages are charged to the
+        // run's cgroup, freed before the cgroup goes rather than moved to its parent.
+        if let Err(e) = bundle::remove_run_dir(dir) {
+            crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
+        }
         if let Err(e) = cgroup.destroy() {
             crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
         }
         self.remove_v1_strays(id);
-        if let Err(e) = bundle::remove_run_dir(dir) {
-            crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
-        }
     }
 
     fn sweep(&self) -> usize {
