@@ -186,6 +186,11 @@ fn make_certs(dir: &std::path::Path) {
         "2",
         "-subj",
         "/CN=isobox test CA",
+        // Python 3.13 verifies strictly (VERIFY_X509_STRICT): a CA needs its key usage.
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
     ]);
     sh(&a);
     let (key, csr, cert, ext) = (p("leaf.key"), p("leaf.csr"), p("leaf.pem"), p("ext.cnf"));
@@ -193,7 +198,12 @@ fn make_certs(dir: &std::path::Path) {
     a.extend(ec);
     a.extend(["-keyout", &key, "-out", &csr, "-subj", "/CN=tls.test"]);
     sh(&a);
-    std::fs::write(&ext, "subjectAltName=DNS:tls.test\n").unwrap();
+    // And a leaf names its issuer's key (authorityKeyIdentifier), as real ones do.
+    std::fs::write(
+        &ext,
+        "subjectAltName=DNS:tls.test\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n",
+    )
+    .unwrap();
     sh(&[
         "openssl",
         "x509",
