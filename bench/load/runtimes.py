@@ -44,6 +44,7 @@ Python 3.11 standard library only.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -156,6 +157,13 @@ def main():
     ap.add_argument("--platforms", default="ptrace,systrap")
     a = ap.parse_args()
     before_runtimes = prepare_before(a.before)
+    try:
+        return bench(a, before_runtimes)
+    finally:
+        shutil.rmtree(os.path.dirname(before_runtimes), ignore_errors=True)
+
+
+def bench(a, before_runtimes):
     all_rows, versions = [], {}
     port = 18700
     problems = []
