@@ -126,6 +126,7 @@ fn record(rng: &mut Rng, now_ms: u64) -> SessionRecord {
         quota_bytes: 512 << 20,
         volume_id: None,
         network: None,
+        version: None,
     }
 }
 

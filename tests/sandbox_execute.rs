@@ -156,9 +156,10 @@ fn test_hello_world_in_every_installed_runtime_and_aliases() {
     d.stop();
 }
 
-/// A filesystem session's step is a cold run of any version; a kernel session's runs its
-/// kernel's (the default): a client's form (`3.14-agent`, which seed clients send on
-/// every request) is the kernel's, another version number is refused.
+/// A session has a version (the default, or `version` at create): a filesystem
+/// session's step runs it unless it names another, a kernel session's always runs the
+/// kernel's: a client's form (`3.14-agent`, which seed clients send on every request)
+/// is the kernel's, another version number is refused.
 #[test]
 fn test_session_steps_and_versions() {
     let d = Daemon::start();
@@ -191,6 +192,49 @@ fn test_session_steps_and_versions() {
     }
     let v = k.step_with(&d, &json!({"code": code, "version": py[0]}));
     assert_eq!(ran(&v), json!([py[0], "(3, 13)\n"]), "{v}");
+    assert_eq!(k.created["version"], py[0]);
+    // A session created with a version: its kernel, and its steps by default, run it.
+    let k = Session::create(
+        &d,
+        &json!({"runtime": "python", "type": "kernel", "network": false, "version": "3.14"}),
+    );
+    assert_eq!(k.created["version"], py[1]);
+    let v = k.step_with(&d, &json!({"code": "import sys; x = sys.version_info[:2]"}));
+    assert_eq!(v["run"]["exitCode"], 0, "{v}");
+    let v = k.step_with(&d, &json!({"code": "print(x)", "version": "3.14-agent"}));
+    assert_eq!(ran(&v), json!([py[1], "(3, 14)\n"]), "{v}");
+    let r = k.exec(&d, &json!({"code": code, "version": "3.13"}));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        r.json()["detail"],
+        format!(
+            "version: kernel sessions run python {}; omit version",
+            py[1]
+        )
+    );
+    let fs = Session::create(
+        &d,
+        &json!({"runtime": "python", "network": false, "version": py[1]}),
+    );
+    assert_eq!(fs.created["version"], py[1]);
+    let v = fs.step_with(&d, &json!({"code": code}));
+    assert_eq!(ran(&v), json!([py[1], "(3, 14)\n"]), "{v}");
+    let v = fs.step_with(&d, &json!({"code": code, "version": "3.13"}));
+    assert_eq!(ran(&v), json!([py[0], "(3, 13)\n"]), "{v}");
+    // An unknown version at create is refused, naming the versions.
+    let r = d.post_json(
+        "/v1/sessions",
+        &json!({"runtime": "python", "version": "2.7"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"], "unknown_version");
+    assert_eq!(
+        r.json()["detail"],
+        format!(
+            "version: \"2.7\" is not a version of \"python\"; it has \"{}\", \"{}\"; see GET /runtimes",
+            py[0], py[1]
+        )
+    );
     d.stop();
 }
 

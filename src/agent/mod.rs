@@ -551,12 +551,12 @@ impl Loop {
 
     /// Runs `code` as a step of the session's kernel, through the reactor.
     fn step(&self, session: &str, code: String, wall: Duration) -> Ran {
-        let rec_runtime = match self.shared.sessions.authorize(
+        let (rec_runtime, rec_version) = match self.shared.sessions.authorize(
             &self.start.tenant,
             session,
             self.start.session.as_ref().map(|s| s.token.as_str()),
         ) {
-            Ok(r) => r.runtime,
+            Ok(r) => (r.runtime, r.version),
             Err(e) => {
                 // Deleted or expired since the loop began.
                 let resp = crate::api::error::session_error(&e);
@@ -574,6 +574,7 @@ impl Loop {
             &self.shared.runtimes,
             br#"{"code":""}"#,
             &rec_runtime,
+            rec_version.as_deref(),
             true,
             // A kernel's network is its own, fixed at create (`kernel_steps`).
             true,

@@ -245,10 +245,17 @@ pub fn decode_for_session(
     runtimes: &Runtimes,
     body: &[u8],
     runtime: &str,
+    version: Option<&str>,
     kernel: bool,
     default_network: bool,
 ) -> Result<(ExecPlan, bool), Response> {
-    let d = decode_with(runtimes, body, Some(runtime), kernel, default_network)?;
+    let d = decode_with(
+        runtimes,
+        body,
+        Some((runtime, version)),
+        kernel,
+        default_network,
+    )?;
     if d.inputs.is_some() {
         return Err(bad(
             "invalid_json",
@@ -261,10 +268,11 @@ pub fn decode_for_session(
 fn decode_with(
     runtimes: &Runtimes,
     body: &[u8],
-    session_runtime: Option<&str>,
+    session: Option<(&str, Option<&str>)>,
     kernel_session: bool,
     default_network: bool,
 ) -> Result<Decoded, Response> {
+    let session_runtime = session.map(|(r, _)| r);
     let b: Body = super::decode_json(body, HINTS)?;
     if let Some(fixed) = session_runtime {
         let given = b.language.as_deref().map(str::trim).unwrap_or("");
@@ -296,8 +304,22 @@ fn decode_with(
             ),
         )
     })?;
-    let runtime = match b.version.as_deref().filter(|v| !v.is_empty()) {
+    // A session's steps run its version unless they name another; the version it was
+    // created with is exact, so it names itself while its tree is built.
+    let session_rt = match session.and_then(|(_, v)| v) {
         None => runtime,
+        Some(v) => runtimes.pick_named(language, v).ok_or_else(|| {
+            bad(
+                "unknown_version",
+                format!(
+                    "the session runs {} {}, which is no longer installed; see GET /runtimes",
+                    runtime.desc.language, v
+                ),
+            )
+        })?,
+    };
+    let runtime = match b.version.as_deref().filter(|v| !v.is_empty()) {
+        None => session_rt,
         Some(v) => runtimes.pick(language, v).ok_or_else(|| {
             let has: Vec<String> = runtimes
                 .versions(language)
@@ -324,11 +346,11 @@ fn decode_with(
             )
         })?,
     };
-    // A kernel session's kernel runs its language's default version (what `resolve`
-    // gives): a step that names another version number is refused; a client's form
-    // (`3.14-agent`, which seed clients send on every request) is the kernel's.
-    let runtime = match (kernel_session, runtimes.resolve(language)) {
-        (true, Some(kernel)) if kernel.rootfs_path != runtime.rootfs_path => {
+    // A kernel session's kernel runs the session's version: a step that names another
+    // version number is refused; a client's form (`3.14-agent`, which seed clients send
+    // on every request) is the kernel's.
+    let runtime = match (kernel_session, session_rt) {
+        (true, kernel) if kernel.rootfs_path != runtime.rootfs_path => {
             let v = b.version.as_deref().unwrap_or("");
             if runtimes.pick_named(language, v).is_some() {
                 return Err(bad(

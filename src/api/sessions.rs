@@ -42,6 +42,7 @@ struct CreateBody {
     kind: Option<String>,
     volume_id: Option<String>,
     network: Option<bool>,
+    version: Option<String>,
 }
 
 /// Words for the create body's fields in its 400s (`http::json`).
@@ -54,6 +55,7 @@ const CREATE_HINTS: crate::http::json::Hints = &[
     ("type", "\"filesystem\" or \"kernel\""),
     ("volumeId", "a volume id (from POST /v1/volumes), a string"),
     ("network", "true or false"),
+    ("version", "a version string (see GET /runtimes)"),
 ];
 
 #[derive(Serialize)]
@@ -69,6 +71,8 @@ struct CreatedBody<'a> {
     expires_at: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     volume_id: Option<&'a str>,
+    /// The version its steps (and kernel) run (an isobox extension).
+    version: &'a str,
 }
 
 fn sessions(app: &App) -> Arc<Sessions> {
@@ -125,6 +129,37 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             )),
         ));
     };
+    // The session's version, as /execute picks one; its steps run it unless they name
+    // another (a kernel's steps cannot).
+    let rt = match b
+        .version
+        .as_deref()
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+    {
+        None => rt,
+        Some(v) => match app.runtimes.pick(runtime, v) {
+            Some(picked) => picked,
+            None => {
+                let has: Vec<String> = app
+                    .runtimes
+                    .versions(runtime)
+                    .map(|r| format!("{:?}", r.version.as_deref().unwrap_or("")))
+                    .collect();
+                return Action::Respond(Response::error(
+                    400,
+                    "unknown_version",
+                    Some(&format!(
+                        "version: {} is not a version of {}; it has {}; see GET /runtimes",
+                        serde_json::Value::from(v),
+                        serde_json::Value::from(rt.desc.language.as_str()),
+                        has.join(", ")
+                    )),
+                ));
+            }
+        },
+    };
+    let version = rt.version.clone().unwrap_or_default();
     let max = app.cfg.sessions.ttl_max_sec;
     let ttl = match &b.ttl_sec {
         None => 86_400.min(max),
@@ -186,7 +221,15 @@ pub fn create(app: &mut App, req: &Request) -> Action {
     let network = b.network;
     let kind = if kernel { "kernel" } else { "filesystem" };
     Action::Job(Box::new(move || {
-        let c = match sessions.create(&tenant, &language, ttl, volume_id, kind, network) {
+        let c = match sessions.create(
+            &tenant,
+            &language,
+            ttl,
+            volume_id,
+            kind,
+            network,
+            Some(version.clone()),
+        ) {
             Ok(c) => c,
             Err(e) if kernel_plan.is_some() => {
                 return Outcome::KernelCreated(Err(session_error(&e)))
@@ -208,6 +251,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
                 ttl_sec: c.record.ttl_sec,
                 expires_at: rfc3339(c.record.expires_at_ms()),
                 volume_id: c.record.volume_id.as_deref(),
+                version: &version,
             },
         );
         let Some(mut plan) = kernel_plan else {
@@ -288,6 +332,7 @@ pub fn exec(app: &mut App, req: &Request) -> Action {
             &runtimes,
             &body,
             &rec.runtime,
+            rec.version.as_deref(),
             rec.kind == "kernel",
             rec.network.unwrap_or(true),
         ) {

@@ -74,6 +74,10 @@ pub struct SessionRecord {
     /// on, as for `/execute`. A kernel session's is fixed for the kernel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<bool>,
+    /// The version of `runtime` its steps (and its kernel) run, as `GET /runtimes` lists
+    /// it; absent (records of before): the runtime's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 impl SessionRecord {
@@ -478,6 +482,7 @@ mod tests {
             quota_bytes: 1 << 20,
             volume_id: None,
             network: None,
+            version: None,
         }
     }
 

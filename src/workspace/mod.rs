@@ -375,6 +375,7 @@ impl Sessions {
         volume_id: Option<String>,
         kind: &str,
         network: Option<bool>,
+        version: Option<String>,
     ) -> Result<Created, SessionError> {
         let _g = self.create_guard()?;
         let count = self.store.session_count()?;
@@ -453,6 +454,7 @@ impl Sessions {
             quota_bytes: quota,
             volume_id,
             network,
+            version,
         };
         match self.store.insert_session_holding(&id, &record) {
             Ok(true) => {}
