@@ -221,15 +221,15 @@ pub fn create(app: &mut App, req: &Request) -> Action {
     let network = b.network;
     let kind = if kernel { "kernel" } else { "filesystem" };
     Action::Job(Box::new(move || {
-        let c = match sessions.create(
-            &tenant,
-            &language,
-            ttl,
-            volume_id,
+        let new = workspace::NewSession {
+            runtime: &language,
+            version: Some(version.clone()),
             kind,
+            ttl_sec: ttl,
+            volume_id,
             network,
-            Some(version.clone()),
-        ) {
+        };
+        let c = match sessions.create(&tenant, new) {
             Ok(c) => c,
             Err(e) if kernel_plan.is_some() => {
                 return Outcome::KernelCreated(Err(session_error(&e)))

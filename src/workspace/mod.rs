@@ -239,6 +239,22 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
+/// What a new session is (see [`Sessions::create`]).
+pub struct NewSession<'a> {
+    /// Its runtime's name.
+    pub runtime: &'a str,
+    /// The version of it that its steps (and its kernel) run.
+    pub version: Option<String>,
+    /// `filesystem` or `kernel`.
+    pub kind: &'a str,
+    /// Idle time after which it is reaped.
+    pub ttl_sec: u64,
+    /// The volume it holds at `/memory`.
+    pub volume_id: Option<String>,
+    /// Its steps' network when they do not say.
+    pub network: Option<bool>,
+}
+
 impl Sessions {
     /// Opens the registry under `data_dir/state`, the workspaces under
     /// `data_dir/sessions`, and sweeps what a crash left: mounts, half-created
@@ -367,16 +383,15 @@ impl Sessions {
     ///
     /// # Errors
     /// [`SessionError::TooMany`], [`SessionError::StorageFull`], or a failure.
-    pub fn create(
-        &self,
-        tenant: &str,
-        runtime: &str,
-        ttl_sec: u64,
-        volume_id: Option<String>,
-        kind: &str,
-        network: Option<bool>,
-        version: Option<String>,
-    ) -> Result<Created, SessionError> {
+    pub fn create(&self, tenant: &str, new: NewSession<'_>) -> Result<Created, SessionError> {
+        let NewSession {
+            runtime,
+            version,
+            kind,
+            ttl_sec,
+            volume_id,
+            network,
+        } = new;
         let _g = self.create_guard()?;
         let count = self.store.session_count()?;
         if count >= self.cfg.max_sessions as u64 {
