@@ -279,6 +279,23 @@ impl Runtimes {
             .filter(|r| r.is_installed())
     }
 
+    /// The installed versions of `name`, quoted and comma-separated (`"3.13.5",
+    /// "3.14.8"`), for an `unknown_version`'s detail.
+    pub fn versions_listed(&self, name: &str) -> String {
+        let quoted: Vec<String> = self
+            .versions(name)
+            .map(|r| format!("{:?}", r.version.as_deref().unwrap_or("")))
+            .collect();
+        quoted.join(", ")
+    }
+
+    /// Whether `r` is what [`Runtimes::resolve`] gives for its language: the version a
+    /// request without one runs, and the one warm pools hold.
+    pub fn is_default(&self, r: &Runtime) -> bool {
+        self.resolve(&r.desc.language)
+            .is_some_and(|d| d.rootfs_path == r.rootfs_path)
+    }
+
     /// Resolves a name or alias to its installed default version (or, when that tree is
     /// not built, the first installed other one).
     pub fn resolve(&self, name: &str) -> Option<&Runtime> {

@@ -321,10 +321,6 @@ fn decode_with(
     let runtime = match b.version.as_deref().filter(|v| !v.is_empty()) {
         None => session_rt,
         Some(v) => runtimes.pick(language, v).ok_or_else(|| {
-            let has: Vec<String> = runtimes
-                .versions(language)
-                .map(|r| format!("{:?}", r.version.as_deref().unwrap_or("")))
-                .collect();
             let forms = &runtime.desc.version_forms;
             let also = if forms.is_empty() {
                 String::new()
@@ -341,7 +337,7 @@ fn decode_with(
                     "{} is not a version of {}; it has {}{also}; see GET /runtimes",
                     serde_json::Value::from(v),
                     serde_json::Value::from(runtime.desc.language.as_str()),
-                    has.join(", "),
+                    runtimes.versions_listed(language),
                 ),
             )
         })?,

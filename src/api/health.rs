@@ -189,10 +189,7 @@ pub fn runtimes(app: &App) -> Response {
             aliases: &r.desc.aliases,
             compiled: r.desc.compiled,
             backend: "gvisor",
-            default: app
-                .runtimes
-                .resolve(&r.desc.language)
-                .is_some_and(|d| d.rootfs_path == r.rootfs_path),
+            default: app.runtimes.is_default(r),
         })
         .collect();
     Response::json(200, &list)

@@ -141,11 +141,6 @@ pub fn create(app: &mut App, req: &Request) -> Action {
         Some(v) => match app.runtimes.pick(runtime, v) {
             Some(picked) => picked,
             None => {
-                let has: Vec<String> = app
-                    .runtimes
-                    .versions(runtime)
-                    .map(|r| format!("{:?}", r.version.as_deref().unwrap_or("")))
-                    .collect();
                 return Action::Respond(Response::error(
                     400,
                     "unknown_version",
@@ -153,7 +148,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
                         "version: {} is not a version of {}; it has {}; see GET /runtimes",
                         serde_json::Value::from(v),
                         serde_json::Value::from(rt.desc.language.as_str()),
-                        has.join(", ")
+                        app.runtimes.versions_listed(runtime)
                     )),
                 ));
             }

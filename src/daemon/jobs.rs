@@ -1698,7 +1698,8 @@ impl Daemon {
     /// Takes its staged inputs: their directory (`None`: it has none), each input's size
     /// and SHA-256 recorded (a batch's `from_index` inputs had none until now: their
     /// jobs had not finished). When they could not be staged the job has failed (its
-    /// inputs' fault) or is lost (ours), and this answers `None`.
+    /// inputs' fault) or is lost (ours), and this answers `None`; so it does for a job
+    /// cancelled meanwhile, which ends here.
     fn job_staged(
         &mut self,
         jk: usize,
@@ -1706,6 +1707,10 @@ impl Daemon {
         staged: Result<Option<Staged>, JobError>,
     ) -> Option<Option<PathBuf>> {
         let j = self.job(jk, js)?;
+        if j.cancelled {
+            self.job_end(jk, js);
+            return None;
+        }
         match staged {
             Ok(None) => Some(None),
             Ok(Some((dir, files))) => {
@@ -1739,13 +1744,6 @@ impl Daemon {
         staged: Result<Option<Staged>, JobError>,
     ) {
         if self.app.shutting_down {
-            return;
-        }
-        let Some(j) = self.job(jk, js) else {
-            return;
-        };
-        if j.cancelled {
-            self.job_end(jk, js);
             return;
         }
         let Some(input) = self.job_staged(jk, js, staged) else {

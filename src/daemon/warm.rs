@@ -109,12 +109,11 @@ impl Daemon {
     /// A pooled sandbox for `plan`, if one may serve it; counts hits and misses.
     pub(crate) fn warm_take(&mut self, plan: &ExecPlan) -> Option<Box<Spawned>> {
         let lang = &plan.runtime.desc.language;
-        // The pool holds the language's default version (what `resolve` gives): a run
-        // that pins another goes cold.
-        let pooled_tree = self.app.runtimes.resolve(lang).map(|r| &r.rootfs_path);
+        // The pool holds the language's default version: a run that pins another goes
+        // cold.
         if self.warm.target(lang) == 0
             || !eligible(plan)
-            || pooled_tree != Some(&plan.runtime.rootfs_path)
+            || !self.app.runtimes.is_default(&plan.runtime)
         {
             return None;
         }

@@ -97,13 +97,6 @@ impl Daemon {
         let (cgroups, slice) = (self.app.cgroups.clone(), self.cfg.instance.clone());
         let dest = self.jobs.dir.clone();
         let mailbox = self.reactor.mailbox();
-        let Some(j) = self.job(jk, js) else {
-            return;
-        };
-        if j.cancelled {
-            self.job_end(jk, js);
-            return;
-        }
         let Some(input) = self.job_staged(jk, js, staged) else {
             return;
         };
