@@ -2,7 +2,7 @@
 //! file must not be opened twice in one process, which [`open`] guarantees by being
 //! called once per daemon, on its own data directory).
 
-use heed::{Env, EnvOpenOptions};
+use heed::{Env, EnvOpenOptions, WithoutTls};
 use std::path::Path;
 
 /// Virtual size of the memory map. LMDB only uses what it needs; this bounds the file.
@@ -14,9 +14,16 @@ pub const MAX_DBS: u32 = 32;
 ///
 /// # Errors
 /// When the directory cannot be created or LMDB refuses the files.
-pub fn open(dir: &Path) -> Result<Env, heed::Error> {
+pub fn open(dir: &Path) -> Result<Env<WithoutTls>, heed::Error> {
     std::fs::create_dir_all(dir)?;
-    let mut opts = EnvOpenOptions::new();
+    // Reader slots belong to read transactions, not to threads (LMDB's MDB_NOTLS). With
+    // thread-local slots, every thread that ever read holds a slot until it exits, and
+    // its exit runs LMDB's destructor on that slot, in the lock file's memory map: a
+    // thread ending while another drops the last handle (unmapping the lock file)
+    // crashed the process with SIGSEGV in `mdb_env_reader_dest`. Without TLS a slot is
+    // taken at `read_txn` and given back when the transaction ends: one uncontended
+    // lock of the reader table per read, and no thread-exit hook at all.
+    let mut opts = EnvOpenOptions::new().read_txn_without_tls();
     opts.map_size(MAP_SIZE_BYTES)
         .max_dbs(MAX_DBS)
         .max_readers(126);

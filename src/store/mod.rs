@@ -16,7 +16,7 @@ pub mod webhooks;
 pub mod writer;
 
 use heed::types::{Bytes, Str};
-use heed::{Database, Env, RwTxn};
+use heed::{Database, Env, RwTxn, WithoutTls};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::Arc;
@@ -91,7 +91,7 @@ impl SessionRecord {
 /// The environment and its tables: what reads use, and what a write is given.
 pub struct Tables {
     /// Private to `store`: only the writer opens write transactions.
-    env: Env,
+    env: Env<WithoutTls>,
     sessions: Database<Str, Bytes>,
     /// Memory KV values: `tenant \0 namespace \0 key` → header + value (see `kv`).
     kv: Database<Bytes, Bytes>,
