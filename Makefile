@@ -16,21 +16,39 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build wasm-snapshot deb deps runtimes newer-runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps test-wheels clean
+.PHONY: run test build ui-vendor node wasm-snapshot deb deps runtimes newer-runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps test-wheels clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
-run: deps runtimes build wasm-snapshot
+run: deps runtimes ui-vendor build wasm-snapshot
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
-test: deps runtimes newer-runtimes test-venv test-ui-deps test-promtool test-deb-deps test-wheels
+test: deps runtimes newer-runtimes ui-vendor test-venv test-ui-deps test-promtool test-deb-deps test-wheels
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(MAKE) wasm-snapshot
 	$(CARGO) test --release --no-fail-fast -- --test-threads=2
 
-build:
+build: ui-vendor
 	$(CARGO) build --release
+
+## ui-vendor: the web UI's third-party code (xterm.js) from npm, pinned and checked by
+## ui/vendor/package-lock.json; build.rs builds it into isoboxd (without it the page
+## has no terminal, and says so)
+ui-vendor: node
+	@if [ ! -f ui/vendor/node_modules/.package-lock.json ] || [ ui/vendor/package-lock.json -nt ui/vendor/node_modules/.package-lock.json ]; then \
+		npm ci --prefix ui/vendor --no-audit --no-fund; \
+	fi
+
+## node: Node.js and npm (Debian's, unless a node is installed already, e.g.
+## NodeSource's, which bundles npm)
+node:
+	@missing=""; command -v node >/dev/null || missing="nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
 
 ## wasm-snapshot: the eryx face's pre-initialised, pre-compiled Python (~60 MB, ~20 s
 ## once per eryx version and CPU) in ISOBOX_WASM_CACHE_DIR; isoboxd also makes it at
@@ -124,10 +142,8 @@ test-deb-deps:
 ## test-ui-deps: what the UI's browser test needs: Debian's chromium, node and npm (kept
 ## when already installed, e.g. NodeSource's nodejs, which bundles npm), and
 ## playwright-core from npm, pinned by tests/ui/package-lock.json
-test-ui-deps:
+test-ui-deps: node
 	@missing=""; dpkg -s chromium >/dev/null 2>&1 || missing="chromium"; \
-	command -v node >/dev/null || missing="$$missing nodejs"; \
-	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \

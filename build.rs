@@ -1,7 +1,70 @@
-//! Embeds `runtimes/*.toml` into the binary so `isoboxd` runs with no files beside it.
+//! Embeds `runtimes/*.toml` into the binary so `isoboxd` runs with no files beside it,
+//! and the web UI's third-party scripts (`ui/vendor`, from npm) when they are there.
 use std::fmt::Write;
 
+/// The UI's vendored files: (name served under `/ui/`, path under `ui/vendor`, type).
+const UI_VENDOR: &[(&str, &str, &str)] = &[
+    (
+        "xterm.js",
+        "node_modules/@xterm/xterm/lib/xterm.js",
+        "text/javascript; charset=utf-8",
+    ),
+    (
+        "xterm.css",
+        "node_modules/@xterm/xterm/css/xterm.css",
+        "text/css; charset=utf-8",
+    ),
+    (
+        "addon-fit.js",
+        "node_modules/@xterm/addon-fit/lib/addon-fit.js",
+        "text/javascript; charset=utf-8",
+    ),
+];
+
+/// `ui_vendor.rs`: every vendored file, or none (with a warning) when `make ui-vendor`
+/// has not fetched them: the page then says what is missing instead of a terminal.
+fn ui_vendor() {
+    println!("cargo:rerun-if-changed=ui/vendor/package-lock.json");
+    let dir = std::path::Path::new("ui/vendor");
+    let mut src = String::from(
+        "/// The UI's vendored files (`ui/vendor`, from npm): (name, content type, bytes).\n\
+         pub const UI_VENDOR: &[(&str, &str, &[u8])] = &[\n",
+    );
+    for (_, rel, _) in UI_VENDOR {
+        // A file that is not there makes cargo run this again on every build, until
+        // `make ui-vendor` has fetched it.
+        println!("cargo:rerun-if-changed={}", dir.join(rel).display());
+    }
+    let missing: Vec<&str> = UI_VENDOR
+        .iter()
+        .filter(|(_, rel, _)| !dir.join(rel).is_file())
+        .map(|(name, _, _)| *name)
+        .collect();
+    if missing.is_empty() {
+        for (name, rel, ctype) in UI_VENDOR {
+            let p = dir.join(rel);
+            let abs = std::fs::canonicalize(&p).expect("vendored file path");
+            writeln!(
+                src,
+                "    ({name:?}, {ctype:?}, include_bytes!({:?})),",
+                abs.display().to_string()
+            )
+            .expect("write to string");
+        }
+    } else {
+        println!(
+            "cargo:warning=the web UI's terminal is left out of this build: {} missing (run `make ui-vendor`)",
+            missing.join(", ")
+        );
+    }
+    src.push_str("];\n");
+    let out =
+        std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("ui_vendor.rs");
+    std::fs::write(out, src).expect("write ui_vendor.rs");
+}
+
 fn main() {
+    ui_vendor();
     println!("cargo:rerun-if-changed=runtimes");
     println!("cargo:rerun-if-env-changed=ISOBOX_BUILD_VERSION");
     let mut entries: Vec<_> = std::fs::read_dir("runtimes")

@@ -4,6 +4,9 @@
 //! - `tests/ui/notebook.test.mjs`: notebook cells on a kernel session, streaming,
 //!   artifacts, one-shot runs, the file panel, the chat pane against a fake model
 //!   endpoint (browser-direct) and a mocked `/v1/agent`, the key field, a narrow screen;
+//! - `tests/ui/console.test.mjs`: the Sandboxes view: create, a terminal (xterm.js on
+//!   the process WebSocket) typed into and resized with the window, pause, resume,
+//!   extend, delete;
 //! - `tests/ui/agent.test.mjs`: the chat in server-agent mode against the daemon's real
 //!   agent, whose OpenAI-compatible upstream is a scripted fake model server started
 //!   here (tool calls run in the page's own kernel session).
@@ -181,6 +184,67 @@ fn test_notebook_in_a_real_browser() {
     assert_sessions_ended(&d);
     d.assert_clean();
     d.stop();
+}
+
+/// The Sandboxes view: a sandbox created from the page, a terminal typed into and
+/// resized, pause, resume, extend, delete (tests/ui/console.test.mjs).
+#[test]
+fn test_console_sandboxes_and_terminal_in_a_real_browser() {
+    let (node, chromium) = prerequisites();
+    let _turn = one_browser();
+    let d = Daemon::start_with(&[("ISOBOX_API_KEYS", KEY)]);
+    d.wait_ready();
+    // The page's scripts are served from the binary, with the page's policy; a
+    // name that is not one of them is a 404.
+    for (file, ctype) in [
+        ("app.js", "text/javascript; charset=utf-8"),
+        ("console.js", "text/javascript; charset=utf-8"),
+        ("xterm.js", "text/javascript; charset=utf-8"),
+        ("addon-fit.js", "text/javascript; charset=utf-8"),
+        ("xterm.css", "text/css; charset=utf-8"),
+    ] {
+        let r = d.get(&format!("/ui/{file}"));
+        assert_eq!(r.status, 200, "/ui/{file}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some(ctype), "/ui/{file}");
+        assert!(
+            r.header("content-security-policy")
+                .is_some_and(|c| c.contains("script-src 'self';")),
+            "/ui/{file}"
+        );
+    }
+    let vendored =
+        std::fs::read(manifest().join("ui/vendor/node_modules/@xterm/xterm/lib/xterm.js"))
+            .expect("make ui-vendor fetched xterm.js");
+    assert_eq!(
+        d.get("/ui/xterm.js").body,
+        vendored,
+        "served as fetched from npm"
+    );
+    for missing in ["nope.js", "..%2Findex.html", "xterm.js.map"] {
+        assert_eq!(d.get(&format!("/ui/{missing}")).status, 404, "{missing}");
+    }
+    let shot = manifest().join("target/ui-artifacts/console.png");
+    let _ = std::fs::remove_file(&shot);
+    run_browser(
+        &d,
+        &node,
+        "console.test.mjs",
+        &[("CHROMIUM", &chromium), ("ISOBOX_UI_KEY", KEY)],
+    );
+    let png = std::fs::read(&shot).expect("the screenshot was saved");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG screenshot");
+    // The page deleted its sandbox: nothing is left.
+    let left = wbx_list(&d);
+    assert_eq!(left, json!([]), "sandboxes left by the page");
+    d.assert_clean();
+    d.stop();
+}
+
+fn wbx_list(d: &Daemon) -> Value {
+    let auth = format!("Bearer {KEY}");
+    let r = d.request("GET", "/wbx/v1/sandboxes", &[("Authorization", &auth)], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["sandboxes"].clone()
 }
 
 // ---------- the chat against the real server-side agent ----------

@@ -484,11 +484,49 @@ fn presented_key(head: &Head) -> Result<Option<String>, Response> {
                 _ => String::from("\u{0}invalid"),
             }
         });
-    match (x, bearer) {
-        (Some(a), Some(b)) if a != b => Err(ambiguous()),
-        (Some(a), _) => Ok(Some(a)),
-        (None, b) => Ok(b),
+    let proto = ws_bearer(head);
+    let mut found: Option<String> = None;
+    for k in [x, bearer, proto].into_iter().flatten() {
+        match &found {
+            Some(f) if *f != k => return Err(ambiguous()),
+            Some(_) => {}
+            None => found = Some(k),
+        }
     }
+    Ok(found)
+}
+
+/// Subprotocol prefix that carries a key on a WebSocket upgrade.
+pub const WS_BEARER_PREFIX: &str = "isobox.bearer.";
+
+/// A browser's WebSocket cannot send headers: its key may come as the offered
+/// subprotocol `isobox.bearer.<the key in unpadded base64url>` (a protocol is a token,
+/// which a key's characters need not be). Never chosen, so never sent back. A value
+/// that does not decode to UTF-8 is a key that matches nothing.
+fn ws_bearer(head: &Head) -> Option<String> {
+    use base64::Engine as _;
+    let mut keys = head
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "sec-websocket-protocol")
+        .flat_map(|(_, v)| {
+            String::from_utf8_lossy(v)
+                .split(',')
+                .filter_map(|t| t.trim().strip_prefix(WS_BEARER_PREFIX).map(str::to_string))
+                .collect::<Vec<_>>()
+        });
+    let first = keys.next()?;
+    if keys.next().is_some() {
+        // Two keys in one offer: match nothing rather than choose.
+        return Some(String::from("\u{0}invalid"));
+    }
+    Some(
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(first.trim_end_matches('='))
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_else(|| String::from("\u{0}invalid")),
+    )
 }
 
 #[cfg(test)]
@@ -754,6 +792,44 @@ mod tests {
             a.check(Class::Open, &head(&[]), ip, now),
             Verdict::Allow { .. }
         ));
+        // A browser's WebSocket: the key as a subprotocol, base64url ("k2" is "azI").
+        let proto = |v: &'static str| vec![("Sec-WebSocket-Protocol", v)];
+        assert_eq!(
+            status(&mut a, &proto("isobox.terminal, isobox.bearer.azI")),
+            200
+        );
+        assert_eq!(status(&mut a, &proto("isobox.bearer.azI")), 200);
+        assert_eq!(status(&mut a, &proto("isobox.bearer.azI=")), 200);
+        for bad in [
+            "isobox.bearer.azM",
+            "isobox.bearer.k2",
+            "isobox.bearer.",
+            "isobox.bearer.%%%",
+            "isobox.bearer.azI, isobox.bearer.azE",
+            "isobox.terminal, azI",
+        ] {
+            assert_eq!(status(&mut a, &proto(bad)), 401, "{bad}");
+        }
+        assert_eq!(
+            status(
+                &mut a,
+                &[
+                    ("X-API-Key", "k1"),
+                    ("Sec-WebSocket-Protocol", "isobox.bearer.azI")
+                ]
+            ),
+            400
+        );
+        assert_eq!(
+            status(
+                &mut a,
+                &[
+                    ("X-API-Key", "k2"),
+                    ("Sec-WebSocket-Protocol", "isobox.bearer.azI")
+                ]
+            ),
+            200
+        );
     }
 
     #[test]

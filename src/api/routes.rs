@@ -18,6 +18,8 @@ use crate::router::Row;
 pub enum Route {
     /// `GET /`: the web UI.
     Ui,
+    /// `GET /ui/{file}`: the UI's scripts and styles.
+    UiFile,
     /// `GET /healthz`
     Healthz,
     /// `GET /readyz`
@@ -158,6 +160,7 @@ use Handler::Request as H;
 #[rustfmt::skip]
 pub static ROUTES: &[Row<Spec>] = &[
     row("/", GET, Route::Ui, Open, DEFAULT_BODY_BYTES, H(|_, _| Action::Respond(docs::ui()))),
+    row("/ui/{file}", GET, Route::UiFile, Open, DEFAULT_BODY_BYTES, H(|_, req| Action::Respond(docs::ui_file(req.params.get("file").unwrap_or(""))))),
     row("/healthz", GET, Route::Healthz, Open, DEFAULT_BODY_BYTES, H(|app, _| Action::Respond(health::healthz(app)))),
     row("/readyz", GET, Route::Readyz, Open, DEFAULT_BODY_BYTES, H(|app, _| Action::Respond(health::readyz(app)))),
     row("/metrics", GET, Route::Metrics, Class::Metrics, DEFAULT_BODY_BYTES, H(|app, _| Action::Respond(metrics::metrics(app)))),

@@ -45,6 +45,8 @@ struct Sub {
     from: [u64; 2],
     /// Its connection holds more than [`HOLD_BYTES`] not yet sent.
     behind: bool,
+    /// A WebSocket (`…/ws`, binary output messages) rather than an NDJSON stream.
+    ws: bool,
 }
 
 /// One background process.
@@ -131,13 +133,13 @@ impl Procs {
     }
 }
 
-fn exit_line(e: &Exited, duration_ms: u64) -> Vec<u8> {
-    event_line(&serde_json::json!({
+fn exit_event(e: &Exited, duration_ms: u64) -> serde_json::Value {
+    serde_json::json!({
         "type": "exit",
         "exit_code": e.code,
         "signal": e.signal.map(wp::signal_name),
         "duration_ms": duration_ms,
-    }))
+    })
 }
 
 /// The NDJSON line of output `data` at `offset` in stream `idx` for `sub`: bytes before
@@ -148,6 +150,14 @@ fn sub_line(sub: &mut Sub, idx: usize, offset: u64, data: &[u8]) -> Option<Vec<u
     let skip = usize::try_from(sub.from[idx].saturating_sub(offset))
         .unwrap_or(usize::MAX)
         .min(data.len());
+    if sub.ws {
+        // Bytes as they came: a terminal decodes its own UTF-8, across messages.
+        let mut frame = Vec::new();
+        if skip < data.len() {
+            crate::wbx::terminal::output_frame(&mut frame, idx == 1, &data[skip..]);
+        }
+        return (!frame.is_empty()).then_some(frame);
+    }
     sub.utf8[idx].extend_from_slice(&data[skip..]);
     let text = take_utf8(&mut sub.utf8[idx], false);
     if text.is_empty() {
@@ -211,38 +221,16 @@ impl Daemon {
         match op {
             ProcOp::Start(s) => self.proc_start(ck, key, s),
             ProcOp::Kill(pid) => self.proc_kill(ck, key, pid),
-            ProcOp::Stream(pid, from) => self.proc_stream(ck, key, pid, from),
+            ProcOp::Stream(pid, from) => self.proc_stream(ck, key, pid, from, None),
+            ProcOp::Attach(pid, a) => self.proc_stream(ck, key, pid, a.from, Some(&a)),
             ProcOp::Stdin(pid, input) => self.proc_stdin(ck, key, pid, input),
             ProcOp::Signal(pid, sig) => {
-                let r = self.proc_running(key, pid);
-                match r {
-                    Ok(()) => {
-                        self.box_call(key, &Call::Signal { pid, signal: sig });
-                        self.respond(ck, Response::no_content());
-                    }
-                    Err(resp) => self.respond(ck, resp),
-                }
+                let r = self.proc_signal(key, pid, sig);
+                self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
             }
             ProcOp::Resize(pid, cols, rows) => {
-                let r = self.proc_running(key, pid).and_then(|()| {
-                    match self.boxes.boxes[key].procs.list[&pid].pty {
-                        Some(_) => Ok(()),
-                        None => Err(crate::wbx::error(
-                            409,
-                            &format!("process {pid} has no terminal"),
-                        )),
-                    }
-                });
-                match r {
-                    Ok(()) => {
-                        if let Some(p) = self.boxes.boxes[key].procs.list.get_mut(&pid) {
-                            p.pty = Some((cols, rows));
-                        }
-                        self.box_call(key, &Call::Resize { pid, cols, rows });
-                        self.respond(ck, Response::no_content());
-                    }
-                    Err(resp) => self.respond(ck, resp),
-                }
+                let r = self.proc_resize(key, pid, cols, rows);
+                self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
             }
             ProcOp::List | ProcOp::Get(_) => {}
         }
@@ -446,13 +434,23 @@ impl Daemon {
     }
 
     fn proc_stdin(&mut self, ck: usize, key: usize, pid: u32, input: Input) {
-        if let Err(resp) = self.proc_running(key, pid) {
-            self.respond(ck, resp);
-            return;
-        }
+        let r = self.proc_input(key, pid, input.data.into_bytes(), input.eof);
+        self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
+    }
+
+    /// Writes `data` to process `pid`'s input, then ends it if `eof` (a terminal gets
+    /// Ctrl-D instead, and stays open).
+    pub(super) fn proc_input(
+        &mut self,
+        key: usize,
+        pid: u32,
+        mut data: Vec<u8>,
+        eof: bool,
+    ) -> Result<(), Response> {
+        self.proc_running(key, pid)?;
         let b = &mut self.boxes.boxes[key];
         let Some(p) = b.procs.list.get_mut(&pid) else {
-            return;
+            return Err(wp::no_such_process(pid));
         };
         if !p.stdin {
             let msg = if p.pty.is_some() {
@@ -460,31 +458,66 @@ impl Daemon {
             } else {
                 format!("process {pid} was started without stdin (or its input has ended)")
             };
-            self.respond(ck, crate::wbx::error(409, &msg));
-            return;
+            return Err(crate::wbx::error(409, &msg));
         }
         let pty = p.pty.is_some();
-        if input.eof && !pty {
+        if eof && !pty {
             p.stdin = false;
         }
-        let mut data = input.data.into_bytes();
-        if input.eof && pty {
-            // A terminal's end of input is Ctrl-D on its line; it stays open.
+        if eof && pty {
             data.push(0x04);
         }
         for part in data.chunks(wire::MAX_DATA_BYTES) {
             // A part is at most MAX_DATA_BYTES: always within a frame.
             let _ = wire::encode(&mut b.wbuf, Kind::Input, pid, part);
         }
-        if input.eof && !pty {
+        if eof && !pty {
             let _ = wire::encode(&mut b.wbuf, Kind::Input, pid, &[]);
         }
         self.box_flush(key);
-        self.respond(ck, Response::no_content());
+        Ok(())
     }
 
-    /// `GET …/process/{pid}/stream`: the head now, then the ring, live output, the exit.
-    fn proc_stream(&mut self, ck: usize, key: usize, pid: u32, from: [u64; 2]) {
+    /// A terminal's new size.
+    pub(super) fn proc_resize(
+        &mut self,
+        key: usize,
+        pid: u32,
+        cols: u16,
+        rows: u16,
+    ) -> Result<(), Response> {
+        self.proc_running(key, pid)?;
+        let Some(p) = self.boxes.boxes[key].procs.list.get_mut(&pid) else {
+            return Err(wp::no_such_process(pid));
+        };
+        if p.pty.is_none() {
+            return Err(crate::wbx::error(
+                409,
+                &format!("process {pid} has no terminal"),
+            ));
+        }
+        p.pty = Some((cols, rows));
+        self.box_call(key, &Call::Resize { pid, cols, rows });
+        Ok(())
+    }
+
+    /// Sends signal `sig` to process `pid`.
+    pub(super) fn proc_signal(&mut self, key: usize, pid: u32, sig: i32) -> Result<(), Response> {
+        self.proc_running(key, pid)?;
+        self.box_call(key, &Call::Signal { pid, signal: sig });
+        Ok(())
+    }
+
+    /// `GET …/process/{pid}/stream`: the head now, then the ring, live output, the exit;
+    /// `…/ws` (`attach`): the same as WebSocket messages, and input back.
+    fn proc_stream(
+        &mut self,
+        ck: usize,
+        key: usize,
+        pid: u32,
+        from: [u64; 2],
+        attach: Option<&crate::wbx::terminal::Attach>,
+    ) {
         let Some(cserial) = self.conns.get(ck).map(|c| c.serial) else {
             return;
         };
@@ -513,6 +546,7 @@ impl Daemon {
             utf8: Default::default(),
             from,
             behind: false,
+            ws: attach.is_some(),
         };
         let sub_id = sub.id;
         if let Some(p) = b.procs.list.get_mut(&pid) {
@@ -527,16 +561,21 @@ impl Daemon {
             .procs
             .pending
             .insert(call_id, Pending::Watch { pid, sub, gen });
-        self.conn_own(
-            ck,
-            Owner::BoxProc {
-                key,
-                serial,
-                pid,
-                sub: sub_id,
-            },
-        );
-        self.conn_start_ndjson(ck);
+        match attach {
+            Some(a) => self.term_open(ck, key, serial, pid, sub_id, a),
+            None => {
+                self.conn_own(
+                    ck,
+                    Owner::BoxProc {
+                        key,
+                        serial,
+                        pid,
+                        sub: sub_id,
+                    },
+                );
+                self.conn_start_ndjson(ck);
+            }
+        }
         self.box_flush(key);
     }
 
@@ -625,17 +664,13 @@ impl Daemon {
             p.watching = p.watching.saturating_sub(1);
         }
         let alive = self.sub_alive(sub.client);
-        let (ck, _) = sub.client;
         let b = &mut self.boxes.boxes[key];
         match reply {
             Some(Reply::Ok(v)) if v["exited"].is_null() => {
                 let Some(p) = b.procs.list.get_mut(&pid) else {
                     if alive {
-                        let line = event_line(
-                            &serde_json::json!({"type": "error", "error": format!("no such process: {pid}")}),
-                        );
-                        self.finish_stream(ck, &line);
-                        self.conn_resume(ck);
+                        let e = serde_json::json!({"type": "error", "error": format!("no such process: {pid}")});
+                        self.sub_end(&mut sub, &e);
                     }
                     return;
                 };
@@ -655,30 +690,23 @@ impl Daemon {
                     .map_or(0, |(_, _, d, _)| d);
                 self.proc_unwatch_if_unwanted(key, pid);
                 if alive {
-                    self.sub_flush_utf8(&mut sub);
                     let e = exited.unwrap_or(Exited {
                         code: 128 + libc::SIGKILL,
                         signal: Some(libc::SIGKILL),
                     });
-                    self.finish_stream(ck, &exit_line(&e, duration));
-                    self.conn_resume(ck);
+                    self.sub_end(&mut sub, &exit_event(&e, duration));
                 }
             }
             Some(Reply::Error(e)) => {
                 self.proc_unwatch_if_unwanted(key, pid);
                 if alive {
-                    let line = event_line(&serde_json::json!({"type": "error", "error": e}));
-                    self.finish_stream(ck, &line);
-                    self.conn_resume(ck);
+                    self.sub_end(&mut sub, &serde_json::json!({"type": "error", "error": e}));
                 }
             }
             Some(Reply::Refused { .. }) | None => {
                 if alive {
-                    let line = event_line(
-                        &serde_json::json!({"type": "error", "error": "the sandbox's init answered nonsense"}),
-                    );
-                    self.finish_stream(ck, &line);
-                    self.conn_resume(ck);
+                    let e = serde_json::json!({"type": "error", "error": "the sandbox's init answered nonsense"});
+                    self.sub_end(&mut sub, &e);
                 }
                 self.box_end(key, "its init broke the protocol");
             }
@@ -696,6 +724,29 @@ impl Daemon {
         }
     }
 
+    /// Queues a subscriber's output (a chunk of NDJSON, or a WebSocket message).
+    fn sub_send(&mut self, client: (usize, u64), ws: bool, bytes: &[u8]) {
+        if ws {
+            self.term_send(client.0, bytes);
+        } else {
+            self.conn_send_chunked(client.0, bytes);
+        }
+    }
+
+    /// A subscriber's last word, `event` (an exit or an error): the end of its NDJSON
+    /// stream (the connection reads requests again), or of its WebSocket.
+    fn sub_end(&mut self, sub: &mut Sub, event: &serde_json::Value) {
+        let ck = sub.client.0;
+        if sub.ws {
+            let code = if event["type"] == "exit" { 1000 } else { 1011 };
+            self.term_end(ck, &event.to_string(), code);
+            return;
+        }
+        self.sub_flush_utf8(sub);
+        self.finish_stream(ck, &event_line(event));
+        self.conn_resume(ck);
+    }
+
     /// A piece of a process's ring for the `Watch` call `call_id`.
     pub(super) fn proc_replay(&mut self, key: usize, call_id: u32, payload: &[u8]) {
         let Some((stream, offset, data)) = crate::sandbox::wire::parse_output(payload) else {
@@ -710,11 +761,11 @@ impl Daemon {
         };
         let idx = usize::from(stream == Stream::Stderr);
         let line = sub_line(sub, idx, offset, data);
-        let client = sub.client;
+        let (client, ws) = (sub.client, sub.ws);
         let Some(line) = line.filter(|_| self.sub_alive(client)) else {
             return;
         };
-        self.conn_send_chunked(client.0, &line);
+        self.sub_send(client, ws, &line);
     }
 
     /// A background process's output: to every client streaming it.
@@ -734,15 +785,15 @@ impl Daemon {
         let mut sends = Vec::new();
         for sub in &mut p.subs {
             if let Some(line) = sub_line(sub, idx, offset, data) {
-                sends.push((sub.id, sub.client, line));
+                sends.push((sub.id, sub.client, sub.ws, line));
             }
         }
         let mut behind = Vec::new();
-        for (id, client, line) in sends {
+        for (id, client, ws, line) in sends {
             if !self.sub_alive(client) {
                 continue;
             }
-            self.conn_send_chunked(client.0, &line);
+            self.sub_send(client, ws, &line);
             if self
                 .conns
                 .get(client.0)
@@ -801,9 +852,7 @@ impl Daemon {
         log::info!("sandbox={} process={pid} exited code={}", b.id, exited.code);
         for mut sub in subs {
             if self.sub_alive(sub.client) {
-                self.sub_flush_utf8(&mut sub);
-                self.finish_stream(sub.client.0, &exit_line(&exited, duration));
-                self.conn_resume(sub.client.0);
+                self.sub_end(&mut sub, &exit_event(&exited, duration));
             }
         }
         let Some(b) = self.boxes.boxes.get_mut(key) else {
@@ -936,11 +985,11 @@ impl Daemon {
             return;
         };
         let pending: Vec<Pending> = b.procs.pending.drain().map(|(_, p)| p).collect();
-        let mut subs: Vec<(usize, u64)> = Vec::new();
+        let mut subs: Vec<Sub> = Vec::new();
         // A process being deleted ended with its sandbox: its DELETE succeeded.
         let mut deleters: Vec<(usize, u64)> = Vec::new();
         for p in b.procs.list.values_mut() {
-            subs.extend(p.subs.drain(..).map(|s| s.client));
+            subs.append(&mut p.subs);
             deleters.extend(p.deleter.take().map(|(c, _)| c));
         }
         for client in deleters {
@@ -951,14 +1000,13 @@ impl Daemon {
                 Pending::Start { client, .. } => {
                     self.proc_answer(client, crate::wbx::error(status, message))
                 }
-                Pending::Watch { sub, .. } => subs.push(sub.client),
+                Pending::Watch { sub, .. } => subs.push(sub),
             }
         }
-        let line = event_line(&serde_json::json!({"type": "error", "error": message}));
-        for client in subs {
-            if self.sub_alive(client) {
-                self.finish_stream(client.0, &line);
-                self.conn_resume(client.0);
+        let e = serde_json::json!({"type": "error", "error": message});
+        for mut sub in subs {
+            if self.sub_alive(sub.client) {
+                self.sub_end(&mut sub, &e);
             }
         }
     }

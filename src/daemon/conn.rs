@@ -196,6 +196,8 @@ pub enum Owner {
     },
     /// The eryx face's WebSocket (`/eryx/v1/stream`), after its upgrade.
     Ws(Box<super::eryx::WsState>),
+    /// A WebSocket on a background process's terminal (`…/process/{pid}/ws`).
+    BoxTerm(Box<super::box_term::TermState>),
 }
 
 impl hc::Owner for Owner {
@@ -218,6 +220,8 @@ impl hc::Owner for Owner {
             Owner::BoxWait { create: true, .. } => Role::Produces,
             Owner::Job | Owner::UploadWait { .. } | Owner::BoxWait { .. } => Role::Answers,
             Owner::Ws(w) => Role::Converses { busy: w.busy() },
+            // Attached: quiet is a person thinking, not a dead client.
+            Owner::BoxTerm(_) => Role::Converses { busy: true },
             Owner::Upload { target, .. } => Role::Receives {
                 reading: target.is_some(),
             },
@@ -479,6 +483,11 @@ impl Daemon {
                 }
                 Phase::Owned(Owner::Ws(_)) => {
                     if !self.advance_ws(ck) {
+                        return;
+                    }
+                }
+                Phase::Owned(Owner::BoxTerm(_)) => {
+                    if !self.advance_term(ck) {
                         return;
                     }
                 }
@@ -844,6 +853,10 @@ impl Daemon {
                 pid,
                 sub,
             }) if drained => self.proc_drained(key, serial, pid, sub),
+            Some(Owner::BoxTerm(t)) if drained => {
+                let (key, serial, pid, sub) = (t.key, t.serial, t.pid, t.sub);
+                self.proc_drained(key, serial, pid, sub);
+            }
             Some(&Owner::BoxFile {
                 key,
                 serial,
@@ -924,6 +937,7 @@ impl Daemon {
                 cancel.store(true, std::sync::atomic::Ordering::Relaxed);
             }
             Phase::Owned(Owner::Ws(w)) => self.ws_closed(*w),
+            Phase::Owned(Owner::BoxTerm(t)) => self.proc_unsubscribe(t.key, t.serial, t.pid, t.sub),
             Phase::Owned(Owner::BoxCmd { key, serial, call }) => {
                 self.exec_cancel(key, serial, call)
             }

@@ -152,7 +152,9 @@ impl Daemon {
         let Some(c) = self.conns.get_mut(ck) else {
             return;
         };
-        if !matches!(c.owner(), Some(Owner::Ws(_))) || c.http.close_after_flush || c.http.lingering
+        if !matches!(c.owner(), Some(Owner::Ws(_) | Owner::BoxTerm(_)))
+            || c.http.close_after_flush
+            || c.http.lingering
         {
             return;
         }

@@ -20,6 +20,7 @@ mod batch;
 mod box_exec;
 mod box_files;
 mod box_procs;
+mod box_term;
 mod box_transfer;
 mod box_verbs;
 mod box_watch;

@@ -1,7 +1,8 @@
 //! WebSocket (RFC 6455), the server's side, sans-IO: the upgrade handshake, a decoder
 //! that takes client frames from a read buffer as they arrive (masked, possibly
 //! fragmented, control frames between fragments) and gives whole messages, and the
-//! framing of what the server sends. No extensions, no subprotocols.
+//! framing of what the server sends. No extensions; a subprotocol only where the
+//! endpoint names one ([`offered`], [`handshake_with`]).
 //!
 //! Every size is bounded: a message over the decoder's cap is refused from its frame
 //! header, before its payload is read (close code 1009), and a frame's payload is
@@ -98,6 +99,31 @@ pub fn handshake(accept: &str) -> Vec<u8> {
          Sec-WebSocket-Accept: {accept}\r\n\r\n"
     )
     .into_bytes()
+}
+
+/// The `101` head for `accept`, naming the subprotocol chosen (one the client offered).
+pub fn handshake_with(accept: &str, protocol: Option<&str>) -> Vec<u8> {
+    match protocol {
+        None => handshake(accept),
+        Some(p) => format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Accept: {accept}\r\nSec-WebSocket-Protocol: {p}\r\n\r\n"
+        )
+        .into_bytes(),
+    }
+}
+
+/// Whether the client offered subprotocol `name` in `Sec-WebSocket-Protocol` (every
+/// such header, comma-separated tokens, RFC 6455 §4.1).
+pub fn offered(head: &Head, name: &str) -> bool {
+    head.headers
+        .iter()
+        .filter(|(n, _)| n == "sec-websocket-protocol")
+        .any(|(_, v)| {
+            String::from_utf8_lossy(v)
+                .split(',')
+                .any(|t| t.trim() == name)
+        })
 }
 
 /// A refusal as the face shapes errors, with a 426's headers.
@@ -353,6 +379,11 @@ pub fn write_frame(out: &mut Vec<u8>, opcode: u8, payload: &[u8]) {
         }
     }
     out.extend_from_slice(payload);
+}
+
+/// Appends a binary message.
+pub fn write_binary(out: &mut Vec<u8>, data: &[u8]) {
+    write_frame(out, 2, data);
 }
 
 /// Appends a text message.

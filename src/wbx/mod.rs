@@ -20,6 +20,7 @@ pub mod jobs;
 pub mod processes;
 pub mod routes;
 pub mod sandboxes;
+pub mod terminal;
 
 use crate::http::Response;
 

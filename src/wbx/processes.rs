@@ -19,7 +19,7 @@ pub const MAX_STREAMS: usize = 8;
 /// Longest tag.
 const MAX_TAG_BYTES: usize = 64;
 /// A terminal's largest side.
-const MAX_TERMINAL_SIDE: u64 = 1000;
+pub const MAX_TERMINAL_SIDE: u64 = 1000;
 
 /// A background process to start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +67,8 @@ pub enum ProcOp {
     Signal(u32, i32),
     /// `POST …/process/{pid}/resize`: cols, rows.
     Resize(u32, u16, u16),
+    /// `GET …/process/{pid}/ws`: a WebSocket on its terminal (`super::terminal`).
+    Attach(u32, Box<super::terminal::Attach>),
 }
 
 /// The signals a client may send, by name.
@@ -225,29 +227,35 @@ pub fn stdin(req: &Request, id: String, pid: u32) -> Result<Op, Response> {
 /// `POST …/process/{pid}/signal`.
 pub fn signal(req: &Request, id: String, pid: u32) -> Result<Op, Response> {
     let f = Fields::of(req, &["signal"])?;
-    let names = || {
-        SIGNALS
-            .iter()
-            .map(|(n, _)| *n)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let names = SIGNAL_NAMES.join(", ");
     let Some(name) = f.string("signal")? else {
-        return Err(error(400, &format!("signal: required, one of {}", names())));
+        return Err(error(400, &format!("signal: required, one of {names}")));
     };
+    match signal_number(&name) {
+        Some(num) => Ok(Op::Proc(id, ProcOp::Signal(pid, num))),
+        None => Err(error(
+            400,
+            &format!("signal: {name:?} is not one of {names}"),
+        )),
+    }
+}
+
+/// The signals a client may send, by name.
+pub const SIGNAL_NAMES: [&str; 4] = [SIGNALS[0].0, SIGNALS[1].0, SIGNALS[2].0, SIGNALS[3].0];
+
+/// The number of a signal a client may send, by its name in any case, with or without
+/// `SIG`.
+pub fn signal_number(name: &str) -> Option<i32> {
     let want = name.to_ascii_uppercase();
     let want = if want.starts_with("SIG") {
         want
     } else {
         format!("SIG{want}")
     };
-    match SIGNALS.iter().find(|(n, _)| *n == want) {
-        Some(&(_, num)) => Ok(Op::Proc(id, ProcOp::Signal(pid, num))),
-        None => Err(error(
-            400,
-            &format!("signal: {name:?} is not one of {}", names()),
-        )),
-    }
+    SIGNALS
+        .iter()
+        .find(|(n, _)| *n == want)
+        .map(|&(_, num)| num)
 }
 
 /// `POST …/process/{pid}/resize`.

@@ -51,6 +51,8 @@ pub enum Route {
     ProcSignal,
     /// `POST /v1/sandboxes/{id}/process/{pid}/resize`
     ProcResize,
+    /// `GET /v1/sandboxes/{id}/process/{pid}/ws`: a WebSocket (an isobox extension)
+    ProcWs,
     /// `GET /v1/sandboxes/{id}/fs/list`
     FsList,
     /// `GET /v1/sandboxes/{id}/fs/stat`
@@ -188,6 +190,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/process/{pid}/stdin", POST, Route::ProcStdin, Class::Memory, EXEC_BODY_BYTES),
     row("/v1/sandboxes/{id}/process/{pid}/signal", POST, Route::ProcSignal, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/process/{pid}/resize", POST, Route::ProcResize, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/process/{pid}/ws", &["GET"], Route::ProcWs, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/list", GET, Route::FsList, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/stat", GET, Route::FsStat, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/mkdir", POST, Route::FsMkdir, Class::Memory, DEFAULT_BODY_BYTES),
@@ -395,6 +398,7 @@ pub fn handle(spec: &Spec, req: &Request, runtimes: &Runtimes, limits: &Limits) 
         Route::ProcStdin => processes::stdin(req, sid, pid),
         Route::ProcSignal => processes::signal(req, sid, pid),
         Route::ProcResize => processes::resize(req, sid, pid),
+        Route::ProcWs => super::terminal::attach(req, sid, pid),
         Route::FsList => files::list(req, sid),
         Route::FsStat => files::stat(req, sid),
         Route::FsMkdir => files::mkdir(req, sid),

@@ -1,0 +1,189 @@
+//! A background process's terminal over a WebSocket (`GET …/process/{pid}/ws`, the
+//! protocol in `wbx::terminal`): one more subscriber of the process's output, as an
+//! NDJSON `stream` client is (the ring first, then live output, the same hold when
+//! the client falls behind), whose connection also carries input, resizes and signals
+//! back. The connection is not closed for quiet while it is attached (a terminal
+//! waits for its person); a client that stops reading is dropped as any other.
+
+use super::boxes::State;
+use super::conn::{Owner, Phase};
+use super::Daemon;
+use crate::http::ws::{self, Message};
+use crate::http::Response;
+use crate::wbx::terminal::{self, Attach, Incoming};
+
+/// A connection attached to a process's terminal.
+#[derive(Debug)]
+pub struct TermState {
+    dec: ws::Decoder,
+    /// The sandbox's key and serial.
+    pub key: usize,
+    /// Its serial.
+    pub serial: u64,
+    /// The process.
+    pub pid: u32,
+    /// Its subscriber id among the process's streaming clients.
+    pub sub: u64,
+}
+
+/// The message of a WBX error response (`{"error": "…"}`).
+fn message_of(resp: &Response) -> String {
+    serde_json::from_slice::<serde_json::Value>(&resp.body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("refused ({})", resp.status))
+}
+
+impl Daemon {
+    /// Answers the upgrade and hands the connection to the terminal.
+    pub(super) fn term_open(
+        &mut self,
+        ck: usize,
+        key: usize,
+        serial: u64,
+        pid: u32,
+        sub: u64,
+        a: &Attach,
+    ) {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        c.http.note_head(101);
+        let protocol = a.protocol.then_some(terminal::PROTOCOL);
+        c.http
+            .wbuf
+            .extend_from_slice(&ws::handshake_with(&a.accept, protocol));
+        c.http.phase = Phase::Owned(Owner::BoxTerm(Box::new(TermState {
+            dec: ws::Decoder::new(terminal::MAX_MESSAGE_BYTES),
+            key,
+            serial,
+            pid,
+            sub,
+        })));
+        log::debug!("conn={ck} terminal attached to process {pid}");
+        self.arm_idle(ck);
+        self.conn_flush(ck);
+    }
+
+    /// Queues a message already framed and writes what the socket takes.
+    pub(super) fn term_send(&mut self, ck: usize, frame: &[u8]) {
+        if let Some(c) = self.conns.get_mut(ck) {
+            if c.http.close_after_flush {
+                return;
+            }
+            c.http.wbuf.extend_from_slice(frame);
+            self.conn_flush(ck);
+        }
+    }
+
+    /// The terminal's last word: an event, then a close with `code`.
+    pub(super) fn term_end(&mut self, ck: usize, event: &str, code: u16) {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        if c.http.close_after_flush {
+            return;
+        }
+        ws::write_text(&mut c.http.wbuf, event);
+        ws::write_close(&mut c.http.wbuf, code, "");
+        c.http.close_after_flush = true;
+        self.conn_flush(ck);
+    }
+
+    fn term_event(&mut self, ck: usize, event: &str) {
+        if let Some(c) = self.conns.get_mut(ck) {
+            ws::write_text(&mut c.http.wbuf, event);
+        }
+    }
+
+    /// Takes the client's frames out of the read buffer and acts on each message.
+    /// False to wait for bytes (or room to write).
+    pub(crate) fn advance_term(&mut self, ck: usize) -> bool {
+        loop {
+            let Some(c) = self.conns.get_mut(ck) else {
+                return false;
+            };
+            if c.http.close_after_flush || c.http.write_full() {
+                return false;
+            }
+            let http = &mut c.http;
+            let Phase::Owned(Owner::BoxTerm(t)) = &mut http.phase else {
+                return true;
+            };
+            let (key, serial, pid) = (t.key, t.serial, t.pid);
+            match t.dec.next(&mut http.rbuf) {
+                Ok(None) => return false,
+                Ok(Some(m)) => self.term_message(ck, key, serial, pid, m),
+                Err(e) => {
+                    let peer = c.peer;
+                    crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} terminal websocket: {e}");
+                    if let Some(c) = self.conns.get_mut(ck) {
+                        ws::write_close(&mut c.http.wbuf, e.close_code(), &e.to_string());
+                        c.http.close_after_flush = true;
+                    }
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn term_message(&mut self, ck: usize, key: usize, serial: u64, pid: u32, m: Message) {
+        let asked = match m {
+            Message::Binary(data) => Incoming::Input(data),
+            Message::Text(t) => match terminal::incoming(&t) {
+                Ok(i) => i,
+                Err(e) => {
+                    self.term_event(ck, &terminal::error_event(&e));
+                    return;
+                }
+            },
+            Message::Ping(p) => {
+                if let Some(c) = self.conns.get_mut(ck) {
+                    ws::write_pong(&mut c.http.wbuf, &p);
+                }
+                return;
+            }
+            Message::Pong(_) => return,
+            Message::Close(code) => {
+                // The close handshake: its code echoed (RFC 6455 §5.5.1).
+                if let Some(c) = self.conns.get_mut(ck) {
+                    ws::write_close(&mut c.http.wbuf, code.map_or(1000, |(c, _)| c), "");
+                    c.http.close_after_flush = true;
+                }
+                return;
+            }
+        };
+        if let Incoming::Ping = asked {
+            self.term_event(ck, r#"{"type":"pong"}"#);
+            return;
+        }
+        let state = match self.boxes.boxes.get(key).filter(|b| b.serial == serial) {
+            Some(b) => b.state,
+            // The sandbox is gone: its end closed this connection already.
+            None => return,
+        };
+        let r = if state == State::Running {
+            match asked {
+                Incoming::Input(data) => {
+                    let waiting = self.boxes.boxes[key].wbuf.len();
+                    match terminal::input_fits(waiting, data.len()) {
+                        Ok(()) => self.proc_input(key, pid, data, false),
+                        Err(e) => Err(crate::wbx::error(429, &e)),
+                    }
+                }
+                Incoming::Eof => self.proc_input(key, pid, Vec::new(), true),
+                Incoming::Resize(cols, rows) => self.proc_resize(key, pid, cols, rows),
+                Incoming::Signal(sig) => self.proc_signal(key, pid, sig),
+                Incoming::Ping => Ok(()),
+            }
+        } else {
+            Err(crate::wbx::error(
+                409,
+                &format!("the sandbox is {}", state.name()),
+            ))
+        };
+        if let Err(resp) = r {
+            self.term_event(ck, &terminal::error_event(&message_of(&resp)));
+        }
+    }
+}

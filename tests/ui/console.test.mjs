@@ -1,0 +1,163 @@
+// Browser test of the web UI's Sandboxes view (GET /#sandboxes): Debian's headless
+// Chromium driven by playwright-core against the real daemon. Creates a sandbox, types
+// `echo hi` in its terminal (xterm.js on the process WebSocket) and sees `hi`, resizes
+// the window and sees `stty size` follow, pauses and resumes it, deletes it.
+// Usage: node tests/ui/console.test.mjs <daemon base URL>; the daemon must run with the
+// API key ISOBOX_UI_KEY (default "ui-test-key"). Environment: CHROMIUM,
+// ISOBOX_UI_ARTIFACTS (where console.png goes). Exits 0 when every check passed.
+import { chromium } from 'playwright-core';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const base = (process.argv[2] || process.env.ISOBOX_UI_URL || '').replace(/\/+$/, '');
+if (!base) { console.error('usage: node console.test.mjs <daemon base URL>'); process.exit(2); }
+const KEY = process.env.ISOBOX_UI_KEY || 'ui-test-key';
+const here = path.dirname(fileURLToPath(import.meta.url));
+const artifacts = process.env.ISOBOX_UI_ARTIFACTS || path.join(here, '..', '..', 'target', 'ui-artifacts');
+const T = 20000;
+const started = Date.now();
+const step = name => console.log(`[${((Date.now() - started) / 1000).toFixed(1)}s] ${name}`);
+setTimeout(() => { console.error('FAIL: the browser test took over 100 s'); process.exit(1); }, 100_000).unref();
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync', '--no-first-run'],
+});
+let page, failed = false;
+const requests = [], problems = [];
+// The terminal's rows as text (xterm.js draws them as DOM rows; spaces are NBSPs).
+const rows = () => page.$$eval('#term .xterm-rows > div', ds => ds.map(d => d.textContent.replace(/\u00a0/g, ' ').trimEnd()));
+async function waitRow(test, what) {
+  const t0 = Date.now();
+  for (;;) {
+    const rs = await rows();
+    const hit = rs.find(test);
+    if (hit !== undefined) return hit;
+    if (Date.now() - t0 > T) throw new Error(`the terminal never showed ${what}; it shows:\n${rs.join('\n')}`);
+    await page.waitForTimeout(100);
+  }
+}
+async function typeLine(line) {
+  await page.locator('#term .xterm-helper-textarea').focus();
+  await page.keyboard.type(line);
+  await page.keyboard.press('Enter');
+}
+const termSize = () => page.evaluate(() => [T.term.rows, T.term.cols]);
+async function sttySize() {
+  const before = (await rows()).length;
+  await page.evaluate(() => T.term.clear());
+  await typeLine('stty size');
+  const line = await waitRow(r => /^\d+ \d+$/.test(r), 'a `stty size` answer');
+  assert.ok(before > 0);
+  return line.split(' ').map(Number);
+}
+
+try {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  await context.addInitScript(k => localStorage.setItem('isobox.apiKey', k), KEY);
+  page = await context.newPage();
+  page.on('request', r => requests.push(r.url()));
+  page.on('pageerror', e => problems.push(`page error: ${e.message}`));
+  page.on('console', m => { if (m.type() === 'error') problems.push(`console: ${m.text()}`); });
+
+  step('open the Sandboxes view');
+  const resp = await page.goto(base + '/#sandboxes');
+  assert.match(resp.headers()['content-security-policy'] || '', /script-src 'self';/);
+  await page.locator('#sbView').waitFor({ state: 'visible', timeout: T });
+  assert.equal(await page.locator('#nbView').isHidden(), true);
+  assert.equal(await page.getAttribute('#tabSb', 'aria-selected'), 'true');
+  await page.waitForFunction(() => document.querySelector('#sbTemplate').options.length > 0, null, { timeout: T });
+  assert.equal(await page.inputValue('#sbTemplate'), 'base');
+  await page.locator('#sbRows td.note', { hasText: 'No sandboxes yet' }).waitFor({ timeout: T });
+
+  step('create a sandbox without network');
+  await page.selectOption('#sbNet', 'none');
+  await page.fill('#sbTimeout', '15');
+  await page.click('#sbCreate');
+  const row = page.locator('#sbRows tr[data-id]');
+  await row.waitFor({ timeout: T });
+  const id = await row.getAttribute('data-id');
+  assert.match(id, /^sb_/);
+  assert.equal((await row.locator('td').nth(2).textContent()).trim(), 'running');
+  assert.match(await page.locator('#sbMsg').textContent(), new RegExp(`Created ${id}`));
+  // Its expiry is the 15 minutes asked for.
+  assert.match((await row.locator('td').nth(4).textContent()).trim(), /^1[45] min$/);
+  // Memory shows once the metrics are in.
+  await page.waitForFunction(() => /MiB/.test(document.querySelector('#sbRows tr[data-id] td:nth-child(7)').textContent), null, { timeout: T });
+
+  step('open its terminal and type `echo hi`');
+  await row.getByRole('button', { name: `Open a terminal in ${id}` }).click();
+  await page.locator('#termPanel').waitFor({ state: 'visible', timeout: T });
+  await page.waitForFunction(() => /Connected/.test(document.querySelector('#termState').textContent), null, { timeout: T });
+  await waitRow(r => /[$#] ?$/.test(r), 'a shell prompt');
+  await typeLine('echo hi');
+  await waitRow(r => r === 'hi', 'the line `hi`');
+
+  step('the terminal has the size of its box; resizing the window resizes it');
+  const [r1, c1] = await termSize();
+  assert.deepEqual(await sttySize(), [r1, c1]);
+  await page.setViewportSize({ width: 820, height: 640 });
+  await page.waitForFunction(c => T.term.cols !== c, c1, { timeout: T });
+  await page.waitForTimeout(300);
+  const [r2, c2] = await termSize();
+  assert.ok(c2 < c1, `narrower: ${c1} -> ${c2}`);
+  assert.deepEqual(await sttySize(), [r2, c2]);
+  await page.setViewportSize({ width: 1280, height: 900 });
+  await page.waitForFunction(c => T.term.cols !== c, c2, { timeout: T });
+  await page.waitForTimeout(300);
+  await typeLine('echo console-ok');
+  await waitRow(r => r === 'console-ok', 'the line `console-ok`');
+  fs.mkdirSync(artifacts, { recursive: true });
+  await page.screenshot({ path: path.join(artifacts, 'console.png') });
+
+  step('pause and resume it from the list');
+  await row.getByRole('button', { name: `Pause ${id}` }).click();
+  await page.waitForFunction(() => document.querySelector('#sbRows tr[data-id] td:nth-child(3)').textContent === 'paused', null, { timeout: T });
+  await row.getByRole('button', { name: `Resume ${id}` }).click();
+  await page.waitForFunction(() => document.querySelector('#sbRows tr[data-id] td:nth-child(3)').textContent === 'running', null, { timeout: T });
+  await typeLine('echo after-resume');
+  await waitRow(r => r === 'after-resume', 'the line `after-resume`');
+
+  step('add 10 minutes');
+  await row.getByRole('button', { name: `Add 10 minutes to ${id}` }).click();
+  await page.waitForFunction(() => /^2[45] min$/.test(document.querySelector('#sbRows tr[data-id] td:nth-child(5)').textContent), null, { timeout: T });
+
+  step('a narrow screen scrolls the table, not the page');
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.waitForTimeout(300);
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `the page is ${overflow}px wider than a 390px screen`);
+  await page.setViewportSize({ width: 1280, height: 900 });
+
+  step('delete it: the terminal closes, the list empties');
+  await row.getByRole('button', { name: `Delete ${id}` }).click();
+  await page.locator('#sbRows td.note', { hasText: 'No sandboxes yet' }).waitFor({ timeout: T });
+  assert.equal(await page.locator('#termPanel').isHidden(), true);
+
+  step('the tabs go back to the notebook');
+  await page.click('#tabNb');
+  await page.locator('#nbView').waitFor({ state: 'visible', timeout: T });
+  assert.equal(await page.locator('#sbView').isHidden(), true);
+
+  const foreign = requests.filter(u => !/^(http:\/\/127\.0\.0\.1[:/]|ws:\/\/127\.0\.0\.1[:/]|data:|blob:|about:)/.test(u));
+  assert.deepEqual(foreign, [], 'every request goes to 127.0.0.1');
+  assert.deepEqual(problems, [], 'no page errors or CSP violations');
+  step('all checks passed');
+} catch (e) {
+  failed = true;
+  console.error('FAIL:', e && e.stack || e);
+  if (problems.length) console.error('page problems:', problems);
+  if (page) {
+    try {
+      fs.mkdirSync(artifacts, { recursive: true });
+      await page.screenshot({ path: path.join(artifacts, 'console-failure.png'), fullPage: true });
+      console.error(`screenshot of the failure: ${path.join(artifacts, 'console-failure.png')}`);
+    } catch {}
+  }
+} finally {
+  await browser.close().catch(() => {});
+}
+process.exit(failed ? 1 : 0);

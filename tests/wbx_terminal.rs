@@ -1,0 +1,247 @@
+//! A process's terminal over a WebSocket (`GET /wbx/v1/sandboxes/{id}/process/{pid}/ws`,
+//! an isobox extension beside the WBX face), against the real daemon with real runsc:
+//! a real client (`tests/python/terminal_ws.py`, the `websockets` package) types into
+//! an interactive bash, resizes it, interrupts it, attaches twice, ends it; a process
+//! without a terminal keeps stdout and stderr apart; keys come as a subprotocol (as a
+//! browser must send them) or a header; the message size and clients-per-process
+//! limits at and above their bounds; a paused sandbox refuses input and a deleted one
+//! ends its terminals. Requests that are no upgrade, and unknown processes, get the
+//! face's errors.
+
+mod common;
+use common::wbx::{err, wbx};
+use common::Daemon;
+use serde_json::{json, Value};
+
+const KEY: &str = "terminal-test-key";
+
+fn daemon() -> Daemon {
+    let d = Daemon::start_with(&[("ISOBOX_API_KEYS", KEY)]);
+    d.wait_ready();
+    d
+}
+
+fn sandbox(d: &Daemon) -> String {
+    let body = json!({"template": "base", "network": {"mode": "none"}});
+    let r = wbx(d, "POST", "/v1/sandboxes", Some(KEY), Some(&body));
+    assert_eq!(r.status, 201, "{}\nlog:\n{}", r.text(), d.log());
+    r.json()["id"].as_str().unwrap().to_string()
+}
+
+fn start(d: &Daemon, id: &str, body: &Value) -> u64 {
+    let r = wbx(
+        d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/process"),
+        Some(KEY),
+        Some(body),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["pid"].as_u64().unwrap()
+}
+
+/// An interactive bash on a terminal, its prompt `ready> `.
+fn bash(d: &Daemon, id: &str) -> u64 {
+    start(
+        d,
+        id,
+        &json!({"cmd": "PS1='ready> ' exec bash --noprofile --norc -i", "pty": {"cols": 80, "rows": 24}}),
+    )
+}
+
+fn scenario(d: &Daemon, id: &str, pid: u64, name: &str) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/terminal_ws.py");
+    let out = std::process::Command::new(common::test_python())
+        .arg(script)
+        .arg(format!("http://{}/wbx", d.addr))
+        .arg(id)
+        .arg(pid.to_string())
+        .arg(name)
+        .arg(KEY)
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "{name}: {}\n{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{name}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn error_event(v: &Value, says: &str) {
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(e.contains(says), "{e:?} should say {says:?}");
+}
+
+#[test]
+fn test_a_browser_terminal_types_resizes_interrupts_and_ends() {
+    let d = daemon();
+    let id = sandbox(&d);
+    let pid = bash(&d, &id);
+    let v = scenario(&d, &id, pid, "shell");
+    assert_eq!(v["subprotocol"], "isobox.terminal", "{v}");
+    let echo = v["echo"].as_str().unwrap();
+    assert!(echo.contains("echo hi\r\nhi\r\n"), "{echo:?}");
+    let size = v["size"].as_str().unwrap();
+    assert!(size.contains("stty size\r\n30 100\r\n"), "{size:?}");
+    error_event(&v["bad_json"], "not JSON");
+    error_event(
+        &v["bad_resize"],
+        "cols must be a whole number from 1 to 1000",
+    );
+    error_event(&v["bad_type"], "unknown message type \"launch\"");
+    error_event(
+        &v["bad_signal"],
+        "signal: one of SIGTERM, SIGINT, SIGHUP, SIGKILL",
+    );
+    assert_eq!(v["pong"], json!({"type": "pong"}));
+    assert_eq!(v["ping_frame_answered"], true);
+    assert!(
+        v["utf8"].as_str().unwrap().contains("\u{e9}t\u{e9}\r\n"),
+        "{v}"
+    );
+    // The second client got the earlier output before the live line.
+    assert!(v["replay"].as_str().unwrap().contains("hi\r\n"), "{v}");
+    assert!(v["live_first"].as_str().unwrap().ends_with("both\r\n"));
+    assert!(v["live_second"].as_str().unwrap().ends_with("both\r\n"));
+    for (exit, close) in [("exit", "close"), ("exit_second", "close_second")] {
+        assert_eq!(v[exit]["type"], "exit", "{v}");
+        assert_eq!(v[exit]["exit_code"], 0, "{v}");
+        assert!(v[exit]["signal"].is_null(), "{v}");
+        assert!(v[exit]["duration_ms"].as_u64().is_some(), "{v}");
+        assert_eq!(v[close], 1000, "{v}");
+    }
+    // A terminal writes everything to one stream.
+    assert_eq!(v["streams"], json!([1]), "{v}");
+    assert_eq!(v["after_exit"]["type"], "exit", "{v}");
+    assert_eq!(v["after_exit_close"], 1000, "{v}");
+    assert_eq!(v["after_exit_output_has_hi"], true, "{v}");
+    // The ended process is still listed, with the exit the terminals saw.
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        Some(KEY),
+        None,
+    );
+    assert_eq!(r.json()["exit_code"], 0, "{}", r.text());
+    let r = wbx(
+        &d,
+        "DELETE",
+        &format!("/v1/sandboxes/{id}"),
+        Some(KEY),
+        None,
+    );
+    assert_eq!(r.status, 204);
+    d.stop();
+}
+
+#[test]
+fn test_a_process_without_terminal_keys_limits_and_errors() {
+    let d = daemon();
+    let id = sandbox(&d);
+    let pid = start(
+        &d,
+        &id,
+        &json!({"cmd": "read x; echo \"out:$x\"; echo \"err:$x\" >&2", "stdin": true}),
+    );
+    let v = scenario(&d, &id, pid, "pipes");
+    // Not offered, not chosen.
+    assert!(v["subprotocol"].is_null(), "{v}");
+    error_event(&v["resize"], &format!("process {pid} has no terminal"));
+    assert_eq!(v["stdout"], "out:abc\n");
+    assert_eq!(v["stderr"], "err:abc\n");
+    assert_eq!(v["exit"]["exit_code"], 0, "{v}");
+    assert_eq!(v["close"], 1000);
+    assert_eq!(v["streams"], json!([1, 2]), "{v}");
+
+    let sink = start(&d, &id, &json!({"cmd": "cat >/dev/null", "stdin": true}));
+    let v = scenario(&d, &id, sink, "refusals");
+    assert_eq!(v["no_key"], 401, "{v}");
+    assert_eq!(v["wrong_key"], 401, "{v}");
+    assert_eq!(v["wrong_header"], 401, "{v}");
+    assert_eq!(v["at_bound"], json!({"type": "pong"}), "{v}");
+    assert_eq!(v["above_bound_close"], 1009, "{v}");
+    assert_eq!(v["eight"], 8, "{v}");
+    assert_eq!(v["ninth"], 429, "{v}");
+    assert_eq!(
+        v["ninth_body"],
+        json!({"error": format!("too many clients streaming process {sink} (limit 8)")})
+    );
+
+    // Not an upgrade: 426 saying what would work, in the face's shape.
+    let ws = format!("/v1/sandboxes/{id}/process/{sink}/ws");
+    let r = wbx(&d, "GET", &ws, Some(KEY), None);
+    assert_eq!(r.status, 426, "{}", r.text());
+    assert_eq!(r.header("upgrade"), Some("websocket"));
+    assert!(err(&r).contains("WebSocket"), "{}", r.text());
+    // An upgrade to a process that is not there; to a sandbox that is not there.
+    let upgrade = [
+        ("Connection", "Upgrade"),
+        ("Upgrade", "websocket"),
+        ("Sec-WebSocket-Version", "13"),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+    ];
+    let r = common::wbx::wbx_h(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/999999/ws"),
+        Some(KEY),
+        None,
+        &upgrade,
+    );
+    assert_eq!((r.status, err(&r)), (404, "no such process: 999999".into()));
+    let r = common::wbx::wbx_h(
+        &d,
+        "GET",
+        "/v1/sandboxes/sb_nothere/process/1/ws",
+        Some(KEY),
+        None,
+        &upgrade,
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    // A bad offset is the stream's 400.
+    let r = common::wbx::wbx_h(
+        &d,
+        "GET",
+        &format!("{ws}?stdout_offset=x"),
+        Some(KEY),
+        None,
+        &upgrade,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(err(&r).starts_with("stdout_offset:"), "{}", r.text());
+    let r = wbx(
+        &d,
+        "DELETE",
+        &format!("/v1/sandboxes/{id}"),
+        Some(KEY),
+        None,
+    );
+    assert_eq!(r.status, 204);
+    d.stop();
+}
+
+#[test]
+fn test_a_paused_sandbox_refuses_input_and_a_deleted_one_ends_its_terminal() {
+    let d = daemon();
+    let id = sandbox(&d);
+    let pid = bash(&d, &id);
+    let v = scenario(&d, &id, pid, "lifecycle");
+    assert_eq!(v["pause"], 200, "{v}");
+    error_event(&v["paused_input"], "the sandbox is paused");
+    assert_eq!(v["resume"], 200, "{v}");
+    assert!(
+        v["resumed"].as_str().unwrap().contains("resumed\r\n"),
+        "{v}"
+    );
+    assert_eq!(v["delete"], 204, "{v}");
+    assert_eq!(v["deleted_event"]["type"], "error", "{v}");
+    assert_eq!(v["deleted_close"], 1011, "{v}");
+    d.stop();
+}

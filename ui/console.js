@@ -1,0 +1,274 @@
+'use strict';
+// The console's views beside the notebook: long-lived sandboxes (the WBX face at /wbx)
+// with a live terminal. Loaded after app.js, whose helpers ($, el, request, notice,
+// apiKey) it uses. The terminal is xterm.js (vendored from npm, served by isoboxd
+// under /ui/) on the process WebSocket GET /wbx/v1/sandboxes/{id}/process/{pid}/ws.
+
+// ---------- views ----------
+const VIEWS = { notebook: ['#tabNb', '#nbView'], sandboxes: ['#tabSb', '#sbView'] };
+let view = 'notebook';
+function showView(name, focus) {
+  view = name;
+  for (const [n, [tab, panel]] of Object.entries(VIEWS)) {
+    $(tab).setAttribute('aria-selected', String(n === name));
+    $(tab).tabIndex = n === name ? 0 : -1;
+    $(panel).hidden = n !== name;
+  }
+  if (focus) $(VIEWS[name][0]).focus();
+  history.replaceState(null, '', name === 'notebook' ? location.pathname : '#' + name);
+  if (name === 'sandboxes') sbStart(); else sbStop();
+}
+$('#tabNb').addEventListener('click', () => showView('notebook'));
+$('#tabSb').addEventListener('click', () => showView('sandboxes'));
+// Arrow keys move between tabs (the ARIA tabs pattern).
+for (const t of ['#tabNb', '#tabSb']) {
+  $(t).addEventListener('keydown', e => {
+    if (e.key !== 'ArrowLeft' && e.key !== 'ArrowRight') return;
+    e.preventDefault();
+    showView(view === 'notebook' ? 'sandboxes' : 'notebook', true);
+  });
+}
+
+// ---------- sandboxes ----------
+const wbx = p => '/wbx/v1' + p;
+const SB = { timer: null, prev: new Map(), templates: false, busy: false };
+const fmtDur = s => {
+  if (s < 0) s = 0;
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+};
+function sbMsg(t) { $('#sbMsg').textContent = t; }
+
+async function sbTemplates() {
+  if (SB.templates) return;
+  const r = await (await request(wbx('/templates'), { what: 'Listing templates' })).json();
+  const sel = $('#sbTemplate');
+  sel.replaceChildren(...r.templates.map(t => el('option', { value: t.name, text: t.name, title: t.description || '' })));
+  if (r.templates.some(t => t.name === 'base')) sel.value = 'base';
+  SB.templates = true;
+}
+
+// CPU now: the share of its vCPUs a sandbox used since the last refresh.
+function cpuNow(id, m) {
+  const now = performance.now(), p = SB.prev.get(id);
+  SB.prev.set(id, { t: now, cpu: m.cpu_used_ms });
+  if (!p || now - p.t < 200) return '…';
+  const pct = (m.cpu_used_ms - p.cpu) / (now - p.t) / (m.vcpu || 1) * 100;
+  return `${Math.max(0, pct).toFixed(1)} %`;
+}
+
+async function sbRefresh() {
+  if (SB.busy) return;
+  SB.busy = true;
+  try {
+    await sbTemplates();
+    const list = (await (await request(wbx('/sandboxes'), { what: 'Listing sandboxes' })).json()).sandboxes;
+    const metrics = await Promise.all(list.map(s => s.state === 'running'
+      ? request(wbx(`/sandboxes/${s.id}/metrics`), { what: 'Sandbox metrics' }).then(r => r.json()).catch(() => null)
+      : null));
+    const now = Date.now(), body = $('#sbRows');
+    // Rows are updated in place (keyed by id), so a refresh never takes the keyboard
+    // focus away from a button; a row's buttons are remade only when its state changes.
+    const keep = new Set(list.map(s => s.id));
+    for (const tr of [...body.children]) if (!keep.has(tr.dataset.id)) tr.remove();
+    list.forEach((s, i) => {
+      const cells = sbCells(s, metrics[i], now);
+      let tr = body.querySelector(`tr[data-id="${CSS.escape(s.id)}"]`);
+      if (!tr) {
+        tr = el('tr', { 'data-id': s.id }, ...cells.map(c => el('td', c)), sbActs(s));
+        tr.dataset.state = s.state;
+      } else {
+        cells.forEach((c, j) => { const td = tr.children[j]; td.textContent = c.text; td.className = c.class || ''; });
+        if (tr.dataset.state !== s.state) { tr.lastElementChild.replaceWith(sbActs(s)); tr.dataset.state = s.state; }
+      }
+      // In the list's order; a row already in place is not moved (a move drops focus).
+      if (body.children[i] !== tr) body.insertBefore(tr, body.children[i] || null);
+    });
+    $('#sbCount').textContent = `${list.length} running or paused`;
+    if (!list.length) body.append(el('tr', {}, el('td', { colspan: 8, class: 'note', text: 'No sandboxes yet: create one above.' })));
+    for (const id of SB.prev.keys()) if (!list.some(s => s.id === id)) SB.prev.delete(id);
+  } catch (e) {
+    sbMsg(e.message);
+  } finally {
+    SB.busy = false;
+  }
+}
+
+// A row's cells but the actions: what el() takes for each <td>.
+function sbCells(s, m, now) {
+  const age = (now - Date.parse(s.created_at)) / 1000;
+  const left = (Date.parse(s.expires_at) - now) / 1000;
+  return [
+    { class: 'id', text: s.id },
+    { text: s.template },
+    { class: `state-${s.state}`, text: s.state },
+    { text: fmtDur(age) },
+    { text: fmtDur(left) },
+    { text: m ? cpuNow(s.id, m) : '—' },
+    { text: m ? `${m.mem_used_mb} / ${m.mem_mb} MiB` : '—' },
+  ];
+}
+
+function sbActs(s) {
+  const act = (label, fn, attrs = {}) => el('button', { type: 'button', onclick: fn, ...attrs, text: label });
+  return el('td', { class: 'acts' },
+    act('Terminal', () => termOpen(s), { disabled: s.state !== 'running', 'aria-label': `Open a terminal in ${s.id}` }),
+    s.state === 'paused'
+      ? act('Resume', () => sbVerb(s, 'resume'), { 'aria-label': `Resume ${s.id}` })
+      : act('Pause', () => sbVerb(s, 'pause'), { disabled: s.state !== 'running', 'aria-label': `Pause ${s.id}` }),
+    act('+10 min', () => sbExtend(s), { 'aria-label': `Add 10 minutes to ${s.id}` }),
+    act('Delete', () => sbDelete(s), { 'aria-label': `Delete ${s.id}` }));
+}
+
+async function sbCreate() {
+  const btn = $('#sbCreate');
+  const mode = $('#sbNet').value;
+  const network = { mode };
+  if (mode === 'allowlist') network.allow = $('#sbAllow').value.split(',').map(h => h.trim()).filter(Boolean);
+  const mins = Number($('#sbTimeout').value);
+  const body = { template: $('#sbTemplate').value, network, metadata: { created_by: 'isobox console' } };
+  if (mins > 0) body.timeout_s = Math.round(mins * 60);
+  btn.disabled = true;
+  sbMsg('Creating…');
+  try {
+    const s = await (await request(wbx('/sandboxes'), { method: 'POST', json: body, what: 'Creating a sandbox' })).json();
+    sbMsg(`Created ${s.id} in ${s.info && s.info.start_ms != null ? s.info.start_ms + ' ms' : '?'}${s.info && s.info.warm ? ' (warm)' : ''}.`);
+    await sbRefresh();
+  } catch (e) {
+    sbMsg(e.message);
+    notice(e.message);
+  } finally {
+    btn.disabled = false;
+  }
+}
+
+async function sbVerb(s, verb) {
+  try {
+    await request(wbx(`/sandboxes/${s.id}/${verb}`), { method: 'POST', what: `${verb[0].toUpperCase()}${verb.slice(1)} ${s.id}` });
+    sbMsg(`${s.id}: ${verb === 'pause' ? 'paused' : 'running again'}.`);
+  } catch (e) { sbMsg(e.message); }
+  await sbRefresh();
+}
+
+async function sbExtend(s) {
+  try {
+    // The time left now (the row's may be a refresh old), plus ten minutes.
+    const cur = await (await request(wbx(`/sandboxes/${s.id}`), { what: `Reading ${s.id}` })).json();
+    const timeout_s = Math.max(0, Math.round((Date.parse(cur.expires_at) - Date.now()) / 1000)) + 600;
+    await request(wbx(`/sandboxes/${s.id}/timeout`), { method: 'POST', json: { timeout_s }, what: `Extending ${s.id}` });
+    sbMsg(`${s.id}: ends in ${fmtDur(timeout_s)}.`);
+  } catch (e) { sbMsg(e.message); }
+  await sbRefresh();
+}
+
+async function sbDelete(s) {
+  if (T.sandbox === s.id) termClose();
+  try {
+    await request(wbx(`/sandboxes/${s.id}`), { method: 'DELETE', what: `Deleting ${s.id}` });
+    sbMsg(`${s.id}: deleted.`);
+  } catch (e) { sbMsg(e.message); }
+  await sbRefresh();
+}
+
+function sbStart() {
+  sbRefresh();
+  if (!SB.timer) SB.timer = setInterval(() => { if (!document.hidden) sbRefresh(); }, 3000);
+}
+function sbStop() { clearInterval(SB.timer); SB.timer = null; }
+
+$('#sbCreate').addEventListener('click', sbCreate);
+$('#sbRefresh').addEventListener('click', sbRefresh);
+$('#sbNet').addEventListener('change', () => { $('#sbAllow').hidden = $('#sbNet').value !== 'allowlist'; });
+
+// ---------- terminal ----------
+const T = { term: null, fit: null, ws: null, sandbox: null, pid: null, observer: null };
+const b64url = s => btoa(String.fromCharCode(...new TextEncoder().encode(s))).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+function termState(t) { $('#termState').textContent = t; }
+
+function termMake() {
+  if (typeof Terminal === 'undefined' || typeof FitAddon === 'undefined') {
+    throw new Error('This build of isoboxd has no terminal: its xterm.js was not fetched when it was built (run `make ui-vendor`, then build again).');
+  }
+  if (T.term) return;
+  T.term = new Terminal({ cursorBlink: true, convertEol: false, scrollback: 5000,
+    fontFamily: 'ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu Sans Mono", monospace', fontSize: 14 });
+  T.fit = new FitAddon.FitAddon();
+  T.term.loadAddon(T.fit);
+  T.term.open($('#term'));
+  const enc = new TextEncoder();
+  T.term.onData(d => { if (T.ws && T.ws.readyState === WebSocket.OPEN) T.ws.send(enc.encode(d)); });
+  T.term.onBinary(d => {
+    if (T.ws && T.ws.readyState === WebSocket.OPEN) T.ws.send(Uint8Array.from(d, c => c.charCodeAt(0) & 255));
+  });
+  T.term.onResize(({ cols, rows }) => {
+    if (T.ws && T.ws.readyState === WebSocket.OPEN) T.ws.send(JSON.stringify({ type: 'resize', cols, rows }));
+  });
+  // The terminal follows its box, which follows the window.
+  T.observer = new ResizeObserver(() => { if (!$('#termPanel').hidden) T.fit.fit(); });
+  T.observer.observe($('#term'));
+}
+
+async function termOpen(s) {
+  termClose();
+  $('#termPanel').hidden = false;
+  $('#termWhat').textContent = s.id;
+  try { termMake(); } catch (e) { termState(e.message); return; }
+  T.term.reset();
+  T.fit.fit();
+  T.sandbox = s.id;
+  termState('Starting a shell…');
+  let pid;
+  try {
+    const r = await request(wbx(`/sandboxes/${s.id}/process`), {
+      method: 'POST', what: 'Starting a shell',
+      json: { cmd: 'if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi', tag: 'console', pty: { cols: T.term.cols, rows: T.term.rows } },
+    });
+    pid = (await r.json()).pid;
+  } catch (e) { termState(e.message); return; }
+  if (T.sandbox !== s.id) return;
+  T.pid = pid;
+  const key = apiKey();
+  const protocols = ['isobox.terminal'];
+  if (key) protocols.push('isobox.bearer.' + b64url(key));
+  const ws = new WebSocket(`${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}${wbx(`/sandboxes/${s.id}/process/${pid}/ws`)}`, protocols);
+  ws.binaryType = 'arraybuffer';
+  T.ws = ws;
+  ws.onopen = () => {
+    termState(`Connected: process ${pid}.`);
+    // The size may have changed while the shell started.
+    ws.send(JSON.stringify({ type: 'resize', cols: T.term.cols, rows: T.term.rows }));
+    T.term.focus();
+  };
+  ws.onmessage = e => {
+    if (typeof e.data !== 'string') { T.term.write(new Uint8Array(e.data, 1)); return; }
+    let m;
+    try { m = JSON.parse(e.data); } catch { return; }
+    if (m.type === 'exit') {
+      const how = m.signal ? `was ended by ${m.signal}` : `exited with code ${m.exit_code}`;
+      T.term.write(`\r\n\x1b[2m[the shell ${how}]\x1b[0m\r\n`);
+      termState(`The shell ${how}.`);
+    } else if (m.type === 'error') {
+      termState(m.error);
+    }
+  };
+  ws.onclose = e => {
+    if (T.ws !== ws) return;
+    T.ws = null;
+    if (e.code !== 1000) termState(`Disconnected (${e.code}${e.reason ? ': ' + e.reason : ''}).`);
+  };
+  ws.onerror = () => termState('The terminal connection failed (is the key right? is the sandbox running?).');
+}
+
+function termClose() {
+  const { ws, sandbox, pid } = T;
+  T.ws = null; T.sandbox = null; T.pid = null;
+  if (ws) ws.close(1000);
+  // The shell is ended with its terminal: a console shell nobody sees is no use.
+  if (sandbox && pid) request(wbx(`/sandboxes/${sandbox}/process/${pid}`), { method: 'DELETE', what: 'Ending the shell' }).catch(() => {});
+  $('#termPanel').hidden = true;
+  termState('');
+}
+$('#termClose').addEventListener('click', termClose);
+
+if (location.hash === '#sandboxes') showView('sandboxes');
