@@ -222,7 +222,10 @@ async function termOpen(s) {
   try {
     const r = await request(wbx(`/sandboxes/${s.id}/process`), {
       method: 'POST', what: 'Starting a shell',
-      json: { cmd: 'if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi', tag: 'console', pty: { cols: T.term.cols, rows: T.term.rows } },
+      // Job control off (set +m): gVisor tells a terminal's foreground group only inside
+      // its session, so Ctrl-C reaches the shell's own group; without job control the
+      // command it runs is in that group and gets it.
+      json: { cmd: "if command -v bash >/dev/null; then PROMPT_COMMAND='set +m; unset PROMPT_COMMAND' exec bash -l; else exec sh -l +m; fi", tag: 'console', pty: { cols: T.term.cols, rows: T.term.rows } },
     });
     pid = (await r.json()).pid;
   } catch (e) { termState(e.message); return; }
