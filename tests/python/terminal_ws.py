@@ -205,7 +205,9 @@ async def lifecycle():
             r = await http.post(f"/v1/sandboxes/{SANDBOX}/resume")
             out["resume"] = r.status_code
             await ws.send(b"echo resumed\n")
-            out["resumed"] = await t.until(b"resumed\r\nready> ")
+            # (bash switches bracketed paste on before each prompt: ESC [?2004h.)
+            out["resumed"] = await t.until(b"\nresumed\r\n")
+            await t.until(b"ready> ")
             r = await http.delete(f"/v1/sandboxes/{SANDBOX}")
             out["delete"] = r.status_code
             out["deleted_event"] = await t.event()
