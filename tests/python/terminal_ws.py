@@ -118,6 +118,9 @@ async def shell():
             await ws.send(b"echo both\n")
             out["live_first"] = await t.until(b"both\r\n")
             out["live_second"] = await t2.until(b"both\r\n")
+            # Ctrl-D at the prompt (bash reads it there; a Ctrl-D typed while a
+            # command runs belongs to that command).
+            await t.until(b"ready> ")
             # End of input: Ctrl-D, the shell exits 0; both hear the exit, then 1000.
             await ws.send(json.dumps({"type": "eof"}))
             out["exit"] = await t.event()
@@ -206,7 +209,8 @@ async def lifecycle():
             out["resume"] = r.status_code
             await ws.send(b"echo resumed\n")
             # (bash switches bracketed paste on before each prompt: ESC [?2004h.)
-            out["resumed"] = await t.until(b"\nresumed\r\n")
+            await t.until(b"echo resumed\r\n")
+            out["resumed"] = await t.until(b"resumed\r\n")
             await t.until(b"ready> ")
             r = await http.delete(f"/v1/sandboxes/{SANDBOX}")
             out["delete"] = r.status_code
