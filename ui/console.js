@@ -14,6 +14,8 @@ function showView(name, focus) {
     $(tab).tabIndex = n === name ? 0 : -1;
     $(panel).hidden = n !== name;
   }
+  // The kernel's controls belong to the notebook.
+  $('#nbControls').hidden = name !== 'notebook';
   if (focus) $(VIEWS[name][0]).focus();
   history.replaceState(null, '', name === 'notebook' ? location.pathname : '#' + name);
   if (name === 'sandboxes') sbStart(); else sbStop();
