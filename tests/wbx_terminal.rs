@@ -55,7 +55,9 @@ fn bash(d: &Daemon, id: &str) -> u64 {
 /// What a command's output shows after the terminal's echo of the command line.
 fn after<'a>(v: &'a Value, field: &str, cmd: &str) -> &'a str {
     let s = v[field].as_str().unwrap_or_else(|| panic!("{field}: {v}"));
-    let at = s.find(cmd).unwrap_or_else(|| panic!("{field} has no echo of {cmd:?}: {s:?}"));
+    let at = s
+        .find(cmd)
+        .unwrap_or_else(|| panic!("{field} has no echo of {cmd:?}: {s:?}"));
     &s[at + cmd.len()..]
 }
 
@@ -97,7 +99,10 @@ fn test_a_browser_terminal_types_resizes_interrupts_and_ends() {
     assert_eq!(v["subprotocol"], "isobox.terminal", "{v}");
     // (bash frames a command's run with bracketed-paste switches, ESC [?2004l.)
     let echo = after(&v, "echo", "echo hi\r\n");
-    assert!(echo.contains("\rhi\r\n") || echo.starts_with("hi\r\n"), "{echo:?}");
+    assert!(
+        echo.contains("\rhi\r\n") || echo.starts_with("hi\r\n"),
+        "{echo:?}"
+    );
     let size = after(&v, "size", "stty size\r\n");
     assert!(size.contains("30 100\r\n"), "{size:?}");
     error_event(&v["bad_json"], "not JSON");
