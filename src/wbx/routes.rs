@@ -190,7 +190,7 @@ pub static ROUTES: &[Row<Spec>] = &[
     row("/v1/sandboxes/{id}/process/{pid}/stdin", POST, Route::ProcStdin, Class::Memory, EXEC_BODY_BYTES),
     row("/v1/sandboxes/{id}/process/{pid}/signal", POST, Route::ProcSignal, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/process/{pid}/resize", POST, Route::ProcResize, Class::Memory, DEFAULT_BODY_BYTES),
-    row("/v1/sandboxes/{id}/process/{pid}/ws", &["GET"], Route::ProcWs, Class::Memory, DEFAULT_BODY_BYTES),
+    row("/v1/sandboxes/{id}/process/{pid}/ws", GET, Route::ProcWs, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/list", GET, Route::FsList, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/stat", GET, Route::FsStat, Class::Memory, DEFAULT_BODY_BYTES),
     row("/v1/sandboxes/{id}/fs/mkdir", POST, Route::FsMkdir, Class::Memory, DEFAULT_BODY_BYTES),

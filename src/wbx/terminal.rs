@@ -55,12 +55,12 @@ pub struct Attach {
 /// `GET …/process/{pid}/ws`: checks the upgrade and the offsets.
 ///
 /// # Errors
-/// 426 (with `Upgrade` and `Sec-WebSocket-Version`) for a request that is no
-/// WebSocket upgrade, 400 for a bad key or offset, in the face's shape.
+/// 400 for a bad offset, then 426 (with `Upgrade` and `Sec-WebSocket-Version`) for a
+/// request that is no WebSocket upgrade, 400 for a bad key, in the face's shape.
 pub fn attach(req: &Request, id: String, pid: u32) -> Result<Op, Response> {
+    let from = processes::stream_offsets(req)?;
     let accept =
         ws::check_upgrade(&req.head).map_err(|r| ws::refusal(&r, error(r.status, r.message)))?;
-    let from = processes::stream_offsets(req)?;
     Ok(Op::Proc(
         id,
         ProcOp::Attach(
