@@ -5,8 +5,9 @@
 //!   artifacts, one-shot runs, the file panel, the chat pane against a fake model
 //!   endpoint (browser-direct) and a mocked `/v1/agent`, the key field, a narrow screen;
 //! - `tests/ui/console.test.mjs`: the Sandboxes view: create, a terminal (xterm.js on
-//!   the process WebSocket) typed into and resized with the window, pause, resume,
-//!   extend, delete;
+//!   the process WebSocket) typed into and resized with the window, the file browser
+//!   (upload, download byte-identical, the live `fs/watch` feed, delete), pause,
+//!   resume, extend, delete;
 //! - `tests/ui/agent.test.mjs`: the chat in server-agent mode against the daemon's real
 //!   agent, whose OpenAI-compatible upstream is a scripted fake model server started
 //!   here (tool calls run in the page's own kernel session).
@@ -187,7 +188,8 @@ fn test_notebook_in_a_real_browser() {
 }
 
 /// The Sandboxes view: a sandbox created from the page, a terminal typed into and
-/// resized, pause, resume, extend, delete (tests/ui/console.test.mjs).
+/// resized, files uploaded, downloaded and watched, pause, resume, extend, delete
+/// (tests/ui/console.test.mjs).
 #[test]
 fn test_console_sandboxes_and_terminal_in_a_real_browser() {
     let (node, chromium) = prerequisites();

@@ -116,6 +116,7 @@ function sbActs(s) {
   const act = (label, fn, attrs = {}) => el('button', { type: 'button', onclick: fn, ...attrs, text: label });
   return el('td', { class: 'acts' },
     act('Terminal', () => termOpen(s), { disabled: s.state !== 'running', 'aria-label': `Open a terminal in ${s.id}` }),
+    act('Files', () => filesOpen(s), { disabled: s.state !== 'running', 'aria-label': `Browse the files of ${s.id}` }),
     s.state === 'paused'
       ? act('Resume', () => sbVerb(s, 'resume'), { 'aria-label': `Resume ${s.id}` })
       : act('Pause', () => sbVerb(s, 'pause'), { disabled: s.state !== 'running', 'aria-label': `Pause ${s.id}` }),
@@ -166,6 +167,7 @@ async function sbExtend(s) {
 
 async function sbDelete(s) {
   if (T.sandbox === s.id) termClose();
+  if (FB.sandbox === s.id) filesClose();
   try {
     await request(wbx(`/sandboxes/${s.id}`), { method: 'DELETE', what: `Deleting ${s.id}` });
     sbMsg(`${s.id}: deleted.`);
@@ -275,5 +277,138 @@ function termClose() {
   termState('');
 }
 $('#termClose').addEventListener('click', termClose);
+
+// ---------- files ----------
+// A sandbox's files (fs/list, files?path= for upload, download and delete) and the live
+// feed of changes in the folder shown (fs/watch, NDJSON).
+const FB = { sandbox: null, cwd: '/home/user', watch: null, refreshSoon: null };
+const HOME = '/home/user';
+function fMsg(t) { $('#fMsg').textContent = t; }
+const joinPath = (dir, name) => (dir === '/' ? '' : dir) + '/' + name;
+const q = p => encodeURIComponent(p);
+
+async function filesOpen(s) {
+  filesClose();
+  FB.sandbox = s.id;
+  $('#filesPanel').hidden = false;
+  $('#filesWhat').textContent = s.id;
+  await filesGo(HOME);
+}
+
+async function filesGo(dir) {
+  FB.cwd = dir;
+  $('#fCwd').textContent = dir;
+  $('#fUp').disabled = dir === '/';
+  $('#fWatch').replaceChildren();
+  await filesList();
+  filesWatch();
+}
+
+async function filesList() {
+  const id = FB.sandbox;
+  if (!id) return;
+  try {
+    const r = await (await request(wbx(`/sandboxes/${id}/fs/list?path=${q(FB.cwd)}&depth=1`), { what: `Listing ${FB.cwd}` })).json();
+    if (FB.sandbox !== id) return;
+    const entries = r.entries.slice().sort((a, b) => (b.type === 'dir') - (a.type === 'dir') || a.name.localeCompare(b.name));
+    $('#fList').replaceChildren(...entries.map(e => el('li', {},
+      e.type === 'dir'
+        ? el('button', { type: 'button', class: 'fname', text: e.name + '/', 'aria-label': `Open folder ${e.name}`, onclick: () => filesGo(e.path) })
+        : el('span', { class: 'fname', text: e.type === 'symlink' ? `${e.name} → ${e.target}` : e.name }),
+      el('span', { class: 'size', text: e.type === 'file' ? fmtSize(e.size) : e.type }),
+      e.type === 'file' ? el('button', { type: 'button', text: 'Download', 'aria-label': `Download ${e.name}`, onclick: () => filesDownload(e) }) : null,
+      el('button', { type: 'button', text: 'Delete', 'aria-label': `Delete ${e.name}`, onclick: () => filesDelete(e) }))));
+    if (!entries.length) $('#fList').append(el('li', { class: 'note', text: 'This folder is empty.' }));
+    if (r.truncated) fMsg('Only the first entries are shown.');
+  } catch (e) { fMsg(e.message); }
+}
+
+async function filesDownload(e) {
+  try {
+    const res = await request(wbx(`/sandboxes/${FB.sandbox}/files?path=${q(e.path)}`), { what: `Downloading ${e.name}` });
+    const blob = await res.blob();
+    const url = URL.createObjectURL(blob);
+    const a = el('a', { href: url, download: e.name, hidden: true });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+    fMsg(`Downloaded ${e.name} (${fmtSize(blob.size)}).`);
+  } catch (err) { fMsg(err.message); }
+}
+
+async function filesDelete(e) {
+  try {
+    await request(wbx(`/sandboxes/${FB.sandbox}/files?path=${q(e.path)}`), { method: 'DELETE', what: `Deleting ${e.name}` });
+    fMsg(`Deleted ${e.name}.`);
+  } catch (err) { fMsg(err.message); }
+  await filesList();
+}
+
+async function filesUpload(files) {
+  for (const f of files) {
+    try {
+      await request(wbx(`/sandboxes/${FB.sandbox}/files?path=${q(joinPath(FB.cwd, f.name))}`), { method: 'PUT', body: f, what: `Uploading ${f.name}` });
+      fMsg(`Uploaded ${f.name} (${fmtSize(f.size)}).`);
+    } catch (err) { fMsg(err.message); }
+  }
+  await filesList();
+}
+
+// The live feed: fs/watch of the folder shown; each change is listed (newest first, the
+// last 50) and the listing refreshed shortly after.
+async function filesWatch() {
+  if (FB.watch) FB.watch.abort();
+  const ctl = new AbortController(), id = FB.sandbox, dir = FB.cwd;
+  FB.watch = ctl;
+  try {
+    const res = await request(wbx(`/sandboxes/${id}/fs/watch?path=${q(dir)}&recursive=false`), { signal: ctl.signal, what: 'Watching the folder' });
+    const reader = res.body.getReader(), td = new TextDecoder();
+    let buf = '';
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += td.decode(value, { stream: true });
+      let nl;
+      while ((nl = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, nl);
+        buf = buf.slice(nl + 1);
+        if (line.trim()) filesEvent(JSON.parse(line));
+      }
+    }
+  } catch (e) {
+    if (e.name !== 'AbortError' && FB.watch === ctl) fMsg(e.message);
+  }
+}
+
+function filesEvent(ev) {
+  const what = ev.type === 'rename' ? `rename ${ev.from} → ${ev.path}`
+    : ev.type === 'error' ? `error: ${ev.error}`
+    : ev.type === 'end' ? 'the folder was removed'
+    : ev.type === 'overflow' ? 'too many changes at once (some not shown)'
+    : `${ev.type} ${ev.path}${ev.is_dir ? '/' : ''}`;
+  const list = $('#fWatch');
+  list.prepend(el('li', { text: `${new Date().toLocaleTimeString()} ${what}` }));
+  while (list.children.length > 50) list.lastElementChild.remove();
+  clearTimeout(FB.refreshSoon);
+  FB.refreshSoon = setTimeout(filesList, 300);
+}
+
+function filesClose() {
+  if (FB.watch) FB.watch.abort();
+  FB.watch = null;
+  FB.sandbox = null;
+  clearTimeout(FB.refreshSoon);
+  $('#filesPanel').hidden = true;
+  $('#fList').replaceChildren();
+  $('#fWatch').replaceChildren();
+  fMsg('');
+}
+
+$('#fUp').addEventListener('click', () => filesGo(FB.cwd.replace(/\/[^/]*$/, '') || '/'));
+$('#fRefresh').addEventListener('click', filesList);
+$('#fUploadBtn').addEventListener('click', () => $('#fUpload').click());
+$('#fUpload').addEventListener('change', async () => { const fs = [...$('#fUpload').files]; $('#fUpload').value = ''; await filesUpload(fs); });
+$('#fClose').addEventListener('click', filesClose);
 
 if (location.hash === '#sandboxes') showView('sandboxes');

@@ -1,7 +1,8 @@
 // Browser test of the web UI's Sandboxes view (GET /#sandboxes): Debian's headless
 // Chromium driven by playwright-core against the real daemon. Creates a sandbox, types
 // `echo hi` in its terminal (xterm.js on the process WebSocket) and sees `hi`, resizes
-// the window and sees `stty size` follow, pauses and resumes it, deletes it.
+// the window and sees `stty size` follow, uploads and downloads a file and watches the
+// folder change, pauses and resumes it, deletes it.
 // Usage: node tests/ui/console.test.mjs <daemon base URL>; the daemon must run with the
 // API key ISOBOX_UI_KEY (default "ui-test-key"). Environment: CHROMIUM,
 // ISOBOX_UI_ARTIFACTS (where console.png goes). Exits 0 when every check passed.
@@ -56,7 +57,7 @@ async function sttySize() {
 }
 
 try {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
   await context.addInitScript(k => localStorage.setItem('isobox.apiKey', k), KEY);
   page = await context.newPage();
   page.on('request', r => requests.push(r.url()));
@@ -113,6 +114,30 @@ try {
   fs.mkdirSync(artifacts, { recursive: true });
   await page.screenshot({ path: path.join(artifacts, 'console.png') });
 
+  step('files: upload, listed and seen live, downloaded byte-identical, a file the terminal makes, delete');
+  await row.getByRole('button', { name: `Browse the files of ${id}` }).click();
+  await page.locator('#filesPanel').waitFor({ state: 'visible', timeout: T });
+  await page.waitForFunction(() => document.querySelector('#fCwd').textContent === '/home/user', null, { timeout: T });
+  const bytes = Buffer.from(Array.from({ length: 70000 }, (_, i) => (i * 7919 + 13) % 256));
+  await page.setInputFiles('#fUpload', { name: 'data.bin', mimeType: 'application/octet-stream', buffer: bytes });
+  const item = page.locator('#fList li', { hasText: 'data.bin' });
+  await item.waitFor({ timeout: T });
+  assert.match(await item.textContent(), /68\.4 KiB/);
+  await page.locator('#fWatch li', { hasText: '/home/user/data.bin' }).first().waitFor({ timeout: T });
+  const [dl] = await Promise.all([
+    page.waitForEvent('download', { timeout: T }),
+    item.getByRole('button', { name: 'Download data.bin' }).click(),
+  ]);
+  assert.equal(dl.suggestedFilename(), 'data.bin');
+  assert.ok(fs.readFileSync(await dl.path()).equals(bytes), 'the download is the upload, byte for byte');
+  await typeLine('echo from-terminal > made-here.txt');
+  await page.locator('#fList li', { hasText: 'made-here.txt' }).waitFor({ timeout: T });
+  await page.locator('#fWatch li', { hasText: 'create /home/user/made-here.txt' }).first().waitFor({ timeout: T });
+  await item.getByRole('button', { name: 'Delete data.bin' }).click();
+  await item.waitFor({ state: 'detached', timeout: T });
+  await page.locator('#fWatch li', { hasText: 'remove /home/user/data.bin' }).first().waitFor({ timeout: T });
+  await page.screenshot({ path: path.join(artifacts, 'console-files.png'), fullPage: true });
+
   step('pause and resume it from the list');
   await row.getByRole('button', { name: `Pause ${id}` }).click();
   await page.waitForFunction(() => document.querySelector('#sbRows tr[data-id] td:nth-child(3)').textContent === 'paused', null, { timeout: T });
@@ -136,6 +161,7 @@ try {
   await row.getByRole('button', { name: `Delete ${id}` }).click();
   await page.locator('#sbRows td.note', { hasText: 'No sandboxes yet' }).waitFor({ timeout: T });
   assert.equal(await page.locator('#termPanel').isHidden(), true);
+  assert.equal(await page.locator('#filesPanel').isHidden(), true);
 
   step('the tabs go back to the notebook');
   await page.click('#tabNb');
