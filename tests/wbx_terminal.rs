@@ -62,8 +62,13 @@ fn after<'a>(v: &'a Value, field: &str, cmd: &str) -> &'a str {
 }
 
 fn scenario(d: &Daemon, id: &str, pid: u64, name: &str) -> Value {
+    scenario_env(d, id, pid, name, &[])
+}
+
+fn scenario_env(d: &Daemon, id: &str, pid: u64, name: &str, env: &[(&str, &str)]) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/terminal_ws.py");
     let out = std::process::Command::new(common::test_python())
+        .envs(env.iter().copied())
         .arg(script)
         .arg(format!("http://{}/wbx", d.addr))
         .arg(id)
@@ -209,10 +214,6 @@ fn test_a_process_without_terminal_keys_limits_and_errors() {
     assert_eq!((r.status, err(&r)), (404, "no such process: 999999".into()));
     let r = upgrade("/v1/sandboxes/sb_nothere/process/1/ws");
     assert_eq!(r.status, 404, "{}", r.text());
-    // A bad offset is the stream's 400.
-    let r = upgrade(&format!("{ws}?stdout_offset=x"));
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert!(err(&r).starts_with("stdout_offset:"), "{}", r.text());
     let r = wbx(
         &d,
         "DELETE",
@@ -240,5 +241,90 @@ fn test_a_paused_sandbox_refuses_input_and_a_deleted_one_ends_its_terminal() {
     assert_eq!(v["delete"], 204, "{v}");
     assert_eq!(v["deleted_event"]["type"], "error", "{v}");
     assert_eq!(v["deleted_close"], 1011, "{v}");
+    d.stop();
+}
+
+/// Reads one server frame (unmasked) from `s`: (opcode, payload).
+fn read_frame(s: &mut std::net::TcpStream) -> Option<(u8, Vec<u8>)> {
+    use std::io::Read;
+    let mut h = [0u8; 2];
+    s.read_exact(&mut h).ok()?;
+    let mut len = u64::from(h[1] & 0x7f);
+    if len == 126 {
+        let mut b = [0u8; 2];
+        s.read_exact(&mut b).ok()?;
+        len = u64::from(u16::from_be_bytes(b));
+    } else if len == 127 {
+        let mut b = [0u8; 8];
+        s.read_exact(&mut b).ok()?;
+        len = u64::from_be_bytes(b);
+    }
+    let mut p = vec![0u8; usize::try_from(len).ok()?];
+    s.read_exact(&mut p).ok()?;
+    Some((h[0] & 0x0f, p))
+}
+
+#[test]
+fn test_a_quiet_terminal_is_pinged_and_kept_and_a_silent_client_is_dropped() {
+    use std::io::{BufRead, Write};
+    use std::time::{Duration, Instant};
+    // A short idle time, so that both outcomes show within seconds.
+    let d = Daemon::start_with(&[("ISOBOX_API_KEYS", KEY), ("ISOBOX_IDLE_TIMEOUT_MS", "1000")]);
+    d.wait_ready();
+    let id = sandbox(&d);
+    let pid = start(&d, &id, &json!({"cmd": "cat >/dev/null", "stdin": true}));
+    // A client that answers pings (the websockets package does): still there after
+    // five idle times of silence, and working.
+    let v = scenario_env(&d, &id, pid, "quiet", &[("QUIET_SECONDS", "5")]);
+    assert_eq!(v["after_quiet"], json!({"type": "pong"}), "{v}");
+    // A client that never answers: pinged once the idle time passes, then closed
+    // with 1001 when the next one passes without a word.
+    let mut s = std::net::TcpStream::connect(d.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /wbx/v1/sandboxes/{id}/process/{pid}/ws HTTP/1.1\r\nHost: t\r\n\
+         Authorization: Bearer {KEY}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+    .unwrap();
+    let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert!(line.starts_with("HTTP/1.1 101"), "{line}");
+    loop {
+        line.clear();
+        r.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+        assert!(
+            !line
+                .to_ascii_lowercase()
+                .starts_with("sec-websocket-protocol"),
+            "{line}"
+        );
+    }
+    let t0 = Instant::now();
+    let mut s = r.into_inner();
+    let (op, _) = read_frame(&mut s).expect("a ping");
+    assert_eq!(op, 9, "a ping first");
+    let pinged = t0.elapsed();
+    assert!(
+        pinged >= Duration::from_millis(800),
+        "pinged after {pinged:?}"
+    );
+    let (op, p) = read_frame(&mut s).expect("a close");
+    assert_eq!((op, u16::from_be_bytes([p[0], p[1]])), (8, 1001));
+    assert!(t0.elapsed() >= pinged + Duration::from_millis(800));
+    assert!(read_frame(&mut s).is_none(), "then the connection ends");
+    let r = wbx(
+        &d,
+        "DELETE",
+        &format!("/v1/sandboxes/{id}"),
+        Some(KEY),
+        None,
+    );
+    assert_eq!(r.status, 204);
     d.stop();
 }

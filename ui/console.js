@@ -186,7 +186,7 @@ $('#sbRefresh').addEventListener('click', sbRefresh);
 $('#sbNet').addEventListener('change', () => { $('#sbAllow').hidden = $('#sbNet').value !== 'allowlist'; });
 
 // ---------- terminal ----------
-const T = { term: null, fit: null, ws: null, sandbox: null, pid: null, observer: null };
+const T = { term: null, fit: null, ws: null, sandbox: null, pid: null, observer: null, gen: 0 };
 const b64url = s => btoa(String.fromCharCode(...new TextEncoder().encode(s))).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
 function termState(t) { $('#termState').textContent = t; }
 
@@ -213,8 +213,15 @@ function termMake() {
   T.observer.observe($('#term'));
 }
 
+// Ends a console shell (a shell nobody sees is no use); keepalive so that it also
+// goes out while the page is being left.
+function shellEnd(sandbox, pid) {
+  fetch(wbx(`/sandboxes/${sandbox}/process/${pid}`), { method: 'DELETE', keepalive: true, headers: authHeaders() }).catch(() => {});
+}
+
 async function termOpen(s) {
   termClose();
+  const gen = ++T.gen;
   $('#termPanel').hidden = false;
   $('#termWhat').textContent = s.id;
   try { termMake(); } catch (e) { termState(e.message); return; }
@@ -232,8 +239,9 @@ async function termOpen(s) {
       json: { cmd: "if command -v bash >/dev/null; then PROMPT_COMMAND='set +m; unset PROMPT_COMMAND' exec bash -l; else exec sh -l +m; fi", tag: 'console', pty: { cols: T.term.cols, rows: T.term.rows } },
     });
     pid = (await r.json()).pid;
-  } catch (e) { termState(e.message); return; }
-  if (T.sandbox !== s.id) return;
+  } catch (e) { if (gen === T.gen) termState(e.message); return; }
+  // Closed, or opened again, while the shell started: this one is not wanted.
+  if (gen !== T.gen) { shellEnd(s.id, pid); return; }
   T.pid = pid;
   const key = apiKey();
   const protocols = ['isobox.terminal'];
@@ -248,6 +256,7 @@ async function termOpen(s) {
     T.term.focus();
   };
   ws.onmessage = e => {
+    if (T.ws !== ws) return;
     if (typeof e.data !== 'string') { T.term.write(new Uint8Array(e.data, 1)); return; }
     let m;
     try { m = JSON.parse(e.data); } catch { return; }
@@ -264,19 +273,22 @@ async function termOpen(s) {
     T.ws = null;
     if (e.code !== 1000) termState(`Disconnected (${e.code}${e.reason ? ': ' + e.reason : ''}).`);
   };
-  ws.onerror = () => termState('The terminal connection failed (is the key right? is the sandbox running?).');
+  ws.onerror = () => { if (T.ws === ws) termState('The terminal connection failed (is the key right? is the sandbox running?).'); };
 }
 
 function termClose() {
   const { ws, sandbox, pid } = T;
+  T.gen++;
   T.ws = null; T.sandbox = null; T.pid = null;
   if (ws) ws.close(1000);
-  // The shell is ended with its terminal: a console shell nobody sees is no use.
-  if (sandbox && pid) request(wbx(`/sandboxes/${sandbox}/process/${pid}`), { method: 'DELETE', what: 'Ending the shell' }).catch(() => {});
+  // The shell is ended with its terminal.
+  if (sandbox && pid) shellEnd(sandbox, pid);
   $('#termPanel').hidden = true;
   termState('');
 }
 $('#termClose').addEventListener('click', termClose);
+// Leaving the page ends its shell too.
+addEventListener('pagehide', () => { if (T.sandbox && T.pid) shellEnd(T.sandbox, T.pid); });
 
 // ---------- files ----------
 // A sandbox's files (fs/list, files?path= for upload, download and delete) and the live

@@ -499,12 +499,20 @@ fn presented_key(head: &Head) -> Result<Option<String>, Response> {
 /// Subprotocol prefix that carries a key on a WebSocket upgrade.
 pub const WS_BEARER_PREFIX: &str = "isobox.bearer.";
 
-/// A browser's WebSocket cannot send headers: its key may come as the offered
-/// subprotocol `isobox.bearer.<the key in unpadded base64url>` (a protocol is a token,
-/// which a key's characters need not be). Never chosen, so never sent back. A value
-/// that does not decode to UTF-8 is a key that matches nothing.
+/// A browser's WebSocket cannot send headers: on a WebSocket upgrade (only), its key
+/// may come as the offered subprotocol `isobox.bearer.<the key in unpadded base64url>`
+/// (a protocol is a token, which a key's characters need not be). Never chosen, so
+/// never sent back. A value that does not decode to UTF-8 is a key that matches
+/// nothing.
 fn ws_bearer(head: &Head) -> Option<String> {
     use base64::Engine as _;
+    let upgrade = head.header("upgrade").is_some_and(|v| {
+        v.split(',')
+            .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
+    });
+    if !upgrade {
+        return None;
+    }
     let mut keys = head
         .headers
         .iter()
@@ -792,8 +800,14 @@ mod tests {
             a.check(Class::Open, &head(&[]), ip, now),
             Verdict::Allow { .. }
         ));
-        // A browser's WebSocket: the key as a subprotocol, base64url ("k2" is "azI").
-        let proto = |v: &'static str| vec![("Sec-WebSocket-Protocol", v)];
+        // A browser's WebSocket: the key as a subprotocol, base64url ("k2" is "azI"),
+        // on an upgrade only.
+        let proto = |v: &'static str| vec![("Upgrade", "websocket"), ("Sec-WebSocket-Protocol", v)];
+        assert_eq!(
+            status(&mut a, &[("Sec-WebSocket-Protocol", "isobox.bearer.azI")]),
+            401,
+            "not an upgrade"
+        );
         assert_eq!(
             status(&mut a, &proto("isobox.terminal, isobox.bearer.azI")),
             200
@@ -810,26 +824,15 @@ mod tests {
         ] {
             assert_eq!(status(&mut a, &proto(bad)), 401, "{bad}");
         }
-        assert_eq!(
-            status(
-                &mut a,
-                &[
-                    ("X-API-Key", "k1"),
-                    ("Sec-WebSocket-Protocol", "isobox.bearer.azI")
-                ]
-            ),
-            400
-        );
-        assert_eq!(
-            status(
-                &mut a,
-                &[
-                    ("X-API-Key", "k2"),
-                    ("Sec-WebSocket-Protocol", "isobox.bearer.azI")
-                ]
-            ),
-            200
-        );
+        let both = |k: &'static str| {
+            vec![
+                ("X-API-Key", k),
+                ("Upgrade", "websocket"),
+                ("Sec-WebSocket-Protocol", "isobox.bearer.azI"),
+            ]
+        };
+        assert_eq!(status(&mut a, &both("k1")), 400);
+        assert_eq!(status(&mut a, &both("k2")), 200);
     }
 
     #[test]

@@ -222,7 +222,7 @@ impl Daemon {
             ProcOp::Start(s) => self.proc_start(ck, key, s),
             ProcOp::Kill(pid) => self.proc_kill(ck, key, pid),
             ProcOp::Stream(pid, from) => self.proc_stream(ck, key, pid, from, None),
-            ProcOp::Attach(pid, a) => self.proc_stream(ck, key, pid, a.from, Some(&a)),
+            ProcOp::Attach(pid, a) => self.proc_stream(ck, key, pid, [0, 0], Some(&a)),
             ProcOp::Stdin(pid, input) => self.proc_stdin(ck, key, pid, input),
             ProcOp::Signal(pid, sig) => {
                 let r = self.proc_signal(key, pid, sig);

@@ -2,8 +2,10 @@
 //! protocol in `wbx::terminal`): one more subscriber of the process's output, as an
 //! NDJSON `stream` client is (the ring first, then live output, the same hold when
 //! the client falls behind), whose connection also carries input, resizes and signals
-//! back. The connection is not closed for quiet while it is attached (a terminal
-//! waits for its person); a client that stops reading is dropped as any other.
+//! back. A quiet connection is not closed (a terminal waits for its person): after
+//! the idle time it is pinged, and closed only when the next idle time passes with no
+//! answer (a half-open connection, a laptop asleep). A client that stops reading holds
+//! the output as a `stream` client does, and is dropped when its writes stall.
 
 use super::boxes::State;
 use super::conn::{Owner, Phase};
@@ -24,6 +26,8 @@ pub struct TermState {
     pub pid: u32,
     /// Its subscriber id among the process's streaming clients.
     pub sub: u64,
+    /// A ping went out after a quiet idle time and nothing came back since.
+    pub pinged: bool,
 }
 
 /// The message of a WBX error response (`{"error": "…"}`).
@@ -59,6 +63,7 @@ impl Daemon {
             serial,
             pid,
             sub,
+            pinged: false,
         })));
         log::debug!("conn={ck} terminal attached to process {pid}");
         self.arm_idle(ck);
@@ -87,6 +92,24 @@ impl Daemon {
         ws::write_text(&mut c.http.wbuf, event);
         ws::write_close(&mut c.http.wbuf, code, "");
         c.http.close_after_flush = true;
+        // Closes once written (no readable or writable edge may come to do it).
+        self.conn_after_io(ck);
+    }
+
+    /// The idle time passed on a terminal with nothing from its client: a ping (the
+    /// next idle time without an answer closes it, `TermState::pinged`).
+    pub(crate) fn term_ping(&mut self, ck: usize) {
+        let Some(c) = self.conns.get_mut(ck) else {
+            return;
+        };
+        if c.http.close_after_flush {
+            return;
+        }
+        let Phase::Owned(Owner::BoxTerm(t)) = &mut c.http.phase else {
+            return;
+        };
+        t.pinged = true;
+        ws::write_frame(&mut c.http.wbuf, 9, b"isobox");
         self.conn_flush(ck);
     }
 
@@ -128,6 +151,11 @@ impl Daemon {
     }
 
     fn term_message(&mut self, ck: usize, key: usize, serial: u64, pid: u32, m: Message) {
+        // Anything from the client is a sign of life.
+        if let Some(Owner::BoxTerm(t)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
+            t.pinged = false;
+        }
+        self.arm_idle(ck);
         let asked = match m {
             Message::Binary(data) => Incoming::Input(data),
             Message::Text(t) => match terminal::incoming(&t) {
@@ -162,15 +190,19 @@ impl Daemon {
             // The sandbox is gone: its end closed this connection already.
             None => return,
         };
-        let r = if state == State::Running {
+        // Everything but a ping queues bytes for the sandbox's init: each is refused
+        // while what was queued before is not taken (a client sending resizes or
+        // signals as fast as it can must not grow the daemon's buffer either).
+        let waiting = self.boxes.boxes[key].wbuf.len();
+        let queued = match &asked {
+            Incoming::Input(data) => data.len(),
+            _ => terminal::CONTROL_BYTES,
+        };
+        let r = if let Err(e) = terminal::input_fits(waiting, queued) {
+            Err(crate::wbx::error(429, &e))
+        } else if state == State::Running {
             match asked {
-                Incoming::Input(data) => {
-                    let waiting = self.boxes.boxes[key].wbuf.len();
-                    match terminal::input_fits(waiting, data.len()) {
-                        Ok(()) => self.proc_input(key, pid, data, false),
-                        Err(e) => Err(crate::wbx::error(429, &e)),
-                    }
-                }
+                Incoming::Input(data) => self.proc_input(key, pid, data, false),
                 Incoming::Eof => self.proc_input(key, pid, Vec::new(), true),
                 Incoming::Resize(cols, rows) => self.proc_resize(key, pid, cols, rows),
                 Incoming::Signal(sig) => self.proc_signal(key, pid, sig),

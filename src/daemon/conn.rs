@@ -220,8 +220,9 @@ impl hc::Owner for Owner {
             Owner::BoxWait { create: true, .. } => Role::Produces,
             Owner::Job | Owner::UploadWait { .. } | Owner::BoxWait { .. } => Role::Answers,
             Owner::Ws(w) => Role::Converses { busy: w.busy() },
-            // Attached: quiet is a person thinking, not a dead client.
-            Owner::BoxTerm(_) => Role::Converses { busy: true },
+            // Attached: quiet is a person thinking, not a dead client; a quiet
+            // connection is pinged, and closed only if the ping goes unanswered.
+            Owner::BoxTerm(t) => Role::Converses { busy: !t.pinged },
             Owner::Upload { target, .. } => Role::Receives {
                 reading: target.is_some(),
             },
@@ -994,7 +995,10 @@ impl Daemon {
         let idle = Duration::from_millis(self.cfg.idle_timeout_ms);
         let peer = c.peer;
         match c.http.expired(now, idle) {
-            Expired::Rearm(after) => self.arm_conn(ck, after),
+            Expired::Rearm(after) => {
+                self.term_ping(ck);
+                self.arm_conn(ck, after);
+            }
             Expired::Close => {
                 self.ws_goodbye(ck, 1001, "idle");
                 self.close_conn(ck);

@@ -19,7 +19,8 @@
 //!   (answered `{"type":"pong"}`).
 //!
 //! The output so far (what the sandbox keeps, the last 1 MiB per stream) comes first,
-//! from `?stdout_offset=&stderr_offset=` on as for `stream`. A browser cannot set
+//! all of it: output messages carry no offsets, so there is nothing to resume from (a
+//! client that needs exact resumption uses `stream`). A browser cannot set
 //! headers on a WebSocket: it offers the subprotocol `isobox.terminal` (chosen in the
 //! answer) and its key as `isobox.bearer.<base64url>` (never sent back).
 
@@ -44,21 +45,18 @@ pub const STDERR: u8 = 2;
 /// What the upgrade was asked with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attach {
-    /// Offsets of stdout and stderr to start at.
-    pub from: [u64; 2],
     /// `Sec-WebSocket-Accept`.
     pub accept: String,
     /// Whether to answer with [`PROTOCOL`].
     pub protocol: bool,
 }
 
-/// `GET …/process/{pid}/ws`: checks the upgrade and the offsets.
+/// `GET …/process/{pid}/ws`: checks the upgrade.
 ///
 /// # Errors
-/// 400 for a bad offset, then 426 (with `Upgrade` and `Sec-WebSocket-Version`) for a
-/// request that is no WebSocket upgrade, 400 for a bad key, in the face's shape.
+/// 426 (with `Upgrade` and `Sec-WebSocket-Version`) for a request that is no
+/// WebSocket upgrade, 400 for a bad key, in the face's shape.
 pub fn attach(req: &Request, id: String, pid: u32) -> Result<Op, Response> {
-    let from = processes::stream_offsets(req)?;
     let accept =
         ws::check_upgrade(&req.head).map_err(|r| ws::refusal(&r, error(r.status, r.message)))?;
     Ok(Op::Proc(
@@ -66,7 +64,6 @@ pub fn attach(req: &Request, id: String, pid: u32) -> Result<Op, Response> {
         ProcOp::Attach(
             pid,
             Box::new(Attach {
-                from,
                 accept,
                 protocol: ws::offered(&req.head, PROTOCOL),
             }),
@@ -141,6 +138,10 @@ pub fn incoming(text: &str) -> Result<Incoming, String> {
 /// is not taking it (init itself takes input as it comes and keeps what a process has
 /// not read in the sandbox's own memory), and the daemon holds no more for it.
 pub const INPUT_BACKLOG_BYTES: usize = 1 << 20;
+
+/// What a control message (a resize, a signal, an end of input) is counted as
+/// against [`INPUT_BACKLOG_BYTES`]: about the frame it queues.
+pub const CONTROL_BYTES: usize = 64;
 
 /// Whether `len` more bytes of input may be queued behind `waiting`.
 ///

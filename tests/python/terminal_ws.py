@@ -194,6 +194,18 @@ async def refusals():
     return out
 
 
+async def quiet():
+    """Says nothing for QUIET_SECONDS (the library answers the server's pings), then
+    checks the connection still works."""
+    out = {}
+    async with browser_like() as ws:
+        t = Term(ws)
+        await asyncio.sleep(float(__import__("os").environ.get("QUIET_SECONDS", "5")))
+        await ws.send(json.dumps({"type": "ping"}))
+        out["after_quiet"] = await t.event()
+    return out
+
+
 async def lifecycle():
     """A paused sandbox takes no input; a deleted one ends its terminals."""
     out = {}
