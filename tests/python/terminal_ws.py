@@ -39,6 +39,7 @@ class Term:
         self.ws = ws
         self.out = {1: b"", 2: b""}
         self.events = []
+        self.taken = 0  # events handed out by event()
         self.streams = set()
 
     async def next(self, timeout=20):
@@ -62,11 +63,11 @@ class Term:
         return (head + needle).decode(errors="replace")
 
     async def event(self, timeout=20):
-        """The next event (output before it is kept)."""
-        n = len(self.events)
-        while len(self.events) == n:
+        """The next event not handed out yet, in order (output before it is kept)."""
+        while len(self.events) == self.taken:
             await self.next(timeout)
-        return self.events[-1]
+        self.taken += 1
+        return self.events[self.taken - 1]
 
     async def closed(self, timeout=20):
         """Reads to the end: the close code."""
@@ -148,7 +149,7 @@ async def pipes():
         await ws.send(b"abc\n")
         out["stdout"] = await t.until(b"out:abc\n", 1)
         out["stderr"] = await t.until(b"err:abc\n", 2)
-        await ws.send(json.dumps({"type": "eof"}))
+        # It ends after its one line.
         out["exit"] = await t.event()
         out["close"] = await t.closed()
         out["streams"] = sorted(t.streams)
