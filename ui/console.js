@@ -5,7 +5,8 @@
 // under /ui/) on the process WebSocket GET /wbx/v1/sandboxes/{id}/process/{pid}/ws.
 
 // ---------- views ----------
-const VIEWS = { notebook: ['#tabNb', '#nbView'], sandboxes: ['#tabSb', '#sbView'] };
+const VIEWS = { notebook: ['#tabNb', '#nbView'], sandboxes: ['#tabSb', '#sbView'], metrics: ['#tabMx', '#mxView'] };
+const ORDER = Object.keys(VIEWS);
 let view = 'notebook';
 function showView(name, focus) {
   view = name;
@@ -19,15 +20,16 @@ function showView(name, focus) {
   if (focus) $(VIEWS[name][0]).focus();
   history.replaceState(null, '', name === 'notebook' ? location.pathname : '#' + name);
   if (name === 'sandboxes') sbStart(); else sbStop();
+  if (name === 'metrics') mxStart(); else mxStop();
 }
-$('#tabNb').addEventListener('click', () => showView('notebook'));
-$('#tabSb').addEventListener('click', () => showView('sandboxes'));
-// Arrow keys move between tabs (the ARIA tabs pattern).
-for (const t of ['#tabNb', '#tabSb']) {
-  $(t).addEventListener('keydown', e => {
+for (const [name, [tab]] of Object.entries(VIEWS)) {
+  $(tab).addEventListener('click', () => showView(name));
+  // Arrow keys move between tabs (the ARIA tabs pattern).
+  $(tab).addEventListener('keydown', e => {
     if (e.key !== 'ArrowLeft' && e.key !== 'ArrowRight') return;
     e.preventDefault();
-    showView(view === 'notebook' ? 'sandboxes' : 'notebook', true);
+    const i = ORDER.indexOf(view) + (e.key === 'ArrowRight' ? 1 : ORDER.length - 1);
+    showView(ORDER[i % ORDER.length], true);
   });
 }
 
@@ -423,4 +425,133 @@ $('#fUploadBtn').addEventListener('click', () => $('#fUpload').click());
 $('#fUpload').addEventListener('change', async () => { const fs = [...$('#fUpload').files]; $('#fUpload').value = ''; await filesUpload(fs); });
 $('#fClose').addEventListener('click', filesClose);
 
+// ---------- metrics ----------
+// /metrics (Prometheus text) read every 2 s; each chart keeps the last 150 samples
+// (5 minutes) and is drawn as SVG lines (no chart library).
+const MX = { timer: null, prev: null, series: {}, busy: false };
+const MX_KEEP = 150;
+const CHARTS = [
+  { id: 'runs', title: 'Runs finished per second', lines: ['runs/s'], fmt: v => v.toFixed(2) },
+  { id: 'latency', title: 'Run duration (p50, p95 of the last 2 s)', lines: ['p50', 'p95'], fmt: v => v == null ? '—' : fmtMs(Math.round(v * 1000)) },
+  { id: 'slots', title: 'Run slots in use', lines: ['in use', 'slots'], fmt: v => String(v) },
+  { id: 'sandboxes', title: 'Sandboxes alive (tenants\u2019 and pooled)', lines: ['tenant', 'pooled'], fmt: v => String(v) },
+];
+
+// Prometheus text → [{name, labels, value}].
+function promParse(text) {
+  const out = [];
+  for (const line of text.split('\n')) {
+    if (!line || line[0] === '#') continue;
+    const m = /^([a-zA-Z_:][\w:]*)(\{(.*)\})?\s+(\S+)/.exec(line);
+    if (!m) continue;
+    const labels = {};
+    for (const l of (m[3] || '').matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2];
+    out.push({ name: m[1], labels, value: Number(m[4]) });
+  }
+  return out;
+}
+const sum = (ms, name, f = () => true) => ms.filter(m => m.name === name && f(m.labels)).reduce((a, m) => a + m.value, 0);
+
+// A quantile from the change of a histogram's buckets between two samples.
+function quantile(prev, cur, name, q) {
+  const buckets = ms => {
+    const by = new Map();
+    for (const m of ms) if (m.name === name + '_bucket') by.set(m.labels.le, (by.get(m.labels.le) || 0) + m.value);
+    return by;
+  };
+  const a = buckets(prev), b = buckets(cur);
+  const les = [...b.keys()].sort((x, y) => (x === '+Inf') - (y === '+Inf') || Number(x) - Number(y));
+  const total = (b.get('+Inf') || 0) - (a.get('+Inf') || 0);
+  if (total <= 0) return null;
+  for (const le of les) {
+    if ((b.get(le) || 0) - (a.get(le) || 0) >= q * total) return le === '+Inf' ? null : Number(le);
+  }
+  return null;
+}
+
+function mxCharts() {
+  if ($('#mxCharts').children.length) return;
+  const svgNS = 'http://www.w3.org/2000/svg';
+  for (const c of CHARTS) {
+    const svg = document.createElementNS(svgNS, 'svg');
+    svg.setAttribute('viewBox', '0 0 300 90');
+    svg.setAttribute('preserveAspectRatio', 'none');
+    svg.setAttribute('role', 'img');
+    svg.setAttribute('aria-label', c.title);
+    const grid = document.createElementNS(svgNS, 'line');
+    for (const [k, v] of Object.entries({ x1: 0, y1: 89, x2: 300, y2: 89, class: 'grid' })) grid.setAttribute(k, v);
+    svg.append(grid);
+    c.lines.forEach((_, i) => {
+      const pl = document.createElementNS(svgNS, 'polyline');
+      pl.setAttribute('class', 'l' + i);
+      pl.setAttribute('fill', 'none');
+      pl.setAttribute('stroke-width', '2');
+      pl.setAttribute('vector-effect', 'non-scaling-stroke');
+      svg.append(pl);
+    });
+    $('#mxCharts').append(el('div', { class: 'chart', id: 'chart-' + c.id },
+      el('h3', { text: c.title }),
+      el('div', { class: 'now', 'aria-live': 'off' }),
+      svg,
+      el('div', { class: 'legend', text: c.lines.length > 1 ? `${c.lines[0]} (blue), ${c.lines[1]} (orange)` : '' })));
+    MX.series[c.id] = c.lines.map(() => []);
+  }
+}
+
+function mxDraw() {
+  for (const c of CHARTS) {
+    const box = $('#chart-' + c.id), series = MX.series[c.id];
+    const all = series.flat().filter(v => v != null);
+    const max = Math.max(1e-9, ...all) * 1.1;
+    box.querySelectorAll('polyline').forEach((pl, i) => {
+      const pts = series[i].map((v, j) => v == null ? null : `${(j / (MX_KEEP - 1) * 300).toFixed(1)},${(89 - v / max * 86).toFixed(1)}`).filter(Boolean);
+      pl.setAttribute('points', pts.join(' '));
+    });
+    const last = series.map(s => s[s.length - 1]);
+    box.querySelector('.now').textContent = c.lines.map((n, i) => `${c.lines.length > 1 ? n + ' ' : ''}${c.fmt(last[i])}`).join(' · ');
+    box.dataset.last = JSON.stringify(last);
+    box.dataset.peak = JSON.stringify(series.map(s => Math.max(0, ...s.filter(v => v != null))));
+  }
+}
+
+async function mxTick() {
+  if (MX.busy) return;
+  MX.busy = true;
+  try {
+    const key = store.get('metricsKey');
+    const res = await fetch('/metrics', { cache: 'no-store', headers: key ? { Authorization: 'Bearer ' + key } : {} });
+    if (res.status === 401) {
+      $('#mxKeyRow').hidden = false;
+      $('#mxMsg').textContent = 'This server\u2019s /metrics needs its metrics key (ISOBOX_METRICS_KEY): enter it above.';
+      return;
+    }
+    if (!res.ok) throw await httpError(res, 'Reading /metrics');
+    const cur = { t: performance.now(), ms: promParse(await res.text()) };
+    $('#mxMsg').textContent = '';
+    const p = MX.prev;
+    MX.prev = cur;
+    if (!p) return;
+    const dt = (cur.t - p.t) / 1000;
+    const push = (id, vals) => MX.series[id].forEach((s, i) => { s.push(vals[i]); if (s.length > MX_KEEP) s.shift(); });
+    push('runs', [(sum(cur.ms, 'isobox_runs_total') - sum(p.ms, 'isobox_runs_total')) / dt]);
+    push('latency', [0.5, 0.95].map(q => quantile(p.ms, cur.ms, 'isobox_run_duration_seconds', q)));
+    push('slots', [sum(cur.ms, 'isobox_slots_in_use'), sum(cur.ms, 'isobox_slots')]);
+    push('sandboxes', ['tenant', 'pooled'].map(k => sum(cur.ms, 'isobox_sandboxes_live', l => l.kind === k)));
+    mxDraw();
+  } catch (e) {
+    $('#mxMsg').textContent = e.message;
+  } finally {
+    MX.busy = false;
+  }
+}
+
+function mxStart() {
+  mxCharts();
+  mxTick();
+  if (!MX.timer) MX.timer = setInterval(() => { if (!document.hidden) mxTick(); }, 2000);
+}
+function mxStop() { clearInterval(MX.timer); MX.timer = null; MX.prev = null; }
+$('#mxKeySave').addEventListener('click', () => { store.set('metricsKey', $('#mxKey').value.trim()); $('#mxKey').value = ''; $('#mxKeyRow').hidden = true; mxTick(); });
+
 if (location.hash === '#sandboxes') showView('sandboxes');
+if (location.hash === '#metrics') showView('metrics');

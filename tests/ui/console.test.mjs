@@ -2,7 +2,8 @@
 // Chromium driven by playwright-core against the real daemon. Creates a sandbox, types
 // `echo hi` in its terminal (xterm.js on the process WebSocket) and sees `hi`, resizes
 // the window and sees `stty size` follow, uploads and downloads a file and watches the
-// folder change, pauses and resumes it, deletes it.
+// folder change, pauses and resumes it, deletes it; then watches the metrics charts
+// move while runs happen.
 // Usage: node tests/ui/console.test.mjs <daemon base URL>; the daemon must run with the
 // API key ISOBOX_UI_KEY (default "ui-test-key"). Environment: CHROMIUM,
 // ISOBOX_UI_ARTIFACTS (where console.png goes). Exits 0 when every check passed.
@@ -166,6 +167,34 @@ try {
   await page.locator('#sbRows td.note', { hasText: 'No sandboxes yet' }).waitFor({ timeout: T });
   assert.equal(await page.locator('#termPanel').isHidden(), true);
   assert.equal(await page.locator('#filesPanel').isHidden(), true);
+
+  step('metrics: the charts move while runs happen');
+  await page.click('#tabMx');
+  await page.locator('#mxView').waitFor({ state: 'visible', timeout: T });
+  assert.equal(await page.locator('#sbView').isHidden(), true);
+  await page.waitForFunction(() => document.querySelector('#chart-runs') && document.querySelector('#chart-runs').dataset.last, null, { timeout: T });
+  // Runs through the API (four at a time, as clients would) until the page has seen them.
+  const runOnce = () => fetch(base + '/execute', {
+    method: 'POST', headers: { 'Content-Type': 'application/json', 'X-API-Key': KEY },
+    body: JSON.stringify({ language: 'python', code: 'print(1)' }),
+  }).then(r => r.json());
+  let seen = false, runs = 0;
+  const t0 = Date.now();
+  while (!seen) {
+    assert.ok(Date.now() - t0 < 40000, 'the runs chart never moved');
+    const rs = await Promise.all([runOnce(), runOnce(), runOnce(), runOnce()]);
+    for (const r of rs) assert.equal(r.run && r.run.stdout, '1\n', JSON.stringify(r));
+    runs += rs.length;
+    seen = await page.evaluate(() => {
+      const peak = id => JSON.parse(document.querySelector('#chart-' + id).dataset.peak || '[]');
+      return peak('runs')[0] > 0 && peak('latency')[0] > 0 && peak('slots')[1] > 0;
+    });
+  }
+  const pts = await page.getAttribute('#chart-runs polyline', 'points');
+  assert.ok(pts.split(' ').some(p => Number(p.split(',')[1]) < 89), `a point above the baseline: ${pts}`);
+  assert.match(await page.locator('#chart-runs .now').textContent(), /^\d+\.\d\d$/);
+  await page.screenshot({ path: path.join(artifacts, 'console-metrics.png') });
+  console.log(`  the page saw the runs after ${runs} of them`);
 
   step('the tabs go back to the notebook');
   await page.click('#tabNb');
