@@ -7,7 +7,9 @@
 //! - `tests/ui/console.test.mjs`: the Sandboxes view: create, a terminal (xterm.js on
 //!   the process WebSocket) typed into and resized with the window, the file browser
 //!   (upload, download byte-identical, the live `fs/watch` feed, delete), pause,
-//!   resume, extend, delete; the Metrics view's charts moving while runs happen;
+//!   resume, extend, delete; the Jobs view (a failing job's tests in its digest
+//!   table, its receipt's signature checked, a result file, retry, cancel); the
+//!   Metrics view's charts moving while runs happen;
 //! - `tests/ui/agent.test.mjs`: the chat in server-agent mode against the daemon's real
 //!   agent, whose OpenAI-compatible upstream is a scripted fake model server started
 //!   here (tool calls run in the page's own kernel session).

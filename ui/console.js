@@ -5,7 +5,7 @@
 // under /ui/) on the process WebSocket GET /wbx/v1/sandboxes/{id}/process/{pid}/ws.
 
 // ---------- views ----------
-const VIEWS = { notebook: ['#tabNb', '#nbView'], sandboxes: ['#tabSb', '#sbView'], metrics: ['#tabMx', '#mxView'] };
+const VIEWS = { notebook: ['#tabNb', '#nbView'], sandboxes: ['#tabSb', '#sbView'], jobs: ['#tabJb', '#jbView'], metrics: ['#tabMx', '#mxView'] };
 const ORDER = Object.keys(VIEWS);
 let view = 'notebook';
 function showView(name, focus) {
@@ -21,6 +21,7 @@ function showView(name, focus) {
   history.replaceState(null, '', name === 'notebook' ? location.pathname : '#' + name);
   if (name === 'sandboxes') sbStart(); else sbStop();
   if (name === 'metrics') mxStart(); else mxStop();
+  if (name === 'jobs') jbStart(); else jbStop();
 }
 for (const [name, [tab]] of Object.entries(VIEWS)) {
   $(tab).addEventListener('click', () => showView(name));
@@ -553,5 +554,216 @@ function mxStart() {
 function mxStop() { clearInterval(MX.timer); MX.timer = null; MX.prev = null; }
 $('#mxKeySave').addEventListener('click', () => { store.set('metricsKey', $('#mxKey').value.trim()); $('#mxKey').value = ''; $('#mxKeyRow').hidden = true; mxTick(); });
 
-if (location.hash === '#sandboxes') showView('sandboxes');
-if (location.hash === '#metrics') showView('metrics');
+// ---------- jobs ----------
+// Background jobs (the WBX face's /v1/jobs): the list, a submit form, and one job's
+// summary, test results (the log digest), the end of its log (live while it runs),
+// result files, and its receipt with the signature checked here (WebCrypto Ed25519).
+const JB = { timer: null, job: null, busy: false, templates: false, logTimer: null };
+const FINISHED = ['completed', 'failed', 'cancelled', 'expired'];
+const fmtTime = ts => ts ? new Date(ts).toLocaleTimeString() : '—';
+function jbMsg(t) { $('#jbMsg').textContent = t; }
+
+async function jbRefresh() {
+  if (JB.busy) return;
+  JB.busy = true;
+  try {
+    if (!JB.templates) {
+      const r = await (await request(wbx('/templates'), { what: 'Listing templates' })).json();
+      $('#jbTemplate').replaceChildren(...r.templates.map(t => el('option', { value: t.name, text: t.name })));
+      if (r.templates.some(t => t.name === 'base')) $('#jbTemplate').value = 'base';
+      JB.templates = true;
+    }
+    const jobs = (await (await request(wbx('/jobs?limit=50'), { what: 'Listing jobs' })).json()).jobs;
+    $('#jbCount').textContent = `${jobs.length} shown, newest first`;
+    $('#jbRows').replaceChildren(...jobs.map(jbRow));
+    if (!jobs.length) $('#jbRows').append(el('tr', {}, el('td', { colspan: 7, class: 'note', text: 'No jobs yet: submit one above.' })));
+  } catch (e) { jbMsg(e.message); } finally { JB.busy = false; }
+}
+
+function jbRow(j) {
+  const act = (label, fn, attrs = {}) => el('button', { type: 'button', onclick: fn, ...attrs, text: label });
+  const done = FINISHED.includes(j.status);
+  const what = j.runtime === 'wasi' ? `(wasm) ${j.wasm && j.wasm.module || ''}` : j.command;
+  const tr = el('tr', { 'data-id': j.id, class: JB.job === j.id ? 'selected' : null },
+    el('td', { class: 'id', text: j.id }),
+    el('td', { class: `state-${j.status}`, text: j.status + (j.error && j.error.code ? ` (${j.error.code})` : '') }),
+    el('td', { class: 'cmd', text: what, title: what }),
+    el('td', { text: fmtTime(j.created_at) }),
+    el('td', { text: j.duration_s == null ? '—' : `${j.duration_s.toFixed(1)} s` }),
+    el('td', { text: j.cost || '—' }),
+    el('td', { class: 'acts' },
+      act('Open', () => jobOpen(j.id), { 'aria-label': `Open job ${j.id}` }),
+      done ? act('Retry', () => jobRetry(j.id), { 'aria-label': `Retry job ${j.id}` })
+        : act('Cancel', () => jobCancel(j.id), { 'aria-label': `Cancel job ${j.id}` })));
+  return tr;
+}
+
+async function jbSubmit() {
+  const command = $('#jbCmd').value;
+  if (!command.trim()) { jbMsg('A job needs a command.'); $('#jbCmd').focus(); return; }
+  const body = { command, template: $('#jbTemplate').value, timeout_s: Number($('#jbTimeout').value) || 600 };
+  const arts = $('#jbArtifacts').value.split(',').map(a => a.trim()).filter(Boolean);
+  if (arts.length) body.artifacts = arts;
+  $('#jbSubmit').disabled = true;
+  try {
+    const j = await (await request(wbx('/jobs'), { method: 'POST', json: body, what: 'Submitting a job' })).json();
+    jbMsg(`Submitted ${j.id}.`);
+    await jbRefresh();
+    jobOpen(j.id);
+  } catch (e) { jbMsg(e.message); notice(e.message); } finally { $('#jbSubmit').disabled = false; }
+}
+
+async function jobCancel(id) {
+  try {
+    await request(wbx(`/jobs/${id}/cancel`), { method: 'POST', what: `Cancelling ${id}` });
+    jbMsg(`${id}: cancelled.`);
+  } catch (e) { jbMsg(e.message); }
+  await jbRefresh();
+  if (JB.job === id) jobLoad();
+}
+
+async function jobRetry(id) {
+  try {
+    const j = await (await request(wbx(`/jobs/${id}/retry`), { method: 'POST', json: {}, what: `Retrying ${id}` })).json();
+    jbMsg(`${id}: retried as ${j.id}.`);
+    await jbRefresh();
+    jobOpen(j.id);
+  } catch (e) { jbMsg(e.message); }
+}
+
+function jobOpen(id) {
+  JB.job = id;
+  $('#jobPanel').hidden = false;
+  $('#jobWhat').textContent = id;
+  for (const tr of $('#jbRows').children) tr.classList.toggle('selected', tr.dataset.id === id);
+  for (const s of ['#jobTests', '#jobFiles', '#jobLog']) $(s).replaceChildren();
+  $('#jobReceipt').textContent = '';
+  $('#jobReceipt').className = 'note';
+  jobLoad();
+}
+
+function jobClose() {
+  JB.job = null;
+  clearTimeout(JB.logTimer);
+  $('#jobPanel').hidden = true;
+}
+
+// Loads the open job's summary, digest, log end, files and receipt; again every 2 s
+// while it has not finished.
+async function jobLoad() {
+  const id = JB.job;
+  clearTimeout(JB.logTimer);
+  if (!id) return;
+  try {
+    const sm = await (await request(wbx(`/jobs/${id}/summary`), { what: `Reading ${id}` })).json();
+    if (JB.job !== id) return;
+    const done = FINISHED.includes(sm.status);
+    $('#jobState').textContent = `${sm.status}` + (sm.exit_code != null ? ` · exit code ${sm.exit_code}` : '')
+      + (sm.duration_s != null ? ` · ${sm.duration_s.toFixed(1)} s` : '') + (sm.cost ? ` · ${sm.cost}` : '')
+      + (sm.error ? ` · ${sm.error.code}: ${sm.error.message}` : '');
+    $('#jobState').className = `state-${sm.status}`;
+    $('#jobNext').textContent = sm.next_step || '';
+    $('#jobCancel').hidden = done;
+    $('#jobRetry').hidden = !done;
+    const log = await request(wbx(`/jobs/${id}/logs?offset=-16384`), { what: 'Reading the log' });
+    const text = await log.text();
+    if (JB.job !== id) return;
+    const pre = $('#jobLog');
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.textContent = text;
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+    if (done) {
+      const dg = await (await request(wbx(`/jobs/${id}/logs?mode=summary&max_chars=2000`), { what: 'Reading the log digest' })).json();
+      if (JB.job !== id) return;
+      jobTests(dg.test_results || []);
+      const arts = await (await request(wbx(`/jobs/${id}/artifacts`), { what: 'Listing result files' })).json();
+      if (JB.job !== id) return;
+      jobFiles(id, arts);
+      await jobReceipt(id);
+    } else {
+      $('#jobTests').replaceChildren(el('p', { class: 'note', text: 'When the job ends.' }));
+      JB.logTimer = setTimeout(() => { jobLoad(); jbRefresh(); }, 2000);
+    }
+  } catch (e) { $('#jobState').textContent = e.message; }
+}
+
+function jobTests(results) {
+  if (!results.length) { $('#jobTests').replaceChildren(el('p', { class: 'note', text: 'No test output recognised in the log.' })); return; }
+  const rows = [];
+  for (const r of results) {
+    rows.push(el('tr', {}, el('td', { text: r.framework }), el('td', { text: r.passed ?? '—' }), el('td', { class: r.failed ? 'fail' : null, text: r.failed ?? '—' }),
+      el('td', { text: r.skipped ?? '—' }), el('td', { text: r.total ?? '—' }), el('td', {})));
+    for (const f of r.failures || []) {
+      rows.push(el('tr', { class: 'failure' }, el('td', {}), el('td', { colspan: 4, class: 'fail', text: `FAILED ${f.name}` }), el('td', { class: 'fail', text: f.message || '' })));
+    }
+  }
+  $('#jobTests').replaceChildren(el('table', { class: 'list', id: 'jobTestTable' },
+    el('caption', { class: 'vh', text: 'Test results from the log' }),
+    el('thead', {}, el('tr', {}, ...['Framework', 'Passed', 'Failed', 'Skipped', 'Total', 'Message'].map(h => el('th', { scope: 'col', text: h })))),
+    el('tbody', {}, ...rows)));
+}
+
+function jobFiles(id, arts) {
+  const items = arts.files.map(f => el('li', {},
+    el('span', { class: 'fname', text: f.name }), el('span', { class: 'size', text: fmtSize(f.size) }),
+    el('button', { type: 'button', text: 'Download', 'aria-label': `Download ${f.name}`, onclick: () => jobDownload(id, f.name) })));
+  for (const sk of arts.skipped || []) items.push(el('li', { class: 'note', text: `${sk.name}: skipped (${sk.reason})` }));
+  if (!items.length) items.push(el('li', { class: 'note', text: 'No result files.' }));
+  $('#jobFiles').replaceChildren(...items);
+}
+
+async function jobDownload(id, name) {
+  try {
+    const res = await request(wbx(`/jobs/${id}/artifacts/${name.split('/').map(encodeURIComponent).join('/')}`), { what: `Downloading ${name}` });
+    const url = URL.createObjectURL(await res.blob());
+    const a = el('a', { href: url, download: name.split('/').pop(), hidden: true });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  } catch (e) { jbMsg(e.message); }
+}
+
+const unb64 = s => Uint8Array.from(atob(s), c => c.charCodeAt(0));
+// JSON with object keys sorted: equal for equal values whatever the keys' order.
+const canon = v => Array.isArray(v) ? `[${v.map(canon).join(',')}]`
+  : v && typeof v === 'object' ? `{${Object.keys(v).sort().map(k => JSON.stringify(k) + ':' + canon(v[k])).join(',')}}`
+  : JSON.stringify(v);
+// The receipt's Ed25519 signature, checked in the browser against the server's
+// receipt key (GET /wbx/v1/receipts/key).
+async function jobReceipt(id) {
+  const out = $('#jobReceipt');
+  try {
+    const rc = await (await request(wbx(`/jobs/${id}/receipt`), { what: 'Reading the receipt' })).json();
+    const key = await (await request(wbx('/receipts/key'), { what: 'Reading the receipt key' })).json();
+    const sig = rc.signature;
+    if (!sig || sig.algorithm !== 'Ed25519') throw new Error('the receipt has no Ed25519 signature');
+    if (sig.public_key !== key.public_key) throw new Error('the receipt names another key than the server\u2019s');
+    const k = await crypto.subtle.importKey('raw', unb64(key.public_key), { name: 'Ed25519' }, false, ['verify']);
+    const ok = await crypto.subtle.verify({ name: 'Ed25519' }, k, unb64(sig.value), new TextEncoder().encode(sig.signed));
+    // What was signed must be this receipt (without its signature).
+    const { signature, ...rest } = rc;
+    const same = canon(JSON.parse(sig.signed)) === canon(rest);
+    if (JB.job !== id) return;
+    out.className = ok && same ? 'ok' : 'bad';
+    out.textContent = ok && same
+      ? `Signature valid (Ed25519, key ${key.public_key.slice(0, 12)}…): command sha256 ${rc.inputs.command_sha256.slice(0, 16)}…, log sha256 ${(rc.log && rc.log.sha256 || '').slice(0, 16)}…, ${rc.result_files ? rc.result_files.length : 0} result files.`
+      : `Signature INVALID${ok ? ' (signs another receipt)' : ''}.`;
+  } catch (e) {
+    if (JB.job === id) { out.className = 'bad'; out.textContent = `Receipt: ${e.message}`; }
+  }
+}
+
+function jbStart() {
+  jbRefresh();
+  if (!JB.timer) JB.timer = setInterval(() => { if (!document.hidden) jbRefresh(); }, 5000);
+}
+function jbStop() { clearInterval(JB.timer); JB.timer = null; }
+$('#jbSubmit').addEventListener('click', jbSubmit);
+$('#jbRefresh').addEventListener('click', jbRefresh);
+$('#jbCmd').addEventListener('keydown', e => { if (e.key === 'Enter') { e.preventDefault(); jbSubmit(); } });
+$('#jobCancel').addEventListener('click', () => JB.job && jobCancel(JB.job));
+$('#jobRetry').addEventListener('click', () => JB.job && jobRetry(JB.job));
+$('#jobClose').addEventListener('click', jobClose);
+
+for (const name of ORDER) if (location.hash === '#' + name) showView(name);

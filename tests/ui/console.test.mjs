@@ -3,7 +3,8 @@
 // `echo hi` in its terminal (xterm.js on the process WebSocket) and sees `hi`, resizes
 // the window and sees `stty size` follow, uploads and downloads a file and watches the
 // folder change, pauses and resumes it, deletes it; then watches the metrics charts
-// move while runs happen.
+// move while runs happen; submits a job whose tests fail and sees them in its digest
+// table, checks its receipt's signature, retries it, cancels a running one.
 // Usage: node tests/ui/console.test.mjs <daemon base URL>; the daemon must run with the
 // API key ISOBOX_UI_KEY (default "ui-test-key"). Environment: CHROMIUM,
 // ISOBOX_UI_ARTIFACTS (where console.png goes). Exits 0 when every check passed.
@@ -21,7 +22,7 @@ const artifacts = process.env.ISOBOX_UI_ARTIFACTS || path.join(here, '..', '..',
 const T = 20000;
 const started = Date.now();
 const step = name => console.log(`[${((Date.now() - started) / 1000).toFixed(1)}s] ${name}`);
-setTimeout(() => { console.error('FAIL: the browser test took over 100 s'); process.exit(1); }, 100_000).unref();
+setTimeout(() => { console.error('FAIL: the browser test took over 140 s'); process.exit(1); }, 140_000).unref();
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
@@ -167,6 +168,51 @@ try {
   await page.locator('#sbRows td.note', { hasText: 'No sandboxes yet' }).waitFor({ timeout: T });
   assert.equal(await page.locator('#termPanel').isHidden(), true);
   assert.equal(await page.locator('#filesPanel').isHidden(), true);
+
+  step('jobs: a job whose tests fail shows them in the digest table; its receipt checks out; its file downloads');
+  await page.click('#tabJb');
+  await page.locator('#jbView').waitFor({ state: 'visible', timeout: T });
+  await page.waitForFunction(() => document.querySelector('#jbTemplate').options.length > 0, null, { timeout: T });
+  const pytestOut = fs.readFileSync(path.join(here, '..', 'fixtures', 'logs', 'pytest-fail.txt'));
+  await page.fill('#jbCmd', `mkdir -p output && echo 42 > output/answer.txt && echo ${pytestOut.toString('base64')} | base64 -d; exit 1`);
+  await page.fill('#jbArtifacts', 'output/');
+  await page.click('#jbSubmit');
+  await page.locator('#jobPanel').waitFor({ state: 'visible', timeout: T });
+  const jobId = (await page.locator('#jobWhat').textContent()).trim();
+  assert.match(jobId, /^job_/);
+  await page.waitForFunction(() => /^failed/.test(document.querySelector('#jobState').textContent), null, { timeout: 60000 });
+  assert.match(await page.locator('#jobState').textContent(), /exit code 1/);
+  const table = page.locator('#jobTestTable');
+  await table.waitFor({ timeout: T });
+  assert.deepEqual((await table.locator('tbody tr').first().locator('td').allTextContents()).slice(0, 5), ['pytest', '4', '1', '0', '5']);
+  const failure = table.locator('tr.failure', { hasText: 'tests/test_api.py::test_refund' });
+  await failure.waitFor({ timeout: T });
+  assert.match(await failure.textContent(), /assert 400 == 200/);
+  assert.match(await page.locator('#jobLog').textContent(), /1 failed, 4 passed/);
+  await page.locator('#jobReceipt.ok').waitFor({ timeout: T });
+  assert.match(await page.locator('#jobReceipt').textContent(), /^Signature valid \(Ed25519/);
+  const [dl2] = await Promise.all([
+    page.waitForEvent('download', { timeout: T }),
+    page.locator('#jobFiles').getByRole('button', { name: 'Download output/answer.txt' }).click(),
+  ]);
+  assert.equal(fs.readFileSync(await dl2.path(), 'utf8'), '42\n');
+  const jrow = page.locator(`#jbRows tr[data-id="${jobId}"]`);
+  await jrow.waitFor({ timeout: T });
+  assert.match(await jrow.locator('td').nth(1).textContent(), /^failed \(nonzero_exit\)/);
+  await page.screenshot({ path: path.join(artifacts, 'console-jobs.png'), fullPage: true });
+
+  step('jobs: retry makes a new job; a running one is cancelled');
+  await page.click('#jobRetry');
+  await page.waitForFunction(id => { const w = document.querySelector('#jobWhat').textContent; return /^job_/.test(w) && w !== id; }, jobId, { timeout: T });
+  await page.waitForFunction(() => /^failed/.test(document.querySelector('#jobState').textContent), null, { timeout: 60000 });
+  await page.fill('#jbCmd', 'sleep 120');
+  await page.fill('#jbArtifacts', '');
+  const before = (await page.locator('#jobWhat').textContent()).trim();
+  await page.click('#jbSubmit');
+  await page.waitForFunction(id => { const w = document.querySelector('#jobWhat').textContent; return /^job_/.test(w) && w !== id; }, before, { timeout: T });
+  await page.waitForFunction(() => /^(queued|starting|running)/.test(document.querySelector('#jobState').textContent), null, { timeout: T });
+  await page.click('#jobCancel');
+  await page.waitForFunction(() => /^cancelled/.test(document.querySelector('#jobState').textContent), null, { timeout: 30000 });
 
   step('metrics: the charts move while runs happen');
   await page.click('#tabMx');
