@@ -1,8 +1,10 @@
 'use strict';
 // The console's views beside the notebook: long-lived sandboxes (the WBX face at /wbx)
-// with a live terminal. Loaded after app.js, whose helpers ($, el, request, notice,
-// apiKey) it uses. The terminal is xterm.js (vendored from npm, served by isoboxd
-// under /ui/) on the process WebSocket GET /wbx/v1/sandboxes/{id}/process/{pid}/ws.
+// with a live terminal and their files, background jobs, and metrics charts. Loaded
+// after app.js, whose helpers ($, el, request, notice, apiKey, store, fmtSize, fmtMs,
+// httpError, authHeaders) it uses. The terminal is xterm.js (vendored from npm, served
+// by isoboxd under /ui/) on the process WebSocket
+// GET /wbx/v1/sandboxes/{id}/process/{pid}/ws.
 
 // ---------- views ----------
 const VIEWS = { notebook: ['#tabNb', '#nbView'], sandboxes: ['#tabSb', '#sbView'], jobs: ['#tabJb', '#jbView'], metrics: ['#tabMx', '#mxView'] };
@@ -665,8 +667,9 @@ async function jobLoad() {
     $('#jobNext').textContent = sm.next_step || '';
     $('#jobCancel').hidden = done;
     $('#jobRetry').hidden = !done;
-    const log = await request(wbx(`/jobs/${id}/logs?offset=-16384`), { what: 'Reading the log' });
-    const text = await log.text();
+    // A job that has not started has no log yet: nothing to show, not an error.
+    const text = await request(wbx(`/jobs/${id}/logs?offset=-16384`), { what: 'Reading the log' })
+      .then(r => r.text()).catch(() => '');
     if (JB.job !== id) return;
     const pre = $('#jobLog');
     const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
