@@ -435,7 +435,8 @@ const MX = { timer: null, prev: null, series: {}, busy: false };
 const MX_KEEP = 150;
 const CHARTS = [
   { id: 'runs', title: 'Runs finished per second', lines: ['runs/s'], fmt: v => v.toFixed(2) },
-  { id: 'latency', title: 'Run duration (p50, p95 of the last 2 s)', lines: ['p50', 'p95'], fmt: v => v == null ? '—' : fmtMs(Math.round(v * 1000)) },
+  // A histogram gives a bucket's upper bound, not the value: "≤".
+  { id: 'latency', title: 'Run duration (p50, p95 of the last 2 s)', lines: ['p50', 'p95'], fmt: v => v == null ? '—' : '≤ ' + fmtMs(Math.round(v * 1000)) },
   { id: 'slots', title: 'Run slots in use', lines: ['in use', 'slots'], fmt: v => String(v) },
   { id: 'sandboxes', title: 'Sandboxes alive (tenants\u2019 and pooled)', lines: ['tenant', 'pooled'], fmt: v => String(v) },
 ];
@@ -507,7 +508,9 @@ function mxDraw() {
     const all = series.flat().filter(v => v != null);
     const max = Math.max(1e-9, ...all) * 1.1;
     box.querySelectorAll('polyline').forEach((pl, i) => {
-      const pts = series[i].map((v, j) => v == null ? null : `${(j / (MX_KEEP - 1) * 300).toFixed(1)},${(89 - v / max * 86).toFixed(1)}`).filter(Boolean);
+      // The newest sample at the right edge; the chart fills leftwards over 5 minutes.
+      const off = MX_KEEP - series[i].length;
+      const pts = series[i].map((v, j) => v == null ? null : `${((off + j) / (MX_KEEP - 1) * 300).toFixed(1)},${(89 - v / max * 86).toFixed(1)}`).filter(Boolean);
       pl.setAttribute('points', pts.join(' '));
     });
     const last = series.map(s => s[s.length - 1]);
