@@ -9,7 +9,8 @@
 //!   (upload, download byte-identical, the live `fs/watch` feed, delete), pause,
 //!   resume, extend, delete; the Jobs view (a failing job's tests in its digest
 //!   table, its receipt's signature checked, a result file, retry, cancel); the
-//!   Metrics view's charts moving while runs happen;
+//!   WebAssembly playground (compute units, a session, a unit limit); the Metrics
+//!   view's charts moving while runs happen;
 //! - `tests/ui/agent.test.mjs`: the chat in server-agent mode against the daemon's real
 //!   agent, whose OpenAI-compatible upstream is a scripted fake model server started
 //!   here (tool calls run in the page's own kernel session).

@@ -7,7 +7,7 @@
 // GET /wbx/v1/sandboxes/{id}/process/{pid}/ws.
 
 // ---------- views ----------
-const VIEWS = { notebook: ['#tabNb', '#nbView'], sandboxes: ['#tabSb', '#sbView'], jobs: ['#tabJb', '#jbView'], metrics: ['#tabMx', '#mxView'] };
+const VIEWS = { notebook: ['#tabNb', '#nbView'], sandboxes: ['#tabSb', '#sbView'], jobs: ['#tabJb', '#jbView'], wasm: ['#tabWa', '#waView'], metrics: ['#tabMx', '#mxView'] };
 const ORDER = Object.keys(VIEWS);
 let view = 'notebook';
 function showView(name, focus) {
@@ -24,6 +24,7 @@ function showView(name, focus) {
   if (name === 'sandboxes') sbStart(); else sbStop();
   if (name === 'metrics') mxStart(); else mxStop();
   if (name === 'jobs') jbStart(); else jbStop();
+  if (name === 'wasm') waEnvsLoad();
 }
 for (const [name, [tab]] of Object.entries(VIEWS)) {
   $(tab).addEventListener('click', () => showView(name));
@@ -771,5 +772,130 @@ $('#jbCmd').addEventListener('keydown', e => { if (e.key === 'Enter') { e.preven
 $('#jobCancel').addEventListener('click', () => JB.job && jobCancel(JB.job));
 $('#jobRetry').addEventListener('click', () => JB.job && jobRetry(JB.job));
 $('#jobClose').addEventListener('click', jobClose);
+
+// ---------- WebAssembly (the eryx face) ----------
+// Runs Python in WebAssembly (POST /eryx/v1/execute, or a session's execute) and shows
+// each run's compute units; lists and creates environments.
+const eryx = p => '/eryx/v1' + p;
+const WA = { session: null, sessionEnv: null, running: false };
+const fmtUnits = n => Number(n).toLocaleString('en-US');
+
+async function waRun() {
+  if (WA.running) return;
+  const code = $('#waCode').value, environment = $('#waEnv').value;
+  const fuel = Number($('#waFuel').value);
+  const body = { code };
+  if (fuel > 0) body.fuel_limit = fuel;
+  WA.running = true;
+  $('#waRun').disabled = true;
+  $('#waResult').replaceChildren(el('p', { class: 'note', text: 'Running…' }));
+  try {
+    let url = eryx('/execute');
+    if ($('#waSession').checked) {
+      if (!WA.session || WA.sessionEnv !== environment) {
+        await waEndSession();
+        const sess = await (await request(eryx('/sessions'), { method: 'POST', json: { environment }, what: 'Starting a session' })).json();
+        WA.session = sess.id;
+        WA.sessionEnv = environment;
+      }
+      url = eryx(`/sessions/${WA.session}/execute`);
+      $('#waSessState').textContent = `session ${WA.session.slice(0, 8)}…`;
+      $('#waEndSession').hidden = false;
+    } else {
+      body.environment = environment;
+    }
+    const r = await (await request(url, { method: 'POST', json: body, what: 'Running the code' })).json();
+    waShow(r);
+    $('#waRunRows').prepend(el('tr', {},
+      el('td', { text: new Date().toLocaleTimeString() }),
+      el('td', { class: r.status === 'success' ? 'state-completed' : 'state-failed', text: r.status }),
+      el('td', { class: 'units', text: fmtUnits(r.compute_units) }),
+      el('td', { text: WA.session && $('#waSession').checked ? `${environment} (session)` : environment }),
+      el('td', { class: 'cmd', text: code.split('\n')[0], title: code })));
+    while ($('#waRunRows').children.length > 20) $('#waRunRows').lastElementChild.remove();
+  } catch (e) {
+    $('#waResult').replaceChildren(el('p', { class: 'err', text: e.message }));
+  } finally {
+    WA.running = false;
+    $('#waRun').disabled = false;
+  }
+}
+
+function waShow(r) {
+  const kids = [el('div', { class: 'badges' },
+    el('span', { class: `badge ${r.status === 'success' ? 'ok' : 'bad'}`, text: r.status }),
+    el('span', { class: 'badge', id: 'waUnits', text: `${fmtUnits(r.compute_units)} compute units` }))];
+  if (r.stdout) kids.push(el('pre', { class: 'stream', id: 'waStdout', text: r.stdout }));
+  if (r.stderr) kids.push(el('pre', { class: 'stream stderr', text: r.stderr }));
+  if (r.error) kids.push(el('pre', { class: 'stream stderr', id: 'waError', text: r.error }));
+  if (r.unsaved_variables && r.unsaved_variables.length) kids.push(el('p', { class: 'note', text: `Not kept in the session: ${r.unsaved_variables.join(', ')}` }));
+  $('#waResult').replaceChildren(...kids);
+}
+
+async function waEndSession() {
+  const id = WA.session;
+  WA.session = null;
+  WA.sessionEnv = null;
+  $('#waSessState').textContent = '';
+  $('#waEndSession').hidden = true;
+  if (id) await request(eryx(`/sessions/${id}`), { method: 'DELETE', what: 'Ending the session' }).catch(e => { $('#waMsg').textContent = e.message; });
+}
+
+async function waEnvsLoad() {
+  try {
+    const envs = (await (await request(eryx('/environments'), { what: 'Listing environments' })).json()).environments;
+    const cur = $('#waEnv').value;
+    $('#waEnv').replaceChildren(el('option', { value: 'python', text: 'python' }),
+      ...envs.filter(e => e.status === 'ready').map(e => el('option', { value: e.name, text: e.name })));
+    if ([...$('#waEnv').options].some(o => o.value === cur)) $('#waEnv').value = cur;
+    $('#waEnvRows').replaceChildren(...envs.map(e => el('tr', { 'data-name': e.name },
+      el('td', { class: 'id', text: e.name }),
+      el('td', { class: e.status === 'ready' ? 'state-completed' : e.status === 'failed' ? 'state-failed' : null, text: e.status, title: e.error || '' }),
+      el('td', { text: (e.imports || []).join(' ') }),
+      el('td', { text: (e.packages || []).join(', ') }),
+      el('td', { class: 'acts' }, el('button', { type: 'button', text: 'Delete', 'aria-label': `Delete environment ${e.name}`, onclick: () => waEnvDelete(e.name) })))));
+    if (!envs.length) $('#waEnvRows').append(el('tr', {}, el('td', { colspan: 5, class: 'note', text: 'No environments yet: runs use "python", the standard library.' })));
+    // A build in progress is looked at again.
+    clearTimeout(WA.envTimer);
+    if (envs.some(e => e.status === 'building') && view === 'wasm') WA.envTimer = setTimeout(waEnvsLoad, 3000);
+  } catch (e) { $('#waMsg').textContent = e.message; }
+}
+
+async function waEnvCreate() {
+  const fd = new FormData();
+  fd.append('name', $('#waEnvName').value.trim());
+  if ($('#waEnvImports').value.trim()) fd.append('imports', $('#waEnvImports').value.trim());
+  for (const f of $('#waEnvPkg').files) fd.append('package', f, f.name);
+  try {
+    const e = await (await request(eryx('/environments'), { method: 'POST', body: fd, what: 'Creating an environment' })).json();
+    $('#waMsg').textContent = `${e.name}: ${e.status}.`;
+    $('#waEnvPkg').value = '';
+    $('#waEnvPkgNames').textContent = '';
+  } catch (err) { $('#waMsg').textContent = err.message; }
+  await waEnvsLoad();
+}
+
+async function waEnvDelete(name) {
+  try {
+    await request(eryx(`/environments/${encodeURIComponent(name)}`), { method: 'DELETE', what: `Deleting ${name}` });
+    $('#waMsg').textContent = `${name}: deleted.`;
+  } catch (e) { $('#waMsg').textContent = e.message; }
+  await waEnvsLoad();
+}
+
+$('#waRun').addEventListener('click', waRun);
+$('#waCode').addEventListener('keydown', e => {
+  // (Tab is left alone: it moves the focus on, so the editor is never a keyboard trap.)
+  if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) { e.preventDefault(); waRun(); }
+});
+$('#waSession').addEventListener('change', () => { if (!$('#waSession').checked) waEndSession(); });
+$('#waEndSession').addEventListener('click', () => { $('#waSession').checked = false; waEndSession(); });
+$('#waEnvPkgBtn').addEventListener('click', () => $('#waEnvPkg').click());
+$('#waEnvPkg').addEventListener('change', () => { $('#waEnvPkgNames').textContent = [...$('#waEnvPkg').files].map(f => f.name).join(', '); });
+$('#waEnvCreate').addEventListener('click', waEnvCreate);
+$('#waEnvRefresh').addEventListener('click', waEnvsLoad);
+addEventListener('pagehide', () => {
+  if (WA.session) fetch(eryx(`/sessions/${WA.session}`), { method: 'DELETE', keepalive: true, headers: authHeaders() }).catch(() => {});
+});
 
 for (const name of ORDER) if (location.hash === '#' + name) showView(name);

@@ -4,7 +4,8 @@
 // the window and sees `stty size` follow, uploads and downloads a file and watches the
 // folder change, pauses and resumes it, deletes it; then watches the metrics charts
 // move while runs happen; submits a job whose tests fail and sees them in its digest
-// table, checks its receipt's signature, retries it, cancels a running one.
+// table, checks its receipt's signature, retries it, cancels a running one; runs Python
+// in WebAssembly and sees its compute units, a session and a unit limit.
 // Usage: node tests/ui/console.test.mjs <daemon base URL>; the daemon must run with the
 // API key ISOBOX_UI_KEY (default "ui-test-key"). Environment: CHROMIUM,
 // ISOBOX_UI_ARTIFACTS (where console.png goes). Exits 0 when every check passed.
@@ -213,6 +214,40 @@ try {
   await page.waitForFunction(() => /^(queued|starting|running)/.test(document.querySelector('#jobState').textContent), null, { timeout: T });
   await page.click('#jobCancel');
   await page.waitForFunction(() => /^cancelled/.test(document.querySelector('#jobState').textContent), null, { timeout: 30000 });
+
+  step('WebAssembly: a run shows its compute units, the same for the same code; a session keeps state; a unit limit stops a run');
+  await page.click('#tabWa');
+  await page.locator('#waView').waitFor({ state: 'visible', timeout: T });
+  await page.locator('#waEnvRows td.note', { hasText: 'No environments yet' }).waitFor({ timeout: T });
+  await page.fill('#waCode', 'print(sum(range(10)))');
+  await page.press('#waCode', 'Control+Enter');
+  await page.locator('#waStdout').waitFor({ timeout: T });
+  assert.equal(await page.locator('#waStdout').textContent(), '45\n');
+  const units1 = await page.locator('#waUnits').textContent();
+  assert.match(units1, /^[\d,]+ compute units$/);
+  assert.ok(Number(units1.replace(/\D/g, '')) > 1000, units1);
+  await page.click('#waRun');
+  await page.waitForFunction(() => document.querySelectorAll('#waRunRows tr').length === 2, null, { timeout: T });
+  const unitCells = await page.$$eval('#waRunRows td.units', tds => tds.map(td => td.textContent));
+  assert.deepEqual(unitCells, [units1.replace(' compute units', ''), units1.replace(' compute units', '')], 'the same code costs the same units');
+  await page.check('#waSession');
+  await page.fill('#waCode', 'x = 41');
+  await page.click('#waRun');
+  await page.waitForFunction(() => document.querySelectorAll('#waRunRows tr').length === 3, null, { timeout: T });
+  await page.fill('#waCode', 'print(x + 1)');
+  await page.click('#waRun');
+  await page.waitForFunction(() => document.querySelectorAll('#waRunRows tr').length === 4, null, { timeout: T });
+  assert.equal(await page.locator('#waStdout').textContent(), '42\n');
+  assert.match(await page.locator('#waSessState').textContent(), /^session /);
+  await page.click('#waEndSession');
+  assert.equal(await page.isChecked('#waSession'), false);
+  await page.fill('#waCode', 'while True: pass');
+  await page.fill('#waFuel', '100000');
+  await page.click('#waRun');
+  await page.waitForFunction(() => document.querySelectorAll('#waRunRows tr').length === 5, null, { timeout: T });
+  assert.equal((await page.locator('#waRunRows tr').first().locator('td').nth(1).textContent()), 'resource_limit');
+  await page.fill('#waFuel', '');
+  await page.screenshot({ path: path.join(artifacts, 'console-wasm.png'), fullPage: true });
 
   step('metrics: the charts move while runs happen');
   await page.click('#tabMx');
