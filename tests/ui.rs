@@ -8,7 +8,8 @@
 //!   the process WebSocket) typed into and resized with the window, the file browser
 //!   (upload, download byte-identical, the live `fs/watch` feed, delete), pause,
 //!   resume, extend, delete; the Jobs view (a failing job's tests in its digest
-//!   table, its receipt's signature checked, a result file, retry, cancel); the
+//!   table, its receipt's signature checked, a result file, retry, cancel; a batch's
+//!   graph with the failed job and its cancelled dependant); the
 //!   WebAssembly playground (compute units, a session, a unit limit); the Metrics
 //!   view's charts moving while runs happen;
 //! - `tests/ui/agent.test.mjs`: the chat in server-agent mode against the daemon's real

@@ -580,6 +580,7 @@ async function jbRefresh() {
       JB.templates = true;
     }
     const jobs = (await (await request(wbx('/jobs?limit=50'), { what: 'Listing jobs' })).json()).jobs;
+    btRefresh();
     $('#jbCount').textContent = `${jobs.length} shown, newest first`;
     $('#jbRows').replaceChildren(...jobs.map(jbRow));
     if (!jobs.length) $('#jbRows').append(el('tr', {}, el('td', { colspan: 7, class: 'note', text: 'No jobs yet: submit one above.' })));
@@ -761,6 +762,125 @@ async function jobReceipt(id) {
   }
 }
 
+// ---------- batches ----------
+const BT = { batch: null, timer: null };
+async function btRefresh() {
+  try {
+    const list = (await (await request(wbx('/batches?limit=20'), { what: 'Listing batches' })).json()).batches;
+    $('#btCount').textContent = list.length ? `${list.length} shown, newest first` : '';
+    $('#btRows').replaceChildren(...list.map(b => el('tr', { 'data-id': b.id, class: BT.batch === b.id ? 'selected' : null },
+      el('td', { class: 'id', text: b.id }),
+      el('td', { text: b.name || '' }),
+      el('td', { class: `state-${b.status === 'partial' ? 'failed' : b.status}`, text: b.status }),
+      el('td', { text: String(b.total) }),
+      el('td', { text: fmtTime(b.created_at) }),
+      el('td', { class: 'acts' }, el('button', { type: 'button', text: 'Open', 'aria-label': `Open batch ${b.id}`, onclick: () => batchOpen(b.id) })))));
+    if (!list.length) $('#btRows').append(el('tr', {}, el('td', { colspan: 6, class: 'note', text: 'No batches yet (POST /wbx/v1/batches).' })));
+  } catch (e) { jbMsg(e.message); }
+}
+
+function batchOpen(id) {
+  BT.batch = id;
+  $('#batchPanel').hidden = false;
+  $('#batchWhat').textContent = id;
+  for (const tr of $('#btRows').children) tr.classList.toggle('selected', tr.dataset.id === id);
+  batchLoad();
+}
+
+function batchClose() {
+  BT.batch = null;
+  clearTimeout(BT.timer);
+  $('#batchPanel').hidden = true;
+}
+
+async function batchLoad() {
+  const id = BT.batch;
+  clearTimeout(BT.timer);
+  if (!id) return;
+  try {
+    const r = await (await request(wbx(`/batches/${id}/report`), { what: `Reading batch ${id}` })).json();
+    if (BT.batch !== id) return;
+    const counts = Object.entries(r.counts || {}).filter(([, n]) => n).map(([k, n]) => `${n} ${k}`).join(', ');
+    $('#batchState').textContent = `${r.status} · ${r.total} jobs${counts ? ' · ' + counts : ''}${r.cost ? ' · ' + r.cost : ''}`;
+    $('#batchState').className = `state-${r.status === 'partial' ? 'failed' : r.status}`;
+    $('#batchCancel').hidden = r.status !== 'running';
+    batchGraph(r.jobs);
+    if (r.status === 'running') BT.timer = setTimeout(batchLoad, 2000);
+  } catch (e) { $('#batchState').textContent = e.message; }
+}
+
+// The jobs as a graph: a column per depth (a job is one column right of the deepest
+// job it depends on), a box per job coloured by its state, an arrow per dependency.
+const GRAPH_MAX = 300;
+function batchGraph(jobs) {
+  const box = $('#batchGraph');
+  const shown = jobs.slice(0, GRAPH_MAX);
+  const depth = new Array(shown.length).fill(0);
+  // Longest path from a root, by relaxation (a dependency may come later in the list;
+  // there is no cycle: the batch was accepted).
+  for (let pass = 0, changed = true; changed && pass < shown.length; pass++) {
+    changed = false;
+    shown.forEach((j, i) => {
+      for (const d of j.depends_on || []) {
+        if (d < shown.length && depth[d] + 1 > depth[i]) { depth[i] = depth[d] + 1; changed = true; }
+      }
+    });
+  }
+  const cols = [];
+  shown.forEach((j, i) => { (cols[depth[i]] = cols[depth[i]] || []).push(i); });
+  const W = 150, H = 44, GX = 60, GY = 14, PAD = 12;
+  const pos = [];
+  cols.forEach((c, x) => c.forEach((i, y) => { pos[i] = { x: PAD + x * (W + GX), y: PAD + y * (H + GY) }; }));
+  const width = PAD * 2 + cols.length * (W + GX) - GX;
+  const height = PAD * 2 + Math.max(...cols.map(c => c.length)) * (H + GY) - GY;
+  const NS = 'http://www.w3.org/2000/svg';
+  const mk = (tag, attrs, text) => {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text != null) e.textContent = text;
+    return e;
+  };
+  const svg = mk('svg', { width, height, viewBox: `0 0 ${width} ${height}`, role: 'group', 'aria-label': 'The batch\u2019s jobs and their dependencies' });
+  const defs = mk('defs', {});
+  const marker = mk('marker', { id: 'arrow', viewBox: '0 0 10 10', refX: 10, refY: 5, markerWidth: 7, markerHeight: 7, orient: 'auto-start-reverse' });
+  marker.append(mk('path', { d: 'M 0 0 L 10 5 L 0 10 z', fill: 'currentColor' }));
+  defs.append(marker);
+  svg.append(defs);
+  shown.forEach((j, i) => {
+    for (const d of j.depends_on || []) {
+      if (d >= shown.length) continue;
+      const a = pos[d], b = pos[i];
+      const x1 = a.x + W, y1 = a.y + H / 2, x2 = b.x, y2 = b.y + H / 2;
+      svg.append(mk('path', { class: 'edge', 'data-from': d, 'data-to': i, d: `M ${x1} ${y1} C ${x1 + GX / 2} ${y1}, ${x2 - GX / 2} ${y2}, ${x2} ${y2}` }));
+    }
+  });
+  shown.forEach((j, i) => {
+    const p = pos[i];
+    const g = mk('g', { class: `node ${j.status}`, 'data-index': i, 'data-status': j.status, tabindex: 0, role: 'button',
+      'aria-label': `Job ${i}: ${j.status}${j.error_code ? ' (' + j.error_code + ')' : ''}; open it` });
+    g.append(mk('rect', { x: p.x, y: p.y, width: W, height: H, rx: 6 }));
+    g.append(mk('text', { x: p.x + 8, y: p.y + 17 }, `#${i} ${j.status}`));
+    g.append(mk('text', { x: p.x + 8, y: p.y + 34 }, (j.error_code || (j.command || '').slice(0, 18))));
+    g.append(mk('title', {}, `${j.id}\n${j.command || ''}${j.error ? '\n' + j.error : ''}`));
+    const open = () => jobOpen(j.id);
+    g.addEventListener('click', open);
+    g.addEventListener('keydown', e => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); open(); } });
+    svg.append(g);
+  });
+  box.replaceChildren(svg);
+  if (jobs.length > shown.length) box.append(el('p', { class: 'note', text: `The first ${GRAPH_MAX} of ${jobs.length} jobs are drawn.` }));
+}
+
+async function batchCancel() {
+  const id = BT.batch;
+  if (!id) return;
+  try {
+    await request(wbx(`/batches/${id}/cancel`), { method: 'POST', what: `Cancelling ${id}` });
+  } catch (e) { jbMsg(e.message); }
+  batchLoad();
+  btRefresh();
+}
+
 function jbStart() {
   jbRefresh();
   if (!JB.timer) JB.timer = setInterval(() => { if (!document.hidden) jbRefresh(); }, 5000);
@@ -772,6 +892,8 @@ $('#jbCmd').addEventListener('keydown', e => { if (e.key === 'Enter') { e.preven
 $('#jobCancel').addEventListener('click', () => JB.job && jobCancel(JB.job));
 $('#jobRetry').addEventListener('click', () => JB.job && jobRetry(JB.job));
 $('#jobClose').addEventListener('click', jobClose);
+$('#batchClose').addEventListener('click', batchClose);
+$('#batchCancel').addEventListener('click', batchCancel);
 
 // ---------- WebAssembly (the eryx face) ----------
 // Runs Python in WebAssembly (POST /eryx/v1/execute, or a session's execute) and shows

@@ -5,7 +5,8 @@
 // folder change, pauses and resumes it, deletes it; then watches the metrics charts
 // move while runs happen; submits a job whose tests fail and sees them in its digest
 // table, checks its receipt's signature, retries it, cancels a running one; runs Python
-// in WebAssembly and sees its compute units, a session and a unit limit.
+// in WebAssembly and sees its compute units, a session and a unit limit; sees a batch's
+// graph with the failed job and its cancelled dependant.
 // Usage: node tests/ui/console.test.mjs <daemon base URL>; the daemon must run with the
 // API key ISOBOX_UI_KEY (default "ui-test-key"). Environment: CHROMIUM,
 // ISOBOX_UI_ARTIFACTS (where console.png goes). Exits 0 when every check passed.
@@ -214,6 +215,40 @@ try {
   await page.waitForFunction(() => /^(queued|starting|running)/.test(document.querySelector('#jobState').textContent), null, { timeout: T });
   await page.click('#jobCancel');
   await page.waitForFunction(() => /^cancelled/.test(document.querySelector('#jobState').textContent), null, { timeout: 30000 });
+
+  step('batches: the graph shows the failed job and the dependant cancelled with it');
+  const api = (method, p, body) => fetch(base + p, {
+    method, headers: { 'Content-Type': 'application/json', 'X-API-Key': KEY }, body: body && JSON.stringify(body),
+  }).then(async r => ({ status: r.status, json: await r.json() }));
+  const made = await api('POST', '/wbx/v1/batches', {
+    name: 'ui-graph', max_concurrency: 2,
+    jobs: [{ command: 'echo failing; exit 3' }, { command: 'echo never', depends_on: [0] }, { command: 'echo fine' }],
+  });
+  assert.equal(made.status, 202, JSON.stringify(made.json));
+  const batchId = made.json.id;
+  const bt0 = Date.now();
+  while ((await api('GET', `/wbx/v1/batches/${batchId}`)).json.status === 'running') {
+    assert.ok(Date.now() - bt0 < 60000, 'the batch never ended');
+    await page.waitForTimeout(300);
+  }
+  await page.click('#jbRefresh');
+  const brow = page.locator(`#btRows tr[data-id="${batchId}"]`);
+  await brow.waitFor({ timeout: T });
+  assert.equal(await brow.locator('td').nth(2).textContent(), 'partial');
+  await brow.getByRole('button', { name: `Open batch ${batchId}` }).click();
+  await page.locator('#batchGraph svg').waitFor({ timeout: T });
+  const nodes = await page.$$eval('#batchGraph g.node', gs => gs.map(g => [g.dataset.index, g.dataset.status]));
+  assert.deepEqual(nodes, [['0', 'failed'], ['1', 'cancelled'], ['2', 'completed']]);
+  assert.deepEqual(await page.$$eval('#batchGraph path.edge', ps => ps.map(p => [p.dataset.from, p.dataset.to])), [['0', '1']]);
+  assert.match(await page.locator('#batchGraph g.node[data-index="1"]').getAttribute('aria-label'), /cancelled \(dependency_failed\)/);
+  // The failed one is drawn left of its dependant.
+  const x = async i => Number(await page.locator(`#batchGraph g.node[data-index="${i}"] rect`).getAttribute('x'));
+  assert.ok(await x(0) < await x(1));
+  assert.match(await page.locator('#batchState').textContent(), /^partial · 3 jobs/);
+  await page.locator('#batchPanel').screenshot({ path: path.join(artifacts, 'console-batch.png') });
+  // A box opens its job.
+  await page.locator('#batchGraph g.node[data-index="0"]').click();
+  await page.waitForFunction(() => /^failed · exit code 3/.test(document.querySelector('#jobState').textContent), null, { timeout: T });
 
   step('WebAssembly: a run shows its compute units, the same for the same code; a session keeps state; a unit limit stops a run');
   await page.click('#tabWa');
