@@ -123,6 +123,7 @@ function sbActs(s) {
   return el('td', { class: 'acts' },
     act('Terminal', () => termOpen(s), { disabled: s.state !== 'running', 'aria-label': `Open a terminal in ${s.id}` }),
     act('Files', () => filesOpen(s), { disabled: s.state !== 'running', 'aria-label': `Browse the files of ${s.id}` }),
+    act('URL', () => urlOpen(s), { 'aria-label': `Public URLs of ${s.id}` }),
     s.state === 'paused'
       ? act('Resume', () => sbVerb(s, 'resume'), { 'aria-label': `Resume ${s.id}` })
       : act('Pause', () => sbVerb(s, 'pause'), { disabled: s.state !== 'running', 'aria-label': `Pause ${s.id}` }),
@@ -174,6 +175,7 @@ async function sbExtend(s) {
 async function sbDelete(s) {
   if (T.sandbox === s.id) termClose();
   if (FB.sandbox === s.id) filesClose();
+  if (UR.sandbox === s.id) urlClose();
   try {
     await request(wbx(`/sandboxes/${s.id}`), { method: 'DELETE', what: `Deleting ${s.id}` });
     sbMsg(`${s.id}: deleted.`);
@@ -295,6 +297,36 @@ function termClose() {
 $('#termClose').addEventListener('click', termClose);
 // Leaving the page ends its shell too.
 addEventListener('pagehide', () => { if (T.sandbox && T.pid) shellEnd(T.sandbox, T.pid); });
+
+// ---------- public URLs ----------
+const UR = { sandbox: null };
+function urlOpen(s) {
+  UR.sandbox = s.id;
+  $('#urlPanel').hidden = false;
+  $('#urlWhat').textContent = s.id;
+  $('#urlList').replaceChildren();
+  $('#urlMsg').textContent = '';
+  $('#urlPort').focus();
+}
+function urlClose() { UR.sandbox = null; $('#urlPanel').hidden = true; }
+async function urlGet() {
+  const id = UR.sandbox, port = Number($('#urlPort').value);
+  if (!id) return;
+  try {
+    const r = await (await request(wbx(`/sandboxes/${id}/url?port=${port}`), { what: `The URL of port ${port}` })).json();
+    if (UR.sandbox !== id) return;
+    const li = el('li', { 'data-port': String(port) },
+      el('span', { text: `port ${port}:` }),
+      el('a', { href: r.url_with_token, target: '_blank', rel: 'noopener noreferrer', text: r.url }),
+      el('span', { class: 'note', text: '(the link carries the token)' }));
+    $('#urlList').querySelector(`li[data-port="${port}"]`)?.remove();
+    $('#urlList').prepend(li);
+    $('#urlMsg').textContent = '';
+  } catch (e) { $('#urlMsg').textContent = e.message; }
+}
+$('#urlGet').addEventListener('click', urlGet);
+$('#urlPort').addEventListener('keydown', e => { if (e.key === 'Enter') { e.preventDefault(); urlGet(); } });
+$('#urlClose').addEventListener('click', urlClose);
 
 // ---------- files ----------
 // A sandbox's files (fs/list, files?path= for upload, download and delete) and the live

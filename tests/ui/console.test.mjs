@@ -146,6 +146,15 @@ try {
   await page.locator('#fWatch li', { hasText: 'remove /home/user/data.bin' }).first().waitFor({ timeout: T });
   await page.screenshot({ path: path.join(artifacts, 'console-files.png'), fullPage: true });
 
+  step('public URL: a sandbox without network says why it has none');
+  await row.getByRole('button', { name: `Public URLs of ${id}` }).click();
+  await page.locator('#urlPanel').waitFor({ state: 'visible', timeout: T });
+  await page.click('#urlGet');
+  await page.waitForFunction(() => /HTTP 409/.test(document.querySelector('#urlMsg').textContent), null, { timeout: T });
+  assert.match(await page.locator('#urlMsg').textContent(), /network/);
+  assert.equal(await page.locator('#urlList li').count(), 0);
+  await page.click('#urlClose');
+
   step('pause and resume it from the list');
   await row.getByRole('button', { name: `Pause ${id}` }).click();
   await page.waitForFunction(() => document.querySelector('#sbRows tr[data-id] td:nth-child(3)').textContent === 'paused', null, { timeout: T });
