@@ -596,14 +596,17 @@ $('#mxKeySave').addEventListener('click', () => { store.set('metricsKey', $('#mx
 // Background jobs (the WBX face's /v1/jobs): the list, a submit form, and one job's
 // summary, test results (the log digest), the end of its log (live while it runs),
 // result files, and its receipt with the signature checked here (WebCrypto Ed25519).
-const JB = { timer: null, job: null, busy: false, templates: false, logTimer: null };
+const JB = { timer: null, job: null, busy: false, again: false, templates: false, logTimer: null };
 const FINISHED = ['completed', 'failed', 'cancelled', 'expired'];
 const fmtTime = ts => ts ? new Date(ts).toLocaleTimeString() : '—';
 function jbMsg(t) { $('#jbMsg').textContent = t; }
 
 async function jbRefresh() {
-  if (JB.busy) return;
+  // One refresh at a time; one asked for meanwhile runs after it (a click on Refresh
+  // during a timed refresh must still show what is there now).
+  if (JB.busy) { JB.again = true; return; }
   JB.busy = true;
+  JB.again = false;
   try {
     if (!JB.templates) {
       const r = await (await request(wbx('/templates'), { what: 'Listing templates' })).json();
@@ -616,7 +619,10 @@ async function jbRefresh() {
     $('#jbCount').textContent = `${jobs.length} shown, newest first`;
     $('#jbRows').replaceChildren(...jobs.map(jbRow));
     if (!jobs.length) $('#jbRows').append(el('tr', {}, el('td', { colspan: 7, class: 'note', text: 'No jobs yet: submit one above.' })));
-  } catch (e) { jbMsg(e.message); } finally { JB.busy = false; }
+  } catch (e) { jbMsg(e.message); } finally {
+    JB.busy = false;
+    if (JB.again) jbRefresh();
+  }
 }
 
 function jbRow(j) {
@@ -795,8 +801,11 @@ async function jobReceipt(id) {
 }
 
 // ---------- batches ----------
-const BT = { batch: null, timer: null };
+const BT = { batch: null, timer: null, busy: false, again: false };
 async function btRefresh() {
+  if (BT.busy) { BT.again = true; return; }
+  BT.busy = true;
+  BT.again = false;
   try {
     const list = (await (await request(wbx('/batches?limit=20'), { what: 'Listing batches' })).json()).batches;
     $('#btCount').textContent = list.length ? `${list.length} shown, newest first` : '';
@@ -808,7 +817,10 @@ async function btRefresh() {
       el('td', { text: fmtTime(b.created_at) }),
       el('td', { class: 'acts' }, el('button', { type: 'button', text: 'Open', 'aria-label': `Open batch ${b.id}`, onclick: () => batchOpen(b.id) })))));
     if (!list.length) $('#btRows').append(el('tr', {}, el('td', { colspan: 6, class: 'note', text: 'No batches yet (POST /wbx/v1/batches).' })));
-  } catch (e) { jbMsg(e.message); }
+  } catch (e) { jbMsg(e.message); } finally {
+    BT.busy = false;
+    if (BT.again) btRefresh();
+  }
 }
 
 function batchOpen(id) {
