@@ -32,12 +32,16 @@ test: deps runtimes newer-runtimes ui-vendor test-venv test-ui-deps test-promtoo
 build: ui-vendor
 	$(CARGO) build --release
 
-## ui-vendor: the web UI's third-party code (xterm.js) from npm, pinned and checked by
-## ui/vendor/package-lock.json; build.rs builds it into isoboxd (without it the page
-## has no terminal, and says so)
+## ui-vendor: the web UI's third-party code (xterm.js, CodeMirror 6) from npm, pinned
+## and checked by ui/vendor/package-lock.json, the editor bundled by esbuild into
+## ui/vendor/dist/editor.js; build.rs builds them into isoboxd (without them the page
+## has no terminal, and says so, and its cells are plain text areas)
 ui-vendor: node
 	@if [ ! -f ui/vendor/node_modules/.package-lock.json ] || [ ui/vendor/package-lock.json -nt ui/vendor/node_modules/.package-lock.json ]; then \
 		npm ci --prefix ui/vendor --no-audit --no-fund; \
+	fi
+	@cd ui/vendor && if [ ! -f dist/editor.js ] || [ editor.js -nt dist/editor.js ] || [ build.mjs -nt dist/editor.js ] || [ node_modules/.package-lock.json -nt dist/editor.js ]; then \
+		echo "bundling the code editor: ui/vendor/dist/editor.js"; node build.mjs; \
 	fi
 
 ## node: Node.js and npm (Debian's, unless a node is installed already, e.g.

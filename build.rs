@@ -19,10 +19,17 @@ const UI_VENDOR: &[(&str, &str, &str)] = &[
         "node_modules/@xterm/addon-fit/lib/addon-fit.js",
         "text/javascript; charset=utf-8",
     ),
+    // CodeMirror 6, bundled from `ui/vendor/editor.js` by `make ui-vendor`.
+    (
+        "editor.js",
+        "dist/editor.js",
+        "text/javascript; charset=utf-8",
+    ),
 ];
 
 /// `ui_vendor.rs`: every vendored file, or none (with a warning) when `make ui-vendor`
-/// has not fetched them: the page then says what is missing instead of a terminal.
+/// has not fetched them: the page then says what is missing instead of a terminal, and
+/// the notebook's cells are plain text areas.
 fn ui_vendor() {
     println!("cargo:rerun-if-changed=ui/vendor/package-lock.json");
     let dir = std::path::Path::new("ui/vendor");
@@ -53,7 +60,7 @@ fn ui_vendor() {
         }
     } else {
         println!(
-            "cargo:warning=the web UI's terminal is left out of this build: {} missing (run `make ui-vendor`)",
+            "cargo:warning=the web UI's terminal and code editor are left out of this build: {} missing (run `make ui-vendor`)",
             missing.join(", ")
         );
     }

@@ -288,14 +288,43 @@ function updateMode(c) {
   c.mode.textContent = k ? 'kernel' : 'one-shot';
   c.mode.title = k ? 'Runs in the live kernel session: variables persist between cells'
     : 'Runs one-shot in a fresh sandbox via POST /execute: nothing persists';
+  c.code.setLanguage(c.rt.value);
 }
 function renumber() {
   cells.forEach((c, i) => {
     c.root.setAttribute('aria-label', `Cell ${i + 1}`);
     c.run.setAttribute('aria-label', `Run cell ${i + 1}`);
     c.del.setAttribute('aria-label', `Delete cell ${i + 1}`);
-    c.code.setAttribute('aria-label', `Code of cell ${i + 1}`);
+    c.code.setLabel(`Code of cell ${i + 1}`);
   });
+}
+// A cell's code: CodeMirror 6 (vendored at build time, /ui/editor.js: highlighting,
+// bracket matching, indentation per language; Tab indents, Escape then Tab leaves),
+// or, in a build made without `make ui-vendor`, a plain text area with the same
+// interface (Tab then moves focus as anywhere else).
+function codeEditor(c, code) {
+  const onRun = shift => cellRun(c, shift);
+  if (globalThis.IsoboxEditor) {
+    const ed = IsoboxEditor.create(null, { doc: code, language: c.rt.value, onRun });
+    ed.dom.classList.add('code');
+    return ed;
+  }
+  const t = el('textarea', { class: 'code plain', spellcheck: 'false', wrap: 'off', autocapitalize: 'off', rows: '3' });
+  t.value = code;
+  const grow = () => { t.style.height = 'auto'; t.style.height = Math.min(t.scrollHeight + 4, 600) + 'px'; };
+  t.addEventListener('input', grow);
+  t.addEventListener('keydown', e => {
+    if (e.key === 'Enter' && (e.shiftKey || e.ctrlKey || e.metaKey)) { e.preventDefault(); onRun(e.shiftKey); }
+  });
+  requestAnimationFrame(grow);
+  return {
+    dom: t,
+    get value() { return t.value; },
+    setValue(v) { t.value = v; grow(); },
+    setLanguage() {},
+    setLabel(v) { t.setAttribute('aria-label', v); },
+    focus() { t.focus(); },
+  };
 }
 function addCell(after, code = '') {
   const prev = after || cells[cells.length - 1];
@@ -305,8 +334,8 @@ function addCell(after, code = '') {
   c.wall = el('input', { class: 'wall', type: 'number', min: '0.1', max: '20', step: '0.1', placeholder: 'default', inputmode: 'decimal', 'aria-label': 'Time limit in seconds' });
   c.run = el('button', { class: 'run primary', type: 'button', text: 'Run', onclick: () => c.running ? c.ctl.abort() : runCell(c) });
   c.del = el('button', { class: 'del', type: 'button', text: '✕', onclick: () => deleteCell(c) });
-  c.code = el('textarea', { class: 'code', spellcheck: 'false', wrap: 'off', autocapitalize: 'off', rows: '3' });
-  c.code.value = code;
+  runtimeOptions(c.rt, prev ? prev.rt.value : S.kernelRuntime);
+  c.code = codeEditor(c, code);
   c.n = el('span', { class: 'cn', text: '[ ]', 'aria-hidden': 'true' });
   c.badges = el('div', { class: 'badges', 'aria-live': 'polite' });
   c.notes = el('div', { 'aria-live': 'polite' });
@@ -317,17 +346,18 @@ function addCell(after, code = '') {
     el('div', { class: 'cbar' }, c.n, el('label', {}, 'Runtime ', c.rt), c.mode,
       el('label', { title: 'Wall-time limit for this run (max 20 s). In the kernel a step that passes it ends the kernel.' }, 'Limit ', c.wall, ' s'),
       el('span', { class: 'spacer' }), c.run, c.del),
-    c.code, c.out);
-  runtimeOptions(c.rt, prev ? prev.rt.value : S.kernelRuntime);
+    c.code.dom, c.out);
   updateMode(c);
-  c.root.addEventListener('keydown', e => cellKey(c, e));
-  c.code.addEventListener('input', () => grow(c.code));
-  c.code.addEventListener('focus', () => { c.escaped = false; });
+  // Shift+Enter / Ctrl+Enter from the cell's other controls (the editor handles its own).
+  c.root.addEventListener('keydown', e => {
+    if (e.defaultPrevented || e.key !== 'Enter' || !(e.shiftKey || e.ctrlKey || e.metaKey)) return;
+    e.preventDefault(); cellRun(c, e.shiftKey);
+  });
   const idx = after ? cells.indexOf(after) + 1 : cells.length;
   cells.splice(idx, 0, c);
   const next = cells[idx + 1];
   $('#cells').insertBefore(c.root, next ? next.root : null);
-  renumber(); grow(c.code);
+  renumber();
   return c;
 }
 function deleteCell(c) {
@@ -338,37 +368,11 @@ function deleteCell(c) {
   renumber();
   (cells[Math.min(i, cells.length - 1)]).code.focus();
 }
-function grow(t) { t.style.height = 'auto'; t.style.height = Math.min(t.scrollHeight + 4, 600) + 'px'; }
-function cellKey(c, e) {
-  if (e.key === 'Enter' && (e.shiftKey || e.ctrlKey || e.metaKey)) {
-    e.preventDefault();
-    if (!c.running) runCell(c);
-    if (e.shiftKey) { const i = cells.indexOf(c); (cells[i + 1] || addCell(c)).code.focus(); }
-    return;
-  }
-  if (e.target !== c.code) return;
-  const t = c.code;
-  if (e.key === 'Escape') { c.escaped = true; return; }
-  if (e.key === 'Tab' && !c.escaped && !e.ctrlKey && !e.altKey && !e.metaKey) { e.preventDefault(); indent(t, e.shiftKey); return; }
-  c.escaped = false;
-  if (e.key === 'Enter' && !e.altKey) { // keep the indentation, one more level after a ':'
-    const before = t.value.slice(0, t.selectionStart);
-    const cur = before.slice(before.lastIndexOf('\n') + 1);
-    let ind = /^[ \t]*/.exec(cur)[0];
-    if (/:\s*$/.test(cur)) ind += '    ';
-    if (ind) { e.preventDefault(); insert(t, '\n' + ind); }
-  }
-}
-function insert(t, text) {
-  if (!document.execCommand('insertText', false, text)) t.setRangeText(text, t.selectionStart, t.selectionEnd, 'end');
-  grow(t);
-}
-function indent(t, out) {
-  const v = t.value, s = t.selectionStart, e = t.selectionEnd;
-  if (!out && !v.slice(s, e).includes('\n')) return insert(t, '    ');
-  const a = v.lastIndexOf('\n', s - 1) + 1, b = e > a && v[e - 1] === '\n' ? e - 1 : e;
-  const block = v.slice(a, b).split('\n').map(l => out ? l.replace(/^( {1,4}|\t)/, '') : '    ' + l).join('\n');
-  t.setSelectionRange(a, b); insert(t, block); t.setSelectionRange(a, a + block.length);
+// Run a cell (unless it is running); with Shift, go on to the next cell, adding one
+// at the end.
+function cellRun(c, next) {
+  if (!c.running) runCell(c);
+  if (next) { const i = cells.indexOf(c); (cells[i + 1] || addCell(c)).code.focus(); }
 }
 async function runCell(c) {
   const rt = c.rt.value, code = c.code.value, kernel = rt === S.kernelRuntime;

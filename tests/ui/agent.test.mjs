@@ -179,8 +179,8 @@ try {
 
   step('the agent\'s variables are in the notebook\'s kernel');
   const cell = page.locator('.cell').nth(0);
-  await cell.locator('textarea.code').fill('print("answer is", answer)');
-  await cell.locator('textarea.code').press('Control+Enter');
+  await cell.locator('.cm-content').fill('print("answer is", answer)');
+  await cell.locator('.cm-content').press('Control+Enter');
   await cell.locator('.badge.exit').waitFor({ timeout: T });
   assert.equal((await cell.locator('.badge.exit').textContent()).trim(), 'exit code 0');
   assert.equal(await cell.locator('pre.stream').textContent(), 'answer is 42\n');

@@ -132,8 +132,8 @@ try {
 
   const cell = i => page.locator('.cell').nth(i);
   const runShiftEnter = async (i, code) => {
-    await cell(i).locator('textarea.code').fill(code);
-    await cell(i).locator('textarea.code').press('Shift+Enter');
+    await cell(i).locator('.cm-content').fill(code);
+    await cell(i).locator('.cm-content').press('Shift+Enter');
   };
   const exitBadge = i => cell(i).locator('.badge.exit');
   const waitDone = async i => { await exitBadge(i).waitFor({ timeout: T }); return (await exitBadge(i).textContent()).trim(); };
@@ -157,7 +157,7 @@ try {
   assert.match(await page.textContent('#sessState'), /ready/);
   // Shift+Enter moved the focus to a new cell.
   assert.equal(await page.locator('.cell').count(), 2);
-  assert.ok(await cell(1).locator('textarea.code').evaluate(t => t === document.activeElement), 'focus in the next cell');
+  assert.ok(await cell(1).locator('.cm-content').evaluate(t => t === document.activeElement), 'focus in the next cell');
 
   step('kernel state persists from cell to cell');
   await runShiftEnter(1, 'answer = 6 * 7\nopen("note.txt", "w").write(str(answer))');
@@ -231,6 +231,10 @@ try {
   // The next cell inherits the runtime; switch it back to python.
   await cell(8).locator('select.rt').selectOption('python');
 
+  // ---------- the code editor ----------
+  step('the cells are a code editor: highlighting, brackets, indentation per language');
+  await editorChecks(page, cell, waitDone, output);
+
   // ---------- timeout: the step ends the kernel; the next run starts a fresh one ----------
   step('a step past its time limit shows the timeout badge');
   await cell(8).locator('input.wall').fill('1');
@@ -254,7 +258,7 @@ try {
     const id = await page.evaluate(() => { const a = document.activeElement; return a.id || a.className || a.tagName; });
     reached.add(id);
     // In a cell editor Tab indents; Esc first leaves it.
-    if (String(id).includes('code')) { await page.keyboard.press('Escape'); }
+    if (String(id).includes('cm-content')) { await page.keyboard.press('Escape'); }
   }
   for (const want of ['keySave', 'sessNew', 'sessEnd', 'run primary', 'addCell', 'fsUploadBtn', 'fsZip', 'chatInput', 'chatSend'])
     assert.ok(reached.has(want), `Tab reaches ${want}: ${[...reached].join(', ')}`);
@@ -401,3 +405,86 @@ try {
   fake.close();
 }
 process.exit(failed ? 1 : 0);
+
+// The notebook's editor (CodeMirror 6, /ui/editor.js), typed into key by key as a
+// person would: a cell added at the end and deleted again, so the cells above keep
+// their numbers.
+async function editorChecks(page, cell, waitDone, output) {
+  const n = await page.locator('.cell').count();
+  await page.click('#addCell');
+  const c = cell(n), ed = c.locator('.cm-content');
+  await ed.waitFor({ timeout: T });
+  assert.ok(await ed.evaluate(e => e === document.activeElement), 'a new cell has the focus');
+  assert.equal(await ed.getAttribute('aria-label'), `Code of cell ${n + 1}`);
+  assert.equal(await c.locator('select.rt').inputValue(), 'python');
+  const doc = () => c.evaluate(el => IsoboxEditor.find(el.querySelector('.cm-content')).state.doc.toString());
+
+  // Python: after a ':' Enter indents four spaces; a bracket typed is closed, and the
+  // closing one typed over; Backspace at the indentation removes one level.
+  await page.keyboard.type('for i in range(3):');
+  await page.keyboard.press('Enter');
+  await page.keyboard.type('print(i * 2)');
+  assert.equal(await doc(), 'for i in range(3):\n    print(i * 2)');
+  await page.keyboard.press('Enter');
+  await page.keyboard.press('Backspace');
+  await page.keyboard.type('print("done")');
+  assert.equal(await doc(), 'for i in range(3):\n    print(i * 2)\nprint("done")');
+
+  // Highlighting: `for` in the keyword colour, the string in the string colour, both
+  // the page's own (--hl-*), different from plain text.
+  const colours = await c.evaluate(el => {
+    const probe = v => { const s = document.createElement('span'); s.style.color = `var(${v})`; el.append(s); const c = getComputedStyle(s).color; s.remove(); return c; };
+    const of = text => { const s = [...el.querySelectorAll('.cm-line span')].find(x => x.textContent === text); return s ? getComputedStyle(s).color : null; };
+    return { kw: of('for'), str: of('"done"'), wantKw: probe('--hl-kw'), wantStr: probe('--hl-str'), text: getComputedStyle(el.querySelector('.cm-line')).color };
+  });
+  assert.equal(colours.kw, colours.wantKw, `keyword colour: ${JSON.stringify(colours)}`);
+  assert.equal(colours.str, colours.wantStr, `string colour: ${JSON.stringify(colours)}`);
+  assert.notEqual(colours.kw, colours.text);
+
+  // Bracket matching: the cursor right after `(` of `range(` marks it and its partner.
+  await c.evaluate(el => { const v = IsoboxEditor.find(el.querySelector('.cm-content')); v.dispatch({ selection: { anchor: 'for i in range('.length } }); });
+  await c.locator('.cm-matchingBracket').first().waitFor({ timeout: T });
+  assert.equal(await c.locator('.cm-matchingBracket').count(), 2, 'the bracket and its partner');
+
+  // Tab indents the line, Shift+Tab takes it back; Escape then Tab leaves the editor.
+  await page.keyboard.press('Tab');
+  assert.equal((await doc()).split('\n')[0], '    for i in range(3):');
+  await page.keyboard.press('Shift+Tab');
+  assert.equal((await doc()).split('\n')[0], 'for i in range(3):');
+  await page.keyboard.press('Escape');
+  await page.keyboard.press('Tab');
+  assert.ok(!(await ed.evaluate(e => e === document.activeElement)), 'Escape then Tab leaves the editor');
+  assert.equal((await doc()).split('\n')[0], 'for i in range(3):', 'and does not indent');
+
+  // What was typed runs as typed.
+  await ed.focus();
+  await page.keyboard.press('Control+Enter');
+  assert.equal(await waitDone(n), 'exit code 0');
+  assert.equal(await output(n), '0\n2\n4\ndone\n');
+
+  // JavaScript: two spaces, and Enter between braces opens the block.
+  await c.locator('select.rt').selectOption('javascript');
+  await ed.focus();
+  await page.keyboard.press('Control+a');
+  await page.keyboard.press('Delete');
+  await page.keyboard.type('for (const x of [1, 2]) {');
+  await page.keyboard.press('Enter');
+  await page.keyboard.type('console.log(x);');
+  assert.equal(await doc(), 'for (const x of [1, 2]) {\n  console.log(x);\n}');
+  assert.ok(await c.locator('.cm-line span', { hasText: /^const$/ }).count() > 0, 'javascript is highlighted as javascript');
+  await page.keyboard.press('Shift+Enter');
+  assert.equal(await waitDone(n), 'exit code 0');
+  assert.equal(await output(n), '1\n2\n');
+  assert.ok(await cell(n + 1).locator('.cm-content').evaluate(e => e === document.activeElement), 'Shift+Enter moved on');
+
+  // Go: a tab per level, as gofmt writes it.
+  await cell(n + 1).locator('select.rt').selectOption('go');
+  await cell(n + 1).locator('.cm-content').focus();
+  await page.keyboard.type('func f() {');
+  await page.keyboard.press('Enter');
+  await page.keyboard.type('return');
+  assert.equal(await cell(n + 1).evaluate(el => IsoboxEditor.find(el.querySelector('.cm-content')).state.doc.toString()), 'func f() {\n\treturn\n}');
+
+  for (const i of [n + 1, n]) await cell(i).locator('button.del').click();
+  assert.equal(await page.locator('.cell').count(), n);
+}
