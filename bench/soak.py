@@ -324,6 +324,8 @@ class Stats:
         self.examples = []
         # (minute, seconds, rss, fds, inFlight, (anon, file) or None, heap allocated or None)
         self.samples = []
+        # minute -> (operations started in that minute, run records, their bytes)
+        self.load = {}
 
     def record(self, kind, secs, err):
         with self.lock:
@@ -334,6 +336,9 @@ class Stats:
                     self.examples.append(f"{kind}: {err}")
 
 
+CONCURRENCY = [1]
+
+
 def health(cl):
     st, _, data = cl.request("GET", "/healthz")
     if st != 200:
@@ -341,10 +346,18 @@ def health(cl):
     return json.loads(data)
 
 
-def worker(cl, wid, deadline, stats, stop):
+def worker(cl, wid, deadline, stats, stop, interval=0.0):
+    """Walk the mix. With an interval (--rate), start an operation every `interval`
+    seconds and never faster (a late one resets the schedule rather than bursting), so
+    the load per minute does not depend on how busy the host is."""
     i = wid * 7
     counts = {k: 0 for k in KINDS}
+    nxt = time.monotonic() + interval * wid / max(1, CONCURRENCY[0])
     while time.monotonic() < deadline and not stop.is_set():
+        if interval:
+            if stop.wait(max(0.0, nxt - time.monotonic())) or time.monotonic() >= deadline:
+                break
+            nxt = max(nxt + interval, time.monotonic())
         kind = CYCLE[i % len(CYCLE)]
         i += 1
         n = counts[kind]
@@ -374,23 +387,42 @@ def rss_split(pid):
         return None
 
 
+def run_records(cl):
+    """(run records kept, their bytes) from /metrics: streamed runs are kept for
+    reconnecting clients for ISOBOX_RUN_RETAIN_S, so they follow the load's rate."""
+    st, _, data = cl.request("GET", "/metrics")
+    if st != 200:
+        return None, None
+    got = {}
+    for line in data.decode(errors="replace").splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("isobox_run_records", "isobox_run_record_bytes"):
+            got[name] = int(float(value))
+    return got.get("isobox_run_records"), got.get("isobox_run_record_bytes")
+
+
 def sampler(cl, start, stats, stop, minutes, pid):
     m = 1
+    prev = 0
     while not stop.wait(max(0.0, start + 60 * m - time.monotonic())):
         try:
             h = health(cl)
             split = rss_split(pid)
             heap = (h.get("heap") or {}).get("allocatedBytes")
+            recs, rec_bytes = run_records(cl)
             with stats.lock:
                 stats.samples.append((m, time.monotonic() - start, h["rssBytes"], h["openFds"], h["inFlight"], split,
                                       heap))
                 done = sum(len(v) for v in stats.lat.values())
                 bad = sum(stats.bad.values())
+                stats.load[m] = (done - prev, recs, rec_bytes)
+            prev = done
             extra = f" (anon {split[0] / 2**20:.2f} + file {split[1] / 2**20:.2f})" if split else ""
             extra += f", heap allocated {heap / 2**20:.2f} MiB" if heap is not None else ""
+            extra += f", run records {recs} ({(rec_bytes or 0) / 2**10:.0f} KiB)" if recs is not None else ""
             print(f"[{time.strftime('%H:%M:%S')}] minute {m}: rss {h['rssBytes'] / 2**20:.2f} MiB{extra}, "
-                  f"fds {h['openFds']}, inFlight {h['inFlight']}, ops {done}, unexpected {bad}, "
-                  f"load {os.getloadavg()[0]:.2f}", flush=True)
+                  f"fds {h['openFds']}, inFlight {h['inFlight']}, ops {done} (+{stats.load[m][0]}), "
+                  f"unexpected {bad}, load {os.getloadavg()[0]:.2f}", flush=True)
         except Exception as e:
             stats.record("normal", 0, f"healthz sample failed: {e}")
         m += 1
@@ -451,6 +483,10 @@ def main():
     ap.add_argument("--key", default=None, help="API key (sent as X-API-Key)")
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--rate", type=float, default=0,
+                    help="operations per minute for all workers together (default 0: as fast as they go); a "
+                         "fixed rate keeps the daemon's own tables (e.g. run records) at one size, so memory "
+                         "figures compare minute to minute even on a busy host")
     ap.add_argument("--instance", default=None, help="ISOBOX_INSTANCE, to check cgroups and runsc containers")
     ap.add_argument("--data-dir", default=None, help="ISOBOX_DATA_DIR, to check for leftover mounts")
     ap.add_argument("--pid", type=int, default=None, help="daemon pid, to check for zombie children")
@@ -484,7 +520,9 @@ def main():
     start = time.monotonic()
     deadline = start + a.minutes * 60
     stop = threading.Event()
-    ws = [threading.Thread(target=worker, args=(cl, w, deadline, stats, stop), daemon=True)
+    CONCURRENCY[0] = a.concurrency
+    interval = a.concurrency * 60 / a.rate if a.rate > 0 else 0.0
+    ws = [threading.Thread(target=worker, args=(cl, w, deadline, stats, stop, interval), daemon=True)
           for w in range(a.concurrency)]
     sm = threading.Thread(target=sampler, args=(cl, start, stats, stop, int(a.minutes), a.pid), daemon=True)
 
@@ -549,6 +587,9 @@ def main():
     print(f"counters: {json.dumps(h1['counters'])}")
     print(f"per-minute samples (minute:rss MiB/fds/inFlight): "
           + ", ".join(f"{m}:{r / 2**20:.2f}/{f}/{i}" for m, _, r, f, i, _, _ in samples))
+    if stats.load:
+        print("per-minute operations / run records: "
+              + ", ".join(f"{m}:{n}/{r if r is not None else '-'}" for m, (n, r, _) in sorted(stats.load.items())))
     anon = [(m, sp[0]) for m, _, _, _, _, sp, _ in samples if sp]
     if anon:
         print("per-minute anonymous MiB (heap allocated MiB): "
@@ -605,7 +646,7 @@ def main():
                               "max": max(v) if v else None} for k, v in stats.lat.items()},
                 "rss": {"before": base_rss, "minute1": warm[2] if warm else None, "end": rss_end, "max": rss_max},
                 "fds": {"before": base_fds, "minute1": warm[3] if warm else None, "end": fds_end, "max": fds_max},
-                "samples": samples, "rss_split_end": split_end, "anon_flat": flat, "counters": h1["counters"], "leftovers": left, "failures": failures,
+                "samples": samples, "load": stats.load, "rate": a.rate, "rss_split_end": split_end, "anon_flat": flat, "counters": h1["counters"], "leftovers": left, "failures": failures,
                 "examples": stats.examples, "notes": NOTES.counts,
             }, f, indent=1)
 
