@@ -208,6 +208,7 @@ fn test_console_sandboxes_and_terminal_in_a_real_browser() {
         ("xterm.js", "text/javascript; charset=utf-8"),
         ("addon-fit.js", "text/javascript; charset=utf-8"),
         ("xterm.css", "text/css; charset=utf-8"),
+        ("editor.js", "text/javascript; charset=utf-8"),
     ] {
         let r = d.get(&format!("/ui/{file}"));
         assert_eq!(r.status, 200, "/ui/{file}: {}", r.text());
@@ -225,6 +226,20 @@ fn test_console_sandboxes_and_terminal_in_a_real_browser() {
         d.get("/ui/xterm.js").body,
         vendored,
         "served as fetched from npm"
+    );
+    // The editor as bundled by `make ui-vendor`, its licences kept at its top.
+    let editor = d.get("/ui/editor.js");
+    assert_eq!(
+        editor.body,
+        std::fs::read(manifest().join("ui/vendor/dist/editor.js"))
+            .expect("make ui-vendor bundled the editor"),
+    );
+    let head = String::from_utf8_lossy(&editor.body[..editor.body.len().min(4096)]).to_string();
+    assert!(
+        head.starts_with("/*! isobox web UI code editor")
+            && head.contains("@codemirror/view@")
+            && head.contains("MIT License"),
+        "{head}"
     );
     for missing in ["nope.js", "..%2Findex.html", "xterm.js.map"] {
         assert_eq!(d.get(&format!("/ui/{missing}")).status, 404, "{missing}");

@@ -66,7 +66,7 @@ pub fn ui() -> crate::http::Response {
 }
 
 /// `GET /ui/{file}`: one of the page's scripts or styles; 404 for any other name (a
-/// build without `make ui-vendor` has no terminal files, and says so).
+/// build without `make ui-vendor` has no terminal or editor files, and says so).
 pub fn ui_file(name: &str) -> crate::http::Response {
     match ui_files().find(|(n, _, _)| *n == name) {
         Some((_, ctype, bytes)) => {
@@ -84,7 +84,7 @@ pub fn ui_file(name: &str) -> crate::http::Response {
 }
 
 /// The vendored files' names, whether this build has them or not.
-pub const VENDOR_NAMES: &[&str] = &["xterm.js", "xterm.css", "addon-fit.js"];
+pub const VENDOR_NAMES: &[&str] = &["xterm.js", "xterm.css", "addon-fit.js", "editor.js"];
 
 #[cfg(test)]
 mod tests {
@@ -100,6 +100,7 @@ mod tests {
             "xterm.js",
             "addon-fit.js",
             "xterm.css",
+            "editor.js",
         ] {
             assert!(UI_HTML.contains(&format!("\"/ui/{name}\"")), "{name}");
             assert!(
@@ -108,7 +109,7 @@ mod tests {
             );
         }
         assert!(!UI_HTML.contains("<script>"), "an inline script");
-        assert_eq!(UI_HTML.matches("<script").count(), 4);
+        assert_eq!(UI_HTML.matches("<script").count(), 5);
         assert_eq!(ui_file("app.js").status, 200);
         assert_eq!(ui_file("../index.html").status, 404);
         assert_eq!(ui_file("").status, 404);
