@@ -230,6 +230,20 @@ struct Args {
     /// egress from the `<runtime>+net` pool)
     #[arg(long, env = "ISOBOX_WARM_POOL", help_heading = "Sandboxes and runtimes", default_value = "python=2,python-slim=1,javascript=1", value_parser = Value(warm_pool))]
     warm_pool: std::vec::Vec<(String, usize)>,
+    /// the most sandboxes a runtime's pool grows to when its runs come in bursts,
+    /// `name=N` as for ISOBOX_WARM_POOL (a runtime not named, or named with less, stays
+    /// at its ISOBOX_WARM_POOL size)
+    #[arg(long, env = "ISOBOX_WARM_POOL_MAX", help_heading = "Sandboxes and runtimes", default_value = "python=4,python-slim=2,javascript=2", value_parser = Value(warm_pool))]
+    warm_pool_max: std::vec::Vec<(String, usize)>,
+    /// share of the host's CPUs, in percent (0 to 100), that refills may average over a
+    /// minute for pools to grow past their ISOBOX_WARM_POOL sizes (0: pools never grow)
+    #[arg(long, env = "ISOBOX_WARM_POOL_CPU", help_heading = "Sandboxes and runtimes", default_value = "25", value_parser = Value(percent))]
+    warm_pool_cpu: u8,
+    /// how far back, in seconds (5 to 3600), a pool's bursts and its refills' CPU count:
+    /// a burst keeps a pool large this long, and a pool idle this long gives back what
+    /// it holds above its ISOBOX_WARM_POOL size
+    #[arg(long, env = "ISOBOX_WARM_POOL_WINDOW_SEC", help_heading = "Sandboxes and runtimes", default_value = "60", value_parser = Value(window_secs))]
+    warm_pool_window_sec: u64,
     /// live-kernel sessions that may run at once (429 too_many_kernels above; 0 disables
     /// kernel sessions)
     #[arg(long, env = "ISOBOX_KERNELS_MAX", help_heading = "Kernel sessions", default_value = "4", value_parser = Value(parsed::<usize>))]
@@ -502,6 +516,12 @@ pub struct Config {
     pub kernels_max: usize,
     /// Warm pool size per runtime name (as given; resolved against the runtimes later).
     pub warm_pool: Vec<(String, usize)>,
+    /// The most each runtime's pool grows to (as given).
+    pub warm_pool_max: Vec<(String, usize)>,
+    /// Percent of the host's CPUs refills may average for pools to grow.
+    pub warm_pool_cpu: u8,
+    /// How far back a pool's bursts and refills count (seconds).
+    pub warm_pool_window_sec: u64,
     /// Idle time after which a kernel is ended.
     pub kernel_idle_sec: u64,
     /// Live kernels one client address may hold.
@@ -658,6 +678,9 @@ impl Config {
             },
             kernels_max: a.kernels_max,
             warm_pool: a.warm_pool,
+            warm_pool_max: a.warm_pool_max,
+            warm_pool_cpu: a.warm_pool_cpu,
+            warm_pool_window_sec: a.warm_pool_window_sec,
             kernel_idle_sec: a.kernel_idle_sec,
             kernels_per_client: a.kernels_per_client.unwrap_or(a.kernels_max.div_ceil(2)),
             kernels_per_tenant: a.kernels_per_tenant.unwrap_or(a.kernels_max.div_ceil(2)),
@@ -1175,6 +1198,22 @@ where
     s.trim().parse().map_err(|e: T::Err| e.to_string())
 }
 
+/// A percentage: a whole number from 0 to 100.
+fn percent(s: &str) -> Result<u8, String> {
+    parsed::<u8>(s)
+        .ok()
+        .filter(|p| *p <= 100)
+        .ok_or_else(|| format!("{:?}: a whole percentage from 0 to 100", s.trim()))
+}
+
+/// The warm pool's window: 5 s to an hour.
+fn window_secs(s: &str) -> Result<u64, String> {
+    parsed::<u64>(s)
+        .ok()
+        .filter(|n| (5..=3600).contains(n))
+        .ok_or_else(|| format!("{:?}: seconds from 5 to 3600", s.trim()))
+}
+
 /// A currency code: three capital letters.
 fn currency(s: &str) -> Result<String, String> {
     let s = s.trim();
@@ -1687,6 +1726,9 @@ mod tests {
         ("--egress-rate", "ISOBOX_EGRESS_RATE"),
         ("--egress-forward-others", "ISOBOX_EGRESS_FORWARD_OTHERS"),
         ("--warm-pool", "ISOBOX_WARM_POOL"),
+        ("--warm-pool-max", "ISOBOX_WARM_POOL_MAX"),
+        ("--warm-pool-cpu", "ISOBOX_WARM_POOL_CPU"),
+        ("--warm-pool-window-sec", "ISOBOX_WARM_POOL_WINDOW_SEC"),
         ("--kernels-max", "ISOBOX_KERNELS_MAX"),
         ("--kernel-idle-sec", "ISOBOX_KERNEL_IDLE_SEC"),
         ("--kernels-per-client", "ISOBOX_KERNELS_PER_CLIENT"),
@@ -1803,6 +1845,40 @@ mod tests {
             c.warm_pool,
             pool(&[("python", 2), ("python-slim", 1), ("javascript", 1)])
         );
+        assert_eq!(
+            c.warm_pool_max,
+            pool(&[("python", 4), ("python-slim", 2), ("javascript", 2)])
+        );
+        assert_eq!((c.warm_pool_cpu, c.warm_pool_window_sec), (25, 60));
+        for (v, ok) in [
+            ("4", None),
+            ("5", Some(5)),
+            ("3600", Some(3600)),
+            ("3601", None),
+        ] {
+            assert_eq!(
+                load_env(&[("ISOBOX_WARM_POOL_WINDOW_SEC", Some(v))], &[])
+                    .ok()
+                    .map(|c| c.warm_pool_window_sec),
+                ok,
+                "{v}"
+            );
+        }
+        for (v, ok) in [
+            ("0", Some(0)),
+            ("100", Some(100)),
+            ("101", None),
+            ("-1", None),
+            ("x", None),
+        ] {
+            assert_eq!(
+                load_env(&[("ISOBOX_WARM_POOL_CPU", Some(v))], &[])
+                    .ok()
+                    .map(|c| c.warm_pool_cpu),
+                ok,
+                "{v}"
+            );
+        }
         let c = load_env(
             &env,
             &["--net-dns", "1.0.0.1, 8.8.4.4", "--instance", "isobox-flag"],

@@ -26,12 +26,13 @@ fn wait_ready(d: &Daemon, n: u64) {
     wait_ready_of(d, "python-slim", n)
 }
 
-/// Waits until `runtime`'s pool holds `n` ready sandboxes.
+/// Waits until `runtime`'s pool holds at least `n` ready sandboxes (a pool of 1 that
+/// saw two runs within a second may have grown to 2: `pool_size`).
 fn wait_ready_of(d: &Daemon, runtime: &str, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let p = pool(d);
-        if p["runtimes"][runtime]["ready"].as_u64() == Some(n) {
+        if p["runtimes"][runtime]["ready"].as_u64() >= Some(n) {
             return;
         }
         assert!(
@@ -276,6 +277,136 @@ fn test_never_handed_out_twice_burst_drains_and_refills() {
     let per = p["refillCpuSeconds"].as_f64().unwrap() / p["refills"].as_f64().unwrap();
     assert!((0.01..5.0).contains(&per), "{p}");
     d.assert_clean_except_pool();
+    d.stop();
+}
+
+/// Runs `n` python-slim `print(1)` at once; (hits, misses) they made.
+fn burst(d: &Daemon, n: usize) -> (u64, u64) {
+    let before = pool(d);
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..n)
+            .map(|_| {
+                sc.spawn(|| {
+                    d.execute(
+                        json!({"language": "python-slim", "code": "print(1)", "network": false}),
+                    )
+                })
+            })
+            .collect();
+        for h in hs {
+            let v = h.join().unwrap();
+            assert_eq!(v["run"]["stdout"], "1\n", "{v}");
+        }
+    });
+    let after = pool(d);
+    let delta = |k: &str| after[k].as_u64().unwrap() - before[k].as_u64().unwrap();
+    (delta("hits"), delta("misses"))
+}
+
+/// Polls `/healthz` until `ok` holds for the warm pool (bounded).
+fn wait_pool(d: &Daemon, what: &str, within: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let p = pool(d);
+        if ok(&p) {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "{what}: {p}\nlog:\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pool grows to the bursts it sees, up to its max, so the next burst of the same
+/// size is served warm; a pool left idle for a window goes back to its min; with no
+/// CPU budget it never grows.
+#[test]
+fn test_the_pool_grows_to_a_burst_and_shrinks_when_idle() {
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WARM_POOL", "python-slim=1"),
+        ("ISOBOX_WARM_POOL_MAX", "python-slim=3"),
+        ("ISOBOX_WARM_POOL_CPU", "100"),
+        ("ISOBOX_WARM_POOL_WINDOW_SEC", "8"),
+    ]);
+    d.wait_ready();
+    wait_ready(&d, 1);
+    let p = pool(&d);
+    let rt = &p["runtimes"]["python-slim"];
+    assert_eq!(
+        (&rt["target"], &rt["min"], &rt["max"], &rt["arrivals"]),
+        (&json!(1), &json!(1), &json!(3), &json!(0)),
+        "{p}"
+    );
+    assert_eq!(p["growth"], true, "{p}");
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    assert_eq!(
+        p["refillCpuBudget"].as_f64(),
+        Some(cpus),
+        "100 % of {cpus} CPUs: {p}"
+    );
+    // A burst of 4 against a pool of 1: one warm, three cold; the pool grows to 3
+    // (its max, not 4) and refills to it.
+    let (hits, misses) = burst(&d, 4);
+    assert_eq!((hits, misses), (1, 3));
+    let p = wait_pool(
+        &d,
+        "the pool grew to its max",
+        Duration::from_secs(60),
+        |p| p["runtimes"]["python-slim"]["ready"] == 3,
+    );
+    assert_eq!(p["runtimes"]["python-slim"]["target"], 3, "{p}");
+    assert_eq!(p["runtimes"]["python-slim"]["arrivals"], 4, "{p}");
+    assert!(p["refillCpuLastMinute"].as_f64().unwrap() > 0.0, "{p}");
+    // The same burst of 3 again: every run warm.
+    assert_eq!(burst(&d, 3), (3, 0), "{}", d.log());
+    let m = d.get("/metrics").text();
+    for line in [
+        "isobox_warm_pool_min{runtime=\"python-slim\"} 1",
+        "isobox_warm_pool_max{runtime=\"python-slim\"} 3",
+        "isobox_warm_pool_growth 1",
+    ] {
+        assert!(m.lines().any(|l| l == line), "{line} in\n{m}");
+    }
+    // Idle for the window (8 s): the burst no longer counts, the pool gives back
+    // what it holds above its min.
+    let p = wait_pool(
+        &d,
+        "the pool shrank to its min",
+        Duration::from_secs(40),
+        |p| {
+            let rt = &p["runtimes"]["python-slim"];
+            rt["target"] == 1 && rt["ready"] == 1 && rt["arrivals"] == 0
+        },
+    );
+    assert!(p["shrunk"].as_u64().unwrap() >= 2, "{p}");
+    d.assert_clean_except_pool();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.pool_containers().len() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "given back, yet still there: {:?} {p}",
+            d.pool_containers()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    d.stop();
+
+    // No budget: the pool stays at its min whatever arrives.
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WARM_POOL", "python-slim=1"),
+        ("ISOBOX_WARM_POOL_MAX", "python-slim=3"),
+        ("ISOBOX_WARM_POOL_CPU", "0"),
+    ]);
+    d.wait_ready();
+    wait_ready(&d, 1);
+    assert_eq!(burst(&d, 3), (1, 2));
+    let p = wait_pool(&d, "refilled", Duration::from_secs(60), |p| {
+        p["runtimes"]["python-slim"]["ready"] == 1
+    });
+    assert_eq!(p["growth"], false, "{p}");
+    assert_eq!(p["runtimes"]["python-slim"]["target"], 1, "{p}");
+    assert_eq!(p["runtimes"]["python-slim"]["arrivals"], 3, "{p}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(pool(&d)["refills"], p["refills"], "no boot past the min");
     d.stop();
 }
 

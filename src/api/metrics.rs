@@ -218,13 +218,34 @@ fn warm_pools(app: &App, t: &mut Text) {
     for (rt, w) in &pool.runtimes {
         t.sample("isobox_warm_pool_ready", &[("runtime", rt)], w.ready);
     }
-    t.family(
-        "isobox_warm_pool_target",
-        "gauge",
-        "Configured pool size, by runtime.",
-    );
-    for (rt, w) in &pool.runtimes {
-        t.sample("isobox_warm_pool_target", &[("runtime", rt)], w.target);
+    type Of = fn(&crate::api::WarmPoolRuntime) -> usize;
+    let sizes: [(&str, &str, Of); 4] = [
+        (
+            "isobox_warm_pool_target",
+            "What the pool refills to now: its largest burst of the last window, between its min and max, by runtime.",
+            |w| w.target,
+        ),
+        (
+            "isobox_warm_pool_min",
+            "The pool's configured size (ISOBOX_WARM_POOL), by runtime.",
+            |w| w.min,
+        ),
+        (
+            "isobox_warm_pool_max",
+            "The most the pool grows to (ISOBOX_WARM_POOL_MAX), by runtime.",
+            |w| w.max,
+        ),
+        (
+            "isobox_warm_pool_arrivals",
+            "Runs the pool could serve that arrived in the last window, by runtime.",
+            |w| w.arrivals,
+        ),
+    ];
+    for (name, help, of) in sizes {
+        t.family(name, "gauge", help);
+        for (rt, w) in &pool.runtimes {
+            t.sample(name, &[("runtime", rt)], of(w));
+        }
     }
     for (name, help, v) in [
         (
@@ -247,6 +268,11 @@ fn warm_pools(app: &App, t: &mut Text) {
             "Pool boots that failed.",
             pool.failures,
         ),
+        (
+            "isobox_warm_pool_shrunk_total",
+            "Pooled sandboxes given back when their pool shrank and sat idle for a window.",
+            pool.shrunk,
+        ),
     ] {
         t.single(name, "counter", help, v);
     }
@@ -255,6 +281,18 @@ fn warm_pools(app: &App, t: &mut Text) {
         "counter",
         "CPU-seconds the pool's boots took, each up to its interpreter's ready.",
         pool.refill_cpu_seconds,
+    );
+    t.single(
+        "isobox_warm_pool_refill_cpu_budget",
+        "gauge",
+        "CPU-seconds per second refills may average over the window for pools to grow (ISOBOX_WARM_POOL_CPU).",
+        pool.refill_cpu_budget,
+    );
+    t.single(
+        "isobox_warm_pool_growth",
+        "gauge",
+        "1 while pools may grow past their min (the window's refills kept to the budget), else 0.",
+        u8::from(pool.growth),
     );
     let wbx = app.wbx_warm.clone().unwrap_or_default();
     t.family(

@@ -111,8 +111,8 @@ pub fn cpu_seconds(ns: u64) -> f64 {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WarmFigures {
-    /// Per runtime: sandboxes ready and the target.
-    pub runtimes: std::collections::BTreeMap<String, WarmRuntime>,
+    /// Per pool: sandboxes ready, the size now, its bounds, the runs of the last minute.
+    pub runtimes: std::collections::BTreeMap<String, WarmPoolRuntime>,
     /// Runs served by a pooled sandbox.
     pub hits: u64,
     /// Runs of a pooled runtime that found its pool empty (they started cold).
@@ -127,6 +127,31 @@ pub struct WarmFigures {
     /// Pooled runs answered on the harness's exit report, before the sandbox's
     /// teardown (the others ended the cold way, at `runsc run`'s exit).
     pub exit_reports: u64,
+    /// Pooled sandboxes given back when their pool shrank and sat idle for a minute.
+    pub shrunk: u64,
+    /// CPU-seconds per second the refills may average (over a minute) for pools to
+    /// grow past their floors (`ISOBOX_WARM_POOL_CPU`).
+    pub refill_cpu_budget: f64,
+    /// CPU-seconds the refills took in the last minute.
+    pub refill_cpu_last_minute: f64,
+    /// Whether pools may grow now (a budget is set and the last minute kept to it).
+    pub growth: bool,
+}
+
+/// One pool of the warm pool.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct WarmPoolRuntime {
+    /// Booted and waiting.
+    pub ready: usize,
+    /// What it refills to now: the largest burst of the last minute, between `min`
+    /// and `max` (`min` while growth is not allowed).
+    pub target: usize,
+    /// `ISOBOX_WARM_POOL`'s size for the runtime.
+    pub min: usize,
+    /// `ISOBOX_WARM_POOL_MAX`'s size for the runtime (never below `min`).
+    pub max: usize,
+    /// Runs this pool could serve that arrived in the last minute (hits and misses).
+    pub arrivals: usize,
 }
 
 /// One runtime's pool.

@@ -382,7 +382,9 @@ impl Daemon {
         self.jobs_sweep();
         // Room may have come free (a sandbox ended, a pause passed).
         self.job_pump();
-        // Refills after a failed boot wait out their pause; retried from here.
+        // Pools follow their demand; refills after a failed boot wait out their
+        // pause; both retried from here.
+        self.warm_upkeep(now);
         self.warm_fill();
         self.box_warm_fill();
         if self.egress.due(now) {

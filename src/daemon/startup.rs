@@ -364,7 +364,20 @@ impl Daemon {
             }
             targets.push((rt.desc.language.clone(), *n));
         }
-        let warm = crate::sandbox::warm::WarmPool::new(targets, cfg.egress.enabled);
+        // Ceilings by canonical name too; a runtime without a pool has none.
+        let ceilings = cfg
+            .warm_pool_max
+            .iter()
+            .filter_map(|(name, n)| Some((app.runtimes.resolve(name)?.desc.language.clone(), *n)))
+            .collect();
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let warm = crate::sandbox::warm::WarmPool::new(
+            targets,
+            ceilings,
+            f64::from(cfg.warm_pool_cpu) / 100.0 * cpus as f64,
+            std::time::Duration::from_secs(cfg.warm_pool_window_sec),
+            cfg.egress.enabled,
+        );
         let agent = Arc::new(crate::agent::Shared {
             cfg: cfg.ai.clone(),
             sessions: Arc::clone(&app.sessions),

@@ -19,7 +19,18 @@ impl Daemon {
                 .warm
                 .occupancy()
                 .into_iter()
-                .map(|(r, ready, target)| (r, crate::api::WarmRuntime { ready, target }))
+                .map(|o| {
+                    (
+                        o.pool,
+                        crate::api::WarmPoolRuntime {
+                            ready: o.ready,
+                            target: o.target,
+                            min: o.min,
+                            max: o.max,
+                            arrivals: o.arrivals,
+                        },
+                    )
+                })
                 .collect(),
             hits: self.warm.hits,
             misses: self.warm.misses,
@@ -27,7 +38,29 @@ impl Daemon {
             refill_cpu_seconds: crate::api::cpu_seconds(self.warm.refill_cpu_ns),
             failures: self.warm.failures,
             exit_reports: self.warm.exit_reports,
+            shrunk: self.warm.shrunk,
+            refill_cpu_budget: self.warm.budget.per_sec(),
+            refill_cpu_last_minute: self.warm.budget.spent_secs(),
+            growth: self.warm.budget.allows_growth(),
         });
+    }
+
+    /// Once a second: the pools' demand and budget move on; a pool that shrank and sat
+    /// idle for a minute gives back what it holds above its size.
+    pub(crate) fn warm_upkeep(&mut self, now: Instant) {
+        if !self.warm.enabled() {
+            return;
+        }
+        self.warm.tick(now);
+        let excess = self.warm.take_excess(now);
+        for s in excess {
+            let backend = Arc::clone(&self.backend);
+            self.reactor.submit_must(Box::new(move || {
+                crate::sandbox::warm::discard(&*backend, *s);
+                super::nothing()
+            }));
+        }
+        self.warm_publish();
     }
 
     /// Starts a background boot if a pool is below its target (one at a time).
@@ -40,18 +73,16 @@ impl Daemon {
             return;
         }
         let now = Instant::now();
-        let next = self
-            .warm
-            .occupancy()
-            .into_iter()
-            .find(|(r, ready, target)| {
-                ready < target
-                    && self.warm.retry_at.get(r).is_none_or(|t| now >= *t)
+        let next = self.warm.occupancy().into_iter().find(|o| {
+            o.ready < o.target
+                    && self.warm.retry_at.get(&o.pool).is_none_or(|t| now >= *t)
                     // A networked sandbox only while egress is verified.
-                    && (!r.ends_with(NET_SUFFIX)
+                    && (!o.pool.ends_with(NET_SUFFIX)
                         || self.backend.egress().is_some_and(|e| e.verified()))
-            });
-        let Some((lang, _, _)) = next else { return };
+        });
+        let Some(lang) = next.map(|o| o.pool) else {
+            return;
+        };
         let network = lang.ends_with(NET_SUFFIX);
         let runtime = lang.strip_suffix(NET_SUFFIX).unwrap_or(&lang);
         let Some(rt) = self.app.runtimes.resolve(runtime).cloned() else {
@@ -71,6 +102,7 @@ impl Daemon {
         });
         if self.reactor.submit(job).is_ok() {
             self.warm.booting = Some(lang);
+            self.warm.boot_started = Some(now);
         }
         self.warm_publish();
     }
@@ -81,6 +113,8 @@ impl Daemon {
         result: Result<(Box<Spawned>, u64), WarmError>,
     ) {
         self.warm.booting = None;
+        let cpu = result.as_ref().ok().map(|(_, cpu)| *cpu);
+        self.warm.boot_ended(Instant::now(), cpu);
         match result {
             Ok((s, cpu_ns)) if !self.app.shutting_down && self.warm.target(&runtime) > 0 => {
                 self.warm.refills += 1;
@@ -126,6 +160,7 @@ impl Daemon {
         } else {
             lang.clone()
         };
+        self.warm.arrive(&key, Instant::now());
         let mut s = None;
         let mut stale = Vec::new();
         while let Some(c) = self.warm.ready.get_mut(&key).and_then(VecDeque::pop_front) {

@@ -15,6 +15,7 @@ pub mod fake;
 pub mod kernel;
 pub mod limits;
 pub mod plan;
+pub mod pool_size;
 pub mod probe;
 pub mod runsc;
 pub mod start;

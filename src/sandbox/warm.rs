@@ -14,6 +14,7 @@
 //! only `durationMs` differs (it counts from the hand-over, not from `runsc run`).
 
 use super::backend::{wait_and_delete, Backend, Spawned, Stdin};
+use super::pool_size::{self, Budget, Demand, MIN_SPAN};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
 use crate::cgroup::{HostLimits, CPU_PERIOD_US};
 use crate::sandbox::plan::ExecPlan;
@@ -97,16 +98,43 @@ pub(crate) fn pool_of(s: &Spawned, runtime: &str) -> String {
 /// After a failed boot, refills of that runtime pause this long.
 pub(crate) const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(10);
 
+/// One pool's figures: its sandboxes ready, its size now and its bounds, the runs that
+/// arrived for it in the last minute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Occupancy {
+    /// `<runtime>` or `<runtime>+net`.
+    pub pool: String,
+    /// Sandboxes booted and waiting.
+    pub ready: usize,
+    /// What it refills to now (between `min` and `max`, see `pool_size`).
+    pub target: usize,
+    /// Its floor (`ISOBOX_WARM_POOL`).
+    pub min: usize,
+    /// Its ceiling (`ISOBOX_WARM_POOL_MAX`, never below the floor).
+    pub max: usize,
+    /// Runs it could serve that arrived in the last minute.
+    pub arrivals: usize,
+}
+
 /// Pool state, owned by the reactor.
-#[derive(Default)]
 pub struct WarmPool {
-    /// Target size per runtime language (for each of its pools).
+    /// Floor per runtime language (for each of its pools): `ISOBOX_WARM_POOL`.
     pub(crate) targets: Vec<(String, usize)>,
+    /// Ceiling per runtime language: `ISOBOX_WARM_POOL_MAX` (never below the floor).
+    pub(crate) ceilings: HashMap<String, usize>,
     /// Egress is on: each runtime also has a pool of networked sandboxes (`<name>+net`).
     pub(crate) net: bool,
     pub(crate) ready: HashMap<String, VecDeque<Box<Spawned>>>,
-    /// The runtime whose sandbox is booting (one at a time).
+    /// The runtime whose sandbox is booting (one at a time), and since when.
     pub(crate) booting: Option<String>,
+    pub(crate) boot_started: Option<Instant>,
+    /// How long a refill takes, to ready (a moving average): a burst is what arrives
+    /// within one.
+    pub(crate) boot_wall: Duration,
+    /// Runs per pool in the last window.
+    pub(crate) demand: HashMap<String, Demand>,
+    /// The refills' CPU against `ISOBOX_WARM_POOL_CPU`.
+    pub(crate) budget: Budget,
     pub(crate) retry_at: HashMap<String, Instant>,
     pub(crate) serial: u64,
     /// Figures for `/healthz`.
@@ -121,15 +149,52 @@ pub struct WarmPool {
     pub failures: u64,
     /// Claimed runs that ended on the harness's exit frame.
     pub exit_reports: u64,
+    /// Pooled sandboxes given back because their pool had shrunk and sat idle.
+    pub shrunk: u64,
+}
+
+impl Default for WarmPool {
+    fn default() -> WarmPool {
+        WarmPool::new(
+            Vec::new(),
+            Vec::new(),
+            0.0,
+            pool_size::DEFAULT_WINDOW,
+            false,
+        )
+    }
 }
 
 impl WarmPool {
-    /// A pool with these targets (runtime languages); `net`: networked pools too.
-    pub fn new(targets: Vec<(String, usize)>, net: bool) -> WarmPool {
+    /// A pool with these floors and ceilings (runtime languages), refills allowed
+    /// `cpu_per_sec` CPU-seconds per second on average over `window` to grow past the
+    /// floors; `net`: networked pools too.
+    pub fn new(
+        targets: Vec<(String, usize)>,
+        ceilings: Vec<(String, usize)>,
+        cpu_per_sec: f64,
+        window: Duration,
+        net: bool,
+    ) -> WarmPool {
         WarmPool {
             targets: targets.into_iter().filter(|(_, n)| *n > 0).collect(),
+            ceilings: ceilings.into_iter().collect(),
             net,
-            ..Default::default()
+            ready: HashMap::new(),
+            booting: None,
+            boot_started: None,
+            boot_wall: MIN_SPAN,
+            demand: HashMap::new(),
+            budget: Budget::new(cpu_per_sec, window),
+            retry_at: HashMap::new(),
+            serial: 0,
+            hits: 0,
+            misses: 0,
+            refills: 0,
+            refill_cpu_ns: 0,
+            failures: 0,
+            exit_reports: 0,
+            shrunk: 0,
         }
     }
 
@@ -138,16 +203,23 @@ impl WarmPool {
         !self.targets.is_empty()
     }
 
-    /// (pool, ready, target) for each pool: `<runtime>` (offline) and, with egress
-    /// on, `<runtime>+net`.
-    pub fn occupancy(&self) -> Vec<(String, usize, usize)> {
+    /// Every pool: `<runtime>` (offline) and, with egress on, `<runtime>+net`.
+    pub fn occupancy(&self) -> Vec<Occupancy> {
         let mut out = Vec::new();
-        for (r, n) in &self.targets {
-            out.push((r.clone(), self.ready.get(r).map_or(0, VecDeque::len), *n));
+        for (r, _) in &self.targets {
+            let mut pools = vec![r.clone()];
             if self.net {
-                let k = format!("{r}{NET_SUFFIX}");
-                let ready = self.ready.get(&k).map_or(0, VecDeque::len);
-                out.push((k, ready, *n));
+                pools.push(format!("{r}{NET_SUFFIX}"));
+            }
+            for pool in pools {
+                out.push(Occupancy {
+                    ready: self.ready.get(&pool).map_or(0, VecDeque::len),
+                    target: self.target(&pool),
+                    min: self.floor(&pool),
+                    max: self.ceiling(&pool),
+                    arrivals: self.demand.get(&pool).map_or(0, Demand::recent),
+                    pool,
+                });
             }
         }
         out
@@ -158,7 +230,8 @@ impl WarmPool {
         self.booting.is_none()
     }
 
-    pub(crate) fn target(&self, pool: &str) -> usize {
+    /// The configured size of `pool` (0: no such pool).
+    pub(crate) fn floor(&self, pool: &str) -> usize {
         let runtime = pool.strip_suffix(NET_SUFFIX).unwrap_or(pool);
         if runtime != pool && !self.net {
             return 0;
@@ -167,6 +240,81 @@ impl WarmPool {
             .iter()
             .find(|(r, _)| r == runtime)
             .map_or(0, |(_, n)| *n)
+    }
+
+    /// The most `pool` may grow to.
+    pub(crate) fn ceiling(&self, pool: &str) -> usize {
+        let runtime = pool.strip_suffix(NET_SUFFIX).unwrap_or(pool);
+        let floor = self.floor(pool);
+        if floor == 0 {
+            return 0;
+        }
+        self.ceilings.get(runtime).copied().unwrap_or(0).max(floor)
+    }
+
+    /// What `pool` refills to now (0: no such pool).
+    pub(crate) fn target(&self, pool: &str) -> usize {
+        let peak = self.demand.get(pool).map_or(0, Demand::peak);
+        pool_size::size(
+            self.floor(pool),
+            self.ceiling(pool),
+            peak,
+            self.budget.allows_growth(),
+        )
+    }
+
+    /// A run that a sandbox of `pool` could serve arrived.
+    pub(crate) fn arrive(&mut self, pool: &str, now: Instant) {
+        let (span, window) = (self.boot_wall, self.budget.window());
+        self.demand
+            .entry(pool.to_string())
+            .or_default()
+            .arrive(now, span, window);
+    }
+
+    /// A boot that started at `boot_started` has ended: its time joins the average;
+    /// `cpu_ns`, when it made a sandbox, joins the budget's minute.
+    pub(crate) fn boot_ended(&mut self, now: Instant, cpu_ns: Option<u64>) {
+        if let Some(t) = self.boot_started.take() {
+            let took = now.saturating_duration_since(t);
+            // A moving average, a quarter for the newest boot.
+            self.boot_wall = (self.boot_wall * 3 + took) / 4;
+        }
+        if let Some(ns) = cpu_ns {
+            self.budget.spend(now, ns);
+        }
+    }
+
+    /// Once a second: the window moves on (bursts a minute old no longer count).
+    pub(crate) fn tick(&mut self, now: Instant) {
+        let (span, window) = (self.boot_wall, self.budget.window());
+        self.demand.retain(|_, d| {
+            d.refresh(now, span, window);
+            d.recent() > 0
+        });
+        self.budget.refresh(now);
+    }
+
+    /// Sandboxes of pools that hold more than their size now and saw no run for a
+    /// window: given back, so an idle daemon holds only its floors.
+    pub(crate) fn take_excess(&mut self, now: Instant) -> Vec<Box<Spawned>> {
+        let mut out = Vec::new();
+        let pools: Vec<String> = self.ready.keys().cloned().collect();
+        for pool in pools {
+            let quiet = self
+                .demand
+                .get(&pool)
+                .and_then(Demand::last)
+                .is_none_or(|t| now.saturating_duration_since(t) > self.budget.window());
+            let target = self.target(&pool);
+            if let Some(q) = self.ready.get_mut(&pool) {
+                while quiet && q.len() > target {
+                    out.extend(q.pop_front());
+                }
+            }
+        }
+        self.shrunk += out.len() as u64;
+        out
     }
 }
 
