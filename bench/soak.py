@@ -442,7 +442,8 @@ def pool_target(h):
     the WBX face's (`wbxWarmPool`, long-lived sandboxes booted ahead)."""
     pools = (h.get("warmPool") or {}).get("runtimes") or {}
     wbx = (h.get("wbxWarmPool") or {}).get("templates") or {}
-    return sum(int(p.get("target", 0)) for p in list(pools.values()) + list(wbx.values()))
+    # A pool that grew with bursts (`max`) holds up to that until it has been idle.
+    return sum(int(p.get("max", p.get("target", 0))) for p in list(pools.values()) + list(wbx.values()))
 
 
 def leftovers(instance, data_dir, pid, pooled=0):
