@@ -12,8 +12,10 @@ each with `ISOBOX_WARM_POOL=python-slim=POOL`:
 
 Each round sends the burst to one daemon, then to the other (the order alternates), so
 both see the same host. Columns: runs, pool hits and misses, latency p50 / p90 / max
-(ms, connect to last byte), and the pool's refill CPU per run (`refillCpuSeconds` from
-/healthz over the rounds: what the pool cost). The first round is the adaptive pool's
+(ms, connect to last byte), the pool's refill CPU per run (`refillCpuSeconds` from
+/healthz over the rounds), and all the CPU per run: every sandbox of the daemon's
+instance (cold starts, refills, the runs; its cgroup's usage, which keeps what removed
+sandboxes used) plus isoboxd's own process. The first round is the adaptive pool's
 lesson; the table also shows the rounds after it alone.
 
 Usage (root): python3 bench/load/bursts.py [--rounds 12] [--burst 4] [--gap 3] [--pool 1] [--max 4]
@@ -41,6 +43,22 @@ def start(instance, pool, extra):
     finally:
         for k in extra:
             os.environ.pop(k, None)
+
+
+def cpu(d):
+    """CPU-seconds so far of the daemon's sandboxes (its instance's cgroup, v1 cpuacct or
+    v2 cpu.stat) and of its own process."""
+    v1 = f"/sys/fs/cgroup/cpuacct/{d['instance']}/cpuacct.usage"
+    if os.path.exists(v1):
+        with open(v1) as f:
+            boxes = int(f.read()) / 1e9
+    else:
+        with open(f"/sys/fs/cgroup/{d['instance']}/cpu.stat") as f:
+            boxes = int(dict(l.split() for l in f)["usage_usec"]) / 1e6
+    with open(f"/proc/{d['proc'].pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return boxes + own
 
 
 def fire(d, n):
@@ -72,6 +90,7 @@ def main():
         lat = {k: [] for k in named}
         first = {k: 0 for k in named}
         h0 = {k: w.health(d)["warmPool"] for k, d in named.items()}
+        c0 = {k: cpu(d) for k, d in named.items()}
         print(f"== bursts: {a.rounds} rounds of {a.burst} python-slim print(1) at once, {a.gap} s apart, "
               f"pool python-slim={a.pool} (adaptive: max {a.max}); load average before: {ex.loadavg()}")
         for i in range(a.rounds):
@@ -82,16 +101,19 @@ def main():
                     first[k] = len(lat[k])
                 time.sleep(a.gap)
         print(f"{'pool':<9} {'rounds':<7} {'runs':>5} {'hits':>5} {'misses':>6} {'p50 ms':>8} {'p90 ms':>8} "
-              f"{'max ms':>8} {'refill cpu s/run':>17}")
+              f"{'max ms':>8} {'refill cpu s/run':>17} {'all cpu s/run':>14}")
+        time.sleep(5)  # the last refills end inside the figures
         h1 = {k: w.health(d)["warmPool"] for k, d in named.items()}
+        c1 = {k: cpu(d) for k, d in named.items()}
         p50 = {}
         for k in named:
             hits = h1[k]["hits"] - h0[k]["hits"]
             misses = h1[k]["misses"] - h0[k]["misses"]
-            cpu = (h1[k]["refillCpuSeconds"] - h0[k]["refillCpuSeconds"]) / max(1, len(lat[k]))
+            refill = (h1[k]["refillCpuSeconds"] - h0[k]["refillCpuSeconds"]) / max(1, len(lat[k]))
+            total = (c1[k] - c0[k]) / max(1, len(lat[k]))
             xs = lat[k]
             print(f"{k:<9} {'all':<7} {len(xs):>5} {hits:>5} {misses:>6} {ex.percentile(xs, 50):>8.1f} "
-                  f"{ex.percentile(xs, 90):>8.1f} {max(xs):>8.1f} {cpu:>17.3f}")
+                  f"{ex.percentile(xs, 90):>8.1f} {max(xs):>8.1f} {refill:>17.3f} {total:>14.3f}")
             later = xs[first[k]:]
             p50[k] = ex.percentile(later, 50)
             print(f"{k:<9} {'2nd on':<7} {len(later):>5} {'':>5} {'':>6} {p50[k]:>8.1f} "
