@@ -21,22 +21,10 @@ fn ws_url(d: &Daemon) -> String {
 
 /// Runs a scenario of `tests/python/eryx_ws.py` against `d`: what it saw.
 fn scenario(d: &Daemon, name: &str, key: Option<&str>) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/eryx_ws.py");
-    let mut cmd = std::process::Command::new(common::test_python());
-    cmd.arg(script).arg(ws_url(d)).arg(name);
-    if let Some(k) = key {
-        cmd.arg(k);
-    }
-    let out = cmd.output().expect("python");
-    assert!(
-        out.status.success(),
-        "{name}: {}\n{}\nlog:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        d.log()
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{name}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+    let url = ws_url(d);
+    let mut args = vec![url.as_str(), name];
+    args.extend(key);
+    common::python_client(d, "eryx_ws.py", name, &args, &[])
 }
 
 /// A completed run's fields, exactly the document's.
@@ -127,10 +115,7 @@ fn test_the_documents_example_client_runs_unchanged() {
 /// Sends an upgrade with `auth` and reads the refusal: its status and JSON body.
 fn upgrade_refused(d: &Daemon, auth: Option<&str>) -> (u16, Value) {
     let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
-    let req = format!(
-        "GET /eryx/v1/stream HTTP/1.1\r\nHost: x\r\n{auth}Connection: Upgrade\r\nUpgrade: websocket\r\n\
-         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-    );
+    let req = common::ws_upgrade("/eryx/v1/stream", &auth);
     let r = common::raw_exchange(d.addr, req.as_bytes());
     (r[0].status, r[0].json())
 }
@@ -314,9 +299,7 @@ fn test_each_execute_counts_against_the_rate() {
         assert_eq!(r["code"], "rate_limit_exceeded", "{r}");
     }
     // And a new connection is refused at its upgrade, with Retry-After.
-    let req =
-        "GET /eryx/v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-               Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    let req = common::ws_upgrade("/eryx/v1/stream", "");
     let r = common::raw_exchange(d.addr, req.as_bytes());
     assert_eq!(r[0].status, 429);
     assert_eq!(r[0].json()["error"]["code"], "rate_limit_exceeded");
@@ -333,11 +316,8 @@ impl Raw {
     fn open(d: &Daemon) -> Raw {
         let mut s = TcpStream::connect(d.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        s.write_all(
-            b"GET /eryx/v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
-        )
-        .unwrap();
+        s.write_all(common::ws_upgrade("/eryx/v1/stream", "").as_bytes())
+            .unwrap();
         let mut head = Vec::new();
         let mut b = [0u8; 1];
         while !head.ends_with(b"\r\n\r\n") {

@@ -66,26 +66,15 @@ fn scenario(d: &Daemon, id: &str, pid: u64, name: &str) -> Value {
 }
 
 fn scenario_env(d: &Daemon, id: &str, pid: u64, name: &str, env: &[(&str, &str)]) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/terminal_ws.py");
-    let out = std::process::Command::new(common::test_python())
-        .envs(env.iter().copied())
-        .arg(script)
-        .arg(format!("http://{}/wbx", d.addr))
-        .arg(id)
-        .arg(pid.to_string())
-        .arg(name)
-        .arg(KEY)
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "{name}: {}\n{}\nlog:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        d.log()
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{name}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+    let base = format!("http://{}/wbx", d.addr);
+    let pid = pid.to_string();
+    common::python_client(
+        d,
+        "terminal_ws.py",
+        name,
+        &[&base, id, &pid, name, KEY],
+        env,
+    )
 }
 
 fn error_event(v: &Value, says: &str) {
@@ -201,10 +190,9 @@ fn test_a_process_without_terminal_keys_limits_and_errors() {
     assert!(err(&r).contains("WebSocket"), "{}", r.text());
     // An upgrade to a process that is not there; to a sandbox that is not there.
     let upgrade = |path: &str| {
-        let raw = format!(
-            "GET /wbx{path} HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {KEY}\r\n\
-             Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
-             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+        let raw = common::ws_upgrade(
+            &format!("/wbx{path}"),
+            &format!("Authorization: Bearer {KEY}\r\n"),
         );
         common::raw_exchange(d.addr, raw.as_bytes())
             .pop()
@@ -281,13 +269,11 @@ fn test_a_quiet_terminal_is_pinged_and_kept_and_a_silent_client_is_dropped() {
     // with 1001 when the next one passes without a word.
     let mut s = std::net::TcpStream::connect(d.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "GET /wbx/v1/sandboxes/{id}/process/{pid}/ws HTTP/1.1\r\nHost: t\r\n\
-         Authorization: Bearer {KEY}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-    )
-    .unwrap();
+    let req = common::ws_upgrade(
+        &format!("/wbx/v1/sandboxes/{id}/process/{pid}/ws"),
+        &format!("Authorization: Bearer {KEY}\r\n"),
+    );
+    s.write_all(req.as_bytes()).unwrap();
     let mut r = std::io::BufReader::new(s.try_clone().unwrap());
     let mut line = String::new();
     r.read_line(&mut line).unwrap();

@@ -39,7 +39,7 @@ for (const [name, [tab]] of Object.entries(VIEWS)) {
 
 // ---------- sandboxes ----------
 const wbx = p => '/wbx/v1' + p;
-const SB = { timer: null, prev: new Map(), templates: false, busy: false };
+const SB = { timer: null, prev: new Map(), templates: false };
 const fmtDur = s => {
   if (s < 0) s = 0;
   if (s < 90) return `${Math.round(s)} s`;
@@ -66,9 +66,23 @@ function cpuNow(id, m) {
   return `${Math.max(0, pct).toFixed(1)} %`;
 }
 
-async function sbRefresh() {
-  if (SB.busy) return;
-  SB.busy = true;
+// One run of `fn` at a time. A call while it runs makes one more run after it, which
+// later calls share (a click on Refresh during a timed refresh, or the refresh after an
+// action, then shows what is there by then); each call's promise settles with its run.
+function serialized(fn) {
+  let running = null, again = null;
+  const go = () => {
+    running = (async () => { try { await fn(); } finally { running = null; } })();
+    return running;
+  };
+  return () => {
+    if (!running) return go();
+    if (!again) again = running.catch(() => {}).then(() => { again = null; return go(); });
+    return again;
+  };
+}
+
+const sbRefresh = serialized(async () => {
   try {
     await sbTemplates();
     const list = (await (await request(wbx('/sandboxes'), { what: 'Listing sandboxes' })).json()).sandboxes;
@@ -98,10 +112,8 @@ async function sbRefresh() {
     for (const id of SB.prev.keys()) if (!list.some(s => s.id === id)) SB.prev.delete(id);
   } catch (e) {
     sbMsg(e.message);
-  } finally {
-    SB.busy = false;
   }
-}
+});
 
 // A row's cells but the actions: what el() takes for each <td>.
 function sbCells(s, m, now) {
@@ -464,7 +476,7 @@ $('#fClose').addEventListener('click', filesClose);
 // ---------- metrics ----------
 // /metrics (Prometheus text) read every 2 s; each chart keeps the last 150 samples
 // (5 minutes) and is drawn as SVG lines (no chart library).
-const MX = { timer: null, prev: null, series: {}, busy: false };
+const MX = { timer: null, prev: null, series: {} };
 const MX_KEEP = 150;
 const CHARTS = [
   { id: 'runs', title: 'Runs finished per second', lines: ['runs/s'], fmt: v => v.toFixed(2) },
@@ -553,9 +565,7 @@ function mxDraw() {
   }
 }
 
-async function mxTick() {
-  if (MX.busy) return;
-  MX.busy = true;
+const mxTick = serialized(async () => {
   try {
     const key = store.get('metricsKey');
     const res = await fetch('/metrics', { cache: 'no-store', headers: key ? { Authorization: 'Bearer ' + key } : {} });
@@ -579,10 +589,8 @@ async function mxTick() {
     mxDraw();
   } catch (e) {
     $('#mxMsg').textContent = e.message;
-  } finally {
-    MX.busy = false;
   }
-}
+});
 
 function mxStart() {
   mxCharts();
@@ -596,17 +604,12 @@ $('#mxKeySave').addEventListener('click', () => { store.set('metricsKey', $('#mx
 // Background jobs (the WBX face's /v1/jobs): the list, a submit form, and one job's
 // summary, test results (the log digest), the end of its log (live while it runs),
 // result files, and its receipt with the signature checked here (WebCrypto Ed25519).
-const JB = { timer: null, job: null, busy: false, again: false, templates: false, logTimer: null };
+const JB = { timer: null, job: null, templates: false, logTimer: null };
 const FINISHED = ['completed', 'failed', 'cancelled', 'expired'];
 const fmtTime = ts => ts ? new Date(ts).toLocaleTimeString() : '—';
 function jbMsg(t) { $('#jbMsg').textContent = t; }
 
-async function jbRefresh() {
-  // One refresh at a time; one asked for meanwhile runs after it (a click on Refresh
-  // during a timed refresh must still show what is there now).
-  if (JB.busy) { JB.again = true; return; }
-  JB.busy = true;
-  JB.again = false;
+const jbRefresh = serialized(async () => {
   try {
     if (!JB.templates) {
       const r = await (await request(wbx('/templates'), { what: 'Listing templates' })).json();
@@ -619,11 +622,8 @@ async function jbRefresh() {
     $('#jbCount').textContent = `${jobs.length} shown, newest first`;
     $('#jbRows').replaceChildren(...jobs.map(jbRow));
     if (!jobs.length) $('#jbRows').append(el('tr', {}, el('td', { colspan: 7, class: 'note', text: 'No jobs yet: submit one above.' })));
-  } catch (e) { jbMsg(e.message); } finally {
-    JB.busy = false;
-    if (JB.again) jbRefresh();
-  }
-}
+  } catch (e) { jbMsg(e.message); }
+});
 
 function jbRow(j) {
   const act = (label, fn, attrs = {}) => el('button', { type: 'button', onclick: fn, ...attrs, text: label });
@@ -801,11 +801,8 @@ async function jobReceipt(id) {
 }
 
 // ---------- batches ----------
-const BT = { batch: null, timer: null, busy: false, again: false };
-async function btRefresh() {
-  if (BT.busy) { BT.again = true; return; }
-  BT.busy = true;
-  BT.again = false;
+const BT = { batch: null, timer: null };
+const btRefresh = serialized(async () => {
   try {
     const list = (await (await request(wbx('/batches?limit=20'), { what: 'Listing batches' })).json()).batches;
     $('#btCount').textContent = list.length ? `${list.length} shown, newest first` : '';
@@ -817,11 +814,8 @@ async function btRefresh() {
       el('td', { text: fmtTime(b.created_at) }),
       el('td', { class: 'acts' }, el('button', { type: 'button', text: 'Open', 'aria-label': `Open batch ${b.id}`, onclick: () => batchOpen(b.id) })))));
     if (!list.length) $('#btRows').append(el('tr', {}, el('td', { colspan: 6, class: 'note', text: 'No batches yet (POST /wbx/v1/batches).' })));
-  } catch (e) { jbMsg(e.message); } finally {
-    BT.busy = false;
-    if (BT.again) btRefresh();
-  }
-}
+  } catch (e) { jbMsg(e.message); }
+});
 
 function batchOpen(id) {
   BT.batch = id;

@@ -17,7 +17,7 @@ use crate::wbx::terminal::{self, Attach, Incoming};
 /// A connection attached to a process's terminal.
 #[derive(Debug)]
 pub struct TermState {
-    dec: ws::Decoder,
+    pub(crate) dec: ws::Decoder,
     /// The sandbox's key and serial.
     pub key: usize,
     /// Its serial.
@@ -119,43 +119,12 @@ impl Daemon {
         }
     }
 
-    /// Takes the client's frames out of the read buffer and acts on each message.
-    /// False to wait for bytes (or room to write).
-    pub(crate) fn advance_term(&mut self, ck: usize) -> bool {
-        loop {
-            let Some(c) = self.conns.get_mut(ck) else {
-                return false;
-            };
-            if c.http.close_after_flush || c.http.write_full() {
-                return false;
-            }
-            let http = &mut c.http;
-            let Phase::Owned(Owner::BoxTerm(t)) = &mut http.phase else {
-                return true;
-            };
-            let (key, serial, pid) = (t.key, t.serial, t.pid);
-            match t.dec.next(&mut http.rbuf) {
-                Ok(None) => return false,
-                Ok(Some(m)) => self.term_message(ck, key, serial, pid, m),
-                Err(e) => {
-                    let peer = c.peer;
-                    crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} terminal websocket: {e}");
-                    if let Some(c) = self.conns.get_mut(ck) {
-                        ws::write_close(&mut c.http.wbuf, e.close_code(), &e.to_string());
-                        c.http.close_after_flush = true;
-                    }
-                    return false;
-                }
-            }
-        }
-    }
-
-    fn term_message(&mut self, ck: usize, key: usize, serial: u64, pid: u32, m: Message) {
-        // Anything from the client is a sign of life.
-        if let Some(Owner::BoxTerm(t)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
-            t.pinged = false;
-        }
-        self.arm_idle(ck);
+    /// A data message of a terminal (`eryx.rs::ws_pump` took the control ones).
+    pub(crate) fn term_message(&mut self, ck: usize, m: Message) {
+        let Some(Owner::BoxTerm(t)) = self.conns.get(ck).and_then(|c| c.owner()) else {
+            return;
+        };
+        let (key, serial, pid) = (t.key, t.serial, t.pid);
         let asked = match m {
             Message::Binary(data) => Incoming::Input(data),
             Message::Text(t) => match terminal::incoming(&t) {
@@ -165,21 +134,7 @@ impl Daemon {
                     return;
                 }
             },
-            Message::Ping(p) => {
-                if let Some(c) = self.conns.get_mut(ck) {
-                    ws::write_pong(&mut c.http.wbuf, &p);
-                }
-                return;
-            }
-            Message::Pong(_) => return,
-            Message::Close(code) => {
-                // The close handshake: its code echoed (RFC 6455 §5.5.1).
-                if let Some(c) = self.conns.get_mut(ck) {
-                    ws::write_close(&mut c.http.wbuf, code.map_or(1000, |(c, _)| c), "");
-                    c.http.close_after_flush = true;
-                }
-                return;
-            }
+            Message::Ping(_) | Message::Pong(_) | Message::Close(_) => return,
         };
         if let Incoming::Ping = asked {
             self.term_event(ck, r#"{"type":"pong"}"#);

@@ -482,13 +482,8 @@ impl Daemon {
                         return;
                     }
                 }
-                Phase::Owned(Owner::Ws(_)) => {
-                    if !self.advance_ws(ck) {
-                        return;
-                    }
-                }
-                Phase::Owned(Owner::BoxTerm(_)) => {
-                    if !self.advance_term(ck) {
+                Phase::Owned(Owner::Ws(_) | Owner::BoxTerm(_)) => {
+                    if !self.ws_pump(ck) {
                         return;
                     }
                 }

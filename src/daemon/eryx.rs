@@ -112,7 +112,11 @@ impl Daemon {
 
     /// Takes the client's frames out of the read buffer and acts on each message.
     /// True when the caller may go on (the phase changed); false to wait for bytes.
-    pub(crate) fn advance_ws(&mut self, ck: usize) -> bool {
+    /// Reads the messages waiting on a WebSocket (an eryx stream or a process's
+    /// terminal, `box_term.rs`): Ping, Pong and Close are answered here, alike for both,
+    /// the rest go to the owner's handler; a protocol error closes with its code. False
+    /// when nothing more can be done now.
+    pub(crate) fn ws_pump(&mut self, ck: usize) -> bool {
         loop {
             let Some(c) = self.conns.get_mut(ck) else {
                 return false;
@@ -121,20 +125,64 @@ impl Daemon {
                 return false;
             }
             let http = &mut c.http;
-            let super::conn::Phase::Owned(Owner::Ws(w)) = &mut http.phase else {
-                return true;
+            let (dec, term) = match &mut http.phase {
+                super::conn::Phase::Owned(Owner::Ws(w)) => (&mut w.dec, false),
+                super::conn::Phase::Owned(Owner::BoxTerm(t)) => (&mut t.dec, true),
+                _ => return true,
             };
-            let next = w.dec.next(&mut http.rbuf);
+            let next = dec.next(&mut http.rbuf);
+            let mid = dec.mid_message();
             match next {
                 Ok(None) => return false,
-                Ok(Some(m)) => self.ws_message(ck, m),
+                Ok(Some(m)) => {
+                    let Some(m) = self.ws_control(ck, m, mid) else {
+                        continue;
+                    };
+                    if term {
+                        self.term_message(ck, m);
+                    } else {
+                        self.ws_message(ck, m);
+                    }
+                }
                 Err(e) => {
                     let peer = c.peer;
-                    crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} websocket: {e}");
+                    let what = if term {
+                        "terminal websocket"
+                    } else {
+                        "websocket"
+                    };
+                    crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} {what}: {e}");
                     self.ws_close(ck, e.close_code(), &e.to_string());
                     return false;
                 }
             }
+        }
+    }
+
+    /// What every WebSocket does alike with a message: it is a sign of life (a ping
+    /// too, but not while a fragmented message is held half-read: pings must not keep
+    /// its bytes forever); a Ping is answered, a Pong taken, a Close echoed (RFC 6455
+    /// §5.5.1). The rest is the owner's.
+    fn ws_control(&mut self, ck: usize, m: Message, mid: bool) -> Option<Message> {
+        if !(mid && matches!(m, Message::Ping(_) | Message::Pong(_))) {
+            if let Some(Owner::BoxTerm(t)) = self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
+                t.pinged = false;
+            }
+            self.arm_idle(ck);
+        }
+        match m {
+            Message::Ping(p) => {
+                if let Some(c) = self.conns.get_mut(ck) {
+                    ws::write_pong(&mut c.http.wbuf, &p);
+                }
+                None
+            }
+            Message::Pong(_) => None,
+            Message::Close(code) => {
+                self.ws_close(ck, code.map_or(1000, |(c, _)| c), "");
+                None
+            }
+            m => Some(m),
         }
     }
 
@@ -170,31 +218,11 @@ impl Daemon {
         }
     }
 
+    /// A data message of an eryx stream (`ws_pump` took the control ones).
     fn ws_message(&mut self, ck: usize, m: Message) {
-        // A message is a sign of life; a ping is one too, but not while a fragmented
-        // message is held half-read (pings must not keep its bytes forever).
-        let mid = matches!(
-            self.conns.get(ck).and_then(|c| c.owner()),
-            Some(Owner::Ws(w)) if w.dec.mid_message()
-        );
-        if !(mid && matches!(m, Message::Ping(_) | Message::Pong(_))) {
-            self.arm_idle(ck);
-        }
         let text = match m {
             Message::Text(t) => t,
-            Message::Ping(p) => {
-                if let Some(c) = self.conns.get_mut(ck) {
-                    ws::write_pong(&mut c.http.wbuf, &p);
-                }
-                return;
-            }
-            Message::Pong(_) => return,
-            Message::Close(code) => {
-                // The close handshake: its code echoed (RFC 6455 §5.5.1).
-                let code = code.map_or(1000, |(c, _)| c);
-                self.ws_close(ck, code, "");
-                return;
-            }
+            Message::Ping(_) | Message::Pong(_) | Message::Close(_) => return,
             Message::Binary(_) => {
                 if !self.ws_busy(ck) {
                     self.ws_send(

@@ -653,3 +653,46 @@ pub fn test_python() -> String {
     std::env::var("ISOBOX_TEST_PYTHON")
         .unwrap_or_else(|_| "/tmp/isobox-test-venv/bin/python".into())
 }
+
+/// Runs the client `tests/python/<script>` with `args` (and `env`) in the tests' venv
+/// and reads what it printed as JSON; a failure shows `name` (the scenario), the
+/// output and `d`'s log.
+#[allow(dead_code)]
+pub fn python_client(
+    d: &Daemon,
+    script: &str,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> serde_json::Value {
+    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(test_python())
+        .envs(env.iter().copied())
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("the tests' python");
+    assert!(
+        out.status.success(),
+        "{script} {name}: {}\n{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{script} {name}: {e}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// A WebSocket upgrade request for `path`, as a client sends it, with `headers`
+/// (each ending in CRLF) before the upgrade's own.
+#[allow(dead_code)]
+pub fn ws_upgrade(path: &str, headers: &str) -> String {
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    )
+}
