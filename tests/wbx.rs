@@ -1663,6 +1663,84 @@ fn test_a_terminal_python_repl_resize_and_ctrl_c() {
     d.stop();
 }
 
+/// Input sent faster than the sandbox takes it: while what came before still waits in
+/// the daemon past 1 MiB, stdin, resize and signal requests get 429 with Retry-After
+/// (here the sandbox is stalled by freezing its cgroup from the host), the daemon
+/// serves everything else meanwhile; once the sandbox takes it, input is accepted
+/// again, and every accepted byte reaches the process.
+#[test]
+fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let pid = start_proc(&d, &id, &json!({"cmd": "wc -c", "stdin": true}));
+    let dir = std::path::Path::new("/sys/fs/cgroup/freezer").join(&d.instance);
+    let boxes: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().contains("-b"))
+        .collect();
+    assert_eq!(boxes.len(), 1, "the sandbox's freezer cgroup: {boxes:?}");
+    let state = boxes[0].join("freezer.state");
+    let set = |to: &str| {
+        std::fs::write(&state, to).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&state).unwrap().trim() != to {
+            assert!(Instant::now() < deadline, "freezer never {to}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    set("FROZEN");
+    // Nothing waits: one request may carry its whole body (2 MiB), most of which now
+    // waits in the daemon (the socket to the sandbox takes a few hundred KiB).
+    let big = "x".repeat(2_000_000);
+    let r = proc_post(&d, &id, pid, "stdin", &json!({ "data": big }));
+    assert_eq!(r.status, 204, "{}", r.text());
+    for (what, body) in [
+        ("stdin", json!({"data": "y"})),
+        ("resize", json!({"cols": 100, "rows": 30})),
+        ("signal", json!({"signal": "SIGTERM"})),
+    ] {
+        let r = proc_post(&d, &id, pid, what, &body);
+        assert_eq!(r.status, 429, "{what}: {}", r.text());
+        assert_eq!(r.header("retry-after"), Some("1"), "{what}");
+        let e = r.json()["error"].as_str().unwrap_or_default().to_string();
+        assert!(
+            e.contains("input refused") && e.contains("at most 1048576 wait"),
+            "{what}: {}",
+            r.text()
+        );
+    }
+    assert_eq!(d.get("/healthz").status, 200, "the daemon serves meanwhile");
+    set("THAWED");
+    // Taken: input is accepted again (the 429s above added nothing).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = proc_post(&d, &id, pid, "stdin", &json!({"data": "y"}));
+        if r.status == 204 {
+            break;
+        }
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert!(Instant::now() < deadline, "input never accepted again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        proc_post(&d, &id, pid, "stdin", &json!({"eof": true})).status,
+        204
+    );
+    wait_exited(&d, &id, pid);
+    let (out, exit) = split_events(&NdStream::open(&d, &id, pid).rest());
+    let text: String = out.iter().map(|(_, t)| t.as_str()).collect();
+    assert_eq!((text.trim(), &exit["exit_code"]), ("2000001", &json!(0)));
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
+}
+
 #[test]
 fn test_process_limits_ring_and_streams() {
     let d = Daemon::start();

@@ -21,6 +21,7 @@ use crate::wbx::processes::{
     self as wp, Input, ProcOp, Start, MAX_ENDED, MAX_RUNNING, MAX_STREAMS,
 };
 use crate::wbx::sandboxes::event_line;
+use crate::wbx::terminal;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -225,11 +226,15 @@ impl Daemon {
             ProcOp::Attach(pid, a) => self.proc_stream(ck, key, pid, [0, 0], Some(&a)),
             ProcOp::Stdin(pid, input) => self.proc_stdin(ck, key, pid, input),
             ProcOp::Signal(pid, sig) => {
-                let r = self.proc_signal(key, pid, sig);
+                let r = self
+                    .init_room(key, terminal::CONTROL_BYTES)
+                    .and_then(|()| self.proc_signal(key, pid, sig));
                 self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
             }
             ProcOp::Resize(pid, cols, rows) => {
-                let r = self.proc_resize(key, pid, cols, rows);
+                let r = self
+                    .init_room(key, terminal::CONTROL_BYTES)
+                    .and_then(|()| self.proc_resize(key, pid, cols, rows));
                 self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
             }
             ProcOp::List | ProcOp::Get(_) => {}
@@ -434,8 +439,25 @@ impl Daemon {
     }
 
     fn proc_stdin(&mut self, ck: usize, key: usize, pid: u32, input: Input) {
-        let r = self.proc_input(key, pid, input.data.into_bytes(), input.eof);
+        let r = self
+            .init_room(key, input.data.len().max(terminal::CONTROL_BYTES))
+            .and_then(|()| self.proc_input(key, pid, input.data.into_bytes(), input.eof));
         self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
+    }
+
+    /// Whether a request may queue `len` more bytes for the sandbox's init: not while
+    /// what was queued before still waits in the daemon past the terminal's backlog
+    /// (`terminal::input_fits`, 1 MiB), so requests sent faster than init takes them
+    /// (pipelined, or to a sandbox whose init is stalled) cannot grow the daemon's
+    /// memory. When nothing waits, one request may carry its whole body (2 MiB). 429
+    /// with `Retry-After`, the WBX document's "a limit was reached … retry later".
+    fn init_room(&self, key: usize, len: usize) -> Result<(), Response> {
+        let waiting = self.boxes.boxes[key].wbuf.len();
+        if waiting == 0 {
+            return Ok(());
+        }
+        terminal::input_fits(waiting, len)
+            .map_err(|e| crate::wbx::error(429, &e).with_header("Retry-After", "1"))
     }
 
     /// Writes `data` to process `pid`'s input, then ends it if `eof` (a terminal gets
