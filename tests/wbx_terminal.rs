@@ -304,6 +304,41 @@ fn test_a_quiet_terminal_is_pinged_and_kept_and_a_silent_client_is_dropped() {
     assert_eq!((op, u16::from_be_bytes([p[0], p[1]])), (8, 1001));
     assert!(t0.elapsed() >= pinged + Duration::from_millis(800));
     assert!(read_frame(&mut s).is_none(), "then the connection ends");
+    // The protocol's rules on raw frames, as on the eryx stream (one decoder and one
+    // pump serve both): an unmasked frame is 1002, text that is not UTF-8 is 1007,
+    // a ping of 126 bytes is 1002; each closes the connection, and the process lives on.
+    let masked = |op: u8, payload: &[u8]| {
+        let mut f = vec![0x80 | op, 0x80 | u8::try_from(payload.len()).unwrap()];
+        let key = [1u8, 2, 3, 4];
+        f.extend_from_slice(&key);
+        f.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+        f
+    };
+    let mut ping126 = vec![0x89, 0xfe, 0x00, 126, 1, 2, 3, 4];
+    ping126.extend(std::iter::repeat_n(0u8, 126));
+    for (frame, code) in [
+        (b"\x81\x05hello".to_vec(), 1002),
+        (masked(0x1, b"\xff\xfe"), 1007),
+        (ping126, 1002),
+    ] {
+        let mut s = raw_terminal(&d, &id, pid);
+        s.write_all(&frame).unwrap();
+        let (op, p) = read_frame(&mut s).expect("a close");
+        assert_eq!(
+            (op, u16::from_be_bytes([p[0], p[1]])),
+            (8, code),
+            "{frame:02x?}"
+        );
+        assert!(read_frame(&mut s).is_none(), "then the connection ends");
+    }
+    let p = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/process/{pid}"),
+        Some(KEY),
+        None,
+    );
+    assert_eq!(p.json()["state"], "running", "{}", p.text());
     let r = wbx(
         &d,
         "DELETE",
@@ -313,4 +348,30 @@ fn test_a_quiet_terminal_is_pinged_and_kept_and_a_silent_client_is_dropped() {
     );
     assert_eq!(r.status, 204);
     d.stop();
+}
+
+/// A raw WebSocket on process `pid`'s terminal, its 101 read.
+fn raw_terminal(d: &Daemon, id: &str, pid: u64) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(d.addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let req = common::ws_upgrade(
+        &format!("/wbx/v1/sandboxes/{id}/process/{pid}/ws"),
+        &format!("Authorization: Bearer {KEY}\r\n"),
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    // Byte by byte to the head's end, so no frame is read past it.
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s
 }
