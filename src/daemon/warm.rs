@@ -56,7 +56,7 @@ impl Daemon {
         for s in excess {
             let backend = Arc::clone(&self.backend);
             self.reactor.submit_must(Box::new(move || {
-                crate::sandbox::warm::discard(&*backend, *s);
+                crate::sandbox::warm::discard(&*backend, s);
                 super::nothing()
             }));
         }

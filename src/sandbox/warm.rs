@@ -297,7 +297,7 @@ impl WarmPool {
 
     /// Sandboxes of pools that hold more than their size now and saw no run for a
     /// window: given back, so an idle daemon holds only its floors.
-    pub(crate) fn take_excess(&mut self, now: Instant) -> Vec<Box<Spawned>> {
+    pub(crate) fn take_excess(&mut self, now: Instant) -> Vec<Spawned> {
         let mut out = Vec::new();
         let pools: Vec<String> = self.ready.keys().cloned().collect();
         for pool in pools {
@@ -309,7 +309,7 @@ impl WarmPool {
             let target = self.target(&pool);
             if let Some(q) = self.ready.get_mut(&pool) {
                 while quiet && q.len() > target {
-                    out.extend(q.pop_front());
+                    out.extend(q.pop_front().map(|s| *s));
                 }
             }
         }
