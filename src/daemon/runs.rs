@@ -87,8 +87,11 @@ pub(super) fn detached_response(id: &str) -> Response {
     .with_header("Location", url)
 }
 
-/// Extra wall time allowed for gVisor to boot before the program's own wall time counts.
-pub const BOOT_GRACE: Duration = Duration::from_millis(1000);
+/// Extra time allowed for gVisor to boot before the program's own wall time counts (the
+/// deadline for the start frame is this + the wall time). A boot takes 0.2–0.4 s on an
+/// idle host; 1 s failed good runs as `sandbox_start_failed` on a busy one (a 2-hour
+/// soak beside a build, 2026-12-06), so it only has to catch a runsc that hangs.
+pub const BOOT_GRACE: Duration = Duration::from_secs(5);
 /// After `runsc run` exits, how long the pipes get to reach EOF.
 pub const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// A stream that keeps writing this much past its cap gets its sandbox killed.

@@ -407,7 +407,8 @@ fn test_r9_invalid_utf8_flood_is_valid_json() {
 }
 
 /// R13: a group that ignores SIGTERM and SIGSTOPs itself dies at the wall time (+ the
-/// documented 1 s boot grace), and none of its host processes survives, stopped or not.
+/// boot, which is not charged to it: up to 1 s here), and none of its host processes
+/// survives, stopped or not.
 #[test]
 fn test_r13_stopped_group_killed_at_wall_time() {
     let a = Adv::start("r13", &[]);
@@ -421,7 +422,8 @@ fn test_r13_stopped_group_killed_at_wall_time() {
         run["timedOut"] == true && run["exitCode"] == 137 && run["oomKilled"] == false,
         || format!("R13: {r}"),
     );
-    // WALL here is wallTimeMs + the 1 s boot grace; the catalogue allows ± 1 s.
+    // WALL here is wallTimeMs + the boot (not charged to the program, ≤ 1 s on this
+    // host); the catalogue allows ± 1 s.
     let lo = Duration::from_millis(wall);
     let hi = Duration::from_millis(wall) + Duration::from_secs(1 + 1);
     a.expect(
