@@ -1674,29 +1674,70 @@ fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
     d.wait_ready();
     let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
     let pid = start_proc(&d, &id, &json!({"cmd": "wc -c", "stdin": true}));
-    let dir = std::path::Path::new("/sys/fs/cgroup/freezer").join(&d.instance);
+    // The sandbox's cgroup: v1's freezer hierarchy, or v2's unified one.
+    let v1 = std::path::Path::new("/sys/fs/cgroup/freezer").is_dir();
+    let dir = if v1 {
+        std::path::Path::new("/sys/fs/cgroup/freezer").join(&d.instance)
+    } else {
+        std::path::Path::new("/sys/fs/cgroup").join(&d.instance)
+    };
     let boxes: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().contains("-b"))
         .collect();
-    assert_eq!(boxes.len(), 1, "the sandbox's freezer cgroup: {boxes:?}");
-    let state = boxes[0].join("freezer.state");
+    assert_eq!(boxes.len(), 1, "the sandbox's cgroup: {boxes:?}");
+    let cg = boxes[0].clone();
     let set = |to: &str| {
-        std::fs::write(&state, to).unwrap();
+        let frozen = to == "FROZEN";
+        if v1 {
+            std::fs::write(cg.join("freezer.state"), to).unwrap();
+        } else {
+            std::fs::write(cg.join("cgroup.freeze"), if frozen { "1" } else { "0" }).unwrap();
+        }
+        let now = || {
+            if v1 {
+                std::fs::read_to_string(cg.join("freezer.state"))
+                    .unwrap()
+                    .trim()
+                    == to
+            } else {
+                let want = if frozen { "frozen 1" } else { "frozen 0" };
+                std::fs::read_to_string(cg.join("cgroup.events"))
+                    .unwrap()
+                    .lines()
+                    .any(|l| l == want)
+            }
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::fs::read_to_string(&state).unwrap().trim() != to {
-            assert!(Instant::now() < deadline, "freezer never {to}");
+        while !now() {
+            assert!(Instant::now() < deadline, "never {to}");
             std::thread::sleep(Duration::from_millis(20));
         }
     };
     set("FROZEN");
     // Nothing waits: one request may carry its whole body (2 MiB), most of which now
     // waits in the daemon (the socket to the sandbox takes a few hundred KiB).
-    let big = "x".repeat(2_000_000);
-    let r = proc_post(&d, &id, pid, "stdin", &json!({ "data": big }));
+    let mut sent = 2_000_000usize;
+    let r = proc_post(&d, &id, pid, "stdin", &json!({ "data": "x".repeat(sent) }));
     assert_eq!(r.status, 204, "{}", r.text());
+    // Then up to the bound (1 MiB past an upload's 1 MiB window): each size is
+    // accepted until the next one would pass it, then refused.
+    for size in [262_144usize, 16_384, 1024, 64] {
+        let mut refused = false;
+        for _ in 0..64 {
+            let r = proc_post(&d, &id, pid, "stdin", &json!({ "data": "x".repeat(size) }));
+            if r.status == 429 {
+                refused = true;
+                break;
+            }
+            assert_eq!(r.status, 204, "{size}: {}", r.text());
+            sent += size;
+        }
+        assert!(refused, "{size} B requests never refused ({sent} B sent)");
+    }
+    assert!(sent >= (2 << 20) - 65536, "refused at {sent} B");
     for (what, body) in [
         ("stdin", json!({"data": "y"})),
         ("resize", json!({"cols": 100, "rows": 30})),
@@ -1712,6 +1753,11 @@ fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
             r.text()
         );
     }
+    // An unknown process is said first.
+    assert_eq!(
+        proc_post(&d, &id, 999_999, "stdin", &json!({"data": "y"})).status,
+        404
+    );
     assert_eq!(d.get("/healthz").status, 200, "the daemon serves meanwhile");
     set("THAWED");
     // Taken: input is accepted again (the 429s above added nothing).
@@ -1732,7 +1778,11 @@ fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
     wait_exited(&d, &id, pid);
     let (out, exit) = split_events(&NdStream::open(&d, &id, pid).rest());
     let text: String = out.iter().map(|(_, t)| t.as_str()).collect();
-    assert_eq!((text.trim(), &exit["exit_code"]), ("2000001", &json!(0)));
+    let want = (sent + 1).to_string();
+    assert_eq!(
+        (text.trim(), &exit["exit_code"]),
+        (want.as_str(), &json!(0))
+    );
     assert_eq!(
         wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
         204

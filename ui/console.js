@@ -72,12 +72,14 @@ function cpuNow(id, m) {
 function serialized(fn) {
   let running = null, again = null;
   const go = () => {
-    running = (async () => { try { await fn(); } finally { running = null; } })();
-    return running;
+    const p = (async () => { try { await fn(); } finally { if (running === p) running = null; } })();
+    running = p;
+    return p;
   };
   return () => {
+    if (again) return again;
     if (!running) return go();
-    if (!again) again = running.catch(() => {}).then(() => { again = null; return go(); });
+    again = running.catch(() => {}).then(() => { again = null; return running || go(); });
     return again;
   };
 }

@@ -36,13 +36,16 @@ RT = {"language": "python-slim", "code": "print(1)"}
 
 
 def start(instance, pool, extra):
-    for k, v in extra.items():
-        os.environ[k] = v
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
     try:
         return w.start(instance, pool)
     finally:
-        for k in extra:
-            os.environ.pop(k, None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def cpu(d):

@@ -227,13 +227,13 @@ impl Daemon {
             ProcOp::Stdin(pid, input) => self.proc_stdin(ck, key, pid, input),
             ProcOp::Signal(pid, sig) => {
                 let r = self
-                    .init_room(key, terminal::CONTROL_BYTES)
+                    .init_room(key, pid, terminal::CONTROL_BYTES)
                     .and_then(|()| self.proc_signal(key, pid, sig));
                 self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
             }
             ProcOp::Resize(pid, cols, rows) => {
                 let r = self
-                    .init_room(key, terminal::CONTROL_BYTES)
+                    .init_room(key, pid, terminal::CONTROL_BYTES)
                     .and_then(|()| self.proc_resize(key, pid, cols, rows));
                 self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
             }
@@ -440,23 +440,27 @@ impl Daemon {
 
     fn proc_stdin(&mut self, ck: usize, key: usize, pid: u32, input: Input) {
         let r = self
-            .init_room(key, input.data.len().max(terminal::CONTROL_BYTES))
+            .init_room(key, pid, input.data.len().max(terminal::CONTROL_BYTES))
             .and_then(|()| self.proc_input(key, pid, input.data.into_bytes(), input.eof));
         self.respond(ck, r.map_or_else(|e| e, |()| Response::no_content()));
     }
 
     /// Whether a request may queue `len` more bytes for the sandbox's init: not while
     /// what was queued before still waits in the daemon past the terminal's backlog
-    /// (`terminal::input_fits`, 1 MiB), so requests sent faster than init takes them
-    /// (pipelined, or to a sandbox whose init is stalled) cannot grow the daemon's
-    /// memory. When nothing waits, one request may carry its whole body (2 MiB). 429
+    /// (`terminal::input_fits`, 1 MiB) beside an upload's window (1 MiB, which the same
+    /// buffer carries: an upload in flight must not refuse a Ctrl-C), so requests sent
+    /// faster than init takes them (pipelined, or to a sandbox whose init is stalled)
+    /// cannot grow the daemon's memory. When nothing waits, one request may carry its
+    /// whole body (2 MiB). An unknown or ended process is said first (404, 409). 429
     /// with `Retry-After`, the WBX document's "a limit was reached … retry later".
-    fn init_room(&self, key: usize, len: usize) -> Result<(), Response> {
+    fn init_room(&self, key: usize, pid: u32, len: usize) -> Result<(), Response> {
+        self.proc_running(key, pid)?;
         let waiting = self.boxes.boxes[key].wbuf.len();
-        if waiting == 0 {
+        let upload = usize::try_from(super::box_transfer::WINDOW).unwrap_or(usize::MAX);
+        if waiting <= upload {
             return Ok(());
         }
-        terminal::input_fits(waiting, len)
+        terminal::input_fits(waiting - upload, len)
             .map_err(|e| crate::wbx::error(429, &e).with_header("Retry-After", "1"))
     }
 

@@ -368,7 +368,15 @@ impl Daemon {
         let ceilings = cfg
             .warm_pool_max
             .iter()
-            .filter_map(|(name, n)| Some((app.runtimes.resolve(name)?.desc.language.clone(), *n)))
+            .filter_map(|(name, n)| {
+                let Some(rt) = app.runtimes.resolve(name) else {
+                    log::warn!(
+                        "warm pool: {name} in ISOBOX_WARM_POOL_MAX is not an installed runtime"
+                    );
+                    return None;
+                };
+                Some((rt.desc.language.clone(), *n))
+            })
             .collect();
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let warm = crate::sandbox::warm::WarmPool::new(

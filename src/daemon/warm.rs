@@ -63,7 +63,9 @@ impl Daemon {
         self.warm_publish();
     }
 
-    /// Starts a background boot if a pool is below its target (one at a time).
+    /// Starts a background boot if a pool is below its target (one at a time): first
+    /// any pool below its configured size, then one below what it grew to, so a grown
+    /// pool never keeps another from its own size.
     pub(crate) fn warm_fill(&mut self) {
         if self.app.shutting_down
             || !self.warm.enabled()
@@ -73,14 +75,18 @@ impl Daemon {
             return;
         }
         let now = Instant::now();
-        let next = self.warm.occupancy().into_iter().find(|o| {
-            o.ready < o.target
-                    && self.warm.retry_at.get(&o.pool).is_none_or(|t| now >= *t)
-                    // A networked sandbox only while egress is verified.
-                    && (!o.pool.ends_with(NET_SUFFIX)
-                        || self.backend.egress().is_some_and(|e| e.verified()))
-        });
-        let Some(lang) = next.map(|o| o.pool) else {
+        let may = |o: &crate::sandbox::warm::Occupancy| {
+            self.warm.retry_at.get(&o.pool).is_none_or(|t| now >= *t)
+                // A networked sandbox only while egress is verified.
+                && (!o.pool.ends_with(NET_SUFFIX)
+                    || self.backend.egress().is_some_and(|e| e.verified()))
+        };
+        let pools = self.warm.occupancy();
+        let next = pools
+            .iter()
+            .find(|o| o.ready < o.min && may(o))
+            .or_else(|| pools.iter().find(|o| o.ready < o.target && may(o)));
+        let Some(lang) = next.map(|o| o.pool.clone()) else {
             return;
         };
         let network = lang.ends_with(NET_SUFFIX);

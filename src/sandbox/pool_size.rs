@@ -102,14 +102,16 @@ impl Budget {
         }
     }
 
-    /// A refill took `cpu_ns`.
+    /// A refill took `cpu_ns`. Refills of one second share an entry, so the window
+    /// holds at most one per second of it (3600), however many refills it saw.
     pub fn spend(&mut self, now: Instant, cpu_ns: u64) {
-        self.spent.push_back((now, cpu_ns));
-        self.spent_ns = self.spent_ns.saturating_add(cpu_ns);
-        if self.spent.len() > KEPT {
-            let (_, ns) = self.spent.pop_front().expect("not empty");
-            self.spent_ns -= ns;
+        match self.spent.back_mut() {
+            Some((t, ns)) if now.saturating_duration_since(*t) < Duration::from_secs(1) => {
+                *ns = ns.saturating_add(cpu_ns);
+            }
+            _ => self.spent.push_back((now, cpu_ns)),
         }
+        self.spent_ns = self.spent_ns.saturating_add(cpu_ns);
         self.refresh(now);
     }
 
@@ -120,7 +122,7 @@ impl Budget {
                 break;
             }
             self.spent.pop_front();
-            self.spent_ns -= ns;
+            self.spent_ns = self.spent_ns.saturating_sub(ns);
         }
     }
 

@@ -272,17 +272,20 @@ impl WarmPool {
             .arrive(now, span, window);
     }
 
-    /// A boot that started at `boot_started` has ended: its time joins the average;
-    /// `cpu_ns`, when it made a sandbox, joins the budget's minute.
+    /// A boot that started at `boot_started` has ended: when it made a sandbox
+    /// (`cpu_ns`), its time joins the average and its CPU the budget's window (a boot
+    /// that failed, perhaps after hanging, says nothing of how long refills take).
     pub(crate) fn boot_ended(&mut self, now: Instant, cpu_ns: Option<u64>) {
-        if let Some(t) = self.boot_started.take() {
+        let started = self.boot_started.take();
+        let Some(ns) = cpu_ns else {
+            return;
+        };
+        if let Some(t) = started {
             let took = now.saturating_duration_since(t);
             // A moving average, a quarter for the newest boot.
             self.boot_wall = (self.boot_wall * 3 + took) / 4;
         }
-        if let Some(ns) = cpu_ns {
-            self.budget.spend(now, ns);
-        }
+        self.budget.spend(now, ns);
     }
 
     /// Once a second: the window moves on (bursts a minute old no longer count).
