@@ -1850,34 +1850,26 @@ mod tests {
             pool(&[("python", 4), ("python-slim", 2), ("javascript", 2)])
         );
         assert_eq!((c.warm_pool_cpu, c.warm_pool_window_sec), (25, 60));
-        for (v, ok) in [
-            ("4", None),
-            ("5", Some(5)),
-            ("3600", Some(3600)),
-            ("3601", None),
+        // (setting, value, what it reads as, or None: refused)
+        for (k, v, ok) in [
+            ("ISOBOX_WARM_POOL_WINDOW_SEC", "4", None),
+            ("ISOBOX_WARM_POOL_WINDOW_SEC", "5", Some(5)),
+            ("ISOBOX_WARM_POOL_WINDOW_SEC", "3600", Some(3600)),
+            ("ISOBOX_WARM_POOL_WINDOW_SEC", "3601", None),
+            ("ISOBOX_WARM_POOL_CPU", "0", Some(0)),
+            ("ISOBOX_WARM_POOL_CPU", "100", Some(100)),
+            ("ISOBOX_WARM_POOL_CPU", "101", None),
+            ("ISOBOX_WARM_POOL_CPU", "-1", None),
+            ("ISOBOX_WARM_POOL_CPU", "x", None),
         ] {
-            assert_eq!(
-                load_env(&[("ISOBOX_WARM_POOL_WINDOW_SEC", Some(v))], &[])
-                    .ok()
-                    .map(|c| c.warm_pool_window_sec),
-                ok,
-                "{v}"
-            );
-        }
-        for (v, ok) in [
-            ("0", Some(0)),
-            ("100", Some(100)),
-            ("101", None),
-            ("-1", None),
-            ("x", None),
-        ] {
-            assert_eq!(
-                load_env(&[("ISOBOX_WARM_POOL_CPU", Some(v))], &[])
-                    .ok()
-                    .map(|c| c.warm_pool_cpu),
-                ok,
-                "{v}"
-            );
+            let got = load_env(&[(k, Some(v))], &[]).ok().map(|c| {
+                if k == "ISOBOX_WARM_POOL_CPU" {
+                    u64::from(c.warm_pool_cpu)
+                } else {
+                    c.warm_pool_window_sec
+                }
+            });
+            assert_eq!(got, ok, "{k}={v}");
         }
         let c = load_env(
             &env,

@@ -29,19 +29,12 @@ fn wait_ready(d: &Daemon, n: u64) {
 /// Waits until `runtime`'s pool holds at least `n` ready sandboxes (a pool of 1 that
 /// saw two runs within a second may have grown to 2: `pool_size`).
 fn wait_ready_of(d: &Daemon, runtime: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let p = pool(d);
-        if p["runtimes"][runtime]["ready"].as_u64() >= Some(n) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pool never reached {n}: {p}\nlog:\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_pool(
+        d,
+        &format!("pool never reached {n}"),
+        Duration::from_secs(60),
+        |p| p["runtimes"][runtime]["ready"].as_u64() >= Some(n),
+    );
 }
 
 fn hits(d: &Daemon) -> u64 {
