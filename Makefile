@@ -16,14 +16,14 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
 
-.PHONY: run test build ui-vendor node wasm-snapshot deb deps runtimes newer-runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps test-wheels clean
+.PHONY: run test build ui-vendor node wasm-snapshot deb deps runtimes newer-runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps test-wheels test-wasm-ext clean
 
 ## run: install what is missing, build, and start isoboxd on 127.0.0.1:8090
 run: deps runtimes ui-vendor build wasm-snapshot
 	./target/release/isoboxd
 
 ## test: the whole suite (unit + integration with real runsc, cgroups and sockets)
-test: deps runtimes newer-runtimes ui-vendor test-venv test-ui-deps test-promtool test-deb-deps test-wheels
+test: deps runtimes newer-runtimes ui-vendor test-venv test-ui-deps test-promtool test-deb-deps test-wheels test-wasm-ext
 	vendor-runsc/verify.sh
 	$(CARGO) build --release --bins
 	$(MAKE) wasm-snapshot
@@ -119,6 +119,23 @@ test-wheels: test-venv
 			--only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.11 \
 			--implementation cp --abi cp311 -r tests/python/env-native.txt && \
 		rm -rf $(WHEELS)/src && touch $(WHEELS)/.complete-1 && ls $(WHEELS) $(WHEELS)/native; \
+	fi
+
+## test-wasm-ext: wheels with WebAssembly extension modules for tests/eryx_envs.rs,
+## compiled from tests/wasm-ext/ext.c by Debian's clang and wasm-ld (clang-19 and
+## lld-19, installed when missing) into /var/cache/isobox-tools/wasm-ext
+WASM_EXT := /var/cache/isobox-tools/wasm-ext
+WASM_LLVM ?= 19
+test-wasm-ext:
+	@missing=""; for p in clang-$(WASM_LLVM) lld-$(WASM_LLVM); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	fi
+	@if [ ! -f $(WASM_EXT)/.complete ] || [ tests/wasm-ext/ext.c -nt $(WASM_EXT)/.complete ] || [ tests/wasm-ext/build.sh -nt $(WASM_EXT)/.complete ]; then \
+		rm -rf $(WASM_EXT) && \
+		WASM_CC=clang-$(WASM_LLVM) WASM_LD=wasm-ld-$(WASM_LLVM) tests/wasm-ext/build.sh $(WASM_EXT) && \
+		touch $(WASM_EXT)/.complete && ls $(WASM_EXT); \
 	fi
 
 ## test-promtool: Prometheus's own checker, for the test of GET /metrics (tests/metrics.rs):

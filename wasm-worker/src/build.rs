@@ -9,8 +9,11 @@
 //! [`MAX_FILES`] files, [`MAX_DIRS`] directories and [`MAX_BYTES`] bytes unpacked in
 //! all. A source archive (`PKG-INFO` one level down) is refused: it is not installed
 //! code. A library with native
-//! code for Linux, macOS or Windows fails the build with a clear error; so does one
-//! built for WebAssembly, which this build does not link yet. Then Python is
+//! code for Linux, macOS or Windows fails the build with a clear error. Extension
+//! modules built for WebAssembly (`NAME.cpython-314-wasm32-wasi.so`, `NAME.abi3.so`:
+//! shared libraries with a `dylink.0` section, as wasi-sdk makes them) are linked into
+//! the environment's Python (eryx's late linking), under the path runs import them
+//! from; one built for another CPython fails the build. Then Python is
 //! pre-initialised with the site-packages mounted and the environment's imports run
 //! (a failing import fails the build with its traceback), and compiled: the snapshot
 //! `OUT/<name>` has the same name the standard snapshot has, so a daemon knows an
@@ -30,6 +33,12 @@ pub const MAX_BYTES: u64 = 512 << 20;
 const MAX_DEPTH: usize = 32;
 /// Bytes of one unpacked path.
 const MAX_PATH: usize = 1024;
+/// WebAssembly extension modules of one environment (each becomes a module instance
+/// of its own in the linked Python; numpy has about 20, scipy over 100).
+pub const MAX_EXTENSIONS: usize = 256;
+/// Where runs see the environment's site-packages (eryx's session executor mounts them
+/// there); the path an extension module is opened by.
+const RUN_SITE: &str = "/site-packages-0";
 
 /// Unpacks into `site`, within the bounds, counting what all packages use.
 struct Unpacker {
@@ -38,6 +47,9 @@ struct Unpacker {
     bytes: u64,
     /// Directories made so far (relative to `site`).
     dirs: std::collections::HashSet<PathBuf>,
+    /// WebAssembly extension modules unpacked (relative to `site`; a later package
+    /// may have written the same path again: checked once all are unpacked).
+    extensions: std::collections::BTreeSet<PathBuf>,
 }
 
 impl Unpacker {
@@ -73,7 +85,8 @@ impl Unpacker {
         Ok(())
     }
 
-    /// Copies one file's bytes within the bounds, then refuses native code.
+    /// Copies one file's bytes within the bounds, then refuses native code and notes a
+    /// WebAssembly extension module.
     fn file(&mut self, path: &Path, from: &mut impl Read) -> Result<(), String> {
         self.files += 1;
         if self.files > MAX_FILES {
@@ -111,7 +124,32 @@ impl Unpacker {
             f.write_all(&buf[..n])
                 .map_err(|e| format!("{shown}: {e}"))?;
         }
-        native_code(path, &head[..got.min(4)])
+        if native_code(path, &head[..got.min(4)])? {
+            let rel = path.strip_prefix(&self.site).unwrap_or(path).to_path_buf();
+            self.extensions.insert(rel);
+            if self.extensions.len() > MAX_EXTENSIONS {
+                return Err(format!(
+                    "the packages hold over {MAX_EXTENSIONS} WebAssembly extension modules"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The WebAssembly extension modules as the linker takes them: named by the path
+    /// runs open them by, in path order. A path a later package wrote over with
+    /// something else is no longer one.
+    fn extensions(&self) -> Result<Vec<eryx_runtime::linker::NativeExtension>, String> {
+        let mut out = Vec::new();
+        for rel in &self.extensions {
+            let bytes = std::fs::read(self.site.join(rel))
+                .map_err(|e| format!("{}: {e}", rel.display()))?;
+            if bytes.starts_with(b"\0asm") {
+                let name = format!("{RUN_SITE}/{}", rel.display());
+                out.push(eryx_runtime::linker::NativeExtension::new(name, bytes));
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -139,6 +177,7 @@ pub fn build(
         files: 0,
         bytes: 0,
         dirs: std::collections::HashSet::new(),
+        extensions: std::collections::BTreeSet::new(),
     };
     for (i, f) in files.iter().enumerate() {
         let shown = names
@@ -160,15 +199,44 @@ pub fn build(
             return Err(format!("{m:?} is not a module name"));
         }
     }
-    // The relocation runs last, after the environment's imports.
-    let relocate = site.join(format!("{RELOCATE}.py"));
-    std::fs::write(&relocate, RELOCATE_PY).map_err(|e| format!("site-packages: {e}"))?;
-    let mut all: Vec<&str> = crate::PREIMPORTS.to_vec();
+    let extensions = up.extensions()?;
+    // With extension modules, the build opens them by the paths runs use (first);
+    // the relocation runs last, after the environment's imports.
+    let mut helpers = vec![(RELOCATE, RELOCATE_PY)];
+    let mut all: Vec<&str> = Vec::new();
+    if !extensions.is_empty() {
+        helpers.push((RUN_PATHS, RUN_PATHS_PY));
+        all.push(RUN_PATHS);
+    }
+    for (name, code) in &helpers {
+        std::fs::write(site.join(format!("{name}.py")), code)
+            .map_err(|e| format!("site-packages: {e}"))?;
+    }
+    all.extend_from_slice(crate::PREIMPORTS);
     all.extend(imports.iter().map(String::as_str));
     all.push(RELOCATE);
-    let initialised = rt.block_on(eryx::preinit::pre_initialize(lib, Some(&site), &all, &[]));
-    std::fs::remove_file(&relocate).map_err(|e| format!("site-packages: {e}"))?;
-    let component = initialised.map_err(|e| import_error(&format!("{e:#}"), imports))?;
+    let initialised = rt.block_on(eryx::preinit::pre_initialize(
+        lib,
+        Some(&site),
+        &all,
+        &extensions,
+    ));
+    for (name, _) in &helpers {
+        std::fs::remove_file(site.join(format!("{name}.py")))
+            .map_err(|e| format!("site-packages: {e}"))?;
+    }
+    let component = initialised.map_err(|e| {
+        let e = format!("{e:#}");
+        match e.split_once("Failed to link component with extensions: ") {
+            // The linker names a library by the path runs open it by: shown as the
+            // package's own path.
+            Some((_, why)) => bounded(format!(
+                "Linking the WebAssembly extension modules failed: {}\n",
+                why.trim_end().replace(&format!("{RUN_SITE}/"), "")
+            )),
+            None => import_error(&e, imports),
+        }
+    })?;
     let compiled = eryx::PythonExecutor::precompile(&component)
         .map_err(|e| format!("compiling the snapshot: {e}"))?;
     let path = out.join(snapshot_name);
@@ -183,12 +251,36 @@ pub fn build(
 /// the build would look for its submodules and data files there.
 const RELOCATE: &str = "_isobox_relocate_site";
 
+/// The module that has the build open extension modules by the paths runs import them
+/// from. The linked Python's `dlopen` finds a library by the exact name it was linked
+/// under, and the build sees site-packages at `/site-packages`, runs at
+/// `/site-packages-0`: the libraries are linked under the run's paths (so an import in
+/// a run finds them), and while the build imports, this maps the path it opens.
+/// [`RELOCATE`] puts the original back.
+const RUN_PATHS: &str = "_isobox_run_paths";
+
+/// Its code.
+const RUN_PATHS_PY: &str = r#"import _imp, importlib.machinery
+OLD, NEW = "/site-packages/", "/site-packages-0/"
+original = _imp.create_dynamic
+def create_dynamic(spec, *rest):
+    origin = spec.origin
+    if isinstance(origin, str) and origin.startswith(OLD):
+        spec = importlib.machinery.ModuleSpec(spec.name, spec.loader, origin=NEW + origin[len(OLD):])
+    return original(spec, *rest)
+_imp.create_dynamic = create_dynamic
+"#;
+
 /// Its code: every path under `/site-packages` in `sys.path`, the importer cache and
 /// the imported modules (`__file__`, `__cached__`, `__path__`, their specs and
 /// loaders) is moved under `/site-packages-0`. (It stays in `sys.modules`: the import
 /// system needs it there to finish its import; its file is gone before any run.)
 const RELOCATE_PY: &str = r#"import sys
 OLD, NEW = "/site-packages", "/site-packages-0"
+if "_isobox_run_paths" in sys.modules:
+    import _imp
+    _imp.create_dynamic = sys.modules["_isobox_run_paths"].original
+    del sys.modules["_isobox_run_paths"]
 def _fix(p):
     if isinstance(p, str) and (p == OLD or p.startswith(OLD + "/")):
         return NEW + p[len(OLD):]
@@ -241,7 +333,11 @@ fn import_error(e: &str, imports: &[String]) -> String {
     } else {
         format!("Importing {} failed", imports.join(", "))
     };
-    let mut s = format!("{what}:\n{body}\n");
+    bounded(format!("{what}:\n{body}\n"))
+}
+
+/// A build's error, cut at 64 KiB.
+fn bounded(mut s: String) -> String {
     if s.len() > 64 << 10 {
         let mut end = 64 << 10;
         while !s.is_char_boundary(end) {
@@ -295,8 +391,9 @@ fn target(site: &Path, name: &str, wheel: bool) -> Result<Option<PathBuf>, Strin
     ))
 }
 
-/// Refuses a library of native code: Python in WebAssembly cannot load it.
-fn native_code(path: &Path, head: &[u8]) -> Result<(), String> {
+/// Refuses a library of native code, which Python in WebAssembly cannot load; whether
+/// the file is an extension module built for WebAssembly (for this CPython).
+fn native_code(path: &Path, head: &[u8]) -> Result<bool, String> {
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
@@ -306,7 +403,7 @@ fn native_code(path: &Path, head: &[u8]) -> Result<(), String> {
         || name.ends_with(".pyd")
         || name.ends_with(".dylib");
     if !library {
-        return Ok(());
+        return Ok(false);
     }
     let kind = match head {
         [0x7f, b'E', b'L', b'F'] => "native code for Linux",
@@ -314,16 +411,31 @@ fn native_code(path: &Path, head: &[u8]) -> Result<(), String> {
             "native code for macOS"
         }
         [b'M', b'Z', ..] => "native code for Windows",
-        [0, b'a', b's', b'm'] => {
-            return Err(format!(
-            "{name} is a WebAssembly extension module; this build loads pure-Python packages only"
-        ))
-        }
-        _ => return Ok(()),
+        [0, b'a', b's', b'm'] => return wasm_extension(name),
+        _ => return Ok(false),
     };
     Err(format!(
         "{name} is {kind}, which Python in WebAssembly cannot load: packages must be pure Python"
     ))
+}
+
+/// Whether WebAssembly library `name` is an extension module this Python imports
+/// (`.cpython-314-wasm32-wasi.so`, `.abi3.so`, `.so`, its `EXTENSION_SUFFIXES`); one
+/// tagged for another CPython fails the build rather than an import later.
+fn wasm_extension(name: &str) -> Result<bool, String> {
+    if !name.ends_with(".so") {
+        // A `.pyd` or `.dylib`: nothing imports it here.
+        return Ok(false);
+    }
+    let tag = name.rsplit('.').nth(1).unwrap_or_default();
+    if let Some(version) = tag.strip_prefix("cpython-") {
+        if version != "314-wasm32-wasi" {
+            return Err(format!(
+                "{name} is an extension module built for another Python (cpython-{version}): this Python is CPython 3.14 for wasm32-wasi (cpython-314-wasm32-wasi or abi3)"
+            ));
+        }
+    }
+    Ok(true)
 }
 
 /// Unpacks a wheel (a zip file).

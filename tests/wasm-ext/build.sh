@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The wheels tests/eryx_envs.rs uploads to test WebAssembly extension modules, built
+# from ext.c with Debian's clang and wasm-ld (`make test-wasm-ext` installs them):
+#   isobox_wasmext-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl
+#       isobox_wasmext.cpython-314-wasm32-wasi.so   (a top-level extension module)
+#       wasmpkg/__init__.py, wasmpkg/_speed.abi3.so (one inside a package)
+#   oldabi-1.0-cp313-cp313-wasi_0_0_0_wasm32.whl    (built for CPython 3.13: refused)
+#   notlib-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (WebAssembly, but not a shared
+#                                                    library: the link refuses it)
+# Usage: build.sh OUT_DIR
+set -euo pipefail
+out="${1:?usage: build.sh OUT_DIR}"
+here="$(cd "$(dirname "$0")" && pwd)"
+cc="${WASM_CC:-clang-19}"
+ld="${WASM_LD:-wasm-ld-19}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+# A shared library as wasi-sdk makes one (position-independent, the `dylink.0`
+# section, CPython's symbols left to the dynamic linker), without libc: the module
+# calls only CPython.
+lib() { # MODULE OUTPUT
+    "$cc" --target=wasm32-wasi -fPIC -O2 -nostdlib -Wall -Werror -DMODULE="$1" \
+        -c "$here/ext.c" -o "$tmp/$1.o"
+    "$ld" --experimental-pic -shared --unresolved-symbols=import-dynamic \
+        -o "$2" "$tmp/$1.o"
+}
+
+mkdir -p "$tmp/w1/wasmpkg" "$tmp/w2" "$tmp/w3"
+lib isobox_wasmext "$tmp/w1/isobox_wasmext.cpython-314-wasm32-wasi.so"
+lib _speed "$tmp/w1/wasmpkg/_speed.abi3.so"
+printf 'from ._speed import add, fnv1a, compiled_for\n' > "$tmp/w1/wasmpkg/__init__.py"
+lib oldabi "$tmp/w2/oldabi.cpython-313-wasm32-wasi.so"
+# The smallest WebAssembly module: the header, no `dylink.0` section.
+printf '\0asm\1\0\0\0' > "$tmp/w3/notlib.cpython-314-wasm32-wasi.so"
+
+# A wheel: the files, then NAME-1.0.dist-info with METADATA, WHEEL and RECORD.
+wheel() { # DIR NAME TAG
+    python3 - "$1" "$2" "$3" "$out" <<'PY'
+import base64, hashlib, os, sys, zipfile
+src, name, tag, out = sys.argv[1:]
+info = f"{name}-1.0.dist-info"
+files = {}
+for root, _, names in os.walk(src):
+    for n in sorted(names):
+        p = os.path.join(root, n)
+        files[os.path.relpath(p, src)] = open(p, "rb").read()
+files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode()
+files[f"{info}/WHEEL"] = f"Wheel-Version: 1.0\nGenerator: isobox tests\nRoot-Is-Purelib: false\nTag: {tag}\n".encode()
+record = ""
+for p, b in sorted(files.items()):
+    h = base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+    record += f"{p},sha256={h},{len(b)}\n"
+files[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
+with zipfile.ZipFile(os.path.join(out, f"{name}-1.0-{tag}.whl"), "w", zipfile.ZIP_DEFLATED) as z:
+    for p, b in sorted(files.items()):
+        zi = zipfile.ZipInfo(p, (2026, 1, 1, 0, 0, 0))
+        zi.external_attr = 0o644 << 16
+        z.writestr(zi, b, zipfile.ZIP_DEFLATED)
+PY
+}
+mkdir -p "$out"
+wheel "$tmp/w1" isobox_wasmext cp314-cp314-wasi_0_0_0_wasm32
+wheel "$tmp/w2" oldabi cp313-cp313-wasi_0_0_0_wasm32
+wheel "$tmp/w3" notlib cp314-cp314-wasi_0_0_0_wasm32
