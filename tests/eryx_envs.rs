@@ -6,7 +6,8 @@
 //! built for another snapshot; delete; builds that fail (native Linux code, a failing
 //! import, a package escaping its directory, one that is not a wheel, a build past its
 //! time); the form's bounds (50 MB of packages at and above, the body's cap) and
-//! rules; the per-tenant limit (429 `environment_limit`); nothing left behind.
+//! rules; the per-tenant limit (429 `environment_limit`); nothing left behind; packages
+//! with extension modules compiled for WebAssembly (`make test-wasm-ext`).
 
 mod common;
 use common::{Daemon, Resp};
@@ -536,6 +537,148 @@ fn test_a_site_packages_tree_under_the_longest_name() {
     let v = build_one(&d, &long, "", "tmod-tree.tgz", tree);
     assert_eq!(v["status"], "ready", "{v}");
     assert_eq!(ok(&d, &long, "import tmod\nprint(tmod.x)"), "42\n");
+    d.stop();
+}
+
+/// Wheels with WebAssembly extension modules, compiled from C by `make test-wasm-ext`
+/// (tests/wasm-ext).
+const WASM_EXT: &str = "/var/cache/isobox-tools/wasm-ext";
+
+fn wasm_wheel(name: &str) -> Vec<u8> {
+    std::fs::read(Path::new(WASM_EXT).join(name))
+        .unwrap_or_else(|e| panic!("{WASM_EXT}/{name}: {e} (make test-wasm-ext makes it)"))
+}
+
+/// A package with extension modules compiled for wasm32-wasi: linked into the
+/// environment's Python, one imported at the build and one only by a run (inside a
+/// package, with the stable-ABI suffix); their C code runs, raises Python's errors, and
+/// its instructions are compute units, the same on every run and stopped by the limit;
+/// a session keeps the module across steps and a restart. Refused clearly: a module for
+/// another CPython, WebAssembly the linker cannot read, one that is no Python module.
+#[test]
+fn test_webassembly_extension_modules_link_import_and_run() {
+    let mut d = Daemon::start();
+    d.wait_ready();
+    let whl = "isobox_wasmext-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
+    let v = build_one(&d, "wasmext", "isobox_wasmext", whl, wasm_wheel(whl));
+    check_fields(&v);
+    assert_eq!(v["status"], "ready", "{v}\nlog:\n{}", d.log());
+    assert_eq!(v["packages"], json!([whl]));
+    // FNV-1a 64 of "hello" is a430d84680aabd0b; of nothing, its offset basis.
+    assert_eq!(
+        ok(
+            &d,
+            "wasmext",
+            "import isobox_wasmext as m\nprint(m.add(2, 40), m.compiled_for, m.__file__, hex(m.fnv1a(b'hello')))"
+        ),
+        "42 wasm32-wasi /site-packages-0/isobox_wasmext.cpython-314-wasm32-wasi.so 0xa430d84680aabd0b\n"
+    );
+    assert_eq!(
+        ok(
+            &d,
+            "wasmext",
+            "import sys\nprint('wasmpkg' in sys.modules)\nimport wasmpkg\nprint(wasmpkg.add(-5, 3), wasmpkg._speed.__file__, hex(wasmpkg.fnv1a(b'')))"
+        ),
+        "False\n-2 /site-packages-0/wasmpkg/_speed.abi3.so 0xcbf29ce484222325\n"
+    );
+    // The C code's errors are Python's.
+    let v = run(&d, "wasmext", "import isobox_wasmext as m\nm.add(1)").json();
+    assert_eq!(v["status"], "error", "{v}");
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.contains("line 2") && e.ends_with("TypeError: add() takes exactly 2 arguments\n"),
+        "{e}"
+    );
+    let v = run(&d, "wasmext", "import wasmpkg\nwasmpkg.fnv1a('text')").json();
+    assert!(v["error"].as_str().unwrap().contains("TypeError"), "{v}");
+    // Its instructions count: a megabyte hashed costs millions of units more than
+    // nothing, exactly as much on every run; a limit below stops it.
+    let hash = |n: u32, fuel: Option<u64>| -> Value {
+        let mut body = json!({"environment": "wasmext",
+            "code": format!("import isobox_wasmext as m\nd = b'x' * {n}\nprint(m.fnv1a(d))")});
+        if let Some(f) = fuel {
+            body["fuel_limit"] = json!(f);
+        }
+        let r = d.post_json("/eryx/v1/execute", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let (none, mb, again) = (hash(0, None), hash(1 << 20, None), hash(1 << 20, None));
+    assert_eq!(mb["stdout"], "9181027699964125989\n", "{mb}");
+    let units = |v: &Value| v["compute_units"].as_u64().unwrap();
+    assert_eq!(units(&mb), units(&again), "{mb} {again}");
+    assert!(units(&mb) > units(&none) + 4_000_000, "{none} {mb}");
+    let limited = hash(1 << 20, Some(units(&mb) - 1));
+    assert_eq!(limited["status"], "resource_limit", "{limited}");
+    assert_eq!(units(&limited), units(&mb) - 1, "{limited}");
+    assert_eq!(hash(1 << 20, Some(units(&mb)))["status"], "success");
+    // A session keeps the module and what it computed, across steps and a restart.
+    let r = d.post_json("/eryx/v1/sessions", &json!({"environment": "wasmext"}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sid = r.json()["id"].as_str().unwrap().to_string();
+    let step = |d: &Daemon, code: &str| -> Value {
+        let r = d.post_json(
+            &format!("/eryx/v1/sessions/{sid}/execute"),
+            &json!({"code": code}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let v = step(&d, "import wasmpkg\nh = wasmpkg.fnv1a(b'abc')");
+    assert_eq!(v["status"], "success", "{v}");
+    let v = step(&d, "print(hex(h), wasmpkg.add(h % 1000, 1))");
+    assert_eq!(v["stdout"], "0xe71fa2190541574b 932\n", "{v}");
+    d.stop_keep_data();
+    let instance = d.instance.clone();
+    let d = Daemon::start_with(&[("ISOBOX_INSTANCE", instance.as_str())]);
+    d.wait_ready();
+    let v = step(&d, "print(wasmpkg.add(h % 1000, 2), wasmpkg.compiled_for)");
+    assert_eq!(v["stdout"], "933 wasm32-wasi\n", "{v}\nlog:\n{}", d.log());
+
+    // Built for CPython 3.13: refused at the build, naming the file and why.
+    let whl = "oldabi-1.0-cp313-cp313-wasi_0_0_0_wasm32.whl";
+    let v = build_one(&d, "oldabi", "", whl, wasm_wheel(whl));
+    check_fields(&v);
+    assert_eq!(
+        v["error"],
+        format!("{whl}: oldabi.cpython-313-wasm32-wasi.so is an extension module built for another Python (cpython-313-wasm32-wasi): this Python is CPython 3.14 for wasm32-wasi (cpython-314-wasm32-wasi or abi3)"),
+        "{v}"
+    );
+    // WebAssembly the linker cannot read: failed, naming the file as the package has
+    // it.
+    let whl = "broken-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
+    let v = build_one(&d, "broken", "", whl, wasm_wheel(whl));
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("Linking the WebAssembly extension modules failed: ")
+            && e.contains("broken.cpython-314-wasm32-wasi.so")
+            && !e.contains("site-packages"),
+        "{e}"
+    );
+    assert_eq!(
+        refusal(&run(&d, "broken", "print(1)")).1,
+        "environment_not_ready"
+    );
+    // A module that links but defines no Python module: its import fails the build
+    // with Python's own error.
+    let whl = "noinit-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
+    let v = build_one(&d, "noinit", "noinit", whl, wasm_wheel(whl));
+    let e = v["error"].as_str().unwrap();
+    assert!(
+        e.starts_with("Importing noinit failed:")
+            && e.contains("ImportError: dynamic module does not define module export function (PyInit_noinit)"),
+        "{e}"
+    );
+    // Deleted: its files go with it.
+    for env in ["wasmext", "oldabi", "broken", "noinit"] {
+        let r = d.request("DELETE", &format!("/eryx/v1/environments/{env}"), &[], b"");
+        assert_eq!(r.status, 204, "{env}: {}", r.text());
+    }
+    let t0 = Instant::now();
+    while !env_dirs(&d).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", env_dirs(&d));
+        std::thread::sleep(Duration::from_millis(50));
+    }
     d.stop();
 }
 

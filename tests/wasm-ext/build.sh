@@ -5,8 +5,10 @@
 #       isobox_wasmext.cpython-314-wasm32-wasi.so   (a top-level extension module)
 #       wasmpkg/__init__.py, wasmpkg/_speed.abi3.so (one inside a package)
 #   oldabi-1.0-cp313-cp313-wasi_0_0_0_wasm32.whl    (built for CPython 3.13: refused)
-#   notlib-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (WebAssembly, but not a shared
-#                                                    library: the link refuses it)
+#   noinit-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (an empty WebAssembly module: it
+#                                                    links, but is no Python module)
+#   broken-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (WebAssembly cut short: the link
+#                                                    refuses it)
 # Usage: build.sh OUT_DIR
 set -euo pipefail
 out="${1:?usage: build.sh OUT_DIR}"
@@ -26,13 +28,15 @@ lib() { # MODULE OUTPUT
         -o "$2" "$tmp/$1.o"
 }
 
-mkdir -p "$tmp/w1/wasmpkg" "$tmp/w2" "$tmp/w3"
+mkdir -p "$tmp/w1/wasmpkg" "$tmp/w2" "$tmp/w3" "$tmp/w4"
 lib isobox_wasmext "$tmp/w1/isobox_wasmext.cpython-314-wasm32-wasi.so"
 lib _speed "$tmp/w1/wasmpkg/_speed.abi3.so"
 printf 'from ._speed import add, fnv1a, compiled_for\n' > "$tmp/w1/wasmpkg/__init__.py"
 lib oldabi "$tmp/w2/oldabi.cpython-313-wasm32-wasi.so"
-# The smallest WebAssembly module: the header, no `dylink.0` section.
-printf '\0asm\1\0\0\0' > "$tmp/w3/notlib.cpython-314-wasm32-wasi.so"
+# The smallest WebAssembly module (the header alone), and one whose first section is
+# cut short.
+printf '\0asm\1\0\0\0' > "$tmp/w3/noinit.cpython-314-wasm32-wasi.so"
+printf '\0asm\1\0\0\0\1\377\377' > "$tmp/w4/broken.cpython-314-wasm32-wasi.so"
 
 # A wheel: the files, then NAME-1.0.dist-info with METADATA, WHEEL and RECORD.
 wheel() { # DIR NAME TAG
@@ -62,4 +66,5 @@ PY
 mkdir -p "$out"
 wheel "$tmp/w1" isobox_wasmext cp314-cp314-wasi_0_0_0_wasm32
 wheel "$tmp/w2" oldabi cp313-cp313-wasi_0_0_0_wasm32
-wheel "$tmp/w3" notlib cp314-cp314-wasi_0_0_0_wasm32
+wheel "$tmp/w3" noinit cp314-cp314-wasi_0_0_0_wasm32
+wheel "$tmp/w4" broken cp314-cp314-wasi_0_0_0_wasm32
