@@ -46,6 +46,7 @@ Python 3.11 standard library only.
 """
 
 import http.client
+import json
 import os
 import re
 import resource
@@ -203,6 +204,11 @@ def start_isoboxd(data_dir):
         ISOBOX_RATE_PER_MIN="1000000",
         ISOBOX_RATE_BURST="100000",
         ISOBOX_SHUTDOWN_GRACE_MS="2000",
+        # Nothing but the KV path on the server's core: no sandboxes booted ahead and
+        # no WebAssembly workers (they would share SERVER_CPU, as Redis shares nothing).
+        ISOBOX_WARM_POOL=os.environ.get("ISOBOX_WARM_POOL", "off"),
+        ISOBOX_WBX_WARM_POOL=os.environ.get("ISOBOX_WBX_WARM_POOL", "off"),
+        ISOBOX_WASM_WORKER=os.environ.get("ISOBOX_WASM_WORKER", "off"),
     )
     env.pop("ISOBOX_LOG", None)  # the ready line is logged at info (no per-request logs)
     log = tempfile.NamedTemporaryFile(prefix="isobox-bench-kv-", suffix=".log")  # noqa: SIM115
@@ -295,6 +301,16 @@ def wrk_run(lua, url, method, ns, size, seconds, pid, seed):
     n = int(n)
     return {"rps": n / (int(dur_us) / 1e6), "p50": float(p50) / 1000, "p99": float(p99) / 1000,
             "cpu_us": cpu / n * 1e6, "client": ccpu / (int(dur_us) / 1e6) * 100, "n": n}
+
+
+def store_figures(host, port):
+    """The store writer's counters from /healthz (commits, writes, largestBatch)."""
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        c.request("GET", "/healthz")
+        return json.loads(c.getresponse().read())["store"]
+    finally:
+        c.close()
 
 
 def redis_run(port, size, n, pid):
@@ -404,7 +420,11 @@ def main():
             print(f"{'op':<4} {'server':<21} {'round':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU us/req':>10} {'client %':>8}")
             for r in range(1, ROUNDS + 1):
                 rows = {}
+                before = store_figures(host, port)
                 rows[("isoboxd", "PUT")] = wrk_run(lua, url, "PUT", ns, size, DURATION, iso.pid, r)
+                after = store_figures(host, port)
+                commits = after["commits"] - before["commits"]
+                batch = (after["writes"] - before["writes"]) / max(commits, 1)
                 rows[("isoboxd", "GET")] = wrk_run(lua, url, "GET", ns, size, DURATION, iso.pid, r)
                 for name, p, pid, n in (("redis", red_port, red.pid, REDIS_N), ("redis-fsync", redf_port, redf.pid, REDIS_FSYNC_N)):
                     for op, v in redis_run(p, size, n, pid).items():
@@ -413,6 +433,7 @@ def main():
                 for (name, op), v in sorted(rows.items(), key=lambda kv: (kv[0][1] != "PUT", SERVERS.index(kv[0][0]))):
                     results.setdefault((size, op, name), []).append(v)
                     print(f"{op:<4} {LABEL[name]:<21} {r:>5} {v['rps']:>9.0f} {v['p50']:>8.3f} {v['p99']:>8.3f} {v['cpu_us']:>10.1f} {v['client']:>8.0f}")
+                print(f"     isoboxd PUT: {batch:.1f} writes per commit ({commits} commits; the largest so far {after['largestBatch']})")
                 if iso.poll() is not None:
                     raise Failure(f"isoboxd exited (status {iso.returncode}) during the benchmark")
             populate(host, port, ns, size, check_only=True)
