@@ -7,10 +7,9 @@
 //! protocol's own rules (masking, sizes, ping, close) on raw frames.
 
 mod common;
-use common::Daemon;
+use common::{Daemon, RawWs};
 use serde_json::Value;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::time::Duration;
 
 const KEY: &str = "eryx_streamkey";
@@ -307,99 +306,10 @@ fn test_each_execute_counts_against_the_rate() {
     d.stop();
 }
 
-/// A raw WebSocket client: the handshake done, frames by hand.
-struct Raw {
-    s: TcpStream,
-}
-
-impl Raw {
-    fn open(d: &Daemon) -> Raw {
-        let mut s = TcpStream::connect(d.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        s.write_all(common::ws_upgrade("/eryx/v1/stream", "").as_bytes())
-            .unwrap();
-        let mut head = Vec::new();
-        let mut b = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut b).unwrap();
-            head.push(b[0]);
-        }
-        let head = String::from_utf8(head).unwrap();
-        assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
-        // RFC 6455's own example key and answer.
-        assert!(
-            head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"),
-            "{head}"
-        );
-        Raw { s }
-    }
-
-    /// Sends a frame: `first` byte (FIN, opcode), masked unless `unmasked`.
-    fn send(&mut self, first: u8, payload: &[u8], unmasked: bool) {
-        let mask = [1u8, 2, 3, 4];
-        let bit = if unmasked { 0 } else { 0x80 };
-        let mut f = vec![first];
-        match payload.len() {
-            n if n < 126 => f.push(bit | n as u8),
-            n if n <= 0xffff => {
-                f.push(bit | 126);
-                f.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                f.push(bit | 127);
-                f.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        if unmasked {
-            f.extend_from_slice(payload);
-        } else {
-            f.extend_from_slice(&mask);
-            f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-        }
-        // The server may close before taking it all (a refused size).
-        let _ = self.s.write_all(&f);
-    }
-
-    /// The next frame: (opcode, payload); `None` at the connection's end.
-    fn recv(&mut self) -> Option<(u8, Vec<u8>)> {
-        let mut h = [0u8; 2];
-        self.s.read_exact(&mut h).ok()?;
-        assert_eq!(h[1] & 0x80, 0, "server frames are not masked");
-        assert_eq!(h[0] & 0x80, 0x80, "server frames are final");
-        let len = match h[1] & 0x7f {
-            126 => {
-                let mut l = [0u8; 2];
-                self.s.read_exact(&mut l).ok()?;
-                u64::from(u16::from_be_bytes(l))
-            }
-            127 => {
-                let mut l = [0u8; 8];
-                self.s.read_exact(&mut l).ok()?;
-                u64::from_be_bytes(l)
-            }
-            n => u64::from(n),
-        };
-        let mut p = vec![0u8; len as usize];
-        self.s.read_exact(&mut p).ok()?;
-        Some((h[0] & 0x0f, p))
-    }
-
-    /// Reads until a close frame: its code.
-    fn close_code(&mut self) -> u16 {
-        loop {
-            match self.recv() {
-                Some((8, p)) => return u16::from_be_bytes([p[0], p[1]]),
-                Some(_) => continue,
-                None => panic!("the connection ended without a close frame"),
-            }
-        }
-    }
-
-    /// After a close, the server ends the connection.
-    fn ends(&mut self) {
-        let mut rest = Vec::new();
-        let _ = self.s.read_to_end(&mut rest);
-    }
+/// A raw client of the stream: the handshake done (RFC 6455's own example key and
+/// answer checked), frames by hand.
+fn raw(d: &Daemon) -> RawWs {
+    RawWs::open(d.addr, "/eryx/v1/stream", "")
 }
 
 #[test]
@@ -407,7 +317,7 @@ fn test_the_protocols_rules_on_raw_frames() {
     let d = Daemon::start_with(&[("ISOBOX_IDLE_TIMEOUT_MS", "2000")]);
     // A ping is answered with its payload; a run split over fragments, with a ping
     // between them, runs.
-    let mut c = Raw::open(&d);
+    let mut c = raw(&d);
     c.send(0x89, b"hi", false);
     assert_eq!(c.recv(), Some((10, b"hi".to_vec())));
     let msg = br#"{"type": "execute", "code": "print('frag' + 'mented')"}"#;
@@ -428,7 +338,7 @@ fn test_the_protocols_rules_on_raw_frames() {
     // A message of exactly the cap is read (and refused as JSON); one byte more
     // closes with 1009 from its header alone.
     let cap = 4 << 20;
-    let mut c = Raw::open(&d);
+    let mut c = raw(&d);
     c.send(0x81, &vec![b' '; cap], false);
     let (op, p) = c.recv().unwrap();
     assert_eq!(op, 1);
@@ -453,7 +363,7 @@ fn test_the_protocols_rules_on_raw_frames() {
         (0x88, &[0x03][..], false, 1002),
         (0x09, &b""[..], false, 1002),
     ] {
-        let mut c = Raw::open(&d);
+        let mut c = raw(&d);
         c.send(first, payload, unmasked);
         let (op, p) = c.recv().expect("a close frame");
         assert_eq!(op, 8, "{first:x} {payload:?}: {p:?}");
@@ -466,7 +376,7 @@ fn test_the_protocols_rules_on_raw_frames() {
     }
 
     // A connection with no run and no frame is closed at the idle deadline, told so.
-    let mut c = Raw::open(&d);
+    let mut c = raw(&d);
     let t0 = std::time::Instant::now();
     assert_eq!(c.close_code(), 1001);
     assert!(
@@ -499,7 +409,7 @@ fn test_the_protocols_rules_on_raw_frames() {
     assert_eq!(d.get("/healthz").status, 200);
 
     // At shutdown an idle connection is told why (1001) and ends; the daemon stops.
-    let mut c = Raw::open(&d);
+    let mut c = raw(&d);
     c.send(0x89, b"x", false);
     assert_eq!(c.recv(), Some((10, b"x".to_vec())));
     let stopper = std::thread::spawn(move || d.stop());

@@ -23,7 +23,7 @@
 //! the invariants are still checked; it fails at the end listing every finding.
 //!
 //! One test binary (`cargo test --test adversarial`), one module per catalogue letter
-//! with cases here: `r`, `h`, `a`, `s` (the sections of tests/ADVERSARIAL.md); beside
+//! with cases here: `r`, `h`, `a`, `s`, `w` (the sections of tests/ADVERSARIAL.md); beside
 //! them the harness (`harness`), host probes (`host`) and raw sockets (`wire`).
 
 #[path = "../common/mod.rs"]
@@ -37,3 +37,4 @@ mod a;
 mod h;
 mod r;
 mod s;
+mod w;

@@ -696,3 +696,102 @@ pub fn ws_upgrade(path: &str, headers: &str) -> String {
          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
     )
 }
+
+/// A raw WebSocket client: the handshake done, frames by hand (the tests of frames a
+/// library would never send).
+#[allow(dead_code)]
+pub struct RawWs {
+    pub s: TcpStream,
+}
+
+#[allow(dead_code)]
+impl RawWs {
+    /// Upgrades `path` at `addr` with `headers` (each ending in CRLF): the 101 must
+    /// carry the answer to RFC 6455's example key.
+    pub fn open(addr: SocketAddr, path: &str, headers: &str) -> RawWs {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(ws_upgrade(path, headers).as_bytes()).unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).unwrap();
+            head.push(b[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+        // RFC 6455's own example key and answer.
+        assert!(
+            head.contains("Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n"),
+            "{head}"
+        );
+        RawWs { s }
+    }
+
+    /// Sends a frame: `first` byte (FIN, opcode), masked unless `unmasked`.
+    pub fn send(&mut self, first: u8, payload: &[u8], unmasked: bool) {
+        let mask = [1u8, 2, 3, 4];
+        let bit = if unmasked { 0 } else { 0x80 };
+        let mut f = vec![first];
+        match payload.len() {
+            n if n < 126 => f.push(bit | n as u8),
+            n if n <= 0xffff => {
+                f.push(bit | 126);
+                f.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                f.push(bit | 127);
+                f.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        if unmasked {
+            f.extend_from_slice(payload);
+        } else {
+            f.extend_from_slice(&mask);
+            f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        }
+        // The server may close before taking it all (a refused size).
+        let _ = self.s.write_all(&f);
+    }
+
+    /// The next frame: (opcode, payload); `None` at the connection's end.
+    pub fn recv(&mut self) -> Option<(u8, Vec<u8>)> {
+        let mut h = [0u8; 2];
+        self.s.read_exact(&mut h).ok()?;
+        assert_eq!(h[1] & 0x80, 0, "server frames are not masked");
+        assert_eq!(h[0] & 0x80, 0x80, "server frames are final");
+        let len = match h[1] & 0x7f {
+            126 => {
+                let mut l = [0u8; 2];
+                self.s.read_exact(&mut l).ok()?;
+                u64::from(u16::from_be_bytes(l))
+            }
+            127 => {
+                let mut l = [0u8; 8];
+                self.s.read_exact(&mut l).ok()?;
+                u64::from_be_bytes(l)
+            }
+            n => u64::from(n),
+        };
+        let mut p = vec![0u8; len as usize];
+        self.s.read_exact(&mut p).ok()?;
+        Some((h[0] & 0x0f, p))
+    }
+
+    /// Reads until a close frame: its code.
+    pub fn close_code(&mut self) -> u16 {
+        loop {
+            match self.recv() {
+                Some((8, p)) => return u16::from_be_bytes([p[0], p[1]]),
+                Some(_) => continue,
+                None => panic!("the connection ended without a close frame"),
+            }
+        }
+    }
+
+    /// After a close, the server ends the connection.
+    pub fn ends(&mut self) {
+        let mut rest = Vec::new();
+        let _ = self.s.read_to_end(&mut rest);
+    }
+}
