@@ -554,7 +554,8 @@ fn wasm_wheel(name: &str) -> Vec<u8> {
 /// package, with the stable-ABI suffix); their C code runs, raises Python's errors, and
 /// its instructions are compute units, the same on every run and stopped by the limit;
 /// a session keeps the module across steps and a restart. Refused clearly: a module for
-/// another CPython, WebAssembly the linker cannot read, one that is no Python module.
+/// another CPython, WebAssembly cut short, a library with a memory of its own, one whose
+/// export clashes with CPython's, one that is no Python module.
 #[test]
 fn test_webassembly_extension_modules_link_import_and_run() {
     let mut d = Daemon::start();
@@ -569,9 +570,9 @@ fn test_webassembly_extension_modules_link_import_and_run() {
         ok(
             &d,
             "wasmext",
-            "import isobox_wasmext as m\nprint(m.add(2, 40), m.compiled_for, m.__file__, hex(m.fnv1a(b'hello')))"
+            "import isobox_wasmext as m\nprint(m.add(2, 40), m.compiled_for, m.__file__, hex(m.fnv1a(b'hello')))\nprint(m.__spec__.origin == m.__loader__.path == m.__file__)"
         ),
-        "42 wasm32-wasi /site-packages-0/isobox_wasmext.cpython-314-wasm32-wasi.so 0xa430d84680aabd0b\n"
+        "42 wasm32-wasi /site-packages-0/isobox_wasmext.cpython-314-wasm32-wasi.so 0xa430d84680aabd0b\nTrue\n"
     );
     assert_eq!(
         ok(
@@ -651,23 +652,30 @@ fn test_webassembly_extension_modules_link_import_and_run() {
         format!("{whl}: oldabi.cpython-313-wasm32-wasi.so is an extension module built for another Python (cpython-313-wasm32-wasi): this Python is CPython 3.14 for wasm32-wasi (cpython-314-wasm32-wasi or abi3)"),
         "{v}"
     );
-    // WebAssembly the linker cannot read: failed, naming the file as the package has
-    // it.
-    let whl = "broken-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
-    let v = build_one(&d, "broken", "", whl, wasm_wheel(whl));
-    let e = v["error"].as_str().unwrap();
-    assert!(
-        e.starts_with("Linking the WebAssembly extension modules failed: ")
-            && e.contains("broken.cpython-314-wasm32-wasi.so")
-            && !e.contains("site-packages"),
-        "{e}"
-    );
-    assert_eq!(
-        refusal(&run(&d, "broken", "print(1)")).1,
-        "environment_not_ready"
-    );
-    // A module that links but defines no Python module: its import fails the build
-    // with Python's own error.
+    // Checked before linking, each failing the build with the file named as the
+    // package has it: WebAssembly cut short; a library with a memory of its own (its
+    // code would not be bound by the run's memory cap); one exporting a function of
+    // CPython's with another signature.
+    for (env, why) in [
+        ("broken", "broken.cpython-314-wasm32-wasi.so is not valid WebAssembly: "),
+        (
+            "ownmem",
+            "ownmem.cpython-314-wasm32-wasi.so defines a memory of its own: extension modules use the shared env.memory, which a run's memory cap bounds",
+        ),
+        (
+            "clash",
+            "clash.cpython-314-wasm32-wasi.so exports PyLong_FromLong with another signature than libpython3.14.so does: the libraries of one environment share one namespace",
+        ),
+    ] {
+        let whl = format!("{env}-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl");
+        let v = build_one(&d, env, "", &whl, wasm_wheel(&whl));
+        check_fields(&v);
+        let e = v["error"].as_str().unwrap();
+        assert!(e.starts_with(why) && !e.contains("site-packages"), "{env}: {e}");
+        assert_eq!(refusal(&run(&d, env, "print(1)")).1, "environment_not_ready");
+    }
+    // A shared library that defines no Python module: its import fails the build with
+    // Python's own error.
     let whl = "noinit-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
     let v = build_one(&d, "noinit", "noinit", whl, wasm_wheel(whl));
     let e = v["error"].as_str().unwrap();
@@ -677,7 +685,7 @@ fn test_webassembly_extension_modules_link_import_and_run() {
         "{e}"
     );
     // Deleted: its files go with it.
-    for env in ["wasmext", "oldabi", "broken", "noinit"] {
+    for env in ["wasmext", "oldabi", "broken", "ownmem", "clash", "noinit"] {
         let r = d.request("DELETE", &format!("/eryx/v1/environments/{env}"), &[], b"");
         assert_eq!(r.status, 204, "{env}: {}", r.text());
     }

@@ -268,30 +268,46 @@ fn test_w3_w4_w5_w8_websocket_frames_floods_and_slow_readers() {
         got.extend_from_slice(&b[..n]);
         std::thread::sleep(Duration::from_millis(100));
     }
-    let mut rest = vec![0u8; 0];
-    c.s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    let mut chunk = vec![0u8; 1 << 16];
-    loop {
-        match c.s.read(&mut chunk) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => rest.extend_from_slice(&chunk[..n]),
-        }
-    }
-    got.extend_from_slice(&rest);
-    // One text frame with a 64-bit length, then nothing more.
-    let len = got
-        .get(2..10)
-        .map(|l| u64::from_be_bytes(l.try_into().unwrap()) as usize);
+    // One text frame with a 64-bit length: read to its end.
     a.expect(
         got.first() == Some(&0x81) && got.get(1) == Some(&127),
         || format!("W8: the answer starts {:?}", &got[..got.len().min(10)]),
     );
-    a.expect(len.map(|l| l + 10) == Some(got.len()), || {
+    let end = got.get(2..10).map_or(0, |l| {
+        10 + u64::from_be_bytes(l.try_into().unwrap()) as usize
+    });
+    let mut chunk = vec![0u8; 1 << 16];
+    while got.len() < end {
+        match c.s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+    a.expect(got.len() >= end, || {
         format!(
-            "W8: {} bytes came for a frame of {len:?} (one message, then nothing)",
+            "W8: the connection ended {} bytes into a frame of {end}",
             got.len()
         )
     });
+    // `completed` is the last message: after it, nothing but the idle close (1001,
+    // ISOBOX_IDLE_TIMEOUT_MS after the run).
+    let mut after = got.split_off(end.min(got.len()));
+    c.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    while after.len() < 4 {
+        match c.s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => after.extend_from_slice(&chunk[..n]),
+        }
+    }
+    a.expect(
+        after.is_empty() || (after[0] == 0x88 && after.get(2..4) == Some(&[0x03, 0xe9][..])),
+        || {
+            format!(
+                "W8: after `completed` came {:?}",
+                &after[..after.len().min(16)]
+            )
+        },
+    );
     let v: Value = serde_json::from_slice(&got[10.min(got.len())..]).unwrap_or(Value::Null);
     let out = v["stdout"].as_str().unwrap_or_default();
     a.expect(

@@ -5,10 +5,13 @@
 #       isobox_wasmext.cpython-314-wasm32-wasi.so   (a top-level extension module)
 #       wasmpkg/__init__.py, wasmpkg/_speed.abi3.so (one inside a package)
 #   oldabi-1.0-cp313-cp313-wasi_0_0_0_wasm32.whl    (built for CPython 3.13: refused)
-#   noinit-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (an empty WebAssembly module: it
-#                                                    links, but is no Python module)
-#   broken-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (WebAssembly cut short: the link
-#                                                    refuses it)
+#   noinit-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (a shared library without
+#                                                    PyInit_noinit: no Python module)
+#   broken-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (WebAssembly cut short)
+#   ownmem-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl    (a library with a memory of its
+#                                                    own, beyond a run's memory cap)
+#   clash-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl     (exports PyLong_FromLong with
+#                                                    another signature than CPython's)
 # Usage: build.sh OUT_DIR
 set -euo pipefail
 out="${1:?usage: build.sh OUT_DIR}"
@@ -21,22 +24,26 @@ trap 'rm -rf "$tmp"' EXIT
 # A shared library as wasi-sdk makes one (position-independent, the `dylink.0`
 # section, CPython's symbols left to the dynamic linker), without libc: the module
 # calls only CPython.
-lib() { # MODULE OUTPUT
+lib() { # MODULE OUTPUT [SOURCE]
     "$cc" --target=wasm32-wasi -fPIC -O2 -nostdlib -Wall -Werror -DMODULE="$1" \
-        -c "$here/ext.c" -o "$tmp/$1.o"
+        -c "${3:-$here/ext.c}" -o "$tmp/$1.o"
     "$ld" --experimental-pic -shared --unresolved-symbols=import-dynamic \
         -o "$2" "$tmp/$1.o"
 }
 
-mkdir -p "$tmp/w1/wasmpkg" "$tmp/w2" "$tmp/w3" "$tmp/w4"
+mkdir -p "$tmp/w1/wasmpkg" "$tmp/w2" "$tmp/w3" "$tmp/w4" "$tmp/w5" "$tmp/w6"
 lib isobox_wasmext "$tmp/w1/isobox_wasmext.cpython-314-wasm32-wasi.so"
 lib _speed "$tmp/w1/wasmpkg/_speed.abi3.so"
 printf 'from ._speed import add, fnv1a, compiled_for\n' > "$tmp/w1/wasmpkg/__init__.py"
 lib oldabi "$tmp/w2/oldabi.cpython-313-wasm32-wasi.so"
-# The smallest WebAssembly module (the header alone), and one whose first section is
-# cut short.
-printf '\0asm\1\0\0\0' > "$tmp/w3/noinit.cpython-314-wasm32-wasi.so"
+printf '__attribute__((visibility("default"))) int answer(void) { return 42; }\n' > "$tmp/noinit.c"
+lib noinit "$tmp/w3/noinit.cpython-314-wasm32-wasi.so" "$tmp/noinit.c"
+# WebAssembly whose first section is cut short.
 printf '\0asm\1\0\0\0\1\377\377' > "$tmp/w4/broken.cpython-314-wasm32-wasi.so"
+# A module with an empty dylink.0 section and a memory section: one memory of a page.
+printf '\0asm\1\0\0\0\0\11\10dylink.0\5\3\1\0\1' > "$tmp/w5/ownmem.cpython-314-wasm32-wasi.so"
+printf '__attribute__((visibility("default"))) int PyLong_FromLong(void) { return 1; }\n' > "$tmp/clash.c"
+lib clash "$tmp/w6/clash.cpython-314-wasm32-wasi.so" "$tmp/clash.c"
 
 # A wheel: the files, then NAME-1.0.dist-info with METADATA, WHEEL and RECORD.
 wheel() { # DIR NAME TAG
@@ -68,3 +75,5 @@ wheel "$tmp/w1" isobox_wasmext cp314-cp314-wasi_0_0_0_wasm32
 wheel "$tmp/w2" oldabi cp313-cp313-wasi_0_0_0_wasm32
 wheel "$tmp/w3" noinit cp314-cp314-wasi_0_0_0_wasm32
 wheel "$tmp/w4" broken cp314-cp314-wasi_0_0_0_wasm32
+wheel "$tmp/w5" ownmem cp314-cp314-wasi_0_0_0_wasm32
+wheel "$tmp/w6" clash cp314-cp314-wasi_0_0_0_wasm32

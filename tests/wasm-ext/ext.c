@@ -45,8 +45,9 @@ typedef struct {
 
 #define METH_O 0x0008
 #define METH_FASTCALL 0x0080
-/* A static object's reference count: immortal (_Py_IMMORTAL_INITIAL_REFCNT, 32-bit). */
-#define IMMORTAL (3L << 29)
+/* A static object's reference count, as PyModuleDef_HEAD_INIT sets it: immortal
+ * (_Py_STATIC_IMMORTAL_INITIAL_REFCNT on a 32-bit target). */
+#define IMMORTAL (7L << 28)
 /* PYTHON_API_VERSION */
 #define API_VERSION 1013
 

@@ -137,17 +137,38 @@ impl Unpacker {
     }
 
     /// The WebAssembly extension modules as the linker takes them: named by the path
-    /// runs open them by, in path order. A path a later package wrote over with
-    /// something else is no longer one.
+    /// runs open them by, in path order, each checked ([`check_library`]) and none
+    /// exporting a function another library exports with another signature (the
+    /// linker would abort). A path a later package wrote over with something else is
+    /// no longer one.
     fn extensions(&self) -> Result<Vec<eryx_runtime::linker::NativeExtension>, String> {
         let mut out = Vec::new();
+        let mut exported: std::collections::HashMap<String, (wasmparser::FuncType, String)> =
+            std::collections::HashMap::new();
         for rel in &self.extensions {
-            let bytes = std::fs::read(self.site.join(rel))
-                .map_err(|e| format!("{}: {e}", rel.display()))?;
-            if bytes.starts_with(b"\0asm") {
-                let name = format!("{RUN_SITE}/{}", rel.display());
-                out.push(eryx_runtime::linker::NativeExtension::new(name, bytes));
+            let shown = rel.display().to_string();
+            let bytes = std::fs::read(self.site.join(rel)).map_err(|e| format!("{shown}: {e}"))?;
+            if !bytes.starts_with(b"\0asm") {
+                continue;
             }
+            if out.is_empty() {
+                base_exports(&mut exported)?;
+            }
+            for (f, ty) in check_library(&shown, &bytes, false)? {
+                match exported.get(&f) {
+                    Some((other, by)) if *other != ty => {
+                        return Err(format!(
+                            "{shown} exports {f} with another signature than {by} does: the libraries of one environment share one namespace"
+                        ))
+                    }
+                    Some(_) => {}
+                    None => {
+                        exported.insert(f, (ty, shown.clone()));
+                    }
+                }
+            }
+            let name = format!("{RUN_SITE}/{shown}");
+            out.push(eryx_runtime::linker::NativeExtension::new(name, bytes));
         }
         Ok(out)
     }
@@ -436,6 +457,146 @@ fn wasm_extension(name: &str) -> Result<bool, String> {
         }
     }
     Ok(true)
+}
+
+/// Table entries a library may import (the shared function table); the runs' limiter
+/// bounds its growth too.
+pub const MAX_TABLE_ELEMENTS: u64 = 1 << 20;
+
+/// Checks extension module `name` (`bytes`, WebAssembly) before it is linked: a core
+/// module with a `dylink.0` section (a shared library, as wasi-sdk builds one with
+/// `-fPIC -shared`) that defines no memory and no table of its own and imports only the
+/// shared ones (`env.memory`, `env.__indirect_function_table`): so its code works in the
+/// one linear memory a run's cap bounds. Returns its exported functions and their
+/// types. With `trusted` (eryx's own libraries) only the exports are read.
+fn check_library(
+    name: &str,
+    bytes: &[u8],
+    trusted: bool,
+) -> Result<Vec<(String, wasmparser::FuncType)>, String> {
+    use wasmparser::{CompositeInnerType, Encoding, ExternalKind, Parser, Payload, TypeRef};
+    let bad = |e: wasmparser::BinaryReaderError| format!("{name} is not valid WebAssembly: {e}");
+    let mut dylink = false;
+    let mut types: Vec<Option<wasmparser::FuncType>> = Vec::new();
+    let mut funcs: Vec<u32> = Vec::new();
+    let mut exports: Vec<(String, u32)> = Vec::new();
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(bad)? {
+            Payload::Version {
+                encoding: Encoding::Component,
+                ..
+            } => {
+                return Err(format!(
+                    "{name} is a WebAssembly component, not a shared library of a module"
+                ))
+            }
+            Payload::CustomSection(c) if c.name() == "dylink.0" => dylink = true,
+            Payload::TypeSection(r) => {
+                for group in r {
+                    for t in group.map_err(bad)?.into_types() {
+                        types.push(match t.composite_type.inner {
+                            CompositeInnerType::Func(f) => Some(f),
+                            _ => None,
+                        });
+                    }
+                }
+            }
+            Payload::ImportSection(r) => {
+                for i in r {
+                    let i = i.map_err(bad)?;
+                    let shared = match i.ty {
+                        TypeRef::Func(t) => {
+                            funcs.push(t);
+                            true
+                        }
+                        TypeRef::Memory(_) => i.module == "env" && i.name == "memory",
+                        TypeRef::Table(t) => {
+                            i.module == "env"
+                                && i.name == "__indirect_function_table"
+                                && t.initial <= MAX_TABLE_ELEMENTS
+                        }
+                        _ => true,
+                    };
+                    if !shared && !trusted {
+                        return Err(format!(
+                            "{name} imports a memory or table other than the shared ones ({}.{}): extension modules use env.memory and env.__indirect_function_table",
+                            i.module, i.name
+                        ));
+                    }
+                }
+            }
+            Payload::FunctionSection(r) => {
+                for f in r {
+                    funcs.push(f.map_err(bad)?);
+                }
+            }
+            Payload::MemorySection(r) if r.count() > 0 && !trusted => {
+                return Err(format!(
+                    "{name} defines a memory of its own: extension modules use the shared env.memory, which a run's memory cap bounds"
+                ))
+            }
+            Payload::TableSection(r) if r.count() > 0 && !trusted => {
+                return Err(format!(
+                    "{name} defines a table of its own: extension modules use the shared env.__indirect_function_table"
+                ))
+            }
+            Payload::ExportSection(r) => {
+                for e in r {
+                    let e = e.map_err(bad)?;
+                    if e.kind == ExternalKind::Func {
+                        exports.push((e.name.to_string(), e.index));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if !dylink && !trusted {
+        return Err(format!(
+            "{name} is WebAssembly but not a shared library (no dylink.0 section): build extension modules as wasi-sdk does (-fPIC -shared)"
+        ));
+    }
+    exports
+        .into_iter()
+        .map(|(f, i)| {
+            let ty = funcs
+                .get(i as usize)
+                .and_then(|t| types.get(*t as usize).cloned().flatten())
+                .ok_or_else(|| {
+                    format!("{name} is not valid WebAssembly: export {f} has no function type")
+                })?;
+            Ok((f, ty))
+        })
+        .collect()
+}
+
+/// The functions the base libraries (libc, libpython, eryx's runtime…) export, for the
+/// clash check.
+fn base_exports(
+    into: &mut std::collections::HashMap<String, (wasmparser::FuncType, String)>,
+) -> Result<(), String> {
+    use eryx_runtime::linker::base_libraries as b;
+    for (lib, z) in [
+        ("libc.so", b::LIBC),
+        ("libc++.so", b::LIBCXX),
+        ("libc++abi.so", b::LIBCXXABI),
+        ("libpython3.14.so", b::LIBPYTHON),
+        ("libwasi-emulated-mman.so", b::LIBWASI_EMULATED_MMAN),
+        (
+            "libwasi-emulated-process-clocks.so",
+            b::LIBWASI_EMULATED_PROCESS_CLOCKS,
+        ),
+        ("libwasi-emulated-getpid.so", b::LIBWASI_EMULATED_GETPID),
+        ("libwasi-emulated-signal.so", b::LIBWASI_EMULATED_SIGNAL),
+        ("liberyx_runtime.so", b::LIBERYX_RUNTIME),
+        ("liberyx_bindings.so", b::LIBERYX_BINDINGS),
+    ] {
+        let bytes = zstd::decode_all(z).map_err(|e| format!("{lib}: {e}"))?;
+        for (f, ty) in check_library(lib, &bytes, true)? {
+            into.entry(f).or_insert((ty, lib.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// Unpacks a wheel (a zip file).

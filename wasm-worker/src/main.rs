@@ -770,13 +770,15 @@ impl wasmtime::ResourceLimiter for Cap {
             && maximum.is_none_or(|m| desired <= m))
     }
 
+    /// Tables grow within [`build::MAX_TABLE_ELEMENTS`] too: an extension module's
+    /// code may grow the shared function table, and entries are host memory.
     fn table_growing(
         &mut self,
         _current: usize,
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(maximum.is_none_or(|m| desired <= m))
+        Ok(desired as u64 <= build::MAX_TABLE_ELEMENTS && maximum.is_none_or(|m| desired <= m))
     }
 }
 
