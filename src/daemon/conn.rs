@@ -35,6 +35,13 @@ pub(crate) const LISTENER: u16 = 1;
 const DEADLINE: u16 = 0;
 /// Timers: retry accepting after EMFILE.
 const ACCEPT: u16 = 1;
+/// Timers: go on reading a connection that had more to read after its share of a turn
+/// (the generation is the connection's serial).
+const PUMP: u16 = 2;
+/// Reads of a full read buffer one connection gets in one turn of the loop (64 KiB
+/// each): a client that sends as fast as it is read (a flood of pings, say) would
+/// otherwise hold the loop, and every other connection, until its socket ran dry.
+const PUMP_ROUNDS: usize = 16;
 /// A request body (an upload too) must arrive at this rate on average, beyond the
 /// first `ISOBOX_HEAD_TIMEOUT_MS`: each byte buys that much more time. Without it a
 /// body trickled one byte per (head timeout − 1 s) would hold its connection forever.
@@ -60,6 +67,11 @@ impl Component<Daemon> for Http {
         match what {
             DEADLINE => d.conn_timer(ck, gen),
             ACCEPT => d.accept(),
+            PUMP => {
+                if d.conns.get(ck).is_some_and(|c| c.serial == gen) {
+                    d.conn_pump(ck);
+                }
+            }
             _ => {}
         }
     }
@@ -438,11 +450,13 @@ impl Daemon {
 
     /// Reads and advances until the socket is drained or the phase stops taking input.
     pub(crate) fn conn_pump(&mut self, ck: usize) {
+        let mut rounds = 0;
         loop {
             let Some(c) = self.conns.get_mut(ck) else {
                 return;
             };
             let full = c.http.read_from(&mut c.stream);
+            rounds += usize::from(full);
             let before = c.http.rbuf.len();
             self.conn_advance(ck);
             let blocked = self.conns.get(ck).is_some_and(|c| c.http.write_full());
@@ -456,6 +470,14 @@ impl Daemon {
             let progressed = before != c.http.rbuf.len();
             let held_back = (progressed || blocked || lazy_done) && !c.http.rbuf.is_empty();
             if !((full || held_back) && c.http.takes_input() && !c.http.write_full()) {
+                break;
+            }
+            if rounds >= PUMP_ROUNDS {
+                // Its share of this turn: the rest on the next (the socket's edge has
+                // fired already and will not again while it is not drained).
+                let serial = c.serial;
+                self.reactor
+                    .arm(Instant::now(), Addr::new(HTTP, ck, PUMP), serial);
                 break;
             }
         }

@@ -225,6 +225,13 @@ impl Adv {
         })
     }
 
+    /// Takes the fd and RSS baselines again, after a case's own warm-up (the eryx
+    /// workers' sockets open at the first WebAssembly run).
+    pub fn rebaseline(&mut self) {
+        self.base_fds = fd_count(self.pid());
+        self.base_rss = rss_bytes(self.pid());
+    }
+
     /// Waits until nothing of any run is left; a finding (not a panic) otherwise.
     pub fn settle_clean(&self, within: Duration) -> bool {
         let deadline = Instant::now() + within;

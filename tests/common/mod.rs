@@ -315,7 +315,11 @@ impl Daemon {
             let d = PathBuf::from("/sys/fs/cgroup").join(c).join(&self.instance);
             if let Ok(rd) = std::fs::read_dir(&d) {
                 for e in rd.flatten() {
-                    if e.path().is_dir() {
+                    // The eryx workers' cgroups live as long as the daemon (`stop`
+                    // checks that they go with it); a run's are what is looked for.
+                    if e.path().is_dir()
+                        && !e.file_name().to_string_lossy().starts_with("wasm-worker-")
+                    {
                         out.push(e.path().display().to_string());
                     }
                 }
