@@ -35,13 +35,13 @@ pub(crate) const LISTENER: u16 = 1;
 const DEADLINE: u16 = 0;
 /// Timers: retry accepting after EMFILE.
 const ACCEPT: u16 = 1;
-/// Timers: go on reading a connection that had more to read after its share of a turn
-/// (the generation is the connection's serial).
+/// Timers: go on reading a connection that had more to read after its share of a turn,
+/// on the next turn (`Reactor::soon`; the generation is the connection's serial).
 const PUMP: u16 = 2;
 /// Reads of a full read buffer one connection gets in one turn of the loop (64 KiB
 /// each): a client that sends as fast as it is read (a flood of pings, say) would
 /// otherwise hold the loop, and every other connection, until its socket ran dry.
-const PUMP_ROUNDS: usize = 16;
+const PUMP_ROUNDS: usize = 4;
 /// A request body (an upload too) must arrive at this rate on average, beyond the
 /// first `ISOBOX_HEAD_TIMEOUT_MS`: each byte buys that much more time. Without it a
 /// body trickled one byte per (head timeout − 1 s) would hold its connection forever.
@@ -476,8 +476,7 @@ impl Daemon {
                 // Its share of this turn: the rest on the next (the socket's edge has
                 // fired already and will not again while it is not drained).
                 let serial = c.serial;
-                self.reactor
-                    .arm(Instant::now(), Addr::new(HTTP, ck, PUMP), serial);
+                self.reactor.soon(Addr::new(HTTP, ck, PUMP), serial);
                 break;
             }
         }

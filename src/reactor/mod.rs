@@ -115,6 +115,8 @@ pub struct Reactor<H: 'static> {
     /// Jobs that must run (kills, cleanups) but found the pool queue full; retried
     /// every turn, so nothing is ever dropped or run on this thread.
     overflow: VecDeque<Job<H>>,
+    /// Timers to fire on the next turn, which then does not wait ([`Reactor::soon`]).
+    again: Vec<(Addr, u64)>,
     components: Vec<&'static dyn Component<H>>,
 }
 
@@ -138,6 +140,7 @@ impl<H: Host> Reactor<H> {
             done_tx,
             waker,
             overflow: VecDeque::new(),
+            again: Vec::new(),
             components: Vec::new(),
         })
     }
@@ -223,6 +226,13 @@ impl<H: Host> Reactor<H> {
     /// Calls back `addr`'s component at or after `at` with `gen`.
     pub fn arm(&mut self, at: Instant, addr: Addr, gen: u64) {
         self.timers.insert(at, (addr, gen));
+    }
+
+    /// Fires `addr`'s timer with `gen` on the next turn, after that turn's events,
+    /// and makes that turn's poll not wait: for a source that has more to do than its
+    /// share of one turn, without a wait for the timer wheel's next tick.
+    pub fn soon(&mut self, addr: Addr, gen: u64) {
+        self.again.push((addr, gen));
     }
 
     /// Arms a timer with a fresh generation, which it returns.
@@ -317,6 +327,7 @@ impl<H> Mailbox<H> {
 pub struct Turn {
     events: Events,
     fired: Vec<(Addr, u64)>,
+    again: Vec<(Addr, u64)>,
 }
 
 impl Default for Turn {
@@ -324,6 +335,7 @@ impl Default for Turn {
         Turn {
             events: Events::with_capacity(1024),
             fired: Vec::new(),
+            again: Vec::new(),
         }
     }
 }
@@ -336,12 +348,18 @@ impl Default for Turn {
 /// When polling itself fails.
 pub fn turn<H: Host>(host: &mut H, scratch: &mut Turn) -> io::Result<()> {
     let r = host.reactor();
-    let timeout = r.timers.next_timeout(Instant::now());
+    let timeout = if r.again.is_empty() {
+        r.timers.next_timeout(Instant::now())
+    } else {
+        Some(Duration::ZERO)
+    };
     match r.poll.poll(&mut scratch.events, timeout) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
         Err(e) => return Err(e),
     }
+    // What asked for this turn; what asks during it waits for the next.
+    std::mem::swap(&mut r.again, &mut scratch.again);
     for ev in scratch.events.iter() {
         if ev.token() == WAKER {
             drain_completions(host);
@@ -362,7 +380,7 @@ pub fn turn<H: Host>(host: &mut H, scratch: &mut Turn) -> io::Result<()> {
     let r = host.reactor();
     r.flush_overflow();
     r.timers.advance(Instant::now(), &mut scratch.fired);
-    for (addr, gen) in scratch.fired.drain(..) {
+    for (addr, gen) in scratch.fired.drain(..).chain(scratch.again.drain(..)) {
         let Some(&c) = host.reactor().components.get(usize::from(addr.component.0)) else {
             continue;
         };
@@ -476,6 +494,29 @@ mod tests {
         h.reactor.deregister(&mut rx, t);
         assert_eq!(h.reactor.owner(t), None);
         h.reactor.release(t);
+        h.reactor.release(WAKER);
+        h.reactor.join();
+    }
+
+    #[test]
+    fn test_soon_fires_on_the_next_turn_without_waiting() {
+        let mut h = host();
+        // A timer a minute away would make the turn wait; `soon` must not.
+        h.reactor.arm(
+            Instant::now() + Duration::from_secs(60),
+            Addr::new(CLOCK, 1, 1),
+            5,
+        );
+        h.reactor.soon(Addr::new(CLOCK, 2, 0), 9);
+        let mut scratch = Turn::default();
+        let t0 = Instant::now();
+        turn(&mut h, &mut scratch).unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert_eq!(h.seen, vec!["clock timer 2/0/9".to_string()]);
+        // Once only.
+        h.reactor.soon(Addr::new(CLOCK, 3, 0), 1);
+        turn(&mut h, &mut scratch).unwrap();
+        assert_eq!(h.seen.len(), 2, "{:?}", h.seen);
         h.reactor.release(WAKER);
         h.reactor.join();
     }
