@@ -67,11 +67,7 @@ impl Component<Daemon> for Http {
         match what {
             DEADLINE => d.conn_timer(ck, gen),
             ACCEPT => d.accept(),
-            PUMP => {
-                if d.conns.get(ck).is_some_and(|c| c.serial == gen) {
-                    d.conn_pump(ck);
-                }
-            }
+            PUMP if d.conns.get(ck).is_some_and(|c| c.serial == gen) => d.conn_pump(ck),
             _ => {}
         }
     }
