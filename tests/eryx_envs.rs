@@ -558,7 +558,7 @@ fn wasm_wheel(name: &str) -> Vec<u8> {
 /// export clashes with CPython's, one that is no Python module.
 #[test]
 fn test_webassembly_extension_modules_link_import_and_run() {
-    let mut d = Daemon::start();
+    let mut d = Daemon::start_with(&[("ISOBOX_ERYX_ENVIRONMENTS", "20")]);
     d.wait_ready();
     let whl = "isobox_wasmext-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
     let v = build_one(&d, "wasmext", "isobox_wasmext", whl, wasm_wheel(whl));
@@ -684,8 +684,64 @@ fn test_webassembly_extension_modules_link_import_and_run() {
             && e.contains("ImportError: dynamic module does not define module export function (PyInit_noinit)"),
         "{e}"
     );
+    // One under the wheel's .data/platlib is installed and linked like the others.
+    let whl = "platlib-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
+    let v = build_one(&d, "platlib", "platmod", whl, wasm_wheel(whl));
+    assert_eq!(v["status"], "ready", "{v}");
+    assert_eq!(
+        ok(
+            &d,
+            "platlib",
+            "import platmod\nprint(platmod.add(1, 1), platmod.__file__)"
+        ),
+        "2 /site-packages-0/platmod.cpython-314-wasm32-wasi.so\n"
+    );
+    // 256 extension modules at most: at the bound it builds and runs, one over fails.
+    let whl = "many256-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
+    let v = build_one(&d, "many256", "", whl, wasm_wheel(whl));
+    assert_eq!(v["status"], "ready", "{v}");
+    let v = run(&d, "many256", "import m255").json();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("does not define module export function (PyInit_m255)"),
+        "{v}"
+    );
+    let whl = "many257-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl";
+    let v = build_one(&d, "many257", "", whl, wasm_wheel(whl));
+    assert_eq!(
+        v["error"],
+        format!("{whl}: the packages hold over 256 WebAssembly extension modules"),
+        "{v}"
+    );
+    // isobox's own helper names are not a tenant's: refused in `imports` (422) and
+    // at the top of a package.
+    let (ct, body) = form(&[
+        ("name", None, b"reserved".to_vec()),
+        ("imports", None, b"jinja2 _isobox_relocate_site".to_vec()),
+    ]);
+    let r = d.request(
+        "POST",
+        "/eryx/v1/environments",
+        &[("Content-Type", ct.as_str())],
+        &body,
+    );
+    let (status, _, m) = refusal(&r);
+    assert_eq!(status, 422, "{m}");
+    assert!(m.contains("\"_isobox_relocate_site\" is reserved"), "{m}");
+    let mine = zip(&[("_isobox_run_paths.py", "print('mine')\n")]);
+    let v = build_one(&d, "reserved", "", "mine-1.0-py3-none-any.whl", mine);
+    assert_eq!(
+        v["error"],
+        "the packages hold _isobox_run_paths.py at their top: names starting _isobox_ are the server's own",
+        "{v}"
+    );
     // Deleted: its files go with it.
-    for env in ["wasmext", "oldabi", "broken", "ownmem", "clash", "noinit"] {
+    for env in [
+        "wasmext", "oldabi", "broken", "ownmem", "clash", "noinit", "platlib", "many256",
+        "many257", "reserved",
+    ] {
         let r = d.request("DELETE", &format!("/eryx/v1/environments/{env}"), &[], b"");
         assert_eq!(r.status, 204, "{env}: {}", r.text());
     }

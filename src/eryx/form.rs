@@ -457,6 +457,11 @@ pub fn parse_imports(text: &str) -> Result<Vec<String>, Rejection> {
             let shown: String = m.chars().take(64).collect();
             return Err(invalid(format!("imports: {shown:?} is not a module name")));
         }
+        if is_reserved(m) {
+            return Err(invalid(format!(
+                "imports: {m:?} is reserved (names starting _isobox_ are the server's own)"
+            )));
+        }
         if !out.iter().any(|o| o == m) {
             out.push(m.to_string());
         }
@@ -469,7 +474,7 @@ pub fn parse_imports(text: &str) -> Result<Vec<String>, Rejection> {
     Ok(out)
 }
 
-pub use crate::wasm::modname::is_module_name;
+pub use crate::wasm::modname::{is_module_name, is_reserved};
 
 #[cfg(test)]
 mod tests {
@@ -634,6 +639,9 @@ mod tests {
         let long = format!("multipart/form-data; boundary={}", "b".repeat(71));
         assert_eq!(boundary(Some(&long)).unwrap_err().status, 400);
         assert!(is_module_name("xml.etree") && is_module_name("_x1"));
+        assert!(is_reserved("_isobox_run_paths") && is_reserved("_isobox_x.y"));
+        assert!(!is_reserved("isobox") && !is_reserved("x._isobox_y") && !is_reserved("_isobo"));
+        assert!(parse_imports("jinja2 _isobox_relocate_site").is_err());
         assert!(!is_module_name("1x") && !is_module_name("a..b") && !is_module_name("a b"));
     }
 }

@@ -13,3 +13,11 @@ pub fn is_module_name(m: &str) -> bool {
                 && c.all(|ch| ch == '_' || ch.is_ascii_alphanumeric())
         })
 }
+
+/// A name under isobox's own helper modules (`_isobox_…`), which an environment's
+/// build adds for itself: not a tenant's to import or ship.
+pub fn is_reserved(m: &str) -> bool {
+    m.split('.')
+        .next()
+        .is_some_and(|top| top.starts_with("_isobox_"))
+}

@@ -12,6 +12,10 @@
 #                                                    own, beyond a run's memory cap)
 #   clash-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl     (exports PyLong_FromLong with
 #                                                    another signature than CPython's)
+#   platlib-1.0-cp314-cp314-wasi_0_0_0_wasm32.whl   (an extension module under the
+#                                                    wheel's .data/platlib)
+#   many256-1.0-…, many257-1.0-…                    (256 and 257 extension modules:
+#                                                    at and over the bound)
 # Usage: build.sh OUT_DIR
 set -euo pipefail
 out="${1:?usage: build.sh OUT_DIR}"
@@ -44,6 +48,13 @@ printf '\0asm\1\0\0\0\1\377\377' > "$tmp/w4/broken.cpython-314-wasm32-wasi.so"
 printf '\0asm\1\0\0\0\0\11\10dylink.0\5\3\1\0\1' > "$tmp/w5/ownmem.cpython-314-wasm32-wasi.so"
 printf '__attribute__((visibility("default"))) int PyLong_FromLong(void) { return 1; }\n' > "$tmp/clash.c"
 lib clash "$tmp/w6/clash.cpython-314-wasm32-wasi.so" "$tmp/clash.c"
+mkdir -p "$tmp/w7/platlib-1.0.data/platlib" "$tmp/w8" "$tmp/w9"
+lib platmod "$tmp/w7/platlib-1.0.data/platlib/platmod.cpython-314-wasm32-wasi.so"
+for i in $(seq -w 0 255); do
+    cp "$tmp/w3/noinit.cpython-314-wasm32-wasi.so" "$tmp/w8/m$i.cpython-314-wasm32-wasi.so"
+done
+cp "$tmp"/w8/*.so "$tmp/w9/"
+cp "$tmp/w3/noinit.cpython-314-wasm32-wasi.so" "$tmp/w9/m256.cpython-314-wasm32-wasi.so"
 
 # A wheel: the files, then NAME-1.0.dist-info with METADATA, WHEEL and RECORD.
 wheel() { # DIR NAME TAG
@@ -77,3 +88,6 @@ wheel "$tmp/w3" noinit cp314-cp314-wasi_0_0_0_wasm32
 wheel "$tmp/w4" broken cp314-cp314-wasi_0_0_0_wasm32
 wheel "$tmp/w5" ownmem cp314-cp314-wasi_0_0_0_wasm32
 wheel "$tmp/w6" clash cp314-cp314-wasi_0_0_0_wasm32
+wheel "$tmp/w7" platlib cp314-cp314-wasi_0_0_0_wasm32
+wheel "$tmp/w8" many256 cp314-cp314-wasi_0_0_0_wasm32
+wheel "$tmp/w9" many257 cp314-cp314-wasi_0_0_0_wasm32

@@ -216,8 +216,8 @@ pub fn build(
         r.map_err(|e| format!("{shown}: {e}"))?;
     }
     for m in imports {
-        if !crate::modname::is_module_name(m) {
-            return Err(format!("{m:?} is not a module name"));
+        if !crate::modname::is_module_name(m) || crate::modname::is_reserved(m) {
+            return Err(format!("{m:?} is not a module name a package may give"));
         }
     }
     let extensions = up.extensions()?;
@@ -228,6 +228,16 @@ pub fn build(
     if !extensions.is_empty() {
         helpers.push((RUN_PATHS, RUN_PATHS_PY));
         all.push(RUN_PATHS);
+    }
+    if let Some(own) = std::fs::read_dir(&site)
+        .map_err(|e| format!("site-packages: {e}"))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| crate::modname::is_reserved(n))
+    {
+        return Err(format!(
+            "the packages hold {own} at their top: names starting _isobox_ are the server's own"
+        ));
     }
     for (name, code) in &helpers {
         std::fs::write(site.join(format!("{name}.py")), code)
