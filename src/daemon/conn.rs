@@ -444,7 +444,9 @@ impl Daemon {
         }
     }
 
-    /// Reads and advances until the socket is drained or the phase stops taking input.
+    /// Reads and advances until the socket is drained, the phase stops taking input, or
+    /// the connection has had its share of this turn ([`PUMP_ROUNDS`]; it goes on at
+    /// the next).
     pub(crate) fn conn_pump(&mut self, ck: usize) {
         let mut rounds = 0;
         loop {
