@@ -454,13 +454,7 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
          Cookie: wbx_token={token}\r\n\r\n"
     );
     ws.write_all(handshake.as_bytes()).unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        ws.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap();
+    let head = common::read_head(&mut ws);
     assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
     assert!(
         head.to_ascii_lowercase()

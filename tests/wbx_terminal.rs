@@ -352,7 +352,7 @@ fn test_a_quiet_terminal_is_pinged_and_kept_and_a_silent_client_is_dropped() {
 
 /// A raw WebSocket on process `pid`'s terminal, its 101 read.
 fn raw_terminal(d: &Daemon, id: &str, pid: u64) -> std::net::TcpStream {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(d.addr).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();
@@ -361,17 +361,7 @@ fn raw_terminal(d: &Daemon, id: &str, pid: u64) -> std::net::TcpStream {
         &format!("Authorization: Bearer {KEY}\r\n"),
     );
     s.write_all(req.as_bytes()).unwrap();
-    // Byte by byte to the head's end, so no frame is read past it.
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut b).unwrap();
-        head.push(b[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 101"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    let head = common::read_head(&mut s);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     s
 }

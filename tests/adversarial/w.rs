@@ -24,36 +24,9 @@ fn open(a: &Adv) -> RawWs {
     )
 }
 
-/// A masked client frame: `first` (FIN, opcode), `len` declared, `payload` (masked).
+/// A masked client frame.
 fn frame(first: u8, payload: &[u8]) -> Vec<u8> {
-    let mask = [9u8, 8, 7, 6];
-    let mut f = vec![first];
-    match payload.len() {
-        n if n < 126 => f.push(0x80 | n as u8),
-        n if n <= 0xffff => {
-            f.push(0x80 | 126);
-            f.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            f.push(0x80 | 127);
-            f.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    f.extend_from_slice(&mask);
-    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    f
-}
-
-/// Reads frames until a close: its code; `None` when the connection ended (or stayed
-/// silent past the read timeout) without one.
-fn close_of(c: &mut RawWs) -> Option<u16> {
-    loop {
-        match c.recv()? {
-            (8, p) if p.len() >= 2 => return Some(u16::from_be_bytes([p[0], p[1]])),
-            (8, _) => return Some(1005),
-            _ => {}
-        }
-    }
+    RawWs::frame(first, payload, false)
 }
 
 /// The daemon's CPU seconds so far (USER_HZ 100).
@@ -128,7 +101,7 @@ fn test_w3_w4_w5_w8_websocket_frames_floods_and_slow_readers() {
     let mut f = vec![0x82, 0xff, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff];
     f.extend_from_slice(&[1, 2, 3, 4]);
     c.s.write_all(&f).unwrap();
-    let code = close_of(&mut c);
+    let code = c.close_code();
     let took = t0.elapsed();
     c.ends();
     let grown = peak.stop();
@@ -158,7 +131,7 @@ fn test_w3_w4_w5_w8_websocket_frames_floods_and_slow_readers() {
         }
         10_000
     });
-    let code = close_of(&mut c);
+    let code = c.close_code();
     c.ends();
     drop(c);
     let sent = writer.join().unwrap();
@@ -191,7 +164,7 @@ fn test_w3_w4_w5_w8_websocket_frames_floods_and_slow_readers() {
     ] {
         let mut c = open(&a);
         c.s.write_all(&bytes).unwrap();
-        let code = close_of(&mut c);
+        let code = c.close_code();
         c.ends();
         a.expect(code == Some(1002), || {
             format!("W5: {what} got close {code:?}, not 1002")

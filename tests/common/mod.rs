@@ -716,13 +716,7 @@ impl RawWs {
         let mut s = TcpStream::connect(addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s.write_all(ws_upgrade(path, headers).as_bytes()).unwrap();
-        let mut head = Vec::new();
-        let mut b = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            s.read_exact(&mut b).unwrap();
-            head.push(b[0]);
-        }
-        let head = String::from_utf8(head).unwrap();
+        let head = read_head(&mut s);
         assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
         // RFC 6455's own example key and answer.
         assert!(
@@ -734,6 +728,13 @@ impl RawWs {
 
     /// Sends a frame: `first` byte (FIN, opcode), masked unless `unmasked`.
     pub fn send(&mut self, first: u8, payload: &[u8], unmasked: bool) {
+        // The server may close before taking it all (a refused size).
+        let _ = self.s.write_all(&RawWs::frame(first, payload, unmasked));
+    }
+
+    /// A client frame: `first` byte (FIN, opcode), the length in its shortest form,
+    /// the payload masked unless `unmasked`.
+    pub fn frame(first: u8, payload: &[u8], unmasked: bool) -> Vec<u8> {
         let mask = [1u8, 2, 3, 4];
         let bit = if unmasked { 0 } else { 0x80 };
         let mut f = vec![first];
@@ -754,8 +755,7 @@ impl RawWs {
             f.extend_from_slice(&mask);
             f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
         }
-        // The server may close before taking it all (a refused size).
-        let _ = self.s.write_all(&f);
+        f
     }
 
     /// The next frame: (opcode, payload); `None` at the connection's end.
@@ -782,13 +782,14 @@ impl RawWs {
         Some((h[0] & 0x0f, p))
     }
 
-    /// Reads until a close frame: its code.
-    pub fn close_code(&mut self) -> u16 {
+    /// Reads frames until a close: its code (1005 when it has none); `None` when the
+    /// connection ended (or stayed silent past the read timeout) without one.
+    pub fn close_code(&mut self) -> Option<u16> {
         loop {
-            match self.recv() {
-                Some((8, p)) => return u16::from_be_bytes([p[0], p[1]]),
-                Some(_) => continue,
-                None => panic!("the connection ended without a close frame"),
+            match self.recv()? {
+                (8, p) if p.len() >= 2 => return Some(u16::from_be_bytes([p[0], p[1]])),
+                (8, _) => return Some(1005),
+                _ => {}
             }
         }
     }
@@ -798,4 +799,17 @@ impl RawWs {
         let mut rest = Vec::new();
         let _ = self.s.read_to_end(&mut rest);
     }
+}
+
+/// Reads a response head byte by byte to its blank line (so nothing past it is read,
+/// such as a WebSocket's first frame).
+#[allow(dead_code)]
+pub fn read_head(s: &mut TcpStream) -> String {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    String::from_utf8(head).unwrap()
 }
