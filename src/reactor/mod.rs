@@ -18,6 +18,7 @@
 
 pub mod pool;
 pub mod timer;
+pub mod wake;
 
 use mio::event::Source;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -111,7 +112,7 @@ pub struct Reactor<H: 'static> {
     pool: pool::WorkerPool<Done<H>>,
     completions: crossbeam_channel::Receiver<Done<H>>,
     done_tx: crossbeam_channel::Sender<Done<H>>,
-    waker: Arc<Waker>,
+    waker: Arc<wake::Wake>,
     /// Jobs that must run (kills, cleanups) but found the pool queue full; retried
     /// every turn, so nothing is ever dropped or run on this thread.
     overflow: VecDeque<Job<H>>,
@@ -127,7 +128,7 @@ impl<H: Host> Reactor<H> {
     /// When the poll, the waker or a thread cannot be made.
     pub fn new(workers: usize) -> io::Result<Reactor<H>> {
         let poll = Poll::new()?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let waker = Arc::new(wake::Wake::new(Waker::new(poll.registry(), WAKER)?));
         let (done_tx, completions) = pool::completion_channel();
         let pool = pool::WorkerPool::start(workers, done_tx.clone(), Arc::clone(&waker))?;
         Ok(Reactor {
@@ -298,7 +299,7 @@ impl<H: Host> Reactor<H> {
 /// Sends continuations to the reactor from another thread and wakes it.
 pub struct Mailbox<H> {
     tx: crossbeam_channel::Sender<Done<H>>,
-    waker: Arc<Waker>,
+    waker: Arc<wake::Wake>,
 }
 
 impl<H> Clone for Mailbox<H> {
@@ -316,9 +317,7 @@ impl<H> Mailbox<H> {
         if self.tx.send(done).is_err() {
             return false;
         }
-        if let Err(e) = self.waker.wake() {
-            log::error!("op=wake err={e}");
-        }
+        self.waker.wake();
         true
     }
 }
@@ -390,6 +389,7 @@ pub fn turn<H: Host>(host: &mut H, scratch: &mut Turn) -> io::Result<()> {
 }
 
 fn drain_completions<H: Host>(host: &mut H) {
+    host.reactor().waker.drained();
     while let Ok(done) = host.reactor().completions.try_recv() {
         done(host);
     }

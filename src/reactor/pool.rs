@@ -1,7 +1,7 @@
 //! The fixed worker pool for blocking work (runsc spawn/delete, cgroup setup, file I/O).
 //!
 //! Jobs go in over a bounded channel; each returns a completion that is sent back
-//! to the reactor, which is then woken through its `mio::Waker`. Workers never
+//! to the reactor, which is then woken through its waker (`wake`). Workers never
 //! touch reactor state.
 
 use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TrySendError};
@@ -25,7 +25,7 @@ impl<C: Send + 'static> WorkerPool<C> {
     ///
     /// # Errors
     /// When a thread cannot be spawned.
-    pub fn start(n: usize, done: Sender<C>, wake: Arc<mio::Waker>) -> std::io::Result<Self> {
+    pub fn start(n: usize, done: Sender<C>, wake: Arc<super::wake::Wake>) -> std::io::Result<Self> {
         let (tx, rx): (Sender<Job<C>>, Receiver<Job<C>>) = bounded(MAX_QUEUED_JOBS);
         let mut threads = Vec::new();
         for i in 0..n.max(1) {
@@ -41,9 +41,7 @@ impl<C: Send + 'static> WorkerPool<C> {
                             if done.send(c).is_err() {
                                 break;
                             }
-                            if let Err(e) = wake.wake() {
-                                log::error!("op=wake err={e}");
-                            }
+                            wake.wake();
                         }
                     })?,
             );

@@ -230,9 +230,12 @@ fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats) {
                 why.0
             );
         }
-        for w in batch.drain(..) {
-            w.finish(failed.as_ref());
-        }
+        // One wake of the loop that takes the answers, not one per write.
+        crate::reactor::wake::hold(|| {
+            for w in batch.drain(..) {
+                w.finish(failed.as_ref());
+            }
+        });
     }
 }
 
