@@ -2,7 +2,7 @@
 """POST /execute latency and throughput, side by side with its two references.
 
 For each runtime whose root filesystem is built (python-slim always; javascript when the
-`node` tree exists), one hello-world program is run three ways, at concurrency 1 and 4:
+`node` tree exists), one hello-world program is run three ways, at concurrency 1, 4 and 16:
 
   native      chroot ROOTFS INTERPRETER -c/-e PROGRAM       (the interpreter alone)
   bare runsc  runsc --root /tmp/bench-runsc --platform=$ISOBOX_PLATFORM --network=none
@@ -12,8 +12,10 @@ For each runtime whose root filesystem is built (python-slim always; javascript 
 The bare-runsc bundle mirrors what isoboxd writes (src/sandbox/bundle.rs): read-only
 root = the runtime's rootfs, uid/gid 65534, no capabilities, noNewPrivileges, tmpfs /tmp
 and /workspace, the program bound read-only at /workspace/<source_file>, the
-descriptor's argv and env, pid/net/ipc/uts/mount namespaces. It has no cgroupsPath:
-isoboxd's per-run cgroup setup/teardown and `runsc delete` are part of what it adds.
+descriptor's argv and env, pid/net/ipc/uts/mount namespaces. Its cgroupsPath is a
+child of a cgroup of the bench's own and sets no limits (runsc makes a cgroup for the
+container either way; there, its CPU can be read): isoboxd's limits, its own cgroup
+setup/teardown and `runsc delete` are part of what it adds.
 
 Reports p50/p99/mean latency, runs/s and host CPU-seconds per run for each mode, the
 ratios isoboxd/bare runsc and isoboxd/native, and isoboxd's own run.durationMs (program
@@ -28,7 +30,14 @@ daemon is started in a cgroup of the bench's own; each run's sandbox has a cgrou
 own, so this is the daemon and the helper processes it starts outside the sandboxes:
 what it adds around a run, whatever else the host is doing).
 
-Usage (root): python3 bench/load/execute.py [--runs1 30] [--runs4 40]
+"exact s" is each mode's whole CPU-seconds per run, exactly, whatever else the host is
+doing: native's chroot and interpreter and bare runsc's `runsc run` (with the sandbox and
+gofer it starts) each run in a cgroup of the bench's own; for isoboxd it is its own
+cgroup plus its sandboxes' slice (the `ISOBOX_INSTANCE` cgroup under the cpu hierarchy,
+whose usage keeps what its removed children used). This is the column issue 28 item 2's
+"CPU per cold run" compares; "cpu s" (host-wide) also counts whatever else ran.
+
+Usage (root): python3 bench/load/execute.py [--runs1 30] [--runs4 40] [--runs16 48] (0 skips a concurrency)
 Python 3.11 standard library only.
 """
 
@@ -82,14 +91,15 @@ class Failure(Exception):
 def run_native(rt):
     argv = [CHROOT, rt["rootfs_path"], rt["run"][0], rt["flag"], rt["code"]]
     t0 = time.perf_counter()
-    p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True, env=rt["env_dict"], timeout=TIMEOUT_S)
+    p = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, capture_output=True, env=rt["env_dict"], timeout=TIMEOUT_S,
+                       preexec_fn=MODE_CG["native"].enter)
     dt = time.perf_counter() - t0
     if p.returncode != 0 or p.stdout.decode() != EXPECTED:
         raise Failure(f"native exit {p.returncode} stdout {p.stdout[:80]!r} stderr {p.stderr[:200]!r}")
     return dt, None
 
 
-def bundle_config(rt, src_file):
+def bundle_config(rt, src_file, cgroups_path=None):
     mem = 256 << 20
 
     def tmpfs(dest):
@@ -124,7 +134,8 @@ def bundle_config(rt, src_file):
             tmpfs("/workspace"),
             {"destination": f"/workspace/{rt['source_file']}", "type": "bind", "source": src_file, "options": ["rbind", "ro"]},
         ],
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}
+        | ({"cgroupsPath": cgroups_path} if cgroups_path else {}),
     }
 
 
@@ -132,7 +143,7 @@ def runsc_base():
     return [RUNSC, "--root", RUNSC_ROOT, f"--platform={PLATFORM}", "--network=none"]
 
 
-def write_bundle(rt):
+def write_bundle(rt, cgroups_path=None):
     """A bundle directory for `rt`'s program, as isoboxd would write it (the caller
     removes it)."""
     bundle = tempfile.mkdtemp(prefix="isobox-bench-bundle-")
@@ -141,13 +152,16 @@ def write_bundle(rt):
         f.write(rt["code"])
     os.chmod(src, 0o644)
     with open(os.path.join(bundle, "config.json"), "w") as f:
-        json.dump(bundle_config(rt, src), f)
+        json.dump(bundle_config(rt, src, cgroups_path), f)
     return bundle
 
 
 def run_bare_runsc(rt):
     cid = "isobox-benchref-" + uuid.uuid4().hex[:12]
-    bundle = write_bundle(rt)
+    # Without a cgroupsPath runsc makes a cgroup named after the container at the top
+    # of each hierarchy (and removes it, with what its sandbox used): under the bench's
+    # own, the sandbox's CPU stays counted there. runsc makes one either way.
+    bundle = write_bundle(rt, f"/{os.path.basename(MODE_CG['bare runsc'].path)}/{cid}")
     try:
         t0 = time.perf_counter()
         p = subprocess.run(
@@ -156,6 +170,7 @@ def run_bare_runsc(rt):
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=TIMEOUT_S,
+            preexec_fn=MODE_CG["bare runsc"].enter,
         )
         dt = time.perf_counter() - t0
         if p.returncode != 0 or p.stdout.decode() != EXPECTED:
@@ -209,13 +224,14 @@ class BenchCgroup:
     started with `preexec_fn=cg.enter` and their children run in it; `seconds()` is
     their CPU so far, exactly."""
 
-    def __init__(self, name):
+    def __init__(self, name, make=True):
         v1 = "/sys/fs/cgroup/cpuacct"
         self.v1 = os.path.exists(os.path.join(v1, "cpuacct.usage"))
         if not self.v1 and not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
             raise Failure("no cgroup v1 cpuacct and no cgroup v2 at /sys/fs/cgroup")
         self.path = os.path.join(v1 if self.v1 else "/sys/fs/cgroup", name)
-        os.makedirs(self.path, exist_ok=True)
+        if make:
+            os.makedirs(self.path, exist_ok=True)
 
     def enter(self):
         with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
@@ -245,11 +261,26 @@ class BenchCgroup:
 
 
 DAEMON_CG = None
+# Where each reference mode's processes run ("native", "bare runsc"); made in main.
+MODE_CG = {}
+# isoboxd's sandboxes' slice (the daemon makes it; read only).
+SLICE_CG = None
+
+
+def mode_seconds(fn):
+    """The exact CPU so far of everything `fn`'s runs use (None: not measurable)."""
+    if fn is run_isoboxd:
+        if DAEMON_CG is None or SLICE_CG is None or not os.path.isdir(SLICE_CG.path):
+            return None
+        return DAEMON_CG.seconds() + SLICE_CG.seconds()
+    cg = MODE_CG.get("native" if fn is run_native else "bare runsc")
+    return cg.seconds() if cg else None
 
 
 def measure(fn, rt, runs, conc):
     lat, durs, errors = [], [], []
     own0 = DAEMON_CG.seconds() if fn is run_isoboxd and DAEMON_CG else None
+    exact0 = mode_seconds(fn)
     c0 = busy_seconds()
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(max_workers=conc) as ex:
@@ -266,8 +297,10 @@ def measure(fn, rt, runs, conc):
     time.sleep(1)
     cpu = (busy_seconds() - c0) / len(lat) if lat else 0.0
     own = (DAEMON_CG.seconds() - own0) / len(lat) if own0 is not None and lat else None
+    exact1 = mode_seconds(fn)
+    exact = (exact1 - exact0) / len(lat) if exact0 is not None and exact1 is not None and lat else None
     return {"lat": lat, "durs": durs, "errors": errors, "rps": len(lat) / wall if wall > 0 else 0.0, "runs": runs,
-            "cpu": cpu, "own": own}
+            "cpu": cpu, "own": own, "exact": exact}
 
 
 # --- isoboxd and runsc state ----------------------------------------------------------
@@ -304,8 +337,12 @@ def start_isoboxd():
         ISOBOX_WBX_WARM_POOL="off",
     )
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the daemon
-    global DAEMON_CG
+    global DAEMON_CG, SLICE_CG
     DAEMON_CG = BenchCgroup(f"isobox-bench-daemon-{os.getpid()}")
+    # cgroup v1: the slice is under the cpu hierarchy (with cpuacct mounted beside it).
+    # On cgroup v1 runsc makes each sandbox's cgroupsPath (INSTANCE/<run>) in every
+    # hierarchy it knows, cpuacct too, under the instance's directory.
+    SLICE_CG = BenchCgroup(INSTANCE, make=False)
     proc = subprocess.Popen([ISOBOXD], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                             preexec_fn=DAEMON_CG.enter)
     deadline = time.monotonic() + 60
@@ -420,14 +457,16 @@ def fmt_row(name, conc, r):
     if r["durs"]:
         extra = f"   durationMs p50 {percentile(r['durs'], 50)}"
     own = f"{r['own']:>8.4f}" if r.get("own") is not None else f"{'-':>8}"
+    exact = f"{r['exact']:>8.4f}" if r.get("exact") is not None else f"{'-':>8}"
     return (f"{name:<11} {conc:>2} {r['runs']:>5} {ok:>4} {percentile(lat, 50):>9.1f} {percentile(lat, 99):>9.1f} "
-            f"{mean:>9.1f} {r['rps']:>7.2f} {r['cpu']:>8.3f} {own}{extra}")
+            f"{mean:>9.1f} {r['rps']:>7.2f} {r['cpu']:>8.3f} {own} {exact}{extra}")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs1", type=int, default=int(os.environ.get("RUNS1", "30")), help="runs at concurrency 1")
     ap.add_argument("--runs4", type=int, default=int(os.environ.get("RUNS4", "40")), help="runs at concurrency 4")
+    ap.add_argument("--runs16", type=int, default=int(os.environ.get("RUNS16", "48")), help="runs at concurrency 16")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("error: run as root (chroot, runsc and isoboxd need it)")
@@ -440,6 +479,8 @@ def main():
     failures = 0
     leftover = []
     try:
+        for mode in ("native", "bare runsc"):
+            MODE_CG[mode] = BenchCgroup(f"isobox-bench-{mode.replace(' ', '-')}-{os.getpid()}")
         proc, _log = start_isoboxd()
         rss_start = rss_kib(proc.pid)
         for rt in rts:
@@ -451,9 +492,10 @@ def main():
             for _, fn in MODES:
                 for _ in range(2):
                     fn(rt)
-            print(f"{'mode':<11} {'c':>2} {'runs':>5} {'ok':>4} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'runs/s':>7} {'cpu s':>8} {'own s':>8}")
+            print(f"{'mode':<11} {'c':>2} {'runs':>5} {'ok':>4} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9} {'runs/s':>7} {'cpu s':>8} {'own s':>8} {'exact s':>8}")
             results = {}
-            for conc, runs in ((1, args.runs1), (4, args.runs4)):
+            plan = [(c, n) for c, n in ((1, args.runs1), (4, args.runs4), (16, args.runs16)) if n > 0]
+            for conc, runs in plan:
                 for name, fn in MODES:
                     r = measure(fn, rt, runs, conc)
                     if proc.poll() is not None:
@@ -465,7 +507,7 @@ def main():
                     failures += len(r["errors"])
                     for e in r["errors"][:3]:
                         print(f"   failure: {e}")
-            for conc in (1, 4):
+            for conc, _ in plan:
                 iso = results[("isoboxd", conc)]
                 parts = []
                 for ref in ("bare runsc", "native"):
@@ -476,6 +518,7 @@ def main():
                             f"p99 {percentile(iso['lat'], 99) / percentile(r['lat'], 99):.2f}x "
                             f"runs/s {iso['rps'] / r['rps']:.2f}x "
                             f"cpu/run {iso['cpu'] / r['cpu']:.2f}x"
+                            + (f" exact cpu/run {iso['exact'] / r['exact']:.2f}x" if iso.get("exact") and r.get("exact") else "")
                         )
                 print(f"ratios c={conc}: " + "; ".join(parts))
                 if iso["durs"] and len(iso["durs"]) == len(iso["lat"]):
@@ -492,6 +535,8 @@ def main():
     finally:
         stop_isoboxd(proc)
         leftover = delete_bare_containers()
+        for cg in MODE_CG.values():
+            cg.remove()
     if leftover:
         print(f"error: bare runsc containers left in {RUNSC_ROOT}: {leftover}", file=sys.stderr)
         return 1
