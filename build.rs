@@ -70,8 +70,46 @@ fn ui_vendor() {
     std::fs::write(out, src).expect("write ui_vendor.rs");
 }
 
+/// Compiles `src/sandbox/start.c` (x86-64 Linux only) into `$OUT_DIR/isobox-start`, a
+/// static program without libc that isoboxd embeds (`sandbox::start::BINARY`).
+fn start_binary() {
+    println!("cargo::rustc-check-cfg=cfg(isobox_start)");
+    println!("cargo:rerun-if-changed=src/sandbox/start.c");
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    if arch != "x86_64" || os != "linux" {
+        return;
+    }
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let bin = out.join("isobox-start");
+    let mut cmd = cc::Build::new()
+        .cargo_metadata(false)
+        .opt_level_str("s")
+        .get_compiler()
+        .to_command();
+    cmd.args([
+        "-static",
+        "-nostdlib",
+        "-ffreestanding",
+        "-fno-tree-loop-distribute-patterns",
+        "-fno-pie",
+        "-no-pie",
+        "-fno-stack-protector",
+        "-fno-asynchronous-unwind-tables",
+        "-Wl,--build-id=none",
+        "-s",
+        "-o",
+    ])
+    .arg(&bin)
+    .arg("src/sandbox/start.c");
+    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(status.success(), "{cmd:?}: {status}");
+    println!("cargo:rustc-cfg=isobox_start");
+}
+
 fn main() {
     ui_vendor();
+    start_binary();
     println!("cargo:rerun-if-changed=runtimes");
     println!("cargo:rerun-if-env-changed=ISOBOX_BUILD_VERSION");
     let mut entries: Vec<_> = std::fs::read_dir("runtimes")

@@ -371,7 +371,7 @@ impl Daemon {
                     let argv = if plan_for_job.runtime.desc.compiled {
                         argv
                     } else {
-                        crate::sandbox::start::wrap(argv)
+                        backend.wrap_start(argv)
                     };
                     backend
                         .run(&id, &plan_for_job, argv, &env, crate::sandbox::Stdin::Pipe)

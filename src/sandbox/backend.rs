@@ -26,6 +26,12 @@ pub trait Backend: Send + Sync {
     /// Names the backend in logs (`gvisor`).
     fn name(&self) -> &'static str;
 
+    /// A cold run's argv behind the program that writes the start frame first
+    /// (`sandbox::start`): the shell, unless the backend puts `isobox-start` in its roots.
+    fn wrap_start(&self, argv: Vec<String>) -> Vec<String> {
+        super::start::wrap(argv)
+    }
+
     /// `runsc run`: creates sandbox `id` for `plan` (its limits, files and network) and
     /// starts `argv` in it with `env`, in one step (`create`, `start` and `wait` as
     /// three invocations cost ~1.8 s more: `wait` polls). The program's stdio and the

@@ -153,6 +153,24 @@ pub fn mount_root(dir: &Path, lower: &Path) -> Result<PathBuf, SandboxError> {
     for d in [&upper, &work, &root] {
         fs::create_dir(d).map_err(|e| err(d, e))?;
     }
+    // The start frame's writer (`sandbox::start`), the run's own copy (a link would
+    // share one inode with every run, and a writable root could change it for all).
+    if let Some(bin) = super::start::BINARY {
+        let path = upper.join(super::start::PATH.trim_start_matches('/'));
+        let dir = path.parent().unwrap_or(&upper);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| err(dir, e))?;
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o555)
+            .open(&path)
+            .map_err(|e| err(&path, e))?;
+        f.write_all(bin).map_err(|e| err(&path, e))?;
+    }
     // The run's /workspace starts empty whatever the tree holds there: an opaque
     // directory hides the lower one, so names a run before this fix (or anything else)
     // left in a shared tree's /workspace cannot stand where this run's files go.

@@ -249,6 +249,11 @@ impl Backend for Gvisor {
         "gvisor"
     }
 
+    /// Every root here is an overlay holding `isobox-start` (`bundle::mount_root`).
+    fn wrap_start(&self, argv: Vec<String>) -> Vec<String> {
+        super::start::wrap_with_binary(argv)
+    }
+
     fn run(
         &self,
         id: &str,

@@ -3,9 +3,13 @@
 //!
 //! `runsc run` hands the container its own stdio, so anything runsc says when it fails
 //! (and its exit status) looks exactly like the program's. A cold run's argv is therefore
-//! prefixed with `/bin/sh -c 'printf FRAME >&2; exec "$@"'` (the compiled runtimes' build
-//! script prints the same frame first): the frame is the first thing on the sandbox's
-//! stderr, written before the program exists, so the program cannot forge or hide it.
+//! prefixed with a program that writes FRAME to stderr and then execs the program's
+//! argv: on x86-64, `isobox-start` ([`BINARY`], `start.c`: static, no libc), which the
+//! gVisor backend copies into each run's root overlay at [`PATH`]; elsewhere, or for a
+//! program not named by an absolute path, `/bin/sh -c 'printf FRAME >&2; exec "$@"'`.
+//! (The compiled runtimes' build script prints the same frame first.) The frame is the
+//! first thing on the sandbox's stderr, written before the program exists, so the
+//! program cannot forge or hide it.
 //! Until it arrives the run is starting; the frame is stripped, and whatever came before
 //! it (runsc's own words) is kept for the log, never shown as the program's stderr. A
 //! run that ends, or reaches its start deadline, without the frame failed to start.
@@ -20,7 +24,30 @@ pub const PRINTF: &str = r"printf '\036ISOBOX-START\n' >&2";
 /// How much of what precedes the frame is kept for the log.
 const MAX_NOISE: usize = 4096;
 
-/// The sandbox argv of a cold interpreted run (`argv` is the program's own).
+/// `isobox-start`, built from `start.c` for x86-64 Linux (`None` elsewhere).
+#[cfg(isobox_start)]
+pub const BINARY: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/isobox-start")));
+/// `isobox-start`, built from `start.c` for x86-64 Linux (`None` elsewhere).
+#[cfg(not(isobox_start))]
+pub const BINARY: Option<&[u8]> = None;
+
+/// Where [`BINARY`] is in a run's root.
+pub const PATH: &str = "/opt/isobox/start";
+
+/// The sandbox argv of a cold interpreted run (`argv` is the program's own) whose root
+/// holds [`BINARY`] at [`PATH`]: that, when the program is named by an absolute path
+/// (the shell would have searched `PATH` for it); else [`wrap`].
+pub fn wrap_with_binary(argv: Vec<String>) -> Vec<String> {
+    if BINARY.is_none() || !argv.first().is_some_and(|p| p.starts_with('/')) {
+        return wrap(argv);
+    }
+    let mut v = vec![PATH.to_string()];
+    v.extend(argv);
+    v
+}
+
+/// The sandbox argv of a cold interpreted run (`argv` is the program's own), by the
+/// shell.
 pub fn wrap(argv: Vec<String>) -> Vec<String> {
     let mut v = vec![
         "/bin/sh".to_string(),
@@ -100,6 +127,75 @@ impl StartGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_the_binary_is_used_only_for_a_program_named_by_an_absolute_path() {
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let abs = wrap_with_binary(argv(&["/usr/bin/python3", "main.py"]));
+        let rel = wrap_with_binary(argv(&["python3", "main.py"]));
+        if BINARY.is_some() {
+            assert_eq!(abs, argv(&[PATH, "/usr/bin/python3", "main.py"]));
+        } else {
+            assert_eq!(abs, wrap(argv(&["/usr/bin/python3", "main.py"])));
+        }
+        // The shell would have searched PATH for it: the shell it is.
+        assert_eq!(rel, wrap(argv(&["python3", "main.py"])));
+        assert_eq!(&rel[..2], &argv(&["/bin/sh", "-c"])[..]);
+    }
+
+    /// `isobox-start` itself, run on the host (it is a static x86-64 Linux program).
+    #[cfg(isobox_start)]
+    #[test]
+    fn test_isobox_start_writes_the_frame_then_execs_with_argv_and_env_untouched() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::Command;
+        let dir = std::env::temp_dir().join(format!("isobox-start-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("isobox-start");
+        std::fs::write(&bin, BINARY.unwrap()).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o555)).unwrap();
+        let out = Command::new(&bin)
+            .args([
+                "/bin/sh",
+                "-c",
+                r#"printf '%s|%s' "$0" "$1"; printf err >&2; exit 7"#,
+            ])
+            .args(["a b", "c"])
+            .env_clear()
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(7));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "a b|c");
+        // The frame first, then the program's own stderr.
+        assert_eq!(out.stderr, [FRAME, b"err"].concat());
+        // The environment goes on exactly as given (the shell added PWD).
+        let env = Command::new(&bin)
+            .arg("/usr/bin/env")
+            .env_clear()
+            .env("FOO", "bar baz")
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&env.stdout), "FOO=bar baz\n");
+        // A program that cannot be executed: the frame, a line saying why, status 127.
+        let missing = Command::new(&bin)
+            .arg("/nonexistent/program")
+            .env_clear()
+            .output()
+            .unwrap();
+        assert_eq!(missing.status.code(), Some(127));
+        assert_eq!(
+            missing.stderr,
+            [FRAME, b"isobox-start: exec /nonexistent/program: errno 2\n"].concat()
+        );
+        assert!(missing.stdout.is_empty());
+        // Nothing to run: the frame, status 127.
+        let none = Command::new(&bin).env_clear().output().unwrap();
+        assert_eq!(
+            (none.status.code(), none.stderr.as_slice()),
+            (Some(127), FRAME)
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn frame_in_any_split_opens_the_gate_and_keeps_the_rest() {
