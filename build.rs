@@ -70,46 +70,68 @@ fn ui_vendor() {
     std::fs::write(out, src).expect("write ui_vendor.rs");
 }
 
-/// Compiles `src/sandbox/start.c` (x86-64 Linux only) into `$OUT_DIR/isobox-start`, a
-/// static program without libc that isoboxd embeds (`sandbox::start::BINARY`).
-fn start_binary() {
-    println!("cargo::rustc-check-cfg=cfg(isobox_start)");
-    println!("cargo:rerun-if-changed=src/sandbox/start.c");
+/// Compiles the static programs without libc that isoboxd embeds (x86-64 Linux only):
+/// `src/sandbox/start.c` into `$OUT_DIR/isobox-start` (`sandbox::start::BINARY`) and
+/// `src/sys/pdeathsig.c` into `$OUT_DIR/isobox-pdeathsig` (`sys::PDEATHSIG_HELPER`).
+/// Only the compiler is taken from the `cc` crate (`CC`), none of its default flags,
+/// `CFLAGS` or sanitizer flags (a sanitizer's or profiler's runtime cannot link into a
+/// program without libc). When they do not compile, the build says so and goes on
+/// without them: isoboxd then uses the shell and a `pre_exec` hook, as on other CPUs.
+fn static_programs() {
+    println!("cargo::rustc-check-cfg=cfg(isobox_static)");
+    println!("cargo:rerun-if-env-changed=CC");
+    for src in ["src/sandbox/start.c", "src/sys/pdeathsig.c"] {
+        println!("cargo:rerun-if-changed={src}");
+    }
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if arch != "x86_64" || os != "linux" {
         return;
     }
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
-    let bin = out.join("isobox-start");
-    let mut cmd = cc::Build::new()
+    let compiler = cc::Build::new()
         .cargo_metadata(false)
-        .opt_level_str("s")
-        .get_compiler()
-        .to_command();
-    cmd.args([
-        "-static",
-        "-nostdlib",
-        "-ffreestanding",
-        "-fno-tree-loop-distribute-patterns",
-        "-fno-pie",
-        "-no-pie",
-        "-fno-stack-protector",
-        "-fno-asynchronous-unwind-tables",
-        "-Wl,--build-id=none",
-        "-s",
-        "-o",
-    ])
-    .arg(&bin)
-    .arg("src/sandbox/start.c");
-    let status = cmd.status().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(status.success(), "{cmd:?}: {status}");
-    println!("cargo:rustc-cfg=isobox_start");
+        .cargo_warnings(false)
+        .get_compiler();
+    for (src, name) in [
+        ("src/sandbox/start.c", "isobox-start"),
+        ("src/sys/pdeathsig.c", "isobox-pdeathsig"),
+    ] {
+        let mut cmd = std::process::Command::new(compiler.path());
+        cmd.args([
+            "-Os",
+            "-static",
+            "-nostdlib",
+            "-ffreestanding",
+            "-fno-pie",
+            "-no-pie",
+            "-fno-stack-protector",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-sanitize=all",
+            "-Wl,--build-id=none",
+            "-s",
+        ]);
+        if compiler.is_like_gnu() && !compiler.is_like_clang() {
+            // GCC turns the length loop into a call to libc's strlen without it.
+            cmd.arg("-fno-tree-loop-distribute-patterns");
+        }
+        cmd.arg("-o").arg(out.join(name)).arg(src);
+        match cmd.status() {
+            Ok(st) if st.success() => {}
+            other => {
+                println!(
+                    "cargo:warning={src} did not compile ({other:?}): isoboxd uses /bin/sh for the start frame and a pre_exec hook to spawn runsc"
+                );
+                return;
+            }
+        }
+    }
+    println!("cargo:rustc-cfg=isobox_static");
 }
 
 fn main() {
     ui_vendor();
-    start_binary();
+    static_programs();
     println!("cargo:rerun-if-changed=runtimes");
     println!("cargo:rerun-if-env-changed=ISOBOX_BUILD_VERSION");
     let mut entries: Vec<_> = std::fs::read_dir("runtimes")

@@ -42,15 +42,18 @@ impl Wake {
         if self.pending.swap(true, Ordering::SeqCst) {
             return;
         }
-        let held = HELD.with(|h| match h.borrow_mut().as_mut() {
-            Some(v) => {
-                if !v.iter().any(|w| Arc::ptr_eq(w, self)) {
-                    v.push(Arc::clone(self));
+        // (A thread-local being torn down counts as not held: wake at once.)
+        let held = HELD
+            .try_with(|h| match h.borrow_mut().as_mut() {
+                Some(v) => {
+                    if !v.iter().any(|w| Arc::ptr_eq(w, self)) {
+                        v.push(Arc::clone(self));
+                    }
+                    true
                 }
-                true
-            }
-            None => false,
-        });
+                None => false,
+            })
+            .unwrap_or(false);
         if !held {
             self.now();
         }
@@ -58,6 +61,8 @@ impl Wake {
 
     fn now(&self) {
         if let Err(e) = self.waker.wake() {
+            // Not outstanding after all: the next sender tries again.
+            self.pending.swap(false, Ordering::SeqCst);
             log::error!("op=wake err={e}");
         }
     }
@@ -81,14 +86,25 @@ pub fn hold<R>(f: impl FnOnce() -> R) -> R {
             true
         }
     });
-    let r = f();
-    if outer {
-        let held = HELD.with(|h| h.borrow_mut().take()).unwrap_or_default();
-        for w in held {
-            w.now();
+    // Wakes what was held when the scope ends, also by unwinding (a test build's panic
+    // caught further up must not leave this thread holding wakes for good).
+    struct Release(bool);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            if self.0 {
+                let held = HELD
+                    .try_with(|h| h.borrow_mut().take())
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default();
+                for w in held {
+                    w.now();
+                }
+            }
         }
     }
-    r
+    let _release = Release(outer);
+    f()
 }
 
 #[cfg(test)]

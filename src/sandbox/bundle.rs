@@ -156,13 +156,34 @@ pub fn mount_root(dir: &Path, lower: &Path) -> Result<PathBuf, SandboxError> {
     // The start frame's writer (`sandbox::start`), the run's own copy (a link would
     // share one inode with every run, and a writable root could change it for all).
     if let Some(bin) = super::start::BINARY {
-        let path = upper.join(super::start::PATH.trim_start_matches('/'));
-        let dir = path.parent().unwrap_or(&upper);
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .map_err(|e| err(dir, e))?;
+        use std::os::unix::fs::PermissionsExt;
+        let rel = Path::new(super::start::PATH.trim_start_matches('/'));
+        // A tree whose /opt or /opt/isobox is not a directory: a directory in the upper
+        // layer would hide it from the program. Refused, as make_mount_points refuses.
+        for a in rel
+            .ancestors()
+            .skip(1)
+            .filter(|a| !a.as_os_str().is_empty())
+        {
+            if let Ok(m) = fs::symlink_metadata(lower.join(a)) {
+                if !m.is_dir() {
+                    return Err(err(
+                        &lower.join(a),
+                        std::io::Error::other(
+                            "the runtime tree has a non-directory here, where isobox-start goes",
+                        ),
+                    ));
+                }
+            }
+        }
+        let path = upper.join(rel);
+        let mut d = upper.clone();
+        for c in rel.parent().into_iter().flat_map(Path::components) {
+            d.push(c);
+            fs::create_dir(&d).map_err(|e| err(&d, e))?;
+            // Not the umask's choice: the program (uid 65534) must reach the file.
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).map_err(|e| err(&d, e))?;
+        }
         let mut f = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -170,6 +191,8 @@ pub fn mount_root(dir: &Path, lower: &Path) -> Result<PathBuf, SandboxError> {
             .open(&path)
             .map_err(|e| err(&path, e))?;
         f.write_all(bin).map_err(|e| err(&path, e))?;
+        f.set_permissions(fs::Permissions::from_mode(0o555))
+            .map_err(|e| err(&path, e))?;
     }
     // The run's /workspace starts empty whatever the tree holds there: an opaque
     // directory hides the lower one, so names a run before this fix (or anything else)

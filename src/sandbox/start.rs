@@ -25,10 +25,10 @@ pub const PRINTF: &str = r"printf '\036ISOBOX-START\n' >&2";
 const MAX_NOISE: usize = 4096;
 
 /// `isobox-start`, built from `start.c` for x86-64 Linux (`None` elsewhere).
-#[cfg(isobox_start)]
+#[cfg(isobox_static)]
 pub const BINARY: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/isobox-start")));
 /// `isobox-start`, built from `start.c` for x86-64 Linux (`None` elsewhere).
-#[cfg(not(isobox_start))]
+#[cfg(not(isobox_static))]
 pub const BINARY: Option<&[u8]> = None;
 
 /// Where [`BINARY`] is in a run's root.
@@ -144,7 +144,7 @@ mod tests {
     }
 
     /// `isobox-start` itself, run on the host (it is a static x86-64 Linux program).
-    #[cfg(isobox_start)]
+    #[cfg(isobox_static)]
     #[test]
     fn test_isobox_start_writes_the_frame_then_execs_with_argv_and_env_untouched() {
         use std::os::unix::fs::PermissionsExt;
