@@ -70,19 +70,16 @@ fn ui_vendor() {
     std::fs::write(out, src).expect("write ui_vendor.rs");
 }
 
-/// Compiles the static programs without libc that isoboxd embeds (x86-64 Linux only):
-/// `src/sandbox/start.c` into `$OUT_DIR/isobox-start` (`sandbox::start::BINARY`) and
-/// `src/sys/pdeathsig.c` into `$OUT_DIR/isobox-pdeathsig` (`sys::PDEATHSIG_HELPER`).
+/// Compiles the static program without libc that isoboxd embeds (x86-64 Linux only):
+/// `src/sandbox/start.c` into `$OUT_DIR/isobox-start` (`sandbox::start::BINARY`).
 /// Only the compiler is taken from the `cc` crate (`CC`), none of its default flags,
 /// `CFLAGS` or sanitizer flags (a sanitizer's or profiler's runtime cannot link into a
 /// program without libc). When they do not compile, the build says so and goes on
-/// without them: isoboxd then uses the shell and a `pre_exec` hook, as on other CPUs.
+/// without it: isoboxd then writes the start frame with the shell, as on other CPUs.
 fn static_programs() {
     println!("cargo::rustc-check-cfg=cfg(isobox_static)");
     println!("cargo:rerun-if-env-changed=CC");
-    for src in ["src/sandbox/start.c", "src/sys/pdeathsig.c"] {
-        println!("cargo:rerun-if-changed={src}");
-    }
+    println!("cargo:rerun-if-changed=src/sandbox/start.c");
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if arch != "x86_64" || os != "linux" {
@@ -93,10 +90,7 @@ fn static_programs() {
         .cargo_metadata(false)
         .cargo_warnings(false)
         .get_compiler();
-    for (src, name) in [
-        ("src/sandbox/start.c", "isobox-start"),
-        ("src/sys/pdeathsig.c", "isobox-pdeathsig"),
-    ] {
+    for (src, name) in [("src/sandbox/start.c", "isobox-start")] {
         let mut cmd = std::process::Command::new(compiler.path());
         cmd.args([
             "-Os",
@@ -120,7 +114,7 @@ fn static_programs() {
             Ok(st) if st.success() => {}
             other => {
                 println!(
-                    "cargo:warning={src} did not compile ({other:?}): isoboxd uses /bin/sh for the start frame and a pre_exec hook to spawn runsc"
+                    "cargo:warning={src} did not compile ({other:?}): isoboxd uses /bin/sh for the start frame"
                 );
                 return;
             }

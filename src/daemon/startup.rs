@@ -204,11 +204,6 @@ impl Daemon {
                     std::fs::create_dir_all(d)
                         .map_err(io_err(format!("creating {}", d.display())))?;
                 }
-                let helper = std::path::Path::new("/run/isobox")
-                    .join(&cfg.instance)
-                    .join("pdeathsig");
-                let spawn_helper = crate::sys::install_pdeathsig_helper(&helper)
-                    .map_err(io_err(format!("writing {}", helper.display())))?;
                 let gvisor = Gvisor {
                     runsc: cfg.runsc.clone(),
                     platform: cfg.platform.clone(),
@@ -217,7 +212,6 @@ impl Daemon {
                     instance: cfg.instance.clone(),
                     cgroups: cgroups.clone(),
                     egress: None,
-                    spawn_helper,
                 };
                 (cgroups, cgroup_error, Made::Gvisor(gvisor))
             }

@@ -35,17 +35,11 @@ pub struct Gvisor {
     pub cgroups: Option<Hierarchy>,
     /// Filtered egress, for runs that ask for a network.
     pub egress: Option<std::sync::Arc<crate::netfilter::Egress>>,
-    /// `isobox-pdeathsig` on the host (`sys::install_pdeathsig_helper`), when this build
-    /// has one: offline `runsc run`s start through it, spawned without a fork.
-    pub spawn_helper: Option<PathBuf>,
 }
 
 impl Gvisor {
     fn runsc_cmd(&self) -> Command {
-        self.runsc_args(Command::new(&self.runsc))
-    }
-
-    fn runsc_args(&self, mut c: Command) -> Command {
+        let mut c = Command::new(&self.runsc);
         c.arg("--root")
             .arg(&self.state_root)
             .arg(format!("--platform={}", self.platform));
@@ -62,13 +56,7 @@ impl Gvisor {
         stdin: Stdin,
         writable_root: bool,
     ) -> Result<Spawned, SandboxError> {
-        // Offline runs through the helper (no fork of the daemon, ~4 ms of CPU less a
-        // run); a netstack run's child needs a mount namespace set up in a hook.
-        let helper = self.spawn_helper.as_deref().filter(|_| net.is_none());
-        let mut cmd = match helper {
-            Some(h) => self.runsc_args(crate::sys::dying_with_parent(h, &self.runsc)),
-            None => self.runsc_cmd(),
-        };
+        let mut cmd = self.runsc_cmd();
         if writable_root {
             // A long-lived sandbox (or a runtime that asks) writes its root filesystem
             // into an overlay in its own memory (inside its memory cap), discarded with
@@ -103,7 +91,7 @@ impl Gvisor {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         if net.is_some() {
             crate::sys::die_with_parent_on_spawn_netstack(&mut cmd);
-        } else if helper.is_none() {
+        } else {
             crate::sys::die_with_parent_on_spawn(&mut cmd);
         }
         let mut child = cmd.spawn().map_err(|source| SandboxError::Spawn {
@@ -496,9 +484,6 @@ impl Backend for Gvisor {
     }
 
     fn teardown(&self) {
-        if let Some(h) = &self.spawn_helper {
-            let _ = std::fs::remove_file(h);
-        }
         let _ = std::fs::remove_dir(&self.state_root);
         if let Some(parent) = self.state_root.parent() {
             let _ = std::fs::remove_dir(parent);

@@ -23,7 +23,6 @@ pub const BUILDER: u32 = 65533;
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
 
 /// Calls a libc function and turns `-1` into `io::Error::last_os_error()`.
 #[macro_export]
@@ -289,54 +288,6 @@ pub fn malloc_trim() {
     }
 }
 
-/// `isobox-pdeathsig` (`pdeathsig.c`), built for x86-64 Linux (`None` elsewhere).
-#[cfg(isobox_static)]
-pub const PDEATHSIG_HELPER: Option<&[u8]> = Some(include_bytes!(concat!(
-    env!("OUT_DIR"),
-    "/isobox-pdeathsig"
-)));
-/// `isobox-pdeathsig` (`pdeathsig.c`), built for x86-64 Linux (`None` elsewhere).
-#[cfg(not(isobox_static))]
-pub const PDEATHSIG_HELPER: Option<&[u8]> = None;
-
-/// Writes [`PDEATHSIG_HELPER`] to `path` (root's, mode 0500; replaced whole, so a
-/// helper being exec'd from an earlier start is never written into). `None` when this
-/// build has none.
-///
-/// # Errors
-/// When the file cannot be written.
-pub fn install_pdeathsig_helper(path: &Path) -> io::Result<Option<PathBuf>> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let Some(bin) = PDEATHSIG_HELPER else {
-        return Ok(None);
-    };
-    let tmp = path.with_extension("new");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o500)
-        .open(&tmp)?;
-    f.write_all(bin)?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    Ok(Some(path.to_path_buf()))
-}
-
-/// A command that runs `program` as a child that dies with the spawning thread and
-/// leads its own process group, like [`die_with_parent_on_spawn`], but through
-/// `helper` ([`install_pdeathsig_helper`]) instead of a `pre_exec` hook: so `Command`
-/// spawns it with `posix_spawn` (vfork-like) instead of forking the whole daemon.
-pub fn dying_with_parent(helper: &Path, program: &Path) -> std::process::Command {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = std::process::Command::new(helper);
-    cmd.arg(std::process::id().to_string())
-        .arg(program)
-        .process_group(0);
-    cmd
-}
-
 /// Makes a command's child die with the spawning thread and lead its own process group.
 pub fn die_with_parent_on_spawn(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
@@ -394,106 +345,5 @@ pub fn jail_on_spawn(cmd: &mut std::process::Command, procs: &[OwnedFd], sock: &
             syscall!(prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
             Ok(())
         });
-    }
-}
-
-#[cfg(all(test, isobox_static))]
-mod tests {
-    use super::*;
-    use std::process::Command;
-    use std::time::{Duration, Instant};
-
-    fn helper(name: &str) -> (PathBuf, PathBuf) {
-        let dir =
-            std::env::temp_dir().join(format!("isobox-pdeathsig-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = install_pdeathsig_helper(&dir.join("pdeathsig"))
-            .unwrap()
-            .unwrap();
-        (dir, path)
-    }
-
-    #[test]
-    fn test_the_helper_execs_with_argv_and_env_and_refuses_a_wrong_parent() {
-        let (dir, h) = helper("exec");
-        let out = dying_with_parent(&h, Path::new("/bin/sh"))
-            .args([
-                "-c",
-                r#"printf '%s|%s|%s' "$0" "$1" "$FOO"; exit 3"#,
-                "a b",
-                "c",
-            ])
-            .env_clear()
-            .env("FOO", "bar")
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(3));
-        assert_eq!(String::from_utf8_lossy(&out.stdout), "a b|c|bar");
-        assert!(out.stderr.is_empty());
-        // Not its parent: it never runs the program.
-        let wrong = Command::new(&h)
-            .args(["1", "/bin/echo", "ran"])
-            .output()
-            .unwrap();
-        assert_eq!(
-            (wrong.status.code(), wrong.stdout.as_slice()),
-            (Some(125), &b""[..])
-        );
-        for bad in [&["12x", "/bin/echo"][..], &["123"][..]] {
-            let o = Command::new(&h).args(bad).output().unwrap();
-            assert_eq!(o.status.code(), Some(125), "{bad:?}");
-        }
-        let missing = dying_with_parent(&h, Path::new("/nonexistent"))
-            .output()
-            .unwrap();
-        assert_eq!(missing.status.code(), Some(127));
-        assert_eq!(
-            String::from_utf8_lossy(&missing.stderr),
-            "isobox-pdeathsig: cannot execute /nonexistent\n"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn test_the_child_dies_with_the_thread_that_spawned_it_and_leads_its_group() {
-        let (dir, h) = helper("death");
-        let h2 = h.clone();
-        let mut child = std::thread::spawn(move || {
-            let child = dying_with_parent(&h2, Path::new("/bin/sleep"))
-                .arg("30")
-                .spawn()
-                .unwrap();
-            let pid = child.id();
-            // Wait until the helper has become sleep (its prctl is done by then).
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default()
-                != "sleep\n"
-            {
-                assert!(Instant::now() < deadline, "the helper never exec'd");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-            let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-            // Its own process group (pgrp is the 3rd field after the name).
-            assert_eq!(fields[2], pid.to_string());
-            child
-        })
-        .join()
-        .unwrap();
-        // The spawning thread has ended: the child gets SIGKILL.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("still alive 5 s after its spawning thread ended");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
