@@ -90,34 +90,33 @@ fn static_programs() {
         .cargo_metadata(false)
         .cargo_warnings(false)
         .get_compiler();
-    for (src, name) in [("src/sandbox/start.c", "isobox-start")] {
-        let mut cmd = std::process::Command::new(compiler.path());
-        cmd.args([
-            "-Os",
-            "-static",
-            "-nostdlib",
-            "-ffreestanding",
-            "-fno-pie",
-            "-no-pie",
-            "-fno-stack-protector",
-            "-fno-asynchronous-unwind-tables",
-            "-fno-sanitize=all",
-            "-Wl,--build-id=none",
-            "-s",
-        ]);
-        if compiler.is_like_gnu() && !compiler.is_like_clang() {
-            // GCC turns the length loop into a call to libc's strlen without it.
-            cmd.arg("-fno-tree-loop-distribute-patterns");
-        }
-        cmd.arg("-o").arg(out.join(name)).arg(src);
-        match cmd.status() {
-            Ok(st) if st.success() => {}
-            other => {
-                println!(
-                    "cargo:warning={src} did not compile ({other:?}): isoboxd uses /bin/sh for the start frame"
-                );
-                return;
-            }
+    let (src, name) = ("src/sandbox/start.c", "isobox-start");
+    let mut cmd = std::process::Command::new(compiler.path());
+    cmd.args([
+        "-Os",
+        "-static",
+        "-nostdlib",
+        "-ffreestanding",
+        "-fno-pie",
+        "-no-pie",
+        "-fno-stack-protector",
+        "-fno-asynchronous-unwind-tables",
+        "-fno-sanitize=all",
+        "-Wl,--build-id=none",
+        "-s",
+    ]);
+    if compiler.is_like_gnu() && !compiler.is_like_clang() {
+        // GCC turns the length loop into a call to libc's strlen without it.
+        cmd.arg("-fno-tree-loop-distribute-patterns");
+    }
+    cmd.arg("-o").arg(out.join(name)).arg(src);
+    match cmd.status() {
+        Ok(st) if st.success() => {}
+        other => {
+            println!(
+                "cargo:warning={src} did not compile ({other:?}): isoboxd uses /bin/sh for the start frame"
+            );
+            return;
         }
     }
     println!("cargo:rustc-cfg=isobox_static");
