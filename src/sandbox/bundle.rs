@@ -153,47 +153,6 @@ pub fn mount_root(dir: &Path, lower: &Path) -> Result<PathBuf, SandboxError> {
     for d in [&upper, &work, &root] {
         fs::create_dir(d).map_err(|e| err(d, e))?;
     }
-    // The start frame's writer (`sandbox::start`), the run's own copy (a link would
-    // share one inode with every run, and a writable root could change it for all).
-    if let Some(bin) = super::start::BINARY {
-        use std::os::unix::fs::PermissionsExt;
-        let rel = Path::new(super::start::PATH.trim_start_matches('/'));
-        // A tree whose /opt or /opt/isobox is not a directory: a directory in the upper
-        // layer would hide it from the program. Refused, as make_mount_points refuses.
-        for a in rel
-            .ancestors()
-            .skip(1)
-            .filter(|a| !a.as_os_str().is_empty())
-        {
-            if let Ok(m) = fs::symlink_metadata(lower.join(a)) {
-                if !m.is_dir() {
-                    return Err(err(
-                        &lower.join(a),
-                        std::io::Error::other(
-                            "the runtime tree has a non-directory here, where isobox-start goes",
-                        ),
-                    ));
-                }
-            }
-        }
-        let path = upper.join(rel);
-        let mut d = upper.clone();
-        for c in rel.parent().into_iter().flat_map(Path::components) {
-            d.push(c);
-            fs::create_dir(&d).map_err(|e| err(&d, e))?;
-            // Not the umask's choice: the program (uid 65534) must reach the file.
-            fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).map_err(|e| err(&d, e))?;
-        }
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o555)
-            .open(&path)
-            .map_err(|e| err(&path, e))?;
-        f.write_all(bin).map_err(|e| err(&path, e))?;
-        f.set_permissions(fs::Permissions::from_mode(0o555))
-            .map_err(|e| err(&path, e))?;
-    }
     // The run's /workspace starts empty whatever the tree holds there: an opaque
     // directory hides the lower one, so names a run before this fix (or anything else)
     // left in a shared tree's /workspace cannot stand where this run's files go.
@@ -286,6 +245,36 @@ pub fn make_mount_points(root: &Path, dests: &[&str]) -> Result<(), SandboxError
         }
     }
     Ok(())
+}
+
+/// Puts the run's own copy of `isobox-start` ([`super::start::BINARY`], when this build
+/// has it) at [`super::start::PATH`] in its mounted `root` (a link would share one inode
+/// with every run, and a writable root could change it for all). Its directories are
+/// made as a mount point's are ([`make_mount_points`]: a tree whose `/opt` is not a
+/// directory is refused).
+///
+/// # Errors
+/// [`SandboxError::Bundle`] when a directory or the file cannot be made.
+pub fn install_start(root: &Path) -> Result<(), SandboxError> {
+    let Some(bin) = super::start::BINARY else {
+        return Ok(());
+    };
+    let path = Path::new(super::start::PATH);
+    if let Some(dir) = path.parent().and_then(Path::to_str) {
+        make_mount_points(root, &[dir])?;
+    }
+    let at = root.join(super::start::PATH.trim_start_matches('/'));
+    let err = |source| SandboxError::Bundle {
+        path: at.clone(),
+        source,
+    };
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o555)
+        .open(&at)
+        .map_err(err)?;
+    f.write_all(bin).map_err(err)
 }
 
 /// Removes a run's directory: its root overlay and its workspace tmpfs unmounted first

@@ -249,7 +249,7 @@ impl Backend for Gvisor {
         "gvisor"
     }
 
-    /// Every root here is an overlay holding `isobox-start` (`bundle::mount_root`).
+    /// Every root here holds `isobox-start` (`bundle::install_start`).
     fn wrap_start(&self, argv: Vec<String>) -> Vec<String> {
         super::start::wrap_with_binary(argv)
     }
@@ -279,6 +279,7 @@ impl Backend for Gvisor {
                 bundle::write_preload(&dir, preload)?;
             }
             let root = bundle::mount_root(&dir, &plan.runtime.rootfs_path)?;
+            bundle::install_start(&root)?;
             let dests: Vec<&str> = plan.ro_binds.iter().map(|(_, d)| d.as_str()).collect();
             bundle::make_mount_points(&root, &dests)?;
             Ok((s, root))
