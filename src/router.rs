@@ -32,36 +32,48 @@ pub enum RouteError {
     MethodNotAllowed(String),
 }
 
-/// Matches `path` against `pattern`, filling `params`; `false` (and `params` left as
-/// it may be) when it does not match.
-fn matches(pattern: &'static str, path: &str, params: &mut Params) -> bool {
-    let (Some(mut pat), Some(mut rest)) = (pattern.strip_prefix('/'), path.strip_prefix('/'))
-    else {
-        return false;
-    };
-    if pat.is_empty() {
-        return rest.is_empty();
+/// Matches `path` against `pattern`, filling `params` when given; `false` (and
+/// `params` left as it may be) when it does not match.
+///
+/// Most rows of a table fail on their first bytes, so the literal prefix (everything
+/// before the first parameter, whole segments and their slashes) is compared as bytes
+/// first: a table of 25 rows matched segment by segment, twice over, was a seventh of
+/// a memory-KV GET's CPU.
+fn matches(pattern: &'static str, path: &str, mut params: Option<&mut Params>) -> bool {
+    let (p, q) = (pattern.as_bytes(), path.as_bytes());
+    let mut i = 0;
+    while i < p.len() && p[i] != b'{' {
+        if q.get(i) != Some(&p[i]) {
+            return false;
+        }
+        i += 1;
     }
+    if i == p.len() {
+        // No parameter: the path is the pattern.
+        return q.len() == p.len();
+    }
+    // A parameter starts a segment (`/{`), so both stand at a segment's start.
+    let (mut pat, mut rest) = (&pattern[i..], &path[i..]);
     loop {
-        let (seg, pat_next) = pat
-            .split_once('/')
-            .map_or((pat, None), |(s, n)| (s, Some(n)));
+        let (seg, pat_next) = split_segment(pat);
         if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix("*}")) {
             // The rest of the path, slashes and all.
             if rest.is_empty() {
                 return false;
             }
-            params.push(name, rest);
+            if let Some(params) = params.as_deref_mut() {
+                params.push(name, rest);
+            }
             return pat_next.is_none();
         }
-        let (val, rest_next) = rest
-            .split_once('/')
-            .map_or((rest, None), |(s, n)| (s, Some(n)));
+        let (val, rest_next) = split_segment(rest);
         if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
             if val.is_empty() {
                 return false;
             }
-            params.push(name, val);
+            if let Some(params) = params.as_deref_mut() {
+                params.push(name, val);
+            }
         } else if seg != val {
             return false;
         }
@@ -76,14 +88,20 @@ fn matches(pattern: &'static str, path: &str, params: &mut Params) -> bool {
     }
 }
 
-/// Which segments of a pattern are literal, in order (a parameter is `false`): of two
-/// patterns matching one path, the greater has the literal where the other has a
-/// parameter.
-fn literals(pattern: &str) -> Vec<bool> {
-    pattern
-        .split('/')
-        .map(|seg| !seg.starts_with('{'))
-        .collect()
+/// The first segment of `s` and what follows its slash (`None`: it was the last).
+fn split_segment(s: &str) -> (&str, Option<&str>) {
+    match s.bytes().position(|b| b == b'/') {
+        Some(i) => (&s[..i], Some(&s[i + 1..])),
+        None => (s, None),
+    }
+}
+
+/// Orders two patterns by which segments are literal, in order (a parameter is
+/// less): of two patterns matching one path, the greater has the literal where the
+/// other has a parameter.
+fn literal_rank(a: &str, b: &str) -> std::cmp::Ordering {
+    let lit = |seg: &str| !seg.starts_with('{');
+    a.split('/').map(lit).cmp(b.split('/').map(lit))
 }
 
 fn answers(methods: &[&str], method: &str) -> bool {
@@ -100,21 +118,33 @@ pub fn resolve<'t, T>(
     method: &str,
     path: &str,
 ) -> Result<(&'t Row<T>, Params), RouteError> {
+    use std::cmp::Ordering;
+    // One pass: of the rows matching the path, only those of the greatest literal
+    // rank count (`/v1/jobs/wait` is not the job `wait` of `/v1/jobs/{id}`, for any
+    // method); the first of them answering the method is the route, else every
+    // method they answer is the `Allow`, in table order.
+    let mut best: Option<&'t Row<T>> = None;
+    let mut found: Option<&'t Row<T>> = None;
     let mut allow: Vec<&'static str> = Vec::new();
-    // A literal segment beats a parameter at the same place: `/v1/jobs/wait` is not
-    // the job `wait` of `/v1/jobs/{id}`, for any method.
-    let best = table
-        .iter()
-        .filter(|row| matches(row.pattern, path, &mut Params::default()))
-        .map(|row| literals(row.pattern))
-        .max();
     for row in table {
-        let mut params = Params::default();
-        if !matches(row.pattern, path, &mut params) || Some(literals(row.pattern)) != best {
+        if !matches(row.pattern, path, None) {
+            continue;
+        }
+        match best.map(|b| literal_rank(row.pattern, b.pattern)) {
+            Some(Ordering::Less) => continue,
+            Some(Ordering::Equal) => {}
+            Some(Ordering::Greater) | None => {
+                best = Some(row);
+                found = None;
+                allow.clear();
+            }
+        }
+        if found.is_some() {
             continue;
         }
         if answers(row.methods, method) {
-            return Ok((row, params));
+            found = Some(row);
+            continue;
         }
         for m in row.methods {
             if !allow.contains(m) {
@@ -124,6 +154,11 @@ pub fn resolve<'t, T>(
                 allow.push("HEAD");
             }
         }
+    }
+    if let Some(row) = found {
+        let mut params = Params::default();
+        matches(row.pattern, path, Some(&mut params));
+        return Ok((row, params));
     }
     if allow.is_empty() {
         Err(RouteError::NotFound)
@@ -322,6 +357,187 @@ mod tests {
                 ]
             ))
         );
+    }
+
+    /// The matcher as it was before the byte-prefix pass and the single pass: the
+    /// new one must answer every path of every face's table exactly as it did.
+    mod reference {
+        use super::super::{answers, RouteError, Row};
+        use crate::http::Params;
+
+        fn matches(pattern: &'static str, path: &str, params: &mut Params) -> bool {
+            let (Some(mut pat), Some(mut rest)) =
+                (pattern.strip_prefix('/'), path.strip_prefix('/'))
+            else {
+                return false;
+            };
+            if pat.is_empty() {
+                return rest.is_empty();
+            }
+            loop {
+                let (seg, pat_next) = pat
+                    .split_once('/')
+                    .map_or((pat, None), |(s, n)| (s, Some(n)));
+                if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix("*}")) {
+                    if rest.is_empty() {
+                        return false;
+                    }
+                    params.push(name, rest);
+                    return pat_next.is_none();
+                }
+                let (val, rest_next) = rest
+                    .split_once('/')
+                    .map_or((rest, None), |(s, n)| (s, Some(n)));
+                if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                    if val.is_empty() {
+                        return false;
+                    }
+                    params.push(name, val);
+                } else if seg != val {
+                    return false;
+                }
+                match (pat_next, rest_next) {
+                    (None, None) => return true,
+                    (Some(p), Some(r)) => {
+                        pat = p;
+                        rest = r;
+                    }
+                    _ => return false,
+                }
+            }
+        }
+
+        fn literals(pattern: &str) -> Vec<bool> {
+            pattern
+                .split('/')
+                .map(|seg| !seg.starts_with('{'))
+                .collect()
+        }
+
+        pub fn resolve<'t, T>(
+            table: &'t [Row<T>],
+            method: &str,
+            path: &str,
+        ) -> Result<(&'t Row<T>, Params), RouteError> {
+            let mut allow: Vec<&'static str> = Vec::new();
+            let best = table
+                .iter()
+                .filter(|row| matches(row.pattern, path, &mut Params::default()))
+                .map(|row| literals(row.pattern))
+                .max();
+            for row in table {
+                let mut params = Params::default();
+                if !matches(row.pattern, path, &mut params) || Some(literals(row.pattern)) != best {
+                    continue;
+                }
+                if answers(row.methods, method) {
+                    return Ok((row, params));
+                }
+                for m in row.methods {
+                    if !allow.contains(m) {
+                        allow.push(m);
+                    }
+                    if *m == "GET" && !allow.contains(&"HEAD") && !row.methods.contains(&"HEAD") {
+                        allow.push("HEAD");
+                    }
+                }
+            }
+            if allow.is_empty() {
+                Err(RouteError::NotFound)
+            } else {
+                Err(RouteError::MethodNotAllowed(allow.join(", ")))
+            }
+        }
+    }
+
+    /// Paths near every pattern of `table`: each parameter replaced by values that
+    /// are and are not one segment (and by the table's literal segments, where a
+    /// literal must win), and each path cut short, extended and doubled-slashed.
+    fn paths_near<T>(table: &[Row<T>]) -> Vec<String> {
+        let mut literals: Vec<&str> = table
+            .iter()
+            .flat_map(|r| r.pattern.split('/'))
+            .filter(|s| !s.starts_with('{'))
+            .collect();
+        literals.sort_unstable();
+        literals.dedup();
+        let mut values = vec!["a", "", "a/b", "a%2Fb", "-", "ab/", "/x"];
+        values.extend(literals.iter().copied());
+        let mut out = vec![String::new(), "/".into(), "//".into(), "x".into()];
+        for row in table {
+            let segs: Vec<&str> = row.pattern.split('/').collect();
+            // Every parameter gets each value in turn (the others keep "p").
+            let params: Vec<usize> = (0..segs.len())
+                .filter(|&i| segs[i].starts_with('{'))
+                .collect();
+            let fill = |pick: Option<(usize, &str)>| {
+                segs.iter()
+                    .enumerate()
+                    .map(|(i, s)| match pick {
+                        Some((j, v)) if i == j => v.to_string(),
+                        _ if s.starts_with('{') => "p".to_string(),
+                        _ => s.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("/")
+            };
+            let mut base = vec![fill(None)];
+            for &j in &params {
+                for v in &values {
+                    base.push(fill(Some((j, v))));
+                }
+            }
+            for b in base {
+                for i in 0..=b.len() {
+                    if b.is_char_boundary(i) {
+                        out.push(b[..i].to_string());
+                    }
+                }
+                out.push(format!("{b}/"));
+                out.push(format!("{b}/x"));
+                out.push(format!("/{b}"));
+                out.push(b.replacen('/', "//", 2));
+                out.push(b);
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn same_as_before<T: std::fmt::Debug>(table: &[Row<T>]) -> usize {
+        let show = |r: Result<(&Row<T>, Params), RouteError>| {
+            r.map(|(row, p)| {
+                (
+                    row as *const Row<T> as usize,
+                    p.iter()
+                        .map(|(n, v)| format!("{n}={v}"))
+                        .collect::<Vec<_>>(),
+                )
+            })
+        };
+        let paths = paths_near(table);
+        for path in &paths {
+            for method in [
+                "GET", "HEAD", "PUT", "POST", "DELETE", "PATCH", "OPTIONS", "get",
+            ] {
+                assert_eq!(
+                    show(resolve(table, method, path)),
+                    show(reference::resolve(table, method, path)),
+                    "{method} {path:?}"
+                );
+            }
+        }
+        paths.len()
+    }
+
+    #[test]
+    fn test_every_face_routes_every_nearby_path_as_the_plain_matcher_did() {
+        let n = same_as_before(T)
+            + same_as_before(crate::api::routes::ROUTES)
+            + same_as_before(crate::wbx::routes::ROUTES)
+            + same_as_before(crate::eryx::ROUTES);
+        assert!(n > 5_000, "{n} paths");
     }
 
     #[test]
