@@ -149,7 +149,13 @@ mod tests {
     fn test_isobox_start_writes_the_frame_then_execs_with_argv_and_env_untouched() {
         use std::os::unix::fs::PermissionsExt;
         use std::process::Command;
-        let dir = std::env::temp_dir().join(format!("isobox-start-test-{}", std::process::id()));
+        // Beside the test binary (it runs from there, so that place allows exec; a
+        // `noexec` /tmp would not).
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe
+            .parent()
+            .unwrap()
+            .join(format!("isobox-start-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let bin = dir.join("isobox-start");
         std::fs::write(&bin, BINARY.unwrap()).unwrap();
