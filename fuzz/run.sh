@@ -26,7 +26,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # Stable only: never pick up a nightly that happens to be installed (or a toolchain
 # file): the point is that this works on the toolchain the project uses.
 export RUSTUP_TOOLCHAIN="${RUSTUP_TOOLCHAIN:-stable}"
-TARGETS=(${FUZZ_TARGETS:-http_request http_chunked http_conn http_relay wire_frames ndjson_stream execute_decode eryx_execute eryx_form job_log wbx_job wbx_batch ws_frames terminal_msg sse_utf8 build_frame fs_normalize kv_cursor search_html egress_sniff})
+TARGETS=(${FUZZ_TARGETS:-http_request http_chunked http_conn http_relay wire_frames ndjson_stream execute_decode eryx_execute eryx_form job_log wbx_job wbx_batch ws_frames terminal_msg sse_utf8 build_frame fs_normalize kv_cursor search_html egress_sniff route_paths})
 TRIPLE="$(rustc -vV | sed -n 's/^host: //p')"
 
 if [ -z "${FUZZ_BUILD:-}" ]; then

@@ -7,7 +7,7 @@ tests/sandbox_execute.rs, WBX batch bodies from tests/wbx_batches.rs, chunked bo
 compile-stage frames as the build wrapper prints them; session file API paths
 (traversal, duplicate slashes, the 255/256-byte name limit, NUL, non-UTF-8); memory KV
 listing requests (prefix, limit, clock, namespace and cursor as the fuzz target lays
-them out) and If-Match / If-None-Match headers.
+them out) and If-Match / If-None-Match headers; request paths of every face's route table.
 """
 import base64
 import hashlib
@@ -351,7 +351,30 @@ def batch_bodies():
     return [(name, json.dumps(b)) for name, b in bodies.items()]
 
 
+# Request paths as each face's table sees them (below its base path), the method byte
+# first (0 GET, 1 HEAD, 2 PUT, 3 POST, 4 DELETE; 8: the method is the input's first line).
+ROUTE_PATHS = [
+    (f"{name}-{m}", bytes([m]) + path.encode())
+    for name, path in [
+        ("root", "/"),
+        ("healthz", "/healthz"),
+        ("execute", "/execute"),
+        ("kv", "/v1/memory/facts/a/b%2Fc"),
+        ("kv-list", "/v1/memory/facts"),
+        ("session-fs", "/v1/sessions/s_1/fs"),
+        ("jobs-wait", "/v1/jobs/wait"),
+        ("job", "/v1/jobs/job_1"),
+        ("wbx-sandbox", "/v1/sandboxes/sb_1/processes"),
+        ("eryx-execute", "/v1/execute"),
+        ("double-slash", "/v1//memory/x/y"),
+        ("unicode", "/v1/memory/\u00e9/\u00fc"),
+    ]
+    for m in (0, 1, 2, 3, 4)
+] + [("own-method", b"\x08BREW\n/healthz")]
+
+
 def main():
+    write("route_paths", ROUTE_PATHS)
     write("wbx_batch", batch_bodies())
     write("http_relay", RELAY)
     write("http_request", HTTP + [(f"malformed-{i:02}", m) for i, m in enumerate(MALFORMED)]
