@@ -487,12 +487,15 @@ fn test_kv_acknowledged_writes_survive_kill_9() {
         // syncs means commits carry several writes each.
         let h: serde_json::Value = serde_json::from_slice(&d.get("/healthz").body).unwrap();
         let store = &h["store"];
-        let (commits, writes, largest) = (
+        let (commits, writes, largest, checkpoints) = (
             store["commits"].as_u64().unwrap(),
             store["writes"].as_u64().unwrap(),
             store["largestBatch"].as_u64().unwrap(),
+            store["checkpoints"].as_u64().unwrap(),
         );
         assert!(writes >= 200 && commits < writes && largest > 1, "{store}");
+        // Checkpoints go on under the storm (the kill lands between or inside them).
+        assert!(checkpoints > 0 && checkpoints < commits, "{store}");
         child.kill().unwrap();
         child.wait().unwrap();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -540,7 +543,12 @@ fn test_kv_acknowledged_writes_survive_kill_9() {
         .collect();
     let mut state = state;
     state.sort();
-    assert_eq!(state, vec!["data.mdb", "lock.mdb"], "no stray files");
+    // LMDB's two files and the write-ahead log's two (no half-written `wal-new`).
+    assert_eq!(
+        state,
+        vec!["data.mdb", "lock.mdb", "wal-0", "wal-1"],
+        "no stray files"
+    );
     d.assert_clean();
     d.stop();
 }

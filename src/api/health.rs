@@ -45,12 +45,14 @@ struct CountersView<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct StoreFigures {
-    /// Commits (one sync each).
+    /// Commits (one log sync each).
     commits: u64,
     /// Writes they carried.
     writes: u64,
     /// The most writes one commit carried.
     largest_batch: u64,
+    /// Checkpoints (LMDB's data file synced, the log started afresh).
+    checkpoints: u64,
 }
 
 /// The allocator's own figures (`sys::alloc::heap_figures`).
@@ -108,6 +110,7 @@ pub fn healthz(app: &App) -> Response {
                 commits,
                 writes,
                 largest_batch,
+                checkpoints: app.sessions.store().checkpoints(),
             },
             kernels: (app.kernels.max() > 0).then_some(Kernels {
                 used: app.kernels.used(),

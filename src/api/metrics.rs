@@ -172,7 +172,7 @@ pub fn render(app: &App) -> String {
     t.single(
         "isobox_store_commits_total",
         "counter",
-        "State store commits (one sync each; concurrent writes share one).",
+        "State store commits (one write-ahead log sync each; concurrent writes share one).",
         commits,
     );
     t.single(
@@ -186,6 +186,12 @@ pub fn render(app: &App) -> String {
         "gauge",
         "The most writes one commit carried since start.",
         largest,
+    );
+    t.single(
+        "isobox_store_checkpoints_total",
+        "counter",
+        "State store checkpoints (LMDB's data file synced, the write-ahead log started afresh).",
+        app.sessions.store().checkpoints(),
     );
     t.single(
         "isobox_log_lines_suppressed_total",

@@ -4,8 +4,8 @@
 //! cost is added in the transaction that writes its end (`Store::end_job_then`).
 //! Beside them, each tenant's default compute class (`compute_prefs`: tenant → name).
 
+use super::table::WriteTxn;
 use super::{decode, encode, Store, StoreError, Tables};
-use heed::RwTxn;
 use serde::{Deserialize, Serialize};
 
 /// A tenant's limits, in billionths of the currency (`None`: no limit).
@@ -39,7 +39,7 @@ pub fn periods(tenant: &str, ms: u64) -> (Vec<u8>, Vec<u8>) {
 /// Adds `amount` to the spend under `key` (in a write transaction).
 pub(super) fn add_spend(
     t: &Tables,
-    wtxn: &mut RwTxn<'_>,
+    wtxn: &mut WriteTxn<'_, '_>,
     key: &[u8],
     amount: i128,
 ) -> Result<(), StoreError> {

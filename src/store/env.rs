@@ -1,6 +1,7 @@
 //! The one place the LMDB environment is opened (heed's `open` is `unsafe`: the same
 //! file must not be opened twice in one process, which [`open`] guarantees by being
-//! called once per daemon, on its own data directory).
+//! called once per daemon, on its own data directory), and where its commits stop
+//! syncing ([`commit_without_sync`]).
 
 use heed::{Env, EnvOpenOptions, WithoutTls};
 use std::path::Path;
@@ -32,4 +33,19 @@ pub fn open(dir: &Path) -> Result<Env<WithoutTls>, heed::Error> {
     // directory once, at startup (the instance name, which is unique per host, owns the
     // directory), and nothing else writes those files.
     unsafe { opts.open(dir) }
+}
+
+/// From here on LMDB's commits do not sync (`MDB_NOSYNC`): the writer makes each one
+/// durable through the write-ahead log before it answers, and checkpoints sync the
+/// data file (see `wal`).
+///
+/// # Errors
+/// When LMDB refuses the flag.
+pub fn commit_without_sync(env: &Env<WithoutTls>) -> Result<(), heed::Error> {
+    // SAFETY: heed marks NO_SYNC unsafe because a commit is then not durable on its
+    // own, and LMDB's file may be left inconsistent by a power cut. Here no commit is
+    // answered before its changes are synced to the write-ahead log, and recovery
+    // writes back the meta pages of a synced checkpoint whose pages a read transaction
+    // kept from reuse, then replays the log: what LMDB alone would lose is restored.
+    unsafe { env.set_flags(heed::EnvFlags::NO_SYNC, heed::FlagSetMode::Enable) }
 }

@@ -310,7 +310,10 @@ pub(super) fn index_key(tenant: &str, seq: u64) -> Vec<u8> {
 pub(super) const SEQ: &str = "job_seq";
 
 /// The next number of the shared sequence of jobs and batches.
-pub(super) fn next_seq(t: &super::Tables, wtxn: &mut heed::RwTxn<'_>) -> Result<u64, StoreError> {
+pub(super) fn next_seq(
+    t: &super::Tables,
+    wtxn: &mut super::table::WriteTxn<'_, '_>,
+) -> Result<u64, StoreError> {
     let seq = t
         .meta
         .get(wtxn, SEQ)?
@@ -325,7 +328,7 @@ pub(super) fn next_seq(t: &super::Tables, wtxn: &mut heed::RwTxn<'_>) -> Result<
 /// key (`rec.seq` is set).
 pub(super) fn insert_job(
     t: &super::Tables,
-    wtxn: &mut heed::RwTxn<'_>,
+    wtxn: &mut super::table::WriteTxn<'_, '_>,
     id: &str,
     rec: &mut JobRecord,
     key: Option<[u8; JOB_KEY_BYTES]>,
@@ -346,7 +349,7 @@ pub(super) fn insert_job(
 /// SHA-256. `Ok(Err(why))`: refused.
 pub(super) fn resolve_inputs(
     t: &super::Tables,
-    wtxn: &heed::RwTxn<'_>,
+    wtxn: &heed::RoTxn<'_, heed::WithoutTls>,
     tenant: &str,
     inputs: &mut [InputFile],
 ) -> Result<Result<(), String>, StoreError> {

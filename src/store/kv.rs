@@ -33,9 +33,10 @@
 //! The limit is checked at run time: a key that does not fit is refused with
 //! [`KvError::InvalidKey`] rather than an LMDB error.
 
+use super::table::WriteTxn;
 use super::{Store, StoreError, Tables};
 use base64::Engine as _;
-use heed::{RoTxn, RwTxn};
+use heed::RoTxn;
 use std::collections::HashMap;
 use std::ops::Bound;
 
@@ -567,7 +568,7 @@ impl Store {
     ) -> Result<
         (
             usize,
-            impl FnOnce(&Tables, &mut RwTxn<'_>) -> Result<PutOutcome, KvError> + Send + 'static,
+            impl FnOnce(&Tables, &mut WriteTxn<'_, '_>) -> Result<PutOutcome, KvError> + Send + 'static,
         ),
         KvError,
     > {
@@ -584,7 +585,7 @@ impl Store {
         self.check_fits(&dbk)?;
         let (tenant, key_len) = (tenant.to_string(), key.len());
         let weight = dbk.len() + value.len();
-        Ok((weight, move |t: &Tables, wtxn: &mut RwTxn<'_>| {
+        Ok((weight, move |t: &Tables, wtxn: &mut WriteTxn<'_, '_>| {
             t.put_in(
                 wtxn,
                 &tenant,
@@ -641,7 +642,7 @@ impl Store {
         cond: Precondition,
         now_ms: u64,
     ) -> Result<
-        impl FnOnce(&Tables, &mut RwTxn<'_>) -> Result<bool, KvError> + Send + 'static,
+        impl FnOnce(&Tables, &mut WriteTxn<'_, '_>) -> Result<bool, KvError> + Send + 'static,
         KvError,
     > {
         check_tenant(tenant)?;
@@ -650,7 +651,7 @@ impl Store {
         let dbk = db_key(tenant, ns, key);
         self.check_fits(&dbk)?;
         let (tenant, key_len) = (tenant.to_string(), key.len() as u64);
-        Ok(move |t: &Tables, wtxn: &mut RwTxn<'_>| {
+        Ok(move |t: &Tables, wtxn: &mut WriteTxn<'_, '_>| {
             let old = t.existing(wtxn, &dbk)?;
             let live = old.filter(|(h, _)| h.live(now_ms));
             if !cond.holds(live.map(|(h, _)| etag(h.version)).as_deref()) {
@@ -830,7 +831,7 @@ impl Tables {
     #[allow(clippy::too_many_arguments)]
     fn put_in(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn<'_, '_>,
         tenant: &str,
         db_key: &[u8],
         key_len: usize,
@@ -899,7 +900,7 @@ impl Tables {
     /// never `skip`. Returns how many entries were removed.
     fn purge_in(
         &self,
-        wtxn: &mut RwTxn,
+        wtxn: &mut WriteTxn<'_, '_>,
         now_ms: u64,
         max: usize,
         only: Option<&[u8]>,
@@ -959,7 +960,7 @@ impl Tables {
         Ok(removed)
     }
 
-    fn next_version(&self, wtxn: &mut RwTxn) -> Result<u64, KvError> {
+    fn next_version(&self, wtxn: &mut WriteTxn<'_, '_>) -> Result<u64, KvError> {
         let cur = match self.meta.get(wtxn, VERSION_KEY)? {
             Some(b) if b.len() == 8 => le_u64(b),
             Some(_) => return Err(corrupt(VERSION_KEY.as_bytes(), "bad kv version counter")),
@@ -981,7 +982,12 @@ impl Tables {
         }
     }
 
-    fn write_usage(&self, wtxn: &mut RwTxn, tenant: &[u8], u: Usage) -> Result<(), KvError> {
+    fn write_usage(
+        &self,
+        wtxn: &mut WriteTxn<'_, '_>,
+        tenant: &[u8],
+        u: Usage,
+    ) -> Result<(), KvError> {
         if u == Usage::default() {
             self.kv_usage.delete(wtxn, tenant)?;
         } else {
@@ -1054,22 +1060,15 @@ mod tests {
 
     /// Many puts in one transaction (one fsync instead of thousands).
     fn put_many(s: &Store, t: &str, ns: &str, keys: &[String], v: &[u8]) {
-        let mut wtxn = s.env.write_txn().unwrap();
-        for k in keys {
-            let dbk = db_key(t, ns, k);
-            s.put_in(
-                &mut wtxn,
-                t,
-                &dbk,
-                k.len(),
-                v,
-                None,
-                &Precondition::None,
-                NOW,
-            )
-            .unwrap();
-        }
-        wtxn.commit().unwrap();
+        let (t, ns, keys, v) = (t.to_string(), ns.to_string(), keys.to_vec(), v.to_vec());
+        s.write(0, move |tables, wtxn| -> Result<(), KvError> {
+            for k in &keys {
+                let dbk = db_key(&t, &ns, k);
+                tables.put_in(wtxn, &t, &dbk, k.len(), &v, None, &Precondition::None, NOW)?;
+            }
+            Ok(())
+        })
+        .unwrap();
     }
 
     /// Every key of a namespace, paging through.

@@ -1,15 +1,20 @@
 //! The one writer: every durable write of the daemon goes through this thread, and the
-//! writes that queue up while a commit is being synced share the next one (group
+//! writes that queue up while a batch is being made durable share the next one (group
 //! commit, as Redis's `appendfsync always` does once per event-loop pass).
 //!
 //! A write is a closure run on the writer thread inside a nested transaction of the
-//! batch's transaction, so a write that returns `Err` undoes only its own changes. After
-//! the last write of a batch the batch commits (LMDB syncs its data pages, then its meta
-//! page), and only then does each write's `then` run: with the write's own result, or
-//! with the commit's failure for a write that had succeeded. So an answer still means
-//! "durable", as it did with one transaction per write. Writes apply in the order they
-//! were queued; a connection (and a worker) queues its next write only after its
-//! previous one answered, so order per connection and per key is kept.
+//! batch's transaction, through a [`WriteTxn`] that records its changes, so a write that
+//! returns `Err` undoes only its own changes (and its record). After the last write of a
+//! batch the batch commits to LMDB without a sync and its changes are appended to the
+//! write-ahead log and synced ([`super::wal`]); only then does each write's `then` run:
+//! with the write's own result, or with the failure for a write that had succeeded. So
+//! an answer still means "durable". Writes apply in the order they were queued; a
+//! connection (and a worker) queues its next write only after its previous one
+//! answered, so order per connection and per key is kept.
+//!
+//! Checkpoints: every [`CHECKPOINT_EVERY`] while records come in, the writer begins one
+//! (the next log's header, a pin on the last commit; no flush) and the sync thread
+//! syncs LMDB's data file and confirms it; the old pin goes when it is confirmed.
 //!
 //! `then` runs on the writer thread: it hands the result on (a channel, the reactor's
 //! mailbox) and never waits or writes itself.
@@ -18,12 +23,15 @@
 //! and the caller answers 503); a batch takes at most [`MAX_BATCH`] writes and about
 //! [`MAX_BATCH_WEIGHT`] bytes of values, far inside what one LMDB transaction may dirty.
 
+use super::table::WriteTxn;
+use super::wal::{Confirm, Wal};
 use super::{StoreError, Tables};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
-use heed::RwTxn;
+use heed::{RoTxn, WithoutTls};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// Writes that may wait for the writer.
 pub const MAX_QUEUED: usize = 4096;
@@ -32,6 +40,14 @@ pub const MAX_BATCH: usize = 1024;
 /// Value bytes in one commit, about (a single write may be larger).
 pub const MAX_BATCH_WEIGHT: usize = 64 << 20;
 
+/// How long after a checkpoint began the next one is due, while there are records
+/// (the daemon's; tests may choose another).
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(5);
+/// A checkpoint begins once the log holds this many bytes of records, whenever due.
+const CHECKPOINT_BYTES: u64 = 8 << 20;
+/// How long the idle writer waits when no checkpoint is due (any write wakes it).
+const IDLE: Duration = Duration::from_secs(3600);
+
 /// Why a write did not become durable although it succeeded on its own.
 #[derive(Debug, Clone)]
 pub struct WriteFailed(pub String);
@@ -39,7 +55,7 @@ pub struct WriteFailed(pub String);
 /// One queued write, its closure and result erased.
 pub(crate) trait Write: Send {
     /// Runs the write in `txn`; whether to keep its changes.
-    fn apply(&mut self, t: &Tables, txn: &mut RwTxn<'_>) -> bool;
+    fn apply(&mut self, t: &Tables, txn: &mut WriteTxn<'_, '_>) -> bool;
     /// Records a failure of the machinery around it (nested begin or merge).
     fn fail(&mut self, why: WriteFailed);
     /// Delivers the result; `failed` is the batch's commit failure, if any.
@@ -56,12 +72,12 @@ struct Op<F, T, R, E> {
 
 impl<F, T, R, E> Write for Op<F, T, R, E>
 where
-    F: FnOnce(&Tables, &mut RwTxn<'_>) -> Result<R, E> + Send,
+    F: FnOnce(&Tables, &mut WriteTxn<'_, '_>) -> Result<R, E> + Send,
     T: FnOnce(Result<R, E>) + Send,
     R: Send,
     E: From<StoreError> + Send,
 {
-    fn apply(&mut self, t: &Tables, txn: &mut RwTxn<'_>) -> bool {
+    fn apply(&mut self, t: &Tables, txn: &mut WriteTxn<'_, '_>) -> bool {
         let Some(f) = self.f.take() else {
             return false;
         };
@@ -102,7 +118,7 @@ pub(crate) struct Queued {
 impl Queued {
     pub(crate) fn new<F, T, R, E>(weight: usize, f: F, then: T) -> Queued
     where
-        F: FnOnce(&Tables, &mut RwTxn<'_>) -> Result<R, E> + Send + 'static,
+        F: FnOnce(&Tables, &mut WriteTxn<'_, '_>) -> Result<R, E> + Send + 'static,
         T: FnOnce(Result<R, E>) + Send + 'static,
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
@@ -134,6 +150,8 @@ pub struct WriterStats {
     pub writes: AtomicU64,
     /// The largest batch so far.
     pub max_batch: AtomicU64,
+    /// Checkpoints completed (LMDB's data file synced, the log started afresh).
+    pub checkpoints: AtomicU64,
 }
 
 /// The writer thread's handle.
@@ -144,14 +162,55 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    /// Starts the thread over `tables`.
-    pub(crate) fn start(tables: Arc<Tables>) -> std::io::Result<Writer> {
+    /// Starts the thread over `tables`, logging to `wal`, with `pin` the read
+    /// transaction on the log's checkpoint and checkpoints `every` so long apart.
+    pub(crate) fn start(
+        tables: Arc<Tables>,
+        wal: Wal,
+        pin: RoTxn<'static, WithoutTls>,
+        every: Duration,
+        fail_confirms: bool,
+    ) -> std::io::Result<Writer> {
         let (tx, rx) = bounded::<Queued>(MAX_QUEUED);
         let stats = Arc::new(WriterStats::default());
         let st = Arc::clone(&stats);
+        let (sync_tx, sync_rx) = bounded::<Confirm>(1);
+        let (done_tx, done_rx) = bounded::<(Confirm, std::io::Result<()>)>(1);
+        let syncer = std::thread::Builder::new()
+            .name("isobox-sync".into())
+            .spawn(move || {
+                while let Ok(c) = sync_rx.recv() {
+                    // Tests: a checkpoint that never gets confirmed (as if every
+                    // confirmation were lost to a power cut).
+                    let r = if fail_confirms {
+                        Err(std::io::Error::other("confirmations fail (a test)"))
+                    } else {
+                        c.run()
+                    };
+                    if done_tx.send((c, r)).is_err() {
+                        return;
+                    }
+                }
+            })?;
         let thread = std::thread::Builder::new()
             .name("isobox-writer".into())
-            .spawn(move || run(&tables, &rx, &st))?;
+            .spawn(move || {
+                let mut d = Durable {
+                    wal,
+                    pin,
+                    pending: None,
+                    last: Instant::now(),
+                    every,
+                    stats: Arc::clone(&st),
+                    sync_tx,
+                    done_rx,
+                    broken: None,
+                };
+                run(&tables, &rx, &st, &mut d);
+                d.shut(&tables);
+                drop(d);
+                let _ = syncer.join();
+            })?;
         Ok(Writer {
             tx: Some(tx),
             thread: Some(thread),
@@ -179,7 +238,8 @@ impl Writer {
 }
 
 impl Drop for Writer {
-    /// Lets the thread finish every queued write, then waits for it.
+    /// Lets the thread finish every queued write and close the log cleanly, then
+    /// waits for it.
     fn drop(&mut self) {
         self.tx = None;
         if let Some(t) = self.thread.take() {
@@ -188,15 +248,218 @@ impl Drop for Writer {
     }
 }
 
-fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats) {
+/// A checkpoint begun and not yet confirmed.
+struct Pending {
+    /// The read transaction on its commit.
+    pin: RoTxn<'static, WithoutTls>,
+    /// Its confirmation when the last try failed (`None`: on the sync thread now).
+    retry: Option<Confirm>,
+}
+
+/// The log and its checkpoints, owned by the writer thread.
+struct Durable {
+    wal: Wal,
+    /// A read transaction on the confirmed checkpoint: LMDB reuses none of its pages.
+    pin: RoTxn<'static, WithoutTls>,
+    pending: Option<Pending>,
+    /// When the last checkpoint began (or its confirmation last failed).
+    last: Instant,
+    /// How long after it the next is due, while there are records.
+    every: Duration,
+    stats: Arc<WriterStats>,
+    sync_tx: Sender<Confirm>,
+    done_rx: Receiver<(Confirm, std::io::Result<()>)>,
+    /// Set when a batch could be made durable neither by the log nor by syncing LMDB:
+    /// every later write is refused with it (what is on disk is no longer known).
+    broken: Option<WriteFailed>,
+}
+
+impl Durable {
+    /// When the next step is due: a new checkpoint (none pending, records logged), or
+    /// another try of a failed confirmation.
+    fn due(&self) -> Option<Instant> {
+        let go = match &self.pending {
+            None => self.wal.used() > 0,
+            Some(p) => p.retry.is_some(),
+        };
+        go.then(|| self.last + self.every)
+    }
+
+    /// Takes the due step.
+    fn step(&mut self, t: &Tables) {
+        self.last = Instant::now();
+        match &mut self.pending {
+            Some(p) => {
+                if let Some(c) = p.retry.take() {
+                    if let Err(e) = self.sync_tx.send(c) {
+                        p.retry = Some(e.0);
+                    }
+                }
+            }
+            None => {
+                if let Err(e) = self.begin(t, false) {
+                    log::error!("store: checkpoint: {e}");
+                }
+            }
+        }
+    }
+
+    /// Begins a checkpoint at LMDB's last commit (see [`Wal::begin`]); returns its
+    /// confirmation, which the caller runs or hands to the sync thread.
+    fn start(&mut self, t: &Tables, clean: bool) -> Result<Confirm, String> {
+        let pin = t
+            .env
+            .clone()
+            .static_read_txn()
+            .map_err(|e| format!("lmdb read transaction: {e}"))?;
+        let metas = self
+            .wal
+            .metas()
+            .map_err(|e| format!("reading LMDB's meta pages: {e}"))?;
+        let c = self
+            .wal
+            .begin(pin.id() as u64, &metas, clean)
+            .map_err(|e| format!("writing the write-ahead log's header: {e}"))?;
+        self.pending = Some(Pending { pin, retry: None });
+        Ok(c)
+    }
+
+    /// [`Durable::start`], confirmed on the sync thread.
+    fn begin(&mut self, t: &Tables, clean: bool) -> Result<(), String> {
+        let c = self.start(t, clean)?;
+        if let Err(e) = self.sync_tx.send(c) {
+            if let Some(p) = &mut self.pending {
+                p.retry = Some(e.0);
+            }
+        }
+        Ok(())
+    }
+
+    /// The sync thread's answer for the pending checkpoint.
+    fn end(&mut self, c: Confirm, r: std::io::Result<()>) {
+        match r {
+            Ok(()) => self.confirmed(),
+            Err(e) => {
+                log::error!("store: checkpoint: syncing LMDB's data file or the log: {e}");
+                self.last = Instant::now();
+                if let Some(p) = &mut self.pending {
+                    p.retry = Some(c);
+                }
+            }
+        }
+    }
+
+    /// The pending checkpoint is confirmed: the old pin goes.
+    fn confirmed(&mut self) {
+        if let Some(p) = self.pending.take() {
+            self.pin = p.pin;
+            self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The pending checkpoint confirmed, here, waiting for the sync thread if it has it.
+    fn settle(&mut self) -> Result<(), String> {
+        let Some(p) = &mut self.pending else {
+            return Ok(());
+        };
+        let c = match p.retry.take() {
+            Some(c) => c,
+            None => match self.done_rx.recv() {
+                Ok((c, Ok(()))) => {
+                    drop(c);
+                    self.confirmed();
+                    return Ok(());
+                }
+                Ok((c, Err(e))) => {
+                    log::error!("store: checkpoint: {e}; trying again");
+                    c
+                }
+                Err(_) => return Err("the sync thread is gone".into()),
+            },
+        };
+        match c.run() {
+            Ok(()) => {
+                self.confirmed();
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(p) = &mut self.pending {
+                    p.retry = Some(c);
+                }
+                Err(format!("syncing LMDB's data file or the log: {e}"))
+            }
+        }
+    }
+
+    /// A whole checkpoint here, at LMDB's last commit (after the pending one, if any):
+    /// everything committed is durable when it returns `Ok`.
+    fn now(&mut self, t: &Tables, clean: bool) -> Result<(), String> {
+        self.settle()?;
+        let c = self.start(t, clean)?;
+        if let Some(p) = &mut self.pending {
+            p.retry = Some(c);
+        }
+        self.settle()?;
+        self.last = Instant::now();
+        Ok(())
+    }
+
+    /// Makes the batch just committed as `txnid`, whose changes are `log`, durable.
+    fn persist(&mut self, t: &Tables, txnid: u64, log: &[u8]) -> Option<WriteFailed> {
+        match self.wal.append(txnid, log) {
+            Ok(true) => return None,
+            Ok(false) => {}
+            Err(e) => log::error!("store: write-ahead log: {e}; syncing LMDB instead"),
+        }
+        match self.now(t, false) {
+            Ok(()) => None,
+            Err(e) => {
+                let why = WriteFailed(format!("the state store could not sync its disk: {e}"));
+                log::error!("store: {}; refusing every write from now on", why.0);
+                self.broken = Some(why.clone());
+                Some(why)
+            }
+        }
+    }
+
+    /// After the last write: the pending checkpoint, then a clean one.
+    fn shut(&mut self, t: &Tables) {
+        if self.broken.is_some() {
+            return;
+        }
+        if let Err(e) = self.now(t, true) {
+            log::error!("store: the closing checkpoint: {e}");
+        }
+    }
+}
+
+fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats, d: &mut Durable) {
     let mut carry: Option<Queued> = None;
     let mut batch: Vec<Box<dyn Write>> = Vec::with_capacity(64);
+    let mut log: Vec<u8> = Vec::with_capacity(64 << 10);
     loop {
         let first = match carry.take() {
             Some(q) => q,
-            None => match rx.recv() {
-                Ok(q) => q,
-                Err(_) => return,
+            None => loop {
+                let wait = d
+                    .due()
+                    .map_or(IDLE, |at| at.saturating_duration_since(Instant::now()));
+                crossbeam_channel::select! {
+                    recv(rx) -> m => match m {
+                        Ok(q) => break q,
+                        Err(_) => return,
+                    },
+                    recv(d.done_rx) -> r => {
+                        if let Ok((c, r)) = r {
+                            d.end(c, r);
+                        }
+                    },
+                    default(wait) => {
+                        if d.due().is_some_and(|at| at <= Instant::now()) {
+                            d.step(t);
+                        }
+                    },
+                }
             },
         };
         let mut weight = first.weight;
@@ -214,8 +477,22 @@ fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats) {
                 Err(_) => break,
             }
         }
+        if let Some(why) = d.broken.clone() {
+            for q in queued {
+                q.refuse(StoreError::Write(why.clone()));
+            }
+            continue;
+        }
         batch.extend(queued.into_iter().map(|q| q.write));
-        let failed = commit_batch(t, &mut batch);
+        log.clear();
+        let failed = match commit_batch(t, &mut batch, &mut log) {
+            Err(why) => Some(why),
+            Ok(_) if log.is_empty() => None,
+            Ok(txnid) => d.persist(t, txnid, &log),
+        };
+        if log.capacity() > 1 << 20 {
+            log = Vec::with_capacity(64 << 10);
+        }
         stats.commits.fetch_add(1, Ordering::Relaxed);
         stats
             .writes
@@ -236,16 +513,30 @@ fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats) {
                 w.finish(failed.as_ref());
             }
         });
+        if let Ok((c, r)) = d.done_rx.try_recv() {
+            d.end(c, r);
+        }
+        if d.due().is_some_and(|at| {
+            at <= Instant::now() || (d.pending.is_none() && d.wal.used() >= CHECKPOINT_BYTES)
+        }) {
+            d.step(t);
+        }
     }
 }
 
-/// Applies every write of `batch` in one transaction and commits it. `Some` when the
-/// transaction could not begin or commit: then nothing of it is durable.
-fn commit_batch(t: &Tables, batch: &mut [Box<dyn Write>]) -> Option<WriteFailed> {
-    let mut txn = match t.env.write_txn() {
-        Ok(txn) => txn,
-        Err(e) => return Some(WriteFailed(format!("lmdb write transaction: {e}"))),
-    };
+/// Applies every write of `batch` in one transaction and commits it (without a sync:
+/// the caller logs `log`, the changes of the writes that kept theirs). The transaction's
+/// id, or why it could not begin or commit: then nothing of it happened.
+fn commit_batch(
+    t: &Tables,
+    batch: &mut [Box<dyn Write>],
+    log: &mut Vec<u8>,
+) -> Result<u64, WriteFailed> {
+    let mut txn = t
+        .env
+        .write_txn()
+        .map_err(|e| WriteFailed(format!("lmdb write transaction: {e}")))?;
+    let txnid = txn.id() as u64;
     for w in batch.iter_mut() {
         let mut child = match t.env.nested_write_txn(&mut txn) {
             Ok(c) => c,
@@ -254,18 +545,20 @@ fn commit_batch(t: &Tables, batch: &mut [Box<dyn Write>]) -> Option<WriteFailed>
                 continue;
             }
         };
-        if w.apply(t, &mut child) {
+        let mark = log.len();
+        if w.apply(t, &mut WriteTxn::new(&mut child, log)) {
             if let Err(e) = child.commit() {
+                log.truncate(mark);
                 w.fail(WriteFailed(format!("lmdb nested commit: {e}")));
             }
         } else {
+            log.truncate(mark);
             child.abort();
         }
     }
-    match txn.commit() {
-        Ok(()) => None,
-        Err(e) => Some(WriteFailed(format!("lmdb commit: {e}"))),
-    }
+    txn.commit()
+        .map_err(|e| WriteFailed(format!("lmdb commit: {e}")))?;
+    Ok(txnid)
 }
 
 #[cfg(test)]
@@ -305,7 +598,7 @@ mod tests {
         let (go, go_rx) = unbounded::<()>();
         s.write_then(
             0,
-            move |_t: &Tables, _txn: &mut RwTxn<'_>| -> Result<(), StoreError> {
+            move |_t: &Tables, _txn: &mut WriteTxn<'_, '_>| -> Result<(), StoreError> {
                 entered_tx.send(()).unwrap();
                 go_rx.recv().unwrap();
                 Ok(())
@@ -401,7 +694,7 @@ mod tests {
         let (fail_tx, fail_rx) = unbounded();
         s.write_then(
             0,
-            |t: &Tables, txn: &mut RwTxn<'_>| -> Result<(), StoreError> {
+            |t: &Tables, txn: &mut WriteTxn<'_, '_>| -> Result<(), StoreError> {
                 t.meta.put(txn, "half-done", b"x")?;
                 Err(StoreError::Busy)
             },
