@@ -143,6 +143,8 @@ pub struct Store {
     // environment is still open.
     writer: writer::Writer,
     tables: Arc<Tables>,
+    /// The exclusive `flock` on the directory, dropped last.
+    _lock: std::fs::File,
 }
 
 impl std::ops::Deref for Store {
@@ -162,13 +164,24 @@ impl Store {
     }
 
     /// [`Store::open`] with checkpoints `every` so long apart while there are records;
-    /// `fail_confirms` (tests): the sync thread fails every checkpoint's confirmation.
+    /// `hold_confirms` (tests): checkpoints begin and are confirmed only when the writer
+    /// needs one (as if the power always went before the sync thread confirmed them).
     pub(crate) fn open_with(
         dir: &Path,
         every: std::time::Duration,
-        fail_confirms: bool,
+        hold_confirms: bool,
     ) -> Result<Store, StoreError> {
         let io = |e: std::io::Error| StoreError::Lmdb(heed::Error::Io(e));
+        // One process at a time: recovery writes into data.mdb before LMDB's own locks
+        // are taken. The lock goes with the store (or the process).
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let lock = std::fs::File::open(dir).map_err(io)?;
+        if !crate::sys::try_lock_exclusive(&lock).map_err(io)? {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::WouldBlock,
+                format!("{} is in use by another process", dir.display()),
+            )));
+        }
         // Before LMDB reads its meta pages: back to the log's checkpoint, if the daemon
         // did not close the store cleanly.
         let recovered = wal::recover(dir).map_err(io)?;
@@ -243,9 +256,13 @@ impl Store {
             batch_index,
             compute_prefs,
         });
-        let writer = writer::Writer::start(Arc::clone(&tables), log, pin, every, fail_confirms)
+        let writer = writer::Writer::start(Arc::clone(&tables), log, pin, every, hold_confirms)
             .map_err(io)?;
-        Ok(Store { writer, tables })
+        Ok(Store {
+            writer,
+            tables,
+            _lock: lock,
+        })
     }
 
     /// Runs `f` in the writer's next batch and waits until that batch is durable.
@@ -607,7 +624,7 @@ mod durability_tests {
         power_loss("two", Duration::from_millis(1), true);
     }
 
-    fn power_loss(name: &str, every: Duration, fail_confirms: bool) {
+    fn power_loss(name: &str, every: Duration, hold_confirms: bool) {
         let base =
             std::env::temp_dir().join(format!("isobox-store-power-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
@@ -624,7 +641,7 @@ mod durability_tests {
         }
         // Closed cleanly: this is on disk, synced.
         let synced = std::fs::read(live.join("data.mdb")).unwrap();
-        let s = Store::open_with(&live, every, fail_confirms).unwrap();
+        let s = Store::open_with(&live, every, hold_confirms).unwrap();
         for i in 0..600usize {
             match i % 3 {
                 0 => {
@@ -666,7 +683,7 @@ mod durability_tests {
         // With a checkpoint begun, both files hold records (past the header, its metas
         // and the confirmation's 4 KiB).
         let with_records = logs.iter().flatten().filter(|l| l.len() > 16384).count();
-        assert_eq!(with_records, if fail_confirms { 2 } else { 1 });
+        assert_eq!(with_records, if hold_confirms { 2 } else { 1 });
         assert!(now.len() > synced.len() && now != synced);
         let psize = 4096;
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
@@ -708,6 +725,109 @@ mod durability_tests {
             w.insert("after".into(), b"x".to_vec());
             check(&s, &w, &gone, 1);
         }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// A batch larger than a whole log file: the log is emptied by a checkpoint first
+    /// and grows past its size for that one record; it is as durable as any, and the
+    /// file shrinks back when its next turn begins. A second store on the same
+    /// directory is refused while the first is open.
+    #[test]
+    fn test_a_batch_larger_than_the_log_and_one_store_per_directory() {
+        let base = std::env::temp_dir().join(format!("isobox-store-big-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let live = base.join("live");
+        let s = Store::open_with(&live, HOUR, false).unwrap();
+        let Err(e) = Store::open_with(&live, HOUR, false) else {
+            panic!("a second store opened the same directory");
+        };
+        assert!(e.to_string().contains("in use by another process"), "{e}");
+        put(&s, "small", b"1");
+        let big = vec![0x5au8; (wal::CAPACITY + (1 << 20)) as usize];
+        let b2 = big.clone();
+        s.write(big.len(), move |t, wtxn| -> Result<(), StoreError> {
+            t.meta.put(wtxn, "big", &b2)?;
+            Ok(())
+        })
+        .unwrap();
+        put(&s, "after", b"2");
+        // At least the checkpoint that made room (the log's size then begins another).
+        assert!(s.checkpoints() >= 1);
+        let crashed = base.join("crashed");
+        std::fs::create_dir_all(&crashed).unwrap();
+        for f in ["wal-0", "wal-1", "data.mdb"] {
+            std::fs::copy(live.join(f), crashed.join(f)).unwrap();
+        }
+        let grown = (0..2)
+            .map(|i| {
+                std::fs::metadata(live.join(format!("wal-{i}")))
+                    .unwrap()
+                    .len()
+            })
+            .max()
+            .unwrap();
+        assert!(grown > wal::CAPACITY, "{grown}");
+        drop(s);
+        let s = Store::open_with(&crashed, HOUR, false).unwrap();
+        let rtxn = s.env.read_txn().unwrap();
+        assert!(s.meta.get(&rtxn, "big").unwrap() == Some(&big[..]));
+        drop(rtxn);
+        let mut want = BTreeMap::new();
+        want.insert("small".to_string(), b"1".to_vec());
+        want.insert("after".to_string(), b"2".to_vec());
+        check(&s, &want, &[], 0);
+        // Two checkpoints (the next turn of each file) and the grown one is back.
+        put(&s, "x", b"3");
+        drop(s);
+        let s = Store::open_with(&crashed, Duration::from_millis(1), false).unwrap();
+        for i in 0..3 {
+            put(&s, &format!("y{i}"), b"4");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(s);
+        for i in 0..2 {
+            let len = std::fs::metadata(crashed.join(format!("wal-{i}")))
+                .unwrap()
+                .len();
+            assert!(len <= wal::CAPACITY, "wal-{i}: {len}");
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// A log whose checkpoint was never confirmed needs the log before it; without
+    /// it the store refuses to open (saying what to do) rather than trust pages that
+    /// may never have reached the disk.
+    #[test]
+    fn test_an_unconfirmed_log_without_the_one_before_is_refused() {
+        let base = std::env::temp_dir().join(format!("isobox-store-orphan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let live = base.join("live");
+        let s = Store::open_with(&live, Duration::from_millis(1), true).unwrap();
+        for i in 0..50 {
+            put(&s, &format!("k{i}"), b"v");
+        }
+        let crashed = base.join("crashed");
+        std::fs::create_dir_all(&crashed).unwrap();
+        for f in ["wal-0", "wal-1", "data.mdb"] {
+            std::fs::copy(live.join(f), crashed.join(f)).unwrap();
+        }
+        drop(s);
+        // The newer log is the one with the higher generation: drop the other.
+        let gen = |f: &str| {
+            let b = std::fs::read(crashed.join(f)).unwrap();
+            u64::from_le_bytes(b[16..24].try_into().unwrap())
+        };
+        let older = if gen("wal-0") < gen("wal-1") {
+            "wal-0"
+        } else {
+            "wal-1"
+        };
+        std::fs::remove_file(crashed.join(older)).unwrap();
+        let Err(e) = Store::open_with(&crashed, HOUR, false) else {
+            panic!("opened on an unconfirmed checkpoint");
+        };
+        assert!(e.to_string().contains("cannot be recovered"), "{e}");
+        assert!(e.to_string().contains("move"), "{e}");
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -3,11 +3,16 @@
 //! LMDB makes a commit durable with two flushes of every page the commit dirtied (its
 //! data pages, then its meta page): for a batch of a few 100-byte KV writes that is ~15
 //! scattered pages and 3–4× the time of one flush of a ~2 KiB append. So the writer
-//! commits each batch to LMDB *without* syncing (readers see it at once, as before) and
-//! makes it durable by appending the batch's changes (recorded by [`super::table`]) to
-//! this log and `fdatasync`ing the log; that flush is the point after which a write is
-//! answered. Every few hundred milliseconds (and whenever the log fills) a checkpoint
-//! syncs LMDB's data file in the background and starts the log afresh.
+//! makes each batch durable by appending its changes (recorded by [`super::table`]) to
+//! this log and `fdatasync`ing the log, then commits it to LMDB *without* syncing: a
+//! batch is visible to readers only once it is durable, and answered after that. Every
+//! few milliseconds while writes come in (and whenever the log fills) a checkpoint syncs
+//! LMDB's data file in the background and starts the log afresh.
+//!
+//! A failed sync (of the log or of LMDB's data file) stops the daemon: after a failed
+//! `fsync` Linux may have dropped the pages it could not write and reports it once, so
+//! a retry proves nothing (PostgreSQL's and Redis's rule too). The next start recovers
+//! from what is on disk.
 //!
 //! Why this survives a power loss and not only a process crash: LMDB without syncs may
 //! have its meta page reach the disk before the pages it points to. So the log's header
@@ -29,7 +34,8 @@
 //! old pin goes, and the older file may be reused by the next checkpoint (which begins
 //! only then). The files grow, by zeroed chunks written and synced ahead of the records
 //! (so a record's flush never has to update the file's size), to at most [`CAPACITY`]
-//! each; a batch too large for the room left is made durable by a checkpoint of its own.
+//! each; when a batch's record does not fit in the room left, a checkpoint empties the
+//! log first (and a record larger than a whole file grows it, for that turn).
 //! Opening the store starts a new log with a fresh file renamed into place.
 //!
 //! Layout: a header of [`HEADER_LEN`] bytes (magic, version, flags, generation, the
@@ -293,17 +299,29 @@ pub(crate) fn recover(dir: &Path) -> io::Result<Recovered> {
     if ok && best.clean {
         return Ok(done);
     }
+    let bad = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("the state store's write-ahead log cannot be recovered: {why} (move {} aside to start with an empty store)", dir.display()),
+        )
+    };
     if !data.exists() {
-        log::warn!("store: a write-ahead log without data.mdb beside it: ignored");
-        return Ok(done);
+        return Err(bad("data.mdb is missing beside it"));
     }
-    let chain: Vec<&(usize, Header, File)> = match logs.get(1) {
-        Some(prev) if !ok && prev.1.gen + 1 == best.gen => vec![prev, &logs[0]],
-        _ => {
-            if !ok {
-                log::warn!("store: the write-ahead log's checkpoint was not confirmed and the log before it is gone: recovering from its own");
+    // A confirmed log stands alone; an unconfirmed one continues the confirmed one
+    // before it, whose checkpoint is the base.
+    let chain: Vec<&(usize, Header, File)> = if ok {
+        vec![&logs[0]]
+    } else {
+        match logs.get(1) {
+            Some(prev) if prev.1.gen + 1 == best.gen && confirmed(&prev.2, &prev.1)? => {
+                vec![prev, &logs[0]]
             }
-            vec![&logs[0]]
+            _ => {
+                return Err(bad(
+                    "its last checkpoint was never confirmed and the log before it is gone",
+                ))
+            }
         }
     };
     let base = &chain[0].1;
@@ -338,7 +356,8 @@ pub(crate) struct Confirm {
 }
 
 impl Confirm {
-    /// Does it; on error it may be run again.
+    /// Does it. An error is final: a failed sync must not be retried (the writer stops
+    /// the daemon).
     pub(crate) fn run(&self) -> io::Result<()> {
         self.data.sync_data()?;
         self.log.sync_data()?;
@@ -418,7 +437,12 @@ impl Wal {
         // A confirmation of the file's last turn must not stand for this one.
         buf.resize(records_start(metas.len()) as usize, 0);
         f.write_all_at(&buf, 0)?;
-        let zeroed = f.metadata()?.len();
+        let mut zeroed = f.metadata()?.len();
+        if zeroed > CAPACITY {
+            // Grown past its size for one large record in its last turn.
+            f.set_len(CAPACITY)?;
+            zeroed = CAPACITY;
+        }
         let confirm = Confirm {
             data: self.data.try_clone()?,
             log: f.try_clone()?,
@@ -450,13 +474,26 @@ impl Wal {
         self.off - records_start(2 * self.psize)
     }
 
-    /// Appends the record of the batch committed as `txnid` and syncs it: `Ok(false)`
-    /// when it does not fit (the caller makes the batch durable by a checkpoint).
-    pub(crate) fn append(&mut self, txnid: u64, payload: &[u8]) -> io::Result<bool> {
-        let end = self.off + REC_HEAD + payload.len() as u64;
-        if end > CAPACITY || u32::try_from(payload.len()).is_err() {
-            return Ok(false);
+    /// Whether a record of `len` bytes fits in what is left of [`CAPACITY`].
+    pub(crate) fn fits(&self, len: usize) -> bool {
+        self.off + REC_HEAD + len as u64 <= CAPACITY
+    }
+
+    /// Appends the record of the batch about to commit as `txnid` and syncs it. Past
+    /// [`CAPACITY`] when the caller found no room in an empty log (one record larger
+    /// than a file).
+    ///
+    /// # Errors
+    /// The write's or the sync's (the caller stops the daemon), or a payload of 4 GiB
+    /// or more.
+    pub(crate) fn append(&mut self, txnid: u64, payload: &[u8]) -> io::Result<()> {
+        if u32::try_from(payload.len()).is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a batch of 4 GiB or more",
+            ));
         }
+        let end = self.off + REC_HEAD + payload.len() as u64;
         if end > self.zeroed {
             self.zeroed = zero_to(&self.file, self.zeroed, end)?;
         }
@@ -467,7 +504,7 @@ impl Wal {
         self.file.write_all_at(&buf, self.off)?;
         self.file.sync_data()?;
         self.off = end;
-        Ok(true)
+        Ok(())
     }
 }
 

@@ -5,10 +5,12 @@
 //! A write is a closure run on the writer thread inside a nested transaction of the
 //! batch's transaction, through a [`WriteTxn`] that records its changes, so a write that
 //! returns `Err` undoes only its own changes (and its record). After the last write of a
-//! batch the batch commits to LMDB without a sync and its changes are appended to the
-//! write-ahead log and synced ([`super::wal`]); only then does each write's `then` run:
-//! with the write's own result, or with the failure for a write that had succeeded. So
-//! an answer still means "durable". Writes apply in the order they were queued; a
+//! batch its changes are appended to the write-ahead log and synced ([`super::wal`]),
+//! then the batch commits to LMDB without a sync (so readers see only durable writes);
+//! only then does each write's `then` run: with the write's own result, or with the
+//! failure for a write that had succeeded (the batch could not begin, or no checkpoint
+//! could make room in the log: then nothing of it happened). So an answer still means
+//! "durable"; a failed sync stops the daemon instead of answering. Writes apply in the order they were queued; a
 //! connection (and a worker) queues its next write only after its previous one
 //! answered, so order per connection and per key is kept.
 //!
@@ -163,30 +165,28 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the thread over `tables`, logging to `wal`, with `pin` the read
-    /// transaction on the log's checkpoint and checkpoints `every` so long apart.
+    /// transaction on the log's checkpoint and checkpoints `every` so long apart;
+    /// `hold_confirms` (tests): the sync thread leaves every confirmation to the writer,
+    /// which runs it only when it needs one (an oversized batch, the close).
     pub(crate) fn start(
         tables: Arc<Tables>,
         wal: Wal,
         pin: RoTxn<'static, WithoutTls>,
         every: Duration,
-        fail_confirms: bool,
+        hold_confirms: bool,
     ) -> std::io::Result<Writer> {
         let (tx, rx) = bounded::<Queued>(MAX_QUEUED);
         let stats = Arc::new(WriterStats::default());
         let st = Arc::clone(&stats);
         let (sync_tx, sync_rx) = bounded::<Confirm>(1);
-        let (done_tx, done_rx) = bounded::<(Confirm, std::io::Result<()>)>(1);
+        let (done_tx, done_rx) = bounded::<(Confirm, Option<std::io::Result<()>>)>(1);
         let syncer = std::thread::Builder::new()
             .name("isobox-sync".into())
             .spawn(move || {
                 while let Ok(c) = sync_rx.recv() {
-                    // Tests: a checkpoint that never gets confirmed (as if every
-                    // confirmation were lost to a power cut).
-                    let r = if fail_confirms {
-                        Err(std::io::Error::other("confirmations fail (a test)"))
-                    } else {
-                        c.run()
-                    };
+                    // Tests: the confirmation is handed back not run (as if the
+                    // power went before it), until the writer runs it itself.
+                    let r = (!hold_confirms).then(|| c.run());
                     if done_tx.send((c, r)).is_err() {
                         return;
                     }
@@ -204,7 +204,6 @@ impl Writer {
                     stats: Arc::clone(&st),
                     sync_tx,
                     done_rx,
-                    broken: None,
                 };
                 run(&tables, &rx, &st, &mut d);
                 d.shut(&tables);
@@ -252,8 +251,8 @@ impl Drop for Writer {
 struct Pending {
     /// The read transaction on its commit.
     pin: RoTxn<'static, WithoutTls>,
-    /// Its confirmation when the last try failed (`None`: on the sync thread now).
-    retry: Option<Confirm>,
+    /// Its confirmation when it is not on the sync thread (held back, in tests).
+    held: Option<Confirm>,
 }
 
 /// The log and its checkpoints, owned by the writer thread.
@@ -262,50 +261,39 @@ struct Durable {
     /// A read transaction on the confirmed checkpoint: LMDB reuses none of its pages.
     pin: RoTxn<'static, WithoutTls>,
     pending: Option<Pending>,
-    /// When the last checkpoint began (or its confirmation last failed).
+    /// When the last checkpoint began.
     last: Instant,
     /// How long after it the next is due, while there are records.
     every: Duration,
     stats: Arc<WriterStats>,
     sync_tx: Sender<Confirm>,
-    done_rx: Receiver<(Confirm, std::io::Result<()>)>,
-    /// Set when a batch could be made durable neither by the log nor by syncing LMDB:
-    /// every later write is refused with it (what is on disk is no longer known).
-    broken: Option<WriteFailed>,
+    done_rx: Receiver<(Confirm, Option<std::io::Result<()>>)>,
+}
+
+/// A sync of the log or of LMDB's data file failed. After a failed `fsync` Linux may
+/// have dropped the pages it could not write and reports the error once: a retry can
+/// succeed with the data lost, so nothing written since can be vouched for. Like
+/// PostgreSQL (`data_sync_retry = off`) and Redis (`appendfsync always`), the daemon
+/// stops here, answering nothing more; the next start recovers from what is on disk
+/// (the last confirmed checkpoint and the log), and the writes in flight, never
+/// answered, may or may not be there.
+fn fatal(what: &str, e: &std::io::Error) -> ! {
+    log::error!(
+        "store: {what} failed: {e}; stopping the daemon (a restart recovers from the disk)"
+    );
+    eprintln!("isoboxd: store: {what} failed: {e}; stopping");
+    std::process::abort();
 }
 
 impl Durable {
-    /// When the next step is due: a new checkpoint (none pending, records logged), or
-    /// another try of a failed confirmation.
+    /// When the next checkpoint is due: none pending and records logged.
     fn due(&self) -> Option<Instant> {
-        let go = match &self.pending {
-            None => self.wal.used() > 0,
-            Some(p) => p.retry.is_some(),
-        };
-        go.then(|| self.last + self.every)
+        (self.pending.is_none() && self.wal.used() > 0).then(|| self.last + self.every)
     }
 
-    /// Takes the due step.
-    fn step(&mut self, t: &Tables) {
-        self.last = Instant::now();
-        match &mut self.pending {
-            Some(p) => {
-                if let Some(c) = p.retry.take() {
-                    if let Err(e) = self.sync_tx.send(c) {
-                        p.retry = Some(e.0);
-                    }
-                }
-            }
-            None => {
-                if let Err(e) = self.begin(t, false) {
-                    log::error!("store: checkpoint: {e}");
-                }
-            }
-        }
-    }
-
-    /// Begins a checkpoint at LMDB's last commit (see [`Wal::begin`]); returns its
-    /// confirmation, which the caller runs or hands to the sync thread.
+    /// Begins a checkpoint at LMDB's last commit (see [`Wal::begin`]), pinned; returns
+    /// its confirmation, which the caller runs or hands to the sync thread. An error
+    /// leaves the log as it was (a header begun in the retired file is not used).
     fn start(&mut self, t: &Tables, clean: bool) -> Result<Confirm, String> {
         let pin = t
             .env
@@ -320,30 +308,33 @@ impl Durable {
             .wal
             .begin(pin.id() as u64, &metas, clean)
             .map_err(|e| format!("writing the write-ahead log's header: {e}"))?;
-        self.pending = Some(Pending { pin, retry: None });
+        self.pending = Some(Pending { pin, held: None });
+        self.last = Instant::now();
         Ok(c)
     }
 
-    /// [`Durable::start`], confirmed on the sync thread.
-    fn begin(&mut self, t: &Tables, clean: bool) -> Result<(), String> {
-        let c = self.start(t, clean)?;
-        if let Err(e) = self.sync_tx.send(c) {
-            if let Some(p) = &mut self.pending {
-                p.retry = Some(e.0);
+    /// Begins a checkpoint, confirmed on the sync thread.
+    fn begin(&mut self, t: &Tables) {
+        match self.start(t, false) {
+            Ok(c) => {
+                if let Err(e) = self.sync_tx.send(c) {
+                    if let Some(p) = &mut self.pending {
+                        p.held = Some(e.0);
+                    }
+                }
             }
+            Err(e) => log::error!("store: checkpoint: {e}"),
         }
-        Ok(())
     }
 
     /// The sync thread's answer for the pending checkpoint.
-    fn end(&mut self, c: Confirm, r: std::io::Result<()>) {
+    fn end(&mut self, c: Confirm, r: Option<std::io::Result<()>>) {
         match r {
-            Ok(()) => self.confirmed(),
-            Err(e) => {
-                log::error!("store: checkpoint: syncing LMDB's data file or the log: {e}");
-                self.last = Instant::now();
+            Some(Ok(())) => self.confirmed(),
+            Some(Err(e)) => fatal("a checkpoint's sync", &e),
+            None => {
                 if let Some(p) = &mut self.pending {
-                    p.retry = Some(c);
+                    p.held = Some(c);
                 }
             }
         }
@@ -358,75 +349,54 @@ impl Durable {
     }
 
     /// The pending checkpoint confirmed, here, waiting for the sync thread if it has it.
-    fn settle(&mut self) -> Result<(), String> {
+    fn settle(&mut self) {
         let Some(p) = &mut self.pending else {
-            return Ok(());
+            return;
         };
-        let c = match p.retry.take() {
+        let c = match p.held.take() {
             Some(c) => c,
             None => match self.done_rx.recv() {
-                Ok((c, Ok(()))) => {
-                    drop(c);
-                    self.confirmed();
-                    return Ok(());
-                }
-                Ok((c, Err(e))) => {
-                    log::error!("store: checkpoint: {e}; trying again");
-                    c
-                }
-                Err(_) => return Err("the sync thread is gone".into()),
+                Ok((_, Some(Ok(())))) => return self.confirmed(),
+                Ok((_, Some(Err(e)))) => fatal("a checkpoint's sync", &e),
+                Ok((c, None)) => c,
+                Err(_) => fatal("the sync thread", &std::io::Error::other("it is gone")),
             },
         };
-        match c.run() {
-            Ok(()) => {
-                self.confirmed();
-                Ok(())
-            }
-            Err(e) => {
-                if let Some(p) = &mut self.pending {
-                    p.retry = Some(c);
-                }
-                Err(format!("syncing LMDB's data file or the log: {e}"))
-            }
+        if let Err(e) = c.run() {
+            fatal("a checkpoint's sync", &e);
         }
+        self.confirmed();
     }
 
     /// A whole checkpoint here, at LMDB's last commit (after the pending one, if any):
-    /// everything committed is durable when it returns `Ok`.
+    /// everything committed is durable and the log empty when it returns `Ok`.
     fn now(&mut self, t: &Tables, clean: bool) -> Result<(), String> {
-        self.settle()?;
+        self.settle();
         let c = self.start(t, clean)?;
         if let Some(p) = &mut self.pending {
-            p.retry = Some(c);
+            p.held = Some(c);
         }
-        self.settle()?;
-        self.last = Instant::now();
+        self.settle();
         Ok(())
     }
 
-    /// Makes the batch just committed as `txnid`, whose changes are `log`, durable.
-    fn persist(&mut self, t: &Tables, txnid: u64, log: &[u8]) -> Option<WriteFailed> {
-        match self.wal.append(txnid, log) {
-            Ok(true) => return None,
-            Ok(false) => {}
-            Err(e) => log::error!("store: write-ahead log: {e}; syncing LMDB instead"),
+    /// Makes the changes `rec` of the batch about to commit as `txnid` durable, before
+    /// the commit makes them visible. When the log has no room left for them, a
+    /// checkpoint at the last commit first empties it (the log grows past its usual
+    /// size for a record larger than a whole file).
+    fn log(&mut self, t: &Tables, txnid: u64, rec: &[u8]) -> Result<(), WriteFailed> {
+        if self.wal.used() > 0 && !self.wal.fits(rec.len()) {
+            self.now(t, false)
+                .map_err(|e| WriteFailed(format!("the state store could not checkpoint: {e}")))?;
         }
-        match self.now(t, false) {
-            Ok(()) => None,
-            Err(e) => {
-                let why = WriteFailed(format!("the state store could not sync its disk: {e}"));
-                log::error!("store: {}; refusing every write from now on", why.0);
-                self.broken = Some(why.clone());
-                Some(why)
-            }
+        if let Err(e) = self.wal.append(txnid, rec) {
+            fatal("appending to the write-ahead log", &e);
         }
+        Ok(())
     }
 
     /// After the last write: the pending checkpoint, then a clean one.
     fn shut(&mut self, t: &Tables) {
-        if self.broken.is_some() {
-            return;
-        }
         if let Err(e) = self.now(t, true) {
             log::error!("store: the closing checkpoint: {e}");
         }
@@ -449,14 +419,13 @@ fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats, d: &mut Durable) 
                         Ok(q) => break q,
                         Err(_) => return,
                     },
-                    recv(d.done_rx) -> r => {
-                        if let Ok((c, r)) = r {
-                            d.end(c, r);
-                        }
+                    recv(d.done_rx) -> r => match r {
+                        Ok((c, r)) => d.end(c, r),
+                        Err(_) => fatal("the sync thread", &std::io::Error::other("it is gone")),
                     },
                     default(wait) => {
                         if d.due().is_some_and(|at| at <= Instant::now()) {
-                            d.step(t);
+                            d.begin(t);
                         }
                     },
                 }
@@ -477,19 +446,9 @@ fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats, d: &mut Durable) 
                 Err(_) => break,
             }
         }
-        if let Some(why) = d.broken.clone() {
-            for q in queued {
-                q.refuse(StoreError::Write(why.clone()));
-            }
-            continue;
-        }
         batch.extend(queued.into_iter().map(|q| q.write));
         log.clear();
-        let failed = match commit_batch(t, &mut batch, &mut log) {
-            Err(why) => Some(why),
-            Ok(_) if log.is_empty() => None,
-            Ok(txnid) => d.persist(t, txnid, &log),
-        };
+        let failed = commit_batch(t, &mut batch, &mut log, d).err();
         if log.capacity() > 1 << 20 {
             log = Vec::with_capacity(64 << 10);
         }
@@ -516,22 +475,24 @@ fn run(t: &Tables, rx: &Receiver<Queued>, stats: &WriterStats, d: &mut Durable) 
         if let Ok((c, r)) = d.done_rx.try_recv() {
             d.end(c, r);
         }
-        if d.due().is_some_and(|at| {
-            at <= Instant::now() || (d.pending.is_none() && d.wal.used() >= CHECKPOINT_BYTES)
-        }) {
-            d.step(t);
+        if d.due()
+            .is_some_and(|at| at <= Instant::now() || d.wal.used() >= CHECKPOINT_BYTES)
+        {
+            d.begin(t);
         }
     }
 }
 
-/// Applies every write of `batch` in one transaction and commits it (without a sync:
-/// the caller logs `log`, the changes of the writes that kept theirs). The transaction's
-/// id, or why it could not begin or commit: then nothing of it happened.
+/// Applies every write of `batch` in one transaction, makes the changes of the writes
+/// that kept theirs (`log`) durable in the write-ahead log, then commits to LMDB
+/// without a sync: readers see a batch only once it is durable. `Err`: nothing of the
+/// batch happened.
 fn commit_batch(
     t: &Tables,
     batch: &mut [Box<dyn Write>],
     log: &mut Vec<u8>,
-) -> Result<u64, WriteFailed> {
+    d: &mut Durable,
+) -> Result<(), WriteFailed> {
     let mut txn = t
         .env
         .write_txn()
@@ -556,9 +517,22 @@ fn commit_batch(
             child.abort();
         }
     }
-    txn.commit()
-        .map_err(|e| WriteFailed(format!("lmdb commit: {e}")))?;
-    Ok(txnid)
+    if log.is_empty() {
+        // Nothing changed: nothing to make durable or visible.
+        txn.abort();
+        return Ok(());
+    }
+    // Dropping `txn` on an error here aborts it.
+    d.log(t, txnid, log)?;
+    if let Err(e) = txn.commit() {
+        // Its changes are in the log: a restart would apply what this answer calls
+        // failed, and LMDB's state in memory is no longer known.
+        fatal(
+            "an LMDB commit after its changes were logged",
+            &std::io::Error::other(e.to_string()),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
