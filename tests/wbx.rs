@@ -1689,6 +1689,19 @@ fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
         .collect();
     assert_eq!(boxes.len(), 1, "the sandbox's cgroup: {boxes:?}");
     let cg = boxes[0].clone();
+    // Thawed whatever happens (dropped before the daemon): a sandbox left frozen by a
+    // failed assertion cannot be killed, and the daemon's cleanup would leave it.
+    struct Thaw(std::path::PathBuf, bool);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            let _ = if self.1 {
+                std::fs::write(self.0.join("freezer.state"), "THAWED")
+            } else {
+                std::fs::write(self.0.join("cgroup.freeze"), "0")
+            };
+        }
+    }
+    let _thaw = Thaw(cg.clone(), v1);
     let set = |to: &str| {
         let frozen = to == "FROZEN";
         if v1 {
@@ -1719,7 +1732,7 @@ fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
             assert!(Instant::now() < deadline, "never {to}");
             std::thread::sleep(Duration::from_millis(20));
             tries += 1;
-            if v1 && tries % 10 == 0 {
+            if v1 && tries.is_multiple_of(10) {
                 std::fs::write(cg.join("freezer.state"), to).unwrap();
             }
         }
