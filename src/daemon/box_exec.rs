@@ -177,7 +177,11 @@ impl Daemon {
             return;
         }
         cmd.pid = Some(pid);
-        cmd.started = Instant::now();
+        // `started` stays when the spawn was asked for: the process ran from some time
+        // after it, so `duration_ms` is never shorter than the command took (stamped
+        // here, a reply that waited on a busy host made a 300 ms command 298 ms). Its
+        // time limit counts from now, when it surely runs.
+        let spawned = Instant::now();
         // The spawn's answer timer no longer names it.
         cmd.gen = 0;
         if let Some(input) = cmd.stdin.take() {
@@ -192,7 +196,7 @@ impl Daemon {
             let ms = cmd
                 .timeout_ms
                 .min(self.cfg.wbx.max_timeout_s.saturating_mul(1000));
-            let at = cmd.started + Duration::from_millis(ms);
+            let at = spawned + Duration::from_millis(ms);
             cmd.gen = self
                 .reactor
                 .arm_new(at, Addr::new(BOXES, key, EXEC_DEADLINE));

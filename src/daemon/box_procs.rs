@@ -95,6 +95,9 @@ enum Pending {
         client: (usize, u64),
         start: Box<Start>,
         gen: u64,
+        /// When init was asked: the process's `duration_ms` counts from here, so it is
+        /// never shorter than the process ran.
+        asked: Instant,
     },
     /// A client attaching to `pid`: it gets the replay, then joins.
     Watch { pid: u32, sub: Sub, gen: u64 },
@@ -335,6 +338,7 @@ impl Daemon {
                 client: (ck, cserial),
                 start,
                 gen,
+                asked: Instant::now(),
             },
         );
         let serial = b.serial;
@@ -615,7 +619,12 @@ impl Daemon {
         };
         let reply: Option<Reply> = serde_json::from_slice(payload).ok();
         match pending {
-            Pending::Start { client, start, .. } => self.proc_started(key, client, *start, reply),
+            Pending::Start {
+                client,
+                start,
+                asked,
+                ..
+            } => self.proc_started(key, client, *start, asked, reply),
             Pending::Watch { pid, sub, .. } => self.proc_watched(key, pid, sub, reply),
         }
         true
@@ -633,6 +642,7 @@ impl Daemon {
         key: usize,
         client: (usize, u64),
         start: Start,
+        asked: Instant,
         reply: Option<Reply>,
     ) {
         let pid = match reply {
@@ -667,7 +677,7 @@ impl Daemon {
                 pty: start.pty,
                 stdin: start.stdin || start.pty.is_some(),
                 started_ms: super::boxes::now_ms(),
-                started: Instant::now(),
+                started: asked,
                 ended: None,
                 subs: Vec::new(),
                 watching: 0,
