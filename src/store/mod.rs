@@ -606,6 +606,18 @@ mod durability_tests {
         assert_eq!(s.sessions().unwrap().len(), sessions);
     }
 
+    /// The store's files in `live` as they are now (the page cache: what a `kill -9`
+    /// leaves), copied into `to`.
+    fn copy_store(live: &Path, to: &Path) -> std::path::PathBuf {
+        std::fs::create_dir_all(to).unwrap();
+        for f in ["wal-0", "wal-1", "data.mdb"] {
+            if live.join(f).exists() {
+                std::fs::copy(live.join(f), to.join(f)).unwrap();
+            }
+        }
+        to.to_path_buf()
+    }
+
     /// The worst a power loss can leave: every page written since the last sync is
     /// either its old content, its new one, or (past the old end of the file) garbage;
     /// only the log's synced bytes are sure. Here the meta pages are always the new
@@ -753,11 +765,7 @@ mod durability_tests {
         put(&s, "after", b"2");
         // At least the checkpoint that made room (the log's size then begins another).
         assert!(s.checkpoints() >= 1);
-        let crashed = base.join("crashed");
-        std::fs::create_dir_all(&crashed).unwrap();
-        for f in ["wal-0", "wal-1", "data.mdb"] {
-            std::fs::copy(live.join(f), crashed.join(f)).unwrap();
-        }
+        let crashed = copy_store(&live, &base.join("crashed"));
         let grown = (0..2)
             .map(|i| {
                 std::fs::metadata(live.join(format!("wal-{i}")))
@@ -806,11 +814,7 @@ mod durability_tests {
         for i in 0..50 {
             put(&s, &format!("k{i}"), b"v");
         }
-        let crashed = base.join("crashed");
-        std::fs::create_dir_all(&crashed).unwrap();
-        for f in ["wal-0", "wal-1", "data.mdb"] {
-            std::fs::copy(live.join(f), crashed.join(f)).unwrap();
-        }
+        let crashed = copy_store(&live, &base.join("crashed"));
         drop(s);
         // The newer log is the one with the higher generation: drop the other.
         let gen = |f: &str| {
@@ -868,13 +872,7 @@ mod durability_tests {
         // A last batch, logged and maybe not yet checkpointed.
         put(&s, "last", b"1");
         want.insert("last".into(), b"1".to_vec());
-        let crashed = base.join("crashed");
-        std::fs::create_dir_all(&crashed).unwrap();
-        for f in ["wal-0", "wal-1", "data.mdb"] {
-            if live.join(f).exists() {
-                std::fs::copy(live.join(f), crashed.join(f)).unwrap();
-            }
-        }
+        let crashed = copy_store(&live, &base.join("crashed"));
         drop(s);
         let s = Store::open_with(&crashed, HOUR, false).unwrap();
         check(&s, &want, &[], 0);

@@ -234,6 +234,18 @@ fn zero_to(f: &File, from: u64, end: u64) -> io::Result<u64> {
     Ok(to)
 }
 
+/// LMDB's two meta pages (pages 0 and 1 of `psize` bytes) as `data` holds them now.
+fn read_metas(data: &File, psize: usize) -> io::Result<Vec<u8>> {
+    let mut m = vec![0u8; 2 * psize];
+    if read_full_at(data, &mut m, 0)? < m.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "data.mdb is shorter than its meta pages",
+        ));
+    }
+    Ok(m)
+}
+
 fn log_path(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("wal-{i}"))
 }
@@ -387,13 +399,7 @@ impl Wal {
     /// use (which an unconfirmed log still depended on until then).
     pub(crate) fn start(dir: &Path, r: &Recovered, txnid: u64, psize: usize) -> io::Result<Wal> {
         let data = File::open(dir.join("data.mdb"))?;
-        let mut m = vec![0u8; 2 * psize];
-        if read_full_at(&data, &mut m, 0)? < m.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "data.mdb is shorter than its meta pages",
-            ));
-        }
+        let m = read_metas(&data, psize)?;
         let (cur, gen) = (1 - r.cur, r.gen + 1);
         let mut buf = header_bytes(gen, txnid, false, &m);
         buf.resize(confirm_at(m.len()) as usize, 0);
@@ -459,14 +465,7 @@ impl Wal {
 
     /// LMDB's two meta pages as they are now (from the page cache).
     pub(crate) fn metas(&self) -> io::Result<Vec<u8>> {
-        let mut m = vec![0u8; 2 * self.psize];
-        if read_full_at(&self.data, &mut m, 0)? < m.len() {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "data.mdb is shorter than its meta pages",
-            ));
-        }
-        Ok(m)
+        read_metas(&self.data, self.psize)
     }
 
     /// Bytes of records since the current header.
