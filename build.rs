@@ -70,16 +70,18 @@ fn ui_vendor() {
     std::fs::write(out, src).expect("write ui_vendor.rs");
 }
 
-/// Compiles the static program without libc that isoboxd embeds (x86-64 Linux only):
-/// `src/sandbox/start.c` into `$OUT_DIR/isobox-start` (`sandbox::start::BINARY`).
+/// Compiles the static programs without libc that isoboxd embeds (x86-64 Linux only):
+/// `src/sandbox/start.c` into `$OUT_DIR/isobox-start` (`sandbox::start::BINARY`) and
+/// `src/sandbox/started.c` into `$OUT_DIR/isobox-started` (`sandbox::start::HOOK`).
 /// Only the compiler is taken from the `cc` crate (`CC`), none of its default flags,
 /// `CFLAGS` or sanitizer flags (a sanitizer's or profiler's runtime cannot link into a
 /// program without libc). When they do not compile, the build says so and goes on
-/// without it: isoboxd then writes the start frame with the shell, as on other CPUs.
+/// without them: isoboxd then writes the start frame with the shell, as on other CPUs.
 fn static_programs() {
     println!("cargo::rustc-check-cfg=cfg(isobox_static)");
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rerun-if-changed=src/sandbox/start.c");
+    println!("cargo:rerun-if-changed=src/sandbox/started.c");
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if arch != "x86_64" || os != "linux" {
@@ -90,33 +92,37 @@ fn static_programs() {
         .cargo_metadata(false)
         .cargo_warnings(false)
         .get_compiler();
-    let (src, name) = ("src/sandbox/start.c", "isobox-start");
-    let mut cmd = std::process::Command::new(compiler.path());
-    cmd.args([
-        "-Os",
-        "-static",
-        "-nostdlib",
-        "-ffreestanding",
-        "-fno-pie",
-        "-no-pie",
-        "-fno-stack-protector",
-        "-fno-asynchronous-unwind-tables",
-        "-fno-sanitize=all",
-        "-Wl,--build-id=none",
-        "-s",
-    ]);
-    if compiler.is_like_gnu() && !compiler.is_like_clang() {
-        // GCC turns the length loop into a call to libc's strlen without it.
-        cmd.arg("-fno-tree-loop-distribute-patterns");
-    }
-    cmd.arg("-o").arg(out.join(name)).arg(src);
-    match cmd.status() {
-        Ok(st) if st.success() => {}
-        other => {
-            println!(
-                "cargo:warning={src} did not compile ({other:?}): isoboxd uses /bin/sh for the start frame"
-            );
-            return;
+    for (src, name) in [
+        ("src/sandbox/start.c", "isobox-start"),
+        ("src/sandbox/started.c", "isobox-started"),
+    ] {
+        let mut cmd = std::process::Command::new(compiler.path());
+        cmd.args([
+            "-Os",
+            "-static",
+            "-nostdlib",
+            "-ffreestanding",
+            "-fno-pie",
+            "-no-pie",
+            "-fno-stack-protector",
+            "-fno-asynchronous-unwind-tables",
+            "-fno-sanitize=all",
+            "-Wl,--build-id=none",
+            "-s",
+        ]);
+        if compiler.is_like_gnu() && !compiler.is_like_clang() {
+            // GCC turns the length loop into a call to libc's strlen without it.
+            cmd.arg("-fno-tree-loop-distribute-patterns");
+        }
+        cmd.arg("-o").arg(out.join(name)).arg(src);
+        match cmd.status() {
+            Ok(st) if st.success() => {}
+            other => {
+                println!(
+                    "cargo:warning={src} did not compile ({other:?}): isoboxd uses /bin/sh for the start frame"
+                );
+                return;
+            }
         }
     }
     println!("cargo:rustc-cfg=isobox_static");

@@ -492,6 +492,7 @@ fn decode_with(
         workspace: None,
         long_lived: None,
         ro_binds: Vec::new(),
+        signal_start: false,
         cpu_weight: None,
     };
     Ok(Decoded {

@@ -204,6 +204,7 @@ pub fn create(app: &mut App, req: &Request) -> Action {
             workspace: None,
             long_lived: None,
             ro_binds: Vec::new(),
+            signal_start: false,
             cpu_weight: None,
         }))
     } else {

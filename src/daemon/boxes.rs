@@ -645,6 +645,7 @@ impl Daemon {
             workspace: None,
             long_lived: Some(self.cfg.init.clone()),
             ro_binds,
+            signal_start: false,
             cpu_weight: Some(class.cpu_weight),
         };
         let now = Instant::now();

@@ -191,6 +191,9 @@ impl Daemon {
             return;
         }
         run.paused = false;
+        // A signal that came with the exit (runsc runs the hook before it waits for the
+        // program) is read before the gate's verdict.
+        self.run_take_start_signal(rk);
         self.run_pipe_event_final(rk);
         let Some(run) = self.runs.get_mut(rk) else {
             return;
@@ -209,6 +212,13 @@ impl Daemon {
         }
         if let Some((mut ctl, t)) = run.exit_ctl.take() {
             let _ = self.reactor.registry().deregister(&mut ctl);
+            release.push(t);
+        }
+        if let Some((f, t)) = run.start_signal.take() {
+            let _ = self
+                .reactor
+                .registry()
+                .deregister(&mut SourceFd(&f.as_raw_fd()));
             release.push(t);
         }
         if let Some((fd, t)) = run.pid.take() {

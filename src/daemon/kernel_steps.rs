@@ -200,6 +200,7 @@ impl Daemon {
             artifacts: Vec::new(),
             artifacts_truncated: false,
             exit_ctl: None,
+            start_signal: None,
             exit_buf: Vec::new(),
             early_exit: None,
         });

@@ -11,7 +11,7 @@ use crate::http::sse::take_utf8;
 use crate::reactor::Addr;
 use crate::sandbox::build::Feed;
 use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 impl Daemon {
@@ -26,6 +26,11 @@ impl Daemon {
             // Backpressure pauses reading, except stderr before the start frame (a
             // bounded read: the gate keeps at most 4 KiB), which must not stay unseen.
             if run.paused && (idx != 1 || run.gate.began()) {
+                return;
+            }
+            // Awaiting the hook's signal, stderr is held back up to a bound; then the
+            // program waits on its pipe until the signal (which reads on).
+            if idx == 1 && run.gate.holding_full() {
                 return;
             }
             let Some((rx, _)) = run.out[idx].pipe.as_mut() else {
@@ -204,6 +209,61 @@ impl Daemon {
                 self.reactor.release(t);
             }
         }
+    }
+
+    /// The poststart hook's FIFO is readable: the program has started (`start.rs`);
+    /// stderr held back until now is the program's, and reading goes on.
+    pub(crate) fn run_start_signal_event(&mut self, rk: usize) {
+        if self.run_take_start_signal(rk) {
+            self.run_pipe_event(rk, true);
+        }
+    }
+
+    /// Reads the hook's signal, when it is there: the gate opens, the program's wall
+    /// time counts from when the hook ran, and what stderr held goes on as output.
+    /// Whether it came.
+    pub(super) fn run_take_start_signal(&mut self, rk: usize) -> bool {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return false;
+        };
+        let Some((f, _)) = run.start_signal.as_ref() else {
+            return false;
+        };
+        let mut signal = [0u8; crate::sandbox::start::SIGNAL_BYTES];
+        // One atomic write of 8 bytes: all of it or none (0: no writer; WouldBlock).
+        let got = loop {
+            match (&*f).read(&mut signal) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => break r.unwrap_or(0),
+            }
+        };
+        if got != signal.len() {
+            return false;
+        }
+        let (now, now_ns) = (Instant::now(), crate::sys::monotonic_ns());
+        if let Some((f, t)) = run.start_signal.take() {
+            let _ = self
+                .reactor
+                .registry()
+                .deregister(&mut mio::unix::SourceFd(&f.as_raw_fd()));
+            self.reactor.release(t);
+        }
+        let Some(run) = self.runs.get_mut(rk) else {
+            return false;
+        };
+        let Some(held) = run.gate.signal() else {
+            return false;
+        };
+        let at = crate::sandbox::start::signal_instant(signal, now, now_ns);
+        run.program_started = Some(at);
+        if run.exited_at.is_none() {
+            let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
+            self.arm_run(rk, at + wall);
+        }
+        if !held.is_empty() {
+            self.run_output(rk, 1, &held);
+        }
+        true
     }
 
     /// Reads a claimed pooled sandbox's exit channel (`warm.rs`).

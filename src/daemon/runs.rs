@@ -36,6 +36,8 @@ pub(crate) const STDIN: u16 = 2;
 pub(crate) const PID: u16 = 3;
 /// A claimed pooled sandbox's exit channel.
 pub(crate) const CTL: u16 = 4;
+/// A cold run's start signal: the FIFO its poststart hook writes (`sandbox::start`).
+pub(crate) const STARTED: u16 = 5;
 /// Timers: the run's deadline (wall time, or the drain grace after exit).
 pub(crate) const DEADLINE: u16 = 0;
 /// Timers: an SSE keep-alive comment (the generation is the run's serial).
@@ -56,6 +58,7 @@ impl Component<Daemon> for Runs {
             STDIN => d.run_stdin_event(rk),
             PID => d.run_exited(rk),
             CTL => d.run_ctl_event(rk),
+            STARTED => d.run_start_signal_event(rk),
             _ => {}
         }
     }
@@ -168,6 +171,8 @@ pub struct Run {
     /// A claimed pooled sandbox's exit channel, and what it has said so far.
     pub(super) exit_ctl: Option<(mio::net::UnixStream, Token)>,
     pub(super) exit_buf: Vec<u8>,
+    /// A cold run's start signal, until it comes: the hook's FIFO (`sandbox::start`).
+    pub(super) start_signal: Option<(std::fs::File, Token)>,
     /// The harness reported the program's exit status: the pipes hold all its output,
     /// and the result need not wait for the sandbox's teardown.
     pub(super) early_exit: Option<i32>,
@@ -318,9 +323,13 @@ impl Daemon {
             artifacts_truncated: false,
             exit_ctl: None,
             exit_buf: Vec::new(),
+            start_signal: None,
             early_exit: None,
         };
-        let plan_for_job = run.plan.clone();
+        let mut plan_for_job = run.plan.clone();
+        // A cold interpreted run's start is heard (the compiled runtimes' build script
+        // writes the frame itself).
+        plan_for_job.signal_start = !plan_for_job.runtime.desc.compiled;
         let rk = self.runs.insert(run);
         let backend = Arc::clone(&self.backend);
         let desc = &plan_for_job.runtime.desc;
@@ -366,17 +375,9 @@ impl Daemon {
             });
             let result = match claimed {
                 Some(s) => Ok(Box::new(s)),
-                None => {
-                    // The build script prints the start frame itself.
-                    let argv = if plan_for_job.runtime.desc.compiled {
-                        argv
-                    } else {
-                        backend.wrap_start(argv)
-                    };
-                    backend
-                        .run(&id, &plan_for_job, argv, &env, crate::sandbox::Stdin::Pipe)
-                        .map(Box::new)
-                }
+                None => backend
+                    .run(&id, &plan_for_job, argv, &env, crate::sandbox::Stdin::Pipe)
+                    .map(Box::new),
             };
             Box::new(move |d: &mut Daemon| d.run_spawned(rk, serial, result))
         });
@@ -513,6 +514,18 @@ impl Daemon {
                 self.reactor.release(t_ctl);
             }
         }
+        if let Some(fd) = s.start_signal {
+            let t = self.reactor.token(Addr::new(RUNS, rk, STARTED));
+            reg_ok &= self
+                .reactor
+                .registry()
+                .register(&mut SourceFd(&fd.as_raw_fd()), t, Interest::READABLE)
+                .is_ok();
+            if let Some(run) = self.runs.get_mut(rk) {
+                run.gate = crate::sandbox::start::StartGate::hooked();
+                run.start_signal = Some((std::fs::File::from(fd), t));
+            }
+        }
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
@@ -530,7 +543,7 @@ impl Daemon {
             run.gate = crate::sandbox::start::StartGate::open();
             run.program_started = Some(s.started);
         }
-        // Until the start frame (cold) or the build frame arrives, this is the deadline
+        // Until the start signal (cold) or the build frame arrives, this is the deadline
         // for getting there; the program's own wall time is armed when it starts.
         let wall = if run.compile.is_some() {
             Duration::from_millis(self.cfg.compile_timeout_ms) + Duration::from_secs(2)

@@ -38,7 +38,7 @@ fn signal_pipe(
 /// The backend: given (the tests' seam), or gVisor, finished once egress exists.
 enum Made {
     Given(Arc<dyn Backend>),
-    Gvisor(Gvisor),
+    Gvisor(Box<Gvisor>),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> DaemonError {
@@ -212,8 +212,9 @@ impl Daemon {
                     instance: cfg.instance.clone(),
                     cgroups: cgroups.clone(),
                     egress: None,
+                    start_hook: crate::sandbox::start::install_hook(&cfg.data_dir),
                 };
-                (cgroups, cgroup_error, Made::Gvisor(gvisor))
+                (cgroups, cgroup_error, Made::Gvisor(Box::new(gvisor)))
             }
         };
         let swept = match &made {
@@ -346,7 +347,7 @@ impl Daemon {
             Made::Given(b) => b,
             Made::Gvisor(g) => Arc::new(Gvisor {
                 egress: egress.enabled().then_some(egress),
-                ..g
+                ..*g
             }),
         };
         // Pools by canonical runtime name; a name that is not an installed Python

@@ -567,3 +567,122 @@ fn test_no_container_id_is_a_prefix_of_another() {
         }
     }
 }
+
+#[test]
+fn test_stderr_before_the_hooks_signal_is_the_programs_and_time_counts_from_it() {
+    // The program writes at once; the hook's signal comes 1 s later (a slow `runsc
+    // run`). What came before it is the program's, in order, and its time counts from
+    // the signal (the program ran 1.5 s from its spawn).
+    let l = Loop::start(&[]);
+    l.fake.signal_delay_ms.store(1000, Ordering::SeqCst);
+    let (status, v) = l.execute(&sh(
+        "echo early >&2; echo out; sleep 1.5; echo late >&2",
+        serde_json::json!({}),
+    ));
+    assert_eq!(status, 200, "{v}");
+    let run = &v["run"];
+    assert_eq!(run["stderr"], "early\nlate\n", "{run}");
+    assert_eq!(run["stdout"], "out\n", "{run}");
+    assert_eq!(run["exitCode"], 0, "{run}");
+    let ms = run["durationMs"].as_u64().unwrap();
+    assert!(
+        (300..1400).contains(&ms),
+        "durationMs {ms}: not from the signal"
+    );
+    l.assert_idle();
+    l.stop();
+}
+
+#[test]
+fn test_more_stderr_than_is_held_before_the_signal_is_all_kept() {
+    // 200 KiB of stderr before the signal: the gate holds 64 KiB (and a read), the
+    // program waits on its full pipe, and after the signal every byte arrives.
+    let l = Loop::start(&[]);
+    l.fake.signal_delay_ms.store(300, Ordering::SeqCst);
+    let n = 200 * 1024;
+    let (status, v) = l.execute(&sh(
+        &format!("head -c {n} /dev/zero | tr '\\0' e >&2; echo done"),
+        serde_json::json!({"outputBytes": 1 << 20}),
+    ));
+    assert_eq!(status, 200, "{v}");
+    let run = &v["run"];
+    let err = run["stderr"].as_str().unwrap();
+    assert_eq!(err.len(), n);
+    assert!(err.bytes().all(|b| b == b'e'));
+    assert_eq!(
+        (run["stdout"].as_str(), run["truncated"].as_bool()),
+        (Some("done\n"), Some(false))
+    );
+    l.assert_idle();
+    l.stop();
+}
+
+#[test]
+fn test_a_run_that_ends_without_the_hooks_signal_failed_to_start() {
+    // runsc said something and exited before the program existed: a 500, and runsc's
+    // words are not the client's (plain and over SSE).
+    let l = Loop::start(&[]);
+    l.fake.signal_delay_ms.store(u64::MAX, Ordering::SeqCst);
+    let script = "echo 'runsc: creating container: injected' >&2; exit 128";
+    let (status, v) = l.execute(&sh(script, serde_json::json!({})));
+    assert_eq!(
+        (status, v["error"].as_str()),
+        (500, Some("sandbox_start_failed")),
+        "{v}"
+    );
+    assert!(!v.to_string().contains("injected"), "{v}");
+    let (status, _, body) = l.request(&post("/execute", &sh(script, serde_json::json!({})), true));
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("event: error") && body.contains("sandbox_start_failed"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("injected") && !body.contains("event: done"),
+        "{body}"
+    );
+    // A program that never gets its signal is killed at the start deadline and is a
+    // start failure too.
+    let (status, v) = l.execute(&sh("sleep 30", serde_json::json!({"wallTimeMs": 200})));
+    assert_eq!(
+        (status, v["error"].as_str()),
+        (500, Some("sandbox_start_failed")),
+        "{v}"
+    );
+    l.fake.signal_delay_ms.store(0, Ordering::SeqCst);
+    let (status, v) = l.execute(&sh("echo fine", serde_json::json!({})));
+    assert_eq!(
+        (status, v["run"]["stdout"].as_str()),
+        (200, Some("fine\n")),
+        "{v}"
+    );
+    l.assert_idle();
+    l.stop();
+}
+
+#[test]
+fn test_the_frame_still_says_a_start_without_the_hook() {
+    // gVisor without a working hook (another CPU, a noexec data directory) falls back
+    // to the frame before the argv: the frame is stripped, what precedes it is not
+    // the program's, and a run without it failed to start.
+    let l = Loop::start(&[]);
+    l.fake.frame_start.store(true, Ordering::SeqCst);
+    let (status, v) = l.execute(&sh("echo err >&2; echo out", serde_json::json!({})));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["run"]["stderr"].as_str(), v["run"]["stdout"].as_str()),
+        (Some("err\n"), Some("out\n"))
+    );
+    // The program printing the frame's bytes itself is just its output.
+    let (status, v) = l.execute(&sh(
+        "printf '\\036ISOBOX-START\\n' >&2",
+        serde_json::json!({}),
+    ));
+    assert_eq!(
+        (status, v["run"]["stderr"].as_str()),
+        (200, Some("\u{1e}ISOBOX-START\n")),
+        "{v}"
+    );
+    l.assert_idle();
+    l.stop();
+}

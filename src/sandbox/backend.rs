@@ -26,16 +26,13 @@ pub trait Backend: Send + Sync {
     /// Names the backend in logs (`gvisor`).
     fn name(&self) -> &'static str;
 
-    /// A cold run's argv behind the program that writes the start frame first
-    /// (`sandbox::start`): the shell, unless the backend puts `isobox-start` in its roots.
-    fn wrap_start(&self, argv: Vec<String>) -> Vec<String> {
-        super::start::wrap(argv)
-    }
-
     /// `runsc run`: creates sandbox `id` for `plan` (its limits, files and network) and
     /// starts `argv` in it with `env`, in one step (`create`, `start` and `wait` as
     /// three invocations cost ~1.8 s more: `wait` polls). The program's stdio and the
-    /// process that ends with the sandbox come back in [`Spawned`].
+    /// process that ends with the sandbox come back in [`Spawned`]. A plan that asks for
+    /// its start to be heard (`signal_start`) gets the backend's start signal
+    /// (`sandbox::start`): the hook's FIFO in [`Spawned::start_signal`], or the frame
+    /// program before `argv`.
     ///
     /// # Errors
     /// [`SandboxError`] when any step fails; whatever was created is removed again.
@@ -168,6 +165,9 @@ pub struct Spawned {
     /// A claimed pooled sandbox: a second handle on its control socket, on which the
     /// harness reports the program's exit status (`warm.rs`).
     pub exit_ctl: Option<std::os::unix::net::UnixStream>,
+    /// The reading end of the FIFO the poststart hook signals when the program has
+    /// started (`sandbox::start`); `None`: no hook (the frame says it, or nothing).
+    pub start_signal: Option<OwnedFd>,
     /// Egress cuts when its network was made (a pooled networked sandbox whose link a
     /// later failed check cut is not handed out).
     pub net_cuts: u64,

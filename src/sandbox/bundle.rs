@@ -277,6 +277,19 @@ pub fn install_start(root: &Path) -> Result<(), SandboxError> {
     f.write_all(bin).map_err(err)
 }
 
+/// The FIFO in a run's bundle directory that its poststart hook signals
+/// (`start.rs`): beside `config.json`, outside the root and the workspace, so nothing in
+/// the sandbox can reach it.
+pub const STARTED_FIFO: &str = "started";
+
+/// Names `hook` as `config`'s one poststart hook, signalling `fifo` (`start.rs`). runsc
+/// executes it on the host, with no environment, once the program has started.
+pub fn add_start_hook(config: &mut Value, hook: &Path, fifo: &Path) {
+    config["hooks"] = json!({
+        "poststart": [{"path": hook, "args": ["isobox-started", fifo]}]
+    });
+}
+
 /// Removes a run's directory: its root overlay and its workspace tmpfs unmounted first
 /// (detached, so a process that still holds one cannot keep the directory), then the
 /// tree.

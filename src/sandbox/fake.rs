@@ -28,6 +28,12 @@ pub struct Fake {
     pub kills: AtomicUsize,
     /// The program starts this long after its sandbox (a slow boot).
     pub delay_start_ms: AtomicU64,
+    /// Cold runs write the start frame (gVisor without its hook) rather than being
+    /// signalled through a FIFO, as `runsc run`'s poststart hook does.
+    pub frame_start: AtomicBool,
+    /// The hook's signal comes this long after the program started (`u64::MAX`: never,
+    /// as when runsc fails before the program exists).
+    pub signal_delay_ms: AtomicU64,
     /// Process groups started and not reaped.
     groups: std::sync::Mutex<Vec<i32>>,
     /// Each sandbox's process group, by container id (pause and resume stop and
@@ -44,6 +50,8 @@ impl Fake {
             live: AtomicUsize::new(0),
             kills: AtomicUsize::new(0),
             delay_start_ms: AtomicU64::new(0),
+            frame_start: AtomicBool::new(false),
+            signal_delay_ms: AtomicU64::new(0),
             groups: std::sync::Mutex::new(Vec::new()),
             by_id: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
@@ -81,6 +89,19 @@ impl Fake {
     }
 }
 
+/// What `isobox-started` does (`start.c`'s sibling): the clock into the FIFO, when
+/// its reader is still there.
+fn signal(fifo: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(fifo)
+    {
+        let _ = std::io::Write::write_all(&mut f, &crate::sys::monotonic_ns().to_le_bytes());
+    }
+}
+
 impl Backend for Fake {
     fn name(&self) -> &'static str {
         "fake"
@@ -106,7 +127,21 @@ impl Backend for Fake {
         }
         let cgroup =
             RunCgroup::fixture(&self.root.join("cgroup").join(id)).map_err(Self::spawn_err)?;
-        // A slow boot: nothing (no start frame either) for a while.
+        // The start signal, as the gVisor backend gives it: a FIFO its hook signals, or
+        // the frame before the program's argv.
+        let hooked = plan.signal_start && !self.frame_start.load(Ordering::SeqCst);
+        let argv = if plan.signal_start && !hooked {
+            super::start::wrap(argv)
+        } else {
+            argv
+        };
+        let fifo = dir.join(super::bundle::STARTED_FIFO);
+        let start_signal = if hooked {
+            Some(crate::sys::fifo_reader(&fifo, 0o600).map_err(Self::spawn_err)?)
+        } else {
+            None
+        };
+        // A slow boot: nothing (no start signal either) for a while.
         let delay = self.delay_start_ms.load(Ordering::SeqCst);
         let argv = if delay > 0 {
             let mut a = vec![
@@ -166,6 +201,18 @@ impl Backend for Fake {
             return Err(Self::spawn_err(std::io::Error::other("no pipes")));
         };
         self.live.fetch_add(1, Ordering::SeqCst);
+        if hooked {
+            let after = self.signal_delay_ms.load(Ordering::SeqCst);
+            if after == 0 && delay == 0 {
+                // runsc runs the hook before it waits for the program.
+                signal(&fifo);
+            } else if after != u64::MAX {
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(delay.saturating_add(after)));
+                    signal(&fifo);
+                });
+            }
+        }
         Ok(Spawned {
             id: id.to_string(),
             stdin: child.stdin.take(),
@@ -180,6 +227,7 @@ impl Backend for Fake {
             ctl,
             warm: false,
             exit_ctl: None,
+            start_signal,
             net_cuts: 0,
         })
     }

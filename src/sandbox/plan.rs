@@ -43,6 +43,11 @@ pub struct ExecPlan {
     /// Host directories bound read-only (no devices, no set-id) into a long-lived
     /// sandbox: (host path, absolute path inside). A job's `input/` is one.
     pub ro_binds: Vec<(std::path::PathBuf, String)>,
+    /// A cold one-shot run whose start the daemon waits to hear (`sandbox::start`):
+    /// the backend makes it heard (gVisor: the poststart hook, or the frame program
+    /// before argv). `false` for pooled boots, kernels, long-lived sandboxes, compiled
+    /// runs (their build script writes the frame) and the startup probe.
+    pub signal_start: bool,
     /// CPU weight of its host cgroup (cgroup v2 `cpu.weight` scale, 100 the default):
     /// a WBX sandbox's compute class. `None`: the kernel's default.
     pub cpu_weight: Option<u32>,

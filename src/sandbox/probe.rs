@@ -32,6 +32,7 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
         workspace: None,
         long_lived: None,
         ro_binds: Vec::new(),
+        signal_start: false,
         cpu_weight: None,
     };
     let s = b

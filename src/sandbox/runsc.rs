@@ -35,6 +35,9 @@ pub struct Gvisor {
     pub cgroups: Option<Hierarchy>,
     /// Filtered egress, for runs that ask for a network.
     pub egress: Option<std::sync::Arc<crate::netfilter::Egress>>,
+    /// `isobox-started`, the poststart hook that signals a cold run's start
+    /// (`start::install_hook`); `None`: cold runs write the start frame instead.
+    pub start_hook: Option<PathBuf>,
 }
 
 impl Gvisor {
@@ -136,6 +139,7 @@ impl Gvisor {
             ctl,
             warm: false,
             exit_ctl: None,
+            start_signal: None,
             net_cuts: 0,
         })
     }
@@ -249,11 +253,6 @@ impl Backend for Gvisor {
         "gvisor"
     }
 
-    /// Every root here holds `isobox-start` (`bundle::install_start`).
-    fn wrap_start(&self, argv: Vec<String>) -> Vec<String> {
-        super::start::wrap_with_binary(argv)
-    }
-
     fn run(
         &self,
         id: &str,
@@ -274,12 +273,30 @@ impl Backend for Gvisor {
             &plan.files
         };
         let workspace_bytes = bundle::files_are_workspace(plan).then_some(plan.limits.memory_bytes);
+        // How the program's start is heard (`start.rs`): the hook, when there is one,
+        // signals the FIFO made here; else the frame program goes before its argv.
+        let hook = self.start_hook.as_deref().filter(|_| plan.signal_start);
+        let framed = plan.signal_start && hook.is_none();
+        let argv = if framed {
+            super::start::wrap_with_binary(argv)
+        } else {
+            argv
+        };
+        let mut start_signal = None;
         let (src, root) = match bundle::write_files(&dir, files, workspace_bytes).and_then(|s| {
             if let Some(preload) = plan.preload {
                 bundle::write_preload(&dir, preload)?;
             }
             let root = bundle::mount_root(&dir, &plan.runtime.rootfs_path)?;
-            bundle::install_start(&root)?;
+            if framed {
+                bundle::install_start(&root)?;
+            }
+            if hook.is_some() {
+                let path = dir.join(bundle::STARTED_FIFO);
+                let fd = crate::sys::fifo_reader(&path, 0o600)
+                    .map_err(|source| SandboxError::Bundle { path, source })?;
+                start_signal = Some(fd);
+            }
             let dests: Vec<&str> = plan.ro_binds.iter().map(|(_, d)| d.as_str()).collect();
             bundle::make_mount_points(&root, &dests)?;
             Ok((s, root))
@@ -315,7 +332,7 @@ impl Backend for Gvisor {
             },
             _ => None,
         };
-        let cfg = bundle::config(
+        let mut cfg = bundle::config(
             plan,
             &ProcessSpec { args: argv, env },
             &root,
@@ -323,6 +340,9 @@ impl Backend for Gvisor {
             &format!("/{}/{}", self.instance, id),
             net.as_ref(),
         );
+        if let Some(hook) = hook {
+            bundle::add_start_hook(&mut cfg, hook, &dir.join(bundle::STARTED_FIFO));
+        }
         let res = bundle::write_config(&dir, &cfg).and_then(|()| {
             self.start(
                 id,
@@ -334,7 +354,10 @@ impl Backend for Gvisor {
             )
         });
         match res {
-            Ok(s) => Ok(s),
+            Ok(mut s) => {
+                s.start_signal = start_signal;
+                Ok(s)
+            }
             Err(e) => {
                 let _ = bundle::remove_run_dir(&dir);
                 let _ = cgroup.destroy();

@@ -1,21 +1,33 @@
 //! The start signal of a cold run: tells "the sandbox never started" (a 5xx
-//! `sandbox_start_failed`) from "the program ran and failed" (a 200 with its result).
+//! `sandbox_start_failed`) from "the program ran and failed" (a 200 with its result),
+//! and marks when the program's own time begins.
 //!
 //! `runsc run` hands the container its own stdio, so anything runsc says when it fails
-//! (and its exit status) looks exactly like the program's. A cold run's argv is therefore
-//! prefixed with a program that writes FRAME to stderr and then execs the program's
-//! argv: on x86-64, `isobox-start` ([`BINARY`], `start.c`: static, no libc), which the
-//! gVisor backend copies into each run's root overlay at [`PATH`]; elsewhere, or for a
-//! program not named by an absolute path, `/bin/sh -c 'printf FRAME >&2; exec "$@"'`.
-//! (The compiled runtimes' build script prints the same frame first.) The frame is the
-//! first thing on the sandbox's stderr, written before the program exists, so the
-//! program cannot forge or hide it.
-//! Until it arrives the run is starting; the frame is stripped, and whatever came before
-//! it (runsc's own words) is kept for the log, never shown as the program's stderr. A
-//! run that ends, or reaches its start deadline, without the frame failed to start.
+//! (and its exit status) looks exactly like the program's. Two ways say the program
+//! started, both out of the program's reach (it can neither forge nor hide them):
 //!
+//! - **The hook** (gVisor on x86-64, the default): the run's OCI spec names
+//!   `isobox-started` ([`HOOK`], `started.c`: static, no libc) as its `poststart` hook,
+//!   which `runsc run` executes on the host once the program has started; it writes the
+//!   host's monotonic time into a FIFO of the run's bundle (outside everything the
+//!   sandbox sees) whose reading end the loop holds. Nothing extra runs inside gVisor,
+//!   where an exec costs ~10 ms of CPU on the ptrace platform. Until the signal, stderr
+//!   is held back (up to [`HOLD_MAX`]); with it, what was held is the program's; a run
+//!   that ends without it failed to start and what was held is runsc's.
+//! - **The frame**: the run's argv is prefixed with a program that writes FRAME to
+//!   stderr and then execs the program's argv: `isobox-start` ([`BINARY`], `start.c`),
+//!   copied into the run's root overlay at [`PATH`], or for a program not named by an
+//!   absolute path (and on other CPUs) `/bin/sh -c 'printf FRAME >&2; exec "$@"'`.
+//!   (The compiled runtimes' build script prints the same frame first.) The frame is the
+//!   first thing on the sandbox's stderr, written before the program exists. Until it
+//!   arrives the run is starting; the frame is stripped, and whatever came before it
+//!   (runsc's own words) is kept for the log, never shown as the program's stderr.
+//!
+//! A run that ends, or reaches its start deadline, without its signal failed to start.
 //! Pooled (warm) runs and kernel steps need none: their harness said `ready` before the
 //! run was handed over.
+
+use std::time::Instant;
 
 /// The frame, as bytes.
 pub const FRAME: &[u8] = b"\x1eISOBOX-START\n";
@@ -30,6 +42,81 @@ pub const BINARY: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "
 /// `isobox-start`, built from `start.c` for x86-64 Linux (`None` elsewhere).
 #[cfg(not(isobox_static))]
 pub const BINARY: Option<&[u8]> = None;
+
+/// `isobox-started`, the poststart hook, built from `started.c` for x86-64 Linux
+/// (`None` elsewhere).
+#[cfg(isobox_static)]
+pub const HOOK: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/isobox-started")));
+/// `isobox-started`, the poststart hook, built from `started.c` for x86-64 Linux
+/// (`None` elsewhere).
+#[cfg(not(isobox_static))]
+pub const HOOK: Option<&[u8]> = None;
+
+/// How much stderr a run awaiting its hook's signal holds back; past it, stderr is not
+/// read until the signal (the program waits on a full pipe for a few milliseconds).
+pub const HOLD_MAX: usize = 64 << 10;
+
+/// The hook's signal: the host's `CLOCK_MONOTONIC` nanoseconds when it ran.
+pub const SIGNAL_BYTES: usize = 8;
+
+/// When the hook that wrote `signal` ran, as an `Instant` (`now` and `now_ns` read
+/// together; a signal from the future, which the clock cannot give, counts as now).
+pub fn signal_instant(signal: [u8; SIGNAL_BYTES], now: Instant, now_ns: u64) -> Instant {
+    let at = u64::from_le_bytes(signal);
+    now.checked_sub(std::time::Duration::from_nanos(now_ns.saturating_sub(at)))
+        .unwrap_or(now)
+}
+
+/// Writes [`HOOK`] into `dir` as `isobox-started` (replacing what is there in one
+/// rename, so the file runsc executes is never open for writing) and checks that it
+/// runs there and signals a FIFO. Its path, or `None` (with the reason logged) when
+/// this build has no hook or it cannot run there (a `noexec` mount): cold runs then
+/// use the frame.
+pub fn install_hook(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = HOOK?;
+    let path = dir.join("isobox-started");
+    let pid = std::process::id();
+    let tmp = dir.join(format!(".isobox-started.{pid}"));
+    let fifo = dir.join(format!(".isobox-started-check.{pid}"));
+    let checked = (|| -> std::io::Result<()> {
+        std::fs::write(&tmp, bin)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o555))?;
+        std::fs::rename(&tmp, &path)?;
+        let _ = std::fs::remove_file(&fifo);
+        let rx = std::fs::File::from(crate::sys::fifo_reader(&fifo, 0o600)?);
+        let before = crate::sys::monotonic_ns();
+        let status = std::process::Command::new(&path)
+            .arg(&fifo)
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()?;
+        let mut got = [0u8; SIGNAL_BYTES];
+        let n = std::io::Read::read(&mut &rx, &mut got)?;
+        let at = u64::from_le_bytes(got);
+        if !status.success() || n != SIGNAL_BYTES || at < before || at > crate::sys::monotonic_ns()
+        {
+            return Err(std::io::Error::other(format!(
+                "it exited {status} and wrote {n} bytes ({at} against the clock's {before})"
+            )));
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    let _ = std::fs::remove_file(&fifo);
+    match checked {
+        Ok(()) => Some(path),
+        Err(e) => {
+            log::warn!(
+                "start hook {} does not work ({e}); cold runs signal their start from inside the sandbox",
+                path.display()
+            );
+            None
+        }
+    }
+}
 
 /// Where [`BINARY`] is in a run's root.
 pub const PATH: &str = "/opt/isobox/start";
@@ -60,12 +147,15 @@ pub fn wrap(argv: Vec<String>) -> Vec<String> {
     v
 }
 
-/// Watches the front of a cold run's stderr for the frame.
+/// Watches the front of a cold run's stderr for the frame, or holds it back until the
+/// hook's signal.
 #[derive(Debug, Default)]
 pub struct StartGate {
     buf: Vec<u8>,
     noise: Vec<u8>,
     began: bool,
+    /// Waits for the hook's signal rather than a frame.
+    hooked: bool,
 }
 
 impl StartGate {
@@ -77,9 +167,33 @@ impl StartGate {
         }
     }
 
-    /// Whether the frame has arrived.
+    /// A gate that opens on the hook's signal ([`StartGate::signal`]), holding stderr
+    /// back until then.
+    pub fn hooked() -> StartGate {
+        StartGate {
+            hooked: true,
+            ..StartGate::default()
+        }
+    }
+
+    /// Whether the frame (or the hook's signal) has arrived.
     pub fn began(&self) -> bool {
         self.began
+    }
+
+    /// Whether it holds all it may ([`HOLD_MAX`]) while awaiting the hook's signal.
+    pub fn holding_full(&self) -> bool {
+        self.hooked && !self.began && self.buf.len() >= HOLD_MAX
+    }
+
+    /// The hook said the program started: opens the gate and returns the stderr held
+    /// back, which is the program's. `None` when it is open already or awaits a frame.
+    pub fn signal(&mut self) -> Option<Vec<u8>> {
+        if !self.hooked || self.began {
+            return None;
+        }
+        self.began = true;
+        Some(std::mem::take(&mut self.buf))
     }
 
     /// What came before the frame (or, when it never came, everything so far), up to
@@ -94,12 +208,16 @@ impl StartGate {
     }
 
     /// Feeds stderr bytes read while the gate is closed. Returns what follows the frame
-    /// (the program's stderr) once it is complete; `None` while still waiting.
+    /// (the program's stderr) once it is complete; `None` while still waiting (a hooked
+    /// gate holds everything until its signal: the loop reads no more once it is full).
     pub fn feed(&mut self, data: &[u8]) -> Option<Vec<u8>> {
         if self.began {
             return Some(data.to_vec());
         }
         self.buf.extend_from_slice(data);
+        if self.hooked {
+            return None;
+        }
         if let Some(i) = self.buf.windows(FRAME.len()).position(|w| w == FRAME) {
             self.keep_noise(i);
             self.began = true;
@@ -235,6 +353,124 @@ mod tests {
         assert_eq!(g.feed(&FRAME[..5]), None);
         assert_eq!(g.feed(&FRAME[5..]).as_deref(), Some(&b""[..]));
         assert!(g.began());
+    }
+
+    #[test]
+    fn a_hooked_gate_holds_stderr_until_its_signal_and_then_passes_it() {
+        let mut g = StartGate::hooked();
+        // Even the frame's bytes are only stderr here.
+        assert_eq!(g.feed(b"early\n"), None);
+        assert_eq!(g.feed(FRAME), None);
+        assert!(!g.began());
+        assert_eq!(g.noise(), [b"early\n".as_slice(), FRAME].concat());
+        assert_eq!(g.signal(), Some([b"early\n".as_slice(), FRAME].concat()));
+        assert!(g.began());
+        assert_eq!(g.feed(b"late").as_deref(), Some(&b"late"[..]));
+        // One signal only; a frame gate takes none.
+        assert_eq!(g.signal(), None);
+        assert_eq!(StartGate::default().signal(), None);
+        assert_eq!(StartGate::open().signal(), None);
+    }
+
+    #[test]
+    fn a_hooked_gate_is_full_at_its_bound_and_its_noise_stays_bounded() {
+        let mut g = StartGate::hooked();
+        g.feed(&vec![b'x'; HOLD_MAX - 1]);
+        assert!(!g.holding_full());
+        g.feed(b"x");
+        assert!(g.holding_full());
+        assert_eq!(g.noise().len(), MAX_NOISE);
+        assert_eq!(g.signal().map(|v| v.len()), Some(HOLD_MAX));
+        assert!(!g.holding_full());
+        // A frame gate is never "full": it keeps only a tail.
+        let mut f = StartGate::default();
+        f.feed(&vec![b'x'; HOLD_MAX * 2]);
+        assert!(!f.holding_full());
+    }
+
+    #[test]
+    fn the_signal_is_placed_on_the_monotonic_clock() {
+        let now = Instant::now();
+        let ns = 5_000_000_000u64;
+        let at = signal_instant((ns - 1_500_000).to_le_bytes(), now, ns);
+        assert_eq!(now - at, std::time::Duration::from_micros(1500));
+        // A signal from the future (the clock cannot give one) counts as now.
+        assert_eq!(signal_instant((ns + 10).to_le_bytes(), now, ns), now);
+        // The real clock: a signal read just now is within a moment of now.
+        let real = signal_instant(
+            crate::sys::monotonic_ns().to_le_bytes(),
+            Instant::now(),
+            crate::sys::monotonic_ns(),
+        );
+        assert!(real.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    /// `isobox-started` itself, run on the host as runsc runs it, and installed.
+    #[cfg(isobox_static)]
+    #[test]
+    fn test_isobox_started_signals_its_fifo_and_only_its_fifo() {
+        use std::io::Read;
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::Command;
+        // Beside the test binary (a `noexec` /tmp would refuse the exec).
+        let exe = std::env::current_exe().unwrap();
+        let dir = exe
+            .parent()
+            .unwrap()
+            .join(format!("isobox-started-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let hook = install_hook(&dir).expect("the hook installs and runs here");
+        assert_eq!(hook, dir.join("isobox-started"));
+        assert_eq!(std::fs::read(&hook).unwrap(), HOOK.unwrap());
+        assert_eq!(
+            std::fs::metadata(&hook).unwrap().permissions().mode() & 0o7777,
+            0o555
+        );
+        // Nothing of the install's own check is left.
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["isobox-started"]);
+        let fifo = dir.join("started");
+        let rx = std::fs::File::from(crate::sys::fifo_reader(&fifo, 0o600).unwrap());
+        let before = crate::sys::monotonic_ns();
+        assert_eq!(run_hook(&hook, &fifo), Some(0));
+        let mut got = Vec::new();
+        (&rx).read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), SIGNAL_BYTES);
+        let at = u64::from_le_bytes(got.try_into().unwrap());
+        assert!(before <= at && at <= crate::sys::monotonic_ns());
+        drop(rx);
+        // No reader: it fails at once rather than waiting for one.
+        assert_eq!(run_hook(&hook, &fifo), Some(1));
+        // Not through a link, and never into a file that is not there.
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        let _rx = crate::sys::fifo_reader(&dir.join("other"), 0o600).unwrap();
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(dir.join("other"), &link).unwrap();
+        assert_eq!(run_hook(&hook, &link), Some(1));
+        assert_eq!(run_hook(&hook, &dir.join("absent")), Some(1));
+        assert!(!dir.join("absent").exists());
+        // Nothing to signal.
+        assert_eq!(Command::new(&hook).status().unwrap().code(), Some(1));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Runs `hook` as runsc does with the spec's `args` (argv[0] included), no
+    /// environment; its exit code.
+    #[cfg(isobox_static)]
+    fn run_hook(hook: &std::path::Path, fifo: &std::path::Path) -> Option<i32> {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(hook)
+            .arg0("isobox-started")
+            .arg(fifo)
+            .env_clear()
+            .status()
+            .unwrap()
+            .code()
     }
 
     #[test]

@@ -355,6 +355,7 @@ pub(crate) fn boot_plan(runtime: crate::runtimes::Runtime, network: bool) -> Exe
         workspace: None,
         long_lived: None,
         ro_binds: Vec::new(),
+        signal_start: false,
         cpu_weight: None,
     }
 }

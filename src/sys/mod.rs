@@ -142,6 +142,36 @@ pub fn try_lock_exclusive(file: &std::fs::File) -> io::Result<bool> {
     }
 }
 
+/// Makes a FIFO at `path` (mode `mode`, less the umask) and opens its reading end,
+/// without blocking (no writer is needed) and close-on-exec. While no writer has it
+/// open a read gives 0 (EOF); epoll reports it only once a writer wrote or came and went.
+///
+/// # Errors
+/// `mkfifo`'s or `open`'s.
+pub fn fifo_reader(path: &std::path::Path, mode: u32) -> io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    syscall!(mkfifo(c.as_ptr(), mode as libc::mode_t))?;
+    let fd = syscall!(open(
+        c.as_ptr(),
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOFOLLOW
+    ))?;
+    // SAFETY: `open` just returned this fd; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The host's `CLOCK_MONOTONIC` now, in nanoseconds (the clock `Instant` reads).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    let _ = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
 /// Shuts the writing half of a socket (the peer reads EOF while we may still read); on
 /// anything but a socket it does nothing.
 pub fn shutdown_write(fd: BorrowedFd<'_>) {
