@@ -1028,3 +1028,101 @@ fn test_a_run_never_writes_the_shared_root_filesystems() {
         );
     }
 }
+
+/// How a cold run's start is heard: on x86-64, runsc's poststart hook on the host
+/// (`isobox-started` in the data directory; nothing extra in the sandbox's root), and,
+/// where the hook cannot be installed, the frame program inside the sandbox. Either
+/// way stderr written first is the program's and its time counts from its start.
+#[test]
+fn test_the_start_is_heard_from_a_hook_on_the_host_or_else_from_the_frame() {
+    use std::os::unix::fs::PermissionsExt;
+    let code = "import os, sys, time\nsys.stderr.write('first\\n'); sys.stderr.flush()\ntime.sleep(0.3)\nprint(os.path.exists('/opt/isobox/start'))";
+    let x86 = cfg!(target_arch = "x86_64");
+    let check = |d: &Daemon, framed: bool| {
+        for _ in 0..3 {
+            let r = run(d, code, json!({}));
+            let run = &r["run"];
+            assert_eq!(run["stderr"], "first\n", "{r}");
+            assert_eq!(run["exitCode"], 0, "{r}");
+            if x86 {
+                let expected = if framed { "True\n" } else { "False\n" };
+                assert_eq!(run["stdout"], expected, "framed: {framed}: {r}");
+            }
+            let ms = run["durationMs"].as_u64().unwrap();
+            // From the program's start (not the boot, ~0.2-0.3 s more) to its exit.
+            assert!((300..5000).contains(&ms), "durationMs {ms}: {r}");
+        }
+    };
+    let d = Daemon::start();
+    let hook = d.data_dir.join("isobox-started");
+    if x86 {
+        let mode = std::fs::metadata(&hook)
+            .expect("the hook installed")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o555);
+    }
+    check(&d, false);
+    d.assert_clean();
+    d.stop();
+    // The hook's place is taken (a directory with something in it): the frame it is.
+    let instance = format!("isobox-t{}-framed", std::process::id());
+    let data = std::env::temp_dir().join(&instance);
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(data.join("isobox-started/taken")).unwrap();
+    let d = Daemon::start_with(&[("ISOBOX_INSTANCE", &instance)]);
+    check(&d, true);
+    if x86 {
+        let log = d.log();
+        assert!(
+            log.contains("start hook") && log.contains("does not work"),
+            "{log}"
+        );
+    }
+    d.assert_clean();
+    d.stop();
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// A runsc that does not run OCI hooks (stood in for by a wrapper that takes them out
+/// of the spec) cannot tell isoboxd a cold run started: the startup probe says so by
+/// name on `/readyz`, and cold runs are start failures, never a wrong result.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn test_a_runsc_that_runs_no_hooks_fails_the_probe_by_name() {
+    let dir = std::env::temp_dir().join(format!("isobox-nohooks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrapper = dir.join("runsc");
+    std::fs::write(
+        &wrapper,
+        "#!/bin/sh\nprev=\nfor a in \"$@\"; do\n  if [ \"$prev\" = --bundle ]; then\n    python3 -c 'import json,sys; p=sys.argv[1]+\"/config.json\"; c=json.load(open(p)); c.pop(\"hooks\",None); json.dump(c,open(p,\"w\"))' \"$a\"\n  fi\n  prev=$a\ndone\nexec /usr/bin/runsc \"$@\"\n",
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&wrapper)
+        .status()
+        .unwrap();
+    let d = Daemon::start_with(&[("ISOBOX_RUNSC", wrapper.to_str().unwrap())]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let said = loop {
+        let r = d.get("/readyz");
+        assert_ne!(r.status, 200, "ready without hooks: {}", r.text());
+        if r.text().contains("self-probe failed") {
+            break r.text();
+        }
+        assert!(Instant::now() < deadline, "{}\n{}", r.text(), d.log_tail());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(said.contains("poststart hook"), "{said}");
+    let r = d.post_json(
+        "/execute",
+        &json!({"language": PY, "code": "print(1)", "network": false}),
+    );
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(r.json()["error"], "sandbox_start_failed");
+    d.assert_clean();
+    d.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

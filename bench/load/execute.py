@@ -38,6 +38,7 @@ whose usage keeps what its removed children used). This is the column issue 28 i
 "CPU per cold run" compares; "cpu s" (host-wide) also counts whatever else ran.
 
 Usage (root): python3 bench/load/execute.py [--runs1 30] [--runs4 40] [--runs16 48] (0 skips a concurrency)
+BENCH_LANGUAGES="python-slim" limits it to those runtimes; ISOBOXD=path benches another build.
 Python 3.11 standard library only.
 """
 
@@ -338,7 +339,7 @@ def start_isoboxd():
     )
     log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the daemon
     global DAEMON_CG, SLICE_CG
-    DAEMON_CG = BenchCgroup(f"isobox-bench-daemon-{os.getpid()}")
+    DAEMON_CG = BenchCgroup(f"isobox-bench-daemon-{INSTANCE}-{os.getpid()}")
     # cgroup v1: the slice is under the cpu hierarchy (with cpuacct mounted beside it).
     # On cgroup v1 runsc makes each sandbox's cgroupsPath (INSTANCE/<run>) in every
     # hierarchy it knows, cpuacct too, under the instance's directory.
@@ -425,7 +426,10 @@ def rss_kib(pid):
 
 def runtimes_to_bench():
     out = []
+    only = os.environ.get("BENCH_LANGUAGES", "").split()
     for language, (code, flag) in PROGRAMS.items():
+        if only and language not in only:
+            continue
         d = descriptor(language)
         path = os.path.join(ROOTFS_DIR, d["rootfs"])
         if not os.path.isdir(path):

@@ -5,7 +5,9 @@ use super::plan::ExecPlan;
 use std::time::{Duration, Instant};
 
 /// The startup self-probe: a real sandbox on `rt`'s root filesystem must start, read a
-/// file from its working directory and print it back, within 60 s.
+/// file from its working directory and print it back, within 60 s, and its start must
+/// be heard as a cold run's is (`start.rs`: a runsc that does not run the poststart
+/// hook would fail every cold run as "not started").
 ///
 /// # Errors
 /// A sentence saying what failed.
@@ -32,7 +34,7 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
         workspace: None,
         long_lived: None,
         ro_binds: Vec::new(),
-        signal_start: false,
+        signal_start: true,
         cpu_weight: None,
     };
     let s = b
@@ -51,6 +53,7 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
         mut stderr,
         cgroup,
         dir,
+        start_signal,
         ..
     } = s;
     drop(stdin);
@@ -64,8 +67,20 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let _ = stdout.read_to_end(&mut out);
     let _ = stderr.read_to_end(&mut err);
+    // runsc runs the hook before it waits for the program: its signal is there now.
+    let signalled = start_signal.map(|fd| {
+        let mut got = [0u8; super::start::SIGNAL_BYTES];
+        let n = (&std::fs::File::from(fd)).read(&mut got).unwrap_or(0);
+        n == got.len()
+    });
     let c = wait_and_delete(b, id, child, &cgroup, &dir);
-    if out == b"isobox-probe-ok\n" && c.exit_code == 0 {
+    if out == b"isobox-probe-ok\n" && c.exit_code == 0 && signalled == Some(false) {
+        Err(
+            "the sandbox ran but runsc did not run its poststart hook (isobox-started), \
+             so no cold run could be told started; this runsc does not run OCI hooks"
+                .into(),
+        )
+    } else if out == b"isobox-probe-ok\n" && c.exit_code == 0 {
         Ok(())
     } else {
         let err = String::from_utf8_lossy(&err);

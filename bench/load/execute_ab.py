@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Cold /execute: isoboxd binaries against each other and against bare runsc, alternating.
+
+The same program, bundle and CPU accounting as `execute.py` (its `run_bare_runsc`,
+`BenchCgroup` and daemon start), but every mode takes its turn within each round, in
+blocks of BLOCK runs at concurrency CONC: bare runsc, then each binary (all daemons
+run at once, each with its own instance, port and data directory, idle while another
+block runs). A host whose speed drifts from minute to minute then drifts under every
+mode alike, which one `execute.py` run after another cannot give. For each mode and
+round: the exact CPU-seconds per run (bare runsc: its cgroup; a daemon: its own cgroup
+plus its sandboxes' slice) and runs/s; at the end the median over the rounds, and each
+binary's ratios to bare runsc (CPU: lower is better; runs/s: higher is better).
+
+Usage (root): python3 bench/load/execute_ab.py NAME=BINARY [NAME=BINARY ...]
+Settings (environment): ROUNDS (8), BLOCK (24), CONC (4), BENCH_LANGUAGES
+("python-slim"), and `execute.py`'s ISOBOX_PLATFORM / ISOBOX_RUNSC.
+A binary may be a wrapper script that execs isoboxd (it must keep the process).
+Python 3.11 standard library only.
+"""
+
+import concurrent.futures as cf
+import os
+import shutil
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("BENCH_LANGUAGES", "python-slim")
+import execute as ex  # noqa: E402
+
+ROUNDS = int(os.environ.get("ROUNDS", "8"))
+BLOCK = int(os.environ.get("BLOCK", "24"))
+CONC = int(os.environ.get("CONC", "4"))
+
+
+class Daemon:
+    """One isoboxd of the comparison, started through `execute.start_isoboxd`."""
+
+    def __init__(self, name, binary, n):
+        self.name = name
+        ex.ISOBOXD = binary
+        ex.PORT = 18099 + 10 + n
+        ex.INSTANCE = f"isobox-benchab{n}"
+        ex.DATA_DIR = f"/tmp/bench-ab-data-{n}"
+        shutil.rmtree(ex.DATA_DIR, ignore_errors=True)
+        self.port, self.instance, self.data_dir = ex.PORT, ex.INSTANCE, ex.DATA_DIR
+        self.proc, self.log = ex.start_isoboxd()
+        self.own, self.slice = ex.DAEMON_CG, ex.SLICE_CG
+
+    def seconds(self):
+        return self.own.seconds() + self.slice.seconds()
+
+    def run_one(self, rt):
+        ex.PORT = self.port
+        return ex.run_isoboxd(rt)
+
+    def stop(self):
+        ex.INSTANCE, ex.DAEMON_CG = self.instance, self.own
+        ex.stop_isoboxd(self.proc)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def block(fn, rt, seconds):
+    """BLOCK runs of `fn` at CONC: (exact CPU-s per run, runs/s)."""
+    c0 = seconds()
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=CONC) as pool:
+        for f in [pool.submit(fn, rt) for _ in range(BLOCK)]:
+            f.result()
+    wall = time.perf_counter() - t0
+    time.sleep(1)  # what a run leaves to do after its answer counts too
+    return (seconds() - c0) / BLOCK, BLOCK / wall
+
+
+def main():
+    specs = [a.split("=", 1) for a in sys.argv[1:]]
+    if not specs or any(len(s) != 2 or not os.access(s[1], os.X_OK) for s in specs):
+        sys.exit("usage: python3 bench/load/execute_ab.py NAME=BINARY [NAME=BINARY ...]")
+    if os.geteuid() != 0:
+        sys.exit("error: run as root (runsc and isoboxd need it)")
+    os.makedirs(ex.RUNSC_ROOT, exist_ok=True)
+    rt = ex.runtimes_to_bench()[0]
+    bare = ex.BenchCgroup(f"isobox-bench-bare-runsc-{os.getpid()}")
+    ex.MODE_CG["bare runsc"] = bare
+    daemons = []
+    try:
+        for n, (name, binary) in enumerate(specs):
+            daemons.append(Daemon(name, binary, n))
+        modes = [("bare runsc", ex.run_bare_runsc, bare.seconds)] + [
+            (d.name, d.run_one, d.seconds) for d in daemons
+        ]
+        for _, fn, _ in modes:  # warm the page cache and each daemon; not counted
+            for _ in range(2):
+                fn(rt)
+        print(f"== {rt['language']} `{rt['code']}`: {ROUNDS} rounds of {BLOCK} runs at c={CONC} per mode; "
+              f"load average before: {ex.loadavg()}")
+        res = {name: [] for name, _, _ in modes}
+        for r in range(ROUNDS):
+            line = [f"round {r + 1:>2}"]
+            for name, fn, secs in modes:
+                cpu, rps = block(fn, rt, secs)
+                res[name].append((cpu, rps))
+                line.append(f"{name} {cpu:.4f} s {rps:5.2f}/s")
+            print("  ".join(line), flush=True)
+        print(f"load average after: {ex.loadavg()}")
+        print(f"{'mode':<12} {'CPU-s/run':>10} {'runs/s':>7}   (medians of {ROUNDS} rounds)")
+        med = {n: (statistics.median(c for c, _ in v), statistics.median(s for _, s in v)) for n, v in res.items()}
+        for n, (c, s) in med.items():
+            print(f"{n:<12} {c:>10.4f} {s:>7.2f}")
+        b_cpu, b_rps = med["bare runsc"]
+        for d in daemons:
+            c, s = med[d.name]
+            # Per round too: the spread of the ratio says what the medians can tell apart.
+            per = [(x[0] / y[0], x[1] / y[1]) for x, y in zip(res[d.name], res["bare runsc"])]
+            print(f"{d.name} / bare runsc: CPU {c / b_cpu:.3f}x, runs/s {s / b_rps:.3f}x; per round CPU "
+                  f"{min(p[0] for p in per):.2f}-{max(p[0] for p in per):.2f}x, runs/s "
+                  f"{min(p[1] for p in per):.2f}-{max(p[1] for p in per):.2f}x")
+    finally:
+        for d in daemons:
+            d.stop()
+        left = ex.delete_bare_containers()
+        bare.remove()
+        if left:
+            sys.exit(f"error: bare runsc containers left: {left}")
+
+
+if __name__ == "__main__":
+    main()
