@@ -75,10 +75,12 @@ fn ui_vendor() {
 /// `src/sandbox/started.c` into `$OUT_DIR/isobox-started` (`sandbox::start::HOOK`).
 /// Only the compiler is taken from the `cc` crate (`CC`), none of its default flags,
 /// `CFLAGS` or sanitizer flags (a sanitizer's or profiler's runtime cannot link into a
-/// program without libc). When they do not compile, the build says so and goes on
-/// without them: isoboxd then writes the start frame with the shell, as on other CPUs.
+/// program without libc). When one does not compile, the build says so and goes on
+/// without it: without `isobox-start` isoboxd writes the start frame with the shell, as
+/// on other CPUs; without `isobox-started` cold runs use the frame.
 fn static_programs() {
     println!("cargo::rustc-check-cfg=cfg(isobox_static)");
+    println!("cargo::rustc-check-cfg=cfg(isobox_hook)");
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rerun-if-changed=src/sandbox/start.c");
     println!("cargo:rerun-if-changed=src/sandbox/started.c");
@@ -92,9 +94,19 @@ fn static_programs() {
         .cargo_metadata(false)
         .cargo_warnings(false)
         .get_compiler();
-    for (src, name) in [
-        ("src/sandbox/start.c", "isobox-start"),
-        ("src/sandbox/started.c", "isobox-started"),
+    for (src, name, cfg, without) in [
+        (
+            "src/sandbox/start.c",
+            "isobox-start",
+            "isobox_static",
+            "isoboxd uses /bin/sh for the start frame",
+        ),
+        (
+            "src/sandbox/started.c",
+            "isobox-started",
+            "isobox_hook",
+            "cold runs signal their start with the frame, inside the sandbox",
+        ),
     ] {
         let mut cmd = std::process::Command::new(compiler.path());
         cmd.args([
@@ -116,16 +128,10 @@ fn static_programs() {
         }
         cmd.arg("-o").arg(out.join(name)).arg(src);
         match cmd.status() {
-            Ok(st) if st.success() => {}
-            other => {
-                println!(
-                    "cargo:warning={src} did not compile ({other:?}): isoboxd uses /bin/sh for the start frame"
-                );
-                return;
-            }
+            Ok(st) if st.success() => println!("cargo:rustc-cfg={cfg}"),
+            other => println!("cargo:warning={src} did not compile ({other:?}): {without}"),
         }
     }
-    println!("cargo:rustc-cfg=isobox_static");
 }
 
 fn main() {

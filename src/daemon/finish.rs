@@ -195,6 +195,11 @@ impl Daemon {
         // program) is read before the gate's verdict.
         self.run_take_start_signal(rk);
         self.run_pipe_event_final(rk);
+        if self.runs.get(rk).is_some_and(|r| !r.gate.began()) {
+            self.run_start_unheard(rk);
+            // What stderr held back past its bound is read now.
+            self.run_pipe_event_final(rk);
+        }
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };

@@ -23,8 +23,9 @@ impl Daemon {
             let Some(run) = self.runs.get_mut(rk) else {
                 return;
             };
-            // Backpressure pauses reading, except stderr before the start frame (a
-            // bounded read: the gate keeps at most 4 KiB), which must not stay unseen.
+            // Backpressure pauses reading, except stderr before the start signal (a
+            // bounded read: a frame gate keeps at most 4 KiB, a hooked one HOLD_MAX and
+            // one read), which must not stay unseen.
             if run.paused && (idx != 1 || run.gate.began()) {
                 return;
             }
@@ -264,6 +265,31 @@ impl Daemon {
             self.run_output(rk, 1, &held);
         }
         true
+    }
+
+    /// A run that ends with output on stdout but no start signal: the program ran (runsc
+    /// never writes to stdout) and its start went unheard (a hook that did not run). Its
+    /// result stands, the stderr held is its own, and its time counts from the sandbox's
+    /// start; logged. (A frame gate is never opened this way.)
+    pub(super) fn run_start_unheard(&mut self, rk: usize) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
+        let wrote = !run.out[0].kept.is_empty() || run.out[0].drained_past_cap > 0;
+        if run.gate.began() || !wrote {
+            return;
+        }
+        let Some(held) = run.gate.signal() else {
+            return;
+        };
+        run.program_started = run.started;
+        crate::warn_limited!(
+            "run={} op=start err=no start signal, but the program wrote to stdout: its result stands, timed from the sandbox's start",
+            run.id
+        );
+        if !held.is_empty() {
+            self.run_output(rk, 1, &held);
+        }
     }
 
     /// Reads a claimed pooled sandbox's exit channel (`warm.rs`).

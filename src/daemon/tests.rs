@@ -686,3 +686,26 @@ fn test_the_frame_still_says_a_start_without_the_hook() {
     l.assert_idle();
     l.stop();
 }
+
+#[test]
+fn test_a_program_that_wrote_to_stdout_ran_even_when_its_start_went_unheard() {
+    // No signal (a hook that did not run), but the program wrote to stdout, which runsc
+    // never does: its result stands (with its stderr), not a start failure.
+    let l = Loop::start(&[]);
+    l.fake.signal_delay_ms.store(u64::MAX, Ordering::SeqCst);
+    let (status, v) = l.execute(&sh("echo err >&2; echo out; exit 4", serde_json::json!({})));
+    assert_eq!(status, 200, "{v}");
+    let run = &v["run"];
+    assert_eq!(
+        (
+            run["stdout"].as_str(),
+            run["stderr"].as_str(),
+            run["exitCode"].as_i64()
+        ),
+        (Some("out\n"), Some("err\n"), Some(4)),
+        "{v}"
+    );
+    assert!(run["durationMs"].as_u64().is_some(), "{v}");
+    l.assert_idle();
+    l.stop();
+}

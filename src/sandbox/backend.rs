@@ -45,6 +45,10 @@ pub trait Backend: Send + Sync {
         stdin: Stdin,
     ) -> Result<Spawned, SandboxError>;
 
+    /// Cold runs stop using the backend's start hook and write the start frame instead
+    /// (the probe found that runsc does not run it).
+    fn give_up_start_hook(&self) {}
+
     /// OCI `update`: a live sandbox's host limits (when given) and whether it runs at
     /// the lowest CPU weight (a pooled sandbox waiting for its claim).
     ///

@@ -283,10 +283,11 @@ pub fn install_start(root: &Path) -> Result<(), SandboxError> {
 pub const STARTED_FIFO: &str = "started";
 
 /// Names `hook` as `config`'s one poststart hook, signalling `fifo` (`start.rs`). runsc
-/// executes it on the host, with no environment, once the program has started.
+/// executes it on the host once the program has started, with the empty environment
+/// given here (without one it would pass on its own).
 pub fn add_start_hook(config: &mut Value, hook: &Path, fifo: &Path) {
     config["hooks"] = json!({
-        "poststart": [{"path": hook, "args": ["isobox-started", fifo]}]
+        "poststart": [{"path": hook, "args": ["isobox-started", fifo], "env": []}]
     });
 }
 

@@ -5,13 +5,46 @@ use super::plan::ExecPlan;
 use std::time::{Duration, Instant};
 
 /// The startup self-probe: a real sandbox on `rt`'s root filesystem must start, read a
-/// file from its working directory and print it back, within 60 s, and its start must
-/// be heard as a cold run's is (`start.rs`: a runsc that does not run the poststart
-/// hook would fail every cold run as "not started").
+/// file from its working directory and print it back, within 60 s, its start heard as
+/// a cold run's is (`start.rs`). When the sandbox ran but runsc did not run the
+/// poststart hook (which would make every cold run look as if it never started), the
+/// backend gives the hook up, cold runs use the frame, and the probe runs once more.
 ///
 /// # Errors
 /// A sentence saying what failed.
 pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<(), String> {
+    match probe_once(b, id, rt.clone()) {
+        Err(Probe::Unheard) => {
+            // The frame does not depend on runsc: cold runs use it from now on.
+            log::warn!(
+                "the probe's sandbox ran but runsc did not run its poststart hook (isobox-started); \
+                 cold runs signal their start with the frame from now on"
+            );
+            b.give_up_start_hook();
+            probe_once(b, &format!("{id}f"), rt).map_err(Probe::into_sentence)
+        }
+        r => r.map_err(Probe::into_sentence),
+    }
+}
+
+/// How one probe failed.
+enum Probe {
+    /// The sandbox ran and printed the file, but its start was not heard.
+    Unheard,
+    /// A sentence saying what failed.
+    Failed(String),
+}
+
+impl Probe {
+    fn into_sentence(self) -> String {
+        match self {
+            Probe::Unheard => "the sandbox ran, but its start was not heard".into(),
+            Probe::Failed(s) => s,
+        }
+    }
+}
+
+fn probe_once(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<(), Probe> {
     use crate::sandbox::limits::Limits;
     use std::io::Read;
     let plan = ExecPlan {
@@ -45,7 +78,7 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
             &[],
             Stdin::Pipe,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Probe::Failed(e.to_string()))?;
     let Spawned {
         mut child,
         stdin,
@@ -75,20 +108,16 @@ pub fn probe(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<
     });
     let c = wait_and_delete(b, id, child, &cgroup, &dir);
     if out == b"isobox-probe-ok\n" && c.exit_code == 0 && signalled == Some(false) {
-        Err(
-            "the sandbox ran but runsc did not run its poststart hook (isobox-started), \
-             so no cold run could be told started; this runsc does not run OCI hooks"
-                .into(),
-        )
+        Err(Probe::Unheard)
     } else if out == b"isobox-probe-ok\n" && c.exit_code == 0 {
         Ok(())
     } else {
         let err = String::from_utf8_lossy(&err);
-        Err(format!(
+        Err(Probe::Failed(format!(
             "sandbox exited {} with stdout {:?}; stderr: {}",
             c.exit_code,
             String::from_utf8_lossy(&out),
             err.chars().take(400).collect::<String>()
-        ))
+        )))
     }
 }

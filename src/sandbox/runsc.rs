@@ -37,7 +37,7 @@ pub struct Gvisor {
     pub egress: Option<std::sync::Arc<crate::netfilter::Egress>>,
     /// `isobox-started`, the poststart hook that signals a cold run's start
     /// (`start::install_hook`); `None`: cold runs write the start frame instead.
-    pub start_hook: Option<PathBuf>,
+    pub start_hook: Option<Arc<super::start::StartHook>>,
 }
 
 impl Gvisor {
@@ -275,7 +275,11 @@ impl Backend for Gvisor {
         let workspace_bytes = bundle::files_are_workspace(plan).then_some(plan.limits.memory_bytes);
         // How the program's start is heard (`start.rs`): the hook, when there is one,
         // signals the FIFO made here; else the frame program goes before its argv.
-        let hook = self.start_hook.as_deref().filter(|_| plan.signal_start);
+        let hook = if plan.signal_start {
+            self.start_hook.as_ref().and_then(|h| h.for_run())
+        } else {
+            None
+        };
         let framed = plan.signal_start && hook.is_none();
         let argv = if framed {
             super::start::wrap_with_binary(argv)
@@ -363,6 +367,12 @@ impl Backend for Gvisor {
                 let _ = cgroup.destroy();
                 Err(e)
             }
+        }
+    }
+
+    fn give_up_start_hook(&self) {
+        if let Some(h) = &self.start_hook {
+            h.give_up();
         }
     }
 

@@ -45,11 +45,11 @@ pub const BINARY: Option<&[u8]> = None;
 
 /// `isobox-started`, the poststart hook, built from `started.c` for x86-64 Linux
 /// (`None` elsewhere).
-#[cfg(isobox_static)]
+#[cfg(isobox_hook)]
 pub const HOOK: Option<&[u8]> = Some(include_bytes!(concat!(env!("OUT_DIR"), "/isobox-started")));
 /// `isobox-started`, the poststart hook, built from `started.c` for x86-64 Linux
 /// (`None` elsewhere).
-#[cfg(not(isobox_static))]
+#[cfg(not(isobox_hook))]
 pub const HOOK: Option<&[u8]> = None;
 
 /// How much stderr a run awaiting its hook's signal holds back; past it, stderr is not
@@ -67,32 +67,100 @@ pub fn signal_instant(signal: [u8; SIGNAL_BYTES], now: Instant, now_ns: u64) -> 
         .unwrap_or(now)
 }
 
-/// Writes [`HOOK`] into `dir` as `isobox-started` (replacing what is there in one
-/// rename, so the file runsc executes is never open for writing) and checks that it
-/// runs there and signals a FIFO. Its path, or `None` (with the reason logged) when
-/// this build has no hook or it cannot run there (a `noexec` mount): cold runs then
-/// use the frame.
-pub fn install_hook(dir: &std::path::Path) -> Option<std::path::PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
+/// The installed poststart hook ([`install_hook`]): where it is, which file it was,
+/// and whether it may still be used.
+#[derive(Debug)]
+pub struct StartHook {
+    /// Its path (absolute when the data directory's is).
+    pub path: std::path::PathBuf,
+    dev: u64,
+    ino: u64,
+    usable: std::sync::atomic::AtomicBool,
+}
+
+impl StartHook {
+    /// The hook, when it may signal this run's start: it was not given up on, and the
+    /// file is still the one installed (the same inode, a regular file of the same
+    /// size, mode 0555, owned by this user; one `lstat`). Else `None`, logged: the run
+    /// then uses the frame. A hook that runsc cannot run would make a run that started
+    /// look as if it never did; the frame cannot go missing that way.
+    pub fn for_run(&self) -> Option<&std::path::Path> {
+        use std::os::unix::fs::MetadataExt;
+        if !self.usable.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let intact = std::fs::symlink_metadata(&self.path).is_ok_and(|m| {
+            m.file_type().is_file()
+                && (m.dev(), m.ino()) == (self.dev, self.ino)
+                && m.mode() & 0o7777 == 0o555
+                && m.uid() == crate::sys::euid()
+                && Some(m.len()) == HOOK.map(|b| b.len() as u64)
+        });
+        if !intact {
+            crate::warn_limited!(
+                "start hook {} changed or is gone; cold runs signal their start with the frame until the daemon restarts",
+                self.path.display()
+            );
+            self.give_up();
+            return None;
+        }
+        Some(&self.path)
+    }
+
+    /// Gives it up for good: cold runs use the frame.
+    pub fn give_up(&self) {
+        self.usable
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Writes [`HOOK`] into `dir` as `isobox-started` (a new file, never through a link,
+/// then renamed over what is there, so the file runsc executes is never open for
+/// writing) and checks that it runs there and signals a FIFO. The hook, or `None` (the
+/// reason logged) when this build has none, `dir` is writable by anyone but this user
+/// (runsc runs the hook as root), or it cannot run there (a `noexec` mount): cold runs
+/// then use the frame.
+pub fn install_hook(dir: &std::path::Path) -> Option<std::sync::Arc<StartHook>> {
+    use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     let bin = HOOK?;
     let path = dir.join("isobox-started");
     let pid = std::process::id();
     let tmp = dir.join(format!(".isobox-started.{pid}"));
     let fifo = dir.join(format!(".isobox-started-check.{pid}"));
-    let checked = (|| -> std::io::Result<()> {
-        std::fs::write(&tmp, bin)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o555))?;
+    let checked = (|| -> std::io::Result<StartHook> {
+        let d = std::fs::metadata(dir)?;
+        if d.uid() != crate::sys::euid() || d.mode() & 0o022 != 0 {
+            return Err(std::io::Error::other(format!(
+                "{} is not this user's alone (owner {}, mode {:o})",
+                dir.display(),
+                d.uid(),
+                d.mode() & 0o7777
+            )));
+        }
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o500)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(bin)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o555))?;
+        drop(f);
         std::fs::rename(&tmp, &path)?;
+        let m = std::fs::symlink_metadata(&path)?;
         let _ = std::fs::remove_file(&fifo);
         let rx = std::fs::File::from(crate::sys::fifo_reader(&fifo, 0o600)?);
         let before = crate::sys::monotonic_ns();
-        let status = std::process::Command::new(&path)
-            .arg(&fifo)
-            .env_clear()
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()?;
+        let status = status_of_new_program(
+            std::process::Command::new(&path)
+                .arg(&fifo)
+                .env_clear()
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null()),
+        )?;
         let mut got = [0u8; SIGNAL_BYTES];
         let n = std::io::Read::read(&mut &rx, &mut got)?;
         let at = u64::from_le_bytes(got);
@@ -102,18 +170,44 @@ pub fn install_hook(dir: &std::path::Path) -> Option<std::path::PathBuf> {
                 "it exited {status} and wrote {n} bytes ({at} against the clock's {before})"
             )));
         }
-        Ok(())
+        Ok(StartHook {
+            path: path.clone(),
+            dev: m.dev(),
+            ino: m.ino(),
+            usable: std::sync::atomic::AtomicBool::new(true),
+        })
     })();
     let _ = std::fs::remove_file(&tmp);
     let _ = std::fs::remove_file(&fifo);
     match checked {
-        Ok(()) => Some(path),
+        Ok(h) => Some(std::sync::Arc::new(h)),
         Err(e) => {
             log::warn!(
                 "start hook {} does not work ({e}); cold runs signal their start from inside the sandbox",
                 path.display()
             );
             None
+        }
+    }
+}
+
+/// `cmd.status()` for a program this process has just written: while another thread's
+/// fork still holds a copy of the write descriptor (until that child's exec closes it)
+/// the kernel refuses the exec with ETXTBSY; a few short retries outlast it.
+///
+/// # Errors
+/// The spawn's error, once retrying does not help.
+pub fn status_of_new_program(
+    cmd: &mut std::process::Command,
+) -> std::io::Result<std::process::ExitStatus> {
+    let mut tries = 0;
+    loop {
+        match cmd.status() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r,
         }
     }
 }
@@ -278,6 +372,14 @@ mod tests {
         let bin = dir.join("isobox-start");
         std::fs::write(&bin, BINARY.unwrap()).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o555)).unwrap();
+        // The first exec outlasts another test's fork that still holds the write fd.
+        let first = status_of_new_program(
+            Command::new(&bin)
+                .env_clear()
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null()),
+        );
+        assert_eq!(first.unwrap().code(), Some(127));
         let out = Command::new(&bin)
             .args([
                 "/bin/sh",
@@ -406,7 +508,7 @@ mod tests {
     }
 
     /// `isobox-started` itself, run on the host as runsc runs it, and installed.
-    #[cfg(isobox_static)]
+    #[cfg(isobox_hook)]
     #[test]
     fn test_isobox_started_signals_its_fifo_and_only_its_fifo() {
         use std::io::Read;
@@ -420,8 +522,10 @@ mod tests {
             .join(format!("isobox-started-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let hook = install_hook(&dir).expect("the hook installs and runs here");
+        let installed = install_hook(&dir).expect("the hook installs and runs here");
+        let hook = installed.path.clone();
         assert_eq!(hook, dir.join("isobox-started"));
+        assert_eq!(installed.for_run(), Some(hook.as_path()));
         assert_eq!(std::fs::read(&hook).unwrap(), HOOK.unwrap());
         assert_eq!(
             std::fs::metadata(&hook).unwrap().permissions().mode() & 0o7777,
@@ -456,21 +560,36 @@ mod tests {
         assert!(!dir.join("absent").exists());
         // Nothing to signal.
         assert_eq!(Command::new(&hook).status().unwrap().code(), Some(1));
+        // Installed again (a restart): a new file; the first install's hook no longer
+        // signals runs (its file was replaced), and stays given up.
+        let again = install_hook(&dir).expect("installs over itself");
+        assert_eq!(again.for_run(), Some(hook.as_path()));
+        assert_eq!(installed.for_run(), None);
+        assert_eq!(installed.for_run(), None);
+        // Its mode changed: not used.
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(again.for_run(), None);
+        // A directory others may write: refused (runsc runs the hook as root).
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(install_hook(&dir).is_none());
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(install_hook(&dir).is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// Runs `hook` as runsc does with the spec's `args` (argv[0] included), no
-    /// environment; its exit code.
-    #[cfg(isobox_static)]
+    /// Runs `hook` as runsc does with the spec's `args` (argv[0] included), the spec's
+    /// empty environment; its exit code.
+    #[cfg(isobox_hook)]
     fn run_hook(hook: &std::path::Path, fifo: &std::path::Path) -> Option<i32> {
         use std::os::unix::process::CommandExt;
-        std::process::Command::new(hook)
-            .arg0("isobox-started")
-            .arg(fifo)
-            .env_clear()
-            .status()
-            .unwrap()
-            .code()
+        status_of_new_program(
+            std::process::Command::new(hook)
+                .arg0("isobox-started")
+                .arg(fifo)
+                .env_clear(),
+        )
+        .unwrap()
+        .code()
     }
 
     #[test]
