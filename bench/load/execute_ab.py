@@ -3,13 +3,15 @@
 
 The same program, bundle and CPU accounting as `execute.py` (its `run_bare_runsc`,
 `BenchCgroup` and daemon start), but every mode takes its turn within each round, in
-blocks of BLOCK runs at concurrency CONC: bare runsc, then each binary (all daemons
+blocks of BLOCK runs at concurrency CONC: bare runsc, bare runsc under isoboxd's host
+limits for the runtime (CPU quota, memory and task caps in the spec, which runsc
+applies: what a sandbox costs with the limits every isoboxd run has), then each binary (all daemons
 run at once, each with its own instance, port and data directory, idle while another
 block runs). A host whose speed drifts from minute to minute then drifts under every
 mode alike, which one `execute.py` run after another cannot give. For each mode and
 round: the exact CPU-seconds per run (bare runsc: its cgroup; a daemon: its own cgroup
 plus its sandboxes' slice) and runs/s; at the end the median over the rounds, and each
-binary's ratios to bare runsc (CPU: lower is better; runs/s: higher is better).
+binary's ratios to both bare references (CPU: lower is better; runs/s: higher is better).
 
 Usage (root): python3 bench/load/execute_ab.py NAME=BINARY [NAME=BINARY ...]
 Settings (environment): ROUNDS (8), BLOCK (24), CONC (4), BENCH_LANGUAGES
@@ -19,11 +21,14 @@ Python 3.11 standard library only.
 """
 
 import concurrent.futures as cf
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
+import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("BENCH_LANGUAGES", "python-slim")
@@ -32,6 +37,37 @@ import execute as ex  # noqa: E402
 ROUNDS = int(os.environ.get("ROUNDS", "8"))
 BLOCK = int(os.environ.get("BLOCK", "24"))
 CONC = int(os.environ.get("CONC", "4"))
+
+
+# isoboxd's host limits for the runtime's defaults (python-slim: 1 CPU, 256 MiB, 128
+# tasks): src/sandbox/runsc.rs, GVISOR_OVERHEAD_BYTES and host_pids_for.
+LIMITS = {
+    "cpu": {"quota": 100000, "period": 100000},
+    "memory": {"limit": (256 << 20) + (32 << 20)},
+    "pids": {"limit": 128 + 40 * 128},
+}
+
+
+def run_bare_limited(rt):
+    """Bare `runsc run` as `execute.run_bare_runsc`, its container under isoboxd's limits
+    (the spec's `linux.resources`, which runsc applies to its cgroup)."""
+    cid = "isobox-benchref-" + uuid.uuid4().hex[:12]
+    cg = ex.MODE_CG["bare runsc"]
+    bundle = ex.write_bundle(rt, f"/{os.path.basename(cg.path)}/{cid}")
+    try:
+        path = os.path.join(bundle, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["linux"]["resources"] = LIMITS
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        p = subprocess.run(ex.runsc_base() + ["run", "--bundle", bundle, cid], check=False, stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=ex.TIMEOUT_S, preexec_fn=cg.enter)
+        if p.returncode != 0 or p.stdout.decode() != ex.EXPECTED:
+            raise ex.Failure(f"runsc exit {p.returncode} stdout {p.stdout[:80]!r} stderr {p.stderr[-300:]!r}")
+        return 0.0, None
+    finally:
+        shutil.rmtree(bundle, ignore_errors=True)
 
 
 class Daemon:
@@ -87,7 +123,7 @@ def main():
     try:
         for n, (name, binary) in enumerate(specs):
             daemons.append(Daemon(name, binary, n))
-        modes = [("bare runsc", ex.run_bare_runsc, bare.seconds)] + [
+        modes = [("bare runsc", ex.run_bare_runsc, bare.seconds), ("bare+limits", run_bare_limited, bare.seconds)] + [
             (d.name, d.run_one, d.seconds) for d in daemons
         ]
         for _, fn, _ in modes:  # warm the page cache and each daemon; not counted
@@ -108,14 +144,15 @@ def main():
         med = {n: (statistics.median(c for c, _ in v), statistics.median(s for _, s in v)) for n, v in res.items()}
         for n, (c, s) in med.items():
             print(f"{n:<12} {c:>10.4f} {s:>7.2f}")
-        b_cpu, b_rps = med["bare runsc"]
-        for d in daemons:
-            c, s = med[d.name]
-            # Per round too: the spread of the ratio says what the medians can tell apart.
-            per = [(x[0] / y[0], x[1] / y[1]) for x, y in zip(res[d.name], res["bare runsc"])]
-            print(f"{d.name} / bare runsc: CPU {c / b_cpu:.3f}x, runs/s {s / b_rps:.3f}x; per round CPU "
-                  f"{min(p[0] for p in per):.2f}-{max(p[0] for p in per):.2f}x, runs/s "
-                  f"{min(p[1] for p in per):.2f}-{max(p[1] for p in per):.2f}x")
+        for ref in ("bare runsc", "bare+limits"):
+            b_cpu, b_rps = med[ref]
+            for name in [d.name for d in daemons] + (["bare+limits"] if ref == "bare runsc" else []):
+                c, s = med[name]
+                # Per round too: the spread of the ratio says what the medians can tell apart.
+                per = [(x[0] / y[0], x[1] / y[1]) for x, y in zip(res[name], res[ref])]
+                print(f"{name} / {ref}: CPU {c / b_cpu:.3f}x, runs/s {s / b_rps:.3f}x; per round CPU "
+                      f"{min(p[0] for p in per):.2f}-{max(p[0] for p in per):.2f}x, runs/s "
+                      f"{min(p[1] for p in per):.2f}-{max(p[1] for p in per):.2f}x")
     finally:
         for d in daemons:
             d.stop()
