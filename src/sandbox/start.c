@@ -1,13 +1,14 @@
 /*
- * isobox-start: the first program of a cold run inside gVisor (`sandbox::start`).
- * Writes the start frame to stderr, then execs argv[1..] with the environment it was
+ * isobox-start: the first program of a cold run inside gVisor (`sandbox::start`) where
+ * the start hook (`started.c`, run by runsc on the host) cannot be used: a hook that
+ * failed its checks, or was given up. Writes the start frame to stderr, then execs argv[1..] with the environment it was
  * given. It stands where `/bin/sh -c 'printf FRAME >&2; exec "$@"'` stood: the same
  * frame, the same exec, without loading a dynamically linked shell first (about 10 ms
  * of CPU less per cold start on gVisor's ptrace platform; bench/README.md).
  *
  * No libc: static, position-dependent, raw Linux x86-64 syscalls. build.rs compiles it
  * with the C compiler the build already uses (LMDB's); isoboxd embeds the result and
- * copies it into each run's root overlay at /opt/isobox/start. Other architectures
+ * copies it into such a run's root overlay at /opt/isobox/start. Other architectures
  * keep the shell.
  *
  * When the exec fails it says so on stderr (after the frame, so as the program's own
