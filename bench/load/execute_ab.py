@@ -14,7 +14,9 @@ plus its sandboxes' slice) and runs/s; at the end the median over the rounds, an
 binary's ratios to both bare references (CPU: lower is better; runs/s: higher is better).
 
 Usage (root): python3 bench/load/execute_ab.py NAME=BINARY [NAME=BINARY ...]
-Settings (environment): ROUNDS (8), BLOCK (24), CONC (4), BENCH_LANGUAGES
+Settings (environment): ROUNDS (8), BLOCK (24), CONC (4), MIX (1: the modes' runs
+interleaved request by request within one block per round, so all share the host's
+same minutes; then mean latency instead of runs/s), BENCH_LANGUAGES
 ("python-slim"), and `execute.py`'s ISOBOX_PLATFORM / ISOBOX_RUNSC.
 A binary may be a wrapper script that execs isoboxd (it must keep the process).
 Python 3.11 standard library only.
@@ -37,6 +39,12 @@ import execute as ex  # noqa: E402
 ROUNDS = int(os.environ.get("ROUNDS", "8"))
 BLOCK = int(os.environ.get("BLOCK", "24"))
 CONC = int(os.environ.get("CONC", "4"))
+# MIX=1: each round is one block in which the modes' runs are interleaved request by
+# request (run k is mode k mod n), so every mode runs under the same minutes of the
+# host; CPU per run comes from each mode's own cgroup, latency instead of runs/s.
+MIX = os.environ.get("MIX", "") == "1"
+# Bare runsc under the limits has a cgroup of its own (MIX needs them apart); made in main.
+LIMITED_CG = None
 
 
 # isoboxd's host limits for the runtime's defaults (python-slim: 1 CPU, 256 MiB, 128
@@ -52,7 +60,7 @@ def run_bare_limited(rt):
     """Bare `runsc run` as `execute.run_bare_runsc`, its container under isoboxd's limits
     (the spec's `linux.resources`, which runsc applies to its cgroup)."""
     cid = "isobox-benchref-" + uuid.uuid4().hex[:12]
-    cg = ex.MODE_CG["bare runsc"]
+    cg = LIMITED_CG
     bundle = ex.write_bundle(rt, f"/{os.path.basename(cg.path)}/{cid}")
     try:
         path = os.path.join(bundle, "config.json")
@@ -109,6 +117,24 @@ def block(fn, rt, seconds):
     return (seconds() - c0) / BLOCK, BLOCK / wall
 
 
+def mixed(modes, rt):
+    """BLOCK runs of every mode, interleaved at CONC: {mode: (CPU-s per run, mean ms)}."""
+    c0 = {name: secs() for name, _, secs in modes}
+    lat = {name: [] for name, _, _ in modes}
+
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        fn(rt)
+        lat[name].append((time.perf_counter() - t0) * 1000)
+
+    with cf.ThreadPoolExecutor(max_workers=CONC) as pool:
+        order = [modes[k % len(modes)] for k in range(BLOCK * len(modes))]
+        for f in [pool.submit(timed, name, fn) for name, fn, _ in order]:
+            f.result()
+    time.sleep(1)
+    return {name: ((secs() - c0[name]) / BLOCK, statistics.mean(lat[name])) for name, _, secs in modes}
+
+
 def main():
     specs = [a.split("=", 1) for a in sys.argv[1:]]
     if not specs or any(len(s) != 2 or not os.access(s[1], os.X_OK) for s in specs):
@@ -117,30 +143,40 @@ def main():
         sys.exit("error: run as root (runsc and isoboxd need it)")
     os.makedirs(ex.RUNSC_ROOT, exist_ok=True)
     rt = ex.runtimes_to_bench()[0]
+    global LIMITED_CG
     bare = ex.BenchCgroup(f"isobox-bench-bare-runsc-{os.getpid()}")
     ex.MODE_CG["bare runsc"] = bare
+    LIMITED_CG = ex.BenchCgroup(f"isobox-bench-bare-limits-{os.getpid()}")
     daemons = []
     try:
         for n, (name, binary) in enumerate(specs):
             daemons.append(Daemon(name, binary, n))
-        modes = [("bare runsc", ex.run_bare_runsc, bare.seconds), ("bare+limits", run_bare_limited, bare.seconds)] + [
+        modes = [("bare runsc", ex.run_bare_runsc, bare.seconds), ("bare+limits", run_bare_limited, LIMITED_CG.seconds)] + [
             (d.name, d.run_one, d.seconds) for d in daemons
         ]
         for _, fn, _ in modes:  # warm the page cache and each daemon; not counted
             for _ in range(2):
                 fn(rt)
-        print(f"== {rt['language']} `{rt['code']}`: {ROUNDS} rounds of {BLOCK} runs at c={CONC} per mode; "
+        how = "interleaved request by request" if MIX else "per mode"
+        print(f"== {rt['language']} `{rt['code']}`: {ROUNDS} rounds of {BLOCK} runs at c={CONC} {how}; "
               f"load average before: {ex.loadavg()}")
         res = {name: [] for name, _, _ in modes}
+        unit = "ms" if MIX else "/s"
         for r in range(ROUNDS):
             line = [f"round {r + 1:>2}"]
-            for name, fn, secs in modes:
-                cpu, rps = block(fn, rt, secs)
-                res[name].append((cpu, rps))
-                line.append(f"{name} {cpu:.4f} s {rps:5.2f}/s")
+            if MIX:
+                for name, v in mixed(modes, rt).items():
+                    res[name].append(v)
+            else:
+                for name, fn, secs in modes:
+                    res[name].append(block(fn, rt, secs))
+            for name, _, _ in modes:
+                cpu, x = res[name][-1]
+                line.append(f"{name} {cpu:.4f} s {x:6.1f}{unit}")
             print("  ".join(line), flush=True)
         print(f"load average after: {ex.loadavg()}")
-        print(f"{'mode':<12} {'CPU-s/run':>10} {'runs/s':>7}   (medians of {ROUNDS} rounds)")
+        second = "mean ms" if MIX else "runs/s"
+        print(f"{'mode':<12} {'CPU-s/run':>10} {second:>7}   (medians of {ROUNDS} rounds)")
         med = {n: (statistics.median(c for c, _ in v), statistics.median(s for _, s in v)) for n, v in res.items()}
         for n, (c, s) in med.items():
             print(f"{n:<12} {c:>10.4f} {s:>7.2f}")
@@ -150,14 +186,16 @@ def main():
                 c, s = med[name]
                 # Per round too: the spread of the ratio says what the medians can tell apart.
                 per = [(x[0] / y[0], x[1] / y[1]) for x, y in zip(res[name], res[ref])]
-                print(f"{name} / {ref}: CPU {c / b_cpu:.3f}x, runs/s {s / b_rps:.3f}x; per round CPU "
-                      f"{min(p[0] for p in per):.2f}-{max(p[0] for p in per):.2f}x, runs/s "
+                print(f"{name} / {ref}: CPU {c / b_cpu:.3f}x, {second} {s / b_rps:.3f}x; per round CPU "
+                      f"{min(p[0] for p in per):.2f}-{max(p[0] for p in per):.2f}x (median "
+                      f"{statistics.median(p[0] for p in per):.3f}x), {second} "
                       f"{min(p[1] for p in per):.2f}-{max(p[1] for p in per):.2f}x")
     finally:
         for d in daemons:
             d.stop()
         left = ex.delete_bare_containers()
         bare.remove()
+        LIMITED_CG.remove()
         if left:
             sys.exit(f"error: bare runsc containers left: {left}")
 
