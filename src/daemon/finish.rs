@@ -200,6 +200,7 @@ impl Daemon {
             // What stderr held back past its bound is read now.
             self.run_pipe_event_final(rk);
         }
+        self.run_close_start_signal(rk);
         let Some(run) = self.runs.get_mut(rk) else {
             return;
         };
@@ -217,13 +218,6 @@ impl Daemon {
         }
         if let Some((mut ctl, t)) = run.exit_ctl.take() {
             let _ = self.reactor.registry().deregister(&mut ctl);
-            release.push(t);
-        }
-        if let Some((f, t)) = run.start_signal.take() {
-            let _ = self
-                .reactor
-                .registry()
-                .deregister(&mut SourceFd(&f.as_raw_fd()));
             release.push(t);
         }
         if let Some((fd, t)) = run.pid.take() {

@@ -88,14 +88,7 @@ impl Daemon {
                 return;
             };
             if run.compile.is_none() {
-                // The program starts now: its wall time counts from here (unless it has
-                // already exited and the drain grace runs).
-                let now = Instant::now();
-                run.program_started = Some(now);
-                if run.exited_at.is_none() {
-                    let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
-                    self.arm_run(rk, now + wall);
-                }
+                self.run_program_starts(rk, Instant::now());
             }
             if !rest.is_empty() {
                 self.run_output(rk, idx, &rest);
@@ -113,13 +106,7 @@ impl Daemon {
                         if !built {
                             return; // The script exits with the build's code; no program.
                         }
-                        // The program starts now: its own wall time counts from here
-                        // (unless it has exited already and the drain grace runs).
-                        run.program_started = Some(Instant::now());
-                        if run.exited_at.is_none() {
-                            let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
-                            self.arm_run(rk, Instant::now() + wall);
-                        }
+                        self.run_program_starts(rk, Instant::now());
                         if !rest.is_empty() {
                             self.run_output(rk, idx, &rest);
                         }
@@ -242,29 +229,42 @@ impl Daemon {
             return false;
         }
         let (now, now_ns) = (Instant::now(), crate::sys::monotonic_ns());
-        if let Some((f, t)) = run.start_signal.take() {
-            let _ = self
-                .reactor
-                .registry()
-                .deregister(&mut mio::unix::SourceFd(&f.as_raw_fd()));
-            self.reactor.release(t);
-        }
-        let Some(run) = self.runs.get_mut(rk) else {
-            return false;
-        };
-        let Some(held) = run.gate.signal() else {
+        self.run_close_start_signal(rk);
+        let Some(held) = self.runs.get_mut(rk).and_then(|r| r.gate.signal()) else {
             return false;
         };
         let at = crate::sandbox::start::signal_instant(signal, now, now_ns);
+        self.run_program_starts(rk, at);
+        if !held.is_empty() {
+            self.run_output(rk, 1, &held);
+        }
+        true
+    }
+
+    /// Stops watching the hook's FIFO (the signal came, or the run is cleaned up).
+    pub(super) fn run_close_start_signal(&mut self, rk: usize) {
+        let Some((f, t)) = self.runs.get_mut(rk).and_then(|r| r.start_signal.take()) else {
+            return;
+        };
+        let _ = self
+            .reactor
+            .registry()
+            .deregister(&mut mio::unix::SourceFd(&f.as_raw_fd()));
+        self.reactor.release(t);
+    }
+
+    /// The program started at `at` (the start signal, or the end of its build): its
+    /// wall time counts from then, unless it has exited already and the drain grace
+    /// runs.
+    fn run_program_starts(&mut self, rk: usize, at: Instant) {
+        let Some(run) = self.runs.get_mut(rk) else {
+            return;
+        };
         run.program_started = Some(at);
         if run.exited_at.is_none() {
             let wall = Duration::from_millis(run.plan.limits.wall_time_ms);
             self.arm_run(rk, at + wall);
         }
-        if !held.is_empty() {
-            self.run_output(rk, 1, &held);
-        }
-        true
     }
 
     /// A run that ends with output on stdout but no start signal: the program ran (runsc
