@@ -84,6 +84,7 @@ fn static_programs() {
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rerun-if-changed=src/sandbox/start.c");
     println!("cargo:rerun-if-changed=src/sandbox/started.c");
+    println!("cargo:rerun-if-changed=src/sandbox/nolibc.h");
     let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if arch != "x86_64" || os != "linux" {

@@ -14,19 +14,7 @@
  * When the exec fails it says so on stderr (after the frame, so as the program's own
  * output, as the shell's "not found" was) and exits 127, as the shell did.
  */
-#if !defined(__x86_64__) || !defined(__linux__)
-#error "isobox-start is written for Linux on x86-64"
-#endif
-
-static long sys3(long n, long a, long b, long c)
-{
-    long r;
-    __asm__ volatile("syscall"
-                     : "=a"(r)
-                     : "a"(n), "D"(a), "S"(b), "d"(c)
-                     : "rcx", "r11", "memory");
-    return r;
-}
+#include "nolibc.h"
 
 enum { SYS_write = 1, SYS_execve = 59, SYS_exit = 60 };
 
@@ -51,7 +39,7 @@ static long len(const char *s)
 
 static const char frame[] = "\036ISOBOX-START\n";
 
-__attribute__((noreturn, used)) void isobox_start(long *sp)
+__attribute__((noreturn, used)) void program_main(long *sp)
 {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
@@ -75,11 +63,3 @@ __attribute__((noreturn, used)) void isobox_start(long *sp)
     for (;;)
         sys3(SYS_exit, 127, 0, 0);
 }
-
-/* The kernel starts us with argc, argv and envp on the stack. */
-__asm__(".text\n"
-        ".global _start\n"
-        "_start:\n"
-        "  mov %rsp, %rdi\n"
-        "  and $-16, %rsp\n"
-        "  call isobox_start\n");

@@ -14,19 +14,7 @@
  * No libc: static, position-dependent, raw Linux x86-64 syscalls, like isobox-start.
  * build.rs compiles it; isoboxd embeds it and writes it into its data directory.
  */
-#if !defined(__x86_64__) || !defined(__linux__)
-#error "isobox-started is written for Linux on x86-64"
-#endif
-
-static long sys3(long n, long a, long b, long c)
-{
-    long r;
-    __asm__ volatile("syscall"
-                     : "=a"(r)
-                     : "a"(n), "D"(a), "S"(b), "d"(c)
-                     : "rcx", "r11", "memory");
-    return r;
-}
+#include "nolibc.h"
 
 enum {
     SYS_write = 1,
@@ -45,7 +33,7 @@ struct timespec64 {
     long nsec;
 };
 
-__attribute__((noreturn, used)) void isobox_started(long *sp)
+__attribute__((noreturn, used)) void program_main(long *sp)
 {
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
@@ -65,11 +53,3 @@ __attribute__((noreturn, used)) void isobox_started(long *sp)
     for (;;)
         sys3(SYS_exit, code, 0, 0);
 }
-
-/* The kernel starts us with argc, argv and envp on the stack. */
-__asm__(".text\n"
-        ".global _start\n"
-        "_start:\n"
-        "  mov %rsp, %rdi\n"
-        "  and $-16, %rsp\n"
-        "  call isobox_started\n");
