@@ -831,6 +831,63 @@ fn test_failures_time_limits_cancels_retries_and_bad_input() {
     d.stop();
 }
 
+/// A client that reads a job the moment it says it ended finds everything its end says:
+/// its test results, and a signed receipt with its log's size and digest. (They come
+/// from the log, synced and read as the end is written; a read in between used to get
+/// `test_results: []` and a receipt signed with `"sha256": null`.)
+#[test]
+fn test_a_job_read_the_moment_it_ends_has_its_test_results_and_log_digest() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let pytest_out = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/logs/pytest-fail.txt"
+    ))
+    .unwrap();
+    let noise = "warning: cache miss\n".repeat(3000);
+    let log = format!("{noise}{pytest_out}");
+    let cmd = format!(
+        "for i in $(seq 3000); do echo 'warning: cache miss'; done; cat <<'PYTEST_EOF'\n{pytest_out}PYTEST_EOF\nexit 1"
+    );
+    let expected_results = json!([{"framework": "pytest", "passed": 4, "failed": 1, "skipped": 0, "total": 5,
+        "failures": [{"name": "tests/test_api.py::test_refund", "file": "tests/test_api.py", "message": "assert 400 == 200"}]}]);
+    for round in 0..4 {
+        let id = submit(
+            &d,
+            None,
+            &json!({"command": cmd, "network": {"mode": "none"}}),
+        )["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        // Polled with no pause, so the first read that sees its end comes as early as
+        // a client's can.
+        let t = Instant::now();
+        let job = loop {
+            let v = wbx(&d, "GET", &format!("/v1/jobs/{id}"), None, None).json();
+            if FINISHED.contains(&v["status"].as_str().unwrap_or("")) {
+                break v;
+            }
+            assert!(t.elapsed() < Duration::from_secs(120), "{v}\n{}", d.log());
+        };
+        assert_eq!(
+            (job["status"].as_str(), job["exit_code"].as_i64()),
+            (Some("failed"), Some(1)),
+            "round {round}: {job}"
+        );
+        let sm = wbx(&d, "GET", &format!("/v1/jobs/{id}/summary"), None, None).json();
+        assert_eq!(sm["status"], "failed", "round {round}: {sm}");
+        assert_eq!(sm["test_results"], expected_results, "round {round}: {sm}");
+        let rc = wbx(&d, "GET", &format!("/v1/jobs/{id}/receipt"), None, None).json();
+        assert_eq!(
+            rc["log"],
+            json!({"size": log.len(), "sha256": sha256_hex(log.as_bytes()), "dropped_bytes": 0}),
+            "round {round}: {rc}"
+        );
+        assert_eq!(rc["test_results"], expected_results, "round {round}: {rc}");
+    }
+}
+
 #[test]
 fn test_unfinished_jobs_per_tenant_at_and_above_the_bound_and_waiting_on_jobs() {
     let d = Daemon::start_with(&[

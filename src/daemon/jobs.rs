@@ -238,6 +238,10 @@ struct Live {
     save: Option<Save>,
     /// Clients waiting for its cancellation to be written.
     cancel_waiters: Vec<(usize, u64)>,
+    /// Reads of it that came while its end was being written (its log synced, its
+    /// test results read, its record committed): answered once it is, so nobody
+    /// sees it ended without what its end says (see [`Daemon::job_read`]).
+    end_readers: Vec<EndReader>,
     /// The command's run time this attempt, milliseconds.
     run_ms: u64,
     /// Its end is written (it leaves once its sandbox is gone too).
@@ -255,6 +259,14 @@ struct Live {
     wasi_stop: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// The uid its run has.
     wasi_uid: Option<u32>,
+}
+
+/// A read of a job waiting for its end to be written (see [`Daemon::job_read`]).
+struct EndReader {
+    ck: usize,
+    serial: u64,
+    tenant: String,
+    op: JobOp,
 }
 
 /// The saving of result files.
@@ -800,6 +812,7 @@ impl Live {
             exit: None,
             save: None,
             cancel_waiters: Vec::new(),
+            end_readers: Vec::new(),
             run_ms: 0,
             written: false,
             writer_gen: 0,
@@ -940,11 +953,30 @@ impl Daemon {
             | JobOp::Artifact { id: i, .. } => Some(i.clone()),
             _ => None,
         };
-        let live = id
-            .as_ref()
-            .and_then(|i| self.jobs.by_id.get(i))
-            .and_then(|&k| self.jobs.live.get(k))
-            .map(|j| j.rec.clone());
+        let jk = id.as_ref().and_then(|i| self.jobs.by_id.get(i).copied());
+        let live = jk.and_then(|k| self.jobs.live.get(k));
+        if let (Some(jk), true) = (
+            jk,
+            live.is_some_and(|j| j.phase == Phase::Ending && !j.written),
+        ) {
+            // Its record already says it ended, but its log's size, digest and test
+            // results, and its durable end, are a moment away: the read waits for them
+            // (a receipt signed now would lack its log's digest).
+            let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
+                return;
+            };
+            self.conn_own(ck, Owner::Job);
+            if let Some(j) = self.jobs.live.get_mut(jk) {
+                j.end_readers.push(EndReader {
+                    ck,
+                    serial,
+                    tenant,
+                    op,
+                });
+            }
+            return;
+        }
+        let live = live.map(|j| j.rec.clone());
         let sessions = Arc::clone(&self.app.sessions);
         let prices = self.prices();
         let dir = self.jobs.dir.clone();
@@ -1063,7 +1095,10 @@ impl Daemon {
             .by_id
             .get(eid)
             .and_then(|&k| self.jobs.live.get(k));
-        let rec = live.map_or(&stored, |j| &j.rec);
+        // While its end is being written the store's record is what holds.
+        let rec = live
+            .filter(|j| j.written || j.phase != Phase::Ending)
+            .map_or(&stored, |j| &j.rec);
         Response::json(202, &wj::job_json(eid, rec, &self.prices(), now_ms()))
     }
 
@@ -2624,7 +2659,9 @@ impl Daemon {
         };
         if !stored {
             // Written again, and again, until it is: until then the store says it
-            // runs, and its key still opens its env values.
+            // runs, and its key still opens its env values. Its readers hear the
+            // store's trouble now rather than wait for that.
+            let readers = std::mem::take(&mut j.end_readers);
             j.end_retries += 1;
             let wait = Duration::from_secs(1u64 << j.end_retries.min(5));
             let gen = self
@@ -2633,10 +2670,14 @@ impl Daemon {
             if let Some(j) = self.job(jk, js) {
                 j.gen = gen;
             }
+            for r in readers {
+                self.on_outcome(r.ck, r.serial, Outcome::Respond(store_refusal()));
+            }
             return;
         }
         j.written = true;
         let waiters = std::mem::take(&mut j.cancel_waiters);
+        let readers = std::mem::take(&mut j.end_readers);
         let body = wj::job_json(&j.id, &j.rec, &prices, now_ms());
         log::info!(
             "job {} {} (exit {:?}, {} result files)",
@@ -2651,6 +2692,7 @@ impl Daemon {
         for (ck, serial) in waiters {
             self.on_outcome(ck, serial, Outcome::Respond(Response::json(200, &body)));
         }
+        self.job_reads_again(readers);
         *self.jobs.tenant_bytes.entry(tenant.clone()).or_default() += bytes;
         if let Some(j) = self.job(jk, js) {
             // Its actual cost replaces its reservation (it leaves the live jobs).
@@ -2693,8 +2735,20 @@ impl Daemon {
                 );
                 self.on_outcome(ck, serial, Outcome::Respond(resp));
             }
+            // (None wait here: they wait only while its end is written.) From the store.
+            self.job_reads_again(j.end_readers);
         }
         self.jobs.queue.retain(|&k| k != jk);
+    }
+
+    /// Reads that waited for a job's end to be written, made now (on a connection
+    /// that still waits for them).
+    fn job_reads_again(&mut self, readers: Vec<EndReader>) {
+        for r in readers {
+            if self.conns.get(r.ck).is_some_and(|c| c.serial == r.serial) {
+                self.job_read(r.ck, r.tenant, r.op);
+            }
+        }
     }
 
     /// Its sandbox is gone (removed: its processes and memory are).
