@@ -200,6 +200,43 @@ fn test_metrics_parse_and_move_with_runs_and_requests() {
     assert!(delta("isobox_http_received_bytes_total") > 4.0 * 60.0);
     assert!(delta("isobox_http_sent_bytes_total") > 4.0 * 100.0);
     assert_eq!(get(&after, "isobox_slots_in_use"), 0.0);
+    // isoboxd's own steps around each of the four cold sandboxes (no network asked).
+    // A sandbox is removed after its result is sent: its last steps are counted once
+    // the removal is done.
+    let t = std::time::Instant::now();
+    let settled = loop {
+        let m = scrape(&d);
+        let k = "isobox_sandbox_steps_total{step=\"cgroup_remove\"}";
+        if get(&m, k) - get(&before, k) >= 4.0 || t.elapsed() > std::time::Duration::from_secs(20) {
+            break m;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let step = |family: &str, s: &str| {
+        let k = format!("{family}{{step=\"{s}\"}}");
+        get(&settled, &k) - get(&before, &k)
+    };
+    for s in [
+        "bundle_write",
+        "cgroup_create",
+        "spawn",
+        "reap",
+        "state_files",
+        "bundle_remove",
+        "cgroup_remove",
+    ] {
+        assert_eq!(step("isobox_sandbox_steps_total", s), 4.0, "{s}");
+        let (wall, cpu) = (
+            step("isobox_sandbox_step_seconds_total", s),
+            step("isobox_sandbox_step_cpu_seconds_total", s),
+        );
+        assert!(wall > 0.0 && cpu > 0.0, "{s}: {wall} s, {cpu} CPU-s");
+        // A thread's CPU time within a step is at most the step's wall time.
+        assert!(cpu <= wall + 0.001, "{s}: {wall} s, {cpu} CPU-s");
+    }
+    assert_eq!(step("isobox_sandbox_steps_total", "network"), 0.0);
+    // Only a killed runsc leaves its container for `runsc delete`: the timed-out run.
+    assert_eq!(step("isobox_sandbox_steps_total", "runsc_delete"), 1.0);
 
     // Off this host (a trusted proxy says who): only with the metrics key.
     let remote = [("X-Forwarded-For", "192.0.2.9")];

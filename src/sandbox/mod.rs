@@ -19,6 +19,7 @@ pub mod pool_size;
 pub mod probe;
 pub mod runsc;
 pub mod start;
+pub mod steps;
 pub mod warm;
 pub mod wire;
 

@@ -9,6 +9,7 @@
 
 use super::backend::{wait_bounded, Backend, Cleanup, Spawned, Stdin};
 use super::bundle::{self, ProcessSpec};
+use super::steps::{Step, STEPS};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
 use crate::cgroup::{CgroupError, Hierarchy, HostLimits, RunCgroup, Usage, CPU_PERIOD_US};
 use crate::sandbox::plan::ExecPlan;
@@ -287,24 +288,27 @@ impl Backend for Gvisor {
             argv
         };
         let mut start_signal = None;
-        let (src, root) = match bundle::write_files(&dir, files, workspace_bytes).and_then(|s| {
-            if let Some(preload) = plan.preload {
-                bundle::write_preload(&dir, preload)?;
-            }
-            let root = bundle::mount_root(&dir, &plan.runtime.rootfs_path)?;
-            if framed {
-                bundle::install_start(&root)?;
-            }
-            if hook.is_some() {
-                let path = dir.join(bundle::STARTED_FIFO);
-                let fd = crate::sys::fifo_reader(&path, 0o600)
-                    .map_err(|source| SandboxError::Bundle { path, source })?;
-                start_signal = Some(fd);
-            }
-            let dests: Vec<&str> = plan.ro_binds.iter().map(|(_, d)| d.as_str()).collect();
-            bundle::make_mount_points(&root, &dests)?;
-            Ok((s, root))
-        }) {
+        let written = STEPS.time(Step::BundleWrite, || {
+            bundle::write_files(&dir, files, workspace_bytes).and_then(|s| {
+                if let Some(preload) = plan.preload {
+                    bundle::write_preload(&dir, preload)?;
+                }
+                let root = bundle::mount_root(&dir, &plan.runtime.rootfs_path)?;
+                if framed {
+                    bundle::install_start(&root)?;
+                }
+                if hook.is_some() {
+                    let path = dir.join(bundle::STARTED_FIFO);
+                    let fd = crate::sys::fifo_reader(&path, 0o600)
+                        .map_err(|source| SandboxError::Bundle { path, source })?;
+                    start_signal = Some(fd);
+                }
+                let dests: Vec<&str> = plan.ro_binds.iter().map(|(_, d)| d.as_str()).collect();
+                bundle::make_mount_points(&root, &dests)?;
+                Ok((s, root))
+            })
+        });
+        let (src, root) = match written {
             Ok(s) => s,
             Err(e) => {
                 let _ = bundle::remove_run_dir(&dir);
@@ -317,7 +321,9 @@ impl Backend for Gvisor {
             pids: host_pids_for(plan.limits.pids),
             cpu_weight: plan.cpu_weight,
         };
-        let cgroup = match hier.create_run(&self.instance, id, limits) {
+        let cgroup = match STEPS.time(Step::CgroupCreate, || {
+            hier.create_run(&self.instance, id, limits)
+        }) {
             Ok(c) => c,
             Err(e) => {
                 let _ = bundle::remove_run_dir(&dir);
@@ -327,35 +333,42 @@ impl Backend for Gvisor {
         // Network only while egress is verified; otherwise the run goes offline and
         // its result says so.
         let net = match (&self.egress, plan.network_requested) {
-            (Some(e), true) if e.verified() => match e.lease(id, plan.allowlist.clone()) {
-                Ok(l) => Some(l),
-                Err(why) => {
-                    crate::warn_limited!("sandbox={id} op=network err={why}; running offline");
-                    None
+            (Some(e), true) if e.verified() => {
+                match STEPS.time(Step::Network, || e.lease(id, plan.allowlist.clone())) {
+                    Ok(l) => Some(l),
+                    Err(why) => {
+                        crate::warn_limited!("sandbox={id} op=network err={why}; running offline");
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
-        let mut cfg = bundle::config(
-            plan,
-            &ProcessSpec { args: argv, env },
-            &root,
-            &src,
-            &format!("/{}/{}", self.instance, id),
-            net.as_ref(),
-        );
-        if let Some(hook) = hook {
-            bundle::add_start_hook(&mut cfg, hook, &dir.join(bundle::STARTED_FIFO));
-        }
-        let res = bundle::write_config(&dir, &cfg).and_then(|()| {
-            self.start(
-                id,
-                &dir,
-                cgroup.clone(),
-                net,
-                stdin,
-                bundle::writable_root(plan),
-            )
+        let configured = STEPS.time_more(Step::BundleWrite, || {
+            let mut cfg = bundle::config(
+                plan,
+                &ProcessSpec { args: argv, env },
+                &root,
+                &src,
+                &format!("/{}/{}", self.instance, id),
+                net.as_ref(),
+            );
+            if let Some(hook) = hook {
+                bundle::add_start_hook(&mut cfg, hook, &dir.join(bundle::STARTED_FIFO));
+            }
+            bundle::write_config(&dir, &cfg)
+        });
+        let res = configured.and_then(|()| {
+            STEPS.time(Step::Spawn, || {
+                self.start(
+                    id,
+                    &dir,
+                    cgroup.clone(),
+                    net,
+                    stdin,
+                    bundle::writable_root(plan),
+                )
+            })
         });
         match res {
             Ok(mut s) => {
@@ -401,34 +414,39 @@ impl Backend for Gvisor {
     }
 
     fn wait(&self, mut child: Child, cgroup: &RunCgroup) -> Cleanup {
-        // runsc has exited or is about to (its sandbox is dead); bound the wait anyway.
-        let exit_code = wait_bounded(&mut child, Duration::from_secs(5), || {
-            cgroup.kill_all();
-        });
-        let oom_killed = cgroup.oom_kills() > 0;
-        Cleanup {
-            oom_killed,
-            exit_code,
-        }
+        STEPS.time(Step::Reap, || {
+            // runsc has exited or is about to (its sandbox is dead); bound the wait
+            // anyway.
+            let exit_code = wait_bounded(&mut child, Duration::from_secs(5), || {
+                cgroup.kill_all();
+            });
+            let oom_killed = cgroup.oom_kills() > 0;
+            Cleanup {
+                oom_killed,
+                exit_code,
+            }
+        })
     }
 
     fn delete(&self, id: &str, cgroup: &RunCgroup, dir: &Path) {
         // A `runsc run` that ended by itself has deleted its container already (its
         // root holds nothing of it): another runsc process would only cost ~20 ms and
         // a Go runtime's start per run. Only one that was killed leaves its state.
-        if self.has_state(id) {
-            self.runsc_delete(id);
+        if STEPS.time(Step::StateFiles, || self.has_state(id)) {
+            STEPS.time(Step::RunscDelete, || self.runsc_delete(id));
         }
-        self.remove_state_files(id);
+        STEPS.time_more(Step::StateFiles, || self.remove_state_files(id));
         // The run's directory first: its workspace tmpfs's pages are charged to the
         // run's cgroup, freed before the cgroup goes rather than moved to its parent.
-        if let Err(e) = bundle::remove_run_dir(dir) {
+        if let Err(e) = STEPS.time(Step::BundleRemove, || bundle::remove_run_dir(dir)) {
             crate::error_limited!("sandbox={id} op=remove-bundle err={e}");
         }
-        if let Err(e) = cgroup.destroy() {
-            crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
-        }
-        self.remove_v1_strays(id);
+        STEPS.time(Step::CgroupRemove, || {
+            if let Err(e) = cgroup.destroy() {
+                crate::error_limited!("sandbox={id} op=cgroup-destroy err={e}");
+            }
+            self.remove_v1_strays(id);
+        });
     }
 
     fn sweep(&self) -> usize {
