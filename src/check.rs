@@ -341,14 +341,15 @@ fn kernel_modules() -> PathBuf {
     Path::new("/lib/modules").join(release.trim())
 }
 
-/// Every run's root is an overlay of the runtime's tree (`sandbox::bundle::mount_root`).
+/// A sandbox whose mount points are not all in its runtime's tree (pooled, long-lived,
+/// framed) has an overlay of the tree as its root (`sandbox::bundle::mount_root`).
 fn overlay(filesystems: &Path, modules: &Path) -> Finding {
     let listed = std::fs::read_to_string(filesystems).is_ok_and(|s| {
         s.lines()
             .any(|l| l.split_whitespace().last() == Some("overlay"))
     });
     if listed {
-        return found(Level::Ok, "overlay", "overlayfs (each run's root)");
+        return found(Level::Ok, "overlay", "overlayfs (a sandbox's own root)");
     }
     let module = modules.join("kernel/fs/overlayfs");
     if module.is_dir() {
@@ -361,7 +362,7 @@ fn overlay(filesystems: &Path, modules: &Path) -> Finding {
         found(
             Level::Fail,
             "overlay",
-            "this kernel has no overlayfs: every run's root is an overlay of its runtime's tree",
+            "this kernel has no overlayfs: pooled and long-lived sandboxes' roots are overlays of their runtime's tree",
         )
     }
 }

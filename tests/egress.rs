@@ -485,6 +485,26 @@ fn test_public_reachable_by_ip_and_name_and_network_false_is_offline() {
     assert!(egress(&d, "/readyz").get("reason").is_none());
     assert_eq!(egress(&d, "/healthz")["state"], "verified");
     fake.clear();
+    // The resolvers' file is bound over the runtime's tree's own, which stays as it was
+    // (the tree itself may be the run's root: `sandbox::bundle::mount_points_in`).
+    let etc = std::path::Path::new("/var/lib/isobox/rootfs/python/etc");
+    let stamp = |p: &std::path::Path| {
+        use std::os::unix::fs::MetadataExt;
+        let m = p.symlink_metadata().unwrap();
+        (
+            m.mode(),
+            m.len(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        )
+    };
+    let tree_before = (
+        stamp(etc),
+        stamp(&etc.join("resolv.conf")),
+        std::fs::read(etc.join("resolv.conf")).unwrap(),
+    );
     let code = r#"
 print('RESOLV ' + json.dumps(open('/etc/resolv.conf').read()))
 probe({
@@ -547,6 +567,14 @@ probe({
         .map(str::trim)
         .collect();
     assert_eq!(ns, vec![DNS], "resolv.conf: {resolv:?}");
+    assert_eq!(
+        (
+            stamp(etc),
+            stamp(&etc.join("resolv.conf")),
+            std::fs::read(etc.join("resolv.conf")).unwrap()
+        ),
+        tree_before
+    );
     // What the fake hosts saw: masqueraded connections from the harness uplink, the
     // resolver asked for every name, and no denied host reached.
     let public = fake.hits_to(PUBLIC);

@@ -944,10 +944,12 @@ fn tree_state(root: &std::path::Path) -> std::collections::BTreeMap<String, Stri
 
 /// Issue 21 item 5: runsc makes the mount points of a run's binds inside the root it is
 /// given, so with the shared tree as root a request's file layout (`main.rb/x`) was left
-/// behind in it and broke every later cold run of that runtime for every tenant. Each
-/// run's root is now an overlay of its own: hostile layouts in every interpreted
-/// runtime, pooled sandboxes' preload binds and a long-lived sandbox's init bind leave
-/// every shared tree exactly as it was, and later runs see what they always saw.
+/// behind in it and broke every later cold run of that runtime for every tenant. A run
+/// now has the tree itself as its root only when every mount point is already in it,
+/// and an overlay of its own otherwise: hostile layouts in every interpreted runtime,
+/// writes to the root from inside, a session step with a volume, pooled sandboxes'
+/// preload binds and a long-lived sandbox's init bind leave every shared tree exactly as
+/// it was, and later runs see what they always saw.
 #[test]
 fn test_a_run_never_writes_the_shared_root_filesystems() {
     let rootfs = std::path::Path::new("/var/lib/isobox/rootfs");
@@ -1002,8 +1004,101 @@ fn test_a_run_never_writes_the_shared_root_filesystems() {
         let r = d.execute(json!({"language": lang, "network": false, "code": code}));
         assert_eq!(r["run"]["stdout"], "ok\n", "{lang}: {r}");
     }
+    // A cold run sees the shared tree itself as its root when every mount point is in
+    // it: it cannot write there, nor anywhere outside /workspace and /tmp.
+    let w = d.execute(
+        json!({"language": "python-slim", "network": false, "code": r#"
+import os
+for p in ["/x", "/etc/x", "/workspace/../opt/x", "/usr/lib/x", "/etc/resolv.conf"]:
+    try:
+        open(p, "a").write("x")
+        print("wrote", p)
+    except OSError as e:
+        print(p, e.strerror)
+for p in ["/x-dir", "/opt/d"]:
+    try:
+        os.mkdir(p)
+        print("made", p)
+    except OSError as e:
+        print(p, e.strerror)
+open("/workspace/mine", "w").write("ok"); open("/tmp/mine", "w").write("ok")
+print(sorted(os.listdir("/workspace")))
+"#}),
+    );
+    let out = w["run"]["stdout"].as_str().unwrap_or_default();
+    assert!(
+        !out.contains("wrote") && !out.contains("made") && out.ends_with("['main.py', 'mine']\n"),
+        "{w}"
+    );
+    let refused = out
+        .lines()
+        .filter(|l| l.ends_with("Read-only file system") || l.ends_with("Permission denied"))
+        .count();
+    assert_eq!(refused, 7, "{w}");
+    // While a cold run runs, its bundle has its workspace tmpfs mounted and no root
+    // overlay (every mount point is in the tree); a long-lived sandbox's writable root
+    // has one (below).
+    let runs = d.data_dir.join("runs");
+    // (mount point, filesystem) under `dir`'s bundles of `kind` (`r` a run, `b` a
+    // long-lived sandbox; pooled ones, `w`, come and go meanwhile).
+    let mounts_under = |dir: &std::path::Path, kind: char| -> Vec<(String, String)> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                let sep = f.iter().position(|x| *x == "-")?;
+                let bundle = f[4].strip_prefix(dir.to_str()?)?.split('/').nth(1)?;
+                bundle
+                    .rsplit('-')
+                    .next()
+                    .is_some_and(|k| k.starts_with(kind))
+                    .then(|| (f[4].to_string(), f[sep + 1].to_string()))
+            })
+            .collect()
+    };
+    let body =
+        json!({"language": "python-slim", "network": false, "code": "import time; time.sleep(3)"});
+    let seen = std::thread::scope(|sc| {
+        let sleeper = sc.spawn(|| d.post_json("/execute", &body));
+        let t = Instant::now();
+        let seen = loop {
+            let m = mounts_under(&runs, 'r');
+            if !m.is_empty() || t.elapsed() > Duration::from_secs(20) {
+                break m;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(sleeper.join().unwrap().status, 200);
+        seen
+    });
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].0.ends_with("/files") && seen[0].1 == "tmpfs",
+        "{seen:?}"
+    );
+    // A session step with a volume: its workspace and /memory are binds too.
+    let v = d.request("POST", "/v1/volumes", &[], br#"{"name": "tree"}"#);
+    assert_eq!(v.status, 201, "{}", v.text());
+    let vid = v.json()["id"].as_str().unwrap().to_string();
+    let s = Session::create(&d, &json!({"runtime": "python-slim", "volumeId": vid}));
+    let r = s.step_with(
+        &d,
+        &json!({"network": false, "code": "open('/memory/m', 'w').write('1'); open('w', 'w').write('2'); print(open('/memory/m').read() + open('w').read())"}),
+    );
+    assert_eq!(r["run"]["stdout"], "12\n", "{r}");
+    assert_eq!(s.delete(&d).status, 204);
     // A long-lived sandbox: its init is bound at /opt/isobox/init.
     let id = d.wbx_sandbox();
+    let own: Vec<String> = mounts_under(&runs, 'b')
+        .into_iter()
+        .map(|(at, fs)| format!("{fs} {at}"))
+        .collect();
+    assert!(
+        own.iter()
+            .any(|m| m.starts_with("overlay ") && m.ends_with("/root")),
+        "{own:?}"
+    );
     d.wbx_exec(&id, "touch /opt/mine /workspace-nope 2>/dev/null; ls /opt");
     assert_eq!(
         d.request("DELETE", &format!("/wbx/v1/sandboxes/{id}"), &[], b"")

@@ -1,12 +1,16 @@
 //! The OCI bundle of one execution: `config.json` plus the program's files.
 //!
-//! The root filesystem is the runtime's tree, read-only, seen through a per-run overlay
-//! ([`mount_root`]): runsc creates the mount points of the spec's binds (`/workspace/<file>`,
-//! `/opt/isobox-warm`, `/opt/isobox/init`) inside the root it is given, on the host, and
-//! in a shared tree they would outlive the run and change what every later run of any
-//! tenant sees (a file named `main.rb/x` would leave a directory where every cold Ruby
-//! run needs its `main.rb`). In the overlay they land in the run's own upper directory,
-//! removed with the run; the shared tree is never written. `/tmp` is a tmpfs of gVisor's
+//! The root filesystem is the runtime's tree, read-only. runsc creates the mount points
+//! of the spec's mounts that the tree lacks inside the root it is given, on the host,
+//! and in a shared tree they would outlive the run and change what every later run of
+//! any tenant sees (a file named `main.rb/x` would leave a directory where every cold
+//! Ruby run needs its `main.rb`). So a run sees the tree itself only when every mount
+//! point is already there ([`mount_points_in`]: a cold run's `/workspace`, `/tmp`,
+//! `/proc`, a networked run's `/etc/resolv.conf`, a session step's `/memory`), and
+//! otherwise through a per-run overlay ([`mount_root`]) whose upper directory takes what
+//! runsc makes, removed with the run; so does a sandbox whose root is writable (in
+//! gVisor's memory) and a run with the start frame's program copied in. Either way the
+//! shared tree is never written. `/tmp` is a tmpfs of gVisor's
 //! capped at the run's memory. `/workspace` (the working directory) is a host tmpfs of
 //! the run's own, as large, mounted at `dir/files` ([`write_files`]) and bound in: the
 //! program's files are written there owned by root (files 0644, directories 0755, the
@@ -133,6 +137,43 @@ fn set_tree_readable(dir: &Path) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether a run of `config` may have the runtime's tree `lower` itself as its root
+/// (read-only, with no overlay): runsc makes a mount's missing mount point on the host,
+/// in the root it is given, so only when every mount of `config` already has its mount
+/// point in `lower` (reached through real directories, no symbolic link) as a directory,
+/// or as a regular file for a bind of a file. Then runsc writes nothing into the shared
+/// tree, and the run saves an overlay's mount and unmount (see [`mount_root`]).
+pub fn mount_points_in(lower: &Path, config: &Value) -> bool {
+    let Some(mounts) = config["mounts"].as_array() else {
+        return false;
+    };
+    mounts.iter().all(|m| {
+        let Some(dest) = m["destination"].as_str() else {
+            return false;
+        };
+        let file = m["type"] == "bind"
+            && m["source"]
+                .as_str()
+                .is_some_and(|src| fs::metadata(src).is_ok_and(|md| md.is_file()));
+        let mut at = lower.to_path_buf();
+        let parts: Vec<_> = Path::new(dest).components().skip(1).collect();
+        if !dest.starts_with('/') || parts.is_empty() {
+            return false;
+        }
+        parts.iter().enumerate().all(|(i, part)| {
+            let std::path::Component::Normal(part) = part else {
+                return false;
+            };
+            at.push(part);
+            match fs::symlink_metadata(&at) {
+                Ok(md) if i + 1 == parts.len() && file => md.is_file(),
+                Ok(md) => md.is_dir(),
+                Err(_) => false,
+            }
+        })
+    })
 }
 
 /// The per-run root of `dir`: an overlay mounted at `dir/root` with the runtime's tree
@@ -479,6 +520,65 @@ pub fn substitute(argv: &[String], source_file: &str, entry: &str) -> Vec<String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_the_tree_itself_is_the_root_only_where_every_mount_point_is_there() {
+        let base = std::env::temp_dir().join(format!("isobox-mount-points-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let lower = base.join("tree");
+        for d in ["workspace", "tmp", "proc", "etc", "opt/real", "memory"] {
+            fs::create_dir_all(lower.join(d)).unwrap();
+        }
+        fs::write(lower.join("etc/resolv.conf"), "").unwrap();
+        std::os::unix::fs::symlink("real", lower.join("opt/link")).unwrap();
+        let (src_dir, src_file) = (base.join("files"), base.join("resolv"));
+        fs::create_dir_all(&src_dir).unwrap();
+        fs::write(&src_file, "nameserver 192.0.2.1\n").unwrap();
+        let bind =
+            |src: &Path, dest: &str| json!({"destination": dest, "type": "bind", "source": src});
+        let tmpfs = |dest: &str| json!({"destination": dest, "type": "tmpfs", "source": "tmpfs"});
+        let cfg = |mounts: Vec<Value>| json!({"mounts": mounts});
+        let cold = vec![
+            json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+            tmpfs("/tmp"),
+            bind(&src_dir, "/workspace"),
+        ];
+        // A cold run, a networked one, a session step with its volume.
+        assert!(mount_points_in(&lower, &cfg(cold.clone())));
+        let mut net = cold.clone();
+        net.push(bind(&src_file, "/etc/resolv.conf"));
+        assert!(mount_points_in(&lower, &cfg(net)));
+        let mut step = cold.clone();
+        step.push(bind(&src_dir, "/memory"));
+        assert!(mount_points_in(&lower, &cfg(step)));
+        assert!(mount_points_in(&lower, &cfg(vec![])));
+        // Each way runsc would have to make something: a missing directory (or its
+        // parent), a file's bind onto a directory or a directory's onto a file, a mount
+        // point reached through a symbolic link (even one that stays inside).
+        for (mount, why) in [
+            (bind(&src_dir, "/opt/isobox-warm"), "missing"),
+            (bind(&src_dir, "/nope/deeper"), "parent missing"),
+            (tmpfs("/run/none"), "missing under a missing dir"),
+            (bind(&src_file, "/workspace"), "a file onto a directory"),
+            (
+                bind(&src_dir, "/etc/resolv.conf"),
+                "a directory onto a file",
+            ),
+            (bind(&src_dir, "/opt/link"), "a symbolic link"),
+            (tmpfs("/etc/resolv.conf"), "a tmpfs onto a file"),
+            (tmpfs("workspace"), "relative"),
+            (tmpfs("/"), "the root itself"),
+            (tmpfs("/workspace/../etc"), "a parent component"),
+            (json!({"type": "tmpfs"}), "no destination"),
+        ] {
+            let mut m = cold.clone();
+            m.push(mount);
+            assert!(!mount_points_in(&lower, &cfg(m)), "{why}");
+        }
+        assert!(!mount_points_in(&lower, &json!({})), "no mounts at all");
+        assert!(!mount_points_in(&base.join("absent"), &cfg(cold)));
+        fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn test_substitute_entry() {

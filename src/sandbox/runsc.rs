@@ -13,6 +13,7 @@ use super::steps::{Step, STEPS};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
 use crate::cgroup::{CgroupError, Hierarchy, HostLimits, RunCgroup, Usage, CPU_PERIOD_US};
 use crate::sandbox::plan::ExecPlan;
+use serde_json::json;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -293,22 +294,16 @@ impl Backend for Gvisor {
                 if let Some(preload) = plan.preload {
                     bundle::write_preload(&dir, preload)?;
                 }
-                let root = bundle::mount_root(&dir, &plan.runtime.rootfs_path)?;
-                if framed {
-                    bundle::install_start(&root)?;
-                }
                 if hook.is_some() {
                     let path = dir.join(bundle::STARTED_FIFO);
                     let fd = crate::sys::fifo_reader(&path, 0o600)
                         .map_err(|source| SandboxError::Bundle { path, source })?;
                     start_signal = Some(fd);
                 }
-                let dests: Vec<&str> = plan.ro_binds.iter().map(|(_, d)| d.as_str()).collect();
-                bundle::make_mount_points(&root, &dests)?;
-                Ok((s, root))
+                Ok(s)
             })
         });
-        let (src, root) = match written {
+        let src = match written {
             Ok(s) => s,
             Err(e) => {
                 let _ = bundle::remove_run_dir(&dir);
@@ -345,14 +340,26 @@ impl Backend for Gvisor {
             _ => None,
         };
         let configured = STEPS.time_more(Step::BundleWrite, || {
+            let lower = &plan.runtime.rootfs_path;
             let mut cfg = bundle::config(
                 plan,
                 &ProcessSpec { args: argv, env },
-                &root,
+                lower,
                 &src,
                 &format!("/{}/{}", self.instance, id),
                 net.as_ref(),
             );
+            // The runtime's tree itself where runsc would write nothing into it; else
+            // an overlay of it that takes what runsc and the frame add.
+            if framed || bundle::writable_root(plan) || !bundle::mount_points_in(lower, &cfg) {
+                let root = bundle::mount_root(&dir, lower)?;
+                if framed {
+                    bundle::install_start(&root)?;
+                }
+                let dests: Vec<&str> = plan.ro_binds.iter().map(|(_, d)| d.as_str()).collect();
+                bundle::make_mount_points(&root, &dests)?;
+                cfg["root"]["path"] = json!(root);
+            }
             if let Some(hook) = hook {
                 bundle::add_start_hook(&mut cfg, hook, &dir.join(bundle::STARTED_FIFO));
             }
