@@ -66,6 +66,9 @@ const HOME: &str = "/home/user";
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// After the time limit's kill, how long before the sandbox itself is ended.
 const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How long a read of a job whose end is being written waits for it: past this (a
+/// slow disk) it is answered 503 to retry, as while the store refuses the end.
+const END_READ_WAIT: Duration = Duration::from_secs(30);
 /// How long saving the result files may take.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(600);
 /// The sandbox outlives the job's time limit by this (its boot and the saving).
@@ -242,6 +245,8 @@ struct Live {
     /// test results read, its record committed): answered once it is, so nobody
     /// sees it ended without what its end says (see [`Daemon::job_read`]).
     end_readers: Vec<EndReader>,
+    /// When its end began to be written (its phase became `Ending`).
+    ending_since: Option<Instant>,
     /// The command's run time this attempt, milliseconds.
     run_ms: u64,
     /// Its end is written (it leaves once its sandbox is gone too).
@@ -813,6 +818,7 @@ impl Live {
             save: None,
             cancel_waiters: Vec::new(),
             end_readers: Vec::new(),
+            ending_since: None,
             run_ms: 0,
             written: false,
             writer_gen: 0,
@@ -955,13 +961,18 @@ impl Daemon {
         };
         let jk = id.as_ref().and_then(|i| self.jobs.by_id.get(i).copied());
         let live = jk.and_then(|k| self.jobs.live.get(k));
-        if let (Some(jk), true) = (
-            jk,
-            live.is_some_and(|j| j.phase == Phase::Ending && !j.written),
-        ) {
+        let ending =
+            live.filter(|j| j.phase == Phase::Ending && !j.written && j.rec.tenant == tenant);
+        if let (Some(jk), Some(j)) = (jk, ending) {
             // Its record already says it ended, but its log's size, digest and test
             // results, and its durable end, are a moment away: the read waits for them
-            // (a receipt signed now would lack its log's digest).
+            // (a receipt signed now would lack its log's digest), for a while.
+            let late =
+                j.end_retries > 0 || j.ending_since.is_some_and(|t| t.elapsed() >= END_READ_WAIT);
+            if late {
+                self.respond(ck, store_refusal());
+                return;
+            }
             let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
                 return;
             };
@@ -2600,10 +2611,20 @@ impl Daemon {
             j.rec.billed_ms += j.run_ms;
         }
         j.phase = Phase::Ending;
+        j.ending_since = Some(Instant::now());
         j.rec.ended_ms = Some(now_ms());
         j.rec.sealed_env = None;
         let sbx = j.sbx;
         let writer = j.writer.take();
+        // Its one timer from now on: the bound on its readers' wait (an earlier one, a
+        // time limit or a call's, is stale; it must not write the end before its log).
+        let gen = self.reactor.arm_new(
+            Instant::now() + END_READ_WAIT,
+            Addr::new(JOBS, jk, DEADLINE),
+        );
+        if let Some(j) = self.job(jk, js) {
+            j.gen = gen;
+        }
         if let Some((key, _)) = sbx {
             self.box_end(key, "its job ended");
         }
@@ -2867,6 +2888,15 @@ impl Daemon {
         };
         let js = j.serial;
         if j.phase == Phase::Ending && !j.written {
+            if j.end_retries == 0 {
+                // Its end is still being written (a slow disk): its readers stop
+                // waiting.
+                let readers = std::mem::take(&mut j.end_readers);
+                for r in readers {
+                    self.on_outcome(r.ck, r.serial, Outcome::Respond(store_refusal()));
+                }
+                return;
+            }
             // Its end's write failed: again.
             self.job_finish(jk, js, None);
             return;
@@ -3269,6 +3299,18 @@ impl Daemon {
 
     /// The daemon stops: every wait is answered now (503, as for a restart).
     pub(crate) fn job_waits_end(&mut self) {
+        let readers: Vec<EndReader> = self
+            .jobs
+            .live
+            .iter_mut()
+            .flat_map(|(_, j)| std::mem::take(&mut j.end_readers))
+            .collect();
+        for r in readers {
+            let resp =
+                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
+                    .with_header("Retry-After", "5");
+            self.on_outcome(r.ck, r.serial, Outcome::Respond(resp));
+        }
         let keys: Vec<usize> = self.jobs.waiters.iter().map(|(k, _)| k).collect();
         for key in keys {
             if let Some(w) = self.jobs.waiters.try_remove(key) {
