@@ -1057,25 +1057,43 @@ print(sorted(os.listdir("/workspace")))
             })
             .collect()
     };
-    let body =
-        json!({"language": "python-slim", "network": false, "code": "import time; time.sleep(3)"});
-    let seen = std::thread::scope(|sc| {
+    // The run marks its own workspace, so its bundle is found (not another's).
+    let body = json!({"language": "python-slim", "network": false,
+        "code": "open('tree-root-mark', 'w').write('1'); import time; time.sleep(3)"});
+    let (bundle, seen, config) = std::thread::scope(|sc| {
         let sleeper = sc.spawn(|| d.post_json("/execute", &body));
         let t = Instant::now();
-        let seen = loop {
-            let m = mounts_under(&runs, 'r');
-            if !m.is_empty() || t.elapsed() > Duration::from_secs(20) {
-                break m;
+        let bundle = loop {
+            let found = std::fs::read_dir(&runs)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .find(|b| b.join("files/tree-root-mark").exists());
+            if let Some(b) = found {
+                break b;
             }
+            assert!(t.elapsed() < Duration::from_secs(20), "{}", d.log());
             std::thread::sleep(Duration::from_millis(20));
         };
+        // Every mount of that bundle, while its program runs.
+        let prefix = format!("{}/", bundle.display());
+        let seen: Vec<(String, String)> = mounts_under(&runs, 'r')
+            .into_iter()
+            .filter(|(at, _)| at.starts_with(&prefix))
+            .collect();
+        let config: Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
         assert_eq!(sleeper.join().unwrap().status, 200);
-        seen
+        (bundle, seen, config)
     });
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert!(
-        seen[0].0.ends_with("/files") && seen[0].1 == "tmpfs",
-        "{seen:?}"
+    assert_eq!(
+        seen,
+        vec![(format!("{}/files", bundle.display()), "tmpfs".to_string())]
+    );
+    assert_eq!(
+        config["root"],
+        json!({"path": "/var/lib/isobox/rootfs/python-slim", "readonly": true})
     );
     // A session step with a volume: its workspace and /memory are binds too.
     let v = d.request("POST", "/v1/volumes", &[], br#"{"name": "tree"}"#);

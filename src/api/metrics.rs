@@ -22,7 +22,7 @@ fn sandbox_steps(t: &mut Text) {
     t.family(
         "isobox_sandbox_steps_total",
         "counter",
-        "Steps isoboxd did around gVisor sandboxes (runs, session and kernel steps, long-lived and pooled sandboxes), by step: bundle_write, cgroup_create, network (a networked sandbox's lease), spawn (runsc run forked and exec'd), reap, runsc_delete (only after a kill), state_files, bundle_remove, cgroup_remove.",
+        "Steps isoboxd did around gVisor sandboxes (runs, session and kernel steps, long-lived and pooled sandboxes), by step: bundle_write, cgroup_create, network (a networked sandbox's lease; its release is not timed), spawn (runsc run forked and exec'd), reap, runsc_delete (only after a kill), state_files, bundle_remove, cgroup_remove (the removal after a failed start is not counted).",
     );
     for (l, x) in &totals {
         t.sample("isobox_sandbox_steps_total", &[("step", l)], x.count);

@@ -149,7 +149,13 @@ pub fn mount_points_in(lower: &Path, config: &Value) -> bool {
     let Some(mounts) = config["mounts"].as_array() else {
         return false;
     };
-    mounts.iter().all(|m| {
+    // A writable root would be overlaid by runsc with a file store in the tree itself
+    // (`--overlay2=root:self`, its default); runsc also makes the working directory.
+    if config["root"]["readonly"] != true {
+        return false;
+    }
+    let cwd = json!({"destination": config["process"]["cwd"], "type": "cwd"});
+    mounts.iter().chain(std::iter::once(&cwd)).all(|m| {
         let Some(dest) = m["destination"].as_str() else {
             return false;
         };
@@ -537,7 +543,7 @@ mod tests {
         let bind =
             |src: &Path, dest: &str| json!({"destination": dest, "type": "bind", "source": src});
         let tmpfs = |dest: &str| json!({"destination": dest, "type": "tmpfs", "source": "tmpfs"});
-        let cfg = |mounts: Vec<Value>| json!({"mounts": mounts});
+        let cfg = |mounts: Vec<Value>| json!({"root": {"readonly": true}, "process": {"cwd": "/workspace"}, "mounts": mounts});
         let cold = vec![
             json!({"destination": "/proc", "type": "proc", "source": "proc"}),
             tmpfs("/tmp"),
@@ -576,6 +582,18 @@ mod tests {
             assert!(!mount_points_in(&lower, &cfg(m)), "{why}");
         }
         assert!(!mount_points_in(&lower, &json!({})), "no mounts at all");
+        // A writable root, a working directory that is not there.
+        let mut writable = cfg(cold.clone());
+        writable["root"]["readonly"] = json!(false);
+        assert!(!mount_points_in(&lower, &writable));
+        let mut cwd = cfg(cold.clone());
+        cwd["process"]["cwd"] = json!("/home/nobody");
+        assert!(!mount_points_in(&lower, &cwd));
+        cwd["process"]["cwd"] = json!("/");
+        assert!(
+            !mount_points_in(&lower, &cwd),
+            "the root itself is no mount point"
+        );
         assert!(!mount_points_in(&base.join("absent"), &cfg(cold)));
         fs::remove_dir_all(&base).unwrap();
     }
