@@ -1159,7 +1159,7 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
     let retried = submit(
         &d,
         None,
-        &json!({"command": "echo attempt; sleep 2; echo finished", "retry": {"max_attempts": 2, "on": "system"}, "network": none}),
+        &json!({"command": "echo attempt; sleep 6; echo finished", "retry": {"max_attempts": 2, "on": "system"}, "network": none}),
     );
     let lost = submit(&d, None, &json!({"command": "sleep 600", "network": none}));
     let queued = submit(&d, None, &json!({"command": "echo third", "network": none}));
@@ -1173,6 +1173,12 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
     assert_eq!(
         wbx(&d, "GET", &format!("/v1/jobs/{qid}"), None, None).json()["status"],
         "queued"
+    );
+    // The crash comes while the first attempt still runs (its 6 s give a loaded host
+    // room to boot the second job's sandbox).
+    assert_eq!(
+        wbx(&d, "GET", &format!("/v1/jobs/{rid}"), None, None).json()["status"],
+        "running"
     );
     let mut child = d.child.take().unwrap();
     child.kill().unwrap();
