@@ -16,7 +16,9 @@ binary's ratios to both bare references (CPU: lower is better; runs/s: higher is
 Usage (root): python3 bench/load/execute_ab.py NAME=BINARY [NAME=BINARY ...]
 Settings (environment): ROUNDS (8), BLOCK (24), CONC (4), MIX (1: the modes' runs
 interleaved request by request within one block per round, so all share the host's
-same minutes; then mean latency instead of runs/s), BENCH_LANGUAGES
+same minutes; then mean latency instead of runs/s), EQUAL_WEIGHT (1: each daemon's
+sandbox slice at the default CPU weight rather than the half isoboxd gives it, so its
+sandboxes and the bare ones compete as equals), BENCH_LANGUAGES
 ("python-slim"), and `execute.py`'s ISOBOX_PLATFORM / ISOBOX_RUNSC.
 A binary may be a wrapper script that execs isoboxd (it must keep the process).
 Python 3.11 standard library only.
@@ -43,6 +45,19 @@ CONC = int(os.environ.get("CONC", "4"))
 # request (run k is mode k mod n), so every mode runs under the same minutes of the
 # host; CPU per run comes from each mode's own cgroup, latency instead of runs/s.
 MIX = os.environ.get("MIX", "") == "1"
+# EQUAL_WEIGHT=1: each daemon's sandbox slice gets the default CPU weight (cpu.shares
+# 1024 on v1, cpu.weight 100 on v2) instead of the half it sets itself, so its sandboxes
+# compete with the bare ones as equals (the slice is the daemon's own, removed with it).
+EQUAL_WEIGHT = os.environ.get("EQUAL_WEIGHT", "") == "1"
+
+
+def equal_weight(instance):
+    v1 = f"/sys/fs/cgroup/cpu/{instance}/cpu.shares"
+    path, value = (v1, "1024") if os.path.exists(v1) else (f"/sys/fs/cgroup/{instance}/cpu.weight", "100")
+    with open(path, "w") as f:
+        f.write(value)
+
+
 # Bare runsc under the limits has a cgroup of its own (MIX needs them apart); made in main.
 LIMITED_CG = None
 
@@ -91,6 +106,8 @@ class Daemon:
         self.port, self.instance, self.data_dir = ex.PORT, ex.INSTANCE, ex.DATA_DIR
         self.proc, self.log = ex.start_isoboxd()
         self.own, self.slice = ex.DAEMON_CG, ex.SLICE_CG
+        if EQUAL_WEIGHT:
+            equal_weight(self.instance)
 
     def seconds(self):
         return self.own.seconds() + self.slice.seconds()
@@ -157,7 +174,8 @@ def main():
         for _, fn, _ in modes:  # warm the page cache and each daemon; not counted
             for _ in range(2):
                 fn(rt)
-        how = "interleaved request by request" if MIX else "per mode"
+        how = ("interleaved request by request" if MIX else "per mode") + (
+            ", isoboxd's slices at the default CPU weight" if EQUAL_WEIGHT else "")
         print(f"== {rt['language']} `{rt['code']}`: {ROUNDS} rounds of {BLOCK} runs at c={CONC} {how}; "
               f"load average before: {ex.loadavg()}")
         res = {name: [] for name, _, _ in modes}
