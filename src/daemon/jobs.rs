@@ -69,6 +69,10 @@ const KILL_GRACE: Duration = Duration::from_secs(10);
 /// How long a read of a job whose end is being written waits for it: past this (a
 /// slow disk) it is answered 503 to retry, as while the store refuses the end.
 const END_READ_WAIT: Duration = Duration::from_secs(30);
+/// How long a job's log writer may take to sync its log at the end: past this (a
+/// writer stuck on its disk) the end is written without the log's size and digest, as
+/// when the log could not be written at all, so the job frees its slot.
+const END_LOG_WAIT: Duration = Duration::from_secs(600);
 /// How long saving the result files may take.
 const SAVE_TIMEOUT: Duration = Duration::from_secs(600);
 /// The sandbox outlives the job's time limit by this (its boot and the saving).
@@ -345,6 +349,15 @@ const MAX_SKIPPED: usize = 1000;
 const MAX_FOUND_EXTRA: usize = 1000;
 
 /// The answer when the store refused a write.
+/// A read of a job whose end is still being written, past [`END_READ_WAIT`].
+fn end_pending() -> Response {
+    crate::wbx::error(
+        503,
+        "the job has ended and its end is still being written; retry in a few seconds",
+    )
+    .with_header("Retry-After", "5")
+}
+
 fn store_refusal() -> Response {
     crate::wbx::error(503, "the job could not be stored; retry in a few seconds")
         .with_header("Retry-After", "2")
@@ -967,10 +980,19 @@ impl Daemon {
             // Its record already says it ended, but its log's size, digest and test
             // results, and its durable end, are a moment away: the read waits for them
             // (a receipt signed now would lack its log's digest), for a while.
-            let late =
-                j.end_retries > 0 || j.ending_since.is_some_and(|t| t.elapsed() >= END_READ_WAIT);
-            if late {
+            if self.app.shutting_down {
+                let resp =
+                    crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
+                        .with_header("Retry-After", "5");
+                self.respond(ck, resp);
+                return;
+            }
+            if j.end_retries > 0 {
                 self.respond(ck, store_refusal());
+                return;
+            }
+            if j.ending_since.is_some_and(|t| t.elapsed() >= END_READ_WAIT) {
+                self.respond(ck, end_pending());
                 return;
             }
             let Some(serial) = self.conns.get(ck).map(|c| c.serial) else {
@@ -2881,7 +2903,8 @@ impl Daemon {
     }
 
     /// The job's timer: the spawn was not answered, the time limit, the kill's grace,
-    /// or the saving's deadline.
+    /// or the saving's deadline; once it ends, the bound on its readers' wait, then on
+    /// its log's sync, or the retry of its end's write.
     fn job_timer(&mut self, jk: usize, gen: u64) {
         let Some(j) = self.jobs.live.get_mut(jk).filter(|j| j.gen == gen) else {
             return;
@@ -2889,11 +2912,30 @@ impl Daemon {
         let js = j.serial;
         if j.phase == Phase::Ending && !j.written {
             if j.end_retries == 0 {
+                let since = j.ending_since.unwrap_or_else(Instant::now);
+                if since.elapsed() >= END_LOG_WAIT {
+                    // Its writer never said its log is synced: the end is written
+                    // without it (a late word from that writer is ignored).
+                    crate::error_limited!(
+                        "jobs: {}: its log was not synced within {} s; ending it without",
+                        j.id,
+                        END_LOG_WAIT.as_secs()
+                    );
+                    j.writer_gen += 1;
+                    self.job_finish(jk, js, None);
+                    return;
+                }
                 // Its end is still being written (a slow disk): its readers stop
-                // waiting.
+                // waiting, and the log gets until its bound.
                 let readers = std::mem::take(&mut j.end_readers);
+                let gen = self
+                    .reactor
+                    .arm_new(since + END_LOG_WAIT, Addr::new(JOBS, jk, DEADLINE));
+                if let Some(j) = self.job(jk, js) {
+                    j.gen = gen;
+                }
                 for r in readers {
-                    self.on_outcome(r.ck, r.serial, Outcome::Respond(store_refusal()));
+                    self.on_outcome(r.ck, r.serial, Outcome::Respond(end_pending()));
                 }
                 return;
             }
