@@ -13,45 +13,38 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// isoboxd's own work around each sandbox, step by step (`sandbox::steps`).
 fn sandbox_steps(t: &mut Text) {
-    use crate::sandbox::steps::{Step, STEPS};
-    let totals: Vec<(&str, crate::sandbox::steps::Totals)> = Step::ALL
+    use crate::sandbox::steps::{Step, Totals, STEPS};
+    let totals: Vec<(&str, Totals)> = Step::ALL
         .iter()
         .map(|&s| (s.label(), STEPS.totals(s)))
         .collect();
-    let secs = |ns: u64| ns as f64 / 1e9;
-    t.family(
-        "isobox_sandbox_steps_total",
-        "counter",
-        "Steps isoboxd did around gVisor sandboxes (runs, session and kernel steps, long-lived and pooled sandboxes), by step: bundle_write, cgroup_create, network (a networked sandbox's lease; its release is not timed), spawn (runsc run forked and exec'd), reap, runsc_delete (only after a kill), state_files, bundle_remove, cgroup_remove (the removal after a failed start is not counted).",
-    );
-    for (l, x) in &totals {
-        t.sample("isobox_sandbox_steps_total", &[("step", l)], x.count);
-    }
-    t.family(
-        "isobox_sandbox_step_seconds_total",
-        "counter",
-        "Wall time of those steps, by step.",
-    );
-    for (l, x) in &totals {
-        t.sample(
+    // A family's name, help and value of a step's totals.
+    type Family = (&'static str, &'static str, fn(&Totals) -> f64);
+    let families: [Family; 3] = [
+        (
+            "isobox_sandbox_steps_total",
+            "Steps isoboxd did around gVisor sandboxes (runs, session and kernel steps, long-lived and pooled sandboxes), by step: bundle_write, cgroup_create, network (a networked sandbox's lease; its release is not timed), spawn (runsc run forked and exec'd), reap, runsc_delete (only after a kill), state_files, bundle_remove, cgroup_remove (the removal after a failed start is not counted).",
+            |x| x.count as f64,
+        ),
+        (
             "isobox_sandbox_step_seconds_total",
-            &[("step", l)],
-            secs(x.wall_ns),
-        );
-    }
-    t.family(
-        "isobox_sandbox_step_cpu_seconds_total",
-        "counter",
-        "CPU time of the daemon's thread during those steps, by step (a spawn's is the parent's side of the fork; runsc's own CPU is the sandbox's).",
-    );
-    for (l, x) in &totals {
-        t.sample(
+            "Wall time of those steps, by step.",
+            |x| x.wall_ns as f64 / 1e9,
+        ),
+        (
             "isobox_sandbox_step_cpu_seconds_total",
-            &[("step", l)],
-            secs(x.cpu_ns),
-        );
+            "CPU time of the daemon's thread during those steps, by step (a spawn's is the parent's side of the fork; runsc's own CPU is the sandbox's).",
+            |x| x.cpu_ns as f64 / 1e9,
+        ),
+    ];
+    for (name, help, value) in families {
+        t.family(name, "counter", help);
+        for (l, x) in &totals {
+            t.sample(name, &[("step", l)], value(x));
+        }
     }
 }
+
 /// The whole exposition.
 pub fn render(app: &App) -> String {
     let m = &app.metrics;

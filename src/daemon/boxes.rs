@@ -283,8 +283,8 @@ impl Table {
     }
 }
 
-/// The answer while the daemon stops (its sandboxes end with it).
-fn shutting_down() -> Response {
+/// The answer while the daemon stops (its sandboxes and jobs end with it).
+pub(super) fn shutting_down() -> Response {
     crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
         .with_header("Retry-After", "5")
 }

@@ -348,7 +348,6 @@ const MAX_SKIPPED: usize = 1000;
 /// Matched files looked at past the number that may be saved.
 const MAX_FOUND_EXTRA: usize = 1000;
 
-/// The answer when the store refused a write.
 /// A read of a job whose end is still being written, past [`END_READ_WAIT`].
 fn end_pending() -> Response {
     crate::wbx::error(
@@ -358,6 +357,7 @@ fn end_pending() -> Response {
     .with_header("Retry-After", "5")
 }
 
+/// The answer when the store refused a write.
 fn store_refusal() -> Response {
     crate::wbx::error(503, "the job could not be stored; retry in a few seconds")
         .with_header("Retry-After", "2")
@@ -981,10 +981,7 @@ impl Daemon {
             // results, and its durable end, are a moment away: the read waits for them
             // (a receipt signed now would lack its log's digest), for a while.
             if self.app.shutting_down {
-                let resp =
-                    crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
-                        .with_header("Retry-After", "5");
-                self.respond(ck, resp);
+                self.respond(ck, super::boxes::shutting_down());
                 return;
             }
             if j.end_retries > 0 {
@@ -1082,10 +1079,7 @@ impl Daemon {
         let serial = self.conns.get(ck).map(|c| c.serial)?;
         self.conn_own(ck, Owner::Job);
         if self.app.shutting_down {
-            let resp =
-                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
-                    .with_header("Retry-After", "5");
-            self.on_outcome(ck, serial, Outcome::Respond(resp));
+            self.on_outcome(ck, serial, Outcome::Respond(super::boxes::shutting_down()));
             return None;
         }
         Some(serial)
@@ -2778,7 +2772,8 @@ impl Daemon {
                 );
                 self.on_outcome(ck, serial, Outcome::Respond(resp));
             }
-            // (None wait here: they wait only while its end is written.) From the store.
+            // Reads wait only until its end is written, so none should be left; any
+            // that are read the store now.
             self.job_reads_again(j.end_readers);
         }
         self.jobs.queue.retain(|&k| k != jk);
@@ -3231,10 +3226,7 @@ impl Daemon {
     ) {
         let (ck, serial) = ask.client;
         if self.app.shutting_down {
-            let resp =
-                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
-                    .with_header("Retry-After", "5");
-            self.on_outcome(ck, serial, Outcome::Respond(resp));
+            self.on_outcome(ck, serial, Outcome::Respond(super::boxes::shutting_down()));
             return;
         }
         let read = match read {
@@ -3348,19 +3340,17 @@ impl Daemon {
             .flat_map(|(_, j)| std::mem::take(&mut j.end_readers))
             .collect();
         for r in readers {
-            let resp =
-                crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
-                    .with_header("Retry-After", "5");
-            self.on_outcome(r.ck, r.serial, Outcome::Respond(resp));
+            self.on_outcome(
+                r.ck,
+                r.serial,
+                Outcome::Respond(super::boxes::shutting_down()),
+            );
         }
         let keys: Vec<usize> = self.jobs.waiters.iter().map(|(k, _)| k).collect();
         for key in keys {
             if let Some(w) = self.jobs.waiters.try_remove(key) {
                 let (ck, serial) = w.client;
-                let resp =
-                    crate::wbx::error(503, "the service is shutting down; retry in a few seconds")
-                        .with_header("Retry-After", "5");
-                self.on_outcome(ck, serial, Outcome::Respond(resp));
+                self.on_outcome(ck, serial, Outcome::Respond(super::boxes::shutting_down()));
             }
         }
         self.jobs.waiting_on.clear();

@@ -349,9 +349,10 @@ impl Backend for Gvisor {
                 &format!("/{}/{}", self.instance, id),
                 net.as_ref(),
             );
-            // The runtime's tree itself where runsc would write nothing into it; else
-            // an overlay of it that takes what runsc and the frame add.
-            if framed || bundle::writable_root(plan) || !bundle::mount_points_in(lower, &cfg) {
+            // The runtime's tree itself where runsc would write nothing into it (a
+            // writable root never qualifies); else an overlay of it that takes what
+            // runsc and the frame add.
+            if framed || !bundle::mount_points_in(lower, &cfg) {
                 let root = bundle::mount_root(&dir, lower)?;
                 if framed {
                     bundle::install_start(&root)?;
