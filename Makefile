@@ -14,7 +14,7 @@ ISOBOX_BUILD_VERSION ?= $(shell git describe --always --dirty 2>/dev/null || ech
 export ISOBOX_BUILD_VERSION
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs jq
+SYSTEM_PACKAGES := runsc nftables iproute2 debootstrap util-linux coreutils curl ca-certificates python3 python3-venv e2fsprogs erofs-utils jq
 
 .PHONY: run test build ui-vendor node wasm-snapshot deb deps runtimes newer-runtimes fmt lint check-unsafe check-modules fuzz bench test-venv test-ui-deps test-promtool test-deb-deps test-wheels test-wasm-ext clean
 

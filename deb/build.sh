@@ -81,7 +81,7 @@ Version: $version
 Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $size
-Depends: $shlibs, runsc (>= $runsc_min), nftables, e2fsprogs, debootstrap, ca-certificates, curl
+Depends: $shlibs, runsc (>= $runsc_min), nftables, e2fsprogs, erofs-utils, debootstrap, ca-certificates, curl
 Section: admin
 Priority: optional
 Description: run untrusted code in gVisor sandboxes over HTTP

@@ -60,6 +60,11 @@ pub fn run(cfg: &Config) -> Vec<Finding> {
     out.push(wasm(cfg.eryx.worker.as_deref(), &cfg.eryx.cache_dir));
     out.push(overlay(Path::new("/proc/filesystems"), &kernel_modules()));
     out.push(mkfs());
+    out.push(root_images(
+        cfg.root_images,
+        &cfg.image_dir,
+        Path::new("/usr/bin/mkfs.erofs"),
+    ));
     out.extend(egress(cfg));
     out.extend(data_dir(cfg));
     out.push(listen(cfg));
@@ -367,6 +372,38 @@ fn overlay(filesystems: &Path, modules: &Path) -> Finding {
     }
 }
 
+/// The runtimes' root images (`sandbox::image`): cold runs without network on an EROFS
+/// image with no gofer, which needs `mkfs_erofs` (erofs-utils).
+fn root_images(enabled: bool, image_dir: &Path, mkfs_erofs: &Path) -> Finding {
+    if !enabled {
+        return found(
+            Level::Ok,
+            "images",
+            "off (ISOBOX_ROOT_IMAGES=off): cold runs use their runtime's tree, with a gofer",
+        );
+    }
+    if mkfs_erofs.is_file() {
+        found(
+            Level::Ok,
+            "images",
+            format!(
+                "{} makes the runtimes' root images in {}",
+                mkfs_erofs.display(),
+                image_dir.display()
+            ),
+        )
+    } else {
+        found(
+            Level::Warn,
+            "images",
+            format!(
+                "{} is missing: cold runs use their runtime's tree, with a gofer (~14 % more CPU a cold start; apt-get install erofs-utils)",
+                mkfs_erofs.display()
+            ),
+        )
+    }
+}
+
 fn mkfs() -> Finding {
     match crate::workspace::image::find_mkfs() {
         Some(p) => found(Level::Ok, "mkfs", p),
@@ -643,6 +680,27 @@ mod tests {
             (Level::Ok, "overlayfs as a module, loaded at the first run")
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn root_images_off_found_or_missing() {
+        let dir = Path::new("/var/lib/isobox/images");
+        let here = std::env::current_exe().unwrap();
+        assert_eq!(root_images(false, dir, &here).level, Level::Ok);
+        let f = root_images(true, dir, &here);
+        assert_eq!(f.level, Level::Ok);
+        assert!(
+            f.detail.ends_with("root images in /var/lib/isobox/images"),
+            "{}",
+            f.detail
+        );
+        let f = root_images(true, dir, Path::new("/nonexistent/mkfs.erofs"));
+        assert_eq!(f.level, Level::Warn);
+        assert!(
+            f.detail.contains("apt-get install erofs-utils"),
+            "{}",
+            f.detail
+        );
     }
 
     #[test]

@@ -69,6 +69,12 @@ struct Args {
     /// where `make runtimes` builds the runtimes' root filesystems
     #[arg(long, env = "ISOBOX_ROOTFS_DIR", help_heading = "Sandboxes and runtimes", default_value = "/var/lib/isobox/rootfs", value_parser = Value(path))]
     rootfs_dir: PathBuf,
+    /// make each runtime's tree an EROFS image (with mkfs.erofs) that cold one-off runs mount as their root, without a gofer
+    #[arg(long, env = "ISOBOX_ROOT_IMAGES", help_heading = "Sandboxes and runtimes", value_name = "on|off", default_value = "on", value_parser = Value(on_off))]
+    root_images: std::primitive::bool,
+    /// where the runtimes' EROFS images are kept (shared by every daemon of the host)
+    #[arg(long, env = "ISOBOX_IMAGE_DIR", help_heading = "Sandboxes and runtimes", default_value = "/var/lib/isobox/images", value_parser = Value(path))]
+    image_dir: PathBuf,
     /// directory of runtime descriptors (*.toml); default: the ones built into the binary
     #[arg(long, env = "ISOBOX_RUNTIMES_DIR", help_heading = "Sandboxes and runtimes", default_value = "", hide_default_value = true, value_parser = Value(optional_path))]
     runtimes_dir: std::option::Option<PathBuf>,
@@ -470,6 +476,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Root filesystems directory.
     pub rootfs_dir: PathBuf,
+    /// Whether cold one-off runs may have their runtime's EROFS image as root.
+    pub root_images: bool,
+    /// Where the runtimes' EROFS images are kept.
+    pub image_dir: PathBuf,
     /// Runtime descriptors directory; `None` uses the embedded ones.
     pub runtimes_dir: Option<PathBuf>,
     /// Instance name (prefix of everything this daemon creates).
@@ -634,6 +644,8 @@ impl Config {
             listen: a.listen,
             data_dir: a.data_dir,
             rootfs_dir: a.rootfs_dir,
+            root_images: a.root_images,
+            image_dir: a.image_dir,
             runtimes_dir: a.runtimes_dir,
             instance: a.instance,
             runsc: a.runsc,
@@ -1110,6 +1122,9 @@ impl Config {
                 "",
                 "must be absolute paths",
             ));
+        }
+        if !self.image_dir.is_absolute() {
+            return Err(invalid("ISOBOX_IMAGE_DIR", "", "must be an absolute path"));
         }
         Ok(())
     }
@@ -1679,6 +1694,8 @@ mod tests {
         ("--listen", "ISOBOX_LISTEN"),
         ("--data-dir", "ISOBOX_DATA_DIR"),
         ("--rootfs-dir", "ISOBOX_ROOTFS_DIR"),
+        ("--root-images", "ISOBOX_ROOT_IMAGES"),
+        ("--image-dir", "ISOBOX_IMAGE_DIR"),
         ("--runtimes-dir", "ISOBOX_RUNTIMES_DIR"),
         ("--instance", "ISOBOX_INSTANCE"),
         ("--runsc", "ISOBOX_RUNSC"),

@@ -103,6 +103,7 @@ fn test_the_package_holds_what_the_readme_says_and_passes_lintian_and_systemd() 
         "runsc (>= 0.0~20240729.0)",
         "nftables",
         "e2fsprogs",
+        "erofs-utils",
         "debootstrap",
         "ca-certificates",
         "curl",

@@ -638,10 +638,11 @@ fn test_isolation_fork_bomb_and_background_processes() {
         "1\n",
         "daemon healthy after the bomb"
     );
-    // Writing to / fails; /tmp and the working directory are writable.
-    let r = run(&d, "import os\nfor p in ['/x', '/etc/x', '/usr/x']:\n try: open(p,'w'); print('wrote', p)\n except OSError as e: print(type(e).__name__)\nopen('/tmp/t','w').write('1'); open('w.txt','w').write('2'); print(os.getcwd(), os.getuid())", json!({}));
+    // Writing to / fails (EACCES on the runtime's tree, EROFS on its root image, as
+    // Linux says for a read-only root); /tmp and the working directory are writable.
+    let r = run(&d, "import errno, os\nfor p in ['/x', '/etc/x', '/usr/x']:\n try: open(p,'w'); print('wrote', p)\n except OSError as e: print('refused' if e.errno in (errno.EACCES, errno.EROFS) else e)\nopen('/tmp/t','w').write('1'); open('w.txt','w').write('2'); print(os.getcwd(), os.getuid())", json!({}));
     assert_eq!(
-        r["run"]["stdout"], "PermissionError\nPermissionError\nPermissionError\n/workspace 65534\n",
+        r["run"]["stdout"], "refused\nrefused\nrefused\n/workspace 65534\n",
         "{r}"
     );
     // The working directory is capped at memoryBytes.
@@ -964,7 +965,12 @@ fn test_a_run_never_writes_the_shared_root_filesystems() {
 
     // Pools with preload binds (/opt/isobox-warm) for node and ruby; pools off for the
     // Python runtimes so their runs are cold (per-file binds under /workspace).
-    let d = Daemon::start_with(&[("ISOBOX_WARM_POOL", "javascript=1,ruby=1")]);
+    // Without root images: this is about the trees as roots (runs on an image never see
+    // the tree; `test_a_cold_run_on_a_root_image_has_no_gofer_and_its_files_as_given`).
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WARM_POOL", "javascript=1,ruby=1"),
+        ("ISOBOX_ROOT_IMAGES", "off"),
+    ]);
     d.wait_ready();
     let cold = json!({"memoryBytes": 200_000_000});
     for (lang, entry, normal) in [
@@ -1166,7 +1172,9 @@ fn test_the_start_is_heard_from_a_hook_on_the_host_or_else_from_the_frame() {
             assert!((300..5000).contains(&ms), "durationMs {ms}: {r}");
         }
     };
-    let d = Daemon::start();
+    // Runs on the trees (a run on a root image signals with the frame, from
+    // isobox-start --unpack, and has no /opt/isobox/start in its root).
+    let d = Daemon::start_with(&[("ISOBOX_ROOT_IMAGES", "off")]);
     let hook = d.data_dir.join("isobox-started");
     if x86 {
         let mode = std::fs::metadata(&hook)
@@ -1183,7 +1191,10 @@ fn test_the_start_is_heard_from_a_hook_on_the_host_or_else_from_the_frame() {
     let data = std::env::temp_dir().join(&instance);
     let _ = std::fs::remove_dir_all(&data);
     std::fs::create_dir_all(data.join("isobox-started/taken")).unwrap();
-    let d = Daemon::start_with(&[("ISOBOX_INSTANCE", &instance)]);
+    let d = Daemon::start_with(&[
+        ("ISOBOX_INSTANCE", &instance),
+        ("ISOBOX_ROOT_IMAGES", "off"),
+    ]);
     check(&d, true);
     if x86 {
         let log = d.log();
@@ -1217,7 +1228,10 @@ fn test_a_runsc_that_runs_no_hooks_is_found_by_the_probe_and_the_frame_used() {
         .arg(&wrapper)
         .status()
         .unwrap();
-    let d = Daemon::start_with(&[("ISOBOX_RUNSC", wrapper.to_str().unwrap())]);
+    let d = Daemon::start_with(&[
+        ("ISOBOX_RUNSC", wrapper.to_str().unwrap()),
+        ("ISOBOX_ROOT_IMAGES", "off"),
+    ]);
     d.wait_ready();
     let log = d.log();
     assert!(log.contains("did not run its poststart hook"), "{log}");
@@ -1234,4 +1248,211 @@ fn test_a_runsc_that_runs_no_hooks_is_found_by_the_probe_and_the_frame_used() {
     d.assert_clean();
     d.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `body` (a program that sleeps a little while) on `d`, which runs nothing else,
+/// and looks at its sandbox while it runs: (the result, its `config.json`, the first
+/// word of each host process's command line that names its bundle).
+fn watched_run(d: &Daemon, body: &Value) -> (Value, Value, Vec<String>) {
+    let runs = d.data_dir.join("runs");
+    std::thread::scope(|sc| {
+        let sleeper = sc.spawn(|| d.post_json("/execute", body));
+        let t = Instant::now();
+        // The run's bundle (`…-r…`), and its processes once its sandbox runs.
+        let (config, procs) = loop {
+            let bundle = std::fs::read_dir(&runs)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .find(|b| {
+                    b.file_name().is_some_and(|n| {
+                        n.to_string_lossy()
+                            .rsplit('-')
+                            .next()
+                            .is_some_and(|k| k.starts_with('r'))
+                    })
+                });
+            let procs: Vec<String> = bundle.as_ref().map_or_else(Vec::new, |b| {
+                let b = b.to_string_lossy().into_owned();
+                std::fs::read_dir("/proc")
+                    .unwrap()
+                    .flatten()
+                    .filter_map(|e| {
+                        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                        cmd.contains(b.as_str())
+                            .then(|| cmd.split(' ').next().unwrap_or("").to_string())
+                    })
+                    .collect()
+            });
+            if let Some(b) = bundle.filter(|_| procs.iter().any(|p| p == "runsc-sandbox")) {
+                let config: Value =
+                    serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+                if config["annotations"].is_object() {
+                    assert_eq!(
+                        std::fs::read_dir(b.join("root")).unwrap().count(),
+                        0,
+                        "an image run's root path stays empty"
+                    );
+                }
+                break (config, procs);
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "{}", d.log());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (sleeper.join().unwrap().json(), config, procs)
+    })
+}
+
+/// Issue 28 item 2: a cold one-off run with no network whose runtime's tree has its
+/// EROFS image is started without a gofer: the image is its root, mounted inside
+/// gVisor, `/workspace` is gVisor's own tmpfs, and `isobox-start --unpack` (started by
+/// runsc from a host file) writes the files into it as root's, drops to nobody with no
+/// capability in any set, and execs the program. The program sees what a run on the
+/// tree sees: its files, owned by root and kept from it, stdin, a root it cannot write,
+/// no extra descriptor. A daemon that cannot make images runs on the tree and says why.
+#[test]
+fn test_a_cold_run_on_a_root_image_has_no_gofer_and_its_files_as_given() {
+    let d = Daemon::start_with(&[("ISOBOX_WARM_POOL", "off")]);
+    // The tree's first run asks for its image (made once a host, then shared by every
+    // daemon): runs use the tree until it is ready.
+    let t = Instant::now();
+    let health = loop {
+        let r = run(&d, "print(1)", json!({}));
+        assert_eq!(
+            (r["run"]["stdout"].as_str(), r["run"]["exitCode"].as_i64()),
+            (Some("1\n"), Some(0)),
+            "{r}"
+        );
+        let h = d.get("/healthz").json();
+        let state = h["rootImages"]["trees"][PY]["state"].clone();
+        if state == "ready" {
+            break h;
+        }
+        assert_eq!(state, "building", "{h}");
+        assert!(t.elapsed() < Duration::from_secs(180), "{h}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(health["rootImages"]["state"], "on", "{health}");
+    let images = std::path::PathBuf::from(health["rootImages"]["dir"].as_str().unwrap());
+    let code = r#"
+import errno, os, sys, time
+st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
+print({k: st[k] for k in ('Uid', 'Gid', 'CapInh', 'CapPrm', 'CapEff', 'CapBnd')})
+print(os.getgroups())
+try:
+    os.fstat(3); print('fd 3 open')
+except OSError as e:
+    print('fd 3', errno.errorcode[e.errno])
+print(sorted((e.name, e.is_file(), e.is_dir()) for e in os.scandir('.')))
+print(open('data/in.txt').read(), sys.stdin.read())
+def tried(f):
+    try:
+        f(); return 'ok'
+    except OSError as e:
+        return 'refused' if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else errno.errorcode[e.errno]
+print(tried(lambda: open('main.py', 'a')), tried(lambda: os.remove('data/in.txt')), tried(lambda: os.rename('data', 'd2')),
+      tried(lambda: open('data/new', 'w')), tried(lambda: open('/usr/x', 'w')), tried(lambda: open('/etc/passwd', 'a')),
+      tried(lambda: os.setuid(0)), tried(lambda: open('mine', 'w').write('m')))
+print(oct(os.stat('.').st_mode & 0o7777), os.stat('main.py').st_uid, oct(os.stat('main.py').st_mode & 0o777), oct(os.stat('data').st_mode & 0o777), os.stat('mine').st_uid)
+sys.stdout.flush()
+time.sleep(2)
+"#;
+    let body = json!({"language": PY, "network": false, "code": code, "stdin": "from stdin",
+        "files": [{"name": "data/in.txt", "content": "in"}]});
+    let (r, config, procs) = watched_run(&d, &body);
+    assert!(!procs.iter().any(|p| p.contains("gofer")), "{procs:?}");
+    let image = config["annotations"]["dev.gvisor.spec.rootfs.source"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        image.starts_with(images.to_str().unwrap())
+            && image.contains("/python-slim.")
+            && image.ends_with(".erofs"),
+        "{config}"
+    );
+    assert_eq!(
+        config["annotations"]["dev.gvisor.spec.rootfs.type"],
+        "erofs"
+    );
+    assert_eq!(config["root"]["readonly"], true);
+    let mounts: Vec<(&str, &str)> = config["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["destination"].as_str().unwrap(),
+                m["type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("/proc", "proc"),
+            ("/tmp", "tmpfs"),
+            ("/workspace", "tmpfs")
+        ],
+        "{config}"
+    );
+    assert_eq!(
+        config["process"]["args"],
+        json!([
+            "/opt/isobox/start",
+            "--unpack",
+            "65534",
+            "/usr/bin/python3",
+            "main.py"
+        ]),
+        "{config}"
+    );
+    assert_eq!(
+        r["run"]["stdout"],
+        "{'Uid': '65534\\t65534\\t65534\\t65534', 'Gid': '65534\\t65534\\t65534\\t65534', 'CapInh': '0000000000000000', 'CapPrm': '0000000000000000', 'CapEff': '0000000000000000', 'CapBnd': '0000000000000000'}\n\
+[]\n\
+fd 3 EBADF\n\
+[('data', False, True), ('main.py', True, False)]\n\
+in from stdin\n\
+refused refused refused refused refused refused refused ok\n\
+0o1777 0 0o644 0o755 65534\n",
+        "{r}"
+    );
+    assert_eq!(
+        (r["run"]["stderr"].as_str(), r["run"]["exitCode"].as_i64()),
+        (Some(""), Some(0)),
+        "{r}"
+    );
+    let ms = r["run"]["durationMs"].as_u64().unwrap();
+    assert!((2000..10_000).contains(&ms), "{r}");
+    d.assert_clean();
+    d.stop();
+
+    // Where no image can be made, runs use the tree; /healthz says why.
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WARM_POOL", "off"),
+        ("ISOBOX_IMAGE_DIR", "/proc/isobox-no-images"),
+    ]);
+    let t = Instant::now();
+    loop {
+        let r = run(&d, "import os; print(sorted(os.listdir('.')))", json!({}));
+        assert_eq!(r["run"]["stdout"], "['main.py']\n", "{r}");
+        let h = d.get("/healthz").json();
+        let tree = &h["rootImages"]["trees"][PY];
+        if tree["state"] == "off" {
+            assert!(
+                tree["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("/proc/isobox-no-images"),
+                "{h}"
+            );
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{h}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    d.assert_clean();
+    d.stop();
 }

@@ -27,6 +27,9 @@ struct Health<'a> {
     /// The WBX face's pool of ready sandboxes, when one is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     wbx_warm_pool: Option<&'a super::WbxWarmFigures>,
+    /// The runtimes' root images: `off` with why, or where they are kept and each tree
+    /// a cold run has asked for so far.
+    root_images: serde_json::Value,
 }
 
 /// The run counters, then the capacity rejections the execution slots keep.
@@ -118,8 +121,23 @@ pub fn healthz(app: &App) -> Response {
             }),
             warm_pool: app.warm.as_ref(),
             wbx_warm_pool: app.wbx_warm.as_ref(),
+            root_images: root_images_json(app),
         },
     )
+}
+
+/// `{"state": "on", "dir", "trees": {name: {"state": "ready" | "building" | "off",
+/// "reason"?}}}`, or `{"state": "off", "reason"}`.
+fn root_images_json(app: &App) -> serde_json::Value {
+    match &app.root_images {
+        Some(i) => serde_json::json!({"state": "on", "dir": i.dir(), "trees": i.states()}),
+        None if !app.cfg.root_images => {
+            serde_json::json!({"state": "off", "reason": "ISOBOX_ROOT_IMAGES=off"})
+        }
+        None => {
+            serde_json::json!({"state": "off", "reason": "no /usr/bin/mkfs.erofs (erofs-utils), no isobox-start in this build, or not the gVisor backend"})
+        }
+    }
 }
 
 /// Why the daemon is not ready, or `None` when it is.

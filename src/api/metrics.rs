@@ -23,7 +23,7 @@ fn sandbox_steps(t: &mut Text) {
     let families: [Family; 3] = [
         (
             "isobox_sandbox_steps_total",
-            "Steps isoboxd did around gVisor sandboxes (runs, session and kernel steps, long-lived and pooled sandboxes), by step: bundle_write, cgroup_create, network (a networked sandbox's lease; its release is not timed), spawn (runsc run forked and exec'd), reap, runsc_delete (only after a kill), state_files, bundle_remove, cgroup_remove (the removal after a failed start is not counted).",
+            "Steps isoboxd did around gVisor sandboxes (runs, session and kernel steps, long-lived and pooled sandboxes), by step: bundle_write, cgroup_create, network (a networked sandbox's lease; its release is not timed), spawn (runsc run forked and exec'd), reap, runsc_delete (only after a kill), state_files, bundle_remove, cgroup_remove (the removal after a failed start, and root image probes, are not counted).",
             |x| x.count as f64,
         ),
         (

@@ -84,6 +84,8 @@ pub struct App {
     pub wbx_warm: Option<WbxWarmFigures>,
     /// What only `/metrics` reads (runs by outcome, latencies, HTTP, bytes).
     pub metrics: crate::metrics::Metrics,
+    /// The runtimes' root images (`sandbox::image`), when cold runs may use them.
+    pub root_images: Option<std::sync::Arc<crate::sandbox::image::RootImages>>,
 }
 
 /// The WBX face's pool of ready sandboxes on `/healthz`.

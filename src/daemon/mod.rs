@@ -285,6 +285,7 @@ impl Daemon {
                 && self.kernels.is_empty()
                 && self.boxes.is_empty()
                 && self.warm.idle()
+                && self.root_images_idle()
                 && self.jobs.wasi_running == 0
                 && self.reactor.overflow_empty()
                 && self.conns_all_flushed()
@@ -307,6 +308,15 @@ impl Daemon {
         }
         log::info!("isoboxd stopped");
         Ok(())
+    }
+
+    /// Stops the root images' builds (`sandbox::image`) and says whether none is still
+    /// running: a probe sandbox in flight ends and is removed before the daemon does.
+    fn root_images_idle(&self) -> bool {
+        self.app.root_images.as_ref().is_none_or(|i| {
+            i.stop();
+            i.idle()
+        })
     }
 
     /// A thread, unfiltered because it exists before the reactor's seccomp filter, that

@@ -183,6 +183,7 @@ impl Daemon {
         };
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(io_err(format!("creating {}", cfg.data_dir.display())))?;
+        let mut root_images = None;
         let (cgroups, mut cgroup_error, made) = match given {
             Some(b) => (
                 None,
@@ -204,6 +205,29 @@ impl Daemon {
                     std::fs::create_dir_all(d)
                         .map_err(io_err(format!("creating {}", d.display())))?;
                 }
+                // isobox-start for image runs, and the images, when both can be had.
+                let start_exec = crate::sandbox::start::BINARY.and_then(|bin| {
+                    crate::sys::sealed_memfd(c"isobox-start", bin)
+                        .map_err(|e| {
+                            log::warn!(
+                                "isobox-start memfd: {e}; cold runs use their runtime's tree"
+                            )
+                        })
+                        .ok()
+                        .map(Arc::new)
+                });
+                root_images = match (cfg.root_images, crate::sandbox::start::BINARY) {
+                    (true, Some(loader)) if start_exec.is_some() => {
+                        crate::sandbox::image::RootImages::new(
+                            cfg.image_dir.clone(),
+                            std::path::PathBuf::from("/usr/bin/mkfs.erofs"),
+                            &cfg.runsc,
+                            loader,
+                        )
+                        .map(Arc::new)
+                    }
+                    _ => None,
+                };
                 let gvisor = Gvisor {
                     runsc: cfg.runsc.clone(),
                     platform: cfg.platform.clone(),
@@ -213,6 +237,8 @@ impl Daemon {
                     cgroups: cgroups.clone(),
                     egress: None,
                     start_hook: crate::sandbox::start::install_hook(&cfg.data_dir),
+                    images: root_images.clone(),
+                    start_exec,
                 };
                 (cgroups, cgroup_error, Made::Gvisor(Box::new(gvisor)))
             }
@@ -341,6 +367,7 @@ impl Daemon {
             warm: None,
             wbx_warm: None,
             metrics: crate::metrics::Metrics::default(),
+            root_images,
         };
         // Runs lease their networks through the backend.
         let backend: Arc<dyn Backend> = match made {

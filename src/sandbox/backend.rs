@@ -45,6 +45,22 @@ pub trait Backend: Send + Sync {
         stdin: Stdin,
     ) -> Result<Spawned, SandboxError>;
 
+    /// [`run`](Self::run) on the runtime's tree whatever else the backend could use (a
+    /// root image, `sandbox::image`): what the startup probe checks.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    fn run_on_tree(
+        &self,
+        id: &str,
+        plan: &ExecPlan,
+        argv: Vec<String>,
+        env: &[String],
+        stdin: Stdin,
+    ) -> Result<Spawned, SandboxError> {
+        self.run(id, plan, argv, env, stdin)
+    }
+
     /// Cold runs stop using the backend's start hook and write the start frame instead
     /// (the probe found that runsc does not run it).
     fn give_up_start_hook(&self) {}

@@ -500,6 +500,32 @@ pub fn config(
     })
 }
 
+/// Makes `config` (a cold one-off run's, [`config`]) one whose root is the runtime's
+/// EROFS `image` (`sandbox::image`), mounted inside gVisor with no gofer: runsc is
+/// given the empty directory `empty_root` as the root's path, `/workspace` becomes a
+/// tmpfs of gVisor's of `workspace_bytes` (mode 1777, root's, as the host one is), and
+/// the process starts as root with only what `isobox-start --unpack` needs to write the
+/// files as root's and then drop to [`SANDBOX_UID`] with nothing left (setgid, setpcap
+/// to empty the bounding set, setuid). No bind mount stays, or runsc would start a gofer.
+pub fn on_image(config: &mut Value, image: &Path, empty_root: &Path, workspace_bytes: u64) {
+    config["root"]["path"] = json!(empty_root);
+    config["annotations"] = json!({
+        "dev.gvisor.spec.rootfs.source": image,
+        "dev.gvisor.spec.rootfs.type": "erofs",
+    });
+    if let Some(mounts) = config["mounts"].as_array_mut() {
+        for m in mounts.iter_mut() {
+            if m["destination"] == "/workspace" {
+                *m = json!({"destination": "/workspace", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={workspace_bytes}")]});
+            }
+        }
+        debug_assert!(mounts.iter().all(|m| m["type"] != "bind"), "{mounts:?}");
+    }
+    let caps = ["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"];
+    config["process"]["user"] = json!({"uid": 0, "gid": 0});
+    config["process"]["capabilities"] = json!({"bounding": caps, "effective": caps, "inheritable": [], "permitted": caps, "ambient": []});
+}
+
 /// Writes `config.json` into `dir`.
 ///
 /// # Errors

@@ -12,6 +12,7 @@ pub mod build;
 pub mod bundle;
 #[cfg(test)]
 pub mod fake;
+pub mod image;
 pub mod kernel;
 pub mod limits;
 pub mod plan;

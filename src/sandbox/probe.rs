@@ -44,10 +44,10 @@ impl Probe {
     }
 }
 
-fn probe_once(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<(), Probe> {
+/// The probe's plan on `rt`: one file, small limits, its start heard.
+fn probe_plan(rt: crate::runtimes::Runtime) -> ExecPlan {
     use crate::sandbox::limits::Limits;
-    use std::io::Read;
-    let plan = ExecPlan {
+    ExecPlan {
         runtime: rt,
         files: vec![("probe.txt".into(), b"isobox-probe-ok\n".to_vec())],
         entry: "probe.txt".into(),
@@ -69,16 +69,22 @@ fn probe_once(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result
         ro_binds: Vec::new(),
         signal_start: true,
         cpu_weight: None,
-    };
-    let s = b
-        .run(
-            id,
-            &plan,
-            vec!["/bin/cat".into(), "probe.txt".into()],
-            &[],
-            Stdin::Pipe,
-        )
-        .map_err(|e| Probe::Failed(e.to_string()))?;
+    }
+}
+
+/// What a probe sandbox gave: stdout, stderr, exit code, and whether its poststart
+/// hook signalled (`None`: it had none).
+struct Ran {
+    out: Vec<u8>,
+    err: Vec<u8>,
+    exit_code: i32,
+    signalled: Option<bool>,
+}
+
+/// Waits for the probe sandbox `s` (at most 60 s, then kills it), reads what it
+/// wrote, and removes it.
+fn finish(b: &dyn Backend, id: &str, s: Spawned) -> Ran {
+    use std::io::Read;
     let Spawned {
         mut child,
         stdin,
@@ -107,17 +113,93 @@ fn probe_once(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result
         n == got.len()
     });
     let c = wait_and_delete(b, id, child, &cgroup, &dir);
-    if out == b"isobox-probe-ok\n" && c.exit_code == 0 && signalled == Some(false) {
+    Ran {
+        out,
+        err,
+        exit_code: c.exit_code,
+        signalled,
+    }
+}
+
+impl Ran {
+    fn failed(&self) -> String {
+        format!(
+            "sandbox exited {} with stdout {:?}; stderr: {}",
+            self.exit_code,
+            String::from_utf8_lossy(&self.out)
+                .chars()
+                .take(400)
+                .collect::<String>(),
+            String::from_utf8_lossy(&self.err)
+                .chars()
+                .take(400)
+                .collect::<String>()
+        )
+    }
+}
+
+fn probe_once(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result<(), Probe> {
+    let plan = probe_plan(rt);
+    // On the tree: the probe is of the start hook and of runs on trees (a root image has
+    // its own, `probe_image`).
+    let s = b
+        .run_on_tree(
+            id,
+            &plan,
+            vec!["/bin/cat".into(), "probe.txt".into()],
+            &[],
+            Stdin::Pipe,
+        )
+        .map_err(|e| Probe::Failed(e.to_string()))?;
+    let r = finish(b, id, s);
+    if r.out == b"isobox-probe-ok\n" && r.exit_code == 0 && r.signalled == Some(false) {
         Err(Probe::Unheard)
-    } else if out == b"isobox-probe-ok\n" && c.exit_code == 0 {
+    } else if r.out == b"isobox-probe-ok\n" && r.exit_code == 0 {
         Ok(())
     } else {
-        let err = String::from_utf8_lossy(&err);
-        Err(Probe::Failed(format!(
-            "sandbox exited {} with stdout {:?}; stderr: {}",
-            c.exit_code,
-            String::from_utf8_lossy(&out),
-            err.chars().take(400).collect::<String>()
-        )))
+        Err(Probe::Failed(r.failed()))
+    }
+}
+
+/// The probe of a runtime's root image (`sandbox::image`) before any run may use it:
+/// `spawn` starts the probe's plan with the given argv on the image (as `id`). The
+/// sandbox must print the probe's file back, then its own `/proc/self/status` as the
+/// sandbox user with no capability in any set (what `isobox-start --unpack` drops to),
+/// with nothing on stderr but the start frame, and exit 0.
+///
+/// # Errors
+/// A sentence saying what failed.
+pub fn probe_image(
+    b: &dyn Backend,
+    id: &str,
+    rt: crate::runtimes::Runtime,
+    spawn: impl FnOnce(&str, &ExecPlan, Vec<String>) -> Result<Spawned, super::SandboxError>,
+) -> Result<(), String> {
+    let plan = probe_plan(rt);
+    let argv = vec![
+        "/bin/cat".into(),
+        "probe.txt".into(),
+        "/proc/self/status".into(),
+    ];
+    let s = spawn(id, &plan, argv).map_err(|e| e.to_string())?;
+    let r = finish(b, id, s);
+    let out = String::from_utf8_lossy(&r.out);
+    let nobody = crate::sys::NOBODY;
+    let want = [
+        format!("Uid:\t{nobody}\t{nobody}\t{nobody}\t{nobody}\n"),
+        format!("Gid:\t{nobody}\t{nobody}\t{nobody}\t{nobody}\n"),
+        "CapInh:\t0000000000000000\n".into(),
+        "CapPrm:\t0000000000000000\n".into(),
+        "CapEff:\t0000000000000000\n".into(),
+        "CapBnd:\t0000000000000000\n".into(),
+    ];
+    let ok = r.exit_code == 0
+        && out.starts_with("isobox-probe-ok\n")
+        && want.iter().all(|w| out.contains(w.as_str()))
+        && r.err == super::start::FRAME;
+    if ok {
+        Ok(())
+    } else {
+        Err(r.failed())
     }
 }

@@ -9,6 +9,7 @@
 
 use super::backend::{wait_bounded, Backend, Cleanup, Spawned, Stdin};
 use super::bundle::{self, ProcessSpec};
+use super::image::ForRun;
 use super::steps::{Step, STEPS};
 use super::{host_pids_for, SandboxError, GVISOR_OVERHEAD_BYTES};
 use crate::cgroup::{CgroupError, Hierarchy, HostLimits, RunCgroup, Usage, CPU_PERIOD_US};
@@ -40,6 +41,12 @@ pub struct Gvisor {
     /// `isobox-started`, the poststart hook that signals a cold run's start
     /// (`start::install_hook`); `None`: cold runs write the start frame instead.
     pub start_hook: Option<Arc<super::start::StartHook>>,
+    /// The runtimes' EROFS images (`image`): `None` when they are off, `mkfs.erofs` is
+    /// missing, or this build has no `isobox-start`.
+    pub images: Option<Arc<super::image::RootImages>>,
+    /// `isobox-start` in a sealed memfd: what runsc starts an image run from
+    /// (`--exec-fd`, through a descriptor of its own per run).
+    pub start_exec: Option<Arc<OwnedFd>>,
 }
 
 impl Gvisor {
@@ -59,10 +66,10 @@ impl Gvisor {
         cgroup: RunCgroup,
         net: Option<crate::netfilter::NetLease>,
         stdin: Stdin,
-        writable_root: bool,
+        root: RootKind,
     ) -> Result<Spawned, SandboxError> {
         let mut cmd = self.runsc_cmd();
-        if writable_root {
+        if matches!(root, RootKind::Writable) {
             // A long-lived sandbox (or a runtime that asks) writes its root filesystem
             // into an overlay in its own memory (inside its memory cap), discarded with
             // it.
@@ -75,7 +82,15 @@ impl Gvisor {
         } else {
             "--network=none"
         });
-        cmd.arg("run").arg("--bundle").arg(dir).arg(id);
+        cmd.arg("run");
+        // An image run: isobox-start from its memfd, the workspace archive as its fd 3.
+        if let RootKind::Image(exec, archive) = &root {
+            use std::os::fd::{AsFd, AsRawFd};
+            cmd.arg(format!("--exec-fd={}", exec.as_raw_fd()))
+                .arg(format!("--pass-fd={}:3", archive.as_raw_fd()));
+            crate::sys::inherit_on_spawn(&mut cmd, &[exec.as_fd(), archive.as_fd()]);
+        }
+        cmd.arg("--bundle").arg(dir).arg(id);
         // gVisor imports a donated socket as a connected socket: both directions work.
         let ctl = match stdin {
             Stdin::Pipe => {
@@ -103,8 +118,10 @@ impl Gvisor {
             runsc: self.runsc.clone(),
             source,
         })?;
-        // Our copy of the sandbox's end goes now, so its exit reads as EOF here.
+        // Our copy of the sandbox's end goes now, so its exit reads as EOF here; runsc
+        // has its own copies of an image run's descriptors.
         drop(cmd);
+        drop(root);
         let started = Instant::now();
         let pidfd = match crate::sys::pidfd_open(child.id()) {
             Ok(fd) => fd,
@@ -232,6 +249,68 @@ impl Gvisor {
         }
     }
 
+    /// The root image a run of `plan` (program `argv`) may have (`image`): a cold
+    /// one-off interpreted run (its start heard) whose every mount would be gVisor's
+    /// own: no session workspace, no preload, no long-lived sandbox, no bind, no
+    /// network (its resolvers are a bind), a read-only root, a program named by an
+    /// absolute path. The first such run of a tree starts its image's build, on a
+    /// thread of its own, and uses the tree meanwhile.
+    fn image_for(&self, plan: &ExecPlan, argv: &[String]) -> Option<PathBuf> {
+        let images = self.images.as_ref()?;
+        self.start_exec.as_ref()?;
+        let networked =
+            plan.network_requested && self.egress.as_ref().is_some_and(|e| e.verified());
+        let eligible = plan.signal_start
+            && plan.workspace.is_none()
+            && plan.preload.is_none()
+            && plan.long_lived.is_none()
+            && plan.ro_binds.is_empty()
+            && !networked
+            && !bundle::writable_root(plan)
+            && argv.first().is_some_and(|p| p.starts_with('/'));
+        if !eligible {
+            return None;
+        }
+        match images.for_run(&plan.runtime.rootfs_path) {
+            ForRun::Ready(p) => Some(p),
+            ForRun::Tree => None,
+            ForRun::Build(ticket) => {
+                let (g, images, rt) = (self.clone(), images.clone(), plan.runtime.clone());
+                let busy = images.busy();
+                let name = format!(
+                    "{}-image-{}",
+                    self.instance,
+                    rt.rootfs_path
+                        .file_name()
+                        .map(|n| n
+                            .to_string_lossy()
+                            .replace(|c: char| !c.is_ascii_alphanumeric(), "-"))
+                        .unwrap_or_default()
+                );
+                let spawned = std::thread::Builder::new()
+                    .name("isobox-image".into())
+                    .spawn(move || {
+                        let _busy = busy;
+                        let _ = crate::sys::set_thread_nice(10);
+                        // The probe sandbox is no run: /metrics counts runs' steps.
+                        super::steps::uncounted_on_this_thread();
+                        images.build(ticket, |img| {
+                            super::probe::probe_image(&g, &name, rt, |id, plan, argv| {
+                                g.run_on(id, plan, argv, &[], Stdin::Pipe, Some(img))
+                            })
+                        });
+                    });
+                if let Err(e) = spawned {
+                    crate::warn_limited!("root image build thread: {e}");
+                    if let Some(i) = &self.images {
+                        i.abandon(&plan.runtime.rootfs_path);
+                    }
+                }
+                None
+            }
+        }
+    }
+
     /// On v1, runsc also creates the run's cgroup in hierarchies we do not manage
     /// (blkio, cpuset, devices, freezer, ...); remove those copies too.
     fn remove_v1_strays(&self, id: &str) {
@@ -250,18 +329,16 @@ impl Gvisor {
     }
 }
 
-impl Backend for Gvisor {
-    fn name(&self) -> &'static str {
-        "gvisor"
-    }
-
-    fn run(
+impl Gvisor {
+    /// [`Backend::run`] with the root `image` decided (`image_for`), or none.
+    fn run_on(
         &self,
         id: &str,
         plan: &ExecPlan,
         argv: Vec<String>,
         env: &[String],
         stdin: Stdin,
+        image: Option<&Path>,
     ) -> Result<Spawned, SandboxError> {
         let hier = self
             .cgroups
@@ -274,23 +351,54 @@ impl Backend for Gvisor {
         } else {
             &plan.files
         };
-        let workspace_bytes = bundle::files_are_workspace(plan).then_some(plan.limits.memory_bytes);
+        // An image run's files go into gVisor's own tmpfs, by isobox-start; nothing of
+        // them is on the host but the archive in memory.
+        let workspace_bytes = (image.is_none() && bundle::files_are_workspace(plan))
+            .then_some(plan.limits.memory_bytes);
+        let (host_files, archive) = match image {
+            Some(_) => (&[][..], Some(super::image::archive(files))),
+            None => (files, None),
+        };
         // How the program's start is heard (`start.rs`): the hook, when there is one,
-        // signals the FIFO made here; else the frame program goes before its argv.
-        let hook = if plan.signal_start {
+        // signals the FIFO made here; else the frame program goes before its argv (an
+        // image run's isobox-start writes it once the files are there).
+        let hook = if plan.signal_start && image.is_none() {
             self.start_hook.as_ref().and_then(|h| h.for_run())
         } else {
             None
         };
         let framed = plan.signal_start && hook.is_none();
-        let argv = if framed {
+        let argv = if image.is_some() {
+            let mut v = vec![
+                super::start::PATH.to_string(),
+                "--unpack".to_string(),
+                bundle::SANDBOX_UID.to_string(),
+            ];
+            v.extend(argv);
+            v
+        } else if framed {
             super::start::wrap_with_binary(argv)
         } else {
             argv
         };
         let mut start_signal = None;
+        let mut image_fds = None;
         let written = STEPS.time(Step::BundleWrite, || {
-            bundle::write_files(&dir, files, workspace_bytes).and_then(|s| {
+            if let (Some(archive), Some(exec)) = (&archive, &self.start_exec) {
+                let bytes = archive.as_ref().map_err(|why| SandboxError::Bundle {
+                    path: dir.join("files"),
+                    source: std::io::Error::other(why.clone()),
+                })?;
+                let wrap = |source| SandboxError::Bundle {
+                    path: dir.clone(),
+                    source,
+                };
+                let exec = crate::sys::reopen_read_only(std::os::fd::AsFd::as_fd(&**exec))
+                    .map_err(wrap)?;
+                let archive = crate::sys::memfd_with(c"isobox-workspace", bytes).map_err(wrap)?;
+                image_fds = Some((exec, archive));
+            }
+            bundle::write_files(&dir, host_files, workspace_bytes).and_then(|s| {
                 if let Some(preload) = plan.preload {
                     bundle::write_preload(&dir, preload)?;
                 }
@@ -349,10 +457,14 @@ impl Backend for Gvisor {
                 &format!("/{}/{}", self.instance, id),
                 net.as_ref(),
             );
-            // The runtime's tree itself where runsc would write nothing into it (a
-            // writable root never qualifies); else an overlay of it that takes what
-            // runsc and the frame add.
-            if framed || !bundle::mount_points_in(lower, &cfg) {
+            // The runtime's image, mounted inside gVisor; else the runtime's tree itself
+            // where runsc would write nothing into it (a writable root never
+            // qualifies); else an overlay of it that takes what runsc and the frame add.
+            if let Some(image) = image {
+                let root = dir.join("root");
+                fs_mkdir(&root)?;
+                bundle::on_image(&mut cfg, image, &root, plan.limits.memory_bytes);
+            } else if framed || !bundle::mount_points_in(lower, &cfg) {
                 let root = bundle::mount_root(&dir, lower)?;
                 if framed {
                     bundle::install_start(&root)?;
@@ -374,7 +486,11 @@ impl Backend for Gvisor {
                     cgroup.clone(),
                     net,
                     stdin,
-                    bundle::writable_root(plan),
+                    match image_fds {
+                        Some((exec, archive)) => RootKind::Image(exec, archive),
+                        None if bundle::writable_root(plan) => RootKind::Writable,
+                        None => RootKind::ReadOnly,
+                    },
                 )
             })
         });
@@ -389,6 +505,53 @@ impl Backend for Gvisor {
                 Err(e)
             }
         }
+    }
+}
+
+/// How runsc is to give a sandbox its root.
+enum RootKind {
+    /// Read-only (the tree, or an overlay of it).
+    ReadOnly,
+    /// Writable, into an overlay in the sandbox's memory.
+    Writable,
+    /// The runtime's EROFS image (named in the spec), with `isobox-start` to run
+    /// (`--exec-fd`) and the workspace archive (`--pass-fd` as fd 3).
+    Image(OwnedFd, OwnedFd),
+}
+
+fn fs_mkdir(path: &Path) -> Result<(), SandboxError> {
+    std::fs::create_dir(path).map_err(|source| SandboxError::Bundle {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+impl Backend for Gvisor {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    fn run(
+        &self,
+        id: &str,
+        plan: &ExecPlan,
+        argv: Vec<String>,
+        env: &[String],
+        stdin: Stdin,
+    ) -> Result<Spawned, SandboxError> {
+        let image = self.image_for(plan, &argv);
+        self.run_on(id, plan, argv, env, stdin, image.as_deref())
+    }
+
+    fn run_on_tree(
+        &self,
+        id: &str,
+        plan: &ExecPlan,
+        argv: Vec<String>,
+        env: &[String],
+        stdin: Stdin,
+    ) -> Result<Spawned, SandboxError> {
+        self.run_on(id, plan, argv, env, stdin, None)
     }
 
     fn give_up_start_hook(&self) {

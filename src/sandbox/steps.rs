@@ -85,6 +85,17 @@ pub struct Steps {
 /// The daemon's own (sandboxes are made on several threads, read by `/metrics`).
 pub static STEPS: Steps = Steps::new();
 
+thread_local! {
+    /// Set on a thread whose sandboxes are the daemon's own checks, not runs (a root
+    /// image's probe, `sandbox::image`): their steps are not counted.
+    static UNCOUNTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Leaves the steps of every sandbox this thread makes from now on uncounted.
+pub fn uncounted_on_this_thread() {
+    UNCOUNTED.with(|c| c.set(true));
+}
+
 impl Default for Steps {
     fn default() -> Self {
         Self::new()
@@ -113,6 +124,9 @@ impl Steps {
     }
 
     fn measure<T>(&self, step: Step, runs: u64, f: impl FnOnce() -> T) -> T {
+        if UNCOUNTED.with(std::cell::Cell::get) {
+            return f();
+        }
         let (w0, c0) = (Instant::now(), crate::sys::thread_cpu_ns());
         let r = f();
         let cpu = crate::sys::thread_cpu_ns().saturating_sub(c0);

@@ -340,6 +340,69 @@ pub fn die_with_parent_on_spawn(cmd: &mut std::process::Command) {
     }
 }
 
+/// A sealed in-memory file holding `bytes` (`memfd_create`, close-on-exec): it can
+/// never be written, grown or shrunk again, by anyone.
+///
+/// # Errors
+/// `memfd_create`'s, the write's, or `fcntl`'s.
+pub fn sealed_memfd(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
+    let fd = memfd(name, bytes, libc::MFD_ALLOW_SEALING)?;
+    syscall!(fcntl(
+        fd.as_raw_fd(),
+        libc::F_ADD_SEALS,
+        libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL
+    ))?;
+    Ok(fd)
+}
+
+/// An in-memory file holding `bytes` (`memfd_create`, close-on-exec), its offset back
+/// at 0, so whoever is given it reads `bytes` from the start.
+///
+/// # Errors
+/// `memfd_create`'s, the write's or the seek's.
+pub fn memfd_with(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
+    memfd(name, bytes, 0)
+}
+
+fn memfd(name: &std::ffi::CStr, bytes: &[u8], flags: libc::c_uint) -> io::Result<OwnedFd> {
+    use std::io::{Seek, Write};
+    let raw = syscall!(memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | flags))?;
+    // SAFETY: memfd_create just returned this descriptor, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let mut f = std::fs::File::from(fd);
+    f.write_all(bytes)?;
+    f.rewind()?;
+    Ok(OwnedFd::from(f))
+}
+
+/// A new open file description of `fd`'s file, read-only and close-on-exec (through
+/// `/proc/self/fd`): its own offset, shared with no other holder.
+///
+/// # Errors
+/// The open's.
+pub fn reopen_read_only(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let f = std::fs::File::open(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    Ok(OwnedFd::from(f))
+}
+
+/// Lets the child of `cmd` inherit `fds` (close-on-exec cleared in the child only, so
+/// no other thread's child gets them), at the same numbers. They must stay open until
+/// `cmd` is spawned.
+pub fn inherit_on_spawn(cmd: &mut std::process::Command, fds: &[BorrowedFd<'_>]) {
+    use std::os::unix::process::CommandExt;
+    let fds: Vec<i32> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    // SAFETY: the closure only calls fcntl (async-signal-safe) on integers it owns; it
+    // allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &fds {
+                syscall!(fcntl(*fd, libc::F_SETFD, 0))?;
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Jails a worker started by `cmd` (the WebAssembly engine's): in the child, before it
 /// runs, it joins the cgroups whose `cgroup.procs` are `procs`, dies with the spawning
 /// thread, leads its own process group, gets network, IPC and UTS namespaces of its
