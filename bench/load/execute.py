@@ -132,8 +132,10 @@ def bundle_config(rt, src_file, cgroups_path=None):
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             tmpfs("/tmp"),
-            tmpfs("/workspace"),
-            {"destination": f"/workspace/{rt['source_file']}", "type": "bind", "source": src_file, "options": ["rbind", "ro"]},
+            # The program's directory over /workspace, as isoboxd binds its workspace (a
+            # file bound at /workspace/main.py would make its mount point in the shared
+            # tree itself: runsc makes missing mount points inside the root it is given).
+            {"destination": "/workspace", "type": "bind", "source": os.path.dirname(src_file), "options": ["rbind", "ro"]},
         ],
         "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]}
         | ({"cgroupsPath": cgroups_path} if cgroups_path else {}),
@@ -148,7 +150,8 @@ def write_bundle(rt, cgroups_path=None):
     """A bundle directory for `rt`'s program, as isoboxd would write it (the caller
     removes it)."""
     bundle = tempfile.mkdtemp(prefix="isobox-bench-bundle-")
-    src = os.path.join(bundle, rt["source_file"])
+    os.mkdir(os.path.join(bundle, "workspace"), 0o755)
+    src = os.path.join(bundle, "workspace", rt["source_file"])
     with open(src, "w") as f:
         f.write(rt["code"])
     os.chmod(src, 0o644)

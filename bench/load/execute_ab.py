@@ -12,6 +12,10 @@ mode alike, which one `execute.py` run after another cannot give. For each mode 
 round: the exact CPU-seconds per run (bare runsc: its cgroup; a daemon: its own cgroup
 plus its sandboxes' slice) and runs/s; at the end the median over the rounds, and each
 binary's ratios to both bare references (CPU: lower is better; runs/s: higher is better).
+When the runtime's tree has a root image (made by an isoboxd's first offline cold run,
+`src/sandbox/image.rs`), a third reference runs too, "bare image": bare runsc of the same
+program on that image with no gofer, as isoboxd runs it (its ratios are isoboxd's own
+overhead on the same sandbox).
 
 Usage (root): python3 bench/load/execute_ab.py NAME=BINARY [NAME=BINARY ...]
 Settings (environment): ROUNDS (8), BLOCK (24), CONC (4), MIX (1: the modes' runs
@@ -152,6 +156,83 @@ def mixed(modes, rt):
     return {name: ((secs() - c0[name]) / BLOCK, statistics.mean(lat[name])) for name, _, secs in modes}
 
 
+# Bare `runsc run` of the same program on the runtime's root image, with no gofer, as
+# isoboxd starts an offline cold run once the tree's image is ready (src/sandbox/image.rs):
+# `isobox-start --unpack` (compiled here from src/sandbox/start.c with build.rs's flags)
+# from --exec-fd, the program's file in a workspace archive on --pass-fd 3. Made in main
+# when the image and a C compiler are there.
+IMAGE = None
+IMAGE_CG = None
+LOADER = None
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def find_image(rt):
+    import glob
+    tree = os.path.basename(rt["rootfs_path"])
+    d = os.environ.get("ISOBOX_IMAGE_DIR", "/var/lib/isobox/images")
+    for img in sorted(glob.glob(os.path.join(d, f"{tree}.*.erofs")), key=os.path.getmtime, reverse=True):
+        if glob.glob(img + ".*.ok"):
+            return img
+    return None
+
+
+def build_loader(out):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    p = subprocess.run([cc, "-Os", "-static", "-nostdlib", "-ffreestanding", "-fno-pie", "-no-pie",
+                        "-fno-stack-protector", "-fno-asynchronous-unwind-tables",
+                        "-fno-tree-loop-distribute-patterns", "-s", "-o", out,
+                        os.path.join(REPO, "src/sandbox/start.c")], capture_output=True)
+    return out if p.returncode == 0 else None
+
+
+def run_bare_image(rt):
+    """`execute.run_bare_runsc`'s program on the tree's root image, goferless."""
+    import struct
+    cid = "isobox-benchref-" + uuid.uuid4().hex[:12]
+    cg = IMAGE_CG
+    bundle = ex.write_bundle(rt, f"/{os.path.basename(cg.path)}/{cid}")
+    archive, loader = None, None
+    try:
+        path = os.path.join(bundle, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        os.mkdir(os.path.join(bundle, "root"))
+        cfg["root"]["path"] = os.path.join(bundle, "root")
+        cfg["annotations"] = {"dev.gvisor.spec.rootfs.source": IMAGE, "dev.gvisor.spec.rootfs.type": "erofs"}
+        for m in cfg["mounts"]:
+            if m["destination"] == "/workspace":
+                m.clear()
+                m.update({"destination": "/workspace", "type": "tmpfs", "source": "tmpfs",
+                          "options": ["nosuid", "nodev", "mode=1777", f"size={256 << 20}"]})
+        caps = ["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"]
+        cfg["process"]["user"] = {"uid": 0, "gid": 0}
+        cfg["process"]["capabilities"] = {"bounding": caps, "effective": caps, "permitted": caps,
+                                          "inheritable": [], "ambient": []}
+        cfg["process"]["args"] = ["/opt/isobox/start", "--unpack", "65534"] + cfg["process"]["args"]
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        name, code = rt["source_file"].encode(), rt["code"].encode()
+        blob = b"ISOBOXW1" + b"f" + struct.pack("<H", len(name)) + name + struct.pack("<Q", len(code)) + code + b"\0"
+        archive = os.memfd_create("isobox-workspace")
+        os.write(archive, blob)
+        os.lseek(archive, 0, os.SEEK_SET)
+        loader = os.open(LOADER, os.O_RDONLY)
+        p = subprocess.run(ex.runsc_base() + ["run", f"--exec-fd={loader}", f"--pass-fd={archive}:3", "--bundle", bundle, cid],
+                           check=False, stdin=subprocess.DEVNULL, capture_output=True, timeout=ex.TIMEOUT_S,
+                           preexec_fn=cg.enter, pass_fds=(loader, archive))
+        if p.returncode != 0 or p.stdout.decode() != ex.EXPECTED:
+            raise ex.Failure(f"runsc exit {p.returncode} stdout {p.stdout[:80]!r} stderr {p.stderr[-300:]!r}")
+        return 0.0, None
+    finally:
+        for fd in (archive, loader):
+            if fd is not None:
+                os.close(fd)
+        shutil.rmtree(bundle, ignore_errors=True)
+
+
 def main():
     specs = [a.split("=", 1) for a in sys.argv[1:]]
     if not specs or any(len(s) != 2 or not os.access(s[1], os.X_OK) for s in specs):
@@ -168,7 +249,16 @@ def main():
     try:
         for n, (name, binary) in enumerate(specs):
             daemons.append(Daemon(name, binary, n))
-        modes = [("bare runsc", ex.run_bare_runsc, bare.seconds), ("bare+limits", run_bare_limited, LIMITED_CG.seconds)] + [
+        global IMAGE, IMAGE_CG, LOADER
+        IMAGE = find_image(rt)
+        LOADER = IMAGE and build_loader(os.path.join(ex.RUNSC_ROOT, "isobox-start"))
+        image_mode = []
+        if IMAGE and LOADER:
+            IMAGE_CG = ex.BenchCgroup(f"isobox-bench-bare-image-{os.getpid()}")
+            image_mode = [("bare image", run_bare_image, IMAGE_CG.seconds)]
+        else:
+            print(f"(no bare image mode: image {IMAGE}, loader {LOADER}; an isoboxd makes the image on its first offline cold run)")
+        modes = [("bare runsc", ex.run_bare_runsc, bare.seconds), ("bare+limits", run_bare_limited, LIMITED_CG.seconds)] + image_mode + [
             (d.name, d.run_one, d.seconds) for d in daemons
         ]
         for _, fn, _ in modes:  # warm the page cache and each daemon; not counted
@@ -198,9 +288,11 @@ def main():
         med = {n: (statistics.median(c for c, _ in v), statistics.median(s for _, s in v)) for n, v in res.items()}
         for n, (c, s) in med.items():
             print(f"{n:<12} {c:>10.4f} {s:>7.2f}")
-        for ref in ("bare runsc", "bare+limits"):
+        refs = ("bare runsc", "bare+limits") + (("bare image",) if "bare image" in med else ())
+        for ref in refs:
             b_cpu, b_rps = med[ref]
-            for name in [d.name for d in daemons] + (["bare+limits"] if ref == "bare runsc" else []):
+            extra = ["bare+limits"] + (["bare image"] if "bare image" in med else []) if ref == "bare runsc" else []
+            for name in [d.name for d in daemons] + extra:
                 c, s = med[name]
                 # Per round too: the spread of the ratio says what the medians can tell apart.
                 per = [(x[0] / y[0], x[1] / y[1]) for x, y in zip(res[name], res[ref])]
@@ -214,6 +306,10 @@ def main():
         left = ex.delete_bare_containers()
         bare.remove()
         LIMITED_CG.remove()
+        if IMAGE_CG:
+            IMAGE_CG.remove()
+        if LOADER:
+            os.unlink(LOADER)
         if left:
             sys.exit(f"error: bare runsc containers left: {left}")
 
