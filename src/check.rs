@@ -397,7 +397,7 @@ fn root_images(enabled: bool, image_dir: &Path, mkfs_erofs: &Path) -> Finding {
             Level::Warn,
             "images",
             format!(
-                "{} is missing: cold runs use their runtime's tree, with a gofer (~14 % more CPU a cold start; apt-get install erofs-utils)",
+                "{} is missing: cold runs use their runtime's tree, with a gofer (~15 % more CPU a cold start; apt-get install erofs-utils)",
                 mkfs_erofs.display()
             ),
         )

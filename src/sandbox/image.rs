@@ -3,7 +3,7 @@
 //!
 //! A run whose every mount is gVisor's own (tmpfs, proc) and whose root is an EROFS
 //! image needs no gofer process at all (runsc 2024's goferless mode): a Go process's
-//! start and end fewer per run, about 14 % of a cold python `print(1)`'s CPU on the
+//! start and end fewer per run, about 15 % of a cold python `print(1)`'s CPU on the
 //! ptrace platform (`bench/README.md`). Such a run's `/workspace` is a tmpfs of
 //! gVisor's, and its files reach it through `isobox-start --unpack` (`start.c`), which
 //! runsc starts from a host file (`--exec-fd`) with the files on fd 3 (`--pass-fd`) in
