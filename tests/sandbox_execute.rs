@@ -1429,6 +1429,72 @@ refused refused refused refused refused refused refused ok\n\
     d.assert_clean();
     d.stop();
 
+    // A pooled sandbox (booted before its program; its harness writes the files) is on
+    // the image too, as the user from its start, with no gofer; a run it serves sees
+    // its files as a pooled run does.
+    let d = Daemon::start_with(&[("ISOBOX_WARM_POOL", "python-slim=1")]);
+    let runs = d.data_dir.join("runs");
+    let t = Instant::now();
+    let (config, procs) = loop {
+        let pooled = std::fs::read_dir(&runs)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|b| b.to_string_lossy().ends_with("-w1."));
+        if let Some(b) = pooled.filter(|b| b.join("config.json").is_file()) {
+            let config: Value =
+                serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+            let b = b.to_string_lossy().into_owned();
+            let procs: Vec<String> = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| {
+                    let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+                    let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                    cmd.contains(b.as_str())
+                        .then(|| cmd.split(' ').next().unwrap_or("").to_string())
+                })
+                .collect();
+            if procs.iter().any(|p| p == "runsc-sandbox") {
+                break (config, procs);
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!procs.iter().any(|p| p.contains("gofer")), "{procs:?}");
+    assert!(
+        config["annotations"]["dev.gvisor.spec.rootfs.source"]
+            .as_str()
+            .is_some_and(|i| i.contains("/python-slim.") && i.ends_with(".erofs")),
+        "{config}"
+    );
+    assert_eq!(
+        config["process"]["user"],
+        json!({"uid": 65534, "gid": 65534})
+    );
+    assert_eq!(config["process"]["capabilities"]["bounding"], json!([]));
+    assert!(
+        config["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["type"] != "bind"),
+        "{config}"
+    );
+    while d.get("/healthz").json()["warmPool"]["runtimes"][PY]["ready"] != 1 {
+        assert!(t.elapsed() < Duration::from_secs(60), "{}", d.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = d.execute(json!({"language": PY, "network": false,
+        "code": "import os; print(sorted(os.listdir('.')), open('data/in.txt').read(), os.getuid())",
+        "files": [{"name": "data/in.txt", "content": "in"}]}));
+    assert_eq!(r["run"]["stdout"], "['data', 'main.py'] in 65534\n", "{r}");
+    assert_eq!(d.get("/healthz").json()["warmPool"]["hits"], 1);
+    d.assert_clean_except_pool();
+    d.stop();
+
     // Where no image can be made, runs use the tree; /healthz says why.
     let d = Daemon::start_with(&[
         ("ISOBOX_WARM_POOL", "off"),

@@ -84,7 +84,7 @@ impl Gvisor {
         });
         cmd.arg("run");
         // An image run: isobox-start from its memfd, the workspace archive as its fd 3.
-        if let RootKind::Image(exec, archive) = &root {
+        if let RootKind::Loader(exec, archive) = &root {
             use std::os::fd::{AsFd, AsRawFd};
             cmd.arg(format!("--exec-fd={}", exec.as_raw_fd()))
                 .arg(format!("--pass-fd={}:3", archive.as_raw_fd()));
@@ -249,18 +249,21 @@ impl Gvisor {
         }
     }
 
-    /// The root image a run of `plan` (program `argv`) may have (`image`): a cold
-    /// one-off interpreted run (its start heard) whose every mount would be gVisor's
-    /// own: no session workspace, no preload, no long-lived sandbox, no bind, no
-    /// network (its resolvers are a bind), a read-only root, a program named by an
-    /// absolute path. The first such run of a tree starts its image's build, on a
-    /// thread of its own, and uses the tree meanwhile.
+    /// The root image a sandbox of `plan` (program `argv`) may have (`image`): a cold
+    /// one-off interpreted run (its start heard; its files come through isobox-start),
+    /// or a pooled sandbox booted before its program (no files: its harness writes them
+    /// into gVisor's tmpfs), whose every mount would be gVisor's own: no session
+    /// workspace, no preload, no long-lived sandbox, no bind, no network (its resolvers
+    /// are a bind), a read-only root, a program named by an absolute path. The first
+    /// such sandbox of a tree starts its image's build, on a thread of its own, and
+    /// uses the tree meanwhile.
     fn image_for(&self, plan: &ExecPlan, argv: &[String]) -> Option<PathBuf> {
         let images = self.images.as_ref()?;
         self.start_exec.as_ref()?;
         let networked =
             plan.network_requested && self.egress.as_ref().is_some_and(|e| e.verified());
-        let eligible = plan.signal_start
+        let pooled = !plan.signal_start && plan.files.is_empty();
+        let eligible = (plan.signal_start || pooled)
             && plan.workspace.is_none()
             && plan.preload.is_none()
             && plan.long_lived.is_none()
@@ -355,9 +358,13 @@ impl Gvisor {
         // them is on the host but the archive in memory.
         let workspace_bytes = (image.is_none() && bundle::files_are_workspace(plan))
             .then_some(plan.limits.memory_bytes);
-        let (host_files, archive) = match image {
-            Some(_) => (&[][..], Some(super::image::archive(files))),
-            None => (files, None),
+        // A cold run on an image gets its files through isobox-start; a pooled sandbox
+        // on one has none yet (its harness writes them).
+        let loader = image.is_some() && plan.signal_start;
+        let (host_files, archive) = if loader {
+            (&[][..], Some(super::image::archive(files)))
+        } else {
+            (files, None)
         };
         // How the program's start is heard (`start.rs`): the hook, when there is one,
         // signals the FIFO made here; else the frame program goes before its argv (an
@@ -368,7 +375,7 @@ impl Gvisor {
             None
         };
         let framed = plan.signal_start && hook.is_none();
-        let argv = if image.is_some() {
+        let argv = if loader {
             let mut v = vec![
                 super::start::PATH.to_string(),
                 "--unpack".to_string(),
@@ -463,7 +470,7 @@ impl Gvisor {
             if let Some(image) = image {
                 let root = dir.join("root");
                 fs_mkdir(&root)?;
-                bundle::on_image(&mut cfg, image, &root, plan.limits.memory_bytes);
+                bundle::on_image(&mut cfg, image, &root, plan.limits.memory_bytes, loader);
             } else if framed || !bundle::mount_points_in(lower, &cfg) {
                 let root = bundle::mount_root(&dir, lower)?;
                 if framed {
@@ -486,10 +493,11 @@ impl Gvisor {
                     cgroup.clone(),
                     net,
                     stdin,
-                    match image_fds {
-                        Some((exec, archive)) => RootKind::Image(exec, archive),
-                        None if bundle::writable_root(plan) => RootKind::Writable,
-                        None => RootKind::ReadOnly,
+                    match (image, image_fds) {
+                        (_, Some((exec, archive))) => RootKind::Loader(exec, archive),
+                        (Some(_), None) => RootKind::Image,
+                        (None, None) if bundle::writable_root(plan) => RootKind::Writable,
+                        (None, None) => RootKind::ReadOnly,
                     },
                 )
             })
@@ -514,9 +522,11 @@ enum RootKind {
     ReadOnly,
     /// Writable, into an overlay in the sandbox's memory.
     Writable,
-    /// The runtime's EROFS image (named in the spec), with `isobox-start` to run
-    /// (`--exec-fd`) and the workspace archive (`--pass-fd` as fd 3).
-    Image(OwnedFd, OwnedFd),
+    /// The runtime's EROFS image (named in the spec): a pooled sandbox's.
+    Image,
+    /// The runtime's EROFS image, with `isobox-start` to run (`--exec-fd`) and the
+    /// workspace archive (`--pass-fd` as fd 3): a cold run's.
+    Loader(OwnedFd, OwnedFd),
 }
 
 fn fs_mkdir(path: &Path) -> Result<(), SandboxError> {
