@@ -433,6 +433,10 @@ impl Daemon {
         self.warm_drain();
         let deadline = Instant::now() + Duration::from_millis(self.cfg.shutdown_grace_ms);
         self.shutdown_deadline = Some(deadline);
+        // No root image build starts from now on; a running mkfs ends at once.
+        if let Some(i) = &self.app.root_images {
+            i.stop();
+        }
         self.reactor
             .arm(deadline, Addr::new(LIFECYCLE, 0, SHUTDOWN_GRACE), 0);
         if let Some((mut l, t)) = self.listener.take() {

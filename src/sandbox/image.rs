@@ -68,8 +68,10 @@ struct StampId {
 }
 
 impl StampId {
+    /// Its identity in keys and markers: not the device number, which some filesystems
+    /// change at every mount.
     fn text(self) -> String {
-        format!("{}:{}:{}:{}", self.dev, self.ino, self.mtime_ns, self.size)
+        format!("{}:{}:{}", self.ino, self.mtime_ns, self.size)
     }
 }
 
@@ -381,6 +383,11 @@ impl RootImages {
             }
             return Err(format!("its probe failed: {e}"));
         }
+        // The tree was not rebuilt meanwhile (else its next run asks for its new image,
+        // and this one, of the older stamp, must neither be marked nor remove that one).
+        if stamp_id(&ticket.tree) != Some(ticket.stamp) {
+            return Ok(false);
+        }
         let marker = marker_path(&ticket.image, &self.runsc_id);
         let tmp = self.dir.join(format!(
             ".{}.{}.tmp",
@@ -499,9 +506,10 @@ impl RootImages {
             let Some(rest) = f.strip_prefix(&format!(".{name}.")) else {
                 continue;
             };
-            let ours = rest.len() > 20
-                && rest[..20].bytes().all(|b| b.is_ascii_hexdigit())
-                && rest[20..].starts_with(".erofs.");
+            let rest_bytes = rest.as_bytes();
+            let ours = rest_bytes.len() > 20
+                && rest_bytes[..20].iter().all(u8::is_ascii_hexdigit)
+                && rest_bytes[20..].starts_with(b".erofs.");
             let Some(pid) = rest
                 .strip_suffix(".tmp")
                 .and_then(|r| r.rsplit('.').next())
@@ -828,14 +836,32 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         std::fs::remove_file(tree.join(".isobox/stamp")).unwrap();
         std::fs::write(tree.join(".isobox/stamp"), "three\n").unwrap();
-        match imgs.for_run(&tree) {
-            ForRun::Build(t) => assert_ne!(t.image(), third_img.as_path()),
-            other => panic!("{other:?}"),
+        let ForRun::Build(t) = imgs.for_run(&tree) else {
+            panic!("no build")
+        };
+        assert_ne!(t.image(), third_img.as_path());
+        // That image made: used; removed under the daemon: looked for again, not used.
+        std::fs::write(t.image(), "image").unwrap();
+        imgs.build(t, |_| Ok(()));
+        let fourth = third_image(&imgs, &tree);
+        std::fs::remove_file(&fourth).unwrap();
+        assert!(matches!(imgs.for_run(&tree), ForRun::Build(_)));
+        // Temporary files: a dead build's go, a live one's, another tree's and odd
+        // names stay (no panic on a name cut inside a character).
+        let dir = base.join("images");
+        let dead = dir.join(format!(".py.{}.erofs.4294967295.tmp", "a".repeat(20)));
+        let live = dir.join(format!(
+            ".py.{}.erofs.{}.tmp",
+            "b".repeat(20),
+            std::process::id()
+        ));
+        let other = dir.join(format!(".py.x.{}.erofs.4294967295.tmp", "c".repeat(20)));
+        let odd = dir.join(".py.aéééééééééé.lock");
+        for f in [&dead, &live, &other, &odd] {
+            std::fs::write(f, "").unwrap();
         }
-        // An image removed under a daemon is looked for again, not used.
-        let fresh = RootImages::new(base.join("images"), runsc.clone(), &runsc, b"l").unwrap();
-        std::fs::remove_file(&third_img).unwrap();
-        assert!(!matches!(fresh.for_run(&tree), ForRun::Ready(_)));
+        imgs.remove_dead_builds("py");
+        assert!(!dead.exists() && live.exists() && other.exists() && odd.exists());
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -280,15 +280,19 @@ impl Gvisor {
             ForRun::Build(ticket) => {
                 let (g, images, rt) = (self.clone(), images.clone(), plan.runtime.clone());
                 let busy = images.busy();
+                // Ends in `.` as every container id of isoboxd does (runsc finds a
+                // container by a prefix of its id); a digest of the tree's path tells
+                // apart trees whose names read the same once sanitised.
                 let name = format!(
-                    "{}-image-{}",
+                    "{}-image-{}-{}.",
                     self.instance,
                     rt.rootfs_path
                         .file_name()
                         .map(|n| n
                             .to_string_lossy()
                             .replace(|c: char| !c.is_ascii_alphanumeric(), "-"))
-                        .unwrap_or_default()
+                        .unwrap_or_default(),
+                    &crate::jobs::sha256_hex(rt.rootfs_path.as_os_str().as_encoded_bytes())[..8]
                 );
                 let spawned = std::thread::Builder::new()
                     .name("isobox-image".into())
