@@ -165,7 +165,12 @@ def main():
     ap.add_argument("--compiled", type=int, default=0, help="runs per compiled runtime (0: skip)")
     args = ap.parse_args()
     daemons, problems, results = [], [], {}
+    os.makedirs(ex.RUNSC_ROOT, exist_ok=True)
     try:
+        # The native and bare runs join cgroups of the bench's own (execute.py's exact
+        # CPU per mode needs them since 9ac6cc4; without them those modes failed).
+        for mode in ("native", "bare runsc"):
+            ex.MODE_CG[mode] = ex.BenchCgroup(f"isobox-bench-{mode.replace(' ', '-')}-{os.getpid()}")
         warm = start("isobox-bench-warm", f"python-slim={args.pool},javascript={args.pool}")
         daemons.append(warm)
         cold = start("isobox-bench-cold", "off")
@@ -240,6 +245,8 @@ def main():
             base.INSTANCE = d["instance"]
             problems += base.stop_isoboxd(d["proc"], d["data_dir"])
         ex.delete_bare_containers()
+        for cg in ex.MODE_CG.values():
+            cg.remove()
     for p in problems:
         print(f"   FAIL: {p}")
     sys.exit(1 if problems else 0)
