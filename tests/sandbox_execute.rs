@@ -1250,6 +1250,22 @@ fn test_a_runsc_that_runs_no_hooks_is_found_by_the_probe_and_the_frame_used() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The first word of the command line of each host process whose command line names
+/// `bundle` (runsc's front, sandbox and gofer processes name their bundle).
+fn processes_naming(bundle: &std::path::Path) -> Vec<String> {
+    let b = bundle.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            cmd.contains(b.as_str())
+                .then(|| cmd.split(' ').next().unwrap_or("").to_string())
+        })
+        .collect()
+}
+
 /// Runs `body` (a program that sleeps a little while) on `d`, which runs nothing else,
 /// and looks at its sandbox while it runs: (the result, its `config.json`, the first
 /// word of each host process's command line that names its bundle).
@@ -1273,19 +1289,7 @@ fn watched_run(d: &Daemon, body: &Value) -> (Value, Value, Vec<String>) {
                             .is_some_and(|k| k.starts_with('r'))
                     })
                 });
-            let procs: Vec<String> = bundle.as_ref().map_or_else(Vec::new, |b| {
-                let b = b.to_string_lossy().into_owned();
-                std::fs::read_dir("/proc")
-                    .unwrap()
-                    .flatten()
-                    .filter_map(|e| {
-                        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-                        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-                        cmd.contains(b.as_str())
-                            .then(|| cmd.split(' ').next().unwrap_or("").to_string())
-                    })
-                    .collect()
-            });
+            let procs = bundle.as_deref().map_or_else(Vec::new, processes_naming);
             if let Some(b) = bundle.filter(|_| procs.iter().any(|p| p == "runsc-sandbox")) {
                 let config: Value =
                     serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
@@ -1445,17 +1449,7 @@ refused refused refused refused refused refused refused ok\n\
         if let Some(b) = pooled.filter(|b| b.join("config.json").is_file()) {
             let config: Value =
                 serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
-            let b = b.to_string_lossy().into_owned();
-            let procs: Vec<String> = std::fs::read_dir("/proc")
-                .unwrap()
-                .flatten()
-                .filter_map(|e| {
-                    let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
-                    let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-                    cmd.contains(b.as_str())
-                        .then(|| cmd.split(' ').next().unwrap_or("").to_string())
-                })
-                .collect();
+            let procs = processes_naming(&b);
             if procs.iter().any(|p| p == "runsc-sandbox") {
                 break (config, procs);
             }

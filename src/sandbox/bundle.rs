@@ -502,20 +502,29 @@ pub fn config(
 
 /// Makes `config` (a cold one-off run's or a pooled sandbox's, [`config`]) one whose
 /// root is the runtime's EROFS `image` (`sandbox::image`), mounted inside gVisor with no
-/// gofer: runsc is given the empty directory `empty_root` as the root's path, and
+/// gofer: runsc is given an empty directory, `dir/root` (made here, removed with the
+/// run's directory), as the root's path, and
 /// `/workspace` is a tmpfs of gVisor's of `workspace_bytes` (mode 1777, root's, as the
 /// host one is). With `loader` (a cold run) the process starts as root with only what
 /// `isobox-start --unpack` needs to write the files as root's and then drop to
 /// [`SANDBOX_UID`] with nothing left (setgid, setpcap to empty the bounding set,
 /// setuid); a pooled sandbox's stays [`SANDBOX_UID`]'s with none. No bind mount stays,
 /// or runsc would start a gofer.
+///
+/// # Errors
+/// [`SandboxError::Bundle`] when `dir/root` cannot be made.
 pub fn on_image(
     config: &mut Value,
     image: &Path,
-    empty_root: &Path,
+    dir: &Path,
     workspace_bytes: u64,
     loader: bool,
-) {
+) -> Result<(), SandboxError> {
+    let empty_root = dir.join("root");
+    fs::create_dir(&empty_root).map_err(|source| SandboxError::Bundle {
+        path: empty_root.clone(),
+        source,
+    })?;
     config["root"]["path"] = json!(empty_root);
     config["annotations"] = json!({
         "dev.gvisor.spec.rootfs.source": image,
@@ -530,11 +539,12 @@ pub fn on_image(
         debug_assert!(mounts.iter().all(|m| m["type"] != "bind"), "{mounts:?}");
     }
     if !loader {
-        return;
+        return Ok(());
     }
     let caps = ["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"];
     config["process"]["user"] = json!({"uid": 0, "gid": 0});
     config["process"]["capabilities"] = json!({"bounding": caps, "effective": caps, "inheritable": [], "permitted": caps, "ambient": []});
+    Ok(())
 }
 
 /// Writes `config.json` into `dir`.

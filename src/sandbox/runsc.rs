@@ -334,9 +334,7 @@ impl Gvisor {
             }
         }
     }
-}
 
-impl Gvisor {
     /// [`Backend::run`] with the root `image` decided (`image_for`), or none.
     fn run_on(
         &self,
@@ -472,9 +470,7 @@ impl Gvisor {
             // where runsc would write nothing into it (a writable root never
             // qualifies); else an overlay of it that takes what runsc and the frame add.
             if let Some(image) = image {
-                let root = dir.join("root");
-                fs_mkdir(&root)?;
-                bundle::on_image(&mut cfg, image, &root, plan.limits.memory_bytes, loader);
+                bundle::on_image(&mut cfg, image, &dir, plan.limits.memory_bytes, loader)?;
             } else if framed || !bundle::mount_points_in(lower, &cfg) {
                 let root = bundle::mount_root(&dir, lower)?;
                 if framed {
@@ -531,13 +527,6 @@ enum RootKind {
     /// The runtime's EROFS image, with `isobox-start` to run (`--exec-fd`) and the
     /// workspace archive (`--pass-fd` as fd 3): a cold run's.
     Loader(OwnedFd, OwnedFd),
-}
-
-fn fs_mkdir(path: &Path) -> Result<(), SandboxError> {
-    std::fs::create_dir(path).map_err(|source| SandboxError::Bundle {
-        path: path.to_path_buf(),
-        source,
-    })
 }
 
 impl Backend for Gvisor {
