@@ -635,6 +635,156 @@ probe({
     finish(fake, d, true);
 }
 
+/// Issue 28: a networked cold run on its runtime's root image has no gofer either. Its
+/// loader binds the daemon's resolvers over the image's `/etc/resolv.conf` (read-only,
+/// as the tree's bind from the host was), gives up what it needed for that before the
+/// program's files, and the program reaches what it may by address and by name, as the
+/// sandbox user with no capability, its workspace holding only its own files.
+#[test]
+fn test_a_networked_run_on_the_root_image_has_no_gofer_and_the_daemons_resolvers() {
+    let (fake, d) = setup(&[("ISOBOX_WARM_POOL", "off")]);
+    wait_egress(&d, "verified", Duration::from_secs(30));
+    // The tree's first run that could use its image asks for it (made once a host, then
+    // shared by every daemon); runs use the tree until it is ready.
+    let t = Instant::now();
+    loop {
+        let r = d.execute(json!({"language": "python", "code": "print(1)"}));
+        assert_eq!(
+            (r["run"]["stdout"].as_str(), r["run"]["network"].as_bool()),
+            (Some("1\n"), Some(true)),
+            "{r}"
+        );
+        let h = d.get("/healthz").json();
+        let state = &h["rootImages"]["trees"]["python"]["state"];
+        if state == "ready" {
+            break;
+        }
+        assert_eq!(state, "building", "{h}");
+        assert!(t.elapsed() < Duration::from_secs(240), "{h}\n{}", d.log());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    fake.clear();
+    let code = format!(
+        "{PRELUDE}\n{}",
+        r#"
+import errno, os
+st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l)
+print('STATUS ' + json.dumps({k: st[k] for k in ('Uid', 'Gid', 'CapInh', 'CapPrm', 'CapEff', 'CapBnd')}))
+print('RESOLV ' + json.dumps(open('/etc/resolv.conf').read()))
+print('LS ' + json.dumps(sorted(os.listdir('.'))) + ' ' + open('data/in.txt').read())
+def tried(f):
+    try:
+        f(); return 'ok'
+    except OSError as e:
+        return 'refused' if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.EBUSY, errno.EXDEV) else errno.errorcode[e.errno]
+print('TRIED', tried(lambda: open('/etc/resolv.conf', 'a')), tried(lambda: os.unlink('/etc/resolv.conf')),
+      tried(lambda: os.rename('/etc/resolv.conf', '/etc/r')), tried(lambda: os.rename('/etc/resolv.conf', '/tmp/r')),
+      tried(lambda: open('mine', 'w').write('m')))
+probe({
+    'http80': (http, '198.51.100.7'),
+    'resolve_public': (resolve, 'public.test'),
+    'url_by_name': (urlopen, 'http://public.test/'),
+    'meta': (http, '169.254.169.254'),
+})
+time.sleep(1)
+"#
+    );
+    let body = json!({"language": "python", "code": code,
+        "files": [{"name": "data/in.txt", "content": "in"}]});
+    let (r, config, procs) = common::watched_run(&d, &body);
+    assert!(!procs.iter().any(|p| p.contains("gofer")), "{procs:?}");
+    assert!(
+        config["annotations"]["dev.gvisor.spec.rootfs.source"]
+            .as_str()
+            .is_some_and(|i| i.contains("/python.") && i.ends_with(".erofs")),
+        "{config}"
+    );
+    // No mount from the host: the resolvers come in the loader's archive.
+    let mounts: Vec<(&str, &str)> = config["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["destination"].as_str().unwrap(),
+                m["type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            ("/proc", "proc"),
+            ("/tmp", "tmpfs"),
+            ("/workspace", "tmpfs")
+        ],
+        "{config}"
+    );
+    assert!(
+        config["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["type"] == "network" && n["path"].is_string()),
+        "the run's own namespace: {config}"
+    );
+    // Only the loader holds CAP_SYS_ADMIN (for the bind), and only before the files.
+    assert_eq!(
+        config["process"]["capabilities"]["bounding"],
+        json!(["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_ADMIN"]),
+        "{config}"
+    );
+    assert_eq!(
+        (
+            r["run"]["exitCode"].as_i64(),
+            r["run"]["network"].as_bool(),
+            r["run"]["stderr"].as_str()
+        ),
+        (Some(0), Some(true), Some("")),
+        "{r}"
+    );
+    assert!(r.get("warning").is_none(), "{r}");
+    let out = r["run"]["stdout"].as_str().unwrap();
+    let line = |p: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(p))
+            .unwrap_or_else(|| panic!("no {p}line: {r}"))
+            .to_string()
+    };
+    let nobody = "65534\t65534\t65534\t65534";
+    let zero = "0000000000000000";
+    assert_eq!(
+        serde_json::from_str::<Value>(&line("STATUS ")).unwrap(),
+        json!({"Uid": nobody, "Gid": nobody, "CapInh": zero, "CapPrm": zero, "CapEff": zero, "CapBnd": zero}),
+        "{r}"
+    );
+    // Byte for byte the file a run on the tree has bound from the host.
+    let want = std::fs::read_to_string(d.data_dir.join("net/resolv.conf")).unwrap();
+    assert!(want.contains(&format!("nameserver {DNS}\n")), "{want}");
+    assert_eq!(
+        serde_json::from_str::<String>(&line("RESOLV ")).unwrap(),
+        want,
+        "{r}"
+    );
+    assert_eq!(line("LS "), r#"["data", "main.py"] in"#, "{r}");
+    assert_eq!(line("TRIED "), "refused refused refused refused ok", "{r}");
+    let res = result_of(&r);
+    assert!(
+        res["http80"].as_str().unwrap().contains(PUBLIC_BODY)
+            && res["url_by_name"].as_str().unwrap().contains(PUBLIC_BODY),
+        "{res:?}"
+    );
+    assert_eq!(res["resolve_public"], "OK 198.51.100.7", "{res:?}");
+    assert_all_err(&res, &["meta".into()], &r);
+    let asked: Vec<String> = fake.hits_to(DNS).iter().map(|h| h.detail.clone()).collect();
+    assert!(
+        asked.contains(&"public.test type 1".to_string()),
+        "{asked:?}"
+    );
+    assert_no_denied_hits(&fake, &d);
+    finish(fake, d, true);
+}
+
 /// N1, N2, N3 (metadata, link-local, private and CGNAT ranges, to their far ends), N4
 /// (the daemon's host through the gateway and the uplink), N8 (IPv6 and v4-mapped), N9
 /// (SMTP), N12 (the gateway's DNS), all in one run beside the positive control.

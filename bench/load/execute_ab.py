@@ -23,7 +23,9 @@ interleaved request by request within one block per round, so all share the host
 same minutes; then mean latency instead of runs/s), EQUAL_WEIGHT (1: each daemon's
 sandbox slice at the default CPU weight rather than the half isoboxd gives it, so its
 sandboxes and the bare ones compete as equals), BENCH_LANGUAGES
-("python-slim"), and `execute.py`'s ISOBOX_PLATFORM / ISOBOX_RUNSC.
+("python-slim"), NETWORK (1: the daemons' runs ask for a network, each daemon with a
+pool of addresses of its own; the bare references stay offline, so compare the daemons
+with each other), and `execute.py`'s ISOBOX_PLATFORM / ISOBOX_RUNSC.
 A binary may be a wrapper script that execs isoboxd (it must keep the process).
 Python 3.11 standard library only.
 """
@@ -106,6 +108,8 @@ class Daemon:
         ex.PORT = 18099 + 10 + n
         ex.INSTANCE = f"isobox-benchab{n}"
         ex.DATA_DIR = f"/tmp/bench-ab-data-{n}"
+        # Networked runs: each daemon numbers its links from a range of its own.
+        os.environ["ISOBOX_NET_POOL"] = f"10.{210 + n}.0.0/16"
         shutil.rmtree(ex.DATA_DIR, ignore_errors=True)
         self.port, self.instance, self.data_dir = ex.PORT, ex.INSTANCE, ex.DATA_DIR
         self.proc, self.log = ex.start_isoboxd()
@@ -265,6 +269,7 @@ def main():
             for _ in range(2):
                 fn(rt)
         how = ("interleaved request by request" if MIX else "per mode") + (
+            ", the daemons' runs networked (bare runsc offline)" if ex.NETWORK else "") + (
             ", isoboxd's slices at the default CPU weight" if EQUAL_WEIGHT else "")
         print(f"== {rt['language']} `{rt['code']}`: {ROUNDS} rounds of {BLOCK} runs at c={CONC} {how}; "
               f"load average before: {ex.loadavg()}")

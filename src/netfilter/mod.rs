@@ -289,6 +289,12 @@ impl NetLease {
         &self.egress.resolv
     }
 
+    /// What that resolv.conf says: a run whose root is an image gets these bytes
+    /// instead (`sandbox::image`), bound over the image's own by `isobox-start`.
+    pub fn resolv_conf_text(&self) -> String {
+        self.egress.resolv_text()
+    }
+
     /// Removes the veth pair and the namespace, and frees the slot.
     pub fn release(mut self) {
         self.release_inner();
@@ -680,6 +686,16 @@ impl Egress {
         self.resolv.with_file_name("data-dir-bind")
     }
 
+    /// The sandboxes' resolv.conf: the resolvers, and short timeouts.
+    fn resolv_text(&self) -> String {
+        let mut conf = String::new();
+        for d in &self.dns {
+            conf.push_str(&format!("nameserver {d}\n"));
+        }
+        conf.push_str("options timeout:2 attempts:2\n");
+        conf
+    }
+
     /// Idempotent set-up, redone before every programming (so a repair also restores
     /// forwarding, and a pool that has come to overlap a host network is caught).
     fn prepare(&self) -> Result<(), NetfilterError> {
@@ -688,12 +704,8 @@ impl Egress {
             move |source| NetfilterError::Path { what, path, source }
         };
         std::fs::create_dir_all(&self.ns_dir).map_err(path("creating", &self.ns_dir))?;
-        let mut conf = String::new();
-        for d in &self.dns {
-            conf.push_str(&format!("nameserver {d}\n"));
-        }
-        conf.push_str("options timeout:2 attempts:2\n");
-        std::fs::write(&self.resolv, conf.as_bytes()).map_err(path("writing", &self.resolv))?;
+        std::fs::write(&self.resolv, self.resolv_text().as_bytes())
+            .map_err(path("writing", &self.resolv))?;
         // A networked runsc lives in a mount namespace copied from ours; for unmounts
         // of workspaces and namespaces under the data dir to reach that copy, the data
         // dir must be a shared mount (and the copy its slave).

@@ -500,16 +500,31 @@ pub fn config(
     })
 }
 
+/// How a run on a root image starts ([`on_image`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageStart {
+    /// Its program, as the sandbox user: a pooled sandbox's harness.
+    AsUser,
+    /// `isobox-start --unpack` as root, which writes the files and drops (a cold run);
+    /// `resolv_conf`: it binds the run's resolvers first (a networked run).
+    Loader {
+        /// The run has a network.
+        resolv_conf: bool,
+    },
+}
+
 /// Makes `config` (a cold one-off run's or a pooled sandbox's, [`config`]) one whose
 /// root is the runtime's EROFS `image` (`sandbox::image`), mounted inside gVisor with no
 /// gofer: runsc is given an empty directory, `dir/root` (made here, removed with the
 /// run's directory), as the root's path, and
 /// `/workspace` is a tmpfs of gVisor's of `workspace_bytes` (mode 1777, root's, as the
-/// host one is). With `loader` (a cold run) the process starts as root with only what
-/// `isobox-start --unpack` needs to write the files as root's and then drop to
-/// [`SANDBOX_UID`] with nothing left (setgid, setpcap to empty the bounding set,
-/// setuid); a pooled sandbox's stays [`SANDBOX_UID`]'s with none. No bind mount stays,
-/// or runsc would start a gofer.
+/// host one is). With [`ImageStart::Loader`] (a cold run) the process starts as root
+/// with only what `isobox-start --unpack` needs to write the files as root's and then
+/// drop to [`SANDBOX_UID`] with nothing left (setgid, setpcap to empty the bounding set,
+/// setuid), and for a networked run to bind its resolvers over the image's
+/// `/etc/resolv.conf` (sys_admin, given up before the files; the host bind [`config`]
+/// put there goes); a pooled sandbox's stays [`SANDBOX_UID`]'s with none. No bind mount
+/// stays, or runsc would start a gofer.
 ///
 /// # Errors
 /// [`SandboxError::Bundle`] when `dir/root` cannot be made.
@@ -518,7 +533,7 @@ pub fn on_image(
     image: &Path,
     dir: &Path,
     workspace_bytes: u64,
-    loader: bool,
+    start: ImageStart,
 ) -> Result<(), SandboxError> {
     let empty_root = dir.join("root");
     fs::create_dir(&empty_root).map_err(|source| SandboxError::Bundle {
@@ -536,12 +551,19 @@ pub fn on_image(
                 *m = json!({"destination": "/workspace", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777", format!("size={workspace_bytes}")]});
             }
         }
+        if start == (ImageStart::Loader { resolv_conf: true }) {
+            mounts.retain(|m| m["destination"] != "/etc/resolv.conf");
+        }
         debug_assert!(mounts.iter().all(|m| m["type"] != "bind"), "{mounts:?}");
     }
-    if !loader {
+    let ImageStart::Loader { resolv_conf } = start else {
         return Ok(());
-    }
-    let caps = ["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"];
+    };
+    let caps: &[&str] = if resolv_conf {
+        &["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_ADMIN"]
+    } else {
+        &["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"]
+    };
     config["process"]["user"] = json!({"uid": 0, "gid": 0});
     config["process"]["capabilities"] = json!({"bounding": caps, "effective": caps, "inheritable": [], "permitted": caps, "ambient": []});
     Ok(())

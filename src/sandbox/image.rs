@@ -653,21 +653,39 @@ fn markers_of(image: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The workspace archive `isobox-start --unpack` reads (`start.c`): `ISOBOXW1`, each
-/// directory (`d`, u16le length, path) before what is in it, each file (`f`, u16le
-/// length, path, u64le size, bytes), then a 0.
+/// The most a networked run's `/etc/resolv.conf` in the archive may hold.
+pub const MAX_RESOLV_CONF: usize = 4096;
+
+/// The workspace archive `isobox-start --unpack` reads (`start.c`): `ISOBOXW1`; a
+/// networked run's `/etc/resolv.conf` first (`r`, u16le size, bytes), which the loader
+/// binds read-only over the image's own; each directory (`d`, u16le length, path)
+/// before what is in it, each file (`f`, u16le length, path, u64le size, bytes), then
+/// a 0.
 ///
 /// # Errors
 /// A name that is not a plain relative path (empty, absolute, a `.` or `..` or empty
-/// component, a NUL) or longer than 4095 bytes, or two entries at one path.
-pub fn archive(files: &[(String, Vec<u8>)]) -> Result<Vec<u8>, String> {
+/// component, a NUL) or longer than 4095 bytes, two entries at one path, or a
+/// resolv.conf over [`MAX_RESOLV_CONF`].
+pub fn archive(resolv_conf: Option<&[u8]>, files: &[(String, Vec<u8>)]) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(
-        64 + files
-            .iter()
-            .map(|(n, c)| n.len() + c.len() + 11)
-            .sum::<usize>(),
+        64 + resolv_conf.map_or(0, <[u8]>::len)
+            + files
+                .iter()
+                .map(|(n, c)| n.len() + c.len() + 11)
+                .sum::<usize>(),
     );
     out.extend_from_slice(b"ISOBOXW1");
+    if let Some(conf) = resolv_conf {
+        if conf.len() > MAX_RESOLV_CONF {
+            return Err(format!(
+                "a resolv.conf of {} bytes (at most {MAX_RESOLV_CONF})",
+                conf.len()
+            ));
+        }
+        out.push(b'r');
+        out.extend_from_slice(&(conf.len() as u16).to_le_bytes());
+        out.extend_from_slice(conf);
+    }
     let mut dirs = std::collections::HashSet::new();
     let mut names = std::collections::HashSet::new();
     let entry = |out: &mut Vec<u8>, kind: u8, path: &str| {
@@ -712,11 +730,14 @@ mod tests {
 
     #[test]
     fn test_archive_lists_directories_before_their_files_once() {
-        let a = archive(&[
-            ("main.py".into(), b"print(1)".to_vec()),
-            ("data/in.txt".into(), b"in".to_vec()),
-            ("data/sub/x".into(), Vec::new()),
-        ])
+        let a = archive(
+            None,
+            &[
+                ("main.py".into(), b"print(1)".to_vec()),
+                ("data/in.txt".into(), b"in".to_vec()),
+                ("data/sub/x".into(), Vec::new()),
+            ],
+        )
         .unwrap();
         let mut want = b"ISOBOXW1".to_vec();
         want.extend_from_slice(b"f\x07\x00main.py\x08\x00\x00\x00\x00\x00\x00\x00print(1)");
@@ -726,6 +747,17 @@ mod tests {
         want.extend_from_slice(b"f\x0a\x00data/sub/x\x00\x00\x00\x00\x00\x00\x00\x00");
         want.push(0);
         assert_eq!(a, want);
+        // A networked run's resolv.conf goes first, whatever the files.
+        let a = archive(
+            Some(b"nameserver 192.0.2.1\n"),
+            &[("m".into(), b"x".to_vec())],
+        )
+        .unwrap();
+        let mut want = b"ISOBOXW1r\x15\x00nameserver 192.0.2.1\n".to_vec();
+        want.extend_from_slice(b"f\x01\x00m\x01\x00\x00\x00\x00\x00\x00\x00x");
+        want.push(0);
+        assert_eq!(a, want);
+        assert_eq!(archive(Some(b""), &[]).unwrap(), b"ISOBOXW1r\x00\x00\x00");
     }
 
     #[test]
@@ -741,13 +773,26 @@ mod tests {
             "a/",
             "a\0b",
         ] {
-            assert!(archive(&[(bad.into(), Vec::new())]).is_err(), "{bad:?}");
+            assert!(
+                archive(None, &[(bad.into(), Vec::new())]).is_err(),
+                "{bad:?}"
+            );
         }
-        assert!(archive(&[("x".repeat(4095), Vec::new())]).is_ok());
-        assert!(archive(&[("x".repeat(4096), Vec::new())]).is_err());
-        assert!(archive(&[("a".into(), Vec::new()), ("a".into(), Vec::new())]).is_err());
-        assert!(archive(&[("a".into(), Vec::new()), ("a/b".into(), Vec::new())]).is_err());
-        assert!(archive(&[("a/b".into(), Vec::new()), ("a".into(), Vec::new())]).is_err());
+        assert!(archive(None, &[("x".repeat(4095), Vec::new())]).is_ok());
+        assert!(archive(None, &[("x".repeat(4096), Vec::new())]).is_err());
+        let twice =
+            |a: &str, b: &str| archive(None, &[(a.into(), Vec::new()), (b.into(), Vec::new())]);
+        assert!(twice("a", "a").is_err());
+        assert!(twice("a", "a/b").is_err());
+        assert!(twice("a/b", "a").is_err());
+        // resolv.conf: below, at and above its bound.
+        for (n, ok) in [
+            (MAX_RESOLV_CONF - 1, true),
+            (MAX_RESOLV_CONF, true),
+            (MAX_RESOLV_CONF + 1, false),
+        ] {
+            assert_eq!(archive(Some(&vec![b'#'; n]), &[]).is_ok(), ok, "{n}");
+        }
     }
 
     fn third_image(imgs: &RootImages, tree: &Path) -> PathBuf {

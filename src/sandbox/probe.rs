@@ -161,11 +161,16 @@ fn probe_once(b: &dyn Backend, id: &str, rt: crate::runtimes::Runtime) -> Result
     }
 }
 
+/// The resolv.conf an image's probe has its loader bind, as a networked run's does.
+pub const PROBE_RESOLV_CONF: &[u8] = b"# isobox-probe-resolv\n";
+
 /// The probe of a runtime's root image (`sandbox::image`) before any run may use it:
-/// `spawn` starts the probe's plan with the given argv on the image (as `id`). The
-/// sandbox must print the probe's file back, then its own `/proc/self/status` as the
-/// sandbox user with no capability in any set (what `isobox-start --unpack` drops to),
-/// with nothing on stderr but the start frame, and exit 0.
+/// `spawn` starts the probe's plan with the given argv on the image (as `id`), with
+/// [`PROBE_RESOLV_CONF`] for its loader to bind as a networked run's resolvers. The
+/// sandbox must print the probe's file back, then that `/etc/resolv.conf`, then its own
+/// `/proc/self/status` as the sandbox user with no capability in any set (what
+/// `isobox-start --unpack` drops to), with nothing on stderr but the start frame, and
+/// exit 0.
 ///
 /// # Errors
 /// A sentence saying what failed.
@@ -179,6 +184,7 @@ pub fn probe_image(
     let argv = vec![
         "/bin/cat".into(),
         "probe.txt".into(),
+        "/etc/resolv.conf".into(),
         "/proc/self/status".into(),
     ];
     let s = spawn(id, &plan, argv).map_err(|e| e.to_string())?;
@@ -194,7 +200,9 @@ pub fn probe_image(
         "CapBnd:\t0000000000000000\n".into(),
     ];
     let ok = r.exit_code == 0
-        && out.starts_with("isobox-probe-ok\n")
+        && out
+            .strip_prefix("isobox-probe-ok\n")
+            .is_some_and(|o| o.as_bytes().starts_with(PROBE_RESOLV_CONF))
         && want.iter().all(|w| out.contains(w.as_str()))
         && r.err == super::start::FRAME;
     if ok {

@@ -250,11 +250,11 @@ impl Gvisor {
     }
 
     /// The root image a sandbox of `plan` (program `argv`) may have (`image`): a cold
-    /// one-off interpreted run (its start heard; its files come through isobox-start),
-    /// or a pooled sandbox booted before its program (no files: its harness writes them
-    /// into gVisor's tmpfs), whose every mount would be gVisor's own: no session
-    /// workspace, no preload, no long-lived sandbox, no bind, no network (its resolvers
-    /// are a bind), a read-only root, a program named by an absolute path. The first
+    /// one-off interpreted run (its start heard; its files, and a networked run's
+    /// resolvers, come through isobox-start), or an offline pooled sandbox booted before
+    /// its program (no files: its harness writes them into gVisor's tmpfs), whose every
+    /// mount would be gVisor's own: no session workspace, no preload, no long-lived
+    /// sandbox, no bind, a read-only root, a program named by an absolute path. The first
     /// such sandbox of a tree starts its image's build, on a thread of its own, and
     /// uses the tree meanwhile.
     fn image_for(&self, plan: &ExecPlan, argv: &[String]) -> Option<PathBuf> {
@@ -268,7 +268,7 @@ impl Gvisor {
             && plan.preload.is_none()
             && plan.long_lived.is_none()
             && plan.ro_binds.is_empty()
-            && !networked
+            && (plan.signal_start || !networked)
             && !bundle::writable_root(plan)
             && argv.first().is_some_and(|p| p.starts_with('/'));
         if !eligible {
@@ -303,7 +303,8 @@ impl Gvisor {
                         super::steps::uncounted_on_this_thread();
                         images.build(ticket, |img| {
                             super::probe::probe_image(&g, &name, rt, |id, plan, argv| {
-                                g.run_on(id, plan, argv, &[], Stdin::Pipe, Some(img))
+                                let resolv = Some(super::probe::PROBE_RESOLV_CONF);
+                                g.run_on(id, plan, argv, &[], Stdin::Pipe, Some(img), resolv)
                             })
                         });
                     });
@@ -316,6 +317,33 @@ impl Gvisor {
                 None
             }
         }
+    }
+
+    /// What runsc starts a cold image run from (`--exec-fd`: `isobox-start`) and gives
+    /// it as fd 3 (`--pass-fd`: the workspace archive of `files`, after `resolv_conf`
+    /// when the run has a network), each a descriptor of its own.
+    fn loader_fds(
+        &self,
+        dir: &Path,
+        files: &[(String, Vec<u8>)],
+        resolv_conf: Option<&[u8]>,
+    ) -> Result<(OwnedFd, OwnedFd), SandboxError> {
+        let wrap = |source| SandboxError::Bundle {
+            path: dir.to_path_buf(),
+            source,
+        };
+        let exec = self
+            .start_exec
+            .as_ref()
+            .ok_or_else(|| wrap(std::io::Error::other("this build has no isobox-start")))?;
+        let bytes =
+            super::image::archive(resolv_conf, files).map_err(|why| SandboxError::Bundle {
+                path: dir.join("files"),
+                source: std::io::Error::other(why),
+            })?;
+        let exec = crate::sys::reopen_read_only(std::os::fd::AsFd::as_fd(&**exec)).map_err(wrap)?;
+        let archive = crate::sys::memfd_with(c"isobox-workspace", &bytes).map_err(wrap)?;
+        Ok((exec, archive))
     }
 
     /// On v1, runsc also creates the run's cgroup in hierarchies we do not manage
@@ -335,7 +363,10 @@ impl Gvisor {
         }
     }
 
-    /// [`Backend::run`] with the root `image` decided (`image_for`), or none.
+    /// [`Backend::run`] with the root `image` decided (`image_for`), or none;
+    /// `probe_resolv_conf`: the resolvers an offline image run's loader binds all the
+    /// same (an image's probe: a networked run's come from its lease).
+    #[allow(clippy::too_many_arguments)]
     fn run_on(
         &self,
         id: &str,
@@ -344,6 +375,7 @@ impl Gvisor {
         env: &[String],
         stdin: Stdin,
         image: Option<&Path>,
+        probe_resolv_conf: Option<&[u8]>,
     ) -> Result<Spawned, SandboxError> {
         let hier = self
             .cgroups
@@ -363,11 +395,7 @@ impl Gvisor {
         // A cold run on an image gets its files through isobox-start; a pooled sandbox
         // on one has none yet (its harness writes them).
         let loader = image.is_some() && plan.signal_start;
-        let (host_files, archive) = if loader {
-            (&[][..], Some(super::image::archive(files)))
-        } else {
-            (files, None)
-        };
+        let host_files = if loader { &[][..] } else { files };
         // How the program's start is heard (`start.rs`): the hook, when there is one,
         // signals the FIFO made here; else the frame program goes before its argv (an
         // image run's isobox-start writes it once the files are there).
@@ -393,20 +421,6 @@ impl Gvisor {
         let mut start_signal = None;
         let mut image_fds = None;
         let written = STEPS.time(Step::BundleWrite, || {
-            if let (Some(archive), Some(exec)) = (&archive, &self.start_exec) {
-                let bytes = archive.as_ref().map_err(|why| SandboxError::Bundle {
-                    path: dir.join("files"),
-                    source: std::io::Error::other(why.clone()),
-                })?;
-                let wrap = |source| SandboxError::Bundle {
-                    path: dir.clone(),
-                    source,
-                };
-                let exec = crate::sys::reopen_read_only(std::os::fd::AsFd::as_fd(&**exec))
-                    .map_err(wrap)?;
-                let archive = crate::sys::memfd_with(c"isobox-workspace", bytes).map_err(wrap)?;
-                image_fds = Some((exec, archive));
-            }
             bundle::write_files(&dir, host_files, workspace_bytes).and_then(|s| {
                 if let Some(preload) = plan.preload {
                     bundle::write_preload(&dir, preload)?;
@@ -457,6 +471,14 @@ impl Gvisor {
             _ => None,
         };
         let configured = STEPS.time_more(Step::BundleWrite, || {
+            // The loader's resolvers: the lease's (a run that got no network has none).
+            let resolv = net
+                .as_ref()
+                .map(|n| n.resolv_conf_text().into_bytes())
+                .or_else(|| probe_resolv_conf.map(<[u8]>::to_vec));
+            if loader {
+                image_fds = Some(self.loader_fds(&dir, files, resolv.as_deref())?);
+            }
             let lower = &plan.runtime.rootfs_path;
             let mut cfg = bundle::config(
                 plan,
@@ -470,7 +492,14 @@ impl Gvisor {
             // where runsc would write nothing into it (a writable root never
             // qualifies); else an overlay of it that takes what runsc and the frame add.
             if let Some(image) = image {
-                bundle::on_image(&mut cfg, image, &dir, plan.limits.memory_bytes, loader)?;
+                let start = if loader {
+                    bundle::ImageStart::Loader {
+                        resolv_conf: resolv.is_some(),
+                    }
+                } else {
+                    bundle::ImageStart::AsUser
+                };
+                bundle::on_image(&mut cfg, image, &dir, plan.limits.memory_bytes, start)?;
             } else if framed || !bundle::mount_points_in(lower, &cfg) {
                 let root = bundle::mount_root(&dir, lower)?;
                 if framed {
@@ -543,7 +572,7 @@ impl Backend for Gvisor {
         stdin: Stdin,
     ) -> Result<Spawned, SandboxError> {
         let image = self.image_for(plan, &argv);
-        self.run_on(id, plan, argv, env, stdin, image.as_deref())
+        self.run_on(id, plan, argv, env, stdin, image.as_deref(), None)
     }
 
     fn run_on_tree(
@@ -554,7 +583,7 @@ impl Backend for Gvisor {
         env: &[String],
         stdin: Stdin,
     ) -> Result<Spawned, SandboxError> {
-        self.run_on(id, plan, argv, env, stdin, None)
+        self.run_on(id, plan, argv, env, stdin, None, None)
     }
 
     fn give_up_start_hook(&self) {

@@ -12,13 +12,21 @@
  *
  * `isobox-start --unpack UID PROGRAM ARGS...` is the first program of a run whose root
  * is its runtime's EROFS image (`sandbox::image`): runsc starts it from a host file
- * (`--exec-fd`), as root with only CAP_SETUID, CAP_SETGID and CAP_SETPCAP, its working
+ * (`--exec-fd`), as root with only CAP_SETUID, CAP_SETGID and CAP_SETPCAP (and
+ * CAP_SYS_ADMIN when the run has a network), its working
  * directory an empty tmpfs of gVisor's (mode 1777) and the program's files on fd 3
  * (`--pass-fd`) in isoboxd's workspace archive:
  *
  *     "ISOBOXW1", then entries until the end byte 0:
+ *       'r' u16le SIZE DATA                a networked run's /etc/resolv.conf (first)
  *       'd' u16le LEN PATH                 a directory, mode 0755
  *       'f' u16le LEN PATH u64le SIZE DATA a file, mode 0644
+ *
+ * A networked run's resolvers come first: it writes them into a file of the working
+ * directory, binds that over the image's /etc/resolv.conf, read-only, nosuid, nodev,
+ * noexec (as the tree's bind from the host was), and unlinks the file (the mount keeps
+ * it). Then, whatever came first, it keeps only CAP_SETUID, CAP_SETGID and
+ * CAP_SETPCAP, in every set, before it reads anything of the program's.
  *
  * PATHs are relative, with no empty, `.` or `..` component (isoboxd made them so and
  * this checks again), every directory before what is in it. It writes them into the
@@ -58,6 +66,21 @@ enum {
     SYS_pause = 34,
     SYS_clone = 56,
     SYS_exit_group = 231,
+    SYS_unlink = 87,
+    SYS_capget = 125,
+    SYS_capset = 126,
+    SYS_mount = 165,
+    MS_RDONLY = 1,
+    MS_NOSUID = 2,
+    MS_NODEV = 4,
+    MS_NOEXEC = 8,
+    MS_REMOUNT = 32,
+    MS_BIND = 4096,
+    CAP_SETGID = 6,
+    CAP_SETUID = 7,
+    CAP_SETPCAP = 8,
+    CAP_SYS_ADMIN = 21,
+    MAX_RESOLV_CONF = 4096,
     PR_CAPBSET_DROP = 24,
     PR_CAPBSET_READ = 23,
     O_WRONLY = 01,
@@ -182,6 +205,76 @@ static int plain(const char *p, long n)
     return 1;
 }
 
+/* Makes `path` (mode 0644, a new file) with the archive's next `size` bytes. */
+static void write_file(const char *path, unsigned long size)
+{
+    long fd = sys3(SYS_open, (long)path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        fail("making a file of the workspace", -fd);
+    while (size > 0) {
+        if (!fill())
+            fail("the workspace archive ends early", 0);
+        long k = have - at;
+        if ((unsigned long)k > size)
+            k = (long)size;
+        long w = sys3(SYS_write, fd, (long)(buf + at), k);
+        if (w == -EINTR)
+            continue;
+        if (w <= 0)
+            fail("writing a file of the workspace", w < 0 ? -w : 0);
+        at += w;
+        size -= (unsigned long)w;
+    }
+    sys3(SYS_close, fd, 0, 0);
+}
+
+struct cap_header {
+    unsigned int version;
+    int pid;
+};
+struct cap_data {
+    unsigned int effective, permitted, inheritable;
+};
+
+/* Binds the archive's next `size` bytes read-only over /etc/resolv.conf. */
+static void bind_resolv_conf(unsigned long size)
+{
+    static const char tmp[] = ".isobox-resolv.conf", dest[] = "/etc/resolv.conf";
+    if (size > MAX_RESOLV_CONF)
+        fail("the resolv.conf in the workspace archive is too long", 0);
+    write_file(tmp, size);
+    long r;
+    if ((r = sys5(SYS_mount, (long)tmp, (long)dest, 0, MS_BIND, 0)) < 0)
+        fail("binding /etc/resolv.conf", -r);
+    if ((r = sys5(SYS_mount, 0, (long)dest, 0,
+                  MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, 0)) < 0)
+        fail("making /etc/resolv.conf read-only", -r);
+    if ((r = sys3(SYS_unlink, (long)tmp, 0, 0)) < 0)
+        fail("removing the resolv.conf file", -r);
+}
+
+/* Keeps only CAP_SETGID, CAP_SETUID and CAP_SETPCAP (for the drop), whatever runsc
+ * gave: CAP_SYS_ADMIN (a networked run's, for its resolv.conf) is gone from every set
+ * before anything of the program's is read. */
+static void keep_only_id_caps(void)
+{
+    long r;
+    if ((r = sys3(SYS_prctl, PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0)) < 0)
+        fail("dropping CAP_SYS_ADMIN from the bounding set", -r);
+    /* _LINUX_CAPABILITY_VERSION_3: two 32-bit halves. */
+    struct cap_header h = {0x20080522, 0};
+    unsigned int keep = 1u << CAP_SETGID | 1u << CAP_SETUID | 1u << CAP_SETPCAP;
+    struct cap_data d[2] = {{keep, keep, 0}, {0, 0, 0}};
+    if ((r = sys3(SYS_capset, (long)&h, (long)d, 0)) < 0)
+        fail("dropping CAP_SYS_ADMIN", -r);
+    struct cap_data got[2];
+    if ((r = sys3(SYS_capget, (long)&h, (long)got, 0)) < 0)
+        fail("reading back the capabilities", -r);
+    if (got[0].effective != keep || got[0].permitted != keep || got[0].inheritable != 0 ||
+        got[1].effective || got[1].permitted || got[1].inheritable)
+        fail("CAP_SYS_ADMIN is still held", 0);
+}
+
 static void unpack(void)
 {
     static char path[4096];
@@ -192,11 +285,18 @@ static void unpack(void)
         if (magic[i] != want[i])
             fail("not a workspace archive", 0);
     long old = sys3(SYS_umask, 0, 0, 0);
-    for (;;) {
-        char kind;
+    char kind;
+    get(&kind, 1);
+    if (kind == 'r') {
+        bind_resolv_conf(le(2));
         get(&kind, 1);
+    }
+    keep_only_id_caps();
+    for (;; get(&kind, 1)) {
         if (kind == 0)
             break;
+        if (kind == 'r')
+            fail("resolv.conf is not the workspace archive's first entry", 0);
         long n = (long)le(2);
         if (n >= (long)sizeof path)
             fail("a path in the workspace archive is too long", 0);
@@ -210,24 +310,7 @@ static void unpack(void)
                 fail("making a directory of the workspace", -r);
         } else if (kind == 'f') {
             unsigned long size = le(8);
-            long fd = sys3(SYS_open, (long)path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-            if (fd < 0)
-                fail("making a file of the workspace", -fd);
-            while (size > 0) {
-                if (!fill())
-                    fail("the workspace archive ends early", 0);
-                long k = have - at;
-                if ((unsigned long)k > size)
-                    k = (long)size;
-                long w = sys3(SYS_write, fd, (long)(buf + at), k);
-                if (w == -EINTR)
-                    continue;
-                if (w <= 0)
-                    fail("writing a file of the workspace", w < 0 ? -w : 0);
-                at += w;
-                size -= (unsigned long)w;
-            }
-            sys3(SYS_close, fd, 0, 0);
+            write_file(path, size);
         } else {
             fail("an unknown entry in the workspace archive", 0);
         }

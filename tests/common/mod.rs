@@ -813,3 +813,65 @@ pub fn read_head(s: &mut TcpStream) -> String {
     }
     String::from_utf8(head).unwrap()
 }
+
+/// The first word of the command line of each host process whose command line names
+/// `bundle` (runsc's front, sandbox and gofer processes name their bundle).
+pub fn processes_naming(bundle: &std::path::Path) -> Vec<String> {
+    let b = bundle.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            cmd.contains(b.as_str())
+                .then(|| cmd.split(' ').next().unwrap_or("").to_string())
+        })
+        .collect()
+}
+
+/// Runs `body` (a program that sleeps a little while) on `d`, which runs nothing else,
+/// and looks at its sandbox while it runs: (the result, its `config.json`, the first
+/// word of each host process's command line that names its bundle).
+pub fn watched_run(
+    d: &Daemon,
+    body: &serde_json::Value,
+) -> (serde_json::Value, serde_json::Value, Vec<String>) {
+    let runs = d.data_dir.join("runs");
+    std::thread::scope(|sc| {
+        let sleeper = sc.spawn(|| d.post_json("/execute", body));
+        let t = Instant::now();
+        // The run's bundle (`…-r…`), and its processes once its sandbox runs.
+        let (config, procs) = loop {
+            let bundle = std::fs::read_dir(&runs)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .find(|b| {
+                    b.file_name().is_some_and(|n| {
+                        n.to_string_lossy()
+                            .rsplit('-')
+                            .next()
+                            .is_some_and(|k| k.starts_with('r'))
+                    })
+                });
+            let procs = bundle.as_deref().map_or_else(Vec::new, processes_naming);
+            if let Some(b) = bundle.filter(|_| procs.iter().any(|p| p == "runsc-sandbox")) {
+                let config: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+                if config["annotations"].is_object() {
+                    assert_eq!(
+                        std::fs::read_dir(b.join("root")).unwrap().count(),
+                        0,
+                        "an image run's root path stays empty"
+                    );
+                }
+                break (config, procs);
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "{}", d.log());
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        (sleeper.join().unwrap().json(), config, procs)
+    })
+}
