@@ -672,6 +672,7 @@ st = dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines
 print('STATUS ' + json.dumps({k: st[k] for k in ('Uid', 'Gid', 'CapInh', 'CapPrm', 'CapEff', 'CapBnd')}))
 print('RESOLV ' + json.dumps(open('/etc/resolv.conf').read()))
 print('LS ' + json.dumps(sorted(os.listdir('.'))) + ' ' + open('data/in.txt').read())
+print('MOUNT ' + ' '.join(l.split()[5] for l in open('/proc/self/mountinfo') if l.split()[4] == '/etc/resolv.conf'))
 def tried(f):
     try:
         f(); return 'ok'
@@ -691,8 +692,16 @@ time.sleep(1)
     );
     let body = json!({"language": "python", "code": code,
         "files": [{"name": "data/in.txt", "content": "in"}]});
-    let (r, config, procs) = common::watched_run(&d, &body);
+    let common::Watched {
+        result: r,
+        config,
+        procs,
+        host_procs,
+    } = common::watched_run(&d, &body);
     assert!(!procs.iter().any(|p| p.contains("gofer")), "{procs:?}");
+    // The loader's CAP_SYS_ADMIN is gVisor's alone: on the host the sandbox process
+    // and its stubs are nobody with no capability (runsc without directfs).
+    common::assert_no_host_privilege(&host_procs);
     assert!(
         config["annotations"]["dev.gvisor.spec.rootfs.source"]
             .as_str()
@@ -728,7 +737,8 @@ time.sleep(1)
             .any(|n| n["type"] == "network" && n["path"].is_string()),
         "the run's own namespace: {config}"
     );
-    // Only the loader holds CAP_SYS_ADMIN (for the bind), and only before the files.
+    // Inside gVisor only the loader holds CAP_SYS_ADMIN (for the bind), given up
+    // before the files.
     assert_eq!(
         config["process"]["capabilities"]["bounding"],
         json!(["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_ADMIN"]),
@@ -767,6 +777,12 @@ time.sleep(1)
         "{r}"
     );
     assert_eq!(line("LS "), r#"["data", "main.py"] in"#, "{r}");
+    // Mounted read-only (gVisor shows ro and noexec of the flags asked for).
+    let opts = line("MOUNT ");
+    assert!(
+        opts.split(',').any(|o| o == "ro") && opts.split(',').any(|o| o == "noexec"),
+        "{r}"
+    );
     assert_eq!(line("TRIED "), "refused refused refused refused ok", "{r}");
     let res = result_of(&r);
     assert!(

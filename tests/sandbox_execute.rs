@@ -1306,8 +1306,16 @@ time.sleep(2)
 "#;
     let body = json!({"language": PY, "network": false, "code": code, "stdin": "from stdin",
         "files": [{"name": "data/in.txt", "content": "in"}]});
-    let (r, config, procs) = watched_run(&d, &body);
+    let common::Watched {
+        result: r,
+        config,
+        procs,
+        host_procs,
+    } = watched_run(&d, &body);
     assert!(!procs.iter().any(|p| p.contains("gofer")), "{procs:?}");
+    // On the host, the sandbox process and its stubs are nobody with no capability
+    // (runsc without directfs): the loader's capabilities are gVisor's alone.
+    common::assert_no_host_privilege(&host_procs);
     let image = config["annotations"]["dev.gvisor.spec.rootfs.source"]
         .as_str()
         .unwrap_or_default();
@@ -1380,7 +1388,7 @@ refused refused refused refused refused refused refused ok\n\
     let d = Daemon::start_with(&[("ISOBOX_WARM_POOL", "python-slim=1")]);
     let runs = d.data_dir.join("runs");
     let t = Instant::now();
-    let (config, procs) = loop {
+    let (bundle, config, procs) = loop {
         let pooled = std::fs::read_dir(&runs)
             .into_iter()
             .flatten()
@@ -1392,7 +1400,7 @@ refused refused refused refused refused refused refused ok\n\
                 serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
             let procs = processes_naming(&b);
             if procs.iter().any(|p| p == "runsc-sandbox") {
-                break (config, procs);
+                break (b, config, procs);
             }
         }
         assert!(t.elapsed() < Duration::from_secs(30), "{}", d.log());
@@ -1422,6 +1430,9 @@ refused refused refused refused refused refused refused ok\n\
         assert!(t.elapsed() < Duration::from_secs(60), "{}", d.log());
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Its harness waits: on the host, nobody with no capability (runsc without
+    // directfs), as a cold run on an image.
+    common::assert_no_host_privilege(&common::sandbox_host_processes(&bundle));
     let r = d.execute(json!({"language": PY, "network": false,
         "code": "import os; print(sorted(os.listdir('.')), open('data/in.txt').read(), os.getuid())",
         "files": [{"name": "data/in.txt", "content": "in"}]}));

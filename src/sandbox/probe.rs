@@ -166,11 +166,11 @@ pub const PROBE_RESOLV_CONF: &[u8] = b"# isobox-probe-resolv\n";
 
 /// The probe of a runtime's root image (`sandbox::image`) before any run may use it:
 /// `spawn` starts the probe's plan with the given argv on the image (as `id`), with
-/// [`PROBE_RESOLV_CONF`] for its loader to bind as a networked run's resolvers. The
-/// sandbox must print the probe's file back, then that `/etc/resolv.conf`, then its own
-/// `/proc/self/status` as the sandbox user with no capability in any set (what
-/// `isobox-start --unpack` drops to), with nothing on stderr but the start frame, and
-/// exit 0.
+/// `resolv_conf` ([`PROBE_RESOLV_CONF`], unless the tree has no file to bind it over)
+/// for its loader to bind as a networked run's resolvers. The sandbox must print the
+/// probe's file back, then that `/etc/resolv.conf`, then its own `/proc/self/status`
+/// as the sandbox user with no capability in any set (what `isobox-start --unpack`
+/// drops to), with nothing on stderr but the start frame, and exit 0.
 ///
 /// # Errors
 /// A sentence saying what failed.
@@ -178,15 +178,15 @@ pub fn probe_image(
     b: &dyn Backend,
     id: &str,
     rt: crate::runtimes::Runtime,
+    resolv_conf: Option<&[u8]>,
     spawn: impl FnOnce(&str, &ExecPlan, Vec<String>) -> Result<Spawned, super::SandboxError>,
 ) -> Result<(), String> {
     let plan = probe_plan(rt);
-    let argv = vec![
-        "/bin/cat".into(),
-        "probe.txt".into(),
-        "/etc/resolv.conf".into(),
-        "/proc/self/status".into(),
-    ];
+    let mut argv = vec!["/bin/cat".into(), "probe.txt".into()];
+    if resolv_conf.is_some() {
+        argv.push("/etc/resolv.conf".into());
+    }
+    argv.push("/proc/self/status".into());
     let s = spawn(id, &plan, argv).map_err(|e| e.to_string())?;
     let r = finish(b, id, s);
     let out = String::from_utf8_lossy(&r.out);
@@ -202,7 +202,7 @@ pub fn probe_image(
     let ok = r.exit_code == 0
         && out
             .strip_prefix("isobox-probe-ok\n")
-            .is_some_and(|o| o.as_bytes().starts_with(PROBE_RESOLV_CONF))
+            .is_some_and(|o| o.as_bytes().starts_with(resolv_conf.unwrap_or_default()))
         && want.iter().all(|w| out.contains(w.as_str()))
         && r.err == super::start::FRAME;
     if ok {

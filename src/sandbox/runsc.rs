@@ -75,6 +75,15 @@ impl Gvisor {
             // it.
             cmd.arg("--overlay2=root:memory");
         }
+        // A sandbox on an image reads no host file but through the descriptors runsc
+        // hands it: without directfs its host process runs as nobody in a user
+        // namespace of its own, with no capability left after its set-up, instead of
+        // as root of the host's with the file capabilities directfs needs and the
+        // spec's own (an image run's loader's, which are meant for inside gVisor only).
+        // The same CPU per run (`bench/README.md`).
+        if matches!(root, RootKind::Image | RootKind::Loader(..)) {
+            cmd.arg("--directfs=false");
+        }
         // gVisor's netstack on the run's namespace (raw sockets stay off, the default),
         // or no network at all.
         cmd.arg(if net.is_some() {
@@ -257,18 +266,16 @@ impl Gvisor {
     /// sandbox, no bind, a read-only root, a program named by an absolute path. The first
     /// such sandbox of a tree starts its image's build, on a thread of its own, and
     /// uses the tree meanwhile.
-    fn image_for(&self, plan: &ExecPlan, argv: &[String]) -> Option<PathBuf> {
+    fn image_for(&self, plan: &ExecPlan, argv: &[String], networked: bool) -> Option<PathBuf> {
         let images = self.images.as_ref()?;
         self.start_exec.as_ref()?;
-        let networked =
-            plan.network_requested && self.egress.as_ref().is_some_and(|e| e.verified());
         let pooled = !plan.signal_start && plan.files.is_empty();
         let eligible = (plan.signal_start || pooled)
             && plan.workspace.is_none()
             && plan.preload.is_none()
             && plan.long_lived.is_none()
             && plan.ro_binds.is_empty()
-            && (plan.signal_start || !networked)
+            && (!networked || plan.signal_start && resolv_conf_bindable(&plan.runtime.rootfs_path))
             && !bundle::writable_root(plan)
             && argv.first().is_some_and(|p| p.starts_with('/'));
         if !eligible {
@@ -302,9 +309,17 @@ impl Gvisor {
                         // The probe sandbox is no run: /metrics counts runs' steps.
                         super::steps::uncounted_on_this_thread();
                         images.build(ticket, |img| {
-                            super::probe::probe_image(&g, &name, rt, |id, plan, argv| {
-                                let resolv = Some(super::probe::PROBE_RESOLV_CONF);
-                                g.run_on(id, plan, argv, &[], Stdin::Pipe, Some(img), resolv)
+                            // A networked run's resolvers are bound as the probe's are, where
+                            // the tree has a file for them.
+                            let resolv = resolv_conf_bindable(&rt.rootfs_path)
+                                .then_some(super::probe::PROBE_RESOLV_CONF);
+                            super::probe::probe_image(&g, &name, rt, resolv, |id, plan, argv| {
+                                let on = On {
+                                    image: Some(img),
+                                    networked: false,
+                                    probe_resolv_conf: resolv,
+                                };
+                                g.run_on(id, plan, argv, &[], Stdin::Pipe, on)
                             })
                         });
                     });
@@ -346,6 +361,11 @@ impl Gvisor {
         Ok((exec, archive))
     }
 
+    /// Whether `plan`'s run gets a network now: it asks for one and egress is verified.
+    fn networked(&self, plan: &ExecPlan) -> bool {
+        plan.network_requested && self.egress.as_ref().is_some_and(|e| e.verified())
+    }
+
     /// On v1, runsc also creates the run's cgroup in hierarchies we do not manage
     /// (blkio, cpuset, devices, freezer, ...); remove those copies too.
     fn remove_v1_strays(&self, id: &str) {
@@ -363,10 +383,7 @@ impl Gvisor {
         }
     }
 
-    /// [`Backend::run`] with the root `image` decided (`image_for`), or none;
-    /// `probe_resolv_conf`: the resolvers an offline image run's loader binds all the
-    /// same (an image's probe: a networked run's come from its lease).
-    #[allow(clippy::too_many_arguments)]
+    /// [`Backend::run`] on what `on` says.
     fn run_on(
         &self,
         id: &str,
@@ -374,9 +391,13 @@ impl Gvisor {
         argv: Vec<String>,
         env: &[String],
         stdin: Stdin,
-        image: Option<&Path>,
-        probe_resolv_conf: Option<&[u8]>,
+        on: On<'_>,
     ) -> Result<Spawned, SandboxError> {
+        let On {
+            image,
+            networked,
+            probe_resolv_conf,
+        } = on;
         let hier = self
             .cgroups
             .as_ref()
@@ -458,7 +479,7 @@ impl Gvisor {
         };
         // Network only while egress is verified; otherwise the run goes offline and
         // its result says so.
-        let net = match (&self.egress, plan.network_requested) {
+        let net = match (&self.egress, networked) {
             (Some(e), true) if e.verified() => {
                 match STEPS.time(Step::Network, || e.lease(id, plan.allowlist.clone())) {
                     Ok(l) => Some(l),
@@ -545,6 +566,29 @@ impl Gvisor {
     }
 }
 
+/// What a sandbox is started on ([`Gvisor::run_on`]).
+#[derive(Clone, Copy)]
+struct On<'a> {
+    /// The runtime's root image, decided ([`Gvisor::image_for`]); `None`: its tree.
+    image: Option<&'a Path>,
+    /// Whether the run gets a network: asked for while egress was verified, read once
+    /// for both the image's choice and the lease (which checks again: no network on a
+    /// firewall not verified), so a pooled sandbox on an image never gets a lease.
+    networked: bool,
+    /// The resolvers an offline image run's loader binds all the same: an image's
+    /// probe's (a networked run's come from its lease).
+    probe_resolv_conf: Option<&'a [u8]>,
+}
+
+/// Whether `tree`'s `/etc/resolv.conf` is a regular file, which an image run's loader
+/// can bind the run's resolvers over (as `bundle::mount_points_in` wants for the bind
+/// on the tree).
+fn resolv_conf_bindable(tree: &Path) -> bool {
+    tree.join("etc/resolv.conf")
+        .symlink_metadata()
+        .is_ok_and(|m| m.is_file())
+}
+
 /// How runsc is to give a sandbox its root.
 enum RootKind {
     /// Read-only (the tree, or an overlay of it).
@@ -571,8 +615,14 @@ impl Backend for Gvisor {
         env: &[String],
         stdin: Stdin,
     ) -> Result<Spawned, SandboxError> {
-        let image = self.image_for(plan, &argv);
-        self.run_on(id, plan, argv, env, stdin, image.as_deref(), None)
+        let networked = self.networked(plan);
+        let image = self.image_for(plan, &argv, networked);
+        let on = On {
+            image: image.as_deref(),
+            networked,
+            probe_resolv_conf: None,
+        };
+        self.run_on(id, plan, argv, env, stdin, on)
     }
 
     fn run_on_tree(
@@ -583,7 +633,12 @@ impl Backend for Gvisor {
         env: &[String],
         stdin: Stdin,
     ) -> Result<Spawned, SandboxError> {
-        self.run_on(id, plan, argv, env, stdin, None, None)
+        let on = On {
+            image: None,
+            networked: self.networked(plan),
+            probe_resolv_conf: None,
+        };
+        self.run_on(id, plan, argv, env, stdin, on)
     }
 
     fn give_up_start_hook(&self) {

@@ -830,19 +830,116 @@ pub fn processes_naming(bundle: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// A host process of a sandbox ([`sandbox_host_processes`]).
+#[derive(Debug, Clone)]
+pub struct HostProc {
+    pub pid: u32,
+    /// Its command line, NULs as spaces (empty for a platform stub).
+    pub cmd: String,
+    /// Its `Uid:` and `CapEff:` lines of `/proc/PID/status`.
+    pub uid: String,
+    pub cap_eff: String,
+    /// Its user namespace (`/proc/PID/ns/user`).
+    pub userns: String,
+}
+
+/// Each `runsc-sandbox` process whose command line names `bundle`, and every process
+/// under it: runsc's helpers and the platform's stubs, which run the sandbox's code.
+pub fn sandbox_host_processes(bundle: &std::path::Path) -> Vec<HostProc> {
+    let b = bundle.to_string_lossy().into_owned();
+    let procs: Vec<(u32, u32, String)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            Some((pid, ppid, String::from_utf8_lossy(&cmd).replace('\0', " ")))
+        })
+        .collect();
+    let mut tree: Vec<&(u32, u32, String)> = procs
+        .iter()
+        .filter(|(_, _, c)| c.starts_with("runsc-sandbox ") && c.contains(b.as_str()))
+        .collect();
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i].0;
+        tree.extend(procs.iter().filter(|(_, pp, _)| *pp == parent));
+        i += 1;
+    }
+    tree.into_iter()
+        .filter_map(|(pid, _, cmd)| {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let line = |k: &str| {
+                st.lines()
+                    .find(|l| l.starts_with(k))
+                    .unwrap_or("")
+                    .to_string()
+            };
+            Some(HostProc {
+                pid: *pid,
+                cmd: cmd.trim_end().to_string(),
+                uid: line("Uid:"),
+                cap_eff: line("CapEff:"),
+                userns: std::fs::read_link(format!("/proc/{pid}/ns/user"))
+                    .map(|l| l.display().to_string())
+                    .unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// Asserts a running sandbox's host processes ([`sandbox_host_processes`], taken once
+/// its program runs: the sandbox process and at least one stub) are all nobody, with
+/// no capability, in a user namespace that is not the host's.
+pub fn assert_no_host_privilege(procs: &[HostProc]) {
+    let host_userns = std::fs::read_link("/proc/self/ns/user").unwrap();
+    assert!(
+        procs.iter().any(|p| p.cmd.starts_with("runsc-sandbox "))
+            && procs.iter().any(|p| p.cmd.is_empty()),
+        "the sandbox process and its stubs: {procs:#?}"
+    );
+    for p in procs {
+        assert_eq!(
+            (p.uid.as_str(), p.cap_eff.as_str()),
+            (
+                "Uid:\t65534\t65534\t65534\t65534",
+                "CapEff:\t0000000000000000"
+            ),
+            "{procs:#?}"
+        );
+        assert_ne!(p.userns, host_userns.display().to_string(), "{procs:#?}");
+    }
+}
+
+/// What [`watched_run`] saw of a run.
+pub struct Watched {
+    /// The response.
+    pub result: serde_json::Value,
+    /// Its `config.json`.
+    pub config: serde_json::Value,
+    /// The first word of each host process's command line that names its bundle.
+    pub procs: Vec<String>,
+    /// [`sandbox_host_processes`] of its bundle once its program runs.
+    pub host_procs: Vec<HostProc>,
+}
+
 /// Runs `body` (a program that sleeps a little while) on `d`, which runs nothing else,
-/// and looks at its sandbox while it runs: (the result, its `config.json`, the first
-/// word of each host process's command line that names its bundle).
-pub fn watched_run(
-    d: &Daemon,
-    body: &serde_json::Value,
-) -> (serde_json::Value, serde_json::Value, Vec<String>) {
+/// and looks at its sandbox while it runs.
+pub fn watched_run(d: &Daemon, body: &serde_json::Value) -> Watched {
     let runs = d.data_dir.join("runs");
     std::thread::scope(|sc| {
         let sleeper = sc.spawn(|| d.post_json("/execute", body));
         let t = Instant::now();
         // The run's bundle (`…-r…`), and its processes once its sandbox runs.
-        let (config, procs) = loop {
+        let (config, procs, host_procs) = loop {
             let bundle = std::fs::read_dir(&runs)
                 .into_iter()
                 .flatten()
@@ -867,11 +964,27 @@ pub fn watched_run(
                         "an image run's root path stays empty"
                     );
                 }
-                break (config, procs);
+                // Its host processes once its program runs: a platform stub is there
+                // and runsc's set-up helper (`/proc/self/exe umount`) gone.
+                let host = loop {
+                    let h = sandbox_host_processes(&b);
+                    let running = h.iter().any(|p| p.cmd.is_empty())
+                        && !h.iter().any(|p| p.cmd.contains(" umount "));
+                    if running || t.elapsed() > Duration::from_secs(20) {
+                        break h;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                };
+                break (config, procs, host);
             }
             assert!(t.elapsed() < Duration::from_secs(20), "{}", d.log());
             std::thread::sleep(Duration::from_millis(20));
         };
-        (sleeper.join().unwrap().json(), config, procs)
+        Watched {
+            result: sleeper.join().unwrap().json(),
+            config,
+            procs,
+            host_procs,
+        }
     })
 }
