@@ -537,8 +537,10 @@ pub fn claim(
         pids: host_pids_for(plan.limits.pids),
         cpu_weight: None,
     };
-    let frame = if plan.runtime.desc.compiled {
-        build_claim(&plan.files, argv)
+    // Binary for the harnesses that have no JSON at hand: perl-base has none, and
+    // Python's json (with base64) would cost a sixth of the pooled sandbox's boot.
+    let frame = if matches!(kind(&plan.runtime.desc), Some(Kind::Build | Kind::Python)) {
+        binary_claim(&plan.files, argv)
     } else {
         let b64 = base64::engine::general_purpose::STANDARD;
         let files: Vec<(&str, String)> = plan
@@ -612,9 +614,10 @@ pub fn discard(b: &dyn Backend, s: Spawned) {
     drop(net);
 }
 
-/// The compiled runtimes' claim (`runtimes/warm/build.pl`): the files, then the argv,
-/// each a 4-byte big-endian count, each item a 4-byte length and its bytes.
-fn build_claim(files: &[(String, Vec<u8>)], argv: &[String]) -> std::io::Result<Vec<u8>> {
+/// The claim of the compiled runtimes (`runtimes/warm/build.pl`) and Python
+/// (`runtimes/warm/python.py`): the files, then the argv, each a 4-byte big-endian count,
+/// each item a 4-byte length and its bytes.
+fn binary_claim(files: &[(String, Vec<u8>)], argv: &[String]) -> std::io::Result<Vec<u8>> {
     fn len(n: usize) -> std::io::Result<[u8; 4]> {
         u32::try_from(n)
             .map(u32::to_be_bytes)
@@ -683,8 +686,26 @@ pub type Handoff = Arc<Mutex<Option<Box<Spawned>>>>;
 
 #[cfg(test)]
 mod tests {
-    use super::{exit_frame, read_frame, ExitFrame, WarmError};
+    use super::{binary_claim, exit_frame, read_frame, ExitFrame, WarmError};
     use std::io::Write;
+
+    #[test]
+    fn test_binary_claim_lays_out_counts_then_length_prefixed_items() {
+        let files = [
+            ("main.py".to_string(), b"print(1)".to_vec()),
+            ("d/\u{e9}".to_string(), Vec::new()),
+        ];
+        let argv = ["main.py".to_string(), "-x".to_string()];
+        let mut want = vec![0, 0, 0, 2];
+        for item in [&b"main.py"[..], b"print(1)", "d/\u{e9}".as_bytes(), b""] {
+            want.extend_from_slice(&u32::try_from(item.len()).unwrap().to_be_bytes());
+            want.extend_from_slice(item);
+        }
+        want.extend_from_slice(&[0, 0, 0, 2, 0, 0, 0, 7]);
+        want.extend_from_slice(b"main.py\0\0\0\x02-x");
+        assert_eq!(binary_claim(&files, &argv).unwrap(), want);
+        assert_eq!(binary_claim(&[], &[]).unwrap(), [0; 8]);
+    }
 
     #[test]
     fn test_warm_errors_name_the_sandbox_and_the_step() {
