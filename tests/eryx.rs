@@ -482,8 +482,9 @@ fn test_the_worker_is_jailed_and_a_killed_worker_fails_only_its_runs() {
                 .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>().join(" "))
                 .unwrap_or_default()
         };
-        assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
-        assert_eq!(field("Gid:"), "65534 65534 65534 65534", "{status}");
+        // Its own uid, not nobody's (gVisor's processes on a root image run as nobody).
+        assert_eq!(field("Uid:"), "65532 65532 65532 65532", "{status}");
+        assert_eq!(field("Gid:"), "65532 65532 65532 65532", "{status}");
         assert_eq!(field("Groups:"), "", "{status}");
         assert_eq!(field("NoNewPrivs:"), "1", "{status}");
         assert_eq!(field("CapEff:"), "0000000000000000", "{status}");

@@ -16,10 +16,16 @@ pub mod seccomp;
 /// also owns every workspace and volume the programs write.
 pub const NOBODY: u32 = 65534;
 
-/// The uid and gid of eryx environment builds (`wasm::build`): not [`NOBODY`], so a
-/// WebAssembly worker (which runs as nobody) can never write into a build going on.
-/// Debian reserves 65000–65533 and allocates none of them to users or packages.
+/// The uid and gid of eryx environment builds (`wasm::build`): not [`WASM_WORKER`]'s,
+/// so a WebAssembly worker can never write into a build going on. Debian reserves
+/// 65000–65533 and allocates none of them to users or packages.
 pub const BUILDER: u32 = 65533;
+
+/// The uid and gid of the WebAssembly workers (`wasm`), which run untrusted guest code
+/// on the host: not [`NOBODY`], whose host processes are gVisor's own on a root image
+/// (runsc without directfs runs its sandbox process and stubs as nobody), so a worker
+/// can reach none of their `/proc` (a sandbox's memory and descriptors), nor they its.
+pub const WASM_WORKER: u32 = 65532;
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};

@@ -597,7 +597,7 @@ impl Supervisor {
             // The guest's raw fd 1 and 2 are the worker's: never the daemon's log.
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let (child, ours) = match spawn_jailed(cmd, cgroup.as_ref(), crate::sys::NOBODY) {
+        let (child, ours) = match spawn_jailed(cmd, cgroup.as_ref(), crate::sys::WASM_WORKER) {
             Ok(spawned) => spawned,
             Err(e) => {
                 if let Some(cg) = cgroup {
