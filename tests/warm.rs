@@ -163,6 +163,16 @@ fn test_warm_and_cold_give_the_same_result() {
             "a suspended generator and a coroutine never awaited",
             json!({"language": "python-slim", "code": "import time\ndef g():\n    try:\n        yield 1\n    finally:\n        time.sleep(0.3)\n        print('gen closed')\nx = g()\nnext(x)\nasync def c():\n    pass\ny = c()\nprint('main done')", "network": false}),
         ),
+        // What the harness imported for itself is gone from sys.modules before the
+        // program runs: it finds what a cold interpreter has.
+        (
+            "the modules a program finds imported",
+            json!({"language": "python-slim", "code": "import sys\nprint(sorted(sys.modules))", "network": false}),
+        ),
+        (
+            "non-ASCII names and arguments, an empty argument, binary and empty files",
+            json!({"language": "python-slim", "code": "import os, sys\nprint(sys.argv[1:], sorted(os.listdir('d\u{e9}')), open('d\u{e9}/b\u{fc}.bin', 'rb').read(), open('empty.txt').read() == '')", "files": [{"name": "d\u{e9}/b\u{fc}.bin", "content": "AP8K", "encoding": "base64"}, {"name": "empty.txt", "content": ""}], "args": ["\u{fc}n\u{ef}", "", "\u{1f600}"], "network": false}),
+        ),
         (
             "a file object left open",
             json!({"language": "python-slim", "code": "f = open(1, 'w', closefd=False)\nf.write('buffered\\n')\nl = [f]\nl.append(l)\nprint('first')", "network": false}),

@@ -32,13 +32,21 @@
 # and isoboxd waits for the exit as on a cold run. A program that forges the frame only
 # ends its own run early.
 # The sandbox serves exactly this one execution and is destroyed after it.
-import atexit
-import fcntl
-import gc
-import io
-import os
 import sys
-import types
+
+# What a cold interpreter has imported when the program starts: whatever the harness
+# adds (its own imports; linecache, which Python 3.13 imports before a `-c` command
+# runs and not before a script) is taken out of sys.modules before the program runs,
+# so a program finds what it would find cold (the harness keeps its own references; a
+# program that imports one of them gets it anew, as cold).
+_cold_modules = set(sys.modules) - {"linecache"}
+
+import atexit  # noqa: E402
+import fcntl  # noqa: E402
+import gc  # noqa: E402
+import io  # noqa: E402
+import os  # noqa: E402
+import types  # noqa: E402
 
 
 def _read_exact(n):
@@ -196,6 +204,8 @@ sys.modules["__main__"] = _main
 with open(_path, "rb") as _f:
     _source = _f.read()
 del _claim, _read_exact, _f
+for _m in set(sys.modules) - _cold_modules:
+    del sys.modules[_m]
 try:
     exec(compile(_source, _path, "exec"), _main.__dict__)
     _status = 0
