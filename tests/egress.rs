@@ -1453,6 +1453,90 @@ fn test_warm_pool_networked_sandboxes_are_filtered_and_never_stale() {
     ]);
     wait_egress(&d, "verified", Duration::from_secs(30));
     wait_pools(&d, &["python-slim", "python-slim+net"]);
+    // Once the tree's image is ready, the networked pooled sandbox boots on it with no
+    // gofer: isobox-start binds its resolvers, then execs the harness as the user,
+    // with no frame (`--boot`); on the host, nobody with no capability.
+    let t = Instant::now();
+    while d.get("/healthz").json()["rootImages"]["trees"]["python-slim"]["state"] != "ready" {
+        assert!(t.elapsed() < Duration::from_secs(240), "{}", d.log());
+        d.execute(json!({"language": "python-slim", "network": false, "code": "print(1)"}));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let pooled_net = || {
+        std::fs::read_dir(d.data_dir.join("runs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|b| b.to_string_lossy().contains("-w"))
+            .filter_map(|b| {
+                let c: Value =
+                    serde_json::from_slice(&std::fs::read(b.join("config.json")).ok()?).ok()?;
+                let networked = c["linux"]["namespaces"]
+                    .as_array()?
+                    .iter()
+                    .any(|n| n["type"] == "network" && n["path"].is_string());
+                (networked && c["annotations"].is_object()).then_some((b, c))
+            })
+            .next()
+    };
+    // The sandboxes booted before the image was ready use the tree; take them until
+    // one on the image is ready.
+    let (bundle, config) = loop {
+        wait_pools(&d, &["python-slim+net"]);
+        if let Some(found) = pooled_net() {
+            break found;
+        }
+        assert!(t.elapsed() < Duration::from_secs(240), "{}", d.log());
+        d.execute(json!({"language": "python-slim", "network": true, "code": "print(1)"}));
+    };
+    assert_eq!(
+        config["process"]["args"].as_array().unwrap()[..3],
+        ["/opt/isobox/start", "--boot", "65534"],
+        "{config}"
+    );
+    assert!(
+        config["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["type"] != "bind"),
+        "{config}"
+    );
+    let procs = common::processes_naming(&bundle);
+    assert!(
+        procs.iter().any(|p| p == "runsc-sandbox") && !procs.iter().any(|p| p.contains("gofer")),
+        "{procs:?}"
+    );
+    common::assert_no_host_privilege(&common::sandbox_host_processes(&bundle));
+    // A networked request served from it: the daemon's resolvers, a public host by
+    // name, nothing of the loader on stderr.
+    let h = warm_pool(&d)["hits"].as_u64().unwrap();
+    let r = d.execute(json!({"language": "python-slim", "network": true,
+        "code": "import json, urllib.request\nprint(json.dumps(open('/etc/resolv.conf').read()))\nprint(urllib.request.urlopen('http://public.test/', timeout=3).read().decode().strip())"}));
+    assert_eq!(warm_pool(&d)["hits"].as_u64().unwrap(), h + 1, "{r}");
+    let resolv = std::fs::read_to_string(d.data_dir.join("net/resolv.conf")).unwrap();
+    assert_eq!(
+        (
+            r["run"]["stdout"].as_str(),
+            r["run"]["stderr"].as_str(),
+            r["run"]["network"].as_bool()
+        ),
+        (
+            Some(
+                format!(
+                    "{}\n{}\n",
+                    serde_json::to_string(&resolv).unwrap(),
+                    PUBLIC_BODY.trim()
+                )
+                .as_str()
+            ),
+            Some(""),
+            Some(true)
+        ),
+        "{r}"
+    );
+    wait_pools(&d, &["python-slim", "python-slim+net"]);
     let fetch = json!({"language": "python-slim", "code": "import urllib.request\ntry:\n    print('GOT', urllib.request.urlopen('http://198.51.100.7/', timeout=3).read().decode().strip())\nexcept Exception as e:\n    print('ERR', type(e).__name__)"});
     let with_net = |net: bool| {
         let mut b = fetch.clone();

@@ -260,10 +260,12 @@ impl Gvisor {
 
     /// The root image a sandbox of `plan` (program `argv`) may have (`image`): a cold
     /// one-off interpreted run (its start heard; its files, and a networked run's
-    /// resolvers, come through isobox-start), or an offline pooled sandbox booted before
-    /// its program (no files: its harness writes them into gVisor's tmpfs), whose every
-    /// mount would be gVisor's own: no session workspace, no preload, no long-lived
-    /// sandbox, no bind, a read-only root, a program named by an absolute path. The first
+    /// resolvers, come through isobox-start), or a pooled sandbox booted before its
+    /// program (no files: its harness writes them into gVisor's tmpfs; a networked
+    /// one's resolvers come through isobox-start), whose every mount would be gVisor's
+    /// own: no session workspace, no preload, no long-lived sandbox, no bind, a
+    /// read-only root, a program named by an absolute path; a networked one only where
+    /// the tree has a resolv.conf file to bind the run's over. The first
     /// such sandbox of a tree starts its image's build, on a thread of its own, and
     /// uses the tree meanwhile.
     fn image_for(&self, plan: &ExecPlan, argv: &[String], networked: bool) -> Option<PathBuf> {
@@ -275,7 +277,7 @@ impl Gvisor {
             && plan.preload.is_none()
             && plan.long_lived.is_none()
             && plan.ro_binds.is_empty()
-            && (!networked || plan.signal_start && resolv_conf_bindable(&plan.runtime.rootfs_path))
+            && (!networked || resolv_conf_bindable(&plan.runtime.rootfs_path))
             && !bundle::writable_root(plan)
             && argv.first().is_some_and(|p| p.starts_with('/'));
         if !eligible {
@@ -413,9 +415,10 @@ impl Gvisor {
         // them is on the host but the archive in memory.
         let workspace_bytes = (image.is_none() && bundle::files_are_workspace(plan))
             .then_some(plan.limits.memory_bytes);
-        // A cold run on an image gets its files through isobox-start; a pooled sandbox
-        // on one has none yet (its harness writes them).
-        let loader = image.is_some() && plan.signal_start;
+        // A cold run on an image gets its files through isobox-start, and so does a
+        // networked pooled sandbox its resolvers; an offline pooled sandbox on one has
+        // nothing to get (its harness writes the files) and starts as the user.
+        let loader = image.is_some() && (plan.signal_start || networked);
         let host_files = if loader { &[][..] } else { files };
         // How the program's start is heard (`start.rs`): the hook, when there is one,
         // signals the FIFO made here; else the frame program goes before its argv (an
@@ -427,9 +430,15 @@ impl Gvisor {
         };
         let framed = plan.signal_start && hook.is_none();
         let argv = if loader {
+            // A pooled sandbox's harness says itself when it is ready: no frame.
+            let mode = if plan.signal_start {
+                "--unpack"
+            } else {
+                "--boot"
+            };
             let mut v = vec![
                 super::start::PATH.to_string(),
-                "--unpack".to_string(),
+                mode.to_string(),
                 bundle::SANDBOX_UID.to_string(),
             ];
             v.extend(argv);

@@ -39,6 +39,10 @@
  * as on a run that starts as it). Any failure before the frame says why on stderr and
  * exits 126: to isoboxd the sandbox never started.
  *
+ * `isobox-start --boot UID PROGRAM ARGS...` is the same for a networked pooled sandbox
+ * on an image, whose harness (PROGRAM) says itself when it is ready: everything as
+ * above (its archive holds the resolvers and no file), but no frame.
+ *
  * When the exec fails it says so on stderr (after the frame, so as the program's own
  * output, as the shell's "not found" was) and exits 127, as the shell did.
  *
@@ -364,13 +368,16 @@ static void drop_to(long id)
 
 /* The program to exec, and how (`exec_program`). */
 static char **prog_argv, **prog_envp;
+/* Whether the frame goes before it (not for `--boot`). */
+static int framed = 1;
 
 /* Writes the frame and execs `prog_argv`; on failure says so (after the frame, as the
  * program's own output, as the shell's "not found" was) and ends the whole process
  * with 127, as the shell did. */
 __attribute__((noreturn, used)) static void exec_program(void)
 {
-    put(frame, sizeof frame - 1);
+    if (framed)
+        put(frame, sizeof frame - 1);
     if (prog_argv[0]) {
         long e = -sys3(SYS_execve, (long)prog_argv[0], (long)prog_argv, (long)prog_envp);
         /* "isobox-start: exec PROGRAM: errno N" */
@@ -419,11 +426,18 @@ __attribute__((noreturn, used)) void program_main(long *sp)
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
     char **envp = argv + argc + 1;
-    static const char unpack_flag[] = "--unpack";
-    int unpacking = argc >= 2;
+    static const char unpack_flag[] = "--unpack", boot_flag[] = "--boot";
+    int unpacking = argc >= 2, booting = argc >= 2;
     for (int i = 0; unpacking && i < (int)sizeof unpack_flag; i++)
         if (argv[1][i] != unpack_flag[i])
             unpacking = 0;
+    for (int i = 0; booting && i < (int)sizeof boot_flag; i++)
+        if (argv[1][i] != boot_flag[i])
+            booting = 0;
+    if (booting) {
+        unpacking = 1;
+        framed = 0;
+    }
     prog_envp = envp;
     if (!unpacking) {
         prog_argv = argv + 1;
@@ -431,7 +445,7 @@ __attribute__((noreturn, used)) void program_main(long *sp)
     }
     long id = argc >= 3 ? number(argv[2]) : -1;
     if (id <= 0 || argc < 4)
-        fail("usage: isobox-start --unpack UID PROGRAM [ARGS...]", 0);
+        fail("usage: isobox-start --unpack|--boot UID PROGRAM [ARGS...]", 0);
     prog_argv = argv + 3;
     unpack();
     drop_to(id);

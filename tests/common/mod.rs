@@ -836,15 +836,18 @@ pub struct HostProc {
     pub pid: u32,
     /// Its command line, NULs as spaces (empty for a platform stub).
     pub cmd: String,
-    /// Its `Uid:` and `CapEff:` lines of `/proc/PID/status`.
-    pub uid: String,
-    pub cap_eff: String,
+    /// Its `Uid:`, `Gid:`, `CapInh:`, `CapPrm:`, `CapEff:` and `CapAmb:` lines of
+    /// `/proc/PID/status`.
+    pub ids_and_caps: Vec<String>,
+    /// Its `/proc/PID/uid_map`, spaces squeezed.
+    pub uid_map: String,
     /// Its user namespace (`/proc/PID/ns/user`).
     pub userns: String,
 }
 
-/// Each `runsc-sandbox` process whose command line names `bundle`, and every process
-/// under it: runsc's helpers and the platform's stubs, which run the sandbox's code.
+/// Each `runsc-sandbox` process whose command line names `bundle`, and every live
+/// process under it: runsc's helpers and the platform's stubs, which run the sandbox's
+/// code (a zombie, such as runsc's exited set-up helper not yet reaped, runs nothing).
 pub fn sandbox_host_processes(bundle: &std::path::Path) -> Vec<HostProc> {
     let b = bundle.to_string_lossy().into_owned();
     let procs: Vec<(u32, u32, String)> = std::fs::read_dir("/proc")
@@ -853,13 +856,11 @@ pub fn sandbox_host_processes(bundle: &std::path::Path) -> Vec<HostProc> {
         .filter_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let ppid = stat
-                .rsplit(')')
-                .next()?
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
+            let mut fields = stat.rsplit(')').next()?.split_whitespace();
+            if fields.next()? == "Z" {
+                return None;
+            }
+            let ppid = fields.next()?.parse().ok()?;
             let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
             Some((pid, ppid, String::from_utf8_lossy(&cmd).replace('\0', " ")))
         })
@@ -877,17 +878,20 @@ pub fn sandbox_host_processes(bundle: &std::path::Path) -> Vec<HostProc> {
     tree.into_iter()
         .filter_map(|(pid, _, cmd)| {
             let st = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            let line = |k: &str| {
-                st.lines()
-                    .find(|l| l.starts_with(k))
-                    .unwrap_or("")
-                    .to_string()
-            };
+            let uid_map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).ok()?;
             Some(HostProc {
                 pid: *pid,
                 cmd: cmd.trim_end().to_string(),
-                uid: line("Uid:"),
-                cap_eff: line("CapEff:"),
+                ids_and_caps: ["Uid:", "Gid:", "CapInh:", "CapPrm:", "CapEff:", "CapAmb:"]
+                    .iter()
+                    .map(|k| {
+                        st.lines()
+                            .find(|l| l.starts_with(k))
+                            .unwrap_or("")
+                            .to_string()
+                    })
+                    .collect(),
+                uid_map: uid_map.split_whitespace().collect::<Vec<_>>().join(" "),
                 userns: std::fs::read_link(format!("/proc/{pid}/ns/user"))
                     .map(|l| l.display().to_string())
                     .unwrap_or_default(),
@@ -898,7 +902,7 @@ pub fn sandbox_host_processes(bundle: &std::path::Path) -> Vec<HostProc> {
 
 /// Asserts a running sandbox's host processes ([`sandbox_host_processes`], taken once
 /// its program runs: the sandbox process and at least one stub) are all nobody, with
-/// no capability, in a user namespace that is not the host's.
+/// no capability, in a user namespace of their own that maps nobody alone.
 pub fn assert_no_host_privilege(procs: &[HostProc]) {
     let host_userns = std::fs::read_link("/proc/self/ns/user").unwrap();
     assert!(
@@ -906,15 +910,22 @@ pub fn assert_no_host_privilege(procs: &[HostProc]) {
             && procs.iter().any(|p| p.cmd.is_empty()),
         "the sandbox process and its stubs: {procs:#?}"
     );
+    let nobody = "65534\t65534\t65534\t65534";
+    let none = "0000000000000000";
     for p in procs {
         assert_eq!(
-            (p.uid.as_str(), p.cap_eff.as_str()),
-            (
-                "Uid:\t65534\t65534\t65534\t65534",
-                "CapEff:\t0000000000000000"
-            ),
+            p.ids_and_caps,
+            [
+                format!("Uid:\t{nobody}"),
+                format!("Gid:\t{nobody}"),
+                format!("CapInh:\t{none}"),
+                format!("CapPrm:\t{none}"),
+                format!("CapEff:\t{none}"),
+                format!("CapAmb:\t{none}"),
+            ],
             "{procs:#?}"
         );
+        assert_eq!(p.uid_map, "65534 65534 1", "{procs:#?}");
         assert_ne!(p.userns, host_userns.display().to_string(), "{procs:#?}");
     }
 }
