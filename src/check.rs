@@ -515,7 +515,7 @@ fn data_dir(cfg: &Config) -> Vec<Finding> {
             ),
         )];
     }
-    // Environment builds (uid 65533) and the workers (nobody) read the eryx face's
+    // Environment builds (uid 65533) and the workers (uid 65532) read the eryx face's
     // environments under the data directory by path: every directory above them must
     // let other users pass.
     if cfg.eryx.worker.is_some() {
@@ -532,7 +532,7 @@ fn data_dir(cfg: &Config) -> Vec<Finding> {
                 Level::Warn,
                 "eryx envs",
                 format!(
-                    "{} let no other user pass: eryx environments cannot be built or run (builds run as uid 65533, workers as nobody); make them 0711 or 0755",
+                    "{} let no other user pass: eryx environments cannot be built or run (builds run as uid 65533, workers as uid 65532); make them 0711 or 0755",
                     closed.join(", ")
                 ),
             ));

@@ -130,7 +130,7 @@ fn test_check_passes_on_this_host_and_changes_nothing() {
     assert_eq!(
         line(&out, "warn  eryx envs"),
         format!(
-            "warn  eryx envs  {} (700) let no other user pass: eryx environments cannot be built or run (builds run as uid 65533, workers as nobody); make them 0711 or 0755",
+            "warn  eryx envs  {} (700) let no other user pass: eryx environments cannot be built or run (builds run as uid 65533, workers as uid 65532); make them 0711 or 0755",
             data.display()
         )
     );

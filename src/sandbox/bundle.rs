@@ -503,10 +503,11 @@ pub fn config(
 /// How a run on a root image starts ([`on_image`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ImageStart {
-    /// Its program, as the sandbox user: a pooled sandbox's harness.
+    /// Its program, as the sandbox user: an offline pooled sandbox's harness.
     AsUser,
-    /// `isobox-start --unpack` as root, which writes the files and drops (a cold run);
-    /// `resolv_conf`: it binds the run's resolvers first (a networked run).
+    /// `isobox-start --unpack` (a cold run) or `--boot` (a networked pooled sandbox) as
+    /// root, which writes the files and drops; `resolv_conf`: it binds the run's
+    /// resolvers first (a networked run).
     Loader {
         /// The run has a network.
         resolv_conf: bool,
@@ -518,13 +519,13 @@ pub enum ImageStart {
 /// gofer: runsc is given an empty directory, `dir/root` (made here, removed with the
 /// run's directory), as the root's path, and
 /// `/workspace` is a tmpfs of gVisor's of `workspace_bytes` (mode 1777, root's, as the
-/// host one is). With [`ImageStart::Loader`] (a cold run) the process starts as root
-/// with only what `isobox-start --unpack` needs to write the files as root's and then
-/// drop to [`SANDBOX_UID`] with nothing left (setgid, setpcap to empty the bounding set,
-/// setuid), and for a networked run to bind its resolvers over the image's
-/// `/etc/resolv.conf` (sys_admin, given up before the files; the host bind [`config`]
-/// put there goes); a pooled sandbox's stays [`SANDBOX_UID`]'s with none. No bind mount
-/// stays, or runsc would start a gofer.
+/// host one is). With [`ImageStart::Loader`] (a cold run, a networked pooled sandbox)
+/// the process starts as root with only what `isobox-start` needs to write the files
+/// as root's and then drop to [`SANDBOX_UID`] with nothing left (setgid, setpcap to
+/// empty the bounding set, setuid), and for a networked run to bind its resolvers over
+/// the image's `/etc/resolv.conf` (sys_admin, given up before the files; the host bind
+/// [`config`] put there goes); an offline pooled sandbox's stays [`SANDBOX_UID`]'s with
+/// none. No bind mount stays, or runsc would start a gofer.
 ///
 /// # Errors
 /// [`SandboxError::Bundle`] when `dir/root` cannot be made.
@@ -665,6 +666,80 @@ mod tests {
         );
         assert!(!mount_points_in(&base.join("absent"), &cfg(cold)));
         fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn test_on_image_the_workspace_is_gvisors_and_only_a_networked_loader_gets_sys_admin() {
+        let base = std::env::temp_dir().join(format!("isobox-on-image-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        fs::create_dir_all(&base).unwrap();
+        let img = Path::new("/var/lib/isobox/images/t.erofs");
+        let made = |start: ImageStart, net: bool| {
+            let dir = base.join(
+                format!("{start:?}-{net}").replace(|c: char| !c.is_ascii_alphanumeric(), "-"),
+            );
+            fs::create_dir(&dir).unwrap();
+            let mut mounts = vec![
+                json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+                json!({"destination": "/workspace", "type": "bind", "source": "/x/files"}),
+            ];
+            if net {
+                mounts.push(json!({"destination": "/etc/resolv.conf", "type": "bind", "source": "/x/resolv"}));
+            }
+            let mut cfg = json!({"root": {"path": "/tree", "readonly": true}, "mounts": mounts,
+                "process": {"user": {"uid": SANDBOX_UID, "gid": SANDBOX_UID}, "capabilities": {"bounding": []}}});
+            on_image(&mut cfg, img, &dir, 1 << 20, start).unwrap();
+            assert_eq!(cfg["root"]["path"], json!(dir.join("root")));
+            assert!(dir.join("root").is_dir());
+            assert_eq!(
+                cfg["annotations"]["dev.gvisor.spec.rootfs.source"],
+                json!(img)
+            );
+            assert_eq!(cfg["annotations"]["dev.gvisor.spec.rootfs.type"], "erofs");
+            let dests: Vec<(String, String)> = cfg["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    (
+                        m["destination"].as_str().unwrap().into(),
+                        m["type"].as_str().unwrap().into(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                dests,
+                [
+                    ("/proc".to_string(), "proc".to_string()),
+                    ("/workspace".into(), "tmpfs".into())
+                ],
+                "{cfg}"
+            );
+            cfg
+        };
+        let pooled = made(ImageStart::AsUser, false);
+        assert_eq!(
+            pooled["process"]["user"],
+            json!({"uid": SANDBOX_UID, "gid": SANDBOX_UID})
+        );
+        assert_eq!(pooled["process"]["capabilities"]["bounding"], json!([]));
+        let offline = made(ImageStart::Loader { resolv_conf: false }, false);
+        assert_eq!(offline["process"]["user"], json!({"uid": 0, "gid": 0}));
+        let three = json!(["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"]);
+        for set in ["bounding", "effective", "permitted"] {
+            assert_eq!(offline["process"]["capabilities"][set], three);
+        }
+        assert_eq!(offline["process"]["capabilities"]["ambient"], json!([]));
+        let networked = made(ImageStart::Loader { resolv_conf: true }, true);
+        let four = json!(["CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_ADMIN"]);
+        for set in ["bounding", "effective", "permitted"] {
+            assert_eq!(networked["process"]["capabilities"][set], four);
+        }
+        assert_eq!(
+            networked["process"]["capabilities"]["inheritable"],
+            json!([])
+        );
+        let _ = fs::remove_dir_all(&base);
     }
 
     #[test]

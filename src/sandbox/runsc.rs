@@ -582,7 +582,9 @@ struct On<'a> {
     image: Option<&'a Path>,
     /// Whether the run gets a network: asked for while egress was verified, read once
     /// for both the image's choice and the lease (which checks again: no network on a
-    /// firewall not verified), so a pooled sandbox on an image never gets a lease.
+    /// firewall not verified), so a sandbox on an image booted without a loader (an
+    /// offline pooled one) never gets a lease whose host bind would bring the gofer
+    /// back.
     networked: bool,
     /// The resolvers an offline image run's loader binds all the same: an image's
     /// probe's (a networked run's come from its lease).
@@ -604,10 +606,11 @@ enum RootKind {
     ReadOnly,
     /// Writable, into an overlay in the sandbox's memory.
     Writable,
-    /// The runtime's EROFS image (named in the spec): a pooled sandbox's.
+    /// The runtime's EROFS image (named in the spec): an offline pooled sandbox's.
     Image,
     /// The runtime's EROFS image, with `isobox-start` to run (`--exec-fd`) and the
-    /// workspace archive (`--pass-fd` as fd 3): a cold run's.
+    /// workspace archive (`--pass-fd` as fd 3): a cold run's, or a networked pooled
+    /// sandbox's (`--boot`, its archive the resolvers alone).
     Loader(OwnedFd, OwnedFd),
 }
 

@@ -3,7 +3,7 @@
 //! time, jailed as a worker is (its own cgroup with `ISOBOX_ERYX_BUILD_MEMORY_MB` and
 //! two cores, no network, no new privileges, the worker's seccomp filter once its
 //! runtime exists), but as a user of its own (`sys::BUILDER`, not the workers'
-//! nobody), stopped past `ISOBOX_ERYX_BUILD_TIMEOUT_S`.
+//! `sys::WASM_WORKER`), stopped past `ISOBOX_ERYX_BUILD_TIMEOUT_S`.
 //!
 //! The build writes into a directory the daemon made for it and handed to that user;
 //! once it ends, everything in it becomes root's and read-only, so neither a worker nor

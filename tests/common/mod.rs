@@ -836,11 +836,11 @@ pub struct HostProc {
     pub pid: u32,
     /// Its command line, NULs as spaces (empty for a platform stub).
     pub cmd: String,
-    /// Its `Uid:`, `Gid:`, `CapInh:`, `CapPrm:`, `CapEff:` and `CapAmb:` lines of
-    /// `/proc/PID/status`.
+    /// Its `Uid:`, `Gid:`, `Groups:`, `CapInh:`, `CapPrm:`, `CapEff:` and `CapAmb:`
+    /// lines of `/proc/PID/status`, trailing blanks trimmed.
     pub ids_and_caps: Vec<String>,
-    /// Its `/proc/PID/uid_map`, spaces squeezed.
-    pub uid_map: String,
+    /// Its `/proc/PID/uid_map` and `gid_map`, spaces squeezed.
+    pub id_maps: [String; 2],
     /// Its user namespace (`/proc/PID/ns/user`).
     pub userns: String,
 }
@@ -878,20 +878,29 @@ pub fn sandbox_host_processes(bundle: &std::path::Path) -> Vec<HostProc> {
     tree.into_iter()
         .filter_map(|(pid, _, cmd)| {
             let st = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            let uid_map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).ok()?;
+            // A process that has its status but not its maps is not skipped: only one
+            // that is gone is.
+            let map = |f: &str| match std::fs::read_to_string(format!("/proc/{pid}/{f}")) {
+                Ok(m) => m.split_whitespace().collect::<Vec<_>>().join(" "),
+                Err(e) => format!("unreadable: {e}"),
+            };
+            let id_maps = [map("uid_map"), map("gid_map")];
+            std::path::Path::new(&format!("/proc/{pid}"))
+                .exists()
+                .then_some(())?;
             Some(HostProc {
                 pid: *pid,
                 cmd: cmd.trim_end().to_string(),
-                ids_and_caps: ["Uid:", "Gid:", "CapInh:", "CapPrm:", "CapEff:", "CapAmb:"]
-                    .iter()
-                    .map(|k| {
-                        st.lines()
-                            .find(|l| l.starts_with(k))
-                            .unwrap_or("")
-                            .to_string()
-                    })
-                    .collect(),
-                uid_map: uid_map.split_whitespace().collect::<Vec<_>>().join(" "),
+                ids_and_caps: [
+                    "Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapAmb:",
+                ]
+                .iter()
+                .map(|k| {
+                    let l = st.lines().find(|l| l.starts_with(k)).unwrap_or("");
+                    l.trim_end().to_string()
+                })
+                .collect(),
+                id_maps,
                 userns: std::fs::read_link(format!("/proc/{pid}/ns/user"))
                     .map(|l| l.display().to_string())
                     .unwrap_or_default(),
@@ -918,6 +927,7 @@ pub fn assert_no_host_privilege(procs: &[HostProc]) {
             [
                 format!("Uid:\t{nobody}"),
                 format!("Gid:\t{nobody}"),
+                "Groups:".to_string(),
                 format!("CapInh:\t{none}"),
                 format!("CapPrm:\t{none}"),
                 format!("CapEff:\t{none}"),
@@ -925,7 +935,7 @@ pub fn assert_no_host_privilege(procs: &[HostProc]) {
             ],
             "{procs:#?}"
         );
-        assert_eq!(p.uid_map, "65534 65534 1", "{procs:#?}");
+        assert_eq!(p.id_maps, ["65534 65534 1", "65534 65534 1"], "{procs:#?}");
         assert_ne!(p.userns, host_userns.display().to_string(), "{procs:#?}");
     }
 }
