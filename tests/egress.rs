@@ -709,19 +709,8 @@ time.sleep(1)
         "{config}"
     );
     // No mount from the host: the resolvers come in the loader's archive.
-    let mounts: Vec<(&str, &str)> = config["mounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["destination"].as_str().unwrap(),
-                m["type"].as_str().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        mounts,
+        common::spec_mounts(&config),
         [
             ("/proc", "proc"),
             ("/tmp", "tmpfs"),

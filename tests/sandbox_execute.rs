@@ -1330,19 +1330,8 @@ time.sleep(2)
         "erofs"
     );
     assert_eq!(config["root"]["readonly"], true);
-    let mounts: Vec<(&str, &str)> = config["mounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["destination"].as_str().unwrap(),
-                m["type"].as_str().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        mounts,
+        common::spec_mounts(&config),
         [
             ("/proc", "proc"),
             ("/tmp", "tmpfs"),

@@ -216,6 +216,8 @@ pub struct Egress {
     data_dir: PathBuf,
     ns_dir: PathBuf,
     resolv: PathBuf,
+    /// What `resolv` holds (made once: the resolvers are fixed at start).
+    resolv_text: String,
     verified: AtomicBool,
     /// Failed checks so far (each cut every sandbox link): a long-lived sandbox whose
     /// network predates a cut has none.
@@ -291,8 +293,8 @@ impl NetLease {
 
     /// What that resolv.conf says: a run whose root is an image gets these bytes
     /// instead (`sandbox::image`), bound over the image's own by `isobox-start`.
-    pub fn resolv_conf_text(&self) -> String {
-        self.egress.resolv_text()
+    pub fn resolv_conf_bytes(&self) -> &[u8] {
+        self.egress.resolv_text.as_bytes()
     }
 
     /// Removes the veth pair and the namespace, and frees the slot.
@@ -458,6 +460,16 @@ fn drops_others(mode: ForwardOthers) -> bool {
     }
 }
 
+/// The sandboxes' resolv.conf: the resolvers, and short timeouts.
+fn resolv_text(dns: &[Ipv4Addr]) -> String {
+    let mut conf = String::new();
+    for d in dns {
+        conf.push_str(&format!("nameserver {d}\n"));
+    }
+    conf.push_str("options timeout:2 attempts:2\n");
+    conf
+}
+
 /// Whether `path` is a mount point (resolved, so a trailing slash or a symlink in the
 /// configured path does not hide it; mountinfo's escapes are undone).
 fn is_mount_point(path: &Path) -> bool {
@@ -498,6 +510,7 @@ impl Egress {
                 drop_others,
             ),
             prefix,
+            resolv_text: resolv_text(&e.dns),
             dns: e.dns.clone(),
             data_dir: data_dir.to_path_buf(),
             ns_dir: net_dir.join("ns"),
@@ -686,16 +699,6 @@ impl Egress {
         self.resolv.with_file_name("data-dir-bind")
     }
 
-    /// The sandboxes' resolv.conf: the resolvers, and short timeouts.
-    fn resolv_text(&self) -> String {
-        let mut conf = String::new();
-        for d in &self.dns {
-            conf.push_str(&format!("nameserver {d}\n"));
-        }
-        conf.push_str("options timeout:2 attempts:2\n");
-        conf
-    }
-
     /// Idempotent set-up, redone before every programming (so a repair also restores
     /// forwarding, and a pool that has come to overlap a host network is caught).
     fn prepare(&self) -> Result<(), NetfilterError> {
@@ -704,7 +707,7 @@ impl Egress {
             move |source| NetfilterError::Path { what, path, source }
         };
         std::fs::create_dir_all(&self.ns_dir).map_err(path("creating", &self.ns_dir))?;
-        std::fs::write(&self.resolv, self.resolv_text().as_bytes())
+        std::fs::write(&self.resolv, self.resolv_text.as_bytes())
             .map_err(path("writing", &self.resolv))?;
         // A networked runsc lives in a mount namespace copied from ours; for unmounts
         // of workspaces and namespaces under the data dir to reach that copy, the data

@@ -504,10 +504,10 @@ impl Gvisor {
             // The loader's resolvers: the lease's (a run that got no network has none).
             let resolv = net
                 .as_ref()
-                .map(|n| n.resolv_conf_text().into_bytes())
-                .or_else(|| probe_resolv_conf.map(<[u8]>::to_vec));
+                .map(crate::netfilter::NetLease::resolv_conf_bytes)
+                .or(probe_resolv_conf);
             if loader {
-                image_fds = Some(self.loader_fds(&dir, files, resolv.as_deref())?);
+                image_fds = Some(self.loader_fds(&dir, files, resolv)?);
             }
             let lower = &plan.runtime.rootfs_path;
             let mut cfg = bundle::config(

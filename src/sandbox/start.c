@@ -117,6 +117,16 @@ static long len(const char *s)
     return n;
 }
 
+/* Whether a and b are the same string. */
+static int same(const char *a, const char *b)
+{
+    while (*a && *a == *b) {
+        a++;
+        b++;
+    }
+    return *a == *b;
+}
+
 static const char frame[] = "\036ISOBOX-START\n";
 
 /* Says "isobox-start: WHAT" (and ": errno N" when e > 0) on stderr. */
@@ -426,18 +436,9 @@ __attribute__((noreturn, used)) void program_main(long *sp)
     long argc = sp[0];
     char **argv = (char **)(sp + 1);
     char **envp = argv + argc + 1;
-    static const char unpack_flag[] = "--unpack", boot_flag[] = "--boot";
-    int unpacking = argc >= 2, booting = argc >= 2;
-    for (int i = 0; unpacking && i < (int)sizeof unpack_flag; i++)
-        if (argv[1][i] != unpack_flag[i])
-            unpacking = 0;
-    for (int i = 0; booting && i < (int)sizeof boot_flag; i++)
-        if (argv[1][i] != boot_flag[i])
-            booting = 0;
-    if (booting) {
-        unpacking = 1;
-        framed = 0;
-    }
+    int booting = argc >= 2 && same(argv[1], "--boot");
+    int unpacking = booting || (argc >= 2 && same(argv[1], "--unpack"));
+    framed = !booting;
     prog_envp = envp;
     if (!unpacking) {
         prog_argv = argv + 1;

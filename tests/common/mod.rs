@@ -1009,3 +1009,18 @@ pub fn watched_run(d: &Daemon, body: &serde_json::Value) -> Watched {
         }
     })
 }
+
+/// A spec's mounts as (destination, type), in order.
+pub fn spec_mounts(config: &serde_json::Value) -> Vec<(&str, &str)> {
+    config["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["destination"].as_str().unwrap(),
+                m["type"].as_str().unwrap(),
+            )
+        })
+        .collect()
+}
