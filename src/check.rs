@@ -515,29 +515,6 @@ fn data_dir(cfg: &Config) -> Vec<Finding> {
             ),
         )];
     }
-    // Environment builds (uid 65533) and the workers (uid 65532) read the eryx face's
-    // environments under the data directory by path: every directory above them must
-    // let other users pass.
-    if cfg.eryx.worker.is_some() {
-        use std::os::unix::fs::PermissionsExt;
-        let closed: Vec<String> = base
-            .ancestors()
-            .filter_map(|p| {
-                let mode = std::fs::metadata(p).ok()?.permissions().mode();
-                (mode & 0o001 == 0).then(|| format!("{} ({:o})", p.display(), mode & 0o777))
-            })
-            .collect();
-        if !closed.is_empty() {
-            out.push(found(
-                Level::Warn,
-                "eryx envs",
-                format!(
-                    "{} let no other user pass: eryx environments cannot be built or run (builds run as uid 65533, workers as uid 65532); make them 0711 or 0755",
-                    closed.join(", ")
-                ),
-            ));
-        }
-    }
     let reserve = cfg.sessions.storage_reserve_bytes;
     match crate::workspace::image::free_bytes(&base) {
         Ok(free) if free < reserve => out.push(found(

@@ -496,6 +496,7 @@ fn test_the_worker_is_jailed_and_a_killed_worker_fails_only_its_runs() {
             ns("self"),
             "its own network namespace"
         );
+        assert_sees_only_its_view(&d, *pid);
     }
     // Each in a cgroup of its own with its share of ISOBOX_WASM_WORKER_MEMORY_MB.
     let cgroups = || -> Vec<std::path::PathBuf> {
@@ -553,6 +554,46 @@ fn test_the_worker_is_jailed_and_a_killed_worker_fails_only_its_runs() {
         assert!(
             !std::path::Path::new(&format!("/proc/{pid}")).exists(),
             "a worker outlived the daemon"
+        );
+    }
+}
+
+/// A worker's files: a mount namespace of its own whose root holds the system's
+/// programs and libraries, the worker itself, the snapshot cache and the uploaded
+/// environments (all read-only) and a `/proc` showing only its user's processes; none
+/// of the daemon's data (its store, sessions, volumes, runs) nor the host's `/tmp`,
+/// `/etc` or `/dev`.
+fn assert_sees_only_its_view(d: &Daemon, pid: u32) {
+    // Not noexec: the snapshots there are compiled code, mapped executable.
+    common::assert_jailed_mounts(
+        pid,
+        &[
+            ("/var/cache/isobox/wasm".into(), "ro,nosuid,nodev"),
+            (
+                d.data_dir.join("eryx-envs").display().to_string(),
+                "ro,nosuid,nodev",
+            ),
+        ],
+    );
+    // Seen from the host through its root: of the daemon's data directory only the
+    // environments, though the store, the runs and the rest are there.
+    let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+    let inside = |p: &std::path::Path| root.join(p.strip_prefix("/").unwrap());
+    let listed = |p: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(listed(&d.data_dir).len() > 1, "{:?}", listed(&d.data_dir));
+    assert_eq!(listed(&inside(&d.data_dir)), ["eryx-envs"]);
+    for hidden in ["/etc", "/dev", "/home", "/root", "/run", "/var/lib", "/sys"] {
+        assert!(
+            !inside(std::path::Path::new(hidden)).exists(),
+            "{hidden} is in the worker's view"
         );
     }
 }

@@ -258,6 +258,37 @@ fn test_the_documents_environment_runs_lives_across_restarts_and_is_rebuilt_when
         ])
     );
     let id = v["id"].as_str().unwrap().to_string();
+    // The build sees the standard library (the cache) and its packages read-only and
+    // writes only its build directory; nothing else of the daemon's data.
+    let t0 = Instant::now();
+    let build = loop {
+        if let Some(pid) =
+            common::instance_processes_with(&d.instance, "isobox-wasm build ").first()
+        {
+            break *pid;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no build seen\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let env_dir = d.data_dir.join("eryx-envs").join(&id);
+    common::assert_jailed_mounts(
+        build,
+        &[
+            ("/var/cache/isobox/wasm".into(), "ro,nosuid,nodev,noexec"),
+            (
+                env_dir.join("packages").display().to_string(),
+                "ro,nosuid,nodev,noexec",
+            ),
+            (
+                env_dir.join("build").display().to_string(),
+                "rw,nosuid,nodev,noexec",
+            ),
+        ],
+    );
     // While it builds, runs in it are refused.
     let code = r#"{"code": "print(1)", "environment": "templating"}"#;
     let r = req(
@@ -532,6 +563,11 @@ fn test_the_documents_environment_runs_lives_across_restarts_and_is_rebuilt_when
 fn test_a_site_packages_tree_under_the_longest_name() {
     let d = Daemon::start();
     d.wait_ready();
+    // A data directory no other user may pass: the build (uid 65533) and the workers
+    // (65532) are given the environments in mount namespaces of their own, not through
+    // the host's path.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&d.data_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     let long = "a".repeat(63);
     let tree = targz(&[("tmod/__init__.py", "x = 6 * 7\n")]);
     let v = build_one(&d, &long, "", "tmod-tree.tgz", tree);

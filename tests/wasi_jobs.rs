@@ -501,6 +501,33 @@ fn test_webassembly_jobs_at_and_past_their_limits_and_bad_input() {
     };
     assert_eq!(uids.len(), 2, "{uids:?}");
     assert_ne!(uids[0], uids[1], "each run its own uid");
+    // Each sees only its own files: its module and stdin read-only, its /output and
+    // /tmp writable; nothing else of its run directory, of another job's, or of the
+    // daemon's data.
+    let jailed = common::instance_processes_with(&d.instance, "isobox-wasm wasi --module");
+    assert_eq!(jailed.len(), 2, "{jailed:?}");
+    for pid in jailed {
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<String> = cmd
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let module = &args[args.iter().position(|a| a == "--module").unwrap() + 1];
+        let dir = std::path::Path::new(module)
+            .parent()
+            .unwrap()
+            .display()
+            .to_string();
+        common::assert_jailed_mounts(
+            pid,
+            &[
+                (format!("{dir}/module.wasm"), "ro,nosuid,nodev,noexec"),
+                (format!("{dir}/stdin"), "ro,nosuid,nodev,noexec"),
+                (format!("{dir}/fs/output"), "rw,nosuid,nodev,noexec"),
+                (format!("{dir}/fs/tmp"), "rw,nosuid,nodev,noexec"),
+            ],
+        );
+    }
     for e in std::fs::read_dir(d.data_dir.join("runs"))
         .unwrap()
         .flatten()

@@ -450,6 +450,7 @@ impl Daemon {
                 crate::wasm::Engine::start(
                     cfg.eryx.clone(),
                     worker.clone(),
+                    cfg.data_dir.join(super::eryx_envs::ENVS_DIR),
                     app.cgroups.clone(),
                     cfg.instance.clone(),
                 )

@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod crash;
 pub mod fsat;
 pub mod inotify;
+pub mod jail;
 pub mod loopdev;
 pub mod mountinfo;
 pub mod netlink;
@@ -412,18 +413,26 @@ pub fn inherit_on_spawn(cmd: &mut std::process::Command, fds: &[BorrowedFd<'_>])
 /// Jails a worker started by `cmd` (the WebAssembly engine's): in the child, before it
 /// runs, it joins the cgroups whose `cgroup.procs` are `procs`, dies with the spawning
 /// thread, leads its own process group, gets network, IPC and UTS namespaces of its
-/// own (no network at all: a new network namespace has only a down loopback), gets
-/// `sock` as fd 3, drops to `uid`/`gid` with no supplementary groups, may gain no
+/// own (no network at all: a new network namespace has only a down loopback), sees
+/// only `view` of the host's files (a mount namespace of its own: [`jail::View`]),
+/// gets `sock` as fd 3, drops to `uid`/`gid` with no supplementary groups, may gain no
 /// privileges, and dumps no core.
 ///
 /// The fds must stay open until `cmd` is spawned.
-pub fn jail_on_spawn(cmd: &mut std::process::Command, procs: &[OwnedFd], sock: &OwnedFd, id: u32) {
+pub fn jail_on_spawn(
+    cmd: &mut std::process::Command,
+    procs: &[OwnedFd],
+    sock: &OwnedFd,
+    id: u32,
+    view: jail::View,
+) {
     use std::os::unix::process::CommandExt;
     let procs: Vec<i32> = procs.iter().map(AsRawFd::as_raw_fd).collect();
     let sock = sock.as_raw_fd();
     // SAFETY: the closure only calls async-signal-safe functions (write, prctl,
-    // setpgid, unshare, dup2, fcntl, setgroups, setgid, setuid, setrlimit) on values it
-    // owns; it allocates nothing and takes no lock.
+    // setpgid, unshare, mount, mkdir, open, close, symlink, pivot_root, chdir, umount2,
+    // rmdir, dup2, fcntl, setgroups, setgid, setuid, setrlimit) on values it owns; it
+    // allocates nothing and takes no lock.
     unsafe {
         cmd.pre_exec(move || {
             for fd in &procs {
@@ -434,6 +443,7 @@ pub fn jail_on_spawn(cmd: &mut std::process::Command, procs: &[OwnedFd], sock: &
             syscall!(unshare(
                 libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS
             ))?;
+            view.enter()?;
             if sock == 3 {
                 syscall!(fcntl(3, libc::F_SETFD, 0))?;
             } else {

@@ -10,6 +10,7 @@
 //! a later build can change a snapshot that runs load.
 
 use crate::cgroup::{Hierarchy, HostLimits};
+use crate::sys::jail::Access;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -214,8 +215,18 @@ impl Builder {
         }
         cmd.stdout(Stdio::piped()).stderr(Stdio::null());
         // Its fd 3 (`_ours`'s other end) is not used by a build.
+        // It reads the standard library and the packages, and writes only `out`.
+        let view = super::view_of(
+            &self.worker,
+            &[
+                (&self.cache_dir, Access::Read),
+                (&req.packages, Access::Read),
+                (&req.out, Access::Write),
+            ],
+        )
+        .map_err(Why::Internal)?;
         let (mut child, _ours) =
-            super::spawn_jailed(cmd, cgroup, crate::sys::BUILDER).map_err(Why::Internal)?;
+            super::spawn_jailed(cmd, cgroup, crate::sys::BUILDER, view).map_err(Why::Internal)?;
         // Read on a thread of its own, so a long answer never fills the pipe while the
         // build is waited for.
         let stdout = child.stdout.take();

@@ -18,6 +18,7 @@ pub mod wasi_job;
 
 use crate::cgroup::{Hierarchy, HostLimits};
 use crate::config::EryxConfig;
+use crate::sys::jail::{Access, View};
 use frame::{read_frame, write_frame};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -182,16 +183,32 @@ pub struct Engine {
 
 impl Engine {
     /// Starts the supervisor (call before the reactor's seccomp filter: the supervisor
-    /// forks and waits, which the reactor thread may not).
+    /// forks and waits, which the reactor thread may not). `envs_dir` holds the uploaded
+    /// environments' builds, which the workers read: made here (passable, not
+    /// listable) unless it is there, since a worker sees only what was there when it
+    /// started.
     ///
     /// # Errors
-    /// When the thread cannot be made.
+    /// When the thread or the directory cannot be made.
     pub fn start(
         cfg: EryxConfig,
         worker: std::path::PathBuf,
+        envs_dir: std::path::PathBuf,
         cgroups: Option<Hierarchy>,
         slice: String,
     ) -> std::io::Result<Engine> {
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            match std::fs::DirBuilder::new()
+                .mode(0o711)
+                .recursive(true)
+                .create(&envs_dir)
+            {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
         let (tx, rx) = crossbeam_channel::unbounded();
         let state = Arc::new(Mutex::new(State::Starting));
         let snapshot = Arc::new(Mutex::new(None));
@@ -214,6 +231,7 @@ impl Engine {
         let sup = Supervisor {
             cfg,
             worker,
+            envs_dir,
             cgroups,
             slice,
             tx: tx.clone(),
@@ -309,15 +327,27 @@ impl Drop for Engine {
 }
 
 /// Spawns `cmd` (its arguments, stdout and stderr set) jailed as `uid`
-/// (`sys::jail_on_spawn`) in `cgroup`, with an empty environment but `PATH`, `/` as its
-/// directory, no stdin, and one end of a new socket pair as its fd 3: the child, and
-/// the daemon's end.
+/// (`sys::jail_on_spawn`) in `cgroup`, seeing only `view` of the host's files, with an
+/// empty environment but `PATH`, `/` as its directory, no stdin, and one end of a new
+/// socket pair as its fd 3: the child, and the daemon's end.
 fn spawn_jailed(
     cmd: Command,
     cgroup: Option<&crate::cgroup::RunCgroup>,
     uid: u32,
+    view: View,
 ) -> Result<(Child, UnixStream), String> {
-    spawn_jailed_with(cmd, cgroup, uid, |_| {})
+    spawn_jailed_with(cmd, cgroup, uid, view, |_| {})
+}
+
+/// What a jailed `isobox-wasm` (`worker`) sees: the system's libraries, itself, and
+/// `given`.
+fn view_of(worker: &std::path::Path, given: &[(&std::path::Path, Access)]) -> Result<View, String> {
+    let mut view = View::new(worker).map_err(|e| format!("the worker's view: {e}"))?;
+    for (path, access) in given {
+        view.give(path, *access)
+            .map_err(|e| format!("the worker's view: {e}"))?;
+    }
+    Ok(view)
 }
 
 /// Kills a jailed child, its process group and whatever is left in its cgroup, and
@@ -336,6 +366,7 @@ fn spawn_jailed_with(
     mut cmd: Command,
     cgroup: Option<&crate::cgroup::RunCgroup>,
     uid: u32,
+    view: View,
     env: impl FnOnce(&mut Command),
 ) -> Result<(Child, UnixStream), String> {
     let procs: Vec<OwnedFd> = match cgroup {
@@ -349,7 +380,7 @@ fn spawn_jailed_with(
         .current_dir("/")
         .stdin(Stdio::null());
     env(&mut cmd);
-    crate::sys::jail_on_spawn(&mut cmd, &procs, &theirs, uid);
+    crate::sys::jail_on_spawn(&mut cmd, &procs, &theirs, uid, view);
     let child = cmd
         .spawn()
         .map_err(|e| format!("{}: {e}", cmd.get_program().to_string_lossy()))?;
@@ -397,6 +428,8 @@ struct Queued {
 struct Supervisor {
     cfg: EryxConfig,
     worker: std::path::PathBuf,
+    /// The uploaded environments' builds (`Engine::start`).
+    envs_dir: std::path::PathBuf,
     cgroups: Option<Hierarchy>,
     slice: String,
     tx: crossbeam_channel::Sender<Msg>,
@@ -597,7 +630,17 @@ impl Supervisor {
             // The guest's raw fd 1 and 2 are the worker's: never the daemon's log.
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let (child, ours) = match spawn_jailed(cmd, cgroup.as_ref(), crate::sys::WASM_WORKER) {
+        // The snapshots are compiled code, mapped executable: not `noexec`.
+        let view = view_of(
+            &self.worker,
+            &[
+                (&self.cfg.cache_dir, Access::Exec),
+                (&self.envs_dir, Access::Exec),
+            ],
+        );
+        let spawned =
+            view.and_then(|v| spawn_jailed(cmd, cgroup.as_ref(), crate::sys::WASM_WORKER, v));
+        let (child, ours) = match spawned {
             Ok(spawned) => spawned,
             Err(e) => {
                 if let Some(cg) = cgroup {

@@ -14,6 +14,7 @@
 //! Blocking: call on a thread of its own (it forks and waits; never the reactor).
 
 use crate::cgroup::{Hierarchy, HostLimits};
+use crate::sys::jail::Access;
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -341,7 +342,21 @@ fn execute(
     cmd.stdout(Stdio::from(output_w))
         .stderr(Stdio::from(output_w2));
     // `spawn_jailed` clears the environment; these are set after it, on the command.
-    let (mut child, sock) = super::spawn_jailed_with(cmd, cgroup, place.uid, |c| {
+    // It sees its module, its stdin, its input, and writes only its two directories.
+    let given_paths = [
+        (place.dir.join("module.wasm"), Access::Read),
+        (place.dir.join("stdin"), Access::Read),
+        (scratch.join("output"), Access::Write),
+        (scratch.join("tmp"), Access::Write),
+        (place.dir.join("input"), Access::Read),
+    ];
+    let given: Vec<(&Path, Access)> = given_paths
+        .iter()
+        .take(if spec.input.is_some() { 5 } else { 4 })
+        .map(|(p, a)| (p.as_path(), *a))
+        .collect();
+    let view = super::view_of(place.worker, &given)?;
+    let (mut child, sock) = super::spawn_jailed_with(cmd, cgroup, place.uid, view, |c| {
         for (k, v) in &spec.env {
             c.env(format!("{}{k}", ENVIRON_PREFIX), v);
         }

@@ -472,7 +472,7 @@ pub fn runtimes_json(runtimes: &Runtimes, limits: &sandboxes::Limits) -> Respons
                 "default": false,
                 "available": limits.jobs.wasi,
                 "isolation": "wasm-process",
-                "isolation_detail": "a WebAssembly module (WASI preview 1) on wasmtime, in a jailed process of its own (own cgroup, no network, seccomp filter); weaker than a virtual machine",
+                "isolation_detail": "a WebAssembly module (WASI preview 1) on wasmtime, in a jailed process of its own (own cgroup, no network, its own files only, seccomp filter); weaker than a virtual machine",
                 "capabilities": {
                     "module": "wasm.module_b64, or wasm.module naming an input",
                     "network": ["none"],

@@ -1024,3 +1024,67 @@ pub fn spec_mounts(config: &serde_json::Value) -> Vec<(&str, &str)> {
         })
         .collect()
 }
+
+/// A process's mounts as its own mount namespace has them: each mount point with its
+/// per-mount flags among `ro`, `rw`, `nosuid`, `nodev` and `noexec` ([`mount_flags`]'s
+/// order), sorted by mount point.
+pub fn mounts_of(pid: u32) -> Vec<(String, Vec<String>)> {
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let mut mounts: Vec<(String, Vec<String>)> = mountinfo
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let kept: Vec<&str> = f[5]
+                .split(',')
+                .filter(|o| ["ro", "rw", "nosuid", "nodev", "noexec"].contains(o))
+                .collect();
+            (f[4].to_string(), mount_flags(&kept.join(",")))
+        })
+        .collect();
+    mounts.sort();
+    mounts
+}
+
+/// Comma-separated mount flags, sorted, for comparing with [`mounts_of`].
+pub fn mount_flags(s: &str) -> Vec<String> {
+    let mut v: Vec<String> = s.split(',').map(str::to_string).collect();
+    v.sort();
+    v
+}
+
+/// The pids of the processes in cgroups of daemon `instance` whose command line
+/// (NULs as spaces) contains `needle`.
+pub fn instance_processes_with(instance: &str, needle: &str) -> Vec<u32> {
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cg = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cg.contains(instance) && cmd.contains(needle)).then_some(pid)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The mounts a jailed `isobox-wasm` (`pid`) must see, beside `given` (mount point,
+/// flags): its root (an empty read-only tmpfs), `/usr`, the binary itself and a
+/// `/proc` of its own, on a host whose `/bin` and `/lib*` are links into `/usr`.
+pub fn assert_jailed_mounts(pid: u32, given: &[(String, &str)]) {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).unwrap();
+    assert_ne!(ns(&pid.to_string()), ns("self"), "its own mount namespace");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert_eq!(exe.file_name().unwrap(), "isobox-wasm");
+    let mut want: Vec<(String, Vec<String>)> = vec![
+        ("/".into(), mount_flags("ro,nosuid,nodev,noexec")),
+        ("/usr".into(), mount_flags("ro,nosuid,nodev")),
+        ("/proc".into(), mount_flags("rw,nosuid,nodev,noexec")),
+        (exe.display().to_string(), mount_flags("ro,nosuid,nodev")),
+    ];
+    want.extend(given.iter().map(|(p, f)| (p.clone(), mount_flags(f))));
+    want.sort();
+    assert_eq!(mounts_of(pid), want, "pid {pid}");
+}
