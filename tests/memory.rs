@@ -381,6 +381,11 @@ fn test_volumes_across_sessions_exclusive_and_restart() {
         json!({"name": ""}),
         json!({"name": "x".repeat(129)}),
         json!({"name": "m", "size": 1}),
+        json!({"name": "a\u{7}b"}),
+        // C1 controls too, and at an end, where trimming (U+0085 is Unicode
+        // whitespace) would have hidden it (found by schemathesis).
+        json!({"name": "mem\u{85}"}),
+        json!({"name": "\u{9b}mem"}),
     ] {
         let r = d.request("POST", "/v1/volumes", &a, body.to_string().as_bytes());
         assert_eq!(

@@ -52,11 +52,11 @@ pub fn collection(app: &mut App, req: &Request) -> Action {
             Err(r) => return Action::Respond(r),
         };
         let name = b.name.unwrap_or_default();
+        // Controls are looked for before trimming: U+0085 is both a (C1) control and
+        // Unicode whitespace.
+        let control = name.chars().any(char::is_control);
         let name = name.trim();
-        if name.is_empty()
-            || name.len() > MAX_VOLUME_NAME_BYTES
-            || name.chars().any(char::is_control)
-        {
+        if name.is_empty() || name.len() > MAX_VOLUME_NAME_BYTES || control {
             return Action::Respond(Response::error(
                 400,
                 "invalid_json",
