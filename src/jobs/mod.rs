@@ -113,8 +113,13 @@ impl Redactor {
         let longest = secrets.iter().map(|s| s.len()).max().unwrap_or(0);
         let finder = (!secrets.is_empty())
             .then(|| {
+                // Never a DFA, which the crate picks for a few values: its build is a
+                // table of 256 entries per byte of the values (a 256 KiB value took 35 s
+                // of the loop and hundreds of MiB, found by schemathesis); the NFA's is
+                // linear in them.
                 aho_corasick::AhoCorasick::builder()
                     .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                    .kind(Some(aho_corasick::AhoCorasickKind::ContiguousNFA))
                     .build(&secrets)
                     .ok()
             })
@@ -429,6 +434,22 @@ mod tests {
         let mut out = r.push(format!("x{}y", values[77]).as_bytes());
         out.extend(r.finish());
         assert_eq!(out, b"x[REDACTED]y");
+        // One value as long as a job's whole env may be (256 KiB): its matcher is linear
+        // in it, not a table of 256 entries per byte (a DFA: over 256 MiB, built in
+        // tens of seconds on the loop).
+        let value: String = (0..256 * 1024)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let mut r = Redactor::new([value.as_str()]);
+        let used = r.finder.as_ref().unwrap().memory_usage();
+        assert!(
+            used < 64 * value.len(),
+            "{used} bytes for a {} byte value",
+            value.len()
+        );
+        let mut out = r.push(format!("<{value}>").as_bytes());
+        out.extend(r.finish());
+        assert_eq!(out, b"<[REDACTED]>");
     }
 
     #[test]
