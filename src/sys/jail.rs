@@ -13,6 +13,7 @@
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Where the host's root is while the view is made (it is gone once made).
@@ -64,8 +65,33 @@ pub struct View {
     /// Paths made so far, directories bound so far (what is under one exists), and
     /// the links' paths.
     made: Vec<PathBuf>,
-    bound: Vec<PathBuf>,
+    bound: Vec<Bound>,
     linked: Vec<PathBuf>,
+    /// `/proc`'s options.
+    proc_options: &'static CStr,
+}
+
+/// A directory bound: where, how, and the device of its filesystem.
+#[derive(Debug, Clone)]
+struct Bound {
+    path: PathBuf,
+    flags: libc::c_ulong,
+    dev: u64,
+}
+
+/// `/proc` showing only the child's user's processes (`hidepid=2`) where each mount of
+/// it has its own options (Linux 5.8 on); before, the option would change the host's
+/// `/proc` too, so the child's shows every process.
+fn proc_options() -> &'static CStr {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut v = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    if (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (5, 8) {
+        c"hidepid=2"
+    } else {
+        c""
+    }
 }
 
 fn cstring(bytes: &[u8]) -> io::Result<CString> {
@@ -91,6 +117,7 @@ impl View {
             made: vec![PathBuf::from("/")],
             bound: Vec::new(),
             linked: Vec::new(),
+            proc_options: proc_options(),
         };
         v.add(Path::new("/usr"), EXEC)?;
         for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"] {
@@ -127,66 +154,120 @@ impl View {
         )
     }
 
-    fn add(&mut self, path: &Path, flags: libc::c_ulong) -> io::Result<()> {
+    fn add(&mut self, given: &Path, flags: libc::c_ulong) -> io::Result<()> {
         let invalid = |why: &str| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{}: {why}", path.display()),
+                format!("{}: {why}", given.display()),
             )
         };
-        if !path.is_absolute()
-            || path.components().any(|c| {
+        if !given.is_absolute()
+            || given.parent().is_none()
+            || given.components().any(|c| {
                 !matches!(
                     c,
                     std::path::Component::RootDir | std::path::Component::Normal(_)
                 )
             })
         {
-            return Err(invalid("not a plain absolute path"));
+            return Err(invalid("not a plain absolute path below /"));
         }
-        if path.as_os_str().as_bytes().starts_with(OLD_ROOT.to_bytes()) || path.starts_with("/proc")
+        if given
+            .as_os_str()
+            .as_bytes()
+            .starts_with(OLD_ROOT.to_bytes())
+            || given.starts_with("/proc")
         {
             return Err(invalid("reserved"));
         }
-        let is_dir = std::fs::metadata(path)?.is_dir();
-        // Under a link of the host's made here (`/bin` to `usr/bin`, say), it is bound
-        // where the link leads: the child's path goes there too.
-        let canonical;
-        let path = if self.linked.iter().any(|l| path.starts_with(l)) {
-            canonical = std::fs::canonicalize(path)?;
-            canonical.as_path()
+        let meta = std::fs::metadata(given)?;
+        // The source: where it really is. Links on the way are resolved here, on the
+        // host; after the pivot, a link's absolute target would be looked up in the
+        // new root.
+        let real = std::fs::canonicalize(given)?;
+        // Where the child finds it: where it was given, unless under one of the host's
+        // top-level links made here (`/bin` to `usr/bin`, say), which the child's
+        // lookup follows: then where it really is.
+        let at = if self.linked.iter().any(|l| given.starts_with(l)) {
+            real.clone()
         } else {
-            path
+            given.to_path_buf()
         };
-        // What is under a bound directory is there already (and may be bound over).
-        let under = self.bound.iter().any(|b| path.starts_with(b) && path != b);
-        if !under {
-            let mut dirs: Vec<&Path> = path.ancestors().skip(1).collect();
-            dirs.reverse();
-            for d in dirs {
-                if !self.made.iter().any(|m| m == d) {
-                    self.dirs.push(cpath(d)?);
-                    self.made.push(d.to_path_buf());
+        // Binds are made in order: nothing may hide one made before it.
+        if self
+            .bound
+            .iter()
+            .any(|b| b.path.starts_with(&at) && b.path != at)
+        {
+            return Err(invalid("a path under it was given before it"));
+        }
+        let parent = self
+            .bound
+            .iter()
+            .filter(|b| at.starts_with(&b.path) && at != b.path)
+            .max_by_key(|b| b.path.as_os_str().len())
+            .cloned();
+        match parent {
+            // Under a bound directory it is there already, unless it is on a
+            // filesystem mounted below that directory, which a bind does not take
+            // along: that mount is bound first, as its parent is.
+            Some(p) if meta.dev() != p.dev => {
+                let mount = at
+                    .ancestors()
+                    .take_while(|a| *a != p.path)
+                    .filter(|a| std::fs::metadata(a).is_ok_and(|m| m.dev() == meta.dev()))
+                    .last()
+                    .map(Path::to_path_buf);
+                if let Some(m) = mount.filter(|m| *m != at) {
+                    let real = std::fs::canonicalize(&m)?;
+                    self.push_bind(&m, &real, p.flags, Some(meta.dev()))?;
                 }
             }
-            if !self.made.iter().any(|m| m == path) {
-                if is_dir {
-                    self.dirs.push(cpath(path)?);
-                } else {
-                    self.files.push(cpath(path)?);
+            Some(_) => {}
+            None => {
+                let mut dirs: Vec<&Path> = at.ancestors().skip(1).collect();
+                dirs.reverse();
+                for d in dirs {
+                    if !self.made.iter().any(|m| m == d) {
+                        self.dirs.push(cpath(d)?);
+                        self.made.push(d.to_path_buf());
+                    }
                 }
-                self.made.push(path.to_path_buf());
+                if !self.made.contains(&at) {
+                    if meta.is_dir() {
+                        self.dirs.push(cpath(&at)?);
+                    } else {
+                        self.files.push(cpath(&at)?);
+                    }
+                    self.made.push(at.clone());
+                }
             }
         }
+        self.push_bind(&at, &real, flags, meta.is_dir().then_some(meta.dev()))
+    }
+
+    /// A bind of `real` (the host's) at `at` (the child's); a directory's (`dir`: its
+    /// filesystem's device) is recorded as bound.
+    fn push_bind(
+        &mut self,
+        at: &Path,
+        real: &Path,
+        flags: libc::c_ulong,
+        dir: Option<u64>,
+    ) -> io::Result<()> {
         let mut from = OLD_ROOT.to_bytes().to_vec();
-        from.extend_from_slice(path.as_os_str().as_bytes());
+        from.extend_from_slice(real.as_os_str().as_bytes());
         self.binds.push(Bind {
             from: cstring(&from)?,
-            to: cpath(path)?,
+            to: cpath(at)?,
             flags,
         });
-        if is_dir {
-            self.bound.push(path.to_path_buf());
+        if let Some(dev) = dir {
+            self.bound.push(Bound {
+                path: at.to_path_buf(),
+                flags,
+                dev,
+            });
         }
         Ok(())
     }
@@ -201,6 +282,10 @@ impl View {
         use crate::syscall;
         let null = std::ptr::null::<libc::c_char>();
         let none = std::ptr::null::<libc::c_void>();
+        // The view's directories as asked (0755), whatever the daemon's umask; the
+        // child's own is given back below.
+        // SAFETY: umask only swaps the process's mask.
+        let umask = unsafe { libc::umask(0) };
         syscall!(unshare(libc::CLONE_NEWNS))?;
         // Nothing done here reaches the host's namespace, nor anything of it here.
         syscall!(mount(
@@ -268,7 +353,7 @@ impl View {
             c"/proc".as_ptr(),
             c"proc".as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            c"hidepid=2".as_ptr().cast::<libc::c_void>()
+            self.proc_options.as_ptr().cast::<libc::c_void>()
         ))?;
         syscall!(umount2(OLD_ROOT.as_ptr(), libc::MNT_DETACH))?;
         syscall!(rmdir(OLD_ROOT.as_ptr()))?;
@@ -284,6 +369,8 @@ impl View {
                 | libc::MS_NOEXEC,
             none
         ))?;
+        // SAFETY: as above.
+        unsafe { libc::umask(umask) };
         Ok(())
     }
 }
@@ -292,6 +379,10 @@ impl View {
 mod tests {
     use super::*;
     use std::process::{Command, Stdio};
+
+    /// A uid of the test's alone (Debian's reserved range; no isobox process has it),
+    /// so the child's `/proc` shows its own processes only.
+    const UID: u32 = 65531;
 
     #[test]
     fn test_a_jailed_child_sees_only_its_view() {
@@ -306,13 +397,25 @@ mod tests {
         }
         std::fs::write(ro.join("f"), "given").unwrap();
         std::fs::write(hidden.join("f"), "secret").unwrap();
-        std::os::unix::fs::chown(&rw, Some(crate::sys::NOBODY), Some(crate::sys::NOBODY)).unwrap();
-        std::os::unix::fs::chown(&ro, Some(crate::sys::NOBODY), Some(crate::sys::NOBODY)).unwrap();
+        std::os::unix::fs::chown(&rw, Some(UID), Some(UID)).unwrap();
+        std::os::unix::fs::chown(&ro, Some(UID), Some(UID)).unwrap();
+        // Given through a link with an absolute target, which the child never sees.
+        let (target, link) = (base.join("target"), base.join("link"));
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::write(target.join("f"), "through a link").unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
         let mut view = View::new(Path::new("/bin/sh")).unwrap();
         view.give(&ro, Access::Read).unwrap();
         view.give(&rw, Access::Write).unwrap();
+        view.give(&link, Access::Read).unwrap();
+        // Nothing given may hide what was given before it, nor be the root.
+        for (bad, access) in [(&base, Access::Read), (&PathBuf::from("/"), Access::Read)] {
+            let e = view.give(bad, access).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{bad:?}: {e}");
+        }
         let script = format!(
             "ls -A /; echo ---; cat {ro}/f; echo; echo ---; \
+             cat {link}/f; echo; echo ---; \
              (echo x > {ro}/g) 2>/dev/null && echo ro-written || echo ro-refused; \
              (echo x > {rw}/g) && echo rw-written; \
              cat {hidden}/f 2>/dev/null || echo hidden-absent; \
@@ -323,6 +426,7 @@ mod tests {
             rw = rw.display(),
             hidden = hidden.display(),
             base = base.display(),
+            link = link.display(),
         );
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
@@ -331,7 +435,19 @@ mod tests {
             .stderr(Stdio::piped());
         let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let theirs = std::os::fd::OwnedFd::from(theirs);
-        crate::sys::jail_on_spawn(&mut cmd, &[], &theirs, crate::sys::NOBODY, view);
+        // A umask that would close the view's directories to the child, had they been
+        // made under it.
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: umask is async-signal-safe and only swaps the child's mask.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::umask(0o077);
+                    Ok(())
+                });
+            }
+        }
+        crate::sys::jail_on_spawn(&mut cmd, &[], &theirs, UID, view);
         let out = cmd.output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
@@ -340,7 +456,7 @@ mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
         let parts: Vec<&str> = stdout.split("---\n").collect();
-        assert_eq!(parts.len(), 5, "{stdout}");
+        assert_eq!(parts.len(), 6, "{stdout}");
         // The root: the system's directories as the host has them, /proc, and the
         // given paths' first component; nothing else (no /etc, /home, /var, /dev).
         let mut want: Vec<String> = ["bin", "sbin", "lib", "lib32", "lib64", "libx32"]
@@ -363,15 +479,23 @@ mod tests {
         root.sort_unstable();
         assert_eq!(root, want, "{stdout}");
         assert_eq!(parts[1], "given\n");
+        assert_eq!(parts[2], "through a link\n");
         // Read-only where given so, writable where given so, hidden what was not given.
         assert_eq!(
-            parts[2].lines().collect::<Vec<_>>(),
-            ["ro-refused", "rw-written", "hidden-absent", "ro", "rw"],
+            parts[3].lines().collect::<Vec<_>>(),
+            [
+                "ro-refused",
+                "rw-written",
+                "hidden-absent",
+                "link",
+                "ro",
+                "rw"
+            ],
             "{stdout}"
         );
         assert_eq!(std::fs::read_to_string(rw.join("g")).unwrap(), "x\n");
         assert!(!ro.join("g").exists());
-        let (refused, mountinfo) = parts[3..].split_first().unwrap();
+        let (refused, mountinfo) = parts[4..].split_first().unwrap();
         let mut lines = refused.lines();
         assert_eq!(lines.next(), Some("root-refused"), "{stdout}");
         // Only its own processes: the shell and ls (grep may not have started yet).
@@ -410,6 +534,7 @@ mod tests {
         has(Path::new("/usr"), &["ro", "nosuid", "nodev"]);
         has(&ro, &["ro", "nosuid", "nodev", "noexec"]);
         has(&rw, &["rw", "nosuid", "nodev", "noexec"]);
+        has(&link, &["ro", "nosuid", "nodev", "noexec"]);
         has(Path::new("/proc"), &["rw", "nosuid", "nodev", "noexec"]);
         let dash = std::fs::canonicalize("/bin/sh").unwrap();
         has(&dash, &["ro", "nosuid", "nodev"]);
@@ -426,7 +551,7 @@ mod tests {
             .into_iter()
             .filter(|p| Path::new(p).symlink_metadata().is_ok_and(|m| m.is_dir()))
             .count();
-        assert_eq!(mounts.len(), 6 + top_dirs, "{mounts:?}");
+        assert_eq!(mounts.len(), 7 + top_dirs, "{mounts:?}");
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -68,6 +68,9 @@ pub(super) struct Builder {
     pub snapshot: Arc<Mutex<Option<String>>>,
 }
 
+/// The cores a build may use (its cgroup's quota and its thread pools).
+const BUILD_CORES: u32 = 2;
+
 /// Bytes of the build's answer read (one JSON line; its error is at most 64 KiB).
 const ANSWER_BYTES: u64 = 1 << 20;
 
@@ -166,7 +169,7 @@ impl Builder {
                 &format!("wasm-build-{n}"),
                 HostLimits {
                     memory_bytes: self.memory_bytes,
-                    cpu_quota_us: 2 * crate::cgroup::CPU_PERIOD_US,
+                    cpu_quota_us: u64::from(BUILD_CORES) * crate::cgroup::CPU_PERIOD_US,
                     pids: 64,
                     cpu_weight: None,
                 },
@@ -226,7 +229,8 @@ impl Builder {
         )
         .map_err(Why::Internal)?;
         let (mut child, _ours) =
-            super::spawn_jailed(cmd, cgroup, crate::sys::BUILDER, view).map_err(Why::Internal)?;
+            super::spawn_jailed(cmd, cgroup, BUILD_CORES, crate::sys::BUILDER, view)
+                .map_err(Why::Internal)?;
         // Read on a thread of its own, so a long answer never fills the pipe while the
         // build is waited for.
         let stdout = child.stdout.take();

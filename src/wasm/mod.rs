@@ -333,10 +333,11 @@ impl Drop for Engine {
 fn spawn_jailed(
     cmd: Command,
     cgroup: Option<&crate::cgroup::RunCgroup>,
+    cores: u32,
     uid: u32,
     view: View,
 ) -> Result<(Child, UnixStream), String> {
-    spawn_jailed_with(cmd, cgroup, uid, view, |_| {})
+    spawn_jailed_with(cmd, cgroup, cores, uid, view, |_| {})
 }
 
 /// What a jailed `isobox-wasm` (`worker`) sees: the system's libraries, itself, and
@@ -365,6 +366,7 @@ fn kill_jailed(child: &mut Child, cgroup: Option<&crate::cgroup::RunCgroup>) {
 fn spawn_jailed_with(
     mut cmd: Command,
     cgroup: Option<&crate::cgroup::RunCgroup>,
+    cores: u32,
     uid: u32,
     view: View,
     env: impl FnOnce(&mut Command),
@@ -375,8 +377,14 @@ fn spawn_jailed_with(
     };
     let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
     let theirs = OwnedFd::from(theirs);
+    // Its thread pools (wasmtime's parallel compiling, wasmtime-wasi's runtime) sized
+    // to its cgroup's cores: with no /sys in its view, the standard library's count
+    // would be every core of the host, past the cgroup's process cap on a large one.
+    let cores = cores.max(1).to_string();
     cmd.env_clear()
         .env("PATH", "/usr/bin:/bin")
+        .env("RAYON_NUM_THREADS", &cores)
+        .env("TOKIO_WORKER_THREADS", &cores)
         .current_dir("/")
         .stdin(Stdio::null());
     env(&mut cmd);
@@ -639,7 +647,7 @@ impl Supervisor {
             ],
         );
         let spawned =
-            view.and_then(|v| spawn_jailed(cmd, cgroup.as_ref(), crate::sys::WASM_WORKER, v));
+            view.and_then(|v| spawn_jailed(cmd, cgroup.as_ref(), 1, crate::sys::WASM_WORKER, v));
         let (child, ours) = match spawned {
             Ok(spawned) => spawned,
             Err(e) => {

@@ -356,7 +356,7 @@ fn execute(
         .map(|(p, a)| (p.as_path(), *a))
         .collect();
     let view = super::view_of(place.worker, &given)?;
-    let (mut child, sock) = super::spawn_jailed_with(cmd, cgroup, place.uid, view, |c| {
+    let (mut child, sock) = super::spawn_jailed_with(cmd, cgroup, 1, place.uid, view, |c| {
         for (k, v) in &spec.env {
             c.env(format!("{}{k}", ENVIRON_PREFIX), v);
         }

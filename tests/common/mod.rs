@@ -1070,10 +1070,14 @@ pub fn instance_processes_with(instance: &str, needle: &str) -> Vec<u32> {
     pids
 }
 
-/// The mounts a jailed `isobox-wasm` (`pid`) must see, beside `given` (mount point,
-/// flags): its root (an empty read-only tmpfs), `/usr`, the binary itself and a
-/// `/proc` of its own, on a host whose `/bin` and `/lib*` are links into `/usr`.
+/// What a jailed `isobox-wasm` (`pid`) must see, beside `given` (mount point,
+/// flags): a mount namespace of its own whose root is a read-only tmpfs holding only
+/// the mount points' first components (and the host's top-level links into `/usr`),
+/// `/usr`, the binary itself and a `/proc` of its own showing only its user's
+/// processes. And its `/proc/PID` entries are root's: it is not dumpable, so no other
+/// process of its uid can open its memory.
 pub fn assert_jailed_mounts(pid: u32, given: &[(String, &str)]) {
+    use std::os::unix::fs::MetadataExt;
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).unwrap();
     assert_ne!(ns(&pid.to_string()), ns("self"), "its own mount namespace");
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
@@ -1087,4 +1091,53 @@ pub fn assert_jailed_mounts(pid: u32, given: &[(String, &str)]) {
     want.extend(given.iter().map(|(p, f)| (p.clone(), mount_flags(f))));
     want.sort();
     assert_eq!(mounts_of(pid), want, "pid {pid}");
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let kind = |at: &str| -> (String, String) {
+        let l = mountinfo
+            .lines()
+            .find(|l| l.split_whitespace().nth(4) == Some(at))
+            .unwrap();
+        let after: Vec<&str> = l.split(" - ").nth(1).unwrap().split_whitespace().collect();
+        (after[0].to_string(), after[2].to_string())
+    };
+    assert_eq!(kind("/").0, "tmpfs", "{mountinfo}");
+    let (proc_type, proc_opts) = kind("/proc");
+    assert_eq!(proc_type, "proc");
+    assert!(
+        proc_opts.contains("hidepid=invisible") || proc_opts.contains("hidepid=2"),
+        "{proc_opts}"
+    );
+    let mut top: Vec<String> = want
+        .iter()
+        .filter(|(p, _)| p != "/")
+        .map(|(p, _)| p.split('/').nth(1).unwrap().to_string())
+        .collect();
+    top.extend(
+        ["bin", "sbin", "lib", "lib32", "lib64", "libx32"]
+            .into_iter()
+            .filter(|n| {
+                std::path::Path::new("/")
+                    .join(n)
+                    .symlink_metadata()
+                    .is_ok_and(|m| m.file_type().is_symlink())
+            })
+            .map(String::from),
+    );
+    top.sort();
+    top.dedup();
+    let mut root: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    root.sort();
+    assert_eq!(root, top, "pid {pid}");
+    // Set by the process itself first thing: a process just started may not be there
+    // yet.
+    let t0 = std::time::Instant::now();
+    let owner = || std::fs::metadata(format!("/proc/{pid}/mem")).unwrap().uid();
+    while owner() != 0 && t0.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(owner(), 0, "pid {pid} is dumpable");
 }

@@ -152,6 +152,10 @@ struct Answer {
 }
 
 fn main() {
+    if let Err(e) = seccomp::not_dumpable() {
+        eprintln!("isobox-wasm: {e}");
+        std::process::exit(2);
+    }
     let args: Vec<String> = std::env::args().collect();
     let flag = |name: &str| {
         args.iter()

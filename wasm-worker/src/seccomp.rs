@@ -171,6 +171,18 @@ fn program() -> Vec<libc::sock_filter> {
     p
 }
 
+/// Makes the process not dumpable: its `/proc/PID` entries become root's, so no other
+/// process of its uid (another worker, serving other tenants) can open its memory or
+/// descriptors, whatever the host's ptrace policy; and it leaves no core. (Every exec
+/// makes a process dumpable again: set here, by the process itself.)
+pub fn not_dumpable() -> Result<(), String> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        return Err(format!("not dumpable: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 /// Installs the filter on every thread of the process.
 pub fn install() -> Result<(), String> {
     assert!(DENIED.len() < 250, "8-bit jumps");
