@@ -3,8 +3,9 @@
 //! repository, `wasm-worker/`), which runs Python in WebAssembly with eryx on wasmtime.
 //!
 //! The worker is jailed (`sys::jail_on_spawn`): its own cgroup under the isobox slice
-//! with a memory and a process cap, its own empty network namespace, the overflow
-//! user, no new privileges. It holds no keys and sees no API: only the runs it is
+//! with a memory and a process cap, its own empty network namespace, its own mount
+//! namespace seeing only the system's libraries, itself, the snapshot cache and the
+//! environments (`sys::jail`), uid 65532 (`sys::WASM_WORKER`), no new privileges. It holds no keys and sees no API: only the runs it is
 //! sent, over a socket pair, in frames of a 4-byte big-endian length and a JSON
 //! object. A worker that dies or stops answering fails only the runs it had (each
 //! gets [`Failure::Crashed`]); the next is started at once, or after a second when
