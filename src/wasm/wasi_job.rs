@@ -343,18 +343,16 @@ fn execute(
         .stderr(Stdio::from(output_w2));
     // `spawn_jailed` clears the environment; these are set after it, on the command.
     // It sees its module, its stdin, its input, and writes only its two directories.
-    let given_paths = [
+    let mut given_paths = vec![
         (place.dir.join("module.wasm"), Access::Read),
         (place.dir.join("stdin"), Access::Read),
         (scratch.join("output"), Access::Write),
         (scratch.join("tmp"), Access::Write),
-        (place.dir.join("input"), Access::Read),
     ];
-    let given: Vec<(&Path, Access)> = given_paths
-        .iter()
-        .take(if spec.input.is_some() { 5 } else { 4 })
-        .map(|(p, a)| (p.as_path(), *a))
-        .collect();
+    if spec.input.is_some() {
+        given_paths.push((place.dir.join("input"), Access::Read));
+    }
+    let given: Vec<(&Path, Access)> = given_paths.iter().map(|(p, a)| (p.as_path(), *a)).collect();
     let view = super::view_of(place.worker, &given)?;
     let (mut child, sock) = super::spawn_jailed_with(cmd, cgroup, 1, place.uid, view, |c| {
         for (k, v) in &spec.env {

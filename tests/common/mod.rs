@@ -1025,23 +1025,38 @@ pub fn spec_mounts(config: &serde_json::Value) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// A process's mounts as its own mount namespace has them: each mount point with its
-/// per-mount flags among `ro`, `rw`, `nosuid`, `nodev` and `noexec` ([`mount_flags`]'s
-/// order), sorted by mount point.
-pub fn mounts_of(pid: u32) -> Vec<(String, Vec<String>)> {
+/// One mount of a process's mount namespace.
+pub struct Mount {
+    pub point: String,
+    /// Its per-mount flags among `ro`, `rw`, `nosuid`, `nodev` and `noexec`
+    /// ([`mount_flags`]'s order).
+    pub flags: Vec<String>,
+    pub fstype: String,
+    pub super_options: String,
+}
+
+/// A process's mounts as its own mount namespace has them, sorted by mount point.
+pub fn mounts_of(pid: u32) -> Vec<Mount> {
     let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
-    let mut mounts: Vec<(String, Vec<String>)> = mountinfo
+    let mut mounts: Vec<Mount> = mountinfo
         .lines()
         .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
+            let (ours, fs) = l.split_once(" - ").unwrap();
+            let f: Vec<&str> = ours.split_whitespace().collect();
+            let s: Vec<&str> = fs.split_whitespace().collect();
             let kept: Vec<&str> = f[5]
                 .split(',')
                 .filter(|o| ["ro", "rw", "nosuid", "nodev", "noexec"].contains(o))
                 .collect();
-            (f[4].to_string(), mount_flags(&kept.join(",")))
+            Mount {
+                point: f[4].to_string(),
+                flags: mount_flags(&kept.join(",")),
+                fstype: s[0].to_string(),
+                super_options: s[2].to_string(),
+            }
         })
         .collect();
-    mounts.sort();
+    mounts.sort_by(|a, b| (&a.point, &a.flags).cmp(&(&b.point, &b.flags)));
     mounts
 }
 
@@ -1090,19 +1105,16 @@ pub fn assert_jailed_mounts(pid: u32, given: &[(String, &str)]) {
     ];
     want.extend(given.iter().map(|(p, f)| (p.clone(), mount_flags(f))));
     want.sort();
-    assert_eq!(mounts_of(pid), want, "pid {pid}");
-    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
-    let kind = |at: &str| -> (String, String) {
-        let l = mountinfo
-            .lines()
-            .find(|l| l.split_whitespace().nth(4) == Some(at))
-            .unwrap();
-        let after: Vec<&str> = l.split(" - ").nth(1).unwrap().split_whitespace().collect();
-        (after[0].to_string(), after[2].to_string())
-    };
-    assert_eq!(kind("/").0, "tmpfs", "{mountinfo}");
-    let (proc_type, proc_opts) = kind("/proc");
-    assert_eq!(proc_type, "proc");
+    let mounts = mounts_of(pid);
+    let points: Vec<(String, Vec<String>)> = mounts
+        .iter()
+        .map(|m| (m.point.clone(), m.flags.clone()))
+        .collect();
+    assert_eq!(points, want, "pid {pid}");
+    let at = |p: &str| mounts.iter().find(|m| m.point == p).unwrap();
+    assert_eq!(at("/").fstype, "tmpfs");
+    assert_eq!(at("/proc").fstype, "proc");
+    let proc_opts = &at("/proc").super_options;
     assert!(
         proc_opts.contains("hidepid=invisible") || proc_opts.contains("hidepid=2"),
         "{proc_opts}"
