@@ -21,6 +21,7 @@ use crate::sandbox::plan::ExecPlan;
 use base64::Engine;
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -405,6 +406,15 @@ pub enum WarmError {
         /// What it sent, escaped and cut to 256 bytes.
         frame: String,
     },
+    /// The boot failed (`error`), and the sandbox had written `stderr` (runsc's,
+    /// `isobox-start`'s and the harness's words, escaped and cut) before it was removed.
+    #[error("{error}; its stderr: {stderr}")]
+    Boot {
+        /// Why it failed.
+        error: Box<WarmError>,
+        /// What it had written on stderr, escaped and cut to 1 KiB.
+        stderr: String,
+    },
     /// The claim (the request's files and argv) does not fit one frame.
     #[error("claim of pooled sandbox {id} does not fit a frame: {why}")]
     ClaimTooLarge {
@@ -493,19 +503,9 @@ pub fn boot(
         let f = read_frame(ctl, &sid)?;
         let ok = serde_json::from_slice::<serde_json::Value>(&f).is_ok_and(|v| v["ev"] == "ready");
         if !ok {
-            // Escaped and cut: a log line, whatever the bytes.
-            let mut frame: String = String::from_utf8_lossy(&f).escape_debug().collect();
-            if frame.len() > 256 {
-                let cut = (0..=256)
-                    .rev()
-                    .find(|&i| frame.is_char_boundary(i))
-                    .unwrap_or(0);
-                frame.truncate(cut);
-                frame.push_str("...");
-            }
             return Err(WarmError::Frame {
                 id: sid.clone(),
-                frame,
+                frame: escaped_cut(&f, 256),
             });
         }
         ctl.set_read_timeout(None)
@@ -513,11 +513,59 @@ pub fn boot(
     })();
     match ready {
         Ok(()) => Ok(s),
-        Err(e) => {
+        Err(error) => {
+            // What it said is the only account of why (a `--boot` that fails exits
+            // before any frame): kept across the removal, read once all are dead.
+            let stderr = s.stderr.as_fd().try_clone_to_owned();
             discard(b, s);
-            Err(e)
+            let stderr = match stderr {
+                Ok(fd) => stderr_tail(fd),
+                Err(e) => format!("(not kept: {e})"),
+            };
+            Err(WarmError::Boot {
+                error: Box::new(error),
+                stderr,
+            })
         }
     }
+}
+
+/// Most of a pooled sandbox's stderr kept for a boot's failure.
+const BOOT_STDERR_BYTES: usize = 1024;
+
+/// The start of what is in the pipe `fd` (its writers gone, or not: it never waits),
+/// escaped and cut to [`BOOT_STDERR_BYTES`].
+fn stderr_tail(fd: std::os::fd::OwnedFd) -> String {
+    if let Err(e) = crate::sys::set_nonblocking(fd.as_fd()) {
+        return format!("(not read: {e})");
+    }
+    let mut buf = Vec::new();
+    let read = std::fs::File::from(fd)
+        .take(BOOT_STDERR_BYTES as u64 + 1)
+        .read_to_end(&mut buf);
+    match read {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        Err(e) => return format!("(not read: {e})"),
+    }
+    if buf.is_empty() {
+        return "(nothing)".into();
+    }
+    escaped_cut(&buf, BOOT_STDERR_BYTES)
+}
+
+/// `bytes` as one log line: escaped (any bytes), cut to `max` bytes with `...`.
+fn escaped_cut(bytes: &[u8], max: usize) -> String {
+    let mut s: String = String::from_utf8_lossy(bytes).escape_debug().collect();
+    if s.len() > max {
+        let cut = (0..=max)
+            .rev()
+            .find(|&i| s.is_char_boundary(i))
+            .unwrap_or(0);
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
 }
 
 /// Hands a pooled sandbox to `plan`: its limits, then its files and argv. The
@@ -686,8 +734,52 @@ pub type Handoff = Arc<Mutex<Option<Box<Spawned>>>>;
 
 #[cfg(test)]
 mod tests {
-    use super::{binary_claim, exit_frame, read_frame, ExitFrame, WarmError};
+    use super::{
+        binary_claim, escaped_cut, exit_frame, read_frame, stderr_tail, ExitFrame, WarmError,
+        BOOT_STDERR_BYTES,
+    };
     use std::io::Write;
+
+    #[test]
+    fn test_a_failed_boots_stderr_is_kept_escaped_cut_and_never_waited_for() {
+        // Its writers gone: everything, escaped into one line.
+        let (r, mut w) = std::io::pipe().unwrap();
+        w.write_all(b"isobox-start: exec python3: No such file\n\x1b[2J\xff")
+            .unwrap();
+        drop(w);
+        assert_eq!(
+            stderr_tail(r.into()),
+            "isobox-start: exec python3: No such file\\n\\u{1b}[2J\u{fffd}"
+        );
+        // A writer still alive (a process that outlived the kill): what is there, at once.
+        let (r, mut w) = std::io::pipe().unwrap();
+        w.write_all(b"runsc: boom").unwrap();
+        let t = std::time::Instant::now();
+        assert_eq!(stderr_tail(r.into()), "runsc: boom");
+        let (r, _w) = std::io::pipe().unwrap();
+        assert_eq!(stderr_tail(r.into()), "(nothing)");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        // Under, at and over the bound (a pipe holds 64 KiB: written whole first).
+        for n in [
+            BOOT_STDERR_BYTES - 1,
+            BOOT_STDERR_BYTES,
+            BOOT_STDERR_BYTES + 1,
+            60_000,
+        ] {
+            let (r, mut w) = std::io::pipe().unwrap();
+            w.write_all(&vec![b'e'; n]).unwrap();
+            drop(w);
+            let want = if n <= BOOT_STDERR_BYTES {
+                "e".repeat(n)
+            } else {
+                format!("{}...", "e".repeat(BOOT_STDERR_BYTES))
+            };
+            assert_eq!(stderr_tail(r.into()), want, "{n} bytes");
+        }
+        // A cut never splits a character.
+        assert_eq!(escaped_cut("ééé".as_bytes(), 3), "é...");
+        assert_eq!(escaped_cut("ééé".as_bytes(), 6), "ééé");
+    }
 
     #[test]
     fn test_binary_claim_lays_out_counts_then_length_prefixed_items() {
