@@ -238,9 +238,24 @@ pub fn deliver(
         Err(ureq::Error::Status(code, _)) => Err(answered(code)),
         Err(ureq::Error::Transport(t)) => Err(undelivered(
             "no answer within 10 s (the connection failed or timed out)",
-            t.to_string(),
+            transport_detail(&t, &target),
         )),
     }
+}
+
+/// How a connection failed, for the log: never the URL (ureq's own words start with
+/// it, and a webhook URL's path or query often is its secret), only its host and port.
+fn transport_detail(t: &ureq::Transport, target: &Target) -> String {
+    let mut s = format!("{}:{}: {}", target.host, target.port, t.kind());
+    if let Some(m) = t.message() {
+        s.push_str(": ");
+        s.push_str(m);
+    }
+    if let Some(e) = std::error::Error::source(t) {
+        s.push_str(": ");
+        s.push_str(&e.to_string());
+    }
+    s
 }
 
 /// The delivery thread's handle: a nudge when an event was put in the outbox.
@@ -328,7 +343,7 @@ fn run(sessions: &Sessions, policy: &Policy, wake: &Receiver<()>) {
                     ev.last_error = None;
                 }
                 Err(why) => {
-                    log::warn!(
+                    crate::warn_limited!(
                         "webhook {} {id}: attempt {} did not count: {} ({})",
                         ev.event,
                         ev.attempts,
@@ -427,5 +442,34 @@ mod tests {
             !e.public.contains("127.0.0.1") && e.detail.contains("127.0.0.1"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn test_a_failed_connection_is_logged_without_the_urls_path_or_query() {
+        // A loopback port nothing listens on (bound, then let go).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let ev = OutboxEvent {
+            url: format!("http://127.0.0.1:{port}/hooks/T0SECRETPATH?token=S3CRET"),
+            body: "{}".into(),
+            event: "job.finished".into(),
+            ..Default::default()
+        };
+        let e = deliver(&ev, "job_x", "s", &policy(true)).unwrap_err();
+        assert_eq!(
+            e.public,
+            "no answer within 10 s (the connection failed or timed out)"
+        );
+        assert!(
+            e.detail.starts_with(&format!("127.0.0.1:{port}: "))
+                && e.detail.to_lowercase().contains("refused"),
+            "{e:?}"
+        );
+        for secret in ["SECRETPATH", "S3CRET", "hooks", "http:"] {
+            assert!(!e.detail.contains(secret), "{secret} in {e:?}");
+        }
     }
 }
