@@ -858,6 +858,12 @@ while True:
     if kind != 2:
         continue
     call = json.loads(body[5:])
+    if call.get("op") == "fs" and call.get("fs") == "open":
+        # A read of a huge file, its bytes sent past every credit given.
+        send(3, ch, json.dumps({"ok": {"handle": ch, "size": 2**50}}).encode())
+        for _ in range(16):
+            send(8, ch, b"f" * (256 << 10))
+        continue
     if call.get("op") != "spawn":
         continue
     cmd = call["cmd"]
@@ -1000,6 +1006,34 @@ fn test_a_forged_init_ends_only_its_own_sandbox() {
     assert_eq!(
         v,
         json!({"type": "error", "error": "the sandbox ended: its init broke the protocol"})
+    );
+
+    // A download whose bytes come past the credit the daemon gave (they would pile
+    // up in the daemon's memory): the sandbox ends, the download is cut.
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let s = d.send(
+        "GET",
+        &format!("/wbx/v1/sandboxes/{id}/files?path=flood"),
+        &[],
+        b"",
+    );
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut &s, &mut got);
+    let head = String::from_utf8_lossy(&got[..got.len().min(200)]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        got.len() < 3 << 20,
+        "{} bytes reached the client",
+        got.len()
+    );
+    let r = wbx(&d, "GET", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(
+        d.log()
+            .contains("its init sent more file data than it was granted"),
+        "{}",
+        d.log_tail()
     );
 
     // Through all of it the daemon served everyone else.

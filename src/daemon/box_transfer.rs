@@ -253,6 +253,11 @@ impl Daemon {
         if x.upload {
             return self.box_end(key, "its init sent data for an upload");
         }
+        // init is not trusted: what it sends past its credit would pile up in the
+        // client's buffer, the daemon's memory.
+        if x.received + payload.len() as u64 > x.granted {
+            return self.box_end(key, "its init sent more file data than it was granted");
+        }
         let (ck, cserial) = x.client;
         let alive = self.conns.get(ck).is_some_and(|c| c.serial == cserial);
         if payload.is_empty() || x.received + payload.len() as u64 > x.size {
@@ -307,8 +312,8 @@ impl Daemon {
             .get(x.client.0)
             .filter(|c| c.serial == x.client.1)
             .map_or(usize::MAX, |c| c.http.pending_write());
-        let on_way = x.granted - x.received;
-        let left = x.size - x.received;
+        let on_way = x.granted.saturating_sub(x.received);
+        let left = x.size.saturating_sub(x.received);
         if behind >= MAX_WRITE_BUFFER_BYTES / 2 || on_way >= WINDOW / 2 || on_way >= left {
             return;
         }

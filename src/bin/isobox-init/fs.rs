@@ -130,7 +130,14 @@ impl Fs {
 fn open(home: &Path, id: u32, path: &str, write: bool) -> Result<(Reply, Opened), Reply> {
     let p = resolve(home, path)?;
     if !write {
-        let file = File::open(&p).map_err(|e| refused(&p, &e))?;
+        // Never blocking: a FIFO's open would wait for a writer, and this thread does
+        // every file operation of the sandbox. Blocking again once it is known to be a
+        // regular file.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&p)
+            .map_err(|e| refused(&p, &e))?;
         let md = file.metadata().map_err(|e| refused(&p, &e))?;
         if md.is_dir() {
             return Err(bad(format!("{}: is a directory", p.display())));
@@ -138,6 +145,8 @@ fn open(home: &Path, id: u32, path: &str, write: bool) -> Result<(Reply, Opened)
         if !md.is_file() {
             return Err(bad(format!("{}: is not a regular file", p.display())));
         }
+        isobox::sys::fsat::clear_nonblocking(std::os::fd::AsFd::as_fd(&file))
+            .map_err(|e| refused(&p, &e))?;
         let size = md.len();
         return Ok((
             Reply::Ok(serde_json::json!({ "handle": id, "size": size })),
@@ -153,7 +162,9 @@ fn open(home: &Path, id: u32, path: &str, write: bool) -> Result<(Reply, Opened)
         return Err(bad(format!("{}: is not a file's path", p.display())));
     };
     std::fs::create_dir_all(dir).map_err(|e| refused(dir, &e))?;
-    let temp = dir.join(format!(".{}.isobox-upload-{id}", name.to_string_lossy()));
+    // Of a fixed length, so any name the file system takes can be uploaded to.
+    let _ = name;
+    let temp = dir.join(format!(".isobox-upload-{id}"));
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
