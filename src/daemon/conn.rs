@@ -1027,15 +1027,19 @@ impl Daemon {
             }
             Expired::BodyTimeout => {
                 crate::warn_limited!(client = peer.ip(); "conn={ck} peer={peer} request body stalled");
-                self.take_upload(ck);
-                self.respond_and_close(
-                    ck,
-                    Response::error(
-                        408,
-                        "request_timeout",
-                        Some("request body not received in time"),
-                    ),
+                let resp = Response::error(
+                    408,
+                    "request_timeout",
+                    Some("request body not received in time"),
                 );
+                // In the face's shape: the route's, or the WBX face's for a file upload.
+                let resp = match self.conns.get(ck).map(|c| &c.http.phase) {
+                    Some(Phase::Body { route, .. }) => route.shaped(resp, None),
+                    Some(Phase::Owned(Owner::BoxUpload { .. })) => crate::wbx::reshape(resp),
+                    _ => resp,
+                };
+                self.take_upload(ck);
+                self.respond_and_close(ck, resp);
                 self.conn_after_io(ck);
                 // If the client does not read the 408 either, drop it at the next deadline.
                 self.arm_idle(ck);

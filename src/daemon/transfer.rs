@@ -460,13 +460,24 @@ impl Daemon {
         self.conn_pump(ck);
     }
 
-    /// Takes the upload out of the connection (if it has one) and aborts it.
+    /// Takes the upload out of the connection (if it has one) and aborts it: a
+    /// session's (its temporary file removed here) or a WBX sandbox's (init closes and
+    /// removes its temporary file, and the sandbox's transfer slot is free again).
     pub(crate) fn take_upload(&mut self, ck: usize) {
-        let t = match self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
-            Some(Owner::Upload { target, .. }) => target.take(),
-            _ => None,
+        let (t, boxed) = match self.conns.get_mut(ck).and_then(|c| c.owner_mut()) {
+            Some(Owner::Upload { target, .. }) => (target.take(), None),
+            Some(Owner::BoxUpload {
+                key,
+                serial,
+                handle,
+                ..
+            }) => (None, Some((*key, *serial, *handle))),
+            _ => (None, None),
         };
         self.abort_upload(t);
+        if let Some((key, serial, handle)) = boxed {
+            self.file_client_left(key, serial, handle);
+        }
     }
 
     /// Removes an unfinished upload's temporary file on the pool (never here: this

@@ -12,10 +12,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-/// Bytes of paths one `List` answer may carry (its frame is at most 1 MiB).
+/// Bytes of entries, as JSON, one `List` answer may carry (its frame is at most 1 MiB).
 const LIST_BYTES: usize = 640 << 10;
-/// Roughly what one entry costs in the answer besides its path.
-const ENTRY_OVERHEAD: usize = 96;
 
 /// What the thread is asked.
 pub enum Job {
@@ -395,7 +393,8 @@ pub fn carry_out(home: &Path, call: FsCall) -> Reply {
 }
 
 /// A directory's entries to `depth` levels, by path, not following symlinks; at most
-/// [`FS_LIST_ENTRIES`] and [`LIST_BYTES`] of paths (then `truncated`).
+/// [`FS_LIST_ENTRIES`] and [`LIST_BYTES`] of entries as the answer writes them (then
+/// `truncated`).
 fn list(dir: &Path, depth: u8) -> Reply {
     match std::fs::symlink_metadata(dir) {
         Ok(md) if md.is_dir() => {}
@@ -425,7 +424,8 @@ fn list(dir: &Path, depth: u8) -> Reply {
                 continue;
             };
             let e = entry(&p, &md);
-            bytes += e.path.len() + e.target.as_ref().map_or(0, String::len) + ENTRY_OVERHEAD;
+            // As the answer will carry it: escaping may make a name six times longer.
+            bytes += serde_json::to_vec(&e).map_or(usize::MAX / 2, |v| v.len() + 1);
             if entries.len() >= FS_LIST_ENTRIES || bytes > LIST_BYTES {
                 truncated = true;
                 break 'walk;
@@ -461,6 +461,36 @@ mod tests {
             Reply::Refused { status, .. } => Some(*status),
             _ => None,
         }
+    }
+
+    #[test]
+    fn test_a_listing_of_names_that_grow_when_escaped_fits_its_frame() {
+        // 1000 names of 200 bytes, 196 of them a control byte (six bytes each in
+        // JSON): ~200 KB of names, ~1.2 MB of answer.
+        let home = tmp();
+        for i in 0..1000 {
+            let name = format!("{i:04}{}", "\u{1}".repeat(196));
+            std::fs::write(home.join(name), b"").unwrap();
+        }
+        let r = carry_out(
+            &home,
+            FsCall::List {
+                path: home.display().to_string(),
+                depth: 1,
+            },
+        );
+        let frame = serde_json::to_vec(&r).unwrap();
+        assert!(
+            frame.len() <= isobox::sandbox::wire::MAX_FRAME_BYTES - 5,
+            "{} bytes",
+            frame.len()
+        );
+        let Reply::Ok(v) = r else { panic!("{r:?}") };
+        let n = v["entries"].as_array().unwrap().len();
+        assert_eq!(v["truncated"], true);
+        // As many as fit: the budget is the escaped size, within one entry.
+        assert!(n > 400 && n < 1000, "{n} entries");
+        let _ = std::fs::remove_dir_all(&home);
     }
 
     #[test]
