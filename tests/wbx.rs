@@ -1700,47 +1700,40 @@ fn test_a_terminal_python_repl_resize_and_ctrl_c() {
     d.stop();
 }
 
-/// Input sent faster than the sandbox takes it: while what came before still waits in
-/// the daemon past 1 MiB, stdin, resize and signal requests get 429 with Retry-After
-/// (here the sandbox is stalled by freezing its cgroup from the host), the daemon
-/// serves everything else meanwhile; once the sandbox takes it, input is accepted
-/// again, and every accepted byte reaches the process.
-#[test]
-fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
-    let d = Daemon::start();
-    d.wait_ready();
-    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
-    let pid = start_proc(&d, &id, &json!({"cmd": "wc -c", "stdin": true}));
-    // The sandbox's cgroup: v1's freezer hierarchy, or v2's unified one.
-    let v1 = std::path::Path::new("/sys/fs/cgroup/freezer").is_dir();
-    let dir = if v1 {
-        std::path::Path::new("/sys/fs/cgroup/freezer").join(&d.instance)
-    } else {
-        std::path::Path::new("/sys/fs/cgroup").join(&d.instance)
-    };
-    let boxes: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().contains("-b"))
-        .collect();
-    assert_eq!(boxes.len(), 1, "the sandbox's cgroup: {boxes:?}");
-    let cg = boxes[0].clone();
-    // Thawed whatever happens (dropped before the daemon): a sandbox left frozen by a
-    // failed assertion cannot be killed, and the daemon's cleanup would leave it.
-    struct Thaw(std::path::PathBuf, bool);
-    impl Drop for Thaw {
-        fn drop(&mut self) {
-            let _ = if self.1 {
-                std::fs::write(self.0.join("freezer.state"), "THAWED")
-            } else {
-                std::fs::write(self.0.join("cgroup.freeze"), "0")
-            };
+/// The freezer of a daemon's only WBX sandbox, from the host (v1's freezer hierarchy,
+/// or v2's unified one): the sandbox stalls as a whole, without the daemon knowing.
+/// Thawed when dropped (before the daemon): a sandbox left frozen by a failed assertion
+/// cannot be killed, and the daemon's cleanup would leave it.
+struct Freezer {
+    cg: std::path::PathBuf,
+    v1: bool,
+}
+
+impl Freezer {
+    fn of_the_only_sandbox(d: &Daemon) -> Freezer {
+        let v1 = std::path::Path::new("/sys/fs/cgroup/freezer").is_dir();
+        let dir = if v1 {
+            std::path::Path::new("/sys/fs/cgroup/freezer").join(&d.instance)
+        } else {
+            std::path::Path::new("/sys/fs/cgroup").join(&d.instance)
+        };
+        let boxes: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().contains("-b"))
+            .collect();
+        assert_eq!(boxes.len(), 1, "the sandbox's cgroup: {boxes:?}");
+        Freezer {
+            cg: boxes[0].clone(),
+            v1,
         }
     }
-    let _thaw = Thaw(cg.clone(), v1);
-    let set = |to: &str| {
-        let frozen = to == "FROZEN";
+
+    /// Freezes or thaws it, and waits until it is.
+    fn set(&self, frozen: bool) {
+        let (cg, v1) = (&self.cg, self.v1);
+        let to = if frozen { "FROZEN" } else { "THAWED" };
         if v1 {
             std::fs::write(cg.join("freezer.state"), to).unwrap();
         } else {
@@ -1773,8 +1766,84 @@ fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
                 std::fs::write(cg.join("freezer.state"), to).unwrap();
             }
         }
-    };
-    set("FROZEN");
+    }
+}
+
+impl Drop for Freezer {
+    fn drop(&mut self) {
+        let _ = if self.v1 {
+            std::fs::write(self.cg.join("freezer.state"), "THAWED")
+        } else {
+            std::fs::write(self.cg.join("cgroup.freeze"), "0")
+        };
+    }
+}
+
+/// An upload whose open init carries out only after the client got its 502 (the
+/// sandbox stalled from the host for the whole wait): the daemon closes it when the
+/// late answer comes, so init removes the temporary file (it kept it, and its handle,
+/// for the sandbox's life).
+#[test]
+fn test_an_upload_opened_after_its_wait_ran_out_leaves_no_file() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    exec(&d, &id, &json!({"cmd": "mkdir -p /tmp/late"}));
+    let freezer = Freezer::of_the_only_sandbox(&d);
+    freezer.set(true);
+    let mut s = d.connect();
+    write!(
+        s,
+        "PUT /wbx/v1/sandboxes/{id}/files?path=/tmp/late/f HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(90))).unwrap();
+    let r = read_response(&mut BufReader::new(s), false).unwrap();
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (
+            502,
+            "the sandbox's init did not answer the file operation in 60 s"
+        )
+    );
+    freezer.set(false);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = exec(&d, &id, &json!({"cmd": "ls -A /tmp/late"}));
+        if v["stdout"] == "" && v["exit_code"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left behind: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // And the file API goes on.
+    let r = d.request(
+        "PUT",
+        &format!("/wbx/v1/sandboxes/{id}/files?path=/tmp/late/f"),
+        &[],
+        b"fresh",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None);
+    assert_eq!(r.status, 204);
+    drop(freezer);
+    d.assert_clean();
+    d.stop();
+}
+
+/// Input sent faster than the sandbox takes it: while what came before still waits in
+/// the daemon past 1 MiB, stdin, resize and signal requests get 429 with Retry-After
+/// (here the sandbox is stalled by freezing its cgroup from the host), the daemon
+/// serves everything else meanwhile; once the sandbox takes it, input is accepted
+/// again, and every accepted byte reaches the process.
+#[test]
+fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    let pid = start_proc(&d, &id, &json!({"cmd": "wc -c", "stdin": true}));
+    let freezer = Freezer::of_the_only_sandbox(&d);
+    freezer.set(true);
     // Nothing waits: one request may carry its whole body (2 MiB), most of which now
     // waits in the daemon (the socket to the sandbox takes a few hundred KiB).
     let mut sent = 2_000_000usize;
@@ -1817,7 +1886,7 @@ fn test_input_is_refused_while_the_sandbox_has_not_taken_what_came_before() {
         404
     );
     assert_eq!(d.get("/healthz").status, 200, "the daemon serves meanwhile");
-    set("THAWED");
+    freezer.set(false);
     // Taken: input is accepted again (the 429s above added nothing).
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

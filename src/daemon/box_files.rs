@@ -32,6 +32,20 @@ pub(crate) enum WaitKind {
     Watch,
 }
 
+/// What an open or a watch whose client stopped waiting would hold in init, had init
+/// carried it out after all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Abandoned {
+    /// An open file (a download's, or an upload's temporary file).
+    File,
+    /// A watch.
+    Watch,
+}
+
+/// Abandoned calls remembered per sandbox (init stuck that long on its file thread
+/// has its handles' fate in its own hands).
+const MAX_ABANDONED: usize = 256;
+
 /// A client waiting for a file operation's answer.
 pub(crate) struct FsWait {
     client: (usize, u64),
@@ -109,13 +123,25 @@ impl Daemon {
 
     /// init answered a call: true if it was a file operation's.
     pub(super) fn fs_reply(&mut self, key: usize, call_id: u32, payload: &[u8]) -> bool {
-        let Some(w) = self
-            .boxes
-            .boxes
-            .get_mut(key)
-            .and_then(|b| b.fs.remove(&call_id))
-        else {
+        let Some(b) = self.boxes.boxes.get_mut(key) else {
             return false;
+        };
+        let Some(w) = b.fs.remove(&call_id) else {
+            // Carried out after its client had its 502: what it opened is closed
+            // (without this init held the file, an upload's temporary file or the
+            // watch until its own limits refused every later one).
+            let Some(what) = b.abandoned.remove(&call_id) else {
+                return false;
+            };
+            if matches!(serde_json::from_slice::<Reply>(payload), Ok(Reply::Ok(_))) {
+                let handle = call_id;
+                let close = match what {
+                    Abandoned::File => Call::FileClose { handle },
+                    Abandoned::Watch => Call::WatchEnd { handle },
+                };
+                self.box_call(key, &close);
+            }
+            return true;
         };
         let reply = serde_json::from_slice::<Reply>(payload).ok();
         match w.kind {
@@ -179,6 +205,14 @@ impl Daemon {
             return;
         }
         if let Some(w) = b.fs.remove(&call) {
+            let what = match w.kind {
+                WaitKind::Download { .. } | WaitKind::Upload(_) => Some(Abandoned::File),
+                WaitKind::Watch => Some(Abandoned::Watch),
+                WaitKind::Answer => None,
+            };
+            if let Some(what) = what.filter(|_| b.abandoned.len() < MAX_ABANDONED) {
+                b.abandoned.insert(call, what);
+            }
             self.fs_answer(
                 w,
                 crate::wbx::error(

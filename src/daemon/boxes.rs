@@ -154,6 +154,8 @@ pub(crate) struct Sbx {
     pub(super) metrics: HashMap<u32, super::box_verbs::MetricsWait>,
     /// File operations waiting for the init's answer, by call id.
     pub(super) fs: HashMap<u32, super::box_files::FsWait>,
+    /// Opens and watches whose wait ran out, by call id: a late `Ok` is closed at once.
+    pub(super) abandoned: HashMap<u32, super::box_files::Abandoned>,
     /// Files being downloaded or uploaded, by handle.
     pub(super) transfers: HashMap<u32, super::box_transfer::Xfer>,
     /// Upload connections waiting for room on the channel (key, serial).
@@ -664,6 +666,7 @@ impl Daemon {
             verb_busy: false,
             metrics: HashMap::new(),
             fs: HashMap::new(),
+            abandoned: HashMap::new(),
             transfers: HashMap::new(),
             upload_waiting: Vec::new(),
             watches: HashMap::new(),
