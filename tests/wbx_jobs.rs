@@ -1555,6 +1555,39 @@ fn test_max_cost_and_the_budget_hold_under_concurrent_submits() {
         assert_eq!(r.status, 400, "{body}");
         assert!(err(&r).contains(want), "{body}: {}", r.text());
     }
+    // Changes sent at once each keep what the others set (each was merged into the
+    // budget as it was when it arrived, and the last written won).
+    for round in 1..=5 {
+        let puts: Vec<std::net::TcpStream> = [
+            json!({"monthly_limit": format!("{round}0.00")}),
+            json!({"daily_limit": format!("{round}.00")}),
+            json!({"alert_pct": 10 + round}),
+        ]
+        .iter()
+        .map(|body| {
+            d.send(
+                "PUT",
+                "/wbx/v1/budget",
+                &[("Content-Type", "application/json")],
+                body.to_string().as_bytes(),
+            )
+        })
+        .collect();
+        for s in puts {
+            let r = common::read_response(&mut std::io::BufReader::new(s), false).unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        let b = wbx(&d, "GET", "/v1/budget", None, None).json();
+        assert_eq!(
+            (&b["monthly_limit"], &b["daily_limit"], &b["alert_pct"]),
+            (
+                &json!(format!("{round}0.000000")),
+                &json!(format!("{round}.000000")),
+                &json!(10 + round)
+            ),
+            "round {round}: {b}"
+        );
+    }
     d.assert_clean();
     d.stop();
 }

@@ -157,6 +157,9 @@ pub(crate) struct Table {
     /// Tenants' budgets, and what was spent per period key (`store::budget::periods`)
     /// of the current month and day (loaded at start, added to as jobs end).
     budgets: HashMap<String, crate::store::budget::Budget>,
+    /// `PUT /v1/budget`s by tenant, one written at a time (the first is being written):
+    /// each merges its change into what the one before it stored.
+    budget_puts: HashMap<String, VecDeque<(usize, u64, wj::BudgetChange)>>,
     spent: HashMap<Vec<u8>, i128>,
     /// Worst cases of submits being written, per tenant.
     pending_reserved: HashMap<String, i128>,
@@ -468,6 +471,7 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         waiters: Slab::new(),
         waiting_on: HashMap::new(),
         budgets: HashMap::new(),
+        budget_puts: HashMap::new(),
         spent: HashMap::new(),
         pending_reserved: HashMap::new(),
         batches: HashMap::new(),
@@ -3117,6 +3121,24 @@ impl Daemon {
             return;
         };
         self.conn_own(ck, Owner::Job);
+        let queue = self.jobs.budget_puts.entry(tenant.clone()).or_default();
+        queue.push_back((ck, serial, change));
+        if queue.len() == 1 {
+            self.budget_put_next(tenant);
+        }
+    }
+
+    /// Writes the first waiting `PUT /v1/budget` of `tenant`, merged into the budget as
+    /// stored now; when it is written, the next. (Merged at arrival, two at once both
+    /// started from the old budget and the second to be written lost the first's
+    /// change, though both were answered 200.)
+    fn budget_put_next(&mut self, tenant: String) {
+        let Some(&(ck, serial, change)) =
+            self.jobs.budget_puts.get(&tenant).and_then(|q| q.front())
+        else {
+            self.jobs.budget_puts.remove(&tenant);
+            return;
+        };
         let mut b = self.jobs.budgets.get(&tenant).copied().unwrap_or_default();
         if let Some(m) = change.monthly {
             b.monthly_limit = m;
@@ -3142,6 +3164,15 @@ impl Daemon {
                     }
                 };
                 d.on_outcome(ck, serial, Outcome::Respond(resp));
+                let more = d.jobs.budget_puts.get_mut(&tenant).is_some_and(|q| {
+                    q.pop_front();
+                    !q.is_empty()
+                });
+                if more {
+                    d.budget_put_next(tenant);
+                } else {
+                    d.jobs.budget_puts.remove(&tenant);
+                }
             })
         }));
     }
