@@ -337,8 +337,9 @@ struct Args {
     /// a job's log keeps this many MiB of its output; the rest is counted and dropped
     #[arg(long, env = "ISOBOX_WBX_JOB_LOG_MB", help_heading = "WBX face (/wbx)", default_value = "64", value_parser = Value(parsed::<u64>))]
     wbx_job_log_mb: u64,
-    /// finished jobs, their logs and result files are kept this long, seconds
-    #[arg(long, env = "ISOBOX_WBX_JOB_RETENTION_S", help_heading = "WBX face (/wbx)", default_value = "604800", value_parser = Value(parsed::<u64>))]
+    /// finished jobs, their logs and result files are kept this long, seconds (at least
+    /// a day: a job's webhook goes with it, and its retries take 21 hours)
+    #[arg(long, env = "ISOBOX_WBX_JOB_RETENTION_S", help_heading = "WBX face (/wbx)", default_value = "604800", value_parser = Value(retention_secs))]
     wbx_job_retention_s: u64,
     /// result files one job may save
     #[arg(long, env = "ISOBOX_WBX_ARTIFACT_FILES", help_heading = "WBX face (/wbx)", default_value = "100", value_parser = Value(parsed::<usize>))]
@@ -879,11 +880,10 @@ impl Config {
             || j.per_tenant == 0
             || j.max_timeout_s == 0
             || j.log_bytes == 0
-            || j.retention_s == 0
             || j.artifact_file_bytes == 0
         {
             return Err(invalid(
-                "ISOBOX_WBX_JOBS_RUNNING, ISOBOX_WBX_JOBS_PER_TENANT, ISOBOX_WBX_JOB_MAX_TIMEOUT_S, ISOBOX_WBX_JOB_LOG_MB, ISOBOX_WBX_JOB_RETENTION_S and ISOBOX_WBX_ARTIFACT_FILE_MB",
+                "ISOBOX_WBX_JOBS_RUNNING, ISOBOX_WBX_JOBS_PER_TENANT, ISOBOX_WBX_JOB_MAX_TIMEOUT_S, ISOBOX_WBX_JOB_LOG_MB and ISOBOX_WBX_ARTIFACT_FILE_MB",
                 "0",
                 "at least 1",
             ));
@@ -1227,6 +1227,22 @@ fn window_secs(s: &str) -> Result<u64, String> {
         .ok()
         .filter(|n| (5..=3600).contains(n))
         .ok_or_else(|| format!("{:?}: seconds from 5 to 3600", s.trim()))
+}
+
+/// Least `ISOBOX_WBX_JOB_RETENTION_S`: a finished job's webhook event is removed with
+/// the job, so the job must outlive every retry ([`crate::webhooks::SCHEDULE`], 21 h).
+pub const MIN_JOB_RETENTION_S: u64 = 86_400;
+
+fn retention_secs(s: &str) -> Result<u64, String> {
+    parsed::<u64>(s)
+        .ok()
+        .filter(|n| *n >= MIN_JOB_RETENTION_S)
+        .ok_or_else(|| {
+            format!(
+                "{:?}: at least {MIN_JOB_RETENTION_S} seconds (a day: a finished job's webhook retries take 21 hours, and its event goes with the job)",
+                s.trim()
+            )
+        })
 }
 
 /// A currency code: three capital letters.
@@ -1878,13 +1894,15 @@ mod tests {
             ("ISOBOX_WARM_POOL_CPU", "101", None),
             ("ISOBOX_WARM_POOL_CPU", "-1", None),
             ("ISOBOX_WARM_POOL_CPU", "x", None),
+            ("ISOBOX_WBX_JOB_RETENTION_S", "0", None),
+            ("ISOBOX_WBX_JOB_RETENTION_S", "86399", None),
+            ("ISOBOX_WBX_JOB_RETENTION_S", "86400", Some(86_400)),
+            ("ISOBOX_WBX_JOB_RETENTION_S", "86401", Some(86_401)),
         ] {
-            let got = load_env(&[(k, Some(v))], &[]).ok().map(|c| {
-                if k == "ISOBOX_WARM_POOL_CPU" {
-                    u64::from(c.warm_pool_cpu)
-                } else {
-                    c.warm_pool_window_sec
-                }
+            let got = load_env(&[(k, Some(v))], &[]).ok().map(|c| match k {
+                "ISOBOX_WARM_POOL_CPU" => u64::from(c.warm_pool_cpu),
+                "ISOBOX_WBX_JOB_RETENTION_S" => c.wbx.jobs.retention_s,
+                _ => c.warm_pool_window_sec,
             });
             assert_eq!(got, ok, "{k}={v}");
         }

@@ -459,6 +459,23 @@ impl Daemon {
             _ => None,
         };
         let cfg_public = cfg.public.clone();
+        // Without its thread no job's event would be written (they would be lost
+        // while submits still took webhook URLs): no daemon rather.
+        let webhooks = cfg
+            .wbx
+            .jobs
+            .webhooks
+            .then(|| {
+                crate::webhooks::Deliveries::start(
+                    Arc::clone(&app.sessions),
+                    crate::webhooks::Policy {
+                        loopback: cfg.wbx.jobs.webhook_loopback,
+                        deny: cfg.egress.deny.clone(),
+                    },
+                )
+            })
+            .transpose()
+            .map_err(io_err("starting the webhook delivery thread"))?;
         Ok(Daemon {
             wasm,
             eryx_running: std::collections::HashMap::new(),
@@ -471,22 +488,7 @@ impl Daemon {
                 &super::jobs::prices_of(&cfg.wbx.jobs),
                 cfg.wbx.jobs.webhooks,
             ),
-            webhooks: match cfg.wbx.jobs.webhooks.then(|| {
-                crate::webhooks::Deliveries::start(
-                    Arc::clone(&app.sessions),
-                    crate::webhooks::Policy {
-                        loopback: cfg.wbx.jobs.webhook_loopback,
-                        deny: cfg.egress.deny.clone(),
-                    },
-                )
-            }) {
-                None => None,
-                Some(Ok(w)) => Some(w),
-                Some(Err(e)) => {
-                    log::error!("webhooks: the delivery thread did not start: {e}");
-                    None
-                }
-            },
+            webhooks,
             cfg,
             reactor,
             listener: Some((listener, listener_token)),
