@@ -353,6 +353,10 @@ struct Args {
     /// stored result files of one tenant together, MB
     #[arg(long, env = "ISOBOX_WBX_ARTIFACT_TENANT_MB", help_heading = "WBX face (/wbx)", default_value = "5000", value_parser = Value(parsed::<u64>))]
     wbx_artifact_tenant_mb: u64,
+    /// finished jobs' records (and webhook events) of one tenant together in the
+    /// daemon's store, MB (the store holds 4 GiB for everything)
+    #[arg(long, env = "ISOBOX_WBX_JOB_RECORDS_TENANT_MB", help_heading = "WBX face (/wbx)", default_value = "256", value_parser = Value(parsed::<u64>))]
+    wbx_job_records_tenant_mb: u64,
     /// job webhooks: on, or off (a webhook_url is then refused with 400, and no
     /// delivery is made)
     #[arg(long, env = "ISOBOX_WBX_WEBHOOKS", help_heading = "WBX face (/wbx)", value_name = "on|off", default_value = "on", value_parser = Value(on_off))]
@@ -727,6 +731,7 @@ impl Config {
                     artifact_file_bytes: a.wbx_artifact_file_mb * 1_000_000,
                     artifact_job_bytes: a.wbx_artifact_job_mb * 1_000_000,
                     artifact_tenant_bytes: a.wbx_artifact_tenant_mb * 1_000_000,
+                    records_tenant_bytes: a.wbx_job_records_tenant_mb * 1_000_000,
                     currency: a.wbx_currency,
                     price_vcpu_s: a.wbx_price_vcpu_s,
                     price_gb_s: a.wbx_price_gb_s,
@@ -881,9 +886,10 @@ impl Config {
             || j.max_timeout_s == 0
             || j.log_bytes == 0
             || j.artifact_file_bytes == 0
+            || j.records_tenant_bytes == 0
         {
             return Err(invalid(
-                "ISOBOX_WBX_JOBS_RUNNING, ISOBOX_WBX_JOBS_PER_TENANT, ISOBOX_WBX_JOB_MAX_TIMEOUT_S, ISOBOX_WBX_JOB_LOG_MB and ISOBOX_WBX_ARTIFACT_FILE_MB",
+                "ISOBOX_WBX_JOBS_RUNNING, ISOBOX_WBX_JOBS_PER_TENANT, ISOBOX_WBX_JOB_MAX_TIMEOUT_S, ISOBOX_WBX_JOB_LOG_MB, ISOBOX_WBX_ARTIFACT_FILE_MB and ISOBOX_WBX_JOB_RECORDS_TENANT_MB",
                 "0",
                 "at least 1",
             ));
@@ -1612,6 +1618,9 @@ pub struct WbxJobs {
     pub artifact_job_bytes: u64,
     /// Stored result files of one tenant, bytes.
     pub artifact_tenant_bytes: u64,
+    /// Bytes of finished jobs' records (and their webhook events) one tenant may keep in
+    /// the store (`ISOBOX_WBX_JOB_RECORDS_TENANT_MB`); past it a submit is 429.
+    pub records_tenant_bytes: u64,
     /// Billing currency.
     pub currency: String,
     /// Price of a vCPU-second.
@@ -1793,6 +1802,10 @@ mod tests {
         ("--wbx-artifact-file-mb", "ISOBOX_WBX_ARTIFACT_FILE_MB"),
         ("--wbx-artifact-job-mb", "ISOBOX_WBX_ARTIFACT_JOB_MB"),
         ("--wbx-artifact-tenant-mb", "ISOBOX_WBX_ARTIFACT_TENANT_MB"),
+        (
+            "--wbx-job-records-tenant-mb",
+            "ISOBOX_WBX_JOB_RECORDS_TENANT_MB",
+        ),
         ("--wbx-currency", "ISOBOX_WBX_CURRENCY"),
         ("--wbx-price-vcpu-s", "ISOBOX_WBX_PRICE_VCPU_S"),
         ("--wbx-price-gb-s", "ISOBOX_WBX_PRICE_GB_S"),

@@ -512,6 +512,23 @@ fn test_errors_limits_expiry_and_tenants() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(err(&r).contains("too large"), "{}", r.text());
     assert_eq!(d.get("/healthz").status, 200);
+    // The longest command line runs (one argument of `/bin/sh -c`: 128 KiB with its
+    // NUL); one byte more is refused below.
+    let longest = format!("echo ok #{}", "x".repeat(128 * 1024 - 1 - 9));
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        one,
+        Some(&json!({ "cmd": longest })),
+    );
+    let v = r.json();
+    assert_eq!(
+        (r.status, &v["stdout"], &v["exit_code"]),
+        (200, &json!("ok\n"), &json!(0)),
+        "{}",
+        v["stderr"]
+    );
     // Bad command bodies.
     for (body, says) in [
         (json!({}), "cmd: required"),
@@ -523,6 +540,10 @@ fn test_errors_limits_expiry_and_tenants() {
         (
             json!({"cmd": "x", "timeout_ms": -5}),
             "timeout_ms: must be a whole number of milliseconds",
+        ),
+        (
+            json!({"cmd": format!("true #{}", "x".repeat(128 * 1024 - 6))}),
+            "cmd: at most 131071 bytes, without NUL",
         ),
     ] {
         let r = wbx(

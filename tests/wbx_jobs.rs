@@ -1837,3 +1837,81 @@ fn test_without_its_init_binary_sandboxes_and_jobs_say_so_and_runs_go_on() {
     drop(d);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A tenant's finished jobs' records in the store are bounded
+/// (`ISOBOX_WBX_JOB_RECORDS_TENANT_MB`): below it a submit is taken, at or past it
+/// refused with 429 saying what fills it. (Without a bound one tenant's records could
+/// fill the store that every write of every tenant needs.) On the way, the command's
+/// own bound: the longest runs, one byte more is refused.
+#[test]
+fn test_a_tenants_job_records_are_bounded_in_the_store() {
+    let d = Daemon::start_with(&[("ISOBOX_WBX_JOB_RECORDS_TENANT_MB", "1")]);
+    d.wait_ready();
+    let longest = 128 * 1024 - 1;
+    let job = |len: usize| {
+        json!({"command": format!("true #{}", "x".repeat(len - 6)),
+               "network": {"mode": "none"}, "timeout_s": 60})
+    };
+    let r = wbx(&d, "POST", "/v1/jobs", None, Some(&job(longest + 1)));
+    assert_eq!(
+        (r.status, err(&r)),
+        (
+            400,
+            format!("command: 1 to {longest} bytes, not blank, without NUL")
+        )
+    );
+    // Each record ~132 kB (its command): seven stay below 1 MB until the eighth ends.
+    let mut taken = 0;
+    let refusal = loop {
+        let r = wbx(&d, "POST", "/v1/jobs", None, Some(&job(longest)));
+        if r.status == 429 {
+            break err(&r);
+        }
+        assert_eq!(r.status, 202, "{}", r.text());
+        taken += 1;
+        assert!(taken <= 8, "a ninth job was taken");
+        let id = r.json()["id"].as_str().unwrap().to_string();
+        let v = finished(&d, None, &id, Duration::from_secs(120));
+        assert_eq!(
+            (&v["status"], &v["exit_code"]),
+            (&json!("completed"), &json!(0)),
+            "{}",
+            v["error"]
+        );
+    };
+    assert_eq!(taken, 8, "{refusal}");
+    let used: u64 = refusal
+        .strip_prefix("limit reached: this tenant's finished jobs' records (")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{refusal}"));
+    // At the eighth's end it passed the bound; before it, seven were below.
+    assert!(
+        used >= 1_000_000 && used / 8 * 7 < 1_000_000,
+        "{used}: {refusal}"
+    );
+    assert!(
+        refusal.ends_with("fill its 1000000 bytes (ISOBOX_WBX_JOB_RECORDS_TENANT_MB); they are removed 604800 s after their jobs end"),
+        "{refusal}"
+    );
+    // Refused again (past it), and a batch too; reads still answer.
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/jobs",
+        None,
+        Some(&json!({"command": "true"})),
+    );
+    assert_eq!((r.status, err(&r)), (429, refusal.clone()));
+    let r = wbx(
+        &d,
+        "POST",
+        "/v1/batches",
+        None,
+        Some(&json!({"jobs": [{"command": "true"}]})),
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(wbx(&d, "GET", "/v1/jobs", None, None).status, 200);
+    d.assert_clean();
+    d.stop();
+}

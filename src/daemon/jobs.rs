@@ -145,6 +145,10 @@ pub(crate) struct Table {
     serial: u64,
     /// Stored result-file bytes per tenant.
     tenant_bytes: HashMap<String, u64>,
+    /// Bytes of finished jobs' records (and webhook events) in the store, per tenant.
+    tenant_records: HashMap<String, u64>,
+    /// Bytes the store holds (its pages in use), as last measured by the sweep.
+    store_used: u64,
     /// Submits being written, per tenant (they count against its cap).
     pending: HashMap<String, usize>,
     dir: PathBuf,
@@ -463,6 +467,8 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         queue: VecDeque::new(),
         serial: 0,
         tenant_bytes: HashMap::new(),
+        tenant_records: HashMap::new(),
+        store_used: 0,
         pending: HashMap::new(),
         signer: signer(&dir).map(Arc::new),
         dir,
@@ -532,6 +538,7 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
         let _ = std::fs::remove_dir_all(t.dir.join(&id).join(INPUT_DIR));
         if rec.finished() {
             *t.tenant_bytes.entry(rec.tenant.clone()).or_default() += stored_bytes(&rec);
+            *t.tenant_records.entry(rec.tenant.clone()).or_default() += record_bytes(&rec);
             ended.insert(id, rec.status);
             continue;
         }
@@ -788,6 +795,31 @@ fn stored_bytes(rec: &JobRecord) -> u64 {
             .wasm
             .as_ref()
             .map_or(0, |w| w.module_bytes + w.stdin_bytes)
+}
+
+/// What a finished job keeps in the store, against its tenant's records: the record as
+/// written (its command, result files' and skipped files' names, test results…), and
+/// as much again for its webhook event (the job's JSON), if it has one.
+fn record_bytes(rec: &JobRecord) -> u64 {
+    let record = serde_json::to_vec(rec).map_or(0, |v| v.len() as u64);
+    if rec.spec.webhook_url.is_some() {
+        record * 2
+    } else {
+        record
+    }
+}
+
+/// The store's share job submits may fill: past it they are refused, so the rest
+/// stays for what must be written (jobs' ends, sessions, KV, volumes).
+const STORE_SUBMIT_SHARE_PCT: u64 = 75;
+
+/// Why no job may be submitted while the store holds `used` bytes: past
+/// [`STORE_SUBMIT_SHARE_PCT`] of its map.
+fn store_full(used: u64, retention_s: u64) -> Option<String> {
+    let map = crate::store::env::MAP_SIZE_BYTES as u64;
+    (used >= map / 100 * STORE_SUBMIT_SHARE_PCT).then(|| {
+        format!("limit reached: the server's store is {} % full ({used} of {map} bytes); jobs are refused past {STORE_SUBMIT_SHARE_PCT} % until finished ones are removed ({retention_s} s after their end)", (used * 100 + map / 2) / map)
+    })
 }
 
 /// The error of a job cancelled by its own `POST …/cancel`.
@@ -1051,6 +1083,16 @@ impl Daemon {
     /// unfinished jobs under theirs. The refusal, else `None`.
     pub(super) fn job_admission(&self, tenant: &str, adding: usize) -> Option<Response> {
         let c = &self.cfg.wbx.jobs;
+        if let Some(why) = store_full(self.jobs.store_used, c.retention_s) {
+            return Some(crate::wbx::error(429, &why));
+        }
+        let records = self.jobs.tenant_records.get(tenant).copied().unwrap_or(0);
+        if records >= c.records_tenant_bytes {
+            return Some(crate::wbx::error(
+                429,
+                &format!("limit reached: this tenant's finished jobs' records ({records} bytes) fill its {} bytes (ISOBOX_WBX_JOB_RECORDS_TENANT_MB); they are removed {} s after their jobs end", c.records_tenant_bytes, c.retention_s),
+            ));
+        }
         let used = self.jobs.tenant_bytes.get(tenant).copied().unwrap_or(0);
         if used >= c.artifact_tenant_bytes {
             let resp = crate::wbx::error(
@@ -2728,6 +2770,7 @@ impl Daemon {
             j.rec.artifacts.len()
         );
         let bytes = stored_bytes(&j.rec);
+        let records = record_bytes(&j.rec);
         let tenant = j.rec.tenant.clone();
         let gone = j.sbx.is_none();
         for (ck, serial) in waiters {
@@ -2735,6 +2778,7 @@ impl Daemon {
         }
         self.job_reads_again(readers);
         *self.jobs.tenant_bytes.entry(tenant.clone()).or_default() += bytes;
+        *self.jobs.tenant_records.entry(tenant.clone()).or_default() += records;
         if let Some(j) = self.job(jk, js) {
             // Its actual cost replaces its reservation (it leaves the live jobs).
             let cost = prices.cost(&j.rec.spec, j.rec.billed_ms).0;
@@ -3444,7 +3488,7 @@ impl Daemon {
         let job = Box::new(move || -> Done<Daemon> {
             let store = sessions.store();
             let cutoff = now_ms().saturating_sub(keep_ms);
-            let mut freed: Vec<(String, u64)> = Vec::new();
+            let mut freed: Vec<(String, u64, u64)> = Vec::new();
             match store.all_jobs() {
                 Ok(all) => {
                     for (id, rec) in all {
@@ -3464,8 +3508,8 @@ impl Daemon {
                         match r {
                             Ok(_) => {
                                 let _ = std::fs::remove_dir_all(dir.join(&id));
-                                let bytes = stored_bytes(&rec);
-                                freed.push((rec.tenant, bytes));
+                                let (bytes, records) = (stored_bytes(&rec), record_bytes(&rec));
+                                freed.push((rec.tenant, bytes, records));
                                 log::info!("job {id} removed: past its retention");
                             }
                             Err(e) => log::error!("jobs: removing {id}: {e}"),
@@ -3493,11 +3537,20 @@ impl Daemon {
                 }
                 Err(e) => log::error!("jobs: reading batches: {e}"),
             }
+            // What the store holds now, its free pages not counted.
+            let used = store.used_bytes();
             Box::new(move |d: &mut Daemon| {
                 d.jobs.sweeping = false;
-                for (t, b) in freed {
+                match used {
+                    Ok(u) => d.jobs.store_used = u,
+                    Err(e) => log::error!("jobs: measuring the store: {e}"),
+                }
+                for (t, b, r) in freed {
                     if let Some(n) = d.jobs.tenant_bytes.get_mut(&t) {
                         *n = n.saturating_sub(b);
+                    }
+                    if let Some(n) = d.jobs.tenant_records.get_mut(&t) {
+                        *n = n.saturating_sub(r);
                     }
                 }
             })
@@ -4089,6 +4142,21 @@ fn count_lines(path: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_submits_stop_at_three_quarters_of_the_store() {
+        let map = crate::store::env::MAP_SIZE_BYTES as u64;
+        let bound = map / 100 * 75;
+        assert_eq!(super::store_full(bound - 1, 86_400), None);
+        let at = super::store_full(bound, 86_400).unwrap();
+        assert_eq!(
+            at,
+            format!("limit reached: the server's store is 75 % full ({bound} of {map} bytes); jobs are refused past 75 % until finished ones are removed (86400 s after their end)")
+        );
+        assert!(super::store_full(map, 86_400)
+            .unwrap()
+            .contains("is 100 % full"));
+    }
 
     #[test]
     fn test_directories_are_looked_through_only_where_a_pattern_can_match() {

@@ -390,6 +390,15 @@ impl Store {
 }
 
 impl Tables {
+    /// Bytes of the environment's pages in use (its free pages not counted): how full
+    /// its map ([`env::MAP_SIZE_BYTES`]) is.
+    ///
+    /// # Errors
+    /// [`StoreError`] on LMDB errors.
+    pub fn used_bytes(&self) -> Result<u64, StoreError> {
+        Ok(self.env.non_free_pages_size()?)
+    }
+
     /// Reads one session.
     ///
     /// # Errors

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 
 /// A job's default time limit, seconds.
 pub const DEFAULT_TIMEOUT_S: u64 = 3600;
-/// Longest command.
-pub const MAX_COMMAND_BYTES: usize = 256 << 10;
+/// Longest command: as a sandbox's command line, one argument of `/bin/sh -c`.
+pub const MAX_COMMAND_BYTES: usize = crate::wbx::sandboxes::MAX_CMD_BYTES;
 /// Patterns in `artifacts` (and paths in `required_artifacts`).
 pub const MAX_PATTERNS: usize = 100;
 /// Most attempts `retry` may ask for.

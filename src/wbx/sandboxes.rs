@@ -30,8 +30,9 @@ const MAX_ENV_VALUE_BYTES: usize = 32 << 10;
 const MAX_METADATA: usize = 32;
 const MAX_METADATA_KEY_BYTES: usize = 64;
 const MAX_METADATA_VALUE_BYTES: usize = 512;
-/// Largest command line.
-const MAX_CMD_BYTES: usize = 256 << 10;
+/// Largest command line: one argument of `/bin/sh -c`, which the kernel (gVisor's too)
+/// takes up to 128 KiB with its NUL (`MAX_ARG_STRLEN`; a longer one could not start).
+pub const MAX_CMD_BYTES: usize = (128 << 10) - 1;
 
 /// The template every sandbox gets when none is named.
 pub const DEFAULT_TEMPLATE: &str = "base";
