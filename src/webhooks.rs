@@ -1,5 +1,12 @@
-//! Webhook delivery: a thread of its own (started before the loop's seccomp) that
-//! sends the outbox's due events, one at a time, and writes down how each went.
+//! Webhook delivery: threads of their own (started before the loop's seccomp): a
+//! scheduler that hands the outbox's due events to [`WORKERS`] senders and writes down
+//! how each went.
+//!
+//! - Fair between tenants: at most one delivery of a tenant is in flight, and the next
+//!   due event goes to the tenant served longest ago; so a tenant whose target never
+//!   answers (each attempt takes [`TIMEOUT`]) holds one sender, and every other
+//!   tenant's events go out on time. A name's resolution is bounded too
+//!   ([`DNS_TIMEOUT`]).
 //!
 //! - A delivery counts only on a 2xx within [`TIMEOUT`]; otherwise it is tried again
 //!   after 10 s, 1 min, 5 min, 30 min, 2 h, 6 h and 12 h ([`SCHEDULE`]), then given up
@@ -18,7 +25,7 @@
 use crate::netfilter::Cidr;
 use crate::store::webhooks::OutboxEvent;
 use crate::workspace::Sessions;
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +36,10 @@ pub const TIMEOUT: Duration = Duration::from_secs(10);
 pub const SCHEDULE: [u64; 7] = [10, 60, 300, 1800, 7200, 21600, 43200];
 /// Longest webhook URL.
 pub const MAX_URL_BYTES: usize = 2048;
+/// Deliveries in flight at once (each of a different tenant).
+pub const WORKERS: usize = 4;
+/// How long a target's name has to resolve.
+pub const DNS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where deliveries may go.
 #[derive(Debug, Clone)]
@@ -170,10 +181,8 @@ pub fn deliver(
     policy: &Policy,
 ) -> Result<u16, Undelivered> {
     let target = check_url(&ev.url, policy).map_err(|e| undelivered(&e, e.clone()))?;
-    let addrs: Vec<SocketAddr> = (target.host.trim_matches(['[', ']']), target.port)
-        .to_socket_addrs()
-        .map_err(|e| undelivered(&format!("{} does not resolve", target.host), e.to_string()))?
-        .collect();
+    let addrs: Vec<SocketAddr> = resolve(target.host.trim_matches(['[', ']']), target.port)
+        .map_err(|e| undelivered(&format!("{} does not resolve", target.host), e.to_string()))?;
     let local: Vec<std::net::Ipv4Addr> = crate::netfilter::rtnl::Rtnl::open()
         .and_then(|mut r| r.addrs())
         .map_err(|e| {
@@ -243,6 +252,27 @@ pub fn deliver(
     }
 }
 
+/// `host`'s addresses, within [`DNS_TIMEOUT`] (the system's resolver may take far
+/// longer for a name whose servers do not answer; its thread is left to finish).
+fn resolve(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let name = host.to_string();
+    std::thread::Builder::new()
+        .name("isobox-webhook-dns".into())
+        .spawn(move || {
+            let r = (name.as_str(), port)
+                .to_socket_addrs()
+                .map(Iterator::collect::<Vec<_>>);
+            let _ = tx.send(r);
+        })?;
+    rx.recv_timeout(DNS_TIMEOUT).unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {} s", DNS_TIMEOUT.as_secs()),
+        ))
+    })
+}
+
 /// How a connection failed, for the log: never the URL (ureq's own words start with
 /// it, and a webhook URL's path or query often is its secret), only its host and port.
 fn transport_detail(t: &ureq::Transport, target: &Target) -> String {
@@ -258,22 +288,57 @@ fn transport_detail(t: &ureq::Transport, target: &Target) -> String {
     s
 }
 
-/// The delivery thread's handle: a nudge when an event was put in the outbox.
+/// The delivery threads' handle: a nudge when an event was put in the outbox.
 #[derive(Clone)]
 pub struct Deliveries {
     wake: Sender<()>,
 }
 
+/// An event handed to a sender (its attempt counted).
+struct Task {
+    id: String,
+    ev: OutboxEvent,
+    secret: String,
+}
+
+/// How a sender's attempt went.
+struct Attempted {
+    id: String,
+    ev: OutboxEvent,
+    result: Result<u16, Undelivered>,
+}
+
 impl Deliveries {
-    /// Starts the thread.
+    /// Starts the scheduler and its senders.
     ///
     /// # Errors
-    /// When the thread cannot be made.
+    /// When a thread cannot be made.
     pub fn start(sessions: Arc<Sessions>, policy: Policy) -> std::io::Result<Deliveries> {
         let (wake, rx) = crossbeam_channel::bounded(64);
+        let (task_tx, task_rx) = crossbeam_channel::bounded::<Task>(WORKERS);
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Attempted>();
+        let policy = Arc::new(policy);
+        for n in 0..WORKERS {
+            let (tasks, done, policy) = (task_rx.clone(), done_tx.clone(), Arc::clone(&policy));
+            std::thread::Builder::new()
+                .name(format!("isobox-webhook-{n}"))
+                .spawn(move || {
+                    for t in tasks {
+                        let result = deliver(&t.ev, &t.id, &t.secret, &policy);
+                        let a = Attempted {
+                            id: t.id,
+                            ev: t.ev,
+                            result,
+                        };
+                        if done.send(a).is_err() {
+                            return;
+                        }
+                    }
+                })?;
+        }
         std::thread::Builder::new()
             .name("isobox-webhooks".into())
-            .spawn(move || run(&sessions, &policy, &rx))?;
+            .spawn(move || run(&sessions, &rx, &task_tx, &done_rx))?;
         Ok(Deliveries { wake })
     }
 
@@ -283,97 +348,161 @@ impl Deliveries {
     }
 }
 
-fn run(sessions: &Sessions, policy: &Policy, wake: &Receiver<()>) {
+/// The tenant's signing secret, made on first use.
+fn secret_for(store: &crate::store::Store, tenant: &str) -> Option<String> {
+    match store.webhook_secret(tenant) {
+        Ok(Some(s)) => Some(s),
+        Ok(None) => match new_secret()
+            .ok_or_else(|| "no randomness".to_string())
+            .and_then(|s| {
+                store
+                    .set_webhook_secret(tenant, &s, false)
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                log::error!("webhooks: a secret for {tenant}: {e}");
+                None
+            }
+        },
+        Err(e) => {
+            log::error!("webhooks: reading a secret: {e}");
+            None
+        }
+    }
+}
+
+/// Which due event goes out next: none of a tenant with one in flight; of the rest,
+/// the tenant served longest ago (`served`: its last turn), then the event due first.
+fn next_due(
+    pending: &[(String, OutboxEvent)],
+    in_flight: &std::collections::HashMap<String, String>,
+    served: &std::collections::HashMap<String, u64>,
+    now: u64,
+) -> Option<usize> {
+    pending
+        .iter()
+        .enumerate()
+        .filter(|(_, (id, e))| {
+            e.next_ms <= now
+                && !in_flight.contains_key(id)
+                && !in_flight.values().any(|t| *t == e.tenant)
+        })
+        .min_by_key(|(_, (_, e))| (served.get(&e.tenant).copied().unwrap_or(0), e.next_ms))
+        .map(|(i, _)| i)
+}
+
+fn run(sessions: &Sessions, wake: &Receiver<()>, tasks: &Sender<Task>, done: &Receiver<Attempted>) {
+    use std::collections::HashMap;
     // Events whose new state could not be written: their backoff is kept here, so a
     // store that refuses writes does not make them be sent on every pass.
-    let mut unwritten: std::collections::HashMap<String, OutboxEvent> = Default::default();
+    let mut unwritten: HashMap<String, OutboxEvent> = HashMap::new();
+    // The outbox's pending events (read again at each nudge).
+    let mut pending: Vec<(String, OutboxEvent)> = Vec::new();
+    let mut scan = true;
+    // Event id → tenant, for those with a sender.
+    let mut in_flight: HashMap<String, String> = HashMap::new();
+    // Tenant → its last turn.
+    let mut served: HashMap<String, u64> = HashMap::new();
+    let mut turn = 0u64;
     loop {
         let store = sessions.store();
-        let now = crate::workspace::now_ms();
-        let mut events = match store.outbox() {
-            Ok(e) => e,
-            Err(e) => {
-                log::error!("webhooks: reading the outbox: {e}");
-                Vec::new()
-            }
-        };
-        for (id, e) in events.iter_mut() {
-            if let Some(kept) = unwritten.get(id) {
-                *e = kept.clone();
-            }
-        }
-        events.retain(|(_, e)| e.state == "pending");
-        events.sort_by_key(|(_, e)| e.next_ms);
-        let mut next = now + 60_000;
-        for (id, mut ev) in events {
-            if ev.next_ms > crate::workspace::now_ms() {
-                next = next.min(ev.next_ms);
-                continue;
-            }
-            let secret = match store.webhook_secret(&ev.tenant) {
-                Ok(Some(s)) => s,
-                Ok(None) => match new_secret()
-                    .ok_or_else(|| "no randomness".to_string())
-                    .and_then(|s| {
-                        store
-                            .set_webhook_secret(&ev.tenant, &s, false)
-                            .map_err(|e| e.to_string())
-                    }) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        log::error!("webhooks: a secret for {}: {e}", ev.tenant);
-                        continue;
-                    }
-                },
+        if scan {
+            scan = false;
+            pending = match store.outbox() {
+                Ok(e) => e,
                 Err(e) => {
-                    log::error!("webhooks: reading a secret: {e}");
-                    continue;
+                    log::error!("webhooks: reading the outbox: {e}");
+                    Vec::new()
                 }
             };
-            ev.attempts += 1;
-            match deliver(&ev, &id, &secret, policy) {
-                Ok(status) => {
-                    log::info!(
-                        "webhook {} {id} delivered ({status}) after {} attempts",
-                        ev.event,
-                        ev.attempts
-                    );
-                    ev.state = "delivered".into();
-                    ev.delivered_ms = Some(crate::workspace::now_ms());
-                    ev.last_error = None;
-                }
-                Err(why) => {
-                    crate::warn_limited!(
-                        "webhook {} {id}: attempt {} did not count: {} ({})",
-                        ev.event,
-                        ev.attempts,
-                        why.public,
-                        why.detail
-                    );
-                    ev.last_error = Some(why.public);
-                    match SCHEDULE.get(ev.attempts as usize - 1) {
-                        Some(wait) => {
-                            ev.next_ms = crate::workspace::now_ms() + wait * 1000;
-                            next = next.min(ev.next_ms);
-                        }
-                        None => ev.state = "failed".into(),
-                    }
+            for (id, e) in &mut pending {
+                if let Some(kept) = unwritten.get(id) {
+                    *e = kept.clone();
                 }
             }
-            match store.put_outbox_event(&id, &ev) {
-                Ok(()) => {
-                    unwritten.remove(&id);
-                }
-                Err(e) => {
-                    log::error!("webhooks: writing {id}'s delivery: {e}");
-                    unwritten.insert(id, ev);
-                }
+            pending.retain(|(_, e)| e.state == "pending");
+        }
+        let now = crate::workspace::now_ms();
+        while in_flight.len() < WORKERS {
+            let Some(i) = next_due(&pending, &in_flight, &served, now) else {
+                break;
+            };
+            let Some(secret) = secret_for(&store, &pending[i].1.tenant) else {
+                // Tried again in a minute (the store refused).
+                pending[i].1.next_ms = now + 60_000;
+                continue;
+            };
+            let (id, mut ev) = pending[i].clone();
+            ev.attempts += 1;
+            turn += 1;
+            served.insert(ev.tenant.clone(), turn);
+            in_flight.insert(id.clone(), ev.tenant.clone());
+            if tasks.send(Task { id, ev, secret }).is_err() {
+                return;
             }
         }
-        let wait = next.saturating_sub(crate::workspace::now_ms()).max(50);
-        match wake.recv_timeout(Duration::from_millis(wait)) {
-            Ok(()) | Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+        let next = pending
+            .iter()
+            .filter(|(id, _)| !in_flight.contains_key(id))
+            .map(|(_, e)| e.next_ms)
+            .min()
+            .unwrap_or(u64::MAX)
+            .min(now + 60_000);
+        let wait = Duration::from_millis(next.saturating_sub(now).max(50));
+        crossbeam_channel::select! {
+            recv(wake) -> m => {
+                if m.is_err() {
+                    return;
+                }
+                scan = true;
+            }
+            recv(done) -> a => {
+                let Ok(Attempted { id, mut ev, result }) = a else {
+                    return;
+                };
+                in_flight.remove(&id);
+                match result {
+                    Ok(status) => {
+                        log::info!(
+                            "webhook {} {id} delivered ({status}) after {} attempts",
+                            ev.event,
+                            ev.attempts
+                        );
+                        ev.state = "delivered".into();
+                        ev.delivered_ms = Some(crate::workspace::now_ms());
+                        ev.last_error = None;
+                    }
+                    Err(why) => {
+                        crate::warn_limited!(
+                            "webhook {} {id}: attempt {} did not count: {} ({})",
+                            ev.event,
+                            ev.attempts,
+                            why.public,
+                            why.detail
+                        );
+                        ev.last_error = Some(why.public);
+                        match SCHEDULE.get(ev.attempts as usize - 1) {
+                            Some(wait) => ev.next_ms = crate::workspace::now_ms() + wait * 1000,
+                            None => ev.state = "failed".into(),
+                        }
+                    }
+                }
+                match store.put_outbox_event(&id, &ev) {
+                    Ok(()) => {
+                        unwritten.remove(&id);
+                    }
+                    Err(e) => {
+                        log::error!("webhooks: writing {id}'s delivery: {e}");
+                        unwritten.insert(id.clone(), ev.clone());
+                    }
+                }
+                pending.retain(|(i, _)| *i != id);
+                if ev.state == "pending" {
+                    pending.push((id, ev));
+                }
+            }
+            default(wait) => {}
         }
     }
 }
@@ -387,6 +516,38 @@ mod tests {
             loopback,
             deny: vec!["203.0.113.0/24".parse().unwrap()],
         }
+    }
+
+    #[test]
+    fn test_the_next_delivery_goes_to_the_tenant_served_longest_ago() {
+        let ev = |tenant: &str, next_ms: u64| OutboxEvent {
+            tenant: tenant.into(),
+            next_ms,
+            state: "pending".into(),
+            ..Default::default()
+        };
+        let pending = vec![
+            ("a1".to_string(), ev("a", 10)),
+            ("a2".to_string(), ev("a", 20)),
+            ("b1".to_string(), ev("b", 30)),
+            ("c1".to_string(), ev("c", 500)),
+        ];
+        let mut in_flight = std::collections::HashMap::new();
+        let mut served = std::collections::HashMap::new();
+        // Nobody served yet: the one due first.
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(0));
+        // a was served: b's, though due later; c's is not due.
+        served.insert("a".to_string(), 1);
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(2));
+        // b served after a: a's first again.
+        served.insert("b".to_string(), 2);
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(0));
+        // A tenant with one in flight gets no second.
+        in_flight.insert("a1".to_string(), "a".to_string());
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(2));
+        in_flight.insert("b1".to_string(), "b".to_string());
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), None);
+        assert_eq!(next_due(&pending, &in_flight, &served, 500), Some(3));
     }
 
     #[test]

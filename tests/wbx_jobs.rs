@@ -1915,3 +1915,87 @@ fn test_a_tenants_job_records_are_bounded_in_the_store() {
     d.assert_clean();
     d.stop();
 }
+
+/// A tenant whose webhook target never answers (each attempt takes the 10 s timeout)
+/// does not hold up another tenant's: it has one delivery in flight at a time, and the
+/// other's event goes out on a free sender while the first still waits. (Before, one
+/// sender took the due events in order: the other tenant's came after every attempt of
+/// the first's.)
+#[test]
+fn test_a_tenants_unanswered_webhooks_do_not_hold_up_anothers() {
+    // A target that takes connections and never answers; it counts them.
+    let tarpit = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let slow_port = tarpit.local_addr().unwrap().port();
+    let held: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>> = Default::default();
+    {
+        let held = std::sync::Arc::clone(&held);
+        std::thread::spawn(move || {
+            for s in tarpit.incoming().flatten() {
+                held.lock().unwrap().push(s);
+            }
+        });
+    }
+    let (port, got) = receiver(false);
+    let d = Daemon::start_with(&[
+        ("ISOBOX_API_KEYS", "hooks-key-one,hooks-key-two"),
+        ("ISOBOX_WBX_WEBHOOK_LOOPBACK", "1"),
+        ("ISOBOX_WBX_JOBS_RUNNING", "4"),
+    ]);
+    d.wait_ready();
+    let none = json!({"mode": "none"});
+    let slow = format!("http://127.0.0.1:{slow_port}/hook");
+    let ids: Vec<String> = (0..6)
+        .map(|_| {
+            submit(
+                &d,
+                Some("hooks-key-one"),
+                &json!({"command": "true", "network": none, "webhook_url": slow}),
+            )["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    for id in &ids {
+        finished(&d, Some("hooks-key-one"), id, Duration::from_secs(120));
+    }
+    // The first tenant's first attempt is under way.
+    let t = Instant::now();
+    while held.lock().unwrap().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no attempt\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let fast = format!("http://127.0.0.1:{port}/hook");
+    let job = submit(
+        &d,
+        Some("hooks-key-two"),
+        &json!({"command": "true", "network": none, "webhook_url": fast}),
+    );
+    let id = job["id"].as_str().unwrap().to_string();
+    finished(&d, Some("hooks-key-two"), &id, Duration::from_secs(120));
+    let t = Instant::now();
+    while got.lock().unwrap().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "no delivery\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Delivered while the first tenant had had at most two of its six tried.
+    let attempts = held.lock().unwrap().len();
+    assert!(
+        attempts <= 2,
+        "{attempts} of the first tenant's attempts came first"
+    );
+    let (_, body) = got.lock().unwrap()[0].clone();
+    let ev: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(ev["id"].as_str(), Some(id.as_str()), "{ev}");
+    drop(held);
+    d.assert_clean();
+    d.stop();
+}
