@@ -529,6 +529,23 @@ fn test_errors_limits_expiry_and_tenants() {
         "{}",
         v["stderr"]
     );
+    // The user cannot stop or kill the sandbox's init (G2): refused, and it answers on.
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        one,
+        Some(&json!({"cmd": "kill -9 1; echo $?; kill -STOP 1; echo $?"})),
+    );
+    assert_eq!(r.json()["stdout"], "1\n1\n", "{}", r.text());
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        one,
+        Some(&json!({"cmd": "echo alive"})),
+    );
+    assert_eq!(r.json()["stdout"], "alive\n", "{}", r.text());
     // Bad command bodies.
     for (body, says) in [
         (json!({}), "cmd: required"),
@@ -2720,6 +2737,12 @@ fn test_files_upload_download_delete_streamed() {
         assert!(t.elapsed() < Duration::from_secs(10), "{method} waited");
     }
     assert_eq!(d.request("GET", &files("empty"), &[], b"").status, 200);
+    // A device is no file either (its read would never end).
+    let r = d.request("GET", &files("/dev/zero"), &[], b"");
+    assert_eq!(
+        (r.status, err_of(&r)),
+        (400, "/dev/zero: is not a regular file".to_string())
+    );
     // A name of 255 bytes, the most a file system takes, is uploaded to and read back.
     let long = "n".repeat(255);
     let r = d.request("PUT", &files(&format!("/tmp/{long}")), &[], b"long");
