@@ -428,7 +428,7 @@ fn run(sessions: &Sessions, wake: &Receiver<()>, tasks: &Sender<Task>, done: &Re
             let Some(i) = next_due(&pending, &in_flight, &served, now) else {
                 break;
             };
-            let Some(secret) = secret_for(&store, &pending[i].1.tenant) else {
+            let Some(secret) = secret_for(store, &pending[i].1.tenant) else {
                 // Tried again in a minute (the store refused).
                 pending[i].1.next_ms = now + 60_000;
                 continue;
