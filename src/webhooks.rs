@@ -2,11 +2,12 @@
 //! scheduler that hands the outbox's due events to [`WORKERS`] senders and writes down
 //! how each went.
 //!
-//! - Fair between tenants: at most one delivery of a tenant is in flight, and the next
-//!   due event goes to the tenant served longest ago; so a tenant whose target never
-//!   answers (each attempt takes [`TIMEOUT`]) holds one sender, and every other
-//!   tenant's events go out on time. A name's resolution is bounded too
-//!   ([`DNS_TIMEOUT`]).
+//! - Fair between tenants: at most [`PER_TENANT`] deliveries of a tenant are in flight,
+//!   and the next due event goes to the tenant with the fewest in flight, then the one
+//!   served longest ago; so a tenant whose target never answers (each attempt takes
+//!   [`TIMEOUT`]) holds two senders, and the other tenants' events go out on time
+//!   unless four such tenants hold them all. A name's resolution is bounded too
+//!   ([`DNS_TIMEOUT`], at most [`MAX_RESOLVING`] at once).
 //!
 //! - A delivery counts only on a 2xx within [`TIMEOUT`]; otherwise it is tried again
 //!   after 10 s, 1 min, 5 min, 30 min, 2 h, 6 h and 12 h ([`SCHEDULE`]), then given up
@@ -36,8 +37,13 @@ pub const TIMEOUT: Duration = Duration::from_secs(10);
 pub const SCHEDULE: [u64; 7] = [10, 60, 300, 1800, 7200, 21600, 43200];
 /// Longest webhook URL.
 pub const MAX_URL_BYTES: usize = 2048;
-/// Deliveries in flight at once (each of a different tenant).
-pub const WORKERS: usize = 4;
+/// Deliveries in flight at once.
+pub const WORKERS: usize = 8;
+/// Deliveries of one tenant in flight at once.
+pub const PER_TENANT: usize = 2;
+/// Names being resolved at once (a resolution past [`DNS_TIMEOUT`] goes on in its
+/// thread until the system's resolver gives up).
+pub const MAX_RESOLVING: usize = 16;
 /// How long a target's name has to resolve.
 pub const DNS_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -255,16 +261,33 @@ pub fn deliver(
 /// `host`'s addresses, within [`DNS_TIMEOUT`] (the system's resolver may take far
 /// longer for a name whose servers do not answer; its thread is left to finish).
 fn resolve(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static RESOLVING: AtomicUsize = AtomicUsize::new(0);
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    if RESOLVING.fetch_add(1, Ordering::SeqCst) >= MAX_RESOLVING {
+        RESOLVING.fetch_sub(1, Ordering::SeqCst);
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "the resolver is busy with names that do not answer",
+        ));
+    }
     let (tx, rx) = crossbeam_channel::bounded(1);
     let name = host.to_string();
-    std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("isobox-webhook-dns".into())
         .spawn(move || {
             let r = (name.as_str(), port)
                 .to_socket_addrs()
                 .map(Iterator::collect::<Vec<_>>);
+            RESOLVING.fetch_sub(1, Ordering::SeqCst);
             let _ = tx.send(r);
-        })?;
+        });
+    if let Err(e) = spawned {
+        RESOLVING.fetch_sub(1, Ordering::SeqCst);
+        return Err(e);
+    }
     rx.recv_timeout(DNS_TIMEOUT).unwrap_or_else(|_| {
         Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
@@ -372,8 +395,19 @@ fn secret_for(store: &crate::store::Store, tenant: &str) -> Option<String> {
     }
 }
 
-/// Which due event goes out next: none of a tenant with one in flight; of the rest,
-/// the tenant served longest ago (`served`: its last turn), then the event due first.
+/// How many deliveries of `tenant` are in flight.
+fn flying(in_flight: &std::collections::HashMap<String, String>, tenant: &str) -> usize {
+    in_flight.values().filter(|t| *t == tenant).count()
+}
+
+/// Whether event `id` of `tenant` may be handed to a sender (when due).
+fn may_go(in_flight: &std::collections::HashMap<String, String>, id: &str, tenant: &str) -> bool {
+    !in_flight.contains_key(id) && flying(in_flight, tenant) < PER_TENANT
+}
+
+/// Which due event goes out next: none of a tenant with [`PER_TENANT`] in flight; of
+/// the rest, the tenant with the fewest in flight, then the one served longest ago
+/// (`served`: its last turn), then the event due first.
 fn next_due(
     pending: &[(String, OutboxEvent)],
     in_flight: &std::collections::HashMap<String, String>,
@@ -383,12 +417,14 @@ fn next_due(
     pending
         .iter()
         .enumerate()
-        .filter(|(_, (id, e))| {
-            e.next_ms <= now
-                && !in_flight.contains_key(id)
-                && !in_flight.values().any(|t| *t == e.tenant)
+        .filter(|(_, (id, e))| e.next_ms <= now && may_go(in_flight, id, &e.tenant))
+        .min_by_key(|(_, (_, e))| {
+            (
+                flying(in_flight, &e.tenant),
+                served.get(&e.tenant).copied().unwrap_or(0),
+                e.next_ms,
+            )
         })
-        .min_by_key(|(_, (_, e))| (served.get(&e.tenant).copied().unwrap_or(0), e.next_ms))
         .map(|(i, _)| i)
 }
 
@@ -397,9 +433,11 @@ fn run(sessions: &Sessions, wake: &Receiver<()>, tasks: &Sender<Task>, done: &Re
     // Events whose new state could not be written: their backoff is kept here, so a
     // store that refuses writes does not make them be sent on every pass.
     let mut unwritten: HashMap<String, OutboxEvent> = HashMap::new();
-    // The outbox's pending events (read again at each nudge).
+    // The outbox's pending events (read again at each nudge, and each minute: the
+    // recovery at a start and the retention sweep change it without one).
     let mut pending: Vec<(String, OutboxEvent)> = Vec::new();
     let mut scan = true;
+    let mut scanned = std::time::Instant::now();
     // Event id → tenant, for those with a sender.
     let mut in_flight: HashMap<String, String> = HashMap::new();
     // Tenant → its last turn.
@@ -407,8 +445,9 @@ fn run(sessions: &Sessions, wake: &Receiver<()>, tasks: &Sender<Task>, done: &Re
     let mut turn = 0u64;
     loop {
         let store = sessions.store();
-        if scan {
+        if scan || scanned.elapsed() >= Duration::from_secs(60) {
             scan = false;
+            scanned = std::time::Instant::now();
             pending = match store.outbox() {
                 Ok(e) => e,
                 Err(e) => {
@@ -442,19 +481,26 @@ fn run(sessions: &Sessions, wake: &Receiver<()>, tasks: &Sender<Task>, done: &Re
                 return;
             }
         }
-        let next = pending
-            .iter()
-            .filter(|(id, _)| !in_flight.contains_key(id))
-            .map(|(_, e)| e.next_ms)
-            .min()
-            .unwrap_or(u64::MAX)
-            .min(now + 60_000);
+        // Woken by the next event that could go (or a sender's end, or a nudge).
+        let next = if in_flight.len() >= WORKERS {
+            u64::MAX
+        } else {
+            pending
+                .iter()
+                .filter(|(id, e)| may_go(&in_flight, id, &e.tenant))
+                .map(|(_, e)| e.next_ms)
+                .min()
+                .unwrap_or(u64::MAX)
+        }
+        .min(now + 60_000);
         let wait = Duration::from_millis(next.saturating_sub(now).max(50));
         crossbeam_channel::select! {
             recv(wake) -> m => {
                 if m.is_err() {
                     return;
                 }
+                // One read of the outbox for every nudge queued meanwhile.
+                while wake.try_recv().is_ok() {}
                 scan = true;
             }
             recv(done) -> a => {
@@ -519,7 +565,7 @@ mod tests {
     }
 
     #[test]
-    fn test_the_next_delivery_goes_to_the_tenant_served_longest_ago() {
+    fn test_the_next_delivery_goes_to_the_tenant_with_fewest_in_flight_then_served_longest_ago() {
         let ev = |tenant: &str, next_ms: u64| OutboxEvent {
             tenant: tenant.into(),
             next_ms,
@@ -529,6 +575,7 @@ mod tests {
         let pending = vec![
             ("a1".to_string(), ev("a", 10)),
             ("a2".to_string(), ev("a", 20)),
+            ("a3".to_string(), ev("a", 25)),
             ("b1".to_string(), ev("b", 30)),
             ("c1".to_string(), ev("c", 500)),
         ];
@@ -538,16 +585,24 @@ mod tests {
         assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(0));
         // a was served: b's, though due later; c's is not due.
         served.insert("a".to_string(), 1);
-        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(2));
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(3));
         // b served after a: a's first again.
         served.insert("b".to_string(), 2);
         assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(0));
-        // A tenant with one in flight gets no second.
+        // The tenant with fewer in flight first, whoever was served last.
         in_flight.insert("a1".to_string(), "a".to_string());
-        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(2));
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(3));
+        // Even: served longest ago (a, turn 1).
         in_flight.insert("b1".to_string(), "b".to_string());
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(1));
+        // A tenant at PER_TENANT gets no more; b has nothing else due.
+        in_flight.insert("a2".to_string(), "a".to_string());
+        assert_eq!(PER_TENANT, 2);
         assert_eq!(next_due(&pending, &in_flight, &served, 100), None);
-        assert_eq!(next_due(&pending, &in_flight, &served, 500), Some(3));
+        assert_eq!(next_due(&pending, &in_flight, &served, 500), Some(4));
+        // One back: a may again.
+        in_flight.remove("a1");
+        assert_eq!(next_due(&pending, &in_flight, &served, 100), Some(0));
     }
 
     #[test]

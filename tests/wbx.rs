@@ -501,13 +501,16 @@ fn test_errors_limits_expiry_and_tenants() {
         json!([])
     );
     // A command too large to send to the sandbox is refused; the daemon is fine.
-    let big = "\u{1}".repeat(256 * 1024);
+    // (Each part within its own bound: the longest command and two env values of
+    // control bytes, six bytes each as JSON, past the 1 MiB frame together.)
+    let big = "\u{1}".repeat(128 * 1024 - 1);
+    let value = "\u{1}".repeat(32 * 1024);
     let r = wbx(
         &d,
         "POST",
         &format!("/v1/sandboxes/{id}/exec"),
         one,
-        Some(&json!({"cmd": big})),
+        Some(&json!({"cmd": big, "env": {"A": value, "B": value}})),
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(err(&r).contains("too large"), "{}", r.text());

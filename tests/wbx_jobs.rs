@@ -1917,8 +1917,8 @@ fn test_a_tenants_job_records_are_bounded_in_the_store() {
 }
 
 /// A tenant whose webhook target never answers (each attempt takes the 10 s timeout)
-/// does not hold up another tenant's: it has one delivery in flight at a time, and the
-/// other's event goes out on a free sender while the first still waits. (Before, one
+/// does not hold up another tenant's: it has at most two deliveries in flight, and the
+/// other's event goes out on a free sender while the first's still wait. (Before, one
 /// sender took the due events in order: the other tenant's came after every attempt of
 /// the first's.)
 #[test]
@@ -1986,10 +1986,11 @@ fn test_a_tenants_unanswered_webhooks_do_not_hold_up_anothers() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Delivered while the first tenant had had at most two of its six tried.
+    // Delivered while the first tenant's six were still being tried (two at a time,
+    // 10 s each: at most four begun unless the host stalled for 10 s).
     let attempts = held.lock().unwrap().len();
     assert!(
-        attempts <= 2,
+        attempts <= 4,
         "{attempts} of the first tenant's attempts came first"
     );
     let (_, body) = got.lock().unwrap()[0].clone();

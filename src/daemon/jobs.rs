@@ -607,6 +607,9 @@ pub(crate) fn load(store: &Store, data_dir: &Path, prices: &Prices, webhooks: bo
             }
         }
         if rec.finished() {
+            // Ended by this recovery: counted as every finished job is.
+            *t.tenant_bytes.entry(rec.tenant.clone()).or_default() += stored_bytes(&rec);
+            *t.tenant_records.entry(rec.tenant.clone()).or_default() += record_bytes(&rec);
             ended.insert(id, rec.status);
             continue;
         }

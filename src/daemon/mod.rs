@@ -169,8 +169,7 @@ pub struct Daemon {
     pub(crate) eryx_env_pending: eryx_envs::Pending,
     /// The WBX face's background jobs.
     pub(crate) jobs: jobs::Table,
-    /// The webhook delivery thread (`None`: it could not start; events wait in the
-    /// outbox for the next start).
+    /// The webhook delivery threads (`None`: webhooks are off, `ISOBOX_WBX_WEBHOOKS`).
     pub(crate) webhooks: Option<crate::webhooks::Deliveries>,
     /// The instance's lock and its file (held until the daemon is dropped; the file is
     /// removed by the teardown, before the lock goes).

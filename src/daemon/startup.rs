@@ -476,7 +476,7 @@ impl Daemon {
             })
             .transpose()
             .map_err(io_err("starting the webhook delivery thread"))?;
-        Ok(Daemon {
+        let d = Daemon {
             wasm,
             eryx_running: std::collections::HashMap::new(),
             eryx_sessions: super::eryx_sessions::load(app.sessions.store()),
@@ -543,6 +543,11 @@ impl Daemon {
                 }
                 p
             },
-        })
+        };
+        // The recovery above may have written jobs' ends and their events.
+        if let Some(w) = &d.webhooks {
+            w.nudge();
+        }
+        Ok(d)
     }
 }

@@ -530,18 +530,21 @@ pub fn boot(
     }
 }
 
-/// Most of a pooled sandbox's stderr kept for a boot's failure.
+/// Most of a pooled sandbox's stderr kept for a boot's failure: its end (runsc says
+/// why it failed last, after any warnings).
 const BOOT_STDERR_BYTES: usize = 1024;
+/// Most of it read to find that end (a pipe's buffer).
+const BOOT_STDERR_READ_BYTES: u64 = 64 << 10;
 
-/// The start of what is in the pipe `fd` (its writers gone, or not: it never waits),
-/// escaped and cut to [`BOOT_STDERR_BYTES`].
+/// The end of what is in the pipe `fd` (its writers gone, or not: it never waits),
+/// escaped, its last [`BOOT_STDERR_BYTES`] (`...` before them when cut).
 fn stderr_tail(fd: std::os::fd::OwnedFd) -> String {
     if let Err(e) = crate::sys::set_nonblocking(fd.as_fd()) {
         return format!("(not read: {e})");
     }
     let mut buf = Vec::new();
     let read = std::fs::File::from(fd)
-        .take(BOOT_STDERR_BYTES as u64 + 1)
+        .take(BOOT_STDERR_READ_BYTES)
         .read_to_end(&mut buf);
     match read {
         Ok(_) => {}
@@ -551,7 +554,13 @@ fn stderr_tail(fd: std::os::fd::OwnedFd) -> String {
     if buf.is_empty() {
         return "(nothing)".into();
     }
-    escaped_cut(&buf, BOOT_STDERR_BYTES)
+    let tail = &buf[buf.len().saturating_sub(BOOT_STDERR_BYTES)..];
+    let s = escaped_cut(tail, usize::MAX);
+    if tail.len() < buf.len() {
+        format!("...{s}")
+    } else {
+        s
+    }
 }
 
 /// `bytes` as one log line: escaped (any bytes), cut to `max` bytes with `...`.
@@ -759,7 +768,8 @@ mod tests {
         let (r, _w) = std::io::pipe().unwrap();
         assert_eq!(stderr_tail(r.into()), "(nothing)");
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
-        // Under, at and over the bound (a pipe holds 64 KiB: written whole first).
+        // Under, at and over the bound (a pipe holds 64 KiB: written whole first): the
+        // end is kept, where runsc says why.
         for n in [
             BOOT_STDERR_BYTES - 1,
             BOOT_STDERR_BYTES,
@@ -767,12 +777,14 @@ mod tests {
             60_000,
         ] {
             let (r, mut w) = std::io::pipe().unwrap();
-            w.write_all(&vec![b'e'; n]).unwrap();
+            let mut text = vec![b'w'; n - 1];
+            text.push(b'E');
+            w.write_all(&text).unwrap();
             drop(w);
             let want = if n <= BOOT_STDERR_BYTES {
-                "e".repeat(n)
+                format!("{}E", "w".repeat(n - 1))
             } else {
-                format!("{}...", "e".repeat(BOOT_STDERR_BYTES))
+                format!("...{}E", "w".repeat(BOOT_STDERR_BYTES - 1))
             };
             assert_eq!(stderr_tail(r.into()), want, "{n} bytes");
         }

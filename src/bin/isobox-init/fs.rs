@@ -159,9 +159,15 @@ fn open(home: &Path, id: u32, path: &str, write: bool) -> Result<(Reply, Opened)
     let (Some(dir), Some(name)) = (p.parent(), p.file_name()) else {
         return Err(bad(format!("{}: is not a file's path", p.display())));
     };
+    // Refused now, not at the rename after the whole body.
+    if name.len() > 255 {
+        return Err(refused(
+            &p,
+            &io::Error::from_raw_os_error(libc::ENAMETOOLONG),
+        ));
+    }
     std::fs::create_dir_all(dir).map_err(|e| refused(dir, &e))?;
     // Of a fixed length, so any name the file system takes can be uploaded to.
-    let _ = name;
     let temp = dir.join(format!(".isobox-upload-{id}"));
     let file = std::fs::OpenOptions::new()
         .write(true)
