@@ -955,6 +955,14 @@ fn read_until(r: &mut impl BufRead, needle: &str) -> String {
 fn test_a_forged_init_ends_only_its_own_sandbox() {
     let dir = std::env::temp_dir().join(format!("isobox-forged-init-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // Removed however the test ends (after the daemon, declared later, has stopped).
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _dir = RemoveOnDrop(dir.clone());
     let init = dir.join("init");
     std::fs::write(
         &init,
@@ -1103,7 +1111,6 @@ fn test_a_forged_init_ends_only_its_own_sandbox() {
     );
     d.assert_clean();
     d.stop();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A process's NDJSON stream, read as a client would.
