@@ -1236,7 +1236,7 @@ fn window_secs(s: &str) -> Result<u64, String> {
 }
 
 /// Least `ISOBOX_WBX_JOB_RETENTION_S`: a finished job's webhook event is removed with
-/// the job, so the job must outlive every retry ([`crate::webhooks::SCHEDULE`], 21 h).
+/// the job, so the job must outlive every retry (the webhooks' schedule, 21 h).
 pub const MIN_JOB_RETENTION_S: u64 = 86_400;
 
 fn retention_secs(s: &str) -> Result<u64, String> {

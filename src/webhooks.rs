@@ -606,6 +606,13 @@ mod tests {
     }
 
     #[test]
+    fn test_a_job_is_kept_past_its_last_retry() {
+        // Its event goes with it: the least retention outlasts the whole schedule.
+        let schedule: u64 = SCHEDULE.iter().sum();
+        assert!(schedule < crate::config::MIN_JOB_RETENTION_S, "{schedule}");
+    }
+
+    #[test]
     fn test_only_public_https_targets() {
         let p = policy(false);
         assert!(check_url("https://hooks.example.com/wbx", &p).is_ok());

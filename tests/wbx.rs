@@ -1827,6 +1827,20 @@ impl Drop for Freezer {
     }
 }
 
+/// Waits up to 10 s until `ls -A dir` in the sandbox prints `names` (what a removal
+/// left behind, else).
+fn until_listed(d: &Daemon, id: &str, dir: &str, names: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = exec(d, id, &json!({ "cmd": format!("ls -A {dir}") }));
+        if v["stdout"] == names && v["exit_code"] == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "left behind in {dir}: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// An upload whose open init carries out only after the client got its 502 (the
 /// sandbox stalled from the host for the whole wait): the daemon closes it when the
 /// late answer comes, so init removes the temporary file (it kept it, and its handle,
@@ -1855,15 +1869,7 @@ fn test_an_upload_opened_after_its_wait_ran_out_leaves_no_file() {
         )
     );
     freezer.set(false);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let v = exec(&d, &id, &json!({"cmd": "ls -A /tmp/late"}));
-        if v["stdout"] == "" && v["exit_code"] == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "left behind: {v}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    until_listed(&d, &id, "/tmp/late", "");
     // And the file API goes on.
     let r = d.request(
         "PUT",
@@ -2592,15 +2598,7 @@ fn test_uploads_whose_bodies_stall_free_their_transfers_and_leave_no_file() {
             "{}",
             r.text()
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let v = exec(&d, &id, &json!({"cmd": "ls -A up"}));
-            if v["stdout"] == "a\n" {
-                break;
-            }
-            assert!(Instant::now() < deadline, "left behind: {v}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        until_listed(&d, &id, "up", "a\n");
     }
     let r = wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None);
     assert_eq!(r.status, 204);

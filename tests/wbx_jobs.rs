@@ -1260,30 +1260,14 @@ fn test_webhooks_are_signed_survive_a_kill_9_and_never_reach_a_private_address()
     let id = job["id"].as_str().unwrap().to_string();
     assert_eq!(job["webhook_url"], url.as_str());
     // The first delivery arrives and is held: the daemon dies before it is answered.
-    let t = Instant::now();
-    while got.lock().unwrap().is_empty() {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "no delivery\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until_delivered(&d, &got, 1);
     let mut child = d.child.take().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
     let d2 = Daemon::start_with(&env);
     d2.wait_ready();
     // Delivered again after the restart (at least once), with the same event id.
-    let t = Instant::now();
-    while got.lock().unwrap().len() < 2 {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "no second delivery\n{}",
-            d2.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until_delivered(&d2, &got, 2);
     let deliveries = got.lock().unwrap().clone();
     let secret = wbx(&d2, "GET", "/v1/webhooks/secret", None, None).json()["secret"]
         .as_str()
@@ -1977,15 +1961,7 @@ fn test_a_tenants_unanswered_webhooks_do_not_hold_up_anothers() {
     );
     let id = job["id"].as_str().unwrap().to_string();
     finished(&d, Some("hooks-key-two"), &id, Duration::from_secs(120));
-    let t = Instant::now();
-    while got.lock().unwrap().is_empty() {
-        assert!(
-            t.elapsed() < Duration::from_secs(60),
-            "no delivery\n{}",
-            d.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_delivered(&d, &got, 1);
     // Delivered while the first tenant's six were still being tried (two at a time,
     // 10 s each: at most four begun unless the host stalled for 10 s).
     let attempts = held.lock().unwrap().len();

@@ -154,6 +154,20 @@ pub fn receiver(hold_first: bool) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<G
     (port, got)
 }
 
+/// Waits up to 60 s until the receiver `got` has had `n` requests.
+pub fn until_delivered(d: &Daemon, got: &std::sync::Mutex<Vec<Got>>, n: usize) {
+    let t = Instant::now();
+    while got.lock().unwrap().len() < n {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{} of {n} deliveries\n{}",
+            got.lock().unwrap().len(),
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn header<'a>(head: &'a [String], name: &str) -> &'a str {
     head.iter()
         .find_map(|h| {
