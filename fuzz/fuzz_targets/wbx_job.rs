@@ -11,35 +11,10 @@
 //! exactly `{"error": "…"}`.
 #![no_main]
 
-use isobox::config::WbxJobs;
 use isobox::http::{Params, Request};
-use isobox::jobs::Money;
 use isobox::wbx::jobs::{self, JobOp};
 use isobox_fuzz::runtimes;
 use libfuzzer_sys::fuzz_target;
-
-fn limits() -> WbxJobs {
-    WbxJobs {
-        running: 2,
-        per_tenant: 1000,
-        max_timeout_s: 86_400,
-        log_bytes: 64 << 20,
-        retention_s: 604_800,
-        artifact_files: 100,
-        artifact_file_bytes: 100_000_000,
-        artifact_job_bytes: 512_000_000,
-        artifact_tenant_bytes: 5_000_000_000,
-        currency: "EUR".into(),
-        price_vcpu_s: Money(1_000_000),
-        price_gb_s: Money(0),
-        classes: vec!["economy", "balanced", "performance", "memory"],
-        class_prices: Vec::new(),
-        webhook_loopback: false,
-        webhook_deny: Vec::new(),
-        webhooks: true,
-        wasi: true,
-    }
-}
 
 fuzz_target!(|data: &[u8]| {
     let req = Request {
@@ -49,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         tenant: "t".into(),
         params: Params::default(),
     };
-    let s = match jobs::submit(&req, runtimes(), &limits()) {
+    let s = match jobs::submit(&req, runtimes(), &isobox_fuzz::wbx_jobs()) {
         Ok(JobOp::Submit(s)) => s,
         Ok(other) => panic!("a job parsed as {other:?}"),
         Err(resp) => {

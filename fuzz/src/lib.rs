@@ -87,3 +87,29 @@ pub fn runtimes() -> &'static isobox::runtimes::Runtimes {
         rt
     })
 }
+
+/// The WBX jobs' limits the `wbx_job` and `wbx_batch` targets submit against: the
+/// daemon's defaults, with a price so that quotes are computed.
+pub fn wbx_jobs() -> isobox::config::WbxJobs {
+    isobox::config::WbxJobs {
+        running: 2,
+        per_tenant: 1000,
+        max_timeout_s: 86_400,
+        log_bytes: 64 << 20,
+        retention_s: 604_800,
+        artifact_files: 100,
+        artifact_file_bytes: 100_000_000,
+        artifact_job_bytes: 512_000_000,
+        artifact_tenant_bytes: 5_000_000_000,
+        records_tenant_bytes: 256_000_000,
+        currency: "EUR".into(),
+        price_vcpu_s: isobox::jobs::Money(1_000_000),
+        price_gb_s: isobox::jobs::Money(0),
+        classes: vec!["economy", "balanced", "performance", "memory"],
+        class_prices: Vec::new(),
+        webhook_loopback: false,
+        webhook_deny: Vec::new(),
+        webhooks: true,
+        wasi: true,
+    }
+}
