@@ -502,7 +502,7 @@ fn test_file_operations_are_answered_by_their_thread() {
     let r = fs(
         &mut init,
         FsCall::Mkdir {
-            path: format!("{d}/x/y"),
+            path: format!("{d}/x/y").into(),
             parents: true,
         },
     );
@@ -517,7 +517,7 @@ fn test_file_operations_are_answered_by_their_thread() {
     let r = fs(
         &mut init,
         FsCall::List {
-            path: d.clone(),
+            path: d.clone().into(),
             depth: 3,
         },
     );
@@ -547,13 +547,18 @@ fn test_file_operations_are_answered_by_their_thread() {
     let r = fs(
         &mut init,
         FsCall::Remove {
-            path: d.clone(),
+            path: d.clone().into(),
             recursive: true,
             files_only: false,
         },
     );
     assert_eq!(r, Reply::Ok(serde_json::Value::Null));
-    let r = fs(&mut init, FsCall::Stat { path: d.clone() });
+    let r = fs(
+        &mut init,
+        FsCall::Stat {
+            path: d.clone().into(),
+        },
+    );
     assert_eq!(
         r,
         Reply::Refused {
@@ -571,7 +576,7 @@ fn test_a_watch_reports_changes_and_ends_with_its_directory() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     let r = init.call(&Call::Fs(FsCall::Watch {
-        path: d.clone(),
+        path: d.clone().into(),
         recursive: true,
     }));
     let Reply::Ok(v) = r else { panic!("{r:?}") };
@@ -582,7 +587,7 @@ fn test_a_watch_reports_changes_and_ends_with_its_directory() {
     };
     std::fs::write(dir.join("sub/a"), b"1").unwrap();
     std::fs::rename(dir.join("sub/a"), dir.join("b")).unwrap();
-    let seen: Vec<(String, String, Option<String>)> = (0..3)
+    let seen: Vec<(String, Vec<u8>, Option<Vec<u8>>)> = (0..3)
         .map(|_| {
             let e = next(&mut init).unwrap();
             (e.kind, e.path, e.from)
@@ -591,12 +596,12 @@ fn test_a_watch_reports_changes_and_ends_with_its_directory() {
     assert_eq!(
         seen,
         [
-            ("create".into(), format!("{d}/sub/a"), None),
-            ("write".into(), format!("{d}/sub/a"), None),
+            ("create".into(), format!("{d}/sub/a").into(), None),
+            ("write".into(), format!("{d}/sub/a").into(), None),
             (
                 "rename".into(),
-                format!("{d}/b"),
-                Some(format!("{d}/sub/a"))
+                format!("{d}/b").into(),
+                Some(format!("{d}/sub/a").into())
             ),
         ]
     );
@@ -608,10 +613,10 @@ fn test_a_watch_reports_changes_and_ends_with_its_directory() {
     }
     assert_eq!(
         last.map(|e| (e.kind, e.path)),
-        Some(("remove".to_string(), d.clone()))
+        Some(("remove".to_string(), d.clone().into_bytes()))
     );
     let r = init.call(&Call::Fs(FsCall::Watch {
-        path: d.clone(),
+        path: d.clone().into(),
         recursive: false,
     }));
     assert_eq!(

@@ -3058,6 +3058,147 @@ fn test_fs_watch_reports_what_commands_change() {
     d.stop();
 }
 
+/// Catalogue F8: names of any bytes (newlines, quotes, backslashes, bytes that are
+/// not UTF-8, a leading `-` or `..`, `+` and `%`, 255 bytes) are listed as valid JSON,
+/// and each is reached through what its listing gives: `path_encoded` when the name is
+/// not UTF-8 (`?path=` takes it as it is), else `path` percent-encoded. Watches say
+/// the same; an upload makes such a name; each is downloaded and deleted by it.
+#[test]
+fn test_names_of_any_bytes_are_listed_and_reached_through_their_listing() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let id = create(&d, &json!({}))["id"].as_str().unwrap().to_string();
+    exec(&d, &id, &json!({"cmd": "mkdir f8"}));
+    let mut watch = NdStream::open_at(&d, &format!("/wbx/v1/sandboxes/{id}/fs/watch?path=f8"));
+    let long = vec![b'n'; 255];
+    let names: Vec<&[u8]> = vec![
+        b"a\nb",
+        b"q\"uote",
+        b"back\\slash",
+        b"\xff\xfe",
+        b"x\xc3(y",
+        b"..foo",
+        b"-rf",
+        b"a+b c%41",
+        &long,
+    ];
+    let hex = |b: &[u8]| b.iter().map(|c| format!("{c:02x}")).collect::<String>();
+    // Each file holds its own name.
+    let args: Vec<String> = names.iter().map(|n| hex(n)).collect();
+    let r = exec(
+        &d,
+        &id,
+        &json!({"cmd": format!("python3 -c \"import sys\nfor h in sys.argv[1:]: open(b'f8/' + bytes.fromhex(h), 'wb').write(bytes.fromhex(h))\" {}", args.join(" "))}),
+    );
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let files = |p: &str| format!("/wbx/v1/sandboxes/{id}/files?path={p}");
+    // What a client sends back for an entry: its encoded path, else its path encoded.
+    let query = |e: &Value| -> String {
+        match e.get("path_encoded") {
+            Some(p) => p.as_str().unwrap().to_string(),
+            None => q(e["path"].as_str().unwrap()),
+        }
+    };
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/fs/list?path=f8"),
+        None,
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let entries = r.json()["entries"].as_array().unwrap().clone();
+    assert_eq!(entries.len(), names.len(), "{entries:?}");
+    let mut reached = Vec::new();
+    for e in &entries {
+        let utf8 = !e["name"].as_str().unwrap().contains('\u{fffd}');
+        assert_eq!(e.get("path_encoded").is_none(), utf8, "{e}");
+        let r = d.request("GET", &files(&query(e)), &[], b"");
+        assert_eq!(r.status, 200, "{e}: {}", r.text());
+        // The file's content is its name: the listing reached the very file.
+        let stat = wbx(
+            &d,
+            "GET",
+            &format!("/v1/sandboxes/{id}/fs/stat?path={}", query(e)),
+            None,
+            None,
+        );
+        assert_eq!(
+            (stat.status, &stat.json()["path"]),
+            (200, &e["path"]),
+            "{e}"
+        );
+        assert_eq!(stat.json().get("path_encoded"), e.get("path_encoded"));
+        reached.push(r.body);
+    }
+    reached.sort();
+    let mut want: Vec<Vec<u8>> = names.iter().map(|n| n.to_vec()).collect();
+    want.sort();
+    assert_eq!(reached, want);
+    let odd = entries
+        .iter()
+        .find(|e| e["name"] == "\u{fffd}\u{fffd}")
+        .unwrap();
+    assert_eq!(odd["path_encoded"], "/home/user/f8/%FF%FE");
+    assert_eq!(odd["path"], "/home/user/f8/\u{fffd}\u{fffd}");
+    // The watch saw each made, the odd ones with their bytes too.
+    let mut made = Vec::new();
+    while made.len() < names.len() {
+        let ev = watch.next().expect("an event");
+        if ev["type"] == "create" {
+            made.push(ev);
+        }
+    }
+    let ev = made.iter().find(|e| e["path"] == odd["path"]).unwrap();
+    assert_eq!(ev["path_encoded"], odd["path_encoded"]);
+    assert!(
+        made.iter()
+            .filter(|e| e.get("path_encoded").is_some())
+            .count()
+            == 2
+    );
+
+    // An upload to such a name: the file has exactly those bytes as its name.
+    let r = d.request("PUT", &files("/home/user/f8/up%80%2B"), &[], b"up");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["path_encoded"], "/home/user/f8/up%80%2B");
+    let r = exec(
+        &d,
+        &id,
+        &json!({"cmd": "python3 -c \"import os; print(open(b'f8/up\\x80+', 'rb').read())\""}),
+    );
+    assert_eq!(r["stdout"], "b'up'\n", "{r}");
+    // Deleted through the listing, every one.
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/fs/list?path=f8"),
+        None,
+        None,
+    );
+    let entries = r.json()["entries"].as_array().unwrap().clone();
+    assert_eq!(entries.len(), names.len() + 1);
+    for e in &entries {
+        let r = d.request("DELETE", &files(&query(e)), &[], b"");
+        assert_eq!(r.status, 204, "{e}: {}", r.text());
+    }
+    let r = wbx(
+        &d,
+        "GET",
+        &format!("/v1/sandboxes/{id}/fs/list?path=f8"),
+        None,
+        None,
+    );
+    assert_eq!(r.json()["entries"], json!([]));
+    drop(watch);
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id}"), None, None).status,
+        204
+    );
+    d.assert_clean();
+    d.stop();
+}
+
 #[test]
 fn test_the_warm_pool_serves_creates_at_once_and_refills() {
     let d = Daemon::start_with(&[("ISOBOX_WBX_WARM_POOL", "base=1")]);

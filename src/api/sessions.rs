@@ -497,19 +497,6 @@ struct EntryBody {
     mod_time: String,
 }
 
-/// Percent-encodes every byte outside unreserved ASCII.
-pub fn pct_encode(b: &[u8]) -> String {
-    let mut s = String::with_capacity(b.len());
-    for &c in b {
-        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/') {
-            s.push(char::from(c));
-        } else {
-            s.push_str(&format!("%{c:02X}"));
-        }
-    }
-    s
-}
-
 /// `GET`/`HEAD /v1/sessions/{id}/fs`: a listing, a file, or a zip of a directory.
 pub fn fs_get(app: &mut App, req: &Request) -> Action {
     let (rel, zip) = match fs_target(&req.head) {
@@ -564,7 +551,8 @@ fn fs_get_job(
                     let utf8 = std::str::from_utf8(&e.name).is_ok();
                     EntryBody {
                         name: String::from_utf8_lossy(&e.name).into_owned(),
-                        name_encoded: (!utf8).then(|| pct_encode(&e.name)),
+                        name_encoded: (!utf8)
+                            .then(|| crate::http::parse::percent_encode_path(&e.name)),
                         size: e.size,
                         dir: e.dir,
                         symlink: e.symlink,
@@ -709,7 +697,7 @@ pub(crate) fn download_head(content_type: &str, name: &[u8]) -> Response {
         "Content-Disposition",
         format!(
             "attachment; filename=\"{ascii}\"; filename*=UTF-8''{}",
-            pct_encode(name).replace('/', "%2F")
+            crate::http::parse::percent_encode_path(name).replace('/', "%2F")
         ),
     )
 }
@@ -883,10 +871,5 @@ mod tests {
         assert_eq!(rfc3339(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
         assert_eq!(rfc3339(253_402_300_800_000), "9999-12-31T23:59:59.999Z");
         assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59.999Z");
-    }
-
-    #[test]
-    fn test_pct_encode() {
-        assert_eq!(pct_encode(b"a b/\xff\n"), "a%20b/%FF%0A");
     }
 }

@@ -64,7 +64,7 @@ impl Daemon {
     }
 
     /// `GET`/`HEAD …/files?path=`: opens the file; the answer follows its opening.
-    pub(super) fn file_get(&mut self, ck: usize, key: usize, path: String, head_only: bool) {
+    pub(super) fn file_get(&mut self, ck: usize, key: usize, path: Vec<u8>, head_only: bool) {
         if self.boxes.boxes[key].state == State::Running && self.transfers_full(key) {
             self.respond(ck, Self::too_many_transfers());
             return;
@@ -133,7 +133,7 @@ impl Daemon {
             }
             Some(r @ (Reply::Refused { .. } | Reply::Error(_))) => {
                 let call = FsCall::Open {
-                    path: String::new(),
+                    path: Vec::new(),
                     write: false,
                 };
                 match crate::wbx::files::answer(&call, r) {
@@ -364,7 +364,7 @@ impl Daemon {
             Some(Reply::Ok(v)) if v["handle"].as_u64() == Some(u64::from(call_id)) => {}
             Some(r @ (Reply::Refused { .. } | Reply::Error(_))) => {
                 let call = FsCall::Open {
-                    path: String::new(),
+                    path: Vec::new(),
                     write: true,
                 };
                 match crate::wbx::files::answer(&call, r) {
@@ -413,7 +413,7 @@ impl Daemon {
             serial,
             handle: call_id,
             state,
-            path: head.query_param("path").unwrap_or_default(),
+            path: head.query_param_bytes("path").unwrap_or_default(),
             waiting: false,
         });
         let t = Duration::from_millis(self.cfg.head_timeout_ms);
@@ -499,7 +499,7 @@ impl Daemon {
         // The whole body is with init: put it in place; the client waits for that.
         let path = match self.conns.get(ck).map(|c| &c.http.phase) {
             Some(Phase::Owned(Owner::BoxUpload { path, .. })) => path.clone(),
-            _ => String::new(),
+            _ => Vec::new(),
         };
         if let Some(b) = self.boxes.boxes.get_mut(key) {
             b.transfers.remove(&handle);

@@ -34,7 +34,7 @@ impl Daemon {
     }
 
     /// Starts watching; the stream's head follows the watch's opening.
-    pub(super) fn file_watch(&mut self, ck: usize, key: usize, path: String, recursive: bool) {
+    pub(super) fn file_watch(&mut self, ck: usize, key: usize, path: Vec<u8>, recursive: bool) {
         if self.boxes.boxes[key].state == State::Running && self.watches_full(key) {
             self.respond(
                 ck,
@@ -62,7 +62,7 @@ impl Daemon {
             Some(Reply::Ok(v)) if v["handle"].as_u64() == Some(u64::from(call_id)) => {}
             Some(r @ (Reply::Refused { .. } | Reply::Error(_))) => {
                 let call = FsCall::Watch {
-                    path: String::new(),
+                    path: Vec::new(),
                     recursive: false,
                 };
                 match crate::wbx::files::answer(&call, r) {
@@ -150,9 +150,10 @@ impl Daemon {
         let line = if ev.kind == "overflow" {
             serde_json::json!({"type": "overflow"})
         } else {
-            let mut v = serde_json::json!({"type": ev.kind, "path": ev.path, "is_dir": ev.is_dir});
+            let mut v = serde_json::json!({"type": ev.kind, "is_dir": ev.is_dir});
+            crate::wbx::files::put_path(&mut v, "path", &ev.path);
             if let Some(f) = ev.from {
-                v["from"] = f.into();
+                crate::wbx::files::put_path(&mut v, "from", &f);
             }
             v
         };

@@ -142,7 +142,7 @@ pub enum Owner {
         /// Framing state.
         state: BodyState,
         /// The path as asked (for the answer).
-        path: String,
+        path: Vec<u8>,
         /// Waiting for room on the sandbox's channel: nothing is read meanwhile.
         waiting: bool,
     },

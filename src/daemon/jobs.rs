@@ -2237,8 +2237,11 @@ impl Daemon {
             } else {
                 format!("{HOME}/{dir}")
             };
-            let Some(call_id) = self.job_box_call(key, &Call::Fs(FsCall::List { path, depth: 1 }))
-            else {
+            let list = FsCall::List {
+                path: path.into_bytes(),
+                depth: 1,
+            };
+            let Some(call_id) = self.job_box_call(key, &Call::Fs(list)) else {
                 return;
             };
             if let Some(save) = self.job(jk, js).and_then(|j| j.save.as_mut()) {
@@ -2265,7 +2268,7 @@ impl Daemon {
             let file = format!("a{}", save.next_file);
             save.next_file += 1;
             let open = Call::Fs(FsCall::Open {
-                path: format!("{HOME}/{name}"),
+                path: format!("{HOME}/{name}").into_bytes(),
                 write: false,
             });
             let Some(call_id) = self.job_box_call(key, &open) else {
@@ -2317,8 +2320,9 @@ impl Daemon {
                     save.skip(Skipped {
                         name: entries
                             .first()
-                            .and_then(|e| e.path.rsplit_once('/'))
-                            .map_or(String::new(), |(d, _)| rel(d)),
+                            .map(|e| String::from_utf8_lossy(&e.path))
+                            .and_then(|p| p.rsplit_once('/').map(|(d, _)| rel(d)))
+                            .unwrap_or_default(),
                         reason: format!(
                             "a directory of more than {} entries: only the first were looked at",
                             wire::FS_LIST_ENTRIES
@@ -2326,11 +2330,23 @@ impl Daemon {
                     });
                 }
                 for e in entries {
-                    let name = rel(&e.path);
+                    let utf8 = std::str::from_utf8(&e.path).is_ok();
+                    let name = rel(&String::from_utf8_lossy(&e.path));
                     if name.is_empty() {
                         continue;
                     }
                     let matched = save.patterns.iter().any(|p| p.matches(&name));
+                    if !utf8 {
+                        // A result file's name is text in every answer and URL.
+                        if matched {
+                            save.skip(Skipped {
+                                name,
+                                reason: "its name is not UTF-8 (shown with U+FFFD): not saved"
+                                    .into(),
+                            });
+                        }
+                        continue;
+                    }
                     match e.kind.as_str() {
                         "file" if matched => {
                             if save.found.len() < found_cap {

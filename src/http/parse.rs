@@ -125,6 +125,20 @@ impl Head {
     }
 }
 
+/// Percent-encodes every byte outside unreserved ASCII and `/`: a path of any bytes
+/// as a query value or a path's segments (`+` too, which a query reads as a space).
+pub fn percent_encode_path(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len());
+    for &c in b {
+        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/') {
+            s.push(char::from(c));
+        } else {
+            s.push_str(&format!("%{c:02X}"));
+        }
+    }
+    s
+}
+
 /// Decodes `%XX` escapes and `+` in a query component; `None` when malformed or not UTF-8.
 pub fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(percent_decode_bytes(s)?).ok()
@@ -356,6 +370,24 @@ mod tests {
         let b = s.as_bytes();
         let end = find_head_end(b, 0).expect("complete head");
         parse_head(&b[..end])
+    }
+
+    #[test]
+    fn test_any_path_survives_percent_encoding_as_a_query_value() {
+        assert_eq!(percent_encode_path(b"a b/\xff\n"), "a%20b/%FF%0A");
+        for p in [
+            &b"/home/user/\xff\xfe"[..],
+            b"a+b&c=d%e#f?g",
+            b"/tmp/\x01\x7f\x80 ~-._",
+            "/tmp/\u{17d}lu\u{165}ou\u{10d}k\u{fd}".as_bytes(),
+        ] {
+            let h = parse(&format!(
+                "GET /f?x=1&path={}&y=2 HTTP/1.1\r\nHost: a\r\n\r\n",
+                percent_encode_path(p)
+            ))
+            .unwrap();
+            assert_eq!(h.query_param_bytes("path").as_deref(), Some(p));
+        }
     }
 
     #[test]

@@ -352,6 +352,57 @@ pub enum Call {
     },
 }
 
+/// A path or name on the wire: Linux's are bytes, not always UTF-8. A JSON string
+/// when it is UTF-8 (every path in practice, and what a reader of a frame expects),
+/// else an array of its bytes, so that no name is lost or made unreachable.
+pub mod path_bytes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        Text(String),
+        Bytes(Vec<u8>),
+    }
+
+    /// Serializes `b` as a string, or as its bytes when it is not UTF-8.
+    pub fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(b) {
+            Ok(t) => t.serialize(s),
+            Err(_) => b.serialize(s),
+        }
+    }
+
+    /// Either form.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        Ok(match Form::deserialize(d)? {
+            Form::Text(t) => t.into_bytes(),
+            Form::Bytes(b) => b,
+        })
+    }
+
+    /// The same for an optional one.
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        /// `None` as null.
+        pub fn serialize<S: Serializer>(b: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+            match b {
+                Some(b) => super::serialize(b, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        /// Null or either form.
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+            Ok(Option::<super::Form>::deserialize(d)?.map(|f| match f {
+                super::Form::Text(t) => t.into_bytes(),
+                super::Form::Bytes(b) => b,
+            }))
+        }
+    }
+}
+
 /// A file operation ([`Call::Fs`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "fs", rename_all = "snake_case", deny_unknown_fields)]
@@ -359,13 +410,15 @@ pub enum FsCall {
     /// One entry, not following a last symlink: reply [`FsEntry`].
     Stat {
         /// The path.
-        path: String,
+        #[serde(with = "path_bytes")]
+        path: Vec<u8>,
     },
     /// A directory's entries to `depth` levels (1 = its own), not following symlinks:
     /// reply `{"entries": [FsEntry], "truncated": bool}` (at most [`FS_LIST_ENTRIES`]).
     List {
         /// The directory.
-        path: String,
+        #[serde(with = "path_bytes")]
+        path: Vec<u8>,
         /// Levels, 1..=5.
         depth: u8,
     },
@@ -373,16 +426,19 @@ pub enum FsCall {
     /// directory is fine).
     Mkdir {
         /// The directory.
-        path: String,
+        #[serde(with = "path_bytes")]
+        path: Vec<u8>,
         /// As `mkdir -p`.
         parents: bool,
     },
     /// Rename `from` to `to` (`overwrite`: replacing what is there).
     Move {
         /// From.
-        from: String,
+        #[serde(with = "path_bytes")]
+        from: Vec<u8>,
         /// To.
-        to: String,
+        #[serde(with = "path_bytes")]
+        to: Vec<u8>,
         /// Replace an existing `to`.
         overwrite: bool,
     },
@@ -393,7 +449,8 @@ pub enum FsCall {
     /// `FileCommit` or `FileClose`. The handle is the call's id.
     Open {
         /// The file.
-        path: String,
+        #[serde(with = "path_bytes")]
+        path: Vec<u8>,
         /// For writing.
         write: bool,
     },
@@ -402,7 +459,8 @@ pub enum FsCall {
     /// `FsEvent` frames on channel `H`.
     Watch {
         /// The directory.
-        path: String,
+        #[serde(with = "path_bytes")]
+        path: Vec<u8>,
         /// Its subdirectories too.
         recursive: bool,
     },
@@ -410,7 +468,8 @@ pub enum FsCall {
     /// only an empty one). `files_only`: refuse a directory (`DELETE …/files`).
     Remove {
         /// The path.
-        path: String,
+        #[serde(with = "path_bytes")]
+        path: Vec<u8>,
         /// With its contents.
         recursive: bool,
         /// Refuse a directory.
@@ -426,10 +485,15 @@ pub struct WatchEvent {
     #[serde(rename = "type")]
     pub kind: String,
     /// The path it is about (after a rename: the new one; empty for `overflow`).
-    pub path: String,
+    #[serde(with = "path_bytes")]
+    pub path: Vec<u8>,
     /// A rename's old path.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "path_bytes::option"
+    )]
+    pub from: Option<Vec<u8>>,
     /// It is about a directory.
     #[serde(default)]
     pub is_dir: bool,
@@ -446,7 +510,8 @@ pub const FS_LIST_ENTRIES: usize = 5000;
 #[serde(deny_unknown_fields)]
 pub struct FsEntry {
     /// Its absolute path.
-    pub path: String,
+    #[serde(with = "path_bytes")]
+    pub path: Vec<u8>,
     /// `file`, `dir`, `symlink` or `other`.
     #[serde(rename = "type")]
     pub kind: String,
@@ -457,8 +522,12 @@ pub struct FsEntry {
     /// Last modification, Unix milliseconds.
     pub mtime_ms: i64,
     /// A symlink's target.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "path_bytes::option"
+    )]
+    pub target: Option<Vec<u8>>,
 }
 
 /// A reply: `{"ok": …}` or `{"error": "…"}`.

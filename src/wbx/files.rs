@@ -14,8 +14,9 @@ pub const MAX_PATH_BYTES: usize = 4096;
 pub const MAX_DEPTH: u64 = 5;
 
 /// A path from the client: required, at most [`MAX_PATH_BYTES`], without NUL. A
-/// relative one is relative to the user's home (init resolves it).
-fn path(name: &str, v: Option<String>) -> Result<String, Response> {
+/// relative one is relative to the user's home (init resolves it). Any bytes: names
+/// made inside a sandbox need not be UTF-8 (the query carries them percent-encoded).
+fn path(name: &str, v: Option<Vec<u8>>) -> Result<Vec<u8>, Response> {
     let p = v.unwrap_or_default();
     if p.is_empty() {
         return Err(error(
@@ -29,27 +30,26 @@ fn path(name: &str, v: Option<String>) -> Result<String, Response> {
             &format!("{name}: at most {MAX_PATH_BYTES} bytes"),
         ));
     }
-    if p.contains('\0') {
+    if p.contains(&0) {
         return Err(error(400, &format!("{name}: must not contain NUL")));
     }
     Ok(p)
 }
 
-/// `path` from the query, percent-decoded (not UTF-8: 400).
-fn query_path(req: &Request) -> Result<String, Response> {
-    match req.head.query_param("path") {
-        Some(p) => path("path", Some(p)),
-        None if req.head.query_param_bytes("path").is_some() => Err(error(
-            400,
-            "path: must be UTF-8 (percent-encoded in the query)",
-        )),
-        None => path("path", None),
-    }
+/// `path` from the query, percent-decoded to its bytes.
+fn query_path(head: &crate::http::Head) -> Result<Vec<u8>, Response> {
+    path("path", head.query_param_bytes("path"))
+}
+
+/// `path` from a JSON body (a string, so UTF-8; a name that is not is reached with
+/// the query's endpoints).
+fn body_path(f: &Fields, name: &str) -> Result<Vec<u8>, Response> {
+    path(name, f.string(name)?.map(String::into_bytes))
 }
 
 /// `GET …/fs/watch?path=&recursive=`.
 pub fn watch(req: &Request, id: String) -> Result<Op, Response> {
-    let path = query_path(req)?;
+    let path = query_path(&req.head)?;
     let recursive = match req.head.query_param("recursive").as_deref() {
         None | Some("false" | "0") => false,
         Some("true" | "1") => true,
@@ -66,7 +66,7 @@ pub fn watch(req: &Request, id: String) -> Result<Op, Response> {
 pub fn get(req: &Request, id: String, head_only: bool) -> Result<Op, Response> {
     Ok(Op::FileGet {
         id,
-        path: query_path(req)?,
+        path: query_path(&req.head)?,
         head_only,
     })
 }
@@ -76,7 +76,7 @@ pub fn delete(req: &Request, id: String) -> Result<Op, Response> {
     Ok(Op::Fs(
         id,
         FsCall::Remove {
-            path: query_path(req)?,
+            path: query_path(&req.head)?,
             recursive: false,
             files_only: true,
         },
@@ -87,23 +87,13 @@ pub fn delete(req: &Request, id: String) -> Result<Op, Response> {
 pub fn put_target(
     head: &crate::http::Head,
     params: &crate::http::Params,
-) -> Result<(String, String), Response> {
+) -> Result<(String, Vec<u8>), Response> {
     let id = params
         .get("id")
         .filter(|i| super::sandboxes::valid_id(i))
         .ok_or_else(super::sandboxes::not_found)?
         .to_string();
-    let path = match head.query_param("path") {
-        Some(p) => path("path", Some(p))?,
-        None if head.query_param_bytes("path").is_some() => {
-            return Err(error(
-                400,
-                "path: must be UTF-8 (percent-encoded in the query)",
-            ))
-        }
-        None => path("path", None)?,
-    };
-    Ok((id, path))
+    Ok((id, query_path(head)?))
 }
 
 /// `GET …/fs/stat?path=`.
@@ -111,14 +101,14 @@ pub fn stat(req: &Request, id: String) -> Result<Op, Response> {
     Ok(Op::Fs(
         id,
         FsCall::Stat {
-            path: query_path(req)?,
+            path: query_path(&req.head)?,
         },
     ))
 }
 
 /// `GET …/fs/list?path=&depth=`.
 pub fn list(req: &Request, id: String) -> Result<Op, Response> {
-    let path = query_path(req)?;
+    let path = query_path(&req.head)?;
     let depth = match req.head.query_param("depth") {
         None => 1,
         Some(d) => match d.parse::<u64>() {
@@ -155,7 +145,7 @@ pub fn mkdir(req: &Request, id: String) -> Result<Op, Response> {
     Ok(Op::Fs(
         id,
         FsCall::Mkdir {
-            path: path("path", f.string("path")?)?,
+            path: body_path(&f, "path")?,
             parents: flag(&f, "parents", false)?,
         },
     ))
@@ -167,8 +157,8 @@ pub fn mv(req: &Request, id: String) -> Result<Op, Response> {
     Ok(Op::Fs(
         id,
         FsCall::Move {
-            from: path("from", f.string("from")?)?,
-            to: path("to", f.string("to")?)?,
+            from: body_path(&f, "from")?,
+            to: body_path(&f, "to")?,
             overwrite: flag(&f, "overwrite", false)?,
         },
     ))
@@ -181,7 +171,7 @@ pub fn remove(req: &Request, id: String) -> Result<Op, Response> {
     Ok(Op::Fs(
         id,
         FsCall::Remove {
-            path: path("path", f.string("path")?)?,
+            path: body_path(&f, "path")?,
             recursive: flag(&f, "recursive", true)?,
             files_only: false,
         },
@@ -189,29 +179,46 @@ pub fn remove(req: &Request, id: String) -> Result<Op, Response> {
 }
 
 /// The last part of `path` (`/` for the root).
-fn name_of(path: &str) -> &str {
-    match path.trim_end_matches('/').rsplit_once('/') {
-        Some((_, n)) if !n.is_empty() => n,
-        _ if path.starts_with('/') => "/",
+fn name_of(path: &[u8]) -> &[u8] {
+    let trimmed = path.strip_suffix(b"/").unwrap_or(path);
+    match trimmed.iter().rposition(|&b| b == b'/') {
+        Some(i) if i + 1 < trimmed.len() => &trimmed[i + 1..],
+        _ if path.starts_with(b"/") => b"/",
         _ => path,
     }
 }
 
-/// An entry as the face writes it.
+/// A path as JSON shows it: its text, with any bytes that are not UTF-8 replaced.
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Sets `v[key]` to path `p` as text and, when `p` is not UTF-8, `v[key_encoded]`
+/// to its bytes percent-encoded, which `?path=` takes as it is.
+pub fn put_path(v: &mut serde_json::Value, key: &str, p: &[u8]) {
+    v[key] = text(p).into();
+    if std::str::from_utf8(p).is_err() {
+        v[format!("{key}_encoded")] = crate::http::parse::percent_encode_path(p).into();
+    }
+}
+
+/// An entry as the face writes it. A path that is not UTF-8 also comes
+/// percent-encoded in `path_encoded`, which `?path=` takes as it is.
 pub fn entry_json(e: &FsEntry) -> serde_json::Value {
     let kind = match e.kind.as_str() {
         k @ ("file" | "dir" | "symlink") => k,
         _ => "other",
     };
-    serde_json::json!({
-        "name": name_of(&e.path),
-        "path": e.path,
+    let mut v = serde_json::json!({
+        "name": text(name_of(&e.path)),
         "type": kind,
         "size": e.size,
         "mode": format!("{:04o}", e.mode & 0o7777),
         "modified_at": super::timestamp(u64::try_from(e.mtime_ms).unwrap_or(0)),
-        "target": e.target,
-    })
+        "target": e.target.as_deref().map(text),
+    });
+    put_path(&mut v, "path", &e.path);
+    v
 }
 
 /// init's answer to `call` as the client gets it; `None` when it makes no sense
@@ -238,7 +245,7 @@ pub fn answer(call: &FsCall, reply: Reply) -> Option<Response> {
                 let list: Vec<serde_json::Value> = entries.iter().map(entry_json).collect();
                 Some(Response::json(
                     200,
-                    &serde_json::json!({ "path": path, "entries": list, "truncated": truncated }),
+                    &serde_json::json!({ "path": text(path), "entries": list, "truncated": truncated }),
                 ))
             }
             FsCall::Stat { .. } | FsCall::Mkdir { .. } | FsCall::Move { .. } => {
@@ -306,11 +313,10 @@ mod tests {
             (400, "path: required, a path in the sandbox".into())
         );
         assert_eq!(
-            message(stat(&req("GET /?path=%FF", ""), id()).unwrap_err()),
-            (
-                400,
-                "path: must be UTF-8 (percent-encoded in the query)".into()
-            )
+            call(stat(&req("GET /?path=%2Fa%FF%2B", ""), id()).unwrap()),
+            FsCall::Stat {
+                path: b"/a\xff+".to_vec()
+            }
         );
         assert_eq!(
             message(stat(&req("GET /?path=a%00b", ""), id()).unwrap_err()).0,
@@ -381,8 +387,35 @@ mod tests {
             v,
             serde_json::json!({"name": "data.csv", "path": "/home/user/data.csv", "type": "file", "size": 12, "mode": "0644", "modified_at": "2023-11-14T22:13:20Z", "target": null})
         );
-        assert_eq!(name_of("/"), "/");
-        assert_eq!(name_of("/a/b/"), "b");
+        assert_eq!(name_of(b"/"), b"/");
+        assert_eq!(name_of(b"/a/b/"), b"b");
+        assert_eq!(name_of(b"rel"), b"rel");
+        // A name that is not UTF-8: shown with U+FFFD, and as bytes `?path=` takes.
+        let odd = FsEntry {
+            path: b"/home/user/a\xff\xfe+b".to_vec(),
+            target: Some(b"/t\xff".to_vec()),
+            kind: "symlink".into(),
+            ..e.clone()
+        };
+        let v = entry_json(&odd);
+        assert_eq!(v["name"], "a\u{fffd}\u{fffd}+b");
+        assert_eq!(v["path"], "/home/user/a\u{fffd}\u{fffd}+b");
+        assert_eq!(v["path_encoded"], "/home/user/a%FF%FE%2Bb");
+        assert_eq!(v["target"], "/t\u{fffd}");
+        let back = req(
+            &format!("GET /?path={}", v["path_encoded"].as_str().unwrap()),
+            "",
+        );
+        assert_eq!(query_path(&back.head).unwrap(), odd.path);
+        // On the wire a path that is not UTF-8 goes as bytes, one that is as a string.
+        let wire = serde_json::to_value(&odd).unwrap();
+        assert_eq!(wire["path"][11], b'a');
+        assert_eq!(serde_json::from_value::<FsEntry>(wire).unwrap(), odd);
+        assert_eq!(
+            serde_json::to_value(&e).unwrap()["path"],
+            "/home/user/data.csv"
+        );
+        assert!(entry_json(&e).get("path_encoded").is_none());
         let stat = FsCall::Stat { path: "x".into() };
         let r = answer(
             &stat,

@@ -208,7 +208,7 @@ pub enum Op {
         /// The sandbox.
         id: String,
         /// The directory.
-        path: String,
+        path: Vec<u8>,
         /// Its subdirectories too.
         recursive: bool,
     },
@@ -217,7 +217,7 @@ pub enum Op {
         /// The sandbox.
         id: String,
         /// The file.
-        path: String,
+        path: Vec<u8>,
         /// `HEAD`: the head alone.
         head_only: bool,
     },

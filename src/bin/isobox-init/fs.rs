@@ -8,6 +8,7 @@
 use isobox::sandbox::wire::{FsCall, FsEntry, Reply, FS_LIST_ENTRIES};
 use std::fs::{File, Metadata};
 use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -125,7 +126,7 @@ impl Fs {
 
 /// Opens `path` for call `id`: to read (a regular file, symlinks followed) or to
 /// write (a new temporary file beside it, with its mode if it exists).
-fn open(home: &Path, id: u32, path: &str, write: bool) -> Result<(Reply, Opened), Reply> {
+fn open(home: &Path, id: u32, path: &[u8], write: bool) -> Result<(Reply, Opened), Reply> {
     let p = resolve(home, path)?;
     if !write {
         // Never blocking: a FIFO's open would wait for a writer, and this thread does
@@ -241,14 +242,14 @@ pub fn bad(message: String) -> Reply {
 }
 
 /// `path` resolved against `home` when relative; empty or with NUL refused.
-pub fn resolve(home: &Path, path: &str) -> Result<PathBuf, Reply> {
+pub fn resolve(home: &Path, path: &[u8]) -> Result<PathBuf, Reply> {
     if path.is_empty() {
         return Err(bad("path: must not be empty".into()));
     }
-    if path.contains('\0') {
+    if path.contains(&0) {
         return Err(bad("path: must not contain NUL".into()));
     }
-    let p = Path::new(path);
+    let p = Path::new(std::ffi::OsStr::from_bytes(path));
     Ok(if p.is_absolute() {
         p.to_path_buf()
     } else {
@@ -269,7 +270,7 @@ pub fn entry(path: &Path, md: &Metadata) -> FsEntry {
         "other"
     };
     FsEntry {
-        path: path.to_string_lossy().into_owned(),
+        path: path.as_os_str().as_bytes().to_vec(),
         kind: kind.into(),
         size: md.len(),
         mode: md.mode() & 0o7777,
@@ -278,7 +279,7 @@ pub fn entry(path: &Path, md: &Metadata) -> FsEntry {
             .is_symlink()
             .then(|| std::fs::read_link(path).ok())
             .flatten()
-            .map(|t| t.to_string_lossy().into_owned()),
+            .map(|t| t.into_os_string().into_vec()),
     }
 }
 
@@ -481,7 +482,7 @@ mod tests {
         let r = carry_out(
             &home,
             FsCall::List {
-                path: home.display().to_string(),
+                path: home.display().to_string().into(),
                 depth: 1,
             },
         );
@@ -496,6 +497,58 @@ mod tests {
         assert_eq!(v["truncated"], true);
         // As many as fit: the budget is the escaped size, within one entry.
         assert!(n > 400 && n < 1000, "{n} entries");
+        let _ = std::fs::remove_dir_all(&home);
+    }
+
+    #[test]
+    fn test_a_name_that_is_not_utf8_is_listed_and_reached_as_bytes() {
+        use std::os::unix::ffi::OsStrExt;
+        let home = tmp();
+        let mut odd = home.as_os_str().as_bytes().to_vec();
+        odd.extend_from_slice(b"/a\xff\xfe");
+        std::fs::write(std::ffi::OsStr::from_bytes(&odd), b"bytes").unwrap();
+        let Reply::Ok(v) = carry_out(
+            &home,
+            FsCall::List {
+                path: home.as_os_str().as_bytes().to_vec(),
+                depth: 1,
+            },
+        ) else {
+            panic!()
+        };
+        let entries: Vec<FsEntry> = serde_json::from_value(v["entries"].clone()).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!((&entries[0].path, entries[0].size), (&odd, 5));
+        // Its bytes reach it: stat, move, remove.
+        let Reply::Ok(v) = carry_out(&home, FsCall::Stat { path: odd.clone() }) else {
+            panic!()
+        };
+        assert_eq!(serde_json::from_value::<FsEntry>(v).unwrap().path, odd);
+        let mut moved = odd.clone();
+        moved.push(0x80);
+        let r = carry_out(
+            &home,
+            FsCall::Move {
+                from: odd.clone(),
+                to: moved.clone(),
+                overwrite: false,
+            },
+        );
+        assert!(matches!(r, Reply::Ok(_)), "{r:?}");
+        assert_eq!(
+            std::fs::read(std::ffi::OsStr::from_bytes(&moved)).unwrap(),
+            b"bytes"
+        );
+        let r = carry_out(
+            &home,
+            FsCall::Remove {
+                path: moved.clone(),
+                recursive: false,
+                files_only: true,
+            },
+        );
+        assert_eq!(r, Reply::Ok(serde_json::Value::Null));
+        assert_eq!(std::fs::read_dir(&home).unwrap().count(), 0);
         let _ = std::fs::remove_dir_all(&home);
     }
 
@@ -519,7 +572,7 @@ mod tests {
         let Reply::Ok(v) = carry_out(
             &home,
             FsCall::Stat {
-                path: format!("{h}/a/link"),
+                path: format!("{h}/a/link").into(),
             },
         ) else {
             panic!()
@@ -531,7 +584,7 @@ mod tests {
         let Reply::Ok(v) = carry_out(
             &home,
             FsCall::List {
-                path: h.clone(),
+                path: h.clone().into(),
                 depth: 1,
             },
         ) else {
@@ -547,7 +600,7 @@ mod tests {
         let Reply::Ok(v) = carry_out(
             &home,
             FsCall::List {
-                path: h.clone(),
+                path: h.clone().into(),
                 depth: 2,
             },
         ) else {

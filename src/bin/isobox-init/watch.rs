@@ -14,6 +14,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Token};
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// Watches at once (the daemon bounds its own well below).
@@ -56,7 +57,7 @@ fn add_tree(ino: &Inotify, dirs: &mut HashMap<i32, PathBuf>, dir: &Path, recursi
 }
 
 /// Opens a watch of `path` (on the file thread, as the user).
-pub fn open(home: &Path, path: &str, recursive: bool) -> Result<Watch, Reply> {
+pub fn open(home: &Path, path: &[u8], recursive: bool) -> Result<Watch, Reply> {
     let p = resolve(home, path)?;
     match std::fs::symlink_metadata(&p) {
         Ok(md) if md.is_dir() => {}
@@ -122,8 +123,8 @@ pub fn end(init: &mut Init, handle: u32) {
 fn event(kind: &str, path: &Path, from: Option<&Path>, is_dir: bool) -> WatchEvent {
     WatchEvent {
         kind: kind.into(),
-        path: path.to_string_lossy().into_owned(),
-        from: from.map(|f| f.to_string_lossy().into_owned()),
+        path: path.as_os_str().as_bytes().to_vec(),
+        from: from.map(|f| f.as_os_str().as_bytes().to_vec()),
         is_dir,
     }
 }
@@ -178,7 +179,7 @@ fn translate(w: &mut Watch, events: &[ino::Event]) -> (Vec<WatchEvent>, bool) {
         if e.mask & ino::IN_Q_OVERFLOW != 0 {
             out.push(WatchEvent {
                 kind: "overflow".into(),
-                path: String::new(),
+                path: Vec::new(),
                 from: None,
                 is_dir: false,
             });
@@ -213,7 +214,7 @@ fn translate(w: &mut Watch, events: &[ino::Event]) -> (Vec<WatchEvent>, bool) {
         } else if e.mask & ino::IN_MODIFY != 0 {
             let same = out
                 .last()
-                .is_some_and(|l| l.kind == "write" && l.path == path.to_string_lossy());
+                .is_some_and(|l| l.kind == "write" && l.path == path.as_os_str().as_bytes());
             if !same {
                 out.push(event("write", &path, None, is_dir));
             }
