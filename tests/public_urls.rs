@@ -402,6 +402,30 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
     let r = raw(&d, &mut s, chunked.as_bytes(), false);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["body_len"], 11);
+    // A body that breaks its chunked framing: 400 (the client's fault), one answer,
+    // the connection closed. It once sent the daemon's loop round forever, queueing a
+    // page and a log line on each pass, every face stalled.
+    {
+        let mut bad = d.connect();
+        bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = format!(
+            "POST /up HTTP/1.1\r\nHost: {app}\r\nX-WBX-Token: {token}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+        );
+        let r = raw(&d, &mut bad, req.as_bytes(), false);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.text().contains("malformed request body"), "{}", r.text());
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut bad, &mut rest).unwrap();
+        assert!(
+            rest.is_empty(),
+            "one answer only: {}",
+            String::from_utf8_lossy(&rest)
+        );
+        // The daemon serves on: its API and the app on the kept connection.
+        assert_eq!(d.get("/healthz").status, 200);
+        let r = raw(&d, &mut s, chunked.as_bytes(), false);
+        assert_eq!(r.json()["body_len"], 11);
+    }
     let r = raw(
         &d,
         &mut s,

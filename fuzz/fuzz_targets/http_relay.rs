@@ -6,7 +6,7 @@
 //! panics; no buffer grows past its bound; and everything the relay sent the app
 //! parses, with the daemon's own strict parser, as whole requests (each head, then
 //! exactly its body by its framing) — a request cannot smuggle a second one past the
-//! proxy, whatever the client sent.
+//! proxy, whatever the client sent; and after a framing error the relay is spent.
 #![no_main]
 
 use isobox::http::chunked::ChunkedDecoder;
@@ -35,7 +35,9 @@ fn check_requests(mut out: &[u8], open: bool) {
             Framing::Chunked => {
                 let mut dec = ChunkedDecoder::new();
                 let mut sink = Vec::new();
-                let n = dec.feed(out, &mut sink, usize::MAX).expect("clean chunked framing");
+                let n = dec
+                    .feed(out, &mut sink, usize::MAX)
+                    .expect("clean chunked framing");
                 out = &out[n..];
                 if !dec.is_done() {
                     assert!(open && out.is_empty());
@@ -44,6 +46,19 @@ fn check_requests(mut out: &[u8], open: bool) {
             }
         }
     }
+}
+
+/// After an error the relay is spent: pumping again is `Ok` and moves nothing, and it
+/// takes no more bytes (a caller that pumped on would otherwise loop on one error).
+fn spent(relay: &mut Relay) {
+    let before = (relay.to_client.len(), relay.to_upstream.len());
+    relay.pump().expect("a spent relay pumps without error");
+    assert_eq!(before, (relay.to_client.len(), relay.to_upstream.len()));
+    assert_eq!(
+        (relay.room_from_client(), relay.room_from_upstream()),
+        (0, 0)
+    );
+    assert!(matches!(relay.next_request(), Next::Wait));
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -74,10 +89,17 @@ fuzz_target!(|data: &[u8]| {
             };
             relay.forward(
                 &h,
-                &Forwarded { client: "192.0.2.1", proto: "http", target: &target, strip: &["x-wbx-token"], cookie: None },
+                &Forwarded {
+                    client: "192.0.2.1",
+                    proto: "http",
+                    target: &target,
+                    strip: &["x-wbx-token"],
+                    cookie: None,
+                },
             );
         }
         if relay.pump().is_err() {
+            spent(&mut relay);
             break;
         }
         // The app's bytes.
@@ -88,6 +110,7 @@ fuzz_target!(|data: &[u8]| {
         relay.from_upstream.extend_from_slice(&pending_a[..n]);
         pending_a = &pending_a[n..];
         if relay.pump().is_err() {
+            spent(&mut relay);
             break;
         }
         assert!(relay.from_upstream.len() <= BUF_BYTES.max(MAX_RESPONSE_HEAD_BYTES + 1));

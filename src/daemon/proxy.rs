@@ -834,9 +834,14 @@ impl Daemon {
         let Some(p) = self.proxies.get_mut(pk) else {
             return;
         };
-        log::info!("proxy peer={} {e}", p.peer);
+        crate::warn_limited!(client = p.peer.ip(); "proxy peer={} {e}", p.peer);
         if !p.relay.resp_started() && !p.relay.is_tunnel() {
-            let out = page(502, "Bad answer", &format!("{e}."), false, false);
+            // The client's own bytes broke its request: a 400; the app's: a 502.
+            let (status, title) = match e {
+                RelayError::BadRequestBody(_) => (400, "Bad request"),
+                RelayError::BadResponse(_) => (502, "Bad answer"),
+            };
+            let out = page(status, title, &format!("{e}."), false, false);
             p.relay.to_client.extend_from_slice(&out);
         }
         p.relay.close_client = true;

@@ -147,6 +147,8 @@ pub struct Relay {
     upstream_keep: bool,
     /// Bytes of the current response already queued for the client.
     resp_started: bool,
+    /// A framing error ended it: nothing more moves (the caller answers and closes).
+    failed: bool,
     scratch: Vec<u8>,
 }
 
@@ -174,6 +176,7 @@ impl Relay {
             close_after_response: false,
             upstream_keep: false,
             resp_started: false,
+            failed: false,
             scratch: Vec::new(),
         }
     }
@@ -200,7 +203,7 @@ impl Relay {
 
     /// How many bytes may be read from the app now.
     pub fn room_from_upstream(&self) -> usize {
-        if self.to_client.len() >= BUF_BYTES {
+        if self.failed || self.to_client.len() >= BUF_BYTES {
             return 0;
         }
         match self.resp {
@@ -377,15 +380,29 @@ impl Relay {
     /// # Errors
     /// A malformed response (nothing of it was sent yet when `resp_started()` is false:
     /// the caller may still answer with its own page) or request body.
+    /// After an error the relay is spent: it reads and moves nothing more, and the
+    /// bytes that broke the framing are dropped (a caller that pumps again gets `Ok`,
+    /// never the same error once more).
     pub fn pump(&mut self) -> Result<(), RelayError> {
-        self.pump_request()?;
-        loop {
+        if self.failed {
+            return Ok(());
+        }
+        let r = self.pump_request().and_then(|()| loop {
             let before = (self.from_upstream.len(), self.to_client.len());
             self.pump_response()?;
             if before == (self.from_upstream.len(), self.to_client.len()) {
-                return Ok(());
+                break Ok(());
             }
+        });
+        if r.is_err() {
+            self.failed = true;
+            self.close_client = true;
+            self.from_client.clear();
+            self.scan_from = 0;
+            self.from_upstream.clear();
+            self.to_upstream.clear();
         }
+        r
     }
 
     /// Whether any byte of the response in flight went to the client.
@@ -718,6 +735,35 @@ mod tests {
 
     fn text(b: &[u8]) -> String {
         String::from_utf8_lossy(b).into_owned()
+    }
+
+    #[test]
+    fn a_relay_whose_framing_broke_moves_nothing_more() {
+        // A request body that breaks its chunked framing: one error, then the relay is
+        // spent (a caller that pumps again must not get the same error forever).
+        let mut r = Relay::new(Vec::new());
+        let h = head("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n");
+        r.forward(&h, &fwd("/"));
+        r.from_client
+            .extend_from_slice(b"zz\r\nGET /next HTTP/1.1\r\nHost: h\r\n\r\n");
+        assert!(matches!(r.pump(), Err(RelayError::BadRequestBody(_))));
+        for _ in 0..3 {
+            r.pump().unwrap();
+        }
+        assert!(r.from_client.is_empty() && r.to_upstream.is_empty());
+        assert_eq!((r.room_from_client(), r.room_from_upstream()), (0, 0));
+        assert!(matches!(r.next_request(), Next::Wait));
+        assert!(r.close_client);
+        // The same for an app's answer that breaks its framing.
+        let mut r = Relay::new(Vec::new());
+        r.forward(&head("GET / HTTP/1.1\r\nHost: h\r\n\r\n"), &fwd("/"));
+        r.from_upstream
+            .extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n");
+        assert!(matches!(r.pump(), Err(RelayError::BadResponse(_))));
+        r.from_upstream
+            .extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: y\r\n\r\n");
+        r.pump().unwrap();
+        assert!(r.to_client.is_empty());
     }
 
     #[test]
