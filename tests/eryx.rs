@@ -220,6 +220,117 @@ fn test_the_documents_examples_compute_units_and_outcomes() {
     // Unicode both ways.
     let v = run(&d, json!({"code": "print('héllo ✓', len('✓'))"}));
     assert_eq!(v["stdout"], "héllo ✓ 1\n");
+    // Text that is not valid Unicode (a lone surrogate, as surrogateescape makes from
+    // bytes) is shown escaped: an exception stays an error and output is kept. Both
+    // were once a "success" with nothing in it.
+    let v = run(&d, json!({"code": "raise ValueError('\\udcff')"}));
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .ends_with("ValueError: \\udcff\n"),
+        "{v}"
+    );
+    let v = run(
+        &d,
+        json!({"code": "print('a')\nprint(b'\\xff'.decode('utf-8', 'surrogateescape'))"}),
+    );
+    assert_eq!(
+        (v["status"].as_str(), v["stdout"].as_str()),
+        (Some("success"), Some("a\n\\udcff\n")),
+        "{v}"
+    );
+    // A run that ends in the engine (os._exit is WASI's exit) is counted like any
+    // other: once 0, so a loop before it was free.
+    let v = run(
+        &d,
+        json!({"code": "s = 0\nfor i in range(200000):\n    s += i\nimport os\nos._exit(0)"}),
+    );
+    assert_eq!(v["status"], "error", "{v}");
+    assert!(v["compute_units"].as_u64().unwrap() > 2 * units, "{v}");
+    d.stop();
+}
+
+/// Runs on one worker process: each keeps its own time limit in real time (eryx's
+/// counts ticks of the one engine's epoch, which every run's ticker advanced: with
+/// three runs on a worker, each ended after a third of its limit), and a worker takes
+/// only as many runs as its memory share holds: the rest wait for room, then 503.
+#[test]
+fn test_runs_on_one_worker_keep_their_own_time_and_its_room() {
+    // One worker of 256 MiB: room for two runs of 64 MiB beside the engine's 128.
+    let d = Daemon::start_with(&[
+        ("ISOBOX_WASM_THREADS", "1"),
+        ("ISOBOX_WASM_WORKER_MEMORY_MB", "256"),
+        ("ISOBOX_ERYX_TIMEOUT_S", "30"),
+    ]);
+    d.wait_ready();
+    run(&d, json!({"code": "pass"}));
+    let go = |body: Value| {
+        let addr = d.addr;
+        let body = body.to_string();
+        std::thread::spawn(move || {
+            let req = format!(
+                "POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            common::raw_exchange(addr, req.as_bytes()).remove(0)
+        })
+    };
+    // Two runs of 6 s with a limit of 8 s, side by side on the one worker.
+    let sleeper = json!({"code": "import time\ntime.sleep(6)\nprint('woke')", "timeout_secs": 8});
+    let runs: Vec<_> = (0..2).map(|_| go(sleeper.clone())).collect();
+    for r in runs {
+        let r = r.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(
+            (r.json()["status"].as_str(), r.json()["stdout"].as_str()),
+            (Some("success"), Some("woke\n")),
+            "{}",
+            r.text()
+        );
+    }
+    // Three at once: the third waits for room (it starts only once one has ended).
+    let timed = json!({"code": "import time\nt = time.time()\ntime.sleep(2)\nprint(t)"});
+    let runs: Vec<_> = (0..3).map(|_| go(timed.clone())).collect();
+    let mut starts: Vec<f64> = runs
+        .into_iter()
+        .map(|r| {
+            let r = r.join().unwrap();
+            assert_eq!(r.json()["status"], "success", "{}", r.text());
+            r.json()["stdout"].as_str().unwrap().trim().parse().unwrap()
+        })
+        .collect();
+    starts.sort_by(f64::total_cmp);
+    assert!(
+        starts[2] - starts[0] >= 1.5,
+        "the third ran beside the others: {starts:?}"
+    );
+    // Runs that hold the room past the wait: the one waiting is 503, at capacity.
+    let long = json!({"code": "import time\ntime.sleep(14)", "timeout_secs": 20});
+    let runs: Vec<_> = (0..3).map(|_| go(long.clone())).collect();
+    let mut statuses: Vec<u16> = Vec::new();
+    for r in runs {
+        let r = r.join().unwrap();
+        if r.status == 503 {
+            assert_eq!(code(&r), "unavailable");
+            assert!(
+                r.json()["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("at capacity"),
+                "{}",
+                r.text()
+            );
+        } else {
+            assert_eq!(r.json()["status"], "success", "{}", r.text());
+        }
+        statuses.push(r.status);
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 503]);
+    // The worker lived through it all: the same one answers.
+    run(&d, json!({"code": "pass"}));
     d.stop();
 }
 
@@ -374,6 +485,14 @@ fn test_errors_auth_and_per_tenant_concurrency() {
         );
         assert_eq!((r.status, code(&r)), (status, want.into()), "{body}");
     }
+    // A body whose chunked framing breaks: the document's shape too (it was the
+    // isobox face's `{"error": "bad_request", "detail"}`), and the connection closes.
+    let r = common::raw_exchange(
+        d.addr,
+        b"POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer eryx_alpha\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    );
+    assert_eq!(r.len(), 1);
+    assert_eq!((r[0].status, code(&r[0])), (400, "invalid_request".into()));
     let r = d.request("GET", "/eryx/v1/execute", &h, b"");
     assert_eq!((r.status, code(&r)), (405, "invalid_request".into()));
     // The stream is a WebSocket (tests/eryx_stream.rs); a plain GET is told so.

@@ -86,6 +86,40 @@ fn test_the_documents_example_client_runs_unchanged() {
     // print(status, stdout, error): the run's own output ends in a newline.
     assert_eq!(stdout, "success Hello, Ada\n \n");
 
+    // The same client, other code: a call with arguments near their bound and 3 MB of
+    // output. That client takes messages of up to 1 MiB (the `websockets` default):
+    // each message fits, the output cut and saying so, and the client runs to its end.
+    let big = client.replace(
+        "user = await get_user(id=123)",
+        "user = await get_user(id=123, pad='y' * ((1 << 20) - 5000))\nprint('x' * 3000000)",
+    );
+    assert_ne!(big, client);
+    let out = std::process::Command::new(common::test_python())
+        .arg("-c")
+        .arg(&big)
+        .env("ERYX_API_KEY", KEY)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\nlog:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    assert!(
+        stdout.starts_with("success xxxx"),
+        "{}",
+        &stdout[..100.min(stdout.len())]
+    );
+    assert!(
+        stdout.contains(
+            "[output cut to fit a 1 MiB WebSocket message; POST /v1/execute returns it whole]"
+        ),
+        "{}",
+        &stdout[stdout.len().saturating_sub(300)..]
+    );
+
     // The same client with a wrong key: the upgrade is refused, in the face's shape.
     let out = std::process::Command::new(common::test_python())
         .arg("-c")

@@ -124,6 +124,11 @@ fn step(c: &mut Conn<(), Waits>, cap: usize, seen: &mut Vec<Seen>, now: Instant)
                 seen.push(Seen::Refused(status_of(&c.wbuf)));
                 return false;
             }
+            BodyStep::Malformed((), why) => {
+                c.respond_and_close(Response::error(400, "bad_request", Some(&why)));
+                seen.push(Seen::Refused(status_of(&c.wbuf)));
+                return false;
+            }
         }
         // The responses go out as they are made.
         assert!(c.write_to(&mut io::sink(), now));

@@ -650,6 +650,13 @@ impl Daemon {
                 self.arm_idle(ck);
                 false
             }
+            BodyStep::Malformed(route, why) => {
+                // In the face's shape: a client of any face reads its own errors.
+                let resp = route.shaped(Response::error(400, "bad_request", Some(&why)), None);
+                self.respond_and_close(ck, resp);
+                self.arm_idle(ck);
+                false
+            }
         }
     }
 
@@ -1036,6 +1043,10 @@ impl Daemon {
                 let resp = match self.conns.get(ck).map(|c| &c.http.phase) {
                     Some(Phase::Body { route, .. }) => route.shaped(resp, None),
                     Some(Phase::Owned(Owner::BoxUpload { .. })) => crate::wbx::reshape(resp),
+                    // A file upload: its face's (an eryx environment's, the sessions').
+                    Some(Phase::Owned(Owner::Upload {
+                        target: Some(t), ..
+                    })) => t.shape(resp),
                     _ => resp,
                 };
                 self.take_upload(ck);

@@ -495,11 +495,7 @@ impl Daemon {
             return;
         }
         let msg = match res {
-            Ok(a) => {
-                let mut v = eryx::run_json(&a);
-                v["type"] = json!("completed");
-                v.to_string()
-            }
+            Ok(a) => eryx::ws_completed(&a),
             Err(f) => eryx::Rejection::of_failure(&f).message(),
         };
         self.ws_send(ck, &msg);

@@ -662,6 +662,69 @@ fn positive(o: &serde_json::Map<String, Value>, name: &str) -> Result<Option<u64
     }
 }
 
+/// The largest message sent to a WebSocket client: what the `websockets` package,
+/// which the document's example client uses, takes by default (`max_size`, 1 MiB);
+/// past it that client closes the connection (1009).
+pub const WS_MESSAGE_BYTES: usize = 1 << 20;
+
+/// What a stream cut to fit a message ends with.
+const WS_CUT_NOTE: &str =
+    "\n[output cut to fit a 1 MiB WebSocket message; POST /v1/execute returns it whole]\n";
+
+/// The bytes `c` takes in a JSON string (serde_json's escapes).
+fn json_char_len(c: char) -> usize {
+    match c {
+        '"' | '\\' | '\n' | '\r' | '\t' | '\u{8}' | '\u{c}' => 2,
+        c if c < ' ' => 6,
+        c => c.len_utf8(),
+    }
+}
+
+/// The longest start of `s` that takes at most `room` bytes in a JSON string, and
+/// whether that is all of it.
+fn json_prefix(s: &str, room: usize) -> (&str, bool) {
+    let mut used = 0;
+    for (i, c) in s.char_indices() {
+        used += json_char_len(c);
+        if used > room {
+            return (&s[..i], false);
+        }
+    }
+    (s, true)
+}
+
+/// A run's `completed` message for a WebSocket client, within [`WS_MESSAGE_BYTES`]:
+/// when its output would not fit, `stdout` and `stderr` are cut (each keeping at
+/// least half the room, or all it needs) and say so.
+pub fn ws_completed(a: &crate::wasm::RunAnswer) -> String {
+    let mut v = run_json(a);
+    v["type"] = json!("completed");
+    let whole = v.to_string();
+    if whole.len() <= WS_MESSAGE_BYTES {
+        return whole;
+    }
+    v["stdout"] = json!("");
+    v["stderr"] = json!("");
+    let note = WS_CUT_NOTE.chars().map(json_char_len).sum::<usize>();
+    let room = WS_MESSAGE_BYTES.saturating_sub(v.to_string().len() + 2 * note);
+    let need = |s: &str| s.chars().map(json_char_len).sum::<usize>();
+    let (out_need, err_need) = (need(&a.stdout), need(&a.stderr));
+    let err_room = err_need.min(room / 2).max(room.saturating_sub(out_need));
+    let out_room = room.saturating_sub(err_room.min(err_need));
+    for (key, text, r) in [
+        ("stdout", &a.stdout, out_room),
+        ("stderr", &a.stderr, err_room),
+    ] {
+        let (kept, all) = json_prefix(text, r);
+        v[key] = json!(if all {
+            kept.to_string()
+        } else {
+            format!("{kept}{WS_CUT_NOTE}")
+        });
+    }
+    v.to_string()
+}
+
 /// A finished run as the document's response: `stdout`, `stderr`, `compute_units`,
 /// `status`, and `error` when it did not succeed.
 pub fn run_json(a: &crate::wasm::RunAnswer) -> Value {
@@ -683,6 +746,57 @@ pub fn run_json(a: &crate::wasm::RunAnswer) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_a_completed_message_fits_what_the_documents_client_takes() {
+        let answer = |out: String, err: String| crate::wasm::RunAnswer {
+            status: "success".into(),
+            stdout: out,
+            stderr: err,
+            compute_units: 7,
+            error: None,
+            state: None,
+            unsaved_variables: Vec::new(),
+        };
+        // Small: as run_json, whole.
+        let a = answer("hi\n".into(), String::new());
+        let m: Value = serde_json::from_str(&ws_completed(&a)).unwrap();
+        assert_eq!(m["stdout"], "hi\n");
+        assert_eq!(m["type"], "completed");
+        // At the bound: whole; one byte more: cut, and said so.
+        let base = ws_completed(&answer(String::new(), String::new())).len();
+        let fits = "x".repeat(WS_MESSAGE_BYTES - base);
+        assert_eq!(
+            ws_completed(&answer(fits.clone(), String::new())).len(),
+            WS_MESSAGE_BYTES
+        );
+        let over = ws_completed(&answer(format!("{fits}y"), String::new()));
+        assert!(over.len() <= WS_MESSAGE_BYTES, "{}", over.len());
+        let m: Value = serde_json::from_str(&over).unwrap();
+        assert!(m["stdout"].as_str().unwrap().ends_with(WS_CUT_NOTE));
+        // Output that grows when escaped (control bytes are six), many-byte
+        // characters, both streams: within the bound, each keeps its share.
+        for (out, err) in [
+            ("\u{1}".repeat(1 << 20), "é".repeat(300_000)),
+            ("✓".repeat(1 << 20), "e".repeat(10)),
+            ("\"".repeat(600_000), "\n".repeat(600_000)),
+        ] {
+            let msg = ws_completed(&answer(out.clone(), err.clone()));
+            assert!(msg.len() <= WS_MESSAGE_BYTES, "{}", msg.len());
+            let m: Value = serde_json::from_str(&msg).unwrap();
+            let (o, e) = (m["stdout"].as_str().unwrap(), m["stderr"].as_str().unwrap());
+            assert!(out.starts_with(o.trim_end_matches(WS_CUT_NOTE)));
+            assert!(err.starts_with(e.trim_end_matches(WS_CUT_NOTE)));
+            assert!(
+                msg.len() > WS_MESSAGE_BYTES - 256,
+                "room left unused: {}",
+                msg.len()
+            );
+            if err.len() < 100 {
+                assert_eq!(e, err, "a short stream is kept whole");
+            }
+        }
+    }
 
     fn req(ct: &str, body: &str) -> Request {
         let head = format!("POST /v1/execute HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\n\r\n");

@@ -172,6 +172,9 @@ pub enum BodyStep<R> {
     OverCap(R),
     /// The body's framing is broken: the 400 is queued; the connection closes after.
     Refused,
+    /// The body's framing is broken, as this says: the caller answers 400 in
+    /// `route`'s face's shape and closes the connection after.
+    Malformed(R, String),
 }
 
 /// What to do after I/O.
@@ -585,8 +588,11 @@ impl<R, W: Owner> Conn<R, W> {
                 return BodyStep::OverCap(route);
             }
             Err(e) => {
-                self.respond_and_close(Response::error(400, "bad_request", Some(&e.to_string())));
-                return BodyStep::Refused;
+                let Phase::Body { route, .. } = std::mem::replace(&mut self.phase, Phase::Head)
+                else {
+                    return BodyStep::Refused;
+                };
+                return BodyStep::Malformed(route, e.to_string());
             }
         };
         if !done {
@@ -1102,9 +1108,10 @@ mod tests {
             panic!()
         };
         c.begin_body(h, "r", 100, Params::default(), String::new());
-        assert!(matches!(c.advance_body(), BodyStep::Refused));
-        assert!(text(&c.wbuf).starts_with("HTTP/1.1 400 "));
-        assert!(c.close_after_flush);
+        let BodyStep::Malformed("r", why) = c.advance_body() else {
+            panic!()
+        };
+        assert!(why.contains("chunk"), "{why}");
     }
 
     #[test]

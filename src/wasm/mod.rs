@@ -33,6 +33,23 @@ use std::time::{Duration, Instant};
 /// stuck and replaced.
 const STUCK_GRACE: Duration = Duration::from_secs(10);
 
+/// The engine's own memory in a worker process beside its runs' (the bound the
+/// configuration checks each worker's share against).
+pub const WORKER_ENGINE_BYTES: u64 = 128 << 20;
+
+/// How long a run waits for room on a worker while they are all full (then 503,
+/// "at capacity"), and while none is ready yet (the first start).
+const CAPACITY_WAIT: Duration = Duration::from_secs(10);
+const START_WAIT: Duration = Duration::from_secs(60);
+
+/// Runs one worker process holds at once: as many as its share of the memory cap
+/// holds at a run's memory each beside the engine's own, at least one. More at once
+/// would have the worker's cgroup kill it, and every run on it with it.
+pub fn runs_per_worker(share_bytes: u64, run_bytes: u64) -> usize {
+    let n = share_bytes.saturating_sub(WORKER_ENGINE_BYTES) / run_bytes.max(1);
+    usize::try_from(n).unwrap_or(usize::MAX).max(1)
+}
+
 /// One run.
 #[derive(Debug, Clone)]
 pub struct RunRequest {
@@ -422,8 +439,10 @@ struct Pending {
     calls: Option<CallSink>,
 }
 
-/// A run waiting for a worker to be ready.
+/// A run waiting for a worker with room.
 struct Queued {
+    /// When it came.
+    since: Instant,
     id: u64,
     req: RunRequest,
     reply: Reply,
@@ -486,7 +505,12 @@ impl Supervisor {
             self.set_state(State::Down(e));
         }
         loop {
-            let next = self.pending.values().map(|p| p.deadline).min();
+            let next = self
+                .pending
+                .values()
+                .map(|p| p.deadline)
+                .chain(self.queued.iter().map(|q| q.since + self.queue_wait()))
+                .min();
             let msg = match next {
                 Some(at) => match self.rx.recv_deadline(at) {
                     Ok(m) => m,
@@ -501,6 +525,7 @@ impl Supervisor {
                         for gen in stuck {
                             self.worker_failed(gen, "it stopped answering".into());
                         }
+                        self.expire_queued(now);
                         continue;
                     }
                     Err(_) => break,
@@ -512,6 +537,7 @@ impl Supervisor {
             };
             match msg {
                 Msg::Run(id, req, reply, calls) => self.on_run(Queued {
+                    since: Instant::now(),
                     id,
                     req,
                     reply,
@@ -706,9 +732,11 @@ impl Supervisor {
                 self.start_slot(i);
             }
         }
-        if let Some(gen) = self.pick() {
+        let first = self.queued.is_empty();
+        if let Some(gen) = self.pick().filter(|_| first) {
             self.send(q, gen);
         } else if self.slots.iter().any(|s| s.live.is_some()) {
+            // Behind those already waiting.
             self.queued.push(q);
         } else {
             let why = match self.state() {
@@ -719,8 +747,12 @@ impl Supervisor {
         }
     }
 
-    /// The ready worker with the fewest runs.
+    /// The ready worker with the fewest runs, if it has room for one more.
     fn pick(&self) -> Option<u64> {
+        let cap = runs_per_worker(
+            self.cfg.worker_memory_bytes / self.cfg.threads.max(1) as u64,
+            self.cfg.memory_bytes,
+        );
         self.slots
             .iter()
             .filter_map(|s| s.live.as_ref().filter(|l| l.ready))
@@ -731,7 +763,56 @@ impl Supervisor {
                 )
             })
             .min()
+            .filter(|(runs, _)| *runs < cap)
             .map(|(_, gen)| gen)
+    }
+
+    /// How long a queued run may wait: for room while a worker is ready, else for
+    /// the first to start.
+    fn queue_wait(&self) -> Duration {
+        let ready = self
+            .slots
+            .iter()
+            .any(|s| s.live.as_ref().is_some_and(|l| l.ready));
+        if ready {
+            CAPACITY_WAIT
+        } else {
+            START_WAIT
+        }
+    }
+
+    /// Hands queued runs, oldest first, to workers with room.
+    fn dispatch_queued(&mut self) {
+        while !self.queued.is_empty() {
+            let Some(gen) = self.pick() else {
+                return;
+            };
+            let q = self.queued.remove(0);
+            self.send(q, gen);
+        }
+    }
+
+    /// Queued runs that waited their bound: 503, at capacity (or not started).
+    fn expire_queued(&mut self, now: Instant) {
+        let wait = self.queue_wait();
+        let (expired, kept): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut self.queued)
+            .into_iter()
+            .partition(|q| now >= q.since + wait);
+        self.queued = kept;
+        for q in expired {
+            let why = if wait == CAPACITY_WAIT {
+                format!(
+                    "at capacity: every WebAssembly worker has its most runs going (waited {} s); retry after a short wait",
+                    wait.as_secs()
+                )
+            } else {
+                format!(
+                    "the WebAssembly workers did not start within {} s; retry after a short wait",
+                    wait.as_secs()
+                )
+            };
+            (q.reply)(Err(Failure::Unavailable(why)));
+        }
     }
 
     /// A client's answer to a call: to the worker its run is on, if it still is.
@@ -762,6 +843,7 @@ impl Supervisor {
 
     fn send(&mut self, q: Queued, gen: u64) {
         let Queued {
+            since: _,
             id,
             req,
             reply,
@@ -838,12 +920,7 @@ impl Supervisor {
                 l.ready = true;
             }
             self.set_state(State::Ready);
-            for q in std::mem::take(&mut self.queued) {
-                match self.pick() {
-                    Some(g) => self.send(q, g),
-                    None => self.queued.push(q),
-                }
-            }
+            self.dispatch_queued();
             return;
         }
         if let Some(c) = frame.callback {
@@ -870,7 +947,11 @@ impl Supervisor {
             .id
             .filter(|id| self.pending.get(id).is_some_and(|p| p.gen == gen));
         match (mine.and_then(|id| self.pending.remove(&id)), frame.answer) {
-            (Some(p), Some(a)) => (p.reply)(Ok(a)),
+            (Some(p), Some(a)) => {
+                (p.reply)(Ok(a));
+                // Its room goes to the run that waited longest.
+                self.dispatch_queued();
+            }
             _ => self.worker_failed(gen, "it answered a run it was not given".into()),
         }
     }
@@ -920,5 +1001,24 @@ impl Supervisor {
             cg.kill_all();
             let _ = cg.destroy();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_worker_holds_as_many_runs_as_its_share_holds() {
+        let mib = 1u64 << 20;
+        // The defaults: 1024 MiB for two workers, 64 MiB a run.
+        assert_eq!(runs_per_worker(512 * mib, 64 * mib), 6);
+        // At, below and above a bound: one run's worth more or less.
+        assert_eq!(runs_per_worker(128 * mib + 128 * mib, 64 * mib), 2);
+        assert_eq!(runs_per_worker(128 * mib + 128 * mib - 1, 64 * mib), 1);
+        assert_eq!(runs_per_worker(128 * mib + 192 * mib, 64 * mib), 3);
+        // Never none, whatever the figures.
+        assert_eq!(runs_per_worker(0, 64 * mib), 1);
+        assert_eq!(runs_per_worker(512 * mib, 0), 4 * 96 * 1024 * 1024);
     }
 }

@@ -553,8 +553,11 @@ impl Calls {
     }
 }
 
-/// Largest arguments of one call, as JSON.
-const MAX_CALL_ARGS: usize = 1 << 20;
+/// Largest arguments of one call, as JSON: with the `callback` message around them
+/// (type, call id, a name of at most 64 bytes) a message within the 1 MiB that a
+/// WebSocket client takes by default (the `websockets` package the document's client
+/// uses), so that a call never closes its connection.
+const MAX_CALL_ARGS: usize = (1 << 20) - 4096;
 
 /// One callback of a run: a call is a frame to the daemon, which asks its client and
 /// sends the client's answer back.
@@ -743,7 +746,9 @@ fn wrap(code: &str, callbacks: &[String]) -> String {
             del g[n]
     if outcome is None:
         outcome = {{"stdout": out.value(), "stderr": err.value()}}
-    g["{OUTCOME_VAR}"] = outcome
+    # Lone surrogates (surrogateescape'd bytes, "\\udcff") cannot cross into JSON or
+    # the component's strings: shown escaped, never losing the rest.
+    g["{OUTCOME_VAR}"] = {{k: v.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(v, str) else v for k, v in outcome.items()}}
 await _isobox_main()
 "#
     )
@@ -752,6 +757,59 @@ await _isobox_main()
 /// Instructions between a run's yields to the worker's scheduler (see `run`): the
 /// precision of a timed-out run's compute units.
 const FUEL_YIELD: u64 = 1_000_000;
+
+/// Forwards wakes to the task's waker, noting a wake that came while the run was
+/// being polled: that is a yield (a fuel yield wakes its task before it returns).
+struct WakeNote {
+    woke: std::sync::atomic::AtomicBool,
+    to: Mutex<Option<std::task::Waker>>,
+}
+
+impl std::task::Wake for WakeNote {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woke.store(true, Ordering::Relaxed);
+        if let Some(w) = self.to.lock().ok().and_then(|g| g.clone()) {
+            w.wake();
+        }
+    }
+}
+
+/// A run's future, counting its fuel yields: a run the worker stops at its time
+/// limit takes its store with it, so its units are these yields' instructions (to
+/// within one yield's worth, as the document allows: "within a few million").
+struct Yields<F> {
+    inner: std::pin::Pin<Box<F>>,
+    note: Arc<WakeNote>,
+    count: Arc<AtomicU64>,
+}
+
+impl<F: std::future::Future> std::future::Future for Yields<F> {
+    type Output = F::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = self.get_mut();
+        if let Ok(mut to) = this.note.to.lock() {
+            *to = Some(cx.waker().clone());
+        }
+        this.note.woke.store(false, Ordering::Relaxed);
+        let waker = std::task::Waker::from(Arc::clone(&this.note));
+        let polled = this
+            .inner
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker));
+        if polled.is_pending() && this.note.woke.load(Ordering::Relaxed) {
+            this.count.fetch_add(1, Ordering::Relaxed);
+        }
+        polled
+    }
+}
 
 /// The memory a run's WebAssembly may grow to. Every run a worker gets carries the
 /// daemon's one setting (`ISOBOX_ERYX_MEMORY_MB`); it is stored here before each run
@@ -858,7 +916,11 @@ async fn run(
             return answer;
         }
     }
-    session.set_execution_timeout(Some(Duration::from_millis(req.timeout_ms.max(1))));
+    // The time limit is the worker's own, in real time: eryx's counts ticks of the
+    // engine's one epoch, which every run's ticker thread advances, so with k runs on
+    // a worker each would end after a k-th of its limit.
+    session.set_execution_timeout(None);
+    let limit = Duration::from_millis(req.timeout_ms.max(1));
     let mut exec = session
         .execute(wrap(&req.code, &req.callbacks))
         .with_fuel_limit(req.fuel);
@@ -883,7 +945,21 @@ async fn run(
             Arc::new(HashMap::new()),
         )));
     }
-    let result = exec.run().await;
+    // The run yields every FUEL_YIELD instructions, so even a loop that calls nothing
+    // is stopped here within about a millisecond of its limit.
+    let yields = Arc::new(AtomicU64::new(0));
+    let counted = Yields {
+        inner: Box::pin(exec.run()),
+        note: Arc::new(WakeNote {
+            woke: std::sync::atomic::AtomicBool::new(false),
+            to: Mutex::new(None),
+        }),
+        count: Arc::clone(&yields),
+    };
+    let result = match tokio::time::timeout(limit, counted).await {
+        Ok(r) => r,
+        Err(_) => Err(eryx::Error::Timeout(limit)),
+    };
     if let Some(calls) = calls {
         calls.forget_run(req.id);
     }
@@ -895,11 +971,23 @@ async fn run(
     // then are a session's changes kept (the document: a run stopped by a limit keeps
     // none; an instance that trapped is not entered again).
     let mut finished = false;
+    // What the store's fuel says was used: for a run that did not end on its own (its
+    // units count whatever stopped it).
+    let used = |session: &mut eryx::SessionExecutor| {
+        let left = session.store_mut().and_then(|s| s.get_fuel().ok());
+        left.map_or(0, |l| req.fuel.saturating_sub(l))
+    };
     match result {
         Ok(out) => {
             answer.compute_units = out.fuel_consumed.unwrap_or(0);
             let verdict = verdict(out.result.as_deref());
             match verdict["kind"].as_str() {
+                // No verdict that could be read: never a success with nothing to show.
+                None if verdict.is_null() => {
+                    answer.status = "error";
+                    answer.error =
+                        Some("The run's result could not be read back from the engine".into());
+                }
                 None => {
                     // Bounded here too: the code can reach the capture's own list.
                     let text = |k: &str| bounded(verdict[k].as_str().unwrap_or_default());
@@ -927,9 +1015,11 @@ async fn run(
         }
         Err(eryx::Error::Timeout(t)) => {
             answer.status = "timeout";
-            // The store outlives the timeout: what fuel is left tells what was used.
-            let left = session.store_mut().and_then(|s| s.get_fuel().ok());
-            answer.compute_units = left.map_or(0, |l| req.fuel.saturating_sub(l));
+            // Stopped here, its store went with it: the instructions of its yields.
+            answer.compute_units = yields
+                .load(Ordering::Relaxed)
+                .saturating_mul(FUEL_YIELD)
+                .min(req.fuel);
             answer.error = Some(format!(
                 "The run took longer than its time limit ({} s)",
                 t.as_secs_f64()
@@ -937,15 +1027,19 @@ async fn run(
         }
         Err(eryx::Error::ResourceLimit(m)) => {
             answer.status = "resource_limit";
+            answer.compute_units = used(&mut session);
             answer.error = Some(format!("The run used up its memory: {m}"));
         }
         Err(eryx::Error::PythonException(tb)) => {
             answer.status = "error";
+            answer.compute_units = used(&mut session);
             answer.error = Some(tb);
         }
         Err(e) => {
-            // A trap the wrapper could not catch (a stack overflow in the engine, say).
+            // A trap the wrapper could not catch (a stack overflow in the engine, or
+            // the WASI exit of `os._exit`).
             answer.status = "error";
+            answer.compute_units = used(&mut session);
             answer.error = Some(format!("The run failed in the engine: {e}"));
         }
     }
@@ -1096,8 +1190,13 @@ async fn phase(
     code: String,
     fuel: u64,
 ) -> Result<serde_json::Value, String> {
-    session.set_execution_timeout(Some(Duration::from_millis(frame::STATE_PHASE_MS)));
-    match session.execute(code).with_fuel_limit(fuel).run().await {
+    // In real time, as a run's (see `run`).
+    session.set_execution_timeout(None);
+    let limit = Duration::from_millis(frame::STATE_PHASE_MS);
+    let ran = tokio::time::timeout(limit, session.execute(code).with_fuel_limit(fuel).run())
+        .await
+        .unwrap_or(Err(eryx::Error::Timeout(limit)));
+    match ran {
         Ok(out) => match verdict(out.result.as_deref()) {
             serde_json::Value::Null => Err("it left no verdict".into()),
             v => Ok(v),
