@@ -95,6 +95,7 @@ fuzz_target!(|data: &[u8]| {
                     target: &target,
                     strip: &["x-wbx-token"],
                     cookie: None,
+                    trusted: data.len() % 2 == 0,
                 },
             );
         }

@@ -263,6 +263,12 @@ impl Admission {
         !self.keys.is_empty()
     }
 
+    /// Whether `peer` is a proxy whose `X-Forwarded-For` is believed
+    /// (`ISOBOX_TRUSTED_PROXIES`).
+    pub fn trusts(&self, peer: IpAddr) -> bool {
+        self.cfg.trusted_proxies.iter().any(|c| c.contains(peer))
+    }
+
     /// The client address a request is accounted to: the peer, or behind a trusted
     /// proxy the right-most `X-Forwarded-For` entry that is not itself a trusted proxy.
     pub fn client_ip(&self, head: &Head, peer: IpAddr) -> IpAddr {

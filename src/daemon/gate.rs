@@ -491,11 +491,10 @@ impl Daemon {
         moved
     }
 
-    /// Resolves and connects on the pool (at most half the workers wait on connects,
-    /// shared with the public-URL proxy).
+    /// Resolves and connects on the pool (at most half the workers wait on these).
     fn gate_dial(&mut self, gk: usize, host: String) {
         let cap = (self.cfg.workers / 2).max(1);
-        if self.proxy_connects >= cap {
+        if self.gate_connects >= cap {
             return self.gate_refuse(
                 gk,
                 502,
@@ -515,7 +514,7 @@ impl Daemon {
         if self.reactor.submit(job).is_err() {
             return self.gate_refuse(gk, 502, "the server is overloaded; retry");
         }
-        self.proxy_connects += 1;
+        self.gate_connects += 1;
     }
 
     fn gate_connected(
@@ -524,7 +523,7 @@ impl Daemon {
         serial: u64,
         r: Result<std::net::TcpStream, (u16, String)>,
     ) {
-        self.proxy_connects = self.proxy_connects.saturating_sub(1);
+        self.gate_connects = self.gate_connects.saturating_sub(1);
         if self
             .gate
             .conns

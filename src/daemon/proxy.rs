@@ -33,6 +33,8 @@ pub(crate) const PROXY: ComponentId = ComponentId(8);
 const CLIENT: u16 = 0;
 /// Its connection to the app.
 const UPSTREAM: u16 = 1;
+/// Its connection to the app while it is being made.
+const DIAL: u16 = 2;
 /// Timer: the connection's idle deadline.
 const DEADLINE: u16 = 0;
 
@@ -62,6 +64,7 @@ impl Component<Daemon> for Proxies {
         match what {
             CLIENT => d.proxy_client_event(pk, r.readable),
             UPSTREAM => d.proxy_upstream_event(pk, r.readable),
+            DIAL => d.proxy_dial_event(pk),
             _ => {}
         }
     }
@@ -92,6 +95,14 @@ struct Upstream {
     eof: bool,
 }
 
+/// A connection to the app being made, on the loop (non-blocking: a sandbox whose
+/// port swallows connections holds nothing but this socket for its 5 s).
+struct Dial {
+    stream: TcpStream,
+    token: Token,
+    since: Instant,
+}
+
 /// One proxied client connection.
 pub(crate) struct ProxyConn {
     client: TcpStream,
@@ -100,17 +111,19 @@ pub(crate) struct ProxyConn {
     peer: SocketAddr,
     relay: Relay,
     up: Option<Upstream>,
-    /// A head waiting for its connection to the app (made on the pool).
+    /// A head waiting for its connection to the app.
     connecting: Option<(Box<Head>, Target, String)>,
+    /// That connection, while it is being made.
+    dial: Option<Dial>,
+    /// Connections to the app asked for so far (a socket the pool opened is taken
+    /// only for the latest one).
+    attempt: u64,
     client_eof: bool,
     /// The client's socket may have bytes to read (set by its readable edge, cleared
     /// by a read that found it drained): no read is tried otherwise.
     client_readable: bool,
     /// The same for the app's socket.
     up_readable: bool,
-    /// Connections to the app asked for so far (a connect job's result is used only
-    /// if it is the latest one's).
-    attempt: u64,
     /// When the head being read began (its bytes wait in the relay), for the head
     /// timeout.
     head_since: Option<Instant>,
@@ -118,6 +131,8 @@ pub(crate) struct ProxyConn {
     closing: bool,
     last_io: Instant,
     timer_gen: u64,
+    /// When that timer fires.
+    timer_at: Instant,
 }
 
 /// A host under the public domain, as `Host` names it.
@@ -129,6 +144,18 @@ pub(crate) enum PublicHost {
     Malformed,
     /// `<port>-<id>`.
     Port(u16, String),
+}
+
+/// Whether a browser says another origin started the request: an `Origin` that is
+/// not this address (`null` included), or a `Sec-Fetch-Site` other than
+/// `same-origin` and `none`. A client that sends neither is no browser page.
+fn cross_site(head: &Head, scheme: &str) -> bool {
+    if let Some(origin) = head.header("origin") {
+        let own = format!("{scheme}://{}", head.header("host").unwrap_or_default());
+        return !origin.trim().eq_ignore_ascii_case(&own);
+    }
+    head.header("sec-fetch-site")
+        .is_some_and(|s| !matches!(s.trim(), "same-origin" | "none"))
 }
 
 /// Reads `Host` against the public domain.
@@ -161,6 +188,14 @@ pub(crate) fn public_host(host: Option<&str>, domain: &str) -> PublicHost {
     let id = id.replacen("sb-", "sb_", 1);
     if !crate::wbx::sandboxes::valid_id(&id) {
         return PublicHost::Malformed;
+    }
+    // What follows the name is a port or nothing: the Host goes to the app and into
+    // the cookie flow's redirect as it came (`…:@evil.example` would send a browser
+    // elsewhere).
+    if let Some((_, after)) = host.rsplit_once(':') {
+        if after.is_empty() || after.len() > 5 || !after.bytes().all(|c| c.is_ascii_digit()) {
+            return PublicHost::Malformed;
+        }
     }
     PublicHost::Port(port, id)
 }
@@ -299,14 +334,16 @@ impl Daemon {
             relay: Relay::new(rbuf),
             up: None,
             connecting: None,
+            dial: None,
+            attempt: 0,
             client_eof: c.http.read_eof,
             client_readable: true,
             up_readable: true,
-            attempt: 0,
             head_since: None,
             closing: false,
             last_io: Instant::now(),
             timer_gen: 0,
+            timer_at: Instant::now(),
         });
         self.proxies[pk].relay.to_client = pending;
         self.proxy_arm(pk);
@@ -318,7 +355,9 @@ impl Daemon {
     /// within the head timeout (as on the API), idle between requests, or no byte
     /// either way for `ACTIVE_IDLE` while a request is in flight or in a tunnel.
     fn proxy_deadline(&self, p: &ProxyConn) -> Instant {
-        if p.closing {
+        if let Some(d) = &p.dial {
+            d.since + CONNECT_TIMEOUT
+        } else if p.closing {
             p.last_io + crate::http::conn::LINGER
         } else if p.relay.is_idle() && p.connecting.is_none() {
             match p.head_since {
@@ -338,6 +377,19 @@ impl Daemon {
         let gen = self.reactor.arm_new(at, Addr::new(PROXY, pk, DEADLINE));
         if let Some(p) = self.proxies.get_mut(pk) {
             p.timer_gen = gen;
+            p.timer_at = at;
+        }
+    }
+
+    /// Arms the timer again when the connection's deadline came nearer (a request
+    /// ended: an idle keep-alive connection has the idle timeout, not the 10 minutes
+    /// of one in use).
+    fn proxy_rearm_if_sooner(&mut self, pk: usize) {
+        let Some(p) = self.proxies.get(pk) else {
+            return;
+        };
+        if self.proxy_deadline(p) < p.timer_at {
+            self.proxy_arm(pk);
         }
     }
 
@@ -345,7 +397,15 @@ impl Daemon {
         let Some(p) = self.proxies.get(pk).filter(|p| p.timer_gen == gen) else {
             return;
         };
-        if p.closing || Instant::now() >= self.proxy_deadline(p) {
+        let now = Instant::now();
+        if p.dial
+            .as_ref()
+            .is_some_and(|d| now >= d.since + CONNECT_TIMEOUT)
+        {
+            self.proxy_drop_dial(pk);
+            self.proxy_dialed(pk, Err(io::ErrorKind::TimedOut.into()));
+            self.proxy_advance(pk);
+        } else if p.closing || now >= self.proxy_deadline(p) {
             self.proxy_close(pk);
         } else {
             self.proxy_arm(pk);
@@ -446,6 +506,21 @@ impl Daemon {
         if !ok {
             return answer(self, 401, "Token needed", "This address needs its sandbox's token: open the url_with_token link, or send the X-WBX-Token header.");
         }
+        // The cookie rides along on requests any page under the public domain starts
+        // (every sandbox's address is the same site): one sandbox's page could open a
+        // WebSocket to, or post to, another's app in its user's browser. A request the
+        // cookie alone lets in that changes things must come from this address itself.
+        let explicit = header_token
+            .as_deref()
+            .is_some_and(|t| self.token_ok(&id, Some(t)))
+            || (upgrade
+                && query_token
+                    .as_deref()
+                    .is_some_and(|t| self.token_ok(&id, Some(t))));
+        let unsafe_method = !matches!(head.method.as_str(), "GET" | "HEAD" | "OPTIONS");
+        if !explicit && (upgrade || unsafe_method) && cross_site(&head, &self.public.scheme) {
+            return answer(self, 403, "Cross-site request", "Another site's page started this request, and only this address's cookie let it in. Open the app from its own address, or send the X-WBX-Token header.");
+        }
         let Some(key) = self.boxes.by_id_any(&id) else {
             return answer(self, 404, GONE.0, GONE.1);
         };
@@ -490,18 +565,10 @@ impl Daemon {
             return;
         }
         self.proxy_drop_upstream(pk);
-        // A connect blocks a worker for up to CONNECT_TIMEOUT (a sandbox can make its
-        // port drop SYNs): at most half the workers ever wait on one, so sandbox boots,
-        // runs and file operations always have the others.
-        let cap = (self.cfg.workers / 2).max(1);
-        if self.proxy_connects >= cap {
-            return self.proxy_fail(
-                pk,
-                503,
-                "Busy",
-                "Too many connections to sandboxes are being made right now; retry in a second.",
-            );
-        }
+        // Opened without blocking (on the pool: the loop's seccomp filter has no
+        // socket or connect), then watched on the loop until it is made: a sandbox
+        // whose port swallows connections holds only this socket, for at most
+        // CONNECT_TIMEOUT, never a worker.
         let Some(p) = self.proxies.get_mut(pk) else {
             return;
         };
@@ -509,12 +576,11 @@ impl Daemon {
         let (serial, attempt) = (p.serial, p.attempt);
         let to = SocketAddr::new(target.addr.into(), target.port);
         let job = Box::new(move || -> Done<Daemon> {
-            let r = std::net::TcpStream::connect_timeout(&to, CONNECT_TIMEOUT).and_then(|s| {
-                s.set_nonblocking(true)?;
+            let r = TcpStream::connect(to).and_then(|s| {
                 s.set_nodelay(true)?;
                 Ok(s)
             });
-            Box::new(move |d: &mut Daemon| d.proxy_connected(pk, serial, attempt, r))
+            Box::new(move |d: &mut Daemon| d.proxy_dial_opened(pk, serial, attempt, r))
         });
         if self.reactor.submit(job).is_err() {
             self.proxy_fail(
@@ -523,40 +589,96 @@ impl Daemon {
                 "Busy",
                 "The server is overloaded; retry in a second.",
             );
-            return;
         }
-        self.proxy_connects += 1;
     }
 
-    /// The connection to the app was made (or not).
-    fn proxy_connected(
+    /// The pool opened the connection to the app (in progress): watched until it is
+    /// made, if it is still this connection's latest request's.
+    fn proxy_dial_opened(
         &mut self,
         pk: usize,
         serial: u64,
         attempt: u64,
-        r: io::Result<std::net::TcpStream>,
+        r: io::Result<TcpStream>,
     ) {
-        self.proxy_connected_to(pk, serial, attempt, r);
-        self.proxy_advance(pk);
-    }
-
-    fn proxy_connected_to(
-        &mut self,
-        pk: usize,
-        serial: u64,
-        attempt: u64,
-        r: io::Result<std::net::TcpStream>,
-    ) {
-        log::debug!("proxy={pk} connected: {:?}", r.as_ref().map(|_| ()));
-        self.proxy_connects = self.proxy_connects.saturating_sub(1);
-        // Only the connection this request asked for: an earlier attempt's (its
-        // request answered meanwhile, say because its sandbox ended) is dropped, never
-        // used for a later request to another sandbox.
         let Some(p) = self
             .proxies
             .get(pk)
-            .filter(|p| p.serial == serial && p.attempt == attempt)
+            .filter(|p| p.serial == serial && p.attempt == attempt && p.connecting.is_some())
         else {
+            return;
+        };
+        debug_assert!(p.dial.is_none());
+        let mut stream = match r {
+            Ok(s) => s,
+            Err(e) => {
+                self.proxy_dialed(pk, Err(e));
+                self.proxy_advance(pk);
+                return;
+            }
+        };
+        let token =
+            match self
+                .reactor
+                .register(&mut stream, Addr::new(PROXY, pk, DIAL), Interest::WRITABLE)
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    crate::error_limited!("op=register proxy dial err={e}");
+                    self.proxy_fail(
+                        pk,
+                        502,
+                        "Unreachable",
+                        "The daemon could not watch the connection.",
+                    );
+                    self.proxy_advance(pk);
+                    return;
+                }
+            };
+        if let Some(p) = self.proxies.get_mut(pk) {
+            p.dial = Some(Dial {
+                stream,
+                token,
+                since: Instant::now(),
+            });
+        }
+        self.proxy_arm(pk);
+    }
+
+    /// The connection being made is writable or failed: made, refused, or not yet
+    /// (a spurious wake).
+    fn proxy_dial_event(&mut self, pk: usize) {
+        let Some(d) = self.proxies.get(pk).and_then(|p| p.dial.as_ref()) else {
+            return;
+        };
+        let r = match d.stream.take_error() {
+            Ok(Some(e)) | Err(e) => Err(e),
+            Ok(None) => match d.stream.peer_addr() {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
+                Err(e) => Err(e),
+            },
+        };
+        let Some(mut d) = self.proxies.get_mut(pk).and_then(|p| p.dial.take()) else {
+            return;
+        };
+        self.reactor.deregister(&mut d.stream, d.token);
+        self.proxy_dialed(pk, r.map(|()| d.stream));
+        self.proxy_advance(pk);
+    }
+
+    /// Forgets the connection being made, if any.
+    fn proxy_drop_dial(&mut self, pk: usize) {
+        if let Some(mut d) = self.proxies.get_mut(pk).and_then(|p| p.dial.take()) {
+            self.reactor.deregister(&mut d.stream, d.token);
+        }
+    }
+
+    /// The connection to the app was made (or not): the head waiting goes out on it,
+    /// or gets the proxy's page.
+    fn proxy_dialed(&mut self, pk: usize, r: io::Result<TcpStream>) {
+        log::debug!("proxy={pk} connected: {:?}", r.as_ref().map(|_| ()));
+        let Some(p) = self.proxies.get(pk) else {
             return;
         };
         let Some((_, target, _)) = p.connecting.as_ref() else {
@@ -593,7 +715,7 @@ impl Daemon {
                 return self.proxy_fail(pk, 502, "Unreachable", &text);
             }
         };
-        let mut stream = TcpStream::from_std(s);
+        let mut stream = s;
         let token = match self.reactor.register(
             &mut stream,
             Addr::new(PROXY, pk, UPSTREAM),
@@ -633,6 +755,7 @@ impl Daemon {
         };
         let client = p.peer.ip().to_string();
         let cookie_value = head.header("cookie").map(str::to_string);
+        let trusted = self.admission.trusts(p.peer.ip());
         p.relay.forward(
             &head,
             &Forwarded {
@@ -641,6 +764,7 @@ impl Daemon {
                 target: &target_path,
                 strip: &[HEADER],
                 cookie: cookie_value.as_deref(),
+                trusted,
             },
         );
         p.last_io = Instant::now();
@@ -649,6 +773,7 @@ impl Daemon {
     /// Answers the waiting head with the proxy's page (and forgets the connection
     /// being made).
     fn proxy_fail(&mut self, pk: usize, status: u16, title: &str, text: &str) {
+        self.proxy_drop_dial(pk);
         let Some(p) = self.proxies.get_mut(pk) else {
             return;
         };
@@ -715,6 +840,11 @@ impl Daemon {
     /// Reads what both sides have room for, moves it across, writes what is queued,
     /// and takes the next request; until nothing moves.
     fn proxy_advance(&mut self, pk: usize) {
+        self.proxy_advance_io(pk);
+        self.proxy_rearm_if_sooner(pk);
+    }
+
+    fn proxy_advance_io(&mut self, pk: usize) {
         loop {
             let moved = self.proxy_io(pk);
             let Some(p) = self.proxies.get_mut(pk) else {
@@ -918,6 +1048,9 @@ impl Daemon {
         if let Some(mut u) = p.up.take() {
             self.reactor.deregister(&mut u.stream, u.token);
         }
+        if let Some(mut d) = p.dial.take() {
+            self.reactor.deregister(&mut d.stream, d.token);
+        }
         self.conn_uncount(p.peer);
     }
 
@@ -1074,6 +1207,9 @@ mod tests {
             "8000-sb-0123.localhost",
             "8000-sb-0123456789abcdef01234567.a.localhost",
             "8000-nonsense.localhost",
+            "8000-sb-0123456789abcdef01234567.localhost:@evil.example",
+            "8000-sb-0123456789abcdef01234567.localhost:",
+            "8000-sb-0123456789abcdef01234567.localhost:808080",
         ] {
             assert_eq!(p(bad), PublicHost::Malformed, "{bad}");
         }

@@ -522,7 +522,7 @@ impl Daemon {
             proxies: Slab::new(),
             proxy_serial: 0,
             proxy_buf: Vec::new(),
-            proxy_connects: 0,
+            gate_connects: 0,
             gate,
             url_key: {
                 use ring::rand::SecureRandom;

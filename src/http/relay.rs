@@ -119,6 +119,49 @@ pub struct Forwarded<'a> {
     pub strip: &'a [&'a str],
     /// The `Cookie` value to send instead of the client's (`None`: none at all).
     pub cookie: Option<&'a str>,
+    /// The client is a proxy the daemon trusts: its `X-Forwarded-For` (and the
+    /// client-address fields of other proxies) is kept, this hop added. Otherwise the
+    /// client's own claims about its address are dropped: an app that believes the
+    /// first entry must not see one the client made up.
+    pub trusted: bool,
+}
+
+/// Fields other proxies and CDNs use for the client's address: what a client says
+/// in them is its claim, kept only from a trusted proxy.
+const CLIENT_ADDRESS_FIELDS: &[&str] = &["x-real-ip", "true-client-ip", "cf-connecting-ip"];
+
+/// The field names a `Connection` field lists (RFC 9110 §7.6.1: hop-by-hop too),
+/// lower-case, without `close`, `keep-alive` and `upgrade` (handled on their own).
+fn connection_named(fields: &[(String, Vec<u8>)]) -> Vec<String> {
+    fields
+        .iter()
+        .filter(|(k, _)| k == "connection")
+        .flat_map(|(_, v)| v.split(|&c| c == b','))
+        .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase())
+        .filter(|t| !t.is_empty() && !matches!(t.as_str(), "close" | "keep-alive" | "upgrade"))
+        .collect()
+}
+
+/// An app's `Set-Cookie` made host-only: its `Domain` attribute dropped, so that one
+/// sandbox's app cannot set cookies for every address under the public domain (for
+/// another's app, or enough of them to make every request's head too large).
+fn host_only_cookie(v: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len());
+    for (i, part) in v.split(|&c| c == b';').enumerate() {
+        let name = part
+            .split(|&c| c == b'=')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        if i > 0 && name.eq_ignore_ascii_case(b"domain") {
+            continue;
+        }
+        if i > 0 {
+            out.push(b';');
+        }
+        out.extend_from_slice(part);
+    }
+    out
 }
 
 /// One client connection's relay.
@@ -313,17 +356,20 @@ impl Relay {
             head.header("host").unwrap_or("").as_bytes(),
         );
         let mut xff: Option<Vec<u8>> = None;
+        let named = connection_named(&head.headers);
         for (name, value) in &head.headers {
             let n = name.as_str();
             if n == "host"
                 || HOP_BY_HOP.contains(&n)
+                || named.iter().any(|c| c == n)
                 || f.strip.contains(&n)
                 || n == "cookie"
                 || n == "content-length"
                 || n.starts_with("x-forwarded-")
                 || n == "forwarded"
+                || (!f.trusted && CLIENT_ADDRESS_FIELDS.contains(&n))
             {
-                if n == "x-forwarded-for" {
+                if n == "x-forwarded-for" && f.trusted {
                     let v = xff.get_or_insert_with(Vec::new);
                     if !v.is_empty() {
                         v.extend_from_slice(b", ");
@@ -348,6 +394,12 @@ impl Relay {
             header(&mut out, "x-forwarded-host", h.as_bytes());
         }
         let body = match head.framing {
+            // An empty body that said so keeps saying so: some apps answer a POST or
+            // PUT without a length with 411.
+            Framing::None if head.header("content-length").is_some() => {
+                header(&mut out, "content-length", b"0");
+                None
+            }
             Framing::None => None,
             Framing::Length(n) => {
                 header(&mut out, "content-length", n.to_string().as_bytes());
@@ -585,8 +637,16 @@ impl Relay {
                 _ => return Err(RelayError::BadResponse("invalid Content-Length")),
             }
         };
+        let named = connection_named(&fields);
         for (n, v) in &fields {
-            if HOP_BY_HOP.contains(&n.as_str()) || n == "content-length" {
+            if HOP_BY_HOP.contains(&n.as_str())
+                || n == "content-length"
+                || named.iter().any(|c| c == n)
+            {
+                continue;
+            }
+            if n == "set-cookie" {
+                header(&mut out, n, &host_only_cookie(v));
                 continue;
             }
             header(&mut out, n, v);
@@ -730,11 +790,57 @@ mod tests {
             target,
             strip: &["x-wbx-token"],
             cookie: Some("app=1"),
+            trusted: true,
         }
     }
 
     fn text(b: &[u8]) -> String {
         String::from_utf8_lossy(b).into_owned()
+    }
+
+    #[test]
+    fn claims_and_fields_that_are_not_the_apps_are_dropped() {
+        // From a client that is not a trusted proxy: its address claims go, this hop's
+        // address is the only one; fields its Connection names go; an empty body that
+        // said so keeps its length.
+        let mut r = Relay::new(Vec::new());
+        let h = head(
+            "POST /a HTTP/1.1\r\nHost: h\r\nConnection: x-secret-hop\r\nX-Secret-Hop: 1\r\n\
+             X-Forwarded-For: 10.9.9.9\r\nX-Real-IP: 10.9.9.9\r\nTrue-Client-IP: 10.9.9.9\r\n\
+             Content-Length: 0\r\n\r\n",
+        );
+        r.forward(
+            &h,
+            &Forwarded {
+                trusted: false,
+                ..fwd("/a")
+            },
+        );
+        let up = text(&r.to_upstream).to_ascii_lowercase();
+        assert!(up.contains("x-forwarded-for: 192.0.2.9\r\n"), "{up}");
+        assert!(up.contains("content-length: 0\r\n"), "{up}");
+        for gone in ["10.9.9.9", "x-secret-hop", "x-real-ip", "true-client-ip"] {
+            assert!(!up.contains(gone), "{gone} in {up}");
+        }
+        // The answer: its Set-Cookie made host-only, fields its Connection names gone.
+        r.to_upstream.clear();
+        r.from_upstream.extend_from_slice(
+            b"HTTP/1.1 200 OK\r\nConnection: x-app-hop\r\nX-App-Hop: 1\r\n\
+              Set-Cookie: s=1; Path=/; DOMAIN=.example.com; HttpOnly\r\n\
+              Set-Cookie: t=2;domain=example.com\r\nSet-Cookie: domain=3; Secure\r\n\
+              Content-Length: 0\r\n\r\n",
+        );
+        r.pump().unwrap();
+        let down = text(&r.to_client);
+        assert!(
+            down.contains("set-cookie: s=1; Path=/; HttpOnly\r\n"),
+            "{down}"
+        );
+        assert!(down.contains("set-cookie: t=2\r\n"), "{down}");
+        // A cookie named `domain` is a cookie, not an attribute.
+        assert!(down.contains("set-cookie: domain=3; Secure\r\n"), "{down}");
+        assert!(!down.to_ascii_lowercase().contains("example.com"), "{down}");
+        assert!(!down.to_ascii_lowercase().contains("x-app-hop"), "{down}");
     }
 
     #[test]
