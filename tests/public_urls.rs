@@ -205,7 +205,7 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
         &[
             ("ISOBOX_NET_DNS", DNS),
             ("ISOBOX_HEAD_TIMEOUT_MS", "2000"),
-            ("ISOBOX_IDLE_TIMEOUT_MS", "5000"),
+            ("ISOBOX_IDLE_TIMEOUT_MS", "15000"),
         ],
     );
     d.wait_ready();
@@ -760,13 +760,15 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
         (200, "hello from the sandbox\n")
     );
     // A keep-alive connection left idle after its request is closed after the idle
-    // timeout (ISOBOX_IDLE_TIMEOUT_MS, 5 s here; last, since it idles every kept connection), not after the 10 minutes that a
-    // request in flight has (its timer was not moved nearer once the request ended).
+    // timeout (ISOBOX_IDLE_TIMEOUT_MS, 15 s here, so that the delete below stays well
+    // within it under load), not after the 10 minutes that a request in flight has
+    // (its timer was not moved nearer once the request ended). Just before the delete
+    // check, which opens its connection afterwards: it idles every connection kept.
     {
         let mut idle = d.connect();
         let req = format!("GET /echo HTTP/1.1\r\nHost: {app}\r\nX-WBX-Token: {token}\r\n\r\n");
         assert_eq!(raw(&d, &mut idle, req.as_bytes(), false).status, 200);
-        idle.set_read_timeout(Some(Duration::from_secs(30)))
+        idle.set_read_timeout(Some(Duration::from_secs(60)))
             .unwrap();
         let mut rest = Vec::new();
         std::io::Read::read_to_end(&mut idle, &mut rest)

@@ -388,7 +388,9 @@ impl Daemon {
         let Some(p) = self.proxies.get(pk) else {
             return;
         };
-        if self.proxy_deadline(p) < p.timer_at {
+        // Sooner, or the timer already fired (a connect's timeout, whose answer left
+        // the connection waiting for its next request).
+        if self.proxy_deadline(p) < p.timer_at || p.timer_at <= Instant::now() {
             self.proxy_arm(pk);
         }
     }

@@ -128,7 +128,14 @@ pub struct Forwarded<'a> {
 
 /// Fields other proxies and CDNs use for the client's address: what a client says
 /// in them is its claim, kept only from a trusted proxy.
-const CLIENT_ADDRESS_FIELDS: &[&str] = &["x-real-ip", "true-client-ip", "cf-connecting-ip"];
+const CLIENT_ADDRESS_FIELDS: &[&str] = &[
+    "x-real-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "fastly-client-ip",
+];
 
 /// The field names a `Connection` field lists (RFC 9110 §7.6.1: hop-by-hop too),
 /// lower-case, without `close`, `keep-alive` and `upgrade` (handled on their own).

@@ -441,8 +441,9 @@ struct Pending {
 
 /// A run waiting for a worker with room.
 struct Queued {
-    /// When it came.
-    since: Instant,
+    /// Past it, it is answered 503: [`START_WAIT`] after it came while no worker is
+    /// ready, [`CAPACITY_WAIT`] after a worker is (or was, when it came).
+    deadline: Instant,
     id: u64,
     req: RunRequest,
     reply: Reply,
@@ -509,23 +510,13 @@ impl Supervisor {
                 .pending
                 .values()
                 .map(|p| p.deadline)
-                .chain(self.queued.iter().map(|q| q.since + self.queue_wait()))
+                .chain(self.queued.iter().map(|q| q.deadline))
                 .min();
             let msg = match next {
                 Some(at) => match self.rx.recv_deadline(at) {
                     Ok(m) => m,
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                        let now = Instant::now();
-                        let stuck: Vec<u64> = self
-                            .pending
-                            .values()
-                            .filter(|p| p.deadline <= now)
-                            .map(|p| p.gen)
-                            .collect();
-                        for gen in stuck {
-                            self.worker_failed(gen, "it stopped answering".into());
-                        }
-                        self.expire_queued(now);
+                        self.check_deadlines();
                         continue;
                     }
                     Err(_) => break,
@@ -537,7 +528,7 @@ impl Supervisor {
             };
             match msg {
                 Msg::Run(id, req, reply, calls) => self.on_run(Queued {
-                    since: Instant::now(),
+                    deadline: Instant::now() + self.queue_wait(),
                     id,
                     req,
                     reply,
@@ -549,6 +540,9 @@ impl Supervisor {
                 Msg::Frame(..) | Msg::Gone(..) => {}
                 Msg::Stop => break,
             }
+            // Also while messages keep coming (a run making calls): no deadline waits
+            // for a quiet moment.
+            self.check_deadlines();
         }
         self.set_state(State::Down("the daemon is shutting down".into()));
         for i in 0..self.slots.len() {
@@ -792,12 +786,30 @@ impl Supervisor {
         }
     }
 
+    /// Workers past a run's deadline have failed; queued runs past theirs are 503.
+    fn check_deadlines(&mut self) {
+        let now = Instant::now();
+        let stuck: Vec<u64> = self
+            .pending
+            .values()
+            .filter(|p| p.deadline <= now)
+            .map(|p| p.gen)
+            .collect();
+        for gen in stuck {
+            self.worker_failed(gen, "it stopped answering".into());
+        }
+        self.expire_queued(now);
+    }
+
     /// Queued runs that waited their bound: 503, at capacity (or not started).
     fn expire_queued(&mut self, now: Instant) {
+        if self.queued.iter().all(|q| q.deadline > now) {
+            return;
+        }
         let wait = self.queue_wait();
         let (expired, kept): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut self.queued)
             .into_iter()
-            .partition(|q| now >= q.since + wait);
+            .partition(|q| now >= q.deadline);
         self.queued = kept;
         for q in expired {
             let why = if wait == CAPACITY_WAIT {
@@ -843,7 +855,7 @@ impl Supervisor {
 
     fn send(&mut self, q: Queued, gen: u64) {
         let Queued {
-            since: _,
+            deadline: _,
             id,
             req,
             reply,
@@ -921,6 +933,12 @@ impl Supervisor {
             }
             self.set_state(State::Ready);
             self.dispatch_queued();
+            // Those that waited for a start wait for room from now on, as a run that
+            // came now would.
+            let room = Instant::now() + CAPACITY_WAIT;
+            for q in &mut self.queued {
+                q.deadline = room;
+            }
             return;
         }
         if let Some(c) = frame.callback {

@@ -180,7 +180,10 @@ pub fn remove(req: &Request, id: String) -> Result<Op, Response> {
 
 /// The last part of `path` (`/` for the root).
 fn name_of(path: &[u8]) -> &[u8] {
-    let trimmed = path.strip_suffix(b"/").unwrap_or(path);
+    let mut trimmed = path;
+    while let Some(t) = trimmed.strip_suffix(b"/") {
+        trimmed = t;
+    }
     match trimmed.iter().rposition(|&b| b == b'/') {
         Some(i) if i + 1 < trimmed.len() => &trimmed[i + 1..],
         _ if path.starts_with(b"/") => b"/",
@@ -218,6 +221,13 @@ pub fn entry_json(e: &FsEntry) -> serde_json::Value {
         "target": e.target.as_deref().map(text),
     });
     put_path(&mut v, "path", &e.path);
+    if let Some(t) = e
+        .target
+        .as_deref()
+        .filter(|t| std::str::from_utf8(t).is_err())
+    {
+        v["target_encoded"] = crate::http::parse::percent_encode_path(t).into();
+    }
     v
 }
 
@@ -389,6 +399,7 @@ mod tests {
         );
         assert_eq!(name_of(b"/"), b"/");
         assert_eq!(name_of(b"/a/b/"), b"b");
+        assert_eq!(name_of(b"/a/b//"), b"b");
         assert_eq!(name_of(b"rel"), b"rel");
         // A name that is not UTF-8: shown with U+FFFD, and as bytes `?path=` takes.
         let odd = FsEntry {
@@ -402,6 +413,7 @@ mod tests {
         assert_eq!(v["path"], "/home/user/a\u{fffd}\u{fffd}+b");
         assert_eq!(v["path_encoded"], "/home/user/a%FF%FE%2Bb");
         assert_eq!(v["target"], "/t\u{fffd}");
+        assert_eq!(v["target_encoded"], "/t%FF");
         let back = req(
             &format!("GET /?path={}", v["path_encoded"].as_str().unwrap()),
             "",

@@ -780,7 +780,9 @@ impl std::task::Wake for WakeNote {
 
 /// A run's future, counting its fuel yields: a run the worker stops at its time
 /// limit takes its store with it, so its units are these yields' instructions (to
-/// within one yield's worth, as the document allows: "within a few million").
+/// within one yield's worth, as the document allows: "within a few million"). A wake
+/// from another thread that lands during a poll (a callback's answer) counts as one
+/// too: a million more for each such coincidence, never fewer than were used.
 struct Yields<F> {
     inner: std::pin::Pin<Box<F>>,
     note: Arc<WakeNote>,
