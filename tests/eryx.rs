@@ -36,8 +36,17 @@ fn code(r: &Resp) -> String {
 
 /// `code` run on a connection of its own, in a thread: its answers when it ends.
 fn in_background(d: &Daemon, code: &str, key: Option<&str>) -> std::thread::JoinHandle<Vec<Resp>> {
+    body_in_background(d, &json!({ "code": code }), key)
+}
+
+/// A run of request `body` on a connection of its own, in a thread.
+fn body_in_background(
+    d: &Daemon,
+    body: &Value,
+    key: Option<&str>,
+) -> std::thread::JoinHandle<Vec<Resp>> {
     let addr = d.addr;
-    let body = json!({ "code": code }).to_string();
+    let body = body.to_string();
     let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
     let req = format!(
         "POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -266,22 +275,12 @@ fn test_runs_on_one_worker_keep_their_own_time_and_its_room() {
     ]);
     d.wait_ready();
     run(&d, json!({"code": "pass"}));
-    let go = |body: Value| {
-        let addr = d.addr;
-        let body = body.to_string();
-        std::thread::spawn(move || {
-            let req = format!(
-                "POST /eryx/v1/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            common::raw_exchange(addr, req.as_bytes()).remove(0)
-        })
-    };
+    let go = |body: Value| body_in_background(&d, &body, None);
     // Two runs of 6 s with a limit of 8 s, side by side on the one worker.
     let sleeper = json!({"code": "import time\ntime.sleep(6)\nprint('woke')", "timeout_secs": 8});
     let runs: Vec<_> = (0..2).map(|_| go(sleeper.clone())).collect();
     for r in runs {
-        let r = r.join().unwrap();
+        let r = r.join().unwrap().remove(0);
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(
             (r.json()["status"].as_str(), r.json()["stdout"].as_str()),
@@ -296,7 +295,7 @@ fn test_runs_on_one_worker_keep_their_own_time_and_its_room() {
     let mut starts: Vec<f64> = runs
         .into_iter()
         .map(|r| {
-            let r = r.join().unwrap();
+            let r = r.join().unwrap().remove(0);
             assert_eq!(r.json()["status"], "success", "{}", r.text());
             r.json()["stdout"].as_str().unwrap().trim().parse().unwrap()
         })
@@ -311,7 +310,7 @@ fn test_runs_on_one_worker_keep_their_own_time_and_its_room() {
     let runs: Vec<_> = (0..3).map(|_| go(long.clone())).collect();
     let mut statuses: Vec<u16> = Vec::new();
     for r in runs {
-        let r = r.join().unwrap();
+        let r = r.join().unwrap().remove(0);
         if r.status == 503 {
             assert_eq!(code(&r), "unavailable");
             assert!(
