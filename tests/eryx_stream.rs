@@ -70,12 +70,16 @@ fn test_the_documents_example_client_runs_unchanged() {
     // Only its base URL changes, as for any client of the document.
     let client = ours.replace("wss://api.dev.eryx.run", &format!("ws://{}/eryx", d.addr));
     assert_ne!(client, ours);
-    let out = std::process::Command::new(common::test_python())
-        .arg("-c")
-        .arg(&client)
-        .env("ERYX_API_KEY", KEY)
-        .output()
-        .unwrap();
+    // The client, run as its document shows: Python with the key in its environment.
+    let run_client = |code: &str, key: &str| {
+        std::process::Command::new(common::test_python())
+            .arg("-c")
+            .arg(code)
+            .env("ERYX_API_KEY", key)
+            .output()
+            .unwrap()
+    };
+    let out = run_client(&client, KEY);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -94,12 +98,7 @@ fn test_the_documents_example_client_runs_unchanged() {
         "user = await get_user(id=123, pad='y' * ((1 << 20) - 5000))\nprint('x' * 3000000)",
     );
     assert_ne!(big, client);
-    let out = std::process::Command::new(common::test_python())
-        .arg("-c")
-        .arg(&big)
-        .env("ERYX_API_KEY", KEY)
-        .output()
-        .unwrap();
+    let out = run_client(&big, KEY);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -121,12 +120,7 @@ fn test_the_documents_example_client_runs_unchanged() {
     );
 
     // The same client with a wrong key: the upgrade is refused, in the face's shape.
-    let out = std::process::Command::new(common::test_python())
-        .arg("-c")
-        .arg(&client)
-        .env("ERYX_API_KEY", "eryx_wrong")
-        .output()
-        .unwrap();
+    let out = run_client(&client, "eryx_wrong");
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("HTTP 401"),
