@@ -42,7 +42,10 @@ pub fn search(endpoint: &str, query: &str, max: usize) -> Result<Vec<Hit>, Strin
         .user_agent(concat!("isoboxd/", env!("CARGO_PKG_VERSION")))
         .build();
     let sep = if endpoint.contains('?') { '&' } else { '?' };
-    let url = format!("{endpoint}{sep}q={}", percent_encode(query));
+    let url = format!(
+        "{endpoint}{sep}q={}",
+        crate::http::parse::percent_encode(query.as_bytes())
+    );
     let resp = agent.get(&url).call().map_err(|e| match e {
         ureq::Error::Status(code, _) => format!("the search engine answered {code}"),
         ureq::Error::Transport(t) => format!(
@@ -223,19 +226,6 @@ fn decode_entities(s: &str) -> String {
     out
 }
 
-/// Percent-encodes a query value (RFC 3986 unreserved characters stay).
-pub fn percent_encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// A percent-encoded value decoded (`+` is a space), or as given when it is not valid
 /// percent-encoding.
 fn percent_decode(s: &str) -> String {
@@ -313,7 +303,6 @@ mod tests {
 
     #[test]
     fn test_percent_coding() {
-        assert_eq!(percent_encode("a b&c/ü"), "a%20b%26c%2F%C3%BC");
         assert_eq!(percent_decode("a%20b%26c%2F%C3%BC"), "a b&c/ü");
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%zz%4"), "%zz%4");

@@ -496,29 +496,18 @@ impl Daemon {
             }
             return;
         }
-        // A WebSocket client cannot follow a redirect: its link's token is taken as it is.
-        let given = header_token
-            .iter()
-            .chain(cookie_tokens.iter())
-            .chain(query_token.iter().filter(|_| upgrade));
-        let mut ok = false;
-        for t in given {
-            ok |= self.token_ok(&id, Some(t));
-        }
-        if !ok {
+        // Each token checked once. A WebSocket client cannot follow a redirect: its
+        // link's token is taken as it is.
+        let valid = |d: &Daemon, t: Option<&String>| t.is_some_and(|t| d.token_ok(&id, Some(t)));
+        let explicit =
+            valid(self, header_token.as_ref()) || (upgrade && valid(self, query_token.as_ref()));
+        if !explicit && !cookie_tokens.iter().any(|t| valid(self, Some(t))) {
             return answer(self, 401, "Token needed", "This address needs its sandbox's token: open the url_with_token link, or send the X-WBX-Token header.");
         }
         // The cookie rides along on requests any page under the public domain starts
         // (every sandbox's address is the same site): one sandbox's page could open a
         // WebSocket to, or post to, another's app in its user's browser. A request the
         // cookie alone lets in that changes things must come from this address itself.
-        let explicit = header_token
-            .as_deref()
-            .is_some_and(|t| self.token_ok(&id, Some(t)))
-            || (upgrade
-                && query_token
-                    .as_deref()
-                    .is_some_and(|t| self.token_ok(&id, Some(t))));
         let unsafe_method = !matches!(head.method.as_str(), "GET" | "HEAD" | "OPTIONS");
         if !explicit && (upgrade || unsafe_method) && cross_site(&head, &self.public.scheme) {
             return answer(self, 403, "Cross-site request", "Another site's page started this request, and only this address's cookie let it in. Open the app from its own address, or send the X-WBX-Token header.");

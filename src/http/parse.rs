@@ -125,12 +125,23 @@ impl Head {
     }
 }
 
-/// Percent-encodes every byte outside unreserved ASCII and `/`: a path of any bytes
-/// as a query value or a path's segments (`+` too, which a query reads as a space).
+/// Percent-encodes every byte outside RFC 3986's unreserved ASCII: any bytes as a
+/// query value (`+` too, which a query reads as a space).
+pub fn percent_encode(b: &[u8]) -> String {
+    percent_encode_keeping(b, b"")
+}
+
+/// [`percent_encode`] keeping `/`: a path of any bytes as a query value or a path's
+/// segments.
 pub fn percent_encode_path(b: &[u8]) -> String {
+    percent_encode_keeping(b, b"/")
+}
+
+fn percent_encode_keeping(b: &[u8], keep: &[u8]) -> String {
     let mut s = String::with_capacity(b.len());
     for &c in b {
-        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~' | b'/') {
+        if c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~') || keep.contains(&c)
+        {
             s.push(char::from(c));
         } else {
             s.push_str(&format!("%{c:02X}"));
@@ -375,6 +386,7 @@ mod tests {
     #[test]
     fn test_any_path_survives_percent_encoding_as_a_query_value() {
         assert_eq!(percent_encode_path(b"a b/\xff\n"), "a%20b/%FF%0A");
+        assert_eq!(percent_encode("a b&c/ü".as_bytes()), "a%20b%26c%2F%C3%BC");
         for p in [
             &b"/home/user/\xff\xfe"[..],
             b"a+b&c=d%e#f?g",

@@ -205,8 +205,8 @@ pub fn put_path(v: &mut serde_json::Value, key: &str, p: &[u8]) {
     }
 }
 
-/// An entry as the face writes it. A path that is not UTF-8 also comes
-/// percent-encoded in `path_encoded`, which `?path=` takes as it is.
+/// An entry as the face writes it. A path (or a symlink's target) that is not UTF-8
+/// also comes percent-encoded in `path_encoded` (`target_encoded`).
 pub fn entry_json(e: &FsEntry) -> serde_json::Value {
     let kind = match e.kind.as_str() {
         k @ ("file" | "dir" | "symlink") => k,
@@ -218,15 +218,11 @@ pub fn entry_json(e: &FsEntry) -> serde_json::Value {
         "size": e.size,
         "mode": format!("{:04o}", e.mode & 0o7777),
         "modified_at": super::timestamp(u64::try_from(e.mtime_ms).unwrap_or(0)),
-        "target": e.target.as_deref().map(text),
+        "target": null,
     });
     put_path(&mut v, "path", &e.path);
-    if let Some(t) = e
-        .target
-        .as_deref()
-        .filter(|t| std::str::from_utf8(t).is_err())
-    {
-        v["target_encoded"] = crate::http::parse::percent_encode_path(t).into();
+    if let Some(t) = &e.target {
+        put_path(&mut v, "target", t);
     }
     v
 }
