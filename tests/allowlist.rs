@@ -12,7 +12,8 @@ mod fakenet;
 
 use common::{Daemon, Resp};
 use fakenet::{
-    sh, FakeNet, DNS, PUBLIC, PUBLIC2, PUBLIC_BODY, PUBLIC_OTHER_TCP, PUBLIC_OTHER_UDP, TLS_HOST,
+    sh, FakeNet, DNS, PUBLIC, PUBLIC2, PUBLIC_BODY, PUBLIC_OTHER_TCP, PUBLIC_OTHER_UDP,
+    SILENT_NAME, TLS_HOST,
 };
 use serde_json::{json, Value};
 use std::process::{Child, Command, Stdio};
@@ -689,4 +690,102 @@ print(json.dumps(out))
     let r = probe(&d, &id, "again=http:public.test");
     assert!(is_ok_200(&r["again"], PUBLIC_BODY), "{r}");
     assert!(d.log().contains("too many connections"), "{}", d.log());
+}
+
+/// Names that never resolve and addresses that never answer hold only their own
+/// connections: while six of them wait (three connections to a name whose address
+/// swallows connections, three to a name the resolver never answers; the gate had
+/// them wait on the daemon's workers, at most two at once, and refused everything
+/// else with "busy"), a listed name is fetched. Then each waiting one is refused in
+/// words: the silent name after its resolver was asked twice, 2 s each; the black
+/// hole after 5 s.
+#[test]
+fn test_gate_waits_on_no_worker_for_silent_names_and_addresses() {
+    let fake = FakeNet::new();
+    let d = Daemon::start_in_netns(&fake.harness, &[("ISOBOX_NET_DNS", DNS)]);
+    d.wait_ready();
+    let id = create(
+        &d,
+        json!({"mode": "allowlist", "allow": ["public.test", "hole.test", SILENT_NAME]}),
+    )["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let script = format!(
+        r#"
+import json, socket, threading, time
+def http(host):
+    t0 = time.time()
+    try:
+        s = socket.create_connection(("{PUBLIC}", 80), timeout=30)
+        s.settimeout(30)
+        s.sendall(("GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host).encode())
+        data = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            data += b
+        r = data.decode(errors="replace")
+    except Exception as e:
+        r = "ERR %s %s" % (type(e).__name__, e)
+    return {{"took": time.time() - t0, "got": r[:400]}}
+out = {{"hole.test": [None] * 3, "{SILENT_NAME}": [None] * 3}}
+def run(host, i):
+    out[host][i] = http(host)
+ts = [threading.Thread(target=run, args=(h, i)) for h in ("hole.test", "{SILENT_NAME}") for i in range(3)]
+for t in ts:
+    t.start()
+time.sleep(1)
+out["public"] = http("public.test")
+for t in ts:
+    t.join()
+print(json.dumps(out))
+"#
+    );
+    put_file(&d, &id, "/tmp/wait.py", script.as_bytes());
+    let body = json!({ "cmd": "python3 /tmp/wait.py", "timeout_ms": 90000 }).to_string();
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let out: Value = serde_json::from_str(r.json()["stdout"].as_str().unwrap().trim())
+        .unwrap_or_else(|e| panic!("{e}: {}\nlog:\n{}", r.text(), d.log()));
+    let public = &out["public"];
+    assert!(
+        is_ok_200(&public["got"], PUBLIC_BODY),
+        "the listed name is fetched while six others wait: {out}\nlog:\n{}",
+        d.log()
+    );
+    for c in out["hole.test"].as_array().unwrap() {
+        let got = c["got"].as_str().unwrap();
+        assert!(
+            got.starts_with("HTTP/1.1 502 Bad Gateway")
+                && got.contains("isobox: connecting to hole.test port 80: no answer within 5 s"),
+            "{out}"
+        );
+        assert!(c["took"].as_f64().unwrap() >= 4.5, "{out}");
+    }
+    for c in out[SILENT_NAME].as_array().unwrap() {
+        let got = c["got"].as_str().unwrap();
+        assert!(
+            got.starts_with("HTTP/1.1 502 Bad Gateway")
+                && got.contains(&format!(
+                    "isobox: {SILENT_NAME} did not resolve: no resolver answered"
+                )),
+            "{out}"
+        );
+        assert!(c["took"].as_f64().unwrap() >= 3.5, "{out}");
+    }
+    // Each silent connection asked the one resolver twice.
+    let asked = fake
+        .hits()
+        .iter()
+        .filter(|h| h.detail == format!("{SILENT_NAME} type 1"))
+        .count();
+    assert_eq!(asked, 6, "{:?}", fake.hits());
+    assert!(!d.log().contains("busy"), "{}", d.log());
 }

@@ -7,16 +7,22 @@
 //! connects to the name's address on the original port — never to the address the
 //! sandbox chose. So `/etc/hosts`, a lying resolver or DNS rebinding change nothing.
 //!
+//! Nothing of that waits on a worker: the pool only makes sockets (the loop's seccomp
+//! filter has no `socket` or `connect`), and the loop watches each question and each
+//! connection being made, with its own timer. A name whose resolvers never answer, or
+//! an address that swallows connections, holds only its own connection's sockets, never
+//! what other sandboxes' connections need.
+//!
 //! After the first bytes (forwarded as they came) it is a pipe with a bounded buffer
 //! each way, closed when both sides are done, after `IDLE` without a byte, when the
 //! sandbox's lease ends, or when egress stops being verified.
 
-use super::proxy::write_side;
+use super::proxy::{connect_outcome, write_side};
 use super::Daemon;
 use crate::netfilter::policy::Allowlist;
 use crate::netfilter::sniff::{self, Sniff};
 use crate::reactor::{Addr, Component, ComponentId, Done, Readiness};
-use mio::net::{TcpListener, TcpStream};
+use mio::net::{TcpListener, TcpStream, UdpSocket};
 use mio::{Interest, Token};
 use slab::Slab;
 use std::collections::HashMap;
@@ -37,14 +43,20 @@ const ACCEPT_RETRY: u16 = 3;
 const CHECK: u16 = 4;
 /// Timer: go on relaying a connection that still had bytes moving when its turn ended.
 const CONTINUE: u16 = 5;
+/// A resolver's answer (the question's socket).
+const ANSWER: u16 = 6;
+/// Timer: the question or the connection being made took too long.
+const STEP: u16 = 7;
 /// Relay rounds (each up to 64 KiB each way) one connection gets per turn of the loop,
 /// so one fast pipe cannot keep the reactor from everything else.
 const ROUNDS_PER_TURN: usize = 8;
 
 /// How long a connection may take to say which name it wants.
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
-/// One resolver's time to answer, per try.
+/// One resolver's time to answer, per try (each resolver is asked in turn, twice round).
 const DNS_TRY: Duration = Duration::from_secs(2);
+/// Times each resolver is asked.
+const DNS_ROUNDS: usize = 2;
 /// How long a connection to the name's address may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Addresses of one name tried in turn.
@@ -83,6 +95,7 @@ impl Component<Daemon> for Gates {
                 }
                 d.gate_pump(gk);
             }
+            ANSWER => d.gate_answer(gk),
             _ => {}
         }
     }
@@ -92,6 +105,7 @@ impl Component<Daemon> for Gates {
             ACCEPT_RETRY => d.gate_accept(),
             CHECK => d.gate_check(gk, gen),
             CONTINUE => d.gate_pump(gk),
+            STEP => d.gate_step_late(gk, gen),
             _ => {}
         }
     }
@@ -102,7 +116,9 @@ impl Component<Daemon> for Gates {
 enum Phase {
     /// Reading the first bytes for the name.
     Sniff,
-    /// Resolving and connecting (on the pool).
+    /// Asking the resolvers for the name's addresses.
+    Resolving,
+    /// Connecting to one of them.
     Connecting,
     /// Relaying both ways.
     Pipe,
@@ -122,6 +138,19 @@ pub(crate) struct GateConn {
     port: u16,
     policy: Arc<Allowlist>,
     phase: Phase,
+    /// The name the connection asked for (once sniffed).
+    host: String,
+    /// The question waiting for its answer: its socket, token and id.
+    asking: Option<(UdpSocket, Token, u16)>,
+    /// Questions sent so far.
+    asked: usize,
+    /// The name's addresses this sandbox may reach, and how many were tried.
+    addrs: Vec<Ipv4Addr>,
+    tried: usize,
+    /// Why the last question or connection failed (said in the refusal).
+    last_err: String,
+    /// The generation of the step's timer.
+    step_gen: u64,
     /// Client to upstream (first: the sniffed bytes).
     to_up: Vec<u8>,
     to_client: Vec<u8>,
@@ -195,16 +224,15 @@ fn http_refusal(status: u16, text: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-/// Resolves `host` with `resolvers`, keeps the addresses a sandbox may reach, and
-/// connects to one of them on `port`. Runs on the pool.
-fn dial(
+/// The addresses of `addrs` a sandbox with `policy` may reach: not denied, not
+/// blocked, not one of the host's own. Runs on the pool (it asks the kernel for the
+/// host's addresses).
+fn reachable(
     host: &str,
-    port: u16,
+    addrs: Vec<Ipv4Addr>,
     egress: &crate::netfilter::Egress,
     policy: &Allowlist,
-) -> Result<std::net::TcpStream, (u16, String)> {
-    let addrs = crate::netfilter::dns::resolve(host, egress.resolvers(), DNS_TRY)
-        .map_err(|e| (502, format!("{host} did not resolve: {e}")))?;
+) -> Result<Vec<Ipv4Addr>, (u16, String)> {
     // The host's own addresses are never a destination (the input chain keeps
     // sandboxes from them; the gate is on the host, so it checks itself).
     let local: Vec<Ipv4Addr> = crate::netfilter::rtnl::Rtnl::open()
@@ -216,6 +244,7 @@ fn dial(
     let ok: Vec<Ipv4Addr> = addrs
         .into_iter()
         .filter(|a| egress.reachable(*a) && !policy.blocks(*a) && !local.contains(a))
+        .take(TRIES)
         .collect();
     if ok.is_empty() {
         return Err((
@@ -223,23 +252,7 @@ fn dial(
             format!("{host} resolves only to addresses this sandbox may not reach"),
         ));
     }
-    let mut last = None;
-    for a in ok.into_iter().take(TRIES) {
-        match std::net::TcpStream::connect_timeout(
-            &SocketAddr::new(a.into(), port),
-            CONNECT_TIMEOUT,
-        ) {
-            Ok(s) => {
-                s.set_nonblocking(true)
-                    .and_then(|()| s.set_nodelay(true))
-                    .map_err(|e| (502, format!("connecting to {host}: {e}")))?;
-                return Ok(s);
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    let e = last.map(|e| e.to_string()).unwrap_or_default();
-    Err((502, format!("connecting to {host} port {port}: {e}")))
+    Ok(ok)
 }
 
 impl Daemon {
@@ -318,6 +331,13 @@ impl Daemon {
             port: orig.port(),
             policy,
             phase: Phase::Sniff,
+            host: String::new(),
+            asking: None,
+            asked: 0,
+            addrs: Vec::new(),
+            tried: 0,
+            last_err: String::new(),
+            step_gen: 0,
             to_up: Vec::new(),
             to_client: Vec::new(),
             c_readable: true,
@@ -351,7 +371,14 @@ impl Daemon {
         };
         let deadline = match c.phase {
             Phase::Sniff => c.since + SNIFF_TIMEOUT,
-            Phase::Connecting => c.since + SNIFF_TIMEOUT + 4 * DNS_TRY + 4 * CONNECT_TIMEOUT,
+            // Each step has its own timer; this is the backstop.
+            Phase::Resolving | Phase::Connecting => {
+                let asks = DNS_ROUNDS * self.app.egress.resolvers().len();
+                c.since
+                    + SNIFF_TIMEOUT
+                    + DNS_TRY * (asks as u32 + 1)
+                    + CONNECT_TIMEOUT * (TRIES as u32 + 1)
+            }
             Phase::Pipe => c.last_io + IDLE,
             Phase::Refusing => c.last_io + Duration::from_secs(5),
         };
@@ -419,7 +446,12 @@ impl Daemon {
                         Sniff::Name(host) => self.gate_dial(gk, host),
                     }
                 }
-                Phase::Connecting => return,
+                Phase::Resolving => return,
+                Phase::Connecting => {
+                    if !self.gate_connect_event(gk) {
+                        return;
+                    }
+                }
                 Phase::Refusing => {
                     let ok = write_side(&mut c.client, &mut c.to_client);
                     if ok.is_none() || c.to_client.is_empty() {
@@ -491,55 +523,250 @@ impl Daemon {
         moved
     }
 
-    /// Resolves and connects on the pool (at most half the workers wait on these).
-    fn gate_dial(&mut self, gk: usize, host: String) {
-        let cap = (self.cfg.workers / 2).max(1);
-        if self.gate_connects >= cap {
-            return self.gate_refuse(
-                gk,
-                502,
-                "the server is busy making other connections; retry",
-            );
+    /// Refuses connection `gk` and writes the refusal.
+    fn gate_fail(&mut self, gk: usize, status: u16, text: &str) {
+        self.gate_refuse(gk, status, text);
+        self.gate_pump(gk);
+    }
+
+    /// Runs `job` on the pool and `done` with its result on the loop, if connection
+    /// `gk` is still the one it was for and in `phase`.
+    fn gate_submit<T: Send + 'static>(
+        &mut self,
+        gk: usize,
+        phase: Phase,
+        job: impl FnOnce() -> T + Send + 'static,
+        done: fn(&mut Daemon, usize, T),
+    ) {
+        let Some(serial) = self.gate.conns.get(gk).map(|c| c.serial) else {
+            return;
+        };
+        let job = Box::new(move || -> Done<Daemon> {
+            let r = job();
+            Box::new(move |d: &mut Daemon| {
+                if d.gate
+                    .conns
+                    .get(gk)
+                    .is_some_and(|c| c.serial == serial && c.phase == phase)
+                {
+                    done(d, gk, r);
+                }
+            })
+        });
+        if self.reactor.submit(job).is_err() {
+            self.gate_fail(gk, 502, "the server is overloaded; retry");
         }
+    }
+
+    /// Arms the timer of connection `gk`'s current step.
+    fn gate_step_timer(&mut self, gk: usize, after: Duration) {
+        let gen = self
+            .reactor
+            .arm_new(Instant::now() + after, Addr::new(GATE, gk, STEP));
+        if let Some(c) = self.gate.conns.get_mut(gk) {
+            c.step_gen = gen;
+        }
+    }
+
+    /// The name is allowed: its addresses are asked for.
+    fn gate_dial(&mut self, gk: usize, host: String) {
         let Some(c) = self.gate.conns.get_mut(gk) else {
             return;
         };
-        c.phase = Phase::Connecting;
-        let (serial, port, policy) = (c.serial, c.port, Arc::clone(&c.policy));
-        let egress = Arc::clone(&self.app.egress);
-        let job = Box::new(move || -> Done<Daemon> {
-            let r = dial(&host, port, &egress, &policy);
-            Box::new(move |d: &mut Daemon| d.gate_connected(gk, serial, r))
-        });
-        if self.reactor.submit(job).is_err() {
-            return self.gate_refuse(gk, 502, "the server is overloaded; retry");
-        }
-        self.gate_connects += 1;
+        c.host = host;
+        c.phase = Phase::Resolving;
+        self.gate_ask(gk);
     }
 
-    fn gate_connected(
-        &mut self,
-        gk: usize,
-        serial: u64,
-        r: Result<std::net::TcpStream, (u16, String)>,
-    ) {
-        self.gate_connects = self.gate_connects.saturating_sub(1);
-        if self
-            .gate
-            .conns
-            .get(gk)
-            .is_none_or(|c| c.serial != serial || c.phase != Phase::Connecting)
-        {
+    /// Asks the next resolver (each in turn, [`DNS_ROUNDS`] times round); after the
+    /// last one, the connection is refused.
+    fn gate_ask(&mut self, gk: usize) {
+        let resolvers = self.app.egress.resolvers();
+        let Some(c) = self.gate.conns.get_mut(gk) else {
             return;
+        };
+        if c.asked >= DNS_ROUNDS * resolvers.len() {
+            let why = if c.last_err.is_empty() {
+                crate::netfilter::dns::DnsError::Timeout.to_string()
+            } else {
+                c.last_err.clone()
+            };
+            let text = format!("{} did not resolve: {why}", c.host);
+            return self.gate_fail(gk, 502, &text);
         }
-        let s = match r {
-            Ok(s) => s,
-            Err((status, text)) => {
-                self.gate_refuse(gk, status, &text);
-                return self.gate_pump(gk);
+        let ns = resolvers[c.asked % resolvers.len()];
+        c.asked += 1;
+        let host = c.host.clone();
+        self.gate_submit(
+            gk,
+            Phase::Resolving,
+            move || crate::netfilter::dns::send_query(&host, ns),
+            Daemon::gate_asked,
+        );
+    }
+
+    /// The question went out (or could not): its socket is watched for the answer.
+    fn gate_asked(&mut self, gk: usize, r: io::Result<(std::net::UdpSocket, u16)>) {
+        let (sock, id) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(c) = self.gate.conns.get_mut(gk) {
+                    c.last_err = format!("asking the resolver: {e}");
+                }
+                return self.gate_ask(gk);
             }
         };
-        let mut stream = TcpStream::from_std(s);
+        let mut sock = UdpSocket::from_std(sock);
+        let tok =
+            match self
+                .reactor
+                .register(&mut sock, Addr::new(GATE, gk, ANSWER), Interest::READABLE)
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    crate::error_limited!("op=register gate dns err={e}");
+                    return self.gate_close(gk);
+                }
+            };
+        if let Some(c) = self.gate.conns.get_mut(gk) {
+            c.asking = Some((sock, tok, id));
+        }
+        self.gate_step_timer(gk, DNS_TRY);
+        self.gate_answer(gk);
+    }
+
+    /// Forgets connection `gk`'s question, if any.
+    fn gate_drop_question(&mut self, gk: usize) {
+        if let Some((mut s, t, _)) = self.gate.conns.get_mut(gk).and_then(|c| c.asking.take()) {
+            self.reactor.deregister(&mut s, t);
+        }
+    }
+
+    /// Reads what arrived on the question's socket: the name's addresses, a definite
+    /// "no such name", or a failure that sends the question to the next resolver.
+    fn gate_answer(&mut self, gk: usize) {
+        use crate::netfilter::dns::{parse_a, DnsError};
+        let Some(c) = self.gate.conns.get_mut(gk) else {
+            return;
+        };
+        let Some((sock, _, id)) = c.asking.as_ref() else {
+            return;
+        };
+        let mut buf = [0u8; 1500];
+        // The answer, and whether a failure is definite (no such name: not asked again).
+        let got = loop {
+            match sock.recv(&mut buf) {
+                Ok(n) => match parse_a(&buf[..n], *id, &c.host) {
+                    // Someone else's datagram (a late answer to an earlier try).
+                    Err(DnsError::Malformed(_)) => {}
+                    Ok(addrs) => break Ok(addrs),
+                    Err(e) => break Err((matches!(e, DnsError::NoAddress(_)), e.to_string())),
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Such as the resolver's port being unreachable.
+                Err(e) => break Err((false, e.to_string())),
+            }
+        };
+        let host = c.host.clone();
+        self.gate_drop_question(gk);
+        match got {
+            Ok(addrs) => {
+                let Some(c) = self.gate.conns.get_mut(gk) else {
+                    return;
+                };
+                c.phase = Phase::Connecting;
+                let (egress, policy) = (Arc::clone(&self.app.egress), Arc::clone(&c.policy));
+                self.gate_submit(
+                    gk,
+                    Phase::Connecting,
+                    move || reachable(&host, addrs, &egress, &policy),
+                    Daemon::gate_reachable,
+                );
+            }
+            Err((true, e)) => {
+                let text = format!("{host} did not resolve: {e}");
+                self.gate_fail(gk, 502, &text);
+            }
+            Err((false, e)) => {
+                if let Some(c) = self.gate.conns.get_mut(gk) {
+                    c.last_err = e;
+                }
+                self.gate_ask(gk);
+            }
+        }
+    }
+
+    /// A step's timer: the question had no answer in time (the next resolver is
+    /// asked), or the connection was not made in time (the next address is tried).
+    fn gate_step_late(&mut self, gk: usize, gen: u64) {
+        let Some(c) = self.gate.conns.get_mut(gk).filter(|c| c.step_gen == gen) else {
+            return;
+        };
+        match c.phase {
+            Phase::Resolving if c.asking.is_some() => {
+                c.last_err = crate::netfilter::dns::DnsError::Timeout.to_string();
+                self.gate_drop_question(gk);
+                self.gate_ask(gk);
+            }
+            Phase::Connecting if c.up.is_some() => {
+                c.last_err = format!("no answer within {} s", CONNECT_TIMEOUT.as_secs());
+                self.gate_drop_upstream(gk);
+                self.gate_connect_next(gk);
+            }
+            _ => {}
+        }
+    }
+
+    /// The addresses the sandbox may reach (or why none): the first is connected to.
+    fn gate_reachable(&mut self, gk: usize, r: Result<Vec<Ipv4Addr>, (u16, String)>) {
+        match r {
+            Ok(addrs) => {
+                if let Some(c) = self.gate.conns.get_mut(gk) {
+                    c.addrs = addrs;
+                }
+                self.gate_connect_next(gk);
+            }
+            Err((status, text)) => self.gate_fail(gk, status, &text),
+        }
+    }
+
+    /// Opens a connection to the next address (without blocking, on the pool); after
+    /// the last one, the connection is refused.
+    fn gate_connect_next(&mut self, gk: usize) {
+        let Some(c) = self.gate.conns.get_mut(gk) else {
+            return;
+        };
+        let Some(&a) = c.addrs.get(c.tried) else {
+            let text = format!("connecting to {} port {}: {}", c.host, c.port, c.last_err);
+            return self.gate_fail(gk, 502, &text);
+        };
+        c.tried += 1;
+        let to = SocketAddr::new(a.into(), c.port);
+        self.gate_submit(
+            gk,
+            Phase::Connecting,
+            move || {
+                TcpStream::connect(to).and_then(|s| {
+                    s.set_nodelay(true)?;
+                    Ok(s)
+                })
+            },
+            Daemon::gate_opened,
+        );
+    }
+
+    /// The pool opened the connection (in progress): watched until it is made.
+    fn gate_opened(&mut self, gk: usize, r: io::Result<TcpStream>) {
+        let mut stream = match r {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(c) = self.gate.conns.get_mut(gk) {
+                    c.last_err = e.to_string();
+                }
+                return self.gate_connect_next(gk);
+            }
+        };
         let tok = match self.reactor.register(
             &mut stream,
             Addr::new(GATE, gk, UPSTREAM),
@@ -553,11 +780,42 @@ impl Daemon {
         };
         if let Some(c) = self.gate.conns.get_mut(gk) {
             c.up = Some((stream, tok));
-            c.u_readable = true;
-            c.phase = Phase::Pipe;
-            c.last_io = Instant::now();
         }
+        self.gate_step_timer(gk, CONNECT_TIMEOUT);
         self.gate_pump(gk);
+    }
+
+    /// Forgets connection `gk`'s upstream socket, if any.
+    fn gate_drop_upstream(&mut self, gk: usize) {
+        if let Some((mut s, t)) = self.gate.conns.get_mut(gk).and_then(|c| c.up.take()) {
+            self.reactor.deregister(&mut s, t);
+        }
+    }
+
+    /// The connection being made: made (the pipe starts; true), failed (the next
+    /// address is tried) or not yet.
+    fn gate_connect_event(&mut self, gk: usize) -> bool {
+        let Some(c) = self.gate.conns.get_mut(gk) else {
+            return false;
+        };
+        let Some((up, _)) = c.up.as_ref() else {
+            return false;
+        };
+        match connect_outcome(up) {
+            None => false,
+            Some(Ok(())) => {
+                c.phase = Phase::Pipe;
+                c.u_readable = true;
+                c.last_io = Instant::now();
+                true
+            }
+            Some(Err(e)) => {
+                c.last_err = e.to_string();
+                self.gate_drop_upstream(gk);
+                self.gate_connect_next(gk);
+                false
+            }
+        }
     }
 
     fn gate_close(&mut self, gk: usize) {
@@ -566,6 +824,9 @@ impl Daemon {
         };
         self.reactor.deregister(&mut c.client, c.ctok);
         if let Some((mut s, t)) = c.up.take() {
+            self.reactor.deregister(&mut s, t);
+        }
+        if let Some((mut s, t, _)) = c.asking.take() {
             self.reactor.deregister(&mut s, t);
         }
         if let Some(n) = self.gate.per_sandbox.get_mut(&c.sandbox) {

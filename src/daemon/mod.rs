@@ -149,8 +149,6 @@ pub struct Daemon {
     pub(crate) proxy_serial: u64,
     /// The proxy's read buffer, shared by every connection (64 KiB once used).
     pub(crate) proxy_buf: Vec<u8>,
-    /// The allowlist gate's connect jobs on the pool now.
-    pub(crate) gate_connects: usize,
     /// Allowlisted sandboxes' web connections.
     pub(crate) gate: gate::Gate,
     /// The key public-URL tokens are derived with (drawn at start, never stored).

@@ -642,13 +642,8 @@ impl Daemon {
         let Some(d) = self.proxies.get(pk).and_then(|p| p.dial.as_ref()) else {
             return;
         };
-        let r = match d.stream.take_error() {
-            Ok(Some(e)) | Err(e) => Err(e),
-            Ok(None) => match d.stream.peer_addr() {
-                Ok(_) => Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::NotConnected => return,
-                Err(e) => Err(e),
-            },
+        let Some(r) = connect_outcome(&d.stream) else {
+            return;
         };
         let Some(mut d) = self.proxies.get_mut(pk).and_then(|p| p.dial.take()) else {
             return;
@@ -1129,6 +1124,19 @@ fn read_side(
             Err(_) => got.eof = true,
         }
         return got;
+    }
+}
+
+/// How a connection being made without blocking went, once its socket is writable or
+/// failed: made, failed (why), or `None` when not yet (a spurious wake).
+pub(crate) fn connect_outcome(s: &TcpStream) -> Option<io::Result<()>> {
+    match s.take_error() {
+        Ok(Some(e)) | Err(e) => Some(Err(e)),
+        Ok(None) => match s.peer_addr() {
+            Ok(_) => Some(Ok(())),
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => None,
+            Err(e) => Some(Err(e)),
+        },
     }
 }
 

@@ -522,7 +522,6 @@ impl Daemon {
             proxies: Slab::new(),
             proxy_serial: 0,
             proxy_buf: Vec::new(),
-            gate_connects: 0,
             gate,
             url_key: {
                 use ring::rand::SecureRandom;

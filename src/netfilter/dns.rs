@@ -8,7 +8,6 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::time::{Duration, Instant};
 
 /// CNAMEs followed within one answer.
 const MAX_CHAIN: usize = 8;
@@ -151,53 +150,23 @@ pub fn parse_a(msg: &[u8], id: u16, name: &str) -> Result<Vec<Ipv4Addr>, DnsErro
     Err(DnsError::NoAddress(name.to_string()))
 }
 
-/// Resolves `name` with `resolvers`, each asked in turn (twice round), `per_try` each.
+/// Sends the question for `name`'s `A` record to resolver `ns` from a fresh
+/// non-blocking socket connected to it (so only `ns`'s datagrams arrive on it); the
+/// socket and the question's id. The caller watches the socket and reads the answer
+/// with [`parse_a`] (a datagram that is [`DnsError::Malformed`] is someone else's,
+/// such as a late answer to an earlier try: keep waiting).
 ///
 /// # Errors
-/// The last resolver's answer when none gave an address, or a timeout.
-pub fn resolve(
-    name: &str,
-    resolvers: &[Ipv4Addr],
-    per_try: Duration,
-) -> Result<Vec<Ipv4Addr>, DnsError> {
-    let mut last = DnsError::Timeout;
-    for round in 0..2 {
-        for &ns in resolvers {
-            match ask(name, ns, per_try) {
-                Ok(Ok(a)) => return Ok(a),
-                // A definite answer (no such name) is not asked again elsewhere.
-                Ok(Err(e @ DnsError::NoAddress(_))) => return Err(e),
-                Ok(Err(e)) => last = e,
-                Err(_) if round == 0 => {}
-                Err(_) => {}
-            }
-        }
-    }
-    Err(last)
-}
-
-fn ask(name: &str, ns: Ipv4Addr, per_try: Duration) -> io::Result<Result<Vec<Ipv4Addr>, DnsError>> {
+/// The socket could not be made or the question not sent.
+pub fn send_query(name: &str, ns: Ipv4Addr) -> io::Result<(UdpSocket, u16)> {
     let sock = UdpSocket::bind("0.0.0.0:0")?;
     sock.connect(SocketAddr::new(ns.into(), 53))?;
+    sock.set_nonblocking(true)?;
     let mut id = [0u8; 2];
     let _ = getrandom(&mut id);
     let id = u16::from_be_bytes(id);
     sock.send(&query(name, id))?;
-    let deadline = Instant::now() + per_try;
-    let mut buf = [0u8; 1500];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(io::ErrorKind::TimedOut.into());
-        }
-        sock.set_read_timeout(Some(left))?;
-        let n = sock.recv(&mut buf)?;
-        match parse_a(&buf[..n], id, name) {
-            // Someone else's datagram (a late answer to an earlier try): keep waiting.
-            Err(DnsError::Malformed(_)) => continue,
-            r => return Ok(r),
-        }
-    }
+    Ok((sock, id))
 }
 
 fn getrandom(buf: &mut [u8]) -> Result<(), ring::error::Unspecified> {

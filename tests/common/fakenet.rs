@@ -48,7 +48,13 @@ pub const DNS_MAP: &[(&str, Ipv4Addr)] = &[
     ("tls.test", Ipv4Addr::new(203, 0, 113, 10)),
     ("meta.evil.test", Ipv4Addr::new(169, 254, 169, 254)),
     ("rebind.test", Ipv4Addr::new(10, 0, 0, 1)),
+    // An address of fakenet's that nothing holds: fakenet does not forward, so what is
+    // sent to it is dropped without a word (a connection to it never completes).
+    ("hole.test", Ipv4Addr::new(198, 51, 100, 99)),
 ];
+
+/// A name the fake resolver never answers (the query is logged as a hit).
+pub const SILENT_NAME: &str = "silent.test";
 
 /// Denied fake hosts, each with tcp 80 (HTTP with [`SECRET_BODY`]) and udp 53 (answers
 /// DNS from [`DNS_MAP`]).
@@ -508,7 +514,7 @@ fn serve(
                             detail: name,
                             at: Instant::now(),
                         });
-                        if let Some(r) = reply {
+                        if let Some(r) = reply.filter(|r| !r.is_empty()) {
                             let _ = u.send_to(&r, peer);
                         }
                     }
@@ -568,7 +574,8 @@ fn answer_tcp(mut s: TcpStream, kind: Kind, published: Published) {
     }
 }
 
-/// Parses a DNS query; returns the name and the answer from [`DNS_MAP`].
+/// Parses a DNS query; returns the name and the answer from [`DNS_MAP`] (empty: no
+/// answer is sent, for [`SILENT_NAME`]).
 pub fn dns_answer(q: &[u8]) -> Option<(String, Vec<u8>)> {
     if q.len() < 12 || q[2] & 0x80 != 0 {
         return None;
@@ -591,6 +598,9 @@ pub fn dns_answer(q: &[u8]) -> Option<(String, Vec<u8>)> {
     let qend = i + 4;
     q.get(..qend)?;
     let name = labels.join(".");
+    if name == SILENT_NAME {
+        return Some((format!("{name} type {qtype}"), Vec::new()));
+    }
     let found = DNS_MAP.iter().find(|(n, _)| *n == name).map(|(_, a)| *a);
     let mut r = Vec::with_capacity(qend + 16);
     r.extend_from_slice(&q[..2]); // id
