@@ -1600,6 +1600,58 @@ fn test_background_processes_attach_stdin_signals_and_delete() {
         )["stdout"],
         "again 0 126 unset\n"
     );
+    // The bytes: one request's variables take at most 192 KiB as JSON strings (at the
+    // bound: five values of 32 KiB and one of 32720 bytes, names of 2; one byte more
+    // is refused), and a sandbox's at most 512 KiB (NAME=value and NUL) across
+    // requests: two such requests fit, a third is refused and changes nothing.
+    let id2 = create(&d, &json!({"template": "base"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sized = |prefix: char, last: usize| -> Value {
+        let mut m = serde_json::Map::new();
+        for i in 0..5 {
+            m.insert(format!("{prefix}{i}"), Value::from("x".repeat(32768)));
+        }
+        m.insert(format!("{prefix}5"), Value::from("x".repeat(last)));
+        json!({ "env": m })
+    };
+    let post_env2 = |body: &Value| {
+        wbx(
+            &d,
+            "POST",
+            &format!("/v1/sandboxes/{id2}/env"),
+            None,
+            Some(body),
+        )
+    };
+    let r = post_env2(&sized('A', 32721));
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (
+            400,
+            "env: the variables take 196609 bytes together (names and values, as JSON strings); at most 196608"
+        )
+    );
+    assert_eq!(post_env2(&sized('A', 32720)).status, 204);
+    assert_eq!(post_env2(&sized('B', 32720)).status, 204);
+    let r = post_env2(&sized('C', 32720));
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (
+            400,
+            "env: a sandbox's variables take at most 524288 bytes together (names and values); with these they would take 589752"
+        )
+    );
+    // Every command still starts with them, and the refused ones are not there.
+    assert_eq!(
+        exec(&d, &id2, &json!({"cmd": "echo ${#A0} ${#B5} ${C0-unset}"}))["stdout"],
+        "32768 32720 unset\n"
+    );
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{id2}"), None, None).status,
+        204
+    );
 
     // Paused: nothing starts or is sent; the list still answers.
     assert_eq!(

@@ -1094,10 +1094,16 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
     let env = [
         ("ISOBOX_INSTANCE", instance.as_str()),
         ("ISOBOX_WBX_JOBS_RUNNING", "2"),
+        // Priced, so what is charged and what is credited can be told apart.
+        ("ISOBOX_WBX_PRICE_VCPU_S", "0.001"),
     ];
     let mut d = Daemon::start_with(&env);
     d.wait_ready();
     let none = json!({"mode": "none"});
+    let amount = |v: &Value| -> f64 {
+        let s = v.as_str().unwrap_or_else(|| panic!("not an amount: {v}"));
+        s.strip_suffix(" EUR").unwrap().parse().unwrap()
+    };
 
     // A sandbox lost while the daemon runs (everything in its cgroup killed from
     // outside): the job runs again in a fresh one, and its log says so, in order.
@@ -1139,6 +1145,10 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
         "{a}\n{}",
         d.log()
     );
+    // The lost attempt's run time is credited as the refund, never charged: the cost
+    // is the second attempt's (3 s at least, at 0.001 a vCPU-second).
+    assert!(amount(&a["refund"]) > 0.0, "{a}");
+    assert!(amount(&a["cost"]) >= 0.003, "{a}");
     let log = wbx(&d, "GET", &format!("/v1/jobs/{aid}/logs"), None, None).text();
     let (first, rest) = log
         .split_once("[wbx] its sandbox was lost")
@@ -1204,6 +1214,7 @@ fn test_a_kill_9_mid_job_loses_no_job_and_runs_none_twice_at_once() {
     );
     let q = finished(&d2, None, &qid, Duration::from_secs(120));
     assert_eq!(q["status"], "completed");
+    assert_eq!(amount(&q["refund"]), 0.0, "{q}");
     assert_eq!(
         wbx(&d2, "GET", &format!("/v1/jobs/{qid}/logs"), None, None).text(),
         "third\n"
@@ -1973,6 +1984,66 @@ fn test_a_tenants_unanswered_webhooks_do_not_hold_up_anothers() {
     let ev: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(ev["id"].as_str(), Some(id.as_str()), "{ev}");
     drop(held);
+    d.assert_clean();
+    d.stop();
+}
+
+/// Result-file patterns cost bounded work on the daemon's loop: `**` alternating with a
+/// name 200 times against a tree 120 levels deep (the matcher tried every split of
+/// every `**` again and again: hours, with every face stopped) is matched by a table,
+/// and its one file is saved; 50 patterns whose stars backtrack against 300 names of
+/// 255 bytes use up the saving's budget, and the job says what was not looked through.
+#[test]
+fn test_hostile_result_patterns_cost_bounded_work() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let none = json!({"mode": "none"});
+    let deep = vec!["a"; 120].join("/");
+    let alt = format!("{}zz", "**/a/".repeat(200));
+    let j1 = submit(
+        &d,
+        None,
+        &json!({"command": format!("mkdir -p {deep} && echo found > {deep}/zz"), "artifacts": [alt], "network": none}),
+    );
+    let stars: Vec<String> = (0..50)
+        .map(|i| format!("*{}b{i}", "a".repeat(127)))
+        .collect();
+    let j2 = submit(
+        &d,
+        None,
+        &json!({"command": "python3 -c \"[open('a' * 252 + '%03d' % i, 'w').close() for i in range(300)]\"", "artifacts": stars, "network": none}),
+    );
+    let v = finished(
+        &d,
+        None,
+        j1["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(v["status"], "completed", "{v}\n{}", d.log());
+    assert_eq!(names(&v["result_files"]), [format!("{deep}/zz")], "{v}");
+    assert_eq!(v["skipped_files"], json!([]), "{v}");
+    let v = finished(
+        &d,
+        None,
+        j2["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(v["status"], "completed", "{v}\n{}", d.log());
+    assert_eq!(v["result_files"], json!([]), "{v}");
+    let skipped = v["skipped_files"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1, "{v}");
+    assert!(
+        skipped[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("matching the result-file patterns took more than 20000000 steps"),
+        "{v}"
+    );
+    assert_eq!(
+        wbx(&d, "GET", "/v1/jobs", None, None).status,
+        200,
+        "the daemon answers"
+    );
     d.assert_clean();
     d.stop();
 }

@@ -255,23 +255,33 @@ impl Daemon {
             return;
         }
         let b = &mut self.boxes.boxes[key];
-        let new = env.iter().filter(|(k, _)| !b.env_names.contains(k)).count();
+        let new = env
+            .iter()
+            .filter(|(k, _)| !b.env_names.contains_key(k))
+            .count();
         let has = b.env_names.len();
-        if has + new > crate::wbx::sandboxes::MAX_ENV {
-            self.respond(
-                ck,
-                crate::wbx::error(
-                    400,
-                    &format!(
-                        "env: a sandbox has at most {} variables; it has {has} and this adds {new}",
-                        crate::wbx::sandboxes::MAX_ENV,
-                    ),
-                ),
-            );
+        let mut sizes = b.env_names.clone();
+        sizes.extend(crate::wbx::sandboxes::env_sizes(&env));
+        let bytes: usize = sizes.values().sum();
+        let refusal = if has + new > crate::wbx::sandboxes::MAX_ENV {
+            Some(format!(
+                "env: a sandbox has at most {} variables; it has {has} and this adds {new}",
+                crate::wbx::sandboxes::MAX_ENV,
+            ))
+        } else if bytes > crate::wbx::sandboxes::MAX_SANDBOX_ENV_BYTES {
+            Some(format!(
+                "env: a sandbox's variables take at most {} bytes together (names and values); with these they would take {bytes}",
+                crate::wbx::sandboxes::MAX_SANDBOX_ENV_BYTES,
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            self.respond(ck, crate::wbx::error(400, &why));
             return;
         }
-        b.env_names.extend(env.iter().map(|(k, _)| k.clone()));
-        // At most 128 variables of 32 KiB: within a frame.
+        b.env_names = sizes;
+        // At most MAX_ENV_TOTAL_BYTES encoded: within a frame.
         self.box_call(key, &Call::Env { env });
         self.respond(ck, Response::no_content());
     }

@@ -163,8 +163,9 @@ pub(crate) struct Sbx {
     /// Clients watching directories, by watch handle.
     pub(super) watches: HashMap<u32, super::box_watch::WatchSub>,
     metadata: BTreeMap<String, String>,
-    /// The names of its environment (create's `env` and every `POST …/env`).
-    pub(super) env_names: std::collections::BTreeSet<String>,
+    /// Its environment's names (create's `env` and every `POST …/env`), each with the
+    /// bytes its variable takes.
+    pub(super) env_names: BTreeMap<String, usize>,
     network: Net,
     started: Instant,
     start_ms: u64,
@@ -628,7 +629,7 @@ impl Daemon {
             compute_class,
         } = c;
         let class = compute_class.unwrap_or_else(crate::wbx::compute::default_class);
-        let env_names = env.iter().map(|(k, _)| k.clone()).collect();
+        let env_names = crate::wbx::sandboxes::env_sizes(&env);
         let (owner, limits, files, ro_binds) = match internal {
             Some(bb) => (Some(bb.owner), bb.limits, bb.files, bb.ro_binds),
             None => (None, wbx_limits(class), Vec::new(), Vec::new()),
@@ -844,7 +845,7 @@ impl Daemon {
     fn box_claim(&mut self, ck: usize, key: usize, tenant: String, c: Create, t0: Instant) {
         let b = self.box_unpool(key, tenant, c.timeout_s, t0);
         b.metadata = c.metadata;
-        b.env_names = c.env.iter().map(|(k, _)| k.clone()).collect();
+        b.env_names = crate::wbx::sandboxes::env_sizes(&c.env);
         let id = b.id.clone();
         self.boxes.by_id.insert(id, key);
         if !c.env.is_empty() {

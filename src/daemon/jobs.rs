@@ -304,6 +304,8 @@ struct Save {
     next_file: u32,
     /// Files not saved past the ones `skipped` lists.
     more_skipped: u64,
+    /// What matching names against the patterns may still cost (steps).
+    match_budget: u64,
 }
 
 impl Save {
@@ -1668,6 +1670,7 @@ impl Daemon {
         j.logged = 0;
         j.held = false;
         j.run_ms = 0;
+        j.ran = None;
         if j.writer.is_none() {
             // Messages wait in the channel until the thread is up (it is started on
             // the pool: this thread may not make files or threads).
@@ -2178,6 +2181,7 @@ impl Daemon {
         }
         let mut save = Save {
             patterns,
+            match_budget: crate::jobs::MATCH_BUDGET,
             ..Save::default()
         };
         for p in &save.patterns {
@@ -2335,7 +2339,23 @@ impl Daemon {
                     if name.is_empty() {
                         continue;
                     }
-                    let matched = save.patterns.iter().any(|p| p.matches(&name));
+                    let mut matched = Some(false);
+                    for p in &save.patterns {
+                        matched = p.matches_within(&name, &mut save.match_budget);
+                        if matched != Some(false) {
+                            break;
+                        }
+                    }
+                    let Some(matched) = matched else {
+                        // Hostile patterns, or a tree too deep for them: what is left
+                        // is not looked through (the loop's time is everyone's).
+                        save.skip(Skipped {
+                            name,
+                            reason: format!("not looked through, nor anything after it: matching the result-file patterns took more than {} steps", crate::jobs::MATCH_BUDGET),
+                        });
+                        save.dirs.clear();
+                        break;
+                    };
                     if !utf8 {
                         // A result file's name is text in every answer and URL.
                         if matched {
@@ -2893,6 +2913,13 @@ impl Daemon {
                 if j.cancelled {
                     self.job_end(jk, js);
                 } else if j.timed_out {
+                    // Killed at its limit and gone before its exit was heard: it ran
+                    // until now, and is billed so (its files went with its sandbox).
+                    if j.run_ms == 0 {
+                        j.run_ms = j.ran.map_or(0, |t| {
+                            u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+                        });
+                    }
                     j.save = Some(Save::default());
                     self.job_saved(jk, js);
                 } else if oom_killed {
@@ -2935,6 +2962,19 @@ impl Daemon {
             return;
         };
         log::warn!("job {}: {why}", j.id);
+        // What this attempt ran is not charged: it is credited as the job's refund.
+        let ran_ms = if j.run_ms > 0 {
+            j.run_ms
+        } else {
+            j.ran.map_or(0, |t| {
+                u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+            })
+        };
+        j.rec.refunded_ms = j.rec.refunded_ms.saturating_add(ran_ms);
+        // Credited, so never billed: not if the job is cancelled before its next
+        // attempt runs either.
+        j.ran = None;
+        j.run_ms = 0;
         let err = JobError {
             code: "sandbox_lost".into(),
             message: why.to_string(),

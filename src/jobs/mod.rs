@@ -185,6 +185,10 @@ pub struct Pattern {
 
 /// Longest pattern.
 pub const MAX_PATTERN_BYTES: usize = 1024;
+/// Work matching may do for one job's saving, in steps (one byte of a name compared,
+/// or one cell of the segment table): hostile patterns (many `**`, many `*` in a
+/// segment) against a deep tree cost at most this, wherever the matching runs.
+pub const MATCH_BUDGET: u64 = 20_000_000;
 
 impl Pattern {
     /// Parses a pattern.
@@ -203,12 +207,14 @@ impl Pattern {
             ));
         }
         let tree = s.ends_with('/');
-        let segments: Vec<String> = s
+        let mut segments: Vec<String> = s
             .trim_end_matches('/')
             .split('/')
             .filter(|p| !p.is_empty() && *p != ".")
             .map(str::to_string)
             .collect();
+        // `**/**` is `**`.
+        segments.dedup_by(|a, b| a == "**" && b == "**");
         if segments.iter().any(|p| p == "..") {
             return Err(format!("{s:?}: a pattern may not climb out with .."));
         }
@@ -244,34 +250,72 @@ impl Pattern {
 
     /// Whether relative path `path` matches.
     pub fn matches(&self, path: &str) -> bool {
+        let mut unbounded = u64::MAX;
+        self.matches_within(path, &mut unbounded).unwrap_or(false)
+    }
+
+    /// Whether relative path `path` matches, within `budget` steps (taken from it);
+    /// `None` when it ran out.
+    pub fn matches_within(&self, path: &str, budget: &mut u64) -> Option<bool> {
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
         if self.tree {
-            return parts.len() > self.segments.len()
-                && segments_match(&self.segments, &parts[..self.segments.len()]);
+            if parts.len() <= self.segments.len() {
+                return Some(false);
+            }
+            return segments_match(&self.segments, &parts[..self.segments.len()], budget);
         }
-        segments_match(&self.segments, &parts)
+        segments_match(&self.segments, &parts, budget)
     }
 }
 
-fn segments_match(pat: &[String], parts: &[&str]) -> bool {
-    match pat.split_first() {
-        None => parts.is_empty(),
-        Some((p, rest)) if p == "**" => {
-            (0..=parts.len()).any(|skip| segments_match(rest, &parts[skip..]))
+/// Takes `n` steps from `budget`; `None` (and nothing left) when it has fewer.
+fn spend(budget: &mut u64, n: u64) -> Option<()> {
+    match budget.checked_sub(n) {
+        Some(b) => {
+            *budget = b;
+            Some(())
         }
-        Some((p, rest)) => {
-            !parts.is_empty()
-                && glob(p.as_bytes(), parts[0].as_bytes())
-                && segments_match(rest, &parts[1..])
+        None => {
+            *budget = 0;
+            None
         }
     }
 }
 
-/// `*` and `?` within one segment (a leading `.` included: hidden files are files).
-fn glob(p: &[u8], s: &[u8]) -> bool {
+/// Whether `parts` match segments `pat`, by a table of which suffix of the pattern
+/// matches which suffix of the path (segments × parts cells, each name compared at
+/// most once per segment): a `**` tries every split without trying them again.
+fn segments_match(pat: &[String], parts: &[&str], budget: &mut u64) -> Option<bool> {
+    let n = parts.len();
+    // next[j]: the segments after this one match parts[j..].
+    let mut next = vec![false; n + 1];
+    next[n] = true;
+    let mut cur = vec![false; n + 1];
+    for p in pat.iter().rev() {
+        spend(budget, n as u64 + 1)?;
+        if p == "**" {
+            cur[n] = next[n];
+            for j in (0..n).rev() {
+                cur[j] = next[j] || cur[j + 1];
+            }
+        } else {
+            cur[n] = false;
+            for j in 0..n {
+                cur[j] = next[j + 1] && glob(p.as_bytes(), parts[j].as_bytes(), budget)?;
+            }
+        }
+        std::mem::swap(&mut next, &mut cur);
+    }
+    Some(next[0])
+}
+
+/// `*` and `?` within one segment (a leading `.` included: hidden files are files),
+/// within `budget` steps.
+fn glob(p: &[u8], s: &[u8], budget: &mut u64) -> Option<bool> {
     let (mut pi, mut si) = (0, 0);
     let (mut star, mut mark) = (None, 0);
     while si < s.len() {
+        spend(budget, 1)?;
         if pi < p.len() && (p[pi] == b'?' || p[pi] == s[si]) {
             pi += 1;
             si += 1;
@@ -284,13 +328,13 @@ fn glob(p: &[u8], s: &[u8]) -> bool {
             mark += 1;
             si = mark;
         } else {
-            return false;
+            return Some(false);
         }
     }
     while pi < p.len() && p[pi] == b'*' {
         pi += 1;
     }
-    pi == p.len()
+    Some(pi == p.len())
 }
 
 /// An amount of money in billionths of the currency unit: prices per second are
@@ -468,9 +512,53 @@ mod tests {
         assert_eq!(p("a/b/*.txt").base(), ("a/b".into(), Some(1)));
         assert_eq!(p("report.txt").base(), ("".into(), Some(1)));
         assert_eq!(p("**/x").base(), ("".into(), None));
+        assert!(p("a/**/**/b").matches("a/b") && p("a/**/**/b").matches("a/x/y/b"));
+        assert_eq!(p("a/**/**/b"), p("a/**/b"));
+        assert!(!p("a/**/b").matches("a/x/c"));
         for bad in ["", "/etc/passwd", "../x", "a/../../b", "."] {
             assert!(Pattern::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// Hostile patterns cost a bounded amount of work: hundreds of `**` (one, once
+    /// collapsed) or alternating with a literal against a deep path, and a segment of
+    /// many stars against a long name, finish within the budget or say they ran out.
+    #[test]
+    fn test_hostile_patterns_are_bounded() {
+        let deep = vec!["a"; 2000].join("/");
+        let stars = format!("{}zz", "**/".repeat(340));
+        let p = Pattern::parse(&stars).unwrap();
+        let mut budget = MATCH_BUDGET;
+        assert_eq!(p.matches_within(&deep, &mut budget), Some(false));
+        assert!(budget > MATCH_BUDGET / 2, "{budget}");
+        assert_eq!(
+            p.matches_within(&format!("{deep}/zz"), &mut budget),
+            Some(true)
+        );
+        // `**` and `a` alternating (nothing to collapse): a table, not a search.
+        let alt = format!("{}b", "**/a/".repeat(200));
+        let p = Pattern::parse(&alt).unwrap();
+        let mut budget = MATCH_BUDGET;
+        let r = p.matches_within(&deep, &mut budget);
+        assert_eq!(r, Some(false));
+        // Stars within a segment against a long name.
+        let p = Pattern::parse(&format!("{}b", "*a".repeat(500))).unwrap();
+        let name = "a".repeat(255);
+        let mut budget = MATCH_BUDGET;
+        let mut n = 0;
+        while p.matches_within(&name, &mut budget).is_some() {
+            n += 1;
+            assert!(n < 10_000_000, "the budget never ran out");
+        }
+        assert_eq!(budget, 0);
+        // Runs that fit: the same answer as without a budget.
+        let mut budget = MATCH_BUDGET;
+        assert_eq!(
+            Pattern::parse("**/*.csv")
+                .unwrap()
+                .matches_within("d/e/r.csv", &mut budget),
+            Some(true)
+        );
     }
 
     #[test]

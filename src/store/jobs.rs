@@ -258,6 +258,9 @@ pub struct JobRecord {
     pub peak_memory_bytes: Option<u64>,
     /// Run time billed, milliseconds (every attempt's).
     pub billed_ms: u64,
+    /// Run time of attempts that failed on our side (`"kind": "system"`),
+    /// milliseconds: never charged; shown as the job's `refund`.
+    pub refunded_ms: u64,
     /// Test results recognised in its log when it ended.
     pub test_results: Vec<TestResults>,
     /// The batch it belongs to.

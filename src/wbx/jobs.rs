@@ -1239,6 +1239,8 @@ pub fn job_json(id: &str, rec: &JobRecord, prices: &Prices, now_ms: u64) -> Valu
         "result_files": files_json(rec),
         "skipped_files": rec.skipped,
         "cost": prices.show(prices.cost(&rec.spec, rec.billed_ms)),
+        // Attempts that failed on our side, credited (never charged).
+        "refund": prices.show(prices.cost(&rec.spec, rec.refunded_ms)),
     });
     if let Some(w) = &s.wasm {
         // A WebAssembly job says so; a job in a sandbox keeps the document's shape.
