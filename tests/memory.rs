@@ -56,6 +56,30 @@ fn test_kv_spec_example_etags_ttl_and_errors() {
         (r.status, r.json()["error"].as_str()),
         (412, Some("precondition_failed"))
     );
+    // A GET with If-Match: 412 when it fails, the value when it holds; with both
+    // fields, If-Match first, then If-None-Match (RFC 9110 §13.2.2).
+    let r = kv(
+        &d,
+        "GET",
+        "facts/pi",
+        &[("If-Match", "\"0000000000000000\"")],
+        b"",
+    );
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (412, Some("precondition_failed"))
+    );
+    let r = kv(&d, "GET", "facts/pi", &[("If-Match", &tag1)], b"");
+    assert_eq!((r.status, r.body.as_slice()), (200, b"3.14159".as_slice()));
+    let both = [
+        ("If-Match", tag1.as_str()),
+        ("If-None-Match", tag1.as_str()),
+    ];
+    assert_eq!(kv(&d, "GET", "facts/pi", &both, b"").status, 304);
+    assert_eq!(kv(&d, "PUT", "facts/pi", &both, b"3").status, 412);
+    assert_eq!(kv(&d, "DELETE", "facts/pi", &both, b"").status, 412);
+    let r = kv(&d, "GET", "facts/pi", &[], b"");
+    assert_eq!((r.status, r.body.as_slice()), (200, b"3.14159".as_slice()));
     let r = kv(&d, "PUT", "facts/pi", &[("If-Match", &tag1)], b"3.1416");
     assert_eq!(r.status, 204);
     let tag2 = r.header("etag").unwrap().to_string();
@@ -637,5 +661,103 @@ fn test_freed_memory_goes_back_to_the_kernel() {
         "allocated {allocated}, {allocated_before} before"
     );
     d.assert_clean();
+    d.stop();
+}
+
+/// A tmpfs of the test's own, mounted where the daemon keeps its data; unmounted on
+/// drop (after the daemon declared later has stopped).
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(instance: &str, mib: u64) -> SmallDisk {
+        let dir = std::env::temp_dir().join(instance);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={mib}m,mode=0755"),
+                "isobox-test-disk",
+            ])
+            .arg(&dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mount tmpfs at {}", dir.display());
+        SmallDisk(dir)
+    }
+
+    fn free(&self) -> u64 {
+        let out = std::process::Command::new("stat")
+            .args(["-f", "-c", "%f %S"])
+            .arg(&self.0)
+            .output()
+            .unwrap();
+        let s = String::from_utf8(out.stdout).unwrap();
+        let v: Vec<u64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        v[0] * v[1]
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A full disk under the state store refuses writes with `507`, writing nothing, and
+/// the daemon goes on serving (it aborted when the log could not grow, or when LMDB's
+/// commit failed after the log had the batch); once there is room again, writes
+/// succeed.
+#[test]
+fn test_a_full_disk_refuses_writes_and_the_daemon_goes_on() {
+    let instance = format!("isobox-fulldisk{}", std::process::id());
+    let disk = SmallDisk::mount(&instance, 320);
+    let d = Daemon::start_with(&[("ISOBOX_INSTANCE", instance.as_str())]);
+    d.wait_ready();
+    assert_eq!(kv(&d, "PUT", "n/before", &[], b"1").status, 204);
+    // Leave 40 MiB: below the store's reserve of 64 MiB beside a batch.
+    let filler = disk.0.join("filler");
+    let room = disk.free().saturating_sub(40 << 20);
+    let f = std::fs::File::create(&filler).unwrap();
+    {
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(&f);
+        let chunk = vec![7u8; 1 << 20];
+        let mut left = room;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            w.write_all(&chunk[..n]).unwrap();
+            left -= n as u64;
+        }
+    }
+    drop(f);
+    let r = kv(&d, "PUT", "n/during", &[], b"2");
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (507, Some("insufficient_storage")),
+        "{}",
+        r.text()
+    );
+    let detail = r.json()["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        r.text()
+            .contains("the disk holding the state store is full"),
+        "{} {detail}",
+        r.text()
+    );
+    // Nothing was written; reads and the daemon go on.
+    assert_eq!(kv(&d, "GET", "n/during", &[], b"").status, 404);
+    let r = kv(&d, "GET", "n/before", &[], b"");
+    assert_eq!((r.status, r.body.as_slice()), (200, b"1".as_slice()));
+    assert_eq!(d.request("GET", "/healthz", &[], b"").status, 200);
+    // Room again: writes succeed.
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(kv(&d, "PUT", "n/after", &[], b"3").status, 204);
+    let r = kv(&d, "GET", "n/after", &[], b"");
+    assert_eq!((r.status, r.body.as_slice()), (200, b"3".as_slice()));
     d.stop();
 }

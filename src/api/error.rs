@@ -64,6 +64,7 @@ pub fn session_error(e: &SessionError) -> Response {
                 .with_header("Retry-After", "1")
         }
         SessionError::Workspace(why) => Response::error(500, "workspace_error", Some(why)),
+        SessionError::Store(StoreError::Write(w)) if w.disk_full() => store_full(&w.0),
         SessionError::Store(e) => {
             log::error!("session store: {e}");
             Response::error(
@@ -119,6 +120,7 @@ pub fn kv_error(e: &KvError) -> Response {
         KvError::Store(StoreError::Busy) => {
             Response::error(503, "overloaded", Some(&d)).with_header("Retry-After", "1")
         }
+        KvError::Store(StoreError::Write(w)) if w.disk_full() => store_full(&w.0),
         KvError::Store(e) => {
             log::error!("kv store: {e}");
             Response::error(
@@ -128,6 +130,11 @@ pub fn kv_error(e: &KvError) -> Response {
             )
         }
     }
+}
+
+/// A write refused because the state store's disk is full: nothing was written.
+fn store_full(why: &str) -> Response {
+    Response::error(507, "insufficient_storage", Some(why)).with_header("Retry-After", "60")
 }
 
 /// Answers for a route error.

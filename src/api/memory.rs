@@ -29,12 +29,11 @@ fn decoded(raw: &str, what: &str) -> Result<String, Response> {
 }
 
 fn precondition(head: &Head) -> Precondition {
-    if let Some(v) = head.header("if-match") {
-        Precondition::IfMatch(kv::parse_etag_list(v))
-    } else if let Some(v) = head.header("if-none-match") {
-        Precondition::IfNoneMatch(kv::parse_etag_list(v))
-    } else {
-        Precondition::None
+    match (head.header("if-match"), head.header("if-none-match")) {
+        (Some(m), Some(n)) => Precondition::Both(kv::parse_etag_list(m), kv::parse_etag_list(n)),
+        (Some(m), None) => Precondition::IfMatch(kv::parse_etag_list(m)),
+        (None, Some(n)) => Precondition::IfNoneMatch(kv::parse_etag_list(n)),
+        (None, None) => Precondition::None,
     }
 }
 
@@ -117,11 +116,14 @@ pub fn key(app: &mut App, req: &Request) -> Action {
         _ => Action::Respond(
             match sessions.store().kv_get(&tenant, &ns, &key, now_ms()) {
                 Ok(None) => Response::error(404, "key_not_found", None),
+                Ok(Some(e)) if !cond.match_holds(Some(&e.etag)) => {
+                    // RFC 9110 §13.1.1: a GET whose If-Match fails is a 412.
+                    Response::error(412, "precondition_failed", None)
+                }
                 Ok(Some(e)) => {
                     // RFC 9110 §13.1.2: a GET whose If-None-Match fails (weak
                     // comparison) is a 304.
-                    let not_modified =
-                        matches!(cond, Precondition::IfNoneMatch(_)) && !cond.holds(Some(&e.etag));
+                    let not_modified = !cond.holds(Some(&e.etag));
                     let mut r = if not_modified {
                         Response::bytes(304, "application/octet-stream", Vec::new())
                     } else {

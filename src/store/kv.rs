@@ -141,6 +141,9 @@ pub enum Precondition {
     IfMatch(Vec<String>),
     /// `If-None-Match`: the entry must not exist (`*`) or must carry none of these tags.
     IfNoneMatch(Vec<String>),
+    /// Both fields: `If-Match` (the first) is evaluated first, then `If-None-Match`
+    /// (RFC 9110 §13.2.2).
+    Both(Vec<String>, Vec<String>),
 }
 
 impl Precondition {
@@ -149,22 +152,42 @@ impl Precondition {
     pub fn holds(&self, current: Option<&str>) -> bool {
         match self {
             Precondition::None => true,
-            Precondition::IfMatch(tags) => current.is_some_and(|cur| {
-                let (_, cur) = split_tag(cur);
-                tags.iter().any(|t| {
-                    let (weak, t) = split_tag(t);
-                    t == "*" || (!weak && t == cur)
-                })
-            }),
-            Precondition::IfNoneMatch(tags) => current.is_none_or(|cur| {
-                let (_, cur) = split_tag(cur);
-                !tags.iter().any(|t| {
-                    let (_, t) = split_tag(t);
-                    t == "*" || t == cur
-                })
-            }),
+            Precondition::IfMatch(tags) => if_match(tags, current),
+            Precondition::IfNoneMatch(tags) => if_none_match(tags, current),
+            Precondition::Both(m, n) => if_match(m, current) && if_none_match(n, current),
         }
     }
+
+    /// Whether its `If-Match` part holds (true without one): a GET whose `If-Match`
+    /// fails is a 412, one whose `If-None-Match` alone fails a 304.
+    pub fn match_holds(&self, current: Option<&str>) -> bool {
+        match self {
+            Precondition::IfMatch(tags) | Precondition::Both(tags, _) => if_match(tags, current),
+            Precondition::None | Precondition::IfNoneMatch(_) => true,
+        }
+    }
+}
+
+/// `If-Match`: strong comparison; `*` holds for any existing entry.
+fn if_match(tags: &[String], current: Option<&str>) -> bool {
+    current.is_some_and(|cur| {
+        let (_, cur) = split_tag(cur);
+        tags.iter().any(|t| {
+            let (weak, t) = split_tag(t);
+            t == "*" || (!weak && t == cur)
+        })
+    })
+}
+
+/// `If-None-Match`: weak comparison; `*` fails for any existing entry.
+fn if_none_match(tags: &[String], current: Option<&str>) -> bool {
+    current.is_none_or(|cur| {
+        let (_, cur) = split_tag(cur);
+        !tags.iter().any(|t| {
+            let (_, t) = split_tag(t);
+            t == "*" || t == cur
+        })
+    })
 }
 
 /// Splits an entity tag into (weak, opaque part without quotes).

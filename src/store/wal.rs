@@ -485,6 +485,21 @@ impl Wal {
     /// # Errors
     /// The write's or the sync's (the caller stops the daemon), or a payload of 4 GiB
     /// or more.
+    /// Makes room for a record of `len` bytes at the log's end (zeroed and synced):
+    /// on an error nothing of the log changed but its file's length.
+    pub(crate) fn reserve(&mut self, len: usize) -> io::Result<()> {
+        let end = self.off + REC_HEAD + len as u64;
+        if end > self.zeroed {
+            self.zeroed = zero_to(&self.file, self.zeroed, end)?;
+        }
+        Ok(())
+    }
+
+    /// Free bytes of the disk that holds the log (and LMDB's data file beside it).
+    pub(crate) fn free_bytes(&self) -> io::Result<u64> {
+        crate::sys::process::free_bytes(std::os::fd::AsFd::as_fd(&self.file))
+    }
+
     pub(crate) fn append(&mut self, txnid: u64, payload: &[u8]) -> io::Result<()> {
         if u32::try_from(payload.len()).is_err() {
             return Err(io::Error::new(
@@ -492,10 +507,8 @@ impl Wal {
                 "a batch of 4 GiB or more",
             ));
         }
+        self.reserve(payload.len())?;
         let end = self.off + REC_HEAD + payload.len() as u64;
-        if end > self.zeroed {
-            self.zeroed = zero_to(&self.file, self.zeroed, end)?;
-        }
         let head = record_head(self.gen, txnid, payload);
         let mut buf = Vec::with_capacity(head.len() + payload.len());
         buf.extend_from_slice(&head);

@@ -39,8 +39,10 @@ use std::time::{Duration, Instant};
 pub const MAX_QUEUED: usize = 4096;
 /// Writes in one commit at most.
 pub const MAX_BATCH: usize = 1024;
-/// Value bytes in one commit, about (a single write may be larger).
-pub const MAX_BATCH_WEIGHT: usize = 64 << 20;
+/// Value bytes in one commit, about (a single write may be larger): well inside one
+/// log file (`wal::CAPACITY`), so a batch of large values does not force a checkpoint
+/// (an fsync of the data file) and a log twice its size on every turn.
+pub const MAX_BATCH_WEIGHT: usize = 8 << 20;
 
 /// How long after a checkpoint began the next one is due, while there are records
 /// (the daemon's; tests may choose another).
@@ -53,6 +55,22 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// Why a write did not become durable although it succeeded on its own.
 #[derive(Debug, Clone)]
 pub struct WriteFailed(pub String);
+
+/// How a write refused for want of disk begins its reason.
+const DISK_FULL: &str = "the disk holding the state store is full";
+
+/// Free bytes the state store's disk keeps beside what a batch needs: LMDB's commit
+/// writes the pages a batch dirtied (and may grow its file) after the batch is in the
+/// log, where a failure can only stop the daemon; so a batch that might not fit is
+/// refused before.
+const DISK_RESERVE: u64 = 64 << 20;
+
+impl WriteFailed {
+    /// Whether the write was refused because the state store's disk is (nearly) full.
+    pub fn disk_full(&self) -> bool {
+        self.0.starts_with(DISK_FULL)
+    }
+}
 
 /// One queued write, its closure and result erased.
 pub(crate) trait Write: Send {
@@ -385,9 +403,29 @@ impl Durable {
     /// checkpoint at the last commit first empties it (the log grows past its usual
     /// size for a record larger than a whole file).
     fn log(&mut self, t: &Tables, txnid: u64, rec: &[u8]) -> Result<(), WriteFailed> {
+        let need = DISK_RESERVE.saturating_add(4 * rec.len() as u64);
+        match self.wal.free_bytes() {
+            Ok(free) if free < need => {
+                crate::error_limited!("store: {DISK_FULL}: {free} bytes free, a batch needs {need}; writes are refused");
+                return Err(WriteFailed(format!(
+                    "{DISK_FULL} ({free} bytes free; a write needs {need}): nothing was written"
+                )));
+            }
+            Ok(_) => {}
+            Err(e) => log::warn!("store: the disk's free space is unknown: {e}"),
+        }
         if self.wal.used() > 0 && !self.wal.fits(rec.len()) {
             self.now(t, false)
                 .map_err(|e| WriteFailed(format!("the state store could not checkpoint: {e}")))?;
+        }
+        // Room for the record first (zeroed and synced ahead): failing here leaves the
+        // log as it was, so the batch fails and the daemon goes on.
+        if let Err(e) = self.wal.reserve(rec.len()) {
+            return Err(WriteFailed(if e.raw_os_error() == Some(libc::ENOSPC) {
+                format!("{DISK_FULL}: growing the write-ahead log: {e}")
+            } else {
+                format!("growing the write-ahead log: {e}")
+            }));
         }
         if let Err(e) = self.wal.append(txnid, rec) {
             fatal("appending to the write-ahead log", &e);

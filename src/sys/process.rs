@@ -114,6 +114,19 @@ pub fn disk_usage(path: &str) -> io::Result<(u64, u64)> {
     Ok((total.saturating_sub(free), total))
 }
 
+/// Free bytes (as root may use them) of the filesystem holding the open file `fd`.
+///
+/// # Errors
+/// What `fstatvfs` said.
+pub fn free_bytes(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: zeroed is a valid statvfs (plain integers).
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is an open descriptor and `st` is valid for writes, for the call.
+    crate::syscall!(fstatvfs(fd.as_raw_fd(), &mut st))?;
+    Ok(st.f_bfree.saturating_mul(st.f_frsize))
+}
+
 /// A new terminal of `cols` x `rows`: (controller, the side a program gets).
 ///
 /// # Errors

@@ -567,6 +567,17 @@ impl Upload {
         match fsat::renameat(self.dir.as_fd(), &self.tmp, self.dir.as_fd(), &self.name) {
             Ok(()) => {
                 self.done = true;
+                // The new name is durable only once its directory is: a power loss
+                // before that could lose a file already answered as written.
+                let d = fsat::openat2(
+                    self.dir.as_fd(),
+                    c".",
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                    0,
+                    NO_SYMLINKS,
+                )
+                .map_err(map_resolve)?;
+                File::from(d).sync_all().map_err(map_io)?;
                 Ok(size)
             }
             Err(e) if matches!(errno(&e), libc::EISDIR | libc::ENOTEMPTY | libc::EEXIST) => {

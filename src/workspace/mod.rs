@@ -317,6 +317,13 @@ impl Sessions {
             let img = self.root.join(id).join(IMAGE);
             match image::allocated_bytes(&img) {
                 Ok(b) => used += b,
+                // Only an image that is not there drops its session: any other error
+                // (EIO, EACCES) may pass, and the data is kept for it.
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    log::error!(
+                        "session {id}: workspace image cannot be read ({e}); kept, its calls will fail until it can"
+                    );
+                }
                 Err(e) => {
                     log::error!(
                         "session {id}: workspace image missing ({e}); the session is dropped"
@@ -516,7 +523,19 @@ impl Sessions {
         if token.is_none() || !ct_eq(presented.as_bytes(), rec.token_sha256.as_bytes()) {
             return Err(SessionError::BadToken);
         }
+        // Idle past its TTL, it is gone, whether or not upkeep has reaped it yet (a
+        // call must not bring it back); one in use now is not idle.
+        if now_ms() >= rec.expires_at_ms() && !self.in_use(id) {
+            return Err(SessionError::NotFound);
+        }
         Ok(rec)
+    }
+
+    /// Whether a call uses session `id` now.
+    fn in_use(&self, id: &str) -> bool {
+        let m = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(id)
+            .is_some_and(|l| l.users.load(Ordering::Acquire) > 0)
     }
 
     fn live(&self, id: &str) -> Arc<Live> {

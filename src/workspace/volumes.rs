@@ -78,7 +78,17 @@ impl Sessions {
             }
         }
         for id in records.keys() {
-            if !self.vol_dir(id).join(IMAGE).exists() {
+            // Only an image that is not there drops its volume: any other error may
+            // pass, and the data is kept for it.
+            let missing = match std::fs::symlink_metadata(self.vol_dir(id).join(IMAGE)) {
+                Ok(_) => false,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+                Err(e) => {
+                    log::error!("volume {id}: image cannot be read ({e}); kept");
+                    false
+                }
+            };
+            if missing {
                 log::error!("volume {id}: image missing; the volume is dropped");
                 if self.store.delete_volume(id)? == Some(false) {
                     log::error!("volume {id}: held by a session; kept, its steps will fail");
