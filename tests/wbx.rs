@@ -1601,31 +1601,29 @@ fn test_background_processes_attach_stdin_signals_and_delete() {
         "again 0 126 unset\n"
     );
     // The bytes: one request's variables take at most 192 KiB as JSON strings (at the
-    // bound: five values of 32 KiB and one of 32720 bytes, names of 2; one byte more
-    // is refused), and a sandbox's at most 512 KiB (NAME=value and NUL) across
-    // requests: two such requests fit, a third is refused and changes nothing.
+    // bound, on a command: five values of 32 KiB and one of 32720 bytes, names of 2,
+    // and the command starts with them; one byte more is refused), and a sandbox's
+    // own at most 512 KiB (NAME=value and NUL) across requests: at the bound they are
+    // kept, 3 bytes past it refused, changing nothing.
     let id2 = create(&d, &json!({"template": "base"}))["id"]
         .as_str()
         .unwrap()
         .to_string();
-    let sized = |prefix: char, last: usize| -> Value {
+    let sized = |last: usize| -> Value {
         let mut m = serde_json::Map::new();
         for i in 0..5 {
-            m.insert(format!("{prefix}{i}"), Value::from("x".repeat(32768)));
+            m.insert(format!("A{i}"), Value::from("x".repeat(32768)));
         }
-        m.insert(format!("{prefix}5"), Value::from("x".repeat(last)));
-        json!({ "env": m })
+        m.insert("A5".into(), Value::from("x".repeat(last)));
+        Value::Object(m)
     };
-    let post_env2 = |body: &Value| {
-        wbx(
-            &d,
-            "POST",
-            &format!("/v1/sandboxes/{id2}/env"),
-            None,
-            Some(body),
-        )
-    };
-    let r = post_env2(&sized('A', 32721));
+    let r = wbx(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{id2}/exec"),
+        None,
+        Some(&json!({"cmd": "echo ${#A0} ${#A5}", "env": sized(32721)})),
+    );
     assert_eq!(
         (r.status, err(&r).as_str()),
         (
@@ -1633,20 +1631,46 @@ fn test_background_processes_attach_stdin_signals_and_delete() {
             "env: the variables take 196609 bytes together (names and values, as JSON strings); at most 196608"
         )
     );
-    assert_eq!(post_env2(&sized('A', 32720)).status, 204);
-    assert_eq!(post_env2(&sized('B', 32720)).status, 204);
-    let r = post_env2(&sized('C', 32720));
+    assert_eq!(
+        exec(
+            &d,
+            &id2,
+            &json!({"cmd": "echo ${#A0} ${#A5}", "env": sized(32720)})
+        )["stdout"],
+        "32768 32720\n"
+    );
+    let post_env2 = |name: &str, len: usize| {
+        wbx(
+            &d,
+            "POST",
+            &format!("/v1/sandboxes/{id2}/env"),
+            None,
+            Some(&json!({"env": {name: "x".repeat(len)}})),
+        )
+    };
+    // E0..E9 take 32772 bytes each, E10..E14 32773: 491585; F fills to 524288.
+    for i in 0..15 {
+        let r = post_env2(&format!("E{i}"), 32768);
+        assert_eq!(r.status, 204, "E{i}: {}", r.text());
+    }
+    assert_eq!(post_env2("F", 32700).status, 204);
+    let r = post_env2("G", 0);
     assert_eq!(
         (r.status, err(&r).as_str()),
         (
             400,
-            "env: a sandbox's variables take at most 524288 bytes together (names and values); with these they would take 589752"
+            "env: a sandbox's variables take at most 524288 bytes together (names and values); with these they would take 524291"
         )
     );
-    // Every command still starts with them, and the refused ones are not there.
+    // A name given again replaces its value's bytes: a shorter F fits.
+    assert_eq!(post_env2("F", 32690).status, 204);
     assert_eq!(
-        exec(&d, &id2, &json!({"cmd": "echo ${#A0} ${#B5} ${C0-unset}"}))["stdout"],
-        "32768 32720 unset\n"
+        exec(
+            &d,
+            &id2,
+            &json!({"cmd": "echo ${#E0} ${#E14} ${#F} ${G-unset}"})
+        )["stdout"],
+        "32768 32768 32690 unset\n"
     );
     assert_eq!(
         wbx(&d, "DELETE", &format!("/v1/sandboxes/{id2}"), None, None).status,
