@@ -823,3 +823,75 @@ fn test_no_public_urls_without_sandbox_networking() {
         204
     );
 }
+
+/// Connections to apps take at most three quarters of `ISOBOX_MAX_CONNECTIONS`, so
+/// the API keeps the rest: with 8, six kept-alive connections to an app are served
+/// (the bound), a seventh request on a new connection gets the proxy's `503` page,
+/// and the API answers meanwhile; once one of the six closes, a new one is served.
+#[test]
+fn test_connections_to_apps_leave_the_api_room() {
+    let fake = FakeNet::new();
+    let d = Daemon::start_in_netns(
+        &fake.harness,
+        &[("ISOBOX_NET_DNS", DNS), ("ISOBOX_MAX_CONNECTIONS", "8")],
+    );
+    d.wait_ready();
+    let a = create(&d, &json!({"template": "base"}));
+    let u = wbx(&d, "GET", &format!("/v1/sandboxes/{a}/url?port=8001"), None).json();
+    let (host, token) = (
+        host_of(u["url"].as_str().unwrap()),
+        u["token"].as_str().unwrap().to_string(),
+    );
+    let r = d.request(
+        "PUT",
+        &format!("/wbx/v1/sandboxes/{a}/files?path=/home/user/app.py"),
+        &[],
+        APP.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    exec(
+        &d,
+        &a,
+        "nohup python3 /home/user/app.py 0.0.0.0 8001 >/tmp/app.log 2>&1 &",
+    );
+    wait_up(&d, &host, &token);
+    let keep = format!("GET /x HTTP/1.1\r\nHost: {host}\r\nX-WBX-Token: {token}\r\n\r\n");
+    let mut held: Vec<TcpStream> = Vec::new();
+    for i in 0..6 {
+        let mut s = d.connect();
+        let r = raw(&d, &mut s, keep.as_bytes(), false);
+        assert_eq!(r.status, 200, "connection {i}: {}", r.text());
+        held.push(s);
+    }
+    let r = get(&d, &host, "/x", &[("X-WBX-Token", &token)]);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.text().contains("Too many connections to sandboxes' apps"),
+        "{}",
+        r.text()
+    );
+    // The API answers, and the six are still served.
+    assert_eq!(d.request("GET", "/healthz", &[], b"").status, 200);
+    assert_eq!(raw(&d, &mut held[0], keep.as_bytes(), false).status, 200);
+    drop(held.pop());
+    // The daemon notices the close on its next turn.
+    let t0 = Instant::now();
+    loop {
+        let r = get(&d, &host, "/x", &[("X-WBX-Token", &token)]);
+        if r.status == 200 {
+            break;
+        }
+        assert!(
+            r.status == 503 && t0.elapsed() < Duration::from_secs(10),
+            "{} {}",
+            r.status,
+            r.text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(held);
+    assert_eq!(
+        wbx(&d, "DELETE", &format!("/v1/sandboxes/{a}"), None).status,
+        204
+    );
+}

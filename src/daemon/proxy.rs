@@ -435,6 +435,16 @@ impl Daemon {
                 "The service is restarting; retry in a few seconds.",
             );
         }
+        // Connections to apps (kept alive, WebSockets) take at most three quarters of
+        // the daemon's connections: the API always has the rest.
+        if self.proxies.len() > proxied_cap(self.cfg.max_connections) {
+            return answer(
+                self,
+                503,
+                "Busy",
+                "Too many connections to sandboxes' apps are open right now; retry in a second.",
+            );
+        }
         let (port, id) =
             match public_host(head.header("host"), &self.public.domain) {
                 PublicHost::Port(port, id) => (port, id),
@@ -1125,6 +1135,12 @@ fn read_side(
         }
         return got;
     }
+}
+
+/// Connections to apps the daemon holds at once, of its `max_connections`: three
+/// quarters (at least one), so the API keeps the rest.
+pub(crate) fn proxied_cap(max_connections: usize) -> usize {
+    (max_connections * 3 / 4).max(1)
 }
 
 /// How a connection being made without blocking went, once its socket is writable or
