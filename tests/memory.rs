@@ -703,7 +703,18 @@ impl SmallDisk {
 
 impl Drop for SmallDisk {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let ok = std::process::Command::new("umount")
+            .arg(&self.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            // Still busy (a daemon that outlived its stop): detached now, gone when
+            // the last user goes.
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
         let _ = std::fs::remove_dir(&self.0);
     }
 }

@@ -67,6 +67,8 @@ const IDLE: Duration = super::proxy::ACTIVE_IDLE;
 const CHECK_EVERY: Duration = Duration::from_secs(2);
 /// Bytes buffered each way.
 const BUF: usize = 64 * 1024;
+/// Datagrams read from a question's socket per turn of the loop.
+const ANSWER_READS: usize = 64;
 /// Connections through the gate at once, all sandboxes together.
 const MAX_CONNS: usize = 4096;
 /// A TLS alert: fatal, `access_denied`.
@@ -106,6 +108,7 @@ impl Component<Daemon> for Gates {
             CHECK => d.gate_check(gk, gen),
             CONTINUE => d.gate_pump(gk),
             STEP => d.gate_step_late(gk, gen),
+            ANSWER => d.gate_answer(gk),
             _ => {}
         }
     }
@@ -653,8 +656,16 @@ impl Daemon {
             return;
         };
         let mut buf = [0u8; 1500];
+        let mut read = 0;
         // The answer, and whether a failure is definite (no such name: not asked again).
         let got = loop {
+            read += 1;
+            if read > ANSWER_READS {
+                // A flood of someone else's datagrams: the rest on the next turn.
+                self.reactor
+                    .arm(Instant::now(), Addr::new(GATE, gk, ANSWER), 0);
+                return;
+            }
             match sock.recv(&mut buf) {
                 Ok(n) => match parse_a(&buf[..n], *id, &c.host) {
                     // Someone else's datagram (a late answer to an earlier try).

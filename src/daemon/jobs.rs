@@ -2637,20 +2637,37 @@ impl Daemon {
         }
         let code = j.exit.unwrap_or(-1);
         if j.rec.error.is_none() {
-            let missing: Vec<String> = j
-                .rec
-                .spec
-                .required_artifacts
-                .iter()
-                .filter(|r| {
-                    let p = Pattern::parse(r);
-                    !j.rec
-                        .artifacts
-                        .iter()
-                        .any(|a| p.as_ref().is_ok_and(|p| p.matches(&a.name)))
-                })
-                .cloned()
-                .collect();
+            // Within a budget of its own (the loop's time is everyone's): a required
+            // pattern not confirmed within it counts as missing, saying why.
+            let mut budget = crate::jobs::MATCH_BUDGET;
+            let mut missing: Vec<String> = Vec::new();
+            for r in &j.rec.spec.required_artifacts {
+                let Ok(p) = Pattern::parse(r) else {
+                    missing.push(r.clone());
+                    continue;
+                };
+                let mut found = false;
+                for a in &j.rec.artifacts {
+                    match p.matches_within(&a.name, &mut budget) {
+                        Some(true) => {
+                            found = true;
+                            break;
+                        }
+                        Some(false) => {}
+                        None => break,
+                    }
+                }
+                if !found {
+                    missing.push(if budget == 0 {
+                        format!(
+                            "{r} (not checked: matching took more than {} steps)",
+                            crate::jobs::MATCH_BUDGET
+                        )
+                    } else {
+                        r.clone()
+                    });
+                }
+            }
             if j.cancelled {
                 j.rec.status = "cancelled".into();
                 j.rec.error = Some(j.cancel_error.take().unwrap_or_else(cancelled));
@@ -2920,6 +2937,8 @@ impl Daemon {
                             u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
                         });
                     }
+                    // Its limit, not the kill's grace or the teardown.
+                    j.run_ms = j.run_ms.min(j.rec.spec.timeout_s.saturating_mul(1000));
                     j.save = Some(Save::default());
                     self.job_saved(jk, js);
                 } else if oom_killed {

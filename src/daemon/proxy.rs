@@ -436,8 +436,14 @@ impl Daemon {
             );
         }
         // Connections to apps (kept alive, WebSockets) take at most three quarters of
-        // the daemon's connections: the API always has the rest.
-        if self.proxies.len() > proxied_cap(self.cfg.max_connections) {
+        // the daemon's connections: the API always has the rest. Only a connection's
+        // first request is refused so; one being served goes on.
+        if self
+            .proxies
+            .get(pk)
+            .is_some_and(|p| p.attempt == 0 && p.up.is_none())
+            && self.proxies.len() > proxied_cap(self.cfg.max_connections)
+        {
             return answer(
                 self,
                 503,

@@ -181,6 +181,8 @@ impl Redactor {
 pub struct Pattern {
     segments: Vec<String>,
     tree: bool,
+    /// [`Pattern::base`]'s directory, kept.
+    base_dir: String,
 }
 
 /// Longest pattern.
@@ -221,7 +223,13 @@ impl Pattern {
         if segments.is_empty() && !tree {
             return Err(format!("{s:?}: names no file"));
         }
-        Ok(Pattern { segments, tree })
+        let mut p = Pattern {
+            segments,
+            tree,
+            base_dir: String::new(),
+        };
+        p.base_dir = p.base().0;
+        Ok(p)
     }
 
     /// The directory (relative, `""` for the working directory) under which every match
@@ -255,14 +263,23 @@ impl Pattern {
     }
 
     /// Whether relative path `path` matches, within `budget` steps (taken from it);
-    /// `None` when it ran out.
+    /// `None` when it ran out. A path outside the pattern's base directory costs
+    /// nothing.
     pub fn matches_within(&self, path: &str, budget: &mut u64) -> Option<bool> {
+        let b = &self.base_dir;
+        let under = b.is_empty()
+            || path
+                .strip_prefix(b.as_str())
+                .is_some_and(|r| r.starts_with('/'));
+        if !under {
+            return Some(false);
+        }
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
         if self.tree {
-            if parts.len() <= self.segments.len() {
-                return Some(false);
-            }
-            return segments_match(&self.segments, &parts[..self.segments.len()], budget);
+            // `dir/` is everything below what `dir` matches: `dir/**/*`.
+            let mut pat: Vec<&str> = self.segments.iter().map(String::as_str).collect();
+            pat.extend(["**", "*"]);
+            return segments_match(&pat, &parts, budget);
         }
         segments_match(&self.segments, &parts, budget)
     }
@@ -285,13 +302,14 @@ fn spend(budget: &mut u64, n: u64) -> Option<()> {
 /// Whether `parts` match segments `pat`, by a table of which suffix of the pattern
 /// matches which suffix of the path (segments × parts cells, each name compared at
 /// most once per segment): a `**` tries every split without trying them again.
-fn segments_match(pat: &[String], parts: &[&str], budget: &mut u64) -> Option<bool> {
+fn segments_match<S: AsRef<str>>(pat: &[S], parts: &[&str], budget: &mut u64) -> Option<bool> {
     let n = parts.len();
     // next[j]: the segments after this one match parts[j..].
     let mut next = vec![false; n + 1];
     next[n] = true;
     let mut cur = vec![false; n + 1];
     for p in pat.iter().rev() {
+        let p = p.as_ref();
         spend(budget, n as u64 + 1)?;
         if p == "**" {
             cur[n] = next[n];
@@ -515,6 +533,9 @@ mod tests {
         assert!(p("a/**/**/b").matches("a/b") && p("a/**/**/b").matches("a/x/y/b"));
         assert_eq!(p("a/**/**/b"), p("a/**/b"));
         assert!(!p("a/**/b").matches("a/x/c"));
+        // A tree under a `**`: everything below what the pattern's directories match.
+        assert!(p("a/**/b/").matches("a/b/f") && p("a/**/b/").matches("a/x/b/f/g"));
+        assert!(!p("a/**/b/").matches("a/b") && !p("a/**/b/").matches("c/b/f"));
         for bad in ["", "/etc/passwd", "../x", "a/../../b", "."] {
             assert!(Pattern::parse(bad).is_err(), "{bad}");
         }

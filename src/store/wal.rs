@@ -478,13 +478,6 @@ impl Wal {
         self.off + REC_HEAD + len as u64 <= CAPACITY
     }
 
-    /// Appends the record of the batch about to commit as `txnid` and syncs it. Past
-    /// [`CAPACITY`] when the caller found no room in an empty log (one record larger
-    /// than a file).
-    ///
-    /// # Errors
-    /// The write's or the sync's (the caller stops the daemon), or a payload of 4 GiB
-    /// or more.
     /// Makes room for a record of `len` bytes at the log's end (zeroed and synced):
     /// on an error nothing of the log changed but its file's length.
     pub(crate) fn reserve(&mut self, len: usize) -> io::Result<()> {
@@ -500,6 +493,13 @@ impl Wal {
         crate::sys::process::free_bytes(std::os::fd::AsFd::as_fd(&self.file))
     }
 
+    /// Appends the record of the batch about to commit as `txnid` and syncs it. Past
+    /// [`CAPACITY`] when the caller found no room in an empty log (one record larger
+    /// than a file).
+    ///
+    /// # Errors
+    /// The write's or the sync's (the caller stops the daemon), or a payload of 4 GiB
+    /// or more.
     pub(crate) fn append(&mut self, txnid: u64, payload: &[u8]) -> io::Result<()> {
         if u32::try_from(payload.len()).is_err() {
             return Err(io::Error::new(

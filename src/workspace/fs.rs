@@ -568,16 +568,19 @@ impl Upload {
             Ok(()) => {
                 self.done = true;
                 // The new name is durable only once its directory is: a power loss
-                // before that could lose a file already answered as written.
-                let d = fsat::openat2(
+                // before that could lose a file already answered as written. The
+                // rename is done either way, so a failure here is logged, not answered.
+                let synced = fsat::openat2(
                     self.dir.as_fd(),
                     c".",
                     libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
                     0,
                     NO_SYMLINKS,
                 )
-                .map_err(map_resolve)?;
-                File::from(d).sync_all().map_err(map_io)?;
+                .and_then(|d| File::from(d).sync_all());
+                if let Err(e) = synced {
+                    crate::error_limited!("upload: syncing the directory after the rename: {e}");
+                }
                 Ok(size)
             }
             Err(e) if matches!(errno(&e), libc::EISDIR | libc::ENOTEMPTY | libc::EEXIST) => {

@@ -524,9 +524,15 @@ impl Sessions {
             return Err(SessionError::BadToken);
         }
         // Idle past its TTL, it is gone, whether or not upkeep has reaped it yet (a
-        // call must not bring it back); one in use now is not idle.
-        if now_ms() >= rec.expires_at_ms() && !self.in_use(id) {
-            return Err(SessionError::NotFound);
+        // call must not bring it back); one in use now is not idle. Its last use is
+        // the later of the stored one and the one in memory (upkeep writes that down
+        // every few seconds).
+        if !self.in_use(id) {
+            let last = rec.last_used_ms.max(self.last_used_in_memory(id));
+            let expires = last.saturating_add(rec.ttl_sec.saturating_mul(1000));
+            if now_ms() >= expires {
+                return Err(SessionError::NotFound);
+            }
         }
         Ok(rec)
     }
@@ -536,6 +542,13 @@ impl Sessions {
         let m = self.live.lock().unwrap_or_else(|p| p.into_inner());
         m.get(id)
             .is_some_and(|l| l.users.load(Ordering::Acquire) > 0)
+    }
+
+    /// Session `id`'s last use as memory has it (0: none since the start).
+    fn last_used_in_memory(&self, id: &str) -> u64 {
+        let m = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(id)
+            .map_or(0, |l| l.last_used_ms.load(Ordering::Acquire))
     }
 
     fn live(&self, id: &str) -> Arc<Live> {

@@ -207,8 +207,17 @@ impl Daemon {
                                     dest: &job_dir,
                                     prefix: &prefix,
                                 };
+                                // Bounded as a sandbox job's saving is: past the
+                                // budget, no more files are wanted.
+                                let budget = std::cell::Cell::new(crate::jobs::MATCH_BUDGET);
                                 let wanted = |name: &str| {
-                                    patterns.is_empty() || patterns.iter().any(|p| p.matches(name))
+                                    patterns.is_empty()
+                                        || patterns.iter().any(|p| {
+                                            let mut b = budget.get();
+                                            let r = p.matches_within(name, &mut b);
+                                            budget.set(b);
+                                            r == Some(true)
+                                        })
                                 };
                                 let limits = OutputLimits {
                                     files: max_files,
