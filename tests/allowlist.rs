@@ -65,6 +65,21 @@ fn probe(d: &Daemon, id: &str, args: &str) -> Value {
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {v}\nlog:\n{}", d.log()))
 }
 
+/// Runs Python `script` in sandbox `id` (within `timeout_ms`); the JSON it prints.
+fn run_script(d: &Daemon, id: &str, script: &str, timeout_ms: u64) -> Value {
+    put_file(d, id, "/tmp/script.py", script.as_bytes());
+    let body = json!({ "cmd": "python3 /tmp/script.py", "timeout_ms": timeout_ms }).to_string();
+    let r = wbx(
+        d,
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    serde_json::from_str(r.json()["stdout"].as_str().unwrap_or_default().trim())
+        .unwrap_or_else(|e| panic!("{e}: {}\nlog:\n{}", r.text(), d.log()))
+}
+
 /// Each argument is `name=kind:target`; the script answers `{name: result}` where a
 /// result is the first 300 characters of what came back, or `ERR ...`.
 const PROBE: &str = r#"
@@ -664,17 +679,7 @@ out["held_at_14s"] = [state(s) for s in held]
 print(json.dumps(out))
 "#
     );
-    put_file(&d, &id, "/tmp/bounds.py", script.as_bytes());
-    let body = json!({ "cmd": "python3 /tmp/bounds.py", "timeout_ms": 60000 }).to_string();
-    let r = wbx(
-        &d,
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        body.as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let out: Value = serde_json::from_str(r.json()["stdout"].as_str().unwrap().trim())
-        .unwrap_or_else(|e| panic!("{e}: {}\nlog:\n{}", r.text(), d.log()));
+    let out = run_script(&d, &id, &script, 60_000);
     assert_eq!(
         out["over"], "closed",
         "the 4th connection is closed at once: {out}"
@@ -743,17 +748,7 @@ for t in ts:
 print(json.dumps(out))
 "#
     );
-    put_file(&d, &id, "/tmp/wait.py", script.as_bytes());
-    let body = json!({ "cmd": "python3 /tmp/wait.py", "timeout_ms": 90000 }).to_string();
-    let r = wbx(
-        &d,
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        body.as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    let out: Value = serde_json::from_str(r.json()["stdout"].as_str().unwrap().trim())
-        .unwrap_or_else(|e| panic!("{e}: {}\nlog:\n{}", r.text(), d.log()));
+    let out = run_script(&d, &id, &script, 90_000);
     let public = &out["public"];
     assert!(
         is_ok_200(&public["got"], PUBLIC_BODY),

@@ -140,6 +140,22 @@ fn exec(d: &Daemon, id: &str, cmd: &str) -> Value {
     r.json()
 }
 
+/// Starts [`APP`] in sandbox `id`, listening on `addr`:`port`, in the background.
+fn start_app(d: &Daemon, id: &str, addr: &str, port: u16) {
+    let r = d.request(
+        "PUT",
+        &format!("/wbx/v1/sandboxes/{id}/files?path=/home/user/app.py"),
+        &[],
+        APP.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    exec(
+        d,
+        id,
+        &format!("nohup python3 /home/user/app.py {addr} {port} >/tmp/app-{port}.log 2>&1 &"),
+    );
+}
+
 /// The error message of a WBX error (checking the shape `{"error": "..."}`).
 fn err(r: &Resp) -> String {
     let v = r.json();
@@ -277,23 +293,8 @@ fn test_apps_behind_public_urls_header_cookie_websocket_and_isolation() {
         &a,
         "cd /home/user/site && nohup python3 -m http.server 8000 >/tmp/srv.log 2>&1 &",
     );
-    let r = d.request(
-        "PUT",
-        &format!("/wbx/v1/sandboxes/{a}/files?path=/home/user/app.py"),
-        &[],
-        APP.as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    exec(
-        &d,
-        &a,
-        "nohup python3 /home/user/app.py 0.0.0.0 8001 >/tmp/app.log 2>&1 &",
-    );
-    exec(
-        &d,
-        &a,
-        "nohup python3 /home/user/app.py 127.0.0.1 8002 >/tmp/app2.log 2>&1 &",
-    );
+    start_app(&d, &a, "0.0.0.0", 8001);
+    start_app(&d, &a, "127.0.0.1", 8002);
     let host = host_of(url);
     wait_up(&d, &host, token);
     // Each app is its own process: the one on 8001 may still be importing when
@@ -842,18 +843,7 @@ fn test_connections_to_apps_leave_the_api_room() {
         host_of(u["url"].as_str().unwrap()),
         u["token"].as_str().unwrap().to_string(),
     );
-    let r = d.request(
-        "PUT",
-        &format!("/wbx/v1/sandboxes/{a}/files?path=/home/user/app.py"),
-        &[],
-        APP.as_bytes(),
-    );
-    assert_eq!(r.status, 200, "{}", r.text());
-    exec(
-        &d,
-        &a,
-        "nohup python3 /home/user/app.py 0.0.0.0 8001 >/tmp/app.log 2>&1 &",
-    );
+    start_app(&d, &a, "0.0.0.0", 8001);
     wait_up(&d, &host, &token);
     let keep = format!("GET /x HTTP/1.1\r\nHost: {host}\r\nX-WBX-Token: {token}\r\n\r\n");
     let mut held: Vec<TcpStream> = Vec::new();
