@@ -681,7 +681,8 @@ fn test_a_failed_dependency_cancels_its_dependants_cancel_and_bad_batches() {
         // Defaults are copied into each job: bounded per job (2 MiB, as POST /v1/jobs)
         // and for the batch (8 MiB), before anything is copied.
         (json!({"jobs": [{}], "defaults": {"command": "true", "env": big_env(70)}}), 413, "jobs[0]: with its defaults, "),
-        (json!({"jobs": vec![json!({}); 9], "defaults": {"command": "true", "env": big_env(32)}}), 413, "jobs: with their defaults, more than 8388608 bytes together"),
+        // (24 values of 32 KiB: each job still fits the call that starts its command.)
+        (json!({"jobs": vec![json!({}); 12], "defaults": {"command": "true", "env": big_env(24)}}), 413, "jobs: with their defaults, more than 8388608 bytes together"),
         (json!({"jobs": [{"command": "true"}, {"command": "true", "depends_on": [0, 0, 0]}]}), 400, "jobs[1].depends_on: at most 2 indexes"),
         (json!({"jobs": (0..1000).map(|i| json!({"command": "true", "depends_on": (0..21).map(|k| (i + 1 + k) % 1000).collect::<Vec<_>>()})).collect::<Vec<_>>()}), 400, "jobs: more than 20000 dependencies"),
     ];

@@ -2047,3 +2047,71 @@ fn test_hostile_result_patterns_cost_bounded_work() {
     d.assert_clean();
     d.stop();
 }
+
+/// A job's command and env travel to its sandbox in one call of at most 1 MiB (as
+/// JSON: a control character takes six bytes): at the bound the job is accepted and
+/// its command starts with every variable; one byte past it is refused at submit
+/// (such a job was accepted, booted a sandbox, then failed `command_too_large`).
+#[test]
+fn test_a_job_accepted_can_start_its_command() {
+    let d = Daemon::start();
+    d.wait_ready();
+    let spawn_len = |env: &[(String, String)]| -> usize {
+        let e: Vec<String> = env
+            .iter()
+            .map(|(k, v)| {
+                format!(
+                    "[{},{}]",
+                    serde_json::to_string(k).unwrap(),
+                    serde_json::to_string(v).unwrap()
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"op":"spawn","cmd":"true","cwd":"/home/user","env":[{}],"stdin":false,"background":false}}"#,
+            e.join(",")
+        )
+        .len()
+    };
+    let ctl = "\u{1}".repeat(32768);
+    let mut env: Vec<(String, String)> = (0..5).map(|i| (format!("C{i}"), ctl.clone())).collect();
+    env.push(("X".into(), "x".repeat(32768)));
+    env.push(("Y".into(), String::new()));
+    let fill = (1 << 20) - spawn_len(&env);
+    assert!(fill <= 32768, "{fill}");
+    let body = |y: usize| {
+        let mut m = serde_json::Map::new();
+        for (k, v) in &env[..6] {
+            m.insert(k.clone(), Value::from(v.clone()));
+        }
+        m.insert("Y".into(), Value::from("y".repeat(y)));
+        json!({"command": "echo ${#C0} ${#X} ${#Y}", "env": m, "network": {"mode": "none"}})
+    };
+    let r = wbx(&d, "POST", "/v1/jobs", None, Some(&body(fill + 1)));
+    assert_eq!(
+        (r.status, err(&r).as_str()),
+        (
+            400,
+            "command and env: together 1048582 bytes in the call that starts the command (as JSON, control characters escaped); at most 1048581"
+        )
+    );
+    let j = submit(&d, None, &body(fill));
+    let v = finished(
+        &d,
+        None,
+        j["id"].as_str().unwrap(),
+        Duration::from_secs(120),
+    );
+    assert_eq!(v["status"], "completed", "{v}\n{}", d.log());
+    let log = wbx(
+        &d,
+        "GET",
+        &format!("/v1/jobs/{}/logs", j["id"].as_str().unwrap()),
+        None,
+        None,
+    )
+    .text();
+    assert_eq!(log, format!("32768 32768 {fill}\n"));
+    d.assert_clean();
+    d.stop();
+}

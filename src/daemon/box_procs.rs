@@ -281,7 +281,7 @@ impl Daemon {
             return;
         }
         b.env_names = sizes;
-        // At most MAX_ENV_TOTAL_BYTES encoded: within a frame.
+        // Within the route's 64 KiB body: within a frame.
         self.box_call(key, &Call::Env { env });
         self.respond(ck, Response::no_content());
     }

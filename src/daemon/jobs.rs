@@ -61,7 +61,7 @@ const RECEIPT_KEY_FILE: &str = "receipt-key.pk8";
 /// A job's staged inputs, in its directory, bound read-only at `HOME/input`.
 const INPUT_DIR: &str = "input";
 /// The working directory of a job's command (the sandbox user's home).
-const HOME: &str = "/home/user";
+const HOME: &str = crate::wbx::jobs::JOB_HOME;
 /// How long init may take to answer a spawn.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// After the time limit's kill, how long before the sandbox itself is ended.

@@ -23,6 +23,8 @@ use serde_json::{json, Value};
 pub const DEFAULT_TIMEOUT_S: u64 = 3600;
 /// Longest command: as a sandbox's command line, one argument of `/bin/sh -c`.
 pub const MAX_COMMAND_BYTES: usize = crate::wbx::sandboxes::MAX_CMD_BYTES;
+/// Where a job's command runs (its working directory).
+pub const JOB_HOME: &str = "/home/user";
 /// Patterns in `artifacts` (and paths in `required_artifacts`).
 pub const MAX_PATTERNS: usize = 100;
 /// Most attempts `retry` may ask for.
@@ -822,6 +824,28 @@ pub(super) fn job_fields(
     let artifacts = patterns(f, "artifacts")?;
     let required_artifacts = patterns(f, "required_artifacts")?;
     let env = env_vars(f.strings("env")?)?;
+    if !wasi {
+        // The call that starts the command carries it and its env in one frame: a job
+        // that could not be started is refused now, not after its sandbox booted.
+        let call = crate::sandbox::wire::Call::Spawn {
+            cmd: command.clone(),
+            cwd: Some(JOB_HOME.to_string()),
+            env: env.clone(),
+            stdin: false,
+            pty: None,
+            background: false,
+        };
+        let n = serde_json::to_vec(&call).map_or(usize::MAX, |v| v.len()) + 5;
+        if n > crate::sandbox::wire::MAX_FRAME_BYTES {
+            return Err(error(
+                400,
+                &format!(
+                    "command and env: together {n} bytes in the call that starts the command (as JSON, control characters escaped); at most {}",
+                    crate::sandbox::wire::MAX_FRAME_BYTES
+                ),
+            ));
+        }
+    }
     let network = match f.0.get("network").filter(|v| !v.is_null()) {
         None if wasi => json!({"mode": "none"}),
         None => json!({"mode": "full"}),

@@ -26,10 +26,6 @@ pub const EXEC_OUTPUT_BYTES: usize = 1 << 20;
 pub const MAX_ENV: usize = 128;
 /// Largest environment value.
 const MAX_ENV_VALUE_BYTES: usize = 32 << 10;
-/// The variables of one request together, as the call that starts the command carries
-/// them (names and JSON-escaped values): with the longest command they fit the call's
-/// frame (1 MiB), and a job accepted with them can start.
-pub const MAX_ENV_TOTAL_BYTES: usize = 192 << 10;
 /// A sandbox's own variables together (names and values, as `execve` takes them:
 /// every command's environment, beside its arguments, within the kernel's bound).
 pub const MAX_SANDBOX_ENV_BYTES: usize = 512 << 10;
@@ -347,16 +343,6 @@ pub(super) fn env_vars(
             ));
         }
         out.push((k, val));
-    }
-    let total: usize = out
-        .iter()
-        .map(|(k, v)| k.len() + serde_json::to_string(v).map_or(usize::MAX / 256, |e| e.len()) + 4)
-        .sum();
-    if total > MAX_ENV_TOTAL_BYTES {
-        return Err(error(
-            400,
-            &format!("env: the variables take {total} bytes together (names and values, as JSON strings); at most {MAX_ENV_TOTAL_BYTES}"),
-        ));
     }
     Ok(out)
 }
