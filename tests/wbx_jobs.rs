@@ -2054,6 +2054,7 @@ fn test_hostile_result_patterns_cost_bounded_work() {
 /// (such a job was accepted, booted a sandbox, then failed `command_too_large`).
 #[test]
 fn test_a_job_accepted_can_start_its_command() {
+    const CMD: &str = "echo ${#C0} ${#X} ${#Y}";
     let d = Daemon::start();
     d.wait_ready();
     let spawn_len = |env: &[(String, String)]| -> usize {
@@ -2068,7 +2069,8 @@ fn test_a_job_accepted_can_start_its_command() {
             })
             .collect();
         format!(
-            r#"{{"op":"spawn","cmd":"true","cwd":"/home/user","env":[{}],"stdin":false,"background":false}}"#,
+            r#"{{"op":"spawn","cmd":{},"cwd":"/home/user","env":[{}],"stdin":false,"background":false}}"#,
+            serde_json::to_string(CMD).unwrap(),
             e.join(",")
         )
         .len()
@@ -2085,7 +2087,7 @@ fn test_a_job_accepted_can_start_its_command() {
             m.insert(k.clone(), Value::from(v.clone()));
         }
         m.insert("Y".into(), Value::from("y".repeat(y)));
-        json!({"command": "echo ${#C0} ${#X} ${#Y}", "env": m, "network": {"mode": "none"}})
+        json!({"command": CMD, "env": m, "network": {"mode": "none"}})
     };
     let r = wbx(&d, "POST", "/v1/jobs", None, Some(&body(fill + 1)));
     assert_eq!(
