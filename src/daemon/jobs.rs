@@ -2186,8 +2186,8 @@ impl Daemon {
         };
         for p in &save.patterns {
             let (base, _) = p.base();
-            if save.visited.insert(base.clone()) {
-                save.dirs.push_back(base);
+            if save.visited.insert(base.to_string()) {
+                save.dirs.push_back(base.to_string());
             }
         }
         j.save = Some(save);
