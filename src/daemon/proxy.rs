@@ -347,7 +347,20 @@ impl Daemon {
         });
         self.proxies[pk].relay.to_client = pending;
         self.proxy_arm(pk);
-        self.proxy_request(pk, Box::new(head));
+        // Connections to apps (kept alive, WebSockets) take at most three quarters of
+        // the daemon's connections: the API always has the rest.
+        if self.proxies.len() > proxied_cap(self.cfg.max_connections) {
+            let out = page(
+                503,
+                "Busy",
+                "Too many connections to sandboxes' apps are open right now; retry in a second.",
+                head.method == "HEAD",
+                true,
+            );
+            self.proxies[pk].relay.answer(&head, &out, true);
+        } else {
+            self.proxy_request(pk, Box::new(head));
+        }
         self.proxy_advance(pk);
     }
 
@@ -433,22 +446,6 @@ impl Daemon {
                 503,
                 "Shutting down",
                 "The service is restarting; retry in a few seconds.",
-            );
-        }
-        // Connections to apps (kept alive, WebSockets) take at most three quarters of
-        // the daemon's connections: the API always has the rest. Only a connection's
-        // first request is refused so; one being served goes on.
-        if self
-            .proxies
-            .get(pk)
-            .is_some_and(|p| p.attempt == 0 && p.up.is_none())
-            && self.proxies.len() > proxied_cap(self.cfg.max_connections)
-        {
-            return answer(
-                self,
-                503,
-                "Busy",
-                "Too many connections to sandboxes' apps are open right now; retry in a second.",
             );
         }
         let (port, id) =
